@@ -1,0 +1,65 @@
+"""Prometheus metrics of every process, declared in one place.
+
+Label values are bounded: transaction and endpoint names come from code, stream
+and writer names from config.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+TRANSACTION_DURATION = Histogram(
+    "synapse_lite_db_transaction_seconds",
+    "Time taken by database transactions, by transaction name",
+    ["desc"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+TRANSACTION_RETRIES = Counter(
+    "synapse_lite_db_transaction_retries_total",
+    "Transactions retried after a serialization failure, deadlock or busy database",
+    ["desc"],
+)
+STREAM_POSITION = Gauge(
+    "synapse_lite_stream_position",
+    "Position of a writer of a stream, as this process knows it",
+    ["stream", "writer"],
+)
+STREAM_PERSISTED_UPTO = Gauge(
+    "synapse_lite_stream_persisted_upto",
+    "Largest id of a stream below which every id has finished, as this process knows it",
+    ["stream"],
+)
+REPLICATION_LAG = Gauge(
+    "synapse_lite_replication_lag_ids",
+    "How far this process's view of a writer trails the position the writer announced",
+    ["stream", "writer"],
+)
+REPLICATION_COMMANDS_IN = Counter(
+    "synapse_lite_replication_commands_received_total",
+    "Replication commands received, by command name",
+    ["command"],
+)
+REPLICATION_COMMANDS_OUT = Counter(
+    "synapse_lite_replication_commands_sent_total",
+    "Replication commands sent, by command name",
+    ["command"],
+)
+REPLICATION_BAD_LINES = Counter(
+    "synapse_lite_replication_bad_lines_total",
+    "Replication lines that could not be parsed, by transport",
+    ["transport"],
+)
+HTTP_REQUESTS = Counter(
+    "synapse_lite_http_requests_total",
+    "HTTP requests served, by servlet and response code",
+    ["servlet", "method", "code"],
+)
+HTTP_REQUEST_DURATION = Histogram(
+    "synapse_lite_http_request_seconds",
+    "Time taken to answer HTTP requests, by servlet",
+    ["servlet", "method"],
+)
+OPEN_SYNC_REQUESTS = Gauge(
+    "synapse_lite_open_sync_requests",
+    "/sync requests currently waiting or being answered",
+)

@@ -1,0 +1,1 @@
+"""Replication: how the main process and its workers keep each other current."""

@@ -1,0 +1,1 @@
+"""Storage: the database pool and engines, the schema, ID generators and stores."""

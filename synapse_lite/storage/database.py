@@ -1,0 +1,377 @@
+"""The database pool and the named, logged transactions everything runs in.
+
+Two ways into the database:
+
+* :class:`LoggingDatabaseConnection`: the one startup connection a process opens
+  to check the schema and let every ID generator load its positions, before the
+  reactor serves anything. Its transactions are named and logged like the pool's.
+* :class:`DatabasePool`: a pool of threads, each with its own connection, behind
+  :meth:`DatabasePool.runInteraction`.
+
+SQL is written once, with ``?`` placeholders; :class:`LoggingTransaction`
+converts it for the engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from twisted.internet import threads
+from twisted.internet.interfaces import IReactorCore
+from twisted.python.threadpool import ThreadPool
+
+from synapse_lite.metrics import TRANSACTION_DURATION, TRANSACTION_RETRIES
+from synapse_lite.storage.engines import BaseDatabaseEngine
+from synapse_lite.storage.engines.base import DBAPIConnection
+
+logger = logging.getLogger(__name__)
+txn_logger = logging.getLogger("synapse_lite.storage.txn")
+
+R = TypeVar("R")
+
+#: Attempts of one interaction before a retryable failure is given up on.
+MAX_ATTEMPTS = 5
+#: Transactions slower than this are logged at WARNING.
+SLOW_TRANSACTION_SECONDS = 1.0
+
+
+class LoggingTransaction:
+    """A cursor inside one named transaction.
+
+    Callbacks registered with :meth:`call_after` run on the reactor thread after
+    the transaction commits; those registered with :meth:`call_on_exception`
+    run on the database thread right after it rolls back (they must be
+    thread-safe). A retried transaction gets a fresh set of callbacks for each
+    attempt; a failed attempt's exception callbacks run before the retry.
+    """
+
+    __slots__ = (
+        "_cursor",
+        "after_callbacks",
+        "engine",
+        "exception_callbacks",
+        "name",
+        "sequence_floors",
+    )
+
+    def __init__(self, cursor: Any, name: str, engine: BaseDatabaseEngine) -> None:
+        self._cursor = cursor
+        self.name = name
+        self.engine = engine
+        self.after_callbacks: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
+        self.exception_callbacks: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
+        #: ids taken from transactional sequences in this transaction (see
+        #: :meth:`BaseDatabaseEngine.rollback`).
+        self.sequence_floors: dict[str, int] = {}
+
+    @property
+    def database_engine(self) -> BaseDatabaseEngine:
+        return self.engine
+
+    def call_after(self, callback: Callable[..., object], *args: Any) -> None:
+        """Run ``callback(*args)`` on the reactor thread once this commits."""
+        self.after_callbacks.append((callback, args))
+
+    def call_on_exception(self, callback: Callable[..., object], *args: Any) -> None:
+        """Run ``callback(*args)`` (on the database thread) if this fails."""
+        self.exception_callbacks.append((callback, args))
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> None:
+        """Run one statement written with ``?`` placeholders."""
+        sql = self.engine.convert_param_style(sql)
+        if txn_logger.isEnabledFor(logging.DEBUG):
+            txn_logger.debug("[SQL] {%s} %s %r", self.name, sql, args)
+        self._cursor.execute(sql, tuple(args))
+
+    def execute_batch(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per row of arguments."""
+        sql = self.engine.convert_param_style(sql)
+        rows = [tuple(r) for r in rows]
+        if not rows:
+            return
+        if txn_logger.isEnabledFor(logging.DEBUG):
+            txn_logger.debug("[SQL] {%s} %s (%d rows)", self.name, sql, len(rows))
+        self._cursor.executemany(sql, rows)
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cursor.fetchall()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor.fetchall())
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    @property
+    def raw_cursor(self) -> Any:
+        """The driver's cursor, for engine-specific calls (sequences)."""
+        return self._cursor
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
+def _run_callbacks(callbacks: list[tuple[Callable[..., object], tuple[Any, ...]]], what: str) -> None:
+    for callback, args in callbacks:
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("%s callback %r failed", what, callback)
+
+
+class LoggingDatabaseConnection:
+    """The startup connection: every transaction on it is named and timed."""
+
+    def __init__(self, conn: DBAPIConnection, engine: BaseDatabaseEngine, default_txn_name: str):
+        self.conn = conn
+        self.engine = engine
+        self.default_txn_name = default_txn_name
+
+    @contextmanager
+    def transaction(self, name: str | None = None) -> Iterator[LoggingTransaction]:
+        """Run the block in one transaction, committed when the block ends."""
+        txn_name = name or self.default_txn_name
+        txn_logger.debug("[TXN START] {%s}", txn_name)
+        start = time.monotonic()
+        self.engine.begin(self.conn)
+        txn = LoggingTransaction(self.conn.cursor(), txn_name, self.engine)
+        try:
+            yield txn
+        except BaseException:
+            self.engine.rollback(self.conn, txn.sequence_floors)
+            _run_callbacks(txn.exception_callbacks, "exception")
+            raise
+        else:
+            self.engine.commit(self.conn)
+            _run_callbacks(txn.after_callbacks, "after")
+        finally:
+            duration = time.monotonic() - start
+            TRANSACTION_DURATION.labels(txn_name).observe(duration)
+            txn_logger.log(
+                logging.INFO if duration >= SLOW_TRANSACTION_SECONDS else logging.DEBUG,
+                "[TXN END] {%s} %.3f s",
+                txn_name,
+                duration,
+            )
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class DatabasePool:
+    """Runs named interactions on a pool of database threads.
+
+    Each thread owns one connection, opened on first use and reopened when the
+    engine reports it broken.
+    """
+
+    def __init__(
+        self,
+        reactor: IReactorCore,
+        engine: BaseDatabaseEngine,
+        *,
+        name: str = "main",
+        min_connections: int = 1,
+        max_connections: int = 5,
+    ) -> None:
+        self._reactor = reactor
+        self.reactor = reactor
+        self.engine = engine
+        self.name = name
+        self._threadpool = ThreadPool(min_connections, max_connections, f"db-{name}")
+        self._local = threading.local()
+        self._connections: list[DBAPIConnection] = []
+        self._connections_lock = threading.Lock()
+        self._txn_counter = itertools.count()
+        self._closed = False
+        self._threadpool.start()
+
+    # Connections
+
+    def _get_connection(self) -> DBAPIConnection:
+        conn: DBAPIConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.engine.connect()
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is None:
+            return
+        with self._connections_lock:
+            if conn in self._connections:
+                self._connections.remove(conn)
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Stop the threads and close every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        self._threadpool.stop()
+        with self._connections_lock:
+            conns, self._connections = self._connections, []
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    # Interactions
+
+    async def runInteraction(
+        self,
+        desc: str,
+        func: Callable[..., R],
+        *args: Any,
+        db_autocommit: bool = False,
+        read_only: bool = False,
+        **kwargs: Any,
+    ) -> R:
+        """Run ``func(txn, *args, **kwargs)`` in a transaction on a database thread.
+
+        ``desc`` names the transaction in logs and metrics. With
+        ``db_autocommit`` each statement commits on its own (for work that is
+        atomic per statement, such as taking ids from a sequence). Failures the
+        engine calls retryable are retried up to :data:`MAX_ATTEMPTS` times.
+        After-commit callbacks run here, on the reactor thread, before the
+        result is returned.
+        """
+        if self._closed:
+            raise RuntimeError(f"database pool {self.name!r} is closed")
+        txn_id = next(self._txn_counter)
+        name = f"{desc}-{txn_id:x}"
+        after_callbacks: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
+        result: R = await threads.deferToThreadPool(
+            self._reactor,  # type: ignore[arg-type]
+            self._threadpool,
+            self._new_transaction,
+            desc,
+            name,
+            after_callbacks,
+            db_autocommit,
+            read_only,
+            func,
+            args,
+            kwargs,
+        )
+        _run_callbacks(after_callbacks, "after")
+        return result
+
+    def _new_transaction(
+        self,
+        desc: str,
+        name: str,
+        after_callbacks: list[tuple[Callable[..., object], tuple[Any, ...]]],
+        autocommit: bool,
+        read_only: bool,
+        func: Callable[..., R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> R:
+        engine = self.engine
+        start = time.monotonic()
+        txn_logger.debug("[TXN START] {%s}", name)
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                conn = self._get_connection()
+                txn: LoggingTransaction | None = None
+                began = False
+                try:
+                    if autocommit:
+                        engine.set_autocommit(conn, True)
+                    else:
+                        engine.begin(conn, read_only)
+                        began = True
+                    txn = LoggingTransaction(conn.cursor(), name, engine)
+                    result = func(txn, *args, **kwargs)
+                    if began:
+                        engine.commit(conn, read_only)
+                        began = False
+                    after_callbacks.extend(txn.after_callbacks)
+                    return result
+                except Exception as exc:
+                    if began:
+                        try:
+                            engine.rollback(
+                                conn, txn.sequence_floors if txn else {}, read_only
+                            )
+                        except Exception:
+                            logger.warning("[TXN ROLLBACK FAILED] {%s}", name, exc_info=True)
+                            self._drop_connection()
+                    if txn is not None:
+                        _run_callbacks(txn.exception_callbacks, "exception")
+                    broken = engine.is_connection_error(exc)
+                    if broken:
+                        self._drop_connection()
+                    retryable = broken or engine.is_retryable_error(exc)
+                    if not retryable or attempt >= MAX_ATTEMPTS:
+                        raise
+                    TRANSACTION_RETRIES.labels(desc).inc()
+                    txn_logger.warning(
+                        "[TXN RETRY] {%s} attempt %d/%d failed: %s", name, attempt, MAX_ATTEMPTS, exc
+                    )
+                    time.sleep(random.uniform(0.005, 0.02) * attempt)
+                finally:
+                    if autocommit:
+                        try:
+                            engine.set_autocommit(conn, False)
+                        except Exception:
+                            self._drop_connection()
+        finally:
+            duration = time.monotonic() - start
+            TRANSACTION_DURATION.labels(desc).observe(duration)
+            txn_logger.log(
+                logging.WARNING if duration >= SLOW_TRANSACTION_SECONDS else logging.DEBUG,
+                "[TXN END] {%s} %.3f s",
+                name,
+                duration,
+            )
+
+    async def runWithConnection(self, func: Callable[..., R], *args: Any) -> R:
+        """Run ``func(conn, *args)`` with a raw connection on a database thread."""
+
+        def inner() -> R:
+            return func(self._get_connection(), *args)
+
+        return await threads.deferToThreadPool(
+            self._reactor,  # type: ignore[arg-type]
+            self._threadpool,
+            inner,
+        )
+
+    async def execute(self, desc: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Run one statement in its own transaction; return its rows, if any."""
+
+        def query(txn: LoggingTransaction) -> list[tuple[Any, ...]]:
+            txn.execute(sql, args)
+            if txn.raw_cursor.description is None:
+                return []
+            return [tuple(row) for row in txn.fetchall()]
+
+        return await self.runInteraction(desc, query)
+
+
+def make_startup_connection(engine: BaseDatabaseEngine) -> LoggingDatabaseConnection:
+    """Open the connection a process loads its state with before serving."""
+    return LoggingDatabaseConnection(engine.connect(), engine, default_txn_name="startup")

@@ -1,0 +1,112 @@
+"""The interface every database engine implements."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Protocol
+
+
+class IncorrectDatabaseSetup(RuntimeError):
+    """The database is in a state this server cannot safely run against."""
+
+
+class DBAPICursor(Protocol):
+    """The subset of a DB-API 2 cursor that we use."""
+
+    rowcount: int
+    description: Any
+
+    def execute(self, sql: str, parameters: Any = ...) -> Any: ...
+    def executemany(self, sql: str, seq_of_parameters: Any) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+class DBAPIConnection(Protocol):
+    """The subset of a DB-API 2 connection that we use."""
+
+    def cursor(self) -> Any: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class BaseDatabaseEngine(abc.ABC):
+    """What differs between SQLite and PostgreSQL."""
+
+    #: ``sqlite`` or ``postgres``; used in logs and by the schema loader.
+    name: str
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.args = dict(args)
+
+    @abc.abstractmethod
+    def connect(self) -> DBAPIConnection:
+        """Open and configure a new connection."""
+
+    @abc.abstractmethod
+    def convert_param_style(self, sql: str) -> str:
+        """Rewrite ``?`` placeholders into the driver's style."""
+
+    @abc.abstractmethod
+    def is_retryable_error(self, exc: BaseException) -> bool:
+        """True for failures that a retry of the whole transaction can fix
+        (serialization failures, deadlocks, a busy database)."""
+
+    @abc.abstractmethod
+    def is_connection_error(self, exc: BaseException) -> bool:
+        """True when the connection itself is broken and must be reopened."""
+
+    @abc.abstractmethod
+    def begin(self, conn: DBAPIConnection, read_only: bool = False) -> None:
+        """Start a transaction (read-write unless ``read_only``)."""
+
+    @abc.abstractmethod
+    def commit(self, conn: DBAPIConnection, read_only: bool = False) -> None:
+        """Commit the transaction started by :meth:`begin`."""
+
+    @abc.abstractmethod
+    def rollback(
+        self, conn: DBAPIConnection, sequence_floors: dict[str, int], read_only: bool = False
+    ) -> None:
+        """Roll back the transaction started by :meth:`begin`.
+
+        ``sequence_floors`` maps sequence names to ids the transaction took from
+        them. Those ids may have been observed in memory, so they must never be
+        handed out again: an engine whose sequences are transactional keeps the
+        sequences at least that high while undoing everything else.
+        """
+
+    @abc.abstractmethod
+    def set_autocommit(self, conn: DBAPIConnection, autocommit: bool) -> None:
+        """Switch the connection in or out of the mode where each statement
+        commits on its own."""
+
+    # Sequences: named, shared by every process using the database.
+
+    @abc.abstractmethod
+    def create_sequence_sql(self, name: str) -> list[str]:
+        """Statements that create a sequence whose first value is 1."""
+
+    @abc.abstractmethod
+    def sequence_next_values(self, cur: DBAPICursor, name: str, n: int) -> list[int]:
+        """Take ``n`` increasing ids from a sequence."""
+
+    @abc.abstractmethod
+    def sequence_last_value(self, cur: DBAPICursor, name: str) -> int:
+        """The largest id handed out so far (0 when none)."""
+
+    @abc.abstractmethod
+    def sequence_set_at_least(self, cur: DBAPICursor, name: str, value: int) -> None:
+        """Move a sequence forward so that its next id is above ``value``."""
+
+    @property
+    def sequences_are_transactional(self) -> bool:
+        """Whether an id taken inside a rolled-back transaction returns to its
+        sequence (SQLite: yes, PostgreSQL: no)."""
+        return False
+
+    def describe(self) -> str:
+        """Where this engine connects, for logs (never includes passwords)."""
+        return self.name

@@ -1,0 +1,550 @@
+"""Stream id allocation and stream positions, for one or many writers.
+
+Vocabulary (ids are shown positive; a negative stream such as backfill hands out
+-1, -2, ... and every public value is negated):
+
+* A **writer** allocates ids from the stream's sequence, persists rows with them,
+  and marks them finished (committed or failed), possibly out of order.
+* A writer's **current position** is the largest id P such that every id it
+  allocated up to P has finished. A writer with nothing in flight reports the
+  largest id it has seen allocated by anyone: it cannot later write below it.
+* The **persisted-up-to position** is the largest id below which every id
+  allocated by any writer has finished. It never decreases.
+
+Positions are built once, synchronously, from the startup connection: from the
+``stream_positions`` table, the sequence, and only the rows at or after the
+smallest stored position. Nothing is loaded lazily afterwards.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall
+from twisted.python import threadable
+
+from synapse_lite.metrics import STREAM_PERSISTED_UPTO, STREAM_POSITION
+from synapse_lite.replication.notifier import ReplicationNotifier
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
+from synapse_lite.storage.util.sequence import SequenceGenerator
+
+if TYPE_CHECKING:
+    from synapse_lite.position_log import PositionLog
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T", int, list[int])
+
+#: How long a writer waits after a write before recording its position in
+#: ``stream_positions``; writes inside that window share one upsert. A restart
+#: still recovers exact positions from the rows themselves.
+STREAM_POSITIONS_WRITE_DELAY = 0.1
+
+
+class MultiWriterIdGenerator:
+    """Allocates ids of one stream and tracks every writer's position.
+
+    Args:
+        db_conn: the startup connection, used here and only here to load state.
+        db: the pool used for allocations and ``stream_positions`` updates.
+        notifier: poked (on the reactor thread) whenever ids finish.
+        stream_name: the stream's name, as in ``stream_positions``.
+        instance_name: the name of this process.
+        tables: ``(table, instance_column, id_column)`` of every table whose rows
+            carry this stream's ids.
+        sequence_name: the sequence the ids come from.
+        writers: the instances allowed to write. Empty means any process may
+            write and nothing is kept in ``stream_positions`` (the caches stream).
+        positive: False for a stream counting down from -1.
+        prune_removed_writers: delete ``stream_positions`` rows of instances that
+            are no longer writers (done by the main process).
+        position_log: where finished ids are recorded for the offline audit.
+    """
+
+    def __init__(
+        self,
+        *,
+        db_conn: LoggingDatabaseConnection,
+        db: DatabasePool,
+        notifier: ReplicationNotifier,
+        stream_name: str,
+        instance_name: str,
+        tables: Sequence[tuple[str, str, str]],
+        sequence_name: str,
+        writers: Sequence[str],
+        positive: bool = True,
+        prune_removed_writers: bool = True,
+        position_log: PositionLog | None = None,
+    ) -> None:
+        self._db = db
+        self._notifier = notifier
+        self.stream_name = stream_name
+        self._instance_name = instance_name
+        self._tables = list(tables)
+        self._writers = list(writers)
+        self._positive = positive
+        self._factor = 1 if positive else -1
+        self._position_log = position_log
+        self._sequence = SequenceGenerator(db.engine, sequence_name)
+
+        self._lock = threading.Lock()
+        # Everything below is guarded by _lock and holds positive ids.
+        self._current_positions: dict[str, int] = {}
+        self._unfinished_ids: set[int] = set()
+        # For each sequence fetch under way, the largest id seen when it began:
+        # the fetch may return anything above it, so nothing above it is safe.
+        self._in_flight_fetches: list[int] = []
+        self._finished_ids: set[int] = set()
+        self._persisted_upto_position = 0
+        self._known_persisted_positions: list[int] = []
+        self._max_seen_allocated_stream_id = 0
+        self._max_position_of_local_instance = 0
+
+        #: Rows read at startup after the stored positions (diagnostics: it must
+        #: not grow with the size of the stream's tables).
+        self.startup_rows_read = 0
+        self._positions_write_call: IDelayedCall | None = None
+        self._positions_write_running: defer.Deferred[None] | None = None
+
+        for table, _, id_column in self._tables:
+            self._sequence.check_consistency(
+                db_conn,
+                table,
+                id_column,
+                stream_name=stream_name if self._writers else None,
+                positive=positive,
+            )
+        self._load_current_ids(db_conn, prune_removed_writers)
+
+        self._max_seen_allocated_stream_id = max(
+            max(self._current_positions.values(), default=0), self._persisted_upto_position
+        )
+        self._max_position_of_local_instance = self._max_seen_allocated_stream_id
+        if not self._writers:
+            self._current_positions[self._instance_name] = self._persisted_upto_position
+        self._update_gauges()
+        logger.info(
+            "Loaded stream %s: persisted up to %d, positions %s (%d rows read)",
+            stream_name,
+            self.get_persisted_upto_position(),
+            self.get_positions(),
+            self.startup_rows_read,
+        )
+
+    # Loading
+
+    def _load_current_ids(self, db_conn: LoggingDatabaseConnection, prune: bool) -> None:
+        with db_conn.transaction(f"_load_current_ids({self.stream_name})") as txn:
+            if self._writers:
+                if prune:
+                    placeholders = ", ".join("?" for _ in self._writers)
+                    txn.execute(
+                        "DELETE FROM stream_positions WHERE stream_name = ?"
+                        f" AND instance_name NOT IN ({placeholders})",
+                        (self.stream_name, *self._writers),
+                    )
+                    if txn.rowcount:
+                        logger.info(
+                            "Forgot %d removed writer(s) of stream %s", txn.rowcount, self.stream_name
+                        )
+                txn.execute(
+                    "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = ?",
+                    (self.stream_name,),
+                )
+                for instance, stream_id in txn.fetchall():
+                    if instance in self._writers:
+                        self._current_positions[instance] = int(stream_id) * self._factor
+
+                if self._instance_name in self._writers:
+                    # A writer starting up has nothing in flight: everything it
+                    # ever allocated has committed or rolled back.
+                    self._current_positions[self._instance_name] = self._sequence.get_max_allocated(
+                        txn
+                    )
+
+            min_position = min(self._current_positions.values(), default=None)
+            if min_position is None:
+                # No stored positions at all: the only whole-table aggregate,
+                # a MAX on the indexed id column.
+                upto = 0
+                for table, _, id_column in self._tables:
+                    if self._positive:
+                        txn.execute(f"SELECT MAX({id_column}) FROM {table}")
+                    else:
+                        txn.execute(f"SELECT -MIN({id_column}) FROM {table}")
+                    row = txn.fetchone()
+                    if row and row[0] is not None:
+                        upto = max(upto, int(row[0]))
+                self._persisted_upto_position = upto
+            else:
+                self._persisted_upto_position = min_position
+                # Rows written after the last stored positions (positions are
+                # recorded after the rows, so they may lag).
+                rows: list[tuple[str, int]] = []
+                for table, instance_column, id_column in self._tables:
+                    if self._positive:
+                        txn.execute(
+                            f"SELECT {instance_column}, {id_column} FROM {table}"
+                            f" WHERE {id_column} >= ?",
+                            (min_position,),
+                        )
+                        rows.extend((r[0], int(r[1])) for r in txn.fetchall())
+                    else:
+                        txn.execute(
+                            f"SELECT {instance_column}, {id_column} FROM {table}"
+                            f" WHERE {id_column} <= ?",
+                            (-min_position,),
+                        )
+                        rows.extend((r[0], -int(r[1])) for r in txn.fetchall())
+                rows.sort(key=lambda r: r[1])
+                self.startup_rows_read = len(rows)
+                with self._lock:
+                    for instance, stream_id in rows:
+                        self._add_persisted_position(stream_id)
+                        if instance == self._instance_name:
+                            self._current_positions[instance] = max(
+                                self._current_positions.get(instance, 0), stream_id
+                            )
+
+            # A writer unknown to the table, or coming back after being away,
+            # has written nothing since: it starts at persisted-up-to.
+            for writer in self._writers:
+                self._current_positions.setdefault(writer, self._persisted_upto_position)
+
+    # Allocation
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this process may allocate ids of this stream."""
+        return not self._writers or self._instance_name in self._writers
+
+    def _check_writer(self) -> None:
+        if not self.is_writer:
+            raise RuntimeError(
+                f"{self._instance_name} tried to allocate an id of stream {self.stream_name},"
+                f" which only {', '.join(self._writers)} may write"
+            )
+
+    def _load_next_mult_id_txn(self, txn: LoggingTransaction, n: int) -> list[int]:
+        with self._lock:
+            current_max = self._max_seen_allocated_stream_id
+            self._in_flight_fetches.append(current_max)
+        try:
+            ids = self._sequence.get_next_mult_txn(txn, n)
+            with self._lock:
+                self._unfinished_ids.update(ids)
+                self._max_seen_allocated_stream_id = max(self._max_seen_allocated_stream_id, ids[-1])
+        finally:
+            with self._lock:
+                self._in_flight_fetches.remove(current_max)
+        return ids
+
+    def get_next(self) -> _IdAllocation[int]:
+        """Allocate one id: ``async with id_gen.get_next() as stream_id: ...``.
+
+        The id finishes when the block exits; positions move only then.
+        """
+        self._check_writer()
+        return _IdAllocation(self, 1, single=True)
+
+    def get_next_mult(self, n: int) -> _IdAllocation[list[int]]:
+        """Allocate ``n`` increasing ids for one ``async with`` block."""
+        self._check_writer()
+        return _IdAllocation(self, n, single=False)
+
+    def get_next_txn(self, txn: LoggingTransaction) -> int:
+        """Allocate one id inside the caller's transaction.
+
+        The id finishes when the transaction commits or fails; the rows using it
+        must be written in this same transaction.
+        """
+        return self.get_next_mult_txn(txn, 1)[0]
+
+    def get_next_mult_txn(self, txn: LoggingTransaction, n: int) -> list[int]:
+        """Allocate ``n`` ids inside the caller's transaction."""
+        self._check_writer()
+        ids = self._load_next_mult_id_txn(txn, n)
+        txn.call_after(self._finish, ids, True)
+        txn.call_on_exception(self._finish, ids, False)
+        return [i * self._factor for i in ids]
+
+    def _finish(self, ids: list[int], committed: bool) -> None:
+        """Mark ids finished and tell whoever needs to know. Any thread."""
+        self._mark_ids_as_finished(ids, committed)
+        reactor = self._db.reactor
+        if threadable.isInIOThread():
+            self._after_finish(committed)
+        else:
+            reactor.callFromThread(self._after_finish, committed)  # type: ignore[attr-defined]
+
+    def _after_finish(self, committed: bool) -> None:
+        self._notifier.notify_replication()
+        if committed and self._writers:
+            self._schedule_positions_write()
+
+    def _mark_ids_as_finished(self, ids: list[int], committed: bool) -> None:
+        with self._lock:
+            for i in ids:
+                self._unfinished_ids.discard(i)
+                self._finished_ids.add(i)
+
+            new_current: int | None
+            if self._unfinished_ids or self._in_flight_fetches:
+                first_unsafe = min(self._unfinished_ids, default=None)
+                if self._in_flight_fetches:
+                    fetch_floor = min(self._in_flight_fetches) + 1
+                    first_unsafe = fetch_floor if first_unsafe is None else min(first_unsafe, fetch_floor)
+                assert first_unsafe is not None
+                below = [i for i in self._finished_ids if i < first_unsafe]
+                new_current = max(below, default=None)
+                self._finished_ids = {i for i in self._finished_ids if i >= first_unsafe}
+            else:
+                new_current = max(self._finished_ids, default=None)
+                self._finished_ids.clear()
+
+            if new_current is not None:
+                me = self._instance_name
+                self._current_positions[me] = max(self._current_positions.get(me, 0), new_current)
+                self._max_position_of_local_instance = max(
+                    self._max_position_of_local_instance, new_current
+                )
+            for i in ids:
+                self._add_persisted_position(i)
+            self._update_gauges()
+        if self._position_log is not None:
+            for i in ids:
+                self._position_log.id_finished(
+                    self.stream_name, self._instance_name, i * self._factor, committed
+                )
+
+    # Reading positions
+
+    def get_current_token(self) -> int:
+        """The persisted-up-to position: every id up to it, by any writer, has
+        finished. Safe as a lower bound for readers of the whole stream."""
+        return self.get_persisted_upto_position()
+
+    def get_persisted_upto_position(self) -> int:
+        """See :meth:`get_current_token`."""
+        with self._lock:
+            return self._persisted_upto_position * self._factor
+
+    def get_current_token_for_writer(self, instance_name: str) -> int:
+        """The position of one writer: it has no unseen rows at or below it.
+
+        For this process it may run ahead of its last write (an idle writer
+        reports the largest id seen allocated). An unknown or silent writer is
+        reported at least at persisted-up-to.
+        """
+        with self._lock:
+            if instance_name == self._instance_name:
+                return self._max_position_of_local_instance * self._factor
+            pos = max(
+                self._current_positions.get(instance_name, self._persisted_upto_position),
+                self._persisted_upto_position,
+            )
+            return pos * self._factor
+
+    def get_minimal_local_current_token(self) -> int:
+        """The position of this process's last finished write (no idle jump).
+
+        The streamer compares it with what it last sent to know whether there
+        are local rows to send.
+        """
+        with self._lock:
+            return (
+                self._current_positions.get(self._instance_name, self._persisted_upto_position)
+                * self._factor
+            )
+
+    def get_positions(self) -> dict[str, int]:
+        """The known position of each writer."""
+        with self._lock:
+            return {name: pos * self._factor for name, pos in self._current_positions.items()}
+
+    def advance(self, instance_name: str, new_id: int) -> None:
+        """Record a position learned over replication (RDATA or POSITION)."""
+        new_id *= self._factor
+        with self._lock:
+            self._current_positions[instance_name] = max(
+                self._current_positions.get(instance_name, 0), new_id
+            )
+            self._max_seen_allocated_stream_id = max(self._max_seen_allocated_stream_id, new_id)
+            self._add_persisted_position(new_id)
+            self._update_gauges()
+
+    def _add_persisted_position(self, new_id: int) -> None:
+        """Advance persisted-up-to after ``new_id`` is known finished. Holds _lock."""
+        heapq.heappush(self._known_persisted_positions, new_id)
+        me = self._instance_name
+        busy = bool(self._unfinished_ids or self._in_flight_fetches)
+        others = [pos for name, pos in self._current_positions.items() if name != me]
+        own = self._current_positions.get(me)
+        if others:
+            min_current = min(others)
+            if busy and own is not None:
+                min_current = min(min_current, own)
+        else:
+            min_current = own if own is not None else self._persisted_upto_position
+        self._persisted_upto_position = max(self._persisted_upto_position, min_current)
+
+        self._max_position_of_local_instance = max(
+            self._max_position_of_local_instance, self._persisted_upto_position
+        )
+        if not busy:
+            # Nothing of ours in flight: any future id of ours is above every id
+            # seen so far, so we are as far along as anyone.
+            self._max_position_of_local_instance = max(
+                self._max_position_of_local_instance, self._max_seen_allocated_stream_id
+            )
+
+        heap = self._known_persisted_positions
+        while heap:
+            head = heap[0]
+            if head <= self._persisted_upto_position:
+                heapq.heappop(heap)
+            elif head == self._persisted_upto_position + 1:
+                heapq.heappop(heap)
+                self._persisted_upto_position += 1
+            else:
+                break
+
+    def _update_gauges(self) -> None:
+        STREAM_PERSISTED_UPTO.labels(self.stream_name).set(self._persisted_upto_position)
+        for name, pos in self._current_positions.items():
+            STREAM_POSITION.labels(self.stream_name, name).set(pos)
+
+    # stream_positions
+
+    def _schedule_positions_write(self) -> None:
+        if self._positions_write_call is not None:
+            return
+        self._positions_write_call = self._db.reactor.callLater(  # type: ignore[attr-defined]
+            STREAM_POSITIONS_WRITE_DELAY, self._start_positions_write
+        )
+
+    def _start_positions_write(self) -> defer.Deferred[None]:
+        self._positions_write_call = None
+        previous = self._positions_write_running
+        if previous is not None:
+            # One upsert at a time, in order, so positions only move forward.
+            d: defer.Deferred[None] = defer.Deferred()
+            previous.addBoth(lambda _: self._start_positions_write().chainDeferred(d))
+            return d
+        d = defer.ensureDeferred(self._write_position())
+        self._positions_write_running = d
+
+        def done(result: None) -> None:
+            if self._positions_write_running is d:
+                self._positions_write_running = None
+            return result
+
+        d.addBoth(done)
+        return d
+
+    async def _write_position(self) -> None:
+        position = self.get_current_token_for_writer(self._instance_name)
+        try:
+            await self._db.runInteraction(
+                "stream_positions_upsert",
+                self._upsert_position_txn,
+                position,
+                db_autocommit=True,
+            )
+        except Exception:
+            logger.warning(
+                "Could not record position %d of stream %s; will retry after the next write",
+                position,
+                self.stream_name,
+                exc_info=True,
+            )
+
+    def _upsert_position_txn(self, txn: LoggingTransaction, position: int) -> None:
+        # Only ever forwards (away from zero for negative streams).
+        comparison = "<" if self._positive else ">"
+        txn.execute(
+            "INSERT INTO stream_positions (stream_name, instance_name, stream_id)"
+            " VALUES (?, ?, ?)"
+            " ON CONFLICT (stream_name, instance_name) DO UPDATE"
+            " SET stream_id = EXCLUDED.stream_id"
+            f" WHERE stream_positions.stream_id {comparison} EXCLUDED.stream_id",
+            (self.stream_name, self._instance_name, position),
+        )
+
+    async def flush_stream_positions(self) -> None:
+        """Record a pending position now and wait until it is stored
+        (shutdown, tests). Does nothing when no successful write is pending."""
+        call = self._positions_write_call
+        if call is not None:
+            call.cancel()
+            await self._start_positions_write()
+        elif self._positions_write_running is not None:
+            await self._positions_write_running
+
+
+class _IdAllocation(Generic[T]):
+    """The async context manager behind ``get_next`` and ``get_next_mult``.
+
+    If the caller is cancelled while the ids are being fetched, they are marked
+    finished as soon as the fetch completes, so an abandoned allocation never
+    wedges a position.
+    """
+
+    def __init__(self, id_gen: MultiWriterIdGenerator, n: int, single: bool) -> None:
+        self._id_gen = id_gen
+        self._n = n
+        self._single = single
+        self._ids: list[int] = []
+
+    async def __aenter__(self) -> T:
+        id_gen = self._id_gen
+        fetch = defer.ensureDeferred(
+            id_gen._db.runInteraction(
+                "_load_next_mult_id",
+                id_gen._load_next_mult_id_txn,
+                self._n,
+                db_autocommit=True,
+            )
+        )
+        abandoned = False
+
+        def on_cancel(_: defer.Deferred[list[int]]) -> None:
+            nonlocal abandoned
+            abandoned = True
+
+        result: defer.Deferred[list[int]] = defer.Deferred(on_cancel)
+
+        def fetched(ids: list[int]) -> None:
+            if abandoned:
+                id_gen._finish(ids, False)
+            else:
+                result.callback(ids)
+
+        def failed(failure: object) -> None:
+            if not abandoned:
+                result.errback(failure)
+
+        fetch.addCallbacks(fetched, failed)
+        self._ids = await result
+        factor = id_gen._factor
+        if self._single:
+            return self._ids[0] * factor  # type: ignore[return-value]
+        return [i * factor for i in self._ids]  # type: ignore[return-value]
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._id_gen._finish(self._ids, exc_type is None)

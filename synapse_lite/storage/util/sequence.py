@@ -1,0 +1,96 @@
+"""Named sequences shared by every process: where stream ids come from."""
+
+from __future__ import annotations
+
+import logging
+
+from synapse_lite.storage.database import LoggingDatabaseConnection, LoggingTransaction
+from synapse_lite.storage.engines import BaseDatabaseEngine, IncorrectDatabaseSetup
+
+logger = logging.getLogger(__name__)
+
+
+class SequenceGenerator:
+    """Hands out ids from one database sequence.
+
+    On PostgreSQL this is a SEQUENCE; on SQLite a row of the ``sequences``
+    table, advanced under the database write lock. Either way two processes
+    never receive the same id, and an id observed in memory is never handed out
+    again (see :meth:`BaseDatabaseEngine.rollback`).
+    """
+
+    def __init__(self, engine: BaseDatabaseEngine, sequence_name: str) -> None:
+        self._engine = engine
+        self.sequence_name = sequence_name
+
+    def get_next_mult_txn(self, txn: LoggingTransaction, n: int) -> list[int]:
+        """Take ``n`` increasing ids, in the caller's transaction."""
+        ids = self._engine.sequence_next_values(txn.raw_cursor, self.sequence_name, n)
+        if self._engine.sequences_are_transactional:
+            floors = txn.sequence_floors
+            floors[self.sequence_name] = max(floors.get(self.sequence_name, 0), ids[-1])
+        return ids
+
+    def get_max_allocated(self, txn: LoggingTransaction) -> int:
+        """The largest id handed out so far (0 for a fresh sequence)."""
+        return self._engine.sequence_last_value(txn.raw_cursor, self.sequence_name)
+
+    def check_consistency(
+        self,
+        db_conn: LoggingDatabaseConnection,
+        table: str,
+        id_column: str,
+        stream_name: str | None,
+        positive: bool = True,
+    ) -> None:
+        """Repair a sequence left behind its table; refuse a position ahead of it.
+
+        A table id above the sequence (rows inserted around it, or a restored
+        backup) would make the sequence hand out an id twice: the sequence is
+        moved forward with a warning. A ``stream_positions`` row above the
+        sequence means two streams share a name or the sequence was reset:
+        startup stops with instructions, since guessing could lose rows.
+        """
+        with db_conn.transaction(f"sequence.check_consistency({self.sequence_name})") as txn:
+            if positive:
+                txn.execute(f"SELECT MAX({id_column}) FROM {table}")
+            else:
+                txn.execute(f"SELECT -MIN({id_column}) FROM {table}")
+            row = txn.fetchone()
+            table_max = max(int(row[0]) if row and row[0] is not None else 0, 0)
+            last_value = self.get_max_allocated(txn)
+            if table_max > last_value:
+                logger.warning(
+                    "Sequence %s is at %d but %s.%s holds id %d; moving the sequence forward",
+                    self.sequence_name,
+                    last_value,
+                    table,
+                    id_column,
+                    table_max * (1 if positive else -1),
+                )
+                self._engine.sequence_set_at_least(txn.raw_cursor, self.sequence_name, table_max)
+                last_value = table_max
+            if stream_name is None:
+                return
+            if positive:
+                txn.execute(
+                    "SELECT MAX(stream_id) FROM stream_positions WHERE stream_name = ?",
+                    (stream_name,),
+                )
+            else:
+                txn.execute(
+                    "SELECT -MIN(stream_id) FROM stream_positions WHERE stream_name = ?",
+                    (stream_name,),
+                )
+            row = txn.fetchone()
+            positions_max = int(row[0]) if row and row[0] is not None else 0
+            if positions_max > last_value:
+                raise IncorrectDatabaseSetup(
+                    f"stream_positions says stream {stream_name!r} reached"
+                    f" {positions_max * (1 if positive else -1)}, but its sequence"
+                    f" {self.sequence_name} has only handed out up to {last_value}. This happens"
+                    " when two streams share one name or the sequence was reset. With every"
+                    " process stopped, check the stream's tables, then delete its rows with"
+                    f" \"DELETE FROM stream_positions WHERE stream_name = '{stream_name}'\";"
+                    " positions are rebuilt at the next start."
+                )

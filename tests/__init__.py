@@ -1,0 +1,1 @@
+"""The synapse_lite test suite (trial)."""

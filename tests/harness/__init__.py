@@ -1,0 +1,1 @@
+"""What the tests stand on: databases, services and processes to test against."""
