@@ -28,7 +28,7 @@ class PositionLog:
         self.path = path
         self._process = process
         self._lock = threading.Lock()
-        self._file: IO[str] | None = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._file: IO[str] | None = open(path, "a", encoding="utf-8", buffering=1)
 
     def _write(self, record: dict[str, object]) -> None:
         line = json.dumps(record, separators=(",", ":")) + "\n"

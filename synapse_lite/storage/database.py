@@ -122,7 +122,9 @@ class LoggingTransaction:
         self._cursor.close()
 
 
-def _run_callbacks(callbacks: list[tuple[Callable[..., object], tuple[Any, ...]]], what: str) -> None:
+def _run_callbacks(
+    callbacks: list[tuple[Callable[..., object], tuple[Any, ...]]], what: str
+) -> None:
     for callback, args in callbacks:
         try:
             callback(*args)
@@ -313,9 +315,7 @@ class DatabasePool:
                 except Exception as exc:
                     if began:
                         try:
-                            engine.rollback(
-                                conn, txn.sequence_floors if txn else {}, read_only
-                            )
+                            engine.rollback(conn, txn.sequence_floors if txn else {}, read_only)
                         except Exception:
                             logger.warning("[TXN ROLLBACK FAILED] {%s}", name, exc_info=True)
                             self._drop_connection()
@@ -329,7 +329,11 @@ class DatabasePool:
                         raise
                     TRANSACTION_RETRIES.labels(desc).inc()
                     txn_logger.warning(
-                        "[TXN RETRY] {%s} attempt %d/%d failed: %s", name, attempt, MAX_ATTEMPTS, exc
+                        "[TXN RETRY] {%s} attempt %d/%d failed: %s",
+                        name,
+                        attempt,
+                        MAX_ATTEMPTS,
+                        exc,
                     )
                     time.sleep(random.uniform(0.005, 0.02) * attempt)
                 finally:

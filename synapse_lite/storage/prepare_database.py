@@ -140,7 +140,9 @@ def prepare_database(
             return current
         found = current
         if current is None:
-            logger.info("Creating the schema (version %d) in %s", FULL_SCHEMA_VERSION, engine.describe())
+            logger.info(
+                "Creating the schema (version %d) in %s", FULL_SCHEMA_VERSION, engine.describe()
+            )
             execute_schema_file(txn, engine, os.path.join(schema_dir, "full.sql"))
             txn.execute(
                 "INSERT INTO schema_version (version, upgraded_ts) VALUES (?, ?)",

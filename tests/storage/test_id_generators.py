@@ -321,7 +321,9 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         conn.close()
         with self.assertRaises(engines.IncorrectDatabaseSetup) as cm:
             self.make_id_gen()
-        self.assertIn("DELETE FROM stream_positions WHERE stream_name = 'test_stream'", str(cm.exception))
+        self.assertIn(
+            "DELETE FROM stream_positions WHERE stream_name = 'test_stream'", str(cm.exception)
+        )
 
     async def test_startup_reads_only_rows_after_stored_positions(self) -> None:
         """Startup reads the rows at or after the smallest stored position,
@@ -334,7 +336,9 @@ class SingleWriterTestCase(IdGeneratorTestCase):
 
 
 class MultiWriterTestCase(IdGeneratorTestCase):
-    def replicate(self, writer: MultiWriterIdGenerator, name: str, *others: MultiWriterIdGenerator) -> None:
+    def replicate(
+        self, writer: MultiWriterIdGenerator, name: str, *others: MultiWriterIdGenerator
+    ) -> None:
         for other in others:
             other.advance(name, writer.get_current_token_for_writer(name))
 
@@ -509,7 +513,9 @@ class BackwardsTestCase(IdGeneratorTestCase):
         async with id_gen.get_next() as stream_id:
             self.assertEqual(stream_id, -1)
             await self.db.execute(
-                "ins", "INSERT INTO foobar (stream_id, instance_name) VALUES (?, 'master')", stream_id
+                "ins",
+                "INSERT INTO foobar (stream_id, instance_name) VALUES (?, 'master')",
+                stream_id,
             )
         self.assertEqual(id_gen.get_positions(), {"master": -1})
         self.assertEqual(id_gen.get_current_token_for_writer("master"), -1)

@@ -155,7 +155,9 @@ class MultiWriterIdGenerator:
                     )
                     if txn.rowcount:
                         logger.info(
-                            "Forgot %d removed writer(s) of stream %s", txn.rowcount, self.stream_name
+                            "Forgot %d removed writer(s) of stream %s",
+                            txn.rowcount,
+                            self.stream_name,
                         )
                 txn.execute(
                     "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = ?",
@@ -243,7 +245,9 @@ class MultiWriterIdGenerator:
             ids = self._sequence.get_next_mult_txn(txn, n)
             with self._lock:
                 self._unfinished_ids.update(ids)
-                self._max_seen_allocated_stream_id = max(self._max_seen_allocated_stream_id, ids[-1])
+                self._max_seen_allocated_stream_id = max(
+                    self._max_seen_allocated_stream_id, ids[-1]
+                )
         finally:
             with self._lock:
                 self._in_flight_fetches.remove(current_max)
@@ -303,7 +307,9 @@ class MultiWriterIdGenerator:
                 first_unsafe = min(self._unfinished_ids, default=None)
                 if self._in_flight_fetches:
                     fetch_floor = min(self._in_flight_fetches) + 1
-                    first_unsafe = fetch_floor if first_unsafe is None else min(first_unsafe, fetch_floor)
+                    first_unsafe = (
+                        fetch_floor if first_unsafe is None else min(first_unsafe, fetch_floor)
+                    )
                 assert first_unsafe is not None
                 below = [i for i in self._finished_ids if i < first_unsafe]
                 new_current = max(below, default=None)

@@ -1,0 +1,529 @@
+"""The homeserver config: one YAML for the main process and all its workers.
+
+Every value is validated here, at load, into frozen attrs classes; the rest of
+the code trusts them. ``docs/configuration.md`` describes each setting.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import attr
+
+from synapse_lite.config.validation import (
+    REQUIRED,
+    ConfigError,
+    ConfigProblem,
+    Section,
+    load_yaml_file,
+)
+
+#: The instance name of the main process.
+MAIN_PROCESS = "main"
+
+#: Resources an HTTP listener can serve.
+LISTENER_RESOURCES = ("client", "federation", "keys", "replication", "health", "metrics")
+
+#: Streams whose writer is chosen in ``stream_writers``; all but events take one.
+SINGLE_WRITER_STREAMS = ("typing", "to_device", "account_data", "receipts", "presence")
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ListenerConfig:
+    """An HTTP listener of one process."""
+
+    port: int
+    bind_address: str
+    resources: tuple[str, ...]
+
+    @classmethod
+    def read(cls, section: Section) -> ListenerConfig:
+        port = section.get_int("port", minimum=0, maximum=65535)
+        bind_address = section.get_str("bind_address", "127.0.0.1")
+        resources = section.get_str_list("resources", ["client", "health"])
+        for i, name in enumerate(resources):
+            if name not in LISTENER_RESOURCES:
+                section.problem(
+                    f"unknown resource {name!r}; known: {', '.join(LISTENER_RESOURCES)}",
+                    f"resources[{i}]",
+                )
+        section.finish()
+        return cls(port=port, bind_address=bind_address, resources=tuple(resources))
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class DatabaseConfig:
+    """Which database, and how to reach it."""
+
+    engine: str
+    args: dict[str, Any] = attr.ib(hash=False)
+    min_connections: int = 1
+    max_connections: int = 5
+
+    @classmethod
+    def read(cls, section: Section, data_dir: str) -> DatabaseConfig:
+        engine = section.get_str("engine", "sqlite", choices=("sqlite", "postgres"))
+        args_section = section.get_section("args")
+        args: dict[str, Any] = {}
+        if engine == "sqlite":
+            path = args_section.get_str("path", "homeserver.db")
+            args["path"] = os.path.join(data_dir, path)
+            args["busy_timeout_ms"] = args_section.get_int("busy_timeout_ms", 30_000, minimum=0)
+        else:
+            args["host"] = args_section.get_str("host", "127.0.0.1")
+            args["port"] = args_section.get_int("port", 5432, minimum=1, maximum=65535)
+            args["user"] = args_section.get_str("user", "postgres")
+            password = args_section.get_optional_str("password")
+            if password is not None:
+                args["password"] = password
+            args["dbname"] = args_section.get_str("dbname", "synapse_lite")
+            options = args_section.get_optional_str("options")
+            if options is not None:
+                args["options"] = options
+        args_section.finish()
+        min_connections = section.get_int("min_connections", 1, minimum=1)
+        max_connections = section.get_int("max_connections", 5, minimum=1)
+        if max_connections < min_connections:
+            section.problem("must not be below min_connections", "max_connections")
+        section.finish()
+        return cls(engine, args, min_connections, max_connections)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class RedisConfig:
+    """Where the Redis replication bus is."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    password: str | None = None
+    dbid: int = 0
+
+    @classmethod
+    def read(cls, section: Section) -> RedisConfig:
+        result = cls(
+            host=section.get_str("host", "127.0.0.1"),
+            port=section.get_int("port", 6379, minimum=1, maximum=65535),
+            password=section.get_optional_str("password"),
+            dbid=section.get_int("dbid", 0, minimum=0),
+        )
+        section.finish()
+        return result
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ReplicationConfig:
+    """How processes replicate: direct TCP to the main process, or Redis."""
+
+    transport: str
+    #: Where the main process listens for TCP replication.
+    tcp_host: str
+    tcp_port: int
+    redis: RedisConfig
+
+    @classmethod
+    def read(cls, section: Section) -> ReplicationConfig:
+        transport = section.get_str("transport", "tcp", choices=("tcp", "redis"))
+        tcp = section.get_section("tcp")
+        tcp_host = tcp.get_str("host", "127.0.0.1")
+        tcp_port = tcp.get_int("port", 9093, minimum=0, maximum=65535)
+        tcp.finish()
+        redis = RedisConfig.read(section.get_section("redis"))
+        section.finish()
+        return cls(transport, tcp_host, tcp_port, redis)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class InstanceLocation:
+    """Where a process answers internal HTTP requests."""
+
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class WorkerConfig:
+    """One worker process declared in the config."""
+
+    name: str
+    listeners: tuple[ListenerConfig, ...]
+
+    @classmethod
+    def read(cls, name: str, section: Section) -> WorkerConfig:
+        listeners = tuple(
+            ListenerConfig.read(s) for s in section.get_list_of_sections("listeners", [])
+        )
+        section.finish()
+        return cls(name, listeners)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class StreamWriters:
+    """Which processes write which streams."""
+
+    events: tuple[str, ...] = (MAIN_PROCESS,)
+    typing: str = MAIN_PROCESS
+    to_device: str = MAIN_PROCESS
+    account_data: str = MAIN_PROCESS
+    receipts: str = MAIN_PROCESS
+    presence: str = MAIN_PROCESS
+
+    @classmethod
+    def read(cls, section: Section) -> StreamWriters:
+        events = section.get_str_list("events", [MAIN_PROCESS], allow_single=True)
+        if not events:
+            section.problem("needs at least one writer", "events")
+            events = [MAIN_PROCESS]
+        if len(set(events)) != len(events):
+            section.problem("lists a writer twice", "events")
+        singles: dict[str, str] = {}
+        for stream in SINGLE_WRITER_STREAMS:
+            value = section.get_str_list(stream, [MAIN_PROCESS], allow_single=True)
+            if len(value) != 1:
+                section.problem(f"takes exactly one writer, not {len(value)}", stream)
+                value = value[:1] or [MAIN_PROCESS]
+            singles[stream] = value[0]
+        section.finish()
+        return cls(events=tuple(events), **singles)
+
+    def writers_of(self, stream: str) -> tuple[str, ...]:
+        """The writers of a stream configured here."""
+        if stream in ("events", "backfill"):
+            return self.events
+        return (getattr(self, stream),)
+
+    def all_writers(self) -> set[str]:
+        return set(self.events) | {getattr(self, s) for s in SINGLE_WRITER_STREAMS}
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class RateLimitConfig:
+    """A token bucket: ``per_second`` sustained, ``burst`` at once."""
+
+    per_second: float
+    burst: int
+
+    @classmethod
+    def read(cls, section: Section, per_second: float, burst: int) -> RateLimitConfig:
+        result = cls(
+            per_second=section.get_float("per_second", per_second, minimum=0.0),
+            burst=section.get_int("burst", burst, minimum=1),
+        )
+        section.finish()
+        return result
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class RateLimitsConfig:
+    """Per-user (or per-IP, before login) request limits."""
+
+    enabled: bool
+    messages: RateLimitConfig
+    login: RateLimitConfig
+    registration: RateLimitConfig
+
+    @classmethod
+    def read(cls, section: Section) -> RateLimitsConfig:
+        result = cls(
+            enabled=section.get_bool("enabled", True),
+            messages=RateLimitConfig.read(section.get_section("messages"), 50.0, 200),
+            login=RateLimitConfig.read(section.get_section("login"), 5.0, 20),
+            registration=RateLimitConfig.read(section.get_section("registration"), 5.0, 20),
+        )
+        section.finish()
+        return result
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class LimitsConfig:
+    """Bounds on what one request or connection may cost."""
+
+    max_request_body_bytes: int
+    max_concurrent_syncs_per_user: int
+    max_sync_timeout_ms: int
+
+    @classmethod
+    def read(cls, section: Section) -> LimitsConfig:
+        result = cls(
+            max_request_body_bytes=section.get_int(
+                "max_request_body_bytes", 1_048_576, minimum=1024
+            ),
+            max_concurrent_syncs_per_user=section.get_int(
+                "max_concurrent_syncs_per_user", 10, minimum=1
+            ),
+            max_sync_timeout_ms=section.get_int("max_sync_timeout_ms", 60_000, minimum=0),
+        )
+        section.finish()
+        return result
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class HomeServerConfig:
+    """Everything a process of this homeserver needs to know."""
+
+    config_files: tuple[str, ...]
+    server_name: str
+    data_dir: str
+    database: DatabaseConfig
+    replication: ReplicationConfig
+    worker_replication_secret: str | None
+    registration_shared_secret: str | None
+    enable_registration: bool
+    listeners: tuple[ListenerConfig, ...]
+    workers: dict[str, WorkerConfig] = attr.ib(hash=False)
+    instance_map: dict[str, InstanceLocation] = attr.ib(hash=False)
+    stream_writers: StreamWriters
+    federation_sender: str
+    rate_limits: RateLimitsConfig
+    limits: LimitsConfig
+    log_level: str
+    position_log: bool
+
+    def instance_names(self) -> list[str]:
+        """The main process, then every worker in config order."""
+        return [MAIN_PROCESS, *self.workers]
+
+    def listeners_of(self, instance_name: str) -> tuple[ListenerConfig, ...]:
+        if instance_name == MAIN_PROCESS:
+            return self.listeners
+        return self.workers[instance_name].listeners
+
+    def location_of(self, instance_name: str) -> InstanceLocation:
+        """Where to send internal HTTP requests for ``instance_name``."""
+        try:
+            return self.instance_map[instance_name]
+        except KeyError:
+            raise KeyError(
+                f"{instance_name!r} has no listener with the 'replication' resource and no"
+                " entry in instance_map"
+            ) from None
+
+
+def _derive_instance_map(
+    explicit: dict[str, InstanceLocation],
+    listeners_by_instance: dict[str, Sequence[ListenerConfig]],
+) -> dict[str, InstanceLocation]:
+    result = dict(explicit)
+    for name, listeners in listeners_by_instance.items():
+        if name in result:
+            continue
+        for listener in listeners:
+            if "replication" in listener.resources:
+                host = listener.bind_address
+                if host in ("0.0.0.0", "::", ""):
+                    host = "127.0.0.1"
+                result[name] = InstanceLocation(host, listener.port)
+                break
+    return result
+
+
+def _read_workers(section: Section, base_dir: str) -> dict[str, WorkerConfig]:
+    workers: dict[str, WorkerConfig] = {}
+    for name in section.keys():
+        value = section.data[name]
+        if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
+            section.problem("worker names may use letters, digits, '-' and '_' only", str(name))
+            continue
+        if name == MAIN_PROCESS:
+            section.problem(f"{MAIN_PROCESS!r} is the main process and cannot be a worker", name)
+            continue
+        if (
+            isinstance(value, dict)
+            and set(value) == {"config_file"}
+            and isinstance(value["config_file"], str)
+        ):
+            path = os.path.join(base_dir, value["config_file"])
+            try:
+                data = load_yaml_file(path)
+            except ConfigError as e:
+                section.problems.extend(e.problems)
+                continue
+            worker_section = Section(data, path, "", section.problems)
+            if worker_section.get_str("worker_name", name) != name:
+                worker_section.problem(
+                    f"does not match the name {name!r} it is declared with", "worker_name"
+                )
+            listeners = tuple(
+                ListenerConfig.read(s)
+                for s in worker_section.get_list_of_sections("worker_listeners", [])
+            )
+            worker_section.finish()
+            workers[name] = WorkerConfig(name, listeners)
+        else:
+            workers[name] = WorkerConfig.read(
+                name, Section(value, section.file, section.key_path(name), section.problems)
+            )
+    return workers
+
+
+def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
+    """Validate a parsed config file; raise :class:`ConfigError` listing every problem."""
+    root = Section(data, path)
+    base_dir = os.path.dirname(os.path.abspath(path))
+
+    server_name = root.get_str("server_name")
+    if isinstance(server_name, str) and (not server_name or any(c in server_name for c in " /@!#")):
+        root.problem("must be a host name, optionally with :port", "server_name")
+    data_dir = os.path.join(base_dir, root.get_str("data_dir", "data"))
+    database = DatabaseConfig.read(root.get_section("database"), data_dir)
+    replication = ReplicationConfig.read(root.get_section("replication"))
+    secret = root.get_optional_str("worker_replication_secret")
+    shared_secret = root.get_optional_str("registration_shared_secret")
+    enable_registration = root.get_bool("enable_registration", False)
+    listeners = tuple(ListenerConfig.read(s) for s in root.get_list_of_sections("listeners", []))
+    workers = _read_workers(root.get_section("workers"), base_dir)
+    writers = StreamWriters.read(root.get_section("stream_writers"))
+    federation_sender = root.get_str("federation_sender", MAIN_PROCESS)
+    rate_limits = RateLimitsConfig.read(root.get_section("rate_limiting"))
+    limits = LimitsConfig.read(root.get_section("limits"))
+    log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    position_log = root.get_bool("position_log", False)
+
+    explicit_map: dict[str, InstanceLocation] = {}
+    map_section = root.get_section("instance_map")
+    for name in map_section.keys():
+        entry = map_section.get_section(name)
+        explicit_map[name] = InstanceLocation(
+            entry.get_str("host", "127.0.0.1"), entry.get_int("port", minimum=1, maximum=65535)
+        )
+        entry.finish()
+    map_section.finish()
+    root.finish()
+
+    known = {MAIN_PROCESS, *workers}
+    listeners_by_instance: dict[str, Sequence[ListenerConfig]] = {MAIN_PROCESS: listeners}
+    listeners_by_instance.update({n: w.listeners for n, w in workers.items()})
+    instance_map = _derive_instance_map(explicit_map, listeners_by_instance)
+
+    for name in explicit_map:
+        if name not in known:
+            root.problem(
+                f"{name!r} is not the main process or a declared worker", f"instance_map.{name}"
+            )
+    for stream in ("events", *SINGLE_WRITER_STREAMS):
+        for i, writer in enumerate(writers.writers_of(stream)):
+            key = f"stream_writers.{stream}" + (f"[{i}]" if stream == "events" else "")
+            if writer not in known:
+                root.problem(f"{writer!r} is not the main process or a declared worker", key)
+            elif writer not in instance_map and (writer != MAIN_PROCESS or workers):
+                root.problem(
+                    f"writer {writer!r} has no listener with the 'replication' resource"
+                    " (other processes send it requests there)",
+                    key,
+                )
+    if federation_sender not in known:
+        root.problem(
+            f"{federation_sender!r} is not the main process or a declared worker",
+            "federation_sender",
+        )
+    if workers and not secret:
+        root.problem(
+            "is required when workers are declared: it authenticates replication between"
+            f" processes (for example: {secrets.token_urlsafe(24)!r})",
+            "worker_replication_secret",
+        )
+    if workers and MAIN_PROCESS not in instance_map:
+        root.problem(
+            "the main process needs a listener with the 'replication' resource when workers"
+            " are declared",
+            "listeners",
+        )
+
+    ports: dict[tuple[str, int], str] = {}
+
+    def claim(port: int, bind: str, owner: str) -> None:
+        if port == 0:
+            return
+        for (other_bind, other_port), other_owner in ports.items():
+            same_host = bind == other_bind or "0.0.0.0" in (bind, other_bind)
+            if other_port == port and same_host:
+                root.problem(f"port {port} is used by both {other_owner} and {owner}", owner)
+                return
+        ports[(bind, port)] = owner
+
+    if workers or replication.transport == "tcp":
+        claim(replication.tcp_port, replication.tcp_host, "replication.tcp")
+    for name, instance_listeners in listeners_by_instance.items():
+        prefix = "listeners" if name == MAIN_PROCESS else f"workers.{name}.listeners"
+        for i, listener in enumerate(instance_listeners):
+            claim(listener.port, listener.bind_address, f"{prefix}[{i}]")
+
+    if root.problems:
+        raise ConfigError(root.problems)
+    return HomeServerConfig(
+        config_files=(os.path.abspath(path),),
+        server_name=server_name,
+        data_dir=data_dir,
+        database=database,
+        replication=replication,
+        worker_replication_secret=secret,
+        registration_shared_secret=shared_secret,
+        enable_registration=enable_registration,
+        listeners=listeners,
+        workers=workers,
+        instance_map=instance_map,
+        stream_writers=writers,
+        federation_sender=federation_sender,
+        rate_limits=rate_limits,
+        limits=limits,
+        log_level=log_level,
+        position_log=position_log,
+    )
+
+
+def load_config(path: str) -> HomeServerConfig:
+    """Load and validate a homeserver config file."""
+    return read_homeserver_config(load_yaml_file(path), path)
+
+
+def load_worker_file(config: HomeServerConfig, path: str) -> tuple[HomeServerConfig, str]:
+    """Apply a worker file (``worker_name`` and ``worker_listeners``) to a config,
+    for process managers that start each worker with ``-c homeserver.yaml -c worker.yaml``.
+
+    Returns the updated config and the worker's name.
+    """
+    data = load_yaml_file(path)
+    section = Section(data, path)
+    name = section.get_str("worker_name")
+    listeners = tuple(
+        ListenerConfig.read(s) for s in section.get_list_of_sections("worker_listeners", [])
+    )
+    section.finish()
+    if section.problems:
+        raise ConfigError(section.problems)
+    if name not in config.workers:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    path,
+                    "worker_name",
+                    f"{name!r} is not declared under 'workers' in {config.config_files[0]}",
+                )
+            ]
+        )
+    workers = dict(config.workers)
+    if listeners:
+        workers[name] = WorkerConfig(name, listeners)
+    listeners_by_instance: dict[str, Sequence[ListenerConfig]] = {MAIN_PROCESS: config.listeners}
+    listeners_by_instance.update({n: w.listeners for n, w in workers.items()})
+    instance_map = _derive_instance_map(
+        {k: v for k, v in config.instance_map.items() if k != name}, listeners_by_instance
+    )
+    return (
+        attr.evolve(
+            config,
+            workers=workers,
+            instance_map=instance_map,
+            config_files=(*config.config_files, os.path.abspath(path)),
+        ),
+        name,
+    )
+
+
+__all__ = ["REQUIRED", "ConfigError", "HomeServerConfig", "load_config", "load_worker_file"]
