@@ -1,0 +1,1 @@
+"""What the Client-Server API promises: error codes and constants."""

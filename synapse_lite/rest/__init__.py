@@ -1,0 +1,1 @@
+"""HTTP resources: the client API, health and metrics."""

@@ -375,6 +375,15 @@ class DatabasePool:
 
         return await self.runInteraction(desc, query)
 
+    async def select(self, desc: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Run one query in a read-only transaction and return its rows."""
+
+        def query(txn: LoggingTransaction) -> list[tuple[Any, ...]]:
+            txn.execute(sql, args)
+            return [tuple(row) for row in txn.fetchall()]
+
+        return await self.runInteraction(desc, query, read_only=True)
+
 
 def make_startup_connection(engine: BaseDatabaseEngine) -> LoggingDatabaseConnection:
     """Open the connection a process loads its state with before serving."""

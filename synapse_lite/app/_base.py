@@ -1,0 +1,149 @@
+"""Starting and stopping one process: logging, database, listeners, replication."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from synapse_lite.http.server import JsonResource, make_site
+from synapse_lite.metrics import OPEN_SYNC_REQUESTS  # noqa: F401  (registers the gauge)
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+#: Longest a stopping process waits for its last writes to be recorded.
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+class _InstanceFilter(logging.Filter):
+    def __init__(self, instance_name: str) -> None:
+        super().__init__()
+        self.instance_name = instance_name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.instance = self.instance_name
+        return True
+
+
+def setup_logging(instance_name: str, level: str) -> None:
+    """Log to stderr with the process name on every line (the launcher merges
+    the lines of all processes)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_InstanceFilter(instance_name))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(instance)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("synapse_lite.storage.txn").setLevel(max(logging.INFO, root.level))
+    from twisted.logger import STDLibLogObserver, globalLogBeginner
+
+    globalLogBeginner.beginLoggingTo([STDLibLogObserver()], redirectStandardIO=False)
+
+
+class HealthResource(Resource):
+    isLeaf = True
+
+    def __init__(self, hs: HomeServer) -> None:
+        super().__init__()
+        self._hs = hs
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", b"application/json")
+        return b'{"status":"ok","instance":"%s"}' % self._hs.instance_name.encode("utf-8")
+
+
+def build_listener_resource(hs: HomeServer, resources: tuple[str, ...]) -> Resource:
+    """The resource tree of one HTTP listener."""
+    root = Resource()
+    if "client" in resources:
+        from synapse_lite.rest.client import register_servlets
+
+        client = JsonResource("client")
+        register_servlets(hs, client)
+        root.putChild(b"_matrix", client)
+    if "replication" in resources:
+        from synapse_lite.replication.http.registry import replication_resource
+
+        root.putChild(b"_synapse", replication_resource(hs))
+    if "health" in resources:
+        root.putChild(b"health", HealthResource(hs))
+    if "metrics" in resources:
+        from prometheus_client.twisted import MetricsResource
+
+        root.putChild(b"metrics", MetricsResource())
+    return root
+
+
+def start(hs: HomeServer) -> None:
+    """Load the database, then listen and replicate. Runs before the reactor."""
+    start_time = time.monotonic()
+    hs.setup()
+    replication = hs.replication
+    hs.presence_handler  # noqa: B018  (built now: it counts syncs from the start)
+    from synapse_lite.replication.transports import start_replication
+
+    start_replication(hs)
+    ports: list[Any] = []
+    for listener in hs.config.listeners_of(hs.instance_name):
+        site = make_site(
+            build_listener_resource(hs, listener.resources),
+            hs.config.limits.max_request_body_bytes,
+        )
+        port = hs.reactor.listenTCP(listener.port, site, interface=listener.bind_address)
+        ports.append(port)
+        logger.info(
+            "Listening on %s:%d (%s)",
+            listener.bind_address,
+            port.getHost().port,
+            ", ".join(listener.resources),
+        )
+    hs.listening_ports = ports  # type: ignore[attr-defined]
+    logger.info(
+        "%s started in %.3f s: writes %s",
+        hs.instance_name,
+        time.monotonic() - start_time,
+        ", ".join(replication.sourced_stream_names),
+    )
+    hs.reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(stop(hs)))
+
+
+async def stop(hs: HomeServer) -> None:
+    """Stop serving, tell the others, record positions, release the database."""
+    logger.info("Shutting down %s", hs.instance_name)
+    for port in getattr(hs, "listening_ports", []):
+        await port.stopListening()
+    try:
+        hs.presence_handler.stop()
+    except Exception:
+        logger.exception("Stopping presence failed")
+    try:
+        await hs.clock.timeout(
+            defer.ensureDeferred(flush_stream_positions(hs)), SHUTDOWN_GRACE_SECONDS
+        )
+    except Exception:
+        logger.warning("Recording stream positions at shutdown failed", exc_info=True)
+    from synapse_lite.replication.transports import stop_replication
+
+    await stop_replication(hs)
+    hs.shutdown()
+    logger.info("%s stopped", hs.instance_name)
+
+
+async def flush_stream_positions(hs: HomeServer) -> None:
+    from synapse_lite.replication.tcp.streams import StreamFromIdGen
+
+    seen = set()
+    for stream in hs.replication.streams.values():
+        if isinstance(stream, StreamFromIdGen) and id(stream.id_gen) not in seen:
+            seen.add(id(stream.id_gen))
+            await stream.id_gen.flush_stream_positions()

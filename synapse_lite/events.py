@@ -1,0 +1,92 @@
+"""Room events: what is stored, replicated and sent to clients."""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+import attr
+
+
+def new_event_id() -> str:
+    """A fresh, unguessable event id."""
+    return "$" + base64.urlsafe_b64encode(os.urandom(18)).decode("ascii")
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class EventContent:
+    """What a handler asks to persist: an event before it has a stream id."""
+
+    event_id: str
+    room_id: str
+    type: str
+    state_key: str | None
+    sender: str
+    content: dict[str, Any] = attr.ib(hash=False)
+    origin_server_ts: int
+    redacts: str | None = None
+    #: (user_id, device_id, txn_id) of an idempotent client send.
+    txn_key: tuple[str, str, str] | None = None
+
+    @property
+    def is_state(self) -> bool:
+        return self.state_key is not None
+
+    @property
+    def membership(self) -> str | None:
+        if self.type == "m.room.member":
+            value = self.content.get("membership")
+            return value if isinstance(value, str) else None
+        return None
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class Event:
+    """A persisted event: its content plus where it sits in the streams."""
+
+    event_id: str
+    room_id: str
+    type: str
+    state_key: str | None
+    sender: str
+    content: dict[str, Any] = attr.ib(hash=False)
+    origin_server_ts: int
+    stream_ordering: int
+    depth: int
+    instance_name: str
+    redacts: str | None = None
+    outlier: bool = False
+
+    @property
+    def is_state(self) -> bool:
+        return self.state_key is not None
+
+    @property
+    def membership(self) -> str | None:
+        if self.type == "m.room.member":
+            value = self.content.get("membership")
+            return value if isinstance(value, str) else None
+        return None
+
+    def to_client_dict(
+        self, now_ms: int | None = None, include_room_id: bool = True
+    ) -> dict[str, Any]:
+        """The event as the Client-Server API shows it."""
+        data: dict[str, Any] = {
+            "event_id": self.event_id,
+            "type": self.type,
+            "sender": self.sender,
+            "content": self.content,
+            "origin_server_ts": self.origin_server_ts,
+            "unsigned": {},
+        }
+        if include_room_id:
+            data["room_id"] = self.room_id
+        if self.state_key is not None:
+            data["state_key"] = self.state_key
+        if self.redacts is not None:
+            data["redacts"] = self.redacts
+        if now_ms is not None:
+            data["unsigned"]["age"] = max(0, now_ms - self.origin_server_ts)
+        return data

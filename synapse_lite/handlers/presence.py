@@ -1,0 +1,242 @@
+"""Presence: who is online, decided by the presence writer from who is syncing.
+
+Processes serving /sync tell the presence writer which users are syncing with
+USER_SYNC (start/end), naming themselves by a per-run instance id; they re-send
+their syncing users when they reconnect and send CLEAR_USER_SYNC when they stop
+cleanly. The writer marks a user online while any process has them syncing and
+offline once their last sync has ended (after a short grace, so the gap between
+two long-polls does not flap). A process that is the presence writer tells
+nobody: it counts its own syncs directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attr
+
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.replication.tcp.commands import (
+    ClearUserSyncCommand,
+    Command,
+    UserSyncCommand,
+)
+from synapse_lite.storage.databases.main.presence import UserPresenceState
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+PRESENCE_STATES = ("online", "unavailable", "offline")
+#: How long after a user's last sync ended they are still shown online.
+SYNC_ONLINE_GRACE_MS = 10_000
+MAX_STATUS_MSG_LENGTH = 1024
+
+
+def check_presence_state(state: Any, status_msg: Any) -> None:
+    if state not in PRESENCE_STATES:
+        raise SynapseError(
+            400, f"'presence' must be one of {', '.join(PRESENCE_STATES)}", Codes.INVALID_PARAM
+        )
+    if status_msg is not None and (
+        not isinstance(status_msg, str) or len(status_msg) > MAX_STATUS_MSG_LENGTH
+    ):
+        raise SynapseError(400, "'status_msg' must be a short string", Codes.INVALID_PARAM)
+
+
+class PresenceHandlerBase:
+    """Reading presence; recording syncs is role-specific."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._store = hs.datastore
+
+    async def get_state(self, user_id: str) -> UserPresenceState:
+        states = await self._store.get_presence_for_users([user_id])
+        return states.get(user_id) or UserPresenceState.default(user_id)
+
+    def get_user_sync_commands(self) -> list[Command]:
+        """USER_SYNC commands to re-send on a new replication connection."""
+        return []
+
+    @asynccontextmanager
+    async def user_syncing(self, user_id: str, device_id: str | None) -> AsyncIterator[None]:
+        """Wrap a /sync request that counts towards the user being online."""
+        yield
+
+    async def set_state(self, user_id: str, state: str, status_msg: str | None) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """The process is shutting down cleanly."""
+
+
+class PresenceWriterHandler(PresenceHandlerBase):
+    """The presence writer: decides online/offline and writes the stream."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        super().__init__(hs)
+        self._local_syncs: dict[str, int] = defaultdict(int)
+        #: instance_id -> users syncing there.
+        self._external_syncs: dict[str, set[str]] = defaultdict(set)
+        self._last_sync_end: dict[str, int] = {}
+        self._loop = hs.clock.looping_call(self._check_offline, 1.0)
+
+    def stop(self) -> None:
+        if self._loop.running:
+            self._loop.stop()
+
+    def _is_syncing(self, user_id: str) -> bool:
+        return self._local_syncs.get(user_id, 0) > 0 or any(
+            user_id in users for users in self._external_syncs.values()
+        )
+
+    @asynccontextmanager
+    async def user_syncing(self, user_id: str, device_id: str | None) -> AsyncIterator[None]:
+        self._local_syncs[user_id] += 1
+        try:
+            await self._became_syncing(user_id)
+            yield
+        finally:
+            self._local_syncs[user_id] -= 1
+            if self._local_syncs[user_id] <= 0:
+                del self._local_syncs[user_id]
+                self._sync_ended(user_id)
+
+    def on_user_sync(self, cmd: UserSyncCommand) -> None:
+        """A USER_SYNC from a process serving /sync."""
+        if cmd.is_syncing:
+            self._external_syncs[cmd.instance_id].add(cmd.user_id)
+            self._hs.clock.call_later(0, self._run, self._became_syncing(cmd.user_id))
+        else:
+            self._external_syncs[cmd.instance_id].discard(cmd.user_id)
+            self._sync_ended(cmd.user_id)
+
+    def on_clear_user_sync(self, cmd: ClearUserSyncCommand) -> None:
+        """A process serving /sync stopped: none of its syncs continue."""
+        for user_id in self._external_syncs.pop(cmd.instance_id, set()):
+            self._sync_ended(user_id)
+
+    @staticmethod
+    def _run(coro: Any) -> None:
+        from twisted.internet import defer
+
+        defer.ensureDeferred(coro).addErrback(
+            lambda f: logger.error("Presence update failed: %s", f.getTraceback())
+        )
+
+    def _sync_ended(self, user_id: str) -> None:
+        if not self._is_syncing(user_id):
+            self._last_sync_end[user_id] = self._hs.clock.time_msec()
+
+    async def _became_syncing(self, user_id: str) -> None:
+        self._last_sync_end.pop(user_id, None)
+        current = await self.get_state(user_id)
+        if current.state == "offline" or not current.currently_active:
+            now = self._hs.clock.time_msec()
+            await self._store_state(
+                attr.evolve(
+                    current,
+                    state="online" if current.state == "offline" else current.state,
+                    last_active_ts=now,
+                    last_user_sync_ts=now,
+                    currently_active=True,
+                )
+            )
+
+    def _check_offline(self) -> None:
+        now = self._hs.clock.time_msec()
+        for user_id, ended in list(self._last_sync_end.items()):
+            if now - ended >= SYNC_ONLINE_GRACE_MS and not self._is_syncing(user_id):
+                del self._last_sync_end[user_id]
+                self._run(self._go_offline(user_id))
+
+    async def _go_offline(self, user_id: str) -> None:
+        current = await self.get_state(user_id)
+        if current.state != "offline":
+            await self._store_state(attr.evolve(current, state="offline", currently_active=False))
+
+    async def set_state(self, user_id: str, state: str, status_msg: str | None) -> None:
+        check_presence_state(state, status_msg)
+        current = await self.get_state(user_id)
+        now = self._hs.clock.time_msec()
+        await self._store_state(
+            attr.evolve(
+                current,
+                state=state,
+                status_msg=status_msg,
+                last_active_ts=now if state == "online" else current.last_active_ts,
+                currently_active=state == "online",
+            )
+        )
+
+    async def _store_state(self, state: UserPresenceState) -> None:
+        await self._store.update_presence([state])
+        self._hs.notifier.notify_all()
+
+
+class PresenceFollowerHandler(PresenceHandlerBase):
+    """A process serving /sync that is not the presence writer."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        super().__init__(hs)
+        self._syncing: dict[str, int] = defaultdict(int)
+        self._devices: dict[str, str | None] = {}
+
+    def _send(self, user_id: str, syncing: bool) -> None:
+        self._hs.replication.send_command(
+            UserSyncCommand(
+                self._hs.instance_id,
+                user_id,
+                self._devices.get(user_id),
+                syncing,
+                self._hs.clock.time_msec(),
+            )
+        )
+
+    @asynccontextmanager
+    async def user_syncing(self, user_id: str, device_id: str | None) -> AsyncIterator[None]:
+        self._syncing[user_id] += 1
+        self._devices[user_id] = device_id
+        if self._syncing[user_id] == 1:
+            self._send(user_id, True)
+        try:
+            yield
+        finally:
+            self._syncing[user_id] -= 1
+            if self._syncing[user_id] <= 0:
+                del self._syncing[user_id]
+                self._send(user_id, False)
+                self._devices.pop(user_id, None)
+
+    def get_user_sync_commands(self) -> list[Command]:
+        now = self._hs.clock.time_msec()
+        return [
+            UserSyncCommand(self._hs.instance_id, user_id, self._devices.get(user_id), True, now)
+            for user_id in self._syncing
+        ]
+
+    async def set_state(self, user_id: str, state: str, status_msg: str | None) -> None:
+        check_presence_state(state, status_msg)
+        await self._hs.replication_client.call(
+            self._hs.config.stream_writers.presence,
+            "set_presence",
+            {"user_id": user_id, "presence": state, "status_msg": status_msg},
+        )
+
+    def stop(self) -> None:
+        self._hs.replication.send_command(ClearUserSyncCommand(self._hs.instance_id))
+
+
+def build_presence_handler(hs: HomeServer) -> PresenceHandlerBase:
+    """The presence writer's handler on the writer, a follower elsewhere."""
+    if hs.config.stream_writers.presence == hs.instance_name:
+        handler: PresenceHandlerBase = PresenceWriterHandler(hs)
+    else:
+        handler = PresenceFollowerHandler(hs)
+    return handler

@@ -1,0 +1,185 @@
+"""Typing notifications: a stream kept in the typing writer's memory.
+
+The writer owns the data and the stream's token: ``_latest_room_serial`` goes up
+by one per change, so ``current_token`` is always a token it handed out. Other
+processes follow the writer's rows; when the writer restarts, its serial starts
+again from zero and followers notice a token below theirs and reset.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.api.errors import AuthError, Codes, SynapseError
+from synapse_lite.replication.tcp.streams._base import Updates
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+#: Longest a client may ask to be shown typing without renewing.
+MAX_TYPING_TIMEOUT_MS = 120_000
+DEFAULT_TYPING_TIMEOUT_MS = 30_000
+
+
+class TypingHandlerBase:
+    """Who is typing where, as of which serial."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._latest_room_serial = 0
+        self._room_serials: dict[str, int] = {}
+        self._room_typing: dict[str, set[str]] = {}
+
+    def get_current_token(self) -> int:
+        return self._latest_room_serial
+
+    def get_typing_for_rooms(
+        self, room_ids: list[str], since_token: int | None
+    ) -> tuple[dict[str, list[str]], int]:
+        """Typing users of rooms that changed after ``since_token`` (every room
+        when it is None, or ahead of us because the writer restarted), and the
+        token to resume from."""
+        current = self._latest_room_serial
+        reset = since_token is None or since_token > current
+        result = {}
+        for room_id in room_ids:
+            serial = self._room_serials.get(room_id)
+            if serial is None:
+                continue
+            if reset or serial > since_token:  # type: ignore[operator]
+                result[room_id] = sorted(self._room_typing.get(room_id, ()))
+        return result, current
+
+    def _reset(self) -> None:
+        self._latest_room_serial = 0
+        self._room_serials.clear()
+        self._room_typing.clear()
+
+    async def set_typing(
+        self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None
+    ) -> None:
+        raise NotImplementedError
+
+
+class TypingWriterHandler(TypingHandlerBase):
+    """The process that writes the typing stream."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        super().__init__(hs)
+        self._expiry: dict[tuple[str, str], int] = {}
+        self._expiry_loop = hs.clock.looping_call(self._expire, 1.0)
+
+    def stop(self) -> None:
+        if self._expiry_loop.running:
+            self._expiry_loop.stop()
+
+    async def set_typing(
+        self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None
+    ) -> None:
+        """Mark a user typing (for ``timeout_ms``) or not, in a room they are in."""
+        if requester != target_user:
+            raise AuthError(403, "Cannot set another user's typing state")
+        if target_user not in await self._hs.datastore.get_users_in_room(room_id):
+            raise AuthError(403, "You are not in this room", Codes.FORBIDDEN)
+        key = (room_id, target_user)
+        if typing:
+            timeout = DEFAULT_TYPING_TIMEOUT_MS if timeout_ms is None else timeout_ms
+            timeout = max(0, min(timeout, MAX_TYPING_TIMEOUT_MS))
+            self._expiry[key] = self._hs.clock.time_msec() + timeout
+            if target_user in self._room_typing.get(room_id, ()):
+                return  # still typing: only the timeout moved
+            self._room_typing.setdefault(room_id, set()).add(target_user)
+        else:
+            self._expiry.pop(key, None)
+            if target_user not in self._room_typing.get(room_id, ()):
+                return
+            self._room_typing[room_id].discard(target_user)
+        self._changed(room_id)
+
+    def _expire(self) -> None:
+        now = self._hs.clock.time_msec()
+        for key, until in list(self._expiry.items()):
+            if until <= now:
+                room_id, user_id = key
+                del self._expiry[key]
+                if user_id in self._room_typing.get(room_id, ()):
+                    self._room_typing[room_id].discard(user_id)
+                    self._changed(room_id)
+
+    def _changed(self, room_id: str) -> None:
+        self._latest_room_serial += 1
+        self._room_serials[room_id] = self._latest_room_serial
+        self._hs.notifier.notify(rooms=[room_id])
+        self._hs.replication_notifier.notify_replication()
+
+    async def get_all_typing_updates(
+        self, instance_name: str, last_id: int, current_id: int, limit: int
+    ) -> tuple[Updates, int, bool]:
+        """The typing stream's update function. A ``last_id`` ahead of us means
+        the asker saw our previous run: it gets every room's current state."""
+        if last_id > self._latest_room_serial:
+            last_id = 0
+        changed = sorted(
+            (serial, room_id)
+            for room_id, serial in self._room_serials.items()
+            if last_id < serial <= current_id
+        )
+        limited = len(changed) > limit
+        if limited:
+            changed = changed[:limit]
+        updates: Updates = [
+            (serial, [room_id, sorted(self._room_typing.get(room_id, ()))])
+            for serial, room_id in changed
+        ]
+        upto = changed[-1][0] if limited else current_id
+        return updates, upto, limited
+
+
+class TypingFollowerHandler(TypingHandlerBase):
+    """Any other process: mirrors the writer's rows and forwards changes to it."""
+
+    def process_replication_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+        """Take the writer's rows (or bare position) before the stream advances."""
+        if token < self._latest_room_serial:
+            logger.info(
+                "The typing writer restarted (serial %d < %d): resetting",
+                token,
+                self._latest_room_serial,
+            )
+            self._reset()
+        for row in rows:
+            self._room_typing[row.room_id] = set(row.user_ids)
+            self._room_serials[row.room_id] = token
+        self._latest_room_serial = token
+
+    async def set_typing(
+        self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None
+    ) -> None:
+        writer = self._hs.config.stream_writers.typing
+        await self._hs.replication_client.call(
+            writer,
+            "set_typing",
+            {
+                "requester": requester,
+                "user_id": target_user,
+                "room_id": room_id,
+                "typing": typing,
+                "timeout": timeout_ms,
+            },
+        )
+
+
+def check_typing_request(body: dict[str, Any]) -> tuple[bool, int | None]:
+    """Validate a typing request body: ``(typing, timeout_ms)``."""
+    typing = body.get("typing")
+    if not isinstance(typing, bool):
+        raise SynapseError(400, "'typing' must be true or false", Codes.BAD_JSON)
+    timeout = body.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0
+    ):
+        raise SynapseError(400, "'timeout' must be a non-negative integer", Codes.BAD_JSON)
+    return typing, timeout

@@ -1,0 +1,235 @@
+"""Serving JSON over HTTP: routing, request bodies, errors, limits and metrics.
+
+Every servlet answers through :class:`JsonResource`, so no request, however
+malformed, gets a traceback: a :class:`SynapseError` becomes its Matrix error,
+anything else is logged and answered ``500 M_UNKNOWN`` with no details.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from twisted.internet import defer
+from twisted.web import server
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
+
+logger = logging.getLogger(__name__)
+
+ServletCallback = Callable[..., Awaitable[tuple[int, Any]]]
+
+#: Nesting deeper than this in a request body is refused (it only serves to
+#: exhaust the parser).
+MAX_JSON_DEPTH = 64
+
+
+class LimitedRequest(Request):
+    """A request whose body is capped: beyond the limit it is discarded and the
+    request is answered 413 instead of being dispatched."""
+
+    max_body_bytes = 1_048_576
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._body_bytes = 0
+        self.body_too_large = False
+
+    def gotLength(self, length: int | None) -> None:
+        if length is not None and length > self.max_body_bytes:
+            self.body_too_large = True
+        super().gotLength(length if not self.body_too_large else 0)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.body_too_large:
+            return
+        self._body_bytes += len(data)
+        if self._body_bytes > self.max_body_bytes:
+            self.body_too_large = True
+            self.content.seek(0)
+            self.content.truncate()
+            return
+        super().handleContentChunk(data)
+
+
+def make_site(resource: Resource, max_body_bytes: int) -> server.Site:
+    """A Site whose requests refuse bodies larger than ``max_body_bytes``."""
+
+    class _Request(LimitedRequest):
+        pass
+
+    _Request.max_body_bytes = max_body_bytes
+    site = server.Site(resource)
+    site.requestFactory = _Request  # type: ignore[assignment]
+    site.displayTracebacks = False
+    site.noisy = False
+    return site
+
+
+def respond_json(request: Request, code: int, body: Any) -> None:
+    """Send a JSON response (unless the client has gone)."""
+    if request._disconnected or request.finished:  # type: ignore[attr-defined]
+        return
+    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    request.setResponseCode(code)
+    request.setHeader(b"Content-Type", b"application/json")
+    request.setHeader(b"Content-Length", str(len(data)).encode("ascii"))
+    request.setHeader(b"Access-Control-Allow-Origin", b"*")
+    request.setHeader(b"Access-Control-Allow-Methods", b"GET, POST, PUT, DELETE, OPTIONS")
+    request.setHeader(
+        b"Access-Control-Allow-Headers", b"X-Requested-With, Content-Type, Authorization"
+    )
+    request.setHeader(b"Cache-Control", b"no-cache, no-store, must-revalidate")
+    request.write(data)
+    request.finish()
+
+
+def _check_depth(value: Any, depth: int = 0) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise SynapseError(400, "Content is nested too deeply", Codes.BAD_JSON)
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_depth(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_depth(v, depth + 1)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json_value_from_request(request: Request, allow_empty: bool = False) -> Any:
+    """The request body as JSON, or a 400 ``M_NOT_JSON``."""
+    content = request.content.read() if request.content is not None else b""
+    if not content and allow_empty:
+        return None
+    try:
+        text = content.decode("utf-8")
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise SynapseError(400, "Content not JSON.", Codes.NOT_JSON) from None
+    _check_depth(value)
+    return value
+
+
+def parse_json_object_from_request(request: Request, allow_empty: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 (``M_NOT_JSON``/``M_BAD_JSON``)."""
+    value = parse_json_value_from_request(request, allow_empty)
+    if value is None and allow_empty:
+        return {}
+    if not isinstance(value, dict):
+        raise SynapseError(400, "Content must be a JSON object.", Codes.BAD_JSON)
+    return value
+
+
+def query_string(request: Request, name: str, default: str | None = None) -> str | None:
+    """A query parameter as text (the first, if repeated), or a 400 if it is not UTF-8."""
+    values = request.args.get(name.encode("ascii")) if request.args else None
+    if not values:
+        return default
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise SynapseError(
+            400, f"Query parameter {name!r} is not UTF-8", Codes.INVALID_PARAM
+        ) from None
+
+
+def query_int(
+    request: Request, name: str, default: int | None = None, minimum: int = 0, maximum: int = 2**62
+) -> int | None:
+    """A non-negative integer query parameter, or a 400."""
+    value = query_string(request, name)
+    if value is None:
+        return default
+    if not value.isascii() or not value.isdigit() or len(value) > 18:
+        raise SynapseError(400, f"Query parameter {name!r} must be an integer", Codes.INVALID_PARAM)
+    number = int(value)
+    if not minimum <= number <= maximum:
+        raise SynapseError(
+            400,
+            f"Query parameter {name!r} must be between {minimum} and {maximum}",
+            Codes.INVALID_PARAM,
+        )
+    return number
+
+
+class JsonResource(Resource):
+    """Routes requests by method and path regex to async servlet callbacks
+    returning ``(code, json_body)``."""
+
+    isLeaf = True
+
+    def __init__(self, name: str = "json") -> None:
+        super().__init__()
+        self._name = name
+        self._routes: list[tuple[bytes, re.Pattern[str], ServletCallback, str]] = []
+
+    def register_paths(
+        self, method: str, pattern: str, callback: ServletCallback, servlet_name: str
+    ) -> None:
+        """Serve ``method`` requests whose path fully matches ``pattern``; named
+        groups are passed to ``callback`` as URL-decoded keyword arguments."""
+        self._routes.append((method.encode("ascii"), re.compile(pattern), callback, servlet_name))
+
+    def render(self, request: Request) -> Any:  # type: ignore[override]
+        defer.ensureDeferred(self._async_render(request))
+        return NOT_DONE_YET
+
+    def _match(self, request: Request) -> tuple[ServletCallback | None, dict[str, str], str, bool]:
+        raw_path = request.path.decode("ascii", errors="replace")
+        path_matched = False
+        for method, pattern, callback, name in self._routes:
+            match = pattern.fullmatch(raw_path)
+            if not match:
+                continue
+            path_matched = True
+            if method != request.method:
+                continue
+            kwargs = {
+                k: urllib.parse.unquote(v, errors="strict") for k, v in match.groupdict().items()
+            }
+            return callback, kwargs, name, True
+        return None, {}, "unrecognized", path_matched
+
+    async def _async_render(self, request: Request) -> None:
+        start = time.monotonic()
+        servlet = "unrecognized"
+        method = request.method.decode("ascii", errors="replace")
+        code = 500
+        try:
+            if request.method == b"OPTIONS":
+                code, body = 200, {}
+            elif getattr(request, "body_too_large", False):
+                raise SynapseError(413, "Request body too large", Codes.TOO_LARGE)
+            else:
+                try:
+                    callback, kwargs, servlet, path_matched = self._match(request)
+                except UnicodeDecodeError:
+                    raise SynapseError(400, "Path is not UTF-8", Codes.INVALID_PARAM) from None
+                if callback is None:
+                    if path_matched:
+                        raise SynapseError(405, "Method not allowed", Codes.UNRECOGNIZED)
+                    raise SynapseError(404, "Unrecognized request", Codes.UNRECOGNIZED)
+                code, body = await callback(request, **kwargs)
+        except SynapseError as e:
+            code, body = e.code, e.error_dict()
+            if code >= 500:
+                logger.warning("%s %s: %s", method, request.path, e.msg)
+        except defer.CancelledError:
+            code, body = 499, {}
+        except Exception:
+            logger.exception("Error handling %s %s", method, request.path)
+            code, body = 500, {"errcode": Codes.UNKNOWN, "error": "Internal server error"}
+        respond_json(request, code, body)
+        HTTP_REQUESTS.labels(servlet, method, str(code)).inc()
+        HTTP_REQUEST_DURATION.labels(servlet, method).observe(time.monotonic() - start)

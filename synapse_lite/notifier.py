@@ -1,0 +1,158 @@
+"""Waking /sync long-polls when something they may show has happened.
+
+A waiting /sync registers its user and the rooms it is in. News (a local write,
+or rows arriving over replication) names rooms and users; every waiter of those
+users, or of users listening in those rooms, is woken and re-checks what it has
+to send. Wake-ups may be spurious; they are never missed, because a waiter
+registers before it checks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+
+class _UserListeners:
+    def __init__(self) -> None:
+        self.waiting: list[defer.Deferred[None]] = []
+        self.rooms: set[str] = set()
+        #: /sync requests of this user currently waiting.
+        self.active = 0
+
+    def wake(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for d in waiting:
+            if not d.called:
+                d.callback(None)
+
+
+class Notifier:
+    """Long-poll wake-ups for /sync on this process."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._users: dict[str, _UserListeners] = {}
+        self._room_users: dict[str, set[str]] = defaultdict(set)
+        #: Called with (stream_name, instance, token, rows) after every batch.
+        self._replication_callbacks: list[Callable[[str, str, int, list[Any]], None]] = []
+
+    def add_replication_callback(
+        self, callback: Callable[[str, str, int, list[Any]], None]
+    ) -> None:
+        self._replication_callbacks.append(callback)
+
+    # Waking
+
+    def notify(self, users: Iterable[str] = (), rooms: Iterable[str] = ()) -> None:
+        """Wake waiters of ``users`` and of users listening in ``rooms``."""
+        targets = set(users)
+        for room_id in rooms:
+            targets.update(self._room_users.get(room_id, ()))
+        for user_id in targets:
+            listeners = self._users.get(user_id)
+            if listeners is not None:
+                listeners.wake()
+
+    def notify_all(self) -> None:
+        for listeners in list(self._users.values()):
+            listeners.wake()
+
+    def on_new_replication_data(
+        self, stream_name: str, instance_name: str, token: int, rows: list[Any]
+    ) -> None:
+        """Rows (or a bare position) arrived from another process."""
+        for callback in self._replication_callbacks:
+            try:
+                callback(stream_name, instance_name, token, rows)
+            except Exception:
+                logger.exception("Replication callback for %s failed", stream_name)
+        if not rows:
+            return
+        users: set[str] = set()
+        rooms: set[str] = set()
+        if stream_name == "events":
+            for row in rows:
+                rooms.add(row.data.room_id)
+                if row.type == "ev" and row.data.type == "m.room.member" and row.data.state_key:
+                    users.add(row.data.state_key)
+        elif stream_name in ("typing", "receipts"):
+            rooms.update(row.room_id for row in rows)
+        elif stream_name == "account_data":
+            users.update(row.user_id for row in rows)
+        elif stream_name == "to_device":
+            users.update(row.entity for row in rows if row.entity.startswith("@"))
+        elif stream_name in ("presence", "device_lists"):
+            self.notify_all()
+            return
+        else:
+            return
+        self.notify(users, rooms)
+
+    # Waiting
+
+    async def wait_for_events(
+        self,
+        user_id: str,
+        room_ids: Iterable[str],
+        timeout_ms: int,
+        check: Callable[[], Awaitable[bool]],
+    ) -> bool:
+        """Wait until ``check()`` says there is something to send, or the timeout.
+
+        Returns the last result of ``check()``.
+        """
+        listeners = self._users.get(user_id)
+        if listeners is None:
+            listeners = self._users[user_id] = _UserListeners()
+        listeners.active += 1
+        self._set_rooms(user_id, listeners, set(room_ids))
+        clock = self._hs.clock
+        deadline = clock.time() + timeout_ms / 1000
+        woken: defer.Deferred[None] | None = None
+        try:
+            while True:
+                woken = defer.Deferred()
+                listeners.waiting.append(woken)
+                if await check():
+                    return True
+                remaining = deadline - clock.time()
+                if remaining <= 0:
+                    return False
+                try:
+                    await clock.timeout(woken, remaining)
+                except defer.TimeoutError:
+                    return await check()
+        finally:
+            if woken is not None and woken in listeners.waiting:
+                listeners.waiting.remove(woken)
+            listeners.active -= 1
+            if listeners.active == 0:
+                self._set_rooms(user_id, listeners, set())
+                self._users.pop(user_id, None)
+
+    def update_rooms(self, user_id: str, room_ids: Iterable[str]) -> None:
+        """A waiting user's rooms changed (they joined or left)."""
+        listeners = self._users.get(user_id)
+        if listeners is not None:
+            self._set_rooms(user_id, listeners, set(room_ids))
+
+    def _set_rooms(self, user_id: str, listeners: _UserListeners, rooms: set[str]) -> None:
+        for room_id in listeners.rooms - rooms:
+            members = self._room_users.get(room_id)
+            if members is not None:
+                members.discard(user_id)
+                if not members:
+                    del self._room_users[room_id]
+        for room_id in rooms - listeners.rooms:
+            self._room_users[room_id].add(user_id)
+        listeners.rooms = rooms

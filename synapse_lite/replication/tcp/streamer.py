@@ -1,0 +1,134 @@
+"""Sending this process's streams: RDATA for new rows, POSITION for the rest.
+
+On each poke (an ID finished somewhere in this process), and once a second in
+any case, for every stream this process writes:
+
+* new rows go out as RDATA; rows sharing a token go as ``batch`` rows ending
+  with one carrying the token;
+* if the rows end below the stream's current position, a trailing
+  ``POSITION last_row current`` follows;
+* a position that moved with no rows of ours (an idle writer catching up with
+  the ids it has seen) goes out as ``POSITION last current`` — so the minimum
+  position across writers never stalls behind an idle writer;
+* after REPLICATE and on every new connection, ``POSITION s me p p`` for every
+  stream, so newcomers learn where we are without being sent old rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from twisted.internet import defer
+
+from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
+from synapse_lite.replication.tcp.streams import Stream
+
+if TYPE_CHECKING:
+    from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between announcements of idle writers' positions.
+ANNOUNCE_INTERVAL_SECONDS = 1.0
+
+
+class ReplicationStreamer:
+    """Turns stream advances of this process into replication commands."""
+
+    def __init__(
+        self, hs: HomeServer, handler: ReplicationCommandHandler, streams: list[Stream]
+    ) -> None:
+        self._hs = hs
+        self._handler = handler
+        self._streams = streams
+        self._instance_name = hs.instance_name
+        self._position_log = hs.position_log
+        self._pending_updates = False
+        self._is_looping = False
+        self._should_announce_positions = True
+        self._loop_call = None
+        if streams:
+            hs.replication_notifier.add_replication_callback(self.on_notifier_poke)
+            self._loop_call = hs.clock.looping_call(
+                self.on_notifier_poke, ANNOUNCE_INTERVAL_SECONDS
+            )
+        handler.set_streamer(self.announce)
+
+    def stop(self) -> None:
+        if self._loop_call is not None and self._loop_call.running:
+            self._loop_call.stop()
+
+    def announce(self, everything: bool = True) -> None:
+        """Send every stream's position at the next opportunity."""
+        self._should_announce_positions = True
+        self.on_notifier_poke()
+
+    def on_notifier_poke(self) -> None:
+        if not self._streams:
+            return
+        if not self._handler.connected:
+            # Nobody to tell: what happened meanwhile is read from the database
+            # by whoever connects, after our POSITION.
+            for stream in self._streams:
+                stream.discard_updates_and_advance()
+            return
+        if not self._should_announce_positions and all(
+            s.last_token == s.current_token(self._instance_name) for s in self._streams
+        ):
+            return
+        self._pending_updates = True
+        if self._is_looping:
+            return
+        defer.ensureDeferred(self._run_loop())
+
+    async def _run_loop(self) -> None:
+        self._is_looping = True
+        try:
+            while self._pending_updates and self._handler.connected:
+                self._pending_updates = False
+                if self._should_announce_positions:
+                    self._should_announce_positions = False
+                    for stream in self._streams:
+                        self._send_position(stream, stream.last_token, stream.last_token)
+                for stream in self._streams:
+                    await self._send_stream(stream)
+        except Exception:
+            logger.exception("Sending replication updates failed; will retry on the next poke")
+            self._pending_updates = True
+        finally:
+            self._is_looping = False
+
+    async def _send_stream(self, stream: Stream) -> None:
+        me = self._instance_name
+        if stream.last_token == stream.current_token(me):
+            return
+        last = stream.last_token
+        updates, current, limited = await stream.get_updates()
+        if limited:
+            self._pending_updates = True
+        if not updates:
+            if stream.NAME == "caches" and stream.minimal_local_current_token() <= last:
+                # Only other writers moved: echoing it would only add traffic.
+                return
+            self._send_position(stream, last, current)
+            return
+        for i, (token, row) in enumerate(updates):
+            shares_next = i + 1 < len(updates) and updates[i + 1][0] == token
+            self._handler.send_command(
+                RdataCommand(stream.NAME, me, None if shares_next else token, row)
+            )
+            if not shares_next:
+                self._log_position(stream.NAME, token)
+        last_row_token = updates[-1][0]
+        if last_row_token < current:
+            self._send_position(stream, last_row_token, current)
+
+    def _send_position(self, stream: Stream, prev: int, new: int) -> None:
+        self._handler.send_command(PositionCommand(stream.NAME, self._instance_name, prev, new))
+        self._log_position(stream.NAME, new)
+
+    def _log_position(self, stream_name: str, position: int) -> None:
+        if self._position_log is not None:
+            self._position_log.position(stream_name, self._instance_name, position, "announce")

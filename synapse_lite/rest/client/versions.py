@@ -1,0 +1,21 @@
+"""``GET /_matrix/client/versions``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.http.server import JsonResource
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+SUPPORTED_VERSIONS = ["r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6"]
+
+
+def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
+    async def on_get(request: Request) -> tuple[int, Any]:
+        return 200, {"versions": SUPPORTED_VERSIONS, "unstable_features": {}}
+
+    resource.register_paths("GET", "/_matrix/client/versions", on_get, "versions")

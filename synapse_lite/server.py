@@ -1,0 +1,127 @@
+"""The HomeServer object: one process's config, database and components.
+
+Components are built on first use; the database and every stream's ID generator
+are loaded by :meth:`HomeServer.setup`, synchronously, before anything serves.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.clock import Clock
+from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
+from synapse_lite.position_log import PositionLog, position_log_path
+from synapse_lite.replication.notifier import ReplicationNotifier
+from synapse_lite.storage.database import DatabasePool, make_startup_connection
+from synapse_lite.storage.engines import create_engine
+from synapse_lite.storage.prepare_database import prepare_database
+
+if TYPE_CHECKING:
+    from synapse_lite.handlers.typing import TypingHandlerBase
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http._base import ReplicationClient
+    from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+logger = logging.getLogger(__name__)
+
+
+class HomeServer:
+    """One process of the homeserver: the main process or a worker."""
+
+    def __init__(self, config: HomeServerConfig, instance_name: str, reactor: Any) -> None:
+        self.config = config
+        self.instance_name = instance_name
+        self.hostname = config.server_name
+        self.reactor = reactor
+        self.clock = Clock(reactor)
+        #: Differs on every run: names this run in USER_SYNC commands.
+        self.instance_id = secrets.token_hex(8)
+        self.is_main_process = instance_name == MAIN_PROCESS
+        self.replication_notifier = ReplicationNotifier()
+        self.position_log: PositionLog | None = None
+        if config.position_log:
+            self.position_log = PositionLog(
+                position_log_path(config.data_dir, instance_name), instance_name
+            )
+        self._datastore: GenericWorkerStore | None = None
+        self.database_pool: DatabasePool | None = None
+
+    def is_mine_id(self, user_id: str) -> bool:
+        """Whether a user id belongs to this server."""
+        return user_id.startswith("@") and user_id.endswith(":" + self.hostname)
+
+    def setup(self) -> None:
+        """Check (main: create or upgrade) the schema and load every store and
+        ID generator from one startup connection."""
+        from synapse_lite.storage.databases.main import DataStore, GenericWorkerStore
+
+        start = time.monotonic()
+        db_config = self.config.database
+        engine = create_engine(db_config.engine, db_config.args)
+        logger.info("Connecting to %s", engine.describe())
+        db_conn = make_startup_connection(engine)
+        try:
+            prepare_database(db_conn, is_main=self.is_main_process)
+            self.database_pool = DatabasePool(
+                self.reactor,
+                engine,
+                min_connections=db_config.min_connections,
+                max_connections=db_config.max_connections,
+            )
+            store_class = DataStore if self.is_main_process else GenericWorkerStore
+            self._datastore = store_class(self.database_pool, db_conn, self)
+        finally:
+            db_conn.close()
+        logger.info("Loaded the database in %.3f s", time.monotonic() - start)
+
+    @property
+    def datastore(self) -> GenericWorkerStore:
+        if self._datastore is None:
+            raise RuntimeError("HomeServer.setup() has not been called")
+        return self._datastore
+
+    # Components, built on first use
+
+    @functools.cached_property
+    def notifier(self) -> Notifier:
+        from synapse_lite.notifier import Notifier
+
+        return Notifier(self)
+
+    @functools.cached_property
+    def replication(self) -> ReplicationCommandHandler:
+        from synapse_lite.replication.setup import build_replication
+
+        return build_replication(self)
+
+    @functools.cached_property
+    def replication_client(self) -> ReplicationClient:
+        from synapse_lite.replication.http._base import ReplicationClient
+
+        return ReplicationClient(self)
+
+    @functools.cached_property
+    def typing_handler(self) -> TypingHandlerBase:
+        from synapse_lite.handlers.typing import TypingFollowerHandler, TypingWriterHandler
+
+        if self.config.stream_writers.typing == self.instance_name:
+            return TypingWriterHandler(self)
+        return TypingFollowerHandler(self)
+
+    @functools.cached_property
+    def presence_handler(self) -> Any:
+        from synapse_lite.handlers.presence import build_presence_handler
+
+        return build_presence_handler(self)
+
+    def shutdown(self) -> None:
+        """Release the database pool and the position log."""
+        if self.database_pool is not None:
+            self.database_pool.close()
+        if self.position_log is not None:
+            self.position_log.close()

@@ -1,0 +1,1 @@
+"""The database a homeserver uses, and the stores composed over it."""

@@ -1,0 +1,40 @@
+"""The stores of the main database, composed for the main process and for workers.
+
+Each mixin owns the tables (and stream) its name says. Worker-readable mixins
+(``...WorkerStore``) are shared by every process; stream writes inside them are
+refused by the stream's ID generator on processes that are not its writer.
+``EventsStore`` (persisting events) is used by whichever processes are events
+writers; ``ClientIpStore`` only by the main process.
+"""
+
+from __future__ import annotations
+
+from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
+from synapse_lite.storage.databases.main.client_ips import ClientIpStore
+from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
+from synapse_lite.storage.databases.main.events import EventsStore
+from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
+from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
+from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
+from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
+from synapse_lite.storage.databases.main.room import RoomWorkerStore
+
+
+class GenericWorkerStore(
+    EventsStore,
+    RoomWorkerStore,
+    RegistrationWorkerStore,
+    AccountDataWorkerStore,
+    ReceiptsWorkerStore,
+    DeviceInboxWorkerStore,
+    PresenceWorkerStore,
+    FilteringWorkerStore,
+):
+    """The store of a worker process."""
+
+
+class DataStore(ClientIpStore, GenericWorkerStore):
+    """The store of the main process."""
+
+
+__all__ = ["DataStore", "GenericWorkerStore"]

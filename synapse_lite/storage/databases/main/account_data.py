@@ -1,0 +1,203 @@
+"""Account data: global, per room, and room tags, on one stream.
+
+The three tables draw ids from one sequence (``account_data_sequence``), so an
+id is unique across them and over restarts, and the stream's updates are read
+in stream-id order alone (the seed notes' account-data bug came from two ids
+being equal across tables).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
+from synapse_lite.storage.stream_ids import ACCOUNT_DATA
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+#: The account data type under which tag changes appear on the stream.
+TAG_DATA_TYPE = "m.tag"
+
+
+class AccountDataWorkerStore(SQLBaseStore):
+    """Account data and tags: reads anywhere, writes on the account_data writer."""
+
+    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+        super().__init__(database, db_conn, hs)
+        self._account_data_id_gen = self.build_id_generator(db_conn, ACCOUNT_DATA)
+
+    def get_max_account_data_stream_id(self) -> int:
+        return self._account_data_id_gen.get_current_token()
+
+    # Writes
+
+    async def add_account_data_for_user(
+        self, user_id: str, data_type: str, content: dict[str, Any]
+    ) -> int:
+        """Set a global account data entry; returns its stream id."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            stream_id = self._account_data_id_gen.get_next_txn(txn)
+            txn.execute(
+                "INSERT INTO account_data (user_id, account_data_type, stream_id, content,"
+                " instance_name) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (user_id, account_data_type) DO UPDATE SET"
+                " stream_id = EXCLUDED.stream_id, content = EXCLUDED.content,"
+                " instance_name = EXCLUDED.instance_name",
+                (user_id, data_type, stream_id, json_encoder(content), self._instance_name),
+            )
+            return stream_id
+
+        return await self.db_pool.runInteraction("add_account_data_for_user", txn_func)
+
+    async def add_account_data_to_room(
+        self, user_id: str, room_id: str, data_type: str, content: dict[str, Any]
+    ) -> int:
+        """Set a per-room account data entry; returns its stream id."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            stream_id = self._account_data_id_gen.get_next_txn(txn)
+            txn.execute(
+                "INSERT INTO room_account_data (user_id, room_id, account_data_type, stream_id,"
+                " content, instance_name) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (user_id, room_id, account_data_type) DO UPDATE SET"
+                " stream_id = EXCLUDED.stream_id, content = EXCLUDED.content,"
+                " instance_name = EXCLUDED.instance_name",
+                (
+                    user_id,
+                    room_id,
+                    data_type,
+                    stream_id,
+                    json_encoder(content),
+                    self._instance_name,
+                ),
+            )
+            return stream_id
+
+        return await self.db_pool.runInteraction("add_account_data_to_room", txn_func)
+
+    async def set_room_tag(
+        self, user_id: str, room_id: str, tag: str, content: dict[str, Any] | None
+    ) -> int:
+        """Add (or with ``content=None`` remove) a tag; returns its stream id."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            if content is None:
+                txn.execute(
+                    "DELETE FROM room_tags WHERE user_id = ? AND room_id = ? AND tag = ?",
+                    (user_id, room_id, tag),
+                )
+            else:
+                txn.execute(
+                    "INSERT INTO room_tags (user_id, room_id, tag, content) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (user_id, room_id, tag) DO UPDATE SET content = EXCLUDED.content",
+                    (user_id, room_id, tag, json_encoder(content)),
+                )
+            stream_id = self._account_data_id_gen.get_next_txn(txn)
+            txn.execute(
+                "INSERT INTO room_tags_revisions (user_id, room_id, stream_id, instance_name)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, room_id) DO UPDATE SET"
+                " stream_id = EXCLUDED.stream_id, instance_name = EXCLUDED.instance_name",
+                (user_id, room_id, stream_id, self._instance_name),
+            )
+            return stream_id
+
+        return await self.db_pool.runInteraction("set_room_tag", txn_func)
+
+    # Reads
+
+    async def get_global_account_data(self, user_id: str) -> dict[str, dict[str, Any]]:
+        rows = await self.db_pool.select(
+            "get_global_account_data",
+            "SELECT account_data_type, content FROM account_data WHERE user_id = ?",
+            user_id,
+        )
+        return {r[0]: db_to_json(r[1]) for r in rows}
+
+    async def get_room_account_data(self, user_id: str) -> dict[str, dict[str, dict[str, Any]]]:
+        """room_id -> type -> content."""
+        rows = await self.db_pool.select(
+            "get_room_account_data",
+            "SELECT room_id, account_data_type, content FROM room_account_data WHERE user_id = ?",
+            user_id,
+        )
+        result: dict[str, dict[str, dict[str, Any]]] = {}
+        for room_id, data_type, content in rows:
+            result.setdefault(room_id, {})[data_type] = db_to_json(content)
+        return result
+
+    async def get_tags_for_user(self, user_id: str) -> dict[str, dict[str, dict[str, Any]]]:
+        """room_id -> tag -> content."""
+        rows = await self.db_pool.select(
+            "get_tags_for_user",
+            "SELECT room_id, tag, content FROM room_tags WHERE user_id = ?",
+            user_id,
+        )
+        result: dict[str, dict[str, dict[str, Any]]] = {}
+        for room_id, tag, content in rows:
+            result.setdefault(room_id, {})[tag] = db_to_json(content)
+        return result
+
+    async def get_account_data_changes(
+        self, user_id: str, from_id: int, to_id: int
+    ) -> list[tuple[int, str | None, str]]:
+        """What changed for one user in ``(from_id, to_id]``:
+        ``(stream_id, room_id or None, data_type)``, in stream order."""
+        return [
+            (stream_id, room_id, data_type)
+            for stream_id, (uid, room_id, data_type) in await self._account_data_rows(
+                from_id, to_id, None, user_id
+            )
+            if uid == user_id
+        ]
+
+    # The stream's update function
+
+    async def get_updated_account_data(
+        self, last_id: int, current_id: int, limit: int
+    ) -> tuple[list[tuple[int, tuple[str, str | None, str]]], int, bool]:
+        """Changes in ``(last_id, current_id]``: ``(stream_id, (user_id,
+        room_id or None, data_type))``, ordered by stream id alone."""
+        rows = await self._account_data_rows(last_id, current_id, limit, None)
+        if len(rows) >= limit:
+            return rows, rows[-1][0], True
+        return rows, current_id, False
+
+    async def _account_data_rows(
+        self, last_id: int, current_id: int, limit: int | None, user_id: str | None
+    ) -> list[tuple[int, tuple[str, str | None, str]]]:
+        user_clause = " AND user_id = ?" if user_id else ""
+        user_args = [user_id] if user_id else []
+        sql = (
+            "SELECT stream_id, user_id, room_id, data_type FROM ("
+            " SELECT stream_id, user_id, NULL AS room_id, account_data_type AS data_type"
+            f"  FROM account_data WHERE ? < stream_id AND stream_id <= ?{user_clause}"
+            " UNION ALL"
+            " SELECT stream_id, user_id, room_id, account_data_type AS data_type"
+            f"  FROM room_account_data WHERE ? < stream_id AND stream_id <= ?{user_clause}"
+            " UNION ALL"
+            f" SELECT stream_id, user_id, room_id, '{TAG_DATA_TYPE}' AS data_type"
+            f"  FROM room_tags_revisions WHERE ? < stream_id AND stream_id <= ?{user_clause}"
+            ") AS changes ORDER BY stream_id ASC"
+        )
+        args: list[Any] = []
+        for _ in range(3):
+            args.extend([last_id, current_id, *user_args])
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        rows = await self.db_pool.select("get_updated_account_data", sql, *args)
+        return [(int(r[0]), (r[1], r[2], r[3])) for r in rows]
+
+    def process_replication_position(
+        self, stream_name: str, instance_name: str, token: int
+    ) -> None:
+        if stream_name == "account_data":
+            self._account_data_id_gen.advance(instance_name, token)
+        super().process_replication_position(stream_name, instance_name, token)

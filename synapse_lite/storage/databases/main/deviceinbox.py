@@ -1,0 +1,141 @@
+"""To-device messages: local inboxes and the outbox to other servers.
+
+Both tables share the to_device stream. A message for a user on another server
+is written to ``device_federation_outbox`` in the same transaction as its stream
+id, so a queued message survives any restart.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
+from synapse_lite.storage.stream_ids import TO_DEVICE
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+
+class DeviceInboxWorkerStore(SQLBaseStore):
+    """To-device messages: reads anywhere, writes on the to_device writer."""
+
+    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+        super().__init__(database, db_conn, hs)
+        self._device_inbox_id_gen = self.build_id_generator(db_conn, TO_DEVICE)
+
+    def get_to_device_stream_token(self) -> int:
+        return self._device_inbox_id_gen.get_current_token()
+
+    async def add_messages_to_device_inbox(
+        self,
+        local_messages: dict[str, dict[str, dict[str, Any]]],
+        remote_messages: dict[str, dict[str, Any]],
+    ) -> int:
+        """Queue messages in one transaction under one stream id.
+
+        ``local_messages``: user_id -> device_id -> message (device ``*`` is
+        expanded by the caller). ``remote_messages``: destination -> the EDU
+        content to send there. Returns the stream id.
+        """
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            stream_id = self._device_inbox_id_gen.get_next_txn(txn)
+            rows = [
+                (user_id, device_id, stream_id, json_encoder(message), self._instance_name)
+                for user_id, devices in local_messages.items()
+                for device_id, message in devices.items()
+            ]
+            txn.execute_batch(
+                "INSERT INTO device_inbox (user_id, device_id, stream_id, message_json,"
+                " instance_name) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            now = self.clock.time_msec()
+            txn.execute_batch(
+                "INSERT INTO device_federation_outbox (destination, stream_id, queued_ts,"
+                " messages_json, instance_name) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (destination, stream_id, now, json_encoder(edu), self._instance_name)
+                    for destination, edu in remote_messages.items()
+                ],
+            )
+            return stream_id
+
+        return await self.db_pool.runInteraction("add_messages_to_device_inbox", txn_func)
+
+    async def get_messages_for_device(
+        self, user_id: str, device_id: str, from_id: int, to_id: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Messages for a device in ``(from_id, to_id]``, oldest first, and the
+        stream id up to which they were read (``to_id`` unless limited)."""
+        rows = await self.db_pool.select(
+            "get_messages_for_device",
+            "SELECT stream_id, message_json FROM device_inbox"
+            " WHERE user_id = ? AND device_id = ? AND stream_id > ? AND stream_id <= ?"
+            " ORDER BY stream_id ASC LIMIT ?",
+            user_id,
+            device_id,
+            from_id,
+            to_id,
+            limit,
+        )
+        messages = [db_to_json(r[1]) for r in rows]
+        upto = int(rows[-1][0]) if len(rows) >= limit else to_id
+        return messages, upto
+
+    async def delete_messages_for_device(self, user_id: str, device_id: str, up_to_id: int) -> int:
+        """Delete delivered messages (the client has acknowledged ``up_to_id``)."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            txn.execute(
+                "DELETE FROM device_inbox WHERE user_id = ? AND device_id = ? AND stream_id <= ?",
+                (user_id, device_id, up_to_id),
+            )
+            return txn.rowcount
+
+        return await self.db_pool.runInteraction("delete_messages_for_device", txn_func)
+
+    async def get_all_new_device_messages(
+        self, instance_name: str, last_id: int, current_id: int, limit: int
+    ) -> tuple[list[tuple[int, tuple[str]]], int, bool]:
+        """The to_device stream's update function: ``(stream_id, (entity,))``
+        where the entity is a local user id or a destination server name.
+
+        One message to many users shares one stream id, so a page always ends
+        with every row of its last id.
+        """
+        sql = (
+            "SELECT stream_id, entity FROM ("
+            " SELECT stream_id, user_id AS entity FROM device_inbox"
+            "  WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+            " UNION"
+            " SELECT stream_id, destination AS entity FROM device_federation_outbox"
+            "  WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+            ") AS changes ORDER BY stream_id ASC"
+        )
+
+        def txn_func(txn: LoggingTransaction) -> tuple[list[tuple[int, tuple[str]]], int, bool]:
+            args = (last_id, current_id, instance_name) * 2
+            txn.execute(sql + " LIMIT ?", (*args, limit))
+            rows = txn.fetchall()
+            if len(rows) < limit:
+                return [(int(r[0]), (r[1],)) for r in rows], current_id, False
+            upto = int(rows[-1][0])
+            txn.execute(sql, (last_id, upto, instance_name) * 2)
+            return [(int(r[0]), (r[1],)) for r in txn.fetchall()], upto, True
+
+        return await self.db_pool.runInteraction(
+            "get_all_new_device_messages", txn_func, read_only=True
+        )
+
+    def process_replication_position(
+        self, stream_name: str, instance_name: str, token: int
+    ) -> None:
+        if stream_name == "to_device":
+            self._device_inbox_id_gen.advance(instance_name, token)
+        super().process_replication_position(stream_name, instance_name, token)

@@ -1,0 +1,106 @@
+"""Devices of local users and the device_lists stream of their changes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.storage._base import SQLBaseStore
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
+from synapse_lite.storage.stream_ids import DEVICE_LISTS
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+
+class DeviceWorkerStore(SQLBaseStore):
+    """Device reads anywhere; device changes are written by the main process."""
+
+    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+        super().__init__(database, db_conn, hs)
+        self._device_list_id_gen = self.build_id_generator(db_conn, DEVICE_LISTS)
+
+    def get_device_stream_token(self) -> int:
+        return self._device_list_id_gen.get_current_token()
+
+    async def get_devices_by_user(self, user_id: str) -> list[dict[str, Any]]:
+        rows = await self.db_pool.select(
+            "get_devices_by_user",
+            "SELECT device_id, display_name, created_ts FROM devices WHERE user_id = ?"
+            " ORDER BY device_id",
+            user_id,
+        )
+        return [
+            {"user_id": user_id, "device_id": r[0], "display_name": r[1], "created_ts": int(r[2])}
+            for r in rows
+        ]
+
+    async def get_device_ids(self, user_id: str) -> list[str]:
+        rows = await self.db_pool.select(
+            "get_device_ids", "SELECT device_id FROM devices WHERE user_id = ?", user_id
+        )
+        return [r[0] for r in rows]
+
+    def store_device_txn(
+        self, txn: LoggingTransaction, user_id: str, device_id: str, display_name: str | None
+    ) -> bool:
+        """Create a device if it is new, recording the change on the
+        device_lists stream. Returns whether it was new. Main process only."""
+        txn.execute(
+            "INSERT INTO devices (user_id, device_id, display_name, created_ts)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, device_id) DO NOTHING",
+            (user_id, device_id, display_name, self.clock.time_msec()),
+        )
+        if txn.rowcount == 0:
+            return False
+        self.add_device_change_txn(txn, user_id, device_id)
+        return True
+
+    def add_device_change_txn(self, txn: LoggingTransaction, user_id: str, device_id: str) -> int:
+        stream_id = self._device_list_id_gen.get_next_txn(txn)
+        txn.execute(
+            "INSERT INTO device_lists_stream (stream_id, user_id, device_id, instance_name)"
+            " VALUES (?, ?, ?, ?)",
+            (stream_id, user_id, device_id, self._instance_name),
+        )
+        return stream_id
+
+    async def get_users_whose_devices_changed(self, from_id: int, to_id: int) -> set[str]:
+        rows = await self.db_pool.select(
+            "get_users_whose_devices_changed",
+            "SELECT DISTINCT user_id FROM device_lists_stream"
+            " WHERE stream_id > ? AND stream_id <= ?",
+            from_id,
+            to_id,
+        )
+        return {r[0] for r in rows}
+
+    async def get_all_device_list_changes(
+        self, instance_name: str, last_id: int, current_id: int, limit: int
+    ) -> tuple[list[tuple[int, tuple[Any, ...]]], int, bool]:
+        """The device_lists stream's update function: ``(stream_id, (user_id,
+        device_id))``."""
+        rows = await self.db_pool.select(
+            "get_all_device_list_changes",
+            "SELECT stream_id, user_id, device_id FROM device_lists_stream"
+            " WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+            " ORDER BY stream_id ASC LIMIT ?",
+            last_id,
+            current_id,
+            instance_name,
+            limit,
+        )
+        updates = [(int(r[0]), (r[1], r[2])) for r in rows]
+        if len(updates) >= limit:
+            return updates, updates[-1][0], True
+        return updates, current_id, False
+
+    def process_replication_position(
+        self, stream_name: str, instance_name: str, token: int
+    ) -> None:
+        if stream_name == "device_lists":
+            self._device_list_id_gen.advance(instance_name, token)
+        super().process_replication_position(stream_name, instance_name, token)

@@ -1,0 +1,204 @@
+"""Persisting events: the events writer's half of the events stream.
+
+Everything an event changes is written in the one transaction that takes its
+stream id: the event, the room's current state and its delta stream, memberships
+(``room_memberships`` and, for local users, ``local_current_membership``), the
+client's transaction id, and the batched cache invalidation for other processes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from synapse_lite.events import Event, EventContent
+from synapse_lite.storage._base import json_encoder
+from synapse_lite.storage.database import LoggingTransaction
+from synapse_lite.storage.databases.main.events_worker import EventsWorkerStore
+
+logger = logging.getLogger(__name__)
+
+
+class DuplicateTransactionError(Exception):
+    """A send with the same (user, device, txn id) was persisted concurrently."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(event_id)
+        self.event_id = event_id
+
+
+class EventsStore(EventsWorkerStore):
+    """Writes events. Only an events writer may call these (the ID generator
+    refuses anyone else)."""
+
+    async def persist_events(self, events: list[EventContent]) -> list[Event]:
+        """Persist events in order, in one transaction; returns them with their
+        stream ids. Raises :class:`DuplicateTransactionError` if a client's
+        transaction id was used meanwhile."""
+        persisted = await self.db_pool.runInteraction(
+            "persist_events", self._persist_events_txn, events
+        )
+        for event in persisted:
+            self._event_cache.set(event.event_id, event)
+        return persisted
+
+    def _persist_events_txn(
+        self, txn: LoggingTransaction, events: list[EventContent]
+    ) -> list[Event]:
+        stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
+        depths: dict[str, int] = {}
+        members_changed: dict[str, set[str]] = defaultdict(set)
+        state_changed: set[str] = set()
+        persisted: list[Event] = []
+        for content, stream_id in zip(events, stream_ids, strict=True):
+            room_id = content.room_id
+            if room_id not in depths:
+                txn.execute(
+                    "SELECT MAX(topological_ordering) FROM events WHERE room_id = ?", (room_id,)
+                )
+                row = txn.fetchone()
+                depths[room_id] = int(row[0]) if row and row[0] is not None else 0
+            depths[room_id] += 1
+            event = Event(
+                event_id=content.event_id,
+                room_id=room_id,
+                type=content.type,
+                state_key=content.state_key,
+                sender=content.sender,
+                content=content.content,
+                origin_server_ts=content.origin_server_ts,
+                stream_ordering=stream_id,
+                depth=depths[room_id],
+                instance_name=self._instance_name,
+                redacts=content.redacts,
+            )
+            if content.txn_key is not None:
+                self._record_txn_id_txn(txn, content.txn_key, event)
+            self._insert_event_txn(txn, event)
+            if event.is_state:
+                state_changed.add(room_id)
+                if event.type == "m.room.member" and event.state_key is not None:
+                    members_changed[room_id].add(event.state_key)
+                self._update_current_state_txn(txn, event)
+            txn.call_after(
+                self.invalidate_caches_for_event,
+                event.event_id,
+                event.room_id,
+                event.type,
+                event.state_key,
+                event.redacts,
+            )
+            persisted.append(event)
+        for room_id in sorted(state_changed):
+            self.invalidate_state_caches_and_stream_txn(txn, room_id, members_changed[room_id])
+        return persisted
+
+    def _record_txn_id_txn(
+        self, txn: LoggingTransaction, txn_key: tuple[str, str, str], event: Event
+    ) -> None:
+        user_id, device_id, txn_id = txn_key
+        txn.execute(
+            "INSERT INTO event_txn_ids (user_id, device_id, txn_id, room_id, event_id, inserted_ts)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (user_id, device_id, txn_id) DO NOTHING",
+            (user_id, device_id, txn_id, event.room_id, event.event_id, self.clock.time_msec()),
+        )
+        if txn.rowcount == 0:
+            txn.execute(
+                "SELECT event_id FROM event_txn_ids"
+                " WHERE user_id = ? AND device_id = ? AND txn_id = ?",
+                (user_id, device_id, txn_id),
+            )
+            row = txn.fetchone()
+            raise DuplicateTransactionError(row[0] if row else "")
+
+    def _insert_event_txn(self, txn: LoggingTransaction, event: Event) -> None:
+        txn.execute(
+            "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
+            " state_key, sender, origin_server_ts, content, redacts, membership, outlier,"
+            " instance_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                event.stream_ordering,
+                event.depth,
+                event.event_id,
+                event.room_id,
+                event.type,
+                event.state_key,
+                event.sender,
+                event.origin_server_ts,
+                json_encoder(event.content),
+                event.redacts,
+                event.membership,
+                event.outlier,
+                event.instance_name,
+            ),
+        )
+        if event.type == "m.room.create" and event.state_key == "":
+            txn.execute(
+                "INSERT INTO rooms (room_id, creator, is_public, room_version, creation_ts)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
+                (
+                    event.room_id,
+                    event.sender,
+                    False,
+                    str(event.content.get("room_version", "10")),
+                    event.origin_server_ts,
+                ),
+            )
+        if event.type == "m.room.join_rules" and event.state_key == "":
+            txn.execute(
+                "UPDATE rooms SET is_public = ? WHERE room_id = ?",
+                (event.content.get("join_rule") == "public", event.room_id),
+            )
+
+    def _update_current_state_txn(self, txn: LoggingTransaction, event: Event) -> None:
+        assert event.state_key is not None
+        txn.execute(
+            "SELECT event_id FROM current_state_events"
+            " WHERE room_id = ? AND type = ? AND state_key = ?",
+            (event.room_id, event.type, event.state_key),
+        )
+        row = txn.fetchone()
+        prev_event_id = row[0] if row else None
+        txn.execute(
+            "INSERT INTO current_state_events (room_id, type, state_key, event_id, membership)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE"
+            " SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
+            (event.room_id, event.type, event.state_key, event.event_id, event.membership),
+        )
+        txn.execute(
+            "INSERT INTO current_state_delta_stream (stream_id, instance_name, room_id, type,"
+            " state_key, event_id, prev_event_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                event.stream_ordering,
+                event.instance_name,
+                event.room_id,
+                event.type,
+                event.state_key,
+                event.event_id,
+                prev_event_id,
+            ),
+        )
+        membership = event.membership
+        if membership is None or event.type != "m.room.member":
+            return
+        txn.execute(
+            "INSERT INTO room_memberships (event_id, user_id, sender, room_id, membership,"
+            " stream_ordering) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                event.event_id,
+                event.state_key,
+                event.sender,
+                event.room_id,
+                membership,
+                event.stream_ordering,
+            ),
+        )
+        if self.hs.is_mine_id(event.state_key):
+            txn.execute(
+                "INSERT INTO local_current_membership (room_id, user_id, event_id, membership,"
+                " event_stream_ordering) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (user_id, room_id) DO UPDATE SET event_id = EXCLUDED.event_id,"
+                " membership = EXCLUDED.membership,"
+                " event_stream_ordering = EXCLUDED.event_stream_ordering",
+                (event.room_id, event.state_key, event.event_id, membership, event.stream_ordering),
+            )

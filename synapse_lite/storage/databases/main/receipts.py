@@ -1,0 +1,108 @@
+"""Read receipts: the latest receipt per (room, type, user), on the receipts stream."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
+from synapse_lite.storage.stream_ids import RECEIPTS
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+
+class ReceiptsWorkerStore(SQLBaseStore):
+    """Receipts: reads anywhere, writes on the receipts writer."""
+
+    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+        super().__init__(database, db_conn, hs)
+        self._receipts_id_gen = self.build_id_generator(db_conn, RECEIPTS)
+
+    def get_max_receipt_stream_id(self) -> int:
+        return self._receipts_id_gen.get_current_token()
+
+    async def insert_receipt(
+        self,
+        room_id: str,
+        receipt_type: str,
+        user_id: str,
+        event_id: str,
+        data: dict[str, Any],
+        thread_id: str | None = None,
+    ) -> int:
+        """Record a user's latest receipt in a room; returns its stream id."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            stream_id = self._receipts_id_gen.get_next_txn(txn)
+            txn.execute(
+                "INSERT INTO receipts_linearized (stream_id, instance_name, room_id, receipt_type,"
+                " user_id, event_id, thread_id, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (room_id, receipt_type, user_id) DO UPDATE SET"
+                " stream_id = EXCLUDED.stream_id, instance_name = EXCLUDED.instance_name,"
+                " event_id = EXCLUDED.event_id, thread_id = EXCLUDED.thread_id,"
+                " data = EXCLUDED.data",
+                (
+                    stream_id,
+                    self._instance_name,
+                    room_id,
+                    receipt_type,
+                    user_id,
+                    event_id,
+                    thread_id,
+                    json_encoder(data),
+                ),
+            )
+            return stream_id
+
+        return await self.db_pool.runInteraction("insert_receipt", txn_func)
+
+    async def get_receipts_for_rooms(
+        self, room_ids: list[str], from_id: int | None, to_id: int
+    ) -> list[tuple[str, str, str, str, dict[str, Any]]]:
+        """Receipts in rooms with stream ids in ``(from_id, to_id]`` (all up to
+        ``to_id`` when ``from_id`` is None): ``(room_id, receipt_type, user_id,
+        event_id, data)``."""
+        if not room_ids:
+            return []
+        placeholders = ", ".join("?" for _ in room_ids)
+        rows = await self.db_pool.select(
+            "get_receipts_for_rooms",
+            "SELECT room_id, receipt_type, user_id, event_id, data FROM receipts_linearized"
+            f" WHERE room_id IN ({placeholders}) AND stream_id > ? AND stream_id <= ?",
+            *room_ids,
+            -1 if from_id is None else from_id,
+            to_id,
+        )
+        return [(r[0], r[1], r[2], r[3], db_to_json(r[4])) for r in rows]
+
+    async def get_all_updated_receipts(
+        self, instance_name: str, last_id: int, current_id: int, limit: int
+    ) -> tuple[list[tuple[int, tuple[Any, ...]]], int, bool]:
+        """The receipts stream's update function: ``(stream_id, (room_id,
+        receipt_type, user_id, event_id, thread_id, data))``."""
+        rows = await self.db_pool.select(
+            "get_all_updated_receipts",
+            "SELECT stream_id, room_id, receipt_type, user_id, event_id, thread_id, data"
+            " FROM receipts_linearized WHERE ? < stream_id AND stream_id <= ?"
+            " AND instance_name = ? ORDER BY stream_id ASC LIMIT ?",
+            last_id,
+            current_id,
+            instance_name,
+            limit,
+        )
+        updates = [(int(r[0]), (r[1], r[2], r[3], r[4], r[5], db_to_json(r[6]))) for r in rows]
+        if len(updates) >= limit:
+            return updates, updates[-1][0], True
+        return updates, current_id, False
+
+    def process_replication_position(
+        self, stream_name: str, instance_name: str, token: int
+    ) -> None:
+        if stream_name == "receipts":
+            self._receipts_id_gen.advance(instance_name, token)
+        super().process_replication_position(stream_name, instance_name, token)

@@ -1,0 +1,115 @@
+"""Reading the events stream by position: instance ids for tokens, and rooms'
+events between two tokens (sync timelines, /messages pagination)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from synapse_lite.events import Event
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
+from synapse_lite.storage.databases.main.events_worker import (
+    EVENT_COLUMNS,
+    EventsWorkerStore,
+    event_from_row,
+)
+from synapse_lite.tokens import RoomStreamToken
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+
+class StreamWorkerStore(EventsWorkerStore):
+    """Stream tokens and room timelines."""
+
+    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+        super().__init__(database, db_conn, hs)
+        self._instance_ids: dict[str, int] = {}
+        self._instance_names: dict[int, str] = {}
+        with db_conn.transaction("load_stream_instance_ids") as txn:
+            for writer in hs.config.stream_writers.events:
+                self._ensure_instance_id_txn(txn, writer)
+            txn.execute("SELECT instance_id, instance_name FROM stream_instance_ids")
+            for instance_id, name in txn.fetchall():
+                self._remember_instance(int(instance_id), name)
+
+    def _remember_instance(self, instance_id: int, name: str) -> None:
+        self._instance_ids[name] = instance_id
+        self._instance_names[instance_id] = name
+
+    def _ensure_instance_id_txn(self, txn: LoggingTransaction, name: str) -> int:
+        txn.execute("SELECT instance_id FROM stream_instance_ids WHERE instance_name = ?", (name,))
+        row = txn.fetchone()
+        if row:
+            return int(row[0])
+        (new_id,) = self.database_engine.sequence_next_values(
+            txn.raw_cursor, "stream_instance_id_seq", 1
+        )
+        txn.execute(
+            "INSERT INTO stream_instance_ids (instance_id, instance_name) VALUES (?, ?)"
+            " ON CONFLICT (instance_name) DO NOTHING",
+            (new_id, name),
+        )
+        txn.execute("SELECT instance_id FROM stream_instance_ids WHERE instance_name = ?", (name,))
+        return int(txn.fetchone()[0])
+
+    async def get_id_for_instance(self, name: str) -> int:
+        """The short number standing for a writer in tokens."""
+        instance_id = self._instance_ids.get(name)
+        if instance_id is None:
+            instance_id = await self.db_pool.runInteraction(
+                "get_id_for_instance", self._ensure_instance_id_txn, name
+            )
+            self._remember_instance(instance_id, name)
+        return instance_id
+
+    async def get_name_from_instance_id(self, instance_id: int) -> str | None:
+        name = self._instance_names.get(instance_id)
+        if name is None:
+            rows = await self.db_pool.select(
+                "get_name_from_instance_id",
+                "SELECT instance_name FROM stream_instance_ids WHERE instance_id = ?",
+                instance_id,
+            )
+            if not rows:
+                return None
+            name = rows[0][0]
+            self._remember_instance(instance_id, name)
+        return name
+
+    async def room_token_to_string(self, token: RoomStreamToken) -> str:
+        return await token.to_string(self.get_id_for_instance)
+
+    async def parse_room_token(self, string: str) -> RoomStreamToken:
+        return await RoomStreamToken.parse(string, self.get_name_from_instance_id)
+
+    async def get_room_events_between(
+        self,
+        room_ids: list[str],
+        from_token: RoomStreamToken | None,
+        to_token: RoomStreamToken,
+        limit: int,
+        newest_first: bool = True,
+    ) -> list[Event]:
+        """Events of ``room_ids`` after ``from_token`` (all, if None) and at or
+        before ``to_token``, at most ``limit``, in stream order (newest first
+        when ``newest_first``)."""
+        if not room_ids:
+            return []
+        lower = from_token or RoomStreamToken(-(2**62))
+        where, args = lower.bounds_sql(to_token, "stream_ordering", "instance_name")
+        placeholders = ", ".join("?" for _ in room_ids)
+        order = "DESC" if newest_first else "ASC"
+        sql = (
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE room_id IN ({placeholders})"
+            f" AND stream_ordering > 0 AND {where}"
+            f" ORDER BY stream_ordering {order} LIMIT ?"
+        )
+        rows = await self.db_pool.select("get_room_events_between", sql, *room_ids, *args, limit)
+        return [event_from_row(r) for r in rows]
