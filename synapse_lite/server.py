@@ -119,8 +119,20 @@ class HomeServer:
 
         return build_presence_handler(self)
 
+    def stop_background_tasks(self) -> None:
+        """Stop the looping calls of the components built so far."""
+        built = self.__dict__
+        if "replication" in built and built["replication"].streamer is not None:
+            built["replication"].streamer.stop()
+        for name in ("typing_handler", "presence_handler"):
+            component = built.get(name)
+            stop = getattr(component, "stop_loops", None)
+            if stop is not None:
+                stop()
+
     def shutdown(self) -> None:
-        """Release the database pool and the position log."""
+        """Stop background work; release the database pool and the position log."""
+        self.stop_background_tasks()
         if self.database_pool is not None:
             self.database_pool.close()
         if self.position_log is not None:

@@ -87,7 +87,7 @@ class PresenceWriterHandler(PresenceHandlerBase):
         self._last_sync_end: dict[str, int] = {}
         self._loop = hs.clock.looping_call(self._check_offline, 1.0)
 
-    def stop(self) -> None:
+    def stop_loops(self) -> None:
         if self._loop.running:
             self._loop.stop()
 

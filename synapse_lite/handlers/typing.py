@@ -72,7 +72,7 @@ class TypingWriterHandler(TypingHandlerBase):
         self._expiry: dict[tuple[str, str], int] = {}
         self._expiry_loop = hs.clock.looping_call(self._expire, 1.0)
 
-    def stop(self) -> None:
+    def stop_loops(self) -> None:
         if self._expiry_loop.running:
             self._expiry_loop.stop()
 

@@ -1,0 +1,239 @@
+"""Replication between processes sharing one database, over an in-memory bus
+that uses the real wire format: RDATA, POSITION, catch-up, echoes, idle writers."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from twisted.internet import defer, reactor, task
+
+from synapse_lite.events import EventContent, new_event_id
+from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
+from synapse_lite.server import HomeServer
+from synapse_lite.storage.util import id_generators
+from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
+
+_counter = itertools.count()
+
+
+def message(room_id: str = "!room:test.local", body: str = "hi") -> EventContent:
+    return EventContent(
+        event_id=new_event_id(),
+        room_id=room_id,
+        type="m.room.message",
+        state_key=None,
+        sender="@alice:test.local",
+        content={"msgtype": "m.text", "body": f"{body} {next(_counter)}"},
+        origin_server_ts=1,
+    )
+
+
+async def eventually(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:
+    """Spin the reactor until ``condition()`` is true."""
+    waited = 0.0
+    while not condition():
+        if waited >= timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await task.deferLater(reactor, 0.01, lambda: None)
+        waited += 0.01
+
+
+class ReplicationHandlerTestCase(DatabaseTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
+
+    def start(
+        self, workers: list[str], events: list[str], echo: bool = False
+    ) -> dict[str, HomeServer]:
+        config = make_config(self.test_db, workers=workers, stream_writers={"events": events})
+        servers = {"main": make_homeserver(self, config, "main")}
+        for name in workers:
+            servers[name] = make_homeserver(self, config, name)
+        self.bus = LoopbackBus(echo=echo)
+        self.endpoints = {name: self.bus.join(hs) for name, hs in servers.items()}
+        return servers
+
+    async def test_rdata_reaches_other_process(self) -> None:
+        servers = self.start(["persister1"], ["persister1"])
+        main, p1 = servers["main"], servers["persister1"]
+        await eventually(lambda: main.replication.connected)
+        invalidated: list[str] = []
+        main.replication.data_handler.add_row_hook(
+            "events",
+            lambda instance, token, rows: invalidated.extend(r.data.event_id for r in rows),
+        )
+        [event] = await p1.datastore.persist_events([message()])
+        await main.replication.data_handler.wait_for_stream_position(
+            "persister1", "events", event.stream_ordering, timeout=5
+        )
+        self.assertEqual(invalidated, [event.event_id])
+        self.assertEqual(
+            main.datastore.get_room_max_token().get_position("persister1"), event.stream_ordering
+        )
+        self.assertEqual((await main.datastore.get_event(event.event_id)), event)
+        rdata = [c for _, c in self.bus.published if isinstance(c, RdataCommand)]
+        self.assertEqual(
+            [(c.stream_name, c.instance_name, c.token) for c in rdata if c.stream_name == "events"],
+            [("events", "persister1", event.stream_ordering)],
+        )
+
+    async def test_catch_up_in_pages_after_reconnect(self) -> None:
+        servers = self.start(["persister1"], ["persister1"])
+        main, p1 = servers["main"], servers["persister1"]
+        seen: list[str] = []
+        main.replication.data_handler.add_row_hook(
+            "events", lambda instance, token, rows: seen.extend(r.data.event_id for r in rows)
+        )
+        self.bus.leave(self.endpoints["main"])
+        persisted = []
+        for _ in range(5):
+            persisted += await p1.datastore.persist_events([message() for _ in range(50)])
+        last = persisted[-1].stream_ordering
+        events_stream = p1.replication.streams["events"]
+        await eventually(lambda: events_stream.last_token == last, what="p1 to send its rows")
+
+        def event_rdata() -> int:
+            return len(
+                [
+                    c
+                    for _, c in self.bus.published
+                    if isinstance(c, RdataCommand) and c.stream_name == "events"
+                ]
+            )
+
+        self.assertEqual(event_rdata(), 250)  # sent once, while main was away
+        pages: list[tuple[int, int]] = []
+        stream = main.replication.streams["events"]
+        real_update_function = stream.update_function
+
+        async def counting_update_function(*args: Any) -> Any:
+            updates, upto, limited = await real_update_function(*args)
+            pages.append((len(updates), upto))
+            return updates, upto, limited
+
+        stream.update_function = counting_update_function
+        self.endpoints["main"] = self.bus.join(main)
+        await main.replication.data_handler.wait_for_stream_position(
+            "persister1", "events", last, timeout=5
+        )
+        # Rejoining sent no old rows again: main read all 250 itself, in order,
+        # in pages (more than one batch of the update function).
+        self.assertEqual(event_rdata(), 250)
+        self.assertEqual(seen, [e.event_id for e in persisted])
+        self.assertEqual([n for n, _ in pages], [100, 100, 50])
+
+    async def test_own_echo_is_ignored(self) -> None:
+        servers = self.start(["persister1"], ["persister1"], echo=True)
+        main, p1 = servers["main"], servers["persister1"]
+        processed: list[tuple[str, int]] = []
+        p1.replication.data_handler.add_row_hook(
+            "events", lambda instance, token, rows: processed.append((instance, token))
+        )
+        [event] = await p1.datastore.persist_events([message()])
+        await main.replication.data_handler.wait_for_stream_position(
+            "persister1", "events", event.stream_ordering, timeout=5
+        )
+        await task.deferLater(reactor, 0.05, lambda: None)
+        echoed = [
+            c
+            for sender, c in self.bus.published
+            if sender == "persister1" and isinstance(c, RdataCommand)
+        ]
+        self.assertTrue(echoed)  # the bus did deliver p1's own RDATA back to it...
+        self.assertEqual(processed, [])  # ...and p1 ignored it
+
+    async def test_idle_writer_lets_persisted_upto_advance(self) -> None:
+        """Only persister1 writes; persister2, idle, announces how far it has
+        got, so the minimum over writers (main's current token) advances.
+
+        Id 1 is lost (taken by a transaction that crashed), so main cannot
+        advance by counting ids: only persister2's announcement moves it.
+        """
+        servers = self.start(["persister1", "persister2"], ["persister1", "persister2"])
+        main, p1 = servers["main"], servers["persister1"]
+        await eventually(lambda: main.replication.connected)
+
+        def waste_id(txn: Any) -> None:
+            txn.database_engine.sequence_next_values(txn.raw_cursor, "events_stream_seq", 1)
+
+        await p1.datastore.db_pool.runInteraction("crashed_txn", waste_id)
+        events = await p1.datastore.persist_events([message() for _ in range(5)])
+        last = events[-1].stream_ordering
+        start = reactor.seconds()  # type: ignore[attr-defined]
+        await eventually(
+            lambda: main.datastore._stream_id_gen.get_current_token() >= last,
+            timeout=3,
+            what="persisted-up-to to pass the idle writer",
+        )
+        self.assertLess(reactor.seconds() - start, 2.5)  # type: ignore[attr-defined]
+        positions = [
+            c
+            for s, c in self.bus.published
+            if s == "persister2" and isinstance(c, PositionCommand) and c.stream_name == "events"
+        ]
+        self.assertTrue(any(c.new_token >= last for c in positions))
+
+    async def test_out_of_order_writers_never_skip_or_repeat(self) -> None:
+        """persister1 holds id 1 in flight while persister2 persists 2 and 3; a
+        reader paging by tokens sees every event exactly once."""
+        servers = self.start(["persister1", "persister2"], ["persister1", "persister2"])
+        main, p1, p2 = servers["main"], servers["persister1"], servers["persister2"]
+        await eventually(lambda: main.replication.connected)
+        store = main.datastore
+        room = "!ooo:test.local"
+        read: list[str] = []
+        from_token = store.get_room_max_token()
+
+        async def read_up_to_now() -> None:
+            nonlocal from_token
+            to_token = store.get_room_max_token()
+            events = await store.get_room_events_between(
+                [room], from_token, to_token, 1000, newest_first=False
+            )
+            read.extend(e.event_id for e in events)
+            from_token = to_token
+
+        slow = p1.datastore._stream_id_gen.get_next()
+        slow_id = await slow.__aenter__()
+        fast = await p2.datastore.persist_events([message(room), message(room)])
+        await main.replication.data_handler.wait_for_stream_position(
+            "persister2", "events", fast[-1].stream_ordering, timeout=5
+        )
+        await read_up_to_now()
+        self.assertEqual(read, [e.event_id for e in fast])
+
+        slow_event_id = new_event_id()
+        await p1.datastore.db_pool.execute(
+            "insert_slow",
+            "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
+            " sender, origin_server_ts, content, instance_name) VALUES (?, 1, ?, ?, 'm.room.message',"
+            " '@bob:test.local', 1, '{}', 'persister1')",
+            slow_id,
+            slow_event_id,
+            room,
+        )
+        await slow.__aexit__(None, None, None)
+        await main.replication.data_handler.wait_for_stream_position(
+            "persister1", "events", slow_id, timeout=5
+        )
+        await read_up_to_now()
+        more = await p2.datastore.persist_events([message(room)])
+        await main.replication.data_handler.wait_for_stream_position(
+            "persister2", "events", more[0].stream_ordering, timeout=5
+        )
+        await read_up_to_now()
+        expected = [e.event_id for e in fast] + [slow_event_id, more[0].event_id]
+        self.assertEqual(sorted(read), sorted(expected))
+        self.assertEqual(len(read), len(set(read)))
+
+    async def test_wait_for_stream_position_times_out(self) -> None:
+        servers = self.start(["persister1"], ["persister1"])
+        d = defer.ensureDeferred(
+            servers["main"].replication.data_handler.wait_for_stream_position(
+                "persister1", "events", 10_000, timeout=0.2
+            )
+        )
+        with self.assertRaises(defer.TimeoutError):
+            await d
