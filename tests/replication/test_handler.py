@@ -208,8 +208,8 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         await p1.datastore.db_pool.execute(
             "insert_slow",
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
-            " sender, origin_server_ts, content, instance_name) VALUES (?, 1, ?, ?, 'm.room.message',"
-            " '@bob:test.local', 1, '{}', 'persister1')",
+            " sender, origin_server_ts, content, instance_name)"
+            " VALUES (?, 1, ?, ?, 'm.room.message', '@bob:test.local', 1, '{}', 'persister1')",
             slow_id,
             slow_event_id,
             room,
