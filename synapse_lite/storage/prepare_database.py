@@ -35,6 +35,10 @@ class SchemaVersionError(RuntimeError):
     """This process cannot run against the database's schema version."""
 
 
+class SchemaFileError(RuntimeError):
+    """A statement of a schema file failed; nothing of the upgrade was kept."""
+
+
 @dataclass(frozen=True)
 class DeltaFile:
     """One ordered schema change."""
@@ -83,11 +87,17 @@ def execute_schema_file(txn: LoggingTransaction, engine: BaseDatabaseEngine, pat
         sql = f.read()
     for statement in split_statements(sql):
         match = _CREATE_SEQUENCE.match(statement)
-        if match:
-            for engine_statement in engine.create_sequence_sql(match.group(1)):
-                txn.execute(engine_statement)
-        else:
-            txn.execute(statement)
+        try:
+            if match:
+                for engine_statement in engine.create_sequence_sql(match.group(1)):
+                    txn.execute(engine_statement)
+            else:
+                txn.execute(statement)
+        except Exception as e:
+            raise SchemaFileError(
+                f"{path}: {statement[:200]!r} failed: {e}. The upgrade was rolled back;"
+                " the database is unchanged."
+            ) from e
 
 
 def _table_exists(txn: LoggingTransaction, engine: BaseDatabaseEngine, table: str) -> bool:
@@ -138,7 +148,6 @@ def prepare_database(
                     " upgrades the schema; then start the workers."
                 )
             return current
-        found = current
         if current is None:
             logger.info(
                 "Creating the schema (version %d) in %s", FULL_SCHEMA_VERSION, engine.describe()
@@ -149,13 +158,14 @@ def prepare_database(
                 (FULL_SCHEMA_VERSION, int(time.time() * 1000)),
             )
             current = FULL_SCHEMA_VERSION
+        recorded = current
         for delta in list_deltas(schema_dir):
             if delta.version <= current:
                 continue
             logger.info("Applying schema delta %s", os.path.basename(delta.path))
             execute_schema_file(txn, engine, delta.path)
             current = delta.version
-        if found is not None and current != found:
+        if current != recorded:
             txn.execute(
                 "UPDATE schema_version SET version = ?, upgraded_ts = ?",
                 (current, int(time.time() * 1000)),

@@ -1,0 +1,87 @@
+"""Creating and upgrading the schema; workers refusing a different version."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from twisted.trial import unittest
+
+from synapse_lite.storage.database import make_startup_connection
+from synapse_lite.storage.prepare_database import (
+    SCHEMA_DIR,
+    SchemaFileError,
+    SchemaVersionError,
+    code_schema_version,
+    get_schema_version,
+    prepare_database,
+    split_statements,
+)
+from tests.harness.databases import create_test_database
+
+
+class PrepareDatabaseTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.test_db = create_test_database()
+        self.addCleanup(self.test_db.drop)
+        self.engine = self.test_db.make_engine()
+
+    def version(self) -> int | None:
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                return get_schema_version(txn, self.engine)
+        finally:
+            conn.close()
+
+    def prepare(self, is_main: bool, schema_dir: str = SCHEMA_DIR) -> int:
+        conn = make_startup_connection(self.engine)
+        try:
+            return prepare_database(conn, is_main=is_main, schema_dir=schema_dir)
+        finally:
+            conn.close()
+
+    def test_fresh_database_gets_every_delta(self) -> None:
+        self.assertEqual(self.prepare(is_main=True), code_schema_version())
+        self.assertEqual(self.version(), code_schema_version())
+        # A second start changes nothing.
+        self.assertEqual(self.prepare(is_main=True), code_schema_version())
+
+    def test_worker_refuses_an_empty_database(self) -> None:
+        with self.assertRaises(SchemaVersionError) as cm:
+            self.prepare(is_main=False)
+        self.assertIn("Start the main process first", str(cm.exception))
+
+    def test_worker_accepts_the_current_schema(self) -> None:
+        self.prepare(is_main=True)
+        self.assertEqual(self.prepare(is_main=False), code_schema_version())
+
+    def test_upgrade_applies_only_new_deltas_in_one_transaction(self) -> None:
+        self.prepare(is_main=True)
+        schema_dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, schema_dir)
+        shutil.copytree(SCHEMA_DIR, schema_dir, dirs_exist_ok=True)
+        version = code_schema_version()
+        deltas = os.path.join(schema_dir, "deltas")
+        with open(os.path.join(deltas, f"{version + 1:04d}_add_a.sql"), "w") as f:
+            f.write("CREATE TABLE added_a (x INTEGER);\n")
+        with open(os.path.join(deltas, f"{version + 2:04d}_broken.sql"), "w") as f:
+            f.write("CREATE TABLE added_b (x INTEGER);\nTHIS IS NOT SQL;\n")
+        with self.assertRaises(SchemaFileError) as cm:
+            self.prepare(is_main=True, schema_dir=schema_dir)
+        self.assertIn("_broken.sql: 'THIS IS NOT SQL' failed", str(cm.exception))
+        # Nothing of the failed upgrade stayed: still the old version, no added_a.
+        self.assertEqual(self.version(), version)
+        os.unlink(os.path.join(deltas, f"{version + 2:04d}_broken.sql"))
+        self.assertEqual(self.prepare(is_main=True, schema_dir=schema_dir), version + 1)
+        # A worker of the older code now refuses, and says what to do.
+        with self.assertRaises(SchemaVersionError) as cm:
+            self.prepare(is_main=False)
+        self.assertIn("newer than this synapse_lite", str(cm.exception))
+
+    def test_split_statements(self) -> None:
+        sql = "CREATE TABLE a (x INT); -- comment; here\nCREATE INDEX b\n ON a (x);\n\n"
+        self.assertEqual(
+            list(split_statements(sql)), ["CREATE TABLE a (x INT)", "CREATE INDEX b ON a (x)"]
+        )
