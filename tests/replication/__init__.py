@@ -1,0 +1,1 @@
+"""Tests of replication: commands, transports and the handler."""

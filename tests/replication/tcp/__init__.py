@@ -1,0 +1,1 @@
+"""Tests of the replication line protocol and its TCP and Redis transports."""
