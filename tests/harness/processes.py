@@ -46,7 +46,7 @@ def free_port() -> int:
 
 class _ProcessProtocol(protocol.ProcessProtocol):
     def __init__(self, log_path: str) -> None:
-        self._log = open(log_path, "ab")  # noqa: SIM115
+        self._log = open(log_path, "ab")
         self.ended: defer.Deferred[int | None] = defer.Deferred()
         self.exit_code: int | None = None
         self.running = True
