@@ -7,7 +7,8 @@
   ``tcp_server.py`` (the main process listens, authenticates workers and relays
   what one worker sends to the others) and ``tcp_client.py`` (workers connect
   and reconnect). ``clock.py`` types the injected clock.
-* ``redis.py``: Redis pub/sub, every process a peer on one channel.
+* ``redis.py``: Redis pub/sub, every process a peer on one channel
+  (``redis_connections.py`` keeps its two Redis connections up).
 * ``handler.py``: what a process does with the commands it receives.
 * ``streamer.py``: what a process sends for the streams it writes.
 * ``streams/``: the streams, their row types and update functions.

@@ -38,7 +38,7 @@ from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.protocol import connectionDone
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
-from zope.interface import implementer  # type: ignore[import-untyped]
+from zope.interface import implementer  # type: ignore[import-untyped, unused-ignore]
 
 from synapse_lite.metrics import (
     REPLICATION_BAD_LINES,
