@@ -294,6 +294,17 @@ class HomeServerConfig:
             return self.listeners
         return self.workers[instance_name].listeners
 
+    def streams_written_by(self, instance_name: str) -> list[str]:
+        """The streams ``instance_name`` writes (and so announces over replication)."""
+        writers = self.stream_writers
+        names = ["caches"]  # any process may write invalidations
+        if instance_name in writers.events:
+            names += ["events", "backfill"]
+        names += [s for s in SINGLE_WRITER_STREAMS if getattr(writers, s) == instance_name]
+        if instance_name == MAIN_PROCESS:
+            names.append("device_lists")
+        return names
+
     def location_of(self, instance_name: str) -> InstanceLocation:
         """Where to send internal HTTP requests for ``instance_name``."""
         try:

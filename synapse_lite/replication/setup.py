@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from synapse_lite.config.homeserver import MAIN_PROCESS
 from synapse_lite.handlers.presence import PresenceWriterHandler
 from synapse_lite.handlers.typing import TypingFollowerHandler
 from synapse_lite.replication.http.streams import http_update_function
@@ -36,21 +35,6 @@ if TYPE_CHECKING:
     from synapse_lite.server import HomeServer
 
 logger = logging.getLogger(__name__)
-
-
-def sourced_streams(hs: HomeServer) -> list[str]:
-    """The streams this process writes, and so announces."""
-    me = hs.instance_name
-    writers = hs.config.stream_writers
-    names = ["caches"]  # any process may write invalidations
-    if me in writers.events:
-        names += ["events", "backfill"]
-    for stream in ("typing", "receipts", "account_data", "to_device", "presence"):
-        if getattr(writers, stream) == me:
-            names.append(stream)
-    if me == MAIN_PROCESS:
-        names.append("device_lists")
-    return names
 
 
 def build_streams(hs: HomeServer) -> dict[str, Stream]:
@@ -94,7 +78,7 @@ class _ZeroToken:
 
 def build_replication(hs: HomeServer) -> ReplicationCommandHandler:
     streams = build_streams(hs)
-    sourced = sourced_streams(hs)
+    sourced = hs.config.streams_written_by(hs.instance_name)
     handler = ReplicationCommandHandler(hs, streams, sourced)
     handler.streamer = ReplicationStreamer(hs, handler, [streams[name] for name in sourced])
     typing_handler = hs.typing_handler

@@ -502,6 +502,46 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         self.assertEqual(second.get_current_token(), 7)
 
 
+    async def test_removed_writer_stops_holding_persisted_upto(self) -> None:
+        """second wrote 3-5 and stopped for good; first goes on to 9. A reader
+        still tracking second is stuck at 5 until second is removed."""
+        self.insert_rows("first", 2)  # 1-2
+        self.insert_rows("second", 3)  # 3-5
+        writers = ["first", "second"]
+        worker = self.make_id_gen("worker", writers=writers)
+        first = self.make_id_gen("first", writers=writers)
+        for _ in range(4):
+            await self.write_row_with(first, "first")  # 6-9
+        worker.advance("first", 9)
+        self.assertEqual(worker.get_persisted_upto_position(), 5)
+
+        self.assertEqual(await worker.get_stopped_writer_position("second"), 5)
+        worker.remove_writer("second")
+        self.assertEqual(worker.get_positions(), {"first": 9})
+        self.assertEqual(worker.get_persisted_upto_position(), 9)
+        self.assertEqual(worker.get_current_token_for_writer("second"), 9)
+        worker.remove_writer("second")  # twice: nothing more to do
+
+        # second comes back later and is tracked again.
+        worker.advance("second", 10)
+        self.assertEqual(worker.get_positions(), {"first": 9, "second": 10})
+        with self.assertRaises(ValueError):
+            first.remove_writer("first")
+
+    async def test_stopped_writer_position_includes_unrecorded_rows(self) -> None:
+        """second crashed after writing 4-5 but before recording them."""
+        self.insert_rows("second", 3)  # 1-3, recorded
+        self.insert_rows("second", 2, update_stream_table=False)  # 4-5
+        self.insert_rows("first", 1)  # 6
+        worker = self.make_id_gen("worker", writers=["first", "second"])
+        self.assertEqual(await worker.get_stopped_writer_position("second"), 5)
+        # A writer with no recorded position wrote nothing below persisted-up-to.
+        self.assertEqual(
+            await worker.get_stopped_writer_position("ghost"),
+            worker.get_persisted_upto_position(),
+        )
+
+
 class BackwardsTestCase(IdGeneratorTestCase):
     positive = False
 
@@ -555,6 +595,13 @@ class BackwardsTestCase(IdGeneratorTestCase):
         self.insert_rows("master", 5, update_stream_table=False)
         worker = self.make_id_gen("worker", writers=["master"])
         self.assertEqual(worker.get_current_token(), -5)
+
+
+    async def test_stopped_writer_position(self) -> None:
+        self.insert_rows("second", 2)  # -1, -2, recorded
+        self.insert_rows("second", 1, update_stream_table=False)  # -3
+        worker = self.make_id_gen("worker", writers=["second"])
+        self.assertEqual(await worker.get_stopped_writer_position("second"), -3)
 
 
 class MultiTableTestCase(IdGeneratorTestCase):

@@ -390,6 +390,72 @@ class MultiWriterIdGenerator:
             self._add_persisted_position(new_id)
             self._update_gauges()
 
+    def remove_writer(self, instance_name: str) -> None:
+        """Stop tracking a writer taken off the stream while this process runs,
+        so its last position no longer holds persisted-up-to back.
+
+        The caller must already have seen every row the writer wrote (read up to
+        :meth:`get_stopped_writer_position`): afterwards the writer counts as
+        being at persisted-up-to. A writer that comes back is tracked again by
+        :meth:`advance`. The configured writer list is left alone: it only says
+        whether *this* process may write.
+        """
+        if instance_name == self._instance_name:
+            raise ValueError(f"{instance_name} cannot remove itself from {self.stream_name}")
+        with self._lock:
+            if self._current_positions.pop(instance_name, None) is None:
+                return
+            # Re-runs the minimum over the remaining writers.
+            self._add_persisted_position(self._persisted_upto_position)
+            self._update_gauges()
+        try:
+            STREAM_POSITION.remove(self.stream_name, instance_name)
+        except KeyError:
+            pass
+        logger.info(
+            "Stopped tracking writer %s of stream %s; persisted up to %d",
+            instance_name,
+            self.stream_name,
+            self.get_persisted_upto_position(),
+        )
+
+    async def get_stopped_writer_position(self, instance_name: str) -> int:
+        """The position of a writer that has stopped: the larger of its stored
+        position and its newest row above that (positions are stored after the
+        rows, so after a crash the stored one can lag)."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            txn.execute(
+                "SELECT stream_id FROM stream_positions WHERE stream_name = ? AND instance_name = ?",
+                (self.stream_name, instance_name),
+            )
+            row = txn.fetchone()
+            # Internal (positive) ids from here on. A writer with no stored
+            # position has written nothing below persisted-up-to.
+            stored = row[0] if row else self.get_persisted_upto_position()
+            position = int(stored) * self._factor
+            for table, instance_column, id_column in self._tables:
+                if self._positive:
+                    txn.execute(
+                        f"SELECT MAX({id_column}) FROM {table}"
+                        f" WHERE {instance_column} = ? AND {id_column} > ?",
+                        (instance_name, position),
+                    )
+                else:
+                    txn.execute(
+                        f"SELECT -MIN({id_column}) FROM {table}"
+                        f" WHERE {instance_column} = ? AND {id_column} < ?",
+                        (instance_name, -position),
+                    )
+                newest = txn.fetchone()
+                if newest and newest[0] is not None:
+                    position = max(position, int(newest[0]))
+            return position * self._factor
+
+        return await self._db.runInteraction(
+            "get_stopped_writer_position", txn_func, read_only=True
+        )
+
     def _add_persisted_position(self, new_id: int) -> None:
         """Advance persisted-up-to after ``new_id`` is known finished. Holds _lock."""
         heapq.heappush(self._known_persisted_positions, new_id)
