@@ -91,7 +91,7 @@ class CacheInvalidationWorkerStore(SQLBaseStore):
 
     async def get_all_updated_caches(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[int, tuple[str, list[Any] | None, int]]], int, bool]:
+    ) -> tuple[list[tuple[int, list[Any]]], int, bool]:
         """Invalidations ``instance_name`` wrote after ``last_id``.
 
         Not bounded above by ``current_id``: invalidations are idempotent and
@@ -108,7 +108,8 @@ class CacheInvalidationWorkerStore(SQLBaseStore):
             return txn.fetchall()
 
         rows = await self.db_pool.runInteraction("get_all_updated_caches", txn_func, read_only=True)
-        updates = [(int(r[0]), (r[1], db_to_json(r[2]), int(r[3]))) for r in rows]
+        # Rows in wire form: [cache_func, keys, invalidation_ts].
+        updates = [(int(r[0]), [r[1], db_to_json(r[2]), int(r[3])]) for r in rows]
         if len(updates) >= limit:
             return updates, updates[-1][0], True
         return updates, max(current_id, updates[-1][0] if updates else current_id), False
