@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http._base import ReplicationClient
+    from synapse_lite.replication.instance_directory import InstanceDirectory
     from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
@@ -75,6 +76,8 @@ class HomeServer:
             )
             store_class = DataStore if self.is_main_process else GenericWorkerStore
             self._datastore = store_class(self.database_pool, db_conn, self)
+            with db_conn.transaction("instances_at_startup") as txn:
+                self.instance_directory.load_at_startup(txn)
         finally:
             db_conn.close()
         logger.info("Loaded the database in %.3f s", time.monotonic() - start)
@@ -100,6 +103,12 @@ class HomeServer:
         return build_replication(self)
 
     @functools.cached_property
+    def instance_directory(self) -> InstanceDirectory:
+        from synapse_lite.replication.instance_directory import InstanceDirectory
+
+        return InstanceDirectory(self)
+
+    @functools.cached_property
     def replication_client(self) -> ReplicationClient:
         from synapse_lite.replication.http._base import ReplicationClient
 
@@ -122,8 +131,10 @@ class HomeServer:
     def stop_background_tasks(self) -> None:
         """Stop the looping calls of the components built so far."""
         built = self.__dict__
-        if "replication" in built and built["replication"].streamer is not None:
-            built["replication"].streamer.stop()
+        if "replication" in built:
+            built["replication"].stop()
+            if built["replication"].streamer is not None:
+                built["replication"].streamer.stop()
         for name in ("typing_handler", "presence_handler"):
             component = built.get(name)
             stop = getattr(component, "stop_loops", None)

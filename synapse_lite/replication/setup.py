@@ -81,6 +81,7 @@ def build_replication(hs: HomeServer) -> ReplicationCommandHandler:
     sourced = hs.config.streams_written_by(hs.instance_name)
     handler = ReplicationCommandHandler(hs, streams, sourced)
     handler.streamer = ReplicationStreamer(hs, handler, [streams[name] for name in sourced])
+    hs.instance_directory.attach(handler)
     typing_handler = hs.typing_handler
     if isinstance(typing_handler, TypingFollowerHandler):
         handler.data_handler.add_row_hook("typing", typing_handler.process_replication_rows)

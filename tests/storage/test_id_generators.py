@@ -501,7 +501,6 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         # second never heard of 8 or 10 and third has announced nothing.
         self.assertEqual(second.get_current_token(), 7)
 
-
     async def test_removed_writer_stops_holding_persisted_upto(self) -> None:
         """second wrote 3-5 and stopped for good; first goes on to 9. A reader
         still tracking second is stuck at 5 until second is removed."""
@@ -595,7 +594,6 @@ class BackwardsTestCase(IdGeneratorTestCase):
         self.insert_rows("master", 5, update_stream_table=False)
         worker = self.make_id_gen("worker", writers=["master"])
         self.assertEqual(worker.get_current_token(), -5)
-
 
     async def test_stopped_writer_position(self) -> None:
         self.insert_rows("second", 2)  # -1, -2, recorded

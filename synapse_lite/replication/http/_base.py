@@ -118,14 +118,23 @@ class ReplicationClient:
         request never reached it. A :class:`SynapseError` from the other side is
         raised again here as the same error.
         """
-        location = self._hs.config.location_of(instance_name)
-        url = f"{location.base_url}{PREFIX}/{endpoint}"
         headers: dict[bytes | str, list[bytes | str]] = {"Content-Type": ["application/json"]}
         if self._secret:
             headers["Authorization"] = [f"Bearer {self._secret}"]
         data = json.dumps(body).encode("utf-8")
+        directory = self._hs.instance_directory
         delay = 0.2
         for attempt in range(1, attempts + 1):
+            try:
+                location = directory.location_of(instance_name)
+            except KeyError as e:
+                # Perhaps a process added since this one started: look again.
+                await directory.refresh()
+                try:
+                    location = directory.location_of(instance_name)
+                except KeyError:
+                    raise ReplicationClientError(instance_name, str(e.args[0])) from None
+            url = f"{location.base_url}{PREFIX}/{endpoint}"
             try:
                 response = await self._treq.post(
                     url,
@@ -144,6 +153,8 @@ class ReplicationClient:
                     ) from e
                 await self._hs.clock.sleep(delay)
                 delay *= 2
+                # It may have restarted with another address.
+                await directory.refresh()
             except Exception as e:
                 raise ReplicationClientError(
                     instance_name, f"request to {url} failed: {e!r}"

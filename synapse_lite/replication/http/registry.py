@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from synapse_lite.replication.http._base import ReplicationEndpoint, ReplicationRestResource
 from synapse_lite.replication.http.handlers import SetPresenceEndpoint, SetTypingEndpoint
+from synapse_lite.replication.http.instances import RetireEventsWriterEndpoint
 from synapse_lite.replication.http.streams import GetStreamUpdates
 
 if TYPE_CHECKING:
@@ -15,6 +16,7 @@ ENDPOINT_CLASSES: list[type[ReplicationEndpoint]] = [
     GetStreamUpdates,
     SetTypingEndpoint,
     SetPresenceEndpoint,
+    RetireEventsWriterEndpoint,
 ]
 
 

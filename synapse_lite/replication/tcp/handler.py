@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.metrics import REPLICATION_LAG
 from synapse_lite.replication.tcp.commands import (
@@ -155,6 +156,8 @@ class ReplicationCommandHandler:
         self.streamer: Any = None
         #: Commands that a role-specific handler consumes, by command class.
         self._command_hooks: dict[type[Command], list[Callable[[Any], object]]] = defaultdict(list)
+        self._retry_calls: set[IDelayedCall] = set()
+        self._stopped = False
 
     def set_streamer(self, announce: Callable[[bool], None]) -> None:
         """``announce(True)`` asks the streamer to send every sourced position."""
@@ -313,12 +316,31 @@ class ReplicationCommandHandler:
                 CATCH_UP_RETRY_SECONDS,
                 exc_info=True,
             )
-            self._hs.clock.call_later(CATCH_UP_RETRY_SECONDS, self._retry_position, connection, cmd)
+            self._retry_later(self._retry_position, connection, cmd)
             return
         self.data_handler.on_position(cmd.stream_name, instance, new)
         REPLICATION_LAG.labels(cmd.stream_name, instance).set(0)
         if connection in self._positions_seen:
             self._positions_seen[connection].add(key)
+
+    def _retry_later(self, retry: Callable[..., None], *args: Any) -> None:
+        if self._stopped:
+            return
+
+        def run() -> None:
+            self._retry_calls.discard(call)
+            retry(*args)
+
+        call = self._hs.clock.call_later(CATCH_UP_RETRY_SECONDS, run)
+        self._retry_calls.add(call)
+
+    def stop(self) -> None:
+        """The process is stopping: retry nothing more."""
+        self._stopped = True
+        for call in self._retry_calls:
+            if call.active():
+                call.cancel()
+        self._retry_calls.clear()
 
     def _retry_position(self, connection: ReplicationConnection, cmd: PositionCommand) -> None:
         if connection in self._positions_seen:
@@ -342,6 +364,46 @@ class ReplicationCommandHandler:
             if limited and upto <= current and not updates:
                 raise RuntimeError(f"update function of {stream.NAME} made no progress at {upto}")
             current = upto
+
+    # Writers leaving
+
+    def forget_writer(self, stream_name: str, instance_name: str) -> None:
+        """Stop tracking a writer that has stopped for good (an events writer
+        retired at runtime), whose last position would otherwise hold the
+        stream's persisted-up-to back. First read whatever it wrote beyond our
+        position of it, so nothing it wrote is skipped. Runs in the stream's
+        queue, after the commands received before."""
+        stream = self.streams.get(stream_name)
+        if not isinstance(stream, StreamFromIdGen) or instance_name == self._instance_name:
+            return
+
+        async def work() -> None:
+            try:
+                final = await stream.get_stopped_writer_token(instance_name)
+                current = stream.current_token(instance_name)
+                if current < final:
+                    await self._catch_up(stream, instance_name, current, final)
+            except Exception:
+                logger.warning(
+                    "Reading the last rows of %s on %s failed; retrying in %.0f s",
+                    instance_name,
+                    stream_name,
+                    CATCH_UP_RETRY_SECONDS,
+                    exc_info=True,
+                )
+                self._retry_later(self.forget_writer, stream_name, instance_name)
+                return
+            key = (stream_name, instance_name)
+            for seen in self._positions_seen.values():
+                seen.discard(key)
+            self._pending_batches.pop(key, None)
+            try:
+                REPLICATION_LAG.remove(stream_name, instance_name)
+            except KeyError:
+                pass
+            stream.id_gen.remove_writer(instance_name)
+
+        self._enqueue(stream_name, work)
 
     # Other commands
 

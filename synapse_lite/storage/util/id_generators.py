@@ -426,7 +426,8 @@ class MultiWriterIdGenerator:
 
         def txn_func(txn: LoggingTransaction) -> int:
             txn.execute(
-                "SELECT stream_id FROM stream_positions WHERE stream_name = ? AND instance_name = ?",
+                "SELECT stream_id FROM stream_positions"
+                " WHERE stream_name = ? AND instance_name = ?",
                 (self.stream_name, instance_name),
             )
             row = txn.fetchone()

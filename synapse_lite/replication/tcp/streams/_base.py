@@ -113,6 +113,10 @@ class StreamFromIdGen(Stream):
     def can_discard_position(self, instance_name: str, prev_token: int, new_token: int) -> bool:
         return new_token <= self.current_token(instance_name)
 
+    async def get_stopped_writer_token(self, instance_name: str) -> int:
+        """The token of the last row of a writer that has stopped for good."""
+        return await self.id_gen.get_stopped_writer_position(instance_name)
+
 
 def no_update_function(stream_name: str) -> UpdateFunction:
     """For a stream whose rows this process cannot read (it is not the writer

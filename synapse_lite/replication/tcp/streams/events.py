@@ -145,6 +145,9 @@ class BackfillStream(StreamFromIdGen):
     def minimal_local_current_token(self) -> int:
         return -self.id_gen.get_minimal_local_current_token()
 
+    async def get_stopped_writer_token(self, instance_name: str) -> int:
+        return -(await self.id_gen.get_stopped_writer_position(instance_name))
+
     async def _update_function(
         self, instance_name: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[Updates, int, bool]:

@@ -14,6 +14,7 @@ from synapse_lite.storage.databases.main.client_ips import ClientIpStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
+from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
@@ -29,6 +30,7 @@ class GenericWorkerStore(
     DeviceInboxWorkerStore,
     PresenceWorkerStore,
     FilteringWorkerStore,
+    InstancesWorkerStore,
 ):
     """The store of a worker process."""
 

@@ -1,0 +1,79 @@
+"""Retiring an events writer while the other processes keep running (main process)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from twisted.internet import error as twisted_error
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.protocol import Factory, Protocol
+
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.config.homeserver import InstanceLocation
+from synapse_lite.replication.http._base import ReplicationEndpoint
+
+#: How long to try reaching a writer before concluding that it has stopped.
+LIVENESS_TIMEOUT_SECONDS = 2.0
+
+
+class RetireEventsWriterEndpoint(ReplicationEndpoint):
+    """``{"instance_name"}``: a stopped events writer writes events no more.
+
+    The main process records it in ``instances`` and announces it on the caches
+    stream: every process then reads the rest of the writer's rows and stops
+    tracking its position, and new rooms go to the remaining writers. Answers
+    ``{"retired", "events_writers"}``; retiring a retired writer is a no-op.
+    """
+
+    NAME = "retire_events_writer"
+
+    async def handle(self, body: dict[str, Any]) -> dict[str, Any]:
+        hs = self.hs
+        if not hs.is_main_process:
+            raise SynapseError(400, "Only the main process retires events writers", Codes.UNKNOWN)
+        name = body.get("instance_name")
+        if not isinstance(name, str):
+            raise SynapseError(400, "'instance_name' must be a string", Codes.BAD_JSON)
+        directory = hs.instance_directory
+        writers = directory.event_writers()
+        if name not in writers:
+            return {"retired": False, "events_writers": list(writers)}
+        remaining = [w for w in writers if w != name]
+        if not remaining:
+            raise SynapseError(
+                409, f"{name} is the only events writer; add another first", Codes.UNKNOWN
+            )
+        if name == hs.instance_name:
+            raise SynapseError(
+                409,
+                "The main process stops writing events when it restarts with a config that"
+                " no longer lists it",
+                Codes.UNKNOWN,
+            )
+        try:
+            location = directory.location_of(name)
+        except KeyError:
+            location = None
+        if location is not None and await self._answers(location):
+            raise SynapseError(
+                409,
+                f"{name} still answers at {location.host}:{location.port}: stop it first, so"
+                " that it finishes the events it is persisting",
+                Codes.UNKNOWN,
+            )
+        await hs.datastore.retire_events_writer(name)
+        await directory.refresh()
+        return {"retired": True, "events_writers": list(directory.event_writers())}
+
+    async def _answers(self, location: InstanceLocation) -> bool:
+        endpoint = HostnameEndpoint(
+            self.hs.reactor, location.host, location.port, timeout=LIVENESS_TIMEOUT_SECONDS
+        )
+        try:
+            connected = await endpoint.connect(Factory.forProtocol(Protocol))
+        except (twisted_error.ConnectError, twisted_error.DNSLookupError):
+            return False
+        protocol = cast(Protocol, connected)
+        if protocol.transport is not None:
+            protocol.transport.loseConnection()
+        return True

@@ -1,0 +1,164 @@
+"""Where the other processes are and which of them write events, kept current
+while this process runs.
+
+A process reads its config once, when it starts; processes started before an
+events writer was added or retired learn of the change here, from the
+``instances`` table:
+
+* every process records itself there as it starts (its internal HTTP address,
+  whether it writes events); the main process also makes the table agree with
+  its own config;
+* events from a writer this process does not know make it read the table again
+  (a writer added since it started);
+* the main process retires a writer (``retire_events_writer``) by updating the
+  table and announcing it on the caches stream: each process reads the table
+  again, reads the rest of the retired writer's rows, and stops tracking it;
+* a process that cannot connect to another reads the table again before
+  retrying (the other may have restarted with another address).
+
+See docs/workers.md, "Adding and removing events writers".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+from synapse_lite.config.homeserver import InstanceLocation
+from synapse_lite.storage.database import LoggingTransaction
+from synapse_lite.storage.databases.main.instances import (
+    INSTANCES_CACHE_NAME,
+    InstanceRecord,
+    InstancesWorkerStore,
+)
+
+if TYPE_CHECKING:
+    from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+#: Streams whose writers are the events writers.
+EVENTS_WRITER_STREAMS = ("events", "backfill")
+
+
+class InstanceDirectory:
+    """This process's running view of ``instances`` over its config."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._config = hs.config
+        self._records: dict[str, InstanceRecord] = {}
+        self._event_writers: tuple[str, ...] = self._config.stream_writers.events
+        #: Writers retired before this process started that its config still lists.
+        self._retired_at_startup: list[str] = []
+        #: Unknown writers already looked up since the table last changed, so a
+        #: writer the table does not list is not looked up on every row.
+        self._looked_up: set[str] = set()
+        self._refresh_lock = defer.DeferredLock()
+        self._handler: ReplicationCommandHandler | None = None
+
+    # Startup
+
+    def load_at_startup(self, txn: LoggingTransaction) -> None:
+        """Record this process and read the table (on the startup connection)."""
+        me = self._hs.instance_name
+        writers = self._config.stream_writers.events
+        InstancesWorkerStore.record_instance_txn(
+            txn, me, self._config.instance_map.get(me), me in writers
+        )
+        if self._hs.is_main_process:
+            InstancesWorkerStore.reconcile_events_writers_txn(
+                txn, writers, self._config.instance_map
+            )
+        self._apply(InstancesWorkerStore.get_instances_txn(txn))
+        self._retired_at_startup = [w for w in writers if w not in self._event_writers]
+        for writer in self._retired_at_startup:
+            logger.warning(
+                "The config lists %s as an events writer, but it was retired; remove it from"
+                " stream_writers.events",
+                writer,
+            )
+
+    def attach(self, handler: ReplicationCommandHandler) -> None:
+        """Follow changes arriving over replication (once the handler exists)."""
+        self._handler = handler
+        handler.data_handler.add_row_hook("events", self._on_events_rows)
+        handler.data_handler.add_row_hook("caches", self._on_caches_rows)
+        for writer in self._retired_at_startup:
+            self._forget_writer(writer)
+
+    # Reading
+
+    def event_writers(self) -> tuple[str, ...]:
+        """The processes that write events now (new rooms go to one of them)."""
+        return self._event_writers
+
+    def location_of(self, instance_name: str) -> InstanceLocation:
+        """Where ``instance_name`` answers internal HTTP requests: as it recorded
+        at its last start, else as the config says. ``KeyError`` if neither knows."""
+        record = self._records.get(instance_name)
+        if record is not None and record.location is not None:
+            return record.location
+        return self._config.location_of(instance_name)
+
+    # Changes
+
+    async def refresh(self) -> None:
+        """Read the table again and act on what changed."""
+        async with self._refresh_lock:
+            records = await self._hs.datastore.get_instances()
+            for writer in self._apply(records):
+                self._forget_writer(writer)
+
+    def _apply(self, records: list[InstanceRecord]) -> list[str]:
+        """Take a new copy of the table; returns the events writers it removed."""
+        self._records = {r.instance_name: r for r in records}
+        writers = list(self._config.stream_writers.events)
+        for record in records:
+            name = record.instance_name
+            if record.writes_events and name not in writers:
+                writers.append(name)
+            elif not record.writes_events and name in writers:
+                writers.remove(name)
+        if not writers:
+            logger.error("The instances table lists no events writer; using the config's")
+            writers = list(self._config.stream_writers.events)
+        previous = self._event_writers
+        self._event_writers = tuple(writers)
+        added = [w for w in writers if w not in previous]
+        removed = [w for w in previous if w not in writers]
+        if added or removed:
+            logger.info(
+                "Events writers are now %s (added: %s; removed: %s)",
+                ", ".join(writers),
+                ", ".join(added) or "none",
+                ", ".join(removed) or "none",
+            )
+        return removed
+
+    def _forget_writer(self, writer: str) -> None:
+        if self._handler is None or writer == self._hs.instance_name:
+            return
+        for stream_name in EVENTS_WRITER_STREAMS:
+            self._handler.forget_writer(stream_name, writer)
+
+    def _refresh_in_background(self, why: str) -> None:
+        logger.info("Reading the instances table again: %s", why)
+        d = defer.ensureDeferred(self.refresh())
+        d.addErrback(lambda f: logger.warning("Reading the instances table failed: %s", f.value))
+
+    def _on_events_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+        if instance_name in self._event_writers or instance_name in self._looked_up:
+            return
+        self._looked_up.add(instance_name)
+        self._refresh_in_background(f"events from {instance_name}, not known as an events writer")
+
+    def _on_caches_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+        changed = [r for r in rows if r.cache_func == INSTANCES_CACHE_NAME]
+        if changed:
+            self._looked_up.clear()
+            names = ", ".join(str(k) for r in changed for k in (r.keys or []))
+            self._refresh_in_background(f"{instance_name} changed {names or 'it'}")
