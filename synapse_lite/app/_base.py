@@ -1,8 +1,15 @@
-"""Starting and stopping one process: logging, database, listeners, replication."""
+"""Starting and stopping one process: logging, database, listeners, replication.
+
+A process records its pid in ``<data_dir>/run/<name>.pid`` while it runs (for
+``synapse-lite status``). Stopping (SIGTERM, SIGINT) stops accepting requests,
+lets the write requests under way finish, sends CLEAR_USER_SYNC, records stream
+positions and sends its last rows before closing replication.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -11,7 +18,7 @@ from twisted.internet import defer
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from synapse_lite.http.server import JsonResource, make_site
+from synapse_lite.http.server import JsonResource, ServingSite, make_site
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS  # noqa: F401  (registers the gauge)
 
 if TYPE_CHECKING:
@@ -74,7 +81,10 @@ def build_listener_resource(hs: HomeServer, resources: tuple[str, ...]) -> Resou
     if "replication" in resources:
         from synapse_lite.replication.http.registry import replication_resource
 
-        root.putChild(b"_synapse", replication_resource(hs))
+        # /_synapse holds other trees too (the admin API beside the client API).
+        synapse = Resource()
+        synapse.putChild(b"replication", replication_resource(hs))
+        root.putChild(b"_synapse", synapse)
     if "health" in resources:
         root.putChild(b"health", HealthResource(hs))
     if "metrics" in resources:
@@ -84,15 +94,26 @@ def build_listener_resource(hs: HomeServer, resources: tuple[str, ...]) -> Resou
     return root
 
 
+def pid_file_path(data_dir: str, instance_name: str) -> str:
+    """Where a running process records its pid."""
+    return os.path.join(data_dir, "run", f"{instance_name}.pid")
+
+
 def start(hs: HomeServer) -> None:
     """Load the database, then listen and replicate. Runs before the reactor."""
     start_time = time.monotonic()
+    logger.info(
+        "Starting %s (writes %s)",
+        hs.instance_name,
+        ", ".join(hs.config.streams_written_by(hs.instance_name)),
+    )
     hs.setup()
     replication = hs.replication
     hs.presence_handler  # noqa: B018  (built now: it counts syncs from the start)
     from synapse_lite.replication.transports import start_replication
 
     start_replication(hs)
+    sites: list[ServingSite] = []
     ports: list[Any] = []
     for listener in hs.config.listeners_of(hs.instance_name):
         site = make_site(
@@ -100,6 +121,7 @@ def start(hs: HomeServer) -> None:
             hs.config.limits.max_request_body_bytes,
         )
         port = hs.reactor.listenTCP(listener.port, site, interface=listener.bind_address)
+        sites.append(site)
         ports.append(port)
         logger.info(
             "Listening on %s:%d (%s)",
@@ -108,6 +130,8 @@ def start(hs: HomeServer) -> None:
             ", ".join(listener.resources),
         )
     hs.listening_ports = ports  # type: ignore[attr-defined]
+    hs.sites = sites  # type: ignore[attr-defined]
+    _write_pid_file(hs)
     logger.info(
         "%s started in %.3f s: writes %s",
         hs.instance_name,
@@ -117,11 +141,31 @@ def start(hs: HomeServer) -> None:
     hs.reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(stop(hs)))
 
 
+def _write_pid_file(hs: HomeServer) -> None:
+    path = pid_file_path(hs.config.data_dir, hs.instance_name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+def _remove_pid_file(hs: HomeServer) -> None:
+    path = pid_file_path(hs.config.data_dir, hs.instance_name)
+    try:
+        with open(path) as f:
+            if f.read().strip() != str(os.getpid()):
+                return  # another run of this process owns it now
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 async def stop(hs: HomeServer) -> None:
-    """Stop serving, tell the others, record positions, release the database."""
+    """Stop serving, let writes finish, tell the others, record positions,
+    release the database."""
     logger.info("Shutting down %s", hs.instance_name)
     for port in getattr(hs, "listening_ports", []):
         await port.stopListening()
+    await _wait_for_writes(hs)
     try:
         hs.presence_handler.stop()
     except Exception:
@@ -130,13 +174,34 @@ async def stop(hs: HomeServer) -> None:
         await hs.clock.timeout(
             defer.ensureDeferred(flush_stream_positions(hs)), SHUTDOWN_GRACE_SECONDS
         )
+        streamer = hs.replication.streamer
+        if streamer is not None:
+            await hs.clock.timeout(defer.ensureDeferred(streamer.send_pending()), 2.0)
     except Exception:
-        logger.warning("Recording stream positions at shutdown failed", exc_info=True)
+        logger.warning("Recording or sending stream positions at shutdown failed", exc_info=True)
     from synapse_lite.replication.transports import stop_replication
 
     await stop_replication(hs)
     hs.shutdown()
+    _remove_pid_file(hs)
     logger.info("%s stopped", hs.instance_name)
+
+
+async def _wait_for_writes(hs: HomeServer) -> None:
+    sites: list[ServingSite] = getattr(hs, "sites", [])
+    pending = sum(site.writes_in_flight for site in sites)
+    if not pending:
+        return
+    logger.info("Waiting for %d write request(s) to finish", pending)
+    waiting = defer.gatherResults([site.wait_for_writes() for site in sites])
+    try:
+        await hs.clock.timeout(waiting, SHUTDOWN_GRACE_SECONDS)
+    except defer.TimeoutError:
+        logger.warning(
+            "%d write request(s) still unfinished after %.0f s; stopping anyway",
+            sum(site.writes_in_flight for site in sites),
+            SHUTDOWN_GRACE_SECONDS,
+        )
 
 
 async def flush_stream_positions(hs: HomeServer) -> None:

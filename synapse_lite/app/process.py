@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import time
 
 from synapse_lite.config.homeserver import (
     MAIN_PROCESS,
@@ -17,6 +19,11 @@ from synapse_lite.storage.engines import IncorrectDatabaseSetup
 from synapse_lite.storage.prepare_database import SchemaVersionError
 
 logger = logging.getLogger(__name__)
+
+#: Set by ``synapse-lite run`` in the environment of the processes it starts.
+LAUNCHER_PID_ENV = "SYNAPSE_LITE_LAUNCHER_PID"
+#: How often a launched process checks that its launcher is still there.
+LAUNCHER_CHECK_SECONDS = 1.0
 
 
 def parse_process_args(argv: list[str], worker: bool) -> tuple[HomeServerConfig, str]:
@@ -46,17 +53,21 @@ def parse_process_args(argv: list[str], worker: bool) -> tuple[HomeServerConfig,
 
 def run_process(argv: list[str], worker: bool) -> int:
     """Start the process and run until stopped; the exit code."""
+    launcher_pid = _detach_from_terminal_signals()
+    read_start = time.monotonic()
     try:
         config, name = parse_process_args(argv, worker)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
+    read_seconds = time.monotonic() - read_start
     from twisted.internet import reactor
 
     from synapse_lite.app._base import setup_logging, start
     from synapse_lite.server import HomeServer
 
     setup_logging(name, config.log_level)
+    logger.info("Read the config (%s) in %.3f s", ", ".join(config.config_files), read_seconds)
     hs = HomeServer(config, name, reactor)
     try:
         start(hs)
@@ -68,5 +79,33 @@ def run_process(argv: list[str], worker: bool) -> int:
         logger.exception("%s failed to start: %s", name, e)
         hs.shutdown()
         return 1
+    if launcher_pid is not None:
+        _stop_when_launcher_goes(hs, launcher_pid)
     reactor.run()
     return 0
+
+
+def _detach_from_terminal_signals() -> int | None:
+    """Under ``synapse-lite run``: leave the launcher's process group, so that a
+    Ctrl-C in its terminal reaches only the launcher, which stops the processes
+    in order. Returns the launcher's pid (None when not launched by it)."""
+    value = os.environ.get(LAUNCHER_PID_ENV)
+    if not value or not value.isdigit():
+        return None
+    os.setpgrp()
+    return int(value)
+
+
+def _stop_when_launcher_goes(hs: object, launcher_pid: int) -> None:
+    """A launched process stops cleanly if its launcher dies (killed with
+    SIGKILL, say), rather than run on unsupervised."""
+    from twisted.internet import reactor, task
+
+    def check() -> None:
+        if os.getppid() != launcher_pid:
+            logger.warning("The launcher (pid %d) has gone; stopping", launcher_pid)
+            loop.stop()
+            reactor.stop()
+
+    loop = task.LoopingCall(check)
+    loop.start(LAUNCHER_CHECK_SECONDS, now=True)

@@ -60,15 +60,62 @@ class LimitedRequest(Request):
             return
         super().handleContentChunk(data)
 
+    def process(self) -> None:
+        site = getattr(self.channel, "site", None)
+        if self.method not in _READ_METHODS and isinstance(site, ServingSite):
+            site.track_write(self)
+        super().process()
 
-def make_site(resource: Resource, max_body_bytes: int) -> server.Site:
+
+#: Requests that change nothing; a stopping process does not wait for them
+#: (a /sync long-poll may take its whole timeout).
+_READ_METHODS = (b"GET", b"HEAD", b"OPTIONS")
+
+
+class ServingSite(server.Site):
+    """A Site that knows which write requests it is still answering, so a
+    stopping process can let them finish (:meth:`wait_for_writes`)."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource)
+        self._writes_in_flight: set[Request] = set()
+        self._idle_waiters: list[defer.Deferred[None]] = []
+
+    def track_write(self, request: Request) -> None:
+        self._writes_in_flight.add(request)
+
+        def over(_: object) -> None:
+            # Answered or client gone: either way the request is over.
+            self._writes_in_flight.discard(request)
+            if not self._writes_in_flight:
+                waiters, self._idle_waiters = self._idle_waiters, []
+                for waiter in waiters:
+                    if not waiter.called:
+                        waiter.callback(None)
+
+        request.notifyFinish().addBoth(over)
+
+    @property
+    def writes_in_flight(self) -> int:
+        return len(self._writes_in_flight)
+
+    def wait_for_writes(self) -> defer.Deferred[None]:
+        """Fires once no write request is under way."""
+        if not self._writes_in_flight:
+            return defer.succeed(None)
+        waiter: defer.Deferred[None] = defer.Deferred()
+        self._idle_waiters.append(waiter)
+        return waiter
+
+
+def make_site(resource: Resource, max_body_bytes: int) -> ServingSite:
     """A Site whose requests refuse bodies larger than ``max_body_bytes``."""
 
     class _Request(LimitedRequest):
         pass
 
     _Request.max_body_bytes = max_body_bytes
-    site = server.Site(resource)
+    site = ServingSite(resource)
     site.requestFactory = _Request
     site.displayTracebacks = False
     site.noisy = False

@@ -60,6 +60,13 @@ class ReplicationStreamer:
         if self._loop_call is not None and self._loop_call.running:
             self._loop_call.stop()
 
+    async def send_pending(self) -> None:
+        """Send what is waiting now and return once it has gone (a stopping
+        process's last rows; the caller bounds the wait)."""
+        self.on_notifier_poke()
+        while self._is_looping:
+            await self._hs.clock.sleep(0.01)
+
     def announce(self, everything: bool = True) -> None:
         """Send every stream's position at the next opportunity."""
         self._should_announce_positions = True
