@@ -72,6 +72,10 @@ class HealthResource(Resource):
 def build_listener_resource(hs: HomeServer, resources: tuple[str, ...]) -> Resource:
     """The resource tree of one HTTP listener."""
     root = Resource()
+    # /_synapse holds one subtree per resource: replication, and the admin API
+    # that comes with the client API.
+    synapse = Resource()
+    root.putChild(b"_synapse", synapse)
     if "client" in resources:
         from synapse_lite.rest.client import register_servlets
 
@@ -81,10 +85,7 @@ def build_listener_resource(hs: HomeServer, resources: tuple[str, ...]) -> Resou
     if "replication" in resources:
         from synapse_lite.replication.http.registry import replication_resource
 
-        # /_synapse holds other trees too (the admin API beside the client API).
-        synapse = Resource()
         synapse.putChild(b"replication", replication_resource(hs))
-        root.putChild(b"_synapse", synapse)
     if "health" in resources:
         root.putChild(b"health", HealthResource(hs))
     if "metrics" in resources:
