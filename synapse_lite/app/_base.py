@@ -9,15 +9,15 @@ positions and sends its last rows before closing replication.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from twisted.internet import defer
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
+from synapse_lite.app.pid_files import pid_file_path, remove_pid_file, write_pid_file
 from synapse_lite.http.server import JsonResource, ServingSite, make_site
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS  # noqa: F401  (registers the gauge)
 
@@ -40,10 +40,10 @@ class _InstanceFilter(logging.Filter):
         return True
 
 
-def setup_logging(instance_name: str, level: str) -> None:
-    """Log to stderr with the process name on every line (the launcher merges
-    the lines of all processes)."""
-    handler = logging.StreamHandler(sys.stderr)
+def setup_logging(instance_name: str, level: str, stream: TextIO | None = None) -> None:
+    """Log to ``stream`` (stderr) with the process name on every line (the
+    launcher merges the lines of all processes)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(_InstanceFilter(instance_name))
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(instance)s %(levelname)s %(name)s: %(message)s")
@@ -95,11 +95,6 @@ def build_listener_resource(hs: HomeServer, resources: tuple[str, ...]) -> Resou
     return root
 
 
-def pid_file_path(data_dir: str, instance_name: str) -> str:
-    """Where a running process records its pid."""
-    return os.path.join(data_dir, "run", f"{instance_name}.pid")
-
-
 def start(hs: HomeServer) -> None:
     """Load the database, then listen and replicate. Runs before the reactor."""
     start_time = time.monotonic()
@@ -132,7 +127,7 @@ def start(hs: HomeServer) -> None:
         )
     hs.listening_ports = ports  # type: ignore[attr-defined]
     hs.sites = sites  # type: ignore[attr-defined]
-    _write_pid_file(hs)
+    write_pid_file(pid_file_path(hs.config.data_dir, hs.instance_name))
     logger.info(
         "%s started in %.3f s: writes %s",
         hs.instance_name,
@@ -140,24 +135,6 @@ def start(hs: HomeServer) -> None:
         ", ".join(replication.sourced_stream_names),
     )
     hs.reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(stop(hs)))
-
-
-def _write_pid_file(hs: HomeServer) -> None:
-    path = pid_file_path(hs.config.data_dir, hs.instance_name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(f"{os.getpid()}\n")
-
-
-def _remove_pid_file(hs: HomeServer) -> None:
-    path = pid_file_path(hs.config.data_dir, hs.instance_name)
-    try:
-        with open(path) as f:
-            if f.read().strip() != str(os.getpid()):
-                return  # another run of this process owns it now
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 async def stop(hs: HomeServer) -> None:
@@ -184,7 +161,7 @@ async def stop(hs: HomeServer) -> None:
 
     await stop_replication(hs)
     hs.shutdown()
-    _remove_pid_file(hs)
+    remove_pid_file(pid_file_path(hs.config.data_dir, hs.instance_name))
     logger.info("%s stopped", hs.instance_name)
 
 

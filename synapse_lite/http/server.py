@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from twisted.internet import defer
-from twisted.web import server
+from twisted.web import http, server
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
@@ -70,6 +70,7 @@ class LimitedRequest(Request):
 #: Requests that change nothing; a stopping process does not wait for them
 #: (a /sync long-poll may take its whole timeout).
 _READ_METHODS = (b"GET", b"HEAD", b"OPTIONS")
+_UNLOGGED_PATHS = (b"/health", b"/metrics")
 
 
 class ServingSite(server.Site):
@@ -94,6 +95,11 @@ class ServingSite(server.Site):
                         waiter.callback(None)
 
         request.notifyFinish().addBoth(over)
+
+    def log(self, request: http.Request) -> None:
+        # Health checks and metric scrapes come every few seconds: not worth a line.
+        if request.path not in _UNLOGGED_PATHS:
+            super().log(request)
 
     @property
     def writes_in_flight(self) -> int:

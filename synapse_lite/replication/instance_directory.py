@@ -54,6 +54,8 @@ class InstanceDirectory:
         self._event_writers: tuple[str, ...] = self._config.stream_writers.events
         #: Writers retired before this process started that its config still lists.
         self._retired_at_startup: list[str] = []
+        #: Writers the main process's config dropped since its last run.
+        self._dropped_by_config: list[str] = []
         #: Unknown writers already looked up since the table last changed, so a
         #: writer the table does not list is not looked up on every row.
         self._looked_up: set[str] = set()
@@ -70,7 +72,7 @@ class InstanceDirectory:
             txn, me, self._config.instance_map.get(me), me in writers
         )
         if self._hs.is_main_process:
-            InstancesWorkerStore.reconcile_events_writers_txn(
+            self._dropped_by_config = InstancesWorkerStore.reconcile_events_writers_txn(
                 txn, writers, self._config.instance_map
             )
         self._apply(InstancesWorkerStore.get_instances_txn(txn))
@@ -89,12 +91,23 @@ class InstanceDirectory:
         handler.data_handler.add_row_hook("caches", self._on_caches_rows)
         for writer in self._retired_at_startup:
             self._forget_writer(writer)
+        if self._dropped_by_config:
+            # Processes still running with the old config must hear of it.
+            logger.info("No longer events writers: %s", ", ".join(self._dropped_by_config))
+            d = defer.ensureDeferred(
+                self._hs.datastore.announce_instances_changed(self._dropped_by_config)
+            )
+            d.addErrback(lambda f: logger.warning("Announcing retired writers failed: %s", f))
 
     # Reading
 
     def event_writers(self) -> tuple[str, ...]:
         """The processes that write events now (new rooms go to one of them)."""
         return self._event_writers
+
+    def is_known(self, instance_name: str) -> bool:
+        """Whether the config or the table knows a process of this name."""
+        return instance_name in self._records or instance_name in self._config.instance_names()
 
     def location_of(self, instance_name: str) -> InstanceLocation:
         """Where ``instance_name`` answers internal HTTP requests: as it recorded

@@ -22,7 +22,8 @@ class RetireEventsWriterEndpoint(ReplicationEndpoint):
     The main process records it in ``instances`` and announces it on the caches
     stream: every process then reads the rest of the writer's rows and stops
     tracking its position, and new rooms go to the remaining writers. Answers
-    ``{"retired", "events_writers"}``; retiring a retired writer is a no-op.
+    ``{"retired", "events_writers"}``; ``retired`` is false if it was not a
+    writer (any more), in which case the announcement is only repeated.
     """
 
     NAME = "retire_events_writer"
@@ -35,15 +36,26 @@ class RetireEventsWriterEndpoint(ReplicationEndpoint):
         if not isinstance(name, str):
             raise SynapseError(400, "'instance_name' must be a string", Codes.BAD_JSON)
         directory = hs.instance_directory
+        # A writer started a moment ago may not have been noticed yet.
+        await directory.refresh()
+        if not directory.is_known(name):
+            raise SynapseError(404, f"There is no process called {name!r}", Codes.NOT_FOUND)
         writers = directory.event_writers()
-        if name not in writers:
-            return {"retired": False, "events_writers": list(writers)}
-        remaining = [w for w in writers if w != name]
-        if not remaining:
+        was_writer = name in writers
+        if was_writer:
+            await self._check_can_retire(name, writers)
+        # Announced even when this process had already dropped it (the main
+        # process restarted with a config without it): others may still track it.
+        await hs.datastore.retire_events_writer(name)
+        await directory.refresh()
+        return {"retired": was_writer, "events_writers": list(directory.event_writers())}
+
+    async def _check_can_retire(self, name: str, writers: tuple[str, ...]) -> None:
+        if len(writers) == 1:
             raise SynapseError(
                 409, f"{name} is the only events writer; add another first", Codes.UNKNOWN
             )
-        if name == hs.instance_name:
+        if name == self.hs.instance_name:
             raise SynapseError(
                 409,
                 "The main process stops writing events when it restarts with a config that"
@@ -51,19 +63,16 @@ class RetireEventsWriterEndpoint(ReplicationEndpoint):
                 Codes.UNKNOWN,
             )
         try:
-            location = directory.location_of(name)
+            location = self.hs.instance_directory.location_of(name)
         except KeyError:
-            location = None
-        if location is not None and await self._answers(location):
+            return
+        if await self._answers(location):
             raise SynapseError(
                 409,
                 f"{name} still answers at {location.host}:{location.port}: stop it first, so"
                 " that it finishes the events it is persisting",
                 Codes.UNKNOWN,
             )
-        await hs.datastore.retire_events_writer(name)
-        await directory.refresh()
-        return {"retired": True, "events_writers": list(directory.event_writers())}
 
     async def _answers(self, location: InstanceLocation) -> bool:
         endpoint = HostnameEndpoint(

@@ -64,16 +64,23 @@ class InstancesWorkerStore(CacheInvalidationWorkerStore):
         txn: LoggingTransaction,
         writers: Sequence[str],
         locations: dict[str, InstanceLocation],
-    ) -> None:
+    ) -> list[str]:
         """Make the table agree with the main process's config at its startup:
         exactly ``writers`` write events. A writer's recorded address is kept
-        (it wrote it itself); a writer never started gets the configured one."""
+        (it wrote it itself); a writer never started gets the configured one.
+        Returns the instances that stopped being writers."""
         placeholders = ", ".join("?" for _ in writers)
         txn.execute(
-            f"UPDATE instances SET writes_events = ?, updated_ts = ?"
+            f"SELECT instance_name FROM instances"
             f" WHERE writes_events = ? AND instance_name NOT IN ({placeholders})",
-            (False, _now_ms(), True, *writers),
+            (True, *writers),
         )
+        retired = [r[0] for r in txn.fetchall()]
+        for name in retired:
+            txn.execute(
+                "UPDATE instances SET writes_events = ?, updated_ts = ? WHERE instance_name = ?",
+                (False, _now_ms(), name),
+            )
         for writer in writers:
             location = locations.get(writer)
             txn.execute(
@@ -89,6 +96,7 @@ class InstancesWorkerStore(CacheInvalidationWorkerStore):
                     _now_ms(),
                 ),
             )
+        return retired
 
     @staticmethod
     def get_instances_txn(txn: LoggingTransaction) -> list[InstanceRecord]:
@@ -124,3 +132,12 @@ class InstancesWorkerStore(CacheInvalidationWorkerStore):
             self.send_invalidation_txn(txn, INSTANCES_CACHE_NAME, [instance_name])
 
         await self.db_pool.runInteraction("retire_events_writer", txn_func)
+
+    async def announce_instances_changed(self, instance_names: list[str]) -> None:
+        """Tell every process to read ``instances`` again."""
+        await self.db_pool.runInteraction(
+            "announce_instances_changed",
+            self.send_invalidation_txn,
+            INSTANCES_CACHE_NAME,
+            instance_names,
+        )

@@ -1,0 +1,161 @@
+"""Which OS processes a config declares, how to start each, and in what order.
+
+Tiers give the dependency order: the main process first (it creates or
+upgrades the schema, which workers refuse to run without, and is the TCP
+replication hub), then stream writers (others forward writes to them), then
+the rest. Stopping goes the other way round.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import attr
+
+from synapse_lite.config.homeserver import (
+    MAIN_PROCESS,
+    SINGLE_WRITER_STREAMS,
+    HomeServerConfig,
+    InstanceLocation,
+    ListenerConfig,
+)
+from synapse_lite.config.validation import ConfigError, ConfigProblem
+
+TIER_MAIN, TIER_WRITERS, TIER_OTHERS = 0, 1, 2
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ProcessSpec:
+    """One process to run. Two specs that compare equal describe the same role:
+    a reload restarts only processes whose spec changed."""
+
+    name: str
+    tier: int
+    argv: tuple[str, ...]
+    listeners: tuple[ListenerConfig, ...]
+    #: The streams it writes (its role in replication).
+    streams: tuple[str, ...]
+    #: Where the others send it internal requests, if anywhere.
+    location: InstanceLocation | None
+
+    @property
+    def health_url(self) -> str:
+        return self.url_of("health") + "/health"
+
+    @property
+    def metrics_url(self) -> str | None:
+        base = self._base_url("metrics")
+        return None if base is None else base + "/metrics"
+
+    def url_of(self, resource: str) -> str:
+        base = self._base_url(resource)
+        if base is None:
+            raise KeyError(f"{self.name} has no listener with the {resource!r} resource")
+        return base
+
+    def _base_url(self, resource: str) -> str | None:
+        for listener in self.listeners:
+            if resource in listener.resources:
+                host = listener.bind_address
+                if host in ("0.0.0.0", "::", ""):
+                    host = "127.0.0.1"
+                if ":" in host:
+                    host = f"[{host}]"
+                return f"http://{host}:{listener.port}"
+        return None
+
+    @property
+    def role(self) -> str:
+        """What it does, in a few words."""
+        roles = ["main process"] if self.name == MAIN_PROCESS else []
+        if "events" in self.streams:
+            roles.append("events writer")
+        singles = [s for s in self.streams if s in SINGLE_WRITER_STREAMS]
+        if singles and self.name != MAIN_PROCESS:  # the main process's by default
+            roles.append("writes " + ", ".join(singles))
+        if not roles:
+            roles.append("client API" if self._base_url("client") else "worker")
+        return "; ".join(roles)
+
+    def describe(self) -> str:
+        """One line: name, role, where it listens."""
+        listening = ", ".join(
+            f"{listener.bind_address}:{listener.port} ({', '.join(listener.resources)})"
+            for listener in self.listeners
+        )
+        return f"{self.name:<16} {self.role:<24} {listening}"
+
+
+def plan_processes(config: HomeServerConfig, for_running: bool = True) -> list[ProcessSpec]:
+    """Every process of ``config`` in start order. ``for_running`` checks what
+    ``synapse-lite run`` needs beyond a valid config (:class:`ConfigError`): a
+    ``health`` resource on a fixed port for every process."""
+    config_path = config.config_files[0]
+    problems: list[ConfigProblem] = []
+    specs = []
+    for name in config.instance_names():
+        listeners = config.listeners_of(name)
+        key = "listeners" if name == MAIN_PROCESS else f"workers.{name}.listeners"
+        health = [listener for listener in listeners if "health" in listener.resources]
+        if not health:
+            problems.append(
+                ConfigProblem(
+                    config_path,
+                    key,
+                    f"{name} has no listener with the 'health' resource: synapse-lite run"
+                    " checks /health to know the process is up",
+                )
+            )
+        elif health[0].port == 0:
+            problems.append(
+                ConfigProblem(
+                    config_path,
+                    key,
+                    f"{name} serves /health on port 0 (any free port): synapse-lite run needs"
+                    " to know the port",
+                )
+            )
+        streams = tuple(config.streams_written_by(name))
+        argv: tuple[str, ...]
+        if name == MAIN_PROCESS:
+            tier = TIER_MAIN
+            argv = ("-m", "synapse_lite.app.homeserver", "-c", config_path)
+        else:
+            tier = TIER_WRITERS if streams != ("caches",) else TIER_OTHERS
+            argv = ("-m", "synapse_lite.app.generic_worker", "-c", config_path)
+            argv += ("--worker-name", name)
+        specs.append(
+            ProcessSpec(
+                name=name,
+                tier=tier,
+                argv=(sys.executable, *argv),
+                listeners=listeners,
+                streams=streams,
+                location=config.instance_map.get(name),
+            )
+        )
+    if problems and for_running:
+        raise ConfigError(problems)
+    return sorted(specs, key=lambda s: s.tier)
+
+
+def settings_shared_by_all(config: HomeServerConfig) -> tuple[object, ...]:
+    """The settings every process depends on. When one of them changes, a
+    reload restarts every process; other changes restart only the processes
+    whose :class:`ProcessSpec` changed."""
+    writers = config.stream_writers
+    return (
+        config.server_name,
+        config.data_dir,
+        config.database,
+        config.replication,
+        config.worker_replication_secret,
+        config.registration_shared_secret,
+        config.enable_registration,
+        tuple(getattr(writers, s) for s in attr.fields_dict(type(writers)) if s != "events"),
+        config.federation_sender,
+        config.rate_limits,
+        config.limits,
+        config.log_level,
+        config.position_log,
+    )

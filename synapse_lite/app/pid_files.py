@@ -1,0 +1,57 @@
+"""Pid files in ``<data_dir>/run/``: one per running process (written by the
+process itself) and ``launcher.pid`` for ``synapse-lite run``."""
+
+from __future__ import annotations
+
+import os
+
+#: The file name (without .pid) of ``synapse-lite run``'s own pid file.
+LAUNCHER = "launcher"
+
+
+def pid_file_path(data_dir: str, name: str) -> str:
+    """Where the process ``name`` (or :data:`LAUNCHER`) records its pid."""
+    return os.path.join(data_dir, "run", f"{name}.pid")
+
+
+def write_pid_file(path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+def remove_pid_file(path: str) -> None:
+    """Remove the file if it is still ours (a newer run may have replaced it)."""
+    if read_pid_file(path) == os.getpid():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def read_pid_file(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this pid exists (a stale file's pid may not)."""
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def running_pid(data_dir: str, name: str) -> int | None:
+    """The pid of ``name`` if its pid file names a live process."""
+    pid = read_pid_file(pid_file_path(data_dir, name))
+    return pid if pid_alive(pid) else None

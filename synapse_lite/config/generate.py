@@ -1,0 +1,246 @@
+"""Writing a commented homeserver config for a chosen layout.
+
+Three layouts, all on loopback, ports counted up from a base port (the main
+process's client listener) in the order the processes are listed:
+
+* ``monolith``: the main process alone;
+* ``default``: the main process, one /sync worker (``synchrotron1``) and two
+  events writers (``persister1``, ``persister2``);
+* ``sharded``: two /sync workers, three events writers and ``stream_writer1``
+  for typing, to_device, account_data, receipts and presence.
+
+Every process gets ``health`` and ``metrics`` (``synapse-lite run`` and
+``status`` need them); writers and the main process get ``replication``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+
+import attr
+import yaml
+
+from synapse_lite.config.homeserver import MAIN_PROCESS, SINGLE_WRITER_STREAMS
+
+LAYOUTS = ("monolith", "default", "sharded")
+#: The main process's client port; the others count up from it.
+DEFAULT_BASE_PORT = 18008
+#: Where ``synapse-lite`` keeps its config and data when not told otherwise.
+DEFAULT_DATA_DIR = "synapse-lite-data"
+CONFIG_FILE_NAME = "homeserver.yaml"
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class GenerateOptions:
+    """What ``synapse-lite generate-config`` was asked for."""
+
+    layout: str = "default"
+    database: str = "sqlite"
+    replication: str = "tcp"
+    enable_registration: bool = False
+    server_name: str = "localhost"
+    base_port: int = DEFAULT_BASE_PORT
+    worker_files: bool = False
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class _Process:
+    name: str
+    resources: tuple[str, ...]
+    comment: str
+
+
+_SYNC = ("client", "health", "metrics")
+_WRITER = ("replication", "health", "metrics")
+
+
+def _layout(layout: str) -> tuple[list[_Process], dict[str, object]]:
+    """The processes of a layout (main first) and its stream writers."""
+    if layout == "monolith":
+        main = _Process(MAIN_PROCESS, ("client", "health", "metrics"), "Everything.")
+        return [main], {}
+    main = _Process(
+        MAIN_PROCESS,
+        ("client", "replication", "health", "metrics"),
+        "The client API, the replication hub, and the streams no worker writes.",
+    )
+    if layout == "default":
+        workers = [
+            _Process("synchrotron1", _SYNC, "/sync and other reads."),
+            _Process("persister1", _WRITER, "Persists the events of its rooms."),
+            _Process("persister2", _WRITER, "Persists the events of its rooms."),
+        ]
+        return [main, *workers], {"events": ["persister1", "persister2"]}
+    persisters = [f"persister{i}" for i in (1, 2, 3)]
+    workers = [
+        _Process("synchrotron1", _SYNC, "/sync and other reads."),
+        _Process("synchrotron2", _SYNC, "/sync and other reads."),
+        *(_Process(p, _WRITER, "Persists the events of its rooms.") for p in persisters),
+        _Process("stream_writer1", _WRITER, "Writes the single-writer streams."),
+    ]
+    writers: dict[str, object] = {"events": persisters}
+    writers.update({stream: "stream_writer1" for stream in SINGLE_WRITER_STREAMS})
+    return [main, *workers], writers
+
+
+def _value(value: object) -> str:
+    """One YAML value on one line (quoted when it needs to be)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+    return text.removesuffix("\n...").strip()
+
+
+def _listener(port: int, resources: tuple[str, ...], indent: str) -> list[str]:
+    return [
+        f"{indent}- port: {port}",
+        f"{indent}  bind_address: 127.0.0.1",
+        f"{indent}  resources: {_value(list(resources))}",
+    ]
+
+
+def _database_lines(database: str) -> list[str]:
+    if database == "sqlite":
+        return [
+            "# sqlite: one file in data_dir, no server to run. Every process opens it;",
+            "# for production use postgres.",
+            "database:",
+            "  engine: sqlite",
+            "  args:",
+            "    path: homeserver.db",
+        ]
+    return [
+        "# postgres: create the database first, for example:",
+        "#   createdb -h 127.0.0.1 -U postgres synapse_lite",
+        "database:",
+        "  engine: postgres",
+        "  args:",
+        "    host: 127.0.0.1",
+        "    port: 5432",
+        "    user: postgres",
+        "    # password: ...",
+        "    dbname: synapse_lite",
+        "  # Connections each process keeps open.",
+        "  min_connections: 1",
+        "  max_connections: 5",
+    ]
+
+
+def _replication_lines(replication: str, tcp_port: int) -> list[str]:
+    lines = ["# How the processes keep each other current: tcp (every worker connects to"]
+    lines.append("# the main process) or redis (every process publishes and subscribes).")
+    lines += ["replication:", f"  transport: {replication}"]
+    if replication == "tcp":
+        lines += [
+            "  tcp:",
+            "    # Where the main process listens for workers. Keep it private.",
+            "    host: 127.0.0.1",
+            f"    port: {tcp_port}",
+        ]
+    else:
+        lines += [
+            "  redis:",
+            "    host: 127.0.0.1",
+            "    port: 6379",
+            "    # password: ...",
+        ]
+    return lines
+
+
+def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
+    """The files of a config: ``{relative path: text}``, ``homeserver.yaml``
+    first (then ``workers/NAME.yaml`` with ``worker_files``). ``data_dir`` is
+    written as given: relative paths are relative to the config file."""
+    processes, writers = _layout(options.layout)
+    ports = {MAIN_PROCESS: options.base_port}
+    tcp_port = options.base_port + 1
+    for i, process in enumerate(processes[1:]):
+        ports[process.name] = options.base_port + 2 + i
+    main = processes[0]
+    lines = [
+        f"# synapse_lite config, layout {options.layout!r}: written by",
+        f"# `synapse-lite generate-config` on {time.strftime('%Y-%m-%d')}.",
+        "# Every setting is described in docs/configuration.md; the processes and",
+        "# streams in docs/workers.md. Start everything with: synapse-lite run -c <this file>",
+        "",
+        "# The server's name: the part after ':' in user ids (@alice:NAME).",
+        f"server_name: {_value(options.server_name)}",
+        "",
+        "# The database, the run/ directory (pid files) and other state. Relative",
+        "# paths are relative to this file.",
+        f"data_dir: {_value(data_dir)}",
+        "",
+        *_database_lines(options.database),
+        "",
+        *_replication_lines(options.replication, tcp_port),
+        "",
+        "# Authenticates the processes to each other (replication and internal HTTP).",
+        f"worker_replication_secret: {_value(secrets.token_urlsafe(32))}",
+        "# Lets `synapse-lite register-user` create users. Keep it secret.",
+        f"registration_shared_secret: {_value(secrets.token_urlsafe(32))}",
+        "# Whether anyone may register, without verification. Only for a private server.",
+        f"enable_registration: {_value(options.enable_registration)}",
+        "",
+        "# The main process's HTTP listeners. Resources: client (the Matrix client API),",
+        "# replication (requests from the other processes: never expose it), health",
+        "# (GET /health), metrics (Prometheus, GET /metrics). All on loopback: put a",
+        "# reverse proxy in front of the client listeners to serve the outside world.",
+        f"# {main.comment}",
+        "listeners:",
+        *_listener(ports[MAIN_PROCESS], main.resources, "  "),
+        "",
+    ]
+    if writers:
+        lines += ["# Which process writes which stream (docs/workers.md). events takes a"]
+        lines += ["# list; every other stream one process. Unlisted streams: main."]
+        lines += ["stream_writers:"]
+        lines += [f"  {stream}: {_value(value)}" for stream, value in writers.items()]
+        lines += [""]
+    files: dict[str, str] = {}
+    if len(processes) > 1:
+        lines += [
+            "# The worker processes. `synapse-lite run` starts them all; a process",
+            "# manager can start one with: python -m synapse_lite.app.generic_worker",
+            "#   -c homeserver.yaml --worker-name NAME",
+            "workers:",
+        ]
+        for process in processes[1:]:
+            port = ports[process.name]
+            if options.worker_files:
+                path = f"workers/{process.name}.yaml"
+                lines += [f"  {process.name}: {{config_file: {path}}}  # {process.comment}"]
+                files[path] = "\n".join(
+                    [
+                        f"# {process.name}: {process.comment}",
+                        f"worker_name: {process.name}",
+                        "worker_listeners:",
+                        *_listener(port, process.resources, "  "),
+                        "",
+                    ]
+                )
+            else:
+                lines += [f"  # {process.comment}", f"  {process.name}:", "    listeners:"]
+                lines += _listener(port, process.resources, "      ")
+        lines += [""]
+    lines += ["# DEBUG, INFO, WARNING or ERROR.", "log_level: INFO", ""]
+    return {"homeserver.yaml": "\n".join(lines), **files}
+
+
+def write_config(options: GenerateOptions, config_path: str, data_dir: str) -> list[str]:
+    """Write the config files beside ``config_path``; the paths written.
+    Refuses (``FileExistsError``) to overwrite any of them."""
+    base = os.path.dirname(os.path.abspath(config_path))
+    relative_data_dir = os.path.relpath(os.path.abspath(data_dir), base)
+    files = generate_config(options, relative_data_dir)
+    targets = {
+        os.path.abspath(config_path) if name == CONFIG_FILE_NAME else os.path.join(base, name): text
+        for name, text in files.items()
+    }
+    for path in targets:
+        if os.path.exists(path):
+            raise FileExistsError(path)
+    for path, text in targets.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return list(targets)
