@@ -39,7 +39,8 @@ def read_pid_file(path: str) -> int | None:
 
 
 def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this pid exists (a stale file's pid may not)."""
+    """Whether a process with this pid runs (a stale file's pid may not; an
+    exited process nobody has reaped yet, a zombie, does not count)."""
     if pid is None or pid <= 0:
         return False
     try:
@@ -47,8 +48,13 @@ def pid_alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+        pass  # exists, owned by someone else
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # "pid (comm) state ...": the state follows the last ')'.
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc here: trust kill()
 
 
 def running_pid(data_dir: str, name: str) -> int | None:

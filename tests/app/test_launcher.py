@@ -1,0 +1,169 @@
+"""``synapse-lite run`` as an operator uses it: real processes, real ports.
+
+Startup times are printed, never asserted (the machine may be busy).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+from twisted.trial import unittest
+
+from synapse_lite.app.pid_files import pid_alive
+from synapse_lite.config.generate import DEFAULT_BASE_PORT, DEFAULT_DATA_DIR
+from synapse_lite.config.homeserver import load_config
+from tests.harness.databases import create_test_database
+from tests.harness.launcher import (
+    SynapseLiteCommand,
+    generated_config,
+    http_get,
+    temp_dir,
+    wait_until,
+)
+
+DEFAULT_PROCESSES = ("main", "synchrotron1", "persister1", "persister2")
+
+
+def ports_free(ports: list[int]) -> bool:
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+async def health_of_all(config_path: str) -> dict[str, int]:
+    """name -> /health status code, for every process of the config."""
+    from synapse_lite.app.launch_plan import plan_processes
+
+    codes = {}
+    for spec in plan_processes(load_config(config_path)):
+        code, body = await http_get(spec.health_url)
+        codes[spec.name] = code
+        assert spec.name.encode() in body, body
+    return codes
+
+
+class DefaultCommandTestCase(unittest.TestCase):
+    """The README's command, `synapse-lite run`, in an empty directory."""
+
+    timeout = 180
+
+    async def test_default_command_from_empty_directory(self) -> None:
+        default_ports = list(range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + 5))
+        if not ports_free(default_ports):
+            raise unittest.SkipTest(f"the default ports {default_ports} are in use")
+        directory = temp_dir()
+        data_dir = os.path.join(directory, DEFAULT_DATA_DIR)
+        started = time.monotonic()
+        command = SynapseLiteCommand(self, ["run"], directory, data_dir).start()
+        up = await command.wait_for_line(r"(\d+) processes up in ([0-9.]+) s")
+        wall = time.monotonic() - started
+        print(f"\n  default layout: every process healthy {wall:.2f} s after the command")
+        self.assertEqual(up.group(1), "4")
+        self.assertIn("first run: wrote a config for the default layout", command.output())
+
+        config_path = os.path.join(data_dir, "homeserver.yaml")
+        self.assertEqual(
+            await health_of_all(config_path), {name: 200 for name in DEFAULT_PROCESSES}
+        )
+        self.assertEqual(set(command.running_pids()), {"launcher", *DEFAULT_PROCESSES})
+        # Every process's lines carry its name.
+        for name in DEFAULT_PROCESSES:
+            self.assertTrue(any(f" {name} INFO " in line for line in command.stdout), name)
+
+        status = SynapseLiteCommand(self, ["status"], directory, data_dir).start()
+        self.assertEqual(await status.wait_exit(), 0, status.output())
+        for name in DEFAULT_PROCESSES:
+            line = next(line for line in status.stdout if line.startswith(name + " "))
+            self.assertIn(" running ", line)
+            self.assertIn(" ok ", line)
+        persister_line = next(line for line in status.stdout if line.startswith("persister1"))
+        self.assertRegex(persister_line, r"events=\d+ backfill=-?\d+")
+
+        command.signal(signal.SIGTERM)
+        self.assertEqual(await command.wait_exit(), 0, command.tail())
+        self.assertEqual(command.running_pids(), {})
+        self.assertTrue(ports_free(default_ports))
+        # Workers stop before the main process.
+        stopped = [
+            line.split()[-2]
+            for line in command.stdout
+            if line.endswith(" stopped") and " launcher " in line
+        ]
+        self.assertEqual(stopped[-1], "main")
+        self.assertEqual(set(stopped), set(DEFAULT_PROCESSES))
+
+        # The second run reuses the config (and so the database).
+        again = SynapseLiteCommand(self, ["run"], directory, data_dir).start()
+        await again.wait_for_line(r"processes up in")
+        self.assertNotIn("first run", again.output())
+        again.signal(signal.SIGTERM)
+        self.assertEqual(await again.wait_exit(), 0, again.tail())
+
+
+class LauncherTestCase(unittest.TestCase):
+    """The launcher on free ports with the run's database engine."""
+
+    timeout = 180
+
+    def setUp(self) -> None:
+        self.test_db = create_test_database()
+        self.addCleanup(self.test_db.drop)
+        self.dir = temp_dir()
+
+    async def launch(self, **options: object) -> tuple[SynapseLiteCommand, str]:
+        config_path = generated_config(self.dir, self.test_db, **options)
+        command = SynapseLiteCommand(self, ["run", "-c", config_path], self.dir, self.dir)
+        command.start()
+        await command.wait_for_line(r"processes up in")
+        return command, config_path
+
+    async def test_killed_worker_is_restarted_and_ctrl_c_stops_everything(self) -> None:
+        command, config_path = await self.launch()
+        old_pid = command.running_pids()["persister1"]
+        os.kill(old_pid, signal.SIGKILL)
+        await command.wait_for_line(
+            r"persister1 \(pid \d+\) died with signal 9 \(SIGKILL\).*restarting it in"
+        )
+        await command.wait_for_line(r"Restarted persister1 \(pid \d+\)")
+        new_pid = command.running_pids()["persister1"]
+        self.assertNotEqual(new_pid, old_pid)
+        self.assertEqual(
+            await health_of_all(config_path), {name: 200 for name in DEFAULT_PROCESSES}
+        )
+        # It caught up: it announces its position to the others again.
+        await command.wait_for_line(r"main .*connection .* is persister1", timeout=30)
+
+        command.signal(signal.SIGINT)  # Ctrl-C
+        self.assertEqual(await command.wait_exit(), 0, command.tail())
+        self.assertEqual(command.running_pids(), {})
+
+    async def test_processes_stop_when_the_launcher_is_killed(self) -> None:
+        command, _ = await self.launch(layout="monolith")
+        main_pid = command.running_pids()["main"]
+        command.signal(signal.SIGKILL)
+        await command.wait_exit()
+        await wait_until(lambda: not pid_alive(main_pid), what="main to stop", timeout=20)
+        self.assertEqual(command.running_pids(), {})
+
+    async def test_sharded_layout_starts_and_stops(self) -> None:
+        command, config_path = await self.launch(layout="sharded")
+        names = load_config(config_path).instance_names()
+        self.assertEqual(len(names), 7)
+        self.assertEqual(await health_of_all(config_path), {name: 200 for name in names})
+        status = SynapseLiteCommand(self, ["status", "-c", config_path], self.dir, self.dir)
+        self.assertEqual(await status.start().wait_exit(), 0, status.output())
+        stream_writer = next(line for line in status.stdout if line.startswith("stream_writer1"))
+        self.assertIn("typing", "\n".join(command.stdout))
+        self.assertRegex(stream_writer, r"to_device=\d+ account_data=\d+ receipts=\d+")
+        stop = SynapseLiteCommand(self, ["stop", "-c", config_path], self.dir, self.dir)
+        self.assertEqual(await stop.start().wait_exit(), 0, stop.output())
+        self.assertEqual(await command.wait_exit(), 0, command.tail())
+        self.assertEqual(command.running_pids(), {})
