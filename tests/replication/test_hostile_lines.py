@@ -208,6 +208,7 @@ class _HostileLinesTests:
     server: ClassVar[HostileServer]
     test_db: ClassVar[TestDatabase]
     lines_sent: ClassVar[int]
+    positions_before: ClassVar[dict[tuple[str, str], float]]
 
     def setUp(self) -> None:
         # One server per class, started by its first test (trial has no
