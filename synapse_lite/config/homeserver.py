@@ -100,6 +100,9 @@ class RedisConfig:
     port: int = 6379
     password: str | None = None
     dbid: int = 0
+    #: Prepended to the server name to make the channel: pub/sub channels are
+    #: shared by every database of a Redis server.
+    channel_prefix: str = ""
 
     @classmethod
     def read(cls, section: Section) -> RedisConfig:
@@ -108,6 +111,7 @@ class RedisConfig:
             port=section.get_int("port", 6379, minimum=1, maximum=65535),
             password=section.get_optional_str("password"),
             dbid=section.get_int("dbid", 0, minimum=0),
+            channel_prefix=section.get_str("channel_prefix", ""),
         )
         section.finish()
         return result

@@ -9,6 +9,7 @@ shown when a process fails to come up.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -35,6 +36,9 @@ START_TIMEOUT_SECONDS = 30.0
 
 #: Test HTTP requests do not keep connections open past the test.
 NO_KEEPALIVE = HTTPConnectionPool(reactor, persistent=False)
+
+
+_configs = itertools.count()
 
 
 def free_port() -> int:
@@ -107,7 +111,12 @@ def layout_config(
         from tests.harness.services import redis_address
 
         host, port = redis_address()
-        config["replication"]["redis"] = {"host": host, "port": port}
+        # Parallel test runs share the Redis server: a channel per config.
+        config["replication"]["redis"] = {
+            "host": host,
+            "port": port,
+            "channel_prefix": f"test-{os.getpid()}-{next(_configs)}-",
+        }
     config.update(extra)
     return config
 

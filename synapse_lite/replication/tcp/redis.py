@@ -172,6 +172,7 @@ class RedisReplicationBus:
             clock=reactor,
             password=config.password,
             dbid=config.dbid,
+            channel_prefix=config.channel_prefix,
             **kwargs,
         )
 

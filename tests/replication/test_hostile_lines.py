@@ -1,0 +1,320 @@
+"""Hostile replication input against real processes: thousands of generated and
+mutated lines over TCP (to the main process's listener) and through Redis (on
+the processes' channel). No process dies, no stream position moves backwards,
+and over TCP every connection that sent something invalid gets ERROR and is
+closed.
+
+The servers run as separate OS processes; the test talks to them with blocking
+sockets, so hypothesis drives the examples directly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any, ClassVar
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from twisted.trial import unittest
+
+from synapse_lite.replication.tcp.commands import CommandParseError, parse_command_from_line
+from tests.harness.databases import TestDatabase, create_test_database
+from tests.harness.processes import SOURCE_ROOT, free_port
+from tests.harness.services import redis_address, require_redis
+
+SECRET = "hostile-secret"
+
+#: Well-formed lines of every command, the seeds of the mutations.
+VALID_LINES = [
+    b'RDATA events persister1 7 ["ev",["$e:x","!r:x","m.room.message",null,null,null,null,'
+    b"false,false]]",
+    b'RDATA events persister1 batch ["state",["!r:x","m.room.name","","$e:x"]]',
+    b'RDATA caches main 3 ["get_users_in_room",["!r:x"],1]',
+    b'RDATA typing main 2 ["!r:x",["@a:x"]]',
+    b'RDATA receipts main 4 ["!r:x","m.read","@a:x","$e:x",null,{"ts":1}]',
+    b"POSITION events persister1 3 5",
+    b"POSITION typing main 10 2",
+    b"REPLICATE",
+    b"PING 1234",
+    b"USER_SYNC abc @a:x DEV start 1234",
+    b"USER_SYNC abc @a:x None end 1234",
+    b"CLEAR_USER_SYNC abc",
+    b"FEDERATION_ACK federation_sender 17",
+    b'USER_IP @a:x ["tok","127.0.0.1","agent","DEV",1234]',
+    b"REMOTE_SERVER_UP other.example",
+    b"NAME fuzzer",
+]
+
+
+@st.composite
+def mutated_line(draw: Any) -> bytes:
+    line = bytearray(draw(st.sampled_from(VALID_LINES)))
+    for _ in range(draw(st.integers(1, 4))):
+        choice = draw(st.integers(0, 5))
+        position = draw(st.integers(0, max(len(line) - 1, 0)))
+        if choice == 0 and line:  # flip a byte
+            line[position] = draw(st.integers(0, 255))
+        elif choice == 1:  # cut
+            del line[position:]
+        elif choice == 2:  # insert junk
+            line[position:position] = draw(st.binary(min_size=1, max_size=8))
+        elif choice == 3:  # replace a field with text
+            fields = bytes(line).split(b" ")
+            index = draw(st.integers(0, len(fields) - 1))
+            fields[index] = draw(st.text(max_size=12)).encode("utf-8", "surrogatepass")
+            line = bytearray(b" ".join(fields))
+        elif choice == 4:  # duplicate
+            line += b" " + line
+        else:  # nest JSON deeply
+            line += b"[" * draw(st.integers(50, 3000))
+    return bytes(line).replace(b"\n", b" ")
+
+
+hostile_line = st.one_of(
+    st.sampled_from(VALID_LINES),
+    mutated_line(),
+    st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"")),
+    st.integers(16_000, 40_000).map(lambda n: b"RDATA events persister1 9 " + b"x" * n),
+)
+
+
+def is_valid(line: bytes) -> bool:
+    """Whether the server should accept the line (parses as a command and may
+    be sent by a worker)."""
+    if not line.strip():
+        return True
+    try:
+        command = parse_command_from_line(line.decode("utf-8"))
+    except (UnicodeDecodeError, CommandParseError):
+        return False
+    return command.NAME not in ("SERVER", "AUTH")
+
+
+class HostileServer:
+    """A main process and one events-writer worker, as OS processes."""
+
+    def __init__(self, test_db: TestDatabase, transport: str) -> None:
+        self.dir = tempfile.mkdtemp(prefix="synapse_lite_hostile_")
+        self.http_port = free_port()
+        self.tcp_port = free_port()
+        self.worker_port = free_port()
+        self.channel_prefix = f"hostile-{os.getpid()}-{transport}-"
+        host, port = redis_address()
+        config = {
+            "server_name": "hostile.local",
+            "data_dir": os.path.join(self.dir, "data"),
+            "database": test_db.config(),
+            "worker_replication_secret": SECRET,
+            "replication": {
+                "transport": transport,
+                "tcp": {"port": self.tcp_port},
+                "redis": {"host": host, "port": port, "channel_prefix": self.channel_prefix},
+            },
+            "listeners": [
+                {
+                    "port": self.http_port,
+                    "resources": ["client", "replication", "health", "metrics"],
+                }
+            ],
+            "workers": {
+                "persister1": {
+                    "listeners": [
+                        {"port": self.worker_port, "resources": ["replication", "health"]}
+                    ]
+                }
+            },
+            "stream_writers": {"events": ["persister1"]},
+        }
+        self.config_path = os.path.join(self.dir, "homeserver.yaml")
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(config, f)
+        env = dict(os.environ, PYTHONPATH=SOURCE_ROOT)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        for name, args in (
+            ("main", ["-m", "synapse_lite.app.homeserver", "-c", self.config_path]),
+            (
+                "persister1",
+                [
+                    "-m",
+                    "synapse_lite.app.generic_worker",
+                    "-c",
+                    self.config_path,
+                    "--worker-name",
+                    "persister1",
+                ],
+            ),
+        ):
+            log = open(os.path.join(self.dir, f"{name}.log"), "wb")
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, *args], stdout=log, stderr=log, env=env, cwd=self.dir
+            )
+            self.wait_healthy(name)
+
+    def health_url(self, name: str) -> str:
+        port = self.http_port if name == "main" else self.worker_port
+        return f"http://127.0.0.1:{port}/health"
+
+    def wait_healthy(self, name: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.processes[name].poll() is not None:
+                raise AssertionError(f"{name} died:\n{self.log(name)}")
+            try:
+                with urllib.request.urlopen(self.health_url(name), timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"{name} not healthy:\n{self.log(name)}")
+
+    def log(self, name: str) -> str:
+        with open(os.path.join(self.dir, f"{name}.log"), errors="replace") as f:
+            return f.read()
+
+    def positions(self) -> dict[tuple[str, str], float]:
+        """Stream positions main reports in /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        pattern = re.compile(
+            r'^synapse_lite_stream_position\{stream="([^"]+)",writer="([^"]+)"\} (\S+)$', re.M
+        )
+        return {(m.group(1), m.group(2)): float(m.group(3)) for m in pattern.finditer(text)}
+
+    def stop(self) -> None:
+        for process in reversed(list(self.processes.values())):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+
+class _HostileLinesTests:
+    """Shared by the TCP and Redis cases (not a test case itself)."""
+
+    transport: ClassVar[str]
+    server: ClassVar[HostileServer]
+    test_db: ClassVar[TestDatabase]
+    lines_sent: ClassVar[int]
+    positions_before: ClassVar[dict[tuple[str, str], float]]
+
+    def setUp(self) -> None:
+        # One server per class, started by its first test (trial has no
+        # setUpClass) and stopped by the last (or at exit).
+        cls = type(self)
+        if cls.transport == "redis":
+            require_redis()
+        if "server" not in cls.__dict__:
+            cls.test_db = create_test_database()
+            cls.server = HostileServer(cls.test_db, cls.transport)
+            cls.lines_sent = 0
+            cls.positions_before = cls.server.positions()
+            atexit.register(cls.shut_down)
+
+    @classmethod
+    def shut_down(cls) -> None:
+        if "server" in cls.__dict__:
+            cls.server.stop()
+            cls.test_db.drop()
+            del cls.server
+
+    def check_survivors(self: Any) -> None:
+        for name in self.server.processes:
+            self.assertIsNone(self.server.processes[name].poll(), f"{name} died")
+            self.server.wait_healthy(name)
+        after = self.server.positions()
+        for key, before in self.positions_before.items():
+            self.assertGreaterEqual(after.get(key, before), before, f"{key} moved backwards")
+        for name in self.server.processes:
+            self.assertNotIn("Unhandled error", self.server.log(name))
+
+    def test_z_processes_survive(self: Any) -> None:
+        """Runs after the fuzzing (trial orders tests by name)."""
+        try:
+            self.assertGreaterEqual(type(self).lines_sent, 10_000)
+            self.check_survivors()
+        finally:
+            type(self).shut_down()
+
+
+class TcpHostileLinesTestCase(_HostileLinesTests, unittest.TestCase):
+    transport = "tcp"
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.server.tcp_port), timeout=5)
+        sock.sendall(f"AUTH {SECRET}\nNAME fuzzer\n".encode())
+        return sock
+
+    @settings(
+        max_examples=2000,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    @given(lines=st.lists(hostile_line, min_size=1, max_size=10))
+    def test_fuzzed_lines(self, lines: list[bytes]) -> None:
+        sock = self._connect()
+        try:
+            sock.sendall(b"".join(line + b"\n" for line in lines))
+            type(self).lines_sent += len(lines)
+            expect_error = not all(is_valid(line) for line in lines)
+            sock.settimeout(0.5 if expect_error else 0.05)
+            received = b""
+            closed = False
+            try:
+                while True:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        closed = True
+                        break
+                    received += chunk
+            except (TimeoutError, ConnectionResetError):
+                pass
+        finally:
+            sock.close()
+        if expect_error:
+            self.assertIn(b"\nERROR ", b"\n" + received, f"no ERROR for {lines!r}")
+            self.assertTrue(closed, f"connection kept open after {lines!r}")
+        else:
+            self.assertNotIn(b"\nERROR ", b"\n" + received, f"ERROR for valid {lines!r}")
+
+
+class RedisHostileLinesTestCase(_HostileLinesTests, unittest.TestCase):
+    transport = "redis"
+
+    @settings(
+        max_examples=1000,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    @given(lines=st.lists(hostile_line, min_size=10, max_size=20))
+    def test_fuzzed_messages(self, lines: list[bytes]) -> None:
+        host, port = redis_address()
+        channel = (self.server.channel_prefix + "hostile.local").encode()
+        with socket.create_connection((host, port), timeout=5) as sock:
+            request = b"".join(
+                b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
+                % (len(channel), channel, len(line), line)
+                for line in lines
+            )
+            sock.sendall(request)
+            replies = b""
+            while replies.count(b"\r\n") < len(lines):
+                replies += sock.recv(65536)
+        type(self).lines_sent += len(lines)
+        self.assertEqual(replies.count(b":"), len(lines), json.dumps(replies.decode()))
