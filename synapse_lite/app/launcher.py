@@ -100,32 +100,44 @@ class Launcher:
         return tiers
 
     async def start(self, names: Iterable[str]) -> None:
-        """Start processes tier by tier, each tier once the one before answers
-        /health. :class:`ProcessFailedToStart` names the first that did not."""
+        """Start processes tier by tier, each tier once every process of the
+        one before answers /health. :class:`ProcessFailedToStart` names the
+        first process that did not.
+
+        (Spawning every worker at once after the main process measured no
+        faster on a busy two-CPU machine: starting a process is CPU-bound.)"""
+        for tier in self.in_tiers(names):
+            await self._start_together(tier)
+
+    async def _start_together(self, specs: list[ProcessSpec]) -> None:
         from twisted.internet import defer
 
-        for tier in self.in_tiers(names):
-            starts = [defer.ensureDeferred(self.start_one(spec)) for spec in tier]
-            results = await defer.DeferredList(starts, consumeErrors=True)
-            for ok, result in results:
-                if not ok:
-                    assert isinstance(result, Failure)
-                    result.raiseException()
+        children = [self.spawn(spec) for spec in specs]
+        results = await defer.DeferredList(
+            [defer.ensureDeferred(self._wait_up(child)) for child in children],
+            consumeErrors=True,
+        )
+        for ok, result in results:
+            if not ok:
+                assert isinstance(result, Failure)
+                result.raiseException()
 
-    async def start_one(self, spec: ProcessSpec) -> ChildProcess:
+    def spawn(self, spec: ProcessSpec) -> ChildProcess:
         child = ChildProcess(spec, self.reactor, self.write_line)
         self.children[spec.name] = child
         child.spawn(self._env)
         logger.info("Started %s (pid %d): %s", spec.name, child.pid, spec.role)
         child.when_ended().addCallback(lambda _: self._on_exit(child))
+        return child
+
+    async def _wait_up(self, child: ChildProcess) -> None:
         await child.wait_healthy(self._start_timeout)
         logger.info(
             "%s is up (pid %d) after %.2f s",
-            spec.name,
+            child.spec.name,
             child.pid,
             time.monotonic() - child.started_at,
         )
-        return child
 
     # Deaths and restarts
 
@@ -157,9 +169,12 @@ class Launcher:
             return
 
         async def restart() -> None:
+            child = self.spawn(spec)
             try:
-                child = await self.start_one(spec)
+                await self._wait_up(child)
             except ProcessFailedToStart as e:
+                if self.stopping:
+                    return
                 logger.warning("Restarting %s failed: %s", name, e.report())
                 # Dead: its exit schedules the next try. Hung: kill it, same.
                 if e.child.running:
