@@ -20,7 +20,7 @@ from synapse_lite.app.launch_plan import ProcessSpec
 logger = logging.getLogger(__name__)
 
 #: Lines of each process's output kept to show when it fails.
-TAIL_LINES = 40
+TAIL_LINES = 20
 #: How often /health is asked while waiting for a process to come up.
 HEALTH_POLL_SECONDS = 0.05
 #: Longest a partial line (no newline yet) is held before being relayed.

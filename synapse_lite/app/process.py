@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+from twisted.internet.error import CannotListenError
+
 from synapse_lite.config.homeserver import (
     MAIN_PROCESS,
     HomeServerConfig,
@@ -75,6 +77,17 @@ def run_process(argv: list[str], worker: bool) -> int:
         logger.error("%s", e)
         hs.shutdown()
         return 3
+    except CannotListenError as e:
+        logger.error(
+            "%s cannot listen on %s:%d: %s. Is another program using the port, or is the"
+            " address not one of this machine's?",
+            name,
+            e.interface or "*",
+            e.port,
+            getattr(e.socketError, "strerror", None) or e.socketError,
+        )
+        hs.shutdown()
+        return 1
     except Exception as e:
         logger.exception("%s failed to start: %s", name, e)
         hs.shutdown()

@@ -113,7 +113,8 @@ def run(
             await launcher.start(list(launcher.specs))
         except ProcessFailedToStart as e:
             if not launcher.stopping:
-                logger.error("%s. Stopping the processes already started.", e.report())
+                logger.error("%s", e.report())
+                logger.error("Stopping the processes already started")
                 launcher.exit_code = EXIT_FAILED
                 reactor.stop()
             return

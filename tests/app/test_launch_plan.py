@@ -1,0 +1,96 @@
+"""What `synapse-lite run` starts, in what order, and what a reload restarts."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import attr
+from twisted.trial import unittest
+
+from synapse_lite.app.launch_plan import (
+    TIER_MAIN,
+    TIER_OTHERS,
+    TIER_WRITERS,
+    plan_processes,
+    settings_shared_by_all,
+)
+from synapse_lite.app.launcher import restart_delay
+from synapse_lite.config.generate import GenerateOptions, write_config
+from synapse_lite.config.homeserver import HomeServerConfig, load_config
+from synapse_lite.config.validation import ConfigError
+from tests.harness.launcher import edit_config
+
+
+def sharded() -> tuple[str, HomeServerConfig]:
+    directory = tempfile.mkdtemp()
+    path = os.path.join(directory, "homeserver.yaml")
+    write_config(GenerateOptions(layout="sharded", base_port=31008), path, directory)
+    return path, load_config(path)
+
+
+class LaunchPlanTestCase(unittest.TestCase):
+    def test_tiers_and_roles(self) -> None:
+        _, config = sharded()
+        specs = plan_processes(config)
+        tiers = {spec.name: spec.tier for spec in specs}
+        self.assertEqual(tiers["main"], TIER_MAIN)
+        self.assertEqual(tiers["persister2"], TIER_WRITERS)
+        self.assertEqual(tiers["stream_writer1"], TIER_WRITERS)
+        self.assertEqual(tiers["synchrotron2"], TIER_OTHERS)
+        self.assertEqual([s.tier for s in specs], sorted(s.tier for s in specs))
+        roles = {spec.name: spec.role for spec in specs}
+        self.assertEqual(roles["main"], "main process")
+        self.assertEqual(roles["persister1"], "events writer")
+        self.assertEqual(
+            roles["stream_writer1"], "writes typing, to_device, account_data, receipts, presence"
+        )
+        self.assertEqual(roles["synchrotron1"], "client API")
+        self.assertEqual(specs[0].health_url, "http://127.0.0.1:31008/health")
+        self.assertIn("--worker-name", specs[-1].argv)
+
+    def test_reload_restarts_only_changed_roles(self) -> None:
+        path, before = sharded()
+        specs_before = {s.name: s for s in plan_processes(before)}
+
+        def add_persister4(config: dict[str, Any]) -> None:
+            config["workers"]["persister4"] = {
+                "listeners": [{"port": 31099, "resources": ["replication", "health"]}]
+            }
+            config["stream_writers"]["events"].append("persister4")
+            del config["workers"]["persister1"]
+            config["stream_writers"]["events"].remove("persister1")
+
+        edit_config(path, add_persister4)
+        after = load_config(path)
+        specs_after = {s.name: s for s in plan_processes(after)}
+        self.assertEqual(settings_shared_by_all(before), settings_shared_by_all(after))
+        changed = {n for n, s in specs_before.items() if specs_after.get(n) != s}
+        added = {n for n, s in specs_after.items() if specs_before.get(n) != s}
+        self.assertEqual(changed, {"persister1"})
+        self.assertEqual(added, {"persister4"})
+
+        moved = attr.evolve(
+            after, stream_writers=attr.evolve(after.stream_writers, typing="synchrotron1")
+        )
+        self.assertNotEqual(settings_shared_by_all(moved), settings_shared_by_all(after))
+
+    def test_missing_health_is_reported_with_its_key(self) -> None:
+        path, _ = sharded()
+        edit_config(
+            path,
+            lambda c: c["workers"]["synchrotron2"]["listeners"][0].update(resources=["client"]),
+        )
+        with self.assertRaises(ConfigError) as cm:
+            plan_processes(load_config(path))
+        self.assertIn(
+            f"{path}: workers.synchrotron2.listeners: synchrotron2 has no listener with the"
+            " 'health' resource",
+            str(cm.exception),
+        )
+        self.assertEqual(len(plan_processes(load_config(path), for_running=False)), 7)
+
+    def test_restart_delay_doubles_up_to_a_limit(self) -> None:
+        self.assertEqual([restart_delay(n) for n in (1, 2, 3, 4)], [1.0, 2.0, 4.0, 8.0])
+        self.assertEqual(restart_delay(20), 30.0)
