@@ -382,8 +382,11 @@ def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
     root = Section(data, path)
     base_dir = os.path.dirname(os.path.abspath(path))
 
+    known_problems = len(root.problems)
     server_name = root.get_str("server_name")
-    if isinstance(server_name, str) and (not server_name or any(c in server_name for c in " /@!#")):
+    if len(root.problems) == known_problems and (
+        not server_name or any(c in server_name for c in " /@!#")
+    ):
         root.problem("must be a host name, optionally with :port", "server_name")
     data_dir = os.path.join(base_dir, root.get_str("data_dir", "data"))
     database = DatabaseConfig.read(root.get_section("database"), data_dir)

@@ -1,0 +1,106 @@
+"""The Prometheus metrics an operator watches, scraped from real processes."""
+
+from __future__ import annotations
+
+import signal
+
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.trial import unittest
+
+from synapse_lite.app.launch_plan import plan_processes
+from synapse_lite.config.homeserver import load_config
+from tests.harness.databases import create_test_database
+from tests.harness.launcher import (
+    SynapseLiteCommand,
+    generated_config,
+    http_get,
+    temp_dir,
+    wait_until,
+)
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(url: str) -> Samples:
+    code, body = await http_get(url)
+    assert code == 200, code
+    samples: Samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def find(samples: Samples, name: str, **labels: str) -> list[float]:
+    """Values of the samples called ``name`` that carry (at least) ``labels``."""
+    wanted = set(labels.items())
+    return [v for (n, ls), v in samples.items() if n == name and wanted <= set(ls)]
+
+
+class MetricsTestCase(unittest.TestCase):
+    timeout = 120
+
+    async def test_every_process_exports_what_operators_watch(self) -> None:
+        test_db = create_test_database()
+        self.addCleanup(test_db.drop)
+        directory = temp_dir()
+        config_path = generated_config(directory, test_db)
+        command = SynapseLiteCommand(self, ["run", "-c", config_path], directory, directory)
+        await command.start().wait_for_line(r"processes up in")
+        specs = {spec.name: spec for spec in plan_processes(load_config(config_path))}
+        for name in ("main", "synchrotron1"):
+            code, _ = await http_get(specs[name].url_of("client") + "/_matrix/client/versions")
+            self.assertEqual(code, 200)
+
+        for name, spec in specs.items():
+            assert spec.metrics_url is not None
+            samples = await scrape(spec.metrics_url)
+            # Positions of every writer and the stream's persisted-up-to.
+            for writer in ("persister1", "persister2"):
+                self.assertEqual(
+                    len(
+                        find(
+                            samples, "synapse_lite_stream_position", stream="events", writer=writer
+                        )
+                    ),
+                    1,
+                    (name, writer),
+                )
+            self.assertTrue(
+                find(samples, "synapse_lite_stream_persisted_upto", stream="events"), name
+            )
+            # Transactions by name, with their durations (startup reads at least).
+            self.assertTrue(find(samples, "synapse_lite_db_transaction_seconds_count"), name)
+            self.assertTrue(find(samples, "synapse_lite_db_transaction_seconds_sum"), name)
+            # Open /sync requests (none).
+            self.assertEqual(find(samples, "synapse_lite_open_sync_requests"), [0.0], name)
+        for name in ("main", "synchrotron1"):
+            samples = await scrape(specs[name].metrics_url or "")
+            self.assertEqual(
+                find(
+                    samples,
+                    "synapse_lite_http_requests_total",
+                    servlet="versions",
+                    method="GET",
+                    code="200",
+                ),
+                [1.0],
+                name,
+            )
+
+        # Replication lag, per stream and writer, once positions have arrived.
+        async def main_reports_lag() -> bool:
+            samples = await scrape(specs["main"].metrics_url or "")
+            return bool(
+                find(
+                    samples,
+                    "synapse_lite_replication_lag_ids",
+                    stream="events",
+                    writer="persister1",
+                )
+            )
+
+        await wait_until(main_reports_lag, what="main to report replication lag")
+
+        command.signal(signal.SIGTERM)
+        self.assertEqual(await command.wait_exit(), 0, command.tail())
