@@ -96,7 +96,8 @@ async def _retire(launcher: Launcher, name: str) -> None:
         )
         return
     logger.info(
-        "Retired the events writer %s; events writers now: %s",
+        "Retired the events writer %s; events writers now: %s; rooms moved: %s",
         name,
         ", ".join(answer.get("events_writers", [])),
+        answer.get("rooms_moved"),
     )

@@ -111,7 +111,8 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         self.assertLess(sync.datastore.get_room_max_stream_ordering(), last)
 
         answer = await RetireEventsWriterEndpoint(main).handle({"instance_name": "persister2"})
-        self.assertEqual(answer, {"retired": True, "events_writers": ["persister1"]})
+        self.assertEqual(answer["retired"], True)
+        self.assertEqual(answer["events_writers"], ["persister1"])
         for hs in (main, sync, p1):
             await eventually(
                 lambda hs=hs: hs.instance_directory.event_writers() == ("persister1",),

@@ -48,7 +48,18 @@ class RetireEventsWriterEndpoint(ReplicationEndpoint):
         # process restarted with a config without it): others may still track it.
         await hs.datastore.retire_events_writer(name)
         await directory.refresh()
-        return {"retired": was_writer, "events_writers": list(directory.event_writers())}
+        remaining = list(directory.event_writers())
+        rooms_moved = await self._reassign_rooms(remaining)
+        return {"retired": was_writer, "events_writers": remaining, "rooms_moved": rooms_moved}
+
+    async def _reassign_rooms(self, writers: list[str]) -> int | None:
+        """Give the retired writer's rooms to the remaining writers. The room
+        store that records rooms' writers comes with the client API; until it
+        is there, there are no rooms to move (None)."""
+        reassign = getattr(self.hs.datastore, "reassign_rooms_of_removed_writers", None)
+        if reassign is None:
+            return None
+        return int(await reassign(writers))
 
     async def _check_can_retire(self, name: str, writers: tuple[str, ...]) -> None:
         if len(writers) == 1:
