@@ -8,7 +8,8 @@ themselves. The handler sends through :class:`ReplicationConnection`.
 
 Both transports behave like a bus: a command sent by any process reaches every
 other process. Over Redis a process also receives its own commands back (the
-handler drops its own echoes by instance name); over TCP the main process relays
+bus drops its own RDATA and POSITION unparsed; the handler drops any other own
+echo by instance name); over TCP the main process relays
 each data command from one worker to all the others, and never back to the
 sender.
 

@@ -33,8 +33,10 @@ Two connections, because a subscribed connection can run nothing but
   which it catches up.
 
 Every message on the channel, this process's own included, reaches
-``receiver.on_command(bus, cmd)``; the handler drops its own echoes by instance
-name. A message that is not one data command (bad UTF-8, over
+``receiver.on_command(bus, cmd)``, except this process's own RDATA and
+POSITION: a writer hears back every row it publishes, and parsing them only to
+drop them would double its work. (The handler also drops own echoes by instance
+name, for any that get through.) A message that is not one data command (bad UTF-8, over
 MAX_LINE_LENGTH, unparseable, or a TCP connection command) is logged and
 dropped, and the subscription carries on.
 
@@ -116,6 +118,7 @@ class RedisReplicationBus:
     ) -> None:
         self.channel = channel_prefix + server_name
         self.instance_name = instance_name
+        self._own_name = instance_name.encode("utf-8")
         self.password = password
         # SELECT only when asked for something other than the default.
         self.dbid = dbid or None
@@ -400,6 +403,8 @@ class RedisReplicationBus:
         if len(data) > MAX_LINE_LENGTH:
             self._refuse(data, f"over {MAX_LINE_LENGTH} bytes")
             return
+        if self._is_own_echo(data):
+            return
         try:
             cmd = parse_command_from_line(data.decode("utf-8"))
         except UnicodeDecodeError:
@@ -416,6 +421,14 @@ class RedisReplicationBus:
             self._receiver.on_command(self, cmd)
         except Exception:
             logger.exception("replication receiver failed on %s from Redis", cmd.NAME)
+
+    def _is_own_echo(self, data: bytes) -> bool:
+        """Our own RDATA or POSITION coming back: the receiver would drop it, so
+        skip parsing its JSON (a writer hears every row it publishes)."""
+        if not (data.startswith(b"RDATA ") or data.startswith(b"POSITION ")):
+            return False
+        fields = data.split(b" ", 3)
+        return len(fields) > 2 and fields[2] == self._own_name
 
     def _refuse(self, data: bytes, reason: str) -> None:
         REPLICATION_BAD_LINES.labels("redis").inc()

@@ -114,14 +114,18 @@ class RedisBusTestCase(unittest.TestCase):
         await wait_until(lambda: ReplicateCommand() in a_receiver.commands, what="REPLICATE")
 
         cmd = PositionCommand("events", "worker1", 1, 5)
+        other = RemoteServerUpCommand("other.example")
         a.send_command(cmd)
+        a.send_command(other)
         await wait_until(
-            lambda: cmd in b_receiver.commands and cmd in a_receiver.commands, what="delivery"
+            lambda: other in b_receiver.commands and other in a_receiver.commands,
+            what="delivery",
         )
-        # The echo reaches the publisher too (its handler drops it by instance
-        # name), and the bus itself is the connection.
-        self.assertIn(("command", a, cmd), a_receiver.events)
+        # Echoes reach the publisher too, except its own RDATA and POSITION,
+        # which the bus drops without parsing them; the bus is the connection.
         self.assertIn(("command", b, cmd), b_receiver.events)
+        self.assertNotIn(cmd, a_receiver.commands)
+        self.assertIn(("command", a, other), a_receiver.events)
         self.assertEqual(a_receiver.connections("new"), [a])
 
     async def test_bad_messages_are_logged_and_dropped(self) -> None:

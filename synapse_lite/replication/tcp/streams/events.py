@@ -86,10 +86,7 @@ class EventsStream(StreamFromIdGen):
     async def _update_function(
         self, instance_name: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[Updates, int, bool]:
-        event_rows = await self._store.get_all_new_forward_event_rows(
-            instance_name, from_token, upto_token, limit
-        )
-        state_rows = await self._store.get_all_updated_current_state_deltas(
+        event_rows, state_rows = await self._store.get_events_stream_rows(
             instance_name, from_token, upto_token, limit
         )
         limited = False

@@ -122,26 +122,40 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
 
     # The events stream's update functions
 
-    async def get_all_new_forward_event_rows(
+    async def get_events_stream_rows(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> list[tuple[Any, ...]]:
-        """Events ``instance_name`` wrote in ``(last_id, current_id]``:
-        ``(stream_ordering, event_id, room_id, type, state_key, redacts,
-        membership, outlier)``, oldest first."""
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """What ``instance_name`` wrote to the events stream in ``(last_id,
+        current_id]``, oldest first, at most ``limit`` of each kind, read in one
+        transaction:
 
-        def txn_func(txn: LoggingTransaction) -> list[tuple[Any, ...]]:
+        * events: ``(stream_ordering, event_id, room_id, type, state_key,
+          redacts, membership, outlier)``;
+        * current-state changes: ``(stream_id, room_id, type, state_key, event_id)``.
+        """
+
+        def txn_func(
+            txn: LoggingTransaction,
+        ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+            args = (last_id, current_id, instance_name, limit)
             txn.execute(
                 "SELECT stream_ordering, event_id, room_id, type, state_key, redacts,"
                 " membership, outlier FROM events"
                 " WHERE ? < stream_ordering AND stream_ordering <= ? AND instance_name = ?"
                 " ORDER BY stream_ordering ASC LIMIT ?",
-                (last_id, current_id, instance_name, limit),
+                args,
             )
-            return [tuple(r) for r in txn.fetchall()]
+            events = [tuple(r) for r in txn.fetchall()]
+            txn.execute(
+                "SELECT stream_id, room_id, type, state_key, event_id"
+                " FROM current_state_delta_stream"
+                " WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+                " ORDER BY stream_id ASC LIMIT ?",
+                args,
+            )
+            return events, [tuple(r) for r in txn.fetchall()]
 
-        return await self.db_pool.runInteraction(
-            "get_all_new_forward_event_rows", txn_func, read_only=True
-        )
+        return await self.db_pool.runInteraction("get_events_stream_rows", txn_func, read_only=True)
 
     async def get_all_new_backfill_event_rows(
         self, instance_name: str, last_id: int, current_id: int, limit: int
@@ -161,26 +175,6 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
 
         return await self.db_pool.runInteraction(
             "get_all_new_backfill_event_rows", txn_func, read_only=True
-        )
-
-    async def get_all_updated_current_state_deltas(
-        self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> list[tuple[Any, ...]]:
-        """Current-state changes ``instance_name`` wrote in ``(last_id,
-        current_id]``: ``(stream_id, room_id, type, state_key, event_id)``."""
-
-        def txn_func(txn: LoggingTransaction) -> list[tuple[Any, ...]]:
-            txn.execute(
-                "SELECT stream_id, room_id, type, state_key, event_id"
-                " FROM current_state_delta_stream"
-                " WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
-                " ORDER BY stream_id ASC LIMIT ?",
-                (last_id, current_id, instance_name, limit),
-            )
-            return [tuple(r) for r in txn.fetchall()]
-
-        return await self.db_pool.runInteraction(
-            "get_all_updated_current_state_deltas", txn_func, read_only=True
         )
 
     # Replication

@@ -1,0 +1,123 @@
+"""One process of the replication benchmark (started by bench/replication.py).
+
+A *receiver* is an ordinary process of the homeserver that also records, for
+every events row it receives, when it arrived. A *writer* (an events writer)
+persists events and records when each one committed. Both write their records
+as JSON lines to ``--out`` when they finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from twisted.internet import defer, reactor, task
+
+from synapse_lite.app._base import setup_logging, start
+from synapse_lite.config.homeserver import load_config
+from synapse_lite.events import EventContent, new_event_id
+from synapse_lite.server import HomeServer
+
+
+def event(room_id: str, index: int) -> EventContent:
+    return EventContent(
+        event_id=new_event_id(),
+        room_id=room_id,
+        type="m.room.message",
+        state_key=None,
+        sender="@bench:bench.local",
+        content={"body": f"message {index}"},
+        origin_server_ts=int(time.time() * 1000),
+    )
+
+
+async def run_writer(hs: HomeServer, args: argparse.Namespace) -> list[dict[str, Any]]:
+    store = hs.datastore
+    records: list[dict[str, Any]] = []
+    await task.deferLater(reactor, 1.0, lambda: None)  # let receivers see our POSITION
+    # Latency: one event at a time, spaced out.
+    for i in range(args.latency_events):
+        [persisted] = await store.persist_events([event("!latency:bench.local", i)])
+        records.append({"phase": "latency", "id": persisted.event_id, "t": time.time()})
+        await task.deferLater(reactor, args.latency_interval, lambda: None)
+    # Throughput: batches as fast as they commit.
+    written = 0
+    while written < args.throughput_events:
+        batch = [event("!throughput:bench.local", written + i) for i in range(args.batch)]
+        persisted_batch = await store.persist_events(batch)
+        now = time.time()
+        records.extend({"phase": "throughput", "id": e.event_id, "t": now} for e in persisted_batch)
+        written += len(persisted_batch)
+    # Stay until every row has gone out, or the receivers would miss the tail.
+    stream = hs.replication.streams["events"]
+    while stream.last_token < stream.current_token(hs.instance_name):
+        await task.deferLater(reactor, 0.01, lambda: None)
+    await task.deferLater(reactor, 0.5, lambda: None)
+    return records
+
+
+async def run_receiver(hs: HomeServer, args: argparse.Namespace) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    expected = args.latency_events + args.throughput_events
+
+    def on_rows(instance: str, token: int, rows: list[Any]) -> None:
+        now = time.time()
+        for row in rows:
+            if row.type == "ev":
+                records.append({"id": row.data.event_id, "t": now})
+
+    hs.replication.data_handler.add_row_hook("events", on_rows)
+    deadline = time.monotonic() + args.timeout
+    while len(records) < expected and time.monotonic() < deadline:
+        await task.deferLater(reactor, 0.05, lambda: None)
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--role", choices=("writer", "receiver"), required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--latency-events", type=int, default=500)
+    parser.add_argument("--latency-interval", type=float, default=0.01)
+    parser.add_argument("--throughput-events", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--timeout", type=float, default=120)
+    args = parser.parse_args()
+
+    config = load_config(args.config)
+    setup_logging(args.name, "WARNING")
+    hs = HomeServer(config, args.name, reactor)
+    start(hs)
+
+    async def run() -> None:
+        runner = run_writer if args.role == "writer" else run_receiver
+        records = await runner(hs, args)
+        with open(args.out, "w") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+        reactor.stop()
+
+    def failed(f: Any) -> None:
+        print(f.getTraceback(), file=sys.stderr)
+        reactor.stop()
+
+    reactor.callWhenRunning(lambda: defer.ensureDeferred(run()).addErrback(failed))
+    profile_path = os.environ.get("SYNAPSE_LITE_BENCH_PROFILE")
+    if profile_path:
+        import cProfile
+
+        cProfile.runctx("reactor.run()", globals(), locals(), f"{profile_path}.{args.name}")
+    else:
+        reactor.run()
+
+
+if __name__ == "__main__":
+    main()
