@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import defer, protocol
+from twisted.internet import defer, protocol, task
 from twisted.python.failure import Failure
 
+from synapse_lite.app.admin_client import AdminRequestError, http_request
 from synapse_lite.app.launch_plan import ProcessSpec
 
 logger = logging.getLogger(__name__)
@@ -155,31 +156,20 @@ class ChildProcess:
     async def wait_healthy(self, timeout: float) -> None:
         """Return once /health answers 200; :class:`ProcessFailedToStart` if the
         process exits first or ``timeout`` passes."""
-        import treq
-        from twisted.web.client import HTTPConnectionPool
-
-        pool = HTTPConnectionPool(self._reactor, persistent=False)
         deadline = time.monotonic() + timeout
         url = self.spec.health_url
         while True:
             if not self.running:
                 raise ProcessFailedToStart(self, f"exited with {describe_exit(self.exit_reason)}")
             try:
-                response = await treq.get(url, timeout=1, pool=pool, reactor=self._reactor)
-                await treq.content(response)
-                if response.code == 200:
+                code, _ = await http_request(self._reactor, "GET", url, timeout=1)
+                if code == 200:
                     return
-            except Exception:
+            except AdminRequestError:
                 pass  # not listening yet
             if time.monotonic() > deadline:
                 raise ProcessFailedToStart(self, f"did not answer {url} within {timeout:.0f} s")
-            await _sleep(self._reactor, HEALTH_POLL_SECONDS)
-
-
-async def _sleep(reactor: Any, seconds: float) -> None:
-    from twisted.internet import task
-
-    await task.deferLater(reactor, seconds, lambda: None)
+            await task.deferLater(self._reactor, HEALTH_POLL_SECONDS, lambda: None)
 
 
 class ProcessFailedToStart(Exception):

@@ -18,6 +18,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall
 from twisted.python.failure import Failure
 
 import synapse_lite
@@ -73,11 +76,11 @@ class Launcher:
         self._start_timeout = start_timeout
         self.children: dict[str, ChildProcess] = {}
         self._deaths_in_a_row: dict[str, int] = {}
-        self._pending_restarts: dict[str, Any] = {}
+        self._pending_restarts: dict[str, IDelayedCall] = {}
         self.stopping = False
         #: What the launcher is in the middle of (a reload waits for it), if anything.
         self.busy: str | None = None
-        self._stopped: Any = None
+        self._stopped: Deferred[None] | None = None
         #: Non-zero once a process failed to start or to stop cleanly.
         self.exit_code = 0
 
@@ -110,8 +113,6 @@ class Launcher:
             await self._start_together(tier)
 
     async def _start_together(self, specs: list[ProcessSpec]) -> None:
-        from twisted.internet import defer
-
         children = [self.spawn(spec) for spec in specs]
         results = await defer.DeferredList(
             [defer.ensureDeferred(self._wait_up(child)) for child in children],
@@ -161,8 +162,6 @@ class Launcher:
         self._pending_restarts[name] = self.reactor.callLater(delay, self._restart, name)
 
     def _restart(self, name: str) -> None:
-        from twisted.internet import defer
-
         self._pending_restarts.pop(name, None)
         spec = self.specs.get(name)
         if self.stopping or spec is None:
@@ -173,8 +172,8 @@ class Launcher:
             try:
                 await self._wait_up(child)
             except ProcessFailedToStart as e:
-                if self.stopping:
-                    return
+                if self.stopping or e.child.expected_exit:
+                    return  # stopped on purpose meanwhile
                 logger.warning("Restarting %s failed: %s", name, e.report())
                 # Dead: its exit schedules the next try. Hung: kill it, same.
                 if e.child.running:
@@ -188,8 +187,6 @@ class Launcher:
 
     async def stop(self, names: Iterable[str]) -> None:
         """Stop processes, the last tier first; those in one tier together."""
-        from twisted.internet import defer
-
         for tier in reversed(self.in_tiers(n for n in names if n in self.children)):
             stops = []
             for spec in tier:
@@ -213,10 +210,8 @@ class Launcher:
             logger.warning("%s stopped with %s", child.spec.name, describe_exit(reason))
             self.exit_code = 1
 
-    def stop_all(self) -> Any:
+    def stop_all(self) -> Deferred[None]:
         """Stop everything (once; later calls wait for the first)."""
-        from twisted.internet import defer
-
         if self._stopped is None:
             self.stopping = True
             for call in self._pending_restarts.values():
@@ -224,7 +219,7 @@ class Launcher:
                     call.cancel()
             self._pending_restarts.clear()
             self._stopped = defer.ensureDeferred(self.stop(list(self.children)))
-        waiter: defer.Deferred[None] = defer.Deferred()
+        waiter: Deferred[None] = defer.Deferred()
 
         def stopped(result: object) -> object:
             waiter.callback(None)
