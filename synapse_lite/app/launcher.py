@@ -110,6 +110,8 @@ class Launcher:
         (Spawning every worker at once after the main process measured no
         faster on a busy two-CPU machine: starting a process is CPU-bound.)"""
         for tier in self.in_tiers(names):
+            if self.stopping:
+                return  # stopped meanwhile (Ctrl-C during a start or reload)
             await self._start_together(tier)
 
     async def _start_together(self, specs: list[ProcessSpec]) -> None:

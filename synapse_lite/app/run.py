@@ -8,7 +8,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from synapse_lite.app.launch_plan import ProcessSpec, plan_processes
 from synapse_lite.app.pid_files import (
@@ -20,6 +20,9 @@ from synapse_lite.app.pid_files import (
 )
 from synapse_lite.config.homeserver import HomeServerConfig, load_config
 from synapse_lite.config.validation import ConfigError
+
+if TYPE_CHECKING:
+    from synapse_lite.app.launcher import Launcher
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +134,7 @@ def run(
     return launcher.exit_code
 
 
-def _reload_on_sighup(launcher: Any, reactor: Any) -> None:
+def _reload_on_sighup(launcher: Launcher, reactor: Any) -> None:
     from twisted.internet import defer
 
     from synapse_lite.app.launcher_reload import reload
