@@ -128,6 +128,7 @@ class LauncherTestCase(unittest.TestCase):
     async def test_killed_worker_is_restarted_and_ctrl_c_stops_everything(self) -> None:
         command, config_path = await self.launch()
         old_pid = command.running_pids()["persister1"]
+        before_kill = command.mark()
         os.kill(old_pid, signal.SIGKILL)
         await command.wait_for_line(
             r"persister1 \(pid \d+\) died with signal 9 \(SIGKILL\).*restarting it in"
@@ -138,8 +139,10 @@ class LauncherTestCase(unittest.TestCase):
         self.assertEqual(
             await health_of_all(config_path), {name: 200 for name in DEFAULT_PROCESSES}
         )
-        # It caught up: it announces its position to the others again.
-        await command.wait_for_line(r"main .*connection .* is persister1", timeout=30)
+        # It is back on replication: main knows it again.
+        await command.wait_for_line(
+            r" main .*connection .* is persister1", timeout=30, after=before_kill
+        )
 
         command.signal(signal.SIGINT)  # Ctrl-C
         self.assertEqual(await command.wait_exit(), 0, command.tail())

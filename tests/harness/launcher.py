@@ -95,6 +95,8 @@ class SynapseLiteCommand:
         self.data_dir = data_dir
         self.stdout: list[str] = []
         self.stderr: list[str] = []
+        #: Both, in the order they arrived.
+        self.lines: list[str] = []
         self.exit_code: int | None = None
         self.exit_signal: int | None = None
         self.running = False
@@ -120,6 +122,7 @@ class SynapseLiteCommand:
 
     def got_line(self, fd: int, line: str) -> None:
         (self.stdout if fd == 1 else self.stderr).append(line)
+        self.lines.append(line)
         if os.environ.get("SYNAPSE_LITE_TEST_VERBOSE"):
             print(f"[{'out' if fd == 1 else 'err'}] {line}")
 
@@ -132,18 +135,25 @@ class SynapseLiteCommand:
         self._ended.clear()
 
     def output(self) -> str:
-        return "\n".join(self.stdout + self.stderr)
+        return "\n".join(self.lines)
 
     def tail(self, lines: int = 60) -> str:
-        return "\n".join((self.stdout + self.stderr)[-lines:])
+        return "\n".join(self.lines[-lines:])
 
-    async def wait_for_line(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
-        """The first output line matching ``pattern`` (waiting for it)."""
+    def mark(self) -> int:
+        """A place in the output, for :meth:`wait_for_line`'s ``after``."""
+        return len(self.lines)
+
+    async def wait_for_line(
+        self, pattern: str, timeout: float = 60.0, after: int = 0
+    ) -> re.Match[str]:
+        """The first output line matching ``pattern`` (waiting for it), among
+        the lines printed since :meth:`mark` returned ``after``."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
-        checked = 0
+        checked = after
         while True:
-            lines = self.stdout + self.stderr
+            lines = self.lines
             for line in lines[checked:]:
                 match = regex.search(line)
                 if match:
