@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import sqlite3
+import urllib.parse
 from typing import Any
 
 import treq
@@ -19,8 +21,19 @@ from twisted.trial import unittest
 from synapse_lite.app.launch_plan import plan_processes
 from synapse_lite.config.homeserver import load_config
 from tests.harness.databases import create_test_database
-from tests.harness.launcher import SynapseLiteCommand, free_port_block, generated_config, temp_dir
+from tests.harness.launcher import (
+    SynapseLiteCommand,
+    edit_config,
+    free_port_block,
+    generated_config,
+    http_get,
+    temp_dir,
+    wait_until,
+)
 from tests.harness.processes import NO_KEEPALIVE
+
+#: A /sync filter: the whole timeline since the token, not its last 10 events.
+TIMELINE_FILTER = urllib.parse.quote(json.dumps({"room": {"timeline": {"limit": 1000}}}))
 
 
 def require_client_api() -> None:
@@ -180,12 +193,16 @@ class KilledWriterUnderLoadTestCase(unittest.TestCase):
         self.assertEqual(code, 200, room)
         room_id = room["room_id"]
 
+        sync_url = f"{sync_worker}/_matrix/client/v3/sync?timeout=0&filter={TIMELINE_FILTER}"
+        code, first = await call("GET", sync_url, token=alice)
+        self.assertEqual(code, 200, first)
+
         acknowledged: dict[str, str] = {}  # txn id -> event id
         total = 120
 
         async def send(i: int) -> None:
             url = f"{sync_worker}/_matrix/client/v3/rooms/{room_id}/send/m.room.message/txn{i}"
-            for _ in range(200):
+            for _ in range(300):
                 try:
                     code, answer = await call(
                         "PUT", url, {"msgtype": "m.text", "body": f"#{i}"}, alice
@@ -205,42 +222,155 @@ class KilledWriterUnderLoadTestCase(unittest.TestCase):
         senders = defer.gatherResults([defer.ensureDeferred(sender(s)) for s in range(4)])
         while len(acknowledged) < total // 3:
             await task.deferLater(reactor, 0.05, lambda: None)
-        writer = await self.writer_of(room_id, test_db, config_path)
+        writer = await writer_of(room_id, test_db, config_path)
+        before_kill = command.mark()
         os.kill(command.running_pids()[writer], signal.SIGKILL)
         await senders
-        await command.wait_for_line(rf"Restarted {writer} \(pid \d+\)")
+        await command.wait_for_line(rf"Restarted {writer} \(pid \d+\)", after=before_kill)
 
-        # Every acknowledged event, once, for a client reading from scratch.
+        # Incremental syncs from before the first send deliver every
+        # acknowledged event, each once.
         seen: list[str] = []
-        since = None
+        since = first["next_batch"]
         for _ in range(100):
-            query = "timeout=0" + (f"&since={since}" if since else "")
-            code, sync = await call(
-                "GET", f"{sync_worker}/_matrix/client/v3/sync?{query}", token=alice
-            )
+            code, sync = await call("GET", f"{sync_url}&since={since}", token=alice)
             self.assertEqual(code, 200, sync)
             seen += [e["event_id"] for e in messages_in(sync, room_id)]
-            if since == sync["next_batch"] or set(acknowledged.values()) <= set(seen):
-                break
             since = sync["next_batch"]
+            if set(acknowledged.values()) <= set(seen):
+                break
+            await task.deferLater(reactor, 0.1, lambda: None)
+        code, after = await call("GET", f"{sync_url}&since={since}", token=alice)
+        seen += [e["event_id"] for e in messages_in(after, room_id)]
         self.assertEqual(sorted(seen), sorted(acknowledged.values()))
-        self.assertEqual(len(seen), len(set(seen)))
+        self.assertEqual(len(seen), total)
 
         command.signal(signal.SIGTERM)
         self.assertEqual(await command.wait_exit(), 0, command.tail())
 
-    async def writer_of(self, room_id: str, test_db: Any, config_path: str) -> str:
-        if test_db.engine_name == "sqlite":
-            path = load_config(config_path).database.args["path"]
-            with sqlite3.connect(path) as db:
-                row = db.execute("SELECT event_writer FROM rooms WHERE room_id = ?", (room_id,))
-                return str(row.fetchone()[0])
-        import psycopg2
 
-        conn = psycopg2.connect(**test_db.args)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT event_writer FROM rooms WHERE room_id = %s", (room_id,))
-                return str(cur.fetchone()[0])
-        finally:
-            conn.close()
+class EventsWriterChangesTestCase(unittest.TestCase):
+    """`synapse-lite reload` adds persister3, then removes persister2, while a
+    client keeps chatting: new rooms land on persister3 and every process
+    serves them; persister2's rooms move on; no event is lost and
+    persisted-up-to keeps advancing on every process."""
+
+    timeout = 300
+
+    async def test_add_and_remove_events_writers_under_use(self) -> None:
+        require_client_api()
+        test_db = create_test_database()
+        self.addCleanup(test_db.drop)
+        directory = temp_dir()
+        config_path = generated_config(directory, test_db, enable_registration=True)
+        command = SynapseLiteCommand(self, ["run", "-c", config_path], directory, directory)
+        await command.start().wait_for_line(r"processes up in")
+        specs = {s.name: s for s in plan_processes(load_config(config_path))}
+        main, sync_worker = specs["main"].url_of("client"), specs["synchrotron1"].url_of("client")
+        _, alice = await register(main, "alice")
+        sent: list[str] = []
+
+        async def send(room_id: str, text: str) -> None:
+            url = f"{sync_worker}/_matrix/client/v3/rooms/{room_id}/send/m.room.message/{text}"
+            for _ in range(100):
+                code, answer = await call("PUT", url, {"msgtype": "m.text", "body": text}, alice)
+                if code == 200:
+                    sent.append(answer["event_id"])
+                    return
+                await task.deferLater(reactor, 0.1, lambda: None)
+            raise AssertionError(f"{text} was never acknowledged")
+
+        async def room_on(writer: str) -> str:
+            for _ in range(30):
+                code, room = await call("POST", f"{main}/_matrix/client/v3/createRoom", {}, alice)
+                self.assertEqual(code, 200, room)
+                if await writer_of(room["room_id"], test_db, config_path) == writer:
+                    return str(room["room_id"])
+            raise AssertionError(f"no new room went to {writer}")
+
+        on_persister2 = await room_on("persister2")
+        await send(on_persister2, "before")
+
+        async def reload(change: Any) -> None:
+            edit_config(config_path, change)
+            mark = command.mark()
+            request = SynapseLiteCommand(self, ["reload", "-c", config_path], directory, directory)
+            self.assertEqual(await request.start().wait_exit(), 0, request.output())
+            await command.wait_for_line(r"Reload of .* done", after=mark)
+
+        def add(config: dict[str, Any]) -> None:
+            port = config["listeners"][0]["port"] + 6
+            config["workers"]["persister3"] = {
+                "listeners": [{"port": port, "resources": ["replication", "health", "metrics"]}]
+            }
+            config["stream_writers"]["events"].append("persister3")
+
+        await reload(add)
+        on_persister3 = await room_on("persister3")  # chosen by main, never restarted
+        await send(on_persister3, "on-the-new-writer")
+
+        def remove(config: dict[str, Any]) -> None:
+            del config["workers"]["persister2"]
+            config["stream_writers"]["events"].remove("persister2")
+
+        await reload(remove)
+        self.assertNotEqual(await writer_of(on_persister2, test_db, config_path), "persister2")
+        await send(on_persister2, "after")
+        await send(on_persister3, "still-there")
+
+        # Every message, once, in each room's history as any process serves it.
+        for base in (main, sync_worker):
+            history: list[str] = []
+            for room_id in (on_persister2, on_persister3):
+                code, page = await call(
+                    "GET",
+                    f"{base}/_matrix/client/v3/rooms/{room_id}/messages?dir=b&limit=100",
+                    token=alice,
+                )
+                self.assertEqual(code, 200, page)
+                history += [e["event_id"] for e in page["chunk"] if e["type"] == "m.room.message"]
+            self.assertEqual(sorted(history), sorted(sent), base)
+
+        # Persisted-up-to has passed the last event on every process.
+        last = await stream_ordering_of(sent[-1], test_db, config_path)
+
+        async def all_past_last() -> bool:
+            for spec in plan_processes(load_config(config_path)):
+                _, body = await http_get(spec.metrics_url or "")
+                match = re.search(
+                    r'synapse_lite_stream_persisted_upto\{stream="events"\} ([0-9.e+]+)',
+                    body.decode(),
+                )
+                if match is None or float(match.group(1)) < last:
+                    return False
+            return True
+
+        await wait_until(all_past_last, what="persisted-up-to to pass the last event everywhere")
+        command.signal(signal.SIGTERM)
+        self.assertEqual(await command.wait_exit(), 0, command.tail())
+
+
+def query_database(test_db: Any, config_path: str, sql: str, arg: str) -> Any:
+    """One value from the homeserver's database (SQLite file or PostgreSQL)."""
+    if test_db.engine_name == "sqlite":
+        with sqlite3.connect(load_config(config_path).database.args["path"]) as db:
+            return db.execute(sql, (arg,)).fetchone()[0]
+    import psycopg2
+
+    conn = psycopg2.connect(**test_db.args)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.replace("?", "%s"), (arg,))
+            return cur.fetchone()[0]
+    finally:
+        conn.close()
+
+
+async def writer_of(room_id: str, test_db: Any, config_path: str) -> str:
+    sql = "SELECT event_writer FROM rooms WHERE room_id = ?"
+    return str(query_database(test_db, config_path, sql, room_id))
+
+
+async def stream_ordering_of(event_id: str, test_db: Any, config_path: str) -> int:
+    sql = "SELECT stream_ordering FROM events WHERE event_id = ?"
+    return int(query_database(test_db, config_path, sql, event_id))
