@@ -13,8 +13,9 @@ events writer was added or retired learn of the change here, from the
 * the main process retires a writer (``retire_events_writer``) by updating the
   table and announcing it on the caches stream: each process reads the table
   again, reads the rest of the retired writer's rows, and stops tracking it;
-* a process that cannot connect to another reads the table again before
-  retrying (the other may have restarted with another address).
+* a process that cannot connect to another reads the table again and retries
+  at the address the other recorded, if it differs from the config's (the
+  other may have restarted on another port).
 
 See docs/workers.md, "Adding and removing events writers".
 """
@@ -109,13 +110,23 @@ class InstanceDirectory:
         """Whether the config or the table knows a process of this name."""
         return instance_name in self._records or instance_name in self._config.instance_names()
 
-    def location_of(self, instance_name: str) -> InstanceLocation:
-        """Where ``instance_name`` answers internal HTTP requests: as it recorded
-        at its last start, else as the config says. ``KeyError`` if neither knows."""
+    def locations_of(self, instance_name: str) -> list[InstanceLocation]:
+        """Where ``instance_name`` may answer internal HTTP requests, best
+        first: as the config says, then as it recorded at its last start (a
+        process added, or moved to another port, since this one started).
+        ``KeyError`` if neither knows."""
+        found = []
+        if instance_name in self._config.instance_map:
+            found.append(self._config.instance_map[instance_name])
         record = self._records.get(instance_name)
-        if record is not None and record.location is not None:
-            return record.location
-        return self._config.location_of(instance_name)
+        if record is not None and record.location is not None and record.location not in found:
+            found.append(record.location)
+        if not found:
+            raise KeyError(
+                f"{instance_name!r} has no listener with the 'replication' resource in the"
+                " config, and has not recorded one in the instances table"
+            )
+        return found
 
     # Changes
 

@@ -8,8 +8,10 @@ from typing import Any
 from twisted.internet import protocol, reactor
 
 from synapse_lite.api.errors import SynapseError
+from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.replication.http.instances import RetireEventsWriterEndpoint
 from synapse_lite.server import HomeServer
+from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.util import id_generators
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 from tests.replication.test_handler import eventually, message
@@ -58,8 +60,8 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
                 what=f"{hs.instance_name} to learn of persister3",
             )
             self.assertEqual(
-                hs.instance_directory.location_of("persister3"),
-                p3.config.location_of("persister3"),
+                hs.instance_directory.locations_of("persister3"),
+                [p3.config.location_of("persister3")],
             )
         with self.assertRaises(KeyError):
             main.config.location_of("persister3")  # only the table knew it
@@ -139,7 +141,7 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         main = servers["main"]
         endpoint = RetireEventsWriterEndpoint(main)
         # Something answers where persister2 listens: it is still running.
-        location = main.instance_directory.location_of("persister2")
+        [location] = main.instance_directory.locations_of("persister2")
         factory = protocol.ServerFactory()
         factory.protocol = protocol.Protocol
         port = reactor.listenTCP(location.port, factory, interface=location.host)
@@ -156,3 +158,18 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         # persister1 heard and forgot persister2 before the test ends.
         p1_positions = servers["persister1"].datastore._stream_id_gen.get_positions
         await eventually(lambda: "persister2" not in p1_positions(), what="persister1 to forget")
+
+    async def test_a_process_moved_since_is_tried_where_it_recorded(self) -> None:
+        servers = self.start(["persister1"], ["persister1"], "main")
+        main = servers["main"]
+        configured = main.config.location_of("persister1")
+        moved = InstanceLocation("127.0.0.1", configured.port + 100)
+
+        def record_move(txn: Any) -> None:
+            InstancesWorkerStore.record_instance_txn(txn, "persister1", moved, True)
+
+        await main.datastore.db_pool.runInteraction("move", record_move)
+        await main.instance_directory.refresh()
+        self.assertEqual(main.instance_directory.locations_of("persister1"), [configured, moved])
+        with self.assertRaises(KeyError):
+            main.instance_directory.locations_of("nobody")

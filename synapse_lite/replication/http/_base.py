@@ -126,14 +126,16 @@ class ReplicationClient:
         delay = 0.2
         for attempt in range(1, attempts + 1):
             try:
-                location = directory.location_of(instance_name)
+                locations = directory.locations_of(instance_name)
             except KeyError as e:
                 # Perhaps a process added since this one started: look again.
                 await directory.refresh()
                 try:
-                    location = directory.location_of(instance_name)
+                    locations = directory.locations_of(instance_name)
                 except KeyError:
                     raise ReplicationClientError(instance_name, str(e.args[0])) from None
+            # After a refused connection, the next address it may be at.
+            location = locations[(attempt - 1) % len(locations)]
             url = f"{location.base_url}{PREFIX}/{endpoint}"
             try:
                 response = await self._treq.post(
@@ -153,7 +155,7 @@ class ReplicationClient:
                     ) from e
                 await self._hs.clock.sleep(delay)
                 delay *= 2
-                # It may have restarted with another address.
+                # It may have restarted on another port: see what it recorded.
                 await directory.refresh()
             except Exception as e:
                 raise ReplicationClientError(

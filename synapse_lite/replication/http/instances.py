@@ -74,16 +74,17 @@ class RetireEventsWriterEndpoint(ReplicationEndpoint):
                 Codes.UNKNOWN,
             )
         try:
-            location = self.hs.instance_directory.location_of(name)
+            locations = self.hs.instance_directory.locations_of(name)
         except KeyError:
             return
-        if await self._answers(location):
-            raise SynapseError(
-                409,
-                f"{name} still answers at {location.host}:{location.port}: stop it first, so"
-                " that it finishes the events it is persisting",
-                Codes.UNKNOWN,
-            )
+        for location in locations:
+            if await self._answers(location):
+                raise SynapseError(
+                    409,
+                    f"{name} still answers at {location.host}:{location.port}: stop it first,"
+                    " so that it finishes the events it is persisting",
+                    Codes.UNKNOWN,
+                )
 
     async def _answers(self, location: InstanceLocation) -> bool:
         endpoint = HostnameEndpoint(
