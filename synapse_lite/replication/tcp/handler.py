@@ -93,6 +93,10 @@ class ReplicationDataHandler:
             except Exception:
                 logger.exception("Handling %s rows from %s failed", stream_name, instance_name)
         self._store.process_replication_position(stream_name, instance_name, token)
+        if rows:
+            stream = self._hs.replication.streams.get(stream_name)
+            if isinstance(stream, StreamFromIdGen):
+                stream.row_received(instance_name, token)
         self._hs.notifier.on_new_replication_data(stream_name, instance_name, token, rows)
         self._resolve_waiters(stream_name, instance_name)
 

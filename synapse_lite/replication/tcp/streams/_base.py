@@ -113,6 +113,11 @@ class StreamFromIdGen(Stream):
     def can_discard_position(self, instance_name: str, prev_token: int, new_token: int) -> bool:
         return new_token <= self.current_token(instance_name)
 
+    def row_received(self, instance_name: str, token: int) -> None:
+        """A row of ``instance_name`` at ``token`` arrived: that id is finished
+        (a POSITION's token need not be; see ``advance_past_row``)."""
+        self.id_gen.advance_past_row(instance_name, token)
+
 
 def no_update_function(stream_name: str) -> UpdateFunction:
     """For a stream whose rows this process cannot read (it is not the writer

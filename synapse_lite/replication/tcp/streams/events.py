@@ -142,6 +142,9 @@ class BackfillStream(StreamFromIdGen):
     def minimal_local_current_token(self) -> int:
         return -self.id_gen.get_minimal_local_current_token()
 
+    def row_received(self, instance_name: str, token: int) -> None:
+        self.id_gen.advance_past_row(instance_name, -token)
+
     async def _update_function(
         self, instance_name: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[Updates, int, bool]:
