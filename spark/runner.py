@@ -94,7 +94,7 @@ def _session(
         yield spark
         return
     with progress.step(f"started Spark ({options.master})"):
-        session = start_session(
+        session, started = start_session(
             options.master,
             jars,
             {"spark.sql.shuffle.partitions": str(max(1, options.partitions))},
@@ -102,7 +102,8 @@ def _session(
     try:
         yield session
     finally:
-        session.stop()
+        if started:
+            session.stop()
 
 
 def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> AuditReport:

@@ -43,8 +43,9 @@ def start_session(
     jars: list[str],
     conf: dict[str, str] | None = None,
     app_name: str = "synapse-lite-audit",
-) -> Any:
-    """A new (or the process's existing) SparkSession on ``master``."""
+) -> tuple[Any, bool]:
+    """A SparkSession on ``master``, and whether it was started here (False:
+    the process already had one, which its owner will stop)."""
     prepare_environment()
     try:
         from pyspark.sql import SparkSession
@@ -63,9 +64,10 @@ def start_session(
         builder = builder.config("spark.jars", ",".join(jars))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
+    existing = SparkSession.getActiveSession()
     try:
         spark = builder.getOrCreate()
     except Exception as e:
         raise SparkUnavailable(f"Spark failed to start on {master}: {e}") from e
     spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return spark, existing is None
