@@ -14,37 +14,45 @@ from spark.frames import Frames, as_findings, summarise
 
 
 def ids_per_stream(frames: Frames) -> Any:
-    """One row per (stream, id): ``own`` rows of tables with ids of their own,
-    and the smallest and largest instance that used the id."""
+    """One row per (stream, bucket, id): its ``rows``, ``own`` rows (of tables
+    whose rows have ids of their own), and the first and last (by name)
+    instance and table that used it.
+
+    The one big shuffle of the audit: rows are partitioned by (stream, bucket),
+    which also serves every window over a bucket downstream. The caller
+    persists the result: several checks read it."""
     from pyspark.sql import functions as F
 
-    return frames.rows.groupBy("stream", "id").agg(
+    by_bucket = frames.rows.repartition(frames.partitions, "stream", "bucket")
+    return by_bucket.groupBy("stream", "bucket", "id").agg(
+        F.count(F.lit(1)).alias("rows"),
         F.sum(F.when(F.col("shares"), 0).otherwise(1)).alias("own"),
         F.min("instance").alias("first_instance"),
         F.max("instance").alias("last_instance"),
+        F.min("table").alias("first_table"),
+        F.max("table").alias("last_table"),
     )
 
 
-def duplicate_ids(frames: Frames, per_id: Any) -> Any:
+def duplicate_ids(per_id: Any) -> Any:
     """An id on two rows of tables whose rows each have their own id, or used
-    by two instances at all (the seed notes' account-data bug)."""
+    by two instances at all (the seed notes' account-data bug). ``writer``
+    names the instance, or the first and last by name when several used it."""
     from pyspark.sql import functions as F
 
     reused = per_id.filter(
         (F.col("own") > 1) | (F.col("first_instance") != F.col("last_instance"))
-    ).select("stream", "id")
-    per_dup = (
-        frames.rows.join(reused, ["stream", "id"])
-        .groupBy("stream", "id")
-        .agg(
-            F.sort_array(F.collect_set("instance")).alias("instances"),
-            F.sort_array(F.collect_set("table")).alias("tables"),
-            F.count(F.lit(1)).alias("rows"),
-        )
-        .withColumn("writer", F.array_join("instances", ","))
+    ).select(
+        "stream",
+        "id",
+        "rows",
+        F.array_distinct(F.array("first_table", "last_table")).alias("tables"),
+        F.array_join(F.array_distinct(F.array("first_instance", "last_instance")), ",").alias(
+            "writer"
+        ),
     )
     summary = summarise(
-        per_dup,
+        reused,
         ["stream", "writer"],
         F.struct("id", "tables", "rows"),
         {"tables": F.collect_set("tables")},
@@ -122,25 +130,23 @@ def row_faults(frames: Frames, live: bool) -> Any:
     )
 
 
-def gaps(frames: Frames, per_id: Any, failed_ids: Any | None, bucket_size: int) -> Any:
+def gaps(frames: Frames, per_id: Any, failed_ids: Any | None) -> Any:
     """Information: ids the sequence handed out that no row carries (failed
     transactions), as ranges. ``failed_ids`` (stream, id) from the position
     logs says how many of them are logged failures.
 
-    No window spans a stream: ids are cut into buckets of ``bucket_size``
-    consecutive ids; a window inside each bucket finds the gaps there, and the
-    largest id of the bucket before (from the small per-bucket aggregate)
-    finds a gap across the boundary.
+    No window spans a stream: a window inside each bucket of consecutive ids
+    finds the gaps there, and the largest id of the bucket before (from the
+    small per-bucket aggregate) finds a gap across the boundary.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     seq = F.broadcast(frames.streams.select("stream", "last_value"))
     ids = (
-        per_id.select("stream", "id")
+        per_id.select("stream", "bucket", "id")
         .join(seq, "stream")
         .filter(F.col("id") <= F.col("last_value"))
-        .withColumn("bucket", F.floor(F.col("id") / bucket_size))
     )
     buckets = ids.groupBy("stream", "bucket").agg(F.max("id").alias("top"))
     before = buckets.select(

@@ -30,6 +30,8 @@ from synapse_lite.storage.stream_ids import StreamTable
 
 #: Rows per fetch and per Parquet row group.
 CHUNK_ROWS = 200_000
+#: Rows per Parquet file: files are Spark's unit of parallel reading.
+FILE_ROWS = 1_000_000
 
 ROW_SCHEMA = pa.schema([("table", pa.string()), ("instance", pa.string()), ("id", pa.int64())])
 MANIFEST = "manifest.json"
@@ -42,7 +44,7 @@ class Snapshot:
     directory: str
     database: str
     taken_at_ms: int
-    table_files: dict[str, str]
+    table_files: dict[str, list[str]]
     table_rows: dict[str, int]
     stream_positions: tuple[tuple[str, str, int], ...]
     sequences: dict[str, int]
@@ -84,11 +86,23 @@ def _chunks(
 
 
 def _export_table(
-    db_conn: LoggingDatabaseConnection, txn: LoggingTransaction, table: StreamTable, path: str
-) -> int:
+    db_conn: LoggingDatabaseConnection,
+    txn: LoggingTransaction,
+    table: StreamTable,
+    directory: str,
+) -> tuple[list[str], int]:
+    """Write ``table`` as Parquet files of at most :data:`FILE_ROWS` rows."""
+    os.makedirs(directory, exist_ok=True)
+    files: list[str] = []
     count = 0
-    with pq.ParquetWriter(path, ROW_SCHEMA) as writer:
+    writer: pq.ParquetWriter | None = None
+    try:
         for rows in _chunks(db_conn, txn, table):
+            if writer is None or count >= len(files) * FILE_ROWS:
+                if writer is not None:
+                    writer.close()
+                files.append(os.path.join(directory, f"part-{len(files):05d}.parquet"))
+                writer = pq.ParquetWriter(files[-1], ROW_SCHEMA)
             instances, ids = zip(*rows, strict=True)
             # Parquet stores the repeated name once per row group (dictionary).
             columns = [
@@ -98,28 +112,34 @@ def _export_table(
             ]
             writer.write_table(pa.table(columns, schema=ROW_SCHEMA))
             count += len(rows)
-    return count
+    finally:
+        if writer is not None:
+            writer.close()
+    if not files:  # an empty table still has its schema
+        files.append(os.path.join(directory, "part-00000.parquet"))
+        pq.write_table(ROW_SCHEMA.empty_table(), files[0])
+    return files, count
 
 
 def export_snapshot(
     engine: BaseDatabaseEngine, catalog: AuditCatalog, directory: str, progress: Progress
 ) -> Snapshot:
     """Write the catalog's tables, ``stream_positions`` and sequences to ``directory``."""
-    os.makedirs(os.path.join(directory, "tables"), exist_ok=True)
     db_conn = open_read_only(engine)
     try:
         with db_conn.transaction("audit_export", read_only=True) as txn:
             taken_at_ms = int(time.time() * 1000)
             positions = read_stream_positions(txn)
             sequences = read_sequences(txn, engine, catalog.sequences())
-            files: dict[str, str] = {}
+            files: dict[str, list[str]] = {}
             counts: dict[str, int] = {}
             with progress.step(f"exported {len(catalog.tables())} tables") as step:
                 for table in catalog.tables():
-                    path = os.path.join(directory, "tables", f"{table.table}.parquet")
+                    path = os.path.join(directory, "tables", table.table)
                     started = time.monotonic()
-                    counts[table.table] = _export_table(db_conn, txn, table, path)
-                    files[table.table] = path
+                    files[table.table], counts[table.table] = _export_table(
+                        db_conn, txn, table, path
+                    )
                     if time.monotonic() - started > 2:  # only tables worth watching
                         progress.line(f"exported {table.table}: {counts[table.table]:,} rows")
                 step.rows = sum(counts.values())

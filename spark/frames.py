@@ -28,7 +28,9 @@ FINDING_COLUMNS = ["severity", "kind", "stream", "writer", "count", "ids", "samp
 class Frames:
     """The inputs of the checks.
 
-    ``rows``: stream, table, shares (the table's ``shares_ids``), instance, id.
+    ``rows``: stream, table, shares (the table's ``shares_ids``), instance, id,
+    and bucket: ``id // bucket_size``, consecutive ids cut into a few thousand
+    ranges that the id-level checks partition by.
     ``streams``: stream, sequence, last_value, writers (comma-joined).
     ``writers``: stream, instance, keeps (the stream keeps ``stream_positions``).
     ``stored``: stream, instance, stored (the ``stream_positions`` value).
@@ -38,9 +40,16 @@ class Frames:
     streams: Any
     writers: Any
     stored: Any
+    bucket_size: int
+    #: A bucket above every id: where positions beyond all ids go.
+    top_bucket: int
+    partitions: int
 
 
-def build_frames(spark: Any, data: AuditData, catalog: AuditCatalog) -> Frames:
+def build_frames(
+    spark: Any, data: AuditData, catalog: AuditCatalog, largest_id: int, buckets: int
+) -> Frames:
+    """The checks' inputs; ``largest_id`` (at least) is cut into ``buckets``."""
     from pyspark.sql import functions as F
 
     # Which stream each table's rows belong to, by the sign of their id.
@@ -51,15 +60,14 @@ def build_frames(spark: Any, data: AuditData, catalog: AuditCatalog) -> Frames:
     placed = data.rows.join(F.broadcast(placement), "table").filter(
         F.when(F.col("positive"), F.col("id") > 0).otherwise(F.col("id") < 0)
     )
-    # Partitioned by (stream, id) once: the per-id aggregate needs no further
-    # shuffle, and a table read as one split is spread over the cluster.
+    bucket_size = max(1, -(-(largest_id + 1) // buckets))
     rows = placed.select(
         "stream",
         "table",
         "shares",
         F.coalesce(F.col("instance"), F.lit("")).alias("instance"),
         F.abs(F.col("id")).alias("id"),
-    ).repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), "stream", "id")
+    ).withColumn("bucket", F.floor(F.col("id") / bucket_size))
     streams = spark.createDataFrame(
         [
             (s.name, s.sequence, int(data.sequences[s.sequence]), ",".join(s.writers))
@@ -76,7 +84,15 @@ def build_frames(spark: Any, data: AuditData, catalog: AuditCatalog) -> Frames:
         [(s, i, abs(p)) for s, i, p in data.stream_positions if s in names],
         "stream STRING, instance STRING, stored LONG",
     )
-    return Frames(rows=rows, streams=streams, writers=writers, stored=stored)
+    return Frames(
+        rows=rows,
+        streams=streams,
+        writers=writers,
+        stored=stored,
+        bucket_size=bucket_size,
+        top_bucket=largest_id // bucket_size + 1,
+        partitions=int(spark.conf.get("spark.sql.shuffle.partitions")),
+    )
 
 
 def summarise(

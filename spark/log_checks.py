@@ -14,23 +14,21 @@ record is treated as never finished, but only when the logs hold finished
 records of its writer for the stream and the id is not below the first of them
 (ids before logging started are not judged).
 
-To stay exact without a range join, ids and positions are put in buckets of
-consecutive ids. For each id, the earliest record covering it is the earlier of
-(a) the earliest record at or above it in its own bucket (a window inside the
-bucket) and (b) the earliest record in any higher bucket (a suffix over the
-small per-bucket aggregate).
+To stay exact without a range join, ids and positions are put in the buckets
+of consecutive ids the rows are partitioned by (:mod:`spark.frames`). For each
+id, the earliest record covering it is the earlier of (a) the earliest record
+at or above it in its own bucket (a window inside the bucket) and (b) the
+earliest record in any higher bucket (a suffix over the small per-bucket
+aggregate).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from spark.frames import as_findings, summarise
+from spark.frames import Frames, as_findings, summarise
 from spark.logs import STREAM_WIDE, PositionLogs
 
-#: Buckets an id space is cut into: enough for parallelism, few enough that
-#: the per-bucket aggregate stays small.
-BUCKETS = 2048
 _NEVER = 2**63 - 1  # the finish time of an id that never finished
 
 
@@ -67,16 +65,14 @@ def id_finishes(per_id: Any, logs: PositionLogs) -> Any:
     )
 
 
-def positions_before_finish(spark: Any, rows: Any, per_id: Any, logs: PositionLogs) -> Any:
+def positions_before_finish(spark: Any, frames: Frames, per_id: Any, logs: PositionLogs) -> Any:
     """Findings ``position_before_finish``: covered ids that finished after the
     position was handed out, grouped by stream, the id's writer, the position's
     writer and the process that handed out the earliest covering position."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    size = max(1, -(-(logs.largest_value + 1) // BUCKETS))
-    top = logs.largest_value // size + 1  # positions above every id share one bucket
-
+    size, top = frames.bucket_size, frames.top_bucket
     ids = id_finishes(per_id, logs)
     # Each id is judged against its writer's positions and stream-wide ones.
     judged = ids.withColumn("group", F.col("writer")).unionByName(
@@ -128,7 +124,9 @@ def positions_before_finish(spark: Any, rows: Any, per_id: Any, logs: PositionLo
         .withColumnRenamed("value", "id")
     )
     tables = (
-        rows.join(violations.select("stream", "id").distinct(), ["stream", "id"], "left_semi")
+        frames.rows.join(
+            violations.select("stream", "id").distinct(), ["stream", "id"], "left_semi"
+        )
         .groupBy("stream", "id")
         .agg(F.sort_array(F.collect_set("table")).alias("tables"))
     )

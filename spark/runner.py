@@ -145,7 +145,7 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
                 data = snapshot_source(session, snapshot)
             with progress.watch_spark(session):
                 streams, findings, info = collect_results(
-                    session, data, catalog, logs, options.live, progress, stack
+                    session, data, catalog, logs, options.live, progress
                 )
     except (DatabaseUnavailable, SparkUnavailable, FileNotFoundError) as e:
         raise AuditError(str(e)) from e

@@ -43,7 +43,7 @@ class AuditData:
 
 def snapshot_source(spark: Any, snapshot: Snapshot) -> AuditData:
     """Read an exported snapshot."""
-    files = list(snapshot.table_files.values())
+    files = [path for paths in snapshot.table_files.values() for path in paths]
     rows = spark.read.schema("table STRING, instance STRING, id LONG").parquet(*files)
     return AuditData(
         rows=rows,
@@ -64,9 +64,11 @@ def jdbc_source(
     spark: Any, engine: BaseDatabaseEngine, catalog: AuditCatalog, partitions: int
 ) -> Iterator[AuditData]:
     """Read the tables over JDBC (the driver jar must be in ``spark.jars``)."""
+    from pyspark import StorageLevel
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
+    rows = None
     if engine.name != "postgres":
         raise ValueError("the JDBC route reads PostgreSQL only")
     db_conn = open_read_only(engine)
@@ -111,12 +113,19 @@ def jdbc_source(
                     properties=properties,
                 )
                 parts.append(part.select(F.lit(table.table).alias("table"), "instance", "id"))
+            # Every check reads the rows: keep them rather than query the
+            # database once per check (spilled to local disk when large).
+            rows = functools.reduce(DataFrame.unionByName, parts).persist(
+                StorageLevel.MEMORY_AND_DISK
+            )
             yield AuditData(
-                rows=functools.reduce(DataFrame.unionByName, parts),
+                rows=rows,
                 stream_positions=tuple(positions),
                 sequences=sequences,
                 database=engine.describe(),
                 route="jdbc",
             )
     finally:
+        if rows is not None:
+            rows.unpersist()
         db_conn.close()

@@ -1,29 +1,49 @@
 """Run every check and bring the small results to the driver.
 
-Three collects in all, each bounded by the number of streams, writers and
-faults, never by the number of rows: the per-writer aggregates, the
-persisted-up-to positions (with logs), and the union of every check's
-findings.
+One collect holds everything (two with position logs), bounded by the number
+of streams, writers and faults, never by the number of rows: the per-writer
+totals and the union of every check's findings.
 """
 
 from __future__ import annotations
 
 import functools
-from contextlib import ExitStack
 from typing import Any
-
-import attr
 
 from spark import checks, log_checks
 from spark.catalog import AuditCatalog
-from spark.frames import FINDING_COLUMNS, build_frames
+from spark.frames import Frames, build_frames
 from spark.logs import PositionLogs
 from spark.model import FINDING, INFO, Finding, StreamSummary, WriterSummary, describe
 from spark.progress import Progress
 from spark.sources import AuditData
 
-#: Buckets of consecutive ids the gap search works in (per stream).
-GAP_BUCKETS = 2048
+#: Buckets the id space is cut into: enough for parallelism, few enough that
+#: per-bucket aggregates stay small.
+BUCKETS = 2048
+#: The severity marking per-writer totals in the collected rows.
+_WRITER_ROWS = "writer_rows"
+
+
+def _per_writer(frames: Frames) -> Any:
+    """Rows and largest id per stream and instance, shaped like the findings
+    so that they come back in the same collect (``ids`` holds the largest)."""
+    from pyspark.sql import functions as F
+
+    return (
+        frames.rows.groupBy("stream", "instance")
+        .agg(F.count(F.lit(1)).alias("count"), F.max("id").alias("largest"))
+        .select(
+            F.lit(_WRITER_ROWS).alias("severity"),
+            F.lit("rows").alias("kind"),
+            "stream",
+            F.col("instance").alias("writer"),
+            "count",
+            F.array("largest").alias("ids"),
+            F.lit("[]").alias("samples"),
+            F.lit("{}").alias("details"),
+        )
+    )
 
 
 def _ahead_of_sequence(data: AuditData, catalog: AuditCatalog) -> list[Finding]:
@@ -75,7 +95,7 @@ def _summaries(
     stored = {(s, i): abs(p) for s, i, p in data.stream_positions}
     result = []
     for stream in catalog.streams:
-        mine = {r["instance"]: r for r in per_writer if r["stream"] == stream.name}
+        mine = {r["writer"]: r for r in per_writer if r["stream"] == stream.name}
         names = list(stream.writers) if stream.keeps_positions else []
         names += sorted(
             n for n in set(mine) | {i for s, i in stored if s == stream.name} if n not in names
@@ -83,8 +103,8 @@ def _summaries(
         writers = tuple(
             WriterSummary(
                 writer=name,
-                rows=int(mine[name]["rows"]) if name in mine else 0,
-                largest_id=int(mine[name]["largest"]) if name in mine else None,
+                rows=int(mine[name]["count"]) if name in mine else 0,
+                largest_id=int(mine[name]["ids"][0]) if name in mine else None,
                 stored_position=stored.get((stream.name, name)),
                 configured=name in stream.writers,
             )
@@ -111,43 +131,53 @@ def collect_results(
     logs: PositionLogs | None,
     live: bool,
     progress: Progress,
-    stack: ExitStack,
 ) -> tuple[list[StreamSummary], list[Finding], list[Finding]]:
     """Streams summaries, findings and information, each list sorted."""
     from pyspark import StorageLevel
+
+    largest = max([*data.sequences.values(), logs.largest_value if logs else 0])
+    frames = build_frames(spark, data, catalog, largest, BUCKETS)
+    # Read by several checks: computed once, spilled to local disk if large.
+    per_id = checks.ids_per_stream(frames).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _collect(spark, data, catalog, logs, live, progress, frames, per_id)
+    finally:
+        per_id.unpersist()
+
+
+def _collect(
+    spark: Any,
+    data: AuditData,
+    catalog: AuditCatalog,
+    logs: PositionLogs | None,
+    live: bool,
+    progress: Progress,
+    frames: Frames,
+    per_id: Any,
+) -> tuple[list[StreamSummary], list[Finding], list[Finding]]:
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
-    frames = build_frames(spark, data, catalog)
-    # Read the tables once (from Parquet or over JDBC); spills to disk if large.
-    rows = frames.rows.persist(StorageLevel.MEMORY_AND_DISK)
-    stack.callback(rows.unpersist)
-    frames = attr.evolve(frames, rows=rows)
-    with progress.step("loaded and aggregated rows per writer") as step:
-        per_writer = (
-            rows.groupBy("stream", "instance")
-            .agg(F.count(F.lit(1)).alias("rows"), F.max("id").alias("largest"))
-            .collect()
-        )
-        step.rows = sum(int(r["rows"]) for r in per_writer)
-
-    per_id = checks.ids_per_stream(frames).persist(StorageLevel.MEMORY_AND_DISK)
-    stack.callback(per_id.unpersist)
     parts = [
-        checks.duplicate_ids(frames, per_id),
+        _per_writer(frames),
+        checks.duplicate_ids(per_id),
         checks.row_faults(frames, live),
     ]
     failed = None
     persisted: dict[str, int] = {}
     if logs is not None and logs.streams:
         failed = logs.finished.filter(~F.col("committed")).select("stream", "id")
-        parts.append(log_checks.positions_before_finish(spark, rows, per_id, logs))
+        parts.append(log_checks.positions_before_finish(spark, frames, per_id, logs))
         with progress.step("reproduced persisted-up-to positions from the logs"):
             persisted = log_checks.persisted_upto(per_id, frames.streams, logs)
-    largest = max(data.sequences.values(), default=0)
-    parts.append(checks.gaps(frames, per_id, failed, max(1, -(-largest // GAP_BUCKETS))))
-    with progress.step("ran the checks"):
-        found = functools.reduce(DataFrame.unionByName, parts).select(*FINDING_COLUMNS).collect()
+    parts.append(checks.gaps(frames, per_id, failed))
+    # One job: Spark reads each input once per branch and shares the per-id
+    # shuffle between the branches that use it.
+    with progress.step("ran the checks") as step:
+        collected = functools.reduce(DataFrame.unionByName, parts).collect()
+        per_writer = [r for r in collected if r["severity"] == _WRITER_ROWS]
+        found = [r for r in collected if r["severity"] != _WRITER_ROWS]
+        step.rows = sum(int(r["count"]) for r in per_writer)
 
     results = [Finding.from_row(r) for r in found] + _ahead_of_sequence(data, catalog)
     if logs is not None:

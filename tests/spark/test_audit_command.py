@@ -150,7 +150,9 @@ class AuditDatabaseTestCase(unittest.TestCase):
         self.assertIn("audit: exported 11 tables: 4 rows", run.err)
         # A snapshot directory given on the command line is kept (manifest and Parquet).
         self.assertTrue(os.path.exists(os.path.join(snapshot, "manifest.json")))
-        self.assertTrue(os.path.exists(os.path.join(snapshot, "tables", "events.parquet")))
+        self.assertTrue(
+            os.path.exists(os.path.join(snapshot, "tables", "events", "part-00000.parquet"))
+        )
 
     def test_jdbc_route(self) -> None:
         if self.hs.engine.name != "postgres":
