@@ -1,9 +1,9 @@
 """The checks that need only the database: ids, sequences and stored positions.
 
 Each function returns a DataFrame of :data:`spark.frames.FINDING_COLUMNS`.
-Everything that touches rows runs on the executors: group-bys, anti-joins and
-joins with small broadcast tables. No window spans a whole stream (gaps are
-found inside buckets of consecutive ids), so the job scales out.
+Everything that touches rows runs on the executors: one ordered pass over
+buckets of consecutive ids, group-bys, and joins with small broadcast tables.
+No window spans a whole stream, so the job scales out.
 """
 
 from __future__ import annotations
@@ -13,46 +13,78 @@ from typing import Any
 from spark.frames import Frames, as_findings, summarise
 
 
-def ids_per_stream(frames: Frames) -> Any:
-    """One row per (stream, bucket, id): its ``rows``, ``own`` rows (of tables
-    whose rows have ids of their own), and the first and last (by name)
-    instance and table that used it.
-
-    The one big shuffle of the audit: rows are partitioned by (stream, bucket),
-    which also serves every window over a bucket downstream. The caller
-    persists the result: several checks read it."""
+def _repeats(other: str, frames_order: Any) -> Any:
+    """The row repeats the id of its neighbour (``lag`` or ``lead``): both rows
+    have ids of their own, or two instances used the id."""
     from pyspark.sql import functions as F
 
-    by_bucket = frames.rows.repartition(frames.partitions, "stream", "bucket")
-    return by_bucket.groupBy("stream", "bucket", "id").agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(F.col("shares"), 0).otherwise(1)).alias("own"),
-        F.min("instance").alias("first_instance"),
-        F.max("instance").alias("last_instance"),
-        F.min("table").alias("first_table"),
-        F.max("table").alias("last_table"),
+    def near(column: str) -> Any:
+        return getattr(F, other)(column).over(frames_order)
+
+    return (near("id") == F.col("id")) & (
+        (~F.col("shares") & ~near("shares")) | (near("instance") != F.col("instance"))
     )
 
 
-def duplicate_ids(per_id: Any) -> Any:
-    """An id on two rows of tables whose rows each have their own id, or used
-    by two instances at all (the seed notes' account-data bug). ``writer``
-    names the instance, or the first and last by name when several used it."""
+def id_marks(frames: Frames) -> Any:
+    """The rows that repeat an id or follow a hole, from one ordered pass.
+
+    The audit's one big shuffle: rows are partitioned by (stream, bucket) and
+    sorted by id, with a row's own-id rows first and then by instance, so two
+    rows of one id that conflict are always neighbours. Columns: stream,
+    bucket, id, table, instance, ``previous`` (the id before, within the
+    bucket), ``repeated``. The result is small (faults and one row per
+    bucket), kept for the checks that read it."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    reused = per_id.filter(
-        (F.col("own") > 1) | (F.col("first_instance") != F.col("last_instance"))
-    ).select(
-        "stream",
-        "id",
-        "rows",
-        F.array_distinct(F.array("first_table", "last_table")).alias("tables"),
-        F.array_join(F.array_distinct(F.array("first_instance", "last_instance")), ",").alias(
-            "writer"
-        ),
+    order = Window.partitionBy("stream", "bucket").orderBy("id", "shares", "instance")
+    previous = F.lag("id").over(order)
+    return (
+        frames.rows.repartition(frames.partitions, "stream", "bucket")
+        .select(
+            "stream",
+            "bucket",
+            "id",
+            "table",
+            "instance",
+            previous.alias("previous"),
+            (_repeats("lag", order) | _repeats("lead", order)).alias("repeated"),
+        )
+        .filter(
+            F.col("repeated") | F.col("previous").isNull() | (F.col("id") - F.col("previous") > 1)
+        )
+        .localCheckpoint(eager=True)
+    )
+
+
+def ids_per_stream(frames: Frames) -> Any:
+    """One row per (stream, bucket, id) with the first instance (by name) that
+    used it; for the position-log checks."""
+    from pyspark.sql import functions as F
+
+    return frames.rows.groupBy("stream", "bucket", "id").agg(
+        F.min("instance").alias("first_instance")
+    )
+
+
+def duplicate_ids(marks: Any) -> Any:
+    """An id on two rows of tables whose rows each have their own id, or used
+    by two instances at all (the seed notes' account-data bug)."""
+    from pyspark.sql import functions as F
+
+    per_dup = (
+        marks.filter("repeated")
+        .groupBy("stream", "id")
+        .agg(
+            F.sort_array(F.collect_set("instance")).alias("instances"),
+            F.sort_array(F.collect_set("table")).alias("tables"),
+            F.count(F.lit(1)).alias("rows"),
+        )
+        .withColumn("writer", F.array_join("instances", ","))
     )
     summary = summarise(
-        reused,
+        per_dup,
         ["stream", "writer"],
         F.struct("id", "tables", "rows"),
         {"tables": F.collect_set("tables")},
@@ -130,36 +162,38 @@ def row_faults(frames: Frames, live: bool) -> Any:
     )
 
 
-def gaps(frames: Frames, per_id: Any, failed_ids: Any | None) -> Any:
+def gaps(frames: Frames, marks: Any, failed_ids: Any | None) -> Any:
     """Information: ids the sequence handed out that no row carries (failed
     transactions), as ranges. ``failed_ids`` (stream, id) from the position
     logs says how many of them are logged failures.
 
-    No window spans a stream: a window inside each bucket of consecutive ids
-    finds the gaps there, and the largest id of the bucket before (from the
-    small per-bucket aggregate) finds a gap across the boundary.
+    No window spans a stream: :func:`id_marks` finds the holes inside each
+    bucket of consecutive ids, and the largest id of the bucket before (from
+    the small per-bucket aggregate) closes a hole across a boundary.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     seq = F.broadcast(frames.streams.select("stream", "last_value"))
-    ids = (
-        per_id.select("stream", "bucket", "id")
-        .join(seq, "stream")
+    buckets = (
+        frames.rows.join(seq, "stream")
         .filter(F.col("id") <= F.col("last_value"))
+        .groupBy("stream", "bucket")
+        .agg(F.max("id").alias("top"))
     )
-    buckets = ids.groupBy("stream", "bucket").agg(F.max("id").alias("top"))
     before = buckets.select(
         "stream",
         "bucket",
         F.lag("top").over(Window.partitionBy("stream").orderBy("bucket")).alias("before"),
     )
-    previous = F.lag("id").over(Window.partitionBy("stream", "bucket").orderBy("id"))
     inside = (
-        ids.join(F.broadcast(before), ["stream", "bucket"])
-        .withColumn("previous", F.coalesce(previous, F.col("before"), F.lit(0)))
+        marks.join(seq, "stream")
+        .filter(F.col("id") <= F.col("last_value"))
+        .join(F.broadcast(before), ["stream", "bucket"])
+        .withColumn("previous", F.coalesce("previous", "before", F.lit(0)))
         .filter(F.col("id") - F.col("previous") > 1)
         .select("stream", (F.col("previous") + 1).alias("id"), (F.col("id") - 1).alias("last"))
+        .distinct()  # one hole, however many rows carry the id after it
     )
     # After the largest id: up to the sequence's last value.
     tails = (
@@ -180,8 +214,9 @@ def gaps(frames: Frames, per_id: Any, failed_ids: Any | None) -> Any:
     ranges = summary.withColumnRenamed("count", "ranges").withColumnRenamed("missing", "count")
     details = [F.col("ranges")]
     if failed_ids is not None:
+        present = frames.rows.select("stream", "id")
         failed = (
-            failed_ids.join(per_id.select("stream", "id"), ["stream", "id"], "left_anti")
+            failed_ids.join(present, ["stream", "id"], "left_anti")
             .groupBy("stream")
             .agg(F.count(F.lit(1)).alias("logged_failed"))
         )

@@ -53,14 +53,6 @@ class Snapshot:
         with open(os.path.join(self.directory, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(attr.asdict(self), f, indent=1)
 
-    @classmethod
-    def load(cls, directory: str) -> Snapshot:
-        """A snapshot exported earlier (``--snapshot-dir`` with ``--keep-snapshot``)."""
-        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
-            data: dict[str, Any] = json.load(f)
-        data["stream_positions"] = tuple(tuple(p) for p in data["stream_positions"])
-        return cls(**data)
-
 
 def _chunks(
     db_conn: LoggingDatabaseConnection, txn: LoggingTransaction, table: StreamTable

@@ -39,7 +39,6 @@ class PositionLogs:
     """
 
     paths: tuple[str, ...]
-    parsed: Any  # cached: unpersist when the audit ends
     finished: Any
     positions: Any
     records: int
@@ -81,7 +80,7 @@ def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) ->
         F.when(valid & finished_ok, "finished")
         .when(valid & position_ok, "position")
         .otherwise("malformed"),
-    ).cache()  # read the files once: the stats below and both record kinds use them
+    ).localCheckpoint(eager=True)  # read once: the stats and both kinds use it
     stats = parsed.groupBy("status").agg(
         F.count(F.lit(1)).alias("n"),
         F.max(F.greatest(F.abs("id"), F.abs("position"))).alias("largest"),
@@ -106,7 +105,6 @@ def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) ->
             streams.update(s for s in counts[status]["streams"] if s in stream_names)
     return PositionLogs(
         paths=tuple(paths),
-        parsed=parsed,
         finished=finished,
         positions=positions,
         records=sum(int(r["n"]) for r in counts.values()),

@@ -21,9 +21,9 @@ import attr
 from spark.catalog import build_catalog
 from spark.export import Snapshot, export_snapshot
 from spark.logs import PositionLogs, default_log_paths, load_position_logs
-from spark.model import AuditReport, Finding
+from spark.model import AuditReport
 from spark.progress import Progress
-from spark.readonly import DatabaseUnavailable
+from spark.readonly import DatabaseUnavailable, open_read_only
 from spark.session import SparkUnavailable, start_session
 from spark.sources import AuditData, jdbc_source, snapshot_source
 from spark.summary import collect_results
@@ -123,9 +123,11 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
         progress.line(f"the JDBC jar is for PostgreSQL; exporting the {engine.name} database")
     try:
         with ExitStack() as stack:
+            # The database first: an unreachable one fails before Spark starts.
             snapshot: Snapshot | None = None
-            if not use_jdbc:
-                # Before Spark starts: an unreachable database fails fast.
+            if use_jdbc:
+                open_read_only(engine).close()
+            else:
                 directory = stack.enter_context(_snapshot_dir(options))
                 snapshot = export_snapshot(engine, catalog, directory, progress)
             session = stack.enter_context(
@@ -135,7 +137,6 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             if log_paths:
                 with progress.step(f"read {len(log_paths)} position log(s)"):
                     logs = load_position_logs(session, log_paths, catalog.stream_names())
-                stack.callback(logs.parsed.unpersist)
             if use_jdbc:
                 data: AuditData = stack.enter_context(
                     jdbc_source(session, engine, catalog, max(1, options.partitions))
@@ -169,4 +170,4 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
     )
 
 
-__all__ = ["AuditError", "AuditOptions", "Finding", "run_audit"]
+__all__ = ["AuditError", "AuditOptions", "run_audit"]

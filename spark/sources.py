@@ -8,8 +8,8 @@ The JDBC route reads every table in partitions on its id column, each
 partition on its own connection. They all join one PostgreSQL snapshot,
 exported by the read-only transaction that also reads ``stream_positions`` and
 the sequences (``pg_export_snapshot``), so the result is as consistent as the
-Parquet export. The transaction must stay open until Spark has read the rows:
-use :func:`jdbc_source` as a context manager and materialise the rows inside it.
+Parquet export. The transaction stays open while :func:`jdbc_source`'s context lasts; the rows
+are read, once, before it yields.
 """
 
 from __future__ import annotations
@@ -64,11 +64,9 @@ def jdbc_source(
     spark: Any, engine: BaseDatabaseEngine, catalog: AuditCatalog, partitions: int
 ) -> Iterator[AuditData]:
     """Read the tables over JDBC (the driver jar must be in ``spark.jars``)."""
-    from pyspark import StorageLevel
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
-    rows = None
     if engine.name != "postgres":
         raise ValueError("the JDBC route reads PostgreSQL only")
     db_conn = open_read_only(engine)
@@ -113,11 +111,9 @@ def jdbc_source(
                     properties=properties,
                 )
                 parts.append(part.select(F.lit(table.table).alias("table"), "instance", "id"))
-            # Every check reads the rows: keep them rather than query the
-            # database once per check (spilled to local disk when large).
-            rows = functools.reduce(DataFrame.unionByName, parts).persist(
-                StorageLevel.MEMORY_AND_DISK
-            )
+            # Every check reads the rows: read the database once, now, inside
+            # the snapshot, and keep them (memory, then local disk).
+            rows = functools.reduce(DataFrame.unionByName, parts).localCheckpoint(eager=True)
             yield AuditData(
                 rows=rows,
                 stream_positions=tuple(positions),
@@ -126,6 +122,4 @@ def jdbc_source(
                 route="jdbc",
             )
     finally:
-        if rows is not None:
-            rows.unpersist()
         db_conn.close()

@@ -133,16 +133,12 @@ def collect_results(
     progress: Progress,
 ) -> tuple[list[StreamSummary], list[Finding], list[Finding]]:
     """Streams summaries, findings and information, each list sorted."""
-    from pyspark import StorageLevel
 
     largest = max([*data.sequences.values(), logs.largest_value if logs else 0])
     frames = build_frames(spark, data, catalog, largest, BUCKETS)
-    # Read by several checks: computed once, spilled to local disk if large.
-    per_id = checks.ids_per_stream(frames).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        return _collect(spark, data, catalog, logs, live, progress, frames, per_id)
-    finally:
-        per_id.unpersist()
+    with progress.step("ordered the ids"):
+        marks = checks.id_marks(frames)
+    return _collect(spark, data, catalog, logs, live, progress, frames, marks)
 
 
 def _collect(
@@ -153,24 +149,25 @@ def _collect(
     live: bool,
     progress: Progress,
     frames: Frames,
-    per_id: Any,
+    marks: Any,
 ) -> tuple[list[StreamSummary], list[Finding], list[Finding]]:
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
     parts = [
         _per_writer(frames),
-        checks.duplicate_ids(per_id),
+        checks.duplicate_ids(marks),
         checks.row_faults(frames, live),
     ]
     failed = None
     persisted: dict[str, int] = {}
     if logs is not None and logs.streams:
         failed = logs.finished.filter(~F.col("committed")).select("stream", "id")
+        per_id = checks.ids_per_stream(frames).localCheckpoint(eager=True)
         parts.append(log_checks.positions_before_finish(spark, frames, per_id, logs))
         with progress.step("reproduced persisted-up-to positions from the logs"):
             persisted = log_checks.persisted_upto(per_id, frames.streams, logs)
-    parts.append(checks.gaps(frames, per_id, failed))
+    parts.append(checks.gaps(frames, marks, failed))
     # One job: Spark reads each input once per branch and shares the per-id
     # shuffle between the branches that use it.
     with progress.step("ran the checks") as step:
