@@ -170,8 +170,9 @@ def bench(rows: int, jar: str | None, master: str) -> list[str]:
     sql_total, sql_times = time_sql(args)
     for name, seconds in sql_times.items():
         print(f"  plain SQL {name}: {seconds:.2f} s", flush=True)
-    lines.append(f"{rows:>12,}  plain SQL (PostgreSQL)   {sql_total:7.1f} s  {rows / sql_total:>12,.0f} rows/s")
-    routes = [("parquet export", [])]
+    rate = rows / sql_total
+    lines.append(f"{rows:>12,}  plain SQL (PostgreSQL)   {sql_total:7.1f} s  {rate:>12,.0f} rows/s")
+    routes: list[tuple[str, list[str]]] = [("parquet export", [])]
     if jar:
         routes.append(("JDBC", ["--jdbc-jar", jar]))
     with tempfile.TemporaryDirectory(prefix="synapse_lite_bench_audit_") as directory:
