@@ -237,3 +237,35 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         )
         with self.assertRaises(defer.TimeoutError):
             await d
+
+    async def test_rows_of_every_store_stream_reach_other_processes(self) -> None:
+        """Store update functions return tuples; what goes on the wire must be
+        lists, or the streamer fails to encode RDATA and nothing is sent."""
+        servers = self.start(["persister1"], ["persister1"])
+        main, p1 = servers["main"], servers["persister1"]
+        await eventually(lambda: p1.replication.connected)
+        received: list[tuple[str, Any]] = []
+        for stream in ("receipts", "caches", "device_lists"):
+            p1.replication.data_handler.add_row_hook(
+                stream,
+                lambda instance, token, rows, stream=stream: received.extend(
+                    (stream, r) for r in rows
+                ),
+            )
+        receipt_id = await main.datastore.insert_receipt(
+            "!room:test.local", "m.read", "@alice:test.local", "$event", {"ts": 1}
+        )
+        await main.datastore.register_user("@alice:test.local", None)
+        await main.datastore.add_access_token("@alice:test.local", "DEV", "ab" * 32, None)
+        await main.datastore.delete_access_token("ab" * 32)
+        await p1.replication.data_handler.wait_for_stream_position(
+            "main", "receipts", receipt_id, timeout=5
+        )
+        await eventually(
+            lambda: {s for s, _ in received} == {"receipts", "caches", "device_lists"},
+            what="rows of receipts, caches and device_lists",
+        )
+        rows = dict(received)
+        self.assertEqual(rows["receipts"].event_id, "$event")
+        self.assertEqual(rows["device_lists"].device_id, "DEV")
+        self.assertEqual(rows["caches"].cache_func, "get_user_by_access_token")

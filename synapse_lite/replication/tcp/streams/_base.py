@@ -89,7 +89,12 @@ class Stream:
         how far the returned rows reach."""
         if from_token == upto_token:
             return [], upto_token, False
-        return await self.update_function(instance_name, from_token, upto_token, limit)
+        updates, upto, limited = await self.update_function(
+            instance_name, from_token, upto_token, limit
+        )
+        # Store update functions return rows as tuples; the wire (and every
+        # receiver's parse_row) takes lists.
+        return [(t, list(r) if isinstance(r, tuple) else r) for t, r in updates], upto, limited
 
 
 class StreamFromIdGen(Stream):
