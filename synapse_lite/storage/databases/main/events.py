@@ -53,8 +53,13 @@ class EventsStore(EventsWorkerStore):
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
             if room_id not in depths:
+                # The room's newest event has its greatest depth; reading it
+                # through the (room_id, stream_ordering) index costs the same
+                # however long the room is.
                 txn.execute(
-                    "SELECT MAX(topological_ordering) FROM events WHERE room_id = ?", (room_id,)
+                    "SELECT topological_ordering FROM events WHERE room_id = ?"
+                    " ORDER BY stream_ordering DESC LIMIT 1",
+                    (room_id,),
                 )
                 row = txn.fetchone()
                 depths[room_id] = int(row[0]) if row and row[0] is not None else 0
@@ -134,14 +139,16 @@ class EventsStore(EventsWorkerStore):
         )
         if event.type == "m.room.create" and event.state_key == "":
             txn.execute(
-                "INSERT INTO rooms (room_id, creator, is_public, room_version, creation_ts)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
+                "INSERT INTO rooms (room_id, creator, is_public, room_version, creation_ts,"
+                " event_writer) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
                 (
                     event.room_id,
                     event.sender,
                     False,
                     str(event.content.get("room_version", "10")),
                     event.origin_server_ts,
+                    # The writer persisting the create event owns the room.
+                    self._instance_name,
                 ),
             )
         if event.type == "m.room.join_rules" and event.state_key == "":
