@@ -193,7 +193,7 @@ class SyncTestCase(DatabaseTestCase):
         code, body = await self.bob.request(
             "PUT", f"/presence/{self.bob.user_id}/status", {"presence": "sleepy"}
         )
-        self.assertEqual(code, 400)
+        self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
 
     async def test_concurrent_syncs_are_capped_and_tokens_checked(self) -> None:
         room = await self.shared_room()
