@@ -18,7 +18,8 @@ EXTRAS = {
     "test": [
         "hypothesis>=6.90",
         "matrix-nio>=0.24",
-        "mypy>=1.8",
+        "mypy>=1.8,<2.5",
+        "mypy-zope>=1.0",
         "ruff>=0.4",
         "types-PyYAML",
     ],

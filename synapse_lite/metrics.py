@@ -49,6 +49,11 @@ REPLICATION_BAD_LINES = Counter(
     "Replication lines that could not be parsed, by transport",
     ["transport"],
 )
+REPLICATION_COMMANDS_DROPPED = Counter(
+    "synapse_lite_replication_commands_dropped_total",
+    "Replication commands not sent, by transport and reason (overflow, unencodable, ...)",
+    ["transport", "reason"],
+)
 HTTP_REQUESTS = Counter(
     "synapse_lite_http_requests_total",
     "HTTP requests served, by servlet and response code",

@@ -68,5 +68,5 @@ def run_process(argv: list[str], worker: bool) -> int:
         logger.exception("%s failed to start: %s", name, e)
         hs.shutdown()
         return 1
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.run()
     return 0

@@ -54,8 +54,9 @@ class LimitedRequest(Request):
         self._body_bytes += len(data)
         if self._body_bytes > self.max_body_bytes:
             self.body_too_large = True
-            self.content.seek(0)
-            self.content.truncate()
+            if self.content is not None:
+                self.content.seek(0)
+                self.content.truncate()
             return
         super().handleContentChunk(data)
 
@@ -68,7 +69,7 @@ def make_site(resource: Resource, max_body_bytes: int) -> server.Site:
 
     _Request.max_body_bytes = max_body_bytes
     site = server.Site(resource)
-    site.requestFactory = _Request  # type: ignore[assignment]
+    site.requestFactory = _Request
     site.displayTracebacks = False
     site.noisy = False
     return site
@@ -76,7 +77,7 @@ def make_site(resource: Resource, max_body_bytes: int) -> server.Site:
 
 def respond_json(request: Request, code: int, body: Any) -> None:
     """Send a JSON response (unless the client has gone)."""
-    if request._disconnected or request.finished:  # type: ignore[attr-defined]
+    if request._disconnected or request.finished:
         return
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     request.setResponseCode(code)
@@ -181,7 +182,7 @@ class JsonResource(Resource):
         groups are passed to ``callback`` as URL-decoded keyword arguments."""
         self._routes.append((method.encode("ascii"), re.compile(pattern), callback, servlet_name))
 
-    def render(self, request: Request) -> Any:  # type: ignore[override]
+    def render(self, request: Request) -> Any:
         defer.ensureDeferred(self._async_render(request))
         return NOT_DONE_YET
 
@@ -206,6 +207,7 @@ class JsonResource(Resource):
         servlet = "unrecognized"
         method = request.method.decode("ascii", errors="replace")
         code = 500
+        body: Any
         try:
             if request.method == b"OPTIONS":
                 code, body = 200, {}

@@ -23,12 +23,12 @@ def start_replication(hs: HomeServer) -> None:
     receiver = hs.replication
     transport: Any
     if config.replication.transport == "redis":
-        from synapse_lite.replication.tcp.redis import RedisReplicationTransport
+        from synapse_lite.replication.tcp.redis import RedisReplicationBus
 
-        transport = RedisReplicationTransport(
+        transport = RedisReplicationBus.from_config(
+            config.replication.redis,
             server_name=config.server_name,
             instance_name=hs.instance_name,
-            redis_config=config.replication.redis,
             receiver=receiver,
             reactor=hs.reactor,
         )

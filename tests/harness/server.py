@@ -87,7 +87,7 @@ class LoopbackConnection:
         self.sent.append(cmd)
         parsed = parse_command_from_line(command_line(cmd))
         peer = self.peer
-        reactor.callLater(0, peer._deliver, parsed)  # type: ignore[attr-defined]
+        reactor.callLater(0, peer._deliver, parsed)
 
     def _deliver(self, cmd: Command) -> None:
         if self.open:
@@ -158,7 +158,7 @@ class LoopbackBus:
         for endpoint in list(self.endpoints):
             if endpoint is sender and not self.echo:
                 continue
-            reactor.callLater(0, self._deliver, endpoint, parsed)  # type: ignore[attr-defined]
+            reactor.callLater(0, self._deliver, endpoint, parsed)
 
     @staticmethod
     def _deliver(endpoint: BusEndpoint, cmd: Command) -> None:

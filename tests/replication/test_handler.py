@@ -161,13 +161,13 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         await p1.datastore.db_pool.runInteraction("crashed_txn", waste_id)
         events = await p1.datastore.persist_events([message() for _ in range(5)])
         last = events[-1].stream_ordering
-        start = reactor.seconds()  # type: ignore[attr-defined]
+        start = reactor.seconds()
         await eventually(
             lambda: main.datastore._stream_id_gen.get_current_token() >= last,
             timeout=3,
             what="persisted-up-to to pass the idle writer",
         )
-        self.assertLess(reactor.seconds() - start, 2.5)  # type: ignore[attr-defined]
+        self.assertLess(reactor.seconds() - start, 2.5)
         positions = [
             c
             for s, c in self.bus.published

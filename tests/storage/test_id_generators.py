@@ -28,7 +28,7 @@ from tests.harness.databases import create_test_database
 class IdGeneratorTestCase(unittest.TestCase):
     """A fresh database with a ``foobar`` stream over the tables given."""
 
-    tables = ("foobar",)
+    tables: tuple[str, ...] = ("foobar",)
     positive = True
 
     def setUp(self) -> None:
@@ -298,7 +298,7 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         self.assertEqual(await self.stored_positions(), {})
         self.assertEqual(id_gen.get_current_token(), 5)
 
-    def test_sequence_consistency(self) -> None:
+    async def test_sequence_consistency(self) -> None:
         """A row written around the sequence moves the sequence forward."""
         self.insert_rows("master", 3)
         conn = make_startup_connection(self.engine)
@@ -307,11 +307,8 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         conn.close()
         id_gen = self.make_id_gen()
         self.assertEqual(id_gen.get_current_token(), 26)
-        return defer.ensureDeferred(self._next_is(id_gen, 27))
-
-    async def _next_is(self, id_gen: MultiWriterIdGenerator, expected: int) -> None:
         async with id_gen.get_next() as stream_id:
-            self.assertEqual(stream_id, expected)
+            self.assertEqual(stream_id, 27)
 
     def test_position_ahead_of_sequence_refuses_to_start(self) -> None:
         self.insert_rows("master", 3)

@@ -120,7 +120,7 @@ class ReplicationClient:
         """
         location = self._hs.config.location_of(instance_name)
         url = f"{location.base_url}{PREFIX}/{endpoint}"
-        headers = {"Content-Type": ["application/json"]}
+        headers: dict[bytes | str, list[bytes | str]] = {"Content-Type": ["application/json"]}
         if self._secret:
             headers["Authorization"] = [f"Bearer {self._secret}"]
         data = json.dumps(body).encode("utf-8")

@@ -23,11 +23,12 @@ class GetStreamUpdates(ReplicationEndpoint):
         stream = streams.get(stream_name) if isinstance(stream_name, str) else None
         if stream is None:
             raise SynapseError(400, f"Unknown stream {stream_name!r}", Codes.INVALID_PARAM)
-        values = [body.get(k) for k in ("from_token", "upto_token", "limit")]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise SynapseError(
-                400, "from_token, upto_token and limit must be integers", Codes.BAD_JSON
-            )
+        values: list[int] = []
+        for key in ("from_token", "upto_token", "limit"):
+            value = body.get(key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SynapseError(400, f"{key} must be an integer", Codes.BAD_JSON)
+            values.append(value)
         from_token, upto_token, limit = values
         updates, upto, limited = await stream.get_updates_since(
             self.hs.instance_name, from_token, upto_token, min(max(limit, 1), 1000)

@@ -11,6 +11,29 @@ other process. Over Redis a process also receives its own commands back (the
 handler drops its own echoes by instance name); over TCP the main process relays
 each data command from one worker to all the others, and never back to the
 sender.
+
+Two kinds of object, one for sending and one for receiving:
+
+* One :class:`ReplicationBus` per process, the handler's way out: its
+  ``send_command`` reaches every other process. On the main process over TCP it
+  is the ``ReplicationServerFactory`` (a broadcast to every authenticated
+  worker); on a TCP worker the ``ReplicationClientFactory`` (the current
+  connection to the main process, which relays); over Redis the
+  ``RedisReplicationBus`` (a publish).
+* :class:`ReplicationConnection` objects, what the receiver is given in
+  ``new_connection`` / ``on_command`` / ``lost_connection``: the identity to key
+  per-connection state on (such as "streams whose POSITION this connection has
+  delivered"). On the main process over TCP there is one per worker connection;
+  on a TCP worker, one per connection to the main process (a new object after
+  each reconnect); over Redis, the bus itself, announced again after each
+  resubscription. ``send_command`` on one of them reaches only the processes
+  behind it, so on the main process it is *not* a way to reach every worker.
+
+Sending to every connection announced so far reaches the same processes as the
+bus, on every transport; a handler should do one or the other, not both.
+On ``new_connection`` the handler must announce its own positions (POSITION for
+every stream it writes): the peers cannot tell that it (re)connected, and over
+Redis nobody answers for it otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +45,10 @@ if TYPE_CHECKING:
 
 
 class ReplicationConnection(Protocol):
-    """One way out to the other processes: a TCP connection or the Redis bus."""
+    """One connection to other processes: a TCP connection or the Redis bus.
+
+    ``send_command`` reaches the processes behind this connection only.
+    """
 
     def send_command(self, cmd: Command) -> None:
         """Queue a command for sending; never blocks, never raises for a closed
@@ -30,6 +56,22 @@ class ReplicationConnection(Protocol):
 
     def describe(self) -> str:
         """A short name for logs (peer instance name and address)."""
+
+
+class ReplicationBus(Protocol):
+    """The way out to every other process, whatever the transport (see above).
+
+    Commands go out in the order they are sent. While the transport is down
+    they are queued (up to a bound) or dropped, and logged; the handler hears of
+    it through :meth:`ReplicationCommandReceiver.lost_connection` and resyncs on
+    the next :meth:`ReplicationCommandReceiver.new_connection`.
+    """
+
+    def send_command(self, cmd: Command) -> None:
+        """Send ``cmd`` to every other process; never blocks or raises."""
+
+    def describe(self) -> str:
+        """A short name for logs."""
 
 
 class ReplicationCommandReceiver(Protocol):

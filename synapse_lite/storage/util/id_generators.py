@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 from twisted.python import threadable
+from twisted.python.failure import Failure
 
 from synapse_lite.metrics import STREAM_PERSISTED_UPTO, STREAM_POSITION
 from synapse_lite.replication.notifier import ReplicationNotifier
@@ -536,7 +537,7 @@ class _IdAllocation(Generic[T]):
             else:
                 result.callback(ids)
 
-        def failed(failure: object) -> None:
+        def failed(failure: Failure) -> None:
             if not abandoned:
                 result.errback(failure)
 

@@ -22,7 +22,7 @@ from synapse_lite.storage.database import (
 from synapse_lite.storage.stream_ids import CACHES
 
 if TYPE_CHECKING:
-    from synapse_lite.replication.tcp.streams.caches import CachesStreamRow
+    from synapse_lite.replication.tcp.streams.data import CachesStreamRow
     from synapse_lite.server import HomeServer
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,456 @@
+"""Redis pub/sub replication: every process a peer on one channel.
+
+Each process publishes its commands, as the same ``NAME rest`` lines as TCP,
+to one channel and subscribes to it. :class:`RedisReplicationBus` is both the
+process's ReplicationBus and its only ReplicationConnection: the receiver gets
+the bus itself in ``new_connection``, ``on_command`` and ``lost_connection``.
+
+Channel: ``<channel_prefix><server_name>`` (no prefix by default). Redis pub/sub
+channels are global to a Redis server: ``dbid`` selects a keyspace but does not
+separate channels, so deployments sharing a Redis must differ in server name or
+in ``channel_prefix``.
+
+Two connections, because a subscribed connection can run nothing but
+(un)subscribe and PING:
+
+* The subscriber, once connected (and authenticated), subscribes and waits for
+  Redis to confirm; only then is the bus announced with ``new_connection`` (so
+  no reply to what the handler sends next is missed), and REPLICATE is
+  published so every process announces its positions. The handler must announce
+  its own positions on ``new_connection``: nobody else can tell it resubscribed.
+  When the subscriber connection goes, ``lost_connection``.
+* The publisher. While it is down, commands are queued in order and flushed
+  when it is back. Commands written but not yet acknowledged by Redis when the
+  connection drops are queued again in front, so nothing is lost in a blip
+  (a command may then arrive twice; the handler tolerates repeats of RDATA,
+  POSITION and the rest). If more than MAX_PENDING_COMMANDS pile up (Redis gone
+  for long, or not answering), the bus does what a TCP connection that "failed
+  to keep up" does: the whole queue is dropped (logged, counted), the bus is
+  announced lost, commands sent meanwhile are dropped, and once the publisher
+  is back the bus is announced anew. Dropping everything rather than the oldest
+  or newest means a peer never sees a gap followed by later rows: after the
+  gap, the first thing it hears from us is the re-announced POSITIONs, from
+  which it catches up.
+
+Every message on the channel, this process's own included, reaches
+``receiver.on_command(bus, cmd)``; the handler drops its own echoes by instance
+name. A message that is not one data command (bad UTF-8, over
+MAX_LINE_LENGTH, unparseable, or a TCP connection command) is logged and
+dropped, and the subscription carries on.
+
+Both connections are kept up, with backoff and keepalive PINGs, by
+``redis_connections.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+import txredisapi
+from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.python.failure import Failure
+
+from synapse_lite.metrics import (
+    REPLICATION_BAD_LINES,
+    REPLICATION_COMMANDS_DROPPED,
+    REPLICATION_COMMANDS_IN,
+    REPLICATION_COMMANDS_OUT,
+)
+from synapse_lite.replication.tcp.clock import Clock, cancel_call
+from synapse_lite.replication.tcp.commands import (
+    DATA_COMMANDS,
+    MAX_LINE_LENGTH,
+    Command,
+    CommandEncodeError,
+    CommandParseError,
+    ReplicateCommand,
+    command_line,
+    parse_command_from_line,
+)
+from synapse_lite.replication.tcp.redis_connections import (
+    KEEPALIVE_TIMEOUT_SECONDS,
+    ConnectionFactory,
+    Keepalive,
+    PublisherConnection,
+    SubscriberConnection,
+    client_name,
+    connection_service,
+    set_client_name,
+)
+
+if TYPE_CHECKING:
+    from synapse_lite.config.homeserver import RedisConfig
+    from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
+
+logger = logging.getLogger(__name__)
+
+#: Commands queued (or written and not yet acknowledged) beyond which the bus
+#: gives up on them and resyncs, like a TCP connection that failed to keep up.
+MAX_PENDING_COMMANDS = 10_000
+
+
+class RedisReplicationBus:
+    """The Redis transport: this process's ReplicationBus and its one connection.
+
+    Call :meth:`start` once; :meth:`stop` (returns a Deferred) at shutdown.
+    """
+
+    def __init__(
+        self,
+        *,
+        server_name: str,
+        instance_name: str,
+        receiver: ReplicationCommandReceiver,
+        endpoint: IStreamClientEndpoint,
+        clock: Clock,
+        password: str | None = None,
+        dbid: int = 0,
+        channel_prefix: str = "",
+        initial_delay: float = 0.2,
+        max_delay: float = 10.0,
+    ) -> None:
+        self.channel = channel_prefix + server_name
+        self.instance_name = instance_name
+        self.password = password
+        # SELECT only when asked for something other than the default.
+        self.dbid = dbid or None
+        self._receiver = receiver
+        self._clock = clock
+
+        self._subscriber: SubscriberConnection | None = None
+        self._subscriber_keepalive: Keepalive | None = None
+        self._subscribed = False
+        self._publisher: PublisherConnection | None = None
+        self._publisher_keepalive: Keepalive | None = None
+        # Encoded lines waiting for the publisher, with their command names.
+        self._pending: deque[tuple[str, bytes]] = deque()
+        self._overflowed = False
+        self._announced = False
+        self._stopped = False
+        self._stop_waiters: list[Deferred[None]] | None = None
+        self._stop_complete = False
+
+        self._subscriber_service = connection_service(
+            endpoint,
+            ConnectionFactory(self, "subscriber", SubscriberConnection),
+            clock,
+            initial_delay,
+            max_delay,
+        )
+        self._publisher_service = connection_service(
+            endpoint,
+            ConnectionFactory(self, "publisher", PublisherConnection),
+            clock,
+            initial_delay,
+            max_delay,
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        config: RedisConfig,
+        *,
+        server_name: str,
+        instance_name: str,
+        receiver: ReplicationCommandReceiver,
+        reactor: Any,
+        **kwargs: Any,
+    ) -> RedisReplicationBus:
+        """A bus for the Redis of ``config``, over TCP from ``reactor``."""
+        return cls(
+            server_name=server_name,
+            instance_name=instance_name,
+            receiver=receiver,
+            endpoint=cast(
+                IStreamClientEndpoint, HostnameEndpoint(reactor, config.host, config.port)
+            ),
+            clock=reactor,
+            password=config.password,
+            dbid=config.dbid,
+            **kwargs,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect both connections (and keep them connected)."""
+        logger.info("Redis replication on channel %r starting", self.channel)
+        self._subscriber_service.startService()
+        self._publisher_service.startService()
+
+    def stop(self) -> Deferred[None]:
+        """Disconnect for good; fires once both connections are closed.
+
+        Idempotent: a second call just waits for the first. (ClientService
+        fires its stop from inside its state machine, so a caller resumed by
+        it may not call stopService again.)
+        """
+        if self._stop_waiters is None:
+            self._stopped = True
+            self._stop_waiters = []
+            if self._pending:
+                logger.warning(
+                    "Redis replication stopping with %d commands unsent", len(self._pending)
+                )
+                self._pending.clear()
+            gatherResults(
+                [self._subscriber_service.stopService(), self._publisher_service.stopService()]
+            ).addBoth(self._fully_stopped)
+        if self._stop_complete:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._stop_waiters.append(waiter)
+        return waiter
+
+    def _fully_stopped(self, result: object) -> None:
+        if isinstance(result, Failure):
+            logger.error("Redis replication did not stop cleanly: %s", result.getErrorMessage())
+        self._stop_complete = True
+        waiters, self._stop_waiters = self._stop_waiters or [], []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    @property
+    def publisher_connected(self) -> bool:
+        """Whether Redis is taking our commands right now."""
+        return self._publisher is not None
+
+    @property
+    def pending_count(self) -> int:
+        """Commands waiting for the publisher (for tests and metrics)."""
+        return len(self._pending)
+
+    # -- ReplicationBus / ReplicationConnection ----------------------------------------
+
+    def describe(self) -> str:
+        return f"Redis channel {self.channel} ({self.instance_name})"
+
+    def send_command(self, cmd: Command) -> None:
+        """Publish ``cmd`` to every process (this one included), or queue it."""
+        if self._stopped or self._overflowed:
+            reason = "stopped" if self._stopped else "overflow"
+            logger.debug("Redis replication %s: dropping %s", reason, cmd.NAME)
+            REPLICATION_COMMANDS_DROPPED.labels("redis", reason).inc()
+            return
+        try:
+            line = command_line(cmd).encode("utf-8")
+        except CommandEncodeError as e:
+            logger.error("not publishing %s: %s", cmd.NAME, e)
+            REPLICATION_COMMANDS_DROPPED.labels("redis", "unencodable").inc()
+            return
+        if self._publisher is not None:
+            self._publish(self._publisher, cmd.NAME, line)
+        else:
+            self._pending.append((cmd.NAME, line))
+        self._check_backlog()
+
+    # -- publisher (publisher_ready and publisher_lost: called by the connection) ------
+
+    def _publish(self, proto: PublisherConnection, name: str, line: bytes) -> None:
+        try:
+            d: Deferred[Any] = proto.publish(self.channel, line)
+        except txredisapi.ConnectionError:
+            # Lost in this very turn; connectionLost is on its way.
+            self._pending.append((name, line))
+            return
+        proto.unacked.append((name, line))
+        d.addCallbacks(
+            lambda _: self._acknowledged(proto, name),
+            lambda failure: self._publish_failed(failure, proto),
+        )
+
+    def _acknowledged(self, proto: PublisherConnection, name: str) -> None:
+        if proto.unacked:
+            proto.unacked.popleft()
+        REPLICATION_COMMANDS_OUT.labels(name).inc()
+
+    def _publish_failed(self, failure: Failure, proto: PublisherConnection) -> None:
+        if failure.check(txredisapi.ConnectionError):
+            return  # still in proto.unacked: queued again by _publisher_lost
+        # Redis answered, with an error: this one is not coming back.
+        if proto.unacked:
+            name, _ = proto.unacked.popleft()
+            REPLICATION_COMMANDS_DROPPED.labels("redis", "refused").inc()
+            logger.error("Redis refused to publish %s: %s", name, failure.getErrorMessage())
+
+    def publisher_ready(self, proto: PublisherConnection) -> None:
+        if self._stopped:
+            return
+        logger.info("Redis replication publisher connected")
+        # Written before the flush below, so it costs the queue nothing.
+        Deferred.fromCoroutine(
+            set_client_name(proto, client_name(self.channel, self.instance_name, "pub"))
+        )
+        self._publisher = proto
+        self._publisher_keepalive = Keepalive(proto, self._clock)
+        self._publisher_keepalive.start()
+        pending, self._pending = self._pending, deque()
+        for name, line in pending:
+            self._publish(proto, name, line)
+        self._maybe_announce()
+
+    def publisher_lost(self, proto: PublisherConnection) -> None:
+        if self._publisher is not proto:
+            return
+        self._publisher = None
+        if self._publisher_keepalive is not None:
+            self._publisher_keepalive.stop()
+        if self._stopped or self._overflowed:
+            proto.unacked.clear()
+            return
+        if proto.unacked:
+            logger.info(
+                "Redis replication publisher lost; re-queueing %d unacknowledged commands",
+                len(proto.unacked),
+            )
+            # They were sent before anything still pending: they go first.
+            self._pending.extendleft(reversed(proto.unacked))
+            proto.unacked.clear()
+        else:
+            logger.info("Redis replication publisher lost; queueing until it is back")
+        self._check_backlog()
+
+    def _check_backlog(self) -> None:
+        unacked = len(self._publisher.unacked) if self._publisher is not None else 0
+        backlog = len(self._pending) + unacked
+        if backlog <= MAX_PENDING_COMMANDS:
+            return
+        logger.error(
+            "Redis replication: %d commands unsent or unacknowledged; dropping them all and"
+            " resyncing once Redis is back",
+            backlog,
+        )
+        REPLICATION_COMMANDS_DROPPED.labels("redis", "overflow").inc(backlog)
+        self._pending.clear()
+        self._overflowed = True
+        self._announce_lost()
+        if self._publisher is not None:
+            # Redis is not keeping up: start over on a new connection.
+            self._publisher.unacked.clear()
+            self._publisher.transport.abortConnection()
+
+    # -- subscriber (the public methods: called by the connection) ---------------------
+
+    def subscriber_ready(self, proto: SubscriberConnection) -> Deferred[None]:
+        self._subscriber = proto
+        return Deferred.fromCoroutine(self._subscribe(proto))
+
+    async def _subscribe(self, proto: SubscriberConnection) -> None:
+        # A Redis that accepts the connection but never answers would leave us
+        # waiting for ever (the keepalive only starts once subscribed).
+        timeout = self._clock.callLater(KEEPALIVE_TIMEOUT_SECONDS, self._subscribe_timed_out, proto)
+        try:
+            await set_client_name(proto, client_name(self.channel, self.instance_name, "sub"))
+            if self._subscriber is not proto:
+                return  # lost meanwhile, and already reported
+            reply = await proto.subscribe(self.channel)
+        except txredisapi.ConnectionError:
+            return  # lost meanwhile, and already reported
+        except Exception as e:
+            logger.warning("could not subscribe to Redis channel %r: %s", self.channel, e)
+            proto.transport.abortConnection()
+            return
+        finally:
+            cancel_call(timeout)
+        if self._subscriber is not proto or self._stopped:
+            return
+        if not (isinstance(reply, list) and reply[:1] == [b"subscribe"]):
+            logger.warning("unexpected reply to SUBSCRIBE %r: %r", self.channel, reply)
+            proto.transport.abortConnection()
+            return
+        logger.info("Redis replication subscribed to channel %r", self.channel)
+        self._subscribed = True
+        self._subscriber_keepalive = Keepalive(proto, self._clock)
+        self._subscriber_keepalive.start()
+        self._maybe_announce()
+
+    def _subscribe_timed_out(self, proto: SubscriberConnection) -> None:
+        logger.warning(
+            "Redis did not confirm SUBSCRIBE %r in %.0fs: reconnecting",
+            self.channel,
+            KEEPALIVE_TIMEOUT_SECONDS,
+        )
+        proto.transport.abortConnection()
+
+    def subscriber_lost(self, proto: SubscriberConnection) -> None:
+        if self._subscriber is not proto:
+            return
+        self._subscriber = None
+        self._subscribed = False
+        if self._subscriber_keepalive is not None:
+            self._subscriber_keepalive.stop()
+        if not self._stopped:
+            logger.info("Redis replication subscriber lost; reconnecting")
+        self._announce_lost()
+
+    def message_received(self, proto: SubscriberConnection, message: object) -> None:
+        if proto is not self._subscriber or not self._announced:
+            logger.debug("Redis replication not announced: dropping a message")
+            return
+        data = message.encode("utf-8") if isinstance(message, str) else message
+        if not isinstance(data, bytes):
+            self._refuse(repr(message).encode(), "not a bulk string")
+            return
+        if len(data) > MAX_LINE_LENGTH:
+            self._refuse(data, f"over {MAX_LINE_LENGTH} bytes")
+            return
+        try:
+            cmd = parse_command_from_line(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            self._refuse(data, "invalid UTF-8")
+            return
+        except CommandParseError as e:
+            self._refuse(data, str(e))
+            return
+        REPLICATION_COMMANDS_IN.labels(cmd.NAME).inc()
+        if type(cmd) not in DATA_COMMANDS:
+            self._refuse(data, f"{cmd.NAME} is not used over Redis")
+            return
+        try:
+            self._receiver.on_command(self, cmd)
+        except Exception:
+            logger.exception("replication receiver failed on %s from Redis", cmd.NAME)
+
+    def _refuse(self, data: bytes, reason: str) -> None:
+        REPLICATION_BAD_LINES.labels("redis").inc()
+        logger.warning(
+            "dropping a message on Redis channel %r: %s: %s",
+            self.channel,
+            reason,
+            repr(data[:200]) + ("..." if len(data) > 200 else ""),
+        )
+
+    # -- announcing to the receiver ----------------------------------------------------
+
+    def _maybe_announce(self) -> None:
+        if self._announced or not self._subscribed or self._stopped:
+            return
+        if self._overflowed:
+            # Commands stay dropped until the re-announcement, which needs
+            # Redis to take commands again: then the first thing peers hear
+            # from us after the gap is the handler's POSITIONs.
+            if self._publisher is None:
+                return
+            self._overflowed = False
+        self._announced = True
+        _call_receiver(self._receiver.new_connection, self)
+        # Subscribed first, so the answers to this are not missed.
+        self.send_command(ReplicateCommand())
+
+    def _announce_lost(self) -> None:
+        if not self._announced:
+            return
+        self._announced = False
+        _call_receiver(self._receiver.lost_connection, self)
+
+
+def _call_receiver(method: Callable[[RedisReplicationBus], None], bus: RedisReplicationBus) -> None:
+    try:
+        method(bus)
+    except Exception:
+        logger.exception("replication receiver failed in %s", method.__name__)

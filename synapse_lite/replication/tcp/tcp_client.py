@@ -1,0 +1,210 @@
+"""A worker's end of direct TCP replication: connect, and reconnect, to the main process.
+
+Which object is what (see ``connection.py``):
+
+* :class:`ReplicationClientFactory` is the worker's ReplicationBus: its
+  ``send_command`` goes over the current connection to the main process, which
+  relays it to every other worker. With no connection up, the command is
+  dropped (logged at debug): the receiver has already been told with
+  ``lost_connection`` and resyncs on the next ``new_connection``.
+* Each :class:`ClientReplicationProtocol` is a ReplicationConnection: the
+  receiver gets a new one in ``new_connection`` after each (re)connect, with
+  every data command in ``on_command``, and in ``lost_connection`` when it goes.
+
+Handshake, in order: ``AUTH <secret>`` (if a secret is configured), ``NAME
+<client_name>``, the first PING, ``receiver.new_connection``, then
+``REPLICATE``. The main process's first command must be ``SERVER <name>``
+with the expected name, or the worker answers ``ERROR Wrong remote`` and closes
+before acting on anything else it sent.
+
+Reconnecting backs off exponentially from ``initial_delay`` to ``max_delay``
+(jittered); the backoff resets once the main process has accepted the
+connection, which it shows by its first PING (it pings only after AUTH).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+from twisted.internet.interfaces import IConnector
+from twisted.internet.protocol import ReconnectingClientFactory
+from twisted.python.failure import Failure
+
+from synapse_lite.replication.tcp.clock import Clock
+from synapse_lite.replication.tcp.commands import (
+    AuthCommand,
+    ClearUserSyncCommand,
+    Command,
+    ErrorCommand,
+    FederationAckCommand,
+    NameCommand,
+    PingCommand,
+    PositionCommand,
+    RdataCommand,
+    RemoteServerUpCommand,
+    ReplicateCommand,
+    ServerCommand,
+    UserIpCommand,
+    UserSyncCommand,
+    command_line,
+)
+from synapse_lite.replication.tcp.protocol import ReplicationProtocol
+
+if TYPE_CHECKING:
+    from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
+
+logger = logging.getLogger(__name__)
+
+
+class ClientReplicationProtocol(ReplicationProtocol):
+    """A worker's end of its connection to the main process."""
+
+    # Workers accept every data command: the main process relays what other
+    # workers (which may be stream writers) send.
+    VALID_INBOUND = frozenset(
+        {
+            ServerCommand,
+            RdataCommand,
+            PositionCommand,
+            ErrorCommand,
+            PingCommand,
+            RemoteServerUpCommand,
+            ReplicateCommand,
+            UserSyncCommand,
+            ClearUserSyncCommand,
+            FederationAckCommand,
+            UserIpCommand,
+        }
+    )
+
+    def __init__(self, factory: ReplicationClientFactory) -> None:
+        super().__init__(factory.receiver, factory.timer)
+        self.factory = factory
+        self.peer_name = factory.server_name
+        self._server_verified = False
+        self._accepted = False
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        logger.info("connected to replication server %s", self.describe())
+        if self.factory.secret is not None:
+            self._write_now(AuthCommand(self.factory.secret))
+        self._write_now(NameCommand(self.factory.client_name))
+        self._establish()
+        self.send_command(ReplicateCommand())
+
+    def _handle_command(self, cmd: Command, line: bytes) -> None:
+        if not self._server_verified and not isinstance(cmd, ServerCommand | ErrorCommand):
+            logger.warning("%s sent %s before SERVER: closing", self.describe(), cmd.NAME)
+            self.send_error_and_close("expected SERVER first")
+            return
+        if isinstance(cmd, PingCommand) and not self._accepted:
+            # The server pings only once it has accepted us: a good connection.
+            self._accepted = True
+            self.factory.connection_accepted()
+        super()._handle_command(cmd, line)
+
+    def _handle_handshake_command(self, cmd: Command) -> None:
+        if not isinstance(cmd, ServerCommand):
+            return
+        if cmd.server_name != self.factory.server_name:
+            logger.warning(
+                "%s says it is %r, not %r: closing",
+                self.describe(),
+                cmd.server_name,
+                self.factory.server_name,
+            )
+            self.send_error_and_close("Wrong remote")
+            return
+        self._server_verified = True
+
+    def _on_established(self) -> None:
+        self.factory.current_connection = self
+
+    def _on_lost(self) -> None:
+        if self.factory.current_connection is self:
+            self.factory.current_connection = None
+
+
+class ReplicationClientFactory(ReconnectingClientFactory):
+    """Keeps a worker connected to the main process; the worker's ReplicationBus.
+
+    Connect it with ``reactor.connectTCP(host, port, factory)``; stop it with
+    :meth:`stop`.
+    """
+
+    # We log connection attempts ourselves, at INFO.
+    noisy = False
+
+    def __init__(
+        self,
+        server_name: str,
+        client_name: str,
+        secret: str | None,
+        receiver: ReplicationCommandReceiver,
+        clock: Clock,
+        *,
+        initial_delay: float = 0.2,
+        max_delay: int = 10,
+    ) -> None:
+        """Raises CommandEncodeError for a name or secret that cannot be sent."""
+        # Refuse at startup what could never go on the wire (a name with a
+        # space, a secret with a newline) rather than on every connection.
+        command_line(ServerCommand(server_name))
+        command_line(NameCommand(client_name))
+        if secret is not None:
+            command_line(AuthCommand(secret))
+        self.server_name = server_name
+        self.client_name = client_name
+        self.secret = secret
+        self.receiver = receiver
+        #: Our clock, typed; ReconnectingClientFactory schedules retries on
+        #: self.clock, which Twisted types as a full reactor.
+        self.timer = clock
+        self.clock = cast(Any, clock)
+        self.initialDelay = initial_delay
+        self.delay = initial_delay
+        self.maxDelay = max_delay
+        #: The established connection, if any.
+        self.current_connection: ClientReplicationProtocol | None = None
+
+    def buildProtocol(self, addr: object) -> ClientReplicationProtocol:
+        return ClientReplicationProtocol(self)
+
+    def connection_accepted(self) -> None:
+        """The main process accepted a connection: back off from scratch next time."""
+        if self.continueTrying:
+            self.resetDelay()
+
+    def clientConnectionFailed(self, connector: IConnector, reason: Failure) -> None:
+        logger.info(
+            "could not connect to replication server %s: %s; retrying",
+            self.server_name,
+            reason.getErrorMessage(),
+        )
+        super().clientConnectionFailed(connector, reason)
+
+    def clientConnectionLost(self, connector: IConnector, reason: Failure) -> None:
+        if self.continueTrying:
+            logger.info("lost replication server %s; reconnecting", self.server_name)
+        super().clientConnectionLost(connector, reason)
+
+    def stop(self) -> None:
+        """Stop reconnecting and close the current connection, if any."""
+        self.stopTrying()
+        if self.current_connection is not None:
+            self.current_connection.close()
+
+    # -- ReplicationBus ----------------------------------------------------------------
+
+    def send_command(self, cmd: Command) -> None:
+        """Send ``cmd`` to the main process (which relays it to the other workers)."""
+        if self.current_connection is None:
+            logger.debug("not connected to %s: dropping %s", self.server_name, cmd.NAME)
+            return
+        self.current_connection.send_command(cmd)
+
+    def describe(self) -> str:
+        state = "connected" if self.current_connection is not None else "disconnected"
+        return f"replication client {self.client_name} -> {self.server_name} ({state})"

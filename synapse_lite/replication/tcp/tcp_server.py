@@ -1,0 +1,225 @@
+"""The main process's end of direct TCP replication: listen, authenticate, relay.
+
+Workers connect to the main process's replication listener. Which object is
+what (see ``connection.py``):
+
+* :class:`ReplicationServerFactory` is the main process's ReplicationBus: its
+  ``send_command`` goes to every authenticated worker connection.
+* Each :class:`ServerReplicationProtocol`, one per worker connection, is a
+  ReplicationConnection. The receiver gets it in ``new_connection`` once the
+  worker has authenticated, in ``on_command`` with each data command from that
+  worker, and in ``lost_connection`` when it goes. Its own ``send_command``
+  reaches that one worker.
+* Relaying: each data command from one worker is sent on, as received, to every
+  other authenticated worker (never back to the sender) and then handed to the
+  receiver, so the TCP star behaves like a bus.
+
+Handshake: the server sends ``SERVER <server_name>`` at once. With a secret
+configured, the worker's first command must be ``AUTH <secret>`` (compared in
+constant time); anything else first, a wrong secret, or no AUTH within
+AUTH_TIMEOUT_SECONDS gets an ERROR, a warning naming the peer, and a close, and
+the connection never reaches the receiver. Until then nothing but SERVER (and
+that ERROR) is sent and nothing the worker sends is acted on.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import TYPE_CHECKING
+
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import ServerFactory
+
+from synapse_lite.replication.tcp.clock import Clock, cancel_call
+from synapse_lite.replication.tcp.commands import (
+    AuthCommand,
+    ClearUserSyncCommand,
+    Command,
+    CommandEncodeError,
+    ErrorCommand,
+    FederationAckCommand,
+    NameCommand,
+    PingCommand,
+    PositionCommand,
+    RdataCommand,
+    RemoteServerUpCommand,
+    ReplicateCommand,
+    ServerCommand,
+    UserIpCommand,
+    UserSyncCommand,
+    command_line,
+)
+from synapse_lite.replication.tcp.protocol import PING_TIMEOUT_SECONDS, ReplicationProtocol
+
+if TYPE_CHECKING:
+    from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
+
+logger = logging.getLogger(__name__)
+
+#: How long a worker has to authenticate before it is disconnected.
+AUTH_TIMEOUT_SECONDS = PING_TIMEOUT_SECONDS
+
+
+class ServerReplicationProtocol(ReplicationProtocol):
+    """The main process's end of one worker's connection."""
+
+    VALID_INBOUND = frozenset(
+        {
+            AuthCommand,
+            NameCommand,
+            ReplicateCommand,
+            PingCommand,
+            ErrorCommand,
+            RdataCommand,
+            PositionCommand,
+            UserSyncCommand,
+            ClearUserSyncCommand,
+            FederationAckCommand,
+            UserIpCommand,
+            RemoteServerUpCommand,
+        }
+    )
+
+    def __init__(self, factory: ReplicationServerFactory) -> None:
+        super().__init__(factory.receiver, factory.clock)
+        self.factory = factory
+        self._authenticated = False
+        self._auth_call: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.factory.open_protocols.add(self)
+        logger.info("replication connection from %s", self.describe())
+        self._write_now(ServerCommand(self.factory.server_name))
+        if self.factory.secret is None:
+            self._authenticated = True
+            self._establish()
+        else:
+            self._auth_call = self._clock.callLater(AUTH_TIMEOUT_SECONDS, self._auth_timed_out)
+
+    def _auth_timed_out(self) -> None:
+        logger.warning("%s did not authenticate in %.0fs", self.describe(), AUTH_TIMEOUT_SECONDS)
+        self.send_error_and_close("authentication timeout")
+
+    def _handle_command(self, cmd: Command, line: bytes) -> None:
+        if self._authenticated:
+            super()._handle_command(cmd, line)
+        else:
+            self._authenticate(cmd)
+
+    def _authenticate(self, cmd: Command) -> None:
+        secret = self.factory.secret
+        assert secret is not None
+        cancel_call(self._auth_call)
+        if not isinstance(cmd, AuthCommand):
+            logger.warning("%s sent %s before AUTH: refusing", self.describe(), cmd.NAME)
+            self.send_error_and_close("authentication required")
+            return
+        if not hmac.compare_digest(cmd.secret.encode("utf-8"), secret.encode("utf-8")):
+            logger.warning("%s sent a wrong replication secret: refusing", self.describe())
+            self.send_error_and_close("bad secret")
+            return
+        self._authenticated = True
+        self._establish()
+
+    def _handle_handshake_command(self, cmd: Command) -> None:
+        if isinstance(cmd, NameCommand):
+            logger.info("replication connection %s is %s", self.describe(), cmd.client_name)
+            self.peer_name = cmd.client_name
+        elif isinstance(cmd, AuthCommand):
+            # A worker configured with a secret the listener does not need, or
+            # a repeated AUTH: nothing to check, nothing to refuse.
+            logger.info("%s sent an AUTH that is not needed; ignoring it", self.describe())
+
+    def _handle_data_command(self, cmd: Command, line: bytes) -> None:
+        self.factory.relay(self, cmd.NAME, line)
+        self._deliver(cmd)
+
+    def _on_established(self) -> None:
+        self.factory.add_connection(self)
+
+    def _on_lost(self) -> None:
+        cancel_call(self._auth_call)
+        self.factory.open_protocols.discard(self)
+        self.factory.remove_connection(self)
+
+
+class ReplicationServerFactory(ServerFactory):
+    """The main process's replication listener, and its ReplicationBus.
+
+    ``secret`` None means workers need not authenticate.
+    """
+
+    # We log connections ourselves; Twisted's "Starting factory" adds nothing.
+    noisy = False
+
+    def __init__(
+        self,
+        server_name: str,
+        secret: str | None,
+        receiver: ReplicationCommandReceiver,
+        clock: Clock,
+    ) -> None:
+        if secret == "":
+            raise ValueError("the replication secret must be non-empty, or None for none")
+        command_line(ServerCommand(server_name))  # a name that can go on the wire
+        self.server_name = server_name
+        self.secret = secret
+        self.receiver = receiver
+        self.clock = clock
+        # Authenticated connections, in the order they were established.
+        self._connections: list[ServerReplicationProtocol] = []
+        #: Every connection not yet lost, authenticated or not.
+        self.open_protocols: set[ServerReplicationProtocol] = set()
+
+    def buildProtocol(self, addr: object) -> ServerReplicationProtocol:
+        return ServerReplicationProtocol(self)
+
+    @property
+    def connections(self) -> tuple[ServerReplicationProtocol, ...]:
+        """The authenticated worker connections."""
+        return tuple(self._connections)
+
+    def add_connection(self, conn: ServerReplicationProtocol) -> None:
+        self._connections.append(conn)
+
+    def remove_connection(self, conn: ServerReplicationProtocol) -> None:
+        if conn in self._connections:
+            self._connections.remove(conn)
+
+    # -- ReplicationBus ----------------------------------------------------------------
+
+    def send_command(self, cmd: Command) -> None:
+        """Send ``cmd`` to every authenticated worker (encoded once)."""
+        if not self._connections:
+            logger.debug("no replication connections: dropping %s", cmd.NAME)
+            return
+        try:
+            line = command_line(cmd).encode("utf-8")
+        except CommandEncodeError as e:
+            logger.error("not sending %s to workers: %s", cmd.NAME, e)
+            return
+        for conn in list(self._connections):
+            conn.send_encoded(cmd.NAME, line)
+
+    def describe(self) -> str:
+        return f"replication listener of {self.server_name} ({len(self._connections)} workers)"
+
+    # -- relaying ----------------------------------------------------------------------
+
+    def relay(self, sender: ServerReplicationProtocol, name: str, line: bytes) -> None:
+        """Pass a data command from ``sender`` on to every other worker.
+
+        The line is forwarded as received: it has just been parsed, so it is
+        valid, and re-encoding it could only cost time (or, for odd but valid
+        JSON such as ``1e15``, make it longer).
+        """
+        for conn in list(self._connections):
+            if conn is not sender:
+                conn.send_encoded(name, line)
+
+    def close_all(self) -> None:
+        """Close every connection, authenticated or not yet (for shutdown)."""
+        for conn in list(self.open_protocols):
+            conn.close()

@@ -1,0 +1,236 @@
+"""Real homeserver processes for end-to-end tests.
+
+:class:`ServerProcesses` writes a config for a layout into a temporary directory,
+starts ``python -m synapse_lite.app.homeserver`` and ``...generic_worker`` as OS
+processes, waits for their ``/health``, and stops, kills or restarts them.
+Each process's output goes to ``<name>.log`` in the directory; the tail of it is
+shown when a process fails to come up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from typing import Any
+
+import attr
+import treq
+import yaml
+from twisted.internet import defer, protocol, reactor, task
+from twisted.trial import unittest
+from twisted.web.client import HTTPConnectionPool
+
+from tests.harness.databases import TestDatabase
+
+#: The directory holding the synapse_lite package (trial runs tests elsewhere).
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: How long a process may take to answer /health after being started.
+START_TIMEOUT_SECONDS = 30.0
+
+
+#: Test HTTP requests do not keep connections open past the test.
+NO_KEEPALIVE = HTTPConnectionPool(reactor, persistent=False)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _ProcessProtocol(protocol.ProcessProtocol):
+    def __init__(self, log_path: str) -> None:
+        self._log = open(log_path, "ab")
+        self.ended: defer.Deferred[int | None] = defer.Deferred()
+        self.exit_code: int | None = None
+        self.running = True
+
+    def outReceived(self, data: bytes) -> None:
+        self._log.write(data)
+        self._log.flush()
+
+    errReceived = outReceived
+
+    def processEnded(self, reason: Any) -> None:
+        self.running = False
+        self.exit_code = getattr(reason.value, "exitCode", None)
+        self._log.close()
+        self.ended.callback(self.exit_code)
+
+
+@attr.s(auto_attribs=True)
+class ServerProcess:
+    name: str
+    args: list[str]
+    health_url: str | None
+    log_path: str
+    transport: Any = None
+    proto: _ProcessProtocol | None = None
+
+
+def layout_config(
+    test_db: TestDatabase,
+    workers: dict[str, list[str]],
+    stream_writers: dict[str, Any],
+    transport: str = "tcp",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A config dict: ``workers`` maps names to listener resources; every
+    process gets one HTTP listener on a free port (main: client, replication,
+    health, metrics)."""
+    config: dict[str, Any] = {
+        "server_name": "test.local",
+        "database": test_db.config(),
+        "worker_replication_secret": "e2e-secret",
+        "enable_registration": True,
+        "registration_shared_secret": "e2e-shared-secret",
+        "log_level": "INFO",
+        "position_log": True,
+        "replication": {"transport": transport, "tcp": {"port": free_port()}},
+        "listeners": [
+            {"port": free_port(), "resources": ["client", "replication", "health", "metrics"]}
+        ],
+        "workers": {
+            name: {"listeners": [{"port": free_port(), "resources": resources}]}
+            for name, resources in workers.items()
+        },
+        "stream_writers": stream_writers,
+        "rate_limiting": {"enabled": False},
+    }
+    if transport == "redis":
+        from tests.harness.services import redis_address
+
+        host, port = redis_address()
+        config["replication"]["redis"] = {"host": host, "port": port}
+    config.update(extra)
+    return config
+
+
+class ServerProcesses:
+    """The processes of one homeserver config, started and stopped by a test."""
+
+    def __init__(self, testcase: unittest.TestCase, config: dict[str, Any]) -> None:
+        self.dir = tempfile.mkdtemp(prefix="synapse_lite_e2e_")
+        self.config = dict(config)
+        self.config.setdefault("data_dir", os.path.join(self.dir, "data"))
+        self.config_path = os.path.join(self.dir, "homeserver.yaml")
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(self.config, f, sort_keys=False)
+        self.processes: dict[str, ServerProcess] = {}
+        for name in ["main", *self.config.get("workers", {})]:
+            self.processes[name] = self._describe(name)
+        testcase.addCleanup(self.stop_all)
+
+    def _describe(self, name: str) -> ServerProcess:
+        if name == "main":
+            listeners = self.config["listeners"]
+            args = ["-m", "synapse_lite.app.homeserver", "-c", self.config_path]
+        else:
+            listeners = self.config["workers"][name]["listeners"]
+            args = [
+                "-m",
+                "synapse_lite.app.generic_worker",
+                "-c",
+                self.config_path,
+                "--worker-name",
+                name,
+            ]
+        health_url = None
+        for listener in listeners:
+            if "health" in listener.get("resources", []):
+                health_url = f"http://127.0.0.1:{listener['port']}/health"
+        return ServerProcess(name, args, health_url, os.path.join(self.dir, f"{name}.log"))
+
+    def url(self, name: str, resource: str = "client") -> str:
+        """Base URL of the listener of ``name`` serving ``resource``."""
+        listeners = (
+            self.config["listeners"]
+            if name == "main"
+            else self.config["workers"][name]["listeners"]
+        )
+        for listener in listeners:
+            if resource in listener.get("resources", []):
+                return f"http://127.0.0.1:{listener['port']}"
+        raise KeyError(f"{name} has no {resource} listener")
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        try:
+            with open(self.processes[name].log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    async def start(self, *names: str) -> None:
+        """Start processes (all, main first, if none named) and wait for /health."""
+        for name in names or list(self.processes):
+            await self._start_one(name)
+
+    async def _start_one(self, name: str) -> None:
+        process = self.processes[name]
+        process.proto = _ProcessProtocol(process.log_path)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [SOURCE_ROOT, env.get("PYTHONPATH")]))
+        process.transport = reactor.spawnProcess(
+            process.proto, sys.executable, [sys.executable, *process.args], env=env, path=self.dir
+        )
+        await self.wait_healthy(name)
+
+    async def wait_healthy(self, name: str, timeout: float = START_TIMEOUT_SECONDS) -> float:
+        """Wait until ``name`` answers /health; the seconds it took."""
+        process = self.processes[name]
+        start = time.monotonic()
+        while True:
+            if process.proto is not None and not process.proto.running:
+                raise AssertionError(
+                    f"{name} exited with {process.proto.exit_code}:\n{self.log_tail(name)}"
+                )
+            if process.health_url is None:
+                return 0.0
+            try:
+                response = await treq.get(process.health_url, timeout=1, pool=NO_KEEPALIVE)
+                await treq.content(response)
+                if response.code == 200:
+                    return time.monotonic() - start
+            except Exception:
+                pass
+            if time.monotonic() - start > timeout:
+                raise AssertionError(f"{name} did not become healthy:\n{self.log_tail(name)}")
+            await task.deferLater(reactor, 0.05, lambda: None)
+
+    async def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        """Signal a process and wait for it to exit; its exit code."""
+        process = self.processes[name]
+        if process.proto is None or not process.proto.running:
+            return process.proto.exit_code if process.proto else None
+        process.transport.signalProcess(sig)
+        ended = process.proto.ended
+        try:
+            return await ended.addTimeout(timeout, reactor)
+        except defer.TimeoutError:
+            process.transport.signalProcess(signal.SIGKILL)
+            raise AssertionError(f"{name} did not stop within {timeout} s") from None
+
+    async def kill(self, name: str) -> None:
+        await self.stop(name, signal.SIGKILL)
+
+    def pause(self, name: str) -> None:
+        self.processes[name].transport.signalProcess(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.processes[name].transport.signalProcess(signal.SIGCONT)
+
+    async def stop_all(self) -> None:
+        """Workers first, then the main process."""
+        for name in reversed(list(self.processes)):
+            process = self.processes[name]
+            if process.proto is not None and process.proto.running:
+                try:
+                    await self.stop(name)
+                except AssertionError:
+                    pass

@@ -1,0 +1,646 @@
+"""The direct TCP replication protocol, in memory: StringTransport and Clock.
+
+Handshakes on both ends, authentication, relaying, keepalive, pausing, bad
+input, and the promise that lost_connection follows each new_connection once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from prometheus_client import REGISTRY
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.trial import unittest
+
+from synapse_lite.replication.tcp.commands import (
+    MAX_LINE_LENGTH,
+    Command,
+    CommandEncodeError,
+    PositionCommand,
+    RemoteServerUpCommand,
+    ReplicateCommand,
+    UserSyncCommand,
+    command_line,
+    parse_command_from_line,
+)
+from synapse_lite.replication.tcp.connection import ReplicationConnection
+from synapse_lite.replication.tcp.protocol import (
+    MAX_QUEUED_COMMANDS,
+    ConnectionState,
+    ReplicationProtocol,
+)
+from synapse_lite.replication.tcp.tcp_client import (
+    ClientReplicationProtocol,
+    ReplicationClientFactory,
+)
+from synapse_lite.replication.tcp.tcp_server import (
+    ReplicationServerFactory,
+    ServerReplicationProtocol,
+)
+from tests.replication.tcp.recording_receiver import RecordingReceiver
+
+RDATA_LINE = 'RDATA events w1 5 ["ev", 1]'
+LOGGER = "synapse_lite.replication.tcp"
+
+
+def lines(transport: StringTransport) -> list[str]:
+    """What was written to ``transport`` since the last call, as lines."""
+    data = transport.value()
+    transport.clear()
+    assert data == b"" or data.endswith(b"\n"), data
+    return data.decode("utf-8").splitlines()
+
+
+def feed(proto: ReplicationProtocol, *items: str | bytes) -> None:
+    for item in items:
+        proto.dataReceived(item.encode("utf-8") + b"\n" if isinstance(item, str) else item)
+
+
+def lose(proto: ReplicationProtocol) -> None:
+    proto.connectionLost(Failure(ConnectionDone()))
+
+
+def metric(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class ServerTestCase(unittest.TestCase):
+    secret: str | None = None
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.receiver = RecordingReceiver()
+        self.factory = ReplicationServerFactory("hs.test", self.secret, self.receiver, self.clock)
+        self.port = 40000
+
+    def connect(self) -> tuple[ServerReplicationProtocol, StringTransport]:
+        self.port += 1
+        peer = IPv4Address("TCP", "10.1.2.3", self.port)
+        proto = self.factory.buildProtocol(peer)
+        transport = StringTransport(peerAddress=peer)
+        proto.makeConnection(transport)
+        return proto, transport
+
+    def connect_authenticated(self) -> tuple[ServerReplicationProtocol, StringTransport]:
+        proto, transport = self.connect()
+        if self.secret is not None:
+            feed(proto, f"AUTH {self.secret}")
+        lines(transport)
+        return proto, transport
+
+
+class ServerWithoutSecretTestCase(ServerTestCase):
+    def test_handshake(self) -> None:
+        proto, transport = self.connect()
+        self.assertEqual(lines(transport), ["SERVER hs.test", "PING 0"])
+        self.assertEqual(self.receiver.events, [("new", proto, None)])
+        self.assertEqual(proto.state, ConnectionState.ESTABLISHED)
+        feed(proto, "NAME worker1")
+        self.assertEqual(proto.describe(), "worker1 (10.1.2.3:40001)")
+
+    def test_auth_not_needed_is_ignored(self) -> None:
+        proto, transport = self.connect()
+        lines(transport)
+        feed(proto, "AUTH whatever", "NAME w1", RDATA_LINE)
+        self.assertEqual(lines(transport), [])
+        self.assertEqual(self.receiver.commands, [parse_command_from_line(RDATA_LINE)])
+
+    def test_relay_to_others_not_sender(self) -> None:
+        a, ta = self.connect_authenticated()
+        _, tb = self.connect_authenticated()
+        c, tc = self.connect_authenticated()
+        # Relayed exactly as received (the JSON keeps its spaces).
+        feed(a, RDATA_LINE)
+        self.assertEqual(lines(ta), [])
+        self.assertEqual(lines(tb), [RDATA_LINE])
+        self.assertEqual(lines(tc), [RDATA_LINE])
+        self.assertEqual(self.receiver.commands_on(a), [parse_command_from_line(RDATA_LINE)])
+
+        feed(c, "REMOTE_SERVER_UP other.example", "REPLICATE")
+        self.assertEqual(lines(ta), ["REMOTE_SERVER_UP other.example", "REPLICATE"])
+        self.assertEqual(lines(tb), ["REMOTE_SERVER_UP other.example", "REPLICATE"])
+        self.assertEqual(lines(tc), [])
+        self.assertEqual(
+            self.receiver.commands_on(c),
+            [RemoteServerUpCommand("other.example"), ReplicateCommand()],
+        )
+
+    def test_connection_commands_are_not_relayed(self) -> None:
+        a, _ = self.connect_authenticated()
+        _, tb = self.connect_authenticated()
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            feed(a, "PING 123", "NAME w1", "ERROR something odd")
+        self.assertIn("w1 (10.1.2.3:40001) sent ERROR 'something odd'", logs.output[0])
+        self.assertEqual(lines(tb), [])
+        self.assertEqual(self.receiver.commands, [])
+
+    def test_broadcast_reaches_every_connection(self) -> None:
+        a, ta = self.connect_authenticated()
+        b, tb = self.connect_authenticated()
+        self.factory.send_command(PositionCommand("events", "master", 3, 7))
+        self.assertEqual(lines(ta), ["POSITION events master 3 7"])
+        self.assertEqual(lines(tb), ["POSITION events master 3 7"])
+        self.assertEqual(self.factory.connections, (a, b))
+
+    def test_lost_connections_leave_the_broadcast(self) -> None:
+        a, ta = self.connect_authenticated()
+        b, tb = self.connect_authenticated()
+        lose(a)
+        self.factory.send_command(ReplicateCommand())
+        self.assertEqual(lines(ta), [])
+        self.assertEqual(lines(tb), ["REPLICATE"])
+        self.assertEqual(self.factory.connections, (b,))
+
+    def test_client_only_command_is_refused(self) -> None:
+        proto, transport = self.connect_authenticated()
+        with self.assertLogs(LOGGER, "WARNING"):
+            feed(proto, "SERVER hs.test", RDATA_LINE)
+        self.assertEqual(lines(transport), ["ERROR invalid command: SERVER"])
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.receiver.commands, [])
+
+
+class ServerWithSecretTestCase(ServerTestCase):
+    secret = "s3cret"
+
+    def test_auth_then_handshake(self) -> None:
+        proto, transport = self.connect()
+        self.assertEqual(lines(transport), ["SERVER hs.test"])
+        self.assertEqual(self.receiver.events, [])
+        feed(proto, "AUTH s3cret")
+        self.assertEqual(lines(transport), ["PING 0"])
+        self.assertEqual(self.receiver.events, [("new", proto, None)])
+        feed(proto, "NAME w1", RDATA_LINE)
+        self.assertEqual(self.receiver.commands, [parse_command_from_line(RDATA_LINE)])
+
+    def assert_refused(self, first: str, error: str) -> None:
+        other, tother = self.connect_authenticated()
+        proto, transport = self.connect()
+        lines(transport)
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            feed(proto, first, RDATA_LINE, "AUTH s3cret", RDATA_LINE)
+        self.assertIn(f"10.1.2.3:{self.port}", "\n".join(logs.output))
+        self.assertNotIn("s3cret", "\n".join(logs.output))
+        self.assertEqual(lines(transport), [f"ERROR {error}"])
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(proto.state, ConnectionState.CLOSED)
+        # Nothing reached the receiver or the other worker.
+        self.assertEqual(self.receiver.events, [("new", other, None)])
+        self.assertEqual(lines(tother), [])
+        self.assertEqual(self.factory.connections, (other,))
+        lose(proto)
+        self.assertEqual(self.receiver.events, [("new", other, None)])
+
+    def test_wrong_secret(self) -> None:
+        self.assert_refused("AUTH wrong", "bad secret")
+
+    def test_wrong_secret_of_another_length(self) -> None:
+        self.assert_refused("AUTH s3cret-and-more ünïcode", "bad secret")
+
+    def test_name_before_auth(self) -> None:
+        self.assert_refused("NAME w1", "authentication required")
+
+    def test_data_before_auth(self) -> None:
+        self.assert_refused(RDATA_LINE, "authentication required")
+
+    def test_ping_before_auth(self) -> None:
+        self.assert_refused("PING 5", "authentication required")
+
+    def test_unauthenticated_connections_get_no_broadcast_or_relay(self) -> None:
+        a, _ = self.connect_authenticated()
+        _, tb = self.connect_authenticated()
+        _, tpending = self.connect()
+        lines(tpending)
+        self.factory.send_command(ReplicateCommand())
+        feed(a, RDATA_LINE)
+        self.assertEqual(lines(tpending), [])
+        self.assertEqual(lines(tb), ["REPLICATE", RDATA_LINE])
+
+    def test_auth_timeout(self) -> None:
+        _, transport = self.connect()
+        lines(transport)
+        self.clock.advance(24)
+        self.assertEqual(lines(transport), [])
+        with self.assertLogs(LOGGER, "WARNING"):
+            self.clock.advance(1)
+        self.assertEqual(lines(transport), ["ERROR authentication timeout"])
+        self.assertTrue(transport.disconnecting)
+
+    def test_empty_secret_is_a_mistake(self) -> None:
+        with self.assertRaises(ValueError):
+            ReplicationServerFactory("hs.test", "", self.receiver, self.clock)
+
+
+class ClientTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.receiver = RecordingReceiver()
+
+    def connect(
+        self, secret: str | None = None
+    ) -> tuple[ReplicationClientFactory, ClientReplicationProtocol, StringTransport]:
+        factory = ReplicationClientFactory("hs.test", "worker1", secret, self.receiver, self.clock)
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9093))
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 9093))
+        proto.makeConnection(transport)
+        return factory, proto, transport
+
+    def test_handshake_with_secret(self) -> None:
+        seen_at_announce: list[list[str]] = []
+
+        class Receiver(RecordingReceiver):
+            def new_connection(self, connection: ReplicationConnection) -> None:
+                seen_at_announce.append(transport.value().decode().splitlines())
+                super().new_connection(connection)
+
+        self.receiver = Receiver()
+        factory = ReplicationClientFactory("hs.test", "worker1", "pw", self.receiver, self.clock)
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9093))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        self.assertEqual(lines(transport), ["AUTH pw", "NAME worker1", "PING 0", "REPLICATE"])
+        # The receiver hears of the connection before REPLICATE goes out.
+        self.assertEqual(seen_at_announce, [["AUTH pw", "NAME worker1", "PING 0"]])
+        self.assertIs(factory.current_connection, proto)
+
+    def test_handshake_without_secret(self) -> None:
+        _, proto, transport = self.connect()
+        self.assertEqual(lines(transport), ["NAME worker1", "PING 0", "REPLICATE"])
+        self.assertEqual(self.receiver.events, [("new", proto, None)])
+
+    def test_every_data_command_accepted_from_server(self) -> None:
+        _, proto, transport = self.connect()
+        lines(transport)
+        data_lines = [
+            RDATA_LINE,
+            "POSITION events w2 1 2",
+            "REPLICATE",
+            "USER_SYNC i @u:x None start 5",
+            "CLEAR_USER_SYNC i",
+            "FEDERATION_ACK fed 3",
+            'USER_IP @u:x ["t","ip","ua",null,5]',
+            "REMOTE_SERVER_UP other.example",
+        ]
+        feed(proto, "SERVER hs.test", "PING 1", *data_lines)
+        self.assertEqual(lines(transport), [])
+        self.assertEqual(self.receiver.commands, [parse_command_from_line(x) for x in data_lines])
+
+    def test_wrong_remote(self) -> None:
+        _, proto, transport = self.connect()
+        lines(transport)
+        with self.assertLogs(LOGGER, "WARNING"):
+            feed(proto, "SERVER elsewhere.test", RDATA_LINE)
+        self.assertEqual(lines(transport), ["ERROR Wrong remote"])
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.receiver.commands, [])
+        lose(proto)
+        self.assertEqual(self.receiver.events, [("new", proto, None), ("lost", proto, None)])
+
+    def test_server_must_name_itself_first(self) -> None:
+        _, proto, transport = self.connect()
+        lines(transport)
+        with self.assertLogs(LOGGER, "WARNING"):
+            feed(proto, RDATA_LINE)
+        self.assertEqual(lines(transport), ["ERROR expected SERVER first"])
+        self.assertEqual(self.receiver.commands, [])
+
+    def test_server_only_commands_refused(self) -> None:
+        _, proto, transport = self.connect()
+        feed(proto, "SERVER hs.test")
+        lines(transport)
+        with self.assertLogs(LOGGER, "WARNING"):
+            feed(proto, "AUTH x")
+        self.assertEqual(lines(transport), ["ERROR invalid command: AUTH"])
+
+    def test_names_and_secret_checked_up_front(self) -> None:
+        for server, client, secret in [
+            ("hs.test", "two words", None),
+            ("hs test", "w1", None),
+            ("hs.test", "w1", "multi\nline"),
+            ("hs.test", "w1", ""),
+        ]:
+            with self.assertRaises(CommandEncodeError):
+                ReplicationClientFactory(server, client, secret, self.receiver, self.clock)
+
+    def test_bus_sends_on_current_connection_only(self) -> None:
+        factory, proto, transport = self.connect()
+        lines(transport)
+        factory.send_command(ReplicateCommand())
+        self.assertEqual(lines(transport), ["REPLICATE"])
+        lose(proto)
+        self.assertIsNone(factory.current_connection)
+        factory.send_command(ReplicateCommand())  # dropped, no error
+        self.assertEqual(lines(transport), [])
+
+    def test_backoff_grows_and_resets_when_accepted(self) -> None:
+        factory = ReplicationClientFactory("hs.test", "w1", None, self.receiver, self.clock)
+        factory.jitter = 0
+        connects: list[int] = []
+
+        class Connector:
+            def connect(self) -> None:
+                connects.append(1)
+
+            def stopConnecting(self) -> None:
+                pass
+
+        delays = []
+        for _ in range(5):
+            factory.clientConnectionFailed(Connector(), Failure(ConnectionDone()))  # type: ignore[arg-type]
+            call: Any = self.clock.getDelayedCalls()[-1]
+            delays.append(round(call.getTime() - self.clock.seconds(), 3))
+            self.clock.advance(call.getTime() - self.clock.seconds())
+        self.assertEqual(len(connects), 5)
+        self.assertEqual(delays[0], 0.2)
+        self.assertTrue(all(a < b for a, b in itertools.pairwise(delays[:4])))
+        self.assertEqual(delays[-1], 10)
+        # The first PING from the server says it accepted us.
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9093))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        feed(proto, "SERVER hs.test")
+        self.assertEqual(factory.delay, 10)
+        feed(proto, "PING 1")
+        self.assertEqual(factory.delay, 0.2)
+        factory.stop()
+        self.assertTrue(transport.disconnecting)
+
+
+class LifecycleTestCase(unittest.TestCase):
+    """Framing, keepalive and flow control, on the server end (no secret)."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.receiver = RecordingReceiver()
+        self.factory = ReplicationServerFactory("hs.test", None, self.receiver, self.clock)
+        self.proto = self.factory.buildProtocol(IPv4Address("TCP", "10.0.0.9", 5555))
+        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "10.0.0.9", 5555))
+        self.proto.makeConnection(self.transport)
+        lines(self.transport)
+
+    def test_ping_every_five_seconds_when_idle(self) -> None:
+        self.clock.advance(5)
+        self.assertEqual(lines(self.transport), ["PING 5000"])
+        self.clock.advance(3)
+        self.proto.send_command(ReplicateCommand())
+        self.assertEqual(lines(self.transport), ["REPLICATE"])
+        # Something went out 2 s ago: no PING needed yet.
+        self.clock.advance(2)
+        self.assertEqual(lines(self.transport), [])
+        self.clock.advance(5)
+        self.assertEqual(lines(self.transport), ["PING 15000"])
+
+    def test_ping_timeout(self) -> None:
+        feed(self.proto, "PING 0")
+        self.clock.advance(20)
+        lines(self.transport)
+        self.assertEqual(self.proto.state, ConnectionState.ESTABLISHED)
+        with self.assertLogs(LOGGER, "WARNING"):
+            self.clock.advance(5)
+        self.assertEqual(lines(self.transport), ["ERROR ping timeout"])
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_anything_received_keeps_it_alive(self) -> None:
+        feed(self.proto, "PING 0")
+        self.clock.advance(20)
+        feed(self.proto, RDATA_LINE)
+        self.clock.advance(20)
+        self.assertEqual(self.proto.state, ConnectionState.ESTABLISHED)
+        with self.assertLogs(LOGGER, "WARNING"):
+            self.clock.advance(5)
+        self.assertEqual(self.proto.state, ConnectionState.CLOSED)
+
+    def test_no_timeout_for_a_peer_that_never_pinged(self) -> None:
+        self.clock.advance(300)
+        self.assertEqual(self.proto.state, ConnectionState.ESTABLISHED)
+
+    def test_lingering_close_is_aborted(self) -> None:
+        self.proto.close()
+        self.assertTrue(self.transport.disconnecting)
+        self.assertFalse(self.transport.disconnected)
+        self.assertIsNone(self.transport.producer)
+        self.clock.advance(24)
+        self.assertFalse(self.transport.disconnected)
+        with self.assertLogs(LOGGER, "WARNING"):
+            self.clock.advance(1)
+        self.assertTrue(self.transport.disconnected)
+
+    def test_pause_queues_and_resume_flushes_in_order(self) -> None:
+        self.assertIs(self.transport.producer, self.proto)
+        self.proto.pauseProducing()
+        self.assertEqual(self.proto.state, ConnectionState.PAUSED)
+        sent = [PositionCommand("events", "master", i, i + 1) for i in range(5)]
+        for cmd in sent:
+            self.proto.send_command(cmd)
+        self.factory.send_command(ReplicateCommand())
+        self.clock.advance(10)  # no PING queued behind them while paused
+        self.assertEqual(lines(self.transport), [])
+        self.proto.resumeProducing()
+        self.assertEqual(lines(self.transport), [command_line(c) for c in sent] + ["REPLICATE"])
+        self.assertEqual(self.proto.state, ConnectionState.ESTABLISHED)
+
+    def test_resume_stops_flushing_if_paused_again(self) -> None:
+        self.proto.pauseProducing()
+        for i in range(4):
+            self.proto.send_command(PositionCommand("events", "master", i, i + 1))
+        writes = 0
+        original_write = self.transport.write
+
+        def write(data: bytes) -> None:
+            nonlocal writes
+            original_write(data)
+            writes += 1
+            if writes == 2:
+                self.proto.pauseProducing()
+
+        self.transport.write = write  # type: ignore[method-assign]
+        self.proto.resumeProducing()
+        self.assertEqual(len(lines(self.transport)), 2)
+        self.proto.resumeProducing()
+        self.assertEqual(
+            lines(self.transport), ["POSITION events master 2 3", "POSITION events master 3 4"]
+        )
+
+    def test_queue_bound(self) -> None:
+        self.proto.pauseProducing()
+        with self.assertLogs(LOGGER, "WARNING"):
+            for i in range(MAX_QUEUED_COMMANDS + 1):
+                self.proto.send_command(PositionCommand("events", "master", i, i + 1))
+        self.assertEqual(lines(self.transport), ["ERROR Failed to keep up"])
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(self.proto.state, ConnectionState.CLOSED)
+        self.proto.send_command(ReplicateCommand())  # dropped
+        self.assertEqual(lines(self.transport), [])
+
+    def assert_refused(self, data: bytes, error: str) -> None:
+        bad_before = metric("synapse_lite_replication_bad_lines_total", {"transport": "tcp"})
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            self.proto.dataReceived(data)
+        self.assertIn("10.0.0.9:5555", "\n".join(logs.output))
+        self.assertEqual(lines(self.transport), [f"ERROR {error}"])
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(self.receiver.commands, [])
+        bad_after = metric("synapse_lite_replication_bad_lines_total", {"transport": "tcp"})
+        self.assertEqual(bad_after, bad_before + 1)
+
+    def test_invalid_utf8(self) -> None:
+        self.assert_refused(b"PING \xff\xfe\n" + RDATA_LINE.encode() + b"\n", "invalid UTF-8")
+
+    def test_line_too_long(self) -> None:
+        self.assert_refused(
+            b"PING " + b"x" * MAX_LINE_LENGTH + b"\n",
+            f"line too long (over {MAX_LINE_LENGTH} bytes)",
+        )
+
+    def test_line_too_long_without_newline(self) -> None:
+        self.assert_refused(
+            b"RDATA " + b"x" * MAX_LINE_LENGTH, f"line too long (over {MAX_LINE_LENGTH} bytes)"
+        )
+
+    def test_garbage(self) -> None:
+        self.assert_refused(
+            b"HELLO world\n" + RDATA_LINE.encode() + b"\n",
+            "failed to parse line: unknown command 'HELLO'",
+        )
+
+    def test_bad_token(self) -> None:
+        self.assert_refused(
+            b"POSITION events w1 1 1e3\n",
+            "failed to parse line: new_token must be a decimal integer, got '1e3'",
+        )
+
+    def test_longest_line_accepted(self) -> None:
+        line = b"PING " + b"x" * (MAX_LINE_LENGTH - 5)
+        self.proto.dataReceived(line[:7000])
+        self.proto.dataReceived(line[7000:] + b"\n")
+        self.assertEqual(self.proto.state, ConnectionState.ESTABLISHED)
+
+    def test_blank_lines_ignored(self) -> None:
+        self.proto.dataReceived(b"\n\n  \n" + RDATA_LINE.encode() + b"\n\n")
+        self.assertEqual(lines(self.transport), [])
+        self.assertEqual(len(self.receiver.commands), 1)
+
+    def test_lines_split_across_reads(self) -> None:
+        data = (RDATA_LINE + "\nPOSITION events w1 5 6\n").encode()
+        for i in range(len(data)):
+            self.proto.dataReceived(data[i : i + 1])
+        self.assertEqual(
+            self.receiver.commands,
+            [parse_command_from_line(RDATA_LINE), PositionCommand("events", "w1", 5, 6)],
+        )
+
+    def test_counts_commands_by_name(self) -> None:
+        def counts() -> tuple[float, float]:
+            return (
+                metric("synapse_lite_replication_commands_received_total", {"command": "RDATA"}),
+                metric("synapse_lite_replication_commands_sent_total", {"command": "REPLICATE"}),
+            )
+
+        before = counts()
+        feed(self.proto, RDATA_LINE, RDATA_LINE)
+        self.proto.send_command(ReplicateCommand())
+        after = counts()
+        self.assertEqual((after[0] - before[0], after[1] - before[1]), (2, 1))
+
+    def test_receiver_errors_are_logged_not_fatal(self) -> None:
+        class Failing(RecordingReceiver):
+            def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
+                super().on_command(connection, cmd)
+                raise RuntimeError("handler bug")
+
+        failing = Failing()
+        self.proto._receiver = failing
+        with self.assertLogs(LOGGER, "ERROR") as logs:
+            feed(self.proto, RDATA_LINE, "REPLICATE")
+        self.assertIn("handler bug", "\n".join(logs.output))
+        self.assertEqual(self.proto.state, ConnectionState.ESTABLISHED)
+        self.assertEqual(len(failing.commands), 2)
+
+    def test_unencodable_command_is_dropped(self) -> None:
+        with self.assertLogs(LOGGER, "ERROR"):
+            self.proto.send_command(UserSyncCommand("i", "@u:x", "None", True, 1))
+        self.assertEqual(lines(self.transport), [])
+        self.assertEqual(self.proto.state, ConnectionState.ESTABLISHED)
+
+
+class LostConnectionOnceTestCase(unittest.TestCase):
+    """Whatever way a connection ends, lost_connection follows new_connection once."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.receiver = RecordingReceiver()
+        self.factory = ReplicationServerFactory("hs.test", None, self.receiver, self.clock)
+
+    def connect(self) -> tuple[ServerReplicationProtocol, StringTransport]:
+        proto = self.factory.buildProtocol(IPv4Address("TCP", "10.0.0.9", 5555))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        return proto, transport
+
+    def assert_once(self, proto: ReplicationProtocol) -> None:
+        self.assertEqual(self.receiver.events, [("new", proto, None), ("lost", proto, None)])
+        self.assertEqual(self.factory.connections, ())
+
+    def test_peer_closes(self) -> None:
+        proto, _ = self.connect()
+        lose(proto)
+        self.assert_once(proto)
+
+    def test_we_close(self) -> None:
+        proto, _ = self.connect()
+        proto.close()
+        proto.close()
+        lose(proto)
+        self.assert_once(proto)
+
+    def test_bad_line(self) -> None:
+        proto, _ = self.connect()
+        with self.assertLogs(LOGGER, "WARNING"):
+            feed(proto, "garbage", "more garbage")
+        lose(proto)
+        self.assert_once(proto)
+
+    def test_ping_timeout_then_abort(self) -> None:
+        proto, _ = self.connect()
+        feed(proto, "PING 1")
+        with self.assertLogs(LOGGER, "WARNING"):
+            self.clock.advance(60)
+        lose(proto)
+        self.assert_once(proto)
+
+    def test_receiver_raising_on_lost(self) -> None:
+        class Failing(RecordingReceiver):
+            def lost_connection(self, connection: ReplicationConnection) -> None:
+                super().lost_connection(connection)
+                raise RuntimeError("handler bug")
+
+        self.receiver = Failing()
+        self.factory.receiver = self.receiver
+        proto, _ = self.connect()
+        with self.assertLogs(LOGGER, "ERROR"):
+            lose(proto)
+        self.assert_once(proto)
+
+    def test_never_announced_never_lost(self) -> None:
+        factory = ReplicationServerFactory("hs.test", "pw", self.receiver, self.clock)
+        proto = factory.buildProtocol(IPv4Address("TCP", "10.0.0.9", 5555))
+        proto.makeConnection(StringTransport())
+        lose(proto)
+        self.assertEqual(self.receiver.events, [])
+
+    def test_timers_stop_with_the_connection(self) -> None:
+        proto, _ = self.connect()
+        proto.close()
+        lose(proto)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_close_all(self) -> None:
+        _, ta = self.connect()
+        _, tb = self.connect()
+        self.factory.close_all()
+        self.assertTrue(ta.disconnecting and tb.disconnecting)

@@ -1,0 +1,287 @@
+"""The Redis replication bus against a real Redis.
+
+Each test uses its own server name, so its own channel: runs in parallel on one
+Redis do not hear each other. Connections are killed from the Redis side with
+CLIENT KILL ID, found by the names the bus gives its connections.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, cast
+
+import txredisapi
+from prometheus_client import REGISTRY
+from twisted.internet import reactor, task
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.trial import unittest
+
+from synapse_lite.config.homeserver import RedisConfig
+from synapse_lite.replication.tcp import redis as redis_module
+from synapse_lite.replication.tcp import redis_connections
+from synapse_lite.replication.tcp.commands import (
+    MAX_LINE_LENGTH,
+    PositionCommand,
+    RdataCommand,
+    RemoteServerUpCommand,
+    ReplicateCommand,
+)
+from synapse_lite.replication.tcp.redis import RedisReplicationBus
+from tests.harness.services import redis_address, require_redis
+from tests.replication.tcp.recording_receiver import RecordingReceiver, wait_until
+
+LOGGER = "synapse_lite.replication.tcp.redis"
+# The reactor's zope interfaces defeat mypy.
+any_reactor: Any = reactor
+
+
+def bad_lines() -> float:
+    value = REGISTRY.get_sample_value(
+        "synapse_lite_replication_bad_lines_total", {"transport": "redis"}
+    )
+    return value or 0.0
+
+
+class RedisBusTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        require_redis()
+        host, port = redis_address()
+        self.config = RedisConfig(host=host, port=port)
+        self.server_name = f"test-{uuid.uuid4().hex}.example"
+
+    def make_bus(self, instance_name: str) -> tuple[RedisReplicationBus, RecordingReceiver]:
+        receiver = RecordingReceiver()
+        bus = RedisReplicationBus.from_config(
+            self.config,
+            server_name=self.server_name,
+            instance_name=instance_name,
+            receiver=receiver,
+            reactor=reactor,
+            initial_delay=0.05,
+            max_delay=0.5,
+        )
+        bus.start()
+        self.addCleanup(bus.stop)
+        return bus, receiver
+
+    async def started_bus(
+        self, instance_name: str
+    ) -> tuple[RedisReplicationBus, RecordingReceiver]:
+        bus, receiver = self.make_bus(instance_name)
+        await wait_until(
+            lambda: bool(receiver.connections("new")) and bus.publisher_connected,
+            what=f"{instance_name} to subscribe and connect",
+        )
+        return bus, receiver
+
+    async def raw_redis(self) -> Any:
+        host, port = redis_address()
+        conn = await txredisapi.Connection(host, port, reconnect=False)
+        self.addCleanup(conn.disconnect)
+        return conn
+
+    async def kill(self, bus: RedisReplicationBus, role: str) -> None:
+        """Kill one of ``bus``'s connections from the Redis side."""
+        raw = await self.raw_redis()
+        name = redis_connections.client_name(bus.channel, bus.instance_name, role)
+        ids: list[str] = []
+
+        async def find() -> bool:
+            clients = await raw.execute_command("CLIENT", "LIST")
+            ids[:] = [
+                field.split("=", 1)[1]
+                for line in clients.splitlines()
+                if f" name={name} " in line
+                for field in line.split()
+                if field.startswith("id=")
+            ]
+            return bool(ids)
+
+        for _ in range(500):  # the name is set just after connecting
+            if await find():
+                break
+            await task.deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(len(ids), 1, f"one connection named {name}")
+        killed = await raw.execute_command("CLIENT", "KILL", "ID", ids[0])
+        self.assertEqual(killed, 1)
+
+    async def test_command_reaches_other_process_and_comes_back(self) -> None:
+        a, a_receiver = await self.started_bus("worker1")
+        b, b_receiver = await self.started_bus("worker2")
+        # B announced itself with REPLICATE, which A heard.
+        await wait_until(lambda: ReplicateCommand() in a_receiver.commands, what="REPLICATE")
+
+        cmd = PositionCommand("events", "worker1", 1, 5)
+        a.send_command(cmd)
+        await wait_until(
+            lambda: cmd in b_receiver.commands and cmd in a_receiver.commands, what="delivery"
+        )
+        # The echo reaches the publisher too (its handler drops it by instance
+        # name), and the bus itself is the connection.
+        self.assertIn(("command", a, cmd), a_receiver.events)
+        self.assertIn(("command", b, cmd), b_receiver.events)
+        self.assertEqual(a_receiver.connections("new"), [a])
+
+    async def test_bad_messages_are_logged_and_dropped(self) -> None:
+        bus, receiver = await self.started_bus("worker1")
+        raw = await self.raw_redis()
+        bad = [
+            b"garbage",
+            b"\xff\xfe not UTF-8",
+            b"REMOTE_SERVER_UP " + b"x" * MAX_LINE_LENGTH,
+            b"POSITION events w 1 1e3",
+            b"RDATA events w 1 [" + b"[" * 5000,
+            b"PING 12345",
+            b"",
+        ]
+        before = bad_lines()
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            for message in bad:
+                await raw.publish(bus.channel, message)
+            await raw.publish(bus.channel, b"REMOTE_SERVER_UP ok.example")
+            await wait_until(
+                lambda: RemoteServerUpCommand("ok.example") in receiver.commands,
+                what="the good message",
+            )
+        dropped = [line for line in logs.output if "dropping a message" in line]
+        self.assertEqual(len(dropped), len(bad), "\n".join(logs.output))
+        self.assertIn("invalid UTF-8: b'\\xff\\xfe not UTF-8'", dropped[1])
+        self.assertLess(len(dropped[2]), 600)  # only the start of a long message
+        self.assertEqual(bad_lines(), before + len(bad))
+        data = [c for c in receiver.commands if not isinstance(c, ReplicateCommand)]
+        self.assertEqual(data, [RemoteServerUpCommand("ok.example")])
+        self.assertEqual(receiver.connections("lost"), [])
+
+    async def test_subscriber_reconnects_after_being_killed(self) -> None:
+        a, a_receiver = await self.started_bus("worker1")
+        b, b_receiver = await self.started_bus("worker2")
+
+        def replicates_at_b() -> int:
+            return b_receiver.commands.count(ReplicateCommand())
+
+        await wait_until(lambda: replicates_at_b() >= 1, what="B's own REPLICATE")
+        replicates_before = replicates_at_b()
+
+        await self.kill(a, "sub")
+        await wait_until(lambda: len(a_receiver.connections("new")) == 2, what="resubscription")
+        self.assertEqual(
+            [kind for kind, _, _ in a_receiver.events if kind != "command"][-3:],
+            [
+                "new",
+                "lost",
+                "new",
+            ],
+        )
+        # A asks everyone for positions again, and hears B again.
+        await wait_until(lambda: replicates_at_b() > replicates_before, what="A's REPLICATE")
+        cmd = RemoteServerUpCommand("after.example")
+        b.send_command(cmd)
+        await wait_until(lambda: cmd in a_receiver.commands, what="delivery after reconnect")
+
+    async def test_publishing_while_publisher_is_down_is_queued(self) -> None:
+        a, a_receiver = await self.started_bus("worker1")
+        _b, b_receiver = await self.started_bus("worker2")
+
+        await self.kill(a, "pub")
+        await wait_until(lambda: not a.publisher_connected, what="publisher loss")
+        sent = [PositionCommand("events", "worker1", i, i + 1) for i in range(5)]
+        for cmd in sent:
+            a.send_command(cmd)
+        self.assertEqual(a.pending_count, 5)
+
+        await wait_until(
+            lambda: all(cmd in b_receiver.commands for cmd in sent), what="queued delivery"
+        )
+        received = [c for c in b_receiver.commands if isinstance(c, PositionCommand)]
+        self.assertEqual(received, sent)
+        # Losing the publisher alone is not losing the bus.
+        self.assertEqual(a_receiver.connections("lost"), [])
+
+    async def test_overflow_drops_the_queue_and_resyncs(self) -> None:
+        self.patch(redis_module, "MAX_PENDING_COMMANDS", 5)
+        a, a_receiver = await self.started_bus("worker1")
+        _b, b_receiver = await self.started_bus("worker2")
+        await wait_until(
+            lambda: ReplicateCommand() in b_receiver.commands, what="B's own REPLICATE"
+        )
+        replicates_before = b_receiver.commands.count(ReplicateCommand())
+
+        await self.kill(a, "pub")
+        await wait_until(lambda: not a.publisher_connected, what="publisher loss")
+        with self.assertLogs(LOGGER, "ERROR"):
+            for i in range(6):
+                a.send_command(PositionCommand("events", "worker1", i, i + 1))
+        # Announced lost at once; the queue is gone; what follows is dropped.
+        self.assertEqual(a_receiver.connections("lost"), [a])
+        self.assertEqual(a.pending_count, 0)
+        a.send_command(PositionCommand("events", "worker1", 100, 101))
+        self.assertEqual(a.pending_count, 0)
+
+        # Once the publisher is back, the bus is announced anew (the handler
+        # re-announces its positions) and asks everyone for theirs.
+        await wait_until(lambda: len(a_receiver.connections("new")) == 2, what="re-announce")
+        await wait_until(
+            lambda: b_receiver.commands.count(ReplicateCommand()) > replicates_before,
+            what="REPLICATE after the resync",
+        )
+        self.assertEqual([c for c in b_receiver.commands if isinstance(c, PositionCommand)], [])
+
+    async def test_unencodable_command_is_dropped(self) -> None:
+        bus, _ = await self.started_bus("worker1")
+        with self.assertLogs(LOGGER, "ERROR"):
+            bus.send_command(RdataCommand("events", "worker1", 1, ["x" * MAX_LINE_LENGTH]))
+        self.assertEqual(bus.pending_count, 0)
+
+    async def test_stop_loses_the_connection_once(self) -> None:
+        bus, receiver = await self.started_bus("worker1")
+        await bus.stop()
+        self.assertEqual(receiver.connections("lost"), [bus])
+        bus.send_command(ReplicateCommand())  # dropped, no error
+        await bus.stop()
+        self.assertEqual(receiver.connections("lost"), [bus])
+
+
+class SilentRedisTestCase(unittest.TestCase):
+    """A "Redis" that accepts connections and never answers (no Redis needed)."""
+
+    async def test_silent_redis_is_dropped(self) -> None:
+        open_connections: list[Protocol] = []
+        lost: list[Protocol] = []
+
+        class BlackHole(Protocol):
+            def connectionMade(self) -> None:
+                open_connections.append(self)
+
+            def connectionLost(self, reason: Failure = connectionDone) -> None:
+                open_connections.remove(self)
+                lost.append(self)
+
+        port = any_reactor.listenTCP(0, Factory.forProtocol(BlackHole), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        clock = task.Clock()
+        receiver = RecordingReceiver()
+        bus = RedisReplicationBus(
+            server_name="silent.example",
+            instance_name="worker1",
+            receiver=receiver,
+            endpoint=cast(Any, TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port)),
+            clock=clock,
+        )
+        bus.start()
+        self.addCleanup(bus.stop)
+        await wait_until(
+            lambda: len(open_connections) == 2 and bus.publisher_connected, what="connections"
+        )
+        # Nothing confirms the SUBSCRIBE: given up on after the timeout.
+        with self.assertLogs(LOGGER, "WARNING"):
+            clock.advance(redis_connections.KEEPALIVE_TIMEOUT_SECONDS)
+        await wait_until(lambda: len(lost) == 1, what="the subscriber to be dropped")
+        # The publisher's keepalive PING went out at that moment; no answer either.
+        with self.assertLogs("synapse_lite.replication.tcp.redis_connections", "WARNING"):
+            clock.advance(redis_connections.KEEPALIVE_TIMEOUT_SECONDS)
+        await wait_until(lambda: len(lost) == 2, what="the publisher to be dropped")
+        self.assertFalse(bus.publisher_connected)
+        # Never subscribed, so never announced to the receiver.
+        self.assertEqual(receiver.events, [])
