@@ -263,11 +263,12 @@ class ClientProcessesTestCase(unittest.TestCase):
             if isinstance(body, bytes)
             else (None if body is None else json.dumps(body).encode())
         )
+        headers: dict[bytes | str, list[bytes | str]] = {"Authorization": [f"Bearer {token}"]}
         response = await treq.request(
             method,
             self.servers.url(process) + "/_matrix/client/v3" + path,
             data=data,
-            headers={"Authorization": [f"Bearer {token}"]},
+            headers=headers,
             pool=NO_KEEPALIVE,
         )
         content = await treq.content(response)

@@ -54,7 +54,7 @@ class WorkersTestCase(DatabaseTestCase):
             room = await self.alice.create_room(preset="public_chat")
             await self.bob.ok("POST", f"/join/{room}", {})
             rooms.append(room)
-            writers.add(await self.servers["main"].datastore.get_event_writer_for_room(room))
+            writers.add(str(await self.servers["main"].datastore.get_event_writer_for_room(room)))
         return rooms
 
     async def test_registration_on_a_worker_creates_the_device_on_main(self) -> None:

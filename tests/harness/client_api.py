@@ -10,7 +10,7 @@ them on an in-memory replication bus.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import treq
 from twisted.internet import reactor
@@ -24,6 +24,8 @@ from synapse_lite.server import HomeServer
 from synapse_lite.storage.util import id_generators
 from tests.harness.databases import TestDatabase
 from tests.harness.server import LoopbackBus, make_config, make_homeserver
+
+_reactor = cast(Any, reactor)
 
 
 class ClientApi:
@@ -53,14 +55,17 @@ class ClientApi:
         headers: dict[str, list[str]] | None = None,
     ) -> tuple[int, Any]:
         """``(status, json body)``; the body is None when it is not JSON."""
-        all_headers = {"Content-Type": ["application/json"], **(headers or {})}
+        all_headers: dict[bytes | str, list[bytes | str]] = {
+            "Content-Type": ["application/json"],
+            **(headers or {}),  # type: ignore[dict-item]
+        }
         use_token = self.token if token == "default" else token
         if use_token is not None:
             all_headers["Authorization"] = [f"Bearer {use_token}"]
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         url = self.base_url + (path if path.startswith("/_") else "/_matrix/client/v3" + path)
         response = await treq.request(
-            method, url, data=data, headers=all_headers, pool=self._pool, reactor=reactor
+            method, url, data=data, headers=all_headers, pool=self._pool, reactor=_reactor
         )
         content = await treq.content(response)
         try:
@@ -114,7 +119,7 @@ def serve(testcase: unittest.TestCase, hs: HomeServer) -> str:
         build_listener_resource(hs, ("client", "replication")),
         hs.config.limits.max_request_body_bytes,
     )
-    port = reactor.listenTCP(0, site, interface="127.0.0.1")  # type: ignore[attr-defined]
+    port = _reactor.listenTCP(0, site, interface="127.0.0.1")
     number = port.getHost().port
     hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
     testcase.addCleanup(port.stopListening)

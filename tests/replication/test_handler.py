@@ -245,13 +245,12 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         main, p1 = servers["main"], servers["persister1"]
         await eventually(lambda: p1.replication.connected)
         received: list[tuple[str, Any]] = []
+
+        def hook(stream: str) -> Any:
+            return lambda instance, token, rows: received.extend((stream, r) for r in rows)
+
         for stream in ("receipts", "caches", "device_lists"):
-            p1.replication.data_handler.add_row_hook(
-                stream,
-                lambda instance, token, rows, stream=stream: received.extend(
-                    (stream, r) for r in rows
-                ),
-            )
+            p1.replication.data_handler.add_row_hook(stream, hook(stream))
         receipt_id = await main.datastore.insert_receipt(
             "!room:test.local", "m.read", "@alice:test.local", "$event", {"ts": 1}
         )

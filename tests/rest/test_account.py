@@ -152,6 +152,7 @@ class AccountTestCase(DatabaseTestCase):
         result = await self.api.as_user(None).ok("POST", "/_synapse/admin/v1/register", body)
         self.assertEqual(result["user_id"], "@admin1:test.local")
         user = await self.servers["main"].datastore.get_user("@admin1:test.local")
+        assert user is not None
         self.assertTrue(user["admin"])
         bad = await self._shared_secret_body("admin2", secret="wrong")
         code, answer = await self.api.request("POST", "/_synapse/admin/v1/register", bad)
