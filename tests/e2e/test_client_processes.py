@@ -31,6 +31,8 @@ WORKERS = {
 WRITERS = {"events": ["persister1", "persister2"], "typing": "typing1"}
 MESSAGES = 40
 DEADLINE_SECONDS = 60.0
+#: Above any backlog in these tests: a limited timeline would need /messages.
+WIDE = {"room": {"timeline": {"limit": 500}}}
 
 
 def room_events(response: Any, room_id: str) -> list[Any]:
@@ -113,7 +115,9 @@ class ClientProcessesTestCase(unittest.TestCase):
         while time.monotonic() < deadline:
             client = clients[turn % len(clients)]
             turn += 1
-            response = await self.runner.run(client.sync(timeout=5000, since=since))
+            response = await self.runner.run(
+                client.sync(timeout=5000, since=since, sync_filter=WIDE)
+            )
             self.assertIsInstance(response, nio.SyncResponse, response)
             since = response.next_batch
             if found(response):
@@ -147,7 +151,9 @@ class ClientProcessesTestCase(unittest.TestCase):
             # A token from one process used on the other must lose nothing.
             client = clients[turn % 2]
             turn += 1
-            response = await self.runner.run(client.sync(timeout=3000, since=since))
+            response = await self.runner.run(
+                client.sync(timeout=3000, since=since, sync_filter=WIDE)
+            )
             self.assertIsInstance(response, nio.SyncResponse, response)
             since = response.next_batch
             for room in rooms:
@@ -155,7 +161,9 @@ class ClientProcessesTestCase(unittest.TestCase):
                     if isinstance(event, nio.RoomMessageText):
                         received[room].append(event.body)
         await sending
-        final = await self.runner.run(self.bob_main.sync(timeout=500, since=since))
+        final = await self.runner.run(
+            self.bob_main.sync(timeout=500, since=since, sync_filter=WIDE)
+        )
         for room in rooms:
             received[room].extend(
                 e.body for e in room_events(final, room) if isinstance(e, nio.RoomMessageText)
