@@ -268,3 +268,52 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         self.assertEqual(rows["receipts"].event_id, "$event")
         self.assertEqual(rows["device_lists"].device_id, "DEV")
         self.assertEqual(rows["caches"].cache_func, "get_user_by_access_token")
+
+
+class _FakeConnection:
+    """A connection we hand commands through ourselves."""
+
+    def send_command(self, cmd: Any) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "fake"
+
+
+class LiftedPositionTestCase(DatabaseTestCase):
+    """Other writers' announcements can lift a writer's current token (through
+    persisted-up-to) past rows of it this process has not processed yet. Those
+    rows must still be processed, and tokens must not cover them before."""
+
+    async def test_rows_below_a_lifted_position_are_processed(self) -> None:
+        config = make_config(
+            self.test_db,
+            workers=["persister1", "persister2"],
+            stream_writers={"events": ["persister1", "persister2"]},
+        )
+        main = make_homeserver(self, config, "main")
+        handler = main.replication
+        connection = _FakeConnection()
+        handler.new_connection(connection)  # type: ignore[arg-type]
+        seen: list[str] = []
+        handler.data_handler.add_row_hook(
+            "events", lambda instance, token, rows: seen.extend(r.data.event_id for r in rows)
+        )
+        for writer in ("persister1", "persister2"):
+            handler.on_command(connection, PositionCommand("events", writer, 0, 0))  # type: ignore[arg-type]
+        await eventually(lambda: main.datastore.get_room_max_token().stream == 0)
+        # persister2, idle, has seen persister1 reach 1 and says so first
+        # (Redis does not order messages of different publishers).
+        handler.on_command(connection, PositionCommand("events", "persister2", 0, 1))  # type: ignore[arg-type]
+        events_stream = handler.streams["events"]
+        await eventually(lambda: events_stream.current_token("persister1") == 1)
+        # The lifted token must not cover persister1's unprocessed row...
+        self.assertEqual(main.datastore.get_room_max_token().get_position("persister1"), 0)
+        row = [
+            "ev",
+            ["$late", "!room:test.local", "m.room.message", None, None, None, None, False, False],
+        ]
+        handler.on_command(connection, RdataCommand("events", "persister1", 1, row))  # type: ignore[arg-type]
+        # ...and the row itself must not be dropped as old.
+        await eventually(lambda: seen == ["$late"], what="the row to be processed")
+        self.assertEqual(main.datastore.get_room_max_token().get_position("persister1"), 1)

@@ -60,6 +60,13 @@ class Stream:
         """Where this process's own last write is (no idle jump)."""
         return self.current_token(self.local_instance_name)
 
+    def processed_position(self, instance_name: str) -> int:
+        """How far this process has taken ``instance_name``'s rows (and
+        positions): every row of it at or below has been processed here. Never
+        above :meth:`current_token`, which may be lifted past it by other
+        writers' announcements."""
+        return self.current_token(instance_name)
+
     def can_discard_position(self, instance_name: str, prev_token: int, new_token: int) -> bool:
         """Whether a POSITION brings nothing new (for a stream that never resets)."""
         return False
@@ -115,8 +122,14 @@ class StreamFromIdGen(Stream):
     def minimal_local_current_token(self) -> int:
         return self.id_gen.get_minimal_local_current_token()
 
+    def processed_position(self, instance_name: str) -> int:
+        if instance_name == self.local_instance_name:
+            return self.current_token(instance_name)
+        own = self.id_gen.get_positions().get(instance_name)
+        return self.current_token(instance_name) if own is None else own
+
     def can_discard_position(self, instance_name: str, prev_token: int, new_token: int) -> bool:
-        return new_token <= self.current_token(instance_name)
+        return new_token <= self.processed_position(instance_name)
 
 
 def no_update_function(stream_name: str) -> UpdateFunction:

@@ -59,14 +59,21 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
     # Positions
 
     def get_room_max_token(self) -> RoomStreamToken:
-        """The newest position a reader may use: persisted-up-to, plus each
-        writer known to be ahead of it."""
+        """The newest position a reader may use: each writer's position as far
+        as this process has processed its rows (so caches and change trackers
+        are current up to it), with the smallest as the base.
+
+        Not the persisted-up-to position: other writers' announcements can
+        lift that past rows of a writer this process has not processed yet.
+        """
         id_gen = self._stream_id_gen
-        stream = id_gen.get_current_token()
-        positions = {
-            name: id_gen.get_current_token_for_writer(name) for name in id_gen.get_positions()
-        }
-        return RoomStreamToken.from_positions(stream, positions)
+        positions = id_gen.get_positions()
+        me = self._instance_name
+        if me in positions:
+            positions[me] = id_gen.get_current_token_for_writer(me)
+        if not positions:
+            return RoomStreamToken(id_gen.get_current_token())
+        return RoomStreamToken.from_positions(min(positions.values()), positions)
 
     def get_room_max_stream_ordering(self) -> int:
         return self._stream_id_gen.get_current_token()
