@@ -341,7 +341,11 @@ class SyncHandler:
                     current[room_id] = at_now
         changed: set[str] = set()
         at_since: dict[str, str | None] = {}
-        if since is not None and since.room_key != now:
+        if (
+            since is not None
+            and since.room_key != now
+            and self._store.membership_changes.may_have_changed(user_id, since.room_key)
+        ):
             for row in await self._store.get_membership_changes_between(
                 user_id, since.room_key, now
             ):
@@ -382,6 +386,12 @@ class SyncHandler:
             result[room_id] = await self._room_entry(
                 user_id, room_id, events, limit, None, now, full=True, now_ms=now_ms
             )
+        if since is not None:
+            # Only rooms that may have events after the token need a query.
+            room_changes = self._store.room_changes
+            incremental = [
+                r for r in incremental if room_changes.may_have_changed(r, since.room_key)
+            ]
         if incremental and since is not None and since.room_key != now.room_key:
             by_room = await self._events_by_room(incremental, since.room_key, now.room_key, limit)
             for room_id, events in by_room.items():

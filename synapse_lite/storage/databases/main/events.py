@@ -45,11 +45,14 @@ class EventsStore(EventsWorkerStore):
     def _persist_events_txn(
         self, txn: LoggingTransaction, events: list[EventContent]
     ) -> list[Event]:
+        persisted: list[Event] = []
+        # Registered before the ids are taken, so it runs (after commit) before
+        # they finish and the positions covering these events become visible.
+        txn.call_after(self._record_persisted_positions, persisted)
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
         depths: dict[str, int] = {}
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
-        persisted: list[Event] = []
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
             if room_id not in depths:
@@ -97,6 +100,13 @@ class EventsStore(EventsWorkerStore):
         for room_id in sorted(state_changed):
             self.invalidate_state_caches_and_stream_txn(txn, room_id, members_changed[room_id])
         return persisted
+
+    def _record_persisted_positions(self, persisted: list[Event]) -> None:
+        for event in persisted:
+            self.record_event_position(
+                event.room_id, event.type, event.state_key, event.instance_name,
+                event.stream_ordering,
+            )  # fmt: skip
 
     def _record_txn_id_txn(
         self, txn: LoggingTransaction, txn_key: tuple[str, str, str], event: Event

@@ -77,9 +77,11 @@ class RoomMemberWorkerStore(StreamWorkerStore):
         )
         return [(r[0], r[1], r[2], int(r[3])) for r in rows]
 
-    async def get_local_memberships_with_positions(self, user_id: str) -> list[MembershipRow]:
+    @cached()
+    async def get_local_memberships_with_positions(self, user_id: str) -> tuple[MembershipRow, ...]:
         """A local user's current membership of every room they have one in,
-        with where the deciding event sits in the events stream."""
+        with where the deciding event sits in the events stream. Cached;
+        forgotten with ``get_rooms_for_user`` when their membership changes."""
         rows = await self.db_pool.select(
             "get_local_memberships_with_positions",
             "SELECT l.room_id, l.membership, l.event_id, l.event_stream_ordering, e.instance_name"
@@ -87,7 +89,7 @@ class RoomMemberWorkerStore(StreamWorkerStore):
             " WHERE l.user_id = ?",
             user_id,
         )
-        return [(r[0], r[1], r[2], int(r[3]), r[4]) for r in rows]
+        return tuple((r[0], r[1], r[2], int(r[3]), r[4]) for r in rows)
 
     async def get_membership_changes_between(
         self, user_id: str, from_token: RoomStreamToken | None, to_token: RoomStreamToken
