@@ -212,6 +212,7 @@ class WorkersTestCase(DatabaseTestCase):
 
     async def test_presence_follows_syncs_on_another_process(self) -> None:
         self.patch(presence_module, "SYNC_ONLINE_GRACE_MS", 0)
+        self.patch(presence_module, "SYNC_STOP_DELAY_SECONDS", 0.1)
         main = self.servers["main"]
         states: list[str] = []
 
