@@ -501,6 +501,23 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         # second never heard of 8 or 10 and third has announced nothing.
         self.assertEqual(second.get_current_token(), 7)
 
+    async def test_ids_held_back_by_a_fetch_still_count_as_written_here(self) -> None:
+        """A fetch under way (begun when the largest id seen was 0) may return
+        any id above 0, so ids 1 and 2 finishing do not move our position; but
+        they were written here, and the streamer must send their rows before
+        announcing any position covering them."""
+        id_gen = self.make_id_gen("first", writers=["first", "second"])
+        with id_gen._lock:
+            id_gen._in_flight_fetches.append(0)
+        try:
+            for _ in range(2):
+                await self.write_row_with(id_gen, "first")
+            self.assertEqual(id_gen.get_positions()["first"], 0)
+            self.assertEqual(id_gen.get_minimal_local_current_token(), 2)
+        finally:
+            with id_gen._lock:
+                id_gen._in_flight_fetches.remove(0)
+
 
 class BackwardsTestCase(IdGeneratorTestCase):
     positive = False

@@ -110,6 +110,9 @@ class MultiWriterIdGenerator:
         self._known_persisted_positions: list[int] = []
         self._max_seen_allocated_stream_id = 0
         self._max_position_of_local_instance = 0
+        #: The largest id this process has finished: may be above its position
+        #: while smaller ids (or a fetch that may return one) are outstanding.
+        self._max_finished_local_id = 0
 
         #: Rows read at startup after the stored positions (diagnostics: it must
         #: not grow with the size of the stream's tables).
@@ -302,6 +305,8 @@ class MultiWriterIdGenerator:
             for i in ids:
                 self._unfinished_ids.discard(i)
                 self._finished_ids.add(i)
+            if ids:
+                self._max_finished_local_id = max(self._max_finished_local_id, *ids)
 
             new_current: int | None
             if self._unfinished_ids or self._in_flight_fetches:
@@ -363,16 +368,19 @@ class MultiWriterIdGenerator:
             return pos * self._factor
 
     def get_minimal_local_current_token(self) -> int:
-        """The position of this process's last finished write (no idle jump).
+        """The largest id this process has finished writing (no idle jump).
 
         The streamer compares it with what it last sent to know whether there
-        are local rows to send.
+        are local rows to send. It is not this process's position: ids above
+        the position may have finished while a smaller one (or a fetch that
+        may return one) is outstanding, and their rows must still be sent
+        before a position covering them is announced.
         """
         with self._lock:
-            return (
-                self._current_positions.get(self._instance_name, self._persisted_upto_position)
-                * self._factor
+            position = self._current_positions.get(
+                self._instance_name, self._persisted_upto_position
             )
+            return max(position, self._max_finished_local_id) * self._factor
 
     def get_positions(self) -> dict[str, int]:
         """The known position of each writer."""
