@@ -112,7 +112,8 @@ class RegisterDeviceEndpoint(ReplicationEndpoint):
 
 
 class DeleteDevicesEndpoint(ReplicationEndpoint):
-    """``{user_id, device_ids: [...] | null}`` on the main process."""
+    """``{user_id, device_ids: [...] | null}`` on the main process ->
+    ``{token_hashes}`` (so the caller forgets them at once)."""
 
     NAME = DELETE_DEVICES_ENDPOINT
 
@@ -124,5 +125,5 @@ class DeleteDevicesEndpoint(ReplicationEndpoint):
                 raise SynapseError(400, "'device_ids' must be a list or null", Codes.BAD_JSON)
             for device_id in device_ids:
                 check_identifier_text(device_id, "device_ids")
-        await self.hs.device_handler.delete_devices(user_id, device_ids)
-        return {}
+        hashes = await self.hs.device_handler.delete_devices(user_id, device_ids)
+        return {"token_hashes": hashes}

@@ -120,11 +120,13 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
 
         return await self.db_pool.runInteraction("replace_access_tokens", txn_func)
 
-    async def delete_devices(self, user_id: str, device_ids: list[str] | None) -> list[str]:
+    async def delete_devices(
+        self, user_id: str, device_ids: list[str] | None
+    ) -> tuple[list[str], list[str]]:
         """Log devices out: delete them (every device of the user when None)
         with all their access tokens, here and, through the caches stream,
         everywhere. Main process only (device_lists). Returns the devices
-        deleted."""
+        deleted and the hashes of the tokens revoked."""
 
         def txn_func(txn: LoggingTransaction) -> tuple[list[str], list[str]]:
             if device_ids is None:
@@ -151,8 +153,7 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
                 txn.call_after(self.get_user_by_access_token.invalidate, token_hash)
             return deleted, hashes
 
-        deleted, _ = await self.db_pool.runInteraction("delete_devices", txn_func)
-        return deleted
+        return await self.db_pool.runInteraction("delete_devices", txn_func)
 
     # User-interactive auth sessions (shared by every process through the table)
 
