@@ -53,11 +53,15 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, An
         send_bases = [cluster.url(n) for n in SEND_TO[layout]]
         sync_base = cluster.url(SYNC_ON[layout])
         people, rooms = await setup_users_and_rooms(client, main, args.users, args.rooms)
+        room_bases = None
+        if args.route_to_writer and layout != "single":
+            # What a load balancer that knows each room's writer would do.
+            room_bases = {r: cluster.url(w) for r, w in cluster.room_writers().items()}
         # Warm up caches and connections.
         await measure_throughput(client, send_bases, sync_base, people, rooms, 40, args.senders)
         cpu_before = cluster.cpu_seconds()
         throughput = await measure_throughput(
-            client, send_bases, sync_base, people, rooms, args.messages, args.senders
+            client, send_bases, sync_base, people, rooms, args.messages, args.senders, room_bases
         )
         cpu = {n: t - cpu_before[n] for n, t in cluster.cpu_seconds().items()}
         wakeup = await measure_wakeup(
@@ -97,6 +101,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool
     )
     transports = ", ".join(f"{n}: {r['transport']}" for n, r in results.items())
     print(f"replication: {transports}")
+    routing = "to each room's writer" if args.route_to_writer else "round-robin over the persisters"
+    print(f"split layout sends: {routing}")
     print()
     header = ["metric", *layouts, "target", "larger homeserver", "result"]
     rows: list[list[str]] = []
@@ -175,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=4)
     parser.add_argument("--rooms", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=50, help="wake-up measurements")
+    parser.add_argument(
+        "--route-to-writer",
+        action="store_true",
+        help="send each room's messages to its events writer (split layout)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the layouts' directories")
     args = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}

@@ -149,6 +149,23 @@ class Cluster:
             time.sleep(0.05)
         raise RuntimeError(f"{name} did not start; see {self.dir}/{name}.log")
 
+    def room_writers(self) -> dict[str, str]:
+        """Each room's events writer, as stored with the room."""
+        if self.database["engine"] == "sqlite":
+            import sqlite3
+
+            conn: Any = sqlite3.connect(self.database["args"]["path"])
+        else:
+            import psycopg2
+
+            conn = psycopg2.connect(**self.database["args"])
+        try:
+            cursor = conn.cursor()
+            cursor.execute("SELECT room_id, event_writer FROM rooms")
+            return {room: writer for room, writer in cursor.fetchall()}
+        finally:
+            conn.close()
+
     def rss_mb(self) -> dict[str, float]:
         """Resident memory of each process, from /proc."""
         result = {}

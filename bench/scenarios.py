@@ -135,9 +135,12 @@ async def measure_throughput(
     rooms: list[str],
     messages: int,
     senders: int,
+    room_bases: dict[str, str] | None = None,
 ) -> ThroughputResult:
     """``senders`` concurrent senders (spread over the users and rooms) send
-    ``messages`` in all; every user long-polls /sync until it has seen them all."""
+    ``messages`` in all; every user long-polls /sync until it has seen them all.
+    Sends go round-robin over ``send_bases``, or with ``room_bases`` to the
+    process given for each room."""
     starts = {p.user_id: (await client.sync(sync_base, p, None, 0))["next_batch"] for p in people}
     expected: set[str] = set()
     #: user -> event id -> when their sync returned it
@@ -151,7 +154,8 @@ async def measure_throughput(
         while (n := next(counter)) < messages:
             room = rooms[n % len(rooms)]
             start = time.perf_counter()
-            expected.add(await client.send(base, user, room, f"bench {n}"))
+            target = room_bases[room] if room_bases else base
+            expected.add(await client.send(target, user, room, f"bench {n}"))
             latencies.append((time.perf_counter() - start) * 1000)
 
     async def syncer(user: User) -> None:
