@@ -294,17 +294,17 @@ class LiftedPositionTestCase(DatabaseTestCase):
         main = make_homeserver(self, config, "main")
         handler = main.replication
         connection = _FakeConnection()
-        handler.new_connection(connection)  # type: ignore[arg-type]
+        handler.new_connection(connection)
         seen: list[str] = []
         handler.data_handler.add_row_hook(
             "events", lambda instance, token, rows: seen.extend(r.data.event_id for r in rows)
         )
         for writer in ("persister1", "persister2"):
-            handler.on_command(connection, PositionCommand("events", writer, 0, 0))  # type: ignore[arg-type]
+            handler.on_command(connection, PositionCommand("events", writer, 0, 0))
         await eventually(lambda: main.datastore.get_room_max_token().stream == 0)
         # persister2, idle, has seen persister1 reach 1 and says so first
         # (Redis does not order messages of different publishers).
-        handler.on_command(connection, PositionCommand("events", "persister2", 0, 1))  # type: ignore[arg-type]
+        handler.on_command(connection, PositionCommand("events", "persister2", 0, 1))
         events_stream = handler.streams["events"]
         await eventually(lambda: events_stream.current_token("persister1") == 1)
         # The lifted token must not cover persister1's unprocessed row...
@@ -313,7 +313,7 @@ class LiftedPositionTestCase(DatabaseTestCase):
             "ev",
             ["$late", "!room:test.local", "m.room.message", None, None, None, None, False, False],
         ]
-        handler.on_command(connection, RdataCommand("events", "persister1", 1, row))  # type: ignore[arg-type]
+        handler.on_command(connection, RdataCommand("events", "persister1", 1, row))
         # ...and the row itself must not be dropped as old.
         await eventually(lambda: seen == ["$late"], what="the row to be processed")
         self.assertEqual(main.datastore.get_room_max_token().get_position("persister1"), 1)
