@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from synapse_lite.replication.http._base import ReplicationEndpoint, ReplicationRestResource
+from synapse_lite.replication.http.client_writes import (
+    AddAccountDataEndpoint,
+    DeleteDevicesEndpoint,
+    RegisterDeviceEndpoint,
+    SendReceiptEndpoint,
+    SendToDeviceEndpoint,
+)
 from synapse_lite.replication.http.handlers import SetPresenceEndpoint, SetTypingEndpoint
+from synapse_lite.replication.http.send_events import SendEventsEndpoint
 from synapse_lite.replication.http.streams import GetStreamUpdates
 
 if TYPE_CHECKING:
@@ -15,6 +23,12 @@ ENDPOINT_CLASSES: list[type[ReplicationEndpoint]] = [
     GetStreamUpdates,
     SetTypingEndpoint,
     SetPresenceEndpoint,
+    SendEventsEndpoint,
+    AddAccountDataEndpoint,
+    SendReceiptEndpoint,
+    SendToDeviceEndpoint,
+    RegisterDeviceEndpoint,
+    DeleteDevicesEndpoint,
 ]
 
 

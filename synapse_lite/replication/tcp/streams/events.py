@@ -145,6 +145,12 @@ class BackfillStream(StreamFromIdGen):
     def row_received(self, instance_name: str, token: int) -> None:
         self.id_gen.advance_past_row(instance_name, -token)
 
+    def processed_position(self, instance_name: str) -> int:
+        if instance_name == self.local_instance_name:
+            return self.current_token(instance_name)
+        own = self.id_gen.get_positions().get(instance_name)
+        return self.current_token(instance_name) if own is None else -own
+
     async def _update_function(
         self, instance_name: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[Updates, int, bool]:
