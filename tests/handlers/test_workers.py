@@ -15,6 +15,7 @@ from synapse_lite.handlers import presence as presence_module
 from synapse_lite.storage.databases.main.room import choose_event_writer
 from synapse_lite.tokens import StreamToken
 from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 from tests.rest.test_sync import bodies
 
@@ -27,15 +28,6 @@ WRITERS = {
     "to_device": "typer",
     "presence": "main",
 }
-
-
-async def eventually(condition: Any, timeout: float = 5.0) -> None:
-    waited = 0.0
-    while not condition():
-        if waited > timeout:
-            raise AssertionError("timed out")
-        await task.deferLater(reactor, 0.01, lambda: None)
-        waited += 0.01
 
 
 class WorkersTestCase(DatabaseTestCase):

@@ -12,6 +12,7 @@ from synapse_lite.events import EventContent, new_event_id
 from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.util import id_generators
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 
 _counter = itertools.count()
@@ -27,16 +28,6 @@ def message(room_id: str = "!room:test.local", body: str = "hi") -> EventContent
         content={"msgtype": "m.text", "body": f"{body} {next(_counter)}"},
         origin_server_ts=1,
     )
-
-
-async def eventually(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:
-    """Spin the reactor until ``condition()`` is true."""
-    waited = 0.0
-    while not condition():
-        if waited >= timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await task.deferLater(reactor, 0.01, lambda: None)
-        waited += 0.01
 
 
 class ReplicationHandlerTestCase(DatabaseTestCase):
@@ -281,11 +272,13 @@ class _FakeConnection:
 
 
 class LiftedPositionTestCase(DatabaseTestCase):
-    """Other writers' announcements can lift a writer's current token (through
-    persisted-up-to) past rows of it this process has not processed yet. Those
-    rows must still be processed, and tokens must not cover them before."""
+    """Another writer's announcement must not lift a writer's position past
+    rows of it this process has not processed: a POSITION is not a finished id
+    (the idle persister2 may announce an id persister1 has in flight or has
+    not sent us yet). The row must still be processed, and tokens must not
+    cover it before."""
 
-    async def test_rows_below_a_lifted_position_are_processed(self) -> None:
+    async def test_rows_below_an_announced_position_are_processed(self) -> None:
         config = make_config(
             self.test_db,
             workers=["persister1", "persister2"],
@@ -306,8 +299,9 @@ class LiftedPositionTestCase(DatabaseTestCase):
         # (Redis does not order messages of different publishers).
         handler.on_command(connection, PositionCommand("events", "persister2", 0, 1))
         events_stream = handler.streams["events"]
-        await eventually(lambda: events_stream.current_token("persister1") == 1)
-        # The lifted token must not cover persister1's unprocessed row...
+        await eventually(lambda: events_stream.current_token("persister2") == 1)
+        # persister1 is not lifted, and no token covers its unprocessed row...
+        self.assertEqual(events_stream.current_token("persister1"), 0)
         self.assertEqual(main.datastore.get_room_max_token().get_position("persister1"), 0)
         row = [
             "ev",

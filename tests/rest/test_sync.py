@@ -12,6 +12,7 @@ from typing import Any
 from twisted.internet import defer
 
 from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 
 
@@ -202,6 +203,8 @@ class SyncTestCase(DatabaseTestCase):
             defer.ensureDeferred(self.bob.sync(since=initial["next_batch"], timeout=2000))
             for _ in range(2)
         ]
+        in_flight = self.servers["main"].sync_handler._in_flight
+        await eventually(lambda: in_flight[self.bob.user_id] == 2, what="both syncs waiting")
         code, body = await self.bob.request(
             "GET", f"/sync?since={initial['next_batch']}&timeout=10"
         )
