@@ -204,7 +204,8 @@ class SyncTestCase(DatabaseTestCase):
             for _ in range(2)
         ]
         in_flight = self.servers["main"].sync_handler._in_flight
-        await eventually(lambda: in_flight[self.bob.user_id] == 2, what="both syncs waiting")
+        bob = self.bob.user_id or ""
+        await eventually(lambda: in_flight[bob] == 2, what="both syncs waiting")
         code, body = await self.bob.request(
             "GET", f"/sync?since={initial['next_batch']}&timeout=10"
         )
