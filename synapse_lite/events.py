@@ -90,3 +90,36 @@ class Event:
         if now_ms is not None:
             data["unsigned"]["age"] = max(0, now_ms - self.origin_server_ts)
         return data
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class EventSpec:
+    """What a client asks to send, before its room's writer gives it an id."""
+
+    type: str
+    state_key: str | None
+    sender: str
+    content: dict[str, Any] = attr.ib(hash=False)
+    origin_server_ts: int
+    #: (user_id, device_id, txn_id) of an idempotent client send.
+    txn_key: tuple[str, str, str] | None = None
+
+    @property
+    def membership(self) -> str | None:
+        if self.type == "m.room.member":
+            value = self.content.get("membership")
+            return value if isinstance(value, str) else None
+        return None
+
+    def with_id(self, room_id: str) -> EventContent:
+        """The event to persist, with a fresh id (given by the writer)."""
+        return EventContent(
+            event_id=new_event_id(),
+            room_id=room_id,
+            type=self.type,
+            state_key=self.state_key,
+            sender=self.sender,
+            content=self.content,
+            origin_server_ts=self.origin_server_ts,
+            txn_key=self.txn_key,
+        )

@@ -8,7 +8,10 @@ covers had finished. Lines:
 * ``{"kind": "finished", "ts", "process", "stream", "writer", "id", "committed"}``
 * ``{"kind": "position", "ts", "process", "stream", "writer", "position", "purpose"}``
   where ``purpose`` says what the position was for (``announce``, ``rdata``,
-  ``sync``, ``pagination`` ...).
+  ``sync``, ``pagination`` ...). ``writer`` is :data:`STREAM_WIDE` for the
+  stream's persisted-up-to position (``get_current_token``), which covers the
+  ids of every writer; otherwise the position is that writer's and covers only
+  its ids.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import os
 import threading
 import time
 from typing import IO
+
+#: The ``writer`` of a position record that covers every writer of the stream.
+STREAM_WIDE = "*"
 
 
 class PositionLog:

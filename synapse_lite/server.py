@@ -21,6 +21,19 @@ from synapse_lite.storage.engines import create_engine
 from synapse_lite.storage.prepare_database import prepare_database
 
 if TYPE_CHECKING:
+    from synapse_lite.handlers.account_data import AccountDataHandler
+    from synapse_lite.handlers.auth import AuthHandler
+    from synapse_lite.handlers.device import DeviceHandler
+    from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+    from synapse_lite.handlers.filtering import FilteringHandler
+    from synapse_lite.handlers.login import LoginHandler
+    from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.handlers.pagination import PaginationHandler
+    from synapse_lite.handlers.receipts import ReceiptsHandler
+    from synapse_lite.handlers.register import RegistrationHandler
+    from synapse_lite.handlers.room import RoomCreationHandler
+    from synapse_lite.handlers.room_member import RoomMemberHandler
+    from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http._base import ReplicationClient
@@ -127,6 +140,86 @@ class HomeServer:
         from synapse_lite.handlers.presence import build_presence_handler
 
         return build_presence_handler(self)
+
+    # Client API handlers (synapse_lite/handlers/), one per concept
+
+    @functools.cached_property
+    def auth_handler(self) -> AuthHandler:
+        from synapse_lite.handlers.auth import AuthHandler
+
+        return AuthHandler(self)
+
+    @functools.cached_property
+    def registration_handler(self) -> RegistrationHandler:
+        from synapse_lite.handlers.register import RegistrationHandler
+
+        return RegistrationHandler(self)
+
+    @functools.cached_property
+    def login_handler(self) -> LoginHandler:
+        from synapse_lite.handlers.login import LoginHandler
+
+        return LoginHandler(self)
+
+    @functools.cached_property
+    def device_handler(self) -> DeviceHandler:
+        from synapse_lite.handlers.device import DeviceHandler
+
+        return DeviceHandler(self)
+
+    @functools.cached_property
+    def event_creation_handler(self) -> EventCreationHandler:
+        from synapse_lite.handlers.message import EventCreationHandler
+
+        return EventCreationHandler(self)
+
+    @functools.cached_property
+    def room_creation_handler(self) -> RoomCreationHandler:
+        from synapse_lite.handlers.room import RoomCreationHandler
+
+        return RoomCreationHandler(self)
+
+    @functools.cached_property
+    def room_member_handler(self) -> RoomMemberHandler:
+        from synapse_lite.handlers.room_member import RoomMemberHandler
+
+        return RoomMemberHandler(self)
+
+    @functools.cached_property
+    def sync_handler(self) -> SyncHandler:
+        from synapse_lite.handlers.sync import SyncHandler
+
+        return SyncHandler(self)
+
+    @functools.cached_property
+    def pagination_handler(self) -> PaginationHandler:
+        from synapse_lite.handlers.pagination import PaginationHandler
+
+        return PaginationHandler(self)
+
+    @functools.cached_property
+    def filtering_handler(self) -> FilteringHandler:
+        from synapse_lite.handlers.filtering import FilteringHandler
+
+        return FilteringHandler(self)
+
+    @functools.cached_property
+    def receipts_handler(self) -> ReceiptsHandler:
+        from synapse_lite.handlers.receipts import ReceiptsHandler
+
+        return ReceiptsHandler(self)
+
+    @functools.cached_property
+    def account_data_handler(self) -> AccountDataHandler:
+        from synapse_lite.handlers.account_data import AccountDataHandler
+
+        return AccountDataHandler(self)
+
+    @functools.cached_property
+    def device_message_handler(self) -> DeviceMessageHandler:
+        from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+
+        return DeviceMessageHandler(self)
 
     def stop_background_tasks(self) -> None:
         """Stop the looping calls of the components built so far."""

@@ -72,20 +72,22 @@ class HealthResource(Resource):
 def build_listener_resource(hs: HomeServer, resources: tuple[str, ...]) -> Resource:
     """The resource tree of one HTTP listener."""
     root = Resource()
-    # /_synapse holds one subtree per resource: replication, and the admin API
-    # that comes with the client API.
-    synapse = Resource()
-    root.putChild(b"_synapse", synapse)
+    # /_synapse holds both the admin API (served with the client API) and the
+    # internal replication endpoints; each JsonResource matches whole paths.
+    synapse_root = Resource()
     if "client" in resources:
         from synapse_lite.rest.client import register_servlets
 
         client = JsonResource("client")
         register_servlets(hs, client)
         root.putChild(b"_matrix", client)
+        synapse_root.putChild(b"admin", client)
     if "replication" in resources:
         from synapse_lite.replication.http.registry import replication_resource
 
-        synapse.putChild(b"replication", replication_resource(hs))
+        synapse_root.putChild(b"replication", replication_resource(hs))
+    if synapse_root.children:
+        root.putChild(b"_synapse", synapse_root)
     if "health" in resources:
         root.putChild(b"health", HealthResource(hs))
     if "metrics" in resources:
@@ -109,6 +111,14 @@ def start(hs: HomeServer) -> None:
     from synapse_lite.replication.transports import start_replication
 
     start_replication(hs)
+    if hs.is_main_process:
+        # Rooms of writers no longer configured move to configured ones (sends
+        # to them fail with a retryable 503 until then).
+        hs.reactor.callWhenRunning(
+            lambda: defer.ensureDeferred(reassign_rooms(hs)).addErrback(
+                lambda f: logger.error("Reassigning rooms failed: %s", f.getTraceback())
+            )
+        )
     sites: list[ServingSite] = []
     ports: list[Any] = []
     for listener in hs.config.listeners_of(hs.instance_name):
@@ -135,6 +145,14 @@ def start(hs: HomeServer) -> None:
         ", ".join(replication.sourced_stream_names),
     )
     hs.reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.ensureDeferred(stop(hs)))
+
+
+async def reassign_rooms(hs: HomeServer) -> None:
+    """Main process, at startup: rooms whose events writer is no longer
+    configured get a new one (see ``RoomWorkerStore.reassign_rooms_of_removed_writers``)."""
+    moved = await hs.datastore.reassign_rooms_of_removed_writers(hs.config.stream_writers.events)
+    if moved:
+        logger.info("Moved %d room(s) to configured events writers", moved)
 
 
 async def stop(hs: HomeServer) -> None:

@@ -53,6 +53,30 @@ def parse_process_args(argv: list[str], worker: bool) -> tuple[HomeServerConfig,
     return config, name
 
 
+#: Allocations at least this large get their own mapping, unmapped when freed.
+MMAP_THRESHOLD_BYTES = 1024 * 1024
+
+
+def return_large_allocations_to_the_os() -> None:
+    """Fix glibc's mmap threshold so large blocks are always unmapped when freed.
+
+    Password hashing (scrypt) allocates 16 MiB per hash on a thread. glibc
+    raises its mmap threshold after the first such block is freed, so later
+    ones come from the heap and stay resident: a process would keep tens of
+    megabytes after a few logins. A fixed threshold keeps resident memory flat.
+    Does nothing where the C library is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    m_mmap_threshold = -3  # from malloc.h
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        logger.debug("mallopt is not available: large allocations stay as the C library says")
+
+
 def run_process(argv: list[str], worker: bool) -> int:
     """Start the process and run until stopped; the exit code."""
     launcher_pid = _detach_from_terminal_signals()
@@ -68,6 +92,7 @@ def run_process(argv: list[str], worker: bool) -> int:
     from synapse_lite.app._base import setup_logging, start
     from synapse_lite.server import HomeServer
 
+    return_large_allocations_to_the_os()
     setup_logging(name, config.log_level)
     logger.info("Read the config (%s) in %.3f s", ", ".join(config.config_files), read_seconds)
     hs = HomeServer(config, name, reactor)

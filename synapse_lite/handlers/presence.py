@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attr
+from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.replication.tcp.commands import (
@@ -35,6 +36,10 @@ logger = logging.getLogger(__name__)
 PRESENCE_STATES = ("online", "unavailable", "offline")
 #: How long after a user's last sync ended they are still shown online.
 SYNC_ONLINE_GRACE_MS = 10_000
+#: How long a process serving /sync waits before saying a user stopped
+#: syncing: a client opens its next long-poll within milliseconds, and saying
+#: nothing then spares the presence writer two commands and a read per poll.
+SYNC_STOP_DELAY_SECONDS = 2.0
 MAX_STATUS_MSG_LENGTH = 1024
 
 
@@ -85,6 +90,9 @@ class PresenceWriterHandler(PresenceHandlerBase):
         #: instance_id -> users syncing there.
         self._external_syncs: dict[str, set[str]] = defaultdict(set)
         self._last_sync_end: dict[str, int] = {}
+        #: Users this writer last stored as online and currently active: a new
+        #: sync of theirs changes nothing, so needs no read.
+        self._active: set[str] = set()
         self._loop = hs.clock.looping_call(self._check_offline, 1.0)
 
     def stop_loops(self) -> None:
@@ -136,6 +144,8 @@ class PresenceWriterHandler(PresenceHandlerBase):
 
     async def _became_syncing(self, user_id: str) -> None:
         self._last_sync_end.pop(user_id, None)
+        if user_id in self._active:
+            return
         current = await self.get_state(user_id)
         if current.state == "offline" or not current.currently_active:
             now = self._hs.clock.time_msec()
@@ -176,7 +186,10 @@ class PresenceWriterHandler(PresenceHandlerBase):
         )
 
     async def _store_state(self, state: UserPresenceState) -> None:
+        self._active.discard(state.user_id)
         await self._store.update_presence([state])
+        if state.state != "offline" and state.currently_active:
+            self._active.add(state.user_id)
         self._hs.notifier.notify_all()
 
 
@@ -187,6 +200,8 @@ class PresenceFollowerHandler(PresenceHandlerBase):
         super().__init__(hs)
         self._syncing: dict[str, int] = defaultdict(int)
         self._devices: dict[str, str | None] = {}
+        #: Users whose last sync ended, with the call that will say so.
+        self._stopping: dict[str, IDelayedCall] = {}
 
     def _send(self, user_id: str, syncing: bool) -> None:
         self._hs.replication.send_command(
@@ -203,7 +218,10 @@ class PresenceFollowerHandler(PresenceHandlerBase):
     async def user_syncing(self, user_id: str, device_id: str | None) -> AsyncIterator[None]:
         self._syncing[user_id] += 1
         self._devices[user_id] = device_id
-        if self._syncing[user_id] == 1:
+        pending_stop = self._stopping.pop(user_id, None)
+        if pending_stop is not None:
+            pending_stop.cancel()  # the writer still has them syncing
+        elif self._syncing[user_id] == 1:
             self._send(user_id, True)
         try:
             yield
@@ -211,14 +229,20 @@ class PresenceFollowerHandler(PresenceHandlerBase):
             self._syncing[user_id] -= 1
             if self._syncing[user_id] <= 0:
                 del self._syncing[user_id]
-                self._send(user_id, False)
-                self._devices.pop(user_id, None)
+                self._stopping[user_id] = self._hs.clock.call_later(
+                    SYNC_STOP_DELAY_SECONDS, self._stopped, user_id
+                )
+
+    def _stopped(self, user_id: str) -> None:
+        del self._stopping[user_id]
+        self._send(user_id, False)
+        self._devices.pop(user_id, None)
 
     def get_user_sync_commands(self) -> list[Command]:
         now = self._hs.clock.time_msec()
         return [
             UserSyncCommand(self._hs.instance_id, user_id, self._devices.get(user_id), True, now)
-            for user_id in self._syncing
+            for user_id in [*self._syncing, *self._stopping]
         ]
 
     async def set_state(self, user_id: str, state: str, status_msg: str | None) -> None:
@@ -229,7 +253,15 @@ class PresenceFollowerHandler(PresenceHandlerBase):
             {"user_id": user_id, "presence": state, "status_msg": status_msg},
         )
 
+    def stop_loops(self) -> None:
+        """Drop the pending "stopped syncing" notices (shutdown)."""
+        for call in self._stopping.values():
+            if call.active():
+                call.cancel()
+        self._stopping.clear()
+
     def stop(self) -> None:
+        self.stop_loops()
         self._hs.replication.send_command(ClearUserSyncCommand(self._hs.instance_id))
 
 

@@ -141,21 +141,27 @@ class LoggingDatabaseConnection:
         self.default_txn_name = default_txn_name
 
     @contextmanager
-    def transaction(self, name: str | None = None) -> Iterator[LoggingTransaction]:
-        """Run the block in one transaction, committed when the block ends."""
+    def transaction(
+        self, name: str | None = None, *, read_only: bool = False
+    ) -> Iterator[LoggingTransaction]:
+        """Run the block in one transaction, committed when the block ends.
+
+        ``read_only`` transactions take no write lock (SQLite) and see one
+        snapshot of the database for as long as they last.
+        """
         txn_name = name or self.default_txn_name
         txn_logger.debug("[TXN START] {%s}", txn_name)
         start = time.monotonic()
-        self.engine.begin(self.conn)
+        self.engine.begin(self.conn, read_only)
         txn = LoggingTransaction(self.conn.cursor(), txn_name, self.engine)
         try:
             yield txn
         except BaseException:
-            self.engine.rollback(self.conn, txn.sequence_floors)
+            self.engine.rollback(self.conn, txn.sequence_floors, read_only)
             _run_callbacks(txn.exception_callbacks, "exception")
             raise
         else:
-            self.engine.commit(self.conn)
+            self.engine.commit(self.conn, read_only)
             _run_callbacks(txn.after_callbacks, "after")
         finally:
             duration = time.monotonic() - start

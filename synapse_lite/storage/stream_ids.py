@@ -14,11 +14,18 @@ from synapse_lite.config.homeserver import MAIN_PROCESS, StreamWriters
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class StreamTable:
-    """One table holding rows of a stream."""
+    """One table holding rows of a stream.
+
+    ``shares_ids``: its rows reuse the id of the write they belong to, so one id
+    may appear on several of its rows and on a row of another table of the
+    stream (written in the same transaction). Otherwise every row has an id of
+    its own, used by no other row of the stream; the audit reports a reuse.
+    """
 
     table: str
     instance_column: str
     id_column: str
+    shares_ids: bool = False
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -49,14 +56,16 @@ class StreamIdSpace:
         return list(stream_writers.writers_of(self.writers_key))
 
 
-def _t(table: str, id_column: str = "stream_id") -> StreamTable:
-    return StreamTable(table, "instance_name", id_column)
+def _t(table: str, id_column: str = "stream_id", shares_ids: bool = False) -> StreamTable:
+    return StreamTable(table, "instance_name", id_column, shares_ids)
 
 
 EVENTS = StreamIdSpace(
     "events",
     "events_stream_seq",
-    (_t("events", "stream_ordering"), _t("current_state_delta_stream")),
+    # A state change carries the id of the event that made it; one event may
+    # change several keys.
+    (_t("events", "stream_ordering"), _t("current_state_delta_stream", shares_ids=True)),
     writers_key="events",
 )
 BACKFILL = StreamIdSpace(
@@ -84,13 +93,17 @@ ACCOUNT_DATA = StreamIdSpace(
 TO_DEVICE = StreamIdSpace(
     "to_device",
     "device_inbox_sequence",
-    (_t("device_inbox"), _t("device_federation_outbox")),
+    # One id per send: every local device's inbox row and the outbox row share it.
+    (_t("device_inbox", shares_ids=True), _t("device_federation_outbox", shares_ids=True)),
     writers_key="to_device",
 )
 PRESENCE = StreamIdSpace(
     "presence", "presence_stream_sequence", (_t("presence_stream"),), writers_key="presence"
 )
-DEVICE_LISTS = StreamIdSpace("device_lists", "device_lists_sequence", (_t("device_lists_stream"),))
+# One id per user's change, on a row for each device it touches.
+DEVICE_LISTS = StreamIdSpace(
+    "device_lists", "device_lists_sequence", (_t("device_lists_stream", shares_ids=True),)
+)
 
 #: Every stream whose rows are in the database, by name.
 STREAM_ID_SPACES: dict[str, StreamIdSpace] = {

@@ -12,6 +12,7 @@ from synapse_lite.events import EventContent, new_event_id
 from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.util import id_generators
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 
 _counter = itertools.count()
@@ -27,16 +28,6 @@ def message(room_id: str = "!room:test.local", body: str = "hi") -> EventContent
         content={"msgtype": "m.text", "body": f"{body} {next(_counter)}"},
         origin_server_ts=1,
     )
-
-
-async def eventually(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:
-    """Spin the reactor until ``condition()`` is true."""
-    waited = 0.0
-    while not condition():
-        if waited >= timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await task.deferLater(reactor, 0.01, lambda: None)
-        waited += 0.01
 
 
 class ReplicationHandlerTestCase(DatabaseTestCase):
@@ -237,3 +228,86 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         )
         with self.assertRaises(defer.TimeoutError):
             await d
+
+    async def test_rows_of_every_store_stream_reach_other_processes(self) -> None:
+        """Store update functions return tuples; what goes on the wire must be
+        lists, or the streamer fails to encode RDATA and nothing is sent."""
+        servers = self.start(["persister1"], ["persister1"])
+        main, p1 = servers["main"], servers["persister1"]
+        await eventually(lambda: p1.replication.connected)
+        received: list[tuple[str, Any]] = []
+
+        def hook(stream: str) -> Any:
+            return lambda instance, token, rows: received.extend((stream, r) for r in rows)
+
+        for stream in ("receipts", "caches", "device_lists"):
+            p1.replication.data_handler.add_row_hook(stream, hook(stream))
+        receipt_id = await main.datastore.insert_receipt(
+            "!room:test.local", "m.read", "@alice:test.local", "$event", {"ts": 1}
+        )
+        await main.datastore.register_user("@alice:test.local", None)
+        await main.datastore.add_access_token("@alice:test.local", "DEV", "ab" * 32, None)
+        await main.datastore.delete_access_token("ab" * 32)
+        await p1.replication.data_handler.wait_for_stream_position(
+            "main", "receipts", receipt_id, timeout=5
+        )
+        await eventually(
+            lambda: {s for s, _ in received} == {"receipts", "caches", "device_lists"},
+            what="rows of receipts, caches and device_lists",
+        )
+        rows = dict(received)
+        self.assertEqual(rows["receipts"].event_id, "$event")
+        self.assertEqual(rows["device_lists"].device_id, "DEV")
+        self.assertEqual(rows["caches"].cache_func, "get_user_by_access_token")
+
+
+class _FakeConnection:
+    """A connection we hand commands through ourselves."""
+
+    def send_command(self, cmd: Any) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "fake"
+
+
+class LiftedPositionTestCase(DatabaseTestCase):
+    """Another writer's announcement must not lift a writer's position past
+    rows of it this process has not processed: a POSITION is not a finished id
+    (the idle persister2 may announce an id persister1 has in flight or has
+    not sent us yet). The row must still be processed, and tokens must not
+    cover it before."""
+
+    async def test_rows_below_an_announced_position_are_processed(self) -> None:
+        config = make_config(
+            self.test_db,
+            workers=["persister1", "persister2"],
+            stream_writers={"events": ["persister1", "persister2"]},
+        )
+        main = make_homeserver(self, config, "main")
+        handler = main.replication
+        connection = _FakeConnection()
+        handler.new_connection(connection)
+        seen: list[str] = []
+        handler.data_handler.add_row_hook(
+            "events", lambda instance, token, rows: seen.extend(r.data.event_id for r in rows)
+        )
+        for writer in ("persister1", "persister2"):
+            handler.on_command(connection, PositionCommand("events", writer, 0, 0))
+        await eventually(lambda: main.datastore.get_room_max_token().stream == 0)
+        # persister2, idle, has seen persister1 reach 1 and says so first
+        # (Redis does not order messages of different publishers).
+        handler.on_command(connection, PositionCommand("events", "persister2", 0, 1))
+        events_stream = handler.streams["events"]
+        await eventually(lambda: events_stream.current_token("persister2") == 1)
+        # persister1 is not lifted, and no token covers its unprocessed row...
+        self.assertEqual(events_stream.current_token("persister1"), 0)
+        self.assertEqual(main.datastore.get_room_max_token().get_position("persister1"), 0)
+        row = [
+            "ev",
+            ["$late", "!room:test.local", "m.room.message", None, None, None, None, False, False],
+        ]
+        handler.on_command(connection, RdataCommand("events", "persister1", 1, row))
+        # ...and the row itself must not be dropped as old.
+        await eventually(lambda: seen == ["$late"], what="the row to be processed")
+        self.assertEqual(main.datastore.get_room_max_token().get_position("persister1"), 1)

@@ -10,8 +10,6 @@ sockets, so hypothesis drives the examples directly.
 
 from __future__ import annotations
 
-import atexit
-import json
 import os
 import re
 import signal
@@ -21,7 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -201,120 +199,112 @@ class HostileServer:
                     process.kill()
 
 
-class _HostileLinesTests:
-    """Shared by the TCP and Redis cases (not a test case itself)."""
-
-    transport: ClassVar[str]
-    server: ClassVar[HostileServer]
-    test_db: ClassVar[TestDatabase]
-    lines_sent: ClassVar[int]
-    positions_before: ClassVar[dict[tuple[str, str], float]]
-
-    def setUp(self) -> None:
-        # One server per class, started by its first test (trial has no
-        # setUpClass) and stopped by the last (or at exit).
-        cls = type(self)
-        if cls.transport == "redis":
-            require_redis()
-        if "server" not in cls.__dict__:
-            cls.test_db = create_test_database()
-            cls.server = HostileServer(cls.test_db, cls.transport)
-            cls.lines_sent = 0
-            cls.positions_before = cls.server.positions()
-            atexit.register(cls.shut_down)
-
-    @classmethod
-    def shut_down(cls) -> None:
-        if "server" in cls.__dict__:
-            cls.server.stop()
-            cls.test_db.drop()
-            del cls.server
-
-    def check_survivors(self: Any) -> None:
-        for name in self.server.processes:
-            self.assertIsNone(self.server.processes[name].poll(), f"{name} died")
-            self.server.wait_healthy(name)
-        after = self.server.positions()
-        for key, before in self.positions_before.items():
-            self.assertGreaterEqual(after.get(key, before), before, f"{key} moved backwards")
-        for name in self.server.processes:
-            self.assertNotIn("Unhandled error", self.server.log(name))
-
-    def test_z_processes_survive(self: Any) -> None:
-        """Runs after the fuzzing (trial orders tests by name)."""
-        try:
-            self.assertGreaterEqual(type(self).lines_sent, 10_000)
-            self.check_survivors()
-        finally:
-            type(self).shut_down()
-
-
-class TcpHostileLinesTestCase(_HostileLinesTests, unittest.TestCase):
-    transport = "tcp"
-
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", self.server.tcp_port), timeout=5)
+def send_over_tcp(server: HostileServer, lines: list[bytes]) -> tuple[bytes, bool]:
+    """Authenticate, send ``lines``, and read until the server closes or goes
+    quiet: what it answered, and whether it closed the connection."""
+    with socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5) as sock:
         sock.sendall(f"AUTH {SECRET}\nNAME fuzzer\n".encode())
-        return sock
-
-    @settings(
-        max_examples=2000,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-    )
-    @given(lines=st.lists(hostile_line, min_size=1, max_size=10))
-    def test_fuzzed_lines(self, lines: list[bytes]) -> None:
-        sock = self._connect()
+        sock.sendall(b"".join(line + b"\n" for line in lines))
+        expect_error = not all(is_valid(line) for line in lines)
+        sock.settimeout(0.5 if expect_error else 0.05)
+        received = b""
         try:
-            sock.sendall(b"".join(line + b"\n" for line in lines))
-            type(self).lines_sent += len(lines)
-            expect_error = not all(is_valid(line) for line in lines)
-            sock.settimeout(0.5 if expect_error else 0.05)
-            received = b""
-            closed = False
-            try:
-                while True:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        closed = True
-                        break
-                    received += chunk
-            except (TimeoutError, ConnectionResetError):
-                pass
-        finally:
-            sock.close()
-        if expect_error:
-            self.assertIn(b"\nERROR ", b"\n" + received, f"no ERROR for {lines!r}")
-            self.assertTrue(closed, f"connection kept open after {lines!r}")
-        else:
-            self.assertNotIn(b"\nERROR ", b"\n" + received, f"ERROR for valid {lines!r}")
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return received, True
+                received += chunk
+        except (TimeoutError, ConnectionResetError):
+            return received, False
 
 
-class RedisHostileLinesTestCase(_HostileLinesTests, unittest.TestCase):
-    transport = "redis"
-
-    @settings(
-        max_examples=1000,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-    )
-    @given(lines=st.lists(hostile_line, min_size=10, max_size=20))
-    def test_fuzzed_messages(self, lines: list[bytes]) -> None:
-        host, port = redis_address()
-        channel = (self.server.channel_prefix + "hostile.local").encode()
-        with socket.create_connection((host, port), timeout=5) as sock:
-            request = b"".join(
+def publish_to_redis(server: HostileServer, lines: list[bytes]) -> None:
+    """PUBLISH each line on the processes' channel (raw RESP, no client)."""
+    host, port = redis_address()
+    channel = (server.channel_prefix + "hostile.local").encode()
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(
+            b"".join(
                 b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
                 % (len(channel), channel, len(line), line)
                 for line in lines
             )
-            sock.sendall(request)
-            replies = b""
-            while replies.count(b"\r\n") < len(lines):
-                replies += sock.recv(65536)
-        type(self).lines_sent += len(lines)
-        self.assertEqual(replies.count(b":"), len(lines), json.dumps(replies.decode()))
+        )
+        replies = b""
+        while replies.count(b"\r\n") < len(lines):
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise AssertionError("Redis closed the connection")
+            replies += chunk
+
+
+def fuzz_settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+
+
+class HostileLinesTestCase(unittest.TestCase):
+    """One method per transport: trial -j may run methods of one class in
+    different processes, so each starts, fuzzes and checks its own server."""
+
+    def start_server(self, transport: str) -> HostileServer:
+        if transport == "redis":
+            require_redis()
+        test_db = create_test_database()
+        self.addCleanup(test_db.drop)
+        server = HostileServer(test_db, transport)
+        self.addCleanup(server.stop)
+        return server
+
+    def check_survivors(self, server: HostileServer, before: dict[tuple[str, str], float]) -> None:
+        for name, process in server.processes.items():
+            self.assertIsNone(process.poll(), f"{name} died:\n{server.log(name)[-2000:]}")
+            server.wait_healthy(name)
+        after = server.positions()
+        for key, position in before.items():
+            self.assertGreaterEqual(after.get(key, position), position, f"{key} moved backwards")
+        for name in server.processes:
+            self.assertNotIn("Unhandled error", server.log(name))
+            self.assertNotIn("Traceback", server.log(name))
+
+    def test_tcp_listener_survives_hostile_lines(self) -> None:
+        server = self.start_server("tcp")
+        before = server.positions()
+        sent = 0
+
+        @fuzz_settings(2000)
+        @given(lines=st.lists(hostile_line, min_size=1, max_size=10))
+        def fuzz(lines: list[bytes]) -> None:
+            nonlocal sent
+            received, closed = send_over_tcp(server, lines)
+            sent += len(lines)
+            if all(is_valid(line) for line in lines):
+                self.assertNotIn(b"\nERROR ", b"\n" + received, f"ERROR for valid {lines!r}")
+            else:
+                self.assertIn(b"\nERROR ", b"\n" + received, f"no ERROR for {lines!r}")
+                self.assertTrue(closed, f"connection kept open after {lines!r}")
+
+        fuzz()
+        self.assertGreaterEqual(sent, 10_000)
+        self.check_survivors(server, before)
+
+    def test_redis_subscribers_survive_hostile_messages(self) -> None:
+        server = self.start_server("redis")
+        before = server.positions()
+        sent = 0
+
+        @fuzz_settings(1000)
+        @given(lines=st.lists(hostile_line, min_size=10, max_size=20))
+        def fuzz(lines: list[bytes]) -> None:
+            nonlocal sent
+            publish_to_redis(server, lines)
+            sent += len(lines)
+
+        fuzz()
+        self.assertGreaterEqual(sent, 10_000)
+        self.check_survivors(server, before)

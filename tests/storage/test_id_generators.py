@@ -236,8 +236,8 @@ class SingleWriterTestCase(IdGeneratorTestCase):
                 raise ValueError("write failed")
         self.assertEqual(id_gen.get_current_token(), 1)
         await id_gen.flush_stream_positions()
-        # A failed write is not recorded as a position of its own.
-        self.assertEqual(await self.stored_positions(), {})
+        # Recorded at startup (0); a failed write is not recorded.
+        self.assertEqual(await self.stored_positions(), {"master": 0})
 
     async def test_restart_during_out_of_order_persistence(self) -> None:
         """A process starting while 8 is in flight and 9 has finished sees 7."""
@@ -354,17 +354,30 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         # Rows 4 and 5 after first's position make persisted-up-to 5.
         self.assertEqual(id_gen.get_persisted_upto_position(), 5)
 
-        id_gen.advance("first", 6)
+        # Rows arrive (RDATA): each is a finished id.
+        id_gen.advance_past_row("first", 6)
         self.assertEqual(id_gen.get_persisted_upto_position(), 6)
-        id_gen.advance("second", 7)
+        id_gen.advance_past_row("second", 7)
         self.assertEqual(id_gen.get_persisted_upto_position(), 7)
-        id_gen.advance("second", 9)
+        id_gen.advance_past_row("second", 9)
         self.assertEqual(id_gen.get_persisted_upto_position(), 7)  # 8 not yet seen
-        id_gen.advance("first", 8)
+        id_gen.advance_past_row("first", 8)
         self.assertEqual(id_gen.get_persisted_upto_position(), 9)
-        id_gen.advance("first", 11)
-        id_gen.advance("second", 15)
+        id_gen.advance_past_row("first", 11)
+        id_gen.advance_past_row("second", 15)
         self.assertEqual(id_gen.get_persisted_upto_position(), 11)
+
+    def test_a_position_is_not_a_finished_id(self) -> None:
+        """POSITION 6 from first says first has nothing unfinished up to 6; id 6
+        may be second's, in flight, so persisted-up-to waits for second."""
+        self.insert_rows("first", 3)
+        self.insert_rows("second", 2)  # 4, 5
+        id_gen = self.make_id_gen("worker", writers=["first", "second"])
+        self.assertEqual(id_gen.get_persisted_upto_position(), 5)
+        id_gen.advance("first", 6)
+        self.assertEqual(id_gen.get_persisted_upto_position(), 5)
+        id_gen.advance("second", 6)
+        self.assertEqual(id_gen.get_persisted_upto_position(), 6)
 
     async def test_get_persisted_upto_position_get_next(self) -> None:
         """A writer restarting starts at the sequence head."""
@@ -627,11 +640,13 @@ class MultiTableTestCase(IdGeneratorTestCase):
         self.insert_rows("first", 3, table="foobar1")  # 1-3
         self.insert_rows("second", 3, table="foobar2")  # 4-6, stored
         self.insert_rows("second", 1, table="foobar2", update_stream_table=False)  # 7
-        first = self.make_id_gen("first", writers=["first", "second"])
-        second = self.make_id_gen("second", writers=["first", "second"])
         worker = self.make_id_gen("worker", writers=["first", "second"])
-        self.assertEqual(second.get_positions(), {"first": 3, "second": 7})
         self.assertEqual(worker.get_positions(), {"first": 3, "second": 6})
+        # A writer restarting is at its sequence head (it has nothing in flight).
+        second = self.make_id_gen("second", writers=["first", "second"])
+        self.assertEqual(second.get_positions(), {"first": 3, "second": 7})
+        first = self.make_id_gen("first", writers=["first", "second"])
+        self.assertEqual(first.get_positions(), {"first": 7, "second": 7})
         for id_gen in (first, second, worker):
             self.assertEqual(id_gen.get_current_token_for_writer("first"), 7)
             self.assertEqual(id_gen.get_current_token_for_writer("second"), 7)

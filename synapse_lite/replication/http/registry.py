@@ -5,8 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from synapse_lite.replication.http._base import ReplicationEndpoint, ReplicationRestResource
+from synapse_lite.replication.http.client_writes import (
+    AddAccountDataEndpoint,
+    DeleteDevicesEndpoint,
+    RegisterDeviceEndpoint,
+    SendReceiptEndpoint,
+    SendToDeviceEndpoint,
+)
 from synapse_lite.replication.http.handlers import SetPresenceEndpoint, SetTypingEndpoint
 from synapse_lite.replication.http.instances import RetireEventsWriterEndpoint
+from synapse_lite.replication.http.send_events import SendEventsEndpoint
 from synapse_lite.replication.http.streams import GetStreamUpdates
 
 if TYPE_CHECKING:
@@ -17,6 +25,12 @@ ENDPOINT_CLASSES: list[type[ReplicationEndpoint]] = [
     SetTypingEndpoint,
     SetPresenceEndpoint,
     RetireEventsWriterEndpoint,
+    SendEventsEndpoint,
+    AddAccountDataEndpoint,
+    SendReceiptEndpoint,
+    SendToDeviceEndpoint,
+    RegisterDeviceEndpoint,
+    DeleteDevicesEndpoint,
 ]
 
 

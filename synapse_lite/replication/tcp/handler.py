@@ -94,6 +94,10 @@ class ReplicationDataHandler:
             except Exception:
                 logger.exception("Handling %s rows from %s failed", stream_name, instance_name)
         self._store.process_replication_position(stream_name, instance_name, token)
+        if rows:
+            stream = self._hs.replication.streams.get(stream_name)
+            if isinstance(stream, StreamFromIdGen):
+                stream.row_received(instance_name, token)
         self._hs.notifier.on_new_replication_data(stream_name, instance_name, token, rows)
         self._resolve_waiters(stream_name, instance_name)
 
@@ -106,7 +110,7 @@ class ReplicationDataHandler:
         if not waiters:
             return
         stream = self._hs.replication.streams[stream_name]
-        current = stream.current_token(instance_name)
+        current = stream.processed_position(instance_name)
         still_waiting = []
         for position, d in waiters:
             if position <= current:
@@ -123,13 +127,14 @@ class ReplicationDataHandler:
         position: int,
         timeout: float = WAIT_FOR_REPLICATION_TIMEOUT_SECONDS,
     ) -> None:
-        """Return once this process has seen ``instance_name`` reach ``position``
-        on ``stream_name`` (at once if it has, or if it is this process).
+        """Return once this process has processed ``instance_name``'s rows up to
+        ``position`` on ``stream_name`` (at once if it has, or if it is this
+        process).
         Raises ``defer.TimeoutError`` after ``timeout`` seconds."""
         if instance_name == self._hs.instance_name:
             return
         stream = self._hs.replication.streams[stream_name]
-        if position <= stream.current_token(instance_name):
+        if position <= stream.processed_position(instance_name):
             return
         d: defer.Deferred[None] = defer.Deferred()
         self._waiters[(stream_name, instance_name)].append((position, d))
@@ -264,7 +269,10 @@ class ReplicationCommandHandler:
             return
         rows = self._pending_batches.pop(key, [])
         rows.append(row)
-        if cmd.token <= stream.current_token(cmd.instance_name):
+        # Compared with what we processed of this writer: its current token may
+        # have been lifted past rows we have not seen yet by other writers'
+        # announcements, and those rows must still be processed.
+        if cmd.token <= stream.processed_position(cmd.instance_name):
             logger.debug("RDATA %s at %d is old: dropped", key, cmd.token)
             return
         self.data_handler.on_rdata(cmd.stream_name, cmd.instance_name, cmd.token, rows)
@@ -303,7 +311,7 @@ class ReplicationCommandHandler:
         self._pending_batches.pop(key, None)
 
         instance, prev, new = cmd.instance_name, cmd.prev_token, cmd.new_token
-        current = stream.current_token(instance)
+        current = stream.processed_position(instance)
         REPLICATION_LAG.labels(cmd.stream_name, instance).set(max(0, new - current))
         try:
             if self._needs_catch_up(stream, current, prev, new):

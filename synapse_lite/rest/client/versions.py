@@ -1,4 +1,4 @@
-"""``GET /_matrix/client/versions``."""
+"""``GET /_matrix/client/versions`` and ``GET /capabilities``."""
 
 from __future__ import annotations
 
@@ -18,4 +18,16 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
     async def on_get(request: Request) -> tuple[int, Any]:
         return 200, {"versions": SUPPORTED_VERSIONS, "unstable_features": {}}
 
+    async def capabilities(request: Request) -> tuple[int, Any]:
+        await hs.auth_handler.get_user_by_req(request)
+        return 200, {
+            "capabilities": {
+                "m.change_password": {"enabled": False},
+                "m.room_versions": {"default": "10", "available": {"10": "stable"}},
+            }
+        }
+
     resource.register_paths("GET", "/_matrix/client/versions", on_get, "versions")
+    resource.register_paths(
+        "GET", "/_matrix/client/(?:r0|v3)/capabilities", capabilities, "capabilities"
+    )

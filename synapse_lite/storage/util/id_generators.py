@@ -227,6 +227,14 @@ class MultiWriterIdGenerator:
             for writer in self._writers:
                 self._current_positions.setdefault(writer, self._persisted_upto_position)
 
+            if self._instance_name in self._writers:
+                # Be in the table before allocating anything: a process starting
+                # while we have ids in flight must not take us for a writer that
+                # has never written, and put us at its persisted-up-to.
+                self._upsert_position_txn(
+                    txn, self._current_positions[self._instance_name] * self._factor
+                )
+
     # Allocation
 
     @property
@@ -301,6 +309,13 @@ class MultiWriterIdGenerator:
             self._schedule_positions_write()
 
     def _mark_ids_as_finished(self, ids: list[int], committed: bool) -> None:
+        if self._position_log is not None:
+            # Before any position can cover them, so the audit never sees a
+            # position logged ahead of the ids it covers finishing.
+            for i in ids:
+                self._position_log.id_finished(
+                    self.stream_name, self._instance_name, i * self._factor, committed
+                )
         with self._lock:
             for i in ids:
                 self._unfinished_ids.discard(i)
@@ -333,11 +348,6 @@ class MultiWriterIdGenerator:
             for i in ids:
                 self._add_persisted_position(i)
             self._update_gauges()
-        if self._position_log is not None:
-            for i in ids:
-                self._position_log.id_finished(
-                    self.stream_name, self._instance_name, i * self._factor, committed
-                )
 
     # Reading positions
 
@@ -388,14 +398,29 @@ class MultiWriterIdGenerator:
             return {name: pos * self._factor for name, pos in self._current_positions.items()}
 
     def advance(self, instance_name: str, new_id: int) -> None:
-        """Record a position learned over replication (RDATA or POSITION)."""
+        """Record a writer's position learned over replication (RDATA or POSITION).
+
+        A position is not an id: the writer has no unfinished ids at or below
+        it, but the id itself may be another writer's, still in flight (a
+        restarted writer starts at the sequence head; an idle one at the
+        largest id it has seen). Only :meth:`advance_past_row` says an id is
+        finished.
+        """
         new_id *= self._factor
         with self._lock:
             self._current_positions[instance_name] = max(
                 self._current_positions.get(instance_name, 0), new_id
             )
             self._max_seen_allocated_stream_id = max(self._max_seen_allocated_stream_id, new_id)
-            self._add_persisted_position(new_id)
+            self._recompute_persisted_upto()
+            self._update_gauges()
+
+    def advance_past_row(self, instance_name: str, row_id: int) -> None:
+        """A row with ``row_id`` written by ``instance_name`` arrived: the writer
+        is at least there, and that id is finished."""
+        self.advance(instance_name, row_id)
+        with self._lock:
+            self._add_persisted_position(row_id * self._factor)
             self._update_gauges()
 
     def remove_writer(self, instance_name: str) -> None:
@@ -466,8 +491,14 @@ class MultiWriterIdGenerator:
         )
 
     def _add_persisted_position(self, new_id: int) -> None:
-        """Advance persisted-up-to after ``new_id`` is known finished. Holds _lock."""
+        """``new_id`` is known finished (ours, or a row we have read); advance
+        persisted-up-to. Holds _lock."""
         heapq.heappush(self._known_persisted_positions, new_id)
+        self._recompute_persisted_upto()
+
+    def _recompute_persisted_upto(self) -> None:
+        """Persisted-up-to from the writers' positions and the ids known
+        finished above them. Holds _lock."""
         me = self._instance_name
         busy = bool(self._unfinished_ids or self._in_flight_fetches)
         others = [pos for name, pos in self._current_positions.items() if name != me]
@@ -480,16 +511,7 @@ class MultiWriterIdGenerator:
             min_current = own if own is not None else self._persisted_upto_position
         self._persisted_upto_position = max(self._persisted_upto_position, min_current)
 
-        self._max_position_of_local_instance = max(
-            self._max_position_of_local_instance, self._persisted_upto_position
-        )
-        if not busy:
-            # Nothing of ours in flight: any future id of ours is above every id
-            # seen so far, so we are as far along as anyone.
-            self._max_position_of_local_instance = max(
-                self._max_position_of_local_instance, self._max_seen_allocated_stream_id
-            )
-
+        # A run of finished ids just above lets us skip ahead; a gap stops it.
         heap = self._known_persisted_positions
         while heap:
             head = heap[0]
@@ -500,6 +522,16 @@ class MultiWriterIdGenerator:
                 self._persisted_upto_position += 1
             else:
                 break
+
+        self._max_position_of_local_instance = max(
+            self._max_position_of_local_instance, self._persisted_upto_position
+        )
+        if not busy:
+            # Nothing of ours in flight: any future id of ours is above every id
+            # seen so far, so we are as far along as anyone.
+            self._max_position_of_local_instance = max(
+                self._max_position_of_local_instance, self._max_seen_allocated_stream_id
+            )
 
     def _update_gauges(self) -> None:
         STREAM_PERSISTED_UPTO.labels(self.stream_name).set(self._persisted_upto_position)

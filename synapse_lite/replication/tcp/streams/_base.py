@@ -60,6 +60,13 @@ class Stream:
         """Where this process's own last write is (no idle jump)."""
         return self.current_token(self.local_instance_name)
 
+    def processed_position(self, instance_name: str) -> int:
+        """How far this process has taken ``instance_name``'s rows (and
+        positions): every row of it at or below has been processed here. Never
+        above :meth:`current_token`, which may be lifted past it by other
+        writers' announcements."""
+        return self.current_token(instance_name)
+
     def can_discard_position(self, instance_name: str, prev_token: int, new_token: int) -> bool:
         """Whether a POSITION brings nothing new (for a stream that never resets)."""
         return False
@@ -89,7 +96,12 @@ class Stream:
         how far the returned rows reach."""
         if from_token == upto_token:
             return [], upto_token, False
-        return await self.update_function(instance_name, from_token, upto_token, limit)
+        updates, upto, limited = await self.update_function(
+            instance_name, from_token, upto_token, limit
+        )
+        # Store update functions return rows as tuples; the wire (and every
+        # receiver's parse_row) takes lists.
+        return [(t, list(r) if isinstance(r, tuple) else r) for t, r in updates], upto, limited
 
 
 class StreamFromIdGen(Stream):
@@ -110,8 +122,19 @@ class StreamFromIdGen(Stream):
     def minimal_local_current_token(self) -> int:
         return self.id_gen.get_minimal_local_current_token()
 
+    def processed_position(self, instance_name: str) -> int:
+        if instance_name == self.local_instance_name:
+            return self.current_token(instance_name)
+        own = self.id_gen.get_positions().get(instance_name)
+        return self.current_token(instance_name) if own is None else own
+
     def can_discard_position(self, instance_name: str, prev_token: int, new_token: int) -> bool:
-        return new_token <= self.current_token(instance_name)
+        return new_token <= self.processed_position(instance_name)
+
+    def row_received(self, instance_name: str, token: int) -> None:
+        """A row of ``instance_name`` at ``token`` arrived: that id is finished
+        (a POSITION's token need not be; see ``advance_past_row``)."""
+        self.id_gen.advance_past_row(instance_name, token)
 
     async def get_stopped_writer_token(self, instance_name: str) -> int:
         """The token of the last row of a writer that has stopped for good."""

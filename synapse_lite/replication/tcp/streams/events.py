@@ -145,6 +145,15 @@ class BackfillStream(StreamFromIdGen):
     async def get_stopped_writer_token(self, instance_name: str) -> int:
         return -(await self.id_gen.get_stopped_writer_position(instance_name))
 
+    def row_received(self, instance_name: str, token: int) -> None:
+        self.id_gen.advance_past_row(instance_name, -token)
+
+    def processed_position(self, instance_name: str) -> int:
+        if instance_name == self.local_instance_name:
+            return self.current_token(instance_name)
+        own = self.id_gen.get_positions().get(instance_name)
+        return self.current_token(instance_name) if own is None else -own
+
     async def _update_function(
         self, instance_name: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[Updates, int, bool]:

@@ -86,6 +86,7 @@ class CacheInvalidationWorkerStore(SQLBaseStore):
             self.invalidate_cache_by_name(name, [room_id])
         for user_id in members_changed:
             self.invalidate_cache_by_name("get_rooms_for_user", [user_id])
+            self.invalidate_cache_by_name("get_local_memberships_with_positions", [user_id])
 
     # Reading (the caches stream's update function)
 

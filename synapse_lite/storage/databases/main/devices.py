@@ -44,6 +44,31 @@ class DeviceWorkerStore(SQLBaseStore):
         )
         return [r[0] for r in rows]
 
+    async def get_device(self, user_id: str, device_id: str) -> dict[str, Any] | None:
+        rows = await self.db_pool.select(
+            "get_device",
+            "SELECT display_name, created_ts FROM devices WHERE user_id = ? AND device_id = ?",
+            user_id,
+            device_id,
+        )
+        if not rows:
+            return None
+        return {
+            "user_id": user_id,
+            "device_id": device_id,
+            "display_name": rows[0][0],
+            "created_ts": int(rows[0][1]),
+        }
+
+    def delete_device_txn(self, txn: LoggingTransaction, user_id: str, device_id: str) -> bool:
+        """Delete a device, recording the change on the device_lists stream.
+        Returns whether it existed. Main process only."""
+        txn.execute("DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id))
+        if txn.rowcount == 0:
+            return False
+        self.add_device_change_txn(txn, user_id, device_id)
+        return True
+
     def store_device_txn(
         self, txn: LoggingTransaction, user_id: str, device_id: str, display_name: str | None
     ) -> bool:

@@ -45,16 +45,24 @@ class EventsStore(EventsWorkerStore):
     def _persist_events_txn(
         self, txn: LoggingTransaction, events: list[EventContent]
     ) -> list[Event]:
+        persisted: list[Event] = []
+        # Registered before the ids are taken, so it runs (after commit) before
+        # they finish and the positions covering these events become visible.
+        txn.call_after(self._record_persisted_positions, persisted)
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
         depths: dict[str, int] = {}
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
-        persisted: list[Event] = []
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
             if room_id not in depths:
+                # The room's newest event has its greatest depth; reading it
+                # through the (room_id, stream_ordering) index costs the same
+                # however long the room is.
                 txn.execute(
-                    "SELECT MAX(topological_ordering) FROM events WHERE room_id = ?", (room_id,)
+                    "SELECT topological_ordering FROM events WHERE room_id = ?"
+                    " ORDER BY stream_ordering DESC LIMIT 1",
+                    (room_id,),
                 )
                 row = txn.fetchone()
                 depths[room_id] = int(row[0]) if row and row[0] is not None else 0
@@ -92,6 +100,13 @@ class EventsStore(EventsWorkerStore):
         for room_id in sorted(state_changed):
             self.invalidate_state_caches_and_stream_txn(txn, room_id, members_changed[room_id])
         return persisted
+
+    def _record_persisted_positions(self, persisted: list[Event]) -> None:
+        for event in persisted:
+            self.record_event_position(
+                event.room_id, event.type, event.state_key, event.instance_name,
+                event.stream_ordering,
+            )  # fmt: skip
 
     def _record_txn_id_txn(
         self, txn: LoggingTransaction, txn_key: tuple[str, str, str], event: Event
@@ -134,14 +149,16 @@ class EventsStore(EventsWorkerStore):
         )
         if event.type == "m.room.create" and event.state_key == "":
             txn.execute(
-                "INSERT INTO rooms (room_id, creator, is_public, room_version, creation_ts)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
+                "INSERT INTO rooms (room_id, creator, is_public, room_version, creation_ts,"
+                " event_writer) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
                 (
                     event.room_id,
                     event.sender,
                     False,
                     str(event.content.get("room_version", "10")),
                     event.origin_server_ts,
+                    # The writer persisting the create event owns the room.
+                    self._instance_name,
                 ),
             )
         if event.type == "m.room.join_rules" and event.state_key == "":

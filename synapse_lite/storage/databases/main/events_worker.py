@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.events import Event
 from synapse_lite.storage._base import db_to_json
 from synapse_lite.storage.caches import LruCache
+from synapse_lite.storage.change_tracker import StreamChangeTracker
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -55,18 +56,41 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         self._stream_id_gen = self.build_id_generator(db_conn, EVENTS)
         self._backfill_id_gen = self.build_id_generator(db_conn, BACKFILL)
         self._event_cache: LruCache[Event] = LruCache(50_000)
+        #: Rooms with new events, and users with new memberships, by position.
+        self.room_changes = StreamChangeTracker(self.get_room_max_token)
+        self.membership_changes = StreamChangeTracker(self.get_room_max_token)
+
+    def record_event_position(
+        self,
+        room_id: str,
+        event_type: str,
+        state_key: str | None,
+        instance_name: str,
+        stream_id: int,
+    ) -> None:
+        """Note where a room (and a member's membership) last changed."""
+        self.room_changes.record(room_id, instance_name, stream_id)
+        if event_type == "m.room.member" and state_key is not None:
+            self.membership_changes.record(state_key, instance_name, stream_id)
 
     # Positions
 
     def get_room_max_token(self) -> RoomStreamToken:
-        """The newest position a reader may use: persisted-up-to, plus each
-        writer known to be ahead of it."""
+        """The newest position a reader may use: each writer's position as far
+        as this process has processed its rows (so caches and change trackers
+        are current up to it), with the smallest as the base.
+
+        Not the persisted-up-to position: other writers' announcements can
+        lift that past rows of a writer this process has not processed yet.
+        """
         id_gen = self._stream_id_gen
-        stream = id_gen.get_current_token()
-        positions = {
-            name: id_gen.get_current_token_for_writer(name) for name in id_gen.get_positions()
-        }
-        return RoomStreamToken.from_positions(stream, positions)
+        positions = id_gen.get_positions()
+        me = self._instance_name
+        if me in positions:
+            positions[me] = id_gen.get_current_token_for_writer(me)
+        if not positions:
+            return RoomStreamToken(id_gen.get_current_token())
+        return RoomStreamToken.from_positions(min(positions.values()), positions)
 
     def get_room_max_stream_ordering(self) -> int:
         return self._stream_id_gen.get_current_token()
@@ -195,6 +219,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             self.invalidate_cache_by_name("get_room_summary", [room_id])
         if event_type == "m.room.member" and state_key is not None:
             self.invalidate_cache_by_name("get_rooms_for_user", [state_key])
+            self.invalidate_cache_by_name("get_local_memberships_with_positions", [state_key])
             self.invalidate_cache_by_name("get_users_in_room", [room_id])
 
     def process_replication_rows(
@@ -206,6 +231,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                 if row.type == "ev":
                     self.invalidate_caches_for_event(
                         data.event_id, data.room_id, data.type, data.state_key, data.redacts
+                    )
+                    self.record_event_position(
+                        data.room_id, data.type, data.state_key, instance_name, token
                     )
                 elif row.type == "state":
                     self.invalidate_cache_by_name("get_current_state_ids", [data.room_id])

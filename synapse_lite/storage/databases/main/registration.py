@@ -1,9 +1,11 @@
-"""Users and their access tokens (stored as SHA-256 hashes only)."""
+"""Users, their access tokens (stored as SHA-256 hashes only) and
+user-interactive auth sessions."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from synapse_lite.storage._base import db_to_json, json_encoder
 from synapse_lite.storage.caches import cached
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main.cache import CacheInvalidationWorkerStore
@@ -88,3 +90,95 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
             txn.call_after(self.get_user_by_access_token.invalidate, token_hash)
 
         await self.db_pool.runInteraction("delete_access_token", txn_func)
+
+    async def replace_access_tokens(
+        self, user_id: str, device_id: str, token_hash: str, device_display_name: str | None
+    ) -> bool:
+        """Log a device in again: its old tokens stop working (here and,
+        through the caches stream, everywhere) and ``token_hash`` is its new
+        one. Returns whether the device is new. Main process only."""
+
+        def txn_func(txn: LoggingTransaction) -> bool:
+            txn.execute(
+                "SELECT token_hash FROM access_tokens WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
+            )
+            for (old_hash,) in txn.fetchall():
+                self.send_invalidation_txn(txn, "get_user_by_access_token", [old_hash])
+                txn.call_after(self.get_user_by_access_token.invalidate, old_hash)
+            txn.execute(
+                "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
+            )
+            new_device = self.store_device_txn(txn, user_id, device_id, device_display_name)
+            txn.execute(
+                "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
+                " VALUES (?, ?, ?, ?)",
+                (token_hash, user_id, device_id, self.clock.time_msec()),
+            )
+            return new_device
+
+        return await self.db_pool.runInteraction("replace_access_tokens", txn_func)
+
+    async def delete_devices(
+        self, user_id: str, device_ids: list[str] | None
+    ) -> tuple[list[str], list[str]]:
+        """Log devices out: delete them (every device of the user when None)
+        with all their access tokens, here and, through the caches stream,
+        everywhere. Main process only (device_lists). Returns the devices
+        deleted and the hashes of the tokens revoked."""
+
+        def txn_func(txn: LoggingTransaction) -> tuple[list[str], list[str]]:
+            if device_ids is None:
+                txn.execute("SELECT device_id FROM devices WHERE user_id = ?", (user_id,))
+                targets = [r[0] for r in txn.fetchall()]
+            else:
+                targets = list(device_ids)
+            hashes: list[str] = []
+            deleted: list[str] = []
+            for device_id in targets:
+                txn.execute(
+                    "SELECT token_hash FROM access_tokens WHERE user_id = ? AND device_id = ?",
+                    (user_id, device_id),
+                )
+                hashes.extend(r[0] for r in txn.fetchall())
+                txn.execute(
+                    "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
+                    (user_id, device_id),
+                )
+                if self.delete_device_txn(txn, user_id, device_id):
+                    deleted.append(device_id)
+            for token_hash in hashes:
+                self.send_invalidation_txn(txn, "get_user_by_access_token", [token_hash])
+                txn.call_after(self.get_user_by_access_token.invalidate, token_hash)
+            return deleted, hashes
+
+        return await self.db_pool.runInteraction("delete_devices", txn_func)
+
+    # User-interactive auth sessions (shared by every process through the table)
+
+    async def create_ui_auth_session(self, session_id: str) -> None:
+        await self.db_pool.execute(
+            "create_ui_auth_session",
+            "INSERT INTO ui_auth_sessions (session_id, creation_ts, completed_stages)"
+            " VALUES (?, ?, ?)",
+            session_id,
+            self.clock.time_msec(),
+            json_encoder([]),
+        )
+
+    async def get_ui_auth_session(self, session_id: str) -> list[str] | None:
+        """The completed stages of a session, or None if there is no such session."""
+        rows = await self.db_pool.select(
+            "get_ui_auth_session",
+            "SELECT completed_stages FROM ui_auth_sessions WHERE session_id = ?",
+            session_id,
+        )
+        return list(db_to_json(rows[0][0])) if rows else None
+
+    async def delete_old_ui_auth_sessions(self, older_than_ms: int) -> None:
+        await self.db_pool.execute(
+            "delete_old_ui_auth_sessions",
+            "DELETE FROM ui_auth_sessions WHERE creation_ts < ?",
+            older_than_ms,
+        )

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from synapse_lite.storage.caches import cached
 from synapse_lite.storage.databases.main.stream import StreamWorkerStore
+from synapse_lite.tokens import RoomStreamToken
+
+#: A membership change: ``(room_id, membership, event_id, stream_ordering, instance_name)``.
+MembershipRow = tuple[str, str, str, int, str]
+
+#: Lower than any stream id, to read "from the beginning" with a token.
+_BEGINNING = RoomStreamToken(-(2**62))
 
 
 class RoomMemberWorkerStore(StreamWorkerStore):
@@ -69,3 +76,68 @@ class RoomMemberWorkerStore(StreamWorkerStore):
             to_stream,
         )
         return [(r[0], r[1], r[2], int(r[3])) for r in rows]
+
+    @cached()
+    async def get_local_memberships_with_positions(self, user_id: str) -> tuple[MembershipRow, ...]:
+        """A local user's current membership of every room they have one in,
+        with where the deciding event sits in the events stream. Cached;
+        forgotten with ``get_rooms_for_user`` when their membership changes."""
+        rows = await self.db_pool.select(
+            "get_local_memberships_with_positions",
+            "SELECT l.room_id, l.membership, l.event_id, l.event_stream_ordering, e.instance_name"
+            " FROM local_current_membership AS l JOIN events AS e ON e.event_id = l.event_id"
+            " WHERE l.user_id = ?",
+            user_id,
+        )
+        return tuple((r[0], r[1], r[2], int(r[3]), r[4]) for r in rows)
+
+    async def get_membership_changes_between(
+        self, user_id: str, from_token: RoomStreamToken | None, to_token: RoomStreamToken
+    ) -> list[MembershipRow]:
+        """A user's membership events after ``from_token`` (from the beginning
+        when None) and at or before ``to_token``, oldest first."""
+        where, args = (from_token or _BEGINNING).bounds_sql(
+            to_token, "m.stream_ordering", "e.instance_name"
+        )
+        rows = await self.db_pool.select(
+            "get_membership_changes_between",
+            "SELECT m.room_id, m.membership, m.event_id, m.stream_ordering, e.instance_name"
+            " FROM room_memberships AS m JOIN events AS e ON e.event_id = m.event_id"
+            f" WHERE m.user_id = ? AND {where} ORDER BY m.stream_ordering ASC",
+            user_id,
+            *args,
+        )
+        return [(r[0], r[1], r[2], int(r[3]), r[4]) for r in rows]
+
+    async def get_membership_at(
+        self, user_id: str, room_id: str, token: RoomStreamToken
+    ) -> MembershipRow | None:
+        """A user's membership of a room as of ``token`` (None: never a member)."""
+        where, args = _BEGINNING.bounds_sql(token, "m.stream_ordering", "e.instance_name")
+        rows = await self.db_pool.select(
+            "get_membership_at",
+            "SELECT m.room_id, m.membership, m.event_id, m.stream_ordering, e.instance_name"
+            " FROM room_memberships AS m JOIN events AS e ON e.event_id = m.event_id"
+            f" WHERE m.user_id = ? AND m.room_id = ? AND {where}"
+            " ORDER BY m.stream_ordering DESC LIMIT 1",
+            user_id,
+            room_id,
+            *args,
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return (r[0], r[1], r[2], int(r[3]), r[4])
+
+    async def get_membership_history(self, user_id: str, room_id: str) -> list[tuple[int, str]]:
+        """Every membership a user has had in a room: ``(stream_ordering,
+        membership)``, oldest first. Within one room stream order is the order
+        of persistence (a room has one writer, which persists it in turn)."""
+        rows = await self.db_pool.select(
+            "get_membership_history",
+            "SELECT stream_ordering, membership FROM room_memberships"
+            " WHERE user_id = ? AND room_id = ? ORDER BY stream_ordering ASC",
+            user_id,
+            room_id,
+        )
+        return [(int(r[0]), r[1]) for r in rows]

@@ -113,3 +113,18 @@ class StreamWorkerStore(EventsWorkerStore):
         )
         rows = await self.db_pool.select("get_room_events_between", sql, *room_ids, *args, limit)
         return [event_from_row(r) for r in rows]
+
+    async def get_state_events_between(
+        self, room_id: str, from_token: RoomStreamToken, to_token: RoomStreamToken
+    ) -> list[Event]:
+        """State events of a room after ``from_token`` and at or before
+        ``to_token``, oldest first."""
+        where, args = from_token.bounds_sql(to_token, "stream_ordering", "instance_name")
+        rows = await self.db_pool.select(
+            "get_state_events_between",
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE room_id = ? AND state_key IS NOT NULL"
+            f" AND stream_ordering > 0 AND {where} ORDER BY stream_ordering ASC",
+            room_id,
+            *args,
+        )
+        return [event_from_row(r) for r in rows]

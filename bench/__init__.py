@@ -1,0 +1,1 @@
+"""Benchmarks: clients that measure a running homeserver and print figures."""

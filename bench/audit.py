@@ -1,0 +1,213 @@
+"""Benchmark: the Spark audit against the same aggregates in plain SQL.
+
+    python bench/audit.py --rows 1000000 [--rows 10000000] [--jdbc-jar PATH]
+
+For each size, seeds a PostgreSQL events table (two writers, a few planted
+gaps; INSERT ... SELECT generate_series, indexes built afterwards), then times
+in the same run:
+
+(a) plain SQL inside PostgreSQL: rows and largest id per writer, duplicate ids,
+    gaps (a window over the ids), stored positions against the sequence;
+(b) the whole audit command as an operator runs it (``python spark/audit.py``,
+    Spark start included), over a Parquet export and, with a JDBC jar, over
+    JDBC.
+
+Prints wall time, rows/s, the ratio to plain SQL against the 3x target, and
+the peak RSS of the audit's processes (Python driver and JVM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from synapse_lite.storage.database import make_startup_connection  # noqa: E402
+from synapse_lite.storage.engines import create_engine  # noqa: E402
+from synapse_lite.storage.prepare_database import prepare_database  # noqa: E402
+
+TARGET_RATIO = 3.0
+DEFAULT_JAR = "/usr/share/java/postgresql.jar"
+EVENT_INDEXES = ("events_stream_ordering", "events_event_id", "events_room_stream")
+
+SQL_AGGREGATES = {
+    "per-writer count and largest id": (
+        "SELECT instance_name, COUNT(*), MAX(stream_ordering) FROM events"
+        " WHERE stream_ordering > 0 GROUP BY instance_name"
+    ),
+    "duplicate ids": (
+        "SELECT stream_id, COUNT(*) FROM (SELECT stream_ordering AS stream_id FROM events"
+        " WHERE stream_ordering > 0 UNION ALL SELECT stream_id FROM current_state_delta_stream)"
+        " AS ids GROUP BY stream_id HAVING COUNT(*) > 1"
+    ),
+    "gaps": (
+        "SELECT COUNT(*), SUM(stream_ordering - previous - 1) FROM (SELECT stream_ordering,"
+        " LAG(stream_ordering, 1, 0::bigint) OVER (ORDER BY stream_ordering) AS previous"
+        " FROM events WHERE stream_ordering > 0) AS ordered WHERE stream_ordering - previous > 1"
+    ),
+    "positions against the sequence": (
+        "SELECT p.instance_name, p.stream_id, s.last_value FROM stream_positions AS p,"
+        " events_stream_seq AS s WHERE p.stream_name = 'events'"
+    ),
+}
+
+
+def admin_connection() -> Any:
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    conn.autocommit = True
+    return conn
+
+
+def seed(dbname: str, rows: int) -> dict[str, Any]:
+    """A fresh database with ``rows`` events rows by two writers, and gaps."""
+    admin = admin_connection()
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+        cur.execute(f"CREATE DATABASE {dbname} TEMPLATE template0")
+    admin.close()
+    args = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": dbname}
+    engine = create_engine("postgres", args)
+    conn = make_startup_connection(engine)
+    prepare_database(conn, is_main=True)
+    gaps = [rows // 3, rows // 2, rows // 2 + 1, rows - 10]
+    with conn.transaction("bench_seed") as txn:
+        for index in EVENT_INDEXES:
+            txn.execute(f"DROP INDEX {index}")
+        txn.execute(
+            "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
+            " sender, origin_server_ts, content, instance_name)"
+            " SELECT g, g, '$e' || g, '!room' || (g % 100), 'm.room.message', '@u:bench', 0, '{}',"
+            " CASE WHEN g % 2 = 0 THEN 'main' ELSE 'worker1' END"
+            " FROM generate_series(1, ?) AS g WHERE g NOT IN (?, ?, ?, ?)",
+            (rows, *gaps),
+        )
+        txn.execute("CREATE UNIQUE INDEX events_stream_ordering ON events (stream_ordering)")
+        txn.execute("CREATE UNIQUE INDEX events_event_id ON events (event_id)")
+        txn.execute("CREATE INDEX events_room_stream ON events (room_id, stream_ordering)")
+        txn.execute("SELECT setval('events_stream_seq', ?)", (rows,))
+        for writer in ("main", "worker1"):
+            txn.execute(
+                "INSERT INTO stream_positions (stream_name, instance_name, stream_id)"
+                " VALUES ('events', ?, ?)",
+                (writer, rows),
+            )
+    conn.conn.autocommit = True  # type: ignore[attr-defined]
+    conn.conn.cursor().execute("VACUUM ANALYZE events")
+    conn.close()
+    return args
+
+
+def time_sql(args: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """Each aggregate once, warm (the table was just vacuumed)."""
+    import psycopg2
+
+    conn = psycopg2.connect(**args)
+    times = {}
+    with conn.cursor() as cur:
+        for name, sql in SQL_AGGREGATES.items():
+            start = time.monotonic()
+            cur.execute(sql)
+            cur.fetchall()
+            times[name] = time.monotonic() - start
+    conn.close()
+    return sum(times.values()), times
+
+
+def write_config(directory: str, args: dict[str, Any]) -> str:
+    import yaml
+
+    config = {
+        "server_name": "bench",
+        "data_dir": directory,
+        "database": {"engine": "postgres", "args": args},
+        "worker_replication_secret": "bench",
+        "listeners": [{"port": 18200, "resources": ["client", "replication"]}],
+        "workers": {"worker1": {"listeners": [{"port": 18201, "resources": ["replication"]}]}},
+        "stream_writers": {"events": ["main", "worker1"]},
+    }
+    path = os.path.join(directory, "homeserver.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f)
+    return path
+
+
+def time_audit(config: str, extra: list[str]) -> tuple[float, dict[str, Any], int, str]:
+    """The audit command end to end; wall time, report, exit code, progress."""
+    report = config + ".report.json"
+    command = [sys.executable, os.path.join(ROOT, "spark", "audit.py"), "-c", config]
+    command += ["--json", report, *extra]
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"audit failed ({done.returncode}):\n{done.stderr}")
+    with open(report, encoding="utf-8") as f:
+        return elapsed, json.load(f), done.returncode, done.stderr
+
+
+def peak_rss_mb() -> float:
+    """The largest RSS of any finished child process (driver or JVM)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def bench(rows: int, jar: str | None, master: str) -> list[str]:
+    lines = []
+    print(f"== {rows:,} events rows", flush=True)
+    start = time.monotonic()
+    args = seed("synapse_lite_bench_audit", rows)
+    print(f"seeded in {time.monotonic() - start:.1f} s", flush=True)
+    sql_total, sql_times = time_sql(args)
+    for name, seconds in sql_times.items():
+        print(f"  plain SQL {name}: {seconds:.2f} s", flush=True)
+    rate = rows / sql_total
+    lines.append(f"{rows:>12,}  plain SQL (PostgreSQL)   {sql_total:7.1f} s  {rate:>12,.0f} rows/s")
+    routes: list[tuple[str, list[str]]] = [("parquet export", [])]
+    if jar:
+        routes.append(("JDBC", ["--jdbc-jar", jar]))
+    with tempfile.TemporaryDirectory(prefix="synapse_lite_bench_audit_") as directory:
+        config = write_config(directory, args)
+        for name, extra in routes:
+            elapsed, report, code, progress = time_audit(config, ["--master", master, *extra])
+            print(progress, end="", flush=True)
+            gaps = [i for i in report["info"] if i["kind"] == "gap"]
+            missing = sum(g["count"] for g in gaps)
+            ratio = elapsed / sql_total
+            verdict = "PASS" if ratio <= TARGET_RATIO else "FAIL"
+            lines.append(
+                f"{rows:>12,}  audit, {name:<16} {elapsed:7.1f} s  {rows / elapsed:>12,.0f} rows/s"
+                f"  {ratio:5.1f}x SQL  {verdict} (target {TARGET_RATIO:.0f}x)"
+                f"  exit {code}, {len(report['findings'])} findings, {missing} gap ids,"
+                f" peak RSS {peak_rss_mb():,.0f} MB"
+            )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, action="append", help="events rows (repeatable)")
+    parser.add_argument("--jdbc-jar", default=os.environ.get("SYNAPSE_LITE_JDBC_JAR", DEFAULT_JAR))
+    parser.add_argument("--master", default="local[*]")
+    options = parser.parse_args()
+    jar = options.jdbc_jar if options.jdbc_jar and os.path.isfile(options.jdbc_jar) else None
+    if jar is None:
+        print("no JDBC jar (apt-get install libpostgresql-jdbc-java): Parquet route only")
+    lines = []
+    for rows in options.rows or [1_000_000]:
+        lines += bench(rows, jar, options.master)
+    print("\n".join(["", "rows          what                        wall      throughput", *lines]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

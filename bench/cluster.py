@@ -1,0 +1,199 @@
+"""Launching a homeserver layout for a benchmark: a fresh database, a config in
+a temporary directory, one OS process per instance, and their resident memory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import yaml
+
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: name -> (listener resources, streams it writes besides the defaults)
+LAYOUTS: dict[str, dict[str, list[str]]] = {
+    "single": {},
+    "split": {
+        "sync1": ["client", "health"],
+        "persister1": ["client", "replication", "health"],
+        "persister2": ["client", "replication", "health"],
+        "typing1": ["replication", "health"],
+    },
+}
+WRITERS: dict[str, dict[str, Any]] = {
+    "single": {},
+    "split": {"events": ["persister1", "persister2"], "typing": "typing1"},
+}
+#: Where each layout's clients send events and long-poll /sync.
+SEND_TO = {"single": ["main"], "split": ["persister1", "persister2"]}
+SYNC_ON = {"single": "main", "split": "sync1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _create_database(engine: str, directory: str) -> dict[str, Any]:
+    if engine == "sqlite":
+        return {"engine": "sqlite", "args": {"path": os.path.join(directory, "bench.db")}}
+    import psycopg2
+
+    name = f"synapse_lite_bench_{os.getpid()}"
+    conn = psycopg2.connect(host="127.0.0.1", user="postgres", dbname="postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        cur.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    conn.close()
+    return {
+        "engine": "postgres",
+        "args": {"host": "127.0.0.1", "user": "postgres", "dbname": name},
+        "max_connections": 10,
+    }
+
+
+def _drop_database(database: dict[str, Any]) -> None:
+    if database["engine"] != "postgres":
+        return
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", user="postgres", dbname="postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {database['args']['dbname']} WITH (FORCE)")
+    conn.close()
+
+
+def _redis_running() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class Cluster:
+    """The processes of one layout, started by :meth:`start`, stopped by :meth:`stop`."""
+
+    def __init__(self, layout: str, engine: str) -> None:
+        self.layout = layout
+        self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
+        self.database = _create_database(engine, self.dir)
+        self.ports: dict[str, int] = {}
+        workers = LAYOUTS[layout]
+        transport = "redis" if workers and engine == "postgres" and _redis_running() else "tcp"
+        self.transport = transport
+        self.ports["main"] = free_port()
+        config: dict[str, Any] = {
+            "server_name": "bench.local",
+            "data_dir": os.path.join(self.dir, "data"),
+            "database": self.database,
+            "worker_replication_secret": "bench-secret",
+            "enable_registration": True,
+            "log_level": "WARNING",
+            "replication": {"transport": transport, "tcp": {"port": free_port()}},
+            "listeners": [
+                {
+                    "port": self.ports["main"],
+                    "resources": ["client", "replication", "health"],
+                }
+            ],
+            "workers": {},
+            "stream_writers": WRITERS[layout],
+            "rate_limiting": {"enabled": False},
+        }
+        for name, resources in workers.items():
+            self.ports[name] = free_port()
+            config["workers"][name] = {
+                "listeners": [{"port": self.ports[name], "resources": resources}]
+            }
+        self.config_path = os.path.join(self.dir, "homeserver.yaml")
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(config, f)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=SOURCE_ROOT)
+        for name in ["main", *LAYOUTS[self.layout]]:
+            app = "homeserver" if name == "main" else "generic_worker"
+            args = [sys.executable, "-m", f"synapse_lite.app.{app}", "-c", self.config_path]
+            if name != "main":
+                args += ["--worker-name", name]
+            log = open(os.path.join(self.dir, f"{name}.log"), "wb")
+            self.processes[name] = subprocess.Popen(args, stdout=log, stderr=log, env=env)
+            self._wait_healthy(name)
+
+    def _wait_healthy(self, name: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.processes[name].poll() is not None:
+                raise RuntimeError(f"{name} exited; see {self.dir}/{name}.log")
+            try:
+                with urllib.request.urlopen(self.url(name) + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{name} did not start; see {self.dir}/{name}.log")
+
+    def room_writers(self) -> dict[str, str]:
+        """Each room's events writer, as stored with the room."""
+        if self.database["engine"] == "sqlite":
+            import sqlite3
+
+            conn: Any = sqlite3.connect(self.database["args"]["path"])
+        else:
+            import psycopg2
+
+            conn = psycopg2.connect(**self.database["args"])
+        try:
+            cursor = conn.cursor()
+            cursor.execute("SELECT room_id, event_writer FROM rooms")
+            return {room: writer for room, writer in cursor.fetchall()}
+        finally:
+            conn.close()
+
+    def rss_mb(self) -> dict[str, float]:
+        """Resident memory of each process, from /proc."""
+        result = {}
+        for name, process in self.processes.items():
+            with open(f"/proc/{process.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        result[name] = int(line.split()[1]) / 1024
+        return result
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User plus system CPU time of each process so far, from /proc."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        result = {}
+        for name, process in self.processes.items():
+            with open(f"/proc/{process.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            result[name] = (int(fields[11]) + int(fields[12])) / ticks
+        return result
+
+    def stop(self, keep: bool = False) -> None:
+        for process in reversed(list(self.processes.values())):
+            process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        _drop_database(self.database)
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)

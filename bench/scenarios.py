@@ -1,0 +1,237 @@
+"""What the client benchmark measures, against a running layout, over HTTP
+(aiohttp): send throughput and latency with concurrent senders, /sync wake-up
+latency, typing latency and initial-sync time."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+import time
+import urllib.parse
+import uuid
+from typing import Any
+
+import aiohttp
+import attr
+
+_txn = itertools.count()
+WIDE_TIMELINE = urllib.parse.quote(json.dumps({"room": {"timeline": {"limit": 500}}}))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@attr.s(auto_attribs=True)
+class User:
+    user_id: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+class Client:
+    """One aiohttp session talking to a layout's processes."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def call(
+        self, method: str, base: str, path: str, user: User | None = None, body: Any = None
+    ) -> Any:
+        url = f"{base}/_matrix/client/v3{path}"
+        headers = user.headers if user else {}
+        async with self.session.request(method, url, json=body, headers=headers) as response:
+            result = await response.json()
+            if response.status != 200:
+                raise RuntimeError(f"{method} {path}: {response.status} {result}")
+            return result
+
+    async def register(self, base: str, name: str) -> User:
+        result = await self.call(
+            "POST",
+            base,
+            "/register",
+            body={"username": name, "password": "bench-pw", "auth": {"type": "m.login.dummy"}},
+        )
+        return User(result["user_id"], result["access_token"])
+
+    async def send(self, base: str, user: User, room_id: str, body: str) -> str:
+        txn = f"{uuid.uuid4().hex}-{next(_txn)}"
+        path = f"/rooms/{room_id}/send/m.room.message/{txn}"
+        result = await self.call("PUT", base, path, user, {"msgtype": "m.text", "body": body})
+        return str(result["event_id"])
+
+    async def sync(
+        self,
+        base: str,
+        user: User,
+        since: str | None,
+        timeout_ms: int = 30_000,
+        wide: bool = True,
+    ) -> dict[str, Any]:
+        # A timeline limit above any backlog here: a limited timeline would
+        # leave a gap to fill with /messages, which this client does not do.
+        query = f"?timeout={timeout_ms}" + (f"&filter={WIDE_TIMELINE}" if wide else "")
+        query += f"&since={since}" if since else ""
+        result = dict(await self.call("GET", base, "/sync" + query, user))
+        if since and any(
+            room["timeline"].get("limited") for room in result["rooms"]["join"].values()
+        ):
+            raise RuntimeError("a /sync timeline was limited: raise the filter's limit")
+        return result
+
+
+def event_ids(sync: dict[str, Any]) -> list[str]:
+    return [
+        e["event_id"]
+        for room in sync.get("rooms", {}).get("join", {}).values()
+        for e in room.get("timeline", {}).get("events", [])
+    ]
+
+
+def typing_users(sync: dict[str, Any], room_id: str) -> list[str] | None:
+    room = sync.get("rooms", {}).get("join", {}).get(room_id, {})
+    for event in room.get("ephemeral", {}).get("events", []):
+        if event["type"] == "m.typing":
+            return list(event["content"]["user_ids"])
+    return None
+
+
+async def setup_users_and_rooms(
+    client: Client, base: str, users: int, rooms: int
+) -> tuple[list[User], list[str]]:
+    people = [await client.register(base, f"user{i}") for i in range(users)]
+    room_ids = []
+    for i in range(rooms):
+        result = await client.call(
+            "POST", base, "/createRoom", people[0], {"preset": "public_chat", "name": f"r{i}"}
+        )
+        room_ids.append(result["room_id"])
+        for person in people[1:]:
+            await client.call("POST", base, f"/join/{result['room_id']}", person, {})
+    return people, room_ids
+
+
+@attr.s(auto_attribs=True)
+class ThroughputResult:
+    sent_per_second: float
+    delivered_per_second: float
+    latencies_ms: list[float]
+
+
+async def measure_throughput(
+    client: Client,
+    send_bases: list[str],
+    sync_base: str,
+    people: list[User],
+    rooms: list[str],
+    messages: int,
+    senders: int,
+    room_bases: dict[str, str] | None = None,
+) -> ThroughputResult:
+    """``senders`` concurrent senders (spread over the users and rooms) send
+    ``messages`` in all; every user long-polls /sync until it has seen them all.
+    Sends go round-robin over ``send_bases``, or with ``room_bases`` to the
+    process given for each room."""
+    starts = {p.user_id: (await client.sync(sync_base, p, None, 0))["next_batch"] for p in people}
+    expected: set[str] = set()
+    #: user -> event id -> when their sync returned it
+    seen: dict[str, dict[str, float]] = {p.user_id: {} for p in people}
+    latencies: list[float] = []
+    counter = itertools.count()
+
+    async def sender(index: int) -> None:
+        user = people[index % len(people)]
+        base = send_bases[index % len(send_bases)]
+        while (n := next(counter)) < messages:
+            room = rooms[n % len(rooms)]
+            start = time.perf_counter()
+            target = room_bases[room] if room_bases else base
+            expected.add(await client.send(target, user, room, f"bench {n}"))
+            latencies.append((time.perf_counter() - start) * 1000)
+
+    async def syncer(user: User) -> None:
+        since = starts[user.user_id]
+        while True:
+            result = await client.sync(sync_base, user, since, 5_000)
+            now = time.perf_counter()
+            since = result["next_batch"]
+            for event_id in event_ids(result):
+                seen[user.user_id].setdefault(event_id, now)
+
+    syncers = [asyncio.create_task(syncer(p)) for p in people]
+    start = time.perf_counter()
+    await asyncio.gather(*(sender(i) for i in range(senders)))
+    sent_elapsed = time.perf_counter() - start
+    deadline = time.perf_counter() + 120
+    while not all(expected <= seen[p.user_id].keys() for p in people):
+        for task in syncers:
+            if task.done():
+                task.result()  # a syncer that stopped raised: show why
+        if time.perf_counter() > deadline:
+            missing = {p.user_id: len(expected - seen[p.user_id].keys()) for p in people}
+            raise RuntimeError(f"messages never delivered, per user: {missing}")
+        await asyncio.sleep(0.01)
+    for task in syncers:
+        task.cancel()
+    delivered_elapsed = max(seen[p.user_id][e] for p in people for e in expected) - start
+    return ThroughputResult(messages / sent_elapsed, messages / delivered_elapsed, latencies)
+
+
+async def measure_wakeup(
+    client: Client,
+    send_base: str,
+    sync_base: str,
+    receiver: User,
+    sender: User,
+    room: str,
+    rounds: int,
+    typing: bool,
+) -> list[float]:
+    """Milliseconds from the sender's request (a message, or a typing change)
+    to the receiver's parked /sync returning it."""
+    since = (await client.sync(sync_base, receiver, None, 0))["next_batch"]
+    results = []
+    for i in range(rounds):
+        poll = asyncio.create_task(client.sync(sync_base, receiver, since, 30_000))
+        await asyncio.sleep(0.02)  # let the long-poll park
+        start = time.perf_counter()
+        if typing:
+            await client.call(
+                "PUT",
+                send_base,
+                f"/rooms/{room}/typing/{sender.user_id}",
+                sender,
+                {"typing": i % 2 == 0, "timeout": 30_000},
+            )
+            want: Any = [sender.user_id] if i % 2 == 0 else []
+        else:
+            want = await client.send(send_base, sender, room, f"ping {i}")
+        while True:
+            result = await poll
+            since = result["next_batch"]
+            got = typing_users(result, room) == want if typing else want in event_ids(result)
+            if got:
+                results.append((time.perf_counter() - start) * 1000)
+                break
+            poll = asyncio.create_task(client.sync(sync_base, receiver, since, 30_000))
+    return results
+
+
+async def measure_initial_sync(client: Client, base: str, user: User, rounds: int) -> float:
+    """Median milliseconds of a full /sync (no since, the default timeline
+    limit of 10 events per room)."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        await client.sync(base, user, None, 0, wide=False)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)

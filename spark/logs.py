@@ -1,0 +1,117 @@
+"""Reading the position logs (see :mod:`synapse_lite.position_log`) into Spark.
+
+Lines are parsed by Spark's JSON reader, so logs of any size stay on the
+executors. A line that is not a valid record (a torn last line after a crash,
+a missing field, an unknown kind) is counted and reported, never fatal.
+Ids and positions are made positive here (backfill counts down from -1), as
+everywhere in the audit.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import attr
+
+from synapse_lite.position_log import STREAM_WIDE
+
+LOG_PATTERN = "positions-*.jsonl"
+
+_SCHEMA = (
+    "kind STRING, ts LONG, process STRING, stream STRING, writer STRING, id LONG,"
+    " committed BOOLEAN, position LONG, purpose STRING, _corrupt_record STRING"
+)
+
+
+def default_log_paths(data_dir: str) -> list[str]:
+    """Every position log in a data directory (what each process writes there)."""
+    return sorted(glob.glob(os.path.join(data_dir, LOG_PATTERN)))
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PositionLogs:
+    """The records of the logs given, split by kind.
+
+    ``finished``: stream, writer, id, ts, committed.
+    ``positions``: stream, writer (or ``*``), position, ts, process, purpose.
+    """
+
+    paths: tuple[str, ...]
+    finished: Any
+    positions: Any
+    records: int
+    malformed: int
+    largest_value: int
+    streams: tuple[str, ...]
+
+
+def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) -> PositionLogs:
+    """Parse ``paths``; records of streams not in ``stream_names`` (kept only in
+    memory, such as typing) are ignored."""
+    from pyspark.sql import functions as F
+
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(f"position log not found: {', '.join(missing)}")
+    raw = (
+        spark.read.schema(_SCHEMA)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", "_corrupt_record")
+        .json(list(paths))
+    )
+    finished_ok = (
+        (F.col("kind") == "finished")
+        & F.col("ts").isNotNull()
+        & F.col("writer").isNotNull()
+        & F.col("id").isNotNull()
+        & F.col("committed").isNotNull()
+    )
+    position_ok = (
+        (F.col("kind") == "position")
+        & F.col("ts").isNotNull()
+        & F.col("writer").isNotNull()
+        & F.col("position").isNotNull()
+    )
+    valid = F.col("_corrupt_record").isNull() & F.col("stream").isNotNull()
+    parsed = raw.withColumn(
+        "status",
+        F.when(valid & finished_ok, "finished")
+        .when(valid & position_ok, "position")
+        .otherwise("malformed"),
+    ).localCheckpoint(eager=True)  # read once: the stats and both kinds use it
+    stats = parsed.groupBy("status").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max(F.greatest(F.abs("id"), F.abs("position"))).alias("largest"),
+        F.collect_set("stream").alias("streams"),
+    )
+    counts = {row["status"]: row for row in stats.collect()}
+    audited = F.col("stream").isin(stream_names)
+    finished = parsed.filter((F.col("status") == "finished") & audited).select(
+        "stream", "writer", F.abs("id").alias("id"), "ts", "committed"
+    )
+    positions = parsed.filter((F.col("status") == "position") & audited).select(
+        "stream",
+        "writer",
+        F.abs("position").alias("position"),
+        "ts",
+        F.coalesce("process", F.lit("?")).alias("process"),
+        F.coalesce("purpose", F.lit("")).alias("purpose"),
+    )
+    streams: set[str] = set()
+    for status in ("finished", "position"):
+        if status in counts:
+            streams.update(s for s in counts[status]["streams"] if s in stream_names)
+    return PositionLogs(
+        paths=tuple(paths),
+        finished=finished,
+        positions=positions,
+        records=sum(int(r["n"]) for r in counts.values()),
+        malformed=int(counts["malformed"]["n"]) if "malformed" in counts else 0,
+        largest_value=max((int(r["largest"] or 0) for r in counts.values()), default=0),
+        streams=tuple(sorted(streams)),
+    )
+
+
+__all__ = ["LOG_PATTERN", "STREAM_WIDE", "PositionLogs", "default_log_paths", "load_position_logs"]

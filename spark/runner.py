@@ -1,0 +1,173 @@
+"""One audit run: from a config file to an :class:`AuditReport`.
+
+The database is read before Spark starts, so a bad config or an unreachable
+database fails fast. Every failure the operator can meet becomes an
+:class:`AuditError` with the reason (exit code 2).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import attr
+
+from spark.catalog import build_catalog
+from spark.export import Snapshot, export_snapshot
+from spark.logs import PositionLogs, default_log_paths, load_position_logs
+from spark.model import AuditReport
+from spark.progress import Progress
+from spark.readonly import DatabaseUnavailable, open_read_only
+from spark.session import SparkUnavailable, start_session
+from spark.sources import AuditData, jdbc_source, snapshot_source
+from spark.summary import collect_results
+from synapse_lite.config.homeserver import HomeServerConfig, load_config
+from synapse_lite.config.validation import ConfigError
+from synapse_lite.storage.engines import BaseDatabaseEngine, create_engine
+
+
+class AuditError(RuntimeError):
+    """The audit could not run; the message says why."""
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class AuditOptions:
+    config_path: str
+    master: str = "local[*]"
+    #: None: every positions-*.jsonl in the config's data_dir.
+    position_logs: tuple[str, ...] | None = None
+    use_position_logs: bool = True
+    jdbc_jar: str | None = None
+    snapshot_dir: str | None = None
+    keep_snapshot: bool = False
+    partitions: int = 4
+    live: bool = False
+
+
+def _load(options: AuditOptions) -> tuple[HomeServerConfig, BaseDatabaseEngine]:
+    try:
+        config = load_config(options.config_path)
+    except ConfigError as e:
+        raise AuditError(f"bad config:\n{e}") from e
+    except OSError as e:
+        raise AuditError(f"cannot read config {options.config_path}: {e}") from e
+    try:
+        engine = create_engine(config.database.engine, config.database.args)
+    except Exception as e:
+        raise AuditError(f"cannot use the {config.database.engine} database: {e}") from e
+    return config, engine
+
+
+def _log_paths(options: AuditOptions, config: HomeServerConfig) -> list[str]:
+    if not options.use_position_logs:
+        return []
+    if options.position_logs is not None:
+        return list(options.position_logs)
+    return default_log_paths(config.data_dir)
+
+
+@contextmanager
+def _snapshot_dir(options: AuditOptions) -> Iterator[str]:
+    if options.snapshot_dir:
+        os.makedirs(options.snapshot_dir, exist_ok=True)
+        yield options.snapshot_dir
+        return
+    directory = tempfile.mkdtemp(prefix="synapse_lite_audit_")
+    try:
+        yield directory
+    finally:
+        if not options.keep_snapshot:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def _session(
+    options: AuditOptions, spark: Any, jars: list[str], progress: Progress
+) -> Iterator[Any]:
+    if spark is not None:
+        yield spark
+        return
+    with progress.step(f"started Spark ({options.master})"):
+        session, started = start_session(
+            options.master,
+            jars,
+            {"spark.sql.shuffle.partitions": str(max(1, options.partitions))},
+        )
+    try:
+        yield session
+    finally:
+        if started:
+            session.stop()
+
+
+def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> AuditReport:
+    """Audit the database and logs of ``options.config_path``."""
+    started = time.monotonic()
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    config, engine = _load(options)
+    catalog = build_catalog(config)
+    log_paths = _log_paths(options, config)
+    jar = options.jdbc_jar
+    if jar and not os.path.isfile(jar):
+        raise AuditError(
+            f"JDBC driver jar not found: {jar} (apt-get install libpostgresql-jdbc-java)"
+        )
+    use_jdbc = bool(jar) and engine.name == "postgres"
+    if jar and not use_jdbc:
+        progress.line(f"the JDBC jar is for PostgreSQL; exporting the {engine.name} database")
+    try:
+        with ExitStack() as stack:
+            # The database first: an unreachable one fails before Spark starts.
+            snapshot: Snapshot | None = None
+            if use_jdbc:
+                open_read_only(engine).close()
+            else:
+                directory = stack.enter_context(_snapshot_dir(options))
+                snapshot = export_snapshot(engine, catalog, directory, progress)
+            session = stack.enter_context(
+                _session(options, spark, [jar] if use_jdbc and jar else [], progress)
+            )
+            logs: PositionLogs | None = None
+            if log_paths:
+                with progress.step(f"read {len(log_paths)} position log(s)"):
+                    logs = load_position_logs(session, log_paths, catalog.stream_names())
+            if use_jdbc:
+                data: AuditData = stack.enter_context(
+                    jdbc_source(session, engine, catalog, max(1, options.partitions))
+                )
+            else:
+                assert snapshot is not None
+                data = snapshot_source(session, snapshot)
+            with progress.watch_spark(session):
+                streams, findings, info = collect_results(
+                    session, data, catalog, logs, options.live, progress
+                )
+    except (DatabaseUnavailable, SparkUnavailable, FileNotFoundError) as e:
+        raise AuditError(str(e)) from e
+    except AuditError:
+        raise
+    except Exception as e:
+        raise AuditError(f"the audit failed: {type(e).__name__}: {e}") from e
+    return AuditReport(
+        database=engine.describe(),
+        route=data.route,
+        started_at=started_at,
+        duration_s=time.monotonic() - started,
+        streams=tuple(streams),
+        findings=tuple(findings),
+        info=tuple(info),
+        position_logs={
+            "files": list(log_paths),
+            "records": logs.records if logs else 0,
+            "malformed": logs.malformed if logs else 0,
+        },
+    )
+
+
+__all__ = ["AuditError", "AuditOptions", "run_audit"]

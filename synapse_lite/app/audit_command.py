@@ -1,0 +1,85 @@
+"""``synapse-lite audit``: the command line of the Spark audit.
+
+The audit itself lives in the top-level ``spark/`` directory of the source tree
+(it is submitted to Spark clusters as it is, with ``spark-submit
+spark/audit.py``). This module defines its arguments, for ``synapse-lite audit``
+and ``spark/audit.py`` alike, and finds and runs the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+#: The source tree: the parent of the ``synapse_lite`` package directory.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The audit's arguments (``docs/audit.md`` explains each)."""
+    parser.add_argument("-c", "--config", required=True, help="the homeserver.yaml to audit")
+    parser.add_argument(
+        "--master",
+        default="local[*]",
+        help="Spark master URL (default: local[*]; e.g. spark://host:7077 for a cluster)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    parser.add_argument(
+        "--position-log",
+        metavar="PATH",
+        action="append",
+        dest="position_logs",
+        help="a position log to check (repeatable; default: every positions-*.jsonl"
+        " in the config's data_dir)",
+    )
+    parser.add_argument(
+        "--no-position-logs",
+        action="store_true",
+        help="ignore position logs, even those in the data_dir",
+    )
+    parser.add_argument(
+        "--jdbc-jar",
+        metavar="PATH",
+        default=os.environ.get("SYNAPSE_LITE_JDBC_JAR") or None,
+        help="PostgreSQL JDBC driver jar: read PostgreSQL over JDBC instead of exporting a"
+        " snapshot (default: $SYNAPSE_LITE_JDBC_JAR)",
+    )
+    parser.add_argument(
+        "--snapshot-dir",
+        metavar="DIR",
+        help="where the Parquet snapshot goes (default: a temporary directory, removed"
+        " afterwards); must be readable by every Spark executor on a cluster",
+    )
+    parser.add_argument(
+        "--keep-snapshot", action="store_true", help="keep the snapshot after the audit"
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=4,
+        metavar="N",
+        help="JDBC partitions per table and Spark shuffle partitions (default: 4)",
+    )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="the servers are running: stored positions lagging their rows are information",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the audit job from ``spark/``; the exit code (0 clean, 1 findings, 2 error)."""
+    if not os.path.isfile(os.path.join(REPO_ROOT, "spark", "audit.py")):
+        sys.stderr.write(
+            f"audit: error: the Spark audit is not installed here (no spark/audit.py in"
+            f" {REPO_ROOT}); it ships with the source tree: run it from a checkout of"
+            " synapse_lite\n"
+        )
+        return 2
+    if REPO_ROOT not in sys.path:
+        sys.path.insert(0, REPO_ROOT)
+    audit = importlib.import_module("spark.audit")
+    code: int = audit.run(args)
+    return code

@@ -1,0 +1,139 @@
+"""Who is asking: access tokens to requesters, and password hashing.
+
+Access tokens are random and returned to the client once; only their SHA-256
+is stored (``access_tokens.token_hash``), so a copy of the database logs
+nobody in. Passwords are hashed with scrypt (n=2**14, r=8, p=1, a 16-byte
+random salt per password, 32-byte key), the parameters written into the stored
+string so they can be raised later without invalidating old hashes. Hashing
+runs on a thread so the reactor keeps serving meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+import attr
+from twisted.internet import threads
+from twisted.web.server import Request
+
+from synapse_lite.api.errors import AuthError, Codes
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+SCRYPT_N = 2**14
+SCRYPT_R = 8
+SCRYPT_P = 1
+_SCRYPT_MAXMEM = 64 * 1024 * 1024
+#: Longest password accepted (hashing cost grows with it).
+MAX_PASSWORD_LENGTH = 512
+_MAX_TOKEN_LENGTH = 512
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class Requester:
+    """The user and device behind an authenticated request."""
+
+    user_id: str
+    device_id: str
+    token_hash: str
+
+
+def hash_token(token: str) -> str:
+    """What is stored for an access token."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def generate_access_token() -> str:
+    return "syl_" + secrets.token_urlsafe(32)
+
+
+def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(
+        password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=_SCRYPT_MAXMEM, dklen=32
+    )
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+async def hash_password(password: str) -> str:
+    """``scrypt$n$r$p$salt$hash`` (base64 salt and hash)."""
+    salt = secrets.token_bytes(16)
+    digest = await threads.deferToThread(_scrypt, password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64(salt)}${_b64(digest)}"
+
+
+async def check_password(password: str, stored: str | None) -> bool:
+    """Whether ``password`` matches a stored hash (False for no hash or an
+    unreadable one)."""
+    if not stored:
+        return False
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        expected = base64.b64decode(digest)
+        actual = await threads.deferToThread(
+            _scrypt, password, base64.b64decode(salt), int(n), int(r), int(p)
+        )
+    except ValueError:
+        logger.warning("Unreadable password hash")
+        return False
+    return hmac.compare_digest(expected, actual)
+
+
+def get_access_token_from_request(request: Request) -> str:
+    """The token of ``Authorization: Bearer`` or ``?access_token=``, or a 401
+    ``M_MISSING_TOKEN``."""
+    headers = request.requestHeaders.getRawHeaders(b"Authorization") or []
+    token: bytes | None = None
+    if headers:
+        if len(headers) > 1:
+            raise AuthError(401, "Too many Authorization headers", Codes.MISSING_TOKEN)
+        parts = headers[0].split(b" ", 1)
+        if len(parts) != 2 or parts[0].lower() != b"bearer":
+            raise AuthError(401, "Invalid Authorization header", Codes.MISSING_TOKEN)
+        token = parts[1].strip()
+    elif request.args and b"access_token" in request.args:
+        token = request.args[b"access_token"][0]
+    if not token:
+        raise AuthError(401, "Missing access token", Codes.MISSING_TOKEN)
+    if len(token) > _MAX_TOKEN_LENGTH:
+        raise AuthError(401, "Unrecognised access token", Codes.UNKNOWN_TOKEN)
+    try:
+        return token.decode("ascii")
+    except UnicodeDecodeError:
+        raise AuthError(401, "Unrecognised access token", Codes.UNKNOWN_TOKEN) from None
+
+
+class AuthHandler:
+    """Turns a request's access token into a :class:`Requester`."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._store = hs.datastore
+
+    async def get_user_by_req(self, request: Request) -> Requester:
+        """The requester, or a 401 (``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``)."""
+        token = get_access_token_from_request(request)
+        token_hash = hash_token(token)
+        owner = await self._store.get_user_by_access_token(token_hash)
+        if owner is None:
+            raise UnknownTokenError()
+        return Requester(owner[0], owner[1], token_hash)
+
+
+class UnknownTokenError(AuthError):
+    def __init__(self) -> None:
+        super().__init__(401, "Unrecognised access token", Codes.UNKNOWN_TOKEN)
+
+    def error_dict(self) -> dict[str, object]:
+        return {**super().error_dict(), "soft_logout": False}

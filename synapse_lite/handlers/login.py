@@ -1,0 +1,73 @@
+"""Logging in with a password, and logging out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.api.errors import AuthError, Codes, SynapseError
+from synapse_lite.api.identifiers import MAX_ID_LENGTH, check_identifier_text, new_device_id
+from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, Requester, check_password
+from synapse_lite.handlers.ratelimit import Ratelimiter
+from synapse_lite.http.fields import get_optional_str, get_str
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+LOGIN_FLOWS = [{"type": "m.login.password"}]
+
+
+class LoginHandler:
+    """``POST /login`` (``m.login.password``) and ``/logout[/all]``."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._store = hs.datastore
+        limits = hs.config.rate_limits
+        self._per_ip = Ratelimiter(hs.clock, limits.login, limits.enabled)
+        self._per_account = Ratelimiter(hs.clock, limits.login, limits.enabled)
+
+    def _user_id(self, body: dict[str, Any]) -> str:
+        identifier = body.get("identifier")
+        if identifier is not None:
+            if not isinstance(identifier, dict) or identifier.get("type") != "m.id.user":
+                raise SynapseError(400, "Only m.id.user identifiers are supported", Codes.UNKNOWN)
+            user = get_str(identifier, "user", max_length=MAX_ID_LENGTH)
+        else:
+            user = get_str(body, "user", max_length=MAX_ID_LENGTH)
+        if user.startswith("@"):
+            return user
+        return f"@{user.lower()}:{self._hs.hostname}"
+
+    async def login(self, client_ip: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._per_ip.ratelimit(client_ip)
+        if body.get("type") != "m.login.password":
+            raise SynapseError(400, "Unknown login type", Codes.UNKNOWN)
+        user_id = self._user_id(body)
+        password = get_str(body, "password", max_length=MAX_PASSWORD_LENGTH)
+        device_id = body.get("device_id")
+        if device_id is not None:
+            check_identifier_text(device_id, "device_id")
+        display_name = get_optional_str(body, "initial_device_display_name", max_length=512)
+        self._per_account.ratelimit(user_id)
+        user = await self._store.get_user(user_id)
+        if (
+            user is None
+            or user["deactivated"]
+            or not await check_password(password, user["password_hash"])
+        ):
+            raise AuthError(403, "Invalid username or password", Codes.FORBIDDEN)
+        device_id = device_id or new_device_id()
+        token = await self._hs.device_handler.create_device_and_token(
+            user_id, device_id, display_name
+        )
+        return {
+            "user_id": user_id,
+            "access_token": token,
+            "device_id": device_id,
+            "home_server": self._hs.hostname,
+        }
+
+    async def logout(self, requester: Requester, all_devices: bool) -> None:
+        await self._hs.device_handler.delete_devices(
+            requester.user_id, None if all_devices else [requester.device_id]
+        )

@@ -1,0 +1,215 @@
+"""Creating and sending events, routed to their room's events writer.
+
+Any process builds the event a client asks for; the room's writer (stored with
+the room, see ``storage/databases/main/room.py``) checks it against the room's
+current state and persists it, one request per room at a time, so the check
+and the write cannot interleave with another request's. A process that is not
+the writer forwards over internal HTTP and answers once the event is in its
+own view of the events stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from twisted.internet import defer
+
+from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.events import Event, EventSpec
+from synapse_lite.handlers.auth import Requester
+from synapse_lite.handlers.event_auth import AUTH_STATE_TYPES, RoomAuthState
+from synapse_lite.handlers.ratelimit import Ratelimiter
+from synapse_lite.handlers.writer_routing import call_writer, wait_for_position
+from synapse_lite.storage.databases.main.events import DuplicateTransactionError
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+#: The spec's limit on an event's size; content is most of it.
+MAX_EVENT_CONTENT_BYTES = 65_536
+#: Events one internal request may carry (createRoom sends the most).
+MAX_EVENTS_PER_REQUEST = 200
+SEND_EVENTS_ENDPOINT = "send_events"
+
+
+class RoomMovedError(SynapseError):
+    """This process is not (any more) the room's writer: the caller should
+    look the writer up again."""
+
+    def __init__(self, room_id: str) -> None:
+        super().__init__(
+            503,
+            f"Room {room_id} is moving to another writer; try again",
+            Codes.UNKNOWN,
+            {"room_moved": True},
+        )
+
+
+class _RoomLocks:
+    """One lock per room, held while an event is checked and persisted."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[defer.DeferredLock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, room_id: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(room_id, (defer.DeferredLock(), 0))
+        self._locks[room_id] = (lock, users + 1)
+        try:
+            await lock.acquire()
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            lock, users = self._locks[room_id]
+            if users <= 1:
+                del self._locks[room_id]
+            else:
+                self._locks[room_id] = (lock, users - 1)
+
+
+def check_content_size(content: dict[str, object]) -> None:
+    size = len(json.dumps(content, ensure_ascii=False).encode("utf-8"))
+    if size > MAX_EVENT_CONTENT_BYTES:
+        raise SynapseError(413, "Event is too large", Codes.TOO_LARGE)
+
+
+class EventCreationHandler:
+    """Sends events: builds them here, persists them on the room's writer."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._store = hs.datastore
+        self._me = hs.instance_name
+        self._locks = _RoomLocks()
+        limits = hs.config.rate_limits
+        self._ratelimiter = Ratelimiter(hs.clock, limits.messages, limits.enabled)
+
+    async def send_client_event(
+        self,
+        requester: Requester,
+        room_id: str,
+        event_type: str,
+        content: dict[str, object],
+        state_key: str | None = None,
+        txn_id: str | None = None,
+    ) -> str:
+        """Send an event for a client; returns its id. With ``txn_id`` the send
+        is idempotent per (user, device, txn_id)."""
+        check_content_size(content)
+        txn_key = None
+        if txn_id is not None:
+            txn_key = (requester.user_id, requester.device_id, txn_id)
+            existing = await self._store.get_event_id_for_txn(*txn_key)
+            if existing is not None:
+                return existing
+        self._ratelimiter.ratelimit(requester.user_id)
+        spec = EventSpec(
+            type=event_type,
+            state_key=state_key,
+            sender=requester.user_id,
+            content=content,
+            origin_server_ts=self._hs.clock.time_msec(),
+            txn_key=txn_key,
+        )
+        [(event_id, _)] = await self.send_events(room_id, [spec])
+        return event_id
+
+    async def send_events(
+        self, room_id: str, specs: list[EventSpec], new_room_writer: str | None = None
+    ) -> list[tuple[str, int]]:
+        """Persist events in a room on its writer; ``(event_id,
+        stream_ordering)`` of each. ``new_room_writer``: the room is being
+        created (by these events) on that writer."""
+        for attempt in (1, 2):
+            writer = new_room_writer or await self._store.get_event_writer_for_room(room_id)
+            if writer is None:
+                raise NotFoundError("Unknown room")
+            if writer == self._me:
+                events = await self.persist_as_writer(
+                    room_id, specs, create_room=new_room_writer is not None
+                )
+                return [(e.event_id, e.stream_ordering) for e in events]
+            from synapse_lite.replication.http.send_events import send_events_body
+
+            body = send_events_body(room_id, specs, create_room=new_room_writer is not None)
+            try:
+                answer = await call_writer(self._hs, writer, SEND_EVENTS_ENDPOINT, body)
+            except SynapseError as e:
+                if e.additional.get("room_moved") and attempt == 1 and not new_room_writer:
+                    self._store.invalidate_event_writer(room_id)
+                    continue
+                raise
+            results = _parse_send_answer(answer, writer)
+            await wait_for_position(self._hs, writer, "events", max(s for _, s in results))
+            return results
+        raise RoomMovedError(room_id)
+
+    async def persist_as_writer(
+        self, room_id: str, specs: list[EventSpec], create_room: bool = False
+    ) -> list[Event]:
+        """On the room's writer: check each event against the room's state (and
+        the events before it in the batch) and persist them, holding the
+        room's lock throughout."""
+        async with self._locks.hold(room_id):
+            if create_room:
+                if await self._store.get_room(room_id) is not None:
+                    raise SynapseError(400, "The room already exists", Codes.INVALID_PARAM)
+                state = RoomAuthState(room_id)
+            else:
+                writer = await self._store.get_event_writer_for_room(room_id)
+                if writer is None:
+                    raise NotFoundError("Unknown room")
+                if writer != self._me:
+                    raise RoomMovedError(room_id)
+                state = await self._load_auth_state(room_id, specs)
+            for spec in specs:
+                state.check(spec)
+                state.apply_spec(spec)
+            try:
+                events = await self._store.persist_events([s.with_id(room_id) for s in specs])
+            except DuplicateTransactionError as e:
+                # The same client transaction won a race: answer with its event.
+                existing = await self._store.get_event(e.event_id)
+                if existing is None:
+                    raise
+                return [existing]
+        targets = [e.state_key for e in events if e.type == "m.room.member" and e.state_key]
+        self._hs.notifier.notify(users=targets, rooms=[room_id])
+        return events
+
+    async def _load_auth_state(self, room_id: str, specs: list[EventSpec]) -> RoomAuthState:
+        state_ids = await self._store.get_current_state_ids(room_id)
+        users = {s.sender for s in specs} | {
+            s.state_key for s in specs if s.type == "m.room.member" and s.state_key
+        }
+        wanted = [state_ids[(t, "")] for t in AUTH_STATE_TYPES if (t, "") in state_ids]
+        wanted += [
+            state_ids[("m.room.member", u)] for u in users if ("m.room.member", u) in state_ids
+        ]
+        events = await self._store.get_events(wanted)
+        return RoomAuthState.from_events(room_id, events.values())
+
+
+def _parse_send_answer(answer: dict[str, object], writer: str) -> list[tuple[str, int]]:
+    events = answer.get("events")
+    results: list[tuple[str, int]] = []
+    if isinstance(events, list):
+        for item in events:
+            if (
+                isinstance(item, list)
+                and len(item) == 2
+                and isinstance(item[0], str)
+                and isinstance(item[1], int)
+            ):
+                results.append((item[0], item[1]))
+    if not results:
+        raise SynapseError(502, f"{writer} answered without events", Codes.UNKNOWN)
+    return results

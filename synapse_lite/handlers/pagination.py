@@ -1,0 +1,127 @@
+"""Reading a room: ``/messages`` pages, its state and its members, as far as
+the reader may see (``visibility.py``).
+
+Pagination tokens are room stream tokens (or a /sync ``next_batch``, whose
+room part is used). A token stands for "the room's events up to here":
+backwards from it returns events at or before it, forwards returns events
+after it. A page's ``end`` is where the next page starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.events import Event
+from synapse_lite.handlers.auth import Requester
+from synapse_lite.handlers.visibility import RoomVisibility, load_room_visibility
+from synapse_lite.tokens import InvalidToken, RoomStreamToken, StreamToken
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+MAX_PAGE = 1000
+
+
+class PaginationHandler:
+    """``/messages``, ``/state``, ``/members``."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._store = hs.datastore
+
+    async def parse_token(self, value: str) -> RoomStreamToken:
+        """A room token, or the room part of a sync token; else a 400."""
+        try:
+            if "_" in value:
+                token = await StreamToken.parse(value, self._store.get_name_from_instance_id)
+                return token.room_key
+            return await self._store.parse_room_token(value)
+        except InvalidToken as e:
+            raise SynapseError(400, str(e)[:300], Codes.INVALID_PARAM) from None
+
+    async def _visibility(self, requester: Requester, room_id: str) -> RoomVisibility:
+        if await self._store.get_event_writer_for_room(room_id) is None:
+            # Same answer as for a room the user is not in: no probing for ids.
+            raise SynapseError(403, "You are not in this room", Codes.FORBIDDEN)
+        visibility = await load_room_visibility(self._store, requester.user_id, room_id)
+        visibility.check_can_read()
+        return visibility
+
+    async def get_messages(
+        self,
+        requester: Requester,
+        room_id: str,
+        from_token: str | None,
+        to_token: str | None,
+        direction: str,
+        limit: int,
+    ) -> dict[str, Any]:
+        visibility = await self._visibility(requester, room_id)
+        limit = max(0, min(limit, MAX_PAGE))
+        current = self._store.get_room_max_token()
+        start = await self.parse_token(from_token) if from_token else current
+        end_bound = await self.parse_token(to_token) if to_token else None
+        now_ms = self._hs.clock.time_msec()
+        if direction == "b":
+            upper = visibility.upper_bound(start)
+            raw = await self._store.get_room_events_between(
+                [room_id], end_bound, upper, limit, newest_first=True
+            )
+            next_token = RoomStreamToken(raw[-1].stream_ordering - 1) if raw else None
+        else:
+            upper = visibility.upper_bound(end_bound or current)
+            raw = await self._store.get_room_events_between(
+                [room_id], start, upper, limit, newest_first=False
+            )
+            if len(raw) < limit:
+                next_token = upper if raw else None
+            else:
+                next_token = _advance(start, raw[-1])
+        response: dict[str, Any] = {
+            "chunk": [e.to_client_dict(now_ms) for e in visibility.filter(raw)],
+            "start": from_token or await self._store.room_token_to_string(start),
+            "state": [],
+        }
+        if next_token is not None:
+            response["end"] = await self._store.room_token_to_string(next_token)
+        return response
+
+    async def get_state(self, requester: Requester, room_id: str) -> list[Event]:
+        """The room's state now, or when the requester left."""
+        visibility = await self._visibility(requester, room_id)
+        token = visibility.upper_bound(self._store.get_room_max_token())
+        return await self._store.get_state_at(room_id, token)
+
+    async def get_state_event(
+        self, requester: Requester, room_id: str, event_type: str, state_key: str
+    ) -> dict[str, Any]:
+        for event in await self.get_state(requester, room_id):
+            if event.type == event_type and event.state_key == state_key:
+                return event.content
+        raise NotFoundError("Event not found")
+
+    async def get_members(
+        self,
+        requester: Requester,
+        room_id: str,
+        membership: str | None,
+        not_membership: str | None,
+    ) -> list[Event]:
+        return [
+            e
+            for e in await self.get_state(requester, room_id)
+            if e.type == "m.room.member"
+            and (membership is None or e.membership == membership)
+            and (not_membership is None or e.membership != not_membership)
+        ]
+
+
+def _advance(token: RoomStreamToken, event: Event) -> RoomStreamToken:
+    """``token`` moved forward to include ``event`` (and, in its room, every
+    event before it)."""
+    positions = dict(token.instance_map)
+    positions[event.instance_name] = max(
+        token.get_position(event.instance_name), event.stream_ordering
+    )
+    return RoomStreamToken.from_positions(token.stream, positions)

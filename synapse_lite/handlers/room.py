@@ -1,0 +1,165 @@
+"""Creating rooms: the receiving process picks the room id and its events
+writer, builds the initial events from the preset, and has the writer persist
+them in one request.
+
+Presets (the spec's defaults): ``private_chat`` and ``trusted_private_chat``
+are invite-only with ``shared`` history and guests may join;
+``trusted_private_chat`` also gives invitees the creator's power level;
+``public_chat`` is public with ``shared`` history and no guests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.api.identifiers import check_identifier_text, check_user_id, new_room_id
+from synapse_lite.events import EventSpec
+from synapse_lite.handlers.auth import Requester
+from synapse_lite.handlers.event_auth import check_power_levels_content
+from synapse_lite.handlers.message import check_content_size
+from synapse_lite.http.fields import get_bool, get_dict, get_list, get_optional_str
+from synapse_lite.storage.databases.main.room import choose_event_writer
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+ROOM_VERSION = "10"
+PRESETS = {
+    "private_chat": {"join_rule": "invite", "history": "shared", "guests": "can_join"},
+    "trusted_private_chat": {"join_rule": "invite", "history": "shared", "guests": "can_join"},
+    "public_chat": {"join_rule": "public", "history": "shared", "guests": "forbidden"},
+}
+#: Invitees in one createRoom (each is an event in the creating request).
+MAX_INVITES = 100
+MAX_INITIAL_STATE = 50
+
+
+def default_power_levels(creator: str, preset: str, invitees: list[str]) -> dict[str, Any]:
+    users = {creator: 100}
+    if preset == "trusted_private_chat":
+        users.update({u: 100 for u in invitees})
+    return {
+        "users": users,
+        "users_default": 0,
+        "events": {
+            "m.room.name": 50,
+            "m.room.power_levels": 100,
+            "m.room.history_visibility": 100,
+            "m.room.canonical_alias": 50,
+            "m.room.avatar": 50,
+            "m.room.tombstone": 100,
+            "m.room.server_acl": 100,
+            "m.room.encryption": 100,
+        },
+        "events_default": 0,
+        "state_default": 50,
+        "ban": 50,
+        "kick": 50,
+        "redact": 50,
+        # Anyone in a private room may invite; public rooms need moderators.
+        "invite": 50 if preset == "public_chat" else 0,
+    }
+
+
+class RoomCreationHandler:
+    """``POST /createRoom``."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._store = hs.datastore
+
+    async def create_room(self, requester: Requester, body: dict[str, Any]) -> str:
+        """Validate the request, build the initial events, persist them on the
+        new room's writer; returns the room id."""
+        user_id = requester.user_id
+        if body.get("room_alias_name") is not None:
+            raise SynapseError(400, "Room aliases are not supported", Codes.INVALID_PARAM)
+        visibility = get_optional_str(body, "visibility") or "private"
+        if visibility not in ("public", "private"):
+            raise SynapseError(400, "'visibility' must be public or private", Codes.INVALID_PARAM)
+        preset = get_optional_str(body, "preset") or (
+            "public_chat" if visibility == "public" else "private_chat"
+        )
+        if preset not in PRESETS:
+            raise SynapseError(400, f"Unknown preset {preset[:50]!r}", Codes.INVALID_PARAM)
+        version = get_optional_str(body, "room_version") or ROOM_VERSION
+        if version != ROOM_VERSION:
+            raise SynapseError(
+                400, f"Only room version {ROOM_VERSION} is supported", "M_UNSUPPORTED_ROOM_VERSION"
+            )
+        name = get_optional_str(body, "name", max_length=255)
+        topic = get_optional_str(body, "topic", max_length=4096)
+        is_direct = get_bool(body, "is_direct", False)
+        invitees = await self._check_invitees(get_list(body, "invite", []), user_id)
+        creation_content = dict(get_dict(body, "creation_content", {}))
+        overrides = get_dict(body, "power_level_content_override", {})
+        initial_state = self._parse_initial_state(get_list(body, "initial_state", []))
+
+        power_levels = {**default_power_levels(user_id, preset, invitees), **overrides}
+        check_power_levels_content(power_levels)
+        settings = PRESETS[preset]
+        now = self._hs.clock.time_msec()
+
+        def state(event_type: str, content: dict[str, Any], state_key: str = "") -> EventSpec:
+            check_content_size(content)
+            return EventSpec(event_type, state_key, user_id, content, now)
+
+        creation_content.update({"creator": user_id, "room_version": ROOM_VERSION})
+        specs = [
+            state("m.room.create", creation_content),
+            state("m.room.member", {"membership": "join"}, user_id),
+            state("m.room.power_levels", power_levels),
+            state("m.room.join_rules", {"join_rule": settings["join_rule"]}),
+            state("m.room.history_visibility", {"history_visibility": settings["history"]}),
+            state("m.room.guest_access", {"guest_access": settings["guests"]}),
+        ]
+        fixed = {(s.type, s.state_key) for s in specs}
+        specs += [
+            state(t, content, key) for t, key, content in initial_state if (t, key) not in fixed
+        ]
+        if name is not None:
+            specs.append(state("m.room.name", {"name": name}))
+        if topic is not None:
+            specs.append(state("m.room.topic", {"topic": topic}))
+        for invitee in invitees:
+            content: dict[str, Any] = {"membership": "invite"}
+            if is_direct:
+                content["is_direct"] = True
+            specs.append(state("m.room.member", content, invitee))
+
+        room_id = new_room_id(self._hs.hostname)
+        writer = choose_event_writer(room_id, self._hs.config.stream_writers.events)
+        await self._hs.event_creation_handler.send_events(room_id, specs, new_room_writer=writer)
+        return room_id
+
+    async def _check_invitees(self, invite: list[Any], creator: str) -> list[str]:
+        if len(invite) > MAX_INVITES:
+            raise SynapseError(400, f"At most {MAX_INVITES} invites", Codes.INVALID_PARAM)
+        invitees: list[str] = []
+        for value in invite:
+            user_id = check_user_id(value, "invite")
+            if not self._hs.is_mine_id(user_id):
+                raise SynapseError(
+                    400, "Federation is not supported: invite local users", Codes.INVALID_PARAM
+                )
+            if await self._store.get_user(user_id) is None:
+                raise NotFoundError(f"Unknown user {user_id}")
+            if user_id != creator and user_id not in invitees:
+                invitees.append(user_id)
+        return invitees
+
+    @staticmethod
+    def _parse_initial_state(items: list[Any]) -> list[tuple[str, str, dict[str, Any]]]:
+        if len(items) > MAX_INITIAL_STATE:
+            raise SynapseError(400, "Too many initial_state events", Codes.INVALID_PARAM)
+        result = []
+        for item in items:
+            if not isinstance(item, dict):
+                raise SynapseError(400, "initial_state entries must be objects", Codes.BAD_JSON)
+            event_type = check_identifier_text(item.get("type"), "type")
+            if event_type == "m.room.member":
+                raise SynapseError(400, "Use 'invite' for members", Codes.INVALID_PARAM)
+            state_key = check_identifier_text(item.get("state_key", ""), "state_key")
+            result.append((event_type, state_key, get_dict(item, "content")))
+        return result

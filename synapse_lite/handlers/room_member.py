@@ -1,0 +1,66 @@
+"""Joining, inviting, leaving and kicking: membership events, checked and
+persisted by the room's writer like any event."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.events import EventSpec
+from synapse_lite.handlers.auth import Requester
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+#: action -> the membership it sets
+ACTIONS = {"join": "join", "invite": "invite", "leave": "leave", "kick": "leave", "ban": "ban"}
+
+
+class RoomMemberHandler:
+    """Membership changes requested by clients."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        self._hs = hs
+        self._store = hs.datastore
+
+    async def update_membership(
+        self,
+        requester: Requester,
+        room_id: str,
+        action: str,
+        target: str | None = None,
+        reason: str | None = None,
+    ) -> str:
+        """Apply ``action`` to ``target`` (the requester for join and leave);
+        returns the membership event's id."""
+        user_id = requester.user_id
+        membership = ACTIONS[action]
+        target = user_id if action in ("join", "leave") else target
+        assert target is not None
+        if action in ("invite", "kick", "ban") and target == user_id:
+            raise SynapseError(400, f"You cannot {action} yourself", Codes.INVALID_PARAM)
+        if action == "invite":
+            if not self._hs.is_mine_id(target):
+                raise SynapseError(
+                    400, "Federation is not supported: invite local users", Codes.INVALID_PARAM
+                )
+            if await self._store.get_user(target) is None:
+                raise NotFoundError(f"Unknown user {target}")
+        if await self._store.get_event_writer_for_room(room_id) is None:
+            raise NotFoundError("Unknown room")
+        current = await self._store.get_membership_in_room(target, room_id)
+        if action == "join" and current is not None and current[0] == "join":
+            # Joining twice changes nothing: no new event.
+            return current[1]
+        content: dict[str, object] = {"membership": membership}
+        if reason is not None:
+            content["reason"] = reason
+        spec = EventSpec(
+            type="m.room.member",
+            state_key=target,
+            sender=user_id,
+            content=content,
+            origin_server_ts=self._hs.clock.time_msec(),
+        )
+        [(event_id, _)] = await self._hs.event_creation_handler.send_events(room_id, [spec])
+        return event_id

@@ -1,0 +1,82 @@
+"""Registering, logging in and out, whoami, and the admin API's shared-secret
+registration (served with the client API)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.api.errors import Codes, InteractiveAuthIncomplete, SynapseError
+from synapse_lite.handlers.login import LOGIN_FLOWS
+from synapse_lite.http.server import JsonResource, parse_json_object_from_request, query_string
+from synapse_lite.rest.client._base import client_ip, client_path
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+
+def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
+    async def register(request: Request) -> tuple[int, Any]:
+        kind = query_string(request, "kind", "user")
+        if kind == "guest":
+            raise SynapseError(403, "Guest access is disabled", Codes.GUEST_ACCESS_FORBIDDEN)
+        if kind != "user":
+            raise SynapseError(400, "Unknown kind", Codes.INVALID_PARAM)
+        body = parse_json_object_from_request(request)
+        try:
+            return 200, await hs.registration_handler.register(client_ip(request), body)
+        except InteractiveAuthIncomplete as e:
+            return 401, e.response
+
+    async def register_available(request: Request) -> tuple[int, Any]:
+        username = query_string(request, "username")
+        if username is None:
+            raise SynapseError(400, "Missing 'username'", Codes.MISSING_PARAM)
+        await hs.registration_handler.check_username(username)
+        return 200, {"available": True}
+
+    async def get_login(request: Request) -> tuple[int, Any]:
+        return 200, {"flows": LOGIN_FLOWS}
+
+    async def login(request: Request) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request)
+        return 200, await hs.login_handler.login(client_ip(request), body)
+
+    async def logout(request: Request) -> tuple[int, Any]:
+        requester = await hs.auth_handler.get_user_by_req(request)
+        await hs.login_handler.logout(requester, all_devices=False)
+        return 200, {}
+
+    async def logout_all(request: Request) -> tuple[int, Any]:
+        requester = await hs.auth_handler.get_user_by_req(request)
+        await hs.login_handler.logout(requester, all_devices=True)
+        return 200, {}
+
+    async def whoami(request: Request) -> tuple[int, Any]:
+        requester = await hs.auth_handler.get_user_by_req(request)
+        return 200, {
+            "user_id": requester.user_id,
+            "device_id": requester.device_id,
+            "is_guest": False,
+        }
+
+    async def admin_nonce(request: Request) -> tuple[int, Any]:
+        return 200, {"nonce": hs.registration_handler.new_nonce()}
+
+    async def admin_register(request: Request) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request)
+        handler = hs.registration_handler
+        return 200, await handler.register_with_shared_secret(client_ip(request), body)
+
+    resource.register_paths("POST", client_path("/register"), register, "register")
+    resource.register_paths(
+        "GET", client_path("/register/available"), register_available, "register_available"
+    )
+    resource.register_paths("GET", client_path("/login"), get_login, "login")
+    resource.register_paths("POST", client_path("/login"), login, "login")
+    resource.register_paths("POST", client_path("/logout"), logout, "logout")
+    resource.register_paths("POST", client_path("/logout/all"), logout_all, "logout_all")
+    resource.register_paths("GET", client_path("/account/whoami"), whoami, "whoami")
+    resource.register_paths("GET", "/_synapse/admin/v1/register", admin_nonce, "admin_register")
+    resource.register_paths("POST", "/_synapse/admin/v1/register", admin_register, "admin_register")

@@ -1,0 +1,225 @@
+"""Rooms: create, membership, send, state, messages, members, typing, receipts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.api.errors import AuthError, Codes, SynapseError
+from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
+from synapse_lite.handlers.typing import check_typing_request
+from synapse_lite.http.fields import get_optional_str
+from synapse_lite.http.server import (
+    JsonResource,
+    parse_json_object_from_request,
+    query_int,
+    query_string,
+)
+from synapse_lite.replication.http._base import ReplicationClientError
+from synapse_lite.rest.client._base import client_path
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+ROOM = "/rooms/(?P<room_id>[^/]+)"
+MEMBERSHIPS = ("join", "invite", "leave", "ban")
+
+
+def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
+    auth = hs.auth_handler
+
+    async def create_room(request: Request) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        room_id = await hs.room_creation_handler.create_room(requester, body)
+        return 200, {"room_id": room_id}
+
+    async def join(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        if room_id.startswith("#"):
+            raise SynapseError(404, "Room aliases are not supported", Codes.NOT_FOUND)
+        check_room_id(room_id)
+        parse_json_object_from_request(request, allow_empty=True)
+        await hs.room_member_handler.update_membership(requester, room_id, "join")
+        return 200, {"room_id": room_id}
+
+    def membership_servlet(action: str) -> Any:
+        async def servlet(request: Request, room_id: str) -> tuple[int, Any]:
+            requester = await auth.get_user_by_req(request)
+            check_room_id(room_id)
+            body = parse_json_object_from_request(request, allow_empty=True)
+            target = None if action == "leave" else check_user_id(body.get("user_id"))
+            reason = get_optional_str(body, "reason", max_length=1024)
+            await hs.room_member_handler.update_membership(
+                requester, room_id, action, target, reason
+            )
+            return 200, {}
+
+        return servlet
+
+    async def send(request: Request, room_id: str, event_type: str, txn_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_type, "eventType")
+        check_identifier_text(txn_id, "txnId")
+        content = parse_json_object_from_request(request)
+        event_id = await hs.event_creation_handler.send_client_event(
+            requester, room_id, event_type, content, txn_id=txn_id
+        )
+        return 200, {"event_id": event_id}
+
+    async def put_state(
+        request: Request, room_id: str, event_type: str, state_key: str = ""
+    ) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_type, "eventType")
+        check_identifier_text(state_key, "stateKey")
+        content = parse_json_object_from_request(request)
+        event_id = await hs.event_creation_handler.send_client_event(
+            requester, room_id, event_type, content, state_key=state_key
+        )
+        return 200, {"event_id": event_id}
+
+    async def get_state_event(
+        request: Request, room_id: str, event_type: str, state_key: str = ""
+    ) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        return 200, await hs.pagination_handler.get_state_event(
+            requester, room_id, event_type, state_key
+        )
+
+    async def get_state(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        now_ms = hs.clock.time_msec()
+        events = await hs.pagination_handler.get_state(requester, room_id)
+        return 200, [e.to_client_dict(now_ms) for e in events]
+
+    async def messages(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        direction = query_string(request, "dir", "b")
+        if direction not in ("b", "f"):
+            raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
+        limit = query_int(request, "limit", 10, maximum=10_000)
+        assert limit is not None
+        return 200, await hs.pagination_handler.get_messages(
+            requester,
+            room_id,
+            query_string(request, "from"),
+            query_string(request, "to"),
+            direction,
+            limit,
+        )
+
+    async def members(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        membership = query_string(request, "membership")
+        not_membership = query_string(request, "not_membership")
+        for value in (membership, not_membership):
+            if value is not None and value not in MEMBERSHIPS:
+                raise SynapseError(400, "Unknown membership", Codes.INVALID_PARAM)
+        now_ms = hs.clock.time_msec()
+        events = await hs.pagination_handler.get_members(
+            requester, room_id, membership, not_membership
+        )
+        return 200, {"chunk": [e.to_client_dict(now_ms) for e in events]}
+
+    async def joined_members(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        events = await hs.pagination_handler.get_members(requester, room_id, "join", None)
+        return 200, {
+            "joined": {e.state_key: {"display_name": None, "avatar_url": None} for e in events}
+        }
+
+    async def joined_rooms(request: Request) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        rooms = await hs.datastore.get_rooms_for_user(requester.user_id)
+        return 200, {"joined_rooms": sorted(rooms)}
+
+    async def typing(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        if user_id != requester.user_id:
+            raise AuthError(403, "Cannot set another user's typing state")
+        is_typing, timeout = check_typing_request(parse_json_object_from_request(request))
+        try:
+            await hs.typing_handler.set_typing(
+                requester.user_id, user_id, room_id, is_typing, timeout
+            )
+        except ReplicationClientError:
+            raise SynapseError(503, "The typing writer is unavailable", Codes.UNKNOWN) from None
+        return 200, {}
+
+    async def receipt(
+        request: Request, room_id: str, receipt_type: str, event_id: str
+    ) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        body = parse_json_object_from_request(request, allow_empty=True)
+        thread_id = get_optional_str(body, "thread_id", max_length=255)
+        if receipt_type == "m.fully_read":
+            await read_marker(requester, room_id, event_id)
+        else:
+            await hs.receipts_handler.send_receipt(
+                requester, room_id, receipt_type, event_id, thread_id
+            )
+        return 200, {}
+
+    async def read_marker(requester: Any, room_id: str, event_id: str) -> None:
+        if requester.user_id not in await hs.datastore.get_users_in_room(room_id):
+            raise AuthError(403, "You are not in this room")
+        await hs.account_data_handler.set_account_data(
+            requester.user_id, room_id, "m.fully_read", {"event_id": event_id}
+        )
+
+    async def read_markers(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        body = parse_json_object_from_request(request)
+        for key in ("m.fully_read", "m.read", "m.read.private"):
+            event_id = get_optional_str(body, key, max_length=255)
+            if event_id is None:
+                continue
+            if key == "m.fully_read":
+                await read_marker(requester, room_id, event_id)
+            else:
+                await hs.receipts_handler.send_receipt(requester, room_id, key, event_id, None)
+        return 200, {}
+
+    register = resource.register_paths
+    register("POST", client_path("/createRoom"), create_room, "create_room")
+    register("POST", client_path("/join/(?P<room_id>[^/]+)"), join, "join")
+    register("POST", client_path(ROOM + "/join"), join, "join")
+    for action in ("invite", "leave", "kick", "ban"):
+        register("POST", client_path(f"{ROOM}/{action}"), membership_servlet(action), action)
+    register(
+        "PUT",
+        client_path(ROOM + "/send/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"),
+        send,
+        "send",
+    )
+    state_path = ROOM + "/state/(?P<event_type>[^/]+)"
+    register("PUT", client_path(state_path), put_state, "state")
+    register("PUT", client_path(state_path + "/(?P<state_key>[^/]*)"), put_state, "state")
+    register("GET", client_path(state_path), get_state_event, "state")
+    register("GET", client_path(state_path + "/(?P<state_key>[^/]*)"), get_state_event, "state")
+    register("GET", client_path(ROOM + "/state"), get_state, "state")
+    register("GET", client_path(ROOM + "/messages"), messages, "messages")
+    register("GET", client_path(ROOM + "/members"), members, "members")
+    register("GET", client_path(ROOM + "/joined_members"), joined_members, "joined_members")
+    register("GET", client_path("/joined_rooms"), joined_rooms, "joined_rooms")
+    register("PUT", client_path(ROOM + "/typing/(?P<user_id>[^/]+)"), typing, "typing")
+    register(
+        "POST",
+        client_path(ROOM + "/receipt/(?P<receipt_type>[^/]+)/(?P<event_id>[^/]+)"),
+        receipt,
+        "receipt",
+    )
+    register("POST", client_path(ROOM + "/read_markers"), read_markers, "read_markers")

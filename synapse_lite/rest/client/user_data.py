@@ -1,0 +1,119 @@
+"""Per-user data: account data, presence, devices and to-device messages."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.api.errors import AuthError, Codes, SynapseError
+from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
+from synapse_lite.handlers.message import check_content_size
+from synapse_lite.handlers.presence import check_presence_state
+from synapse_lite.http.server import JsonResource, parse_json_object_from_request
+from synapse_lite.replication.http._base import ReplicationClientError
+from synapse_lite.rest.client._base import client_path
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+#: Account data types the server manages itself (the spec refuses them here).
+SERVER_MANAGED_TYPES = ("m.fully_read", "m.push_rules")
+
+
+def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
+    auth = hs.auth_handler
+
+    async def own(request: Request, user_id: str) -> str:
+        requester = await auth.get_user_by_req(request)
+        if user_id != requester.user_id:
+            raise AuthError(403, "Cannot access other users' data")
+        return requester.user_id
+
+    def check_type(data_type: str) -> None:
+        check_identifier_text(data_type, "type")
+        if data_type in SERVER_MANAGED_TYPES:
+            raise SynapseError(405, f"Cannot set {data_type} through this API", Codes.BAD_JSON)
+
+    async def put_account_data(
+        request: Request, user_id: str, data_type: str, room_id: str | None = None
+    ) -> tuple[int, Any]:
+        await own(request, user_id)
+        if room_id is not None:
+            check_room_id(room_id)
+        check_type(data_type)
+        content = parse_json_object_from_request(request)
+        check_content_size(content)
+        await hs.account_data_handler.set_account_data(user_id, room_id, data_type, content)
+        return 200, {}
+
+    async def get_account_data(
+        request: Request, user_id: str, data_type: str, room_id: str | None = None
+    ) -> tuple[int, Any]:
+        await own(request, user_id)
+        if room_id is not None:
+            check_room_id(room_id)
+        return 200, await hs.account_data_handler.get_account_data(user_id, room_id, data_type)
+
+    async def get_presence(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_user_id(user_id)
+        if user_id != requester.user_id:
+            mine = await hs.datastore.get_rooms_for_user(requester.user_id)
+            theirs = await hs.datastore.get_rooms_for_user(user_id)
+            if not mine & theirs:
+                raise AuthError(403, "You do not share a room with this user")
+        state = await hs.presence_handler.get_state(user_id)
+        return 200, state.to_client_content(hs.clock.time_msec())
+
+    async def put_presence(request: Request, user_id: str) -> tuple[int, Any]:
+        await own(request, user_id)
+        body = parse_json_object_from_request(request)
+        presence, status_msg = body.get("presence"), body.get("status_msg")
+        check_presence_state(presence, status_msg)
+        try:
+            await hs.presence_handler.set_state(user_id, presence, status_msg)
+        except ReplicationClientError:
+            raise SynapseError(503, "The presence writer is unavailable", Codes.UNKNOWN) from None
+        return 200, {}
+
+    async def get_devices(request: Request) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, {"devices": await hs.device_handler.get_devices(requester.user_id)}
+
+    async def get_device(request: Request, device_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, await hs.device_handler.get_device(requester.user_id, device_id)
+
+    async def send_to_device(request: Request, event_type: str, txn_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_identifier_text(event_type, "eventType")
+        check_identifier_text(txn_id, "txnId")
+        body = parse_json_object_from_request(request)
+        await hs.device_message_handler.send_to_device(
+            requester,
+            event_type,
+            txn_id,
+            body.get("messages"),  # type: ignore[arg-type]
+        )
+        return 200, {}
+
+    register = resource.register_paths
+    user = "/user/(?P<user_id>[^/]+)"
+    global_data = client_path(user + "/account_data/(?P<data_type>[^/]+)")
+    room_data = client_path(user + "/rooms/(?P<room_id>[^/]+)/account_data/(?P<data_type>[^/]+)")
+    register("PUT", global_data, put_account_data, "account_data")
+    register("GET", global_data, get_account_data, "account_data")
+    register("PUT", room_data, put_account_data, "room_account_data")
+    register("GET", room_data, get_account_data, "room_account_data")
+    presence = client_path("/presence/(?P<user_id>[^/]+)/status")
+    register("GET", presence, get_presence, "presence")
+    register("PUT", presence, put_presence, "presence")
+    register("GET", client_path("/devices"), get_devices, "devices")
+    register("GET", client_path("/devices/(?P<device_id>[^/]+)"), get_device, "devices")
+    register(
+        "PUT",
+        client_path("/sendToDevice/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"),
+        send_to_device,
+        "send_to_device",
+    )

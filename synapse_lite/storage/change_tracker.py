@@ -1,0 +1,48 @@
+"""Which rooms (or users) changed after a token, answered from memory.
+
+A /sync wakes for every event in any of its user's rooms; asking the database
+"did anything change in these rooms since the token?" on every wake costs a
+query each time. A :class:`StreamChangeTracker` remembers, for each entity,
+the latest events-stream position (writer and id) at which this process saw it
+change, from the moment it started: a token at or after that start can be
+answered without the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from synapse_lite.tokens import RoomStreamToken
+
+#: Entities remembered before the tracker starts afresh.
+MAX_ENTITIES = 100_000
+
+
+class StreamChangeTracker:
+    """The latest position at which each entity changed, as this process saw it.
+
+    ``record`` must be called before the position it records becomes visible
+    to readers (before the writer's position advances), so a reader never sees
+    a position without the change that lies at it.
+    """
+
+    def __init__(self, current_token: Callable[[], RoomStreamToken]) -> None:
+        self._current_token = current_token
+        self._floor = current_token()
+        self._latest: dict[str, tuple[str, int]] = {}
+
+    def record(self, entity: str, instance_name: str, stream_id: int) -> None:
+        if len(self._latest) >= MAX_ENTITIES and entity not in self._latest:
+            # Forget everything; changes before now are no longer known.
+            self._latest.clear()
+            self._floor = self._current_token()
+        previous = self._latest.get(entity)
+        if previous is None or previous[1] <= stream_id:
+            self._latest[entity] = (instance_name, stream_id)
+
+    def may_have_changed(self, entity: str, since: RoomStreamToken) -> bool:
+        """False only when ``entity`` certainly has no change after ``since``."""
+        if not self._floor.is_before_or_eq(since):
+            return True
+        latest = self._latest.get(entity)
+        return latest is not None and not since.contains(*latest)

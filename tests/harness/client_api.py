@@ -1,0 +1,153 @@
+"""Homeservers serving the client API inside the test process, and a small
+HTTP client to call them.
+
+``start_cluster`` builds one or more processes on one database, serves each
+one's client and replication resources on 127.0.0.1 (a free port, written into
+the shared config's ``instance_map`` so internal HTTP reaches it) and joins
+them on an in-memory replication bus.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import treq
+from twisted.internet import reactor
+from twisted.trial import unittest
+from twisted.web.client import HTTPConnectionPool
+
+from synapse_lite.app._base import build_listener_resource
+from synapse_lite.config.homeserver import InstanceLocation
+from synapse_lite.http.server import make_site
+from synapse_lite.server import HomeServer
+from synapse_lite.storage.util import id_generators
+from tests.harness.databases import TestDatabase
+from tests.harness.server import LoopbackBus, make_config, make_homeserver
+
+_reactor = cast(Any, reactor)
+
+
+class ClientApi:
+    """Calls one process's client API; remembers one user's access token."""
+
+    def __init__(self, testcase: unittest.TestCase, base_url: str) -> None:
+        self.base_url = base_url
+        self.token: str | None = None
+        self.user_id: str | None = None
+        self.device_id: str | None = None
+        self._pool = HTTPConnectionPool(reactor, persistent=False)
+
+    def as_user(self, token: str | None) -> ClientApi:
+        """A client for the same process with another token."""
+        other = ClientApi.__new__(ClientApi)
+        other.base_url, other._pool = self.base_url, self._pool
+        other.token, other.user_id, other.device_id = token, None, None
+        return other
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        raw: bytes | None = None,
+        token: str | None = "default",
+        headers: dict[str, list[str]] | None = None,
+    ) -> tuple[int, Any]:
+        """``(status, json body)``; the body is None when it is not JSON."""
+        all_headers: dict[bytes | str, list[bytes | str]] = {
+            "Content-Type": ["application/json"],
+            **(headers or {}),  # type: ignore[dict-item]
+        }
+        use_token = self.token if token == "default" else token
+        if use_token is not None:
+            all_headers["Authorization"] = [f"Bearer {use_token}"]
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        url = self.base_url + (path if path.startswith("/_") else "/_matrix/client/v3" + path)
+        response = await treq.request(
+            method, url, data=data, headers=all_headers, pool=self._pool, reactor=_reactor
+        )
+        content = await treq.content(response)
+        try:
+            return response.code, json.loads(content)
+        except ValueError:
+            return response.code, None
+
+    async def ok(self, method: str, path: str, body: Any = None) -> Any:
+        """A request that must succeed; its JSON body."""
+        code, result = await self.request(method, path, body)
+        if code != 200:
+            raise AssertionError(f"{method} {path} -> {code} {result}")
+        return result
+
+    async def register(self, username: str, password: str = "secret-pw") -> ClientApi:
+        """Register (dummy auth) and use the new user's token from now on."""
+        result = await self.ok(
+            "POST",
+            "/register",
+            {"username": username, "password": password, "auth": {"type": "m.login.dummy"}},
+        )
+        self.token, self.user_id = result["access_token"], result["user_id"]
+        self.device_id = result["device_id"]
+        return self
+
+    async def create_room(self, **body: Any) -> str:
+        return (await self.ok("POST", "/createRoom", body))["room_id"]
+
+    async def send(self, room_id: str, body: str, txn_id: str | None = None) -> str:
+        import uuid
+
+        txn_id = txn_id or uuid.uuid4().hex
+        result = await self.ok(
+            "PUT",
+            f"/rooms/{room_id}/send/m.room.message/{txn_id}",
+            {"msgtype": "m.text", "body": body},
+        )
+        return result["event_id"]
+
+    async def sync(self, since: str | None = None, timeout: int = 0, **params: Any) -> Any:
+        query = f"?timeout={timeout}" + (f"&since={since}" if since else "")
+        for key, value in params.items():
+            query += f"&{key}={value}"
+        return await self.ok("GET", "/sync" + query)
+
+
+def serve(testcase: unittest.TestCase, hs: HomeServer) -> str:
+    """Serve ``hs``'s client and replication resources on a free local port;
+    returns its base URL."""
+    site = make_site(
+        build_listener_resource(hs, ("client", "replication")),
+        hs.config.limits.max_request_body_bytes,
+    )
+    port = _reactor.listenTCP(0, site, interface="127.0.0.1")
+    number = port.getHost().port
+    hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
+    testcase.addCleanup(port.stopListening)
+    testcase.addCleanup(lambda: hs.replication_client.close())
+    return f"http://127.0.0.1:{number}"
+
+
+def start_cluster(
+    testcase: unittest.TestCase,
+    test_db: TestDatabase,
+    workers: list[str] = (),  # type: ignore[assignment]
+    stream_writers: dict[str, Any] | None = None,
+    **config_extra: Any,
+) -> tuple[dict[str, HomeServer], dict[str, ClientApi], LoopbackBus]:
+    """Processes (main first, then ``workers``) sharing one database, served
+    over HTTP and replicating over an in-memory bus."""
+    testcase.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
+    extra = {"enable_registration": True, "rate_limiting": {"enabled": False}}
+    extra.update(config_extra)
+    config = make_config(test_db, workers=workers, stream_writers=stream_writers, **extra)
+    servers: dict[str, HomeServer] = {}
+    clients: dict[str, ClientApi] = {}
+    for name in ["main", *workers]:
+        hs = make_homeserver(testcase, config, name)
+        servers[name] = hs
+        hs.presence_handler  # noqa: B018  (built before replication, as at startup)
+        clients[name] = ClientApi(testcase, serve(testcase, hs))
+    bus = LoopbackBus()
+    for hs in servers.values():
+        bus.join(hs)
+    return servers, clients, bus

@@ -1,0 +1,1 @@
+"""Tests of the Spark audit (``spark/``), on one real SparkSession per process."""
