@@ -150,7 +150,9 @@ def start(hs: HomeServer) -> None:
 async def reassign_rooms(hs: HomeServer) -> None:
     """Main process, at startup: rooms whose events writer is no longer
     configured get a new one (see ``RoomWorkerStore.reassign_rooms_of_removed_writers``)."""
-    moved = await hs.datastore.reassign_rooms_of_removed_writers(hs.config.stream_writers.events)
+    moved = await hs.datastore.reassign_rooms_of_removed_writers(
+        hs.instance_directory.event_writers()
+    )
     if moved:
         logger.info("Moved %d room(s) to configured events writers", moved)
 

@@ -267,8 +267,7 @@ def cmd_retire_events_writer(args: argparse.Namespace, config: HomeServerConfig)
         state = "Retired" if answer.get("retired") else "Already retired:"
         writers = ", ".join(answer.get("events_writers", []))
         print(f"{state} {args.name}. Events writers now: {writers}")
-        if answer.get("rooms_moved") is not None:
-            print(f"Rooms moved to the remaining writers: {answer['rooms_moved']}")
+        print(f"Rooms moved to the remaining writers: {answer.get('rooms_moved')}")
         return 0
 
     return _react(work)

@@ -129,7 +129,7 @@ class RoomCreationHandler:
             specs.append(state("m.room.member", content, invitee))
 
         room_id = new_room_id(self._hs.hostname)
-        writer = choose_event_writer(room_id, self._hs.config.stream_writers.events)
+        writer = choose_event_writer(room_id, self._hs.instance_directory.event_writers())
         await self._hs.event_creation_handler.send_events(room_id, specs, new_room_writer=writer)
         return room_id
 

@@ -180,7 +180,7 @@ class SyncHandler:
         waits = []
         data_handler = self._hs.replication.data_handler
         room_max = self._store.get_room_max_token()
-        for writer in self._hs.config.stream_writers.events:
+        for writer in self._hs.instance_directory.event_writers():
             position = since.room_key.get_position(writer)
             if position > room_max.get_position(writer):
                 waits.append(data_handler.wait_for_stream_position(writer, "events", position))
@@ -225,7 +225,7 @@ class SyncHandler:
         log = self._hs.position_log
         if log is None:
             return
-        for writer in self._hs.config.stream_writers.events:
+        for writer in self._hs.instance_directory.event_writers():
             log.position("events", writer, token.room_key.get_position(writer), "sync")
         for stream, position in (
             ("presence", token.presence_key),

@@ -49,17 +49,8 @@ class RetireEventsWriterEndpoint(ReplicationEndpoint):
         await hs.datastore.retire_events_writer(name)
         await directory.refresh()
         remaining = list(directory.event_writers())
-        rooms_moved = await self._reassign_rooms(remaining)
+        rooms_moved = await hs.datastore.reassign_rooms_of_removed_writers(remaining)
         return {"retired": was_writer, "events_writers": remaining, "rooms_moved": rooms_moved}
-
-    async def _reassign_rooms(self, writers: list[str]) -> int | None:
-        """Give the retired writer's rooms to the remaining writers. The room
-        store that records rooms' writers comes with the client API; until it
-        is there, there are no rooms to move (None)."""
-        reassign = getattr(self.hs.datastore, "reassign_rooms_of_removed_writers", None)
-        if reassign is None:
-            return None
-        return int(await reassign(writers))
 
     async def _check_can_retire(self, name: str, writers: tuple[str, ...]) -> None:
         if len(writers) == 1:

@@ -113,7 +113,7 @@ class RoomWorkerStore(RoomMemberWorkerStore):
             self._get_event_writer_for_room.invalidate(room_id)
             return None
         if writer is None:
-            return choose_event_writer(room_id, self.hs.config.stream_writers.events)
+            return choose_event_writer(room_id, self.hs.instance_directory.event_writers())
         return writer
 
     def invalidate_event_writer(self, room_id: str | None) -> None:
