@@ -28,8 +28,8 @@ from tests.harness.launcher import (
     generated_config,
     http_get,
     temp_dir,
-    wait_until,
 )
+from tests.harness.polling import eventually
 from tests.harness.processes import NO_KEEPALIVE
 
 #: A /sync filter: the whole timeline since the token, not its last 10 events.
@@ -345,7 +345,9 @@ class EventsWriterChangesTestCase(unittest.TestCase):
                     return False
             return True
 
-        await wait_until(all_past_last, what="persisted-up-to to pass the last event everywhere")
+        await eventually(
+            all_past_last, 30, "persisted-up-to to pass the last event everywhere", 0.2
+        )
         command.signal(signal.SIGTERM)
         self.assertEqual(await command.wait_exit(), 0, command.tail())
 

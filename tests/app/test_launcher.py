@@ -21,8 +21,8 @@ from tests.harness.launcher import (
     generated_config,
     http_get,
     temp_dir,
-    wait_until,
 )
+from tests.harness.polling import eventually
 
 DEFAULT_PROCESSES = ("main", "synchrotron1", "persister1", "persister2")
 
@@ -153,7 +153,7 @@ class LauncherTestCase(unittest.TestCase):
         main_pid = command.running_pids()["main"]
         command.signal(signal.SIGKILL)
         await command.wait_exit()
-        await wait_until(lambda: not pid_alive(main_pid), what="main to stop", timeout=20)
+        await eventually(lambda: not pid_alive(main_pid), what="main to stop", timeout=20)
         self.assertEqual(command.running_pids(), {})
 
     async def test_sharded_layout_starts_and_stops(self) -> None:

@@ -15,8 +15,8 @@ from tests.harness.launcher import (
     generated_config,
     http_get,
     temp_dir,
-    wait_until,
 )
+from tests.harness.polling import eventually
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -100,7 +100,7 @@ class MetricsTestCase(unittest.TestCase):
                 )
             )
 
-        await wait_until(main_reports_lag, what="main to report replication lag")
+        await eventually(main_reports_lag, 30, "main to report replication lag", 0.2)
 
         command.signal(signal.SIGTERM)
         self.assertEqual(await command.wait_exit(), 0, command.tail())

@@ -19,8 +19,8 @@ from tests.harness.launcher import (
     generated_config,
     http_get,
     temp_dir,
-    wait_until,
 )
+from tests.harness.polling import eventually
 
 
 async def events_writers_seen_by_all(config_path: str) -> dict[str, set[str]]:
@@ -76,7 +76,7 @@ class ReloadTestCase(unittest.TestCase):
                 seen == writers for seen in (await events_writers_seen_by_all(config_path)).values()
             )
 
-        await wait_until(lambda: all_know(everyone), what="every process to track persister3")
+        await eventually(lambda: all_know(everyone), 30, "every process to track persister3", 0.2)
 
         # Remove persister2: only it stops; the others forget it.
         def remove(config: dict[str, Any]) -> None:
@@ -90,9 +90,8 @@ class ReloadTestCase(unittest.TestCase):
         self.assertNotIn("persister2", running)
         for name in ("launcher", "main", "synchrotron1", "persister1"):
             self.assertEqual(running[name], before[name], name)
-        await wait_until(
-            lambda: all_know({"persister1", "persister3"}),
-            what="every process to forget persister2",
+        await eventually(
+            lambda: all_know({"persister1", "persister3"}), 30, "everyone to forget persister2", 0.2
         )
         status = SynapseLiteCommand(self, ["status", "-c", config_path], directory, directory)
         self.assertEqual(await status.start().wait_exit(), 0, status.output())

@@ -213,17 +213,3 @@ def temp_dir(prefix: str = "synapse_lite_run_") -> str:
 async def http_get(url: str) -> tuple[int, bytes]:
     response = await treq.get(url, timeout=5, pool=NO_KEEPALIVE)
     return response.code, await treq.content(response)
-
-
-async def wait_until(condition: Any, timeout: float = 30.0, what: str = "a condition") -> None:
-    """Poll ``await condition()`` (or a plain callable) until it is true."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if isinstance(result, defer.Deferred) or hasattr(result, "__await__"):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await task.deferLater(reactor, 0.1, lambda: None)

@@ -3,6 +3,7 @@ with the config they started with (in-process, over the in-memory bus)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from twisted.internet import protocol, reactor
@@ -13,8 +14,9 @@ from synapse_lite.replication.http.instances import RetireEventsWriterEndpoint
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.util import id_generators
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
-from tests.replication.test_handler import eventually, message
+from tests.replication.test_handler import message
 
 
 class InstanceDirectoryTestCase(DatabaseTestCase):
@@ -56,7 +58,7 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         p3 = new["persister3"]
         for hs in (main, sync):
             await eventually(
-                lambda hs=hs: "persister3" in hs.instance_directory.event_writers(),
+                partial(lambda hs: "persister3" in hs.instance_directory.event_writers(), hs),
                 what=f"{hs.instance_name} to learn of persister3",
             )
             self.assertEqual(
@@ -77,7 +79,7 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         # The idle persister1 lets the stream move on everywhere.
         for hs in (main, sync):
             await eventually(
-                lambda hs=hs: hs.datastore.get_room_max_stream_ordering() >= last,
+                partial(lambda hs: hs.datastore.get_room_max_stream_ordering() >= last, hs),
                 what=f"persisted-up-to on {hs.instance_name}",
             )
 
@@ -117,11 +119,11 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         self.assertEqual(answer["events_writers"], ["persister1"])
         for hs in (main, sync, p1):
             await eventually(
-                lambda hs=hs: hs.instance_directory.event_writers() == ("persister1",),
+                partial(lambda hs: hs.instance_directory.event_writers() == ("persister1",), hs),
                 what=f"{hs.instance_name} to retire persister2",
             )
             await eventually(
-                lambda hs=hs: hs.datastore.get_room_max_stream_ordering() >= last,
+                partial(lambda hs: hs.datastore.get_room_max_stream_ordering() >= last, hs),
                 what=f"persisted-up-to on {hs.instance_name} to pass persister2",
             )
             self.assertNotIn("persister2", hs.datastore._stream_id_gen.get_positions())
