@@ -20,13 +20,12 @@ from twisted.trial import unittest
 
 from synapse_lite.app.launch_plan import plan_processes
 from synapse_lite.config.homeserver import load_config
-from tests.harness.databases import create_test_database
 from tests.harness.launcher import (
     SynapseLiteCommand,
     edit_config,
     free_port_block,
-    generated_config,
     http_get,
+    launch,
     temp_dir,
 )
 from tests.harness.polling import eventually
@@ -180,14 +179,9 @@ class KilledWriterUnderLoadTestCase(unittest.TestCase):
 
     async def test_no_acknowledged_event_lost_or_repeated(self) -> None:
         require_client_api()
-        test_db = create_test_database()
-        self.addCleanup(test_db.drop)
-        directory = temp_dir()
-        config_path = generated_config(directory, test_db, enable_registration=True)
-        command = SynapseLiteCommand(self, ["run", "-c", config_path], directory, directory)
-        await command.start().wait_for_line(r"processes up in")
-        specs = {s.name: s for s in plan_processes(load_config(config_path))}
-        main, sync_worker = specs["main"].url_of("client"), specs["synchrotron1"].url_of("client")
+        server = await launch(self, enable_registration=True)
+        command, config_path, test_db = server.command, server.config_path, server.test_db
+        main, sync_worker = server.url("main"), server.url("synchrotron1")
         _, alice = await register(main, "alice")
         code, room = await call("POST", f"{main}/_matrix/client/v3/createRoom", {}, alice)
         self.assertEqual(code, 200, room)
@@ -259,14 +253,9 @@ class EventsWriterChangesTestCase(unittest.TestCase):
 
     async def test_add_and_remove_events_writers_under_use(self) -> None:
         require_client_api()
-        test_db = create_test_database()
-        self.addCleanup(test_db.drop)
-        directory = temp_dir()
-        config_path = generated_config(directory, test_db, enable_registration=True)
-        command = SynapseLiteCommand(self, ["run", "-c", config_path], directory, directory)
-        await command.start().wait_for_line(r"processes up in")
-        specs = {s.name: s for s in plan_processes(load_config(config_path))}
-        main, sync_worker = specs["main"].url_of("client"), specs["synchrotron1"].url_of("client")
+        server = await launch(self, enable_registration=True)
+        command, config_path, test_db = server.command, server.config_path, server.test_db
+        main, sync_worker = server.url("main"), server.url("synchrotron1")
         _, alice = await register(main, "alice")
         sent: list[str] = []
 
@@ -294,8 +283,8 @@ class EventsWriterChangesTestCase(unittest.TestCase):
         async def reload(change: Any) -> None:
             edit_config(config_path, change)
             mark = command.mark()
-            request = SynapseLiteCommand(self, ["reload", "-c", config_path], directory, directory)
-            self.assertEqual(await request.start().wait_exit(), 0, request.output())
+            request = server.run_command(self, "reload")
+            self.assertEqual(await request.wait_exit(), 0, request.output())
             await command.wait_for_line(r"Reload of .* done", after=mark)
 
         def add(config: dict[str, Any]) -> None:

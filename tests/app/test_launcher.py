@@ -15,13 +15,7 @@ from twisted.trial import unittest
 from synapse_lite.app.pid_files import pid_alive
 from synapse_lite.config.generate import DEFAULT_BASE_PORT, DEFAULT_DATA_DIR
 from synapse_lite.config.homeserver import load_config
-from tests.harness.databases import create_test_database
-from tests.harness.launcher import (
-    SynapseLiteCommand,
-    generated_config,
-    http_get,
-    temp_dir,
-)
+from tests.harness.launcher import SynapseLiteCommand, http_get, launch, temp_dir
 from tests.harness.polling import eventually
 
 DEFAULT_PROCESSES = ("main", "synchrotron1", "persister1", "persister2")
@@ -113,20 +107,9 @@ class LauncherTestCase(unittest.TestCase):
 
     timeout = 180
 
-    def setUp(self) -> None:
-        self.test_db = create_test_database()
-        self.addCleanup(self.test_db.drop)
-        self.dir = temp_dir()
-
-    async def launch(self, **options: object) -> tuple[SynapseLiteCommand, str]:
-        config_path = generated_config(self.dir, self.test_db, **options)
-        command = SynapseLiteCommand(self, ["run", "-c", config_path], self.dir, self.dir)
-        command.start()
-        await command.wait_for_line(r"processes up in")
-        return command, config_path
-
     async def test_killed_worker_is_restarted_and_ctrl_c_stops_everything(self) -> None:
-        command, config_path = await self.launch()
+        server = await launch(self)
+        command = server.command
         old_pid = command.running_pids()["persister1"]
         before_kill = command.mark()
         os.kill(old_pid, signal.SIGKILL)
@@ -137,7 +120,7 @@ class LauncherTestCase(unittest.TestCase):
         new_pid = command.running_pids()["persister1"]
         self.assertNotEqual(new_pid, old_pid)
         self.assertEqual(
-            await health_of_all(config_path), {name: 200 for name in DEFAULT_PROCESSES}
+            await health_of_all(server.config_path), {name: 200 for name in DEFAULT_PROCESSES}
         )
         # It is back on replication: main knows it again.
         await command.wait_for_line(
@@ -149,7 +132,7 @@ class LauncherTestCase(unittest.TestCase):
         self.assertEqual(command.running_pids(), {})
 
     async def test_processes_stop_when_the_launcher_is_killed(self) -> None:
-        command, _ = await self.launch(layout="monolith")
+        command = (await launch(self, layout="monolith")).command
         main_pid = command.running_pids()["main"]
         command.signal(signal.SIGKILL)
         await command.wait_exit()
@@ -157,16 +140,15 @@ class LauncherTestCase(unittest.TestCase):
         self.assertEqual(command.running_pids(), {})
 
     async def test_sharded_layout_starts_and_stops(self) -> None:
-        command, config_path = await self.launch(layout="sharded")
-        names = load_config(config_path).instance_names()
+        server = await launch(self, layout="sharded")
+        names = list(server.specs())
         self.assertEqual(len(names), 7)
-        self.assertEqual(await health_of_all(config_path), {name: 200 for name in names})
-        status = SynapseLiteCommand(self, ["status", "-c", config_path], self.dir, self.dir)
-        self.assertEqual(await status.start().wait_exit(), 0, status.output())
+        self.assertEqual(await health_of_all(server.config_path), {name: 200 for name in names})
+        status = server.run_command(self, "status")
+        self.assertEqual(await status.wait_exit(), 0, status.output())
         stream_writer = next(line for line in status.stdout if line.startswith("stream_writer1"))
-        self.assertIn("typing", "\n".join(command.stdout))
         self.assertRegex(stream_writer, r"to_device=\d+ account_data=\d+ receipts=\d+")
-        stop = SynapseLiteCommand(self, ["stop", "-c", config_path], self.dir, self.dir)
-        self.assertEqual(await stop.start().wait_exit(), 0, stop.output())
-        self.assertEqual(await command.wait_exit(), 0, command.tail())
-        self.assertEqual(command.running_pids(), {})
+        stop = server.run_command(self, "stop")
+        self.assertEqual(await stop.wait_exit(), 0, stop.output())
+        self.assertEqual(await server.command.wait_exit(), 0, server.command.tail())
+        self.assertEqual(server.command.running_pids(), {})

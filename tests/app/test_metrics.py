@@ -7,15 +7,7 @@ import signal
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.trial import unittest
 
-from synapse_lite.app.launch_plan import plan_processes
-from synapse_lite.config.homeserver import load_config
-from tests.harness.databases import create_test_database
-from tests.harness.launcher import (
-    SynapseLiteCommand,
-    generated_config,
-    http_get,
-    temp_dir,
-)
+from tests.harness.launcher import http_get, launch
 from tests.harness.polling import eventually
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -41,13 +33,9 @@ class MetricsTestCase(unittest.TestCase):
     timeout = 120
 
     async def test_every_process_exports_what_operators_watch(self) -> None:
-        test_db = create_test_database()
-        self.addCleanup(test_db.drop)
-        directory = temp_dir()
-        config_path = generated_config(directory, test_db)
-        command = SynapseLiteCommand(self, ["run", "-c", config_path], directory, directory)
-        await command.start().wait_for_line(r"processes up in")
-        specs = {spec.name: spec for spec in plan_processes(load_config(config_path))}
+        server = await launch(self)
+        command = server.command
+        specs = server.specs()
         for name in ("main", "synchrotron1"):
             code, _ = await http_get(specs[name].url_of("client") + "/_matrix/client/versions")
             self.assertEqual(code, 200)

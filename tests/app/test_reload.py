@@ -12,14 +12,7 @@ from twisted.trial import unittest
 from synapse_lite.app.launch_plan import plan_processes
 from synapse_lite.app.status import parse_positions
 from synapse_lite.config.homeserver import load_config
-from tests.harness.databases import create_test_database
-from tests.harness.launcher import (
-    SynapseLiteCommand,
-    edit_config,
-    generated_config,
-    http_get,
-    temp_dir,
-)
+from tests.harness.launcher import edit_config, http_get, launch
 from tests.harness.polling import eventually
 
 
@@ -42,17 +35,13 @@ class ReloadTestCase(unittest.TestCase):
     timeout = 180
 
     async def test_add_then_remove_an_events_writer(self) -> None:
-        test_db = create_test_database()
-        self.addCleanup(test_db.drop)
-        directory = temp_dir()
-        config_path = generated_config(directory, test_db)
-        command = SynapseLiteCommand(self, ["run", "-c", config_path], directory, directory)
-        await command.start().wait_for_line(r"processes up in")
+        server = await launch(self)
+        command, config_path = server.command, server.config_path
         before = command.running_pids()
 
         async def reload() -> None:
-            request = SynapseLiteCommand(self, ["reload", "-c", config_path], directory, directory)
-            self.assertEqual(await request.start().wait_exit(), 0, request.output())
+            request = server.run_command(self, "reload")
+            self.assertEqual(await request.wait_exit(), 0, request.output())
 
         # Add persister3: a new worker and a new events writer.
         port = load_config(config_path).listeners[0].port + 6
@@ -93,14 +82,14 @@ class ReloadTestCase(unittest.TestCase):
         await eventually(
             lambda: all_know({"persister1", "persister3"}), 30, "everyone to forget persister2", 0.2
         )
-        status = SynapseLiteCommand(self, ["status", "-c", config_path], directory, directory)
-        self.assertEqual(await status.start().wait_exit(), 0, status.output())
+        status = server.run_command(self, "status")
+        self.assertEqual(await status.wait_exit(), 0, status.output())
 
         # A config with a mistake changes nothing: `reload` says so, and so
         # does the launcher if signalled anyway.
         edit_config(config_path, lambda config: config.update(server_name=7))
-        request = SynapseLiteCommand(self, ["reload", "-c", config_path], directory, directory)
-        self.assertEqual(await request.start().wait_exit(), 2)
+        request = server.run_command(self, "reload")
+        self.assertEqual(await request.wait_exit(), 2)
         self.assertIn("server_name: must be a string", request.output())
         command.signal(signal.SIGHUP)
         await command.wait_for_line(r"Not reloading: .*server_name: must be a string")

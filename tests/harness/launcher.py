@@ -20,14 +20,17 @@ import tempfile
 import time
 from typing import Any
 
+import attr
 import treq
 import yaml
 from twisted.internet import defer, protocol, reactor, task
 from twisted.trial import unittest
 
+from synapse_lite.app.launch_plan import ProcessSpec, plan_processes
 from synapse_lite.app.pid_files import pid_alive, read_pid_file
 from synapse_lite.config.generate import GenerateOptions, write_config
-from tests.harness.databases import TestDatabase
+from synapse_lite.config.homeserver import load_config
+from tests.harness.databases import TestDatabase, create_test_database
 from tests.harness.processes import NO_KEEPALIVE, SOURCE_ROOT
 
 
@@ -213,3 +216,39 @@ def temp_dir(prefix: str = "synapse_lite_run_") -> str:
 async def http_get(url: str) -> tuple[int, bytes]:
     response = await treq.get(url, timeout=5, pool=NO_KEEPALIVE)
     return response.code, await treq.content(response)
+
+
+@attr.s(auto_attribs=True)
+class LaunchedServer:
+    """A generated config run by `synapse-lite run -c` (see :func:`launch`)."""
+
+    command: SynapseLiteCommand
+    config_path: str
+    directory: str
+    test_db: TestDatabase
+
+    def specs(self) -> dict[str, ProcessSpec]:
+        """The processes of the config as it is now (it may have been edited)."""
+        return {s.name: s for s in plan_processes(load_config(self.config_path))}
+
+    def url(self, name: str, resource: str = "client") -> str:
+        return self.specs()[name].url_of(resource)
+
+    def run_command(self, testcase: unittest.TestCase, *args: str) -> SynapseLiteCommand:
+        """Start `synapse-lite ARGS -c CONFIG` (status, reload, ...)."""
+        command = SynapseLiteCommand(
+            testcase, [*args, "-c", self.config_path], self.directory, self.directory
+        )
+        return command.start()
+
+
+async def launch(testcase: unittest.TestCase, **options: Any) -> LaunchedServer:
+    """Generate a config (``options`` as for generate-config) on free ports and
+    the run's database engine, run it, and wait until every process is up."""
+    test_db = create_test_database()
+    testcase.addCleanup(test_db.drop)
+    directory = temp_dir()
+    config_path = generated_config(directory, test_db, **options)
+    command = SynapseLiteCommand(testcase, ["run", "-c", config_path], directory, directory)
+    await command.start().wait_for_line(r"processes up in")
+    return LaunchedServer(command, config_path, directory, test_db)
