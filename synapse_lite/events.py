@@ -14,8 +14,30 @@ def new_event_id() -> str:
     return "$" + base64.urlsafe_b64encode(os.urandom(18)).decode("ascii")
 
 
+class _EventKind:
+    """What an event's type and state key say about it (for every stage of an
+    event: requested, about to be persisted, persisted)."""
+
+    __slots__ = ()
+    type: str
+    state_key: str | None
+    content: dict[str, Any]
+
+    @property
+    def is_state(self) -> bool:
+        return self.state_key is not None
+
+    @property
+    def membership(self) -> str | None:
+        """The membership a member event sets (None for other events)."""
+        if self.type == "m.room.member":
+            value = self.content.get("membership")
+            return value if isinstance(value, str) else None
+        return None
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
-class EventContent:
+class EventContent(_EventKind):
     """What a handler asks to persist: an event before it has a stream id."""
 
     event_id: str
@@ -29,20 +51,9 @@ class EventContent:
     #: (user_id, device_id, txn_id) of an idempotent client send.
     txn_key: tuple[str, str, str] | None = None
 
-    @property
-    def is_state(self) -> bool:
-        return self.state_key is not None
-
-    @property
-    def membership(self) -> str | None:
-        if self.type == "m.room.member":
-            value = self.content.get("membership")
-            return value if isinstance(value, str) else None
-        return None
-
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
-class Event:
+class Event(_EventKind):
     """A persisted event: its content plus where it sits in the streams."""
 
     event_id: str
@@ -57,17 +68,6 @@ class Event:
     instance_name: str
     redacts: str | None = None
     outlier: bool = False
-
-    @property
-    def is_state(self) -> bool:
-        return self.state_key is not None
-
-    @property
-    def membership(self) -> str | None:
-        if self.type == "m.room.member":
-            value = self.content.get("membership")
-            return value if isinstance(value, str) else None
-        return None
 
     def to_client_dict(
         self, now_ms: int | None = None, include_room_id: bool = True
@@ -93,7 +93,7 @@ class Event:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
-class EventSpec:
+class EventSpec(_EventKind):
     """What a client asks to send, before its room's writer gives it an id."""
 
     type: str
@@ -103,13 +103,6 @@ class EventSpec:
     origin_server_ts: int
     #: (user_id, device_id, txn_id) of an idempotent client send.
     txn_key: tuple[str, str, str] | None = None
-
-    @property
-    def membership(self) -> str | None:
-        if self.type == "m.room.member":
-            value = self.content.get("membership")
-            return value if isinstance(value, str) else None
-        return None
 
     def with_id(self, room_id: str) -> EventContent:
         """The event to persist, with a fresh id (given by the writer)."""

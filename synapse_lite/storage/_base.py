@@ -32,6 +32,17 @@ def json_encoder(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
+def page_of_updates(
+    updates: list[tuple[int, Any]], limit: int, current_id: int
+) -> tuple[list[tuple[int, Any]], int, bool]:
+    """An update function's answer from rows read with ``LIMIT limit``, one row
+    per id: a full page reaches only as far as its last row (the caller asks
+    again from there); otherwise it covers everything up to ``current_id``."""
+    if len(updates) >= limit:
+        return updates, updates[-1][0], True
+    return updates, current_id, False
+
+
 class SQLBaseStore:
     """Every store mixin takes ``(database, db_conn, hs)`` and calls
     ``super().__init__(database, db_conn, hs)``, so any combination of mixins

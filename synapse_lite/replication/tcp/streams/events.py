@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attr
 
 from synapse_lite.replication.tcp.streams._base import InvalidRow, StreamFromIdGen, Updates
+from synapse_lite.storage._base import page_of_updates
 
 if TYPE_CHECKING:
     from synapse_lite.storage.databases.main.events_worker import EventsWorkerStore
@@ -161,6 +162,4 @@ class BackfillStream(StreamFromIdGen):
             instance_name, from_token, upto_token, limit
         )
         updates = [(r[0], [r[1], r[2], r[3], r[4], r[5], None]) for r in rows]
-        if len(updates) >= limit:
-            return updates, updates[-1][0], True
-        return updates, upto_token, False
+        return page_of_updates(updates, limit, upto_token)

@@ -13,7 +13,12 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
+from synapse_lite.storage._base import (
+    SQLBaseStore,
+    db_to_json,
+    json_encoder,
+    page_of_updates,
+)
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -111,9 +116,8 @@ class CacheInvalidationWorkerStore(SQLBaseStore):
         rows = await self.db_pool.runInteraction("get_all_updated_caches", txn_func, read_only=True)
         # Rows in wire form: [cache_func, keys, invalidation_ts].
         updates = [(int(r[0]), [r[1], db_to_json(r[2]), int(r[3])]) for r in rows]
-        if len(updates) >= limit:
-            return updates, updates[-1][0], True
-        return updates, max(current_id, updates[-1][0] if updates else current_id), False
+        # Not bounded above: rows past current_id are sent (and covered) too.
+        return page_of_updates(updates, limit, max([current_id, *(u[0] for u in updates[-1:])]))
 
     # Replication
 

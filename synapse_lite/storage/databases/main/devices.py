@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.storage._base import SQLBaseStore
+from synapse_lite.storage._base import SQLBaseStore, page_of_updates
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -119,9 +119,7 @@ class DeviceWorkerStore(SQLBaseStore):
             limit,
         )
         updates = [(int(r[0]), (r[1], r[2])) for r in rows]
-        if len(updates) >= limit:
-            return updates, updates[-1][0], True
-        return updates, current_id, False
+        return page_of_updates(updates, limit, current_id)
 
     def process_replication_position(
         self, stream_name: str, instance_name: str, token: int

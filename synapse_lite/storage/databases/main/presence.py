@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import attr
 
-from synapse_lite.storage._base import SQLBaseStore
+from synapse_lite.storage._base import SQLBaseStore, page_of_updates
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -152,9 +152,7 @@ class PresenceWorkerStore(SQLBaseStore):
             limit,
         )
         updates = [(int(r[0]), attr.astuple(_state_from_row(r[1:]))) for r in rows]
-        if len(updates) >= limit:
-            return updates, updates[-1][0], True
-        return updates, current_id, False
+        return page_of_updates(updates, limit, current_id)
 
     def process_replication_position(
         self, stream_name: str, instance_name: str, token: int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
+from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder, page_of_updates
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -96,9 +96,7 @@ class ReceiptsWorkerStore(SQLBaseStore):
             limit,
         )
         updates = [(int(r[0]), (r[1], r[2], r[3], r[4], r[5], db_to_json(r[6]))) for r in rows]
-        if len(updates) >= limit:
-            return updates, updates[-1][0], True
-        return updates, current_id, False
+        return page_of_updates(updates, limit, current_id)
 
     def process_replication_position(
         self, stream_name: str, instance_name: str, token: int
