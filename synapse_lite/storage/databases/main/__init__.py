@@ -13,6 +13,7 @@ from synapse_lite.storage.databases.main.account_data import AccountDataWorkerSt
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
+from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
@@ -27,6 +28,7 @@ class GenericWorkerStore(
     AccountDataWorkerStore,
     ReceiptsWorkerStore,
     DeviceInboxWorkerStore,
+    FederationWorkerStore,
     PresenceWorkerStore,
     FilteringWorkerStore,
 ):
