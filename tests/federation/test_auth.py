@@ -30,9 +30,7 @@ class ParseTest(unittest.TestCase):
         )
 
     def test_unquoted_spaces_escapes_and_case(self) -> None:
-        auth = parse_auth_header(
-            b'x-matrix Origin=a.example:8448, key = "ed25519:k\\"1" ,sig=c2ln'
-        )
+        auth = parse_auth_header(b'x-matrix Origin=a.example:8448, key = "ed25519:k\\"1" ,sig=c2ln')
         self.assertEqual(auth, XMatrixAuth("a.example:8448", 'ed25519:k"1', "c2ln", None))
 
     def test_round_trip(self) -> None:
@@ -61,7 +59,9 @@ class SignRequestTest(unittest.TestCase):
         content = {"edus": [], "origin": "a.example"}
         header = sign_request(KEY, "a.example", "b.example", "PUT", "/x/1", content)
         auth = parse_auth_header(header)
-        self.assertEqual((auth.origin, auth.destination, auth.key_id), ("a.example", "b.example", KEY.key_id))
+        self.assertEqual(
+            (auth.origin, auth.destination, auth.key_id), ("a.example", "b.example", KEY.key_id)
+        )
         good = canonical_json(request_json("PUT", "/x/1", "a.example", "b.example", content))
         verify_signature(good, auth.signature, KEY.verify_key_base64)
         for changed in (

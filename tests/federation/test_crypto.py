@@ -36,9 +36,7 @@ class CanonicalJsonTest(unittest.TestCase):
 
     def test_spec_examples(self) -> None:
         self.assertEqual(canonical_json({}), b"{}")
-        self.assertEqual(
-            canonical_json({"one": 1, "two": "Two"}), b'{"one":1,"two":"Two"}'
-        )
+        self.assertEqual(canonical_json({"one": 1, "two": "Two"}), b'{"one":1,"two":"Two"}')
         self.assertEqual(canonical_json({"a": "日本語"}), '{"a":"日本語"}'.encode())
         self.assertEqual(canonical_json({"a": None}), b'{"a":null}')
         self.assertEqual(canonical_json({"a": "\u0000"}), b'{"a":"\\u0000"}')
