@@ -273,9 +273,9 @@ class HomeServer:
     def shutdown(self) -> None:
         """Stop background work; release the database pool and the position log."""
         self.stop_background_tasks()
-        if "federation_client" in self.__dict__:
-            self.federation_client.close()
         if self.database_pool is not None:
             self.database_pool.close()
+        if "federation_client" in self.__dict__:
+            self.federation_client.close()
         if self.position_log is not None:
             self.position_log.close()

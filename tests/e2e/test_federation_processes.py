@@ -143,11 +143,12 @@ class FederationProcessesTestCase(unittest.TestCase):
     async def put_to_b(self, txn_id: str, body: dict[str, Any], key: SigningKey) -> tuple[int, Any]:
         path = f"/_matrix/federation/v1/send/{txn_id}"
         header = sign_request(key, "a.test", "b.test", "PUT", path, body)
+        headers: dict[bytes | str, list[bytes | str]] = {
+            "Content-Type": ["application/json"],
+            "Authorization": [header],
+        }
         response = await treq.put(
-            self.b.url() + path,
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": ["application/json"], "Authorization": [header]},
-            pool=NO_KEEPALIVE,
+            self.b.url() + path, data=json.dumps(body).encode(), headers=headers, pool=NO_KEEPALIVE
         )
         return response.code, json.loads(await treq.content(response))
 
@@ -204,10 +205,10 @@ class FederationProcessesTestCase(unittest.TestCase):
             await self.b.processes.stop(name)
         await self.send(self.alice, "@bob:b.test", [{"queued": i} for i in range(5)])
         await self.wait_for(
-            lambda: self.a.query(
-                "SELECT retry_interval FROM destinations WHERE destination = 'b.test'"
-            )
-            == [(BACKOFF_SECONDS * 1000,)],
+            lambda: (
+                self.a.query("SELECT retry_interval FROM destinations WHERE destination = 'b.test'")
+                == [(BACKOFF_SECONDS * 1000,)]
+            ),
             "a to back off from b",
         )
         self.assertEqual(self.a.query("SELECT COUNT(*) FROM device_federation_outbox")[0][0], 5)

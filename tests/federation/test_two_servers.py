@@ -126,10 +126,10 @@ class TwoServersTestCase(unittest.TestCase):
         }
 
     async def wait_for_events(self, bob: ClientApi, since: str, n: int) -> list[Any]:
-        deadline = reactor.seconds() + 10  # type: ignore[attr-defined]
+        deadline = reactor.seconds() + 10
         while True:
             events = await self.to_device_events(bob, since)
-            if len(events) >= n or reactor.seconds() > deadline:  # type: ignore[attr-defined]
+            if len(events) >= n or reactor.seconds() > deadline:
                 return events
             await task.deferLater(reactor, 0.05, lambda: None)
 
