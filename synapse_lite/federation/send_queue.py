@@ -7,15 +7,23 @@ out. A newer item for a destination replaces the older one (an item only says
 "read the outbox up to here"), so memory is bounded by the number of
 destinations. The sender worker reads the stream (RDATA, or over internal HTTP
 after a POSITION), and its ``FEDERATION_ACK <instance> <token>`` drops every
-item up to ``token``. Nothing is lost if this memory is: the outbox table is
-the truth, and the sender rescans it when it starts and when this process
-restarts (the stream's token going back to zero tells it).
+item up to ``token``.
+
+The counter starts at the clock's milliseconds, not at zero, so a restarted
+main process hands out tokens above any of its previous run: a sender worker
+that saw the old run catches up on every new item rather than mistaking them
+for ones it has (were the clock to go back, the worker sees the token fall and
+rescans). At startup the queue takes one item per destination with EDUs in the
+outbox, so wake-ups lost with the previous run are made again. Nothing is lost
+if this memory is: the outbox table is the truth.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
+
+from twisted.internet import defer
 
 from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.replication.tcp.commands import FederationAckCommand
@@ -35,9 +43,20 @@ class FederationRemoteSendQueue(OutboxConsumer):
 
     def __init__(self, hs: HomeServer) -> None:
         super().__init__(hs)
-        self._position = 0
+        self._position = hs.clock.time_msec()
         #: destination -> (token, to_device stream id)
         self._items: dict[str, tuple[int, int]] = {}
+        hs.reactor.callWhenRunning(self._take_pending)
+
+    def _take_pending(self) -> None:
+        async def scan() -> None:
+            pending = await self._hs.datastore.get_destinations_with_pending_edus()
+            for destination, upto in pending.items():
+                self.send_device_messages(destination, upto)
+
+        defer.ensureDeferred(scan()).addErrback(
+            lambda f: logger.warning("Reading the outbox at startup failed: %s", f.value)
+        )
 
     def get_current_token(self) -> int:
         return self._position

@@ -7,8 +7,9 @@ It learns of queued EDUs from one of two places:
 * on a sender worker: from the ``federation`` stream, which the main process's
   ``FederationRemoteSendQueue`` owns. The worker's token for that stream is
   the last one it processed (so it is always a token the queue handed out);
-  a token below it means the main process restarted: the worker starts again
-  from it and rescans the outbox. After each transaction it sends
+  a token below it means the main process restarted with its clock behind:
+  the worker starts again from it and rescans the outbox. After each
+  transaction it sends
   ``FEDERATION_ACK <instance> <token>`` so the queue can drop what it took.
 
 In both cases it also rescans the outbox at start and every
@@ -93,8 +94,8 @@ class FederationSender(OutboxConsumer):
         """Take the queue's rows (or bare position) before the stream advances."""
         if token < self._position:
             logger.info(
-                "The federation stream went back from %d to %d (the main process restarted):"
-                " rescanning the outbox",
+                "The federation stream went back from %d to %d (the main process restarted"
+                " with its clock behind): rescanning the outbox",
                 self._position,
                 token,
             )
