@@ -21,6 +21,7 @@ from twisted.internet import defer
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import is_valid_user_id
+from synapse_lite.metrics import FEDERATION_TRANSACTIONS_RECEIVED
 from synapse_lite.replication.tcp.commands import RemoteServerUpCommand
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class FederationInboundHandler:
             return await waiter
         stored = await self._store.get_received_transaction(origin, txn_id)
         if stored is not None:
+            FEDERATION_TRANSACTIONS_RECEIVED.labels("replayed").inc()
             logger.info(
                 "Transaction %s from %s was received before: answering again", txn_id, origin
             )
@@ -77,6 +79,7 @@ class FederationInboundHandler:
             raise
         for waiter in self._in_flight.pop(key):
             waiter.callback(response)
+        FEDERATION_TRANSACTIONS_RECEIVED.labels("new").inc()
         logger.info(
             "Received transaction %s from %s: %d EDU(s), %d PDU(s)",
             txn_id,

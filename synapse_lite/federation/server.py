@@ -21,6 +21,7 @@ from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, req
 from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
 from synapse_lite.federation.keyring import KEY_PATH, KeyLookupError
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
+from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
 if TYPE_CHECKING:
     from synapse_lite.server import HomeServer
@@ -61,6 +62,7 @@ async def authenticate_request(hs: HomeServer, request: Request, content: Any) -
             problems.append(f"{auth.origin}: {e}")
             continue
         return auth.origin
+    FEDERATION_REQUESTS_REFUSED.inc()
     reason = "; ".join(problems) or "no Authorization header"
     logger.warning(
         "Refused an unauthenticated federation request from %s to %s: %s",

@@ -201,6 +201,34 @@ class TwoServersTestCase(unittest.TestCase):
         code, _ = await self.put_send(key, "t4", {**body, "origin": "c.test"})
         self.assertEqual(code, 403)
 
+    async def test_hostile_bodies_are_refused_or_ignored_never_500(self) -> None:
+        _, bob = await self.users()
+        since = (await bob.sync())["next_batch"]
+        key = self.a["main"].signing_key
+
+        def edu(**content: Any) -> dict[str, Any]:
+            base = {"sender": "@alice:a.test", "type": "t", "message_id": "m", "messages": {}}
+            return {"edus": [{"edu_type": "m.direct_to_device", "content": {**base, **content}}]}
+
+        bodies: list[tuple[dict[str, Any], int]] = [
+            ({"pdus": {}}, 400),
+            ({"edus": "x"}, 400),
+            ({"pdus": [1] * 51}, 400),
+            ({"edus": [{}] * 101}, 400),
+            (edu(message_id="x" * 300), 200),
+            (edu(message_id=5), 200),
+            (edu(sender="not a user"), 200),
+            (edu(type=["t"]), 200),
+            (edu(messages={bob.user_id: "no"}), 200),
+            (edu(messages={bob.user_id: {"D" * 300: {}}}), 200),
+            (edu(messages={"@bob:c.test": {"D": {}}}), 200),
+            (edu(messages=[]), 200),
+        ]
+        for i, (body, expected) in enumerate(bodies):
+            code, answer = await self.put_send(key, f"h{i}", body)
+            self.assertEqual(code, expected, f"{body}: {answer}")
+        self.assertEqual(await self.to_device_events(bob, since), [])
+
     async def test_expired_key_is_fetched_again(self) -> None:
         _, bob = await self.users()
         key = self.a["main"].signing_key

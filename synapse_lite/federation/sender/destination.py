@@ -32,6 +32,11 @@ from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.crypto import CanonicalJsonError, canonical_json
 from synapse_lite.federation.inbound import DIRECT_TO_DEVICE
 from synapse_lite.federation.sender import backoff
+from synapse_lite.metrics import (
+    FEDERATION_DESTINATIONS_DOWN,
+    FEDERATION_EDUS_SENT,
+    FEDERATION_TRANSACTIONS_SENT,
+)
 from synapse_lite.storage.databases.main.federation import OutboxRow, RetryState
 
 if TYPE_CHECKING:
@@ -108,7 +113,7 @@ class DestinationQueue:
         self._retry_call = None
         if self._state is not None and self._state.retry_interval_ms:
             logger.info("%s is up again: sending what is queued for it now", self.destination)
-        self._state = RetryState()
+        self._mark_up()
         self._up_again = self._running
         defer.ensureDeferred(self._hs.datastore.set_retry_state(self.destination, RetryState()))
         self.wake()
@@ -167,6 +172,8 @@ class DestinationQueue:
                 self.destination, f"/_matrix/federation/v1/send/{txn_id}", body
             )
         except FederationRequestError as e:
+            outcome = "refused" if e.code in PERMANENT_REFUSALS else "failed"
+            FEDERATION_TRANSACTIONS_SENT.labels(outcome).inc()
             if e.code in PERMANENT_REFUSALS:
                 if len(rows) > 1:
                     logger.warning(
@@ -180,13 +187,15 @@ class DestinationQueue:
             await self._failed(txn_id, e)
             return False
         logger.info("Transaction %s to %s accepted", txn_id, self.destination)
+        FEDERATION_TRANSACTIONS_SENT.labels("accepted").inc()
+        FEDERATION_EDUS_SENT.inc(len(rows))
         self._up_again = False
         if not isinstance(answer, dict):
             logger.warning("%s answered transaction %s with %r", self.destination, txn_id, answer)
         await hs.datastore.delete_sent_edus(self.destination, [r.stream_id for r in rows])
         self._one_at_a_time = False
         if self._state is not None and self._state.retry_interval_ms:
-            self._state = RetryState()
+            self._mark_up()
             await hs.datastore.set_retry_state(self.destination, self._state)
         self._sender.on_transaction_sent(self.destination)
         return True
@@ -218,6 +227,7 @@ class DestinationQueue:
         await self._hs.datastore.set_retry_state(self.destination, self._state)
         delay = backoff.retry_delay_seconds(self._state, self._hs.clock.time_msec())
         if self.is_down and not was_down:
+            FEDERATION_DESTINATIONS_DOWN.inc()
             logger.warning(
                 "%s is down (%d failures in a row); retrying in %.1f s: %s",
                 self.destination,
@@ -234,6 +244,11 @@ class DestinationQueue:
                 error,
             )
         self._schedule_retry(delay)
+
+    def _mark_up(self) -> None:
+        if self.is_down:
+            FEDERATION_DESTINATIONS_DOWN.dec()
+        self._state = RetryState()
 
     def _schedule_retry(self, delay: float) -> None:
         if self._retry_call is not None and self._retry_call.active():
