@@ -141,3 +141,21 @@ class DestinationQueueTestCase(DatabaseTestCase):
         self.remote.calls[2][2].callback({"pdus": {}})
         await eventually(lambda: self.sender.sent == ["b.test"])
         self.assertEqual(await self.pending(), 0)
+
+    async def test_many_server_up_announcements_send_once(self) -> None:
+        # Every process that hears from b announces it: a flood must cost one
+        # transaction and one database write, not one each.
+        self.queue.wake(await self.queue_edus(1))
+        await self.calls(1)
+        self.remote.calls[0][2].errback(FederationRequestError("b.test", "refused"))
+        await eventually(lambda: self.queue.is_backing_off)
+        for _ in range(50):
+            self.queue.reset_backoff()
+        await self.calls(2)
+        self.remote.calls[1][2].callback({"pdus": {}})
+        await eventually(lambda: self.sender.sent == ["b.test"])
+        for _ in range(50):
+            self.queue.reset_backoff()  # up already: nothing to do
+        await task.deferLater(self.hs.reactor, 0.1, lambda: None)
+        await self.calls(2)
+        self.assertEqual((await self.hs.datastore.get_retry_state("b.test")).retry_interval_ms, 0)

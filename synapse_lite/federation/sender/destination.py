@@ -85,6 +85,10 @@ class DestinationQueue:
         self._one_at_a_time = False
         #: REMOTE_SERVER_UP arrived while a transaction was in flight.
         self._up_again = False
+        #: REMOTE_SERVER_UP arrived: the loop clears the recorded backoff.
+        self._reset_requested = False
+        #: Whether this queue counts in the destinations-down gauge.
+        self._counted_down = False
 
     @property
     def is_backing_off(self) -> bool:
@@ -107,15 +111,16 @@ class DestinationQueue:
         defer.ensureDeferred(self._run())
 
     def reset_backoff(self) -> None:
-        """The destination is up again: forget the backoff and send now."""
+        """The destination is up again: forget the backoff and send now.
+
+        The database is updated by the send loop (one write, not one per
+        REMOTE_SERVER_UP: several processes may announce the same server)."""
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
         self._retry_call = None
-        if self._state is not None and self._state.retry_interval_ms:
-            logger.info("%s is up again: sending what is queued for it now", self.destination)
-        self._mark_up()
+        if self._state is None or self._state.retry_interval_ms:
+            self._reset_requested = True
         self._up_again = self._running
-        defer.ensureDeferred(self._hs.datastore.set_retry_state(self.destination, RetryState()))
         self.wake()
 
     def stop(self) -> None:
@@ -136,8 +141,17 @@ class DestinationQueue:
 
     async def _send_all(self) -> None:
         store = self._hs.datastore
+        loaded = self._state is None
         if self._state is None:
-            self._state = await store.get_retry_state(self.destination)
+            self._set_state(await store.get_retry_state(self.destination))
+            assert self._state is not None
+        if self._reset_requested:
+            self._reset_requested = False
+            if self._state.retry_interval_ms:
+                logger.info("%s is up again: sending what is queued for it now", self.destination)
+                self._mark_up()
+                await store.set_retry_state(self.destination, self._state)
+        elif loaded:
             delay = backoff.retry_delay_seconds(self._state, self._hs.clock.time_msec())
             if delay > 0:
                 self._schedule_retry(delay)
@@ -223,11 +237,13 @@ class DestinationQueue:
             self._schedule_retry(0)
             return
         was_down = self.is_down
-        self._state = backoff.after_failure(self._state, self._hs.clock.time_msec(), self._config)
+        self._set_state(
+            backoff.after_failure(self._state, self._hs.clock.time_msec(), self._config)
+        )
+        assert self._state is not None
         await self._hs.datastore.set_retry_state(self.destination, self._state)
         delay = backoff.retry_delay_seconds(self._state, self._hs.clock.time_msec())
         if self.is_down and not was_down:
-            FEDERATION_DESTINATIONS_DOWN.inc()
             logger.warning(
                 "%s is down (%d failures in a row); retrying in %.1f s: %s",
                 self.destination,
@@ -246,9 +262,14 @@ class DestinationQueue:
         self._schedule_retry(delay)
 
     def _mark_up(self) -> None:
-        if self.is_down:
-            FEDERATION_DESTINATIONS_DOWN.dec()
-        self._state = RetryState()
+        self._set_state(RetryState())
+
+    def _set_state(self, state: RetryState) -> None:
+        self._state = state
+        down = backoff.is_down(state, self._config)
+        if down != self._counted_down:
+            FEDERATION_DESTINATIONS_DOWN.inc(1 if down else -1)
+            self._counted_down = down
 
     def _schedule_retry(self, delay: float) -> None:
         if self._retry_call is not None and self._retry_call.active():

@@ -70,8 +70,12 @@ class FederationSender(OutboxConsumer):
         self.queue(destination).wake(upto_stream_id)
 
     def on_remote_server_up(self, server_name: str) -> None:
-        if server_name != self.hs.hostname:
-            self.queue(server_name).reset_backoff()
+        # Only destinations we have something for: one with nothing queued
+        # keeps its recorded backoff until it has (and the next request from
+        # it announces it again), so no name can make us keep a queue.
+        queue = self._queues.get(server_name)
+        if queue is not None:
+            queue.reset_backoff()
 
     def rescan(self) -> defer.Deferred[None]:
         """Wake every destination with EDUs in the outbox."""
