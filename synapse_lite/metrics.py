@@ -68,3 +68,25 @@ OPEN_SYNC_REQUESTS = Gauge(
     "synapse_lite_open_sync_requests",
     "/sync requests currently waiting or being answered",
 )
+FEDERATION_TRANSACTIONS_SENT = Counter(
+    "synapse_lite_federation_transactions_sent_total",
+    "Transactions sent to other servers, by outcome (accepted, failed, refused)",
+    ["outcome"],
+)
+FEDERATION_EDUS_SENT = Counter(
+    "synapse_lite_federation_edus_sent_total",
+    "EDUs other servers accepted from us",
+)
+FEDERATION_TRANSACTIONS_RECEIVED = Counter(
+    "synapse_lite_federation_transactions_received_total",
+    "Transactions received from other servers, by outcome (new, replayed)",
+    ["outcome"],
+)
+FEDERATION_REQUESTS_REFUSED = Counter(
+    "synapse_lite_federation_requests_refused_total",
+    "Federation requests refused for a missing or bad X-Matrix signature",
+)
+FEDERATION_DESTINATIONS_DOWN = Gauge(
+    "synapse_lite_federation_destinations_down",
+    "Destinations this federation sender counts as down",
+)

@@ -21,6 +21,11 @@ from synapse_lite.storage.engines import create_engine
 from synapse_lite.storage.prepare_database import prepare_database
 
 if TYPE_CHECKING:
+    from synapse_lite.federation.client import FederationClient
+    from synapse_lite.federation.crypto import SigningKey
+    from synapse_lite.federation.inbound import FederationInboundHandler
+    from synapse_lite.federation.keyring import Keyring
+    from synapse_lite.federation.outbox import OutboxConsumer
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
@@ -141,6 +146,48 @@ class HomeServer:
 
         return build_presence_handler(self)
 
+    # Federation (synapse_lite/federation/)
+
+    @functools.cached_property
+    def signing_key(self) -> SigningKey:
+        """This server's ed25519 key, from ``data_dir`` (the main process
+        creates it on its first start)."""
+        from synapse_lite.federation.crypto import load_or_create_signing_key
+
+        return load_or_create_signing_key(self.config.data_dir, create=self.is_main_process)
+
+    @functools.cached_property
+    def keyring(self) -> Keyring:
+        from synapse_lite.federation.keyring import Keyring
+
+        return Keyring(self)
+
+    @functools.cached_property
+    def federation_client(self) -> FederationClient:
+        from synapse_lite.federation.client import FederationClient
+
+        return FederationClient(self)
+
+    @functools.cached_property
+    def federation_handler(self) -> FederationInboundHandler:
+        from synapse_lite.federation.inbound import FederationInboundHandler
+
+        return FederationInboundHandler(self)
+
+    @functools.cached_property
+    def federation_sender(self) -> OutboxConsumer | None:
+        """What hears of queued EDUs here: the ``FederationSender`` on the
+        configured sender, the federation stream's queue on the main process
+        when a worker sends, nothing elsewhere."""
+        from synapse_lite.federation.send_queue import FederationRemoteSendQueue
+        from synapse_lite.federation.sender.federation_sender import FederationSender
+
+        if self.config.federation_sender == self.instance_name:
+            return FederationSender(self)
+        if self.is_main_process:
+            return FederationRemoteSendQueue(self)
+        return None
+
     # Client API handlers (synapse_lite/handlers/), one per concept
 
     @functools.cached_property
@@ -228,7 +275,7 @@ class HomeServer:
             built["replication"].stop()
             if built["replication"].streamer is not None:
                 built["replication"].streamer.stop()
-        for name in ("typing_handler", "presence_handler"):
+        for name in ("typing_handler", "presence_handler", "federation_sender"):
             component = built.get(name)
             stop = getattr(component, "stop_loops", None)
             if stop is not None:
@@ -239,5 +286,7 @@ class HomeServer:
         self.stop_background_tasks()
         if self.database_pool is not None:
             self.database_pool.close()
+        if "federation_client" in self.__dict__:
+            self.federation_client.close()
         if self.position_log is not None:
             self.position_log.close()

@@ -75,13 +75,21 @@ def build_listener_resource(hs: HomeServer, resources: tuple[str, ...]) -> Resou
     # /_synapse holds both the admin API (served with the client API) and the
     # internal replication endpoints; each JsonResource matches whole paths.
     synapse_root = Resource()
+    # /_matrix holds the client, federation and key APIs, on one JsonResource.
+    matrix: JsonResource | None = None
     if "client" in resources:
         from synapse_lite.rest.client import register_servlets
 
-        client = JsonResource("client")
-        register_servlets(hs, client)
-        root.putChild(b"_matrix", client)
-        synapse_root.putChild(b"admin", client)
+        matrix = JsonResource("client")
+        register_servlets(hs, matrix)
+        synapse_root.putChild(b"admin", matrix)
+    if "federation" in resources or "keys" in resources:
+        from synapse_lite.federation.server import register_federation_servlets
+
+        matrix = matrix or JsonResource("federation")
+        register_federation_servlets(hs, matrix, resources)
+    if matrix is not None:
+        root.putChild(b"_matrix", matrix)
     if "replication" in resources:
         from synapse_lite.replication.http.registry import replication_resource
 
@@ -106,6 +114,14 @@ def start(hs: HomeServer) -> None:
         ", ".join(hs.config.streams_written_by(hs.instance_name)),
     )
     hs.setup()
+    serves_federation = any(
+        {"federation", "keys"} & set(listener.resources)
+        for listener in hs.config.listeners_of(hs.instance_name)
+    )
+    if hs.is_main_process or serves_federation or hs.config.federation_sender == hs.instance_name:
+        # The main process creates the key on its first start; the sender and
+        # the federation listeners use it. A missing key fails here, clearly.
+        logger.info("Signing key %s", hs.signing_key.key_id)
     replication = hs.replication
     hs.presence_handler  # noqa: B018  (built now: it counts syncs from the start)
     from synapse_lite.replication.transports import start_replication

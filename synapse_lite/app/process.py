@@ -17,6 +17,7 @@ from synapse_lite.config.homeserver import (
     load_worker_file,
 )
 from synapse_lite.config.validation import ConfigError
+from synapse_lite.federation.crypto import SigningKeyFileError
 from synapse_lite.storage.engines import IncorrectDatabaseSetup
 from synapse_lite.storage.prepare_database import SchemaVersionError
 
@@ -98,7 +99,7 @@ def run_process(argv: list[str], worker: bool) -> int:
     hs = HomeServer(config, name, reactor)
     try:
         start(hs)
-    except (SchemaVersionError, IncorrectDatabaseSetup) as e:
+    except (SchemaVersionError, IncorrectDatabaseSetup, SigningKeyFileError) as e:
         logger.error("%s", e)
         hs.shutdown()
         return 3

@@ -13,6 +13,7 @@ from typing import Any
 
 import attr
 
+from synapse_lite.config.federation import FederationConfig
 from synapse_lite.config.validation import (
     REQUIRED,
     ConfigError,
@@ -284,6 +285,7 @@ class HomeServerConfig:
     instance_map: dict[str, InstanceLocation] = attr.ib(hash=False)
     stream_writers: StreamWriters
     federation_sender: str
+    federation: FederationConfig
     rate_limits: RateLimitsConfig
     limits: LimitsConfig
     log_level: str
@@ -307,6 +309,10 @@ class HomeServerConfig:
         names += [s for s in SINGLE_WRITER_STREAMS if getattr(writers, s) == instance_name]
         if instance_name == MAIN_PROCESS:
             names.append("device_lists")
+            if self.federation_sender != MAIN_PROCESS:
+                # The queue feeding the sender worker owns it; a main process
+                # that sends itself has nobody to tell.
+                names.append("federation")
         return names
 
     def location_of(self, instance_name: str) -> InstanceLocation:
@@ -398,6 +404,7 @@ def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
     workers = _read_workers(root.get_section("workers"), base_dir)
     writers = StreamWriters.read(root.get_section("stream_writers"))
     federation_sender = root.get_str("federation_sender", MAIN_PROCESS)
+    federation = FederationConfig.read(root.get_section("federation"))
     rate_limits = RateLimitsConfig.read(root.get_section("rate_limiting"))
     limits = LimitsConfig.read(root.get_section("limits"))
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -488,6 +495,7 @@ def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
         instance_map=instance_map,
         stream_writers=writers,
         federation_sender=federation_sender,
+        federation=federation,
         rate_limits=rate_limits,
         limits=limits,
         log_level=log_level,

@@ -2,9 +2,12 @@
 
 ``*`` as a device id means every device of the user, expanded by the writer
 when it stores the message. Messages for users on other servers are queued in
-the federation outbox in the same transaction. A repeated ``txnId`` of the
+the federation outbox in the same transaction, and the federation sender (or
+the main process's queue feeding it) is woken. A repeated ``txnId`` of the
 same device is answered without sending again (remembered by the writer for
-the last :data:`TXN_MEMORY` sends).
+the last :data:`TXN_MEMORY` sends). Messages from other servers arrive through
+:meth:`DeviceMessageHandler.receive_remote_messages`, stored once per
+``(origin, message_id)``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, is_valid_user_id, random_string
+from synapse_lite.federation.crypto import CanonicalJsonError, canonical_json
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.message import check_content_size
 from synapse_lite.handlers.writer_routing import write_on_stream_writer
@@ -22,6 +26,7 @@ if TYPE_CHECKING:
     from synapse_lite.server import HomeServer
 
 SEND_TO_DEVICE_ENDPOINT = "send_to_device"
+RECEIVE_REMOTE_TO_DEVICE_ENDPOINT = "receive_remote_to_device"
 TXN_MEMORY = 10_000
 #: Recipients (user, device) of one request.
 MAX_RECIPIENTS = 1_000
@@ -48,6 +53,21 @@ def check_messages(messages: Any) -> dict[str, dict[str, dict[str, Any]]]:
     return messages
 
 
+def check_remote_messages(messages: Any, is_mine: Any) -> None:
+    """Messages for other servers travel signed, so their content must be
+    canonical JSON (no floats, integers within 2**53): a 400 now rather than a
+    message that can never be sent."""
+    for user_id, devices in messages.items():
+        if is_mine(user_id):
+            continue
+        try:
+            canonical_json(devices)
+        except CanonicalJsonError as e:
+            raise SynapseError(
+                400, f"Messages for {user_id} cannot be sent to their server: {e}", Codes.BAD_JSON
+            ) from None
+
+
 class DeviceMessageHandler:
     """``PUT /sendToDevice/{eventType}/{txnId}``."""
 
@@ -66,6 +86,7 @@ class DeviceMessageHandler:
             "txn_id": txn_id,
             "messages": check_messages(messages),
         }
+        check_remote_messages(body["messages"], self._hs.is_mine_id)
         await write_on_stream_writer(
             self._hs,
             "to_device",
@@ -74,6 +95,58 @@ class DeviceMessageHandler:
             SEND_TO_DEVICE_ENDPOINT,
             body,
         )
+
+    async def receive_remote_messages(
+        self,
+        origin: str,
+        sender: str,
+        event_type: str,
+        message_id: str,
+        messages: dict[str, dict[str, Any]],
+    ) -> None:
+        """A to-device EDU from ``origin`` for local users: stored on the
+        to_device writer, at most once per ``(origin, message_id)``."""
+        body = {
+            "origin": origin,
+            "sender": sender,
+            "type": event_type,
+            "message_id": message_id,
+            "messages": messages,
+        }
+        await write_on_stream_writer(
+            self._hs,
+            "to_device",
+            self._hs.config.stream_writers.to_device,
+            lambda: self.write_remote_messages(body),
+            RECEIVE_REMOTE_TO_DEVICE_ENDPOINT,
+            body,
+        )
+
+    async def write_remote_messages(self, body: dict[str, Any]) -> int:
+        """On the to_device writer: expand ``*``, store once, wake the recipients."""
+        sender, event_type = body["sender"], body["type"]
+        local: dict[str, dict[str, dict[str, Any]]] = {}
+        for user_id, devices in body["messages"].items():
+            targets = await self._expand_devices(user_id, devices, sender, event_type)
+            if targets:
+                local[user_id] = targets
+        stream_id = await self._store.add_remote_messages_to_device_inbox(
+            body["origin"], body["message_id"], local
+        )
+        if stream_id is None:
+            return self._store.get_to_device_stream_token()
+        self._hs.notifier.notify(users=list(local))
+        return stream_id
+
+    async def _expand_devices(
+        self, user_id: str, devices: dict[str, Any], sender: str, event_type: str
+    ) -> dict[str, dict[str, Any]]:
+        targets: dict[str, dict[str, Any]] = {}
+        for device_id, content in devices.items():
+            ids = await self._store.get_device_ids(user_id) if device_id == "*" else [device_id]
+            for target in ids:
+                targets[target] = {"type": event_type, "sender": sender, "content": content}
+        return targets
 
     async def write_messages(self, body: dict[str, Any]) -> int:
         """On the to_device writer: expand ``*``, store, wake the recipients."""
@@ -98,11 +171,7 @@ class DeviceMessageHandler:
                 )
                 edu["messages"][user_id] = devices
                 continue
-            targets: dict[str, dict[str, Any]] = {}
-            for device_id, content in devices.items():
-                ids = await self._store.get_device_ids(user_id) if device_id == "*" else [device_id]
-                for target in ids:
-                    targets[target] = {"type": event_type, "sender": sender, "content": content}
+            targets = await self._expand_devices(user_id, devices, sender, event_type)
             if targets:
                 local[user_id] = targets
         if not local and not remote:
@@ -112,4 +181,7 @@ class DeviceMessageHandler:
         while len(self._recent_txns) > TXN_MEMORY:
             self._recent_txns.popitem(last=False)
         self._hs.notifier.notify(users=list(local))
+        sender_component = self._hs.federation_sender
+        if remote and sender_component is not None:
+            sender_component.notify_outbox_write(list(remote), stream_id)
         return stream_id

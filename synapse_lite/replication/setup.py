@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from synapse_lite.config.homeserver import MAIN_PROCESS
 from synapse_lite.handlers.presence import PresenceWriterHandler
 from synapse_lite.handlers.typing import TypingFollowerHandler
 from synapse_lite.replication.http.streams import http_update_function
 from synapse_lite.replication.tcp.commands import (
     ClearUserSyncCommand,
+    FederationAckCommand,
+    RemoteServerUpCommand,
     UserIpCommand,
     UserSyncCommand,
 )
@@ -29,7 +32,8 @@ from synapse_lite.replication.tcp.streams import (
     ToDeviceStream,
     TypingStream,
 )
-from synapse_lite.replication.tcp.streams._base import no_update_function
+from synapse_lite.replication.tcp.streams._base import UpdateFunction, no_update_function
+from synapse_lite.replication.tcp.streams.federation import FederationTokenSource
 
 if TYPE_CHECKING:
     from synapse_lite.server import HomeServer
@@ -48,10 +52,7 @@ def build_streams(hs: HomeServer) -> dict[str, Stream]:
     else:
         typing_update = http_update_function(hs.replication_client, "typing", writers.typing)
 
-    # The federation queue and its stream arrive with the federation sender;
-    # until then every process follows an empty stream.
-    federation_source = _ZeroToken()
-    federation_update = no_update_function("federation")
+    federation_source, federation_update = _federation_stream_parts(hs)
 
     streams: list[Stream] = [
         EventsStream(me, store),
@@ -69,11 +70,46 @@ def build_streams(hs: HomeServer) -> dict[str, Stream]:
 
 
 class _ZeroToken:
-    """The federation stream's token on processes that only follow it: they
-    fetch everything a POSITION announces."""
+    """The federation stream's token on processes with no part in it."""
 
     def get_current_token(self) -> int:
         return 0
+
+
+def _federation_stream_parts(hs: HomeServer) -> tuple[FederationTokenSource, UpdateFunction]:
+    """Who owns the federation stream's token here, and how its rows are read:
+    the main process's queue (when a worker sends), the sender worker (which
+    reads the queue over internal HTTP), or nobody."""
+    from synapse_lite.federation.send_queue import FederationRemoteSendQueue
+    from synapse_lite.federation.sender.federation_sender import FederationSender
+
+    component = hs.federation_sender
+    if isinstance(component, FederationRemoteSendQueue):
+        return component, component.get_replication_rows
+    if isinstance(component, FederationSender) and not hs.is_main_process:
+        return component, http_update_function(hs.replication_client, "federation", MAIN_PROCESS)
+    return _ZeroToken(), no_update_function("federation")
+
+
+def _wire_federation(hs: HomeServer, handler: ReplicationCommandHandler) -> None:
+    """Feed the federation sender (or the queue in front of it) and route
+    FEDERATION_ACK / REMOTE_SERVER_UP to whoever handles them here."""
+    from synapse_lite.federation.send_queue import FederationRemoteSendQueue
+    from synapse_lite.federation.sender.federation_sender import FederationSender
+
+    component = hs.federation_sender
+    if component is None:
+        return
+    if hs.is_main_process and hs.config.stream_writers.to_device != MAIN_PROCESS:
+        handler.data_handler.add_row_hook("to_device", component.on_to_device_rows)
+    if isinstance(component, FederationRemoteSendQueue):
+        handler.add_command_hook(FederationAckCommand, component.federation_ack)
+    if isinstance(component, FederationSender):
+        handler.add_command_hook(
+            RemoteServerUpCommand, lambda cmd: component.on_remote_server_up(cmd.server_name)
+        )
+        if not hs.is_main_process:
+            handler.data_handler.add_row_hook("federation", component.process_federation_rows)
 
 
 def build_replication(hs: HomeServer) -> ReplicationCommandHandler:
@@ -91,6 +127,7 @@ def build_replication(hs: HomeServer) -> ReplicationCommandHandler:
         handler.add_command_hook(ClearUserSyncCommand, presence.on_clear_user_sync)
     if hs.is_main_process:
         handler.add_command_hook(UserIpCommand, lambda cmd: _record_user_ip(hs, cmd))
+    _wire_federation(hs, handler)
     logger.info("Replication: writing %s", ", ".join(sourced))
     return handler
 

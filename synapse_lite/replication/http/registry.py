@@ -12,6 +12,7 @@ from synapse_lite.replication.http.client_writes import (
     SendReceiptEndpoint,
     SendToDeviceEndpoint,
 )
+from synapse_lite.replication.http.federation import ReceiveRemoteToDeviceEndpoint
 from synapse_lite.replication.http.handlers import SetPresenceEndpoint, SetTypingEndpoint
 from synapse_lite.replication.http.instances import RetireEventsWriterEndpoint
 from synapse_lite.replication.http.send_events import SendEventsEndpoint
@@ -31,6 +32,7 @@ ENDPOINT_CLASSES: list[type[ReplicationEndpoint]] = [
     SendToDeviceEndpoint,
     RegisterDeviceEndpoint,
     DeleteDevicesEndpoint,
+    ReceiveRemoteToDeviceEndpoint,
 ]
 
 

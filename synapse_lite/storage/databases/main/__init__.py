@@ -13,6 +13,7 @@ from synapse_lite.storage.databases.main.account_data import AccountDataWorkerSt
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
+from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
@@ -28,6 +29,7 @@ class GenericWorkerStore(
     AccountDataWorkerStore,
     ReceiptsWorkerStore,
     DeviceInboxWorkerStore,
+    FederationWorkerStore,
     PresenceWorkerStore,
     FilteringWorkerStore,
     InstancesWorkerStore,

@@ -68,6 +68,43 @@ class DeviceInboxWorkerStore(SQLBaseStore):
 
         return await self.db_pool.runInteraction("add_messages_to_device_inbox", txn_func)
 
+    async def add_remote_messages_to_device_inbox(
+        self,
+        origin: str,
+        message_id: str,
+        local_messages: dict[str, dict[str, dict[str, Any]]],
+    ) -> int | None:
+        """Deliver a to-device EDU from another server, once per
+        ``(origin, message_id)``: the id is recorded in the transaction that
+        stores the messages, so a replay (even in another federation
+        transaction, or after a crash) delivers nothing. Returns the stream id,
+        or None when it was a replay or had no local recipient."""
+
+        def txn_func(txn: LoggingTransaction) -> int | None:
+            txn.execute(
+                "INSERT INTO device_federation_inbox (origin, message_id, received_ts)"
+                " VALUES (?, ?, ?) ON CONFLICT (origin, message_id) DO NOTHING",
+                (origin, message_id, self.clock.time_msec()),
+            )
+            if txn.rowcount == 0:
+                return None
+            rows = [
+                (user_id, device_id, json_encoder(message))
+                for user_id, devices in local_messages.items()
+                for device_id, message in devices.items()
+            ]
+            if not rows:
+                return None
+            stream_id = self._device_inbox_id_gen.get_next_txn(txn)
+            txn.execute_batch(
+                "INSERT INTO device_inbox (user_id, device_id, stream_id, message_json,"
+                " instance_name) VALUES (?, ?, ?, ?, ?)",
+                [(u, d, stream_id, m, self._instance_name) for u, d, m in rows],
+            )
+            return stream_id
+
+        return await self.db_pool.runInteraction("add_remote_messages_to_device_inbox", txn_func)
+
     async def get_messages_for_device(
         self, user_id: str, device_id: str, from_id: int, to_id: int, limit: int
     ) -> tuple[list[dict[str, Any]], int]:

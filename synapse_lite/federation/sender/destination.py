@@ -1,0 +1,281 @@
+"""Sending one destination's queued EDUs, one transaction at a time.
+
+A wake-up says EDUs are queued up to some to_device stream id. The queue then
+reads the outbox (oldest first, up to :data:`MAX_EDUS_PER_TRANSACTION` EDUs
+and about :data:`MAX_TRANSACTION_BYTES`), sends one transaction, and on a 200
+deletes exactly what it sent; whatever was queued meanwhile goes in the next
+transaction. Only one transaction is ever in flight per destination.
+
+The transaction id is derived from the stream ids it carries, so retrying the
+same EDUs (after a timeout, or after this process was killed mid-request)
+reuses the id and the receiver answers from its record instead of applying
+them again; a batch that differs gets another id, and the receiver's
+per-message-id dedupe covers any EDU it had already applied.
+
+A failure backs off (``backoff.py``); a wake-up does not cut a backoff short,
+``REMOTE_SERVER_UP`` does. A destination that refuses a transaction as bad
+(400, 413) gets the EDUs one by one, and an EDU refused on its own is dropped
+with an error in the log: it could never be delivered and would block the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall
+
+from synapse_lite.federation.client import FederationRequestError
+from synapse_lite.federation.crypto import CanonicalJsonError, canonical_json
+from synapse_lite.federation.inbound import DIRECT_TO_DEVICE
+from synapse_lite.federation.sender import backoff
+from synapse_lite.metrics import (
+    FEDERATION_DESTINATIONS_DOWN,
+    FEDERATION_EDUS_SENT,
+    FEDERATION_TRANSACTIONS_SENT,
+)
+from synapse_lite.storage.databases.main.federation import OutboxRow, RetryState
+
+if TYPE_CHECKING:
+    from synapse_lite.federation.sender.federation_sender import FederationSender
+
+logger = logging.getLogger(__name__)
+
+MAX_EDUS_PER_TRANSACTION = 100
+MAX_TRANSACTION_BYTES = 512 * 1024
+#: Answers meaning "this transaction will never be accepted as it is".
+PERMANENT_REFUSALS = (400, 413)
+
+
+def transaction_id(rows: list[OutboxRow]) -> str:
+    """Stable for one set of EDUs, different for any other."""
+    ids = ",".join(str(r.stream_id) for r in rows)
+    digest = hashlib.sha256(ids.encode("ascii")).hexdigest()[:10]
+    return f"{rows[0].stream_id}-{rows[-1].stream_id}-{digest}"
+
+
+def take_batch(rows: list[OutboxRow]) -> list[OutboxRow]:
+    """The longest prefix of ``rows`` within the transaction size limit (at
+    least one row)."""
+    size = 0
+    for i, row in enumerate(rows):
+        size += len(json.dumps(row.content))
+        if size > MAX_TRANSACTION_BYTES and i > 0:
+            return rows[:i]
+    return rows
+
+
+class DestinationQueue:
+    """The EDUs of one destination and its backoff (see the module docstring)."""
+
+    def __init__(self, sender: FederationSender, destination: str) -> None:
+        self._sender = sender
+        self._hs = sender.hs
+        self.destination = destination
+        self._config = self._hs.config.federation.retry
+        #: Largest to_device stream id we were told is queued here.
+        self._wanted_upto = 0
+        self._running = False
+        self._wake_again = False
+        self._retry_call: IDelayedCall | None = None
+        self._state: RetryState | None = None
+        self._one_at_a_time = False
+        #: REMOTE_SERVER_UP arrived while a transaction was in flight.
+        self._up_again = False
+        #: REMOTE_SERVER_UP arrived: the loop clears the recorded backoff.
+        self._reset_requested = False
+        #: Whether this queue counts in the destinations-down gauge.
+        self._counted_down = False
+
+    @property
+    def is_backing_off(self) -> bool:
+        return self._retry_call is not None and self._retry_call.active()
+
+    @property
+    def is_down(self) -> bool:
+        return self._state is not None and backoff.is_down(self._state, self._config)
+
+    def wake(self, upto_stream_id: int | None = None) -> None:
+        """EDUs are queued up to ``upto_stream_id`` (None: just look)."""
+        if upto_stream_id is not None:
+            self._wanted_upto = max(self._wanted_upto, upto_stream_id)
+        if self._running:
+            self._wake_again = True
+            return
+        if self.is_backing_off:
+            return
+        self._running = True
+        defer.ensureDeferred(self._run())
+
+    def reset_backoff(self) -> None:
+        """The destination is up again: forget the backoff and send now.
+
+        The database is updated by the send loop (one write, not one per
+        REMOTE_SERVER_UP: several processes may announce the same server)."""
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+        self._retry_call = None
+        if self._state is None or self._state.retry_interval_ms:
+            self._reset_requested = True
+        self._up_again = self._running
+        self.wake()
+
+    def stop(self) -> None:
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+
+    async def _run(self) -> None:
+        try:
+            await self._send_all()
+        except Exception:
+            logger.exception("Sending to %s failed unexpectedly", self.destination)
+            self._schedule_retry(self._hs.config.federation.retry.initial_seconds)
+        finally:
+            self._running = False
+        if self._wake_again and not self.is_backing_off:
+            self._wake_again = False
+            self.wake()
+
+    async def _send_all(self) -> None:
+        store = self._hs.datastore
+        loaded = self._state is None
+        if self._state is None:
+            self._set_state(await store.get_retry_state(self.destination))
+            assert self._state is not None
+        if self._reset_requested:
+            self._reset_requested = False
+            if self._state.retry_interval_ms:
+                logger.info("%s is up again: sending what is queued for it now", self.destination)
+                self._mark_up()
+                await store.set_retry_state(self.destination, self._state)
+        elif loaded:
+            delay = backoff.retry_delay_seconds(self._state, self._hs.clock.time_msec())
+            if delay > 0:
+                self._schedule_retry(delay)
+                return
+        while True:
+            self._wake_again = False
+            bound = max(store.get_to_device_stream_token(), self._wanted_upto)
+            limit = 1 if self._one_at_a_time else MAX_EDUS_PER_TRANSACTION
+            rows = await store.get_pending_edus(self.destination, bound, limit)
+            if not rows:
+                return
+            if not await self._send_transaction(take_batch(rows)):
+                return
+
+    async def _send_transaction(self, rows: list[OutboxRow]) -> bool:
+        """Send one transaction; whether to go on with the next."""
+        txn_id = transaction_id(rows)
+        hs = self._hs
+        body: dict[str, Any] = {
+            "origin": hs.hostname,
+            "origin_server_ts": hs.clock.time_msec(),
+            "pdus": [],
+            "edus": [{"edu_type": DIRECT_TO_DEVICE, "content": r.content} for r in rows],
+        }
+        try:
+            canonical_json(body)
+        except CanonicalJsonError as e:
+            return await self._drop(rows, f"it is not canonical JSON ({e})")
+        logger.info("Sending transaction %s to %s: %d EDU(s)", txn_id, self.destination, len(rows))
+        try:
+            answer = await hs.federation_client.put_json(
+                self.destination, f"/_matrix/federation/v1/send/{txn_id}", body
+            )
+        except FederationRequestError as e:
+            outcome = "refused" if e.code in PERMANENT_REFUSALS else "failed"
+            FEDERATION_TRANSACTIONS_SENT.labels(outcome).inc()
+            if e.code in PERMANENT_REFUSALS:
+                if len(rows) > 1:
+                    logger.warning(
+                        "%s refused transaction %s: sending its EDUs one by one",
+                        self.destination,
+                        txn_id,
+                    )
+                    self._one_at_a_time = True
+                    return True
+                return await self._drop(rows, f"{self.destination} refused it: {e}")
+            await self._failed(txn_id, e)
+            return False
+        logger.info("Transaction %s to %s accepted", txn_id, self.destination)
+        FEDERATION_TRANSACTIONS_SENT.labels("accepted").inc()
+        FEDERATION_EDUS_SENT.inc(len(rows))
+        self._up_again = False
+        if not isinstance(answer, dict):
+            logger.warning("%s answered transaction %s with %r", self.destination, txn_id, answer)
+        await hs.datastore.delete_sent_edus(self.destination, [r.stream_id for r in rows])
+        self._one_at_a_time = False
+        if self._state is not None and self._state.retry_interval_ms:
+            self._mark_up()
+            await hs.datastore.set_retry_state(self.destination, self._state)
+        self._sender.on_transaction_sent(self.destination)
+        return True
+
+    async def _drop(self, rows: list[OutboxRow], reason: str) -> bool:
+        logger.error(
+            "Dropping %d EDU(s) for %s (stream ids %s): %s",
+            len(rows),
+            self.destination,
+            [r.stream_id for r in rows],
+            reason,
+        )
+        await self._hs.datastore.delete_sent_edus(self.destination, [r.stream_id for r in rows])
+        return True
+
+    async def _failed(self, txn_id: str, error: Exception) -> None:
+        assert self._state is not None
+        if self._up_again:
+            # It told us it is up while this attempt was failing: try again
+            # at once rather than back off.
+            self._up_again = False
+            logger.info(
+                "Transaction %s to %s failed; retrying now: %s", txn_id, self.destination, error
+            )
+            self._schedule_retry(0)
+            return
+        was_down = self.is_down
+        self._set_state(
+            backoff.after_failure(self._state, self._hs.clock.time_msec(), self._config)
+        )
+        assert self._state is not None
+        await self._hs.datastore.set_retry_state(self.destination, self._state)
+        delay = backoff.retry_delay_seconds(self._state, self._hs.clock.time_msec())
+        if self.is_down and not was_down:
+            logger.warning(
+                "%s is down (%d failures in a row); retrying in %.1f s: %s",
+                self.destination,
+                backoff.consecutive_failures(self._state, self._config),
+                delay,
+                error,
+            )
+        else:
+            logger.info(
+                "Transaction %s to %s failed; retrying in %.1f s: %s",
+                txn_id,
+                self.destination,
+                delay,
+                error,
+            )
+        self._schedule_retry(delay)
+
+    def _mark_up(self) -> None:
+        self._set_state(RetryState())
+
+    def _set_state(self, state: RetryState) -> None:
+        self._state = state
+        down = backoff.is_down(state, self._config)
+        if down != self._counted_down:
+            FEDERATION_DESTINATIONS_DOWN.inc(1 if down else -1)
+            self._counted_down = down
+
+    def _schedule_retry(self, delay: float) -> None:
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+        self._retry_call = self._hs.clock.call_later(delay, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_call = None
+        self.wake()

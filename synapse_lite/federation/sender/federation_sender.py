@@ -1,0 +1,128 @@
+"""The federation sender: runs on the process named by ``federation_sender``.
+
+It learns of queued EDUs from one of two places:
+
+* on the main process: from its own to_device writes and from to_device rows
+  replicated from the writer (``OutboxConsumer``);
+* on a sender worker: from the ``federation`` stream, which the main process's
+  ``FederationRemoteSendQueue`` owns. The worker's token for that stream is
+  the last one it processed (so it is always a token the queue handed out);
+  a token below it means the main process restarted with its clock behind:
+  the worker starts again from it and rescans the outbox. After each
+  transaction it sends
+  ``FEDERATION_ACK <instance> <token>`` so the queue can drop what it took.
+
+In both cases it also rescans the outbox at start and every
+:data:`RESCAN_INTERVAL_SECONDS`, so a wake-up lost with a crashed process only
+delays a message, never loses it. ``REMOTE_SERVER_UP`` resets a destination's
+backoff and sends at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+from synapse_lite.federation.outbox import OutboxConsumer
+from synapse_lite.federation.send_queue import DEVICE_MESSAGES
+from synapse_lite.federation.sender.destination import DestinationQueue
+from synapse_lite.replication.tcp.commands import FederationAckCommand
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+RESCAN_INTERVAL_SECONDS = 30.0
+
+
+class FederationSender(OutboxConsumer):
+    """Per-destination queues and the federation stream's follower side."""
+
+    def __init__(self, hs: HomeServer) -> None:
+        super().__init__(hs)
+        self.hs = hs
+        self._queues: dict[str, DestinationQueue] = {}
+        self._position = 0
+        self._acked = 0
+        self._rescan_loop = hs.clock.looping_call(self.rescan, RESCAN_INTERVAL_SECONDS)
+        hs.reactor.callWhenRunning(self.rescan)
+
+    def stop_loops(self) -> None:
+        if self._rescan_loop.running:
+            self._rescan_loop.stop()
+        for queue in self._queues.values():
+            queue.stop()
+
+    def queue(self, destination: str) -> DestinationQueue:
+        queue = self._queues.get(destination)
+        if queue is None:
+            queue = self._queues[destination] = DestinationQueue(self, destination)
+        return queue
+
+    # Wake-ups
+
+    def send_device_messages(self, destination: str, upto_stream_id: int) -> None:
+        if destination == self.hs.hostname:
+            return
+        self.queue(destination).wake(upto_stream_id)
+
+    def on_remote_server_up(self, server_name: str) -> None:
+        # Only destinations we have something for: one with nothing queued
+        # keeps its recorded backoff until it has (and the next request from
+        # it announces it again), so no name can make us keep a queue.
+        queue = self._queues.get(server_name)
+        if queue is not None:
+            queue.reset_backoff()
+
+    def rescan(self) -> defer.Deferred[None]:
+        """Wake every destination with EDUs in the outbox."""
+
+        async def scan() -> None:
+            pending = await self.hs.datastore.get_destinations_with_pending_edus()
+            for destination, upto in pending.items():
+                self.send_device_messages(destination, upto)
+
+        d = defer.ensureDeferred(scan())
+        d.addErrback(lambda f: logger.warning("Scanning the outbox failed: %s", f.value))
+        return d
+
+    # The federation stream (sender worker)
+
+    def get_current_token(self) -> int:
+        return self._position
+
+    def process_federation_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+        """Take the queue's rows (or bare position) before the stream advances."""
+        if token < self._position:
+            logger.info(
+                "The federation stream went back from %d to %d (the main process restarted"
+                " with its clock behind): rescanning the outbox",
+                self._position,
+                token,
+            )
+            self._acked = 0
+            self.rescan()
+        for row in rows:
+            data = row.data
+            if (
+                row.type == DEVICE_MESSAGES
+                and isinstance(data, dict)
+                and isinstance(data.get("destination"), str)
+                and isinstance(data.get("stream_id"), int)
+            ):
+                self.send_device_messages(data["destination"], data["stream_id"])
+            else:
+                logger.warning("Ignoring a federation stream row %r", row)
+        self._position = token
+
+    def on_transaction_sent(self, destination: str) -> None:
+        """Tell the main process's queue it may drop what we have taken."""
+        if self.hs.is_main_process or self._position <= self._acked:
+            return
+        self._acked = self._position
+        self.hs.replication.send_command(
+            FederationAckCommand(self.hs.instance_name, self._position)
+        )

@@ -1,0 +1,103 @@
+"""The federation and key APIs other servers call.
+
+* ``keys``: ``GET /_matrix/key/v2/server`` (our self-signed key document).
+* ``federation``: ``PUT /_matrix/federation/v1/send/{txnId}`` and
+  ``GET /_matrix/federation/v1/version``.
+
+Every federation request must carry a valid ``X-Matrix`` signature of its
+origin addressed to us; anything else is answered ``401 M_UNAUTHORIZED``,
+logged, and has no effect.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
+from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
+from synapse_lite.federation.keyring import KEY_PATH, KeyLookupError
+from synapse_lite.http.server import JsonResource, parse_json_object_from_request
+from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
+
+if TYPE_CHECKING:
+    from synapse_lite.server import HomeServer
+
+logger = logging.getLogger(__name__)
+
+FEDERATION_PREFIX = "/_matrix/federation/v1"
+#: Transaction ids are opaque to us, but bounded.
+_TXN_ID = r"(?P<txn_id>[^/]{1,255})"
+
+
+class FederationAuthError(SynapseError):
+    def __init__(self, msg: str) -> None:
+        super().__init__(401, msg, Codes.UNAUTHORIZED)
+
+
+async def authenticate_request(hs: HomeServer, request: Request, content: Any) -> str:
+    """The origin server of a signed request to us, or a 401 (logged)."""
+    headers = request.requestHeaders.getRawHeaders(b"Authorization") or []
+    problems: list[str] = []
+    for header in headers:
+        try:
+            auth = parse_auth_header(header)
+        except AuthHeaderError as e:
+            problems.append(str(e))
+            continue
+        if auth.destination is not None and auth.destination != hs.hostname:
+            problems.append(f"addressed to {auth.destination!r}, not us")
+            continue
+        try:
+            key = await hs.keyring.get_verify_key(auth.origin, auth.key_id)
+            uri = request.uri.decode("utf-8", "replace")
+            message = canonical_json(
+                request_json(request.method.decode("ascii"), uri, auth.origin, hs.hostname, content)
+            )
+            verify_signature(message, auth.signature, key)
+        except (KeyLookupError, SignatureError, ValueError) as e:
+            problems.append(f"{auth.origin}: {e}")
+            continue
+        return auth.origin
+    FEDERATION_REQUESTS_REFUSED.inc()
+    reason = "; ".join(problems) or "no Authorization header"
+    logger.warning(
+        "Refused an unauthenticated federation request from %s to %s: %s",
+        request.getClientAddress(),
+        request.path.decode("ascii", "replace"),
+        reason,
+    )
+    raise FederationAuthError(f"Invalid or missing X-Matrix signature ({reason})")
+
+
+def register_federation_servlets(
+    hs: HomeServer, resource: JsonResource, resources: tuple[str, ...]
+) -> None:
+    """Serve the ``federation`` and/or ``keys`` APIs on ``resource``."""
+    if "keys" in resources:
+
+        async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
+            return 200, hs.keyring.local_key_document()
+
+        resource.register_paths("GET", KEY_PATH, on_get_key, "keys")
+        resource.register_paths("GET", KEY_PATH + r"/(?P<key_id>[^/]+)", on_get_key, "keys")
+
+    if "federation" in resources:
+
+        async def on_send(request: Request, txn_id: str) -> tuple[int, Any]:
+            body = parse_json_object_from_request(request)
+            origin = await authenticate_request(hs, request, body)
+            return 200, await hs.federation_handler.on_transaction(origin, txn_id, body)
+
+        async def on_version(request: Request) -> tuple[int, Any]:
+            return 200, {"server": {"name": "synapse_lite", "version": "0.1.0"}}
+
+        resource.register_paths(
+            "PUT", f"{FEDERATION_PREFIX}/send/{_TXN_ID}", on_send, "federation.send"
+        )
+        resource.register_paths(
+            "GET", f"{FEDERATION_PREFIX}/version", on_version, "federation.version"
+        )

@@ -1,0 +1,253 @@
+"""Two homeservers in the test process, each on its own database, talking
+federation over real loopback HTTP: delivery, signatures, replays, keys, and
+an inbound request on a worker that is not the to_device writer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import treq
+from twisted.internet import reactor, task
+from twisted.trial import unittest
+
+from synapse_lite.app._base import build_listener_resource
+from synapse_lite.config.homeserver import InstanceLocation
+from synapse_lite.federation.auth import XMatrixAuth, request_json, sign_request
+from synapse_lite.federation.crypto import SigningKey, canonical_json
+from synapse_lite.http.server import make_site
+from synapse_lite.server import HomeServer
+from synapse_lite.storage.util import id_generators
+from tests.harness.client_api import ClientApi
+from tests.harness.databases import create_test_database
+from tests.harness.processes import NO_KEEPALIVE
+from tests.harness.server import LoopbackBus, make_config, make_homeserver
+
+_reactor = cast(Any, reactor)
+RESOURCES = ("client", "replication", "federation", "keys")
+
+
+class TwoServersTestCase(unittest.TestCase):
+    """``a.test`` (one process) and ``b.test`` (main + ``fed1``, a worker that
+    serves federation while main writes to_device)."""
+
+    def setUp(self) -> None:
+        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
+        self.urls: dict[str, str] = {}
+        self.a = self.make_server("a.test", [])
+        self.b = self.make_server("b.test", ["fed1"])
+        for hs in (self.a["main"], self.b["main"], self.b["fed1"]):
+            hs.config.federation.destinations.update(
+                {"a.test": self.urls["a.test"], "b.test": self.urls["b.test"]}
+            )
+
+    def make_server(self, name: str, workers: list[str]) -> dict[str, HomeServer]:
+        db = create_test_database()
+        self.addCleanup(db.drop)
+        config = make_config(
+            db,
+            workers=workers,
+            server_name=name,
+            enable_registration=True,
+            rate_limiting={"enabled": False},
+            federation={"retry": {"initial_seconds": 0.2, "max_seconds": 1}},
+        )
+        servers: dict[str, HomeServer] = {}
+        bus = LoopbackBus()
+        for instance in ["main", *workers]:
+            hs = make_homeserver(self, config, instance)
+            hs.presence_handler  # noqa: B018
+            url = self.serve(hs)
+            servers[instance] = hs
+            bus.join(hs)
+            # Other servers reach this one through its last process (b: the
+            # worker, which is not the to_device writer).
+            self.urls[name] = url
+        return servers
+
+    def serve(self, hs: HomeServer) -> str:
+        site = make_site(build_listener_resource(hs, RESOURCES), 1_048_576)
+        port = _reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.addCleanup(lambda: hs.replication_client.close())
+        self.addCleanup(lambda: hs.federation_client.close())
+        number = port.getHost().port
+        hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
+        return f"http://127.0.0.1:{number}"
+
+    async def users(self) -> tuple[ClientApi, ClientApi]:
+        alice = await ClientApi(self, self.client_url(self.a["main"])).register("alice")
+        bob = await ClientApi(self, self.client_url(self.b["main"])).register("bob")
+        return alice, bob
+
+    def client_url(self, hs: HomeServer) -> str:
+        location = hs.config.instance_map[hs.instance_name]
+        return location.base_url
+
+    async def to_device_events(self, bob: ClientApi, since: str) -> list[Any]:
+        return list((await bob.sync(since=since))["to_device"]["events"])
+
+    async def put_send(
+        self, origin_key: SigningKey, txn_id: str, body: dict[str, Any], origin: str = "a.test"
+    ) -> tuple[int, Any]:
+        path = f"/_matrix/federation/v1/send/{txn_id}"
+        header = sign_request(origin_key, origin, "b.test", "PUT", path, body)
+        return await self.raw_put(path, body, [header])
+
+    async def raw_put(self, path: str, body: Any, auth: list[str]) -> tuple[int, Any]:
+        headers: dict[Any, Any] = {"Content-Type": ["application/json"]}
+        if auth:
+            headers["Authorization"] = auth
+        response = await treq.put(
+            self.urls["b.test"] + path,
+            data=json.dumps(body).encode(),
+            headers=headers,
+            pool=NO_KEEPALIVE,
+        )
+        content = await treq.content(response)
+        return response.code, json.loads(content)
+
+    def edu_body(self, message_id: str, bob: ClientApi, content: Any) -> dict[str, Any]:
+        return {
+            "origin": "a.test",
+            "origin_server_ts": 1,
+            "pdus": [],
+            "edus": [
+                {
+                    "edu_type": "m.direct_to_device",
+                    "content": {
+                        "sender": "@alice:a.test",
+                        "type": "m.test",
+                        "message_id": message_id,
+                        "messages": {bob.user_id: {"*": content}},
+                    },
+                }
+            ],
+        }
+
+    async def wait_for_events(self, bob: ClientApi, since: str, n: int) -> list[Any]:
+        deadline = reactor.seconds() + 10
+        while True:
+            events = await self.to_device_events(bob, since)
+            if len(events) >= n or reactor.seconds() > deadline:
+                return events
+            await task.deferLater(reactor, 0.05, lambda: None)
+
+    # Scenarios
+
+    async def test_delivery_exactly_once(self) -> None:
+        alice, bob = await self.users()
+        since = (await bob.sync())["next_batch"]
+        for i in range(3):
+            await alice.ok(
+                "PUT", f"/sendToDevice/m.test/t{i}", {"messages": {bob.user_id: {"*": {"n": i}}}}
+            )
+        events = await self.wait_for_events(bob, since, 3)
+        self.assertEqual([e["content"]["n"] for e in events], [0, 1, 2])
+        self.assertEqual(events[0]["sender"], "@alice:a.test")
+        rows = await self.a["main"].datastore.db_pool.select(
+            "t", "SELECT COUNT(*) FROM device_federation_outbox"
+        )
+        self.assertEqual(rows[0][0], 0)
+        # b fetched and cached a's key.
+        keys = await self.b["main"].datastore.get_server_keys("a.test")
+        self.assertIn(self.a["main"].signing_key.key_id, keys)
+
+    async def test_forged_and_replayed(self) -> None:
+        _, bob = await self.users()
+        since = (await bob.sync())["next_batch"]
+        a_key = self.a["main"].signing_key
+        forger = SigningKey(a_key.version, bytes(32))  # a's key id, wrong key
+        body = self.edu_body("m1", bob, {"x": 1})
+
+        code, answer = await self.put_send(forger, "t1", body)
+        self.assertEqual((code, answer["errcode"]), (401, "M_UNAUTHORIZED"))
+        code, _ = await self.raw_put("/_matrix/federation/v1/send/t1", body, [])
+        self.assertEqual(code, 401)
+        # Signed for another destination, and the request body changed after signing.
+        path = "/_matrix/federation/v1/send/t1"
+        sig = a_key.sign(canonical_json(request_json("PUT", path, "a.test", "c.test", body)))
+        wrong_dest = XMatrixAuth("a.test", a_key.key_id, sig, "c.test").to_header()
+        self.assertEqual((await self.raw_put(path, body, [wrong_dest]))[0], 401)
+        header = sign_request(a_key, "a.test", "b.test", "PUT", path, body)
+        changed = self.edu_body("m1", bob, {"x": 2})
+        self.assertEqual((await self.raw_put(path, changed, [header]))[0], 401)
+        self.assertEqual(await self.to_device_events(bob, since), [])
+
+        # The real thing, then replays: same transaction, and same message in another.
+        first = await self.put_send(a_key, "t1", body)
+        self.assertEqual(first, (200, {"pdus": {}}))
+        self.assertEqual(await self.put_send(a_key, "t1", body), first)
+        self.assertEqual((await self.put_send(a_key, "t2", body))[0], 200)
+        events = await self.to_device_events(bob, since)
+        self.assertEqual([e["content"] for e in events], [{"x": 1}])
+
+    async def test_pdus_refused_and_bad_edus_ignored(self) -> None:
+        _, bob = await self.users()
+        since = (await bob.sync())["next_batch"]
+        key = self.a["main"].signing_key
+        body = self.edu_body("m2", bob, {"ok": True})
+        body["pdus"] = [{"event_id": "$e1", "type": "m.room.message"}, "junk"]
+        body["edus"] += [
+            {"edu_type": "m.typing", "content": {}},
+            "junk",
+            {"edu_type": "m.direct_to_device", "content": {"sender": "@mallory:evil.test"}},
+        ]
+        code, answer = await self.put_send(key, "t3", body)
+        self.assertEqual(code, 200)
+        self.assertIn("error", answer["pdus"]["$e1"])
+        events = await self.to_device_events(bob, since)
+        self.assertEqual([e["content"] for e in events], [{"ok": True}])
+        code, _ = await self.put_send(key, "t4", {**body, "origin": "c.test"})
+        self.assertEqual(code, 403)
+
+    async def test_hostile_bodies_are_refused_or_ignored_never_500(self) -> None:
+        _, bob = await self.users()
+        since = (await bob.sync())["next_batch"]
+        key = self.a["main"].signing_key
+
+        def edu(**content: Any) -> dict[str, Any]:
+            base = {"sender": "@alice:a.test", "type": "t", "message_id": "m", "messages": {}}
+            return {"edus": [{"edu_type": "m.direct_to_device", "content": {**base, **content}}]}
+
+        bodies: list[tuple[dict[str, Any], int]] = [
+            ({"pdus": {}}, 400),
+            ({"edus": "x"}, 400),
+            ({"pdus": [1] * 51}, 400),
+            ({"edus": [{}] * 101}, 400),
+            (edu(message_id="x" * 300), 200),
+            (edu(message_id=5), 200),
+            (edu(sender="not a user"), 200),
+            (edu(type=["t"]), 200),
+            (edu(messages={bob.user_id: "no"}), 200),
+            (edu(messages={bob.user_id: {"D" * 300: {}}}), 200),
+            (edu(messages={"@bob:c.test": {"D": {}}}), 200),
+            (edu(messages=[]), 200),
+        ]
+        for i, (body, expected) in enumerate(bodies):
+            code, answer = await self.put_send(key, f"h{i}", body)
+            self.assertEqual(code, expected, f"{body}: {answer}")
+        self.assertEqual(await self.to_device_events(bob, since), [])
+
+    async def test_expired_key_is_fetched_again(self) -> None:
+        _, bob = await self.users()
+        key = self.a["main"].signing_key
+        await self.put_send(key, "k1", self.edu_body("k1", bob, {}))
+        store = self.b["main"].datastore
+        await store.store_server_keys("a.test", {key.key_id: key.verify_key_base64}, 1)
+        self.b["fed1"].keyring._cache.clear()
+        self.b["fed1"].keyring._last_fetch.clear()
+        code, _ = await self.put_send(key, "k2", self.edu_body("k2", bob, {}))
+        self.assertEqual(code, 200)
+        keys = await store.get_server_keys("a.test")
+        self.assertGreater(keys[key.key_id][1], 1)
+
+    async def test_key_document(self) -> None:
+        response = await treq.get(self.urls["a.test"] + "/_matrix/key/v2/server", pool=NO_KEEPALIVE)
+        document = json.loads(await treq.content(response))
+        from synapse_lite.federation.keyring import parse_key_document
+
+        keys, valid_until = parse_key_document(document, "a.test")
+        key = self.a["main"].signing_key
+        self.assertEqual(keys, {key.key_id: key.verify_key_base64})
+        self.assertGreater(valid_until, self.a["main"].clock.time_msec())
