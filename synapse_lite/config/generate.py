@@ -59,11 +59,13 @@ _WRITER = ("replication", "health", "metrics")
 def _layout(layout: str) -> tuple[list[_Process], dict[str, object]]:
     """The processes of a layout (main first) and its stream writers."""
     if layout == "monolith":
-        main = _Process(MAIN_PROCESS, ("client", "health", "metrics"), "Everything.")
+        main = _Process(
+            MAIN_PROCESS, ("client", "federation", "keys", "health", "metrics"), "Everything."
+        )
         return [main], {}
     main = _Process(
         MAIN_PROCESS,
-        ("client", "replication", "health", "metrics"),
+        ("client", "federation", "keys", "replication", "health", "metrics"),
         "The client API, the replication hub, and the streams no worker writes.",
     )
     if layout == "default":
@@ -182,9 +184,10 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
         f"enable_registration: {_value(options.enable_registration)}",
         "",
         "# The main process's HTTP listeners. Resources: client (the Matrix client API),",
-        "# replication (requests from the other processes: never expose it), health",
-        "# (GET /health), metrics (Prometheus, GET /metrics). All on loopback: put a",
-        "# reverse proxy in front of the client listeners to serve the outside world.",
+        "# federation and keys (other servers: docs/federation.md), replication",
+        "# (requests from the other processes: never expose it), health (GET /health),",
+        "# metrics (Prometheus, GET /metrics). All on loopback: put a reverse proxy in",
+        "# front of the client and federation listeners to serve the outside world.",
         f"# {main.comment}",
         "listeners:",
         *_listener(ports[MAIN_PROCESS], main.resources, "  "),
@@ -222,7 +225,17 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
                 lines += [f"  # {process.comment}", f"  {process.name}:", "    listeners:"]
                 lines += _listener(port, process.resources, "      ")
         lines += [""]
-    lines += ["# DEBUG, INFO, WARNING or ERROR.", "log_level: INFO", ""]
+    lines += [
+        "# Other homeservers: where they are (without an entry, host[:port] means",
+        "# https://host:port), timeouts and retry backoff. See docs/federation.md.",
+        "# federation:",
+        "#   destinations:",
+        '#     other.example: "http://127.0.0.1:8448"',
+        "",
+        "# DEBUG, INFO, WARNING or ERROR.",
+        "log_level: INFO",
+        "",
+    ]
     return {"homeserver.yaml": "\n".join(lines), **files}
 
 
