@@ -106,7 +106,39 @@ class Keepalive:
         self._proto.transport.abortConnection()
 
 
-class SubscriberConnection(txredisapi.SubscriberProtocol):
+class _PromptParsing:
+    """Parse every reply that arrived, at once.
+
+    After each bulk string, txredisapi's line reader hands the bytes that follow
+    to the next reactor turn and pauses the transport meanwhile, so a burst of
+    N messages costs N turns of the reactor. Here the rest is parsed straight
+    away, in a loop rather than by recursion, so a burst of thousands cannot
+    exhaust the stack.
+    """
+
+    _unparsed = b""
+    _parsing = False
+
+    def setLineMode(self, extra: bytes = b"") -> None:
+        self.line_mode = 1
+        if extra:
+            self._unparsed += extra
+
+    def dataReceived(self, data: bytes, unpause: bool = False) -> None:
+        if self._parsing:
+            self._unparsed += data
+            return
+        self._parsing = True
+        try:
+            super().dataReceived(data)  # type: ignore[misc]
+            while self._unparsed:
+                more, self._unparsed = self._unparsed, b""
+                super().dataReceived(more)  # type: ignore[misc]
+        finally:
+            self._parsing = False
+
+
+class SubscriberConnection(_PromptParsing, txredisapi.SubscriberProtocol):
     """The subscribing connection: reports readiness, messages and loss."""
 
     owner: ConnectionOwner
@@ -124,7 +156,7 @@ class SubscriberConnection(txredisapi.SubscriberProtocol):
         self.owner.subscriber_lost(self)
 
 
-class PublisherConnection(txredisapi.RedisProtocol):
+class PublisherConnection(_PromptParsing, txredisapi.RedisProtocol):
     """The publishing connection: reports readiness and loss."""
 
     owner: ConnectionOwner

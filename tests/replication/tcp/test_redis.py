@@ -289,3 +289,28 @@ class SilentRedisTestCase(unittest.TestCase):
         self.assertFalse(bus.publisher_connected)
         # Never subscribed, so never announced to the receiver.
         self.assertEqual(receiver.events, [])
+
+
+class PromptParsingTestCase(unittest.TestCase):
+    """A burst of pushed messages is parsed at once (txredisapi alone would
+    take one reactor turn per message) and without recursing per message."""
+
+    def test_burst_parsed_in_one_call_in_order(self) -> None:
+        from synapse_lite.replication.tcp.redis_connections import SubscriberConnection
+
+        received: list[object] = []
+
+        class Owner:
+            def message_received(self, conn: object, message: object) -> None:
+                received.append(message)
+
+        connection = SubscriberConnection()
+        connection.owner = Owner()  # type: ignore[assignment]
+        payloads = [f"RDATA events w {i} [1]".encode() for i in range(5000)]
+        burst = b"".join(
+            b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$%d\r\n%s\r\n" % (len(p), p) for p in payloads
+        )
+        # Split mid-message, as TCP may.
+        connection.dataReceived(burst[:123_457])
+        connection.dataReceived(burst[123_457:])
+        self.assertEqual(received, [p.decode() for p in payloads])
