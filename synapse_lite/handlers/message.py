@@ -24,6 +24,7 @@ from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import AUTH_STATE_TYPES, RoomAuthState
 from synapse_lite.handlers.ratelimit import Ratelimiter
 from synapse_lite.handlers.writer_routing import call_writer, wait_for_position
+from synapse_lite.storage.caches import LruCache
 from synapse_lite.storage.databases.main.events import DuplicateTransactionError
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ MAX_EVENT_CONTENT_BYTES = 65_536
 #: Events one internal request may carry (createRoom sends the most).
 MAX_EVENTS_PER_REQUEST = 200
 SEND_EVENTS_ENDPOINT = "send_events"
+#: Client transaction ids remembered per process (a retry usually comes soon).
+RECENT_TXNS = 10_000
 
 
 class RoomMovedError(SynapseError):
@@ -91,6 +94,9 @@ class EventCreationHandler:
         self._locks = _RoomLocks()
         limits = hs.config.rate_limits
         self._ratelimiter = Ratelimiter(hs.clock, limits.messages, limits.enabled)
+        #: Transaction ids this process sent lately, so a client's retry here
+        #: is answered without the database.
+        self._recent_txns: LruCache[str] = LruCache(RECENT_TXNS)
 
     async def send_client_event(
         self,
@@ -107,19 +113,34 @@ class EventCreationHandler:
         txn_key = None
         if txn_id is not None:
             txn_key = (requester.user_id, requester.device_id, txn_id)
+            seen, recent = self._recent_txns.get(txn_key)
+            if seen and recent is not None:
+                return recent
+        # No database lookup of the transaction id up front: the writer's
+        # persist transaction records it under a unique key and answers a
+        # repeat with the first event, so a first send costs one interaction.
+        # Only a refused send looks the id up, so that a retry of a send that
+        # succeeded still gets its event after a rate limit or a leave.
+        try:
+            self._ratelimiter.ratelimit(requester.user_id)
+            spec = EventSpec(
+                type=event_type,
+                state_key=state_key,
+                sender=requester.user_id,
+                content=content,
+                origin_server_ts=self._hs.clock.time_msec(),
+                txn_key=txn_key,
+            )
+            [(event_id, _)] = await self.send_events(room_id, [spec])
+        except SynapseError:
+            if txn_key is None:
+                raise
             existing = await self._store.get_event_id_for_txn(*txn_key)
-            if existing is not None:
-                return existing
-        self._ratelimiter.ratelimit(requester.user_id)
-        spec = EventSpec(
-            type=event_type,
-            state_key=state_key,
-            sender=requester.user_id,
-            content=content,
-            origin_server_ts=self._hs.clock.time_msec(),
-            txn_key=txn_key,
-        )
-        [(event_id, _)] = await self.send_events(room_id, [spec])
+            if existing is None:
+                raise
+            event_id = existing
+        if txn_key is not None:
+            self._recent_txns.set(txn_key, event_id)
         return event_id
 
     async def send_events(

@@ -94,6 +94,36 @@ class RoomsTestCase(DatabaseTestCase):
         bodies = [e["content"].get("body") for e in page["chunk"]]
         self.assertEqual(bodies.count("once"), 1)
 
+    async def test_retry_answered_from_the_database_after_leave_and_rate_limit(self) -> None:
+        """A retry this process no longer remembers still gets the first
+        event, even when the send itself would now be refused."""
+        room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/rooms/{room}/join", {})
+        first = await self.bob.send(room, "once", txn_id="t1")
+        await self.bob.ok("POST", f"/rooms/{room}/leave", {})
+        handler = self.servers["main"].event_creation_handler
+        handler._recent_txns.clear()
+        self.assertEqual(await self.bob.send(room, "once", txn_id="t1"), first)
+        # Not joined any more: a new transaction id is refused.
+        code, body = await self.bob.request(
+            "PUT", f"/rooms/{room}/send/m.room.message/t2", {"body": "new"}
+        )
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        # A rate-limited retry of a send that succeeded gets its event too.
+        second = await self.alice.send(room, "twice", txn_id="t3")
+        handler._recent_txns.clear()
+        handler._ratelimiter._enabled = True
+        handler._ratelimiter._rate = 0
+        handler._ratelimiter._buckets[self.alice.user_id] = (0.0, 0.0)
+        self.assertEqual(await self.alice.send(room, "twice", txn_id="t3"), second)
+        code, body = await self.alice.request(
+            "PUT", f"/rooms/{room}/send/m.room.message/t4", {"body": "new"}
+        )
+        self.assertEqual((code, body["errcode"]), (429, "M_LIMIT_EXCEEDED"))
+        page = await self.alice.ok("GET", f"/rooms/{room}/messages?dir=b&limit=50")
+        bodies = [e["content"].get("body") for e in page["chunk"]]
+        self.assertEqual((bodies.count("once"), bodies.count("twice")), (1, 1))
+
     async def test_messages_pagination_back_and_forward(self) -> None:
         room = await self.alice.create_room(preset="public_chat")
         sent = [await self.alice.send(room, f"m{i}") for i in range(7)]
