@@ -91,14 +91,15 @@ class LoggingTransaction:
         self._cursor.execute(sql, tuple(args))
 
     def execute_batch(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Run one statement once per row of arguments."""
+        """Run one statement once per row of arguments (in as few round trips
+        as the engine allows; ``rowcount`` is not meaningful afterwards)."""
         sql = self.engine.convert_param_style(sql)
-        rows = [tuple(r) for r in rows]
-        if not rows:
+        batch = [tuple(r) for r in rows]
+        if not batch:
             return
         if txn_logger.isEnabledFor(logging.DEBUG):
-            txn_logger.debug("[SQL] {%s} %s (%d rows)", self.name, sql, len(rows))
-        self._cursor.executemany(sql, rows)
+            txn_logger.debug("[SQL] {%s} %s (%d rows)", self.name, sql, len(batch))
+        self.engine.execute_batch(self._cursor, sql, batch)
 
     def fetchone(self) -> Any:
         return self._cursor.fetchone()

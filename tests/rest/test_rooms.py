@@ -114,7 +114,7 @@ class RoomsTestCase(DatabaseTestCase):
         handler._recent_txns.clear()
         handler._ratelimiter._enabled = True
         handler._ratelimiter._rate = 0
-        handler._ratelimiter._buckets[self.alice.user_id] = (0.0, 0.0)
+        handler._ratelimiter._buckets[str(self.alice.user_id)] = (0.0, 0.0)
         self.assertEqual(await self.alice.send(room, "twice", txn_id="t3"), second)
         code, body = await self.alice.request(
             "PUT", f"/rooms/{room}/send/m.room.message/t4", {"body": "new"}

@@ -101,6 +101,10 @@ class BaseDatabaseEngine(abc.ABC):
     def sequence_set_at_least(self, cur: DBAPICursor, name: str, value: int) -> None:
         """Move a sequence forward so that its next id is above ``value``."""
 
+    def execute_batch(self, cur: DBAPICursor, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """Run one statement (in the driver's placeholder style) once per row."""
+        cur.executemany(sql, rows)
+
     @property
     def sequences_are_transactional(self) -> bool:
         """Whether an id taken inside a rolled-back transaction returns to its

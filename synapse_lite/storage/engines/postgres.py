@@ -13,6 +13,9 @@ from typing import Any
 
 from synapse_lite.storage.engines.base import BaseDatabaseEngine, DBAPIConnection, DBAPICursor
 
+#: Statements sent to the server in one round trip by :meth:`execute_batch`.
+BATCH_PAGE_SIZE = 200
+
 _SEQUENCE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 # SQLSTATEs worth retrying the whole transaction for.
@@ -86,6 +89,13 @@ class PostgresEngine(BaseDatabaseEngine):
 
     def set_autocommit(self, conn: DBAPIConnection, autocommit: bool) -> None:
         conn.autocommit = autocommit  # type: ignore[attr-defined]
+
+    def execute_batch(self, cur: DBAPICursor, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        # psycopg2's executemany is one round trip per row; execute_batch
+        # sends pages of statements, so persisting 100 events costs one trip.
+        import psycopg2.extras
+
+        psycopg2.extras.execute_batch(cur, sql, rows, page_size=BATCH_PAGE_SIZE)
 
     def create_sequence_sql(self, name: str) -> list[str]:
         return [f"CREATE SEQUENCE {_check_sequence_name(name)}"]
