@@ -161,11 +161,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_json_value_from_request(request: Request, allow_empty: bool = False) -> Any:
-    """The request body as JSON, or a 400 ``M_NOT_JSON``."""
-    content = request.content.read() if request.content is not None else b""
-    if not content and allow_empty:
-        return None
+def _request_body(request: Request) -> bytes:
+    return request.content.read() if request.content is not None else b""
+
+
+def _decode_json(content: bytes) -> Any:
     try:
         text = content.decode("utf-8")
         value = json.loads(text, parse_constant=_reject_constant)
@@ -175,11 +175,25 @@ def parse_json_value_from_request(request: Request, allow_empty: bool = False) -
     return value
 
 
+def parse_json_value_from_request(request: Request, allow_empty: bool = False) -> Any:
+    """The request body as JSON, or a 400 ``M_NOT_JSON``. With ``allow_empty``
+    an empty body is None (as is a JSON ``null``)."""
+    content = _request_body(request)
+    if not content and allow_empty:
+        return None
+    return _decode_json(content)
+
+
 def parse_json_object_from_request(request: Request, allow_empty: bool = False) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 (``M_NOT_JSON``/``M_BAD_JSON``)."""
-    value = parse_json_value_from_request(request, allow_empty)
-    if value is None and allow_empty:
+    """The request body as a JSON object, or a 400 (``M_NOT_JSON``/``M_BAD_JSON``).
+    With ``allow_empty`` an empty body is ``{}``; a JSON ``null`` is still refused."""
+    content = _request_body(request)
+    if not content and allow_empty:
         return {}
+    # Decoded here rather than through parse_json_value_from_request: there
+    # an empty body and ``null`` both come back as None, and only the empty
+    # body may stand for {}.
+    value = _decode_json(content)
     if not isinstance(value, dict):
         raise SynapseError(400, "Content must be a JSON object.", Codes.BAD_JSON)
     return value

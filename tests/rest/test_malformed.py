@@ -135,3 +135,14 @@ class MalformedRequestsTestCase(DatabaseTestCase):
                     method, path, raw=b"{}", headers={"Authorization": [f"Bearer {token}"]}
                 )
                 self.check(method, path, code, body)
+
+    async def test_null_body_is_not_an_empty_object(self) -> None:
+        """Servlets that accept an empty body as ``{}`` still refuse JSON
+        ``null`` (it used to be taken for an empty body and create a room)."""
+        for path in ("/createRoom", f"/rooms/{self.room}/leave", f"/join/{self.room}"):
+            code, body = await self.alice.request("POST", path, raw=b"null")
+            self.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"), path)
+        code, _ = await self.alice.request("POST", "/createRoom", raw=b"")
+        self.assertEqual(code, 200)
+        rooms = await self.alice.ok("GET", "/joined_rooms")
+        self.assertEqual(len(rooms["joined_rooms"]), 2)
