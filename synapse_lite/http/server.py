@@ -205,11 +205,15 @@ def query_string(request: Request, name: str, default: str | None = None) -> str
     if not values:
         return default
     try:
-        return values[0].decode("utf-8")
+        value = values[0].decode("utf-8")
     except UnicodeDecodeError:
         raise SynapseError(
             400, f"Query parameter {name!r} is not UTF-8", Codes.INVALID_PARAM
         ) from None
+    if "\x00" in value:
+        # PostgreSQL cannot store or compare text containing NUL.
+        raise SynapseError(400, f"Query parameter {name!r} contains NUL", Codes.INVALID_PARAM)
+    return value
 
 
 def query_int(
@@ -266,6 +270,8 @@ class JsonResource(Resource):
             kwargs = {
                 k: urllib.parse.unquote(v, errors="strict") for k, v in match.groupdict().items()
             }
+            if any("\x00" in v for v in kwargs.values()):
+                raise SynapseError(400, "Path contains a NUL character", Codes.INVALID_PARAM)
             return callback, kwargs, name, True
         return None, {}, "unrecognized", path_matched
 
