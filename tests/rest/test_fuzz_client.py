@@ -43,7 +43,7 @@ from tests.rest.test_malformed import KNOWN_KEYS
 _reactor = cast(Any, reactor)
 
 #: Small, so that "too large" bodies are cheap to send; the real default
-#: (1 MiB) is covered by tests/http/test_limits.py.
+#: (1 MiB) is covered by tests/rest/test_limits.py.
 BODY_LIMIT = 4096
 
 #: Servlets that answer without an access token.
