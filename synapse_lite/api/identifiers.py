@@ -14,7 +14,9 @@ MAX_ID_LENGTH = 255
 #: lowercase only).
 LOCALPART_ALLOWED = re.compile(r"[a-z0-9._=\-/+]+")
 _SERVER_NAME = re.compile(r"[A-Za-z0-9.\-\[\]:]+")
-_OPAQUE_ID = re.compile(r"[^\s:]+")
+#: No whitespace, colon or control characters (NUL cannot even be stored in
+#: PostgreSQL text).
+_OPAQUE_ID = re.compile(r"[^\s:\x00-\x1f\x7f]+")
 
 
 def _split(identifier: str, sigil: str) -> tuple[str, str] | None:
@@ -80,6 +82,8 @@ def check_identifier_text(value: object, what: str, max_length: int = MAX_ID_LEN
         raise SynapseError(400, f"'{what}' must be a string", Codes.BAD_JSON)
     if len(value.encode("utf-8")) > max_length:
         raise SynapseError(400, f"'{what}' is too long", Codes.INVALID_PARAM)
+    if "\x00" in value:
+        raise SynapseError(400, f"'{what}' must not contain NUL", Codes.INVALID_PARAM)
     return value
 
 

@@ -49,7 +49,10 @@ def check_presence_state(state: Any, status_msg: Any) -> None:
             400, f"'presence' must be one of {', '.join(PRESENCE_STATES)}", Codes.INVALID_PARAM
         )
     if status_msg is not None and (
-        not isinstance(status_msg, str) or len(status_msg) > MAX_STATUS_MSG_LENGTH
+        not isinstance(status_msg, str)
+        or len(status_msg) > MAX_STATUS_MSG_LENGTH
+        # Stored as text: PostgreSQL cannot hold NUL.
+        or "\x00" in status_msg
     ):
         raise SynapseError(400, "'status_msg' must be a short string", Codes.INVALID_PARAM)
 

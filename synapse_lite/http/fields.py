@@ -25,6 +25,10 @@ def get_str(
         )
     if len(value) > max_length:
         raise SynapseError(400, f"'{name}' is too long", Codes.INVALID_PARAM)
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL: refused here rather than failing
+        # in the database with a 500.
+        raise SynapseError(400, f"'{name}' must not contain NUL", Codes.INVALID_PARAM)
     return value
 
 

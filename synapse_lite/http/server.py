@@ -161,11 +161,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_json_value_from_request(request: Request, allow_empty: bool = False) -> Any:
-    """The request body as JSON, or a 400 ``M_NOT_JSON``."""
-    content = request.content.read() if request.content is not None else b""
-    if not content and allow_empty:
-        return None
+def _request_body(request: Request) -> bytes:
+    return request.content.read() if request.content is not None else b""
+
+
+def _decode_json(content: bytes) -> Any:
     try:
         text = content.decode("utf-8")
         value = json.loads(text, parse_constant=_reject_constant)
@@ -175,11 +175,25 @@ def parse_json_value_from_request(request: Request, allow_empty: bool = False) -
     return value
 
 
+def parse_json_value_from_request(request: Request, allow_empty: bool = False) -> Any:
+    """The request body as JSON, or a 400 ``M_NOT_JSON``. With ``allow_empty``
+    an empty body is None (as is a JSON ``null``)."""
+    content = _request_body(request)
+    if not content and allow_empty:
+        return None
+    return _decode_json(content)
+
+
 def parse_json_object_from_request(request: Request, allow_empty: bool = False) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 (``M_NOT_JSON``/``M_BAD_JSON``)."""
-    value = parse_json_value_from_request(request, allow_empty)
-    if value is None and allow_empty:
+    """The request body as a JSON object, or a 400 (``M_NOT_JSON``/``M_BAD_JSON``).
+    With ``allow_empty`` an empty body is ``{}``; a JSON ``null`` is still refused."""
+    content = _request_body(request)
+    if not content and allow_empty:
         return {}
+    # Decoded here rather than through parse_json_value_from_request: there
+    # an empty body and ``null`` both come back as None, and only the empty
+    # body may stand for {}.
+    value = _decode_json(content)
     if not isinstance(value, dict):
         raise SynapseError(400, "Content must be a JSON object.", Codes.BAD_JSON)
     return value
@@ -191,11 +205,15 @@ def query_string(request: Request, name: str, default: str | None = None) -> str
     if not values:
         return default
     try:
-        return values[0].decode("utf-8")
+        value = values[0].decode("utf-8")
     except UnicodeDecodeError:
         raise SynapseError(
             400, f"Query parameter {name!r} is not UTF-8", Codes.INVALID_PARAM
         ) from None
+    if "\x00" in value:
+        # PostgreSQL cannot store or compare text containing NUL.
+        raise SynapseError(400, f"Query parameter {name!r} contains NUL", Codes.INVALID_PARAM)
+    return value
 
 
 def query_int(
@@ -252,6 +270,8 @@ class JsonResource(Resource):
             kwargs = {
                 k: urllib.parse.unquote(v, errors="strict") for k, v in match.groupdict().items()
             }
+            if any("\x00" in v for v in kwargs.values()):
+                raise SynapseError(400, "Path contains a NUL character", Codes.INVALID_PARAM)
             return callback, kwargs, name, True
         return None, {}, "unrecognized", path_matched
 

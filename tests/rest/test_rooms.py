@@ -172,6 +172,15 @@ class RoomsTestCase(DatabaseTestCase):
         code, body = await self.eve.request("GET", "/rooms/!unknown:test.local/messages")
         self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
 
+    async def test_read_markers_need_membership(self) -> None:
+        """A stranger's read markers are refused even when the body names no
+        marker (it used to answer 200 for any room)."""
+        room = await self.alice.create_room(preset="private_chat")
+        for body in ({}, {"m.read": "$x:test.local"}, {"m.fully_read": "$x:test.local"}):
+            code, answer = await self.eve.request("POST", f"/rooms/{room}/read_markers", body)
+            self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"), body)
+        await self.alice.ok("POST", f"/rooms/{room}/read_markers", {})
+
     async def test_state_events(self) -> None:
         room = await self.alice.create_room()
         await self.alice.ok("PUT", f"/rooms/{room}/state/org.example.thing/key%2Fone", {"a": 1})

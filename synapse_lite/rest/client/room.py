@@ -183,6 +183,10 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         body = parse_json_object_from_request(request)
+        # Checked up front: a body with no marker in it would otherwise get a
+        # 200 from a room the user is not in.
+        if requester.user_id not in await hs.datastore.get_users_in_room(room_id):
+            raise AuthError(403, "You are not in this room")
         for key in ("m.fully_read", "m.read", "m.read.private"):
             event_id = get_optional_str(body, key, max_length=255)
             if event_id is None:
