@@ -75,6 +75,32 @@ class InternalHttpSecretTestCase(DatabaseTestCase):
         self.assertEqual(await self.planted(), {"by": "intruder"})
 
 
+class InternalHttpWithoutSecretTestCase(DatabaseTestCase):
+    """A server configured with no replication secret (allowed when it has
+    no workers) serves no internal endpoint at all, whatever is sent."""
+
+    async def test_everything_refused_and_logged(self) -> None:
+        _, clients, _ = start_cluster(self, self.test_db, worker_replication_secret=None)
+        api = clients["main"]
+        alice = await ClientApi(self, api.base_url).register("alice")
+        path = f"/_synapse/replication/{ADD_ACCOUNT_DATA_ENDPOINT}"
+        body = {
+            "user_id": alice.user_id,
+            "room_id": None,
+            "type": "org.example.planted",
+            "content": {"by": "intruder"},
+        }
+        for headers in ({}, {"Authorization": ["Bearer anything"]}):
+            with self.assertLogs(REPLICATION_LOGGER, "WARNING") as logs:
+                code, answer = await api.request("POST", path, body, token=None, headers=headers)
+            self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"))
+            self.assertIn("no worker_replication_secret", "\n".join(logs.output))
+        code, _ = await alice.request(
+            "GET", f"/user/{alice.user_id}/account_data/org.example.planted"
+        )
+        self.assertEqual(code, 404)
+
+
 def _mac(secret: str, nonce: str, username: str, password: str, admin: bool) -> str:
     message = b"\x00".join(
         [nonce.encode(), username.encode(), password.encode(), b"admin" if admin else b"notadmin"]

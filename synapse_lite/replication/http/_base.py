@@ -68,7 +68,17 @@ class ReplicationRestResource(JsonResource):
 
     def _check_auth(self, request: Request) -> None:
         if self._secret is None:
-            return
+            # Without a secret nobody can prove they are one of our processes
+            # (the config requires one whenever workers exist).
+            logger.warning(
+                "Refused a replication request from %s to %s: no"
+                " worker_replication_secret is configured",
+                request.getClientAddress(),
+                request.path.decode("ascii", "replace"),
+            )
+            raise SynapseError(
+                403, "Internal endpoints are off: no replication secret", Codes.FORBIDDEN
+            )
         headers = request.requestHeaders.getRawHeaders(b"Authorization") or []
         expected = b"Bearer " + self._secret.encode("utf-8")
         if len(headers) != 1 or not hmac.compare_digest(headers[0], expected):
