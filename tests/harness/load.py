@@ -1,0 +1,465 @@
+"""Steady client load over HTTP, and the check that none of it was lost,
+duplicated or reordered: shared by ``tests/e2e/test_faults.py`` and
+``bench/soak.py``.
+
+A :class:`LoadRun` has ``senders`` loops sending messages (each retrying a
+failed send with the same transaction id until it is acknowledged, as a Matrix
+client does) and one /sync long-poll loop per member. Every request has a
+client-side timeout, so a server that hangs shows up as an error, not as a
+stuck run. :func:`check_delivery` then compares what the database holds with
+what each member's /sync returned.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import attr
+import treq
+from twisted.internet import defer, reactor, task
+from twisted.web.client import HTTPConnectionPool
+
+#: Client timeouts: a request that takes longer counts as a hang the client saw.
+SEND_TIMEOUT_SECONDS = 10.0
+LONG_POLL_MS = 2_000
+SYNC_TIMEOUT_SECONDS = LONG_POLL_MS / 1000 + 8.0
+#: A client's pause before retrying after an error, so a dead server is not hammered.
+RETRY_PAUSE_SECONDS = 0.25
+#: Above any backlog a run builds up: a limited timeline would need /messages,
+#: which these clients do not do, and would look like loss.
+WIDE_FILTER = urllib.parse.quote(json.dumps({"room": {"timeline": {"limit": 2000}}}))
+
+
+class ClientError(Exception):
+    """A request that did not return 200; ``kind`` says how (for the tally)."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        super().__init__(f"{kind} {detail}".strip())
+        self.kind = kind
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class Member:
+    """A registered user, the device it logged in with and its access token."""
+
+    user_id: str
+    token: str
+
+
+class HttpClient:
+    """JSON over HTTP with a per-request timeout. Connections are not reused:
+    a reused connection to a process that was killed would turn one fault into
+    a burst of errors that only this client's pooling causes."""
+
+    def __init__(self) -> None:
+        self._pool = HTTPConnectionPool(reactor, persistent=False)
+
+    async def call(
+        self,
+        method: str,
+        url: str,
+        token: str | None = None,
+        body: Any = None,
+        timeout: float = SEND_TIMEOUT_SECONDS,
+    ) -> Any:
+        headers: dict[bytes | str, list[bytes | str]] = (
+            {"Authorization": [f"Bearer {token}"]} if token else {}
+        )
+        data = None if body is None else json.dumps(body).encode()
+        started = time.monotonic()
+        try:
+            response = await treq.request(
+                method, url, data=data, headers=headers, timeout=timeout, pool=self._pool
+            )
+            content = await treq.content(response)
+        except Exception as e:  # refused, reset, cancelled by the timeout
+            # treq reports its own timeout as a cancelled request, wrapped or
+            # not depending on the stage it cancelled: tell it by the clock.
+            if time.monotonic() - started >= timeout:
+                raise ClientError("timeout") from None
+            raise ClientError("connection", type(e).__name__) from None
+        if response.code != 200:
+            raise ClientError(str(response.code), content[:200].decode(errors="replace"))
+        return json.loads(content)
+
+    async def close(self) -> None:
+        await self._pool.closeCachedConnections()
+
+
+def client_url(base: str, path: str) -> str:
+    return f"{base}/_matrix/client/v3{path}"
+
+
+async def register(client: HttpClient, base: str, name: str) -> Member:
+    body = {"username": name, "password": "load-pw", "auth": {"type": "m.login.dummy"}}
+    result = await client.call("POST", client_url(base, "/register"), body=body)
+    return Member(result["user_id"], result["access_token"])
+
+
+async def create_room(client: HttpClient, base: str, members: list[Member], name: str) -> str:
+    """A public room made by the first member and joined by the others."""
+    url = client_url(base, "/createRoom")
+    body = {"preset": "public_chat", "name": name}
+    room_id = str((await client.call("POST", url, members[0].token, body))["room_id"])
+    for member in members[1:]:
+        await client.call("POST", client_url(base, f"/join/{room_id}"), member.token, {})
+    return room_id
+
+
+async def setup_members_and_rooms(
+    client: HttpClient, base: str, users: int, rooms: int, prefix: str = "load"
+) -> tuple[list[Member], list[str]]:
+    """``users`` new users, all joined to ``rooms`` new public rooms."""
+    members = [await register(client, base, f"{prefix}{i}") for i in range(users)]
+    room_ids = [
+        await create_room(client, base, members, f"{prefix} room {i}") for i in range(rooms)
+    ]
+    return members, room_ids
+
+
+async def _sleep(seconds: float) -> None:
+    await task.deferLater(reactor, seconds, lambda: None)
+
+
+@attr.s(slots=True, auto_attribs=True)
+class Ack:
+    """A send the server acknowledged (200)."""
+
+    event_id: str
+    room_id: str
+    body: str
+    acked_at: float
+    #: when the first attempt to send it began (retries included in between)
+    first_try_at: float
+
+
+class LoadRun:
+    """Senders and /sync readers against a running layout.
+
+    Message bodies are ``<tag> s<sender> n<seq>``: the tag keeps runs on the
+    same rooms apart, and the sender and sequence number let the check see
+    each sender's order. Times are ``time.monotonic()``.
+    """
+
+    def __init__(
+        self,
+        client: HttpClient,
+        members: list[Member],
+        rooms: list[str],
+        send_bases: list[str],
+        sync_bases: list[str],
+        tag: str,
+        senders: int = 4,
+        send_pause: float = 0.1,
+    ) -> None:
+        self.client = client
+        self.members = members
+        self.rooms = rooms
+        self.send_bases = send_bases
+        self.sync_bases = sync_bases
+        self.tag = tag
+        self.senders = senders
+        self.send_pause = send_pause
+        self.acks: dict[str, Ack] = {}
+        #: member -> (room, event id, when its /sync returned it), in arrival order
+        self.received: dict[str, list[tuple[str, str, float]]] = {m.user_id: [] for m in members}
+        #: (who: "send"/"sync", kind) -> count, and when each error happened
+        self.errors: Counter[tuple[str, str]] = Counter()
+        self.error_times: list[float] = []
+        #: "send"/"sync"/"typing" -> when each request of that kind succeeded
+        self.ok_times: dict[str, list[float]] = {"send": [], "sync": [], "typing": []}
+        self._sending = True
+        self._reading = True
+        self._senders: list[defer.Deferred[None]] = []
+        self._readers: list[defer.Deferred[None]] = []
+
+    def _error(self, who: str, error: ClientError) -> None:
+        self.errors[(who, error.kind)] += 1
+        self.error_times.append(time.monotonic())
+
+    async def start(self) -> None:
+        """Take each member's current /sync position, then start the loops."""
+        starts = {}
+        for i, member in enumerate(self.members):
+            starts[member.user_id] = await self._initial_token(i, member)
+        for i, member in enumerate(self.members):
+            d = defer.ensureDeferred(self._reader(i, member, starts[member.user_id]))
+            self._readers.append(d)
+        for i in range(self.senders):
+            self._senders.append(defer.ensureDeferred(self._sender(i)))
+        self._senders.append(defer.ensureDeferred(self._typist()))
+
+    async def _initial_token(self, index: int, member: Member) -> str:
+        base = self.sync_bases[index % len(self.sync_bases)]
+        url = client_url(base, "/sync?timeout=0&filter=" + WIDE_FILTER)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                result = await self.client.call("GET", url, member.token)
+                return str(result["next_batch"])
+            except ClientError:
+                if time.monotonic() > deadline:
+                    raise
+                await _sleep(RETRY_PAUSE_SECONDS)
+
+    async def _sender(self, index: int) -> None:
+        member = self.members[index % len(self.members)]
+        base = self.send_bases[index % len(self.send_bases)]
+        seq = 0
+        while self._sending:
+            room = self.rooms[(index + seq) % len(self.rooms)]
+            body = f"{self.tag} s{index} n{seq}"
+            txn = f"{self.tag}-s{index}-n{seq}"
+            path = f"/rooms/{room}/send/m.room.message/{txn}"
+            # The same transaction id on every retry: the server must answer
+            # a repeat with the first event, never persist a second one.
+            # Retry even after the run stops sending (bounded), so a send
+            # that may have been persisted is not left unresolved.
+            give_up = None
+            first_try_at = time.monotonic()
+            while True:
+                try:
+                    result = await self.client.call(
+                        "PUT", client_url(base, path), member.token,
+                        {"msgtype": "m.text", "body": body}, SEND_TIMEOUT_SECONDS,
+                    )  # fmt: skip
+                except ClientError as e:
+                    self._error("send", e)
+                    if not self._sending:
+                        give_up = give_up or time.monotonic() + 2 * SEND_TIMEOUT_SECONDS
+                        if time.monotonic() > give_up:
+                            return
+                    await _sleep(RETRY_PAUSE_SECONDS)
+                    continue
+                now = time.monotonic()
+                self.ok_times["send"].append(now)
+                self.acks[result["event_id"]] = Ack(
+                    result["event_id"], room, body, now, first_try_at
+                )
+                break
+            seq += 1
+            await _sleep(self.send_pause)
+
+    async def _typist(self) -> None:
+        """One member toggles typing in the first room: typing goes through
+        the typing writer, so its faults show up as typing errors."""
+        member = self.members[0]
+        path = f"/rooms/{self.rooms[0]}/typing/{member.user_id}"
+        typing = True
+        while self._sending:
+            body = {"typing": typing, "timeout": 30_000}
+            try:
+                await self.client.call(
+                    "PUT", client_url(self.send_bases[0], path), member.token, body
+                )
+                self.ok_times["typing"].append(time.monotonic())
+                typing = not typing
+            except ClientError as e:
+                self._error("typing", e)
+            await _sleep(0.5)
+
+    async def _reader(self, index: int, member: Member, since: str) -> None:
+        base = self.sync_bases[index % len(self.sync_bases)]
+        received = self.received[member.user_id]
+        while self._reading:
+            query = f"/sync?timeout={LONG_POLL_MS}&filter={WIDE_FILTER}&since={since}"
+            try:
+                result = await self.client.call(
+                    "GET", client_url(base, query), member.token, None, SYNC_TIMEOUT_SECONDS
+                )
+            except ClientError as e:
+                self._error("sync", e)
+                await _sleep(RETRY_PAUSE_SECONDS)
+                continue
+            now = time.monotonic()
+            self.ok_times["sync"].append(now)
+            for room_id, room in result.get("rooms", {}).get("join", {}).items():
+                timeline = room.get("timeline", {})
+                if timeline.get("limited"):
+                    self._error("sync", ClientError("limited timeline"))
+                for event in timeline.get("events", []):
+                    body = event.get("content", {}).get("body", "")
+                    if event.get("type") == "m.room.message" and body.startswith(self.tag + " "):
+                        received.append((room_id, event["event_id"], now))
+            since = result["next_batch"]
+
+    def recovered_after(self, repaired_at: float) -> float | None:
+        """Seconds from ``repaired_at`` until a send, a /sync and a typing
+        request had each succeeded again; None if one never did."""
+        firsts = []
+        for times in self.ok_times.values():
+            after = [t for t in times if t >= repaired_at]
+            if not after:
+                return None
+            firsts.append(after[0] - repaired_at)
+        return max(firsts)
+
+    async def stop_sending(self) -> None:
+        self._sending = False
+        await defer.gatherResults(self._senders, consumeErrors=True)
+
+    def delivered_to_all(self) -> bool:
+        """Has every member's /sync returned every acknowledged event?"""
+        for received in self.received.values():
+            seen = {event_id for _, event_id, _ in received}
+            if not self.acks.keys() <= seen:
+                return False
+        return True
+
+    async def wait_delivered(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.delivered_to_all():
+            if time.monotonic() > deadline:
+                return False
+            await _sleep(0.05)
+        return True
+
+    async def stop(self) -> None:
+        """Stop sending, then reading (readers finish their current long-poll)."""
+        await self.stop_sending()
+        self._reading = False
+        await defer.gatherResults(self._readers, consumeErrors=True)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class StoredEvent:
+    event_id: str
+    room_id: str
+    body: str
+
+
+def stored_events(connect: Callable[[], Any], tag: str) -> list[StoredEvent]:
+    """The run's messages in the database, in stream order."""
+    conn = connect()
+    try:
+        cursor = conn.cursor()
+        cursor.execute(
+            "SELECT event_id, room_id, content FROM events WHERE type = 'm.room.message'"
+            " ORDER BY stream_ordering"
+        )
+        result = []
+        for event_id, room_id, content in cursor.fetchall():
+            body = json.loads(content).get("body", "")
+            if body.startswith(tag + " "):
+                result.append(StoredEvent(event_id, room_id, body))
+        return result
+    finally:
+        conn.close()
+
+
+@attr.s(slots=True, auto_attribs=True)
+class DeliveryReport:
+    """What a run's clients were told, against what the database holds and
+    what each member's /sync returned. ``lost``, ``duplicated`` and
+    ``misordered`` must all be 0."""
+
+    acknowledged: int
+    #: acknowledged events missing from the database or from some member's /sync
+    lost: int
+    #: extra copies: a message body stored twice, or an event /sync returned twice
+    duplicated: int
+    #: (member, room) pairs whose /sync order differs from the stream order, plus
+    #: stored pairs of one sender's messages in a room out of send order
+    misordered: int
+    #: stored but never acknowledged (the client gave up): must still be delivered
+    unacknowledged: int
+    #: seconds from the repair until every member had every event acked before it
+    catch_up: float
+    #: longest time from an ack to the last member's /sync returning the event
+    max_lag: float
+    #: longest time from a message's first send attempt to its ack (retries included)
+    max_send: float
+    errors: Counter[tuple[str, str]]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.misordered)
+
+    def errors_text(self) -> str:
+        if not self.errors:
+            return "0"
+        kinds = ", ".join(f"{who} {kind} x{n}" for (who, kind), n in sorted(self.errors.items()))
+        return f"{sum(self.errors.values())} ({kinds})"
+
+
+def check_delivery(
+    run: LoadRun, connect: Callable[[], Any], repaired_at: float | None = None
+) -> DeliveryReport:
+    """Compare ``run``'s acks and each member's /sync with the database."""
+    stored = stored_events(connect, run.tag)
+    problems: list[str] = []
+    stored_ids = Counter(e.event_id for e in stored)
+    body_copies = Counter(e.body for e in stored)
+    duplicated = sum(n - 1 for n in body_copies.values())
+    if duplicated:
+        twice = [b for b, n in body_copies.items() if n > 1][:3]
+        problems.append(f"bodies stored more than once: {twice}")
+    lost_ids = {e for e in run.acks if e not in stored_ids}
+    if lost_ids:
+        problems.append(f"acknowledged but not stored: {sorted(lost_ids)[:3]}")
+    misordered = 0
+    # One sender's messages in one room: stored in the order they were sent.
+    last_seq: dict[tuple[str, str], int] = {}
+    for event in stored:
+        _, sender, seq = event.body.rsplit(" ", 2)
+        key = (sender, event.room_id)
+        n = int(seq[1:])
+        if key in last_seq and n < last_seq[key]:
+            misordered += 1
+            problems.append(f"{event.body} stored after n{last_seq[key]}")
+        last_seq[key] = max(n, last_seq.get(key, -1))
+    by_room: dict[str, list[str]] = {}
+    for event in stored:
+        by_room.setdefault(event.room_id, []).append(event.event_id)
+    all_seen_at: dict[str, float] = {}
+    for user_id, received in run.received.items():
+        copies = Counter(event_id for _, event_id, _ in received)
+        extra = sum(n - 1 for n in copies.values())
+        if extra:
+            duplicated += extra
+            problems.append(f"{user_id}: {extra} events returned more than once")
+        missing = set(run.acks) - copies.keys()
+        if missing:
+            lost_ids |= missing
+            problems.append(f"{user_id}: {len(missing)} acknowledged events never returned")
+        for room_id, expected in by_room.items():
+            got = [e for r, e, _ in received if r == room_id]
+            if got != expected:
+                misordered += 1
+                problems.append(
+                    f"{user_id} in {room_id}: /sync returned {len(got)} events,"
+                    f" {len(expected)} stored, or in another order"
+                )
+        first_seen: dict[str, float] = {}
+        for _, event_id, at in received:
+            first_seen.setdefault(event_id, at)
+        for event_id, at in first_seen.items():
+            all_seen_at[event_id] = max(all_seen_at.get(event_id, 0.0), at)
+    lags = [
+        all_seen_at[a.event_id] - a.acked_at
+        for a in run.acks.values()
+        if a.event_id in all_seen_at and a.event_id not in lost_ids
+    ]
+    catch_up = 0.0
+    if repaired_at is not None:
+        for ack in run.acks.values():
+            if ack.acked_at <= repaired_at and ack.event_id in all_seen_at:
+                catch_up = max(catch_up, all_seen_at[ack.event_id] - repaired_at)
+    return DeliveryReport(
+        acknowledged=len(run.acks),
+        lost=len(lost_ids),
+        duplicated=duplicated,
+        misordered=misordered,
+        unacknowledged=len(set(stored_ids) - run.acks.keys()),
+        catch_up=catch_up,
+        max_lag=max(lags, default=0.0),
+        max_send=max((a.acked_at - a.first_try_at for a in run.acks.values()), default=0.0),
+        errors=run.errors,
+        problems=problems,
+    )
