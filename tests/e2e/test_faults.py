@@ -62,7 +62,11 @@ class FaultsTestMixin:
         report = result.report
         detail = markdown_table([result]) + "\n" + "\n".join(report.problems)
         case.assertGreater(report.acknowledged, 20, detail)
-        case.assertEqual((report.lost, report.duplicated, report.misordered), (0, 0, 0), detail)
+        case.assertEqual(
+            (report.lost, report.duplicated, report.misordered, report.typing_stuck),
+            (0, 0, 0, 0),
+            detail,
+        )
         case.assertTrue(result.delivered, detail)
         # Every kind of request succeeded again soon after the repair.
         case.assertIsNotNone(result.recovered_after, detail)
@@ -93,6 +97,8 @@ class FaultsTestMixin:
     async def test_sigkill_typing_writer(self) -> None:
         result = await self.run_one("SIGKILL typing writer")
         self.assertGreater(self.errors_of(result, "typing"), 0)  # type: ignore[attr-defined]
+        # The restarted writer's typing reached everyone (its serial restarted at 0).
+        self.assertEqual(result.report.typing_stuck, 0)  # type: ignore[attr-defined]
 
 
 class SqliteTcpFaultsTestCase(FaultsTestMixin, unittest.TestCase):

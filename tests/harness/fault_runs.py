@@ -176,11 +176,19 @@ async def restart_postgres(cluster: FaultCluster) -> None:
     await cluster.postgres.restart(SERVICE_DOWN_SECONDS)
 
 
-async def stop_persister_past_ping_timeout(cluster: FaultCluster) -> None:
+async def _stop_past_ping_timeout(cluster: FaultCluster, name: str) -> None:
     # No config knob lowers the ping timeout, so this takes the real 25 s.
-    cluster.servers.pause("persister1")
+    cluster.servers.pause(name)
     await _sleep(PING_TIMEOUT_SECONDS + 5)
-    cluster.servers.resume("persister1")
+    cluster.servers.resume(name)
+
+
+async def stop_persister_past_ping_timeout(cluster: FaultCluster) -> None:
+    await _stop_past_ping_timeout(cluster, "persister1")
+
+
+async def stop_sync_worker_past_ping_timeout(cluster: FaultCluster) -> None:
+    await _stop_past_ping_timeout(cluster, "sync1")
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -201,6 +209,7 @@ FAULTS = [
     Fault("restart Redis", ("postgres-redis",), restart_redis),
     Fault("restart PostgreSQL", ("postgres-redis",), restart_postgres),
     Fault("SIGSTOP persister 30 s", CONFIGS, stop_persister_past_ping_timeout),
+    Fault("SIGSTOP /sync worker 30 s", CONFIGS, stop_sync_worker_past_ping_timeout),
 ]
 
 
@@ -253,7 +262,7 @@ async def run_fault(
 
 COLUMNS = [
     "config", "fault", "acked", "lost", "dup", "misordered", "down s", "catch-up s",
-    "max lag s", "max send s", "recovered s", "client errors",
+    "max lag s", "max send s", "recovered s", "typing stuck", "client errors",
 ]  # fmt: skip
 
 
@@ -263,7 +272,7 @@ def table_row(result: FaultResult) -> list[str]:
     return [
         result.config, result.fault, str(r.acknowledged), str(r.lost), str(r.duplicated),
         str(r.misordered), f"{result.down:.1f}", f"{r.catch_up:.1f}", f"{r.max_lag:.1f}",
-        f"{r.max_send:.1f}", recovered, r.errors_text(),
+        f"{r.max_send:.1f}", recovered, str(r.typing_stuck), r.errors_text(),
     ]  # fmt: skip
 
 

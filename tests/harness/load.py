@@ -173,6 +173,10 @@ class LoadRun:
         self.error_times: list[float] = []
         #: "send"/"sync"/"typing" -> when each request of that kind succeeded
         self.ok_times: dict[str, list[float]] = {"send": [], "sync": [], "typing": []}
+        #: the typist's state as last acknowledged, and when
+        self.typing_acked: tuple[bool, float] | None = None
+        #: member -> (when, is the typist typing) for each m.typing its /sync returned
+        self.typing_seen: dict[str, list[tuple[float, bool]]] = {m.user_id: [] for m in members}
         self._sending = True
         self._reading = True
         self._senders: list[defer.Deferred[None]] = []
@@ -257,7 +261,9 @@ class LoadRun:
                 await self.client.call(
                     "PUT", client_url(self.send_bases[0], path), member.token, body
                 )
-                self.ok_times["typing"].append(time.monotonic())
+                now = time.monotonic()
+                self.ok_times["typing"].append(now)
+                self.typing_acked = (typing, now)
                 typing = not typing
             except ClientError as e:
                 self._error("typing", e)
@@ -282,6 +288,10 @@ class LoadRun:
                 timeline = room.get("timeline", {})
                 if timeline.get("limited"):
                     self._error("sync", ClientError("limited timeline"))
+                for event in room.get("ephemeral", {}).get("events", []):
+                    if room_id == self.rooms[0] and event.get("type") == "m.typing":
+                        typing = self.members[0].user_id in event["content"]["user_ids"]
+                        self.typing_seen[member.user_id].append((now, typing))
                 for event in timeline.get("events", []):
                     body = event.get("content", {}).get("body", "")
                     if event.get("type") == "m.room.message" and body.startswith(self.tag + " "):
@@ -303,8 +313,18 @@ class LoadRun:
         self._sending = False
         await defer.gatherResults(self._senders, consumeErrors=True)
 
+    def typing_converged(self) -> bool:
+        """Has every member's /sync shown the typist's last acknowledged state?"""
+        if self.typing_acked is None:
+            return False
+        state, _ = self.typing_acked
+        return all(seen and seen[-1][1] == state for seen in self.typing_seen.values())
+
     def delivered_to_all(self) -> bool:
-        """Has every member's /sync returned every acknowledged event?"""
+        """Has every member's /sync returned every acknowledged event, and the
+        typist's last typing state?"""
+        if not self.typing_converged():
+            return False
         for received in self.received.values():
             seen = {event_id for _, event_id, _ in received}
             if not self.acks.keys() <= seen:
@@ -375,11 +395,14 @@ class DeliveryReport:
     #: longest time from a message's first send attempt to its ack (retries included)
     max_send: float
     errors: Counter[tuple[str, str]]
+    #: members whose /sync did not follow the typist after the repair: saw no
+    #: typing change after it, or did not end on the last acknowledged state
+    typing_stuck: int
     problems: list[str]
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.misordered)
+        return not (self.lost or self.duplicated or self.misordered or self.typing_stuck)
 
     def errors_text(self) -> str:
         if not self.errors:
@@ -451,6 +474,15 @@ def check_delivery(
         for ack in run.acks.values():
             if ack.acked_at <= repaired_at and ack.event_id in all_seen_at:
                 catch_up = max(catch_up, all_seen_at[ack.event_id] - repaired_at)
+    typing_stuck = 0
+    for user_id, seen in run.typing_seen.items():
+        after = [typing for at, typing in seen if repaired_at is None or at >= repaired_at]
+        final = run.typing_acked[0] if run.typing_acked else None
+        if not after or after[-1] != final:
+            typing_stuck += 1
+            problems.append(
+                f"{user_id}: typing seen after the repair {after[-3:]}, last set {final}"
+            )
     return DeliveryReport(
         acknowledged=len(run.acks),
         lost=len(lost_ids),
@@ -461,5 +493,6 @@ def check_delivery(
         max_lag=max(lags, default=0.0),
         max_send=max((a.acked_at - a.first_try_at for a in run.acks.values()), default=0.0),
         errors=run.errors,
+        typing_stuck=typing_stuck,
         problems=problems,
     )
