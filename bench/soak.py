@@ -9,9 +9,9 @@ typing writer (each restarted after 1 s), a dropped TCP replication connection
 private servers), and an event persister SIGSTOPped past the replication ping
 timeout. Prints one row per fault; see bench/README.md for the columns.
 
-The load, the faults and the checks are ``tests/harness/load.py``,
-``tests/harness/faults.py`` and ``tests/harness/fault_runs.py``, which the e2e
-fault tests use too. Exits 1 if any fault lost, duplicated or reordered a
+The load, the check, the faults and the runs are ``tests/harness/load.py``,
+``delivery.py``, ``faults.py`` and ``fault_runs.py``, which the e2e fault tests
+use too. Exits 1 if any fault lost, duplicated or reordered a
 message or left a client unrecovered.
 """
 

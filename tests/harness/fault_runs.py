@@ -23,15 +23,14 @@ import attr
 
 from synapse_lite.replication.tcp.protocol import PING_TIMEOUT_SECONDS
 from tests.harness.databases import TestDatabase, create_test_database
+from tests.harness.delivery import DeliveryReport, check_delivery
 from tests.harness.faults import PrivatePostgres, PrivateRedis, TcpProxy
 from tests.harness.load import (
-    DeliveryReport,
     HttpClient,
     LoadRun,
-    _sleep,
-    check_delivery,
     create_room,
     setup_members_and_rooms,
+    sleep,
 )
 from tests.harness.processes import Cleanups, ServerProcesses, layout_config
 
@@ -144,7 +143,7 @@ def _create_database(postgres: PrivatePostgres) -> TestDatabase:
 
 async def _kill_and_restart(cluster: FaultCluster, name: str) -> None:
     await cluster.servers.kill(name)
-    await _sleep(RESTART_DELAY_SECONDS)
+    await sleep(RESTART_DELAY_SECONDS)
     await cluster.servers.start(name)
 
 
@@ -179,7 +178,7 @@ async def restart_postgres(cluster: FaultCluster) -> None:
 async def _stop_past_ping_timeout(cluster: FaultCluster, name: str) -> None:
     # No config knob lowers the ping timeout, so this takes the real 25 s.
     cluster.servers.pause(name)
-    await _sleep(PING_TIMEOUT_SECONDS + 5)
+    await sleep(PING_TIMEOUT_SECONDS + 5)
     cluster.servers.resume(name)
 
 
@@ -241,11 +240,11 @@ async def run_fault(
     run = cluster.load(tag)
     await run.start()
     try:
-        await _sleep(before)
+        await sleep(before)
         injected = time.monotonic()
         await fault.inject(cluster)
         repaired = time.monotonic()
-        await _sleep(after)
+        await sleep(after)
         await run.stop_sending()
         delivered = await run.wait_delivered(deliver_timeout)
     finally:

@@ -1,12 +1,11 @@
-"""Steady client load over HTTP, and the check that none of it was lost,
-duplicated or reordered: shared by ``tests/e2e/test_faults.py`` and
+"""Steady client load over HTTP, and what it saw: shared by ``tests/e2e/test_faults.py`` and
 ``bench/soak.py``.
 
 A :class:`LoadRun` has ``senders`` loops sending messages (each retrying a
 failed send with the same transaction id until it is acknowledged, as a Matrix
 client does) and one /sync long-poll loop per member. Every request has a
 client-side timeout, so a server that hangs shows up as an error, not as a
-stuck run. :func:`check_delivery` then compares what the database holds with
+stuck run. ``tests/harness/delivery.py`` then compares what the database holds with
 what each member's /sync returned.
 """
 
@@ -16,7 +15,6 @@ import json
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import attr
@@ -88,14 +86,17 @@ class HttpClient:
         return json.loads(content)
 
     async def close(self) -> None:
+        """Close idle connections (there are none to keep: a test must end clean)."""
         await self._pool.closeCachedConnections()
 
 
 def client_url(base: str, path: str) -> str:
+    """The URL of a client API ``path`` on the process at ``base``."""
     return f"{base}/_matrix/client/v3{path}"
 
 
 async def register(client: HttpClient, base: str, name: str) -> Member:
+    """Register ``name`` (open registration, dummy auth) on ``base``."""
     body = {"username": name, "password": "load-pw", "auth": {"type": "m.login.dummy"}}
     result = await client.call("POST", client_url(base, "/register"), body=body)
     return Member(result["user_id"], result["access_token"])
@@ -122,7 +123,8 @@ async def setup_members_and_rooms(
     return members, room_ids
 
 
-async def _sleep(seconds: float) -> None:
+async def sleep(seconds: float) -> None:
+    """Let the reactor run for ``seconds``."""
     await task.deferLater(reactor, seconds, lambda: None)
 
 
@@ -209,7 +211,7 @@ class LoadRun:
             except ClientError:
                 if time.monotonic() > deadline:
                     raise
-                await _sleep(RETRY_PAUSE_SECONDS)
+                await sleep(RETRY_PAUSE_SECONDS)
 
     async def _sender(self, index: int) -> None:
         member = self.members[index % len(self.members)]
@@ -238,7 +240,7 @@ class LoadRun:
                         give_up = give_up or time.monotonic() + 2 * SEND_TIMEOUT_SECONDS
                         if time.monotonic() > give_up:
                             return
-                    await _sleep(RETRY_PAUSE_SECONDS)
+                    await sleep(RETRY_PAUSE_SECONDS)
                     continue
                 now = time.monotonic()
                 self.ok_times["send"].append(now)
@@ -247,7 +249,7 @@ class LoadRun:
                 )
                 break
             seq += 1
-            await _sleep(self.send_pause)
+            await sleep(self.send_pause)
 
     async def _typist(self) -> None:
         """One member toggles typing in the first room: typing goes through
@@ -267,7 +269,7 @@ class LoadRun:
                 typing = not typing
             except ClientError as e:
                 self._error("typing", e)
-            await _sleep(0.5)
+            await sleep(0.5)
 
     async def _reader(self, index: int, member: Member, since: str) -> None:
         base = self.sync_bases[index % len(self.sync_bases)]
@@ -280,7 +282,7 @@ class LoadRun:
                 )
             except ClientError as e:
                 self._error("sync", e)
-                await _sleep(RETRY_PAUSE_SECONDS)
+                await sleep(RETRY_PAUSE_SECONDS)
                 continue
             now = time.monotonic()
             self.ok_times["sync"].append(now)
@@ -336,7 +338,7 @@ class LoadRun:
         while not self.delivered_to_all():
             if time.monotonic() > deadline:
                 return False
-            await _sleep(0.05)
+            await sleep(0.05)
         return True
 
     async def stop(self) -> None:
@@ -344,155 +346,3 @@ class LoadRun:
         await self.stop_sending()
         self._reading = False
         await defer.gatherResults(self._readers, consumeErrors=True)
-
-
-@attr.s(slots=True, frozen=True, auto_attribs=True)
-class StoredEvent:
-    event_id: str
-    room_id: str
-    body: str
-
-
-def stored_events(connect: Callable[[], Any], tag: str) -> list[StoredEvent]:
-    """The run's messages in the database, in stream order."""
-    conn = connect()
-    try:
-        cursor = conn.cursor()
-        cursor.execute(
-            "SELECT event_id, room_id, content FROM events WHERE type = 'm.room.message'"
-            " ORDER BY stream_ordering"
-        )
-        result = []
-        for event_id, room_id, content in cursor.fetchall():
-            body = json.loads(content).get("body", "")
-            if body.startswith(tag + " "):
-                result.append(StoredEvent(event_id, room_id, body))
-        return result
-    finally:
-        conn.close()
-
-
-@attr.s(slots=True, auto_attribs=True)
-class DeliveryReport:
-    """What a run's clients were told, against what the database holds and
-    what each member's /sync returned. ``lost``, ``duplicated`` and
-    ``misordered`` must all be 0."""
-
-    acknowledged: int
-    #: acknowledged events missing from the database or from some member's /sync
-    lost: int
-    #: extra copies: a message body stored twice, or an event /sync returned twice
-    duplicated: int
-    #: (member, room) pairs whose /sync order differs from the stream order, plus
-    #: stored pairs of one sender's messages in a room out of send order
-    misordered: int
-    #: stored but never acknowledged (the client gave up): must still be delivered
-    unacknowledged: int
-    #: seconds from the repair until every member had every event acked before it
-    catch_up: float
-    #: longest time from an ack to the last member's /sync returning the event
-    max_lag: float
-    #: longest time from a message's first send attempt to its ack (retries included)
-    max_send: float
-    errors: Counter[tuple[str, str]]
-    #: members whose /sync did not follow the typist after the repair: saw no
-    #: typing change after it, or did not end on the last acknowledged state
-    typing_stuck: int
-    problems: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.misordered or self.typing_stuck)
-
-    def errors_text(self) -> str:
-        if not self.errors:
-            return "0"
-        kinds = ", ".join(f"{who} {kind} x{n}" for (who, kind), n in sorted(self.errors.items()))
-        return f"{sum(self.errors.values())} ({kinds})"
-
-
-def check_delivery(
-    run: LoadRun, connect: Callable[[], Any], repaired_at: float | None = None
-) -> DeliveryReport:
-    """Compare ``run``'s acks and each member's /sync with the database."""
-    stored = stored_events(connect, run.tag)
-    problems: list[str] = []
-    stored_ids = Counter(e.event_id for e in stored)
-    body_copies = Counter(e.body for e in stored)
-    duplicated = sum(n - 1 for n in body_copies.values())
-    if duplicated:
-        twice = [b for b, n in body_copies.items() if n > 1][:3]
-        problems.append(f"bodies stored more than once: {twice}")
-    lost_ids = {e for e in run.acks if e not in stored_ids}
-    if lost_ids:
-        problems.append(f"acknowledged but not stored: {sorted(lost_ids)[:3]}")
-    misordered = 0
-    # One sender's messages in one room: stored in the order they were sent.
-    last_seq: dict[tuple[str, str], int] = {}
-    for event in stored:
-        _, sender, seq = event.body.rsplit(" ", 2)
-        key = (sender, event.room_id)
-        n = int(seq[1:])
-        if key in last_seq and n < last_seq[key]:
-            misordered += 1
-            problems.append(f"{event.body} stored after n{last_seq[key]}")
-        last_seq[key] = max(n, last_seq.get(key, -1))
-    by_room: dict[str, list[str]] = {}
-    for event in stored:
-        by_room.setdefault(event.room_id, []).append(event.event_id)
-    all_seen_at: dict[str, float] = {}
-    for user_id, received in run.received.items():
-        copies = Counter(event_id for _, event_id, _ in received)
-        extra = sum(n - 1 for n in copies.values())
-        if extra:
-            duplicated += extra
-            problems.append(f"{user_id}: {extra} events returned more than once")
-        missing = set(run.acks) - copies.keys()
-        if missing:
-            lost_ids |= missing
-            problems.append(f"{user_id}: {len(missing)} acknowledged events never returned")
-        for room_id, expected in by_room.items():
-            got = [e for r, e, _ in received if r == room_id]
-            if got != expected:
-                misordered += 1
-                problems.append(
-                    f"{user_id} in {room_id}: /sync returned {len(got)} events,"
-                    f" {len(expected)} stored, or in another order"
-                )
-        first_seen: dict[str, float] = {}
-        for _, event_id, at in received:
-            first_seen.setdefault(event_id, at)
-        for event_id, at in first_seen.items():
-            all_seen_at[event_id] = max(all_seen_at.get(event_id, 0.0), at)
-    lags = [
-        all_seen_at[a.event_id] - a.acked_at
-        for a in run.acks.values()
-        if a.event_id in all_seen_at and a.event_id not in lost_ids
-    ]
-    catch_up = 0.0
-    if repaired_at is not None:
-        for ack in run.acks.values():
-            if ack.acked_at <= repaired_at and ack.event_id in all_seen_at:
-                catch_up = max(catch_up, all_seen_at[ack.event_id] - repaired_at)
-    typing_stuck = 0
-    for user_id, seen in run.typing_seen.items():
-        after = [typing for at, typing in seen if repaired_at is None or at >= repaired_at]
-        final = run.typing_acked[0] if run.typing_acked else None
-        if not after or after[-1] != final:
-            typing_stuck += 1
-            problems.append(
-                f"{user_id}: typing seen after the repair {after[-3:]}, last set {final}"
-            )
-    return DeliveryReport(
-        acknowledged=len(run.acks),
-        lost=len(lost_ids),
-        duplicated=duplicated,
-        misordered=misordered,
-        unacknowledged=len(set(stored_ids) - run.acks.keys()),
-        catch_up=catch_up,
-        max_lag=max(lags, default=0.0),
-        max_send=max((a.acked_at - a.first_try_at for a in run.acks.values()), default=0.0),
-        errors=run.errors,
-        typing_stuck=typing_stuck,
-        problems=problems,
-    )
