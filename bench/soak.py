@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer, task
+from twisted.trial.unittest import SkipTest
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if SOURCE_ROOT not in sys.path:
@@ -62,7 +63,9 @@ class Cleanups:
                 print(f"cleanup {f!r} failed: {e}", file=sys.stderr)
 
 
-async def soak_config(config: str, args: argparse.Namespace) -> list[FaultResult]:
+async def soak_config(
+    config: str, args: argparse.Namespace, skipped: list[str]
+) -> list[FaultResult]:
     cleanups = Cleanups()
     results = []
     try:
@@ -73,10 +76,15 @@ async def soak_config(config: str, args: argparse.Namespace) -> list[FaultResult
         for n, fault in enumerate(FAULTS):
             if config not in fault.configs or (args.faults and fault.name not in args.faults):
                 continue
-            result = await run_fault(
-                cluster, fault, f"f{n}", before=args.before, after=args.after,
-                deliver_timeout=args.deliver_timeout,
-            )  # fmt: skip
+            try:
+                result = await run_fault(
+                    cluster, fault, f"f{n}", before=args.before, after=args.after,
+                    deliver_timeout=args.deliver_timeout,
+                )  # fmt: skip
+            except SkipTest as e:
+                print(f"| {config} | {fault.name} | skipped: {e} |", flush=True)
+                skipped.append(f"{config} {fault.name}: {e}")
+                continue
             results.append(result)
             print(markdown_table([result]).splitlines()[-1], flush=True)
             for problem in result.report.problems[:10]:
@@ -93,8 +101,9 @@ def load_note() -> str:
 
 async def soak(args: argparse.Namespace) -> int:
     results: list[FaultResult] = []
+    skipped: list[str] = []
     for config in args.config:
-        results += await soak_config(config, args)
+        results += await soak_config(config, args, skipped)
     print()
     print(
         f"## Fault soak, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}:"
@@ -104,6 +113,8 @@ async def soak(args: argparse.Namespace) -> int:
     )
     print()
     print(markdown_table(results))
+    for reason in skipped:
+        print(f"skipped: {reason}")
     failed = [
         r for r in results if not (r.report.ok and r.delivered and r.recovered_after is not None)
     ]

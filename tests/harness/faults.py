@@ -120,7 +120,11 @@ class PrivatePostgres:
             runuser = shutil.which("runuser")
             if runuser is None:
                 raise _missing("running as root without runuser: cannot run a private PostgreSQL")
-            shutil.chown(self.dir, "postgres")
+            try:
+                shutil.chown(self.dir, "postgres")
+            except LookupError:
+                message = "running as root with no 'postgres' user to run PostgreSQL as"
+                raise _missing(message) from None
             self._as_user = [runuser, "-u", "postgres", "--"]
 
     async def _run(self, *args: str) -> None:
