@@ -27,6 +27,7 @@ from twisted.internet import threads
 from twisted.internet.interfaces import IReactorCore
 from twisted.python.threadpool import ThreadPool
 
+from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.metrics import TRANSACTION_DURATION, TRANSACTION_RETRIES
 from synapse_lite.storage.engines import BaseDatabaseEngine
 from synapse_lite.storage.engines.base import DBAPIConnection
@@ -178,6 +179,21 @@ class LoggingDatabaseConnection:
         self.conn.close()
 
 
+class DatabaseUnavailableError(SynapseError):
+    """The database could not be reached (down, restarting, connection lost):
+    ``503``, so that a client retries instead of treating the request as a
+    server bug. Raised when connecting fails, or when a connection broke on
+    every attempt of a transaction."""
+
+    def __init__(self, desc: str) -> None:
+        super().__init__(
+            503,
+            "The database is unavailable; try again in a few seconds",
+            Codes.UNKNOWN,
+        )
+        self.desc = desc
+
+
 class DatabasePool:
     """Runs named interactions on a pool of database threads.
 
@@ -303,7 +319,14 @@ class DatabasePool:
         try:
             while True:
                 attempt += 1
-                conn = self._get_connection()
+                try:
+                    conn = self._get_connection()
+                except Exception as exc:
+                    # Reconnecting at once would only fail again: tell the
+                    # caller now, and try a new connection next time.
+                    if engine.is_connection_error(exc):
+                        raise DatabaseUnavailableError(desc) from exc
+                    raise
                 txn: LoggingTransaction | None = None
                 began = False
                 try:
@@ -333,6 +356,8 @@ class DatabasePool:
                         self._drop_connection()
                     retryable = broken or engine.is_retryable_error(exc)
                     if not retryable or attempt >= MAX_ATTEMPTS:
+                        if broken:
+                            raise DatabaseUnavailableError(desc) from exc
                         raise
                     TRANSACTION_RETRIES.labels(desc).inc()
                     txn_logger.warning(

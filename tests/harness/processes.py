@@ -16,13 +16,13 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import attr
 import treq
 import yaml
 from twisted.internet import defer, protocol, reactor, task
-from twisted.trial import unittest
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.databases import TestDatabase
@@ -121,16 +121,39 @@ def layout_config(
     return config
 
 
-class ServerProcesses:
-    """The processes of one homeserver config, started and stopped by a test."""
+class Cleanups(Protocol):
+    """What :class:`ServerProcesses` needs of its owner: a test case, or any
+    object that runs the callables it is given when it is done."""
 
-    def __init__(self, testcase: unittest.TestCase, config: dict[str, Any]) -> None:
+    def addCleanup(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> None: ...
+
+
+class ServerProcesses:
+    """The processes of one homeserver config, started and stopped by a test
+    (or by a benchmark, with its own ``addCleanup``)."""
+
+    def __init__(
+        self,
+        testcase: Cleanups,
+        config: dict[str, Any],
+        worker_replication: dict[str, Any] | None = None,
+    ) -> None:
+        """``worker_replication``: a ``replication`` section for the workers'
+        copy of the config (e.g. to reach the main process through a proxy);
+        by default every process reads the same file."""
         self.dir = tempfile.mkdtemp(prefix="synapse_lite_e2e_")
         self.config = dict(config)
         self.config.setdefault("data_dir", os.path.join(self.dir, "data"))
         self.config_path = os.path.join(self.dir, "homeserver.yaml")
         with open(self.config_path, "w") as f:
             yaml.safe_dump(self.config, f, sort_keys=False)
+        self.worker_config_path = self.config_path
+        if worker_replication is not None:
+            self.worker_config_path = os.path.join(self.dir, "homeserver-workers.yaml")
+            with open(self.worker_config_path, "w") as f:
+                yaml.safe_dump(
+                    dict(self.config, replication=worker_replication), f, sort_keys=False
+                )
         self.processes: dict[str, ServerProcess] = {}
         for name in ["main", *self.config.get("workers", {})]:
             self.processes[name] = self._describe(name)
@@ -146,7 +169,7 @@ class ServerProcesses:
                 "-m",
                 "synapse_lite.app.generic_worker",
                 "-c",
-                self.config_path,
+                self.worker_config_path,
                 "--worker-name",
                 name,
             ]
