@@ -42,9 +42,27 @@ class AuditData:
 
 
 def snapshot_source(spark: Any, snapshot: Snapshot) -> AuditData:
-    """Read an exported snapshot."""
-    files = [path for paths in snapshot.table_files.values() for path in paths]
-    rows = spark.read.schema("table STRING, instance STRING, id LONG").parquet(*files)
+    """Read an exported snapshot.
+
+    One read per table, its name a literal column: Spark folds every
+    expression on the table name into a constant per table instead of
+    evaluating it (or joining on it) row by row. Empty tables are not read.
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    parts = [
+        spark.read.schema("instance STRING, id LONG")
+        .parquet(*paths)
+        .select(F.lit(table).alias("table"), "instance", "id")
+        for table, paths in snapshot.table_files.items()
+        if snapshot.table_rows.get(table, 1) > 0
+    ]
+    rows = (
+        functools.reduce(DataFrame.unionByName, parts)
+        if parts
+        else spark.createDataFrame([], "table STRING, instance STRING, id LONG")
+    )
     return AuditData(
         rows=rows,
         stream_positions=snapshot.stream_positions,
