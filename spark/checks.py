@@ -1,60 +1,101 @@
 """The checks that need only the database: ids, sequences and stored positions.
 
-Each function returns a DataFrame of :data:`spark.frames.FINDING_COLUMNS`.
-Everything that touches rows runs on the executors: one ordered pass over
-buckets of consecutive ids, group-bys, and joins with small broadcast tables.
-No window spans a whole stream, so the job scales out.
+The rows are read once, by :func:`id_bitmaps`: one aggregation (Spark
+combines it on each executor before anything is shuffled) down to a bitmap of
+the ids present in each block of 32,768 consecutive ids, per writer, with
+counts and extremes. Every later step works on those blocks, 1/32,768 of the
+id space, and reads the rows again only to detail a fault the blocks show:
+
+* duplicates: a block where rows outnumber distinct ids among the tables
+  whose rows each have their own id, or where the writers' distinct ids add
+  up to more than the block's distinct ids;
+* gaps: a block whose distinct ids fall short of its span; the missing ids
+  are read off the bitmap, so gaps never need the rows again;
+* row faults: per-writer totals (largest id against the sequence and the
+  stored position, writers not configured) say whether any exists.
+
+Functions returning findings return DataFrames of
+:data:`spark.frames.FINDING_COLUMNS`. No window spans more than a stream's
+block totals, so the job scales out.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from spark.frames import Frames, as_findings, summarise
+from spark.frames import Frames, as_findings, per_stream, summarise
+
+#: Ids per bitmap block (Spark's bitmap functions: 4 KB, one bit an id).
+BLOCK_IDS = 32768
 
 
-def _repeats(other: str, frames_order: Any) -> Any:
-    """The row repeats the id of its neighbour (``lag`` or ``lead``): both rows
-    have ids of their own, or two instances used the id."""
+def id_bitmaps(frames: Frames) -> Any:
+    """The one pass over the rows: per stream, block (``block``, 1 for ids
+    1 to 32768), instance, ``own`` (the table gives each row its own id) and
+    ``above`` (the id is above the sequence's last value): the rows ``n``,
+    the smallest and largest id (``low``, ``top``) and the bitmap of ids
+    (``bits``). A few rows per block and writer, whatever the row count."""
     from pyspark.sql import functions as F
 
-    def near(column: str) -> Any:
-        return getattr(F, other)(column).over(frames_order)
-
-    return (near("id") == F.col("id")) & (
-        (~F.col("shares") & ~near("shares")) | (near("instance") != F.col("instance"))
+    return frames.rows.groupBy(
+        "stream",
+        F.expr("bitmap_bucket_number(id)").alias("block"),
+        "instance",
+        (~F.col("shares")).alias("own"),
+        (F.col("id") > per_stream(frames.last_values)).alias("above"),
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min("id").alias("low"),
+        F.max("id").alias("top"),
+        F.expr("bitmap_construct_agg(bitmap_bit_position(id))").alias("bits"),
     )
 
 
-def id_marks(frames: Frames) -> Any:
-    """The rows that repeat an id or follow a hole, from one ordered pass.
-
-    The audit's one big shuffle: rows are partitioned by (stream, bucket) and
-    sorted by id, with a row's own-id rows first and then by instance, so two
-    rows of one id that conflict are always neighbours. Columns: stream,
-    bucket, id, table, instance, ``previous`` (the id before, within the
-    bucket), ``repeated``. The result is small (faults and one row per
-    bucket), kept for the checks that read it."""
-    from pyspark.sql import Window
+def block_totals(bitmaps: Any) -> Any:
+    """Per stream and block: ``dups`` (some id of the block is a duplicate),
+    and over the ids up to the sequence's last value their bitmap ``kept``,
+    count ``ids``, ``low`` and ``top`` (null when there are none)."""
     from pyspark.sql import functions as F
 
-    order = Window.partitionBy("stream", "bucket").orderBy("id", "shares", "instance")
-    previous = F.lag("id").over(order)
-    return (
-        frames.rows.repartition(frames.partitions, "stream", "bucket")
-        .select(
-            "stream",
-            "bucket",
-            "id",
-            "table",
-            "instance",
-            previous.alias("previous"),
-            (_repeats("lag", order) | _repeats("lead", order)).alias("repeated"),
-        )
-        .filter(
-            F.col("repeated") | F.col("previous").isNull() | (F.col("id") - F.col("previous") > 1)
-        )
-        .localCheckpoint(eager=True)
+    kept = ~F.col("above")
+    per_instance = bitmaps.groupBy("stream", "block", "instance").agg(
+        F.expr("bitmap_count(bitmap_or_agg(bits))").alias("distinct"),
+        F.sum(F.when(F.col("own"), F.col("n"))).alias("own_rows"),
+        F.expr("bitmap_or_agg(CASE WHEN own THEN bits END)").alias("own_bits"),
+        F.expr("bitmap_or_agg(bits)").alias("all_bits"),
+        F.expr("bitmap_or_agg(CASE WHEN NOT above THEN bits END)").alias("kept_bits"),
+        F.min(F.when(kept, F.col("low"))).alias("low"),
+        F.max(F.when(kept, F.col("top"))).alias("top"),
+    )
+    totals = per_instance.groupBy("stream", "block").agg(
+        F.coalesce(F.sum("own_rows"), F.lit(0)).alias("own_rows"),
+        F.expr("bitmap_count(bitmap_or_agg(own_bits))").alias("own_ids"),
+        F.sum("distinct").alias("instance_ids"),
+        F.expr("bitmap_count(bitmap_or_agg(all_bits))").alias("all_ids"),
+        F.expr("bitmap_or_agg(kept_bits)").alias("kept"),
+        F.min("low").alias("low"),
+        F.max("top").alias("top"),
+    )
+    # Two own rows of one id make more own rows than own ids; one id used by
+    # two writers is counted once per writer but once in the block.
+    dups = (F.col("own_rows") > F.col("own_ids")) | (F.col("instance_ids") > F.col("all_ids"))
+    return totals.select(
+        "stream",
+        "block",
+        dups.alias("dups"),
+        "kept",
+        F.expr("bitmap_count(kept)").alias("ids"),
+        "low",
+        "top",
+    )
+
+
+def per_writer(bitmaps: Any) -> Any:
+    """Rows and largest id per stream and instance."""
+    from pyspark.sql import functions as F
+
+    return bitmaps.groupBy("stream", "instance").agg(
+        F.sum("n").alias("count"), F.max("top").alias("largest")
     )
 
 
@@ -68,23 +109,28 @@ def ids_per_stream(frames: Frames) -> Any:
     )
 
 
-def duplicate_ids(marks: Any) -> Any:
+def duplicate_ids(frames: Frames, blocks: Any) -> Any:
     """An id on two rows of tables whose rows each have their own id, or used
-    by two instances at all (the seed notes' account-data bug)."""
+    by two instances at all (the seed notes' account-data bug). Reads only
+    the rows of the blocks :func:`block_totals` marked."""
     from pyspark.sql import functions as F
 
-    per_dup = (
-        marks.filter("repeated")
+    marked = blocks.filter("dups").select("stream", "block")
+    per_id = (
+        frames.rows.withColumn("block", F.expr("bitmap_bucket_number(id)"))
+        .join(F.broadcast(marked), ["stream", "block"], "left_semi")
         .groupBy("stream", "id")
         .agg(
             F.sort_array(F.collect_set("instance")).alias("instances"),
             F.sort_array(F.collect_set("table")).alias("tables"),
             F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(~F.col("shares"), F.lit(1))).alias("own_rows"),
         )
+        .filter((F.col("own_rows") > 1) | (F.size("instances") > 1))
         .withColumn("writer", F.array_join("instances", ","))
     )
     summary = summarise(
-        per_dup,
+        per_id,
         ["stream", "writer"],
         F.struct("id", "tables", "rows"),
         {"tables": F.collect_set("tables")},
@@ -162,50 +208,65 @@ def row_faults(frames: Frames, live: bool) -> Any:
     )
 
 
-def gaps(frames: Frames, marks: Any, failed_ids: Any | None) -> Any:
+def gaps(frames: Frames, blocks: Any, failed_ids: Any | None) -> Any:
     """Information: ids the sequence handed out that no row carries (failed
     transactions), as ranges. ``failed_ids`` (stream, id) from the position
     logs says how many of them are logged failures.
 
-    No window spans a stream: :func:`id_marks` finds the holes inside each
-    bucket of consecutive ids, and the largest id of the bucket before (from
-    the small per-bucket aggregate) closes a hole across a boundary.
+    From the block totals alone: a range between two blocks' ids comes from
+    the largest id of the block before (a window over a stream's blocks), one
+    after the largest id runs to the sequence's last value, and a range inside
+    a block is read off its bitmap, for the blocks whose ids fall short of
+    their span.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    seq = F.broadcast(frames.streams.select("stream", "last_value"))
-    buckets = (
-        frames.rows.join(seq, "stream")
-        .filter(F.col("id") <= F.col("last_value"))
-        .groupBy("stream", "bucket")
-        .agg(F.max("id").alias("top"))
-    )
-    before = buckets.select(
-        "stream",
-        "bucket",
-        F.lag("top").over(Window.partitionBy("stream").orderBy("bucket")).alias("before"),
-    )
-    inside = (
-        marks.join(seq, "stream")
-        .filter(F.col("id") <= F.col("last_value"))
-        .join(F.broadcast(before), ["stream", "bucket"])
-        .withColumn("previous", F.coalesce("previous", "before", F.lit(0)))
-        .filter(F.col("id") - F.col("previous") > 1)
-        .select("stream", (F.col("previous") + 1).alias("id"), (F.col("id") - 1).alias("last"))
-        .distinct()  # one hole, however many rows carry the id after it
+    present = blocks.filter(F.col("ids") > 0)
+    before = F.lag("top").over(Window.partitionBy("stream").orderBy("block"))
+    between = (
+        present.select("stream", "low", F.coalesce(before, F.lit(0)).alias("before"))
+        .filter(F.col("low") > F.col("before") + 1)
+        .select("stream", (F.col("before") + 1).alias("id"), (F.col("low") - 1).alias("last"))
     )
     # After the largest id: up to the sequence's last value.
     tails = (
         frames.streams.join(
-            buckets.groupBy("stream").agg(F.max("top").alias("top")), "stream", "left"
+            present.groupBy("stream").agg(F.max("top").alias("top")), "stream", "left"
         )
         .withColumn("top", F.coalesce(F.col("top"), F.lit(0)))
         .filter(F.col("top") < F.col("last_value"))
         .select("stream", (F.col("top") + 1).alias("id"), F.col("last_value").alias("last"))
     )
+    # Inside a block: each byte of the bitmap that is not 0xff holds a
+    # missing id; runs of consecutive missing ids become ranges.
+    first_id = (F.col("block") - 1) * BLOCK_IDS + 1
+    missing = (
+        present.filter(F.col("top") - F.col("low") + 1 > F.col("ids"))
+        .select("stream", "block", "low", "top", F.hex("kept").alias("hex"))
+        .select("*", F.explode(F.sequence(F.lit(0), F.lit(BLOCK_IDS // 8 - 1))).alias("byte"))
+        .withColumn("bits", F.conv(F.expr("substring(hex, byte * 2 + 1, 2)"), 16, 10).cast("int"))
+        .filter(F.col("bits") != 255)
+        .select("*", F.explode(F.sequence(F.lit(0), F.lit(7))).alias("bit"))
+        .filter(F.expr("shiftright(bits, bit) & 1 = 0"))
+        .select(
+            "stream",
+            "block",
+            "low",
+            "top",
+            (first_id + F.col("byte") * 8 + F.col("bit")).alias("id"),
+        )
+        .filter((F.col("id") > F.col("low")) & (F.col("id") < F.col("top")))
+    )
+    run = F.col("id") - F.row_number().over(Window.partitionBy("stream", "block").orderBy("id"))
+    inside = (
+        missing.withColumn("run", run)
+        .groupBy("stream", "block", "run")
+        .agg(F.min("id").alias("id"), F.max("id").alias("last"))
+        .select("stream", "id", "last")
+    )
     summary = summarise(
-        inside.unionByName(tails),
+        between.unionByName(inside).unionByName(tails),
         ["stream"],
         F.struct("id", "last"),
         {"missing": F.sum(F.col("last") - F.col("id") + 1)},
@@ -214,9 +275,9 @@ def gaps(frames: Frames, marks: Any, failed_ids: Any | None) -> Any:
     ranges = summary.withColumnRenamed("count", "ranges").withColumnRenamed("missing", "count")
     details = [F.col("ranges")]
     if failed_ids is not None:
-        present = frames.rows.select("stream", "id")
+        present_ids = frames.rows.select("stream", "id")
         failed = (
-            failed_ids.join(present, ["stream", "id"], "left_anti")
+            failed_ids.join(present_ids, ["stream", "id"], "left_anti")
             .groupBy("stream")
             .agg(F.count(F.lit(1)).alias("logged_failed"))
         )
