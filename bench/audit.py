@@ -1,6 +1,6 @@
 """Benchmark: the Spark audit against the same aggregates in plain SQL.
 
-    python bench/audit.py --rows 1000000 [--rows 10000000] [--jdbc-jar PATH]
+    python bench/audit.py --rows 1000000 [--rows 10000000] [--jdbc-jar PATH] [--reuse]
 
 For each size, seeds a PostgreSQL events table (two writers, a few planted
 gaps; INSERT ... SELECT generate_series, indexes built afterwards), then times
@@ -161,12 +161,37 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def bench(rows: int, jar: str | None, master: str) -> list[str]:
+def seeded(dbname: str, rows: int) -> dict[str, Any] | None:
+    """The connection arguments of ``dbname`` if an earlier run seeded it with
+    ``rows`` rows (a count of the table: not a proof that nobody changed it)."""
+    import psycopg2
+
+    args = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": dbname}
+    try:
+        conn = psycopg2.connect(**args)
+    except psycopg2.OperationalError:
+        return None
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*), MAX(stream_ordering) FROM events")
+            count, largest = cur.fetchone()
+    except psycopg2.Error:
+        return None
+    finally:
+        conn.close()
+    return args if (count, largest) == (rows - 4, rows) else None
+
+
+def bench(rows: int, jar: str | None, master: str, reuse: bool) -> list[str]:
     lines = []
     print(f"== {rows:,} events rows", flush=True)
     start = time.monotonic()
-    args = seed("synapse_lite_bench_audit", rows)
-    print(f"seeded in {time.monotonic() - start:.1f} s", flush=True)
+    args = seeded("synapse_lite_bench_audit", rows) if reuse else None
+    if args is None:
+        args = seed("synapse_lite_bench_audit", rows)
+        print(f"seeded in {time.monotonic() - start:.1f} s", flush=True)
+    else:
+        print("reusing the database seeded by an earlier run", flush=True)
     sql_total, sql_times = time_sql(args)
     for name, seconds in sql_times.items():
         print(f"  plain SQL {name}: {seconds:.2f} s", flush=True)
@@ -198,13 +223,18 @@ def main() -> int:
     parser.add_argument("--rows", type=int, action="append", help="events rows (repeatable)")
     parser.add_argument("--jdbc-jar", default=os.environ.get("SYNAPSE_LITE_JDBC_JAR", DEFAULT_JAR))
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the database an earlier run seeded with as many rows (saves the seeding)",
+    )
     options = parser.parse_args()
     jar = options.jdbc_jar if options.jdbc_jar and os.path.isfile(options.jdbc_jar) else None
     if jar is None:
         print("no JDBC jar (apt-get install libpostgresql-jdbc-java): Parquet route only")
     lines = []
     for rows in options.rows or [1_000_000]:
-        lines += bench(rows, jar, options.master)
+        lines += bench(rows, jar, options.master, options.reuse)
     print("\n".join(["", "rows          what                        wall      throughput", *lines]))
     return 0
 

@@ -1,22 +1,24 @@
 """The checks that need only the database: ids, sequences and stored positions.
 
-The rows are read once, by :func:`id_bitmaps`: one aggregation (Spark
-combines it on each executor before anything is shuffled) down to a bitmap of
-the ids present in each block of 32,768 consecutive ids, per writer, with
-counts and extremes. Every later step works on those blocks, 1/32,768 of the
-id space, and reads the rows again only to detail a fault the blocks show:
+The rows are read once, by :func:`id_words`: one aggregation (Spark combines
+it on each executor before anything is shuffled) down to a 64-bit bitmap of
+the ids present in each word of 64 consecutive ids, per writer, with counts
+and extremes. Later steps work on those words and on blocks of 512 words
+(32,768 ids), and read the rows again only to detail a fault they show:
 
-* duplicates: a block where rows outnumber distinct ids among the tables
+* duplicates: a word where rows outnumber distinct ids among the tables
   whose rows each have their own id, or where the writers' distinct ids add
-  up to more than the block's distinct ids;
-* gaps: a block whose distinct ids fall short of its span; the missing ids
-  are read off the bitmap, so gaps never need the rows again;
+  up to more than the word's distinct ids;
+* gaps: a block whose distinct ids fall short of its span hands its words
+  to the driver, which reads the missing ids off them (:mod:`spark.gaps`), so
+  gaps never need the rows again;
 * row faults: per-writer totals (largest id against the sequence and the
   stored position, writers not configured) say whether any exists.
 
 Functions returning findings return DataFrames of
-:data:`spark.frames.FINDING_COLUMNS`. No window spans more than a stream's
-block totals, so the job scales out.
+:data:`spark.frames.FINDING_COLUMNS`. Every step is an aggregation or a join
+with a small broadcast table: no window spans more than one id, so the job
+scales out.
 """
 
 from __future__ import annotations
@@ -24,78 +26,110 @@ from __future__ import annotations
 from typing import Any
 
 from spark.frames import Frames, as_findings, per_stream, summarise
-
-#: Ids per bitmap block (Spark's bitmap functions: 4 KB, one bit an id).
-BLOCK_IDS = 32768
+from spark.gaps import BLOCK_IDS, WORD_IDS
 
 
-def id_bitmaps(frames: Frames) -> Any:
-    """The one pass over the rows: per stream, block (``block``, 1 for ids
-    1 to 32768), instance, ``own`` (the table gives each row its own id) and
-    ``above`` (the id is above the sequence's last value): the rows ``n``,
-    the smallest and largest id (``low``, ``top``) and the bitmap of ids
-    (``bits``). A few rows per block and writer, whatever the row count."""
+def id_words(frames: Frames) -> Any:
+    """The one pass over the rows, per stream, word of 64 consecutive ids
+    (``word``: ``id div 64``) and instance: the rows ``n``, the largest id
+    ``top_all``, the rows of tables giving each row its own id ``own_rows``,
+    and bitmaps of the word's ids (bit ``id % 64``): all of them
+    (``all_bits``), those on own-id rows (``own_bits``) and those at most the
+    sequence's last value (``kept_bits``, with their smallest and largest,
+    ``low`` and ``top``).
+
+    Every aggregate is fixed-width, so Spark uses its hash aggregation and
+    combines rows on each executor before the shuffle: about 1/64 of the rows
+    per writer go on (a 4 KB bitmap per block instead would need a sort of
+    every row)."""
     from pyspark.sql import functions as F
 
+    own = ~F.col("shares")
+    kept = F.col("id") <= per_stream(frames.last_values)
+    bit = F.expr(f"shiftleft(1L, cast(id % {WORD_IDS} AS INT))")
     return frames.rows.groupBy(
-        "stream",
-        F.expr("bitmap_bucket_number(id)").alias("block"),
-        "instance",
-        (~F.col("shares")).alias("own"),
-        (F.col("id") > per_stream(frames.last_values)).alias("above"),
+        "stream", F.expr(f"id div {WORD_IDS}").alias("word"), "instance"
     ).agg(
         F.count(F.lit(1)).alias("n"),
-        F.min("id").alias("low"),
-        F.max("id").alias("top"),
-        F.expr("bitmap_construct_agg(bitmap_bit_position(id))").alias("bits"),
+        F.max("id").alias("top_all"),
+        F.count(F.when(own, F.lit(1))).alias("own_rows"),
+        F.bit_or(bit).alias("all_bits"),
+        F.bit_or(F.when(own, bit)).alias("own_bits"),
+        F.bit_or(F.when(kept, bit)).alias("kept_bits"),
+        F.min(F.when(kept, F.col("id"))).alias("low"),
+        F.max(F.when(kept, F.col("id"))).alias("top"),
     )
 
 
-def block_totals(bitmaps: Any) -> Any:
-    """Per stream and block: ``dups`` (some id of the block is a duplicate),
-    and over the ids up to the sequence's last value their bitmap ``kept``,
-    count ``ids``, ``low`` and ``top`` (null when there are none)."""
+def word_totals(words: Any) -> Any:
+    """Per stream and word (with its ``block``): ``dups`` (an id of the word
+    is a duplicate) and, over the ids at most the sequence's last value, their
+    bitmap ``kept``, count ``ids`` and smallest and largest (``low``, ``top``)."""
     from pyspark.sql import functions as F
 
-    kept = ~F.col("above")
-    per_instance = bitmaps.groupBy("stream", "block", "instance").agg(
-        F.expr("bitmap_count(bitmap_or_agg(bits))").alias("distinct"),
-        F.sum(F.when(F.col("own"), F.col("n"))).alias("own_rows"),
-        F.expr("bitmap_or_agg(CASE WHEN own THEN bits END)").alias("own_bits"),
-        F.expr("bitmap_or_agg(bits)").alias("all_bits"),
-        F.expr("bitmap_or_agg(CASE WHEN NOT above THEN bits END)").alias("kept_bits"),
-        F.min(F.when(kept, F.col("low"))).alias("low"),
-        F.max(F.when(kept, F.col("top"))).alias("top"),
-    )
-    totals = per_instance.groupBy("stream", "block").agg(
-        F.coalesce(F.sum("own_rows"), F.lit(0)).alias("own_rows"),
-        F.expr("bitmap_count(bitmap_or_agg(own_bits))").alias("own_ids"),
-        F.sum("distinct").alias("instance_ids"),
-        F.expr("bitmap_count(bitmap_or_agg(all_bits))").alias("all_ids"),
-        F.expr("bitmap_or_agg(kept_bits)").alias("kept"),
+    totals = words.groupBy("stream", "word").agg(
+        F.sum("own_rows").alias("own_rows"),
+        F.bit_count(F.bit_or("own_bits")).alias("own_ids"),
+        F.sum(F.bit_count("all_bits")).alias("instance_ids"),
+        F.bit_count(F.bit_or("all_bits")).alias("all_ids"),
+        F.bit_or("kept_bits").alias("kept"),
         F.min("low").alias("low"),
         F.max("top").alias("top"),
     )
     # Two own rows of one id make more own rows than own ids; one id used by
-    # two writers is counted once per writer but once in the block.
+    # two writers counts once per writer but once in the word.
     dups = (F.col("own_rows") > F.col("own_ids")) | (F.col("instance_ids") > F.col("all_ids"))
     return totals.select(
         "stream",
-        "block",
+        F.expr(f"word div {BLOCK_IDS // WORD_IDS}").alias("block"),
+        "word",
         dups.alias("dups"),
-        "kept",
-        F.expr("bitmap_count(kept)").alias("ids"),
+        F.coalesce(F.col("kept"), F.lit(0)).alias("kept"),
+        F.coalesce(F.bit_count("kept"), F.lit(0)).cast("long").alias("ids"),
         "low",
         "top",
     )
 
 
-def per_writer(bitmaps: Any) -> Any:
+def block_totals(words: Any) -> Any:
+    """Per stream and block of 32,768 ids: ``dups`` (the block holds a
+    duplicate) and over the ids at most the sequence's last value how many
+    (``ids``) and the smallest and largest (``low``, ``top``)."""
+    from pyspark.sql import functions as F
+
+    return (
+        word_totals(words)
+        .groupBy("stream", "block")
+        .agg(
+            F.max("dups").alias("dups"),
+            F.sum("ids").alias("ids"),
+            F.min("low").alias("low"),
+            F.max("top").alias("top"),
+        )
+    )
+
+
+def block_words(words: Any, blocks: Any) -> Any:
+    """The words (stream, block, word, kept) of the ``blocks`` given (stream,
+    block), each block's words together and in order, for the driver to
+    stream."""
+    from pyspark.sql import functions as F
+
+    return (
+        word_totals(words)
+        .join(F.broadcast(blocks), ["stream", "block"], "left_semi")
+        .select("stream", "block", "word", "kept")
+        .repartition("stream", "block")
+        .sortWithinPartitions("stream", "block", "word")
+    )
+
+
+def per_writer(words: Any) -> Any:
     """Rows and largest id per stream and instance."""
     from pyspark.sql import functions as F
 
-    return bitmaps.groupBy("stream", "instance").agg(
-        F.sum("n").alias("count"), F.max("top").alias("largest")
+    return words.groupBy("stream", "instance").agg(
+        F.sum("n").alias("count"), F.max("top_all").alias("largest")
     )
 
 
@@ -109,15 +143,15 @@ def ids_per_stream(frames: Frames) -> Any:
     )
 
 
-def duplicate_ids(frames: Frames, blocks: Any) -> Any:
+def duplicate_ids(frames: Frames, marked: Any) -> Any:
     """An id on two rows of tables whose rows each have their own id, or used
     by two instances at all (the seed notes' account-data bug). Reads only
-    the rows of the blocks :func:`block_totals` marked."""
+    the rows of the blocks ``marked`` (stream, block) that
+    :func:`block_totals` found a duplicate in."""
     from pyspark.sql import functions as F
 
-    marked = blocks.filter("dups").select("stream", "block")
     per_id = (
-        frames.rows.withColumn("block", F.expr("bitmap_bucket_number(id)"))
+        frames.rows.withColumn("block", F.expr(f"id div {BLOCK_IDS}"))
         .join(F.broadcast(marked), ["stream", "block"], "left_semi")
         .groupBy("stream", "id")
         .agg(
@@ -208,79 +242,14 @@ def row_faults(frames: Frames, live: bool) -> Any:
     )
 
 
-def gaps(frames: Frames, blocks: Any, failed_ids: Any | None) -> Any:
-    """Information: ids the sequence handed out that no row carries (failed
-    transactions), as ranges. ``failed_ids`` (stream, id) from the position
-    logs says how many of them are logged failures.
-
-    From the block totals alone: a range between two blocks' ids comes from
-    the largest id of the block before (a window over a stream's blocks), one
-    after the largest id runs to the sequence's last value, and a range inside
-    a block is read off its bitmap, for the blocks whose ids fall short of
-    their span.
-    """
-    from pyspark.sql import Window
+def logged_failures(frames: Frames, failed_ids: Any) -> Any:
+    """Per stream: how many ids the position logs record as failed have no
+    row (stream, logged_failed)."""
     from pyspark.sql import functions as F
 
-    present = blocks.filter(F.col("ids") > 0)
-    before = F.lag("top").over(Window.partitionBy("stream").orderBy("block"))
-    between = (
-        present.select("stream", "low", F.coalesce(before, F.lit(0)).alias("before"))
-        .filter(F.col("low") > F.col("before") + 1)
-        .select("stream", (F.col("before") + 1).alias("id"), (F.col("low") - 1).alias("last"))
+    present = frames.rows.select("stream", "id")
+    return (
+        failed_ids.join(present, ["stream", "id"], "left_anti")
+        .groupBy("stream")
+        .agg(F.count(F.lit(1)).alias("logged_failed"))
     )
-    # After the largest id: up to the sequence's last value.
-    tails = (
-        frames.streams.join(
-            present.groupBy("stream").agg(F.max("top").alias("top")), "stream", "left"
-        )
-        .withColumn("top", F.coalesce(F.col("top"), F.lit(0)))
-        .filter(F.col("top") < F.col("last_value"))
-        .select("stream", (F.col("top") + 1).alias("id"), F.col("last_value").alias("last"))
-    )
-    # Inside a block: each byte of the bitmap that is not 0xff holds a
-    # missing id; runs of consecutive missing ids become ranges.
-    first_id = (F.col("block") - 1) * BLOCK_IDS + 1
-    missing = (
-        present.filter(F.col("top") - F.col("low") + 1 > F.col("ids"))
-        .select("stream", "block", "low", "top", F.hex("kept").alias("hex"))
-        .select("*", F.explode(F.sequence(F.lit(0), F.lit(BLOCK_IDS // 8 - 1))).alias("byte"))
-        .withColumn("bits", F.conv(F.expr("substring(hex, byte * 2 + 1, 2)"), 16, 10).cast("int"))
-        .filter(F.col("bits") != 255)
-        .select("*", F.explode(F.sequence(F.lit(0), F.lit(7))).alias("bit"))
-        .filter(F.expr("shiftright(bits, bit) & 1 = 0"))
-        .select(
-            "stream",
-            "block",
-            "low",
-            "top",
-            (first_id + F.col("byte") * 8 + F.col("bit")).alias("id"),
-        )
-        .filter((F.col("id") > F.col("low")) & (F.col("id") < F.col("top")))
-    )
-    run = F.col("id") - F.row_number().over(Window.partitionBy("stream", "block").orderBy("id"))
-    inside = (
-        missing.withColumn("run", run)
-        .groupBy("stream", "block", "run")
-        .agg(F.min("id").alias("id"), F.max("id").alias("last"))
-        .select("stream", "id", "last")
-    )
-    summary = summarise(
-        between.unionByName(inside).unionByName(tails),
-        ["stream"],
-        F.struct("id", "last"),
-        {"missing": F.sum(F.col("last") - F.col("id") + 1)},
-        n=10,
-    )
-    ranges = summary.withColumnRenamed("count", "ranges").withColumnRenamed("missing", "count")
-    details = [F.col("ranges")]
-    if failed_ids is not None:
-        present_ids = frames.rows.select("stream", "id")
-        failed = (
-            failed_ids.join(present_ids, ["stream", "id"], "left_anti")
-            .groupBy("stream")
-            .agg(F.count(F.lit(1)).alias("logged_failed"))
-        )
-        ranges = ranges.join(failed, "stream", "left")
-        details.append(F.coalesce(F.col("logged_failed"), F.lit(0)).alias("logged_failed"))
-    return as_findings(ranges, "info", "gap", F.lit(""), F.to_json(F.struct(*details)))

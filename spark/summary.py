@@ -1,22 +1,26 @@
 """Run every check and bring the small results to the driver.
 
-The rows are read once into per-block bitmaps (:func:`spark.checks.id_bitmaps`).
-One collect then brings the per-writer totals, the gaps and how many blocks
-hold duplicates; a second pass over the rows runs only when those show a
-fault (duplicates, or a writer's rows against its sequence, stored position or
-configuration), and the position-log checks only with logs. Everything
-collected is bounded by the number of streams, writers and faults, never by
-the number of rows.
+The rows are read once into 64-bit bitmaps of ids (:func:`spark.checks.id_words`).
+From those the driver takes the per-writer totals and one record per block of
+32,768 ids (streamed, for the gaps and to know which blocks hold duplicates),
+and the bitmap words of the blocks with gaps inside.
+A second pass over the rows runs only when those show a fault (duplicates, or
+a writer's rows against its sequence, stored position or configuration), and
+the position-log checks only with logs. What the driver holds is bounded by
+the number of streams, writers and faults and by the id space / 32,768, never
+by the number of rows.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 from spark import checks, log_checks
 from spark.catalog import AuditCatalog
 from spark.frames import build_frames
+from spark.gaps import StreamGaps, stream_gaps
 from spark.logs import PositionLogs
 from spark.model import FINDING, INFO, Finding, StreamSummary, WriterSummary, describe
 from spark.progress import Progress
@@ -25,18 +29,16 @@ from spark.sources import AuditData
 #: Buckets the id space is cut into: enough for parallelism, few enough that
 #: per-bucket aggregates stay small.
 BUCKETS = 2048
-#: The severities marking per-writer totals and duplicate blocks in the
-#: collected rows (they are not findings).
+#: The severity marking per-writer totals in the collected rows.
 _WRITER_ROWS = "writer_rows"
-_DUPLICATE_BLOCKS = "duplicate_blocks"
 
 
-def _per_writer(bitmaps: Any) -> Any:
+def _per_writer(words: Any) -> Any:
     """Rows and largest id per stream and instance, shaped like the findings
-    so that they come back in the same collect (``ids`` holds the largest)."""
+    (``ids`` holds the largest)."""
     from pyspark.sql import functions as F
 
-    return checks.per_writer(bitmaps).select(
+    return checks.per_writer(words).select(
         F.lit(_WRITER_ROWS).alias("severity"),
         F.lit("rows").alias("kind"),
         "stream",
@@ -48,25 +50,24 @@ def _per_writer(bitmaps: Any) -> Any:
     )
 
 
-def _duplicate_blocks(blocks: Any) -> Any:
-    """How many blocks of each stream hold a duplicate, shaped like the findings."""
-    from pyspark.sql import functions as F
-
-    return (
-        blocks.filter("dups")
-        .groupBy("stream")
-        .agg(F.count(F.lit(1)).alias("count"))
-        .select(
-            F.lit(_DUPLICATE_BLOCKS).alias("severity"),
-            F.lit("blocks").alias("kind"),
-            "stream",
-            F.lit("").alias("writer"),
-            "count",
-            F.array().cast("array<bigint>").alias("ids"),
-            F.lit("[]").alias("samples"),
-            F.lit("{}").alias("details"),
+def _gap_findings(found: dict[str, StreamGaps], failed: dict[str, int] | None) -> list[Finding]:
+    result = []
+    for stream, gaps in found.items():
+        details: dict[str, Any] = {"ranges": gaps.ranges}
+        if failed is not None:
+            details["logged_failed"] = failed.get(stream, 0)
+        fields: dict[str, Any] = dict(
+            severity=INFO,
+            kind="gap",
+            stream=stream,
+            writer="",
+            count=gaps.missing,
+            ids=tuple(first for first, _ in gaps.first),
+            samples=tuple({"id": first, "last": last} for first, last in gaps.first),
+            details=details,
         )
-    )
+        result.append(Finding(**fields, message=describe(**fields)))
+    return result
 
 
 def _row_faults_possible(data: AuditData, catalog: AuditCatalog, per_writer: list[Any]) -> bool:
@@ -180,30 +181,46 @@ def collect_results(
     largest = max([*data.sequences.values(), logs.largest_value if logs else 0])
     frames = build_frames(spark, data, catalog, largest, BUCKETS)
     with progress.step("read the rows into id bitmaps"):
-        # The one full pass; what it keeps is a few rows per block and writer.
-        bitmaps = checks.id_bitmaps(frames).localCheckpoint(eager=True)
-    blocks = checks.block_totals(bitmaps).localCheckpoint(eager=True)
+        # The one full pass; what it keeps is about one row per 64 ids and writer.
+        words = checks.id_words(frames).localCheckpoint(eager=True)
 
-    failed = None
-    persisted: dict[str, int] = {}
-    parts = [_per_writer(bitmaps), _duplicate_blocks(blocks)]
-    if logs is not None and logs.streams:
-        failed = logs.finished.filter(~F.col("committed")).select("stream", "id")
-        per_id = checks.ids_per_stream(frames).localCheckpoint(eager=True)
-        parts.append(log_checks.positions_before_finish(spark, frames, per_id, logs))
-        with progress.step("reproduced persisted-up-to positions from the logs"):
-            persisted = log_checks.persisted_upto(per_id, frames.streams, logs)
-    parts.append(checks.gaps(frames, blocks, failed))
     with progress.step("ran the checks") as step:
-        collected = functools.reduce(DataFrame.unionByName, parts).collect()
-        per_writer = [r for r in collected if r["severity"] == _WRITER_ROWS]
-        duplicates = any(r["severity"] == _DUPLICATE_BLOCKS for r in collected)
-        found = [r for r in collected if r["severity"] not in (_WRITER_ROWS, _DUPLICATE_BLOCKS)]
+        per_writer = _per_writer(words).collect()
         step.rows = sum(int(r["count"]) for r in per_writer)
+        # Streamed a partition at a time: the driver keeps a few numbers a block.
+        spans, short, marked = [], [], []
+        for row in checks.block_totals(words).toLocalIterator():
+            if row["dups"]:
+                marked.append((row["stream"], int(row["block"])))
+            if row["ids"]:
+                low, top = int(row["low"]), int(row["top"])
+                spans.append((row["stream"], int(row["block"]), low, top))
+                if top - low + 1 > int(row["ids"]):
+                    short.append((row["stream"], int(row["block"])))
+        short_words: Iterable[Any] = []
+        if short:
+            wanted = spark.createDataFrame(short, "stream STRING, block LONG")
+            short_words = checks.block_words(words, wanted).toLocalIterator()
+        gaps = stream_gaps(spans, short_words, frames.last_values)
+
+    found: list[Any] = []
+    failed: dict[str, int] | None = None
+    persisted: dict[str, int] = {}
+    if logs is not None and logs.streams:
+        with progress.step("checked the position logs"):
+            failed_ids = logs.finished.filter(~F.col("committed")).select("stream", "id")
+            failed = {
+                r["stream"]: int(r["logged_failed"])
+                for r in checks.logged_failures(frames, failed_ids).collect()
+            }
+            per_id = checks.ids_per_stream(frames).localCheckpoint(eager=True)
+            found += log_checks.positions_before_finish(spark, frames, per_id, logs).collect()
+            persisted = log_checks.persisted_upto(per_id, frames.streams, logs)
 
     # Only a fault the totals show sends Spark back to the rows, for details.
     details = []
-    if duplicates:
+    if marked:
+        blocks = spark.createDataFrame(marked, "stream STRING, block LONG")
         details.append(checks.duplicate_ids(frames, blocks))
     if _row_faults_possible(data, catalog, per_writer):
         details.append(checks.row_faults(frames, live))
@@ -212,6 +229,7 @@ def collect_results(
             found += functools.reduce(DataFrame.unionByName, details).collect()
 
     results = [Finding.from_row(r) for r in found] + _ahead_of_sequence(data, catalog)
+    results += _gap_findings(gaps, failed)
     if logs is not None:
         results += _malformed(logs)
     results.sort(key=lambda f: (f.kind, f.stream, f.writer, f.ids))
