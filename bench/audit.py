@@ -12,8 +12,10 @@ in the same run:
     Spark start included), over a Parquet export and, with a JDBC jar, over
     JDBC.
 
-Prints wall time, rows/s, the ratio to plain SQL against the 3x target, and
-the peak RSS of the audit's processes (Python driver and JVM).
+Prints wall time, rows/s, the ratio to plain SQL against the 3x target, the
+peak RSS of the audit's processes (Python driver and JVM together, sampled
+from /proc), the audit's CPU seconds and the load average (the machine may be
+shared: a loaded one inflates every figure).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -142,23 +145,66 @@ def write_config(directory: str, args: dict[str, Any]) -> str:
     return path
 
 
-def time_audit(config: str, extra: list[str]) -> tuple[float, dict[str, Any], int, str]:
-    """The audit command end to end; wall time, report, exit code, progress."""
+def children_cpu_s() -> float:
+    """CPU seconds (user and system) of every finished child process."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tree_rss_mb(root: int) -> float:
+    """The summed RSS of ``root`` and its descendants (the audit's Python
+    driver and the JVM it starts), from /proc."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        parents[int(entry)] = int(fields[1])
+        rss[int(entry)] = int(fields[21]) * resource.getpagesize()
+    tree = {root}
+    grew = True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grew = bool(found)
+    return sum(rss.get(pid, 0) for pid in tree) / 2**20
+
+
+def time_audit(
+    config: str, extra: list[str]
+) -> tuple[float, float, float, dict[str, Any], int, str]:
+    """The audit command end to end; wall time, CPU seconds (its Python and
+    JVM, not PostgreSQL's), peak RSS in MB of its Python and JVM together
+    (sampled every 0.2 s), report, exit code, progress."""
     report = config + ".report.json"
     command = [sys.executable, os.path.join(ROOT, "spark", "audit.py"), "-c", config]
     command += ["--json", report, *extra]
-    start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True)
-    elapsed = time.monotonic() - start
+    start, cpu = time.monotonic(), children_cpu_s()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0.0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.wait(0.2):
+            peak = max(peak, tree_rss_mb(process.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = process.communicate()
+    stop.set()
+    sampler.join()
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    elapsed, cpu = time.monotonic() - start, children_cpu_s() - cpu
     if done.returncode not in (0, 1):
         raise SystemExit(f"audit failed ({done.returncode}):\n{done.stderr}")
     with open(report, encoding="utf-8") as f:
-        return elapsed, json.load(f), done.returncode, done.stderr
-
-
-def peak_rss_mb() -> float:
-    """The largest RSS of any finished child process (driver or JVM)."""
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        return elapsed, cpu, peak, json.load(f), done.returncode, done.stderr
 
 
 def seeded(dbname: str, rows: int) -> dict[str, Any] | None:
@@ -192,6 +238,7 @@ def bench(rows: int, jar: str | None, master: str, reuse: bool) -> list[str]:
         print(f"seeded in {time.monotonic() - start:.1f} s", flush=True)
     else:
         print("reusing the database seeded by an earlier run", flush=True)
+    print(f"  load average {os.getloadavg()[0]:.1f} before plain SQL", flush=True)
     sql_total, sql_times = time_sql(args)
     for name, seconds in sql_times.items():
         print(f"  plain SQL {name}: {seconds:.2f} s", flush=True)
@@ -203,8 +250,12 @@ def bench(rows: int, jar: str | None, master: str, reuse: bool) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="synapse_lite_bench_audit_") as directory:
         config = write_config(directory, args)
         for name, extra in routes:
-            elapsed, report, code, progress = time_audit(config, ["--master", master, *extra])
+            load = os.getloadavg()[0]
+            elapsed, cpu, peak, report, code, progress = time_audit(
+                config, ["--master", master, *extra]
+            )
             print(progress, end="", flush=True)
+            print(f"  audit CPU {cpu:.1f} s; load average {load:.1f} when it started", flush=True)
             gaps = [i for i in report["info"] if i["kind"] == "gap"]
             missing = sum(g["count"] for g in gaps)
             ratio = elapsed / sql_total
@@ -213,7 +264,7 @@ def bench(rows: int, jar: str | None, master: str, reuse: bool) -> list[str]:
                 f"{rows:>12,}  audit, {name:<16} {elapsed:7.1f} s  {rows / elapsed:>12,.0f} rows/s"
                 f"  {ratio:5.1f}x SQL  {verdict} (target {TARGET_RATIO:.0f}x)"
                 f"  exit {code}, {len(report['findings'])} findings, {missing} gap ids,"
-                f" peak RSS {peak_rss_mb():,.0f} MB"
+                f" peak RSS {peak:,.0f} MB"
             )
     return lines
 
