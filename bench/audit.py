@@ -145,17 +145,12 @@ def write_config(directory: str, args: dict[str, Any]) -> str:
     return path
 
 
-def children_cpu_s() -> float:
-    """CPU seconds (user and system) of every finished child process."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def tree_rss_mb(root: int) -> float:
-    """The summed RSS of ``root`` and its descendants (the audit's Python
-    driver and the JVM it starts), from /proc."""
+def tree_usage(root: int) -> dict[int, tuple[int, float]]:
+    """Per process of ``root``'s tree (the audit's Python driver and the JVM it
+    starts), from /proc: RSS in bytes and CPU seconds used so far."""
     parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
+    usage: dict[int, tuple[int, float]] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -165,14 +160,15 @@ def tree_rss_mb(root: int) -> float:
         except OSError:
             continue  # the process ended meanwhile
         parents[int(entry)] = int(fields[1])
-        rss[int(entry)] = int(fields[21]) * resource.getpagesize()
+        cpu = (int(fields[11]) + int(fields[12])) / ticks
+        usage[int(entry)] = (int(fields[21]) * resource.getpagesize(), cpu)
     tree = {root}
     grew = True
     while grew:
         found = {pid for pid, parent in parents.items() if parent in tree} - tree
         tree |= found
         grew = bool(found)
-    return sum(rss.get(pid, 0) for pid in tree) / 2**20
+    return {pid: usage[pid] for pid in tree if pid in usage}
 
 
 def time_audit(
@@ -180,19 +176,22 @@ def time_audit(
 ) -> tuple[float, float, float, dict[str, Any], int, str]:
     """The audit command end to end; wall time, CPU seconds (its Python and
     JVM, not PostgreSQL's), peak RSS in MB of its Python and JVM together
-    (sampled every 0.2 s), report, exit code, progress."""
+    (both sampled every 0.2 s), report, exit code, progress."""
     report = config + ".report.json"
     command = [sys.executable, os.path.join(ROOT, "spark", "audit.py"), "-c", config]
     command += ["--json", report, *extra]
-    start, cpu = time.monotonic(), children_cpu_s()
+    start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0.0
+    cpu_by_pid: dict[int, float] = {}
     stop = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not stop.wait(0.2):
-            peak = max(peak, tree_rss_mb(process.pid))
+            usage = tree_usage(process.pid)
+            peak = max(peak, sum(rss for rss, _ in usage.values()) / 2**20)
+            cpu_by_pid.update((pid, cpu) for pid, (_, cpu) in usage.items())
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -200,7 +199,7 @@ def time_audit(
     stop.set()
     sampler.join()
     done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-    elapsed, cpu = time.monotonic() - start, children_cpu_s() - cpu
+    elapsed, cpu = time.monotonic() - start, sum(cpu_by_pid.values())
     if done.returncode not in (0, 1):
         raise SystemExit(f"audit failed ({done.returncode}):\n{done.stderr}")
     with open(report, encoding="utf-8") as f:
