@@ -4,9 +4,10 @@ All ids are positive here: a negative stream's ids (backfill) are negated, and
 a row belongs to a stream only if its id has the stream's sign (``events``
 holds both events, > 0, and backfill, < 0).
 
-Every check returns rows of :data:`FINDING_COLUMNS`, one per group of faulty
-ids, with a count and a bounded sample, so the driver only ever collects a few
-rows per fault whatever the size of the tables.
+Every check that finds faults returns rows of :data:`FINDING_COLUMNS`, one per
+group of faulty ids, with a count and a bounded sample, so the driver only
+ever collects a few rows per fault whatever the size of the tables (the gaps
+are worked out on the driver from block totals: :mod:`spark.gaps`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Frames:
 
     ``rows``: stream, table, shares (the table's ``shares_ids``), instance, id,
     and bucket: ``id // bucket_size``, consecutive ids cut into a few thousand
-    ranges that the id-level checks partition by.
+    ranges that the position-log checks partition by.
     ``streams``: stream, sequence, last_value, writers (comma-joined).
     ``writers``: stream, instance, keeps (the stream keeps ``stream_positions``).
     ``stored``: stream, instance, stored (the ``stream_positions`` value).
