@@ -175,8 +175,10 @@ def duplicate_ids(frames: Frames, marked: Any) -> Any:
     )
 
 
-def row_faults(frames: Frames, live: bool) -> Any:
-    """The faults one row shows on its own, found in a single pass:
+def row_faults(frames: Frames, live: bool, suspects: dict[tuple[str, str], int]) -> Any:
+    """The faults one row shows on its own, found in a single pass over the
+    rows of ``suspects``: per (stream, instance), the id above which its rows
+    may show one (the rest are filtered out before any join):
 
     * ``id_above_sequence``: an id the sequence has not handed out yet (it
       would hand it out again);
@@ -188,9 +190,15 @@ def row_faults(frames: Frames, live: bool) -> Any:
     """
     from pyspark.sql import functions as F
 
+    suspect = F.lit(False)
+    for (stream, instance), above in suspects.items():
+        suspect = suspect | (
+            (F.col("stream") == stream) & (F.col("instance") == instance) & (F.col("id") > above)
+        )
     allowed = frames.writers.withColumn("allowed", F.lit(True))
     tagged = (
-        frames.rows.join(F.broadcast(frames.streams), "stream")
+        frames.rows.filter(suspect)
+        .join(F.broadcast(frames.streams), "stream")
         .join(F.broadcast(allowed), ["stream", "instance"], "left")
         .join(F.broadcast(frames.stored), ["stream", "instance"], "left")
     )

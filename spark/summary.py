@@ -70,22 +70,29 @@ def _gap_findings(found: dict[str, StreamGaps], failed: dict[str, int] | None) -
     return result
 
 
-def _row_faults_possible(data: AuditData, catalog: AuditCatalog, per_writer: list[Any]) -> bool:
-    """Whether any row can show a fault of :func:`spark.checks.row_faults`: a
-    writer's largest id above its sequence or its stored position, or rows of
-    a writer that may not write the stream. Decided from the totals, so a
-    clean database is not read a second time."""
+def _row_fault_suspects(
+    data: AuditData, catalog: AuditCatalog, per_writer: list[Any]
+) -> dict[tuple[str, str], int]:
+    """Per (stream, instance) whose rows may show a fault of
+    :func:`spark.checks.row_faults`: the id above which they may (0 for a
+    writer that may not write the stream). Decided from the totals: a writer
+    whose largest id is within its sequence and stored position is left out,
+    and a clean database is not read a second time."""
     stored = {(s, i): abs(p) for s, i, p in data.stream_positions}
+    suspects = {}
     for row in per_writer:
         stream = catalog.stream(row["stream"])
+        key = (stream.name, row["writer"])
         largest = int(row["ids"][0])
         if row["writer"] not in stream.writers:
-            return True
-        if largest > data.sequences[stream.sequence]:
-            return True
-        if stream.keeps_positions and largest > stored.get((stream.name, row["writer"]), 0):
-            return True
-    return False
+            suspects[key] = 0
+            continue
+        above = data.sequences[stream.sequence]
+        if stream.keeps_positions:
+            above = min(above, stored.get(key, 0))
+        if largest > above:
+            suspects[key] = above
+    return suspects
 
 
 def _ahead_of_sequence(data: AuditData, catalog: AuditCatalog) -> list[Finding]:
@@ -222,8 +229,9 @@ def collect_results(
     if marked:
         blocks = spark.createDataFrame(marked, "stream STRING, block LONG")
         details.append(checks.duplicate_ids(frames, blocks))
-    if _row_faults_possible(data, catalog, per_writer):
-        details.append(checks.row_faults(frames, live))
+    suspects = _row_fault_suspects(data, catalog, per_writer)
+    if suspects:
+        details.append(checks.row_faults(frames, live, suspects))
     if details:
         with progress.step("detailed the faults"):
             found += functools.reduce(DataFrame.unionByName, details).collect()
