@@ -44,7 +44,6 @@ class Frames:
     bucket_size: int
     #: A bucket above every id: where positions beyond all ids go.
     top_bucket: int
-    partitions: int
     #: Each stream's sequence's last value.
     last_values: dict[str, int]
 
@@ -112,7 +111,6 @@ def build_frames(
         stored=stored,
         bucket_size=bucket_size,
         top_bucket=largest_id // bucket_size + 1,
-        partitions=int(spark.conf.get("spark.sql.shuffle.partitions")),
         last_values={s.name: int(data.sequences[s.sequence]) for s in catalog.streams},
     )
 

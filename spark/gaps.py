@@ -41,6 +41,8 @@ class StreamGaps:
     first: list[tuple[int, int]] = attr.Factory(list)
 
     def add(self, first: int, last: int) -> None:
+        """Count the range of missing ids ``first`` to ``last`` and keep it
+        while it may be among the first listed."""
         self.ranges += 1
         self.missing += last - first + 1
         self.first.append((first, last))

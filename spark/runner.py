@@ -112,6 +112,7 @@ class _SessionStarter:
             self._error = e
 
     def session(self) -> Any:
+        """The SparkSession, once started; raises what the start raised."""
         self._thread.join()
         if self._error is not None:
             raise self._error
