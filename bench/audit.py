@@ -1,6 +1,6 @@
 """Benchmark: the Spark audit against the same aggregates in plain SQL.
 
-    python bench/audit.py --rows 1000000 [--rows 10000000] [--jdbc-jar PATH]
+    python bench/audit.py --rows 1000000 [--rows 10000000] [--jdbc-jar PATH] [--reuse]
 
 For each size, seeds a PostgreSQL events table (two writers, a few planted
 gaps; INSERT ... SELECT generate_series, indexes built afterwards), then times
@@ -12,8 +12,10 @@ in the same run:
     Spark start included), over a Parquet export and, with a JDBC jar, over
     JDBC.
 
-Prints wall time, rows/s, the ratio to plain SQL against the 3x target, and
-the peak RSS of the audit's processes (Python driver and JVM).
+Prints wall time, rows/s, the ratio to plain SQL against the 3x target, the
+peak RSS of the audit's processes (Python driver and JVM together, sampled
+from /proc), the audit's CPU seconds and the load average (the machine may be
+shared: a loaded one inflates every figure).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -142,31 +145,99 @@ def write_config(directory: str, args: dict[str, Any]) -> str:
     return path
 
 
-def time_audit(config: str, extra: list[str]) -> tuple[float, dict[str, Any], int, str]:
-    """The audit command end to end; wall time, report, exit code, progress."""
+def tree_usage(root: int) -> dict[int, tuple[int, float]]:
+    """Per process of ``root``'s tree (the audit's Python driver and the JVM it
+    starts), from /proc: RSS in bytes and CPU seconds used so far."""
+    parents: dict[int, int] = {}
+    usage: dict[int, tuple[int, float]] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        parents[int(entry)] = int(fields[1])
+        cpu = (int(fields[11]) + int(fields[12])) / ticks
+        usage[int(entry)] = (int(fields[21]) * resource.getpagesize(), cpu)
+    tree = {root}
+    grew = True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grew = bool(found)
+    return {pid: usage[pid] for pid in tree if pid in usage}
+
+
+def time_audit(
+    config: str, extra: list[str]
+) -> tuple[float, float, float, dict[str, Any], int, str]:
+    """The audit command end to end; wall time, CPU seconds (its Python and
+    JVM, not PostgreSQL's), peak RSS in MB of its Python and JVM together
+    (both sampled every 0.2 s), report, exit code, progress."""
     report = config + ".report.json"
     command = [sys.executable, os.path.join(ROOT, "spark", "audit.py"), "-c", config]
     command += ["--json", report, *extra]
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True)
-    elapsed = time.monotonic() - start
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0.0
+    cpu_by_pid: dict[int, float] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.wait(0.2):
+            usage = tree_usage(process.pid)
+            peak = max(peak, sum(rss for rss, _ in usage.values()) / 2**20)
+            cpu_by_pid.update((pid, cpu) for pid, (_, cpu) in usage.items())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = process.communicate()
+    stop.set()
+    sampler.join()
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    elapsed, cpu = time.monotonic() - start, sum(cpu_by_pid.values())
     if done.returncode not in (0, 1):
         raise SystemExit(f"audit failed ({done.returncode}):\n{done.stderr}")
     with open(report, encoding="utf-8") as f:
-        return elapsed, json.load(f), done.returncode, done.stderr
+        return elapsed, cpu, peak, json.load(f), done.returncode, done.stderr
 
 
-def peak_rss_mb() -> float:
-    """The largest RSS of any finished child process (driver or JVM)."""
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+def seeded(dbname: str, rows: int) -> dict[str, Any] | None:
+    """The connection arguments of ``dbname`` if an earlier run seeded it with
+    ``rows`` rows (a count of the table: not a proof that nobody changed it)."""
+    import psycopg2
+
+    args = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": dbname}
+    try:
+        conn = psycopg2.connect(**args)
+    except psycopg2.OperationalError:
+        return None
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*), MAX(stream_ordering) FROM events")
+            count, largest = cur.fetchone()
+    except psycopg2.Error:
+        return None
+    finally:
+        conn.close()
+    return args if (count, largest) == (rows - 4, rows) else None
 
 
-def bench(rows: int, jar: str | None, master: str) -> list[str]:
+def bench(rows: int, jar: str | None, master: str, reuse: bool) -> list[str]:
     lines = []
     print(f"== {rows:,} events rows", flush=True)
     start = time.monotonic()
-    args = seed("synapse_lite_bench_audit", rows)
-    print(f"seeded in {time.monotonic() - start:.1f} s", flush=True)
+    args = seeded("synapse_lite_bench_audit", rows) if reuse else None
+    if args is None:
+        args = seed("synapse_lite_bench_audit", rows)
+        print(f"seeded in {time.monotonic() - start:.1f} s", flush=True)
+    else:
+        print("reusing the database seeded by an earlier run", flush=True)
+    print(f"  load average {os.getloadavg()[0]:.1f} before plain SQL", flush=True)
     sql_total, sql_times = time_sql(args)
     for name, seconds in sql_times.items():
         print(f"  plain SQL {name}: {seconds:.2f} s", flush=True)
@@ -178,8 +249,12 @@ def bench(rows: int, jar: str | None, master: str) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="synapse_lite_bench_audit_") as directory:
         config = write_config(directory, args)
         for name, extra in routes:
-            elapsed, report, code, progress = time_audit(config, ["--master", master, *extra])
+            load = os.getloadavg()[0]
+            elapsed, cpu, peak, report, code, progress = time_audit(
+                config, ["--master", master, *extra]
+            )
             print(progress, end="", flush=True)
+            print(f"  audit CPU {cpu:.1f} s; load average {load:.1f} when it started", flush=True)
             gaps = [i for i in report["info"] if i["kind"] == "gap"]
             missing = sum(g["count"] for g in gaps)
             ratio = elapsed / sql_total
@@ -188,7 +263,7 @@ def bench(rows: int, jar: str | None, master: str) -> list[str]:
                 f"{rows:>12,}  audit, {name:<16} {elapsed:7.1f} s  {rows / elapsed:>12,.0f} rows/s"
                 f"  {ratio:5.1f}x SQL  {verdict} (target {TARGET_RATIO:.0f}x)"
                 f"  exit {code}, {len(report['findings'])} findings, {missing} gap ids,"
-                f" peak RSS {peak_rss_mb():,.0f} MB"
+                f" peak RSS {peak:,.0f} MB"
             )
     return lines
 
@@ -198,13 +273,18 @@ def main() -> int:
     parser.add_argument("--rows", type=int, action="append", help="events rows (repeatable)")
     parser.add_argument("--jdbc-jar", default=os.environ.get("SYNAPSE_LITE_JDBC_JAR", DEFAULT_JAR))
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the database an earlier run seeded with as many rows (saves the seeding)",
+    )
     options = parser.parse_args()
     jar = options.jdbc_jar if options.jdbc_jar and os.path.isfile(options.jdbc_jar) else None
     if jar is None:
         print("no JDBC jar (apt-get install libpostgresql-jdbc-java): Parquet route only")
     lines = []
     for rows in options.rows or [1_000_000]:
-        lines += bench(rows, jar, options.master)
+        lines += bench(rows, jar, options.master, options.reuse)
     print("\n".join(["", "rows          what                        wall      throughput", *lines]))
     return 0
 

@@ -1,60 +1,135 @@
 """The checks that need only the database: ids, sequences and stored positions.
 
-Each function returns a DataFrame of :data:`spark.frames.FINDING_COLUMNS`.
-Everything that touches rows runs on the executors: one ordered pass over
-buckets of consecutive ids, group-bys, and joins with small broadcast tables.
-No window spans a whole stream, so the job scales out.
+The rows are read once, by :func:`id_words`: one aggregation (Spark combines
+it on each executor before anything is shuffled) down to a 64-bit bitmap of
+the ids present in each word of 64 consecutive ids, per writer, with counts
+and extremes. Later steps work on those words and on blocks of 512 words
+(32,768 ids), and read the rows again only to detail a fault they show:
+
+* duplicates: a word where rows outnumber distinct ids among the tables
+  whose rows each have their own id, or where the writers' distinct ids add
+  up to more than the word's distinct ids;
+* gaps: a block whose distinct ids fall short of its span hands its words
+  to the driver, which reads the missing ids off them (:mod:`spark.gaps`), so
+  gaps never need the rows again;
+* row faults: per-writer totals (largest id against the sequence and the
+  stored position, writers not configured) say whether any exists.
+
+Functions returning findings return DataFrames of
+:data:`spark.frames.FINDING_COLUMNS`. Every step is an aggregation or a join
+with a small broadcast table: no window spans more than one id, so the job
+scales out.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from spark.frames import Frames, as_findings, summarise
+from spark.frames import Frames, as_findings, per_stream, summarise
+from spark.gaps import BLOCK_IDS, WORD_IDS
 
 
-def _repeats(other: str, frames_order: Any) -> Any:
-    """The row repeats the id of its neighbour (``lag`` or ``lead``): both rows
-    have ids of their own, or two instances used the id."""
+def id_words(frames: Frames) -> Any:
+    """The one pass over the rows, per stream, word of 64 consecutive ids
+    (``word``: ``id div 64``) and instance: the rows ``n``, the largest id
+    ``top_all``, the rows of tables giving each row its own id ``own_rows``,
+    and bitmaps of the word's ids (bit ``id % 64``): all of them
+    (``all_bits``), those on own-id rows (``own_bits``) and those at most the
+    sequence's last value (``kept_bits``, with their smallest and largest,
+    ``low`` and ``top``).
+
+    Every aggregate is fixed-width, so Spark uses its hash aggregation and
+    combines rows on each executor before the shuffle: about 1/64 of the rows
+    per writer go on (a 4 KB bitmap per block instead would need a sort of
+    every row)."""
     from pyspark.sql import functions as F
 
-    def near(column: str) -> Any:
-        return getattr(F, other)(column).over(frames_order)
-
-    return (near("id") == F.col("id")) & (
-        (~F.col("shares") & ~near("shares")) | (near("instance") != F.col("instance"))
+    own = ~F.col("shares")
+    kept = F.col("id") <= per_stream(frames.last_values)
+    bit = F.expr(f"shiftleft(1L, cast(id % {WORD_IDS} AS INT))")
+    return frames.rows.groupBy(
+        "stream", F.expr(f"id div {WORD_IDS}").alias("word"), "instance"
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max("id").alias("top_all"),
+        F.count(F.when(own, F.lit(1))).alias("own_rows"),
+        F.bit_or(bit).alias("all_bits"),
+        F.bit_or(F.when(own, bit)).alias("own_bits"),
+        F.bit_or(F.when(kept, bit)).alias("kept_bits"),
+        F.min(F.when(kept, F.col("id"))).alias("low"),
+        F.max(F.when(kept, F.col("id"))).alias("top"),
     )
 
 
-def id_marks(frames: Frames) -> Any:
-    """The rows that repeat an id or follow a hole, from one ordered pass.
-
-    The audit's one big shuffle: rows are partitioned by (stream, bucket) and
-    sorted by id, with a row's own-id rows first and then by instance, so two
-    rows of one id that conflict are always neighbours. Columns: stream,
-    bucket, id, table, instance, ``previous`` (the id before, within the
-    bucket), ``repeated``. The result is small (faults and one row per
-    bucket), kept for the checks that read it."""
-    from pyspark.sql import Window
+def word_totals(words: Any) -> Any:
+    """Per stream and word (with its ``block``): ``dups`` (an id of the word
+    is a duplicate) and, over the ids at most the sequence's last value, their
+    bitmap ``kept``, count ``ids`` and smallest and largest (``low``, ``top``)."""
     from pyspark.sql import functions as F
 
-    order = Window.partitionBy("stream", "bucket").orderBy("id", "shares", "instance")
-    previous = F.lag("id").over(order)
+    totals = words.groupBy("stream", "word").agg(
+        F.sum("own_rows").alias("own_rows"),
+        F.bit_count(F.bit_or("own_bits")).alias("own_ids"),
+        F.sum(F.bit_count("all_bits")).alias("instance_ids"),
+        F.bit_count(F.bit_or("all_bits")).alias("all_ids"),
+        F.bit_or("kept_bits").alias("kept"),
+        F.min("low").alias("low"),
+        F.max("top").alias("top"),
+    )
+    # Two own rows of one id make more own rows than own ids; one id used by
+    # two writers counts once per writer but once in the word.
+    dups = (F.col("own_rows") > F.col("own_ids")) | (F.col("instance_ids") > F.col("all_ids"))
+    return totals.select(
+        "stream",
+        F.expr(f"word div {BLOCK_IDS // WORD_IDS}").alias("block"),
+        "word",
+        dups.alias("dups"),
+        F.coalesce(F.col("kept"), F.lit(0)).alias("kept"),
+        F.coalesce(F.bit_count("kept"), F.lit(0)).cast("long").alias("ids"),
+        "low",
+        "top",
+    )
+
+
+def block_totals(words: Any) -> Any:
+    """Per stream and block of 32,768 ids: ``dups`` (the block holds a
+    duplicate) and over the ids at most the sequence's last value how many
+    (``ids``) and the smallest and largest (``low``, ``top``)."""
+    from pyspark.sql import functions as F
+
     return (
-        frames.rows.repartition(frames.partitions, "stream", "bucket")
-        .select(
-            "stream",
-            "bucket",
-            "id",
-            "table",
-            "instance",
-            previous.alias("previous"),
-            (_repeats("lag", order) | _repeats("lead", order)).alias("repeated"),
+        word_totals(words)
+        .groupBy("stream", "block")
+        .agg(
+            F.max("dups").alias("dups"),
+            F.sum("ids").alias("ids"),
+            F.min("low").alias("low"),
+            F.max("top").alias("top"),
         )
-        .filter(
-            F.col("repeated") | F.col("previous").isNull() | (F.col("id") - F.col("previous") > 1)
-        )
-        .localCheckpoint(eager=True)
+    )
+
+
+def block_words(words: Any, blocks: Any) -> Any:
+    """The words (stream, block, word, kept) of the ``blocks`` given (stream,
+    block), each block's words together and in order, for the driver to
+    stream."""
+    from pyspark.sql import functions as F
+
+    return (
+        word_totals(words)
+        .join(F.broadcast(blocks), ["stream", "block"], "left_semi")
+        .select("stream", "block", "word", "kept")
+        .repartition("stream", "block")
+        .sortWithinPartitions("stream", "block", "word")
+    )
+
+
+def per_writer(words: Any) -> Any:
+    """Rows and largest id per stream and instance."""
+    from pyspark.sql import functions as F
+
+    return words.groupBy("stream", "instance").agg(
+        F.sum("n").alias("count"), F.max("top_all").alias("largest")
     )
 
 
@@ -68,23 +143,28 @@ def ids_per_stream(frames: Frames) -> Any:
     )
 
 
-def duplicate_ids(marks: Any) -> Any:
+def duplicate_ids(frames: Frames, marked: Any) -> Any:
     """An id on two rows of tables whose rows each have their own id, or used
-    by two instances at all (the seed notes' account-data bug)."""
+    by two instances at all (the seed notes' account-data bug). Reads only
+    the rows of the blocks ``marked`` (stream, block) that
+    :func:`block_totals` found a duplicate in."""
     from pyspark.sql import functions as F
 
-    per_dup = (
-        marks.filter("repeated")
+    per_id = (
+        frames.rows.withColumn("block", F.expr(f"id div {BLOCK_IDS}"))
+        .join(F.broadcast(marked), ["stream", "block"], "left_semi")
         .groupBy("stream", "id")
         .agg(
             F.sort_array(F.collect_set("instance")).alias("instances"),
             F.sort_array(F.collect_set("table")).alias("tables"),
             F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(~F.col("shares"), F.lit(1))).alias("own_rows"),
         )
+        .filter((F.col("own_rows") > 1) | (F.size("instances") > 1))
         .withColumn("writer", F.array_join("instances", ","))
     )
     summary = summarise(
-        per_dup,
+        per_id,
         ["stream", "writer"],
         F.struct("id", "tables", "rows"),
         {"tables": F.collect_set("tables")},
@@ -95,8 +175,10 @@ def duplicate_ids(marks: Any) -> Any:
     )
 
 
-def row_faults(frames: Frames, live: bool) -> Any:
-    """The faults one row shows on its own, found in a single pass:
+def row_faults(frames: Frames, live: bool, suspects: dict[tuple[str, str], int]) -> Any:
+    """The faults one row shows on its own, found in a single pass over the
+    rows of ``suspects``: per (stream, instance), the id above which its rows
+    may show one (the rest are filtered out before any join):
 
     * ``id_above_sequence``: an id the sequence has not handed out yet (it
       would hand it out again);
@@ -108,9 +190,15 @@ def row_faults(frames: Frames, live: bool) -> Any:
     """
     from pyspark.sql import functions as F
 
+    suspect = F.lit(False)
+    for (stream, instance), above in suspects.items():
+        suspect = suspect | (
+            (F.col("stream") == stream) & (F.col("instance") == instance) & (F.col("id") > above)
+        )
     allowed = frames.writers.withColumn("allowed", F.lit(True))
     tagged = (
-        frames.rows.join(F.broadcast(frames.streams), "stream")
+        frames.rows.filter(suspect)
+        .join(F.broadcast(frames.streams), "stream")
         .join(F.broadcast(allowed), ["stream", "instance"], "left")
         .join(F.broadcast(frames.stored), ["stream", "instance"], "left")
     )
@@ -162,64 +250,14 @@ def row_faults(frames: Frames, live: bool) -> Any:
     )
 
 
-def gaps(frames: Frames, marks: Any, failed_ids: Any | None) -> Any:
-    """Information: ids the sequence handed out that no row carries (failed
-    transactions), as ranges. ``failed_ids`` (stream, id) from the position
-    logs says how many of them are logged failures.
-
-    No window spans a stream: :func:`id_marks` finds the holes inside each
-    bucket of consecutive ids, and the largest id of the bucket before (from
-    the small per-bucket aggregate) closes a hole across a boundary.
-    """
-    from pyspark.sql import Window
+def logged_failures(frames: Frames, failed_ids: Any) -> Any:
+    """Per stream: how many ids the position logs record as failed have no
+    row (stream, logged_failed)."""
     from pyspark.sql import functions as F
 
-    seq = F.broadcast(frames.streams.select("stream", "last_value"))
-    buckets = (
-        frames.rows.join(seq, "stream")
-        .filter(F.col("id") <= F.col("last_value"))
-        .groupBy("stream", "bucket")
-        .agg(F.max("id").alias("top"))
+    present = frames.rows.select("stream", "id")
+    return (
+        failed_ids.join(present, ["stream", "id"], "left_anti")
+        .groupBy("stream")
+        .agg(F.count(F.lit(1)).alias("logged_failed"))
     )
-    before = buckets.select(
-        "stream",
-        "bucket",
-        F.lag("top").over(Window.partitionBy("stream").orderBy("bucket")).alias("before"),
-    )
-    inside = (
-        marks.join(seq, "stream")
-        .filter(F.col("id") <= F.col("last_value"))
-        .join(F.broadcast(before), ["stream", "bucket"])
-        .withColumn("previous", F.coalesce("previous", "before", F.lit(0)))
-        .filter(F.col("id") - F.col("previous") > 1)
-        .select("stream", (F.col("previous") + 1).alias("id"), (F.col("id") - 1).alias("last"))
-        .distinct()  # one hole, however many rows carry the id after it
-    )
-    # After the largest id: up to the sequence's last value.
-    tails = (
-        frames.streams.join(
-            buckets.groupBy("stream").agg(F.max("top").alias("top")), "stream", "left"
-        )
-        .withColumn("top", F.coalesce(F.col("top"), F.lit(0)))
-        .filter(F.col("top") < F.col("last_value"))
-        .select("stream", (F.col("top") + 1).alias("id"), F.col("last_value").alias("last"))
-    )
-    summary = summarise(
-        inside.unionByName(tails),
-        ["stream"],
-        F.struct("id", "last"),
-        {"missing": F.sum(F.col("last") - F.col("id") + 1)},
-        n=10,
-    )
-    ranges = summary.withColumnRenamed("count", "ranges").withColumnRenamed("missing", "count")
-    details = [F.col("ranges")]
-    if failed_ids is not None:
-        present = frames.rows.select("stream", "id")
-        failed = (
-            failed_ids.join(present, ["stream", "id"], "left_anti")
-            .groupBy("stream")
-            .agg(F.count(F.lit(1)).alias("logged_failed"))
-        )
-        ranges = ranges.join(failed, "stream", "left")
-        details.append(F.coalesce(F.col("logged_failed"), F.lit(0)).alias("logged_failed"))
-    return as_findings(ranges, "info", "gap", F.lit(""), F.to_json(F.struct(*details)))

@@ -4,9 +4,10 @@ All ids are positive here: a negative stream's ids (backfill) are negated, and
 a row belongs to a stream only if its id has the stream's sign (``events``
 holds both events, > 0, and backfill, < 0).
 
-Every check returns rows of :data:`FINDING_COLUMNS`, one per group of faulty
-ids, with a count and a bounded sample, so the driver only ever collects a few
-rows per fault whatever the size of the tables.
+Every check that finds faults returns rows of :data:`FINDING_COLUMNS`, one per
+group of faulty ids, with a count and a bounded sample, so the driver only
+ever collects a few rows per fault whatever the size of the tables (the gaps
+are worked out on the driver from block totals: :mod:`spark.gaps`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Frames:
 
     ``rows``: stream, table, shares (the table's ``shares_ids``), instance, id,
     and bucket: ``id // bucket_size``, consecutive ids cut into a few thousand
-    ranges that the id-level checks partition by.
+    ranges that the position-log checks partition by.
     ``streams``: stream, sequence, last_value, writers (comma-joined).
     ``writers``: stream, instance, keeps (the stream keeps ``stream_positions``).
     ``stored``: stream, instance, stored (the ``stream_positions`` value).
@@ -43,7 +44,30 @@ class Frames:
     bucket_size: int
     #: A bucket above every id: where positions beyond all ids go.
     top_bucket: int
-    partitions: int
+    #: Each stream's sequence's last value.
+    last_values: dict[str, int]
+
+
+def _by_table(catalog: AuditCatalog, value: Any) -> Any:
+    """A column: ``value(stream, table)`` for the stream a row belongs to (by
+    its table and the sign of its id), null for a row of no stream.
+
+    An expression rather than a join with a placement table: each table is
+    read with its name as a literal, so Spark folds this to a constant per
+    table (and drops the rows of no stream before anything else happens).
+    """
+    from pyspark.sql import functions as F
+
+    result: Any = None
+    for stream in catalog.streams:
+        sign = F.col("id") > 0 if stream.positive else F.col("id") < 0
+        for table in stream.tables:
+            condition = (F.col("table") == table.table) & sign
+            literal = F.lit(value(stream, table))
+            result = (
+                F.when(condition, literal) if result is None else result.when(condition, literal)
+            )
+    return result if result is not None else F.lit(None)
 
 
 def build_frames(
@@ -52,22 +76,18 @@ def build_frames(
     """The checks' inputs; ``largest_id`` (at least) is cut into ``buckets``."""
     from pyspark.sql import functions as F
 
-    # Which stream each table's rows belong to, by the sign of their id.
-    placement = spark.createDataFrame(
-        [(t.table, s.name, s.positive, t.shares_ids) for s in catalog.streams for t in s.tables],
-        "table STRING, stream STRING, positive BOOLEAN, shares BOOLEAN",
-    )
-    placed = data.rows.join(F.broadcast(placement), "table").filter(
-        F.when(F.col("positive"), F.col("id") > 0).otherwise(F.col("id") < 0)
-    )
     bucket_size = max(1, -(-(largest_id + 1) // buckets))
-    rows = placed.select(
-        "stream",
-        "table",
-        "shares",
-        F.coalesce(F.col("instance"), F.lit("")).alias("instance"),
-        F.abs(F.col("id")).alias("id"),
-    ).withColumn("bucket", F.floor(F.col("id") / bucket_size))
+    rows = (
+        data.rows.select(
+            _by_table(catalog, lambda s, t: s.name).alias("stream"),
+            "table",
+            _by_table(catalog, lambda s, t: t.shares_ids).alias("shares"),
+            F.coalesce(F.col("instance"), F.lit("")).alias("instance"),
+            F.abs(F.col("id")).alias("id"),
+        )
+        .filter(F.col("stream").isNotNull())
+        .withColumn("bucket", F.expr(f"id div {bucket_size}"))
+    )
     streams = spark.createDataFrame(
         [
             (s.name, s.sequence, int(data.sequences[s.sequence]), ",".join(s.writers))
@@ -91,8 +111,24 @@ def build_frames(
         stored=stored,
         bucket_size=bucket_size,
         top_bucket=largest_id // bucket_size + 1,
-        partitions=int(spark.conf.get("spark.sql.shuffle.partitions")),
+        last_values={s.name: int(data.sequences[s.sequence]) for s in catalog.streams},
     )
+
+
+def per_stream(values: dict[str, int]) -> Any:
+    """A column: ``values[stream]`` for the row's stream (a CASE over the few
+    streams, cheaper per row than a join)."""
+    from pyspark.sql import functions as F
+
+    result: Any = None
+    for name, value in values.items():
+        condition = F.col("stream") == name
+        result = (
+            F.when(condition, F.lit(value))
+            if result is None
+            else result.when(condition, F.lit(value))
+        )
+    return result if result is not None else F.lit(None)
 
 
 def summarise(

@@ -11,6 +11,7 @@ import datetime
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -86,24 +87,43 @@ def _snapshot_dir(options: AuditOptions) -> Iterator[str]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-@contextmanager
-def _session(
-    options: AuditOptions, spark: Any, jars: list[str], progress: Progress
-) -> Iterator[Any]:
-    if spark is not None:
-        yield spark
-        return
-    with progress.step(f"started Spark ({options.master})"):
-        session, started = start_session(
-            options.master,
-            jars,
-            {"spark.sql.shuffle.partitions": str(max(1, options.partitions))},
-        )
-    try:
-        yield session
-    finally:
-        if started:
-            session.stop()
+class _SessionStarter:
+    """Starts Spark in a thread, so the JVM's start (5-15 s) overlaps the
+    export instead of following it; :meth:`session` waits for it."""
+
+    def __init__(self, options: AuditOptions, jars: list[str], progress: Progress) -> None:
+        self._options = options
+        self._jars = jars
+        self._progress = progress
+        self._result: tuple[Any, bool] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="audit-spark-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            with self._progress.step(f"started Spark ({self._options.master})"):
+                self._result = start_session(
+                    self._options.master,
+                    self._jars,
+                    {"spark.sql.shuffle.partitions": str(max(1, self._options.partitions))},
+                )
+        except BaseException as e:  # raised in the caller's thread by session()
+            self._error = e
+
+    def session(self) -> Any:
+        """The SparkSession, once started; raises what the start raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result[0]
+
+    def stop(self) -> None:
+        """Stop the session if this started it (waiting for a start under way)."""
+        self._thread.join()
+        if self._result is not None and self._result[1]:
+            self._result[0].stop()
 
 
 def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> AuditReport:
@@ -124,15 +144,16 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
     try:
         with ExitStack() as stack:
             # The database first: an unreachable one fails before Spark starts.
+            open_read_only(engine).close()
+            starter: _SessionStarter | None = None
+            if spark is None:
+                starter = _SessionStarter(options, [jar] if use_jdbc and jar else [], progress)
+                stack.callback(starter.stop)
             snapshot: Snapshot | None = None
-            if use_jdbc:
-                open_read_only(engine).close()
-            else:
+            if not use_jdbc:
                 directory = stack.enter_context(_snapshot_dir(options))
                 snapshot = export_snapshot(engine, catalog, directory, progress)
-            session = stack.enter_context(
-                _session(options, spark, [jar] if use_jdbc and jar else [], progress)
-            )
+            session = spark if starter is None else starter.session()
             logs: PositionLogs | None = None
             if log_paths:
                 with progress.step(f"read {len(log_paths)} position log(s)"):

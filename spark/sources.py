@@ -8,8 +8,8 @@ The JDBC route reads every table in partitions on its id column, each
 partition on its own connection. They all join one PostgreSQL snapshot,
 exported by the read-only transaction that also reads ``stream_positions`` and
 the sequences (``pg_export_snapshot``), so the result is as consistent as the
-Parquet export. The transaction stays open while :func:`jdbc_source`'s context lasts; the rows
-are read, once, before it yields.
+Parquet export. The transaction stays open while :func:`jdbc_source`'s context
+lasts, so any later read of the rows sees the same snapshot.
 """
 
 from __future__ import annotations
@@ -42,9 +42,27 @@ class AuditData:
 
 
 def snapshot_source(spark: Any, snapshot: Snapshot) -> AuditData:
-    """Read an exported snapshot."""
-    files = [path for paths in snapshot.table_files.values() for path in paths]
-    rows = spark.read.schema("table STRING, instance STRING, id LONG").parquet(*files)
+    """Read an exported snapshot.
+
+    One read per table, its name a literal column: Spark folds every
+    expression on the table name into a constant per table instead of
+    evaluating it (or joining on it) row by row. Empty tables are not read.
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    parts = [
+        spark.read.schema("instance STRING, id LONG")
+        .parquet(*paths)
+        .select(F.lit(table).alias("table"), "instance", "id")
+        for table, paths in snapshot.table_files.items()
+        if snapshot.table_rows.get(table, 1) > 0
+    ]
+    rows = (
+        functools.reduce(DataFrame.unionByName, parts)
+        if parts
+        else spark.createDataFrame([], "table STRING, instance STRING, id LONG")
+    )
     return AuditData(
         rows=rows,
         stream_positions=snapshot.stream_positions,
@@ -111,9 +129,10 @@ def jdbc_source(
                     properties=properties,
                 )
                 parts.append(part.select(F.lit(table.table).alias("table"), "instance", "id"))
-            # Every check reads the rows: read the database once, now, inside
-            # the snapshot, and keep them (memory, then local disk).
-            rows = functools.reduce(DataFrame.unionByName, parts).localCheckpoint(eager=True)
+            # Not cached: the checks read the rows in one pass (the database is
+            # read again only to detail a fault), and every read joins the
+            # snapshot, which stays open while this context lasts.
+            rows = functools.reduce(DataFrame.unionByName, parts)
             yield AuditData(
                 rows=rows,
                 stream_positions=tuple(positions),

@@ -1,18 +1,26 @@
 """Run every check and bring the small results to the driver.
 
-One collect holds everything (two with position logs), bounded by the number
-of streams, writers and faults, never by the number of rows: the per-writer
-totals and the union of every check's findings.
+The rows are read once into 64-bit bitmaps of ids (:func:`spark.checks.id_words`).
+From those the driver takes the per-writer totals and one record per block of
+32,768 ids (streamed, for the gaps and to know which blocks hold duplicates),
+and the bitmap words of the blocks with gaps inside.
+A second pass over the rows runs only when those show a fault (duplicates, or
+a writer's rows against its sequence, stored position or configuration), and
+the position-log checks only with logs. What the driver holds is bounded by
+the number of streams, writers and faults and by the id space / 32,768, never
+by the number of rows.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 from spark import checks, log_checks
 from spark.catalog import AuditCatalog
-from spark.frames import Frames, build_frames
+from spark.frames import build_frames
+from spark.gaps import StreamGaps, stream_gaps
 from spark.logs import PositionLogs
 from spark.model import FINDING, INFO, Finding, StreamSummary, WriterSummary, describe
 from spark.progress import Progress
@@ -25,25 +33,66 @@ BUCKETS = 2048
 _WRITER_ROWS = "writer_rows"
 
 
-def _per_writer(frames: Frames) -> Any:
+def _per_writer(words: Any) -> Any:
     """Rows and largest id per stream and instance, shaped like the findings
-    so that they come back in the same collect (``ids`` holds the largest)."""
+    (``ids`` holds the largest)."""
     from pyspark.sql import functions as F
 
-    return (
-        frames.rows.groupBy("stream", "instance")
-        .agg(F.count(F.lit(1)).alias("count"), F.max("id").alias("largest"))
-        .select(
-            F.lit(_WRITER_ROWS).alias("severity"),
-            F.lit("rows").alias("kind"),
-            "stream",
-            F.col("instance").alias("writer"),
-            "count",
-            F.array("largest").alias("ids"),
-            F.lit("[]").alias("samples"),
-            F.lit("{}").alias("details"),
-        )
+    return checks.per_writer(words).select(
+        F.lit(_WRITER_ROWS).alias("severity"),
+        F.lit("rows").alias("kind"),
+        "stream",
+        F.col("instance").alias("writer"),
+        "count",
+        F.array("largest").alias("ids"),
+        F.lit("[]").alias("samples"),
+        F.lit("{}").alias("details"),
     )
+
+
+def _gap_findings(found: dict[str, StreamGaps], failed: dict[str, int] | None) -> list[Finding]:
+    result = []
+    for stream, gaps in found.items():
+        details: dict[str, Any] = {"ranges": gaps.ranges}
+        if failed is not None:
+            details["logged_failed"] = failed.get(stream, 0)
+        fields: dict[str, Any] = dict(
+            severity=INFO,
+            kind="gap",
+            stream=stream,
+            writer="",
+            count=gaps.missing,
+            ids=tuple(first for first, _ in gaps.first),
+            samples=tuple({"id": first, "last": last} for first, last in gaps.first),
+            details=details,
+        )
+        result.append(Finding(**fields, message=describe(**fields)))
+    return result
+
+
+def _row_fault_suspects(
+    data: AuditData, catalog: AuditCatalog, per_writer: list[Any]
+) -> dict[tuple[str, str], int]:
+    """Per (stream, instance) whose rows may show a fault of
+    :func:`spark.checks.row_faults`: the id above which they may (0 for a
+    writer that may not write the stream). Decided from the totals: a writer
+    whose largest id is within its sequence and stored position is left out,
+    and a clean database is not read a second time."""
+    stored = {(s, i): abs(p) for s, i, p in data.stream_positions}
+    suspects = {}
+    for row in per_writer:
+        stream = catalog.stream(row["stream"])
+        key = (stream.name, row["writer"])
+        largest = int(row["ids"][0])
+        if row["writer"] not in stream.writers:
+            suspects[key] = 0
+            continue
+        above = data.sequences[stream.sequence]
+        if stream.keeps_positions:
+            above = min(above, stored.get(key, 0))
+        if largest > above:
+            suspects[key] = above
+    return suspects
 
 
 def _ahead_of_sequence(data: AuditData, catalog: AuditCatalog) -> list[Finding]:
@@ -133,50 +182,62 @@ def collect_results(
     progress: Progress,
 ) -> tuple[list[StreamSummary], list[Finding], list[Finding]]:
     """Streams summaries, findings and information, each list sorted."""
-
-    largest = max([*data.sequences.values(), logs.largest_value if logs else 0])
-    frames = build_frames(spark, data, catalog, largest, BUCKETS)
-    with progress.step("ordered the ids"):
-        marks = checks.id_marks(frames)
-    return _collect(spark, data, catalog, logs, live, progress, frames, marks)
-
-
-def _collect(
-    spark: Any,
-    data: AuditData,
-    catalog: AuditCatalog,
-    logs: PositionLogs | None,
-    live: bool,
-    progress: Progress,
-    frames: Frames,
-    marks: Any,
-) -> tuple[list[StreamSummary], list[Finding], list[Finding]]:
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
-    parts = [
-        _per_writer(frames),
-        checks.duplicate_ids(marks),
-        checks.row_faults(frames, live),
-    ]
-    failed = None
+    largest = max([*data.sequences.values(), logs.largest_value if logs else 0])
+    frames = build_frames(spark, data, catalog, largest, BUCKETS)
+    with progress.step("read the rows into id bitmaps"):
+        # The one full pass; what it keeps is about one row per 64 ids and writer.
+        words = checks.id_words(frames).localCheckpoint(eager=True)
+
+    with progress.step("ran the checks") as step:
+        per_writer = _per_writer(words).collect()
+        step.rows = sum(int(r["count"]) for r in per_writer)
+        # Streamed a partition at a time: the driver keeps a few numbers a block.
+        spans, short, marked = [], [], []
+        for row in checks.block_totals(words).toLocalIterator():
+            if row["dups"]:
+                marked.append((row["stream"], int(row["block"])))
+            if row["ids"]:
+                low, top = int(row["low"]), int(row["top"])
+                spans.append((row["stream"], int(row["block"]), low, top))
+                if top - low + 1 > int(row["ids"]):
+                    short.append((row["stream"], int(row["block"])))
+        short_words: Iterable[Any] = []
+        if short:
+            wanted = spark.createDataFrame(short, "stream STRING, block LONG")
+            short_words = checks.block_words(words, wanted).toLocalIterator()
+        gaps = stream_gaps(spans, short_words, frames.last_values)
+
+    found: list[Any] = []
+    failed: dict[str, int] | None = None
     persisted: dict[str, int] = {}
     if logs is not None and logs.streams:
-        failed = logs.finished.filter(~F.col("committed")).select("stream", "id")
-        per_id = checks.ids_per_stream(frames).localCheckpoint(eager=True)
-        parts.append(log_checks.positions_before_finish(spark, frames, per_id, logs))
-        with progress.step("reproduced persisted-up-to positions from the logs"):
+        with progress.step("checked the position logs"):
+            failed_ids = logs.finished.filter(~F.col("committed")).select("stream", "id")
+            failed = {
+                r["stream"]: int(r["logged_failed"])
+                for r in checks.logged_failures(frames, failed_ids).collect()
+            }
+            per_id = checks.ids_per_stream(frames).localCheckpoint(eager=True)
+            found += log_checks.positions_before_finish(spark, frames, per_id, logs).collect()
             persisted = log_checks.persisted_upto(per_id, frames.streams, logs)
-    parts.append(checks.gaps(frames, marks, failed))
-    # One job: Spark reads each input once per branch and shares the per-id
-    # shuffle between the branches that use it.
-    with progress.step("ran the checks") as step:
-        collected = functools.reduce(DataFrame.unionByName, parts).collect()
-        per_writer = [r for r in collected if r["severity"] == _WRITER_ROWS]
-        found = [r for r in collected if r["severity"] != _WRITER_ROWS]
-        step.rows = sum(int(r["count"]) for r in per_writer)
+
+    # Only a fault the totals show sends Spark back to the rows, for details.
+    details = []
+    if marked:
+        blocks = spark.createDataFrame(marked, "stream STRING, block LONG")
+        details.append(checks.duplicate_ids(frames, blocks))
+    suspects = _row_fault_suspects(data, catalog, per_writer)
+    if suspects:
+        details.append(checks.row_faults(frames, live, suspects))
+    if details:
+        with progress.step("detailed the faults"):
+            found += functools.reduce(DataFrame.unionByName, details).collect()
 
     results = [Finding.from_row(r) for r in found] + _ahead_of_sequence(data, catalog)
+    results += _gap_findings(gaps, failed)
     if logs is not None:
         results += _malformed(logs)
     results.sort(key=lambda f: (f.kind, f.stream, f.writer, f.ids))
