@@ -19,16 +19,17 @@ from twisted.trial import unittest
 
 from tests.harness.databases import create_test_database, test_engine_name
 from tests.harness.matrix_client import NioRunner
-from tests.harness.processes import NO_KEEPALIVE, ServerProcesses, layout_config
+from tests.harness.processes import (
+    NO_KEEPALIVE,
+    SPLIT_WORKERS,
+    SPLIT_WRITERS,
+    ServerProcesses,
+    layout_config,
+)
 from tests.harness.services import require_redis
 
-WORKERS = {
-    "sync1": ["client", "replication", "health"],
-    "persister1": ["replication", "health"],
-    "persister2": ["replication", "health"],
-    "typing1": ["replication", "health"],
-}
-WRITERS = {"events": ["persister1", "persister2"], "typing": "typing1"}
+WORKERS = SPLIT_WORKERS
+WRITERS = SPLIT_WRITERS
 MESSAGES = 40
 DEADLINE_SECONDS = 60.0
 #: Above any backlog in these tests: a limited timeline would need /messages.

@@ -34,15 +34,16 @@ from tests.harness.load import (
     setup_members_and_rooms,
     sleep,
 )
-from tests.harness.processes import Cleanups, ServerProcesses, layout_config
+from tests.harness.processes import (
+    SPLIT_WORKERS,
+    SPLIT_WRITERS,
+    Cleanups,
+    ServerProcesses,
+    layout_config,
+)
 
-WORKERS = {
-    "sync1": ["client", "replication", "health"],
-    "persister1": ["replication", "health"],
-    "persister2": ["replication", "health"],
-    "typing1": ["replication", "health"],
-}
-WRITERS = {"events": ["persister1", "persister2"], "typing": "typing1"}
+WORKERS = SPLIT_WORKERS
+WRITERS = SPLIT_WRITERS
 CONFIGS = ("sqlite-tcp", "postgres-redis")
 #: How long a killed process stays dead: the launcher's first restart delay.
 RESTART_DELAY_SECONDS = 1.0

@@ -78,6 +78,17 @@ class ServerProcess:
     proto: _ProcessProtocol | None = None
 
 
+#: The end-to-end layout: main, a /sync worker, two events writers and a
+#: typing writer (the client end-to-end test and the fault suite).
+SPLIT_WORKERS = {
+    "sync1": ["client", "replication", "health"],
+    "persister1": ["replication", "health"],
+    "persister2": ["replication", "health"],
+    "typing1": ["replication", "health"],
+}
+SPLIT_WRITERS = {"events": ["persister1", "persister2"], "typing": "typing1"}
+
+
 def layout_config(
     test_db: TestDatabase,
     workers: dict[str, list[str]],

@@ -38,7 +38,7 @@ from synapse_lite.rest.client import register_servlets
 from synapse_lite.server import HomeServer
 from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.server import DatabaseTestCase
-from tests.rest.test_malformed import KNOWN_KEYS
+from tests.rest.test_malformed import KNOWN_KEYS, random_value
 
 _reactor = cast(Any, reactor)
 
@@ -160,16 +160,6 @@ class _ErrorRecords(logging.Handler):
         self.records.append(record)
 
 
-def random_value(rng: random.Random, depth: int = 0) -> Any:
-    if depth < 3 and rng.random() < 0.3:
-        if rng.random() < 0.5:
-            return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-        return {
-            rng.choice(KNOWN_KEYS): random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))
-        }
-    return rng.choice(ODD_VALUES)
-
-
 class ClientFuzzTestCase(DatabaseTestCase):
     """Fuzzes every client route of one process on the real HTTP stack."""
 
@@ -242,7 +232,7 @@ class ClientFuzzTestCase(DatabaseTestCase):
         return path
 
     def wrong_types_body(self, rng: random.Random) -> bytes:
-        body = {k: random_value(rng) for k in rng.sample(KNOWN_KEYS, rng.randint(1, 5))}
+        body = {k: random_value(rng, ODD_VALUES) for k in rng.sample(KNOWN_KEYS, rng.randint(1, 5))}
         return json.dumps(body).encode()
 
     def not_json_body(self, rng: random.Random) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from tests.harness.client_api import ClientApi, start_cluster
@@ -29,14 +30,17 @@ ODD_VALUES: list[Any] = [
 ]  # fmt: skip
 
 
-def random_value(rng: random.Random, depth: int = 0) -> Any:
+def random_value(rng: random.Random, odd_values: Sequence[Any] = ODD_VALUES, depth: int = 0) -> Any:
+    """A JSON value: mostly one of ``odd_values``, sometimes a small list or
+    object (keyed by the servlets' own keys) of more of them."""
     if depth < 3 and rng.random() < 0.3:
         if rng.random() < 0.5:
-            return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+            return [random_value(rng, odd_values, depth + 1) for _ in range(rng.randint(0, 3))]
         return {
-            rng.choice(KNOWN_KEYS): random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))
+            rng.choice(KNOWN_KEYS): random_value(rng, odd_values, depth + 1)
+            for _ in range(rng.randint(0, 3))
         }
-    return rng.choice(ODD_VALUES)
+    return rng.choice(odd_values)
 
 
 def random_bodies(seed: int, count: int) -> list[bytes]:
