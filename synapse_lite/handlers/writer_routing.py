@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: How long a forwarded write waits for replication to bring the writer's new
+#: position here before answering anyway (the write is done; only this
+#: process's view lags, e.g. while Redis restarts).
+FORWARDED_WRITE_WAIT_SECONDS = 5.0
+
 
 async def call_writer(
     hs: HomeServer, writer: str, endpoint: str, body: dict[str, Any]
@@ -41,7 +46,9 @@ async def wait_for_position(hs: HomeServer, writer: str, stream_name: str, posit
     the replication timeout the write has still happened: log and go on rather
     than tell the client it failed."""
     try:
-        await hs.replication.data_handler.wait_for_stream_position(writer, stream_name, position)
+        await hs.replication.data_handler.wait_for_stream_position(
+            writer, stream_name, position, timeout=FORWARDED_WRITE_WAIT_SECONDS
+        )
     except defer.TimeoutError:
         logger.warning(
             "Replication did not bring %s of %s to %d in time; answering anyway",

@@ -21,8 +21,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREFIX = "/_synapse/replication"
-#: How long a caller waits for another process to answer.
-REQUEST_TIMEOUT_SECONDS = 30.0
+#: How long a caller waits for another process to answer. A client's request
+#: is often what waits (a send forwarded to its room's writer), so this stays
+#: well under clients' own timeouts: a frozen or overloaded writer becomes a
+#: 503 the client retries (safely: sends are idempotent per transaction id)
+#: rather than a hang.
+REQUEST_TIMEOUT_SECONDS = 5.0
 
 
 class ReplicationEndpoint(abc.ABC):
