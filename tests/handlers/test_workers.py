@@ -6,12 +6,15 @@ moving between processes, out-of-order writers, presence from USER_SYNC."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
-from typing import Any
+from typing import Any, cast
 
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, protocol, reactor, task
 
+from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.handlers import presence as presence_module
+from synapse_lite.replication.http import _base as http_base
 from synapse_lite.storage.databases.main.room import choose_event_writer
 from synapse_lite.tokens import StreamToken
 from tests.harness.client_api import ClientApi, start_cluster
@@ -304,3 +307,30 @@ class RoomWriterTestCase(DatabaseTestCase):
         )
         self.assertEqual(await p1.datastore.get_event_writer_for_room(room), expected)
         await alice.send(room, "after the move")
+
+
+class _Silent(protocol.Protocol):
+    """Accepts a connection and never answers (a frozen process)."""
+
+
+class FrozenWriterTestCase(DatabaseTestCase):
+    async def test_send_to_a_frozen_writer_is_a_503_within_the_forwarding_timeout(self) -> None:
+        self.patch(http_base, "REQUEST_TIMEOUT_SECONDS", 0.5)
+        servers, clients, _ = start_cluster(
+            self, self.test_db, workers=["p1"], stream_writers={"events": ["p1"]}
+        )
+        alice = await ClientApi(self, clients["main"].base_url).register("alice")
+        room = await alice.create_room()
+        # p1 freezes: its address now leads to a listener that never answers.
+        factory = protocol.ServerFactory.forProtocol(_Silent)
+        silent: Any = cast(Any, reactor).listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(silent.stopListening)
+        servers["main"].config.instance_map["p1"] = InstanceLocation(
+            "127.0.0.1", silent.getHost().port
+        )
+        started = time.monotonic()
+        code, body = await alice.request(
+            "PUT", f"/rooms/{room}/send/m.room.message/t1", {"body": "hello?"}
+        )
+        self.assertEqual((code, body["errcode"]), (503, "M_UNKNOWN"))
+        self.assertLess(time.monotonic() - started, 3.0)

@@ -167,7 +167,7 @@ class ReplicationClient:
         instance_name: str,
         endpoint: str,
         body: dict[str, Any],
-        timeout: float = REQUEST_TIMEOUT_SECONDS,
+        timeout: float | None = None,
         attempts: int = 3,
     ) -> dict[str, Any]:
         """POST ``body`` to ``endpoint`` on ``instance_name`` and return its answer.
@@ -176,6 +176,8 @@ class ReplicationClient:
         request never reached it. A :class:`SynapseError` from the other side is
         raised again here as the same error.
         """
+        if timeout is None:
+            timeout = REQUEST_TIMEOUT_SECONDS
         headers: dict[bytes | str, list[bytes | str]] = {"Content-Type": ["application/json"]}
         if self._secret:
             headers["Authorization"] = [f"Bearer {self._secret}"]
