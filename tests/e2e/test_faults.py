@@ -1,6 +1,6 @@
 """Faults under load, against real processes: a SIGKILLed event persister,
 /sync worker and typing writer, a dropped TCP replication connection and (on
-PostgreSQL with Redis) a Redis restart.
+PostgreSQL with Redis) a Redis restart and a PostgreSQL restart.
 
 Each test starts the layout (main, a /sync worker, two event persisters, a
 typing writer), puts it under load (4 users, 4 senders, a /sync reader per
@@ -11,7 +11,7 @@ every kind of request succeeded again afterwards without help.
 
 The layout, load and checks are ``tests/harness/fault_runs.py``,
 ``load.py`` and ``delivery.py``, shared with ``bench/soak.py``, which runs longer
-phases and the slower faults (PostgreSQL restart, SIGSTOP past the ping timeout).
+phases and the slower faults (SIGSTOP past the ping timeout).
 Like ``test_client_processes``, the SQLite/TCP cases run when the suite runs on
 SQLite and the PostgreSQL/Redis cases when it runs on PostgreSQL.
 """
@@ -58,10 +58,10 @@ class FaultsTestMixin(_Base):
     engine = "sqlite"
     config = "sqlite-tcp"
 
-    async def run_one(self, name: str) -> FaultResult:
+    async def run_one(self, name: str, private_postgres: bool = False) -> FaultResult:
         if test_engine_name() != self.engine:
             raise unittest.SkipTest(f"runs when SYNAPSE_LITE_TEST_DB={self.engine}")
-        self.cluster = cluster = FaultCluster(self, self.config)
+        self.cluster = cluster = FaultCluster(self, self.config, private_postgres)
         await cluster.start()
         result = await run_fault(
             cluster, fault(name), "t", before=BEFORE_SECONDS, after=AFTER_SECONDS,
@@ -126,3 +126,10 @@ class PostgresRedisFaultsTestCase(FaultsTestMixin, unittest.TestCase):
 
     async def test_restart_redis(self) -> None:
         await self.run_one("restart Redis")
+
+    async def test_restart_postgresql(self) -> None:
+        """On a private PostgreSQL cluster: requests fail with 503 while it is
+        down (never a 500, never a hang) and succeed again by themselves."""
+        result = await self.run_one("restart PostgreSQL", private_postgres=True)
+        self.assertGreater(self.errors_of(result, "send"), 0)
+        self.assertEqual({kind for (_, kind), n in result.report.errors.items() if n}, {"503"})
