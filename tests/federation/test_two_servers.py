@@ -20,6 +20,7 @@ from synapse_lite.server import HomeServer
 from synapse_lite.storage.util import id_generators
 from tests.harness.client_api import ClientApi
 from tests.harness.databases import create_test_database
+from tests.harness.polling import eventually
 from tests.harness.processes import NO_KEEPALIVE
 from tests.harness.server import LoopbackBus, make_config, make_homeserver
 
@@ -145,10 +146,16 @@ class TwoServersTestCase(unittest.TestCase):
         events = await self.wait_for_events(bob, since, 3)
         self.assertEqual([e["content"]["n"] for e in events], [0, 1, 2])
         self.assertEqual(events[0]["sender"], "@alice:a.test")
-        rows = await self.a["main"].datastore.db_pool.select(
-            "t", "SELECT COUNT(*) FROM device_federation_outbox"
-        )
-        self.assertEqual(rows[0][0], 0)
+
+        async def outbox_empty() -> bool:
+            # Emptied once b's answer to the transaction is back at a, which
+            # can be after bob's /sync already has the messages.
+            rows = await self.a["main"].datastore.db_pool.select(
+                "t", "SELECT COUNT(*) FROM device_federation_outbox"
+            )
+            return bool(rows[0][0] == 0)
+
+        await eventually(outbox_empty, timeout=10, what="a's outbox emptied")
         # b fetched and cached a's key.
         keys = await self.b["main"].datastore.get_server_keys("a.test")
         self.assertIn(self.a["main"].signing_key.key_id, keys)
