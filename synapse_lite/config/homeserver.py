@@ -269,6 +269,21 @@ class LimitsConfig:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class CachesConfig:
+    """How much each process keeps in memory: the bound on its resident size."""
+
+    event_cache_entries: int
+
+    @classmethod
+    def read(cls, section: Section) -> CachesConfig:
+        result = cls(
+            event_cache_entries=section.get_int("event_cache_entries", 10_000, minimum=100),
+        )
+        section.finish()
+        return result
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class HomeServerConfig:
     """Everything a process of this homeserver needs to know."""
 
@@ -288,6 +303,7 @@ class HomeServerConfig:
     federation: FederationConfig
     rate_limits: RateLimitsConfig
     limits: LimitsConfig
+    caches: CachesConfig
     log_level: str
     position_log: bool
 
@@ -407,6 +423,7 @@ def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
     federation = FederationConfig.read(root.get_section("federation"))
     rate_limits = RateLimitsConfig.read(root.get_section("rate_limiting"))
     limits = LimitsConfig.read(root.get_section("limits"))
+    caches = CachesConfig.read(root.get_section("caches"))
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     position_log = root.get_bool("position_log", False)
 
@@ -498,6 +515,7 @@ def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
         federation=federation,
         rate_limits=rate_limits,
         limits=limits,
+        caches=caches,
         log_level=log_level,
         position_log=position_log,
     )

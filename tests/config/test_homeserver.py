@@ -114,6 +114,17 @@ class LoadConfigTestCase(unittest.TestCase):
         self.assertIn("listeners[0].port: must be an integer, not a string", problems)
         self.assertIn("stream_writers.typing: takes exactly one writer, not 2", problems)
 
+    def test_cache_size(self) -> None:
+        default = load_config(write_config(self.dir, {"server_name": "example.org"}))
+        self.assertEqual(default.caches.event_cache_entries, 10_000)
+        data = {"server_name": "example.org", "caches": {"event_cache_entries": 500}}
+        self.assertEqual(load_config(write_config(self.dir, data)).caches.event_cache_entries, 500)
+        problems = "\n".join(
+            self.problems({"server_name": "example.org", "caches": {"event_cache_entries": 5}})
+        )
+        self.assertIn("caches.event_cache_entries", problems)
+        self.assertIn("100", problems)
+
     def test_missing_server_name(self) -> None:
         self.assertIn("homeserver.yaml: server_name: is required", self.problems({})[0])
 

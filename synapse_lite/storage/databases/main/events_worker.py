@@ -55,7 +55,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         super().__init__(database, db_conn, hs)
         self._stream_id_gen = self.build_id_generator(db_conn, EVENTS)
         self._backfill_id_gen = self.build_id_generator(db_conn, BACKFILL)
-        self._event_cache: LruCache[Event] = LruCache(50_000)
+        self._event_cache: LruCache[Event] = LruCache(hs.config.caches.event_cache_entries)
         #: Rooms with new events, and users with new memberships, by position.
         self.room_changes = StreamChangeTracker(self.get_room_max_token)
         self.membership_changes = StreamChangeTracker(self.get_room_max_token)
