@@ -27,7 +27,6 @@ class AccountDataHandler:
         await write_on_stream_writer(
             self._hs,
             "account_data",
-            self._hs.config.stream_writers.account_data,
             lambda: self.write_account_data(user_id, room_id, data_type, content),
             ADD_ACCOUNT_DATA_ENDPOINT,
             body,

@@ -90,7 +90,6 @@ class DeviceMessageHandler:
         await write_on_stream_writer(
             self._hs,
             "to_device",
-            self._hs.config.stream_writers.to_device,
             lambda: self.write_messages(body),
             SEND_TO_DEVICE_ENDPOINT,
             body,
@@ -116,7 +115,6 @@ class DeviceMessageHandler:
         await write_on_stream_writer(
             self._hs,
             "to_device",
-            self._hs.config.stream_writers.to_device,
             lambda: self.write_remote_messages(body),
             RECEIVE_REMOTE_TO_DEVICE_ENDPOINT,
             body,

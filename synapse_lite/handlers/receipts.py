@@ -53,7 +53,6 @@ class ReceiptsHandler:
         await write_on_stream_writer(
             self._hs,
             "receipts",
-            self._hs.config.stream_writers.receipts,
             lambda: self.write_receipt(body),
             SEND_RECEIPT_ENDPOINT,
             body,

@@ -61,14 +61,15 @@ async def wait_for_position(hs: HomeServer, writer: str, stream_name: str, posit
 async def write_on_stream_writer(
     hs: HomeServer,
     stream_name: str,
-    writer: str,
     local: Callable[[], Awaitable[int]],
     endpoint: str,
     body: dict[str, Any],
 ) -> int:
-    """Run ``local()`` here if this process is ``writer``, else POST ``body`` to
-    its ``endpoint`` (which answers ``{"stream_id"}``) and wait for that
-    position. Returns the stream id of the write."""
+    """Run ``local()`` here if this process is the (single) writer of
+    ``stream_name``, else POST ``body`` to the writer's ``endpoint`` (which
+    answers ``{"stream_id"}``) and wait for that position. Returns the stream
+    id of the write."""
+    [writer] = hs.config.stream_writers.writers_of(stream_name)
     if writer == hs.instance_name:
         return await local()
     answer = await call_writer(hs, writer, endpoint, body)
