@@ -27,6 +27,7 @@ from synapse_lite.federation.auth import sign_request
 from synapse_lite.federation.crypto import SigningKey, signing_key_path
 from tests.harness.client_api import ClientApi
 from tests.harness.databases import TestDatabase, create_test_database, test_engine_name
+from tests.harness.federation import to_device_transaction
 from tests.harness.processes import NO_KEEPALIVE, ServerProcesses, free_port, layout_config
 from tests.harness.services import require_redis
 
@@ -172,22 +173,7 @@ class FederationProcessesTestCase(unittest.TestCase):
     async def step_forged_and_replayed(self) -> None:
         real = self.a.signing_key()
         forged = SigningKey(real.version, os.urandom(32))
-        body = {
-            "origin": "a.test",
-            "origin_server_ts": 0,
-            "pdus": [],
-            "edus": [
-                {
-                    "edu_type": "m.direct_to_device",
-                    "content": {
-                        "sender": "@alice:a.test",
-                        "type": "m.test",
-                        "message_id": "replayed-1",
-                        "messages": {"@bob:b.test": {"*": {"replayed": True}}},
-                    },
-                }
-            ],
-        }
+        body = to_device_transaction("replayed-1", "@bob:b.test", {"replayed": True})
         code, answer = await self.put_to_b("forged-1", body, forged)
         self.assertEqual((code, answer.get("errcode")), (401, "M_UNAUTHORIZED"))
         await self.wait_for(

@@ -20,6 +20,7 @@ from synapse_lite.server import HomeServer
 from synapse_lite.storage.util import id_generators
 from tests.harness.client_api import ClientApi
 from tests.harness.databases import create_test_database
+from tests.harness.federation import to_device_transaction
 from tests.harness.polling import eventually
 from tests.harness.processes import NO_KEEPALIVE
 from tests.harness.server import LoopbackBus, make_config, make_homeserver
@@ -109,22 +110,8 @@ class TwoServersTestCase(unittest.TestCase):
         return response.code, json.loads(content)
 
     def edu_body(self, message_id: str, bob: ClientApi, content: Any) -> dict[str, Any]:
-        return {
-            "origin": "a.test",
-            "origin_server_ts": 1,
-            "pdus": [],
-            "edus": [
-                {
-                    "edu_type": "m.direct_to_device",
-                    "content": {
-                        "sender": "@alice:a.test",
-                        "type": "m.test",
-                        "message_id": message_id,
-                        "messages": {bob.user_id: {"*": content}},
-                    },
-                }
-            ],
-        }
+        assert bob.user_id is not None
+        return to_device_transaction(message_id, bob.user_id, content, origin_server_ts=1)
 
     async def wait_for_events(self, bob: ClientApi, since: str, n: int) -> list[Any]:
         deadline = reactor.seconds() + 10
