@@ -23,7 +23,7 @@ from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.util import id_generators
 from tests.harness.databases import TestDatabase
-from tests.harness.server import LoopbackBus, make_config, make_homeserver
+from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 
 _reactor = cast(Any, reactor)
 
@@ -151,3 +151,16 @@ def start_cluster(
     for hs in servers.values():
         bus.join(hs)
     return servers, clients, bus
+
+
+class ThreeUsersTestCase(DatabaseTestCase):
+    """The main process alone, served over HTTP, with ``alice``, ``bob`` and
+    ``eve`` registered (``self.servers`` holds it)."""
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        super().setUp()
+        self.servers, clients, _ = start_cluster(self, self.test_db)
+        base = clients["main"].base_url
+        self.alice = await ClientApi(self, base).register("alice")
+        self.bob = await ClientApi(self, base).register("bob")
+        self.eve = await ClientApi(self, base).register("eve")

@@ -3,19 +3,10 @@
 
 from __future__ import annotations
 
-from tests.harness.client_api import ClientApi, start_cluster
-from tests.harness.server import DatabaseTestCase
+from tests.harness.client_api import ThreeUsersTestCase
 
 
-class RoomsTestCase(DatabaseTestCase):
-    async def setUp(self) -> None:  # type: ignore[override]
-        super().setUp()
-        self.servers, clients, _ = start_cluster(self, self.test_db)
-        base = clients["main"].base_url
-        self.alice = await ClientApi(self, base).register("alice")
-        self.bob = await ClientApi(self, base).register("bob")
-        self.eve = await ClientApi(self, base).register("eve")
-
+class RoomsTestCase(ThreeUsersTestCase):
     async def test_presets(self) -> None:
         for preset, join_rule in [
             ("public_chat", "public"),

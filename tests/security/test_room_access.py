@@ -13,18 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.harness.client_api import ClientApi, start_cluster
-from tests.harness.server import DatabaseTestCase
+from tests.harness.client_api import ThreeUsersTestCase
 
 
-class RoomAccessTestCase(DatabaseTestCase):
+class RoomAccessTestCase(ThreeUsersTestCase):
     async def setUp(self) -> None:  # type: ignore[override]
-        super().setUp()
-        self.servers, clients, _ = start_cluster(self, self.test_db)
-        base = clients["main"].base_url
-        self.alice = await ClientApi(self, base).register("alice")
-        self.bob = await ClientApi(self, base).register("bob")
-        self.eve = await ClientApi(self, base).register("eve")
+        await super().setUp()
         # Invite-only, bob a member; eve has a valid token and nothing else.
         self.room = await self.alice.create_room(preset="private_chat", invite=[self.bob.user_id])
         await self.bob.ok("POST", f"/join/{self.room}", {})
