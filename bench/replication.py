@@ -145,7 +145,8 @@ def run_transport(transport: str, engine: str, events: int) -> dict[str, Any]:
         with open(outputs[name]) as f:
             return [json.loads(line) for line in f]
 
-    written = {r["id"]: r for r in read("persister1")}
+    writer_records = read("persister1")
+    written = {r["id"]: r for r in writer_records if "id" in r}
     latency_ids = {i for i, r in written.items() if r["phase"] == "latency"}
     throughput = [r for r in written.values() if r["phase"] == "throughput"]
     latencies: list[float] = []
@@ -162,7 +163,11 @@ def run_transport(transport: str, engine: str, events: int) -> dict[str, Any]:
     writer_end = max(r["t"] for r in throughput) if throughput else 0.0
     # The first batch's commit is the start; its own commit took time too.
     duration = max(last_arrival - start, 1e-9)
+    read_back = [r["ms"] for r in writer_records if r["phase"] == "read_back"]
+    read_to_sent = [r["ms"] for r in writer_records if r["phase"] == "read_to_sent"]
     return {
+        "read_back_p50_ms": percentile(read_back, 50) if read_back else float("nan"),
+        "read_to_sent_p50_ms": percentile(read_to_sent, 50) if read_to_sent else float("nan"),
         "p50_ms": percentile(latencies, 50),
         "p99_ms": percentile(latencies, 99),
         "rows_per_s": len(throughput) / duration,
@@ -222,6 +227,11 @@ def main() -> None:
             f"{r['rows_per_s']:>10.0f}{r['writer_rows_per_s']:>11.0f}{r['lost']:>6}"
             f"  {'PASS' if ok else 'FAIL'}"
             " (targets: p50 <= 3x raw, >= 5000 rows/s, 0 lost)"
+        )
+        print(
+            f"  {'':<10}writer's share (latency phase, p50): reading the new rows back"
+            f" {r['read_back_p50_ms']:.3f} ms; from that read's start to the RDATA"
+            f" leaving {r['read_to_sent_p50_ms']:.3f} ms"
         )
 
 

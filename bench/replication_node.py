@@ -22,6 +22,7 @@ from twisted.internet import defer, reactor, task
 from synapse_lite.app._base import setup_logging, start
 from synapse_lite.config.homeserver import load_config
 from synapse_lite.events import EventContent, new_event_id
+from synapse_lite.replication.tcp.commands import RdataCommand
 from synapse_lite.server import HomeServer
 
 
@@ -37,15 +38,50 @@ def event(room_id: str, index: int) -> EventContent:
     )
 
 
+def trace_streamer(hs: HomeServer) -> list[dict[str, Any]]:
+    """Time, on the writer, the streamer reading new events rows back
+    (``get_updates``) and the RDATA leaving after it: where the writer's share
+    of the latency goes. Returns the list the timings are appended to."""
+    stream = hs.replication.streams["events"]
+    handler = hs.replication
+    read_back = stream.get_updates
+    send_command = handler.send_command
+    timings: list[dict[str, Any]] = []
+    #: When the last read that found rows started, until its first RDATA goes.
+    read_started: list[float] = []
+
+    async def timed_get_updates() -> Any:
+        start = time.perf_counter()
+        result = await read_back()
+        timings.append({"phase": "read_back", "ms": (time.perf_counter() - start) * 1000})
+        if result[0]:
+            read_started[:] = [start]
+        return result
+
+    def timed_send_command(cmd: Any) -> None:
+        send_command(cmd)
+        if read_started and isinstance(cmd, RdataCommand) and cmd.stream_name == "events":
+            ms = (time.perf_counter() - read_started.pop()) * 1000
+            timings.append({"phase": "read_to_sent", "ms": ms})
+
+    stream.get_updates = timed_get_updates  # type: ignore[method-assign]
+    handler.send_command = timed_send_command  # type: ignore[method-assign]
+    return timings
+
+
 async def run_writer(hs: HomeServer, args: argparse.Namespace) -> list[dict[str, Any]]:
     store = hs.datastore
     records: list[dict[str, Any]] = []
     await task.deferLater(reactor, 1.0, lambda: None)  # let receivers see our POSITION
-    # Latency: one event at a time, spaced out.
+    # Latency: one event at a time, spaced out, with the streamer timed.
+    timings = trace_streamer(hs)
     for i in range(args.latency_events):
         [persisted] = await store.persist_events([event("!latency:bench.local", i)])
         records.append({"phase": "latency", "id": persisted.event_id, "t": time.time()})
         await task.deferLater(reactor, args.latency_interval, lambda: None)
+    # The throughput phase's timings are not reported: only these.
+    records.extend(timings)
+    timings.clear()
     # Throughput: batches as fast as they commit.
     written = 0
     while written < args.throughput_events:
