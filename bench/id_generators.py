@@ -46,8 +46,8 @@ from synapse_lite.storage.database import (  # noqa: E402
     make_startup_connection,
 )
 from synapse_lite.storage.engines import BaseDatabaseEngine  # noqa: E402
+from synapse_lite.storage.id_generators import MultiWriterIdGenerator  # noqa: E402
 from synapse_lite.storage.prepare_database import prepare_database  # noqa: E402
-from synapse_lite.storage.util.id_generators import MultiWriterIdGenerator  # noqa: E402
 from tests.harness.databases import TestDatabase, create_test_database  # noqa: E402
 
 INSTANCE = "writer1"

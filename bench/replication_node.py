@@ -13,17 +13,20 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from twisted.internet import defer, reactor, task
 
-from synapse_lite.app._base import setup_logging, start
+from synapse_lite.app.composition import build_homeserver
+from synapse_lite.app.logs import setup_logging
 from synapse_lite.config.homeserver import load_config
 from synapse_lite.events import EventContent, new_event_id
 from synapse_lite.replication.tcp.commands import RdataCommand
 from synapse_lite.server import HomeServer
+from synapse_lite.streams.catalog import EventsStreamEventRow
 
 
 def event(room_id: str, index: int) -> EventContent:
@@ -40,11 +43,11 @@ def event(room_id: str, index: int) -> EventContent:
 
 def trace_streamer(hs: HomeServer) -> list[dict[str, Any]]:
     """Time, on the writer, the streamer reading new events rows back
-    (``get_updates``) and the RDATA leaving after it: where the writer's share
+    (``new_local_rows``) and the RDATA leaving after it: where the writer's share
     of the latency goes. Returns the list the timings are appended to."""
     stream = hs.replication.streams["events"]
     handler = hs.replication
-    read_back = stream.get_updates
+    read_back = stream.new_local_rows
     send_command = handler.send_command
     timings: list[dict[str, Any]] = []
     #: When the last read that found rows started, until its first RDATA goes.
@@ -64,13 +67,13 @@ def trace_streamer(hs: HomeServer) -> list[dict[str, Any]]:
             ms = (time.perf_counter() - read_started.pop()) * 1000
             timings.append({"phase": "read_to_sent", "ms": ms})
 
-    stream.get_updates = timed_get_updates  # type: ignore[method-assign]
+    stream.new_local_rows = timed_get_updates  # type: ignore[method-assign]
     handler.send_command = timed_send_command  # type: ignore[method-assign]
     return timings
 
 
 async def run_writer(hs: HomeServer, args: argparse.Namespace) -> list[dict[str, Any]]:
-    store = hs.datastore
+    store = hs.store
     records: list[dict[str, Any]] = []
     await task.deferLater(reactor, 1.0, lambda: None)  # let receivers see our POSITION
     # Latency: one event at a time, spaced out, with the streamer timed.
@@ -92,7 +95,7 @@ async def run_writer(hs: HomeServer, args: argparse.Namespace) -> list[dict[str,
         written += len(persisted_batch)
     # Stay until every row has gone out, or the receivers would miss the tail.
     stream = hs.replication.streams["events"]
-    while stream.last_token < stream.current_token(hs.instance_name):
+    while stream.last_sent_position < stream.positions.writer_position(hs.instance_name):
         await task.deferLater(reactor, 0.01, lambda: None)
     await task.deferLater(reactor, 0.5, lambda: None)
     return records
@@ -102,13 +105,13 @@ async def run_receiver(hs: HomeServer, args: argparse.Namespace) -> list[dict[st
     records: list[dict[str, Any]] = []
     expected = args.latency_events + args.throughput_events
 
-    def on_rows(instance: str, token: int, rows: list[Any]) -> None:
+    def on_rows(instance: str, token: int, rows: Sequence[Any]) -> None:
         now = time.time()
         for row in rows:
-            if row.type == "ev":
-                records.append({"id": row.data.event_id, "t": now})
+            if isinstance(row, EventsStreamEventRow):
+                records.append({"id": row.event_id, "t": now})
 
-    hs.replication.data_handler.add_row_hook("events", on_rows)
+    hs.replication.receiver.add_row_hook("events", on_rows)
     deadline = time.monotonic() + args.timeout
     while len(records) < expected and time.monotonic() < deadline:
         await task.deferLater(reactor, 0.05, lambda: None)
@@ -130,8 +133,9 @@ def main() -> None:
 
     config = load_config(args.config)
     setup_logging(args.name, "WARNING")
-    hs = HomeServer(config, args.name, reactor)
-    start(hs)
+    hs = build_homeserver(config, args.name, reactor)
+    hs.service.startService()
+    reactor.addSystemEventTrigger("before", "shutdown", hs.service.stopService)
 
     async def run() -> None:
         runner = run_writer if args.role == "writer" else run_receiver

@@ -1,8 +1,9 @@
 """What the audit knows about each stream before reading any row.
 
-Built from :mod:`synapse_lite.storage.stream_ids` (tables and sequences) and the
-homeserver config (writers), so the audit and the servers can never disagree on
-where a stream's ids live.
+Built from the stream definitions the config carries
+(``synapse_lite/streams/catalog.py``: tables and sequences) and the config's
+writers, so the audit and the servers can never disagree on where a stream's
+ids live: a new stream is audited as soon as it is defined.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import attr
 
 from synapse_lite.config.homeserver import HomeServerConfig
-from synapse_lite.storage.stream_ids import STREAM_ID_SPACES, StreamTable
+from synapse_lite.streams.definition import StreamTable
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -61,19 +62,21 @@ class AuditCatalog:
 
 
 def build_catalog(config: HomeServerConfig) -> AuditCatalog:
-    """The streams of :data:`STREAM_ID_SPACES` with the writers ``config`` gives them."""
+    """Every stream of ``config.streams`` with rows in the database, with the
+    writers ``config`` gives them."""
     instances = tuple(config.instance_names())
     streams = []
-    for space in STREAM_ID_SPACES.values():
-        configured = space.writers(config.stream_writers)
+    for definition in config.streams.with_ids():
+        assert definition.ids is not None
+        configured = config.writers_of_stream(definition)
         streams.append(
             AuditedStream(
-                name=space.stream_name,
-                sequence=space.sequence_name,
-                positive=space.positive,
-                tables=space.tables,
-                writers=tuple(configured) if configured else instances,
-                keeps_positions=bool(configured),
+                name=definition.name,
+                sequence=definition.ids.sequence_name,
+                positive=definition.ids.positive,
+                tables=definition.ids.tables,
+                writers=configured if configured else instances,
+                keeps_positions=definition.keeps_positions,
             )
         )
     return AuditCatalog(tuple(streams), instances)

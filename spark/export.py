@@ -32,7 +32,7 @@ from spark.progress import Progress
 from spark.readonly import open_read_only, read_sequences, read_stream_positions
 from synapse_lite.storage.database import LoggingDatabaseConnection, LoggingTransaction
 from synapse_lite.storage.engines import BaseDatabaseEngine
-from synapse_lite.storage.stream_ids import StreamTable
+from synapse_lite.streams.definition import StreamTable
 
 #: Rows per SQLite fetch and per Parquet row group.
 CHUNK_ROWS = 200_000

@@ -28,9 +28,11 @@ from spark.readonly import DatabaseUnavailable, open_read_only
 from spark.session import SparkUnavailable, start_session
 from spark.sources import AuditData, jdbc_source, snapshot_source
 from spark.summary import collect_results
-from synapse_lite.config.homeserver import HomeServerConfig, load_config
-from synapse_lite.config.validation import ConfigError
+from synapse_lite.config.homeserver import HomeServerConfig, read_homeserver_config
+from synapse_lite.config.validation import ConfigError, load_yaml_file
 from synapse_lite.storage.engines import BaseDatabaseEngine, create_engine
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
+from synapse_lite.streams.definition import StreamCatalog
 
 
 class AuditError(RuntimeError):
@@ -49,11 +51,16 @@ class AuditOptions:
     keep_snapshot: bool = False
     partitions: int = 4
     live: bool = False
+    #: The stream definitions the servers run (their built-in catalog unless a
+    #: caller adds streams of its own).
+    streams: StreamCatalog = BUILTIN_STREAMS
 
 
 def _load(options: AuditOptions) -> tuple[HomeServerConfig, BaseDatabaseEngine]:
     try:
-        config = load_config(options.config_path)
+        config = read_homeserver_config(
+            load_yaml_file(options.config_path), options.config_path, options.streams
+        )
     except ConfigError as e:
         raise AuditError(f"bad config:\n{e}") from e
     except OSError as e:

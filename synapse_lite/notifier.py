@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 
+from synapse_lite.streams.definition import Wake
+
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +41,10 @@ class _UserListeners:
 class Notifier:
     """Long-poll wake-ups for /sync on this process."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._users: dict[str, _UserListeners] = {}
         self._room_users: dict[str, set[str]] = defaultdict(set)
-        #: Called with (stream_name, instance, token, rows) after every batch.
-        self._replication_callbacks: list[Callable[[str, str, int, list[Any]], None]] = []
-
-    def add_replication_callback(
-        self, callback: Callable[[str, str, int, list[Any]], None]
-    ) -> None:
-        self._replication_callbacks.append(callback)
 
     # Waking
 
@@ -67,36 +62,12 @@ class Notifier:
         for listeners in list(self._users.values()):
             listeners.wake()
 
-    def on_new_replication_data(
-        self, stream_name: str, instance_name: str, token: int, rows: list[Any]
-    ) -> None:
-        """Rows (or a bare position) arrived from another process."""
-        for callback in self._replication_callbacks:
-            try:
-                callback(stream_name, instance_name, token, rows)
-            except Exception:
-                logger.exception("Replication callback for %s failed", stream_name)
-        if not rows:
-            return
-        users: set[str] = set()
-        rooms: set[str] = set()
-        if stream_name == "events":
-            for row in rows:
-                rooms.add(row.data.room_id)
-                if row.type == "ev" and row.data.type == "m.room.member" and row.data.state_key:
-                    users.add(row.data.state_key)
-        elif stream_name in ("typing", "receipts"):
-            rooms.update(row.room_id for row in rows)
-        elif stream_name == "account_data":
-            users.update(row.user_id for row in rows)
-        elif stream_name == "to_device":
-            users.update(row.entity for row in rows if row.entity.startswith("@"))
-        elif stream_name in ("presence", "device_lists"):
+    def wake(self, wake: Wake) -> None:
+        """Wake the waiters a stream's rows concern (see ``StreamDefinition.wake``)."""
+        if wake.everyone:
             self.notify_all()
-            return
         else:
-            return
-        self.notify(users, rooms)
+            self.notify(wake.users, wake.rooms)
 
     # Waiting
 
@@ -116,7 +87,7 @@ class Notifier:
             listeners = self._users[user_id] = _UserListeners()
         listeners.active += 1
         self._set_rooms(user_id, listeners, set(room_ids))
-        clock = self._hs.clock
+        clock = self._clock
         deadline = clock.time() + timeout_ms / 1000
         woken: defer.Deferred[None] | None = None
         try:
@@ -139,12 +110,6 @@ class Notifier:
             if listeners.active == 0:
                 self._set_rooms(user_id, listeners, set())
                 self._users.pop(user_id, None)
-
-    def update_rooms(self, user_id: str, room_ids: Iterable[str]) -> None:
-        """A waiting user's rooms changed (they joined or left)."""
-        listeners = self._users.get(user_id)
-        if listeners is not None:
-            self._set_rooms(user_id, listeners, set(room_ids))
 
     def _set_rooms(self, user_id: str, listeners: _UserListeners, rooms: set[str]) -> None:
         for room_id in listeners.rooms - rooms:

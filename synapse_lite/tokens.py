@@ -15,7 +15,7 @@ so they stay short and work on every process, across restarts.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import attr
 
@@ -137,46 +137,57 @@ class RoomStreamToken:
         return " AND ".join(clauses), args
 
 
-_STREAM_TOKEN_FIELDS = 7
+#: Positions after the room key in every sync token ever handed out (presence,
+#: typing, receipts, account data, to-device, device lists).
+FIRST_TOKEN_POSITIONS = 6
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class StreamToken:
-    """Where a /sync client has got to in every stream."""
+    """Where a /sync client has got to in every stream.
+
+    On the wire: the room key, then the position of each other stream whose
+    definition puts it in /sync tokens, in catalog order, joined by ``_``
+    (``s12_3_0_7_2_9_4``). A token with fewer positions than the catalog has
+    streams was handed out before the later streams existed: they read as 0
+    (but every token carries at least :data:`FIRST_TOKEN_POSITIONS`, the
+    streams tokens had when this format was fixed). Positions beyond the
+    catalog's streams are ignored.
+    """
 
     room_key: RoomStreamToken
-    presence_key: int
-    typing_key: int
-    receipt_key: int
-    account_data_key: int
-    to_device_key: int
-    device_list_key: int
+    positions: tuple[tuple[str, int], ...] = attr.ib(default=(), converter=_frozen_map)
 
-    async def to_string(self, instance_id_of: Callable[[str], Awaitable[int]]) -> str:
+    def get(self, stream_name: str) -> int:
+        """The position of a (non-events) stream; 0 when the token has none."""
+        for name, position in self.positions:
+            if name == stream_name:
+                return position
+        return 0
+
+    def with_positions(self, **changes: int) -> StreamToken:
+        """The same token with some streams' positions replaced."""
+        merged = dict(self.positions)
+        merged.update(changes)
+        return StreamToken(self.room_key, merged)
+
+    async def to_string(
+        self, streams: Sequence[str], instance_id_of: Callable[[str], Awaitable[int]]
+    ) -> str:
+        """``streams``: the token's streams after the room key, in order."""
         room = await self.room_key.to_string(instance_id_of)
-        return "_".join(
-            [
-                room,
-                str(self.presence_key),
-                str(self.typing_key),
-                str(self.receipt_key),
-                str(self.account_data_key),
-                str(self.to_device_key),
-                str(self.device_list_key),
-            ]
-        )
+        return "_".join([room, *(str(self.get(name)) for name in streams)])
 
     @classmethod
     async def parse(
-        cls, string: str, instance_name_of: Callable[[int], Awaitable[str | None]]
+        cls,
+        string: str,
+        streams: Sequence[str],
+        instance_name_of: Callable[[int], Awaitable[str | None]],
     ) -> StreamToken:
         parts = string.split("_")
-        if len(parts) != _STREAM_TOKEN_FIELDS:
-            raise InvalidToken(f"invalid sync token {string!r}")
-        if not all(_KEY.fullmatch(p) for p in parts[1:]):
+        least = min(len(streams), FIRST_TOKEN_POSITIONS)
+        if len(parts) - 1 < least or not all(_KEY.fullmatch(p) for p in parts[1:]):
             raise InvalidToken(f"invalid sync token {string!r}")
         room = await RoomStreamToken.parse(parts[0], instance_name_of)
-        return cls(room, *(int(p) for p in parts[1:]))
-
-    def copy_and_replace(self, key: str, value: object) -> StreamToken:
-        return attr.evolve(self, **{key: value})  # type: ignore[arg-type]
+        return cls(room, dict(zip(streams, (int(p) for p in parts[1:]), strict=False)))

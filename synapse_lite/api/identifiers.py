@@ -97,3 +97,8 @@ def new_room_id(server_name: str) -> str:
 
 def new_device_id() -> str:
     return random_string(10, string.ascii_uppercase)
+
+
+def is_mine_id(user_id: str, server_name: str) -> bool:
+    """Whether a (syntactically valid) user id belongs to ``server_name``."""
+    return user_id.startswith("@") and user_id.endswith(":" + server_name)

@@ -14,12 +14,12 @@ import attr
 
 from synapse_lite.config.homeserver import (
     MAIN_PROCESS,
-    SINGLE_WRITER_STREAMS,
     HomeServerConfig,
     InstanceLocation,
     ListenerConfig,
 )
 from synapse_lite.config.validation import ConfigError, ConfigProblem
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
 
 TIER_MAIN, TIER_WRITERS, TIER_OTHERS = 0, 1, 2
 
@@ -70,7 +70,8 @@ class ProcessSpec:
         roles = ["main process"] if self.name == MAIN_PROCESS else []
         if "events" in self.streams:
             roles.append("events writer")
-        singles = [s for s in self.streams if s in SINGLE_WRITER_STREAMS]
+        single_keys = BUILTIN_STREAMS.single_writer_keys()
+        singles = [s for s in self.streams if s in single_keys]
         if singles and self.name != MAIN_PROCESS:  # the main process's by default
             roles.append("writes " + ", ".join(singles))
         if not roles:
@@ -152,7 +153,7 @@ def settings_shared_by_all(config: HomeServerConfig) -> tuple[object, ...]:
         config.worker_replication_secret,
         config.registration_shared_secret,
         config.enable_registration,
-        tuple(getattr(writers, s) for s in attr.fields_dict(type(writers)) if s != "events"),
+        tuple(sorted((key, w) for key, w in writers.by_key.items() if key != "events")),
         config.federation_sender,
         config.rate_limits,
         config.limits,

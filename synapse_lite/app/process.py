@@ -7,9 +7,14 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 from twisted.internet.error import CannotListenError
 
+from synapse_lite.app.composition import build_homeserver
+from synapse_lite.app.logs import setup_logging
+from synapse_lite.app.pid_files import pid_file_path, remove_pid_file, write_pid_file
+from synapse_lite.app.services import CallbackService, ProcessService
 from synapse_lite.config.homeserver import (
     MAIN_PROCESS,
     HomeServerConfig,
@@ -90,19 +95,28 @@ def run_process(argv: list[str], worker: bool) -> int:
     read_seconds = time.monotonic() - read_start
     from twisted.internet import reactor
 
-    from synapse_lite.app._base import setup_logging, start
-    from synapse_lite.server import HomeServer
-
     return_large_allocations_to_the_os()
     setup_logging(name, config.log_level)
     logger.info("Read the config (%s) in %.3f s", ", ".join(config.config_files), read_seconds)
-    hs = HomeServer(config, name, reactor)
+    start = time.monotonic()
+    logger.info("Starting %s (writes %s)", name, ", ".join(config.streams_written_by(name)))
     try:
-        start(hs)
+        hs = build_homeserver(config, name, reactor)
     except (SchemaVersionError, IncorrectDatabaseSetup, SigningKeyFileError) as e:
         logger.error("%s", e)
-        hs.shutdown()
         return 3
+    except Exception as e:
+        logger.exception("%s failed to start: %s", name, e)
+        return 1
+    process = ProcessService(hs.clock, name)
+    # Added first, so stopped last: the pid file goes once everything has stopped.
+    pid_path = pid_file_path(config.data_dir, name)
+    CallbackService(
+        "pid file", start=lambda: write_pid_file(pid_path), stop=lambda: remove_pid_file(pid_path)
+    ).setServiceParent(process)
+    hs.service.setServiceParent(process)
+    try:
+        process.startService()
     except CannotListenError as e:
         logger.error(
             "%s cannot listen on %s:%d: %s. Is another program using the port, or is the"
@@ -112,16 +126,42 @@ def run_process(argv: list[str], worker: bool) -> int:
             e.port,
             getattr(e.socketError, "strerror", None) or e.socketError,
         )
-        hs.shutdown()
+        _stop_now(reactor, process)
         return 1
     except Exception as e:
         logger.exception("%s failed to start: %s", name, e)
-        hs.shutdown()
+        _stop_now(reactor, process)
         return 1
+    logger.info(
+        "%s started in %.3f s: writes %s",
+        name,
+        time.monotonic() - start,
+        ", ".join(hs.streamer.sourced_stream_names),
+    )
+    reactor.addSystemEventTrigger("before", "shutdown", _stopper(name, process))
     if launcher_pid is not None:
-        _stop_when_launcher_goes(hs, launcher_pid)
+        _stop_when_launcher_goes(launcher_pid)
     reactor.run()
     return 0
+
+
+def _stopper(name: str, process: ProcessService) -> Any:
+    def stop() -> Any:
+        logger.info("Shutting down %s", name)
+        d = process.stopService()
+        d.addCallback(lambda _: logger.info("%s stopped", name))
+        return d
+
+    return stop
+
+
+def _stop_now(reactor: Any, process: ProcessService) -> None:
+    """Stop what started before a failed start (the reactor is not running:
+    run it until the stop is done)."""
+    d = process.stopService()
+    d.addBoth(lambda _: reactor.stop())
+    if not d.called:
+        reactor.run()
 
 
 def _detach_from_terminal_signals() -> int | None:
@@ -135,7 +175,7 @@ def _detach_from_terminal_signals() -> int | None:
     return int(value)
 
 
-def _stop_when_launcher_goes(hs: object, launcher_pid: int) -> None:
+def _stop_when_launcher_goes(launcher_pid: int) -> None:
     """A launched process stops cleanly if its launcher dies (killed with
     SIGKILL, say), rather than run on unsupervised."""
     from twisted.internet import reactor, task

@@ -94,8 +94,8 @@ def run(
 
     from twisted.internet import defer, reactor
 
-    from synapse_lite.app._base import setup_logging
     from synapse_lite.app.launcher import START_TIMEOUT_SECONDS, Launcher
+    from synapse_lite.app.logs import setup_logging
 
     setup_logging("launcher", config.log_level, out)
     # Twisted's own INFO lines (an HTTP client factory per /health poll) drown

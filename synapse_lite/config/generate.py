@@ -22,7 +22,8 @@ import time
 import attr
 import yaml
 
-from synapse_lite.config.homeserver import MAIN_PROCESS, SINGLE_WRITER_STREAMS
+from synapse_lite.config.homeserver import MAIN_PROCESS
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
 
 LAYOUTS = ("monolith", "default", "sharded")
 #: The main process's client port; the others count up from it.
@@ -83,7 +84,7 @@ def _layout(layout: str) -> tuple[list[_Process], dict[str, object]]:
         _Process("stream_writer1", _WRITER, "Writes the single-writer streams."),
     ]
     writers: dict[str, object] = {"events": persisters}
-    writers.update({stream: "stream_writer1" for stream in SINGLE_WRITER_STREAMS})
+    writers.update({key: "stream_writer1" for key in BUILTIN_STREAMS.single_writer_keys()})
     return [main, *workers], writers
 
 

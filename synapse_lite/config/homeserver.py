@@ -21,15 +21,14 @@ from synapse_lite.config.validation import (
     Section,
     load_yaml_file,
 )
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
+from synapse_lite.streams.definition import StreamCatalog, StreamDefinition
 
 #: The instance name of the main process.
 MAIN_PROCESS = "main"
 
 #: Resources an HTTP listener can serve.
 LISTENER_RESOURCES = ("client", "federation", "keys", "replication", "health", "metrics")
-
-#: Streams whose writer is chosen in ``stream_writers``; all but events take one.
-SINGLE_WRITER_STREAMS = ("typing", "to_device", "account_data", "receipts", "presence")
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -170,42 +169,42 @@ class WorkerConfig:
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class StreamWriters:
-    """Which processes write which streams."""
+    """Which processes write which streams: ``stream_writers`` entries, one per
+    writer key of the stream catalog (``synapse_lite/streams/catalog.py``);
+    an entry not given is the main process."""
 
-    events: tuple[str, ...] = (MAIN_PROCESS,)
-    typing: str = MAIN_PROCESS
-    to_device: str = MAIN_PROCESS
-    account_data: str = MAIN_PROCESS
-    receipts: str = MAIN_PROCESS
-    presence: str = MAIN_PROCESS
+    by_key: dict[str, tuple[str, ...]] = attr.ib(factory=dict, hash=False)
 
     @classmethod
-    def read(cls, section: Section) -> StreamWriters:
-        events = section.get_str_list("events", [MAIN_PROCESS], allow_single=True)
-        if not events:
-            section.problem("needs at least one writer", "events")
-            events = [MAIN_PROCESS]
-        if len(set(events)) != len(events):
-            section.problem("lists a writer twice", "events")
-        singles: dict[str, str] = {}
-        for stream in SINGLE_WRITER_STREAMS:
-            value = section.get_str_list(stream, [MAIN_PROCESS], allow_single=True)
-            if len(value) != 1:
-                section.problem(f"takes exactly one writer, not {len(value)}", stream)
-                value = value[:1] or [MAIN_PROCESS]
-            singles[stream] = value[0]
+    def read(cls, section: Section, streams: StreamCatalog) -> StreamWriters:
+        by_key: dict[str, tuple[str, ...]] = {}
+        for key, several in streams.writer_keys().items():
+            value = section.get_str_list(key, [MAIN_PROCESS], allow_single=True)
+            if not value:
+                section.problem("needs at least one writer", key)
+                value = [MAIN_PROCESS]
+            if len(set(value)) != len(value):
+                section.problem("lists a writer twice", key)
+            if not several and len(value) != 1:
+                section.problem(f"takes exactly one writer, not {len(value)}", key)
+                value = value[:1]
+            by_key[key] = tuple(value)
         section.finish()
-        return cls(events=tuple(events), **singles)
+        return cls(by_key)
 
-    def writers_of(self, stream: str) -> tuple[str, ...]:
-        """The writers of a stream configured here."""
-        if stream in ("events", "backfill"):
-            return self.events
-        return (getattr(self, stream),)
+    def writers_of(self, key: str) -> tuple[str, ...]:
+        """The writers configured for a ``stream_writers`` key (the main
+        process when the key was not given)."""
+        return self.by_key.get(key, (MAIN_PROCESS,))
 
-    def all_writers(self) -> set[str]:
-        return set(self.events) | {getattr(self, s) for s in SINGLE_WRITER_STREAMS}
+    def single(self, key: str) -> str:
+        """The one writer of a key that takes one."""
+        [writer] = self.writers_of(key)
+        return writer
 
+    @property
+    def events(self) -> tuple[str, ...]:
+        return self.writers_of("events")
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class RateLimitConfig:
@@ -306,6 +305,8 @@ class HomeServerConfig:
     caches: CachesConfig
     log_level: str
     position_log: bool
+    #: The streams this deployment runs (their definitions).
+    streams: StreamCatalog = attr.ib(default=BUILTIN_STREAMS, hash=False)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -316,20 +317,22 @@ class HomeServerConfig:
             return self.listeners
         return self.workers[instance_name].listeners
 
+    def writers_of_stream(self, definition: StreamDefinition) -> tuple[str, ...]:
+        """Who writes a stream; empty when every process may."""
+        rule = definition.writers
+        if rule.any_process:
+            return ()
+        if rule.config_key is None:
+            return (MAIN_PROCESS,)
+        return self.stream_writers.writers_of(rule.config_key)
+
     def streams_written_by(self, instance_name: str) -> list[str]:
         """The streams ``instance_name`` writes (and so announces over replication)."""
-        writers = self.stream_writers
-        names = ["caches"]  # any process may write invalidations
-        if instance_name in writers.events:
-            names += ["events", "backfill"]
-        names += [s for s in SINGLE_WRITER_STREAMS if getattr(writers, s) == instance_name]
-        if instance_name == MAIN_PROCESS:
-            names.append("device_lists")
-            if self.federation_sender != MAIN_PROCESS:
-                # The queue feeding the sender worker owns it; a main process
-                # that sends itself has nobody to tell.
-                names.append("federation")
-        return names
+        return [
+            d.name
+            for d in self.streams
+            if not self.writers_of_stream(d) or instance_name in self.writers_of_stream(d)
+        ]
 
     def location_of(self, instance_name: str) -> InstanceLocation:
         """Where to send internal HTTP requests for ``instance_name``."""
@@ -399,8 +402,11 @@ def _read_workers(section: Section, base_dir: str) -> dict[str, WorkerConfig]:
     return workers
 
 
-def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
-    """Validate a parsed config file; raise :class:`ConfigError` listing every problem."""
+def read_homeserver_config(
+    data: dict[str, Any], path: str, streams: StreamCatalog = BUILTIN_STREAMS
+) -> HomeServerConfig:
+    """Validate a parsed config file; raise :class:`ConfigError` listing every
+    problem. ``streams``: the stream catalog (tests add streams of their own)."""
     root = Section(data, path)
     base_dir = os.path.dirname(os.path.abspath(path))
 
@@ -418,7 +424,7 @@ def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
     enable_registration = root.get_bool("enable_registration", False)
     listeners = tuple(ListenerConfig.read(s) for s in root.get_list_of_sections("listeners", []))
     workers = _read_workers(root.get_section("workers"), base_dir)
-    writers = StreamWriters.read(root.get_section("stream_writers"))
+    writers = StreamWriters.read(root.get_section("stream_writers"), streams)
     federation_sender = root.get_str("federation_sender", MAIN_PROCESS)
     federation = FederationConfig.read(root.get_section("federation"))
     rate_limits = RateLimitsConfig.read(root.get_section("rate_limiting"))
@@ -448,9 +454,9 @@ def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
             root.problem(
                 f"{name!r} is not the main process or a declared worker", f"instance_map.{name}"
             )
-    for stream in ("events", *SINGLE_WRITER_STREAMS):
-        for i, writer in enumerate(writers.writers_of(stream)):
-            key = f"stream_writers.{stream}" + (f"[{i}]" if stream == "events" else "")
+    for stream_key, several in streams.writer_keys().items():
+        for i, writer in enumerate(writers.writers_of(stream_key)):
+            key = f"stream_writers.{stream_key}" + (f"[{i}]" if several else "")
             if writer not in known:
                 root.problem(f"{writer!r} is not the main process or a declared worker", key)
             elif writer not in instance_map and (writer != MAIN_PROCESS or workers):
@@ -518,6 +524,7 @@ def read_homeserver_config(data: dict[str, Any], path: str) -> HomeServerConfig:
         caches=caches,
         log_level=log_level,
         position_log=position_log,
+        streams=streams,
     )
 
 

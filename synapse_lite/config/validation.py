@@ -7,7 +7,7 @@ the loader reports every mistake in a file at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import attr
@@ -130,9 +130,6 @@ class Section:
         path = self.path if key is None else self.key_path(key)
         self.problems.append(ConfigProblem(self.file, path, message))
 
-    def has(self, key: str) -> bool:
-        return key in self.data
-
     def keys(self) -> list[str]:
         """Every key of the mapping, each counted as read."""
         keys = [str(k) for k in self.data]
@@ -244,14 +241,6 @@ class Section:
             Section(item, self.file, f"{self.key_path(key)}[{i}]", self.problems)
             for i, item in enumerate(value)
         ]
-
-    def get_raw(self, key: str, default: Any = REQUIRED) -> Any:
-        _, value = self._get(key, default)
-        return value
-
-    def read_with(self, key: str, reader: Callable[[Section], T]) -> T:
-        """Read a sub-section with ``reader``."""
-        return reader(self.get_section(key))
 
     def finish(self) -> None:
         """Report keys nobody asked for (typos, misplaced keys)."""

@@ -18,7 +18,8 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from synapse_lite.federation.auth import sign_request
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.config.federation import FederationConfig
+    from synapse_lite.federation.crypto import SigningKey
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +43,18 @@ class FederationRequestError(Exception):
 class FederationClient:
     """Signed requests to other servers, one connection pool per process."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._config = hs.config.federation
-        self._pool = HTTPConnectionPool(hs.reactor, persistent=True)
+    def __init__(
+        self, config: FederationConfig, reactor: Any, signing_key: SigningKey, server_name: str
+    ) -> None:
+        self._config = config
+        self._signing_key = signing_key
+        self._server_name = server_name
+        self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = 5
         # A request that failed on a reused connection must not be resent
         # behind our back: the sender decides about retries.
         self._pool.retryAutomatically = False
-        self._http = HTTPClient(Agent(hs.reactor, pool=self._pool))
+        self._http = HTTPClient(Agent(reactor, pool=self._pool))
 
     def close(self) -> defer.Deferred[None]:
         return self._pool.closeCachedConnections()
@@ -74,7 +78,7 @@ class FederationClient:
         if signed:
             headers["Authorization"] = [
                 sign_request(
-                    self._hs.signing_key, self._hs.hostname, destination, method, path, content
+                    self._signing_key, self._server_name, destination, method, path, content
                 )
             ]
         try:

@@ -15,17 +15,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.api.identifiers import is_valid_user_id
+from synapse_lite.api.identifiers import is_mine_id, is_valid_user_id
 from synapse_lite.metrics import FEDERATION_TRANSACTIONS_RECEIVED
 from synapse_lite.replication.tcp.commands import RemoteServerUpCommand
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.federation.outbox import OutboxConsumer
+    from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+    from synapse_lite.replication.tcp.commands import Command
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +43,21 @@ MAX_ID = 255
 class FederationInboundHandler:
     """Processes received transactions (any process with ``federation``)."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        server_name: str,
+        device_messages: DeviceMessageHandler,
+        send_command: Callable[[Command], None],
+        outbox: OutboxConsumer | None,
+    ) -> None:
+        """``outbox``: this process's federation sender, if it is one."""
+        self._store = store
+        self._server_name = server_name
+        self._device_messages = device_messages
+        self._send_command = send_command
+        self._outbox = outbox
         #: Transactions being processed -> copies waiting for the outcome.
         self._in_flight: dict[tuple[str, str], list[defer.Deferred[Any]]] = {}
 
@@ -125,7 +141,7 @@ class FederationInboundHandler:
         assert isinstance(message_id, str) and isinstance(messages, dict)
         local: dict[str, dict[str, Any]] = {}
         for user_id, devices in messages.items():
-            if not is_valid_user_id(user_id) or not self._hs.is_mine_id(user_id):
+            if not is_valid_user_id(user_id) or not is_mine_id(user_id, self._server_name):
                 logger.info("%s sent a to-device message for %r, not ours", origin, user_id)
             elif isinstance(devices, dict):
                 local[user_id] = {
@@ -133,7 +149,7 @@ class FederationInboundHandler:
                     for d, c in devices.items()
                     if isinstance(d, str) and 0 < len(d) <= MAX_ID and isinstance(c, dict)
                 }
-        await self._hs.device_message_handler.receive_remote_messages(
+        await self._device_messages.receive_remote_messages(
             origin, sender, event_type, message_id, local
         )
 
@@ -143,7 +159,6 @@ class FederationInboundHandler:
         if state.retry_interval_ms == 0:
             return
         logger.info("%s is up again (it sent us a request): resetting its backoff", origin)
-        self._hs.replication.send_command(RemoteServerUpCommand(origin))
-        sender = self._hs.federation_sender
-        if sender is not None:
-            sender.on_remote_server_up(origin)
+        self._send_command(RemoteServerUpCommand(origin))
+        if self._outbox is not None:
+            self._outbox.on_remote_server_up(origin)

@@ -20,7 +20,11 @@ from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.crypto import SignatureError, sign_json, verify_signed_json
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.config.federation import FederationConfig
+    from synapse_lite.federation.client import FederationClient
+    from synapse_lite.federation.crypto import SigningKey
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +39,22 @@ class KeyLookupError(Exception):
 class Keyring:
     """Our key document and the verify keys of other servers."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._clock = hs.clock
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        config: FederationConfig,
+        client: FederationClient,
+        signing_key: SigningKey,
+        server_name: str,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._config = config
+        self._client = client
+        self._signing_key = signing_key
+        self._server_name = server_name
         #: server -> key_id -> (verify key, valid_until_ts)
         self._cache: dict[str, dict[str, tuple[str, int]]] = {}
         #: Servers being fetched -> lookups waiting for that fetch.
@@ -46,26 +63,26 @@ class Keyring:
 
     def local_key_document(self) -> dict[str, Any]:
         """``GET /_matrix/key/v2/server``: our verify key, self-signed."""
-        key = self._hs.signing_key
-        validity_ms = int(self._hs.config.federation.key_validity_seconds * 1000)
+        key = self._signing_key
+        validity_ms = int(self._config.key_validity_seconds * 1000)
         document = {
-            "server_name": self._hs.hostname,
+            "server_name": self._server_name,
             "verify_keys": {key.key_id: {"key": key.verify_key_base64}},
             "old_verify_keys": {},
             "valid_until_ts": self._clock.time_msec() + validity_ms,
         }
-        return sign_json(document, self._hs.hostname, key)
+        return sign_json(document, self._server_name, key)
 
     async def get_verify_key(self, server_name: str, key_id: str) -> str:
         """The base64 verify key ``key_id`` of ``server_name``, valid now."""
-        if server_name == self._hs.hostname:
-            key = self._hs.signing_key
+        if server_name == self._server_name:
+            key = self._signing_key
             if key_id == key.key_id:
                 return key.verify_key_base64
             raise KeyLookupError(f"we have no key {key_id}")
         found = self._valid(server_name, key_id)
         if found is None:
-            self._cache[server_name] = await self._hs.datastore.get_server_keys(server_name)
+            self._cache[server_name] = await self._store.get_server_keys(server_name)
             found = self._valid(server_name, key_id)
         if found is None:
             await self._fetch(server_name)
@@ -101,9 +118,9 @@ class Keyring:
                 waiter.callback(None)
 
     async def _fetch_and_store(self, server_name: str) -> None:
-        document = await self._hs.federation_client.get_json(server_name, KEY_PATH, signed=False)
+        document = await self._client.get_json(server_name, KEY_PATH, signed=False)
         keys, valid_until = parse_key_document(document, server_name)
-        await self._hs.datastore.store_server_keys(server_name, keys, valid_until)
+        await self._store.store_server_keys(server_name, keys, valid_until)
         self._cache.setdefault(server_name, {}).update(
             {key_id: (key, valid_until) for key_id, key in keys.items()}
         )

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import heapq
 import logging
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+from collections.abc import Callable, Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +25,11 @@ logger = logging.getLogger(__name__)
 class OutboxConsumer:
     """Base of the components told about queued EDUs."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
+    def __init__(self, to_device_position: Callable[[], int]) -> None:
+        """``to_device_position()``: this process's position on to_device.
+        The composition root calls :meth:`release_held` whenever ids finish."""
+        self._to_device_position = to_device_position
         self._held: list[tuple[int, str]] = []
-        hs.replication_notifier.add_replication_callback(self._release_held)
 
     def send_device_messages(self, destination: str, upto_stream_id: int) -> None:
         """EDUs for ``destination`` are queued up to ``upto_stream_id``."""
@@ -43,17 +42,18 @@ class OutboxConsumer:
         """This process just queued EDUs for ``destinations`` at ``stream_id``."""
         for destination in destinations:
             heapq.heappush(self._held, (stream_id, destination))
-        self._release_held()
+        self.release_held()
 
-    def _release_held(self) -> None:
+    def release_held(self) -> None:
+        """Pass on what this process queued, once its position covers it."""
         if not self._held:
             return
-        position = self._hs.datastore.get_to_device_stream_token()
+        position = self._to_device_position()
         while self._held and self._held[0][0] <= position:
             stream_id, destination = heapq.heappop(self._held)
             self.send_device_messages(destination, stream_id)
 
-    def on_to_device_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+    def on_to_device_rows(self, instance_name: str, token: int, rows: Sequence[Any]) -> None:
         """A to_device row hook: entities that are server names are outbox rows."""
         for row in rows:
             if not row.entity.startswith("@"):

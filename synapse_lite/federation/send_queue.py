@@ -27,10 +27,13 @@ from twisted.internet import defer
 
 from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.replication.tcp.commands import FederationAckCommand
-from synapse_lite.replication.tcp.streams._base import Updates
+from synapse_lite.streams.catalog import FederationStreamRow
+from synapse_lite.streams.definition import Updates
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.replication.notifier import ReplicationNotifier
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -41,22 +44,34 @@ DEVICE_MESSAGES = "device_messages"
 class FederationRemoteSendQueue(OutboxConsumer):
     """The main process's side of the federation stream (see module docstring)."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        super().__init__(hs)
-        self._position = hs.clock.time_msec()
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        replication_notifier: ReplicationNotifier,
+    ) -> None:
+        super().__init__(store.get_to_device_stream_token)
+        self._store = store
+        self._replication_notifier = replication_notifier
+        self._position = clock.time_msec()
         #: destination -> (token, to_device stream id)
         self._items: dict[str, tuple[int, int]] = {}
-        hs.reactor.callWhenRunning(self._take_pending)
 
-    def _take_pending(self) -> None:
+    def start(self) -> None:
+        """Take one item per destination with EDUs in the outbox."""
+
         async def scan() -> None:
-            pending = await self._hs.datastore.get_destinations_with_pending_edus()
+            pending = await self._store.get_destinations_with_pending_edus()
             for destination, upto in pending.items():
                 self.send_device_messages(destination, upto)
 
         defer.ensureDeferred(scan()).addErrback(
             lambda f: logger.warning("Reading the outbox at startup failed: %s", f.value)
         )
+
+    def stop(self) -> None:
+        pass
 
     def get_current_token(self) -> int:
         return self._position
@@ -66,7 +81,7 @@ class FederationRemoteSendQueue(OutboxConsumer):
         upto = max(upto_stream_id, previous[1]) if previous else upto_stream_id
         self._position += 1
         self._items[destination] = (self._position, upto)
-        self._hs.replication_notifier.notify_replication()
+        self._replication_notifier.notify_replication()
 
     def federation_ack(self, cmd: FederationAckCommand) -> None:
         """The sender has taken every item up to ``cmd.token``."""
@@ -96,7 +111,12 @@ class FederationRemoteSendQueue(OutboxConsumer):
         if limited:
             items = items[:limit]
         updates: Updates = [
-            (token, [DEVICE_MESSAGES, {"destination": destination, "stream_id": stream_id}])
+            (
+                token,
+                FederationStreamRow(
+                    DEVICE_MESSAGES, {"destination": destination, "stream_id": stream_id}
+                ),
+            )
             for token, destination, stream_id in items
         ]
         return updates, items[-1][0] if limited else upto_token, limited

@@ -24,7 +24,8 @@ from synapse_lite.http.server import JsonResource, parse_json_object_from_reques
 from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.federation.inbound import FederationInboundHandler
+    from synapse_lite.federation.keyring import Keyring
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,9 @@ class FederationAuthError(SynapseError):
         super().__init__(401, msg, Codes.UNAUTHORIZED)
 
 
-async def authenticate_request(hs: HomeServer, request: Request, content: Any) -> str:
+async def authenticate_request(
+    keyring: Keyring, server_name: str, request: Request, content: Any
+) -> str:
     """The origin server of a signed request to us, or a 401 (logged)."""
     headers = request.requestHeaders.getRawHeaders(b"Authorization") or []
     problems: list[str] = []
@@ -48,14 +51,14 @@ async def authenticate_request(hs: HomeServer, request: Request, content: Any) -
         except AuthHeaderError as e:
             problems.append(str(e))
             continue
-        if auth.destination is not None and auth.destination != hs.hostname:
+        if auth.destination is not None and auth.destination != server_name:
             problems.append(f"addressed to {auth.destination!r}, not us")
             continue
         try:
-            key = await hs.keyring.get_verify_key(auth.origin, auth.key_id)
+            key = await keyring.get_verify_key(auth.origin, auth.key_id)
             uri = request.uri.decode("utf-8", "replace")
             message = canonical_json(
-                request_json(request.method.decode("ascii"), uri, auth.origin, hs.hostname, content)
+                request_json(request.method.decode("ascii"), uri, auth.origin, server_name, content)
             )
             verify_signature(message, auth.signature, key)
         except (KeyLookupError, SignatureError, ValueError) as e:
@@ -74,13 +77,18 @@ async def authenticate_request(hs: HomeServer, request: Request, content: Any) -
 
 
 def register_federation_servlets(
-    hs: HomeServer, resource: JsonResource, resources: tuple[str, ...]
+    resource: JsonResource,
+    resources: tuple[str, ...],
+    *,
+    keyring: Keyring,
+    inbound: FederationInboundHandler,
+    server_name: str,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``."""
     if "keys" in resources:
 
         async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
-            return 200, hs.keyring.local_key_document()
+            return 200, keyring.local_key_document()
 
         resource.register_paths("GET", KEY_PATH, on_get_key, "keys")
         resource.register_paths("GET", KEY_PATH + r"/(?P<key_id>[^/]+)", on_get_key, "keys")
@@ -89,8 +97,8 @@ def register_federation_servlets(
 
         async def on_send(request: Request, txn_id: str) -> tuple[int, Any]:
             body = parse_json_object_from_request(request)
-            origin = await authenticate_request(hs, request, body)
-            return 200, await hs.federation_handler.on_transaction(origin, txn_id, body)
+            origin = await authenticate_request(keyring, server_name, request, body)
+            return 200, await inbound.on_transaction(origin, txn_id, body)
 
         async def on_version(request: Request) -> tuple[int, Any]:
             return 200, {"server": {"name": "synapse_lite", "version": "0.1.0"}}

@@ -5,45 +5,41 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import NotFoundError
-from synapse_lite.handlers.writer_routing import write_on_stream_writer
+from synapse_lite.replication.http.writes import ADD_ACCOUNT_DATA, AccountDataWrite, StreamWritten
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
-
-ADD_ACCOUNT_DATA_ENDPOINT = "add_account_data"
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
 class AccountDataHandler:
     """``GET/PUT /user/{userId}[/rooms/{roomId}]/account_data/{type}``."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(self, store: GenericWorkerStore, notifier: Notifier, calls: InternalCalls) -> None:
+        self._store = store
+        self._notifier = notifier
+        self._calls = calls
 
     async def set_account_data(
         self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]
     ) -> None:
-        body = {"user_id": user_id, "room_id": room_id, "type": data_type, "content": content}
-        await write_on_stream_writer(
-            self._hs,
-            "account_data",
-            lambda: self.write_account_data(user_id, room_id, data_type, content),
-            ADD_ACCOUNT_DATA_ENDPOINT,
-            body,
+        await self._calls.call(
+            ADD_ACCOUNT_DATA, AccountDataWrite(user_id, room_id, data_type, content)
         )
 
-    async def write_account_data(
-        self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]
-    ) -> int:
-        """On the account_data writer: store it and wake the user's syncs."""
-        if room_id is None:
-            stream_id = await self._store.add_account_data_for_user(user_id, data_type, content)
+    async def write_account_data(self, write: AccountDataWrite) -> StreamWritten:
+        """Serves :data:`ADD_ACCOUNT_DATA`: store it and wake the user's syncs."""
+        if write.room_id is None:
+            stream_id = await self._store.add_account_data_for_user(
+                write.user_id, write.data_type, write.content
+            )
         else:
             stream_id = await self._store.add_account_data_to_room(
-                user_id, room_id, data_type, content
+                write.user_id, write.room_id, write.data_type, write.content
             )
-        self._hs.notifier.notify(users=[user_id])
-        return stream_id
+        self._notifier.notify(users=[write.user_id])
+        return StreamWritten(stream_id)
 
     async def get_account_data(
         self, user_id: str, room_id: str | None, data_type: str

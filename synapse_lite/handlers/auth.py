@@ -24,7 +24,7 @@ from twisted.web.server import Request
 from synapse_lite.api.errors import AuthError, Codes
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +118,8 @@ def get_access_token_from_request(request: Request) -> str:
 class AuthHandler:
     """Turns a request's access token into a :class:`Requester`."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._store = hs.datastore
+    def __init__(self, store: RegistrationWorkerStore) -> None:
+        self._store = store
 
     async def get_user_by_req(self, request: Request) -> Requester:
         """The requester, or a 401 (``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``)."""

@@ -11,23 +11,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import NotFoundError
-from synapse_lite.config.homeserver import MAIN_PROCESS
 from synapse_lite.handlers.auth import generate_access_token, hash_token
-from synapse_lite.handlers.writer_routing import call_writer
+from synapse_lite.replication.http.calls import EmptyBody
+from synapse_lite.replication.http.devices import (
+    DELETE_DEVICES,
+    REGISTER_DEVICE,
+    DeviceLogin,
+    DevicesLogout,
+    TokensRevoked,
+)
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
-
-REGISTER_DEVICE_ENDPOINT = "register_device"
-DELETE_DEVICES_ENDPOINT = "delete_devices"
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
 class DeviceHandler:
     """Logging devices in and out, and listing them."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(self, store: GenericWorkerStore, calls: InternalCalls) -> None:
+        self._store = store
+        self._calls = calls
 
     async def create_device_and_token(
         self, user_id: str, device_id: str, display_name: str | None
@@ -35,47 +39,34 @@ class DeviceHandler:
         """Log ``device_id`` in (creating it if new; its older tokens stop
         working); returns the new access token."""
         token = generate_access_token()
-        token_hash = hash_token(token)
-        if self._hs.is_main_process:
-            await self.store_device_and_token(user_id, device_id, display_name, token_hash)
-        else:
-            await call_writer(
-                self._hs,
-                MAIN_PROCESS,
-                REGISTER_DEVICE_ENDPOINT,
-                {
-                    "user_id": user_id,
-                    "device_id": device_id,
-                    "display_name": display_name,
-                    "token_hash": token_hash,
-                },
-            )
+        await self._calls.call(
+            REGISTER_DEVICE, DeviceLogin(user_id, device_id, display_name, hash_token(token))
+        )
         return token
 
-    async def store_device_and_token(
-        self, user_id: str, device_id: str, display_name: str | None, token_hash: str
-    ) -> None:
-        """On the main process."""
-        await self._store.replace_access_tokens(user_id, device_id, token_hash, display_name)
+    async def store_device_and_token(self, login: DeviceLogin) -> EmptyBody:
+        """Serves :data:`REGISTER_DEVICE` (on the main process)."""
+        if await self._store.get_user(login.user_id) is None:
+            raise NotFoundError("Unknown user")
+        await self._store.replace_access_tokens(
+            login.user_id, login.device_id, login.token_hash, login.display_name
+        )
+        return EmptyBody()
 
     async def delete_devices(self, user_id: str, device_ids: list[str] | None) -> list[str]:
         """Log devices out (all the user's devices when None); returns the
         hashes of the tokens revoked. Forgotten here at once: a logged-out
         client's next request to this process fails even before the caches
         stream brings the news."""
-        if self._hs.is_main_process:
-            _, hashes = await self._store.delete_devices(user_id, device_ids)
-            return hashes
-        answer = await call_writer(
-            self._hs,
-            MAIN_PROCESS,
-            DELETE_DEVICES_ENDPOINT,
-            {"user_id": user_id, "device_ids": device_ids},
-        )
-        hashes = [h for h in answer.get("token_hashes", []) if isinstance(h, str)]
-        for token_hash in hashes:
+        answer = await self._calls.call(DELETE_DEVICES, DevicesLogout(user_id, device_ids))
+        for token_hash in answer.token_hashes:
             self._store.get_user_by_access_token.invalidate(token_hash)
-        return hashes
+        return answer.token_hashes
+
+    async def logout_devices(self, logout: DevicesLogout) -> TokensRevoked:
+        """Serves :data:`DELETE_DEVICES` (on the main process)."""
+        _, hashes = await self._store.delete_devices(logout.user_id, logout.device_ids)
+        return TokensRevoked(hashes)
 
     async def get_devices(self, user_id: str) -> list[dict[str, Any]]:
         return [_client_device(d) for d in await self._store.get_devices_by_user(user_id)]

@@ -15,42 +15,26 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.content import check_to_device_messages
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text, is_valid_user_id, random_string
+from synapse_lite.api.identifiers import is_mine_id, random_string
 from synapse_lite.federation.crypto import CanonicalJsonError, canonical_json
 from synapse_lite.handlers.auth import Requester
-from synapse_lite.handlers.message import check_content_size
-from synapse_lite.handlers.writer_routing import write_on_stream_writer
+from synapse_lite.replication.http.writes import (
+    RECEIVE_REMOTE_TO_DEVICE,
+    SEND_TO_DEVICE,
+    RemoteToDeviceReceive,
+    StreamWritten,
+    ToDeviceSend,
+)
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.federation.outbox import OutboxConsumer
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
-SEND_TO_DEVICE_ENDPOINT = "send_to_device"
-RECEIVE_REMOTE_TO_DEVICE_ENDPOINT = "receive_remote_to_device"
 TXN_MEMORY = 10_000
-#: Recipients (user, device) of one request.
-MAX_RECIPIENTS = 1_000
-
-
-def check_messages(messages: Any) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{user_id: {device_id or "*": content}}``, or a 400."""
-    if not isinstance(messages, dict):
-        raise SynapseError(400, "'messages' must be an object", Codes.BAD_JSON)
-    count = 0
-    for user_id, devices in messages.items():
-        if not is_valid_user_id(user_id):
-            raise SynapseError(400, "'messages' keys must be user ids", Codes.BAD_JSON)
-        if not isinstance(devices, dict):
-            raise SynapseError(400, "'messages' values must be objects", Codes.BAD_JSON)
-        for device_id, content in devices.items():
-            check_identifier_text(device_id, "device_id")
-            if not isinstance(content, dict):
-                raise SynapseError(400, "each message must be an object", Codes.BAD_JSON)
-            check_content_size(content)
-            count += 1
-    if count > MAX_RECIPIENTS:
-        raise SynapseError(400, "Too many recipients", Codes.INVALID_PARAM)
-    return messages
 
 
 def check_remote_messages(messages: Any, is_mine: Any) -> None:
@@ -71,28 +55,35 @@ def check_remote_messages(messages: Any, is_mine: Any) -> None:
 class DeviceMessageHandler:
     """``PUT /sendToDevice/{eventType}/{txnId}``."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        server_name: str,
+        notifier: Notifier,
+        calls: InternalCalls,
+        outbox: OutboxConsumer | None,
+    ) -> None:
+        """``outbox``: what hears of messages queued for other servers here
+        (the federation sender, or the queue feeding it), if anything."""
+        self._store = store
+        self._server_name = server_name
+        self._notifier = notifier
+        self._calls = calls
+        self._outbox = outbox
         self._recent_txns: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+
+    def _is_mine(self, user_id: str) -> bool:
+        return is_mine_id(user_id, self._server_name)
 
     async def send_to_device(
         self, requester: Requester, event_type: str, txn_id: str, messages: dict[str, Any]
     ) -> None:
-        body = {
-            "sender": requester.user_id,
-            "sender_device": requester.device_id,
-            "type": event_type,
-            "txn_id": txn_id,
-            "messages": check_messages(messages),
-        }
-        check_remote_messages(body["messages"], self._hs.is_mine_id)
-        await write_on_stream_writer(
-            self._hs,
-            "to_device",
-            lambda: self.write_messages(body),
-            SEND_TO_DEVICE_ENDPOINT,
-            body,
+        checked = check_to_device_messages(messages)
+        check_remote_messages(checked, self._is_mine)
+        await self._calls.call(
+            SEND_TO_DEVICE,
+            ToDeviceSend(requester.user_id, requester.device_id, event_type, txn_id, checked),
         )
 
     async def receive_remote_messages(
@@ -105,36 +96,28 @@ class DeviceMessageHandler:
     ) -> None:
         """A to-device EDU from ``origin`` for local users: stored on the
         to_device writer, at most once per ``(origin, message_id)``."""
-        body = {
-            "origin": origin,
-            "sender": sender,
-            "type": event_type,
-            "message_id": message_id,
-            "messages": messages,
-        }
-        await write_on_stream_writer(
-            self._hs,
-            "to_device",
-            lambda: self.write_remote_messages(body),
-            RECEIVE_REMOTE_TO_DEVICE_ENDPOINT,
-            body,
+        await self._calls.call(
+            RECEIVE_REMOTE_TO_DEVICE,
+            RemoteToDeviceReceive(origin, sender, event_type, message_id, messages),
         )
 
-    async def write_remote_messages(self, body: dict[str, Any]) -> int:
-        """On the to_device writer: expand ``*``, store once, wake the recipients."""
-        sender, event_type = body["sender"], body["type"]
+    async def write_remote_messages(self, received: RemoteToDeviceReceive) -> StreamWritten:
+        """Serves :data:`RECEIVE_REMOTE_TO_DEVICE`: expand ``*``, store once,
+        wake the recipients."""
         local: dict[str, dict[str, dict[str, Any]]] = {}
-        for user_id, devices in body["messages"].items():
-            targets = await self._expand_devices(user_id, devices, sender, event_type)
+        for user_id, devices in received.messages.items():
+            targets = await self._expand_devices(
+                user_id, devices, received.sender, received.event_type
+            )
             if targets:
                 local[user_id] = targets
         stream_id = await self._store.add_remote_messages_to_device_inbox(
-            body["origin"], body["message_id"], local
+            received.origin, received.message_id, local
         )
         if stream_id is None:
-            return self._store.get_to_device_stream_token()
-        self._hs.notifier.notify(users=list(local))
-        return stream_id
+            return StreamWritten(self._store.get_to_device_stream_token())
+        self._notifier.notify(users=list(local))
+        return StreamWritten(stream_id)
 
     async def _expand_devices(
         self, user_id: str, devices: dict[str, Any], sender: str, event_type: str
@@ -146,40 +129,38 @@ class DeviceMessageHandler:
                 targets[target] = {"type": event_type, "sender": sender, "content": content}
         return targets
 
-    async def write_messages(self, body: dict[str, Any]) -> int:
-        """On the to_device writer: expand ``*``, store, wake the recipients."""
-        txn_key = (body["sender"], body["sender_device"], body["txn_id"])
+    async def write_messages(self, send: ToDeviceSend) -> StreamWritten:
+        """Serves :data:`SEND_TO_DEVICE`: expand ``*``, store, wake the recipients."""
+        txn_key = (send.sender, send.sender_device, send.txn_id)
         done = self._recent_txns.get(txn_key)
         if done is not None:
-            return done
-        sender, event_type = body["sender"], body["type"]
+            return StreamWritten(done)
         local: dict[str, dict[str, dict[str, Any]]] = {}
         remote: dict[str, dict[str, Any]] = {}
-        for user_id, devices in body["messages"].items():
-            if not self._hs.is_mine_id(user_id):
+        for user_id, devices in send.messages.items():
+            if not self._is_mine(user_id):
                 server = user_id.split(":", 1)[1]
                 edu = remote.setdefault(
                     server,
                     {
-                        "sender": sender,
-                        "type": event_type,
+                        "sender": send.sender,
+                        "type": send.event_type,
                         "message_id": random_string(16),
                         "messages": {},
                     },
                 )
                 edu["messages"][user_id] = devices
                 continue
-            targets = await self._expand_devices(user_id, devices, sender, event_type)
+            targets = await self._expand_devices(user_id, devices, send.sender, send.event_type)
             if targets:
                 local[user_id] = targets
         if not local and not remote:
-            return self._store.get_to_device_stream_token()
+            return StreamWritten(self._store.get_to_device_stream_token())
         stream_id = await self._store.add_messages_to_device_inbox(local, remote)
         self._recent_txns[txn_key] = stream_id
         while len(self._recent_txns) > TXN_MEMORY:
             self._recent_txns.popitem(last=False)
-        self._hs.notifier.notify(users=list(local))
-        sender_component = self._hs.federation_sender
-        if remote and sender_component is not None:
-            sender_component.notify_outbox_write(list(remote), stream_id)
-        return stream_id
+        self._notifier.notify(users=list(local))
+        if remote and self._outbox is not None:
+            self._outbox.notify_outbox_write(list(remote), stream_id)
+        return StreamWritten(stream_id)

@@ -15,7 +15,7 @@ from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.http.server import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 DEFAULT_TIMELINE_LIMIT = 10
 MAX_TIMELINE_LIMIT = 500
@@ -62,8 +62,8 @@ def parse_filter(definition: Any) -> SyncFilter:
 class FilteringHandler:
     """Storing and reading filters."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._store = hs.datastore
+    def __init__(self, store: GenericWorkerStore) -> None:
+        self._store = store
 
     async def add_filter(self, user_id: str, definition: dict[str, Any]) -> int:
         parse_filter(definition)

@@ -11,7 +11,10 @@ from synapse_lite.handlers.ratelimit import Ratelimiter
 from synapse_lite.http.fields import get_optional_str, get_str
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.handlers.device import DeviceHandler
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 LOGIN_FLOWS = [{"type": "m.login.password"}]
 
@@ -19,12 +22,19 @@ LOGIN_FLOWS = [{"type": "m.login.password"}]
 class LoginHandler:
     """``POST /login`` (``m.login.password``) and ``/logout[/all]``."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
-        limits = hs.config.rate_limits
-        self._per_ip = Ratelimiter(hs.clock, limits.login, limits.enabled)
-        self._per_account = Ratelimiter(hs.clock, limits.login, limits.enabled)
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        clock: Clock,
+        config: HomeServerConfig,
+        devices: DeviceHandler,
+    ) -> None:
+        self._store = store
+        self._server_name = config.server_name
+        self._devices = devices
+        limits = config.rate_limits
+        self._per_ip = Ratelimiter(clock, limits.login, limits.enabled)
+        self._per_account = Ratelimiter(clock, limits.login, limits.enabled)
 
     def _user_id(self, body: dict[str, Any]) -> str:
         identifier = body.get("identifier")
@@ -36,7 +46,7 @@ class LoginHandler:
             user = get_str(body, "user", max_length=MAX_ID_LENGTH)
         if user.startswith("@"):
             return user
-        return f"@{user.lower()}:{self._hs.hostname}"
+        return f"@{user.lower()}:{self._server_name}"
 
     async def login(self, client_ip: str, body: dict[str, Any]) -> dict[str, Any]:
         self._per_ip.ratelimit(client_ip)
@@ -57,17 +67,15 @@ class LoginHandler:
         ):
             raise AuthError(403, "Invalid username or password", Codes.FORBIDDEN)
         device_id = device_id or new_device_id()
-        token = await self._hs.device_handler.create_device_and_token(
-            user_id, device_id, display_name
-        )
+        token = await self._devices.create_device_and_token(user_id, device_id, display_name)
         return {
             "user_id": user_id,
             "access_token": token,
             "device_id": device_id,
-            "home_server": self._hs.hostname,
+            "home_server": self._server_name,
         }
 
     async def logout(self, requester: Requester, all_devices: bool) -> None:
-        await self._hs.device_handler.delete_devices(
+        await self._devices.delete_devices(
             requester.user_id, None if all_devices else [requester.device_id]
         )

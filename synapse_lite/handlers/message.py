@@ -10,33 +10,36 @@ own view of the events stream.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 
+from synapse_lite.api.content import check_content_size
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import AUTH_STATE_TYPES, RoomAuthState
 from synapse_lite.handlers.ratelimit import Ratelimiter
-from synapse_lite.handlers.writer_routing import call_writer, wait_for_position
+from synapse_lite.replication.http.send_events import (
+    SEND_EVENTS,
+    EventsPersisted,
+    EventsToPersist,
+)
 from synapse_lite.storage.caches import LruCache
 from synapse_lite.storage.databases.main.events import DuplicateTransactionError
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
-#: The spec's limit on an event's size; content is most of it.
-MAX_EVENT_CONTENT_BYTES = 65_536
-#: Events one internal request may carry (createRoom sends the most).
-MAX_EVENTS_PER_REQUEST = 200
-SEND_EVENTS_ENDPOINT = "send_events"
 #: Client transaction ids remembered per process (a retry usually comes soon).
 RECENT_TXNS = 10_000
 
@@ -78,22 +81,30 @@ class _RoomLocks:
                 self._locks[room_id] = (lock, users - 1)
 
 
-def check_content_size(content: dict[str, object]) -> None:
-    size = len(json.dumps(content, ensure_ascii=False).encode("utf-8"))
-    if size > MAX_EVENT_CONTENT_BYTES:
-        raise SynapseError(413, "Event is too large", Codes.TOO_LARGE)
-
-
 class EventCreationHandler:
     """Sends events: builds them here, persists them on the room's writer."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
-        self._me = hs.instance_name
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        config: HomeServerConfig,
+        instance_name: str,
+        notifier: Notifier,
+        calls: InternalCalls,
+        event_writers: Callable[[], Sequence[str]],
+    ) -> None:
+        """``event_writers()``: the events writers this process knows of now."""
+        self._store = store
+        self._clock = clock
+        self._me = instance_name
+        self._notifier = notifier
+        self._calls = calls
+        self._event_writers = event_writers
         self._locks = _RoomLocks()
-        limits = hs.config.rate_limits
-        self._ratelimiter = Ratelimiter(hs.clock, limits.messages, limits.enabled)
+        limits = config.rate_limits
+        self._ratelimiter = Ratelimiter(clock, limits.messages, limits.enabled)
         #: Transaction ids this process sent lately, so a client's retry here
         #: is answered without the database.
         self._recent_txns: LruCache[str] = LruCache(RECENT_TXNS)
@@ -128,7 +139,7 @@ class EventCreationHandler:
                 state_key=state_key,
                 sender=requester.user_id,
                 content=content,
-                origin_server_ts=self._hs.clock.time_msec(),
+                origin_server_ts=self._clock.time_msec(),
                 txn_key=txn_key,
             )
             [(event_id, _)] = await self.send_events(room_id, [spec])
@@ -149,29 +160,29 @@ class EventCreationHandler:
         """Persist events in a room on its writer; ``(event_id,
         stream_ordering)`` of each. ``new_room_writer``: the room is being
         created (by these events) on that writer."""
+        request = EventsToPersist(room_id, specs, create_room=new_room_writer is not None)
         for attempt in (1, 2):
-            writer = new_room_writer or await self._store.get_event_writer_for_room(room_id)
+            writer = new_room_writer or await self._store.get_event_writer_for_room(
+                room_id, self._event_writers()
+            )
             if writer is None:
                 raise NotFoundError("Unknown room")
-            if writer == self._me:
-                events = await self.persist_as_writer(
-                    room_id, specs, create_room=new_room_writer is not None
-                )
-                return [(e.event_id, e.stream_ordering) for e in events]
-            from synapse_lite.replication.http.send_events import send_events_body
-
-            body = send_events_body(room_id, specs, create_room=new_room_writer is not None)
             try:
-                answer = await call_writer(self._hs, writer, SEND_EVENTS_ENDPOINT, body)
+                answer = await self._calls.call(SEND_EVENTS, request, instance=writer)
             except SynapseError as e:
                 if e.additional.get("room_moved") and attempt == 1 and not new_room_writer:
                     self._store.invalidate_event_writer(room_id)
                     continue
                 raise
-            results = _parse_send_answer(answer, writer)
-            await wait_for_position(self._hs, writer, "events", max(s for _, s in results))
-            return results
+            return answer.events
         raise RoomMovedError(room_id)
+
+    async def persist_events(self, request: EventsToPersist) -> EventsPersisted:
+        """Serves :data:`SEND_EVENTS` (on the room's writer)."""
+        events = await self.persist_as_writer(
+            request.room_id, request.specs, create_room=request.create_room
+        )
+        return EventsPersisted([(e.event_id, e.stream_ordering) for e in events])
 
     async def persist_as_writer(
         self, room_id: str, specs: list[EventSpec], create_room: bool = False
@@ -185,7 +196,7 @@ class EventCreationHandler:
                     raise SynapseError(400, "The room already exists", Codes.INVALID_PARAM)
                 state = RoomAuthState(room_id)
             else:
-                writer = await self._store.get_event_writer_for_room(room_id)
+                writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
                 if writer is None:
                     raise NotFoundError("Unknown room")
                 if writer != self._me:
@@ -203,7 +214,7 @@ class EventCreationHandler:
                     raise
                 return [existing]
         targets = [e.state_key for e in events if e.type == "m.room.member" and e.state_key]
-        self._hs.notifier.notify(users=targets, rooms=[room_id])
+        self._notifier.notify(users=targets, rooms=[room_id])
         return events
 
     async def _load_auth_state(self, room_id: str, specs: list[EventSpec]) -> RoomAuthState:
@@ -217,20 +228,3 @@ class EventCreationHandler:
         ]
         events = await self._store.get_events(wanted)
         return RoomAuthState.from_events(room_id, events.values())
-
-
-def _parse_send_answer(answer: dict[str, object], writer: str) -> list[tuple[str, int]]:
-    events = answer.get("events")
-    results: list[tuple[str, int]] = []
-    if isinstance(events, list):
-        for item in events:
-            if (
-                isinstance(item, list)
-                and len(item) == 2
-                and isinstance(item[0], str)
-                and isinstance(item[1], int)
-            ):
-                results.append((item[0], item[1]))
-    if not results:
-        raise SynapseError(502, f"{writer} answered without events", Codes.UNKNOWN)
-    return results

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attr
+from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.replication.http.calls import EmptyBody
+from synapse_lite.replication.http.writes import SET_PRESENCE, PresenceChange
 from synapse_lite.replication.tcp.commands import (
     ClearUserSyncCommand,
     Command,
@@ -29,7 +32,10 @@ from synapse_lite.replication.tcp.commands import (
 from synapse_lite.storage.databases.main.presence import UserPresenceState
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +66,10 @@ def check_presence_state(state: Any, status_msg: Any) -> None:
 class PresenceHandlerBase:
     """Reading presence; recording syncs is role-specific."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(self, store: GenericWorkerStore, clock: Clock, calls: InternalCalls) -> None:
+        self._store = store
+        self._clock = clock
+        self._calls = calls
 
     async def get_state(self, user_id: str) -> UserPresenceState:
         states = await self._store.get_presence_for_users([user_id])
@@ -78,17 +85,33 @@ class PresenceHandlerBase:
         yield
 
     async def set_state(self, user_id: str, state: str, status_msg: str | None) -> None:
-        raise NotImplementedError
+        """Set a user's presence, on the presence writer."""
+        check_presence_state(state, status_msg)
+        await self._calls.call(SET_PRESENCE, PresenceChange(user_id, state, status_msg))
+
+    def start(self) -> None:
+        """Background work begins."""
 
     def stop(self) -> None:
-        """The process is shutting down cleanly."""
+        """Background work ends."""
+
+    def end_of_syncs(self) -> None:
+        """The process is stopping cleanly: its syncs are over."""
 
 
 class PresenceWriterHandler(PresenceHandlerBase):
     """The presence writer: decides online/offline and writes the stream."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        super().__init__(hs)
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        calls: InternalCalls,
+        notifier: Notifier,
+    ) -> None:
+        super().__init__(store, clock, calls)
+        self._notifier = notifier
         self._local_syncs: dict[str, int] = defaultdict(int)
         #: instance_id -> users syncing there.
         self._external_syncs: dict[str, set[str]] = defaultdict(set)
@@ -96,10 +119,13 @@ class PresenceWriterHandler(PresenceHandlerBase):
         #: Users this writer last stored as online and currently active: a new
         #: sync of theirs changes nothing, so needs no read.
         self._active: set[str] = set()
-        self._loop = hs.clock.looping_call(self._check_offline, 1.0)
+        self._loop: Any = None
 
-    def stop_loops(self) -> None:
-        if self._loop.running:
+    def start(self) -> None:
+        self._loop = self._clock.looping_call(self._check_offline, 1.0)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._loop.running:
             self._loop.stop()
 
     def _is_syncing(self, user_id: str) -> bool:
@@ -123,7 +149,7 @@ class PresenceWriterHandler(PresenceHandlerBase):
         """A USER_SYNC from a process serving /sync."""
         if cmd.is_syncing:
             self._external_syncs[cmd.instance_id].add(cmd.user_id)
-            self._hs.clock.call_later(0, self._run, self._became_syncing(cmd.user_id))
+            self._clock.call_later(0, self._run, self._became_syncing(cmd.user_id))
         else:
             self._external_syncs[cmd.instance_id].discard(cmd.user_id)
             self._sync_ended(cmd.user_id)
@@ -135,15 +161,13 @@ class PresenceWriterHandler(PresenceHandlerBase):
 
     @staticmethod
     def _run(coro: Any) -> None:
-        from twisted.internet import defer
-
         defer.ensureDeferred(coro).addErrback(
             lambda f: logger.error("Presence update failed: %s", f.getTraceback())
         )
 
     def _sync_ended(self, user_id: str) -> None:
         if not self._is_syncing(user_id):
-            self._last_sync_end[user_id] = self._hs.clock.time_msec()
+            self._last_sync_end[user_id] = self._clock.time_msec()
 
     async def _became_syncing(self, user_id: str) -> None:
         self._last_sync_end.pop(user_id, None)
@@ -151,7 +175,7 @@ class PresenceWriterHandler(PresenceHandlerBase):
             return
         current = await self.get_state(user_id)
         if current.state == "offline" or not current.currently_active:
-            now = self._hs.clock.time_msec()
+            now = self._clock.time_msec()
             await self._store_state(
                 attr.evolve(
                     current,
@@ -163,7 +187,7 @@ class PresenceWriterHandler(PresenceHandlerBase):
             )
 
     def _check_offline(self) -> None:
-        now = self._hs.clock.time_msec()
+        now = self._clock.time_msec()
         for user_id, ended in list(self._last_sync_end.items()):
             if now - ended >= SYNC_ONLINE_GRACE_MS and not self._is_syncing(user_id):
                 del self._last_sync_end[user_id]
@@ -174,10 +198,12 @@ class PresenceWriterHandler(PresenceHandlerBase):
         if current.state != "offline":
             await self._store_state(attr.evolve(current, state="offline", currently_active=False))
 
-    async def set_state(self, user_id: str, state: str, status_msg: str | None) -> None:
+    async def apply_state(self, change: PresenceChange) -> EmptyBody:
+        """Serves :data:`SET_PRESENCE`."""
+        user_id, state, status_msg = change.user_id, change.presence, change.status_msg
         check_presence_state(state, status_msg)
         current = await self.get_state(user_id)
-        now = self._hs.clock.time_msec()
+        now = self._clock.time_msec()
         await self._store_state(
             attr.evolve(
                 current,
@@ -187,33 +213,46 @@ class PresenceWriterHandler(PresenceHandlerBase):
                 currently_active=state == "online",
             )
         )
+        return EmptyBody()
 
     async def _store_state(self, state: UserPresenceState) -> None:
         self._active.discard(state.user_id)
         await self._store.update_presence([state])
         if state.state != "offline" and state.currently_active:
             self._active.add(state.user_id)
-        self._hs.notifier.notify_all()
+        self._notifier.notify_all()
 
 
 class PresenceFollowerHandler(PresenceHandlerBase):
     """A process serving /sync that is not the presence writer."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        super().__init__(hs)
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        calls: InternalCalls,
+        send_command: Callable[[Command], None],
+        instance_id: str,
+    ) -> None:
+        """``send_command``: replication's way out; ``instance_id``: names this
+        run of the process in USER_SYNC (differs on every start)."""
+        super().__init__(store, clock, calls)
+        self._send_command = send_command
+        self._instance_id = instance_id
         self._syncing: dict[str, int] = defaultdict(int)
         self._devices: dict[str, str | None] = {}
         #: Users whose last sync ended, with the call that will say so.
         self._stopping: dict[str, IDelayedCall] = {}
 
     def _send(self, user_id: str, syncing: bool) -> None:
-        self._hs.replication.send_command(
+        self._send_command(
             UserSyncCommand(
-                self._hs.instance_id,
+                self._instance_id,
                 user_id,
                 self._devices.get(user_id),
                 syncing,
-                self._hs.clock.time_msec(),
+                self._clock.time_msec(),
             )
         )
 
@@ -232,7 +271,7 @@ class PresenceFollowerHandler(PresenceHandlerBase):
             self._syncing[user_id] -= 1
             if self._syncing[user_id] <= 0:
                 del self._syncing[user_id]
-                self._stopping[user_id] = self._hs.clock.call_later(
+                self._stopping[user_id] = self._clock.call_later(
                     SYNC_STOP_DELAY_SECONDS, self._stopped, user_id
                 )
 
@@ -242,36 +281,19 @@ class PresenceFollowerHandler(PresenceHandlerBase):
         self._devices.pop(user_id, None)
 
     def get_user_sync_commands(self) -> list[Command]:
-        now = self._hs.clock.time_msec()
+        now = self._clock.time_msec()
         return [
-            UserSyncCommand(self._hs.instance_id, user_id, self._devices.get(user_id), True, now)
+            UserSyncCommand(self._instance_id, user_id, self._devices.get(user_id), True, now)
             for user_id in [*self._syncing, *self._stopping]
         ]
 
-    async def set_state(self, user_id: str, state: str, status_msg: str | None) -> None:
-        check_presence_state(state, status_msg)
-        await self._hs.replication_client.call(
-            self._hs.config.stream_writers.presence,
-            "set_presence",
-            {"user_id": user_id, "presence": state, "status_msg": status_msg},
-        )
-
-    def stop_loops(self) -> None:
+    def stop(self) -> None:
         """Drop the pending "stopped syncing" notices (shutdown)."""
         for call in self._stopping.values():
             if call.active():
                 call.cancel()
         self._stopping.clear()
 
-    def stop(self) -> None:
-        self.stop_loops()
-        self._hs.replication.send_command(ClearUserSyncCommand(self._hs.instance_id))
-
-
-def build_presence_handler(hs: HomeServer) -> PresenceHandlerBase:
-    """The presence writer's handler on the writer, a follower elsewhere."""
-    if hs.config.stream_writers.presence == hs.instance_name:
-        handler: PresenceHandlerBase = PresenceWriterHandler(hs)
-    else:
-        handler = PresenceFollowerHandler(hs)
-    return handler
+    def end_of_syncs(self) -> None:
+        self.stop()
+        self._send_command(ClearUserSyncCommand(self._instance_id))

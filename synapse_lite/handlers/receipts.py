@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from synapse_lite.api.content import RECEIPT_TYPES
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.handlers.auth import Requester
-from synapse_lite.handlers.writer_routing import write_on_stream_writer
+from synapse_lite.replication.http.writes import SEND_RECEIPT, ReceiptWrite, StreamWritten
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
-
-RECEIPT_TYPES = ("m.read", "m.read.private")
-SEND_RECEIPT_ENDPOINT = "send_receipt"
+    from synapse_lite.clock import Clock
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
 class ReceiptsHandler:
     """``POST /rooms/{roomId}/receipt/{type}/{eventId}``."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        clock: Clock,
+        notifier: Notifier,
+        calls: InternalCalls,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._notifier = notifier
+        self._calls = calls
 
     async def send_receipt(
         self,
@@ -39,34 +48,22 @@ class ReceiptsHandler:
         event = await self._store.get_event(event_id)
         if event is None or event.room_id != room_id:
             raise NotFoundError("Unknown event")
-        data = {"ts": self._hs.clock.time_msec()}
+        data: dict[str, object] = {"ts": self._clock.time_msec()}
         if thread_id is not None:
-            data["thread_id"] = thread_id  # type: ignore[assignment]
-        body = {
-            "room_id": room_id,
-            "receipt_type": receipt_type,
-            "user_id": user_id,
-            "event_id": event_id,
-            "thread_id": thread_id,
-            "data": data,
-        }
-        await write_on_stream_writer(
-            self._hs,
-            "receipts",
-            lambda: self.write_receipt(body),
-            SEND_RECEIPT_ENDPOINT,
-            body,
+            data["thread_id"] = thread_id
+        await self._calls.call(
+            SEND_RECEIPT, ReceiptWrite(room_id, receipt_type, user_id, event_id, thread_id, data)
         )
 
-    async def write_receipt(self, body: dict[str, Any]) -> int:
-        """On the receipts writer: store a checked receipt and wake the room."""
+    async def write_receipt(self, receipt: ReceiptWrite) -> StreamWritten:
+        """Serves :data:`SEND_RECEIPT`: store a checked receipt and wake the room."""
         stream_id = await self._store.insert_receipt(
-            body["room_id"],
-            body["receipt_type"],
-            body["user_id"],
-            body["event_id"],
-            body["data"],
-            body["thread_id"],
+            receipt.room_id,
+            receipt.receipt_type,
+            receipt.user_id,
+            receipt.event_id,
+            receipt.data,
+            receipt.thread_id,
         )
-        self._hs.notifier.notify(rooms=[body["room_id"]])
-        return stream_id
+        self._notifier.notify(rooms=[receipt.room_id])
+        return StreamWritten(stream_id)

@@ -38,7 +38,10 @@ from synapse_lite.http.fields import get_bool, get_optional_str, get_str
 from synapse_lite.storage.databases.main.registration import UserExistsError
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.handlers.device import DeviceHandler
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +53,23 @@ UI_AUTH_SESSION_LIFETIME_MS = 3_600_000
 class RegistrationHandler:
     """``POST /register`` and the admin shared-secret registration."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
-        limits = hs.config.rate_limits
-        self._ratelimiter = Ratelimiter(hs.clock, limits.registration, limits.enabled)
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        clock: Clock,
+        config: HomeServerConfig,
+        devices: DeviceHandler,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._config = config
+        self._server_name = config.server_name
+        self._devices = devices
+        limits = config.rate_limits
+        self._ratelimiter = Ratelimiter(clock, limits.registration, limits.enabled)
 
     def user_id_for(self, localpart: str) -> str:
-        user_id = f"@{localpart}:{self._hs.hostname}"
+        user_id = f"@{localpart}:{self._server_name}"
         if len(user_id.encode("utf-8")) > MAX_ID_LENGTH:
             raise SynapseError(400, "User ID is too long", Codes.INVALID_USERNAME)
         return user_id
@@ -75,7 +87,7 @@ class RegistrationHandler:
         """Open registration; raises :class:`InteractiveAuthIncomplete` for the
         401 round."""
         self._ratelimiter.ratelimit(client_ip)
-        if not self._hs.config.enable_registration:
+        if not self._config.enable_registration:
             raise SynapseError(403, "Registration has been disabled", Codes.FORBIDDEN)
         username = get_optional_str(body, "username", max_length=MAX_ID_LENGTH)
         password = get_optional_str(body, "password", max_length=MAX_PASSWORD_LENGTH)
@@ -94,7 +106,7 @@ class RegistrationHandler:
             raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE) from None
         logger.info("Registered %s", user_id)
         if inhibit_login:
-            return {"user_id": user_id, "home_server": self._hs.hostname}
+            return {"user_id": user_id, "home_server": self._server_name}
         return await self._login_response(user_id, device_id, display_name)
 
     async def _check_ui_auth(self, auth: Any) -> None:
@@ -112,7 +124,7 @@ class RegistrationHandler:
         session = secrets.token_urlsafe(18)
         await self._store.create_ui_auth_session(session)
         await self._store.delete_old_ui_auth_sessions(
-            self._hs.clock.time_msec() - UI_AUTH_SESSION_LIFETIME_MS
+            self._clock.time_msec() - UI_AUTH_SESSION_LIFETIME_MS
         )
         raise InteractiveAuthIncomplete({"flows": DUMMY_FLOWS, "params": {}, "session": session})
 
@@ -127,24 +139,22 @@ class RegistrationHandler:
     async def _login_response(
         self, user_id: str, device_id: str, display_name: str | None
     ) -> dict[str, Any]:
-        token = await self._hs.device_handler.create_device_and_token(
-            user_id, device_id, display_name
-        )
+        token = await self._devices.create_device_and_token(user_id, device_id, display_name)
         return {
             "user_id": user_id,
             "access_token": token,
             "device_id": device_id,
-            "home_server": self._hs.hostname,
+            "home_server": self._server_name,
         }
 
     # Shared-secret registration (admin API)
 
     def _nonce_key(self) -> bytes:
-        secret = self._hs.config.registration_shared_secret or ""
+        secret = self._config.registration_shared_secret or ""
         return hashlib.sha256(b"synapse_lite nonce\0" + secret.encode("utf-8")).digest()
 
     def _require_secret(self) -> str:
-        secret = self._hs.config.registration_shared_secret
+        secret = self._config.registration_shared_secret
         if not secret:
             logger.warning("Refused shared-secret registration: no registration_shared_secret")
             raise SynapseError(400, "Shared secret registration is not enabled", Codes.FORBIDDEN)
@@ -152,7 +162,7 @@ class RegistrationHandler:
 
     def new_nonce(self) -> str:
         self._require_secret()
-        issued = f"{self._hs.clock.time_msec()}.{secrets.token_hex(12)}"
+        issued = f"{self._clock.time_msec()}.{secrets.token_hex(12)}"
         signature = hmac.new(self._nonce_key(), issued.encode("ascii"), hashlib.sha256)
         return f"{issued}.{signature.hexdigest()}"
 
@@ -161,7 +171,7 @@ class RegistrationHandler:
         if len(parts) == 3 and parts[0].isdigit():
             issued = f"{parts[0]}.{parts[1]}"
             expected = hmac.new(self._nonce_key(), issued.encode("ascii"), hashlib.sha256)
-            age = self._hs.clock.time_msec() - int(parts[0])
+            age = self._clock.time_msec() - int(parts[0])
             if hmac.compare_digest(expected.hexdigest(), parts[2]) and 0 <= age <= (
                 NONCE_LIFETIME_MS
             ):

@@ -10,19 +10,27 @@ are invite-only with ``shared`` history and guests may join;
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.content import check_content_size
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text, check_user_id, new_room_id
+from synapse_lite.api.identifiers import (
+    check_identifier_text,
+    check_user_id,
+    is_mine_id,
+    new_room_id,
+)
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import check_power_levels_content
-from synapse_lite.handlers.message import check_content_size
 from synapse_lite.http.fields import get_bool, get_dict, get_list, get_optional_str
 from synapse_lite.storage.databases.main.room import choose_event_writer
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 ROOM_VERSION = "10"
 PRESETS = {
@@ -65,9 +73,21 @@ def default_power_levels(creator: str, preset: str, invitees: list[str]) -> dict
 class RoomCreationHandler:
     """``POST /createRoom``."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        server_name: str,
+        events: EventCreationHandler,
+        event_writers: Callable[[], Sequence[str]],
+    ) -> None:
+        """``event_writers()``: the events writers this process knows of now."""
+        self._store = store
+        self._clock = clock
+        self._server_name = server_name
+        self._events = events
+        self._event_writers = event_writers
 
     async def create_room(self, requester: Requester, body: dict[str, Any]) -> str:
         """Validate the request, build the initial events, persist them on the
@@ -99,7 +119,7 @@ class RoomCreationHandler:
         power_levels = {**default_power_levels(user_id, preset, invitees), **overrides}
         check_power_levels_content(power_levels)
         settings = PRESETS[preset]
-        now = self._hs.clock.time_msec()
+        now = self._clock.time_msec()
 
         def state(event_type: str, content: dict[str, Any], state_key: str = "") -> EventSpec:
             check_content_size(content)
@@ -128,9 +148,9 @@ class RoomCreationHandler:
                 content["is_direct"] = True
             specs.append(state("m.room.member", content, invitee))
 
-        room_id = new_room_id(self._hs.hostname)
-        writer = choose_event_writer(room_id, self._hs.instance_directory.event_writers())
-        await self._hs.event_creation_handler.send_events(room_id, specs, new_room_writer=writer)
+        room_id = new_room_id(self._server_name)
+        writer = choose_event_writer(room_id, self._event_writers())
+        await self._events.send_events(room_id, specs, new_room_writer=writer)
         return room_id
 
     async def _check_invitees(self, invite: list[Any], creator: str) -> list[str]:
@@ -139,7 +159,7 @@ class RoomCreationHandler:
         invitees: list[str] = []
         for value in invite:
             user_id = check_user_id(value, "invite")
-            if not self._hs.is_mine_id(user_id):
+            if not is_mine_id(user_id, self._server_name):
                 raise SynapseError(
                     400, "Federation is not supported: invite local users", Codes.INVALID_PARAM
                 )

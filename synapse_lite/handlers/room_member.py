@@ -6,11 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.api.identifiers import is_mine_id
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 #: action -> the membership it sets
 ACTIONS = {"join": "join", "invite": "invite", "leave": "leave", "kick": "leave", "ban": "ban"}
@@ -19,9 +22,17 @@ ACTIONS = {"join": "join", "invite": "invite", "leave": "leave", "kick": "leave"
 class RoomMemberHandler:
     """Membership changes requested by clients."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        clock: Clock,
+        server_name: str,
+        events: EventCreationHandler,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._server_name = server_name
+        self._events = events
 
     async def update_membership(
         self,
@@ -40,13 +51,13 @@ class RoomMemberHandler:
         if action in ("invite", "kick", "ban") and target == user_id:
             raise SynapseError(400, f"You cannot {action} yourself", Codes.INVALID_PARAM)
         if action == "invite":
-            if not self._hs.is_mine_id(target):
+            if not is_mine_id(target, self._server_name):
                 raise SynapseError(
                     400, "Federation is not supported: invite local users", Codes.INVALID_PARAM
                 )
             if await self._store.get_user(target) is None:
                 raise NotFoundError(f"Unknown user {target}")
-        if await self._store.get_event_writer_for_room(room_id) is None:
+        if not await self._store.room_exists(room_id):
             raise NotFoundError("Unknown room")
         current = await self._store.get_membership_in_room(target, room_id)
         if action == "join" and current is not None and current[0] == "join":
@@ -60,7 +71,7 @@ class RoomMemberHandler:
             state_key=target,
             sender=user_id,
             content=content,
-            origin_server_ts=self._hs.clock.time_msec(),
+            origin_server_ts=self._clock.time_msec(),
         )
-        [(event_id, _)] = await self._hs.event_creation_handler.send_events(room_id, [spec])
+        [(event_id, _)] = await self._events.send_events(room_id, [spec])
         return event_id

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attr
@@ -28,7 +29,16 @@ from synapse_lite.storage.databases.main.roommember import MembershipRow
 from synapse_lite.tokens import InvalidToken, RoomStreamToken, StreamToken
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.typing import TypingHandlerBase
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.position_log import PositionLog
+    from synapse_lite.replication.streams import Stream
+    from synapse_lite.replication.tcp.receiver import PositionWaiters
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.streams.definition import SyncSection
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +87,41 @@ def _before(event: Event) -> RoomStreamToken:
 class SyncHandler:
     """Computes /sync responses and waits for news."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        config: HomeServerConfig,
+        notifier: Notifier,
+        typing: TypingHandlerBase,
+        presence: PresenceHandlerBase,
+        streams: Mapping[str, Stream],
+        waiters: PositionWaiters,
+        event_writers: Callable[[], Sequence[str]],
+        position_log: PositionLog | None,
+        sections: Mapping[str, SyncSection],
+    ) -> None:
+        """``streams``: this process's streams (their positions make the
+        token); ``event_writers()``: the events writers known now;
+        ``sections``: the parts of the response that streams other than the
+        built-in ones feed, by stream name."""
+        self._store = store
+        self._clock = clock
+        self._config = config
+        self._limits = config.limits
+        self._notifier = notifier
+        self._typing = typing
+        self._presence_handler = presence
+        self._streams = streams
+        self._waiters = waiters
+        self._event_writers = event_writers
+        self._position_log = position_log
+        self._sections = sections
+        #: The streams whose positions follow the room key in tokens.
+        self._token_streams = [
+            name for name in config.streams.sync_token_streams() if name != "events"
+        ]
         self._in_flight: dict[str, int] = defaultdict(int)
         #: (user, device) -> to-device stream id already deleted up to.
         self._to_device_deleted: dict[tuple[str, str], int] = {}
@@ -98,15 +140,15 @@ class SyncHandler:
         """Answer one /sync request."""
         user_id = requester.user_id
         since_token = await self._parse_since(since) if since is not None else None
-        if self._in_flight[user_id] >= self._hs.config.limits.max_concurrent_syncs_per_user:
+        if self._in_flight[user_id] >= self._limits.max_concurrent_syncs_per_user:
             raise LimitExceededError(1000)
         self._in_flight[user_id] += 1
         OPEN_SYNC_REQUESTS.inc()
         try:
-            timeout_ms = min(timeout_ms, self._hs.config.limits.max_sync_timeout_ms)
+            timeout_ms = min(timeout_ms, self._limits.max_sync_timeout_ms)
             if set_presence == "offline":
                 return await self._sync(requester, since_token, timeout_ms, full_state, sync_filter)
-            async with self._hs.presence_handler.user_syncing(user_id, requester.device_id):
+            async with self._presence_handler.user_syncing(user_id, requester.device_id):
                 return await self._sync(requester, since_token, timeout_ms, full_state, sync_filter)
         finally:
             OPEN_SYNC_REQUESTS.dec()
@@ -116,7 +158,9 @@ class SyncHandler:
 
     async def _parse_since(self, since: str) -> StreamToken:
         try:
-            return await StreamToken.parse(since, self._store.get_name_from_instance_id)
+            return await StreamToken.parse(
+                since, self._token_streams, self._store.get_name_from_instance_id
+            )
         except InvalidToken as e:
             raise SynapseError(400, str(e)[:300], Codes.INVALID_PARAM) from None
 
@@ -130,7 +174,7 @@ class SyncHandler:
     ) -> dict[str, Any]:
         if since is not None:
             await self._catch_up_to(since)
-            await self._delete_acknowledged_to_device(requester, since.to_device_key)
+            await self._delete_acknowledged_to_device(requester, since.get("to_device"))
         if since is None or full_state or timeout_ms <= 0:
             response, token, _ = await self._compute(requester, since, full_state, sync_filter)
         else:
@@ -141,9 +185,11 @@ class SyncHandler:
                 return not last[0][2]
 
             rooms = await self._store.get_rooms_for_user(requester.user_id)
-            await self._hs.notifier.wait_for_events(requester.user_id, rooms, timeout_ms, check)
+            await self._notifier.wait_for_events(requester.user_id, rooms, timeout_ms, check)
             response, token, _ = last[0]
-        response["next_batch"] = await token.to_string(self._store.get_id_for_instance)
+        response["next_batch"] = await token.to_string(
+            self._token_streams, self._store.get_id_for_instance
+        )
         self._log_token(token)
         return response
 
@@ -151,90 +197,58 @@ class SyncHandler:
 
     def _current_token(self, since: StreamToken | None) -> StreamToken:
         """Where this sync reads up to: this process's positions, never behind
-        a token the client already has."""
-        store = self._store
-        now = StreamToken(
-            room_key=store.get_room_max_token(),
-            presence_key=store.get_current_presence_token(),
-            typing_key=self._hs.typing_handler.get_current_token(),
-            receipt_key=store.get_max_receipt_stream_id(),
-            account_data_key=store.get_max_account_data_stream_id(),
-            to_device_key=store.get_to_device_stream_token(),
-            device_list_key=store.get_device_stream_token(),
-        )
+        a token the client already has (but for a stream that can reset, such
+        as typing after its writer restarted, where the client's token may be
+        ahead of the writer's new count)."""
+        room_key = self._store.get_room_max_token()
+        positions = {
+            name: self._streams[name].positions.sync_position() for name in self._token_streams
+        }
         if since is None:
-            return now
-        return attr.evolve(
-            now,
-            room_key=now.room_key.copy_and_advance(since.room_key),
-            presence_key=max(now.presence_key, since.presence_key),
-            receipt_key=max(now.receipt_key, since.receipt_key),
-            account_data_key=max(now.account_data_key, since.account_data_key),
-            to_device_key=max(now.to_device_key, since.to_device_key),
-            device_list_key=max(now.device_list_key, since.device_list_key),
-        )
+            return StreamToken(room_key, positions)
+        for name in self._token_streams:
+            if not self._streams[name].positions.can_reset:
+                positions[name] = max(positions[name], since.get(name))
+        return StreamToken(room_key.copy_and_advance(since.room_key), positions)
 
     async def _catch_up_to(self, since: StreamToken) -> None:
         """A token handed out by a process further along: wait (a little) for
         replication to bring this process there too."""
         waits = []
-        data_handler = self._hs.replication.data_handler
         room_max = self._store.get_room_max_token()
-        for writer in self._hs.instance_directory.event_writers():
+        for writer in self._event_writers():
             position = since.room_key.get_position(writer)
             if position > room_max.get_position(writer):
-                waits.append(data_handler.wait_for_stream_position(writer, "events", position))
-        writers = self._hs.config.stream_writers
-        for stream, writer, key, current in (
-            (
-                "receipts",
-                writers.receipts,
-                since.receipt_key,
-                self._store.get_max_receipt_stream_id(),
-            ),
-            (
-                "account_data",
-                writers.account_data,
-                since.account_data_key,
-                self._store.get_max_account_data_stream_id(),
-            ),
-            (
-                "to_device",
-                writers.to_device,
-                since.to_device_key,
-                self._store.get_to_device_stream_token(),
-            ),
-            (
-                "presence",
-                writers.presence,
-                since.presence_key,
-                self._store.get_current_presence_token(),
-            ),
-        ):
-            if key > current:
-                waits.append(data_handler.wait_for_stream_position(writer, stream, key))
+                waits.append(self._waiters.wait_for_stream_position(writer, "events", position))
+        for name in self._token_streams:
+            stream = self._streams[name]
+            writers = self._config.writers_of_stream(stream.definition)
+            if stream.positions.can_reset or len(writers) != 1:
+                continue
+            wanted = since.get(name)
+            if wanted > stream.positions.sync_position():
+                waits.append(self._waiters.wait_for_stream_position(writers[0], name, wanted))
         if not waits:
             return
-        results = await defer.DeferredList(
-            [defer.ensureDeferred(w) for w in waits], consumeErrors=True
-        ).addTimeout(SINCE_CATCH_UP_SECONDS, self._hs.reactor)
+        try:
+            results = await self._clock.timeout(
+                defer.DeferredList([defer.ensureDeferred(w) for w in waits], consumeErrors=True),
+                SINCE_CATCH_UP_SECONDS,
+            )
+        except defer.TimeoutError:
+            results = [(False, None)]
         if not all(ok for ok, _ in results):
             logger.info("Syncing from a token this process has not caught up with yet")
 
     def _log_token(self, token: StreamToken) -> None:
-        log = self._hs.position_log
+        log = self._position_log
         if log is None:
             return
-        for writer in self._hs.instance_directory.event_writers():
+        for writer in self._event_writers():
             log.position("events", writer, token.room_key.get_position(writer), "sync")
-        for stream, position in (
-            ("presence", token.presence_key),
-            ("receipts", token.receipt_key),
-            ("account_data", token.account_data_key),
-            ("to_device", token.to_device_key),
-            ("device_lists", token.device_list_key),
-        ):
-            log.position(stream, STREAM_WIDE, position, "sync")
+        for name in self._token_streams:
+            if not self._streams[name].positions.can_reset:
+                log.position(name, STREAM_WIDE, token.get(name), "sync")
 
     async def _delete_acknowledged_to_device(self, requester: Requester, upto: int) -> None:
         """The client's token shows it has the messages up to ``upto``. Any
@@ -259,14 +273,14 @@ class SyncHandler:
         """The response for (since, now], ``now`` and whether it is empty."""
         now = self._current_token(since)
         user_id = requester.user_id
-        now_ms = self._hs.clock.time_msec()
+        now_ms = self._clock.time_msec()
         memberships = await self._memberships(user_id, since, now.room_key)
         joined = memberships.rooms("join")
 
-        typing, typing_key = self._hs.typing_handler.get_typing_for_rooms(
-            joined, None if since is None else since.typing_key
+        typing, typing_key = self._typing.get_typing_for_rooms(
+            joined, None if since is None else since.get("typing")
         )
-        now = attr.evolve(now, typing_key=typing_key)
+        now = now.with_positions(typing=typing_key)
         ephemeral: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for room_id, user_ids in typing.items():
             if since is not None or user_ids:
@@ -292,16 +306,17 @@ class SyncHandler:
         leave = await self._left_rooms(user_id, memberships, since, sync_filter, now_ms)
 
         to_device, to_device_key = await self._to_device(requester, since, now)
-        now = attr.evolve(now, to_device_key=to_device_key)
+        now = now.with_positions(to_device=to_device_key)
         sharing = await self._users_sharing_rooms(user_id, joined)
         presence = await self._presence(sharing, since, now, now_ms)
         changed_devices: list[str] = []
-        if since is not None and since.device_list_key < now.device_list_key:
+        if since is not None and since.get("device_lists") < now.get("device_lists"):
             changed = await self._store.get_users_whose_devices_changed(
-                since.device_list_key, now.device_list_key
+                since.get("device_lists"), now.get("device_lists")
             )
             changed_devices = sorted(changed & sharing)
 
+        extra = await self._sections_of(user_id, since, now)
         response: dict[str, Any] = {
             "rooms": {"join": join, "invite": invite, "leave": leave},
             "account_data": {"events": global_data},
@@ -310,10 +325,33 @@ class SyncHandler:
             "device_lists": {"changed": changed_devices, "left": []},
             "device_one_time_keys_count": {},
         }
+        response.update(extra)
         empty = not (
-            join or invite or leave or global_data or to_device or presence or changed_devices
+            join
+            or invite
+            or leave
+            or global_data
+            or to_device
+            or presence
+            or changed_devices
+            or extra
         )
         return response, now, empty
+
+    async def _sections_of(
+        self, user_id: str, since: StreamToken | None, now: StreamToken
+    ) -> dict[str, Any]:
+        """The parts that streams beyond the built-in ones feed."""
+        parts: dict[str, Any] = {}
+        for name, section in self._sections.items():
+            if since is not None and since.get(name) >= now.get(name):
+                continue
+            value = await section.changes(
+                user_id, None if since is None else since.get(name), now.get(name)
+            )
+            if value:
+                parts[section.key] = value
+        return parts
 
     @staticmethod
     def _empty_joined_room(now: StreamToken) -> dict[str, Any]:
@@ -535,10 +573,10 @@ class SyncHandler:
     async def _receipts(
         self, user_id: str, joined: list[str], since: StreamToken | None, now: StreamToken
     ) -> dict[str, dict[str, Any]]:
-        if not joined or (since is not None and since.receipt_key >= now.receipt_key):
+        if not joined or (since is not None and since.get("receipts") >= now.get("receipts")):
             return {}
         rows = await self._store.get_receipts_for_rooms(
-            joined, None if since is None else since.receipt_key, now.receipt_key
+            joined, None if since is None else since.get("receipts"), now.get("receipts")
         )
         contents: dict[str, dict[str, Any]] = {}
         for room_id, receipt_type, receipt_user, event_id, data in rows:
@@ -552,13 +590,13 @@ class SyncHandler:
         self, user_id: str, since: StreamToken | None, now: StreamToken
     ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
         """Global and per-room account data that changed (all of it, initially)."""
-        if since is not None and since.account_data_key >= now.account_data_key:
+        if since is not None and since.get("account_data") >= now.get("account_data"):
             return [], {}
         changed_global: set[str] | None = None
         changed_rooms: set[tuple[str, str]] | None = None
         if since is not None:
             changes = await self._store.get_account_data_changes(
-                user_id, since.account_data_key, now.account_data_key
+                user_id, since.get("account_data"), now.get("account_data")
             )
             if not changes:
                 return [], {}
@@ -583,11 +621,11 @@ class SyncHandler:
     async def _to_device(
         self, requester: Requester, since: StreamToken | None, now: StreamToken
     ) -> tuple[list[dict[str, Any]], int]:
-        from_key = 0 if since is None else since.to_device_key
-        if since is not None and from_key >= now.to_device_key:
-            return [], now.to_device_key
+        from_key = 0 if since is None else since.get("to_device")
+        if since is not None and from_key >= now.get("to_device"):
+            return [], now.get("to_device")
         messages, upto = await self._store.get_messages_for_device(
-            requester.user_id, requester.device_id, from_key, now.to_device_key, TO_DEVICE_LIMIT
+            requester.user_id, requester.device_id, from_key, now.get("to_device"), TO_DEVICE_LIMIT
         )
         return messages, upto
 
@@ -602,9 +640,9 @@ class SyncHandler:
     ) -> list[dict[str, Any]]:
         if since is None:
             states = list((await self._store.get_presence_for_users(sorted(users))).values())
-        elif since.presence_key < now.presence_key:
+        elif since.get("presence") < now.get("presence"):
             states = await self._store.get_presence_changes(
-                sorted(users), since.presence_key, now.presence_key
+                sorted(users), since.get("presence"), now.get("presence")
             )
         else:
             return []

@@ -9,13 +9,21 @@ again from zero and followers notice a token below theirs and reset.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
-from synapse_lite.replication.tcp.streams._base import Updates
+from synapse_lite.replication.http.calls import EmptyBody
+from synapse_lite.replication.http.writes import SET_TYPING, TypingChange
+from synapse_lite.streams.catalog import TypingStreamRow
+from synapse_lite.streams.definition import Updates
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.replication.notifier import ReplicationNotifier
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +35,7 @@ DEFAULT_TYPING_TIMEOUT_MS = 30_000
 class TypingHandlerBase:
     """Who is typing where, as of which serial."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
+    def __init__(self) -> None:
         self._latest_room_serial = 0
         self._room_serials: dict[str, int] = {}
         self._room_typing: dict[str, set[str]] = {}
@@ -53,54 +60,78 @@ class TypingHandlerBase:
                 result[room_id] = sorted(self._room_typing.get(room_id, ()))
         return result, current
 
+    async def set_typing(
+        self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None
+    ) -> None:
+        """Ask the typing writer to record a change (here, when this is it)."""
+        raise NotImplementedError
+
     def _reset(self) -> None:
         self._latest_room_serial = 0
         self._room_serials.clear()
         self._room_typing.clear()
 
-    async def set_typing(
-        self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None
-    ) -> None:
-        raise NotImplementedError
-
 
 class TypingWriterHandler(TypingHandlerBase):
-    """The process that writes the typing stream."""
+    """The process that writes the typing stream (serves :data:`SET_TYPING`)."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        super().__init__(hs)
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        notifier: Notifier,
+        replication_notifier: ReplicationNotifier,
+        calls: InternalCalls,
+    ) -> None:
+        super().__init__()
+        self._store = store
+        self._clock = clock
+        self._notifier = notifier
+        self._replication_notifier = replication_notifier
+        self._calls = calls
         self._expiry: dict[tuple[str, str], int] = {}
-        self._expiry_loop = hs.clock.looping_call(self._expire, 1.0)
+        self._expiry_loop: Any = None
 
-    def stop_loops(self) -> None:
-        if self._expiry_loop.running:
+    def start(self) -> None:
+        self._expiry_loop = self._clock.looping_call(self._expire, 1.0)
+
+    def stop(self) -> None:
+        if self._expiry_loop is not None and self._expiry_loop.running:
             self._expiry_loop.stop()
 
     async def set_typing(
         self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None
     ) -> None:
+        await self._calls.call(
+            SET_TYPING, TypingChange(requester, target_user, room_id, typing, timeout_ms)
+        )
+
+    async def apply_typing(self, change: TypingChange) -> EmptyBody:
         """Mark a user typing (for ``timeout_ms``) or not, in a room they are in."""
-        if requester != target_user:
+        if change.requester != change.user_id:
             raise AuthError(403, "Cannot set another user's typing state")
-        if target_user not in await self._hs.datastore.get_users_in_room(room_id):
+        room_id, user_id = change.room_id, change.user_id
+        if user_id not in await self._store.get_users_in_room(room_id):
             raise AuthError(403, "You are not in this room", Codes.FORBIDDEN)
-        key = (room_id, target_user)
-        if typing:
-            timeout = DEFAULT_TYPING_TIMEOUT_MS if timeout_ms is None else timeout_ms
+        key = (room_id, user_id)
+        if change.typing:
+            timeout = DEFAULT_TYPING_TIMEOUT_MS if change.timeout_ms is None else change.timeout_ms
             timeout = max(0, min(timeout, MAX_TYPING_TIMEOUT_MS))
-            self._expiry[key] = self._hs.clock.time_msec() + timeout
-            if target_user in self._room_typing.get(room_id, ()):
-                return  # still typing: only the timeout moved
-            self._room_typing.setdefault(room_id, set()).add(target_user)
+            self._expiry[key] = self._clock.time_msec() + timeout
+            if user_id in self._room_typing.get(room_id, ()):
+                return EmptyBody()  # still typing: only the timeout moved
+            self._room_typing.setdefault(room_id, set()).add(user_id)
         else:
             self._expiry.pop(key, None)
-            if target_user not in self._room_typing.get(room_id, ()):
-                return
-            self._room_typing[room_id].discard(target_user)
+            if user_id not in self._room_typing.get(room_id, ()):
+                return EmptyBody()
+            self._room_typing[room_id].discard(user_id)
         self._changed(room_id)
+        return EmptyBody()
 
     def _expire(self) -> None:
-        now = self._hs.clock.time_msec()
+        now = self._clock.time_msec()
         for key, until in list(self._expiry.items()):
             if until <= now:
                 room_id, user_id = key
@@ -112,8 +143,8 @@ class TypingWriterHandler(TypingHandlerBase):
     def _changed(self, room_id: str) -> None:
         self._latest_room_serial += 1
         self._room_serials[room_id] = self._latest_room_serial
-        self._hs.notifier.notify(rooms=[room_id])
-        self._hs.replication_notifier.notify_replication()
+        self._notifier.notify(rooms=[room_id])
+        self._replication_notifier.notify_replication()
 
     async def get_all_typing_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int
@@ -131,7 +162,7 @@ class TypingWriterHandler(TypingHandlerBase):
         if limited:
             changed = changed[:limit]
         updates: Updates = [
-            (serial, [room_id, sorted(self._room_typing.get(room_id, ()))])
+            (serial, TypingStreamRow(room_id, sorted(self._room_typing.get(room_id, ()))))
             for serial, room_id in changed
         ]
         upto = changed[-1][0] if limited else current_id
@@ -141,7 +172,11 @@ class TypingWriterHandler(TypingHandlerBase):
 class TypingFollowerHandler(TypingHandlerBase):
     """Any other process: mirrors the writer's rows and forwards changes to it."""
 
-    def process_replication_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+    def __init__(self, calls: InternalCalls) -> None:
+        super().__init__()
+        self._calls = calls
+
+    def on_rows(self, writer: str, token: int, rows: Sequence[TypingStreamRow]) -> None:
         """Take the writer's rows (or bare position) before the stream advances."""
         if token < self._latest_room_serial:
             logger.info(
@@ -158,17 +193,8 @@ class TypingFollowerHandler(TypingHandlerBase):
     async def set_typing(
         self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None
     ) -> None:
-        writer = self._hs.config.stream_writers.typing
-        await self._hs.replication_client.call(
-            writer,
-            "set_typing",
-            {
-                "requester": requester,
-                "user_id": target_user,
-                "room_id": room_id,
-                "typing": typing,
-                "timeout": timeout_ms,
-            },
+        await self._calls.call(
+            SET_TYPING, TypingChange(requester, target_user, room_id, typing, timeout_ms)
         )
 
 

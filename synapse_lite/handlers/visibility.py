@@ -40,10 +40,6 @@ class RoomVisibility:
         return bool(self.history)
 
     @property
-    def current_membership(self) -> str | None:
-        return self.history[-1][1] if self.history else None
-
-    @property
     def last_left_position(self) -> int | None:
         """Where the user's view of the room ends (None while joined or invited)."""
         if not self.history or self.history[-1][1] in ("join", "invite"):

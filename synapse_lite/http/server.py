@@ -175,24 +175,13 @@ def _decode_json(content: bytes) -> Any:
     return value
 
 
-def parse_json_value_from_request(request: Request, allow_empty: bool = False) -> Any:
-    """The request body as JSON, or a 400 ``M_NOT_JSON``. With ``allow_empty``
-    an empty body is None (as is a JSON ``null``)."""
-    content = _request_body(request)
-    if not content and allow_empty:
-        return None
-    return _decode_json(content)
-
-
 def parse_json_object_from_request(request: Request, allow_empty: bool = False) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 (``M_NOT_JSON``/``M_BAD_JSON``).
     With ``allow_empty`` an empty body is ``{}``; a JSON ``null`` is still refused."""
     content = _request_body(request)
     if not content and allow_empty:
         return {}
-    # Decoded here rather than through parse_json_value_from_request: there
-    # an empty body and ``null`` both come back as None, and only the empty
-    # body may stand for {}.
+    # Only an empty body stands for {}: a JSON ``null`` is not an object.
     value = _decode_json(content)
     if not isinstance(value, dict):
         raise SynapseError(400, "Content must be a JSON object.", Codes.BAD_JSON)

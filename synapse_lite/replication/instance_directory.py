@@ -23,11 +23,12 @@ See docs/workers.md, "Adding and removing events writers".
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 
-from synapse_lite.config.homeserver import InstanceLocation
+from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig, InstanceLocation
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main.instances import (
     INSTANCES_CACHE_NAME,
@@ -37,7 +38,7 @@ from synapse_lite.storage.databases.main.instances import (
 
 if TYPE_CHECKING:
     from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +49,12 @@ EVENTS_WRITER_STREAMS = ("events", "backfill")
 class InstanceDirectory:
     """This process's running view of ``instances`` over its config."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._config = hs.config
+    def __init__(
+        self, config: HomeServerConfig, instance_name: str, store: GenericWorkerStore
+    ) -> None:
+        self._config = config
+        self._me = instance_name
+        self._store = store
         self._records: dict[str, InstanceRecord] = {}
         self._event_writers: tuple[str, ...] = self._config.stream_writers.events
         #: Writers retired before this process started that its config still lists.
@@ -67,12 +71,12 @@ class InstanceDirectory:
 
     def load_at_startup(self, txn: LoggingTransaction) -> None:
         """Record this process and read the table (on the startup connection)."""
-        me = self._hs.instance_name
+        me = self._me
         writers = self._config.stream_writers.events
         InstancesWorkerStore.record_instance_txn(
             txn, me, self._config.instance_map.get(me), me in writers
         )
-        if self._hs.is_main_process:
+        if me == MAIN_PROCESS:
             self._dropped_by_config = InstancesWorkerStore.reconcile_events_writers_txn(
                 txn, writers, self._config.instance_map
             )
@@ -88,15 +92,15 @@ class InstanceDirectory:
     def attach(self, handler: ReplicationCommandHandler) -> None:
         """Follow changes arriving over replication (once the handler exists)."""
         self._handler = handler
-        handler.data_handler.add_row_hook("events", self._on_events_rows)
-        handler.data_handler.add_row_hook("caches", self._on_caches_rows)
+        handler.receiver.add_row_hook("events", self.on_events_rows)
+        handler.receiver.add_row_hook("caches", self.on_caches_rows)
         for writer in self._retired_at_startup:
             self._forget_writer(writer)
         if self._dropped_by_config:
             # Processes still running with the old config must hear of it.
             logger.info("No longer events writers: %s", ", ".join(self._dropped_by_config))
             d = defer.ensureDeferred(
-                self._hs.datastore.announce_instances_changed(self._dropped_by_config)
+                self._store.announce_instances_changed(self._dropped_by_config)
             )
             d.addErrback(lambda f: logger.warning("Announcing retired writers failed: %s", f))
 
@@ -133,7 +137,7 @@ class InstanceDirectory:
     async def refresh(self) -> None:
         """Read the table again and act on what changed."""
         async with self._refresh_lock:
-            records = await self._hs.datastore.get_instances()
+            records = await self._store.get_instances()
             for writer in self._apply(records):
                 self._forget_writer(writer)
 
@@ -164,7 +168,7 @@ class InstanceDirectory:
         return removed
 
     def _forget_writer(self, writer: str) -> None:
-        if self._handler is None or writer == self._hs.instance_name:
+        if self._handler is None or writer == self._me:
             return
         for stream_name in EVENTS_WRITER_STREAMS:
             self._handler.forget_writer(stream_name, writer)
@@ -174,13 +178,13 @@ class InstanceDirectory:
         d = defer.ensureDeferred(self.refresh())
         d.addErrback(lambda f: logger.warning("Reading the instances table failed: %s", f.value))
 
-    def _on_events_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+    def on_events_rows(self, instance_name: str, token: int, rows: Sequence[Any]) -> None:
         if instance_name in self._event_writers or instance_name in self._looked_up:
             return
         self._looked_up.add(instance_name)
         self._refresh_in_background(f"events from {instance_name}, not known as an events writer")
 
-    def _on_caches_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+    def on_caches_rows(self, instance_name: str, token: int, rows: Sequence[Any]) -> None:
         changed = [r for r in rows if r.cache_func == INSTANCES_CACHE_NAME]
         if changed:
             self._looked_up.clear()

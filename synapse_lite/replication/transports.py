@@ -1,84 +1,104 @@
-"""Starting the configured replication transport for a process.
+"""Starting and stopping the configured replication transport of a process.
 
 * ``tcp``: the main process listens on ``replication.tcp``; workers connect to
   it and the main process relays between them.
 * ``redis``: every process publishes and subscribes on the channel named after
   the server.
+
+Either way the transport is the command handler's bus: what the handler sends
+reaches every other process, encoded once.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
+from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
+from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
+from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
 
 logger = logging.getLogger(__name__)
 
 
-def start_replication(hs: HomeServer) -> None:
-    """Listen or connect, as the config says; the command handler receives."""
-    config = hs.config
-    receiver = hs.replication
-    transport: Any
-    if config.replication.transport == "redis":
-        from synapse_lite.replication.tcp.redis import RedisReplicationBus
+class ReplicationTransport:
+    """The transport of one process (see the module docstring)."""
 
-        transport = RedisReplicationBus.from_config(
-            config.replication.redis,
-            server_name=config.server_name,
-            instance_name=hs.instance_name,
-            receiver=receiver,
-            reactor=hs.reactor,
-        )
-        transport.start()
-        logger.info(
-            "Replicating over Redis at %s:%d",
-            config.replication.redis.host,
-            config.replication.redis.port,
-        )
-    elif hs.is_main_process:
-        from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
+    def __init__(
+        self,
+        config: HomeServerConfig,
+        instance_name: str,
+        handler: ReplicationCommandHandler,
+        reactor: Any,
+    ) -> None:
+        self._config = config
+        self._me = instance_name
+        self._handler = handler
+        self._reactor = reactor
+        self._transport: Any = None
+        self._listening_port: Any = None
 
-        transport = ReplicationServerFactory(
-            config.server_name, config.worker_replication_secret, receiver, hs.reactor
-        )
-        port = hs.reactor.listenTCP(
-            config.replication.tcp_port, transport, interface=config.replication.tcp_host
-        )
-        transport.listening_port = port
-        logger.info(
-            "Replication listener on %s:%d", config.replication.tcp_host, port.getHost().port
-        )
-    else:
-        from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
+    def start(self) -> None:
+        """Listen or connect, as the config says."""
+        config = self._config
+        replication = config.replication
+        if replication.transport == "redis":
+            # Imported here: txredisapi is an optional dependency.
+            from synapse_lite.replication.tcp.redis import RedisReplicationBus
 
-        transport = ReplicationClientFactory(
-            config.server_name,
-            hs.instance_name,
-            config.worker_replication_secret,
-            receiver,
-            hs.reactor,
-        )
-        hs.reactor.connectTCP(config.replication.tcp_host, config.replication.tcp_port, transport)
-        logger.info(
-            "Replicating over TCP with the main process at %s:%d",
-            config.replication.tcp_host,
-            config.replication.tcp_port,
-        )
-    hs.replication_transport = transport  # type: ignore[attr-defined]
+            bus = RedisReplicationBus.from_config(
+                replication.redis,
+                server_name=config.server_name,
+                instance_name=self._me,
+                receiver=self._handler,
+                reactor=self._reactor,
+            )
+            bus.start()
+            self._transport = bus
+            logger.info(
+                "Replicating over Redis at %s:%d", replication.redis.host, replication.redis.port
+            )
+        elif self._me == MAIN_PROCESS:
+            server = ReplicationServerFactory(
+                config.server_name, config.worker_replication_secret, self._handler, self._reactor
+            )
+            self._listening_port = self._reactor.listenTCP(
+                replication.tcp_port, server, interface=replication.tcp_host
+            )
+            self._transport = server
+            logger.info(
+                "Replication listener on %s:%d",
+                replication.tcp_host,
+                self._listening_port.getHost().port,
+            )
+        else:
+            client = ReplicationClientFactory(
+                config.server_name,
+                self._me,
+                config.worker_replication_secret,
+                self._handler,
+                self._reactor,
+            )
+            self._reactor.connectTCP(replication.tcp_host, replication.tcp_port, client)
+            self._transport = client
+            logger.info(
+                "Replicating over TCP with the main process at %s:%d",
+                replication.tcp_host,
+                replication.tcp_port,
+            )
+        self._handler.set_bus(self._transport)
 
-
-async def stop_replication(hs: HomeServer) -> None:
-    """Close the transport (after the last commands have been queued)."""
-    transport = getattr(hs, "replication_transport", None)
-    if transport is None:
-        return
-    if hasattr(transport, "listening_port"):
-        await transport.listening_port.stopListening()
-        transport.close_all()
-    elif hasattr(transport, "stop"):
+    async def stop(self) -> None:
+        """Close the transport (after the last commands have been queued)."""
+        self._handler.stop()
+        transport, self._transport = self._transport, None
+        if transport is None:
+            return
+        if self._listening_port is not None:
+            await self._listening_port.stopListening()
+            transport.close_all()
+            return
         result = transport.stop()
         if result is not None:
             await result

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import attr
+
+from synapse_lite.api.identifiers import is_mine_id
+from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.storage.caches import BoundCache
 from synapse_lite.storage.database import DatabasePool, LoggingDatabaseConnection
-from synapse_lite.storage.stream_ids import StreamIdSpace
-from synapse_lite.storage.util.id_generators import MultiWriterIdGenerator
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.storage.stream_ids import StreamIdGenerators
 
 logger = logging.getLogger(__name__)
 
@@ -43,51 +45,43 @@ def page_of_updates(
     return updates, current_id, False
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class StoreContext:
+    """What a store knows of its process: the ``hs`` of the stores'
+    ``(database, db_conn, hs)`` constructors. Deliberately small: a store reads
+    and writes tables; it does not reach other components."""
+
+    config: HomeServerConfig
+    clock: Clock
+    instance_name: str
+    id_generators: StreamIdGenerators
+
+    @property
+    def server_name(self) -> str:
+        return self.config.server_name
+
+    def is_mine_id(self, user_id: str) -> bool:
+        """Whether a user id belongs to this server."""
+        return is_mine_id(user_id, self.config.server_name)
+
+
 class SQLBaseStore:
     """Every store mixin takes ``(database, db_conn, hs)`` and calls
     ``super().__init__(database, db_conn, hs)``, so any combination of mixins
     composes. ``db_conn`` is the startup connection: a mixin may read from it
-    in ``__init__`` (its ID generators do) and must not keep it.
+    in ``__init__`` and must not keep it. ``hs`` is the :class:`StoreContext`;
+    a mixin takes its streams' ID generators from ``hs.id_generators``.
     """
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         self.hs = hs
         self.db_pool = database
         self.database_engine = database.engine
         self.clock = hs.clock
-        self.server_name = hs.hostname
+        self.server_name = hs.server_name
         self._instance_name = hs.instance_name
-
-    def build_id_generator(
-        self, db_conn: LoggingDatabaseConnection, space: StreamIdSpace
-    ) -> MultiWriterIdGenerator:
-        """The ID generator of one stream, loaded now from the startup connection."""
-        return MultiWriterIdGenerator(
-            db_conn=db_conn,
-            db=self.db_pool,
-            notifier=self.hs.replication_notifier,
-            stream_name=space.stream_name,
-            instance_name=self._instance_name,
-            tables=space.id_generator_tables(),
-            sequence_name=space.sequence_name,
-            writers=space.writers(self.hs.config.stream_writers),
-            positive=space.positive,
-            prune_removed_writers=self.hs.is_main_process,
-            position_log=self.hs.position_log,
-        )
-
-    # Replication hooks: each mixin handles its own streams, then calls super().
-
-    def process_replication_rows(
-        self, stream_name: str, instance_name: str, token: int, rows: Iterable[Any]
-    ) -> None:
-        """Invalidate caches for rows another process wrote. Runs before the
-        stream's position advances."""
-
-    def process_replication_position(
-        self, stream_name: str, instance_name: str, token: int
-    ) -> None:
-        """Advance this store's view of a writer of a stream."""
 
     # Caches
 

@@ -78,10 +78,6 @@ class BoundCache(Generic[R]):
         self._generation += 1
         self.cache.clear()
 
-    def prefill(self, key: Any, value: R) -> None:
-        self.cache.set(key, value)
-
-
 class CachedMethod(Generic[R]):
     """Descriptor made by :func:`cached`."""
 

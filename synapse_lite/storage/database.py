@@ -384,18 +384,6 @@ class DatabasePool:
                 duration,
             )
 
-    async def runWithConnection(self, func: Callable[..., R], *args: Any) -> R:
-        """Run ``func(conn, *args)`` with a raw connection on a database thread."""
-
-        def inner() -> R:
-            return func(self._get_connection(), *args)
-
-        return await threads.deferToThreadPool(
-            self._reactor,  # type: ignore[arg-type]
-            self._threadpool,
-            inner,
-        )
-
     async def execute(self, desc: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run one statement in its own transaction; return its rows, if any."""
 

@@ -18,7 +18,7 @@ from synapse_lite.app.launch_plan import (
 )
 from synapse_lite.app.launcher import restart_delay
 from synapse_lite.config.generate import GenerateOptions, write_config
-from synapse_lite.config.homeserver import HomeServerConfig, load_config
+from synapse_lite.config.homeserver import HomeServerConfig, StreamWriters, load_config
 from synapse_lite.config.validation import ConfigError
 from tests.harness.launcher import edit_config
 
@@ -44,7 +44,7 @@ class LaunchPlanTestCase(unittest.TestCase):
         self.assertEqual(roles["main"], "main process")
         self.assertEqual(roles["persister1"], "events writer")
         self.assertEqual(
-            roles["stream_writer1"], "writes typing, to_device, account_data, receipts, presence"
+            roles["stream_writer1"], "writes presence, typing, receipts, account_data, to_device"
         )
         self.assertEqual(roles["synchrotron1"], "client API")
         self.assertEqual(specs[0].health_url, "http://127.0.0.1:31008/health")
@@ -72,7 +72,10 @@ class LaunchPlanTestCase(unittest.TestCase):
         self.assertEqual(added, {"persister4"})
 
         moved = attr.evolve(
-            after, stream_writers=attr.evolve(after.stream_writers, typing="synchrotron1")
+            after,
+            stream_writers=StreamWriters(
+                {**after.stream_writers.by_key, "typing": ("synchrotron1",)}
+            ),
         )
         self.assertNotEqual(settings_shared_by_all(moved), settings_shared_by_all(after))
 

@@ -147,7 +147,7 @@ class LauncherTestCase(unittest.TestCase):
         status = server.run_command(self, "status")
         self.assertEqual(await status.wait_exit(), 0, status.output())
         stream_writer = next(line for line in status.stdout if line.startswith("stream_writer1"))
-        self.assertRegex(stream_writer, r"to_device=\d+ account_data=\d+ receipts=\d+")
+        self.assertRegex(stream_writer, r"receipts=\d+ account_data=\d+ to_device=\d+")
         stop = server.run_command(self, "stop")
         self.assertEqual(await stop.wait_exit(), 0, stop.output())
         self.assertEqual(await server.command.wait_exit(), 0, server.command.tail())

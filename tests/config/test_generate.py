@@ -56,8 +56,8 @@ class GenerateConfigTestCase(unittest.TestCase):
         write_config(GenerateOptions(layout="sharded"), path, directory)
         config = load_config(path)
         self.assertEqual(config.stream_writers.events, ("persister1", "persister2", "persister3"))
-        self.assertEqual(config.stream_writers.typing, "stream_writer1")
-        self.assertEqual(config.stream_writers.presence, "stream_writer1")
+        self.assertEqual(config.stream_writers.single("typing"), "stream_writer1")
+        self.assertEqual(config.stream_writers.single("presence"), "stream_writer1")
         self.assertFalse(config.enable_registration)
         self.assertNotEqual(config.worker_replication_secret, config.registration_shared_secret)
 

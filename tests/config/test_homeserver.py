@@ -62,7 +62,7 @@ class LoadConfigTestCase(unittest.TestCase):
     def test_sharded_config(self) -> None:
         config = load_config(write_config(self.dir, sharded_config()))
         self.assertEqual(config.stream_writers.events, ("persister1", "persister2"))
-        self.assertEqual(config.stream_writers.typing, "persister1")
+        self.assertEqual(config.stream_writers.single("typing"), "persister1")
         self.assertEqual(config.location_of("persister2").base_url, "http://127.0.0.1:8012")
         self.assertEqual(config.location_of(MAIN_PROCESS).port, 8008)
         self.assertEqual(

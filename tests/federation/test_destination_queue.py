@@ -11,8 +11,7 @@ from twisted.internet import defer, task
 from synapse_lite.clock import Clock
 from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.sender.destination import DestinationQueue
-from synapse_lite.server import HomeServer
-from synapse_lite.storage.util import id_generators
+from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, make_config, make_homeserver
 
@@ -35,15 +34,6 @@ class ScriptedRemote:
         return [edu["content"]["n"] for edu in self.calls[i][1]["edus"]]
 
 
-class _Sender:
-    def __init__(self, hs: HomeServer) -> None:
-        self.hs = hs
-        self.sent: list[str] = []
-
-    def on_transaction_sent(self, destination: str) -> None:
-        self.sent.append(destination)
-
-
 class DestinationQueueTestCase(DatabaseTestCase):
     def setUp(self) -> None:
         super().setUp()
@@ -56,11 +46,18 @@ class DestinationQueueTestCase(DatabaseTestCase):
         self.hs = make_homeserver(self, config)
         self.time = task.Clock()
         self.time.advance(1_000_000)
-        self.hs.clock = Clock(self.time)
         self.remote = ScriptedRemote()
-        self.hs.__dict__["federation_client"] = self.remote
-        self.sender = _Sender(self.hs)
-        self.queue = DestinationQueue(self.sender, "b.test")  # type: ignore[arg-type]
+        #: Destinations whose transactions went through, in order.
+        self.sent: list[str] = []
+        self.queue = DestinationQueue(
+            "b.test",
+            store=self.hs.store,
+            clock=Clock(self.time),
+            client=self.remote,  # type: ignore[arg-type]
+            server_name="a.test",
+            retry=config.federation.retry,
+            on_sent=self.sent.append,
+        )
         self.queued = 0
 
     async def queue_edus(self, n: int) -> int:
@@ -69,7 +66,7 @@ class DestinationQueueTestCase(DatabaseTestCase):
             edu = {"sender": "@a:a.test", "type": "m.t", "message_id": f"m{self.queued}"}
             edu["n"] = self.queued  # type: ignore[assignment]
             self.queued += 1
-            stream_id = await self.hs.datastore.add_messages_to_device_inbox({}, {"b.test": edu})
+            stream_id = await self.hs.store.add_messages_to_device_inbox({}, {"b.test": edu})
         return stream_id
 
     async def calls(self, n: int) -> None:
@@ -77,7 +74,7 @@ class DestinationQueueTestCase(DatabaseTestCase):
         self.assertEqual(len(self.remote.calls), n)
 
     async def pending(self) -> int:
-        rows = await self.hs.datastore.db_pool.select(
+        rows = await self.hs.store.db_pool.select(
             "t", "SELECT COUNT(*) FROM device_federation_outbox"
         )
         return int(rows[0][0])
@@ -92,7 +89,7 @@ class DestinationQueueTestCase(DatabaseTestCase):
         await self.calls(2)
         self.assertEqual(self.remote.contents(1), [1, 2, 3])
         self.remote.calls[1][2].callback({"pdus": {}})
-        await eventually(lambda: len(self.sender.sent) == 2)
+        await eventually(lambda: len(self.sent) == 2)
         self.assertEqual(await self.pending(), 0)
 
     async def test_backoff_retry_same_id_and_server_up(self) -> None:
@@ -101,7 +98,7 @@ class DestinationQueueTestCase(DatabaseTestCase):
         first_id = self.remote.calls[0][0]
         self.remote.calls[0][2].errback(FederationRequestError("b.test", "refused"))
         await eventually(lambda: self.queue.is_backing_off)
-        state = await self.hs.datastore.get_retry_state("b.test")
+        state = await self.hs.store.get_retry_state("b.test")
         self.assertEqual(state.retry_interval_ms, 10_000)
         self.queue.wake(await self.queue_edus(1))  # does not cut the backoff short
         await task.deferLater(self.hs.reactor, 0.05, lambda: None)
@@ -124,8 +121,8 @@ class DestinationQueueTestCase(DatabaseTestCase):
         self.queue.reset_backoff()
         await self.calls(4)
         self.remote.calls[3][2].callback({"pdus": {}})
-        await eventually(lambda: self.sender.sent == ["b.test"])
-        self.assertEqual((await self.hs.datastore.get_retry_state("b.test")).retry_interval_ms, 0)
+        await eventually(lambda: self.sent == ["b.test"])
+        self.assertEqual((await self.hs.store.get_retry_state("b.test")).retry_interval_ms, 0)
         self.assertFalse(self.queue.is_down)
         self.assertEqual(await self.pending(), 0)
 
@@ -139,7 +136,7 @@ class DestinationQueueTestCase(DatabaseTestCase):
         await self.calls(3)  # 0 was dropped; 1 goes on its own
         self.assertEqual(self.remote.contents(2), [1])
         self.remote.calls[2][2].callback({"pdus": {}})
-        await eventually(lambda: self.sender.sent == ["b.test"])
+        await eventually(lambda: self.sent == ["b.test"])
         self.assertEqual(await self.pending(), 0)
 
     async def test_many_server_up_announcements_send_once(self) -> None:
@@ -153,9 +150,9 @@ class DestinationQueueTestCase(DatabaseTestCase):
             self.queue.reset_backoff()
         await self.calls(2)
         self.remote.calls[1][2].callback({"pdus": {}})
-        await eventually(lambda: self.sender.sent == ["b.test"])
+        await eventually(lambda: self.sent == ["b.test"])
         for _ in range(50):
             self.queue.reset_backoff()  # up already: nothing to do
         await task.deferLater(self.hs.reactor, 0.1, lambda: None)
         await self.calls(2)
-        self.assertEqual((await self.hs.datastore.get_retry_state("b.test")).retry_interval_ms, 0)
+        self.assertEqual((await self.hs.store.get_retry_state("b.test")).retry_interval_ms, 0)

@@ -14,43 +14,39 @@ from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.replication.tcp.commands import FederationAckCommand
 
 
-class _Reactor(task.Clock):
-    def __init__(self) -> None:
-        super().__init__()
-        self.at_start: list[Any] = []
-
-    def callWhenRunning(self, f: Any) -> None:
-        self.at_start.append(f)
-
-
-class _FakeHs:
-    def __init__(self) -> None:
-        self.reactor = _Reactor()
-        self.reactor.advance(1000)
-        self.clock = Clock(self.reactor)
-        self.replication_notifier = ReplicationNotifier()
-        self.pokes = 0
-        self.replication_notifier.add_replication_callback(self._poke)
-
-    def _poke(self) -> None:
-        self.pokes += 1
-
-
 def rows(updates: Any) -> list[tuple[int, str, int]]:
     result = []
-    for token, (kind, data) in updates:
-        assert kind == DEVICE_MESSAGES
-        result.append((token, data["destination"], data["stream_id"]))
+    for token, row in updates:
+        assert row.type == DEVICE_MESSAGES
+        result.append((token, row.data["destination"], row.data["stream_id"]))
     return result
+
+
+class _NoStore:
+    """The queue reads the store only when started (not in these tests)."""
+
+    def get_to_device_stream_token(self) -> int:
+        return 0
 
 
 class SendQueueTest(unittest.TestCase):
     def setUp(self) -> None:
-        self.hs = _FakeHs()
-        self.queue = FederationRemoteSendQueue(self.hs)  # type: ignore[arg-type]
+        reactor = task.Clock()
+        reactor.advance(1000)
+        self.replication_notifier = ReplicationNotifier()
+        self.pokes = 0
+        self.replication_notifier.add_replication_callback(self._poke)
+        self.queue = FederationRemoteSendQueue(
+            store=_NoStore(),  # type: ignore[arg-type]
+            clock=Clock(reactor),
+            replication_notifier=self.replication_notifier,
+        )
         # Tokens start at the clock's milliseconds: above any previous run's.
         self.start = self.queue.get_current_token()
         self.assertEqual(self.start, 1_000_000)
+
+    def _poke(self) -> None:
+        self.pokes += 1
 
     def t(self, n: int) -> int:
         return self.start + n
@@ -61,7 +57,7 @@ class SendQueueTest(unittest.TestCase):
         q.send_device_messages("c.example", 6)
         q.send_device_messages("b.example", 9)
         self.assertEqual(q.get_current_token(), t(3))
-        self.assertGreaterEqual(self.hs.pokes, 3)
+        self.assertGreaterEqual(self.pokes, 3)
         updates, upto, limited = await q.get_replication_rows("main", 0, t(3), 100)
         # b's first item (token 1) was replaced by token 3, which covers it.
         self.assertEqual(rows(updates), [(t(2), "c.example", 6), (t(3), "b.example", 9)])

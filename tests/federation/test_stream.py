@@ -36,12 +36,13 @@ class FederationStreamTestCase(DatabaseTestCase):
         )
         main, worker = servers["main"], servers["fed1"]
         remote = AcceptingRemote()
-        worker.__dict__["federation_client"] = remote
-        queue, sender = main.federation_sender, worker.federation_sender
+        queue, sender = main.outbox, worker.outbox
         assert isinstance(queue, FederationRemoteSendQueue)
         assert isinstance(sender, FederationSender)
-        self.assertIn("federation", main.replication.sourced_stream_names)
-        self.assertNotIn("federation", worker.replication.sourced_stream_names)
+        # Before any destination queue exists: they all take this client.
+        sender._client = remote  # type: ignore[assignment]
+        self.assertIn("federation", main.streamer.sourced_stream_names)
+        self.assertNotIn("federation", worker.streamer.sourced_stream_names)
 
         alice = await clients["main"].register("alice")
 
@@ -68,17 +69,15 @@ class FederationStreamTestCase(DatabaseTestCase):
         await eventually(lambda: len(remote.edus) == 3, what="the caught-up EDUs")
         self.assertEqual([e["@bob:b.test"]["D"]["n"] for e in remote.edus], [0, 1, 2])
         await eventually(lambda: queue.pending_items() == 0, what="the second ack")
-        rows = await main.datastore.db_pool.select(
-            "t", "SELECT COUNT(*) FROM device_federation_outbox"
-        )
+        rows = await main.store.db_pool.select("t", "SELECT COUNT(*) FROM device_federation_outbox")
         self.assertEqual(rows[0][0], 0)
 
     async def test_token_falling_back_rescans(self) -> None:
         servers, _, _ = start_cluster(
             self, self.test_db, workers=["fed1"], federation_sender="fed1", server_name="a.test"
         )
-        sender = servers["fed1"].federation_sender
-        queue = servers["main"].federation_sender
+        sender = servers["fed1"].outbox
+        queue = servers["main"].outbox
         assert isinstance(sender, FederationSender)
         assert isinstance(queue, FederationRemoteSendQueue)
         await eventually(lambda: sender.get_current_token() == queue.get_current_token())

@@ -11,13 +11,12 @@ import treq
 from twisted.internet import reactor, task
 from twisted.trial import unittest
 
-from synapse_lite.app._base import build_listener_resource
 from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.auth import XMatrixAuth, request_json, sign_request
-from synapse_lite.federation.crypto import SigningKey, canonical_json
+from synapse_lite.federation.crypto import SigningKey, canonical_json, load_or_create_signing_key
 from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
-from synapse_lite.storage.util import id_generators
+from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
 from tests.harness.databases import create_test_database
 from tests.harness.federation import to_device_transaction
@@ -53,12 +52,12 @@ class TwoServersTestCase(unittest.TestCase):
             enable_registration=True,
             rate_limiting={"enabled": False},
             federation={"retry": {"initial_seconds": 0.2, "max_seconds": 1}},
+            resources=RESOURCES,
         )
         servers: dict[str, HomeServer] = {}
         bus = LoopbackBus()
         for instance in ["main", *workers]:
             hs = make_homeserver(self, config, instance)
-            hs.presence_handler  # noqa: B018
             url = self.serve(hs)
             servers[instance] = hs
             bus.join(hs)
@@ -68,11 +67,9 @@ class TwoServersTestCase(unittest.TestCase):
         return servers
 
     def serve(self, hs: HomeServer) -> str:
-        site = make_site(build_listener_resource(hs, RESOURCES), 1_048_576)
+        site = make_site(hs.listeners.resources.tree(RESOURCES), 1_048_576)
         port = _reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
-        self.addCleanup(lambda: hs.replication_client.close())
-        self.addCleanup(lambda: hs.federation_client.close())
         number = port.getHost().port
         hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
         return f"http://127.0.0.1:{number}"
@@ -137,20 +134,22 @@ class TwoServersTestCase(unittest.TestCase):
         async def outbox_empty() -> bool:
             # Emptied once b's answer to the transaction is back at a, which
             # can be after bob's /sync already has the messages.
-            rows = await self.a["main"].datastore.db_pool.select(
+            rows = await self.a["main"].store.db_pool.select(
                 "t", "SELECT COUNT(*) FROM device_federation_outbox"
             )
             return bool(rows[0][0] == 0)
 
         await eventually(outbox_empty, timeout=10, what="a's outbox emptied")
         # b fetched and cached a's key.
-        keys = await self.b["main"].datastore.get_server_keys("a.test")
-        self.assertIn(self.a["main"].signing_key.key_id, keys)
+        keys = await self.b["main"].store.get_server_keys("a.test")
+        self.assertIn(
+            load_or_create_signing_key(self.a["main"].config.data_dir, create=False).key_id, keys
+        )
 
     async def test_forged_and_replayed(self) -> None:
         _, bob = await self.users()
         since = (await bob.sync())["next_batch"]
-        a_key = self.a["main"].signing_key
+        a_key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         forger = SigningKey(a_key.version, bytes(32))  # a's key id, wrong key
         body = self.edu_body("m1", bob, {"x": 1})
 
@@ -179,7 +178,7 @@ class TwoServersTestCase(unittest.TestCase):
     async def test_pdus_refused_and_bad_edus_ignored(self) -> None:
         _, bob = await self.users()
         since = (await bob.sync())["next_batch"]
-        key = self.a["main"].signing_key
+        key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         body = self.edu_body("m2", bob, {"ok": True})
         body["pdus"] = [{"event_id": "$e1", "type": "m.room.message"}, "junk"]
         body["edus"] += [
@@ -198,7 +197,7 @@ class TwoServersTestCase(unittest.TestCase):
     async def test_hostile_bodies_are_refused_or_ignored_never_500(self) -> None:
         _, bob = await self.users()
         since = (await bob.sync())["next_batch"]
-        key = self.a["main"].signing_key
+        key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
 
         def edu(**content: Any) -> dict[str, Any]:
             base = {"sender": "@alice:a.test", "type": "t", "message_id": "m", "messages": {}}
@@ -225,12 +224,14 @@ class TwoServersTestCase(unittest.TestCase):
 
     async def test_expired_key_is_fetched_again(self) -> None:
         _, bob = await self.users()
-        key = self.a["main"].signing_key
+        key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         await self.put_send(key, "k1", self.edu_body("k1", bob, {}))
-        store = self.b["main"].datastore
+        store = self.b["main"].store
         await store.store_server_keys("a.test", {key.key_id: key.verify_key_base64}, 1)
-        self.b["fed1"].keyring._cache.clear()
-        self.b["fed1"].keyring._last_fetch.clear()
+        keyring = self.b["fed1"].keyring
+        assert keyring is not None
+        keyring._cache.clear()
+        keyring._last_fetch.clear()
         code, _ = await self.put_send(key, "k2", self.edu_body("k2", bob, {}))
         self.assertEqual(code, 200)
         keys = await store.get_server_keys("a.test")
@@ -242,6 +243,6 @@ class TwoServersTestCase(unittest.TestCase):
         from synapse_lite.federation.keyring import parse_key_document
 
         keys, valid_until = parse_key_document(document, "a.test")
-        key = self.a["main"].signing_key
+        key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         self.assertEqual(keys, {key.key_id: key.verify_key_base64})
         self.assertGreater(valid_until, self.a["main"].clock.time_msec())

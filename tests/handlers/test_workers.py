@@ -14,9 +14,9 @@ from twisted.internet import defer, protocol, reactor, task
 
 from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.handlers import presence as presence_module
-from synapse_lite.replication.http import _base as http_base
+from synapse_lite.handlers.presence import PresenceFollowerHandler, PresenceWriterHandler
+from synapse_lite.replication.http import calls as internal_calls
 from synapse_lite.storage.databases.main.room import choose_event_writer
-from synapse_lite.tokens import StreamToken
 from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
@@ -52,11 +52,11 @@ class WorkersTestCase(DatabaseTestCase):
             room = await self.alice.create_room(preset="public_chat")
             await self.bob.ok("POST", f"/join/{room}", {})
             rooms.append(room)
-            writers.add(str(await self.servers["main"].datastore.get_event_writer_for_room(room)))
+            writers.add(str(await self.servers["main"].store.get_event_writer_for_room(room, ())))
         return rooms
 
     async def test_registration_on_a_worker_creates_the_device_on_main(self) -> None:
-        rows = await self.servers["main"].datastore.db_pool.select(
+        rows = await self.servers["main"].store.db_pool.select(
             "t",
             "SELECT instance_name FROM device_lists_stream WHERE user_id = ?",
             self.alice.user_id,
@@ -73,12 +73,12 @@ class WorkersTestCase(DatabaseTestCase):
         sync1 = self.servers["sync1"]
         for room in rooms:
             event_id = await self.alice.send(room, "hello")
-            event = await sync1.datastore.get_event(event_id)
+            event = await sync1.store.get_event(event_id)
             assert event is not None
             self.assertIn(event.instance_name, ("p1", "p2"))
             # Answered only once sync1 has seen the writer reach the event.
             self.assertTrue(
-                sync1.datastore.get_room_max_token().contains(
+                sync1.store.get_room_max_token().contains(
                     event.instance_name, event.stream_ordering
                 )
             )
@@ -132,23 +132,23 @@ class WorkersTestCase(DatabaseTestCase):
     async def test_out_of_order_writer_is_neither_skipped_nor_repeated(self) -> None:
         rooms = await self.rooms_on_both_writers()
         by_writer = {
-            await self.servers["main"].datastore.get_event_writer_for_room(r): r for r in rooms
+            await self.servers["main"].store.get_event_writer_for_room(r, ()): r for r in rooms
         }
         slow_room, fast_room = by_writer["p1"], by_writer["p2"]
         p1 = self.servers["p1"]
         since = (await self.bob_on_sync1.sync())["next_batch"]
-        slow = p1.datastore._stream_id_gen.get_next()
+        slow = p1.store._stream_id_gen.get_next()
         slow_id = await slow.__aenter__()
         await self.alice.send(fast_room, "fast")
         first = await self.bob_on_sync1.sync(since=since)
         self.assertEqual(bodies(first, fast_room), ["fast"])
         # The token handed out keeps p1 below its id in flight, p2 past its event.
-        store = self.servers["sync1"].datastore
-        token = await StreamToken.parse(first["next_batch"], store.get_name_from_instance_id)
-        self.assertLess(token.room_key.get_position("p1"), slow_id)
-        self.assertGreater(token.room_key.get_position("p2"), slow_id)
+        store = self.servers["sync1"].store
+        room_key = await store.parse_room_token(first["next_batch"].split("_")[0])
+        self.assertLess(room_key.get_position("p1"), slow_id)
+        self.assertGreater(room_key.get_position("p2"), slow_id)
         event_id = "$slow-event"
-        await p1.datastore.db_pool.execute(
+        await p1.store.db_pool.execute(
             "insert_slow",
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
             " sender, origin_server_ts, content, instance_name)"
@@ -159,9 +159,7 @@ class WorkersTestCase(DatabaseTestCase):
             self.alice.user_id,
         )
         await slow.__aexit__(None, None, None)
-        await self.servers["sync1"].replication.data_handler.wait_for_stream_position(
-            "p1", "events", slow_id
-        )
+        await self.servers["sync1"].waiters.wait_for_stream_position("p1", "events", slow_id)
         second = await self.bob_on_sync1.sync(since=first["next_batch"])
         self.assertEqual(bodies(second, slow_room), ["slow"])
         self.assertEqual(bodies(second, fast_room), [])
@@ -183,9 +181,7 @@ class WorkersTestCase(DatabaseTestCase):
             lambda: self.bob.ok("POST", f"/join/{room}", {}),
             lambda r: room in r["rooms"]["join"],
         )
-        self.assertIn(
-            room, await self.servers["sync1"].datastore.get_rooms_for_user(self.bob.user_id)
-        )
+        self.assertIn(room, await self.servers["sync1"].store.get_rooms_for_user(self.bob.user_id))
 
     async def wait_for_sync(self, since: str, action: Any, found: Any) -> tuple[Any, str]:
         """Start a long-poll on sync1, run ``action``, and keep long-polling
@@ -218,7 +214,7 @@ class WorkersTestCase(DatabaseTestCase):
             {"messages": {self.bob.user_id: {self.bob.device_id: {"n": 1}}}},
         )
         # Written by their writers...
-        ids = await self.servers["main"].datastore.db_pool.select(
+        ids = await self.servers["main"].store.db_pool.select(
             "t",
             "SELECT (SELECT instance_name FROM receipts_linearized),"
             " (SELECT instance_name FROM account_data),"
@@ -226,7 +222,7 @@ class WorkersTestCase(DatabaseTestCase):
         )
         self.assertEqual(ids, [("p2", "p1", "typer")])
         # ...and seen by bob's sync on another process.
-        await eventually(lambda: self.servers["sync1"].typing_handler.get_current_token() > 0)
+        await eventually(lambda: self.servers["sync1"].typing.get_current_token() > 0)
         result = await self.bob_on_sync1.sync(since=since)
         ephemeral = {e["type"] for e in result["rooms"]["join"][rooms[0]]["ephemeral"]["events"]}
         self.assertEqual(ephemeral, {"m.typing", "m.receipt"})
@@ -238,9 +234,11 @@ class WorkersTestCase(DatabaseTestCase):
         self.patch(presence_module, "SYNC_STOP_DELAY_SECONDS", 0.1)
         main = self.servers["main"]
         states: list[str] = []
+        assert self.bob.user_id is not None
+        bob = self.bob.user_id
 
         async def bob_state() -> str:
-            return (await main.presence_handler.get_state(self.bob.user_id)).state
+            return (await main.presence.get_state(bob)).state
 
         waiting = defer.ensureDeferred(self.bob_on_sync1.sync(since=None))
         await waiting
@@ -260,20 +258,22 @@ class WorkersTestCase(DatabaseTestCase):
         self.assertEqual(states[-1], "offline")
 
     async def test_clear_user_sync_when_a_sync_process_stops(self) -> None:
-        main = self.servers["main"]
-        sync1 = self.servers["sync1"]
+        main, sync1 = self.servers["main"].presence, self.servers["sync1"].presence
+        assert isinstance(main, PresenceWriterHandler)
+        assert isinstance(sync1, PresenceFollowerHandler)
+        assert self.bob.user_id is not None
 
         def syncing_on_sync1() -> bool:
-            users = main.presence_handler._external_syncs.get(sync1.instance_id, set())
+            users = main._external_syncs.get(sync1._instance_id, set())
             return self.bob.user_id in users
 
         # A sync in progress on sync1 (entered, never left).
-        in_progress = sync1.presence_handler.user_syncing(self.bob.user_id, "DEV")
+        in_progress = sync1.user_syncing(self.bob.user_id, "DEV")
         await in_progress.__aenter__()
         await eventually(syncing_on_sync1)
-        sync1.presence_handler.stop()  # what sync1 does when it stops: CLEAR_USER_SYNC
+        sync1.end_of_syncs()  # what sync1 does when it stops: CLEAR_USER_SYNC
         await eventually(lambda: not syncing_on_sync1())
-        self.assertIn(self.bob.user_id, main.presence_handler._last_sync_end)
+        self.assertIn(self.bob.user_id, main._last_sync_end)
 
 
 class RoomWriterTestCase(DatabaseTestCase):
@@ -293,19 +293,17 @@ class RoomWriterTestCase(DatabaseTestCase):
         alice = await ClientApi(self, clients["main"].base_url).register("alice")
         room = await alice.create_room(preset="public_chat")
         p1 = servers["p1"]
-        self.assertIn(await p1.datastore.get_event_writer_for_room(room), ("p1", "p2"))
-        await servers["main"].datastore.db_pool.execute(
+        self.assertIn(await p1.store.get_event_writer_for_room(room, ()), ("p1", "p2"))
+        await servers["main"].store.db_pool.execute(
             "t", "UPDATE rooms SET event_writer = 'gone' WHERE room_id = ?", room
         )
-        p1.datastore.invalidate_event_writer(room)
-        self.assertEqual(await p1.datastore.get_event_writer_for_room(room), "gone")  # cached now
-        moved = await servers["main"].datastore.reassign_rooms_of_removed_writers(["p1", "p2"])
+        p1.store.invalidate_event_writer(room)
+        self.assertEqual(await p1.store.get_event_writer_for_room(room, ()), "gone")  # cached now
+        moved = await servers["main"].store.reassign_rooms_of_removed_writers(["p1", "p2"])
         self.assertEqual(moved, 1)
         expected = choose_event_writer(room, ["p1", "p2"])
-        await eventually(
-            lambda: p1.datastore._get_event_writer_for_room.cache.get(room)[0] is False
-        )
-        self.assertEqual(await p1.datastore.get_event_writer_for_room(room), expected)
+        await eventually(lambda: p1.store._get_event_writer_for_room.cache.get(room)[0] is False)
+        self.assertEqual(await p1.store.get_event_writer_for_room(room, ()), expected)
         await alice.send(room, "after the move")
 
 
@@ -315,7 +313,7 @@ class _Silent(protocol.Protocol):
 
 class FrozenWriterTestCase(DatabaseTestCase):
     async def test_send_to_a_frozen_writer_is_a_503_within_the_forwarding_timeout(self) -> None:
-        self.patch(http_base, "REQUEST_TIMEOUT_SECONDS", 0.5)
+        self.patch(internal_calls, "REQUEST_TIMEOUT_SECONDS", 0.5)
         servers, clients, _ = start_cluster(
             self, self.test_db, workers=["p1"], stream_writers={"events": ["p1"]}
         )

@@ -17,11 +17,10 @@ from twisted.internet import reactor
 from twisted.trial import unittest
 from twisted.web.client import HTTPConnectionPool
 
-from synapse_lite.app._base import build_listener_resource
 from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
-from synapse_lite.storage.util import id_generators
+from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.databases import TestDatabase
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 
@@ -116,14 +115,13 @@ def serve(testcase: unittest.TestCase, hs: HomeServer) -> str:
     """Serve ``hs``'s client and replication resources on a free local port;
     returns its base URL."""
     site = make_site(
-        build_listener_resource(hs, ("client", "replication")),
+        hs.listeners.resources.tree(("client", "replication")),
         hs.config.limits.max_request_body_bytes,
     )
     port = _reactor.listenTCP(0, site, interface="127.0.0.1")
     number = port.getHost().port
     hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
     testcase.addCleanup(port.stopListening)
-    testcase.addCleanup(lambda: hs.replication_client.close())
     return f"http://127.0.0.1:{number}"
 
 
@@ -137,7 +135,7 @@ def start_cluster(
     """Processes (main first, then ``workers``) sharing one database, served
     over HTTP and replicating over an in-memory bus."""
     testcase.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-    extra = {"enable_registration": True, "rate_limiting": {"enabled": False}}
+    extra: dict[str, Any] = {"enable_registration": True, "rate_limiting": {"enabled": False}}
     extra.update(config_extra)
     config = make_config(test_db, workers=workers, stream_writers=stream_writers, **extra)
     servers: dict[str, HomeServer] = {}
@@ -145,7 +143,6 @@ def start_cluster(
     for name in ["main", *workers]:
         hs = make_homeserver(testcase, config, name)
         servers[name] = hs
-        hs.presence_handler  # noqa: B018  (built before replication, as at startup)
         clients[name] = ClientApi(testcase, serve(testcase, hs))
     bus = LoopbackBus()
     for hs in servers.values():

@@ -12,9 +12,11 @@ import os
 import tempfile
 from typing import Any
 
+import yaml
 from twisted.internet import reactor
 from twisted.trial import unittest
 
+from synapse_lite.app.composition import build_homeserver
 from synapse_lite.config.homeserver import HomeServerConfig, read_homeserver_config
 from synapse_lite.replication.tcp.commands import (
     Command,
@@ -23,6 +25,8 @@ from synapse_lite.replication.tcp.commands import (
     parse_command_from_line,
 )
 from synapse_lite.server import HomeServer
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
+from synapse_lite.streams.definition import StreamCatalog
 from tests.harness.databases import TestDatabase, create_test_database
 
 
@@ -30,34 +34,44 @@ def make_config(
     test_db: TestDatabase,
     workers: list[str] = (),  # type: ignore[assignment]
     stream_writers: dict[str, Any] | None = None,
+    resources: tuple[str, ...] = ("client", "replication"),
+    streams: StreamCatalog = BUILTIN_STREAMS,
     **extra: Any,
 ) -> HomeServerConfig:
-    """A config with the given workers (each with a replication listener on a
-    port nobody will bind; in-process tests do not listen)."""
+    """A config with the given workers, every process with one listener of
+    ``resources`` on a port nobody will bind (in-process tests do not listen;
+    they serve the processes' resources on ports of their own)."""
     data_dir = tempfile.mkdtemp(prefix="synapse_lite_hs_")
     data: dict[str, Any] = {
         "server_name": "test.local",
         "data_dir": data_dir,
         "database": test_db.config(),
         "worker_replication_secret": "test-secret",
-        "listeners": [{"port": 18000, "resources": ["client", "replication"]}],
+        "listeners": [{"port": 18000, "resources": list(resources)}],
         "workers": {
-            name: {"listeners": [{"port": 18001 + i, "resources": ["client", "replication"]}]}
+            name: {"listeners": [{"port": 18001 + i, "resources": list(resources)}]}
             for i, name in enumerate(workers)
         },
         "stream_writers": stream_writers or {},
         "position_log": True,
     }
     data.update(extra)
-    return read_homeserver_config(data, os.path.join(data_dir, "homeserver.yaml"))
+    path = os.path.join(data_dir, "homeserver.yaml")
+    with open(path, "w") as f:
+        # Written out too, for the tools that read a config file (the audit).
+        yaml.safe_dump(data, f)
+    return read_homeserver_config(data, path, streams)
 
 
 def make_homeserver(
     testcase: unittest.TestCase, config: HomeServerConfig, instance_name: str = "main"
 ) -> HomeServer:
-    hs = HomeServer(config, instance_name, reactor)
-    hs.setup()
-    testcase.addCleanup(hs.shutdown)
+    """One process of ``config``, built (database loaded) with its background
+    loops running, but no listener or replication transport: tests connect
+    processes in memory (:func:`connect_loopback`, :class:`LoopbackBus`)."""
+    hs = build_homeserver(config, instance_name, reactor)
+    hs.loops.startService()
+    testcase.addCleanup(hs.service.stopService)
     return hs
 
 

@@ -11,7 +11,7 @@ from twisted.internet import defer, reactor, task
 from synapse_lite.events import EventContent, new_event_id
 from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
 from synapse_lite.server import HomeServer
-from synapse_lite.storage.util import id_generators
+from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 
@@ -51,19 +51,21 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         main, p1 = servers["main"], servers["persister1"]
         await eventually(lambda: main.replication.connected)
         invalidated: list[str] = []
-        main.replication.data_handler.add_row_hook(
+        main.replication.receiver.add_row_hook(
             "events",
-            lambda instance, token, rows: invalidated.extend(r.data.event_id for r in rows),
+            lambda instance, token, rows: invalidated.extend(
+                r.event_id for r in rows if hasattr(r, "event_id")
+            ),
         )
-        [event] = await p1.datastore.persist_events([message()])
-        await main.replication.data_handler.wait_for_stream_position(
+        [event] = await p1.store.persist_events([message()])
+        await main.waiters.wait_for_stream_position(
             "persister1", "events", event.stream_ordering, timeout=5
         )
         self.assertEqual(invalidated, [event.event_id])
         self.assertEqual(
-            main.datastore.get_room_max_token().get_position("persister1"), event.stream_ordering
+            main.store.get_room_max_token().get_position("persister1"), event.stream_ordering
         )
-        self.assertEqual((await main.datastore.get_event(event.event_id)), event)
+        self.assertEqual((await main.store.get_event(event.event_id)), event)
         rdata = [c for _, c in self.bus.published if isinstance(c, RdataCommand)]
         self.assertEqual(
             [(c.stream_name, c.instance_name, c.token) for c in rdata if c.stream_name == "events"],
@@ -74,16 +76,21 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         servers = self.start(["persister1"], ["persister1"])
         main, p1 = servers["main"], servers["persister1"]
         seen: list[str] = []
-        main.replication.data_handler.add_row_hook(
-            "events", lambda instance, token, rows: seen.extend(r.data.event_id for r in rows)
+        main.replication.receiver.add_row_hook(
+            "events",
+            lambda instance, token, rows: seen.extend(
+                r.event_id for r in rows if hasattr(r, "event_id")
+            ),
         )
         self.bus.leave(self.endpoints["main"])
         persisted = []
         for _ in range(5):
-            persisted += await p1.datastore.persist_events([message() for _ in range(50)])
+            persisted += await p1.store.persist_events([message() for _ in range(50)])
         last = persisted[-1].stream_ordering
         events_stream = p1.replication.streams["events"]
-        await eventually(lambda: events_stream.last_token == last, what="p1 to send its rows")
+        await eventually(
+            lambda: events_stream.last_sent_position == last, what="p1 to send its rows"
+        )
 
         def event_rdata() -> int:
             return len(
@@ -97,18 +104,16 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         self.assertEqual(event_rdata(), 250)  # sent once, while main was away
         pages: list[tuple[int, int]] = []
         stream = main.replication.streams["events"]
-        real_update_function = stream.update_function
+        real_update_function = stream._update_function
 
         async def counting_update_function(*args: Any) -> Any:
             updates, upto, limited = await real_update_function(*args)
             pages.append((len(updates), upto))
             return updates, upto, limited
 
-        stream.update_function = counting_update_function
+        stream._update_function = counting_update_function
         self.endpoints["main"] = self.bus.join(main)
-        await main.replication.data_handler.wait_for_stream_position(
-            "persister1", "events", last, timeout=5
-        )
+        await main.waiters.wait_for_stream_position("persister1", "events", last, timeout=5)
         # Rejoining sent no old rows again: main read all 250 itself, in order,
         # in pages (more than one batch of the update function).
         self.assertEqual(event_rdata(), 250)
@@ -119,11 +124,11 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         servers = self.start(["persister1"], ["persister1"], echo=True)
         main, p1 = servers["main"], servers["persister1"]
         processed: list[tuple[str, int]] = []
-        p1.replication.data_handler.add_row_hook(
+        p1.replication.receiver.add_row_hook(
             "events", lambda instance, token, rows: processed.append((instance, token))
         )
-        [event] = await p1.datastore.persist_events([message()])
-        await main.replication.data_handler.wait_for_stream_position(
+        [event] = await p1.store.persist_events([message()])
+        await main.waiters.wait_for_stream_position(
             "persister1", "events", event.stream_ordering, timeout=5
         )
         await task.deferLater(reactor, 0.05, lambda: None)
@@ -149,12 +154,12 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         def waste_id(txn: Any) -> None:
             txn.database_engine.sequence_next_values(txn.raw_cursor, "events_stream_seq", 1)
 
-        await p1.datastore.db_pool.runInteraction("crashed_txn", waste_id)
-        events = await p1.datastore.persist_events([message() for _ in range(5)])
+        await p1.store.db_pool.runInteraction("crashed_txn", waste_id)
+        events = await p1.store.persist_events([message() for _ in range(5)])
         last = events[-1].stream_ordering
         start = reactor.seconds()
         await eventually(
-            lambda: main.datastore._stream_id_gen.get_current_token() >= last,
+            lambda: main.store._stream_id_gen.persisted_upto_position() >= last,
             timeout=3,
             what="persisted-up-to to pass the idle writer",
         )
@@ -172,7 +177,7 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         servers = self.start(["persister1", "persister2"], ["persister1", "persister2"])
         main, p1, p2 = servers["main"], servers["persister1"], servers["persister2"]
         await eventually(lambda: main.replication.connected)
-        store = main.datastore
+        store = main.store
         room = "!ooo:test.local"
         read: list[str] = []
         from_token = store.get_room_max_token()
@@ -186,17 +191,17 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
             read.extend(e.event_id for e in events)
             from_token = to_token
 
-        slow = p1.datastore._stream_id_gen.get_next()
+        slow = p1.store._stream_id_gen.get_next()
         slow_id = await slow.__aenter__()
-        fast = await p2.datastore.persist_events([message(room), message(room)])
-        await main.replication.data_handler.wait_for_stream_position(
+        fast = await p2.store.persist_events([message(room), message(room)])
+        await main.waiters.wait_for_stream_position(
             "persister2", "events", fast[-1].stream_ordering, timeout=5
         )
         await read_up_to_now()
         self.assertEqual(read, [e.event_id for e in fast])
 
         slow_event_id = new_event_id()
-        await p1.datastore.db_pool.execute(
+        await p1.store.db_pool.execute(
             "insert_slow",
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
             " sender, origin_server_ts, content, instance_name)"
@@ -206,12 +211,10 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
             room,
         )
         await slow.__aexit__(None, None, None)
-        await main.replication.data_handler.wait_for_stream_position(
-            "persister1", "events", slow_id, timeout=5
-        )
+        await main.waiters.wait_for_stream_position("persister1", "events", slow_id, timeout=5)
         await read_up_to_now()
-        more = await p2.datastore.persist_events([message(room)])
-        await main.replication.data_handler.wait_for_stream_position(
+        more = await p2.store.persist_events([message(room)])
+        await main.waiters.wait_for_stream_position(
             "persister2", "events", more[0].stream_ordering, timeout=5
         )
         await read_up_to_now()
@@ -222,7 +225,7 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
     async def test_wait_for_stream_position_times_out(self) -> None:
         servers = self.start(["persister1"], ["persister1"])
         d = defer.ensureDeferred(
-            servers["main"].replication.data_handler.wait_for_stream_position(
+            servers["main"].waiters.wait_for_stream_position(
                 "persister1", "events", 10_000, timeout=0.2
             )
         )
@@ -241,16 +244,14 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
             return lambda instance, token, rows: received.extend((stream, r) for r in rows)
 
         for stream in ("receipts", "caches", "device_lists"):
-            p1.replication.data_handler.add_row_hook(stream, hook(stream))
-        receipt_id = await main.datastore.insert_receipt(
+            p1.replication.receiver.add_row_hook(stream, hook(stream))
+        receipt_id = await main.store.insert_receipt(
             "!room:test.local", "m.read", "@alice:test.local", "$event", {"ts": 1}
         )
-        await main.datastore.register_user("@alice:test.local", None)
-        await main.datastore.add_access_token("@alice:test.local", "DEV", "ab" * 32, None)
-        await main.datastore.delete_access_token("ab" * 32)
-        await p1.replication.data_handler.wait_for_stream_position(
-            "main", "receipts", receipt_id, timeout=5
-        )
+        await main.store.register_user("@alice:test.local", None)
+        await main.store.replace_access_tokens("@alice:test.local", "DEV", "ab" * 32, None)
+        await main.store.delete_devices("@alice:test.local", ["DEV"])
+        await p1.waiters.wait_for_stream_position("main", "receipts", receipt_id, timeout=5)
         await eventually(
             lambda: {s for s, _ in received} == {"receipts", "caches", "device_lists"},
             what="rows of receipts, caches and device_lists",
@@ -289,20 +290,23 @@ class LiftedPositionTestCase(DatabaseTestCase):
         connection = _FakeConnection()
         handler.new_connection(connection)
         seen: list[str] = []
-        handler.data_handler.add_row_hook(
-            "events", lambda instance, token, rows: seen.extend(r.data.event_id for r in rows)
+        handler.receiver.add_row_hook(
+            "events",
+            lambda instance, token, rows: seen.extend(
+                r.event_id for r in rows if hasattr(r, "event_id")
+            ),
         )
         for writer in ("persister1", "persister2"):
             handler.on_command(connection, PositionCommand("events", writer, 0, 0))
-        await eventually(lambda: main.datastore.get_room_max_token().stream == 0)
+        await eventually(lambda: main.store.get_room_max_token().stream == 0)
         # persister2, idle, has seen persister1 reach 1 and says so first
         # (Redis does not order messages of different publishers).
         handler.on_command(connection, PositionCommand("events", "persister2", 0, 1))
         events_stream = handler.streams["events"]
-        await eventually(lambda: events_stream.current_token("persister2") == 1)
+        await eventually(lambda: events_stream.positions.writer_position("persister2") == 1)
         # persister1 is not lifted, and no token covers its unprocessed row...
-        self.assertEqual(events_stream.current_token("persister1"), 0)
-        self.assertEqual(main.datastore.get_room_max_token().get_position("persister1"), 0)
+        self.assertEqual(events_stream.positions.writer_position("persister1"), 0)
+        self.assertEqual(main.store.get_room_max_token().get_position("persister1"), 0)
         row = [
             "ev",
             ["$late", "!room:test.local", "m.room.message", None, None, None, None, False, False],
@@ -310,4 +314,4 @@ class LiftedPositionTestCase(DatabaseTestCase):
         handler.on_command(connection, RdataCommand("events", "persister1", 1, row))
         # ...and the row itself must not be dropped as old.
         await eventually(lambda: seen == ["$late"], what="the row to be processed")
-        self.assertEqual(main.datastore.get_room_max_token().get_position("persister1"), 1)
+        self.assertEqual(main.store.get_room_max_token().get_position("persister1"), 1)

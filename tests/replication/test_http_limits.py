@@ -4,7 +4,7 @@ input (a process with the secret is still not trusted to send anything)."""
 
 from __future__ import annotations
 
-from synapse_lite.handlers.message import MAX_EVENTS_PER_REQUEST, SEND_EVENTS_ENDPOINT
+from synapse_lite.replication.http.send_events import MAX_EVENTS_PER_REQUEST, SEND_EVENTS
 from tests.harness.client_api import start_cluster
 from tests.harness.server import DatabaseTestCase
 
@@ -19,7 +19,7 @@ class InternalHttpLimitsTestCase(DatabaseTestCase):
             self, self.test_db, limits={"max_request_body_bytes": BODY_LIMIT}
         )
         self.api = clients["main"]
-        self.path = f"/_synapse/replication/{SEND_EVENTS_ENDPOINT}"
+        self.path = f"/_synapse/replication/{SEND_EVENTS.name}"
 
     async def test_body_over_the_limit_is_413(self) -> None:
         body = {"room_id": "!r:test.local", "events": [{"pad": "x" * BODY_LIMIT}]}

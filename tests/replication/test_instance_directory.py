@@ -10,10 +10,11 @@ from twisted.internet import protocol, reactor
 
 from synapse_lite.api.errors import SynapseError
 from synapse_lite.config.homeserver import InstanceLocation
-from synapse_lite.replication.http.instances import RetireEventsWriterEndpoint
+from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER, WriterToRetire
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
-from synapse_lite.storage.util import id_generators
+from synapse_lite.storage.id_generators import generator as id_generators
+from synapse_lite.streams.catalog import EventsStreamEventRow
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 from tests.replication.test_handler import message
@@ -36,10 +37,10 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
 
     def seen_events(self, hs: HomeServer) -> list[str]:
         seen: list[str] = []
-        hs.replication.data_handler.add_row_hook(
+        hs.replication.receiver.add_row_hook(
             "events",
             lambda instance, token, rows: seen.extend(
-                r.data.event_id for r in rows if r.type == "ev"
+                r.event_id for r in rows if isinstance(r, EventsStreamEventRow)
             ),
         )
         return seen
@@ -47,7 +48,7 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
     async def test_added_writer_is_learnt_by_running_processes(self) -> None:
         old = self.start(["persister1", "sync"], ["persister1"], "main", "persister1", "sync")
         main, sync = old["main"], old["sync"]
-        self.assertEqual(main.instance_directory.event_writers(), ("persister1",))
+        self.assertEqual(main.directory.event_writers(), ("persister1",))
 
         # persister3 starts with a config that lists it; the others keep theirs.
         new = self.start(
@@ -58,28 +59,26 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         p3 = new["persister3"]
         for hs in (main, sync):
             await eventually(
-                partial(lambda hs: "persister3" in hs.instance_directory.event_writers(), hs),
+                partial(lambda hs: "persister3" in hs.directory.event_writers(), hs),
                 what=f"{hs.instance_name} to learn of persister3",
             )
             self.assertEqual(
-                hs.instance_directory.locations_of("persister3"),
+                hs.directory.locations_of("persister3"),
                 [p3.config.location_of("persister3")],
             )
         with self.assertRaises(KeyError):
             main.config.location_of("persister3")  # only the table knew it
 
         seen = self.seen_events(sync)
-        events = await p3.datastore.persist_events([message() for _ in range(3)])
+        events = await p3.store.persist_events([message() for _ in range(3)])
         last = events[-1].stream_ordering
         for hs in (main, sync):
-            await hs.replication.data_handler.wait_for_stream_position(
-                "persister3", "events", last, timeout=5
-            )
+            await hs.waiters.wait_for_stream_position("persister3", "events", last, timeout=5)
         self.assertEqual(seen, [e.event_id for e in events])
         # The idle persister1 lets the stream move on everywhere.
         for hs in (main, sync):
             await eventually(
-                partial(lambda hs: hs.datastore.get_room_max_stream_ordering() >= last, hs),
+                partial(lambda hs: hs.store.get_room_max_stream_ordering() >= last, hs),
                 what=f"persisted-up-to on {hs.instance_name}",
             )
 
@@ -94,71 +93,68 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         )
         main, p1, p2, sync = (servers[n] for n in ("main", "persister1", "persister2", "sync"))
         seen = {name: self.seen_events(servers[name]) for name in ("main", "sync")}
-        first = await p2.datastore.persist_events([message()])
-        await sync.replication.data_handler.wait_for_stream_position(
+        first = await p2.store.persist_events([message()])
+        await sync.waiters.wait_for_stream_position(
             "persister2", "events", first[0].stream_ordering, timeout=5
         )
 
         # persister2 persists two events nobody hears about, then stops.
         self.bus.leave(self.endpoints["persister2"])
-        unheard = await p2.datastore.persist_events([message(), message()])
-        await p2.datastore._stream_id_gen.flush_stream_positions()
-        p2.shutdown()
+        unheard = await p2.store.persist_events([message(), message()])
+        await p2.store._stream_id_gen.flush_stream_positions()
+        await p2.service.stopService()
 
         # persister1 goes on; persister2's last known position holds the
         # stream back on the others.
-        later = await p1.datastore.persist_events([message() for _ in range(3)])
+        later = await p1.store.persist_events([message() for _ in range(3)])
         last = later[-1].stream_ordering
-        await sync.replication.data_handler.wait_for_stream_position(
-            "persister1", "events", last, timeout=5
-        )
-        self.assertLess(sync.datastore.get_room_max_stream_ordering(), last)
+        await sync.waiters.wait_for_stream_position("persister1", "events", last, timeout=5)
+        self.assertLess(sync.store.get_room_max_stream_ordering(), last)
 
-        answer = await RetireEventsWriterEndpoint(main).handle({"instance_name": "persister2"})
-        self.assertEqual(answer["retired"], True)
-        self.assertEqual(answer["events_writers"], ["persister1"])
+        answer = await main.calls.call(RETIRE_EVENTS_WRITER, WriterToRetire("persister2"))
+        self.assertEqual(answer.retired, True)
+        self.assertEqual(answer.events_writers, ["persister1"])
         for hs in (main, sync, p1):
             await eventually(
-                partial(lambda hs: hs.instance_directory.event_writers() == ("persister1",), hs),
+                partial(lambda hs: hs.directory.event_writers() == ("persister1",), hs),
                 what=f"{hs.instance_name} to retire persister2",
             )
             await eventually(
-                partial(lambda hs: hs.datastore.get_room_max_stream_ordering() >= last, hs),
+                partial(lambda hs: hs.store.get_room_max_stream_ordering() >= last, hs),
                 what=f"persisted-up-to on {hs.instance_name} to pass persister2",
             )
-            self.assertNotIn("persister2", hs.datastore._stream_id_gen.get_positions())
+            self.assertNotIn("persister2", hs.store._stream_id_gen.known_writer_positions())
         # Nothing persister2 wrote was skipped or delivered twice.
         everything = [first[0].event_id, *(e.event_id for e in unheard + later)]
         for name in ("main", "sync"):
             self.assertEqual(sorted(seen[name]), sorted(everything))
 
         # Retiring again changes nothing.
-        again = await RetireEventsWriterEndpoint(main).handle({"instance_name": "persister2"})
-        self.assertEqual(again["retired"], False)
+        again = await main.calls.call(RETIRE_EVENTS_WRITER, WriterToRetire("persister2"))
+        self.assertEqual(again.retired, False)
 
     async def test_retire_refuses_a_running_or_last_writer(self) -> None:
         servers = self.start(
             ["persister1", "persister2"], ["persister1", "persister2"], "main", "persister1"
         )
         main = servers["main"]
-        endpoint = RetireEventsWriterEndpoint(main)
         # Something answers where persister2 listens: it is still running.
-        [location] = main.instance_directory.locations_of("persister2")
+        [location] = main.directory.locations_of("persister2")
         factory = protocol.ServerFactory()
         factory.protocol = protocol.Protocol
         port = reactor.listenTCP(location.port, factory, interface=location.host)
         with self.assertRaises(SynapseError) as cm:
-            await endpoint.handle({"instance_name": "persister2"})
+            await main.calls.call(RETIRE_EVENTS_WRITER, WriterToRetire("persister2"))
         self.assertEqual(cm.exception.code, 409)
         self.assertIn("stop it first", cm.exception.msg)
         await port.stopListening()  # type: ignore[misc]
 
-        await endpoint.handle({"instance_name": "persister2"})
+        await main.calls.call(RETIRE_EVENTS_WRITER, WriterToRetire("persister2"))
         with self.assertRaises(SynapseError) as cm:
-            await endpoint.handle({"instance_name": "persister1"})
+            await main.calls.call(RETIRE_EVENTS_WRITER, WriterToRetire("persister1"))
         self.assertIn("only events writer", cm.exception.msg)
         # persister1 heard and forgot persister2 before the test ends.
-        p1_positions = servers["persister1"].datastore._stream_id_gen.get_positions
+        p1_positions = servers["persister1"].store._stream_id_gen.known_writer_positions
         await eventually(lambda: "persister2" not in p1_positions(), what="persister1 to forget")
 
     async def test_a_process_moved_since_is_tried_where_it_recorded(self) -> None:
@@ -170,8 +166,8 @@ class InstanceDirectoryTestCase(DatabaseTestCase):
         def record_move(txn: Any) -> None:
             InstancesWorkerStore.record_instance_txn(txn, "persister1", moved, True)
 
-        await main.datastore.db_pool.runInteraction("move", record_move)
-        await main.instance_directory.refresh()
-        self.assertEqual(main.instance_directory.locations_of("persister1"), [configured, moved])
+        await main.store.db_pool.runInteraction("move", record_move)
+        await main.directory.refresh()
+        self.assertEqual(main.directory.locations_of("persister1"), [configured, moved])
         with self.assertRaises(KeyError):
-            main.instance_directory.locations_of("nobody")
+            main.directory.locations_of("nobody")

@@ -116,7 +116,7 @@ class AccountTestCase(DatabaseTestCase):
     async def test_tokens_are_stored_hashed(self) -> None:
         user = await ClientApi(self, self.api.base_url).register("hank")
         assert user.token is not None
-        rows = await self.servers["main"].datastore.db_pool.select(
+        rows = await self.servers["main"].store.db_pool.select(
             "t", "SELECT token_hash FROM access_tokens"
         )
         stored = [r[0] for r in rows]
@@ -151,7 +151,7 @@ class AccountTestCase(DatabaseTestCase):
         body = await self._shared_secret_body("admin1", admin=True)
         result = await self.api.as_user(None).ok("POST", "/_synapse/admin/v1/register", body)
         self.assertEqual(result["user_id"], "@admin1:test.local")
-        user = await self.servers["main"].datastore.get_user("@admin1:test.local")
+        user = await self.servers["main"].store.get_user("@admin1:test.local")
         assert user is not None
         self.assertTrue(user["admin"])
         bad = await self._shared_secret_body("admin2", secret="wrong")

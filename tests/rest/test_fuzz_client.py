@@ -59,7 +59,19 @@ PYTHON_TEXT = [b"Traceback", b'File "', b"Error:", b"Exception", b"<built-in", b
 #: ``user_ips`` records that a valid token was used (also by a request the
 #: servlet then refuses), and ``stream_positions``/``instances`` are the
 #: writers' periodic bookkeeping.
-VOLATILE_TABLES = {"user_ips", "stream_positions", "instances"}
+#: Tables that change on their own schedule: presence_stream, because the
+#: presence writer marks users offline a grace period after their last sync;
+#: destinations and device_federation_outbox, because the federation sender
+#: keeps trying (and backing off from) the servers accepted to-device
+#: messages were addressed to, and drops what they refuse.
+VOLATILE_TABLES = {
+    "user_ips",
+    "stream_positions",
+    "instances",
+    "presence_stream",
+    "destinations",
+    "device_federation_outbox",
+}
 
 BAD_ROOM_IDS = [
     "x", "!", "!a", "#alias:test.local", "@u:test.local", "!" + "a" * 300, "!a:b c", "%00",
@@ -115,7 +127,7 @@ class Route:
 def client_routes(hs: HomeServer) -> list[Route]:
     """Every route the client API serves, as installed by register_servlets."""
     resource = JsonResource("fuzz")
-    register_servlets(hs, resource)
+    register_servlets(hs.handlers, resource)
     routes = []
     for method, pattern, _, servlet in resource._routes:
         template = pattern.pattern.replace("(?:r0|v3)", "v3")
@@ -334,11 +346,11 @@ class ClientFuzzTestCase(DatabaseTestCase):
         elif request.must_refuse:
             self.fail(f"accepted: {what}")
 
-    async def database_digest(self) -> str:
-        """A hash of every row of every table, but the volatile ones."""
-        pool = self.hs.datastore.db_pool
+    async def database_digest(self) -> dict[str, str]:
+        """A hash of every table's rows, but the volatile tables'."""
+        pool = self.hs.store.db_pool
 
-        def digest(txn: Any) -> str:
+        def digest(txn: Any) -> dict[str, str]:
             if pool.engine.name == "sqlite":
                 txn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             else:
@@ -346,13 +358,14 @@ class ClientFuzzTestCase(DatabaseTestCase):
                     "SELECT table_name FROM information_schema.tables"
                     " WHERE table_schema = current_schema()"
                 )
-            result = hashlib.sha256()
+            result: dict[str, str] = {}
             for (table,) in sorted(txn.fetchall()):
                 if table in VOLATILE_TABLES:
                     continue
                 txn.execute(f"SELECT * FROM {table}")
-                result.update(repr((table, sorted(map(repr, txn.fetchall())))).encode())
-            return result.hexdigest()
+                rows = repr(sorted(map(repr, txn.fetchall()))).encode()
+                result[table] = hashlib.sha256(rows).hexdigest()
+            return result
 
         return await pool.runInteraction("fuzz_digest", digest)
 
@@ -392,7 +405,8 @@ class ClientFuzzTestCase(DatabaseTestCase):
                         # Refusals that might have followed an accepted request
                         # are checked one by one.
                         after = await self.database_digest()
-                        self.assertEqual(before, after, f"refused but changed: {request}")
+                        changed = sorted(t for t in after if before.get(t) != after[t])
+                        self.assertEqual(changed, [], f"refused but changed: {request}")
                 else:
                     tally.accepted += 1
                     before = await self.database_digest()

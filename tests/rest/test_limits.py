@@ -13,9 +13,9 @@ import treq
 from twisted.internet import reactor
 from twisted.web.client import UNKNOWN_LENGTH, FileBodyProducer, HTTPConnectionPool
 
-from synapse_lite.handlers.devicemessage import MAX_RECIPIENTS
+from synapse_lite.api.content import MAX_EVENT_CONTENT_BYTES
+from synapse_lite.api.content import MAX_TO_DEVICE_RECIPIENTS as MAX_RECIPIENTS
 from synapse_lite.handlers.filtering import MAX_FILTER_BYTES
-from synapse_lite.handlers.message import MAX_EVENT_CONTENT_BYTES
 from synapse_lite.handlers.presence import MAX_STATUS_MSG_LENGTH
 from synapse_lite.handlers.room import MAX_INITIAL_STATE, MAX_INVITES
 from synapse_lite.http.server import MAX_JSON_DEPTH

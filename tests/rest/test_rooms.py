@@ -92,7 +92,7 @@ class RoomsTestCase(ThreeUsersTestCase):
         await self.bob.ok("POST", f"/rooms/{room}/join", {})
         first = await self.bob.send(room, "once", txn_id="t1")
         await self.bob.ok("POST", f"/rooms/{room}/leave", {})
-        handler = self.servers["main"].event_creation_handler
+        handler = self.servers["main"].handlers.events
         handler._recent_txns.clear()
         self.assertEqual(await self.bob.send(room, "once", txn_id="t1"), first)
         # Not joined any more: a new transaction id is refused.

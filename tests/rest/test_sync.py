@@ -173,7 +173,7 @@ class SyncTestCase(DatabaseTestCase):
         self.assertEqual(len(repeat["to_device"]["events"]), 1)
         acked = await self.bob.sync(since=first["next_batch"])
         self.assertEqual(acked["to_device"]["events"], [])
-        rows = await self.servers["main"].datastore.db_pool.select(
+        rows = await self.servers["main"].store.db_pool.select(
             "t", "SELECT COUNT(*) FROM device_inbox"
         )
         self.assertEqual(rows[0][0], 0)
@@ -203,7 +203,7 @@ class SyncTestCase(DatabaseTestCase):
             defer.ensureDeferred(self.bob.sync(since=initial["next_batch"], timeout=2000))
             for _ in range(2)
         ]
-        in_flight = self.servers["main"].sync_handler._in_flight
+        in_flight = self.servers["main"].handlers.sync._in_flight
         bob = self.bob.user_id or ""
         await eventually(lambda: in_flight[bob] == 2, what="both syncs waiting")
         code, body = await self.bob.request(

@@ -10,11 +10,11 @@ import hashlib
 import hmac
 from typing import Any
 
-from synapse_lite.handlers.account_data import ADD_ACCOUNT_DATA_ENDPOINT
+from synapse_lite.replication.http.writes import ADD_ACCOUNT_DATA
 from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.server import DatabaseTestCase
 
-REPLICATION_LOGGER = "synapse_lite.replication.http._base"
+REPLICATION_LOGGER = "synapse_lite.replication.http.calls"
 REGISTER_LOGGER = "synapse_lite.handlers.register"
 SECRET = "test-secret"  # tests.harness.server.make_config's worker_replication_secret
 
@@ -25,7 +25,7 @@ class InternalHttpSecretTestCase(DatabaseTestCase):
         self.servers, clients, _ = start_cluster(self, self.test_db)
         self.api = clients["main"]
         self.alice = await ClientApi(self, self.api.base_url).register("alice")
-        self.path = f"/_synapse/replication/{ADD_ACCOUNT_DATA_ENDPOINT}"
+        self.path = f"/_synapse/replication/{ADD_ACCOUNT_DATA.name}"
         self.body = {
             "user_id": self.alice.user_id,
             "room_id": None,
@@ -83,7 +83,7 @@ class InternalHttpWithoutSecretTestCase(DatabaseTestCase):
         _, clients, _ = start_cluster(self, self.test_db, worker_replication_secret=None)
         api = clients["main"]
         alice = await ClientApi(self, api.base_url).register("alice")
-        path = f"/_synapse/replication/{ADD_ACCOUNT_DATA_ENDPOINT}"
+        path = f"/_synapse/replication/{ADD_ACCOUNT_DATA.name}"
         body = {
             "user_id": alice.user_id,
             "room_id": None,
@@ -127,7 +127,7 @@ class SharedSecretRegistrationTestCase(DatabaseTestCase):
         output = "\n".join(logs.output)
         self.assertIn("Refused shared-secret registration of 'mallory': bad HMAC", output)
         self.assertNotIn("the-secret", output)
-        self.assertIsNone(await self.servers["main"].datastore.get_user("@mallory:test.local"))
+        self.assertIsNone(await self.servers["main"].store.get_user("@mallory:test.local"))
         # With the right secret the same request succeeds.
         good = await self.body(api, "mallory", "the-secret")
         result = await api.ok("POST", "/_synapse/admin/v1/register", good)

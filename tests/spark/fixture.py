@@ -22,7 +22,7 @@ from twisted.trial import unittest
 from synapse_lite.app.audit_command import add_arguments
 from synapse_lite.storage.database import make_startup_connection
 from synapse_lite.storage.prepare_database import prepare_database
-from synapse_lite.storage.stream_ids import STREAM_ID_SPACES
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
 from tests.harness.databases import create_test_database
 from tests.spark.session import shared_spark
 
@@ -80,7 +80,9 @@ def _columns(table: str, instance: str, stream_id: int) -> dict[str, Any]:
 
 
 def _sequence_of(table: str, stream_id: int) -> str:
-    for space in STREAM_ID_SPACES.values():
+    for definition in BUILTIN_STREAMS.with_ids():
+        space = definition.ids
+        assert space is not None
         if any(t.table == table for t in space.tables) and (stream_id > 0) == space.positive:
             return space.sequence_name
     raise KeyError(table)

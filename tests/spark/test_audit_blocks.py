@@ -14,9 +14,12 @@ from spark.gaps import BLOCK_IDS
 from spark.progress import Progress
 from spark.sources import AuditData
 from spark.summary import collect_results
-from synapse_lite.storage.stream_ids import BACKFILL, EVENTS
+from synapse_lite.streams.catalog import BACKFILL as BACKFILL_STREAM
+from synapse_lite.streams.catalog import EVENTS as EVENTS_STREAM
 from tests.spark.session import shared_spark
 
+assert EVENTS_STREAM.ids is not None and BACKFILL_STREAM.ids is not None
+EVENTS, BACKFILL = EVENTS_STREAM.ids, BACKFILL_STREAM.ids
 WRITERS = ("main", "worker1")
 
 Row = tuple[str, str, int]  # table, instance, id

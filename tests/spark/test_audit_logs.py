@@ -19,11 +19,13 @@ from twisted.trial import unittest
 from synapse_lite.position_log import STREAM_WIDE, PositionLog, position_log_path
 from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.storage.database import DatabasePool, LoggingTransaction, make_startup_connection
-from synapse_lite.storage.stream_ids import EVENTS
-from synapse_lite.storage.util import id_generators
-from synapse_lite.storage.util.id_generators import MultiWriterIdGenerator
+from synapse_lite.storage.id_generators import MultiWriterIdGenerator
+from synapse_lite.storage.id_generators import generator as id_generators
+from synapse_lite.streams.catalog import EVENTS
 from tests.spark.fixture import AuditFixture, _columns
 
+assert EVENTS.ids is not None
+EVENTS_IDS = EVENTS.ids
 WRITERS = ["main", "worker1"]
 
 
@@ -42,10 +44,10 @@ class Process:
                 db_conn=conn,
                 db=self.db,
                 notifier=ReplicationNotifier(),
-                stream_name=EVENTS.stream_name,
+                stream_name=EVENTS.name,
                 instance_name=name,
-                tables=EVENTS.id_generator_tables(),
-                sequence_name=EVENTS.sequence_name,
+                tables=EVENTS_IDS.id_generator_tables(),
+                sequence_name=EVENTS_IDS.sequence_name,
                 writers=WRITERS,
                 position_log=self.log,
             )
@@ -76,13 +78,13 @@ class Process:
         """What a /sync response carries: every writer's position and the
         stream-wide one."""
         for writer in WRITERS:
-            position = self.id_gen.get_current_token_for_writer(writer)
+            position = self.id_gen.writer_position(writer)
             self.log.position("events", writer, position, "sync")
-        self.log.position("events", STREAM_WIDE, self.id_gen.get_current_token(), "sync")
+        self.log.position("events", STREAM_WIDE, self.id_gen.persisted_upto_position(), "sync")
 
     def receive(self, other: Process) -> None:
         """RDATA/POSITION from ``other``."""
-        self.id_gen.advance(other.name, other.id_gen.get_current_token_for_writer(other.name))
+        self.id_gen.advance_writer(other.name, other.id_gen.writer_position(other.name))
 
 
 class AuditLogsTestCase(unittest.TestCase):
@@ -123,7 +125,7 @@ class AuditLogsTestCase(unittest.TestCase):
         self.everyone_hands_out()
         for index in (1, 2):  # 4 then 5 finish; 3 is still in flight
             await self.finish(blocks[index][1], blocks[index][0])
-        self.assertEqual(self.main.id_gen.get_current_token(), 2)
+        self.assertEqual(self.main.id_gen.persisted_upto_position(), 2)
         if race:
             self.worker.log.position("events", STREAM_WIDE, 5, "sync")
             self.main.log.position("events", "main", 5, "rdata")
@@ -150,7 +152,7 @@ class AuditLogsTestCase(unittest.TestCase):
         self.assertEqual((gap["kind"], gap["stream"], gap["ids"]), ("gap", "events", [6]))
         self.assertEqual(gap["details"]["logged_failed"], 1)
         events = run.stream("events")
-        self.assertEqual(events["persisted_upto"], self.main.id_gen.get_current_token())
+        self.assertEqual(events["persisted_upto"], self.main.id_gen.persisted_upto_position())
         self.assertEqual(events["persisted_upto"], 7)
 
     async def test_position_before_finish_is_caught(self) -> None:

@@ -28,7 +28,7 @@ from synapse_lite.storage.database import (
     make_startup_connection,
 )
 from synapse_lite.storage.engines import create_engine
-from synapse_lite.storage.util.id_generators import MultiWriterIdGenerator
+from synapse_lite.storage.id_generators import MultiWriterIdGenerator
 
 #: Concurrent allocation loops in the process (and database threads).
 LANES = 4
@@ -99,7 +99,7 @@ async def run(reactor: IReactorCore, config: dict[str, Any]) -> None:
         # The pool's threads would keep a failed process alive.
         db.close()
     ids = sorted(i for lane_ids in results for i in lane_ids)
-    token = id_gen.get_current_token_for_writer(instance)
+    token = id_gen.writer_position(instance)
     print(json.dumps({"instance": instance, "ids": ids, "token": token}), flush=True)
 
 

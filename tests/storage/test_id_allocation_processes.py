@@ -124,5 +124,5 @@ class TwoProcessAllocationTestCase(IdGeneratorTestCase):
 
         # A process starting now agrees.
         observer = self.make_id_gen("observer", writers=WRITERS)
-        self.assertEqual(observer.get_positions(), expected)
-        self.assertEqual(observer.get_persisted_upto_position(), 2 * IDS_PER_PROCESS)
+        self.assertEqual(observer.known_writer_positions(), expected)
+        self.assertEqual(observer.persisted_upto_position(), 2 * IDS_PER_PROCESS)

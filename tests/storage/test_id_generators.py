@@ -19,9 +19,9 @@ from synapse_lite.storage.database import (
     LoggingTransaction,
     make_startup_connection,
 )
+from synapse_lite.storage.id_generators import MultiWriterIdGenerator
+from synapse_lite.storage.id_generators import generator as id_generators
 from synapse_lite.storage.prepare_database import prepare_database
-from synapse_lite.storage.util import id_generators
-from synapse_lite.storage.util.id_generators import MultiWriterIdGenerator
 from tests.harness.databases import create_test_database
 
 
@@ -141,31 +141,31 @@ class IdGeneratorTestCase(unittest.TestCase):
 class SingleWriterTestCase(IdGeneratorTestCase):
     def test_empty(self) -> None:
         id_gen = self.make_id_gen()
-        self.assertEqual(id_gen.get_positions(), {"master": 0})
-        self.assertEqual(id_gen.get_current_token(), 0)
+        self.assertEqual(id_gen.known_writer_positions(), {"master": 0})
+        self.assertEqual(id_gen.persisted_upto_position(), 0)
 
     async def test_single_instance(self) -> None:
         self.insert_rows("master", 7)
         id_gen = self.make_id_gen()
-        self.assertEqual(id_gen.get_positions(), {"master": 7})
-        self.assertEqual(id_gen.get_current_token_for_writer("master"), 7)
+        self.assertEqual(id_gen.known_writer_positions(), {"master": 7})
+        self.assertEqual(id_gen.writer_position("master"), 7)
 
         async with id_gen.get_next() as stream_id:
             self.assertEqual(stream_id, 8)
             # Not visible until the block exits.
-            self.assertEqual(id_gen.get_positions(), {"master": 7})
-            self.assertEqual(id_gen.get_current_token(), 7)
+            self.assertEqual(id_gen.known_writer_positions(), {"master": 7})
+            self.assertEqual(id_gen.persisted_upto_position(), 7)
 
-        self.assertEqual(id_gen.get_positions(), {"master": 8})
-        self.assertEqual(id_gen.get_current_token(), 8)
+        self.assertEqual(id_gen.known_writer_positions(), {"master": 8})
+        self.assertEqual(id_gen.persisted_upto_position(), 8)
 
     async def test_get_next_mult(self) -> None:
         self.insert_rows("master", 2)
         id_gen = self.make_id_gen()
         async with id_gen.get_next_mult(3) as ids:
             self.assertEqual(ids, [3, 4, 5])
-            self.assertEqual(id_gen.get_current_token(), 2)
-        self.assertEqual(id_gen.get_current_token(), 5)
+            self.assertEqual(id_gen.persisted_upto_position(), 2)
+        self.assertEqual(id_gen.persisted_upto_position(), 5)
 
     async def test_get_next_txn(self) -> None:
         self.insert_rows("master", 7)
@@ -174,11 +174,11 @@ class SingleWriterTestCase(IdGeneratorTestCase):
 
         def txn_func(txn: LoggingTransaction) -> None:
             stream_id = id_gen.get_next_txn(txn)
-            seen.append((stream_id, id_gen.get_positions()))
+            seen.append((stream_id, id_gen.known_writer_positions()))
 
         await self.db.runInteraction("test", txn_func)
         self.assertEqual(seen, [(8, {"master": 7})])
-        self.assertEqual(id_gen.get_positions(), {"master": 8})
+        self.assertEqual(id_gen.known_writer_positions(), {"master": 8})
 
     async def test_failed_txn_finishes_its_id(self) -> None:
         """An id from a rolled-back transaction leaves a gap; the position
@@ -192,7 +192,7 @@ class SingleWriterTestCase(IdGeneratorTestCase):
 
         with self.assertRaises(ValueError):
             await self.db.runInteraction("failing", failing)
-        self.assertEqual(id_gen.get_positions(), {"master": 8})
+        self.assertEqual(id_gen.known_writer_positions(), {"master": 8})
         self.assertEqual(await self.write_row_with(id_gen, "master"), 9)
         # Nothing to record for the failure, 9 for the success.
         await id_gen.flush_stream_positions()
@@ -208,9 +208,9 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         positions = []
         for index in (1, 0, 3, 2):  # finish 9, 8, 11, 10
             await blocks[index].__aexit__(None, None, None)
-            positions.append(id_gen.get_current_token_for_writer("master"))
+            positions.append(id_gen.writer_position("master"))
         self.assertEqual(positions, [7, 9, 9, 11])
-        self.assertEqual(id_gen.get_current_token(), 11)
+        self.assertEqual(id_gen.persisted_upto_position(), 11)
 
     async def test_cancelled_enter_does_not_wedge_position(self) -> None:
         self.insert_rows("master", 7)
@@ -226,15 +226,15 @@ class SingleWriterTestCase(IdGeneratorTestCase):
 
         async with id_gen.get_next() as stream_id:
             self.assertEqual(stream_id, 9)  # 8 went to the abandoned attempt
-        self.assertEqual(id_gen.get_current_token_for_writer("master"), 9)
-        self.assertEqual(id_gen.get_current_token(), 9)
+        self.assertEqual(id_gen.writer_position("master"), 9)
+        self.assertEqual(id_gen.persisted_upto_position(), 9)
 
     async def test_exception_in_block_finishes_id(self) -> None:
         id_gen = self.make_id_gen()
         with self.assertRaises(ValueError):
             async with id_gen.get_next():
                 raise ValueError("write failed")
-        self.assertEqual(id_gen.get_current_token(), 1)
+        self.assertEqual(id_gen.persisted_upto_position(), 1)
         await id_gen.flush_stream_positions()
         # Recorded at startup (0); a failed write is not recorded.
         self.assertEqual(await self.stored_positions(), {"master": 0})
@@ -254,14 +254,14 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         await id_gen.flush_stream_positions()
 
         worker = self.make_id_gen("worker", writers=["master"])
-        self.assertEqual(worker.get_positions(), {"master": 7})
-        self.assertEqual(worker.get_current_token(), 7)
+        self.assertEqual(worker.known_writer_positions(), {"master": 7})
+        self.assertEqual(worker.persisted_upto_position(), 7)
 
         await block8.__aexit__(None, None, None)
-        self.assertEqual(id_gen.get_positions(), {"master": 9})
-        worker.advance("master", 9)
-        self.assertEqual(worker.get_positions(), {"master": 9})
-        self.assertEqual(worker.get_current_token(), 9)
+        self.assertEqual(id_gen.known_writer_positions(), {"master": 9})
+        worker.advance_writer("master", 9)
+        self.assertEqual(worker.known_writer_positions(), {"master": 9})
+        self.assertEqual(worker.persisted_upto_position(), 9)
 
     def test_non_writer_cannot_allocate(self) -> None:
         worker = self.make_id_gen("worker", writers=["master"])
@@ -292,11 +292,11 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         """The caches stream: anyone may write, nothing is stored or read."""
         self.insert_rows("other", 4, update_stream_table=False)
         id_gen = self.make_id_gen("master", writers=[])
-        self.assertEqual(id_gen.get_current_token(), 4)
+        self.assertEqual(id_gen.persisted_upto_position(), 4)
         self.assertEqual(await self.write_row_with(id_gen, "master"), 5)
         await id_gen.flush_stream_positions()
         self.assertEqual(await self.stored_positions(), {})
-        self.assertEqual(id_gen.get_current_token(), 5)
+        self.assertEqual(id_gen.persisted_upto_position(), 5)
 
     async def test_sequence_consistency(self) -> None:
         """A row written around the sequence moves the sequence forward."""
@@ -306,7 +306,7 @@ class SingleWriterTestCase(IdGeneratorTestCase):
             txn.execute("INSERT INTO foobar (stream_id, instance_name) VALUES (26, 'master')")
         conn.close()
         id_gen = self.make_id_gen()
-        self.assertEqual(id_gen.get_current_token(), 26)
+        self.assertEqual(id_gen.persisted_upto_position(), 26)
         async with id_gen.get_next() as stream_id:
             self.assertEqual(stream_id, 27)
 
@@ -329,7 +329,7 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         self.insert_rows("master", 3, update_stream_table=False)
         id_gen = self.make_id_gen("worker", writers=["master"])
         self.assertEqual(id_gen.startup_rows_read, 4)  # 500 (the stored position) to 503
-        self.assertEqual(id_gen.get_current_token(), 503)
+        self.assertEqual(id_gen.persisted_upto_position(), 503)
 
 
 class MultiWriterTestCase(IdGeneratorTestCase):
@@ -337,7 +337,7 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         self, writer: MultiWriterIdGenerator, name: str, *others: MultiWriterIdGenerator
     ) -> None:
         for other in others:
-            other.advance(name, writer.get_current_token_for_writer(name))
+            other.advance_writer(name, writer.writer_position(name))
 
     def test_get_persisted_upto_position(self) -> None:
         self.insert_rows("first", 3)
@@ -350,22 +350,22 @@ class MultiWriterTestCase(IdGeneratorTestCase):
             txn.execute("UPDATE stream_positions SET stream_id = 5 WHERE instance_name = 'second'")
         conn.close()
         id_gen = self.make_id_gen("worker", writers=["first", "second"])
-        self.assertEqual(id_gen.get_positions(), {"first": 3, "second": 5})
+        self.assertEqual(id_gen.known_writer_positions(), {"first": 3, "second": 5})
         # Rows 4 and 5 after first's position make persisted-up-to 5.
-        self.assertEqual(id_gen.get_persisted_upto_position(), 5)
+        self.assertEqual(id_gen.persisted_upto_position(), 5)
 
         # Rows arrive (RDATA): each is a finished id.
         id_gen.advance_past_row("first", 6)
-        self.assertEqual(id_gen.get_persisted_upto_position(), 6)
+        self.assertEqual(id_gen.persisted_upto_position(), 6)
         id_gen.advance_past_row("second", 7)
-        self.assertEqual(id_gen.get_persisted_upto_position(), 7)
+        self.assertEqual(id_gen.persisted_upto_position(), 7)
         id_gen.advance_past_row("second", 9)
-        self.assertEqual(id_gen.get_persisted_upto_position(), 7)  # 8 not yet seen
+        self.assertEqual(id_gen.persisted_upto_position(), 7)  # 8 not yet seen
         id_gen.advance_past_row("first", 8)
-        self.assertEqual(id_gen.get_persisted_upto_position(), 9)
+        self.assertEqual(id_gen.persisted_upto_position(), 9)
         id_gen.advance_past_row("first", 11)
         id_gen.advance_past_row("second", 15)
-        self.assertEqual(id_gen.get_persisted_upto_position(), 11)
+        self.assertEqual(id_gen.persisted_upto_position(), 11)
 
     def test_a_position_is_not_a_finished_id(self) -> None:
         """POSITION 6 from first says first has nothing unfinished up to 6; id 6
@@ -373,23 +373,23 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         self.insert_rows("first", 3)
         self.insert_rows("second", 2)  # 4, 5
         id_gen = self.make_id_gen("worker", writers=["first", "second"])
-        self.assertEqual(id_gen.get_persisted_upto_position(), 5)
-        id_gen.advance("first", 6)
-        self.assertEqual(id_gen.get_persisted_upto_position(), 5)
-        id_gen.advance("second", 6)
-        self.assertEqual(id_gen.get_persisted_upto_position(), 6)
+        self.assertEqual(id_gen.persisted_upto_position(), 5)
+        id_gen.advance_writer("first", 6)
+        self.assertEqual(id_gen.persisted_upto_position(), 5)
+        id_gen.advance_writer("second", 6)
+        self.assertEqual(id_gen.persisted_upto_position(), 6)
 
     async def test_get_persisted_upto_position_get_next(self) -> None:
         """A writer restarting starts at the sequence head."""
         self.insert_rows("first", 3)
         self.insert_rows("second", 2)
         id_gen = self.make_id_gen("first", writers=["first", "second"])
-        self.assertEqual(id_gen.get_positions(), {"first": 5, "second": 5})
-        self.assertEqual(id_gen.get_persisted_upto_position(), 5)
+        self.assertEqual(id_gen.known_writer_positions(), {"first": 5, "second": 5})
+        self.assertEqual(id_gen.persisted_upto_position(), 5)
         async with id_gen.get_next() as stream_id:
             self.assertEqual(stream_id, 6)
-            self.assertEqual(id_gen.get_persisted_upto_position(), 5)
-        self.assertEqual(id_gen.get_persisted_upto_position(), 6)
+            self.assertEqual(id_gen.persisted_upto_position(), 5)
+        self.assertEqual(id_gen.persisted_upto_position(), 6)
 
     async def test_multi_instance(self) -> None:
         first = self.make_id_gen("first", writers=["first", "second"])
@@ -401,38 +401,38 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         self.replicate(first, "first", second)
         self.replicate(second, "second", first)
 
-        self.assertEqual(first.get_positions(), {"first": 3, "second": 7})
-        self.assertEqual(second.get_positions(), {"first": 3, "second": 7})
+        self.assertEqual(first.known_writer_positions(), {"first": 3, "second": 7})
+        self.assertEqual(second.known_writer_positions(), {"first": 3, "second": 7})
         # first is idle, so it is as far along as anything it has seen.
-        self.assertEqual(first.get_current_token_for_writer("first"), 7)
-        self.assertEqual(second.get_current_token_for_writer("second"), 7)
-        self.assertEqual(first.get_current_token(), 7)  # every id 1-7 has finished
+        self.assertEqual(first.writer_position("first"), 7)
+        self.assertEqual(second.writer_position("second"), 7)
+        self.assertEqual(first.persisted_upto_position(), 7)  # every id 1-7 has finished
 
         async with first.get_next() as stream_id:
             self.assertEqual(stream_id, 8)
-            self.assertEqual(first.get_positions(), {"first": 3, "second": 7})
-        self.assertEqual(first.get_positions(), {"first": 8, "second": 7})
+            self.assertEqual(first.known_writer_positions(), {"first": 3, "second": 7})
+        self.assertEqual(first.known_writer_positions(), {"first": 8, "second": 7})
 
         # second has not heard of 8 yet.
         async with second.get_next() as stream_id:
             self.assertEqual(stream_id, 9)
-        self.assertEqual(second.get_positions(), {"first": 3, "second": 9})
-        second.advance("first", 8)
-        self.assertEqual(second.get_positions(), {"first": 8, "second": 9})
-        self.assertEqual(second.get_current_token(), 9)
+        self.assertEqual(second.known_writer_positions(), {"first": 3, "second": 9})
+        second.advance_writer("first", 8)
+        self.assertEqual(second.known_writer_positions(), {"first": 8, "second": 9})
+        self.assertEqual(second.persisted_upto_position(), 9)
 
     async def test_multi_instance_empty_row(self) -> None:
         """A new writer with no rows starts at the others' position."""
         self.insert_rows("first", 3)
         self.insert_rows("second", 4)
         third = self.make_id_gen("third", writers=["first", "second", "third"])
-        self.assertEqual(third.get_positions(), {"first": 3, "second": 7, "third": 7})
+        self.assertEqual(third.known_writer_positions(), {"first": 3, "second": 7, "third": 7})
         for name in ("first", "second", "third"):
-            self.assertEqual(third.get_current_token_for_writer(name), 7)
+            self.assertEqual(third.writer_position(name), 7)
         async with third.get_next() as stream_id:
             self.assertEqual(stream_id, 8)
-            self.assertEqual(third.get_positions()["third"], 7)
-        self.assertEqual(third.get_positions()["third"], 8)
+            self.assertEqual(third.known_writer_positions()["third"], 7)
+        self.assertEqual(third.known_writer_positions()["third"], 8)
 
     async def test_writer_config_change(self) -> None:
         """Writers removed, added and re-added: no position goes backwards and
@@ -441,35 +441,35 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         self.waste_ids(1)  # 4: a failed write
         self.insert_rows("second", 1)  # 5
         worker = self.make_id_gen("worker", writers=["first", "second"])
-        self.assertEqual(worker.get_persisted_upto_position(), 3)
-        self.assertEqual(worker.get_current_token_for_writer("first"), 3)
-        self.assertEqual(worker.get_current_token_for_writer("second"), 5)
+        self.assertEqual(worker.persisted_upto_position(), 3)
+        self.assertEqual(worker.writer_position("first"), 3)
+        self.assertEqual(worker.writer_position("second"), 5)
 
         # first is removed: it is assumed to have finished everything.
         worker = self.make_id_gen("worker", writers=["second"])
-        self.assertEqual(worker.get_persisted_upto_position(), 5)
+        self.assertEqual(worker.persisted_upto_position(), 5)
         self.assertEqual(await self.stored_positions(), {"second": 5})
 
         # second is replaced by third, which starts where the stream is.
         third = self.make_id_gen("third", writers=["third"])
-        self.assertEqual(third.get_persisted_upto_position(), 5)
-        self.assertEqual(third.get_current_token_for_writer("third"), 5)
+        self.assertEqual(third.persisted_upto_position(), 5)
+        self.assertEqual(third.writer_position("third"), 5)
         self.assertEqual(third.startup_rows_read, 1)  # row 5 only
         fourth = self.make_id_gen("fourth", writers=["third"])
-        self.assertEqual(fourth.get_current_token_for_writer("third"), 5)
+        self.assertEqual(fourth.writer_position("third"), 5)
 
         self.assertEqual(await self.write_row_with(third, "third"), 6)
-        self.assertEqual(third.get_persisted_upto_position(), 6)
+        self.assertEqual(third.persisted_upto_position(), 6)
         await third.flush_stream_positions()
 
         # first comes back beside third: it restarts at the sequence head, and
         # no position goes back to 3.
         first = self.make_id_gen("first", writers=["first", "third"])
-        self.assertEqual(first.get_persisted_upto_position(), 6)
-        self.assertEqual(first.get_current_token_for_writer("first"), 6)
-        self.assertEqual(first.get_current_token_for_writer("third"), 6)
+        self.assertEqual(first.persisted_upto_position(), 6)
+        self.assertEqual(first.writer_position("first"), 6)
+        self.assertEqual(first.writer_position("third"), 6)
         self.assertEqual(await self.write_row_with(first, "first"), 7)
-        self.assertEqual(first.get_persisted_upto_position(), 7)
+        self.assertEqual(first.persisted_upto_position(), 7)
 
     async def test_minimal_local_token(self) -> None:
         first = self.make_id_gen("first", writers=["first", "second"])
@@ -480,8 +480,8 @@ class MultiWriterTestCase(IdGeneratorTestCase):
             await self.write_row_with(second, "second")
         self.replicate(first, "first", second)
         self.replicate(second, "second", first)
-        self.assertEqual(first.get_minimal_local_current_token(), 3)
-        self.assertEqual(second.get_minimal_local_current_token(), 7)
+        self.assertEqual(first.newest_local_write(), 3)
+        self.assertEqual(second.newest_local_write(), 7)
 
     async def test_current_token_gap(self) -> None:
         """An idle writer jumps to the largest id seen; one with a write in
@@ -493,26 +493,26 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         for _ in range(7):
             await self.write_row_with(second, "second")
         self.replicate(second, "second", first)
-        self.assertEqual(second.get_current_token_for_writer("second"), 7)
-        self.assertEqual(second.get_current_token(), 7)  # ids 1-7 all finished
+        self.assertEqual(second.writer_position("second"), 7)
+        self.assertEqual(second.persisted_upto_position(), 7)  # ids 1-7 all finished
 
         async with first.get_next_mult(2) as ids:
             self.assertEqual(ids, [8, 9])
-        second.advance("first", 9)
-        self.assertEqual(second.get_current_token_for_writer("first"), 9)
-        self.assertEqual(second.get_current_token_for_writer("second"), 9)
+        second.advance_writer("first", 9)
+        self.assertEqual(second.writer_position("first"), 9)
+        self.assertEqual(second.writer_position("second"), 9)
 
         async with first.get_next_mult(2) as ids:
             self.assertEqual(ids, [10, 11])
         async with second.get_next() as stream_id:
             self.assertEqual(stream_id, 12)
-            second.advance("first", 11)
-            self.assertEqual(second.get_current_token_for_writer("first"), 11)
+            second.advance_writer("first", 11)
+            self.assertEqual(second.writer_position("first"), 11)
             # A write in flight at 12: second may not claim 11.
-            self.assertEqual(second.get_current_token_for_writer("second"), 9)
-        self.assertEqual(second.get_current_token_for_writer("second"), 12)
+            self.assertEqual(second.writer_position("second"), 9)
+        self.assertEqual(second.writer_position("second"), 12)
         # second never heard of 8 or 10 and third has announced nothing.
-        self.assertEqual(second.get_current_token(), 7)
+        self.assertEqual(second.persisted_upto_position(), 7)
 
     async def test_removed_writer_stops_holding_persisted_upto(self) -> None:
         """second wrote 3-5 and stopped for good; first goes on to 9. A reader
@@ -524,19 +524,19 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         first = self.make_id_gen("first", writers=writers)
         for _ in range(4):
             await self.write_row_with(first, "first")  # 6-9
-        worker.advance("first", 9)
-        self.assertEqual(worker.get_persisted_upto_position(), 5)
+        worker.advance_writer("first", 9)
+        self.assertEqual(worker.persisted_upto_position(), 5)
 
-        self.assertEqual(await worker.get_stopped_writer_position("second"), 5)
+        self.assertEqual(await worker.read_stopped_writer_position("second"), 5)
         worker.remove_writer("second")
-        self.assertEqual(worker.get_positions(), {"first": 9})
-        self.assertEqual(worker.get_persisted_upto_position(), 9)
-        self.assertEqual(worker.get_current_token_for_writer("second"), 9)
+        self.assertEqual(worker.known_writer_positions(), {"first": 9})
+        self.assertEqual(worker.persisted_upto_position(), 9)
+        self.assertEqual(worker.writer_position("second"), 9)
         worker.remove_writer("second")  # twice: nothing more to do
 
         # second comes back later and is tracked again.
-        worker.advance("second", 10)
-        self.assertEqual(worker.get_positions(), {"first": 9, "second": 10})
+        worker.advance_writer("second", 10)
+        self.assertEqual(worker.known_writer_positions(), {"first": 9, "second": 10})
         with self.assertRaises(ValueError):
             first.remove_writer("first")
 
@@ -546,11 +546,11 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         self.insert_rows("second", 2, update_stream_table=False)  # 4-5
         self.insert_rows("first", 1)  # 6
         worker = self.make_id_gen("worker", writers=["first", "second"])
-        self.assertEqual(await worker.get_stopped_writer_position("second"), 5)
+        self.assertEqual(await worker.read_stopped_writer_position("second"), 5)
         # A writer with no recorded position wrote nothing below persisted-up-to.
         self.assertEqual(
-            await worker.get_stopped_writer_position("ghost"),
-            worker.get_persisted_upto_position(),
+            await worker.read_stopped_writer_position("ghost"),
+            worker.persisted_upto_position(),
         )
 
     async def test_ids_held_back_by_a_fetch_still_count_as_written_here(self) -> None:
@@ -560,15 +560,16 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         announcing any position covering them."""
         id_gen = self.make_id_gen("first", writers=["first", "second"])
         with id_gen._lock:
-            id_gen._in_flight_fetches.append(0)
+            marker = id_gen._model.begin_fetch()
+        self.assertEqual(marker, 0)
         try:
             for _ in range(2):
                 await self.write_row_with(id_gen, "first")
-            self.assertEqual(id_gen.get_positions()["first"], 0)
-            self.assertEqual(id_gen.get_minimal_local_current_token(), 2)
+            self.assertEqual(id_gen.known_writer_positions()["first"], 0)
+            self.assertEqual(id_gen.newest_local_write(), 2)
         finally:
             with id_gen._lock:
-                id_gen._in_flight_fetches.remove(0)
+                id_gen._model.end_fetch(marker)
 
 
 class BackwardsTestCase(IdGeneratorTestCase):
@@ -583,9 +584,9 @@ class BackwardsTestCase(IdGeneratorTestCase):
                 "INSERT INTO foobar (stream_id, instance_name) VALUES (?, 'master')",
                 stream_id,
             )
-        self.assertEqual(id_gen.get_positions(), {"master": -1})
-        self.assertEqual(id_gen.get_current_token_for_writer("master"), -1)
-        self.assertEqual(id_gen.get_persisted_upto_position(), -1)
+        self.assertEqual(id_gen.known_writer_positions(), {"master": -1})
+        self.assertEqual(id_gen.writer_position("master"), -1)
+        self.assertEqual(id_gen.persisted_upto_position(), -1)
 
         async with id_gen.get_next_mult(3) as ids:
             self.assertEqual(ids, [-2, -3, -4])
@@ -595,41 +596,41 @@ class BackwardsTestCase(IdGeneratorTestCase):
                     "INSERT INTO foobar (stream_id, instance_name) VALUES (?, 'master')",
                     stream_id,
                 )
-        self.assertEqual(id_gen.get_positions(), {"master": -4})
+        self.assertEqual(id_gen.known_writer_positions(), {"master": -4})
         await id_gen.flush_stream_positions()
         self.assertEqual(await self.stored_positions(), {"master": -4})
 
         reloaded = self.make_id_gen()
-        self.assertEqual(reloaded.get_positions(), {"master": -4})
-        self.assertEqual(reloaded.get_current_token(), -4)
+        self.assertEqual(reloaded.known_writer_positions(), {"master": -4})
+        self.assertEqual(reloaded.persisted_upto_position(), -4)
 
     async def test_multiple_instance(self) -> None:
         first = self.make_id_gen("first", writers=["first", "second"])
         second = self.make_id_gen("second", writers=["first", "second"])
         await self.write_row_with(first, "first")
-        first_pos = first.get_current_token_for_writer("first")
-        second.advance("first", first_pos)
-        self.assertEqual(first.get_positions(), {"first": -1, "second": 0})
-        self.assertEqual(second.get_positions(), {"first": -1, "second": 0})
-        self.assertEqual(second.get_current_token_for_writer("second"), -1)  # idle
+        first_pos = first.writer_position("first")
+        second.advance_writer("first", first_pos)
+        self.assertEqual(first.known_writer_positions(), {"first": -1, "second": 0})
+        self.assertEqual(second.known_writer_positions(), {"first": -1, "second": 0})
+        self.assertEqual(second.writer_position("second"), -1)  # idle
 
         await self.write_row_with(second, "second")
-        first.advance("second", second.get_current_token_for_writer("second"))
-        self.assertEqual(first.get_positions(), {"first": -1, "second": -2})
-        self.assertEqual(second.get_positions(), {"first": -1, "second": -2})
-        self.assertEqual(first.get_persisted_upto_position(), -2)
-        self.assertEqual(second.get_persisted_upto_position(), -2)
+        first.advance_writer("second", second.writer_position("second"))
+        self.assertEqual(first.known_writer_positions(), {"first": -1, "second": -2})
+        self.assertEqual(second.known_writer_positions(), {"first": -1, "second": -2})
+        self.assertEqual(first.persisted_upto_position(), -2)
+        self.assertEqual(second.persisted_upto_position(), -2)
 
     def test_load_from_rows(self) -> None:
         self.insert_rows("master", 5, update_stream_table=False)
         worker = self.make_id_gen("worker", writers=["master"])
-        self.assertEqual(worker.get_current_token(), -5)
+        self.assertEqual(worker.persisted_upto_position(), -5)
 
     async def test_stopped_writer_position(self) -> None:
         self.insert_rows("second", 2)  # -1, -2, recorded
         self.insert_rows("second", 1, update_stream_table=False)  # -3
         worker = self.make_id_gen("worker", writers=["second"])
-        self.assertEqual(await worker.get_stopped_writer_position("second"), -3)
+        self.assertEqual(await worker.read_stopped_writer_position("second"), -3)
 
 
 class MultiTableTestCase(IdGeneratorTestCase):
@@ -641,16 +642,16 @@ class MultiTableTestCase(IdGeneratorTestCase):
         self.insert_rows("second", 3, table="foobar2")  # 4-6, stored
         self.insert_rows("second", 1, table="foobar2", update_stream_table=False)  # 7
         worker = self.make_id_gen("worker", writers=["first", "second"])
-        self.assertEqual(worker.get_positions(), {"first": 3, "second": 6})
+        self.assertEqual(worker.known_writer_positions(), {"first": 3, "second": 6})
         # A writer restarting is at its sequence head (it has nothing in flight).
         second = self.make_id_gen("second", writers=["first", "second"])
-        self.assertEqual(second.get_positions(), {"first": 3, "second": 7})
+        self.assertEqual(second.known_writer_positions(), {"first": 3, "second": 7})
         first = self.make_id_gen("first", writers=["first", "second"])
-        self.assertEqual(first.get_positions(), {"first": 7, "second": 7})
+        self.assertEqual(first.known_writer_positions(), {"first": 7, "second": 7})
         for id_gen in (first, second, worker):
-            self.assertEqual(id_gen.get_current_token_for_writer("first"), 7)
-            self.assertEqual(id_gen.get_current_token_for_writer("second"), 7)
-            self.assertEqual(id_gen.get_persisted_upto_position(), 7)
+            self.assertEqual(id_gen.writer_position("first"), 7)
+            self.assertEqual(id_gen.writer_position("second"), 7)
+            self.assertEqual(id_gen.persisted_upto_position(), 7)
 
     async def test_one_sequence_across_tables(self) -> None:
         """Ids stay unique across the tables of one stream and a restart."""

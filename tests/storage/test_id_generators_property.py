@@ -107,7 +107,7 @@ from twisted.internet import defer, reactor, task, threads
 from twisted.python.failure import Failure
 
 from synapse_lite.storage.database import DatabasePool, LoggingTransaction
-from synapse_lite.storage.util.id_generators import MultiWriterIdGenerator
+from synapse_lite.storage.id_generators import MultiWriterIdGenerator
 from tests.storage.test_id_generators import IdGeneratorTestCase
 
 WRITERS = ("first", "second", "third")
@@ -339,7 +339,7 @@ class _Scenario:
             if self.announcements:
                 writer, token = self.announcements[-1 - op.index % len(self.announcements)]
                 if writer != op.target:
-                    self.gens[op.target].advance(writer, token)
+                    self.gens[op.target].advance_writer(writer, token)
                     self.log.append(f"replay {writer}@{token} -> {op.target}")
         else:
             for writer in WRITERS if op.writer == "all" else (op.writer,):
@@ -436,32 +436,30 @@ class _Scenario:
             self.coverage["crash with work in flight"] += 1
 
         old = self.gens[writer]
-        old_token = old.get_current_token_for_writer(writer)
+        old_token = old.writer_position(writer)
         # Whatever position write the old process had scheduled may land.
         await old.flush_stream_positions()
         new = self.build(writer)
         sequence_value = await self.case.sequence_value()
         self.log.append(f"restart {writer} ({mode}) at {sequence_value}")
-        self.case.assertEqual(new.get_positions()[writer], sequence_value, self.describe())
-        self.case.assertEqual(
-            new.get_current_token_for_writer(writer), sequence_value, self.describe()
-        )
+        self.case.assertEqual(new.known_writer_positions()[writer], sequence_value, self.describe())
+        self.case.assertEqual(new.writer_position(writer), sequence_value, self.describe())
         self.case.assertGreaterEqual(sequence_value, old_token, self.describe())
         self.install(writer, new, sequence_value)
 
     def replicate(self, writer: str, target: str) -> None:
-        token = self.gens[writer].get_current_token_for_writer(writer)
+        token = self.gens[writer].writer_position(writer)
         self.announcements.append((writer, token))
         for name, id_gen in self.gens.items():
             if name != writer and target in (name, "all"):
-                id_gen.advance(writer, token)
+                id_gen.advance_writer(writer, token)
         self.log.append(f"replicate {writer}@{token} -> {target}")
 
     # Checks
 
     def describe(self) -> str:
         views = {
-            name: (g.get_persisted_upto_position(), g.get_positions())
+            name: (g.persisted_upto_position(), g.known_writer_positions())
             for name, g in self.gens.items()
         }
         in_flight = [(item.writer, item.ids) for item in self.in_flight]
@@ -476,7 +474,7 @@ class _Scenario:
         assert_ = self.case
         first_unfinished = min(self.unfinished(), default=None)
         for name, id_gen in self.gens.items():
-            persisted = id_gen.get_persisted_upto_position()
+            persisted = id_gen.persisted_upto_position()
             self.never_back(id_gen, name, "persisted-up-to", persisted)
             if first_unfinished is not None:
                 assert_.assertLess(
@@ -484,9 +482,9 @@ class _Scenario:
                     first_unfinished,
                     f"{name}'s persisted-up-to passed an unfinished id" + self.describe(),
                 )
-            positions = id_gen.get_positions()
+            positions = id_gen.known_writer_positions()
             for writer in WRITERS:
-                token = id_gen.get_current_token_for_writer(writer)
+                token = id_gen.writer_position(writer)
                 self.never_back(id_gen, name, f"token for {writer}", token)
                 if writer != name:
                     assert_.assertGreaterEqual(token, persisted, self.describe())
@@ -502,7 +500,7 @@ class _Scenario:
                     assert_.assertLess(positions[writer], own_unfinished, self.describe())
         for writer in WRITERS:
             assert_.assertEqual(
-                self.gens[writer].get_positions()[writer],
+                self.gens[writer].known_writer_positions()[writer],
                 self.expected_own_position(writer),
                 f"{writer}'s own position" + self.describe(),
             )
@@ -530,23 +528,21 @@ class _Scenario:
         for id_gen in self.gens.values():
             await id_gen.flush_stream_positions()
         for _ in range(10):
-            before = {name: g.get_positions() for name, g in self.gens.items()}
+            before = {name: g.known_writer_positions() for name, g in self.gens.items()}
             for writer in WRITERS:
                 self.replicate(writer, "all")
-            if before == {name: g.get_positions() for name, g in self.gens.items()}:
+            if before == {name: g.known_writer_positions() for name, g in self.gens.items()}:
                 break
         self.check_invariants()
 
         top = await self.case.sequence_value()
         for name, id_gen in self.gens.items():
-            assert_.assertEqual(id_gen.get_persisted_upto_position(), top, name + self.describe())
+            assert_.assertEqual(id_gen.persisted_upto_position(), top, name + self.describe())
             for writer in WRITERS:
-                assert_.assertEqual(
-                    id_gen.get_current_token_for_writer(writer), top, name + self.describe()
-                )
+                assert_.assertEqual(id_gen.writer_position(writer), top, name + self.describe())
         for writer in WRITERS:
             assert_.assertEqual(
-                self.gens[writer].get_positions()[writer],
+                self.gens[writer].known_writer_positions()[writer],
                 max([self.built_at[writer], *self.finished[writer]]),
                 writer + self.describe(),
             )
@@ -555,14 +551,16 @@ class _Scenario:
         # Every write has flushed its position: fresh generators match.
         for writer in WRITERS:
             fresh = self.build(writer)
-            assert_.assertEqual(fresh.get_positions()[writer], top, self.describe())
-            assert_.assertEqual(fresh.get_current_token_for_writer(writer), top, self.describe())
+            assert_.assertEqual(fresh.known_writer_positions()[writer], top, self.describe())
+            assert_.assertEqual(fresh.writer_position(writer), top, self.describe())
         reader = self.build(READER)
-        assert_.assertLessEqual(reader.get_persisted_upto_position(), top)
+        assert_.assertLessEqual(reader.persisted_upto_position(), top)
         for writer in WRITERS:
-            reader.advance(writer, self.gens[writer].get_current_token_for_writer(writer))
-        assert_.assertEqual(reader.get_persisted_upto_position(), top, self.describe())
-        assert_.assertEqual(reader.get_positions(), self.gens[READER].get_positions())
+            reader.advance_writer(writer, self.gens[writer].writer_position(writer))
+        assert_.assertEqual(reader.persisted_upto_position(), top, self.describe())
+        assert_.assertEqual(
+            reader.known_writer_positions(), self.gens[READER].known_writer_positions()
+        )
 
     async def close(self) -> None:
         """Leave the database idle for the next example, whatever happened."""
@@ -715,8 +713,8 @@ class RestartBesideWorkInFlightTestCase(IdGeneratorTestCase):
         self.assertEqual(await block.__aenter__(), 1)
         try:
             second = self.make_id_gen("second", writers=writers)
-            self.assertEqual(second.get_persisted_upto_position(), 0)
-            self.assertEqual(second.get_current_token_for_writer("first"), 0)
+            self.assertEqual(second.persisted_upto_position(), 0)
+            self.assertEqual(second.writer_position("first"), 0)
         finally:
             await block.__aexit__(None, None, None)
 
@@ -737,9 +735,9 @@ class RestartBesideWorkInFlightTestCase(IdGeneratorTestCase):
             second = self.make_id_gen("second", writers=writers)
             # first's row 1 arrives (RDATA), then second's position (POSITION).
             reader.advance_past_row("first", 1)
-            self.assertEqual(reader.get_persisted_upto_position(), 1)
-            self.assertEqual(second.get_current_token_for_writer("second"), 2)
-            reader.advance("second", second.get_current_token_for_writer("second"))
-            self.assertEqual(reader.get_persisted_upto_position(), 1)
+            self.assertEqual(reader.persisted_upto_position(), 1)
+            self.assertEqual(second.writer_position("second"), 2)
+            reader.advance_writer("second", second.writer_position("second"))
+            self.assertEqual(reader.persisted_upto_position(), 1)
         finally:
             await block.__aexit__(None, None, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -40,7 +41,10 @@ from synapse_lite.metrics import (
 from synapse_lite.storage.databases.main.federation import OutboxRow, RetryState
 
 if TYPE_CHECKING:
-    from synapse_lite.federation.sender.federation_sender import FederationSender
+    from synapse_lite.clock import Clock
+    from synapse_lite.config.federation import RetryConfig
+    from synapse_lite.federation.client import FederationClient
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +75,25 @@ def take_batch(rows: list[OutboxRow]) -> list[OutboxRow]:
 class DestinationQueue:
     """The EDUs of one destination and its backoff (see the module docstring)."""
 
-    def __init__(self, sender: FederationSender, destination: str) -> None:
-        self._sender = sender
-        self._hs = sender.hs
+    def __init__(
+        self,
+        destination: str,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        client: FederationClient,
+        server_name: str,
+        retry: RetryConfig,
+        on_sent: Callable[[str], None],
+    ) -> None:
+        """``on_sent(destination)``: after each transaction the destination took."""
         self.destination = destination
-        self._config = self._hs.config.federation.retry
+        self._store = store
+        self._clock = clock
+        self._client = client
+        self._server_name = server_name
+        self._config = retry
+        self._on_sent = on_sent
         #: Largest to_device stream id we were told is queued here.
         self._wanted_upto = 0
         self._running = False
@@ -132,7 +150,7 @@ class DestinationQueue:
             await self._send_all()
         except Exception:
             logger.exception("Sending to %s failed unexpectedly", self.destination)
-            self._schedule_retry(self._hs.config.federation.retry.initial_seconds)
+            self._schedule_retry(self._config.initial_seconds)
         finally:
             self._running = False
         if self._wake_again and not self.is_backing_off:
@@ -140,7 +158,7 @@ class DestinationQueue:
             self.wake()
 
     async def _send_all(self) -> None:
-        store = self._hs.datastore
+        store = self._store
         loaded = self._state is None
         if self._state is None:
             self._set_state(await store.get_retry_state(self.destination))
@@ -152,7 +170,7 @@ class DestinationQueue:
                 self._mark_up()
                 await store.set_retry_state(self.destination, self._state)
         elif loaded:
-            delay = backoff.retry_delay_seconds(self._state, self._hs.clock.time_msec())
+            delay = backoff.retry_delay_seconds(self._state, self._clock.time_msec())
             if delay > 0:
                 self._schedule_retry(delay)
                 return
@@ -169,10 +187,9 @@ class DestinationQueue:
     async def _send_transaction(self, rows: list[OutboxRow]) -> bool:
         """Send one transaction; whether to go on with the next."""
         txn_id = transaction_id(rows)
-        hs = self._hs
         body: dict[str, Any] = {
-            "origin": hs.hostname,
-            "origin_server_ts": hs.clock.time_msec(),
+            "origin": self._server_name,
+            "origin_server_ts": self._clock.time_msec(),
             "pdus": [],
             "edus": [{"edu_type": DIRECT_TO_DEVICE, "content": r.content} for r in rows],
         }
@@ -182,7 +199,7 @@ class DestinationQueue:
             return await self._drop(rows, f"it is not canonical JSON ({e})")
         logger.info("Sending transaction %s to %s: %d EDU(s)", txn_id, self.destination, len(rows))
         try:
-            answer = await hs.federation_client.put_json(
+            answer = await self._client.put_json(
                 self.destination, f"/_matrix/federation/v1/send/{txn_id}", body
             )
         except FederationRequestError as e:
@@ -206,12 +223,12 @@ class DestinationQueue:
         self._up_again = False
         if not isinstance(answer, dict):
             logger.warning("%s answered transaction %s with %r", self.destination, txn_id, answer)
-        await hs.datastore.delete_sent_edus(self.destination, [r.stream_id for r in rows])
+        await self._store.delete_sent_edus(self.destination, [r.stream_id for r in rows])
         self._one_at_a_time = False
         if self._state is not None and self._state.retry_interval_ms:
             self._mark_up()
-            await hs.datastore.set_retry_state(self.destination, self._state)
-        self._sender.on_transaction_sent(self.destination)
+            await self._store.set_retry_state(self.destination, self._state)
+        self._on_sent(self.destination)
         return True
 
     async def _drop(self, rows: list[OutboxRow], reason: str) -> bool:
@@ -222,7 +239,7 @@ class DestinationQueue:
             [r.stream_id for r in rows],
             reason,
         )
-        await self._hs.datastore.delete_sent_edus(self.destination, [r.stream_id for r in rows])
+        await self._store.delete_sent_edus(self.destination, [r.stream_id for r in rows])
         return True
 
     async def _failed(self, txn_id: str, error: Exception) -> None:
@@ -237,12 +254,10 @@ class DestinationQueue:
             self._schedule_retry(0)
             return
         was_down = self.is_down
-        self._set_state(
-            backoff.after_failure(self._state, self._hs.clock.time_msec(), self._config)
-        )
+        self._set_state(backoff.after_failure(self._state, self._clock.time_msec(), self._config))
         assert self._state is not None
-        await self._hs.datastore.set_retry_state(self.destination, self._state)
-        delay = backoff.retry_delay_seconds(self._state, self._hs.clock.time_msec())
+        await self._store.set_retry_state(self.destination, self._state)
+        delay = backoff.retry_delay_seconds(self._state, self._clock.time_msec())
         if self.is_down and not was_down:
             logger.warning(
                 "%s is down (%d failures in a row); retrying in %.1f s: %s",
@@ -274,7 +289,7 @@ class DestinationQueue:
     def _schedule_retry(self, delay: float) -> None:
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
-        self._retry_call = self._hs.clock.call_later(delay, self._retry)
+        self._retry_call = self._clock.call_later(delay, self._retry)
 
     def _retry(self) -> None:
         self._retry_call = None

@@ -21,6 +21,7 @@ backoff and sends at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -28,10 +29,13 @@ from twisted.internet import defer
 from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.send_queue import DEVICE_MESSAGES
 from synapse_lite.federation.sender.destination import DestinationQueue
-from synapse_lite.replication.tcp.commands import FederationAckCommand
+from synapse_lite.replication.tcp.commands import Command, FederationAckCommand
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.config.federation import FederationConfig
+    from synapse_lite.federation.client import FederationClient
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +45,38 @@ RESCAN_INTERVAL_SECONDS = 30.0
 class FederationSender(OutboxConsumer):
     """Per-destination queues and the federation stream's follower side."""
 
-    def __init__(self, hs: HomeServer) -> None:
-        super().__init__(hs)
-        self.hs = hs
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        server_name: str,
+        instance_name: str,
+        client: FederationClient,
+        config: FederationConfig,
+        send_command: Callable[[Command], None] | None,
+    ) -> None:
+        """``send_command``: replication's way out, on a sender worker (for
+        FEDERATION_ACK); None on the main process, which needs no acks."""
+        super().__init__(store.get_to_device_stream_token)
+        self._store = store
+        self._clock = clock
+        self._server_name = server_name
+        self._instance_name = instance_name
+        self._client = client
+        self._config = config
+        self._send_command = send_command
         self._queues: dict[str, DestinationQueue] = {}
         self._position = 0
         self._acked = 0
-        self._rescan_loop = hs.clock.looping_call(self.rescan, RESCAN_INTERVAL_SECONDS)
-        hs.reactor.callWhenRunning(self.rescan)
+        self._rescan_loop: Any = None
 
-    def stop_loops(self) -> None:
-        if self._rescan_loop.running:
+    def start(self) -> None:
+        self._rescan_loop = self._clock.looping_call(self.rescan, RESCAN_INTERVAL_SECONDS)
+        self.rescan()
+
+    def stop(self) -> None:
+        if self._rescan_loop is not None and self._rescan_loop.running:
             self._rescan_loop.stop()
         for queue in self._queues.values():
             queue.stop()
@@ -59,13 +84,21 @@ class FederationSender(OutboxConsumer):
     def queue(self, destination: str) -> DestinationQueue:
         queue = self._queues.get(destination)
         if queue is None:
-            queue = self._queues[destination] = DestinationQueue(self, destination)
+            queue = self._queues[destination] = DestinationQueue(
+                destination,
+                store=self._store,
+                clock=self._clock,
+                client=self._client,
+                server_name=self._server_name,
+                retry=self._config.retry,
+                on_sent=self.on_transaction_sent,
+            )
         return queue
 
     # Wake-ups
 
     def send_device_messages(self, destination: str, upto_stream_id: int) -> None:
-        if destination == self.hs.hostname:
+        if destination == self._server_name:
             return
         self.queue(destination).wake(upto_stream_id)
 
@@ -81,7 +114,7 @@ class FederationSender(OutboxConsumer):
         """Wake every destination with EDUs in the outbox."""
 
         async def scan() -> None:
-            pending = await self.hs.datastore.get_destinations_with_pending_edus()
+            pending = await self._store.get_destinations_with_pending_edus()
             for destination, upto in pending.items():
                 self.send_device_messages(destination, upto)
 
@@ -94,7 +127,7 @@ class FederationSender(OutboxConsumer):
     def get_current_token(self) -> int:
         return self._position
 
-    def process_federation_rows(self, instance_name: str, token: int, rows: list[Any]) -> None:
+    def process_federation_rows(self, instance_name: str, token: int, rows: Sequence[Any]) -> None:
         """Take the queue's rows (or bare position) before the stream advances."""
         if token < self._position:
             logger.info(
@@ -120,9 +153,7 @@ class FederationSender(OutboxConsumer):
 
     def on_transaction_sent(self, destination: str) -> None:
         """Tell the main process's queue it may drop what we have taken."""
-        if self.hs.is_main_process or self._position <= self._acked:
+        if self._send_command is None or self._position <= self._acked:
             return
         self._acked = self._position
-        self.hs.replication.send_command(
-            FederationAckCommand(self.hs.instance_name, self._position)
-        )
+        self._send_command(FederationAckCommand(self._instance_name, self._position))

@@ -4,41 +4,36 @@ from __future__ import annotations
 
 from typing import Any
 
+import attr
+
+from synapse_lite.api.content import check_content_size
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text, check_room_id, is_valid_user_id
+from synapse_lite.api.identifiers import check_identifier_text, check_room_id
 from synapse_lite.events import EventSpec
-from synapse_lite.handlers.message import (
-    MAX_EVENTS_PER_REQUEST,
-    SEND_EVENTS_ENDPOINT,
-    check_content_size,
-)
 from synapse_lite.http.fields import get_bool, get_dict, get_int, get_list, get_str
-from synapse_lite.replication.http._base import ReplicationEndpoint
+from synapse_lite.replication.http.calls import InternalCall
+from synapse_lite.replication.http.writes import is_local_user
+
+#: Events one internal request may carry (createRoom sends the most).
+MAX_EVENTS_PER_REQUEST = 200
 
 
-def send_events_body(room_id: str, specs: list[EventSpec], create_room: bool) -> dict[str, Any]:
+def _spec_to_json(spec: EventSpec) -> dict[str, Any]:
     return {
-        "room_id": room_id,
-        "create_room": create_room,
-        "events": [
-            {
-                "type": s.type,
-                "state_key": s.state_key,
-                "sender": s.sender,
-                "content": s.content,
-                "origin_server_ts": s.origin_server_ts,
-                "txn": list(s.txn_key) if s.txn_key else None,
-            }
-            for s in specs
-        ],
+        "type": spec.type,
+        "state_key": spec.state_key,
+        "sender": spec.sender,
+        "content": spec.content,
+        "origin_server_ts": spec.origin_server_ts,
+        "txn": list(spec.txn_key) if spec.txn_key else None,
     }
 
 
-def _event_spec_from_json(data: Any, is_mine: Any) -> EventSpec:
+def _spec_from_json(data: Any, server_name: str) -> EventSpec:
     if not isinstance(data, dict):
         raise SynapseError(400, "each event must be an object", Codes.BAD_JSON)
     sender = get_str(data, "sender")
-    if not is_valid_user_id(sender) or not is_mine(sender):
+    if not is_local_user(sender, server_name):
         raise SynapseError(400, "'sender' must be a local user id", Codes.BAD_JSON)
     state_key = data.get("state_key")
     if state_key is not None:
@@ -63,20 +58,69 @@ def _event_spec_from_json(data: Any, is_mine: Any) -> EventSpec:
     )
 
 
-class SendEventsEndpoint(ReplicationEndpoint):
-    """``{room_id, create_room, events: [...]}`` on the room's events writer ->
-    ``{events: [[event_id, stream_ordering], ...]}``."""
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class EventsToPersist:
+    """Events for one room, in order; ``create_room``: they create it."""
 
-    NAME = SEND_EVENTS_ENDPOINT
+    room_id: str
+    specs: list[EventSpec]
+    create_room: bool
 
-    async def handle(self, body: dict[str, Any]) -> dict[str, Any]:
-        room_id = check_room_id(get_str(body, "room_id"))
-        create_room = get_bool(body, "create_room", False)
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "room_id": self.room_id,
+            "create_room": self.create_room,
+            "events": [_spec_to_json(s) for s in self.specs],
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], server_name: str) -> EventsToPersist:
         raw_events = get_list(body, "events")
         if not 1 <= len(raw_events) <= MAX_EVENTS_PER_REQUEST:
-            raise SynapseError(400, "'events' must hold 1 to 200 events", Codes.BAD_JSON)
-        specs = [_event_spec_from_json(e, self.hs.is_mine_id) for e in raw_events]
-        events = await self.hs.event_creation_handler.persist_as_writer(
-            room_id, specs, create_room=create_room
+            raise SynapseError(
+                400, f"'events' must hold 1 to {MAX_EVENTS_PER_REQUEST} events", Codes.BAD_JSON
+            )
+        return cls(
+            room_id=check_room_id(get_str(body, "room_id")),
+            specs=[_spec_from_json(e, server_name) for e in raw_events],
+            create_room=get_bool(body, "create_room", False),
         )
-        return {"events": [[e.event_id, e.stream_ordering] for e in events]}
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class EventsPersisted:
+    """``(event_id, stream_ordering)`` of each event, in order."""
+
+    events: list[tuple[str, int]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events": [[e, s] for e, s in self.events]}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], server_name: str) -> EventsPersisted:
+        events: list[tuple[str, int]] = []
+        for item in get_list(body, "events"):
+            if not (
+                isinstance(item, list)
+                and len(item) == 2
+                and isinstance(item[0], str)
+                and isinstance(item[1], int)
+                and not isinstance(item[1], bool)
+            ):
+                raise SynapseError(400, "each event must be [event_id, position]", Codes.BAD_JSON)
+            events.append((item[0], item[1]))
+        if not events:
+            raise SynapseError(400, "no events in the answer", Codes.BAD_JSON)
+        return cls(events)
+
+
+def _newest_position(answer: EventsPersisted) -> tuple[str, int]:
+    return "events", max(position for _, position in answer.events)
+
+
+SEND_EVENTS = InternalCall(
+    "send_events",
+    EventsToPersist,
+    EventsPersisted,
+    answer_position=_newest_position,
+)

@@ -1,4 +1,4 @@
-"""What a process does with the replication commands it receives.
+"""What a process does with the replication commands it receives, and how it sends its own.
 
 RDATA and POSITION are processed one at a time per stream, so a catch-up and
 the rows arriving meanwhile never race. The rules (per connection, per stream
@@ -6,52 +6,47 @@ and writer):
 
 * RDATA before the first POSITION from that writer on that connection is
   dropped: the POSITION's catch-up will read it.
-* RDATA at or below what we already have from that writer is dropped.
+* RDATA at or below what we have already received from that writer is dropped.
 * RDATA with token ``batch`` is held until the row carrying the real token.
 * POSITION ``prev new`` promises the writer wrote nothing in ``(prev, new]``; if
   our position for the writer is below ``prev`` (or, for a stream that can
   reset, outside ``[prev, new]``) we read what we missed through the stream's
   update function, in pages, before taking ``new``.
+
+What a batch of rows does here is the receiver's business (``receiver.py``).
+Commands go out through the transport's bus, encoded once however many
+processes it reaches.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 
+from synapse_lite.clock import Clock
 from synapse_lite.metrics import REPLICATION_LAG
+from synapse_lite.replication.streams import Stream
 from synapse_lite.replication.tcp.commands import (
-    ClearUserSyncCommand,
     Command,
-    FederationAckCommand,
     PositionCommand,
     RdataCommand,
-    RemoteServerUpCommand,
     ReplicateCommand,
-    UserIpCommand,
-    UserSyncCommand,
 )
-from synapse_lite.replication.tcp.connection import ReplicationConnection
-from synapse_lite.replication.tcp.streams import InvalidRow, Stream, StreamFromIdGen
-from synapse_lite.replication.tcp.streams._base import Updates
-
-if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+from synapse_lite.replication.tcp.connection import ReplicationBus, ReplicationConnection
+from synapse_lite.replication.tcp.receiver import ReplicationReceiver
+from synapse_lite.streams.definition import InvalidRow, Updates
 
 logger = logging.getLogger(__name__)
 
-#: How long ``wait_for_stream_position`` waits before giving up.
-WAIT_FOR_REPLICATION_TIMEOUT_SECONDS = 30.0
 #: Delay before retrying a catch-up that failed (database or writer unreachable).
 CATCH_UP_RETRY_SECONDS = 1.0
 
 StreamKey = tuple[str, str]  # (stream name, writer instance)
-RowHook = Callable[[str, int, list[Any]], None]
 
 
 def batch_updates(updates: Updates) -> Iterable[tuple[int, list[Any]]]:
@@ -69,104 +64,48 @@ def batch_updates(updates: Updates) -> Iterable[tuple[int, list[Any]]]:
         yield token, batch
 
 
-class ReplicationDataHandler:
-    """Applies new rows and positions to this process, in the order that keeps
-    readers safe: invalidate caches, let handlers take their rows, advance the
-    position, then wake whoever waits."""
-
-    def __init__(self, hs: HomeServer) -> None:
-        self._hs = hs
-        self._store = hs.datastore
-        self._row_hooks: dict[str, list[RowHook]] = defaultdict(list)
-        self._waiters: dict[StreamKey, list[tuple[int, defer.Deferred[None]]]] = defaultdict(list)
-
-    def add_row_hook(self, stream_name: str, hook: RowHook) -> None:
-        """Call ``hook(instance_name, token, rows)`` for every batch of rows (or
-        bare position, with no rows) of a stream, after cache invalidation and
-        before the position advances."""
-        self._row_hooks[stream_name].append(hook)
-
-    def on_rdata(self, stream_name: str, instance_name: str, token: int, rows: list[Any]) -> None:
-        self._store.process_replication_rows(stream_name, instance_name, token, rows)
-        for hook in self._row_hooks.get(stream_name, ()):
-            try:
-                hook(instance_name, token, rows)
-            except Exception:
-                logger.exception("Handling %s rows from %s failed", stream_name, instance_name)
-        self._store.process_replication_position(stream_name, instance_name, token)
-        if rows:
-            stream = self._hs.replication.streams.get(stream_name)
-            if isinstance(stream, StreamFromIdGen):
-                stream.row_received(instance_name, token)
-        self._hs.notifier.on_new_replication_data(stream_name, instance_name, token, rows)
-        self._resolve_waiters(stream_name, instance_name)
-
-    def on_position(self, stream_name: str, instance_name: str, token: int) -> None:
-        self.on_rdata(stream_name, instance_name, token, [])
-
-    def _resolve_waiters(self, stream_name: str, instance_name: str) -> None:
-        key = (stream_name, instance_name)
-        waiters = self._waiters.get(key)
-        if not waiters:
-            return
-        stream = self._hs.replication.streams[stream_name]
-        current = stream.processed_position(instance_name)
-        still_waiting = []
-        for position, d in waiters:
-            if position <= current:
-                if not d.called:
-                    d.callback(None)
-            elif not d.called:
-                still_waiting.append((position, d))
-        self._waiters[key] = still_waiting
-
-    async def wait_for_stream_position(
-        self,
-        instance_name: str,
-        stream_name: str,
-        position: int,
-        timeout: float = WAIT_FOR_REPLICATION_TIMEOUT_SECONDS,
-    ) -> None:
-        """Return once this process has processed ``instance_name``'s rows up to
-        ``position`` on ``stream_name`` (at once if it has, or if it is this
-        process).
-        Raises ``defer.TimeoutError`` after ``timeout`` seconds."""
-        if instance_name == self._hs.instance_name:
-            return
-        stream = self._hs.replication.streams[stream_name]
-        if position <= stream.processed_position(instance_name):
-            return
-        d: defer.Deferred[None] = defer.Deferred()
-        self._waiters[(stream_name, instance_name)].append((position, d))
-        self._hs.clock.timeout(d, timeout)
-        await d
-
-
 class ReplicationCommandHandler:
     """Receives data commands from the transports; sends this process's."""
 
-    def __init__(self, hs: HomeServer, streams: dict[str, Stream], sourced: list[str]) -> None:
-        self._hs = hs
-        self._instance_name = hs.instance_name
+    def __init__(
+        self,
+        *,
+        instance_name: str,
+        clock: Clock,
+        streams: Mapping[str, Stream],
+        receiver: ReplicationReceiver,
+    ) -> None:
+        self._me = instance_name
+        self._clock = clock
         self.streams = streams
-        #: Names of the streams this process writes (and so announces).
-        self.sourced_stream_names = sourced
-        self.data_handler = ReplicationDataHandler(hs)
+        self.receiver = receiver
+        self._greetings: list[Callable[[], list[Command]]] = []
+        self._bus: ReplicationBus | None = None
         self._connections: list[ReplicationConnection] = []
         self._positions_seen: dict[ReplicationConnection, set[StreamKey]] = {}
         self._pending_batches: dict[StreamKey, list[Any]] = {}
         self._queues: dict[str, deque[Callable[[], Awaitable[None]]]] = defaultdict(deque)
         self._queue_running: set[str] = set()
-        self._streamer_poke: Callable[[bool], None] | None = None
-        self.streamer: Any = None
+        self._on_connect: list[Callable[[], None]] = []
         #: Commands that a role-specific handler consumes, by command class.
         self._command_hooks: dict[type[Command], list[Callable[[Any], object]]] = defaultdict(list)
         self._retry_calls: set[IDelayedCall] = set()
         self._stopped = False
 
-    def set_streamer(self, announce: Callable[[bool], None]) -> None:
-        """``announce(True)`` asks the streamer to send every sourced position."""
-        self._streamer_poke = announce
+    def set_bus(self, bus: ReplicationBus | None) -> None:
+        """The transport's way out to every other process (None: send on each
+        announced connection, as the in-memory test links do)."""
+        self._bus = bus
+
+    def add_connection_greeting(self, greeting: Callable[[], list[Command]]) -> None:
+        """Send ``greeting()``'s commands on every new connection (the presence
+        follower re-sends its users' USER_SYNC)."""
+        self._greetings.append(greeting)
+
+    def on_new_connection(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever a connection comes up (the streamer
+        announces every position)."""
+        self._on_connect.append(callback)
 
     def add_command_hook(self, command_type: type[Command], hook: Callable[[Any], object]) -> None:
         """Hand every received command of ``command_type`` to ``hook``."""
@@ -184,6 +123,9 @@ class ReplicationCommandHandler:
         if not self._connections:
             logger.debug("Not connected: dropping %s", type(cmd).__name__)
             return
+        if self._bus is not None:
+            self._bus.send_command(cmd)
+            return
         for connection in list(self._connections):
             connection.send_command(cmd)
 
@@ -193,9 +135,11 @@ class ReplicationCommandHandler:
         logger.info("Replication connection %s is up", connection.describe())
         self._connections.append(connection)
         self._positions_seen[connection] = set()
-        self._resend_user_syncs(connection)
-        if self._streamer_poke is not None:
-            self._streamer_poke(True)
+        for greeting in self._greetings:
+            for cmd in greeting():
+                connection.send_command(cmd)
+        for callback in self._on_connect:
+            callback()
 
     def lost_connection(self, connection: ReplicationConnection) -> None:
         logger.info("Replication connection %s is down", connection.describe())
@@ -210,8 +154,8 @@ class ReplicationCommandHandler:
             elif isinstance(cmd, PositionCommand):
                 self._on_position(connection, cmd)
             elif isinstance(cmd, ReplicateCommand):
-                if self._streamer_poke is not None:
-                    self._streamer_poke(True)
+                for callback in self._on_connect:
+                    callback()
             else:
                 for hook in self._command_hooks.get(type(cmd), ()):
                     hook(cmd)
@@ -241,7 +185,7 @@ class ReplicationCommandHandler:
     # RDATA
 
     def _on_rdata(self, connection: ReplicationConnection, cmd: RdataCommand) -> None:
-        if cmd.instance_name == self._instance_name:
+        if cmd.instance_name == self._me:
             return  # our own echo (Redis)
         stream = self.streams.get(cmd.stream_name)
         if stream is None:
@@ -250,7 +194,7 @@ class ReplicationCommandHandler:
             )
             return
         try:
-            row = stream.parse_row(cmd.row)
+            row = stream.definition.parse_row(cmd.row)
         except InvalidRow as e:
             logger.warning("Dropping RDATA from %s: %s", connection.describe(), e)
             return
@@ -269,18 +213,18 @@ class ReplicationCommandHandler:
             return
         rows = self._pending_batches.pop(key, [])
         rows.append(row)
-        # Compared with what we processed of this writer: its current token may
-        # have been lifted past rows we have not seen yet by other writers'
+        # Compared with what we received of this writer: its position may have
+        # been lifted past rows we have not seen yet by other writers'
         # announcements, and those rows must still be processed.
-        if cmd.token <= stream.processed_position(cmd.instance_name):
+        if cmd.token <= stream.positions.received_position(cmd.instance_name):
             logger.debug("RDATA %s at %d is old: dropped", key, cmd.token)
             return
-        self.data_handler.on_rdata(cmd.stream_name, cmd.instance_name, cmd.token, rows)
+        self.receiver.on_rows(cmd.stream_name, cmd.instance_name, cmd.token, rows)
 
     # POSITION
 
     def _on_position(self, connection: ReplicationConnection, cmd: PositionCommand) -> None:
-        if cmd.instance_name == self._instance_name:
+        if cmd.instance_name == self._me:
             return
         stream = self.streams.get(cmd.stream_name)
         if stream is None:
@@ -295,9 +239,14 @@ class ReplicationCommandHandler:
     def _can_discard(
         self, connection: ReplicationConnection, stream: Stream, cmd: PositionCommand
     ) -> bool:
+        """Nothing new: a writer we follow on this connection announces a
+        position we have already received (a resettable stream is never
+        discarded: its position may have gone backwards)."""
         key = (cmd.stream_name, cmd.instance_name)
-        return key in self._positions_seen.get(connection, ()) and stream.can_discard_position(
-            cmd.instance_name, cmd.prev_token, cmd.new_token
+        return (
+            key in self._positions_seen.get(connection, ())
+            and not stream.positions.can_reset
+            and cmd.new_token <= stream.positions.received_position(cmd.instance_name)
         )
 
     async def _process_position(
@@ -310,26 +259,44 @@ class ReplicationCommandHandler:
             seen.discard(key)
         self._pending_batches.pop(key, None)
 
-        instance, prev, new = cmd.instance_name, cmd.prev_token, cmd.new_token
-        current = stream.processed_position(instance)
-        REPLICATION_LAG.labels(cmd.stream_name, instance).set(max(0, new - current))
+        writer, prev, new = cmd.instance_name, cmd.prev_token, cmd.new_token
+        current = stream.positions.received_position(writer)
+        REPLICATION_LAG.labels(cmd.stream_name, writer).set(max(0, new - current))
         try:
             if self._needs_catch_up(stream, current, prev, new):
-                await self._catch_up(stream, instance, current, new)
+                await self._catch_up(stream, writer, current, new)
         except Exception:
             logger.warning(
                 "Catching up stream %s of %s failed; retrying in %.0f s",
                 cmd.stream_name,
-                instance,
+                writer,
                 CATCH_UP_RETRY_SECONDS,
                 exc_info=True,
             )
             self._retry_later(self._retry_position, connection, cmd)
             return
-        self.data_handler.on_position(cmd.stream_name, instance, new)
-        REPLICATION_LAG.labels(cmd.stream_name, instance).set(0)
+        self.receiver.on_rows(cmd.stream_name, writer, new, [])
+        REPLICATION_LAG.labels(cmd.stream_name, writer).set(0)
         if connection in self._positions_seen:
             self._positions_seen[connection].add(key)
+
+    @staticmethod
+    def _needs_catch_up(stream: Stream, current: int, prev: int, new: int) -> bool:
+        if stream.positions.can_reset:
+            # Streams kept in a writer's memory restart from 0 with the writer.
+            return not (prev <= current <= new)
+        # Positions only grow: we miss rows only if we are behind prev.
+        return current < prev
+
+    async def _catch_up(self, stream: Stream, writer: str, current: int, new: int) -> None:
+        limited = True
+        while limited:
+            updates, upto, limited = await stream.rows_since(writer, current, new)
+            for token, rows in batch_updates(updates):
+                self.receiver.on_rows(stream.name, writer, token, rows)
+            if limited and upto <= current and not updates:
+                raise RuntimeError(f"update function of {stream.name} made no progress at {upto}")
+            current = upto
 
     def _retry_later(self, retry: Callable[..., None], *args: Any) -> None:
         if self._stopped:
@@ -339,8 +306,12 @@ class ReplicationCommandHandler:
             self._retry_calls.discard(call)
             retry(*args)
 
-        call = self._hs.clock.call_later(CATCH_UP_RETRY_SECONDS, run)
+        call = self._clock.call_later(CATCH_UP_RETRY_SECONDS, run)
         self._retry_calls.add(call)
+
+    def _retry_position(self, connection: ReplicationConnection, cmd: PositionCommand) -> None:
+        if connection in self._positions_seen:
+            self._on_position(connection, cmd)
 
     def stop(self) -> None:
         """The process is stopping: retry nothing more."""
@@ -350,84 +321,43 @@ class ReplicationCommandHandler:
                 call.cancel()
         self._retry_calls.clear()
 
-    def _retry_position(self, connection: ReplicationConnection, cmd: PositionCommand) -> None:
-        if connection in self._positions_seen:
-            self._on_position(connection, cmd)
-
-    @staticmethod
-    def _needs_catch_up(stream: Stream, current: int, prev: int, new: int) -> bool:
-        if isinstance(stream, StreamFromIdGen):
-            # Positions only grow: we miss rows only if we are behind prev.
-            return current < prev
-        # Streams kept in a writer's memory restart from 0 with the writer.
-        return not (prev <= current <= new)
-
-    async def _catch_up(self, stream: Stream, instance: str, current: int, new: int) -> None:
-        limited = True
-        while limited:
-            updates, upto, limited = await stream.get_updates_since(instance, current, new)
-            for token, raw_rows in batch_updates(updates):
-                rows = [stream.parse_row(r) for r in raw_rows]
-                self.data_handler.on_rdata(stream.NAME, instance, token, rows)
-            if limited and upto <= current and not updates:
-                raise RuntimeError(f"update function of {stream.NAME} made no progress at {upto}")
-            current = upto
-
     # Writers leaving
 
-    def forget_writer(self, stream_name: str, instance_name: str) -> None:
+    def forget_writer(self, stream_name: str, writer: str) -> None:
         """Stop tracking a writer that has stopped for good (an events writer
         retired at runtime), whose last position would otherwise hold the
         stream's persisted-up-to back. First read whatever it wrote beyond our
         position of it, so nothing it wrote is skipped. Runs in the stream's
         queue, after the commands received before."""
         stream = self.streams.get(stream_name)
-        if not isinstance(stream, StreamFromIdGen) or instance_name == self._instance_name:
+        if stream is None or writer == self._me:
             return
+        positions = stream.positions
 
         async def work() -> None:
             try:
-                final = await stream.get_stopped_writer_token(instance_name)
-                current = stream.current_token(instance_name)
+                final = await positions.stopped_writer_position(writer)
+                current = positions.received_position(writer)
                 if current < final:
-                    await self._catch_up(stream, instance_name, current, final)
+                    await self._catch_up(stream, writer, current, final)
             except Exception:
                 logger.warning(
                     "Reading the last rows of %s on %s failed; retrying in %.0f s",
-                    instance_name,
+                    writer,
                     stream_name,
                     CATCH_UP_RETRY_SECONDS,
                     exc_info=True,
                 )
-                self._retry_later(self.forget_writer, stream_name, instance_name)
+                self._retry_later(self.forget_writer, stream_name, writer)
                 return
-            key = (stream_name, instance_name)
+            key = (stream_name, writer)
             for seen in self._positions_seen.values():
                 seen.discard(key)
             self._pending_batches.pop(key, None)
             try:
-                REPLICATION_LAG.remove(stream_name, instance_name)
+                REPLICATION_LAG.remove(stream_name, writer)
             except KeyError:
                 pass
-            stream.id_gen.remove_writer(instance_name)
+            positions.forget_writer(writer)
 
         self._enqueue(stream_name, work)
-
-    # Other commands
-
-    def _resend_user_syncs(self, connection: ReplicationConnection) -> None:
-        presence = self._hs.presence_handler
-        for cmd in presence.get_user_sync_commands():
-            connection.send_command(cmd)
-
-
-__all__ = [
-    "ClearUserSyncCommand",
-    "FederationAckCommand",
-    "RemoteServerUpCommand",
-    "ReplicationCommandHandler",
-    "ReplicationDataHandler",
-    "UserIpCommand",
-    "UserSyncCommand",
-    "batch_updates",
-]

@@ -45,7 +45,6 @@ from synapse_lite.metrics import (
     REPLICATION_COMMANDS_IN,
     REPLICATION_COMMANDS_OUT,
 )
-from synapse_lite.replication.tcp.clock import Clock, cancel_call
 from synapse_lite.replication.tcp.commands import (
     DATA_COMMANDS,
     MAX_LINE_LENGTH,
@@ -57,6 +56,7 @@ from synapse_lite.replication.tcp.commands import (
     command_line,
     parse_command_from_line,
 )
+from synapse_lite.replication.tcp.reactor_time import ReactorTime, cancel_call
 
 if TYPE_CHECKING:
     from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
@@ -111,7 +111,7 @@ class ReplicationProtocol(LineOnlyReceiver):
     #: Commands the peer may send to this end.
     VALID_INBOUND: ClassVar[frozenset[type[Command]]]
 
-    def __init__(self, receiver: ReplicationCommandReceiver, clock: Clock) -> None:
+    def __init__(self, receiver: ReplicationCommandReceiver, clock: ReactorTime) -> None:
         self._receiver = receiver
         self._clock = clock
         self._state = ConnectionState.CONNECTING

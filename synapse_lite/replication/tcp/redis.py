@@ -63,7 +63,6 @@ from synapse_lite.metrics import (
     REPLICATION_COMMANDS_IN,
     REPLICATION_COMMANDS_OUT,
 )
-from synapse_lite.replication.tcp.clock import Clock, cancel_call
 from synapse_lite.replication.tcp.commands import (
     DATA_COMMANDS,
     MAX_LINE_LENGTH,
@@ -74,6 +73,7 @@ from synapse_lite.replication.tcp.commands import (
     command_line,
     parse_command_from_line,
 )
+from synapse_lite.replication.tcp.reactor_time import ReactorTime, cancel_call
 from synapse_lite.replication.tcp.redis_connections import (
     KEEPALIVE_TIMEOUT_SECONDS,
     ConnectionFactory,
@@ -109,7 +109,7 @@ class RedisReplicationBus:
         instance_name: str,
         receiver: ReplicationCommandReceiver,
         endpoint: IStreamClientEndpoint,
-        clock: Clock,
+        clock: ReactorTime,
         password: str | None = None,
         dbid: int = 0,
         channel_prefix: str = "",

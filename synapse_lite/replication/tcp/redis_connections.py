@@ -38,7 +38,7 @@ from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, connectionDone
 from twisted.python.failure import Failure
 
-from synapse_lite.replication.tcp.clock import Clock, cancel_call
+from synapse_lite.replication.tcp.reactor_time import ReactorTime, cancel_call
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class ConnectionOwner(Protocol):
 class Keepalive:
     """PINGs a Redis connection periodically; aborts it if Redis stays silent."""
 
-    def __init__(self, proto: txredisapi.BaseRedisProtocol, clock: Clock) -> None:
+    def __init__(self, proto: txredisapi.BaseRedisProtocol, clock: ReactorTime) -> None:
         self._proto = proto
         self._clock = clock
         self._next: IDelayedCall | None = None
@@ -226,7 +226,7 @@ def client_name(channel: str, instance_name: str, role: str) -> str:
 def connection_service(
     endpoint: IStreamClientEndpoint,
     factory: ConnectionFactory,
-    clock: Clock,
+    clock: ReactorTime,
     initial_delay: float,
     max_delay: float,
 ) -> ClientService:
@@ -237,7 +237,7 @@ def connection_service(
         delay = min(initial_delay * 2 ** min(failures - 1, 30), max_delay)
         return delay * random.uniform(0.8, 1.2)
 
-    # zope interfaces and our structural Clock defeat mypy here.
+    # zope interfaces and our structural ReactorTime defeat mypy here.
     return ClientService(
         endpoint, cast(Any, factory), retryPolicy=retry_delay, clock=cast(Any, clock)
     )

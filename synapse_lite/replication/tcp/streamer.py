@@ -1,6 +1,6 @@
 """Sending this process's streams: RDATA for new rows, POSITION for the rest.
 
-On each poke (an ID finished somewhere in this process), and once a second in
+On each poke (an id finished somewhere in this process), and once a second in
 any case, for every stream this process writes:
 
 * new rows go out as RDATA; rows sharing a token go as ``batch`` rows ending
@@ -8,8 +8,9 @@ any case, for every stream this process writes:
 * if the rows end below the stream's current position, a trailing
   ``POSITION last_row current`` follows;
 * a position that moved with no rows of ours (an idle writer catching up with
-  the ids it has seen) goes out as ``POSITION last current`` — so the minimum
-  position across writers never stalls behind an idle writer;
+  the ids it has seen) goes out as ``POSITION last current``, so the minimum
+  position across writers never stalls behind an idle writer (except on the
+  caches stream, where only our own invalidations matter to anyone);
 * after REPLICATE and on every new connection, ``POSITION s me p p`` for every
   stream, so newcomers learn where we are without being sent old rows.
 """
@@ -17,16 +18,18 @@ any case, for every stream this process writes:
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 
+from synapse_lite.clock import Clock
+from synapse_lite.replication.streams import Stream
 from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
-from synapse_lite.replication.tcp.streams import Stream
 
 if TYPE_CHECKING:
+    from synapse_lite.position_log import PositionLog
     from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
-    from synapse_lite.server import HomeServer
 
 logger = logging.getLogger(__name__)
 
@@ -38,36 +41,47 @@ class ReplicationStreamer:
     """Turns stream advances of this process into replication commands."""
 
     def __init__(
-        self, hs: HomeServer, handler: ReplicationCommandHandler, streams: list[Stream]
+        self,
+        *,
+        instance_name: str,
+        clock: Clock,
+        handler: ReplicationCommandHandler,
+        streams: Sequence[Stream],
+        position_log: PositionLog | None,
     ) -> None:
-        self._hs = hs
+        self._me = instance_name
+        self._clock = clock
         self._handler = handler
-        self._streams = streams
-        self._instance_name = hs.instance_name
-        self._position_log = hs.position_log
+        self._streams = list(streams)
+        self._position_log = position_log
         self._pending_updates = False
         self._is_looping = False
         self._should_announce_positions = True
-        self._loop_call = None
-        if streams:
-            hs.replication_notifier.add_replication_callback(self.on_notifier_poke)
-            self._loop_call = hs.clock.looping_call(
-                self.on_notifier_poke, ANNOUNCE_INTERVAL_SECONDS
-            )
-        handler.set_streamer(self.announce)
+        self._loop: task.LoopingCall | None = None
+        handler.on_new_connection(self.announce)
+
+    @property
+    def sourced_stream_names(self) -> list[str]:
+        return [s.name for s in self._streams]
+
+    # The announcement loop (a background loop of the process)
+
+    def start(self) -> None:
+        if self._streams:
+            self._loop = self._clock.looping_call(self.on_notifier_poke, ANNOUNCE_INTERVAL_SECONDS)
 
     def stop(self) -> None:
-        if self._loop_call is not None and self._loop_call.running:
-            self._loop_call.stop()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
 
     async def send_pending(self) -> None:
         """Send what is waiting now and return once it has gone (a stopping
         process's last rows; the caller bounds the wait)."""
         self.on_notifier_poke()
         while self._is_looping:
-            await self._hs.clock.sleep(0.01)
+            await self._clock.sleep(0.01)
 
-    def announce(self, everything: bool = True) -> None:
+    def announce(self) -> None:
         """Send every stream's position at the next opportunity."""
         self._should_announce_positions = True
         self.on_notifier_poke()
@@ -79,10 +93,10 @@ class ReplicationStreamer:
             # Nobody to tell: what happened meanwhile is read from the database
             # by whoever connects, after our POSITION.
             for stream in self._streams:
-                stream.discard_updates_and_advance()
+                stream.skip_unsent()
             return
         if not self._should_announce_positions and all(
-            s.last_token == s.current_token(self._instance_name) for s in self._streams
+            s.last_sent_position == s.positions.writer_position(self._me) for s in self._streams
         ):
             return
         self._pending_updates = True
@@ -98,7 +112,8 @@ class ReplicationStreamer:
                 if self._should_announce_positions:
                     self._should_announce_positions = False
                     for stream in self._streams:
-                        self._send_position(stream, stream.last_token, stream.last_token)
+                        last = stream.last_sent_position
+                        self._send_position(stream, last, last)
                 for stream in self._streams:
                     await self._send_stream(stream)
         except Exception:
@@ -108,34 +123,37 @@ class ReplicationStreamer:
             self._is_looping = False
 
     async def _send_stream(self, stream: Stream) -> None:
-        me = self._instance_name
-        if stream.last_token == stream.current_token(me):
+        if stream.last_sent_position == stream.positions.writer_position(self._me):
             return
-        last = stream.last_token
-        updates, current, limited = await stream.get_updates()
+        last = stream.last_sent_position
+        updates, current, limited = await stream.new_local_rows()
         if limited:
             self._pending_updates = True
         if not updates:
-            if stream.NAME == "caches" and stream.minimal_local_current_token() <= last:
+            if (
+                stream.definition.writers.any_process
+                and stream.positions.newest_local_write() <= last
+            ):
                 # Only other writers moved: echoing it would only add traffic.
                 return
             self._send_position(stream, last, current)
             return
+        encode = stream.definition.encode_row
         for i, (token, row) in enumerate(updates):
             shares_next = i + 1 < len(updates) and updates[i + 1][0] == token
             self._handler.send_command(
-                RdataCommand(stream.NAME, me, None if shares_next else token, row)
+                RdataCommand(stream.name, self._me, None if shares_next else token, encode(row))
             )
             if not shares_next:
-                self._log_position(stream.NAME, token)
+                self._log_position(stream.name, token)
         last_row_token = updates[-1][0]
         if last_row_token < current:
             self._send_position(stream, last_row_token, current)
 
     def _send_position(self, stream: Stream, prev: int, new: int) -> None:
-        self._handler.send_command(PositionCommand(stream.NAME, self._instance_name, prev, new))
-        self._log_position(stream.NAME, new)
+        self._handler.send_command(PositionCommand(stream.name, self._me, prev, new))
+        self._log_position(stream.name, new)
 
     def _log_position(self, stream_name: str, position: int) -> None:
         if self._position_log is not None:
-            self._position_log.position(stream_name, self._instance_name, position, "announce")
+            self._position_log.position(stream_name, self._me, position, "announce")

@@ -31,7 +31,6 @@ from twisted.internet.interfaces import IConnector
 from twisted.internet.protocol import ReconnectingClientFactory
 from twisted.python.failure import Failure
 
-from synapse_lite.replication.tcp.clock import Clock
 from synapse_lite.replication.tcp.commands import (
     AuthCommand,
     ClearUserSyncCommand,
@@ -50,6 +49,7 @@ from synapse_lite.replication.tcp.commands import (
     command_line,
 )
 from synapse_lite.replication.tcp.protocol import ReplicationProtocol
+from synapse_lite.replication.tcp.reactor_time import ReactorTime
 
 if TYPE_CHECKING:
     from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
@@ -143,7 +143,7 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         client_name: str,
         secret: str | None,
         receiver: ReplicationCommandReceiver,
-        clock: Clock,
+        clock: ReactorTime,
         *,
         initial_delay: float = 0.2,
         max_delay: int = 10,

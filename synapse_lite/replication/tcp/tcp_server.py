@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ServerFactory
 
-from synapse_lite.replication.tcp.clock import Clock, cancel_call
 from synapse_lite.replication.tcp.commands import (
     AuthCommand,
     ClearUserSyncCommand,
@@ -51,6 +50,7 @@ from synapse_lite.replication.tcp.commands import (
     command_line,
 )
 from synapse_lite.replication.tcp.protocol import PING_TIMEOUT_SECONDS, ReplicationProtocol
+from synapse_lite.replication.tcp.reactor_time import ReactorTime, cancel_call
 
 if TYPE_CHECKING:
     from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
@@ -159,7 +159,7 @@ class ReplicationServerFactory(ServerFactory):
         server_name: str,
         secret: str | None,
         receiver: ReplicationCommandReceiver,
-        clock: Clock,
+        clock: ReactorTime,
     ) -> None:
         if secret == "":
             raise ValueError("the replication secret must be non-empty, or None for none")

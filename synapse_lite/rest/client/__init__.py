@@ -6,16 +6,59 @@ handler and shape the response. See docs/client-api.md for what is served.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import attr
 
 from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client import account, room, sync, user_data, versions
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.clock import Clock
+    from synapse_lite.handlers.account_data import AccountDataHandler
+    from synapse_lite.handlers.auth import AuthHandler
+    from synapse_lite.handlers.device import DeviceHandler
+    from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+    from synapse_lite.handlers.filtering import FilteringHandler
+    from synapse_lite.handlers.login import LoginHandler
+    from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.handlers.pagination import PaginationHandler
+    from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.receipts import ReceiptsHandler
+    from synapse_lite.handlers.register import RegistrationHandler
+    from synapse_lite.handlers.room import RoomCreationHandler
+    from synapse_lite.handlers.room_member import RoomMemberHandler
+    from synapse_lite.handlers.sync import SyncHandler
+    from synapse_lite.handlers.typing import TypingHandlerBase
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
-def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
+@attr.s(slots=True, frozen=True, auto_attribs=True, kw_only=True)
+class ClientHandlers:
+    """What the client API calls: the handlers behind its servlets, built by
+    the composition root (``app/composition.py``)."""
+
+    clock: Clock
+    store: GenericWorkerStore
+    auth: AuthHandler
+    registration: RegistrationHandler
+    login: LoginHandler
+    devices: DeviceHandler
+    filtering: FilteringHandler
+    sync: SyncHandler
+    events: EventCreationHandler
+    room_creation: RoomCreationHandler
+    members: RoomMemberHandler
+    pagination: PaginationHandler
+    receipts: ReceiptsHandler
+    account_data: AccountDataHandler
+    device_messages: DeviceMessageHandler
+    typing: TypingHandlerBase
+    presence: PresenceHandlerBase
+
+
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     """Serve every client endpoint on ``resource``."""
-    for module in (versions, account, room, sync, user_data):
-        module.register_servlets(hs, resource)
+    modules: list[Any] = [versions, account, room, sync, user_data]
+    for module in modules:
+        module.register_servlets(handlers, resource)

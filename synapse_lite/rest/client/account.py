@@ -13,10 +13,10 @@ from synapse_lite.http.server import JsonResource, parse_json_object_from_reques
 from synapse_lite.rest.client._base import client_ip, client_path
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.rest.client import ClientHandlers
 
 
-def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def register(request: Request) -> tuple[int, Any]:
         kind = query_string(request, "kind", "user")
         if kind == "guest":
@@ -25,7 +25,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
             raise SynapseError(400, "Unknown kind", Codes.INVALID_PARAM)
         body = parse_json_object_from_request(request)
         try:
-            return 200, await hs.registration_handler.register(client_ip(request), body)
+            return 200, await handlers.registration.register(client_ip(request), body)
         except InteractiveAuthIncomplete as e:
             return 401, e.response
 
@@ -33,7 +33,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         username = query_string(request, "username")
         if username is None:
             raise SynapseError(400, "Missing 'username'", Codes.MISSING_PARAM)
-        await hs.registration_handler.check_username(username)
+        await handlers.registration.check_username(username)
         return 200, {"available": True}
 
     async def get_login(request: Request) -> tuple[int, Any]:
@@ -41,20 +41,20 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
 
     async def login(request: Request) -> tuple[int, Any]:
         body = parse_json_object_from_request(request)
-        return 200, await hs.login_handler.login(client_ip(request), body)
+        return 200, await handlers.login.login(client_ip(request), body)
 
     async def logout(request: Request) -> tuple[int, Any]:
-        requester = await hs.auth_handler.get_user_by_req(request)
-        await hs.login_handler.logout(requester, all_devices=False)
+        requester = await handlers.auth.get_user_by_req(request)
+        await handlers.login.logout(requester, all_devices=False)
         return 200, {}
 
     async def logout_all(request: Request) -> tuple[int, Any]:
-        requester = await hs.auth_handler.get_user_by_req(request)
-        await hs.login_handler.logout(requester, all_devices=True)
+        requester = await handlers.auth.get_user_by_req(request)
+        await handlers.login.logout(requester, all_devices=True)
         return 200, {}
 
     async def whoami(request: Request) -> tuple[int, Any]:
-        requester = await hs.auth_handler.get_user_by_req(request)
+        requester = await handlers.auth.get_user_by_req(request)
         return 200, {
             "user_id": requester.user_id,
             "device_id": requester.device_id,
@@ -62,11 +62,11 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         }
 
     async def admin_nonce(request: Request) -> tuple[int, Any]:
-        return 200, {"nonce": hs.registration_handler.new_nonce()}
+        return 200, {"nonce": handlers.registration.new_nonce()}
 
     async def admin_register(request: Request) -> tuple[int, Any]:
         body = parse_json_object_from_request(request)
-        handler = hs.registration_handler
+        handler = handlers.registration
         return 200, await handler.register_with_shared_secret(client_ip(request), body)
 
     resource.register_paths("POST", client_path("/register"), register, "register")

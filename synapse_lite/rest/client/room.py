@@ -16,23 +16,22 @@ from synapse_lite.http.server import (
     query_int,
     query_string,
 )
-from synapse_lite.replication.http._base import ReplicationClientError
 from synapse_lite.rest.client._base import client_path
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.rest.client import ClientHandlers
 
 ROOM = "/rooms/(?P<room_id>[^/]+)"
 MEMBERSHIPS = ("join", "invite", "leave", "ban")
 
 
-def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
-    auth = hs.auth_handler
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
+    auth = handlers.auth
 
     async def create_room(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         body = parse_json_object_from_request(request, allow_empty=True)
-        room_id = await hs.room_creation_handler.create_room(requester, body)
+        room_id = await handlers.room_creation.create_room(requester, body)
         return 200, {"room_id": room_id}
 
     async def join(request: Request, room_id: str) -> tuple[int, Any]:
@@ -41,7 +40,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
             raise SynapseError(404, "Room aliases are not supported", Codes.NOT_FOUND)
         check_room_id(room_id)
         parse_json_object_from_request(request, allow_empty=True)
-        await hs.room_member_handler.update_membership(requester, room_id, "join")
+        await handlers.members.update_membership(requester, room_id, "join")
         return 200, {"room_id": room_id}
 
     def membership_servlet(action: str) -> Any:
@@ -51,9 +50,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
             body = parse_json_object_from_request(request, allow_empty=True)
             target = None if action == "leave" else check_user_id(body.get("user_id"))
             reason = get_optional_str(body, "reason", max_length=1024)
-            await hs.room_member_handler.update_membership(
-                requester, room_id, action, target, reason
-            )
+            await handlers.members.update_membership(requester, room_id, action, target, reason)
             return 200, {}
 
         return servlet
@@ -64,7 +61,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         check_identifier_text(event_type, "eventType")
         check_identifier_text(txn_id, "txnId")
         content = parse_json_object_from_request(request)
-        event_id = await hs.event_creation_handler.send_client_event(
+        event_id = await handlers.events.send_client_event(
             requester, room_id, event_type, content, txn_id=txn_id
         )
         return 200, {"event_id": event_id}
@@ -77,7 +74,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         check_identifier_text(event_type, "eventType")
         check_identifier_text(state_key, "stateKey")
         content = parse_json_object_from_request(request)
-        event_id = await hs.event_creation_handler.send_client_event(
+        event_id = await handlers.events.send_client_event(
             requester, room_id, event_type, content, state_key=state_key
         )
         return 200, {"event_id": event_id}
@@ -87,15 +84,15 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
     ) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
-        return 200, await hs.pagination_handler.get_state_event(
+        return 200, await handlers.pagination.get_state_event(
             requester, room_id, event_type, state_key
         )
 
     async def get_state(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
-        now_ms = hs.clock.time_msec()
-        events = await hs.pagination_handler.get_state(requester, room_id)
+        now_ms = handlers.clock.time_msec()
+        events = await handlers.pagination.get_state(requester, room_id)
         return 200, [e.to_client_dict(now_ms) for e in events]
 
     async def messages(request: Request, room_id: str) -> tuple[int, Any]:
@@ -106,7 +103,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
             raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
         limit = query_int(request, "limit", 10, maximum=10_000)
         assert limit is not None
-        return 200, await hs.pagination_handler.get_messages(
+        return 200, await handlers.pagination.get_messages(
             requester,
             room_id,
             query_string(request, "from"),
@@ -123,8 +120,8 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         for value in (membership, not_membership):
             if value is not None and value not in MEMBERSHIPS:
                 raise SynapseError(400, "Unknown membership", Codes.INVALID_PARAM)
-        now_ms = hs.clock.time_msec()
-        events = await hs.pagination_handler.get_members(
+        now_ms = handlers.clock.time_msec()
+        events = await handlers.pagination.get_members(
             requester, room_id, membership, not_membership
         )
         return 200, {"chunk": [e.to_client_dict(now_ms) for e in events]}
@@ -132,14 +129,14 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
     async def joined_members(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
-        events = await hs.pagination_handler.get_members(requester, room_id, "join", None)
+        events = await handlers.pagination.get_members(requester, room_id, "join", None)
         return 200, {
             "joined": {e.state_key: {"display_name": None, "avatar_url": None} for e in events}
         }
 
     async def joined_rooms(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        rooms = await hs.datastore.get_rooms_for_user(requester.user_id)
+        rooms = await handlers.store.get_rooms_for_user(requester.user_id)
         return 200, {"joined_rooms": sorted(rooms)}
 
     async def typing(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
@@ -148,12 +145,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         if user_id != requester.user_id:
             raise AuthError(403, "Cannot set another user's typing state")
         is_typing, timeout = check_typing_request(parse_json_object_from_request(request))
-        try:
-            await hs.typing_handler.set_typing(
-                requester.user_id, user_id, room_id, is_typing, timeout
-            )
-        except ReplicationClientError:
-            raise SynapseError(503, "The typing writer is unavailable", Codes.UNKNOWN) from None
+        await handlers.typing.set_typing(requester.user_id, user_id, room_id, is_typing, timeout)
         return 200, {}
 
     async def receipt(
@@ -167,15 +159,15 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         if receipt_type == "m.fully_read":
             await read_marker(requester, room_id, event_id)
         else:
-            await hs.receipts_handler.send_receipt(
+            await handlers.receipts.send_receipt(
                 requester, room_id, receipt_type, event_id, thread_id
             )
         return 200, {}
 
     async def read_marker(requester: Any, room_id: str, event_id: str) -> None:
-        if requester.user_id not in await hs.datastore.get_users_in_room(room_id):
+        if requester.user_id not in await handlers.store.get_users_in_room(room_id):
             raise AuthError(403, "You are not in this room")
-        await hs.account_data_handler.set_account_data(
+        await handlers.account_data.set_account_data(
             requester.user_id, room_id, "m.fully_read", {"event_id": event_id}
         )
 
@@ -185,7 +177,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request)
         # Checked up front: a body with no marker in it would otherwise get a
         # 200 from a room the user is not in.
-        if requester.user_id not in await hs.datastore.get_users_in_room(room_id):
+        if requester.user_id not in await handlers.store.get_users_in_room(room_id):
             raise AuthError(403, "You are not in this room")
         for key in ("m.fully_read", "m.read", "m.read.private"):
             event_id = get_optional_str(body, key, max_length=255)
@@ -194,7 +186,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
             if key == "m.fully_read":
                 await read_marker(requester, room_id, event_id)
             else:
-                await hs.receipts_handler.send_receipt(requester, room_id, key, event_id, None)
+                await handlers.receipts.send_receipt(requester, room_id, key, event_id, None)
         return 200, {}
 
     register = resource.register_paths

@@ -16,13 +16,13 @@ from synapse_lite.http.server import (
 from synapse_lite.rest.client._base import client_path
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.rest.client import ClientHandlers
 
 PRESENCE_PARAMS = ("online", "offline", "unavailable")
 
 
-def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
-    auth = hs.auth_handler
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
+    auth = handlers.auth
 
     async def sync(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -33,11 +33,11 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         set_presence = query_string(request, "set_presence", "online")
         if set_presence not in PRESENCE_PARAMS:
             raise SynapseError(400, "Unknown 'set_presence'", Codes.INVALID_PARAM)
-        sync_filter = await hs.filtering_handler.get_sync_filter(
+        sync_filter = await handlers.filtering.get_sync_filter(
             requester.user_id, query_string(request, "filter")
         )
         assert timeout is not None and set_presence is not None
-        return 200, await hs.sync_handler.sync(
+        return 200, await handlers.sync.sync(
             requester,
             query_string(request, "since"),
             timeout,
@@ -51,14 +51,14 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         if user_id != requester.user_id:
             raise AuthError(403, "Cannot create filters for other users")
         body = parse_json_object_from_request(request)
-        filter_id = await hs.filtering_handler.add_filter(user_id, body)
+        filter_id = await handlers.filtering.add_filter(user_id, body)
         return 200, {"filter_id": str(filter_id)}
 
     async def get_filter(request: Request, user_id: str, filter_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         if user_id != requester.user_id:
             raise AuthError(403, "Cannot read other users' filters")
-        return 200, await hs.filtering_handler.get_filter(user_id, filter_id)
+        return 200, await handlers.filtering.get_filter(user_id, filter_id)
 
     resource.register_paths("GET", client_path("/sync"), sync, "sync")
     user_filter = "/user/(?P<user_id>[^/]+)/filter"

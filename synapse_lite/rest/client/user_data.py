@@ -6,23 +6,22 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
+from synapse_lite.api.content import check_content_size
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
-from synapse_lite.handlers.message import check_content_size
 from synapse_lite.handlers.presence import check_presence_state
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
-from synapse_lite.replication.http._base import ReplicationClientError
 from synapse_lite.rest.client._base import client_path
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.rest.client import ClientHandlers
 
 #: Account data types the server manages itself (the spec refuses them here).
 SERVER_MANAGED_TYPES = ("m.fully_read", "m.push_rules")
 
 
-def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
-    auth = hs.auth_handler
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
+    auth = handlers.auth
 
     async def own(request: Request, user_id: str) -> str:
         requester = await auth.get_user_by_req(request)
@@ -44,7 +43,7 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         check_type(data_type)
         content = parse_json_object_from_request(request)
         check_content_size(content)
-        await hs.account_data_handler.set_account_data(user_id, room_id, data_type, content)
+        await handlers.account_data.set_account_data(user_id, room_id, data_type, content)
         return 200, {}
 
     async def get_account_data(
@@ -53,44 +52,41 @@ def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
         await own(request, user_id)
         if room_id is not None:
             check_room_id(room_id)
-        return 200, await hs.account_data_handler.get_account_data(user_id, room_id, data_type)
+        return 200, await handlers.account_data.get_account_data(user_id, room_id, data_type)
 
     async def get_presence(request: Request, user_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_user_id(user_id)
         if user_id != requester.user_id:
-            mine = await hs.datastore.get_rooms_for_user(requester.user_id)
-            theirs = await hs.datastore.get_rooms_for_user(user_id)
+            mine = await handlers.store.get_rooms_for_user(requester.user_id)
+            theirs = await handlers.store.get_rooms_for_user(user_id)
             if not mine & theirs:
                 raise AuthError(403, "You do not share a room with this user")
-        state = await hs.presence_handler.get_state(user_id)
-        return 200, state.to_client_content(hs.clock.time_msec())
+        state = await handlers.presence.get_state(user_id)
+        return 200, state.to_client_content(handlers.clock.time_msec())
 
     async def put_presence(request: Request, user_id: str) -> tuple[int, Any]:
         await own(request, user_id)
         body = parse_json_object_from_request(request)
         presence, status_msg = body.get("presence"), body.get("status_msg")
         check_presence_state(presence, status_msg)
-        try:
-            await hs.presence_handler.set_state(user_id, presence, status_msg)
-        except ReplicationClientError:
-            raise SynapseError(503, "The presence writer is unavailable", Codes.UNKNOWN) from None
+        await handlers.presence.set_state(user_id, str(presence), status_msg)
         return 200, {}
 
     async def get_devices(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        return 200, {"devices": await hs.device_handler.get_devices(requester.user_id)}
+        return 200, {"devices": await handlers.devices.get_devices(requester.user_id)}
 
     async def get_device(request: Request, device_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        return 200, await hs.device_handler.get_device(requester.user_id, device_id)
+        return 200, await handlers.devices.get_device(requester.user_id, device_id)
 
     async def send_to_device(request: Request, event_type: str, txn_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_identifier_text(event_type, "eventType")
         check_identifier_text(txn_id, "txnId")
         body = parse_json_object_from_request(request)
-        await hs.device_message_handler.send_to_device(
+        await handlers.device_messages.send_to_device(
             requester,
             event_type,
             txn_id,

@@ -9,17 +9,17 @@ from twisted.web.server import Request
 from synapse_lite.http.server import JsonResource
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.rest.client import ClientHandlers
 
 SUPPORTED_VERSIONS = ["r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6"]
 
 
-def register_servlets(hs: HomeServer, resource: JsonResource) -> None:
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def on_get(request: Request) -> tuple[int, Any]:
         return 200, {"versions": SUPPORTED_VERSIONS, "unstable_features": {}}
 
     async def capabilities(request: Request) -> tuple[int, Any]:
-        await hs.auth_handler.get_user_by_req(request)
+        await handlers.auth.get_user_by_req(request)
         return 200, {
             "capabilities": {
                 "m.change_password": {"enabled": False},

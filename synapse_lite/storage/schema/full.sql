@@ -8,7 +8,7 @@ CREATE TABLE schema_version (
     upgraded_ts BIGINT NOT NULL
 );
 
--- Where each writer of each stream has got to: see storage/util/id_generators.py.
+-- Where each writer of each stream has got to: see storage/id_generators/.
 CREATE TABLE stream_positions (
     stream_name TEXT NOT NULL,
     instance_name TEXT NOT NULL,

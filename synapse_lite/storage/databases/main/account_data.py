@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
+from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder, page_of_updates
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
-from synapse_lite.storage.stream_ids import ACCOUNT_DATA
+from synapse_lite.streams.catalog import AccountDataStreamRow
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage._base import StoreContext
 
 #: The account data type under which tag changes appear on the stream.
 TAG_DATA_TYPE = "m.tag"
@@ -28,12 +28,11 @@ TAG_DATA_TYPE = "m.tag"
 class AccountDataWorkerStore(SQLBaseStore):
     """Account data and tags: reads anywhere, writes on the account_data writer."""
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         super().__init__(database, db_conn, hs)
-        self._account_data_id_gen = self.build_id_generator(db_conn, ACCOUNT_DATA)
-
-    def get_max_account_data_stream_id(self) -> int:
-        return self._account_data_id_gen.get_current_token()
+        self._account_data_id_gen = hs.id_generators.of("account_data")
 
     # Writes
 
@@ -81,34 +80,6 @@ class AccountDataWorkerStore(SQLBaseStore):
             return stream_id
 
         return await self.db_pool.runInteraction("add_account_data_to_room", txn_func)
-
-    async def set_room_tag(
-        self, user_id: str, room_id: str, tag: str, content: dict[str, Any] | None
-    ) -> int:
-        """Add (or with ``content=None`` remove) a tag; returns its stream id."""
-
-        def txn_func(txn: LoggingTransaction) -> int:
-            if content is None:
-                txn.execute(
-                    "DELETE FROM room_tags WHERE user_id = ? AND room_id = ? AND tag = ?",
-                    (user_id, room_id, tag),
-                )
-            else:
-                txn.execute(
-                    "INSERT INTO room_tags (user_id, room_id, tag, content) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (user_id, room_id, tag) DO UPDATE SET content = EXCLUDED.content",
-                    (user_id, room_id, tag, json_encoder(content)),
-                )
-            stream_id = self._account_data_id_gen.get_next_txn(txn)
-            txn.execute(
-                "INSERT INTO room_tags_revisions (user_id, room_id, stream_id, instance_name)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, room_id) DO UPDATE SET"
-                " stream_id = EXCLUDED.stream_id, instance_name = EXCLUDED.instance_name",
-                (user_id, room_id, stream_id, self._instance_name),
-            )
-            return stream_id
-
-        return await self.db_pool.runInteraction("set_room_tag", txn_func)
 
     # Reads
 
@@ -159,15 +130,17 @@ class AccountDataWorkerStore(SQLBaseStore):
 
     # The stream's update function
 
-    async def get_updated_account_data(
-        self, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[int, tuple[str, str | None, str]]], int, bool]:
-        """Changes in ``(last_id, current_id]``: ``(stream_id, (user_id,
-        room_id or None, data_type))``, ordered by stream id alone."""
+    async def get_account_data_stream_updates(
+        self, instance_name: str, last_id: int, current_id: int, limit: int
+    ) -> tuple[list[tuple[int, AccountDataStreamRow]], int, bool]:
+        """The account_data stream's update function: changes in ``(last_id,
+        current_id]``, ordered by stream id alone (the stream has one writer)."""
         rows = await self._account_data_rows(last_id, current_id, limit, None)
-        if len(rows) >= limit:
-            return rows, rows[-1][0], True
-        return rows, current_id, False
+        updates = [
+            (stream_id, AccountDataStreamRow(user_id=u, room_id=r, data_type=t))
+            for stream_id, (u, r, t) in rows
+        ]
+        return page_of_updates(updates, limit, current_id)
 
     async def _account_data_rows(
         self, last_id: int, current_id: int, limit: int | None, user_id: str | None
@@ -194,10 +167,3 @@ class AccountDataWorkerStore(SQLBaseStore):
             args.append(limit)
         rows = await self.db_pool.select("get_updated_account_data", sql, *args)
         return [(int(r[0]), (r[1], r[2], r[3])) for r in rows]
-
-    def process_replication_position(
-        self, stream_name: str, instance_name: str, token: int
-    ) -> None:
-        if stream_name == "account_data":
-            self._account_data_id_gen.advance(instance_name, token)
-        super().process_replication_position(stream_name, instance_name, token)

@@ -24,12 +24,3 @@ class ClientIpStore(SQLBaseStore):
             last_seen,
         )
 
-    async def get_last_client_ip_by_device(self, user_id: str) -> dict[str, tuple[str, str, int]]:
-        """device_id -> (ip, user_agent, last_seen) of the latest connection."""
-        rows = await self.db_pool.select(
-            "get_last_client_ip_by_device",
-            "SELECT device_id, ip, user_agent, last_seen FROM user_ips WHERE user_id = ?"
-            " ORDER BY last_seen ASC",
-            user_id,
-        )
-        return {r[0]: (r[1], r[2], int(r[3])) for r in rows}

@@ -15,21 +15,23 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
-from synapse_lite.storage.stream_ids import TO_DEVICE
+from synapse_lite.streams.catalog import ToDeviceStreamRow
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage._base import StoreContext
 
 
 class DeviceInboxWorkerStore(SQLBaseStore):
     """To-device messages: reads anywhere, writes on the to_device writer."""
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         super().__init__(database, db_conn, hs)
-        self._device_inbox_id_gen = self.build_id_generator(db_conn, TO_DEVICE)
+        self._device_inbox_id_gen = hs.id_generators.of("to_device")
 
     def get_to_device_stream_token(self) -> int:
-        return self._device_inbox_id_gen.get_current_token()
+        return self._device_inbox_id_gen.persisted_upto_position()
 
     async def add_messages_to_device_inbox(
         self,
@@ -139,9 +141,9 @@ class DeviceInboxWorkerStore(SQLBaseStore):
 
     async def get_all_new_device_messages(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[int, tuple[str]]], int, bool]:
-        """The to_device stream's update function: ``(stream_id, (entity,))``
-        where the entity is a local user id or a destination server name.
+    ) -> tuple[list[tuple[int, ToDeviceStreamRow]], int, bool]:
+        """The to_device stream's update function: one row per local user or
+        destination server with new messages.
 
         One message to many users shares one stream id, so a page always ends
         with every row of its last id.
@@ -156,23 +158,21 @@ class DeviceInboxWorkerStore(SQLBaseStore):
             ") AS changes ORDER BY stream_id ASC"
         )
 
-        def txn_func(txn: LoggingTransaction) -> tuple[list[tuple[int, tuple[str]]], int, bool]:
+        def updates(rows: list[tuple[Any, ...]]) -> list[tuple[int, ToDeviceStreamRow]]:
+            return [(int(r[0]), ToDeviceStreamRow(entity=r[1])) for r in rows]
+
+        def txn_func(
+            txn: LoggingTransaction,
+        ) -> tuple[list[tuple[int, ToDeviceStreamRow]], int, bool]:
             args = (last_id, current_id, instance_name) * 2
             txn.execute(sql + " LIMIT ?", (*args, limit))
             rows = txn.fetchall()
             if len(rows) < limit:
-                return [(int(r[0]), (r[1],)) for r in rows], current_id, False
+                return updates(rows), current_id, False
             upto = int(rows[-1][0])
             txn.execute(sql, (last_id, upto, instance_name) * 2)
-            return [(int(r[0]), (r[1],)) for r in txn.fetchall()], upto, True
+            return updates(txn.fetchall()), upto, True
 
         return await self.db_pool.runInteraction(
             "get_all_new_device_messages", txn_func, read_only=True
         )
-
-    def process_replication_position(
-        self, stream_name: str, instance_name: str, token: int
-    ) -> None:
-        if stream_name == "to_device":
-            self._device_inbox_id_gen.advance(instance_name, token)
-        super().process_replication_position(stream_name, instance_name, token)

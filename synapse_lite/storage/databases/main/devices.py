@@ -10,21 +10,20 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
-from synapse_lite.storage.stream_ids import DEVICE_LISTS
+from synapse_lite.streams.catalog import DeviceListsStreamRow
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage._base import StoreContext
 
 
 class DeviceWorkerStore(SQLBaseStore):
     """Device reads anywhere; device changes are written by the main process."""
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         super().__init__(database, db_conn, hs)
-        self._device_list_id_gen = self.build_id_generator(db_conn, DEVICE_LISTS)
-
-    def get_device_stream_token(self) -> int:
-        return self._device_list_id_gen.get_current_token()
+        self._device_list_id_gen = hs.id_generators.of("device_lists")
 
     async def get_devices_by_user(self, user_id: str) -> list[dict[str, Any]]:
         rows = await self.db_pool.select(
@@ -105,9 +104,8 @@ class DeviceWorkerStore(SQLBaseStore):
 
     async def get_all_device_list_changes(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[int, tuple[Any, ...]]], int, bool]:
-        """The device_lists stream's update function: ``(stream_id, (user_id,
-        device_id))``."""
+    ) -> tuple[list[tuple[int, DeviceListsStreamRow]], int, bool]:
+        """The device_lists stream's update function."""
         rows = await self.db_pool.select(
             "get_all_device_list_changes",
             "SELECT stream_id, user_id, device_id FROM device_lists_stream"
@@ -118,12 +116,5 @@ class DeviceWorkerStore(SQLBaseStore):
             instance_name,
             limit,
         )
-        updates = [(int(r[0]), (r[1], r[2])) for r in rows]
+        updates = [(int(r[0]), DeviceListsStreamRow(user_id=r[1], device_id=r[2])) for r in rows]
         return page_of_updates(updates, limit, current_id)
-
-    def process_replication_position(
-        self, stream_name: str, instance_name: str, token: int
-    ) -> None:
-        if stream_name == "device_lists":
-            self._device_list_id_gen.advance(instance_name, token)
-        super().process_replication_position(stream_name, instance_name, token)

@@ -87,18 +87,13 @@ class EventsStore(EventsWorkerStore):
                 if event.type == "m.room.member" and event.state_key is not None:
                     members_changed[room_id].add(event.state_key)
                 self._update_current_state_txn(txn, event)
-            txn.call_after(
-                self.invalidate_caches_for_event,
-                event.event_id,
-                event.room_id,
-                event.type,
-                event.state_key,
-                event.redacts,
-            )
+            txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             persisted.append(event)
         self._insert_events_txn(txn, persisted)
+        # Other processes learn of state changes from this transaction's rows
+        # on the events stream (no caches-stream rows needed).
         for room_id in sorted(state_changed):
-            self.invalidate_state_caches_and_stream_txn(txn, room_id, members_changed[room_id])
+            txn.call_after(self.invalidate_state_caches, room_id, members_changed[room_id])
         return persisted
 
     def _record_persisted_positions(self, persisted: list[Event]) -> None:

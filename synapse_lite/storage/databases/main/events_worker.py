@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.events import Event
-from synapse_lite.storage._base import db_to_json
+from synapse_lite.storage._base import db_to_json, page_of_updates
 from synapse_lite.storage.caches import LruCache
 from synapse_lite.storage.change_tracker import StreamChangeTracker
 from synapse_lite.storage.database import (
@@ -16,11 +16,15 @@ from synapse_lite.storage.database import (
     LoggingTransaction,
 )
 from synapse_lite.storage.databases.main.cache import CacheInvalidationWorkerStore
-from synapse_lite.storage.stream_ids import BACKFILL, EVENTS
+from synapse_lite.streams.catalog import (
+    BackfillStreamRow,
+    EventsStreamCurrentStateRow,
+    EventsStreamEventRow,
+)
 from synapse_lite.tokens import RoomStreamToken
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage._base import StoreContext
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +55,11 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
 class EventsWorkerStore(CacheInvalidationWorkerStore):
     """Events by id, the events stream's positions and its update function."""
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         super().__init__(database, db_conn, hs)
-        self._stream_id_gen = self.build_id_generator(db_conn, EVENTS)
-        self._backfill_id_gen = self.build_id_generator(db_conn, BACKFILL)
+        self._stream_id_gen = hs.id_generators.of("events")
         self._event_cache: LruCache[Event] = LruCache(hs.config.caches.event_cache_entries)
         #: Rooms with new events, and users with new memberships, by position.
         self.room_changes = StreamChangeTracker(self.get_room_max_token)
@@ -84,16 +89,16 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         lift that past rows of a writer this process has not processed yet.
         """
         id_gen = self._stream_id_gen
-        positions = id_gen.get_positions()
+        positions = id_gen.known_writer_positions()
         me = self._instance_name
         if me in positions:
-            positions[me] = id_gen.get_current_token_for_writer(me)
+            positions[me] = id_gen.writer_position(me)
         if not positions:
-            return RoomStreamToken(id_gen.get_current_token())
+            return RoomStreamToken(id_gen.persisted_upto_position())
         return RoomStreamToken.from_positions(min(positions.values()), positions)
 
     def get_room_max_stream_ordering(self) -> int:
-        return self._stream_id_gen.get_current_token()
+        return self._stream_id_gen.persisted_upto_position()
 
     # Events by id
 
@@ -146,17 +151,13 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
 
     # The events stream's update functions
 
-    async def get_events_stream_rows(
+    async def get_events_stream_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-        """What ``instance_name`` wrote to the events stream in ``(last_id,
-        current_id]``, oldest first, at most ``limit`` of each kind, read in one
-        transaction:
-
-        * events: ``(stream_ordering, event_id, room_id, type, state_key,
-          redacts, membership, outlier)``;
-        * current-state changes: ``(stream_id, room_id, type, state_key, event_id)``.
-        """
+    ) -> tuple[list[tuple[int, Any]], int, bool]:
+        """The events stream's update function: the events ``instance_name``
+        wrote in ``(last_id, current_id]`` and the current-state changes they
+        made, oldest first, read in one transaction. For one id the event's
+        row comes before its state rows."""
 
         def txn_func(
             txn: LoggingTransaction,
@@ -179,14 +180,52 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             )
             return events, [tuple(r) for r in txn.fetchall()]
 
-        return await self.db_pool.runInteraction("get_events_stream_rows", txn_func, read_only=True)
+        event_rows, state_rows = await self.db_pool.runInteraction(
+            "get_events_stream_updates", txn_func, read_only=True
+        )
+        upto, limited = current_id, False
+        # Each state row has the id of the one event that made it, so no id is
+        # split between pages; stop where the first truncated source stops so
+        # nothing of a later id goes out before an earlier one.
+        if len(event_rows) >= limit:
+            upto, limited = event_rows[-1][0], True
+        if len(state_rows) >= limit:
+            upto, limited = min(upto, state_rows[-1][0]), True
+        updates: list[tuple[int, Any]] = [
+            (
+                int(r[0]),
+                EventsStreamEventRow(
+                    event_id=r[1],
+                    room_id=r[2],
+                    type=r[3],
+                    state_key=r[4],
+                    redacts=r[5],
+                    relates_to=None,
+                    membership=r[6],
+                    rejected=False,
+                    outlier=bool(r[7]),
+                ),
+            )
+            for r in event_rows
+            if r[0] <= upto
+        ]
+        updates.extend(
+            (
+                int(r[0]),
+                EventsStreamCurrentStateRow(room_id=r[1], type=r[2], state_key=r[3], event_id=r[4]),
+            )
+            for r in state_rows
+            if r[0] <= upto
+        )
+        # Stable: for one id the event row stays before its state rows.
+        updates.sort(key=lambda u: u[0])
+        return updates, upto, limited
 
-    async def get_all_new_backfill_event_rows(
+    async def get_backfill_stream_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> list[tuple[Any, ...]]:
-        """Backfilled events in ``(last_id, current_id]`` of the (positive on the
-        wire) backfill stream: ``(token, event_id, room_id, type, state_key,
-        redacts)``."""
+    ) -> tuple[list[tuple[int, BackfillStreamRow]], int, bool]:
+        """The backfill stream's update function (positions positive, as on
+        the wire: the negation of the events' stream orderings)."""
 
         def txn_func(txn: LoggingTransaction) -> list[tuple[Any, ...]]:
             txn.execute(
@@ -197,59 +236,50 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             )
             return [tuple(r) for r in txn.fetchall()]
 
-        return await self.db_pool.runInteraction(
-            "get_all_new_backfill_event_rows", txn_func, read_only=True
+        rows = await self.db_pool.runInteraction(
+            "get_backfill_stream_updates", txn_func, read_only=True
         )
+        updates = [
+            (
+                int(r[0]),
+                BackfillStreamRow(
+                    event_id=r[1],
+                    room_id=r[2],
+                    type=r[3],
+                    state_key=r[4],
+                    redacts=r[5],
+                    relates_to=None,
+                ),
+            )
+            for r in rows
+        ]
+        return page_of_updates(updates, limit, current_id)
 
-    # Replication
+    # What new events make stale
 
-    def invalidate_caches_for_event(
-        self,
-        event_id: str,
-        room_id: str,
-        event_type: str,
-        state_key: str | None,
-        redacts: str | None,
-    ) -> None:
-        """Forget what a new event makes stale (here, and on receivers of its row)."""
+    def invalidate_caches_for_event(self, event_id: str, redacts: str | None) -> None:
+        """Forget what one new event makes stale beyond its room's state."""
         if redacts:
             self.invalidate_event_cache(redacts)
-        if state_key is not None:
-            self.invalidate_cache_by_name("get_current_state_ids", [room_id])
-            self.invalidate_cache_by_name("get_room_summary", [room_id])
-        if event_type == "m.room.member" and state_key is not None:
-            self.invalidate_cache_by_name("get_rooms_for_user", [state_key])
-            self.invalidate_cache_by_name("get_local_memberships_with_positions", [state_key])
-            self.invalidate_cache_by_name("get_users_in_room", [room_id])
 
-    def process_replication_rows(
-        self, stream_name: str, instance_name: str, token: int, rows: Iterable[Any]
-    ) -> None:
-        if stream_name == "events":
-            for row in rows:
-                data = row.data
-                if row.type == "ev":
-                    self.invalidate_caches_for_event(
-                        data.event_id, data.room_id, data.type, data.state_key, data.redacts
-                    )
-                    self.record_event_position(
-                        data.room_id, data.type, data.state_key, instance_name, token
-                    )
-                elif row.type == "state":
-                    self.invalidate_cache_by_name("get_current_state_ids", [data.room_id])
-        elif stream_name == "backfill":
-            for row in rows:
-                self.invalidate_caches_for_event(
-                    row.event_id, row.room_id, row.type, row.state_key, row.redacts
-                )
-        super().process_replication_rows(stream_name, instance_name, token, rows)
+    def invalidate_for_events_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
+        """Rows of the events stream another process wrote (one batch, one
+        id): forget what they make stale, each room's state caches once, and
+        note where rooms and memberships changed."""
+        state_changed: dict[str, set[str]] = {}
+        for row in rows:
+            if isinstance(row, EventsStreamEventRow):
+                self.invalidate_caches_for_event(row.event_id, row.redacts)
+                self.record_event_position(row.room_id, row.type, row.state_key, writer, token)
+                if row.state_key is not None:
+                    members = state_changed.setdefault(row.room_id, set())
+                    if row.type == "m.room.member":
+                        members.add(row.state_key)
+            else:
+                state_changed.setdefault(row.room_id, set())
+        for room_id, members in state_changed.items():
+            self.invalidate_state_caches(room_id, members)
 
-    def process_replication_position(
-        self, stream_name: str, instance_name: str, token: int
-    ) -> None:
-        if stream_name == "events":
-            self._stream_id_gen.advance(instance_name, token)
-        elif stream_name == "backfill":
-            # Positive on the wire, negative in the generator.
-            self._backfill_id_gen.advance(instance_name, -token)
-        super().process_replication_position(stream_name, instance_name, token)
+    def invalidate_for_backfill_rows(self, rows: Sequence[BackfillStreamRow]) -> None:
+        for row in rows:
+            self.invalidate_caches_for_event(row.event_id, row.redacts)

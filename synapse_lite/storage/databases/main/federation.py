@@ -20,7 +20,7 @@ from synapse_lite.storage.database import (
 )
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage._base import StoreContext
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -44,7 +44,9 @@ class RetryState:
 class FederationWorkerStore(SQLBaseStore):
     """The federation tables (see the module docstring)."""
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         super().__init__(database, db_conn, hs)
 
     # Remote servers' keys

@@ -12,10 +12,10 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
-from synapse_lite.storage.stream_ids import PRESENCE
+from synapse_lite.streams.catalog import PresenceStreamRow
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage._base import StoreContext
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -67,12 +67,11 @@ def _state_from_row(row: tuple[Any, ...]) -> UserPresenceState:
 class PresenceWorkerStore(SQLBaseStore):
     """Presence: reads anywhere, writes on the presence writer."""
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         super().__init__(database, db_conn, hs)
-        self._presence_id_gen = self.build_id_generator(db_conn, PRESENCE)
-
-    def get_current_presence_token(self) -> int:
-        return self._presence_id_gen.get_current_token()
+        self._presence_id_gen = hs.id_generators.of("presence")
 
     async def update_presence(self, states: list[UserPresenceState]) -> int:
         """Store new states (one stream id each); returns the last stream id."""
@@ -137,10 +136,8 @@ class PresenceWorkerStore(SQLBaseStore):
 
     async def get_all_presence_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[int, tuple[Any, ...]]], int, bool]:
-        """The presence stream's update function: ``(stream_id, (user_id, state,
-        last_active_ts, last_federation_update_ts, last_user_sync_ts,
-        status_msg, currently_active))``."""
+    ) -> tuple[list[tuple[int, PresenceStreamRow]], int, bool]:
+        """The presence stream's update function."""
         rows = await self.db_pool.select(
             "get_all_presence_updates",
             f"SELECT stream_id, {_COLUMNS} FROM presence_stream"
@@ -151,12 +148,7 @@ class PresenceWorkerStore(SQLBaseStore):
             instance_name,
             limit,
         )
-        updates = [(int(r[0]), attr.astuple(_state_from_row(r[1:]))) for r in rows]
+        updates = [
+            (int(r[0]), PresenceStreamRow(**attr.asdict(_state_from_row(r[1:])))) for r in rows
+        ]
         return page_of_updates(updates, limit, current_id)
-
-    def process_replication_position(
-        self, stream_name: str, instance_name: str, token: int
-    ) -> None:
-        if stream_name == "presence":
-            self._presence_id_gen.advance(instance_name, token)
-        super().process_replication_position(stream_name, instance_name, token)

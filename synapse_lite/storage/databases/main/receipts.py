@@ -10,21 +10,20 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
-from synapse_lite.storage.stream_ids import RECEIPTS
+from synapse_lite.streams.catalog import ReceiptsStreamRow
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage._base import StoreContext
 
 
 class ReceiptsWorkerStore(SQLBaseStore):
     """Receipts: reads anywhere, writes on the receipts writer."""
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         super().__init__(database, db_conn, hs)
-        self._receipts_id_gen = self.build_id_generator(db_conn, RECEIPTS)
-
-    def get_max_receipt_stream_id(self) -> int:
-        return self._receipts_id_gen.get_current_token()
+        self._receipts_id_gen = hs.id_generators.of("receipts")
 
     async def insert_receipt(
         self,
@@ -82,9 +81,8 @@ class ReceiptsWorkerStore(SQLBaseStore):
 
     async def get_all_updated_receipts(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[int, tuple[Any, ...]]], int, bool]:
-        """The receipts stream's update function: ``(stream_id, (room_id,
-        receipt_type, user_id, event_id, thread_id, data))``."""
+    ) -> tuple[list[tuple[int, ReceiptsStreamRow]], int, bool]:
+        """The receipts stream's update function."""
         rows = await self.db_pool.select(
             "get_all_updated_receipts",
             "SELECT stream_id, room_id, receipt_type, user_id, event_id, thread_id, data"
@@ -95,12 +93,18 @@ class ReceiptsWorkerStore(SQLBaseStore):
             instance_name,
             limit,
         )
-        updates = [(int(r[0]), (r[1], r[2], r[3], r[4], r[5], db_to_json(r[6]))) for r in rows]
+        updates = [
+            (
+                int(r[0]),
+                ReceiptsStreamRow(
+                    room_id=r[1],
+                    receipt_type=r[2],
+                    user_id=r[3],
+                    event_id=r[4],
+                    thread_id=r[5],
+                    data=db_to_json(r[6]),
+                ),
+            )
+            for r in rows
+        ]
         return page_of_updates(updates, limit, current_id)
-
-    def process_replication_position(
-        self, stream_name: str, instance_name: str, token: int
-    ) -> None:
-        if stream_name == "receipts":
-            self._receipts_id_gen.advance(instance_name, token)
-        super().process_replication_position(stream_name, instance_name, token)

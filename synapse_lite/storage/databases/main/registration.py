@@ -52,23 +52,6 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
             "deactivated": bool(r[4]),
         }
 
-    async def add_access_token(
-        self, user_id: str, device_id: str, token_hash: str, device_display_name: str | None
-    ) -> bool:
-        """Record a token for a (possibly new) device; returns whether the
-        device is new."""
-
-        def txn_func(txn: LoggingTransaction) -> bool:
-            new_device = self.store_device_txn(txn, user_id, device_id, device_display_name)
-            txn.execute(
-                "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
-                " VALUES (?, ?, ?, ?)",
-                (token_hash, user_id, device_id, self.clock.time_msec()),
-            )
-            return new_device
-
-        return await self.db_pool.runInteraction("add_access_token", txn_func)
-
     @cached(max_entries=100_000)
     async def get_user_by_access_token(self, token_hash: str) -> tuple[str, str] | None:
         """``(user_id, device_id)`` owning a token, or None."""
@@ -80,16 +63,6 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
             token_hash,
         )
         return (rows[0][0], rows[0][1]) if rows else None
-
-    async def delete_access_token(self, token_hash: str) -> None:
-        """Revoke a token here and, through the caches stream, everywhere."""
-
-        def txn_func(txn: LoggingTransaction) -> None:
-            txn.execute("DELETE FROM access_tokens WHERE token_hash = ?", (token_hash,))
-            self.send_invalidation_txn(txn, "get_user_by_access_token", [token_hash])
-            txn.call_after(self.get_user_by_access_token.invalidate, token_hash)
-
-        await self.db_pool.runInteraction("delete_access_token", txn_func)
 
     async def replace_access_tokens(
         self, user_id: str, device_id: str, token_hash: str, device_display_name: str | None

@@ -100,12 +100,20 @@ class RoomWorkerStore(RoomMemberWorkerStore):
         )
         return (True, rows[0][0]) if rows else (False, None)
 
-    async def get_event_writer_for_room(self, room_id: str) -> str | None:
+    async def room_exists(self, room_id: str) -> bool:
+        exists, _ = await self._get_event_writer_for_room(room_id)
+        if not exists:
+            # Not cached as missing: the room may be created in a moment.
+            self._get_event_writer_for_room.invalidate(room_id)
+        return exists
+
+    async def get_event_writer_for_room(self, room_id: str, writers: Sequence[str]) -> str | None:
         """The events writer of an existing room, or None if there is no such room.
 
         A room created before writers were recorded (NULL) gets the stable hash
-        over this process's writers; the main process assigns such rooms for
-        good at startup (:meth:`reassign_rooms_of_removed_writers`).
+        over ``writers`` (the events writers this process knows of); the main
+        process assigns such rooms for good at startup
+        (:meth:`reassign_rooms_of_removed_writers`).
         """
         exists, writer = await self._get_event_writer_for_room(room_id)
         if not exists:
@@ -113,7 +121,7 @@ class RoomWorkerStore(RoomMemberWorkerStore):
             self._get_event_writer_for_room.invalidate(room_id)
             return None
         if writer is None:
-            return choose_event_writer(room_id, self.hs.instance_directory.event_writers())
+            return choose_event_writer(room_id, writers)
         return writer
 
     def invalidate_event_writer(self, room_id: str | None) -> None:

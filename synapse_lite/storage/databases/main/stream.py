@@ -20,7 +20,7 @@ from synapse_lite.storage.databases.main.events_worker import (
 from synapse_lite.tokens import RoomStreamToken
 
 if TYPE_CHECKING:
-    from synapse_lite.server import HomeServer
+    from synapse_lite.storage._base import StoreContext
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,9 @@ logger = logging.getLogger(__name__)
 class StreamWorkerStore(EventsWorkerStore):
     """Stream tokens and room timelines."""
 
-    def __init__(self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: HomeServer):
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
         super().__init__(database, db_conn, hs)
         self._instance_ids: dict[str, int] = {}
         self._instance_names: dict[int, str] = {}

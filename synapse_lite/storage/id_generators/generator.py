@@ -1,24 +1,22 @@
-"""Stream id allocation and stream positions, for one or many writers.
+"""Stream id allocation, for one or many writers, over the database.
 
-Vocabulary (ids are shown positive; a negative stream such as backfill hands out
--1, -2, ... and every public value is negated):
+The arithmetic of positions (a writer's position, persisted-up-to, what a
+POSITION or an RDATA row does) is :class:`~.positions.StreamPositions`; this
+shell feeds it. It loads positions once, synchronously, from the startup
+connection (the ``stream_positions`` table, the sequence, and only the rows at
+or after the smallest stored position; nothing is loaded lazily afterwards),
+allocates ids from the stream's sequence, marks them finished when their
+transaction ends, records this writer's position in ``stream_positions``
+(outside the data transaction, coalesced), and reports positions as metrics
+and to the position log. It holds a lock around the model: allocation and
+finishing happen on database threads.
 
-* A **writer** allocates ids from the stream's sequence, persists rows with them,
-  and marks them finished (committed or failed), possibly out of order.
-* A writer's **current position** is the largest id P such that every id it
-  allocated up to P has finished. A writer with nothing in flight reports the
-  largest id it has seen allocated by anyone: it cannot later write below it.
-* The **persisted-up-to position** is the largest id below which every id
-  allocated by any writer has finished. It never decreases.
-
-Positions are built once, synchronously, from the startup connection: from the
-``stream_positions`` table, the sequence, and only the rows at or after the
-smallest stored position. Nothing is loaded lazily afterwards.
+Ids are shown positive; a negative stream such as backfill hands out -1, -2,
+... and every public value here is negated (the model works in positive ids).
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 from collections.abc import Sequence
@@ -37,7 +35,8 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
-from synapse_lite.storage.util.sequence import SequenceGenerator
+from synapse_lite.storage.id_generators.positions import StreamPositions
+from synapse_lite.storage.id_generators.sequence import SequenceGenerator
 
 if TYPE_CHECKING:
     from synapse_lite.position_log import PositionLog
@@ -99,20 +98,8 @@ class MultiWriterIdGenerator:
         self._sequence = SequenceGenerator(db.engine, sequence_name)
 
         self._lock = threading.Lock()
-        # Everything below is guarded by _lock and holds positive ids.
-        self._current_positions: dict[str, int] = {}
-        self._unfinished_ids: set[int] = set()
-        # For each sequence fetch under way, the largest id seen when it began:
-        # the fetch may return anything above it, so nothing above it is safe.
-        self._in_flight_fetches: list[int] = []
-        self._finished_ids: set[int] = set()
-        self._persisted_upto_position = 0
-        self._known_persisted_positions: list[int] = []
-        self._max_seen_allocated_stream_id = 0
-        self._max_position_of_local_instance = 0
-        #: The largest id this process has finished: may be above its position
-        #: while smaller ids (or a fetch that may return one) are outstanding.
-        self._max_finished_local_id = 0
+        #: Guarded by _lock; positive ids.
+        self._model = StreamPositions(instance_name)
 
         #: Rows read at startup after the stored positions (diagnostics: it must
         #: not grow with the size of the stream's tables).
@@ -129,25 +116,21 @@ class MultiWriterIdGenerator:
                 positive=positive,
             )
         self._load_current_ids(db_conn, prune_removed_writers)
-
-        self._max_seen_allocated_stream_id = max(
-            max(self._current_positions.values(), default=0), self._persisted_upto_position
-        )
-        self._max_position_of_local_instance = self._max_seen_allocated_stream_id
-        if not self._writers:
-            self._current_positions[self._instance_name] = self._persisted_upto_position
-        self._update_gauges()
+        with self._lock:
+            self._update_gauges()
         logger.info(
             "Loaded stream %s: persisted up to %d, positions %s (%d rows read)",
             stream_name,
-            self.get_persisted_upto_position(),
-            self.get_positions(),
+            self.persisted_upto_position(),
+            self.known_writer_positions(),
             self.startup_rows_read,
         )
 
     # Loading
 
     def _load_current_ids(self, db_conn: LoggingDatabaseConnection, prune: bool) -> None:
+        positions: dict[str, int] = {}
+        rows: list[tuple[str, int]] = []
         with db_conn.transaction(f"_load_current_ids({self.stream_name})") as txn:
             if self._writers:
                 if prune:
@@ -169,20 +152,18 @@ class MultiWriterIdGenerator:
                 )
                 for instance, stream_id in txn.fetchall():
                     if instance in self._writers:
-                        self._current_positions[instance] = int(stream_id) * self._factor
+                        positions[instance] = int(stream_id) * self._factor
 
                 if self._instance_name in self._writers:
                     # A writer starting up has nothing in flight: everything it
                     # ever allocated has committed or rolled back.
-                    self._current_positions[self._instance_name] = self._sequence.get_max_allocated(
-                        txn
-                    )
+                    positions[self._instance_name] = self._sequence.get_max_allocated(txn)
 
-            min_position = min(self._current_positions.values(), default=None)
+            min_position = min(positions.values(), default=None)
             if min_position is None:
                 # No stored positions at all: the only whole-table aggregate,
                 # a MAX on the indexed id column.
-                upto = 0
+                persisted_upto = 0
                 for table, _, id_column in self._tables:
                     if self._positive:
                         txn.execute(f"SELECT MAX({id_column}) FROM {table}")
@@ -190,13 +171,11 @@ class MultiWriterIdGenerator:
                         txn.execute(f"SELECT -MIN({id_column}) FROM {table}")
                     row = txn.fetchone()
                     if row and row[0] is not None:
-                        upto = max(upto, int(row[0]))
-                self._persisted_upto_position = upto
+                        persisted_upto = max(persisted_upto, int(row[0]))
             else:
-                self._persisted_upto_position = min_position
+                persisted_upto = min_position
                 # Rows written after the last stored positions (positions are
                 # recorded after the rows, so they may lag).
-                rows: list[tuple[str, int]] = []
                 for table, instance_column, id_column in self._tables:
                     if self._positive:
                         txn.execute(
@@ -212,28 +191,21 @@ class MultiWriterIdGenerator:
                             (-min_position,),
                         )
                         rows.extend((r[0], -int(r[1])) for r in txn.fetchall())
-                rows.sort(key=lambda r: r[1])
                 self.startup_rows_read = len(rows)
-                with self._lock:
-                    for instance, stream_id in rows:
-                        self._add_persisted_position(stream_id)
-                        if instance == self._instance_name:
-                            self._current_positions[instance] = max(
-                                self._current_positions.get(instance, 0), stream_id
-                            )
 
-            # A writer unknown to the table, or coming back after being away,
-            # has written nothing since: it starts at persisted-up-to.
-            for writer in self._writers:
-                self._current_positions.setdefault(writer, self._persisted_upto_position)
+            with self._lock:
+                # A writer unknown to the table, or coming back after being
+                # away, has written nothing since: it starts at persisted-up-to.
+                self._model.load(
+                    positions, persisted_upto, rows, self._writers, any_writer=not self._writers
+                )
 
             if self._instance_name in self._writers:
                 # Be in the table before allocating anything: a process starting
                 # while we have ids in flight must not take us for a writer that
                 # has never written, and put us at its persisted-up-to.
-                self._upsert_position_txn(
-                    txn, self._current_positions[self._instance_name] * self._factor
-                )
+                own = self._model.known_writer_positions()[self._instance_name]
+                self._upsert_position_txn(txn, own * self._factor)
 
     # Allocation
 
@@ -251,18 +223,14 @@ class MultiWriterIdGenerator:
 
     def _load_next_mult_id_txn(self, txn: LoggingTransaction, n: int) -> list[int]:
         with self._lock:
-            current_max = self._max_seen_allocated_stream_id
-            self._in_flight_fetches.append(current_max)
+            marker = self._model.begin_fetch()
         try:
             ids = self._sequence.get_next_mult_txn(txn, n)
             with self._lock:
-                self._unfinished_ids.update(ids)
-                self._max_seen_allocated_stream_id = max(
-                    self._max_seen_allocated_stream_id, ids[-1]
-                )
+                self._model.fetched(ids)
         finally:
             with self._lock:
-                self._in_flight_fetches.remove(current_max)
+                self._model.end_fetch(marker)
         return ids
 
     def get_next(self) -> _IdAllocation[int]:
@@ -317,51 +285,18 @@ class MultiWriterIdGenerator:
                     self.stream_name, self._instance_name, i * self._factor, committed
                 )
         with self._lock:
-            for i in ids:
-                self._unfinished_ids.discard(i)
-                self._finished_ids.add(i)
-            if ids:
-                self._max_finished_local_id = max(self._max_finished_local_id, *ids)
-
-            new_current: int | None
-            if self._unfinished_ids or self._in_flight_fetches:
-                first_unsafe = min(self._unfinished_ids, default=None)
-                if self._in_flight_fetches:
-                    fetch_floor = min(self._in_flight_fetches) + 1
-                    first_unsafe = (
-                        fetch_floor if first_unsafe is None else min(first_unsafe, fetch_floor)
-                    )
-                assert first_unsafe is not None
-                below = [i for i in self._finished_ids if i < first_unsafe]
-                new_current = max(below, default=None)
-                self._finished_ids = {i for i in self._finished_ids if i >= first_unsafe}
-            else:
-                new_current = max(self._finished_ids, default=None)
-                self._finished_ids.clear()
-
-            if new_current is not None:
-                me = self._instance_name
-                self._current_positions[me] = max(self._current_positions.get(me, 0), new_current)
-                self._max_position_of_local_instance = max(
-                    self._max_position_of_local_instance, new_current
-                )
-            for i in ids:
-                self._add_persisted_position(i)
+            self._model.finish(ids)
             self._update_gauges()
 
     # Reading positions
 
-    def get_current_token(self) -> int:
-        """The persisted-up-to position: every id up to it, by any writer, has
-        finished. Safe as a lower bound for readers of the whole stream."""
-        return self.get_persisted_upto_position()
-
-    def get_persisted_upto_position(self) -> int:
-        """See :meth:`get_current_token`."""
+    def persisted_upto_position(self) -> int:
+        """Every id up to it, by any writer, has finished: safe as a lower
+        bound for readers of the whole stream."""
         with self._lock:
-            return self._persisted_upto_position * self._factor
+            return self._model.persisted_upto * self._factor
 
-    def get_current_token_for_writer(self, instance_name: str) -> int:
+    def writer_position(self, instance_name: str) -> int:
         """The position of one writer: it has no unseen rows at or below it.
 
         For this process it may run ahead of its last write (an idle writer
@@ -369,15 +304,9 @@ class MultiWriterIdGenerator:
         reported at least at persisted-up-to.
         """
         with self._lock:
-            if instance_name == self._instance_name:
-                return self._max_position_of_local_instance * self._factor
-            pos = max(
-                self._current_positions.get(instance_name, self._persisted_upto_position),
-                self._persisted_upto_position,
-            )
-            return pos * self._factor
+            return self._model.writer_position(instance_name) * self._factor
 
-    def get_minimal_local_current_token(self) -> int:
+    def newest_local_write(self) -> int:
         """The largest id this process has finished writing (no idle jump).
 
         The streamer compares it with what it last sent to know whether there
@@ -387,40 +316,27 @@ class MultiWriterIdGenerator:
         before a position covering them is announced.
         """
         with self._lock:
-            position = self._current_positions.get(
-                self._instance_name, self._persisted_upto_position
-            )
-            return max(position, self._max_finished_local_id) * self._factor
+            return self._model.newest_local_write() * self._factor
 
-    def get_positions(self) -> dict[str, int]:
+    def known_writer_positions(self) -> dict[str, int]:
         """The known position of each writer."""
         with self._lock:
-            return {name: pos * self._factor for name, pos in self._current_positions.items()}
+            positions = self._model.known_writer_positions()
+        return {name: pos * self._factor for name, pos in positions.items()}
 
-    def advance(self, instance_name: str, new_id: int) -> None:
-        """Record a writer's position learned over replication (RDATA or POSITION).
-
-        A position is not an id: the writer has no unfinished ids at or below
-        it, but the id itself may be another writer's, still in flight (a
-        restarted writer starts at the sequence head; an idle one at the
-        largest id it has seen). Only :meth:`advance_past_row` says an id is
-        finished.
-        """
-        new_id *= self._factor
+    def advance_writer(self, instance_name: str, position: int) -> None:
+        """Record a writer's position learned over replication (RDATA or
+        POSITION): it has no unfinished ids at or below it. Only
+        :meth:`advance_past_row` says an id is finished."""
         with self._lock:
-            self._current_positions[instance_name] = max(
-                self._current_positions.get(instance_name, 0), new_id
-            )
-            self._max_seen_allocated_stream_id = max(self._max_seen_allocated_stream_id, new_id)
-            self._recompute_persisted_upto()
+            self._model.on_position(instance_name, position * self._factor)
             self._update_gauges()
 
     def advance_past_row(self, instance_name: str, row_id: int) -> None:
         """A row with ``row_id`` written by ``instance_name`` arrived: the writer
         is at least there, and that id is finished."""
-        self.advance(instance_name, row_id)
         with self._lock:
-            self._add_persisted_position(row_id * self._factor)
+            self._model.on_row(instance_name, row_id * self._factor)
             self._update_gauges()
 
     def remove_writer(self, instance_name: str) -> None:
@@ -428,19 +344,16 @@ class MultiWriterIdGenerator:
         so its last position no longer holds persisted-up-to back.
 
         The caller must already have seen every row the writer wrote (read up to
-        :meth:`get_stopped_writer_position`): afterwards the writer counts as
+        :meth:`read_stopped_writer_position`): afterwards the writer counts as
         being at persisted-up-to. A writer that comes back is tracked again by
-        :meth:`advance`. The configured writer list is left alone: it only says
-        whether *this* process may write.
+        :meth:`advance_writer`. The configured writer list is left alone: it
+        only says whether *this* process may write.
         """
-        if instance_name == self._instance_name:
-            raise ValueError(f"{instance_name} cannot remove itself from {self.stream_name}")
         with self._lock:
-            if self._current_positions.pop(instance_name, None) is None:
-                return
-            # Re-runs the minimum over the remaining writers.
-            self._add_persisted_position(self._persisted_upto_position)
+            removed = self._model.remove_writer(instance_name)
             self._update_gauges()
+        if not removed:
+            return
         try:
             STREAM_POSITION.remove(self.stream_name, instance_name)
         except KeyError:
@@ -449,10 +362,10 @@ class MultiWriterIdGenerator:
             "Stopped tracking writer %s of stream %s; persisted up to %d",
             instance_name,
             self.stream_name,
-            self.get_persisted_upto_position(),
+            self.persisted_upto_position(),
         )
 
-    async def get_stopped_writer_position(self, instance_name: str) -> int:
+    async def read_stopped_writer_position(self, instance_name: str) -> int:
         """The position of a writer that has stopped: the larger of its stored
         position and its newest row above that (positions are stored after the
         rows, so after a crash the stored one can lag)."""
@@ -466,7 +379,7 @@ class MultiWriterIdGenerator:
             row = txn.fetchone()
             # Internal (positive) ids from here on. A writer with no stored
             # position has written nothing below persisted-up-to.
-            stored = row[0] if row else self.get_persisted_upto_position()
+            stored = row[0] if row else self.persisted_upto_position()
             position = int(stored) * self._factor
             for table, instance_column, id_column in self._tables:
                 if self._positive:
@@ -490,52 +403,10 @@ class MultiWriterIdGenerator:
             "get_stopped_writer_position", txn_func, read_only=True
         )
 
-    def _add_persisted_position(self, new_id: int) -> None:
-        """``new_id`` is known finished (ours, or a row we have read); advance
-        persisted-up-to. Holds _lock."""
-        heapq.heappush(self._known_persisted_positions, new_id)
-        self._recompute_persisted_upto()
-
-    def _recompute_persisted_upto(self) -> None:
-        """Persisted-up-to from the writers' positions and the ids known
-        finished above them. Holds _lock."""
-        me = self._instance_name
-        busy = bool(self._unfinished_ids or self._in_flight_fetches)
-        others = [pos for name, pos in self._current_positions.items() if name != me]
-        own = self._current_positions.get(me)
-        if others:
-            min_current = min(others)
-            if busy and own is not None:
-                min_current = min(min_current, own)
-        else:
-            min_current = own if own is not None else self._persisted_upto_position
-        self._persisted_upto_position = max(self._persisted_upto_position, min_current)
-
-        # A run of finished ids just above lets us skip ahead; a gap stops it.
-        heap = self._known_persisted_positions
-        while heap:
-            head = heap[0]
-            if head <= self._persisted_upto_position:
-                heapq.heappop(heap)
-            elif head == self._persisted_upto_position + 1:
-                heapq.heappop(heap)
-                self._persisted_upto_position += 1
-            else:
-                break
-
-        self._max_position_of_local_instance = max(
-            self._max_position_of_local_instance, self._persisted_upto_position
-        )
-        if not busy:
-            # Nothing of ours in flight: any future id of ours is above every id
-            # seen so far, so we are as far along as anyone.
-            self._max_position_of_local_instance = max(
-                self._max_position_of_local_instance, self._max_seen_allocated_stream_id
-            )
-
     def _update_gauges(self) -> None:
-        STREAM_PERSISTED_UPTO.labels(self.stream_name).set(self._persisted_upto_position)
-        for name, pos in self._current_positions.items():
+        """Holds _lock."""
+        STREAM_PERSISTED_UPTO.labels(self.stream_name).set(self._model.persisted_upto)
+        for name, pos in self._model.known_writer_positions().items():
             STREAM_POSITION.labels(self.stream_name, name).set(pos)
 
     # stream_positions
@@ -567,7 +438,7 @@ class MultiWriterIdGenerator:
         return d
 
     async def _write_position(self) -> None:
-        position = self.get_current_token_for_writer(self._instance_name)
+        position = self.writer_position(self._instance_name)
         try:
             await self._db.runInteraction(
                 "stream_positions_upsert",

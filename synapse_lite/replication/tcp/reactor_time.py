@@ -14,7 +14,7 @@ from typing import Protocol, cast
 from twisted.internet.interfaces import IDelayedCall
 
 
-class Clock(Protocol):
+class ReactorTime(Protocol):
     """The part of ``IReactorTime`` the transports use."""
 
     def seconds(self) -> float:

@@ -1,0 +1,140 @@
+"""A process's HTTP listeners: the resource tree of each, and the service that
+listens and, when stopping, drains them.
+
+Resources: ``client`` (the Matrix client API and the admin API beside it),
+``federation`` and ``keys`` (server-server), ``replication`` (internal calls
+from other processes), ``health`` and ``metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import attr
+from prometheus_client.twisted import MetricsResource
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from synapse_lite.clock import Clock
+from synapse_lite.config.homeserver import ListenerConfig
+from synapse_lite.http.server import JsonResource, ServingSite, make_site
+from synapse_lite.rest.client import ClientHandlers, register_servlets
+
+logger = logging.getLogger(__name__)
+
+#: Longest a stopping process waits for write requests under way to finish.
+DRAIN_SECONDS = 10.0
+
+
+class HealthResource(Resource):
+    isLeaf = True
+
+    def __init__(self, instance_name: str) -> None:
+        super().__init__()
+        self._instance_name = instance_name
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", b"application/json")
+        return b'{"status":"ok","instance":"%s"}' % self._instance_name.encode("utf-8")
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True, kw_only=True)
+class ListenerResources:
+    """What a process can serve; each listener picks by its ``resources``."""
+
+    instance_name: str
+    client: ClientHandlers
+    #: The internal calls this process serves (``/_synapse/replication``).
+    replication: Callable[[], JsonResource]
+    #: Registers the ``federation``/``keys`` APIs on a resource, where this
+    #: process serves them.
+    federation: Callable[[JsonResource, tuple[str, ...]], None] | None
+
+    def tree(self, resources: tuple[str, ...]) -> Resource:
+        """The resource tree of one listener."""
+        root = Resource()
+        # /_synapse holds both the admin API (served with the client API) and
+        # the internal replication endpoints; each JsonResource matches whole paths.
+        synapse_root = Resource()
+        # /_matrix holds the client, federation and key APIs, on one JsonResource.
+        matrix: JsonResource | None = None
+        if "client" in resources:
+            matrix = JsonResource("client")
+            register_servlets(self.client, matrix)
+            synapse_root.putChild(b"admin", matrix)
+        if self.federation is not None and {"federation", "keys"} & set(resources):
+            matrix = matrix or JsonResource("federation")
+            self.federation(matrix, resources)
+        if matrix is not None:
+            root.putChild(b"_matrix", matrix)
+        if "replication" in resources:
+            synapse_root.putChild(b"replication", self.replication())
+        if synapse_root.children:
+            root.putChild(b"_synapse", synapse_root)
+        if "health" in resources:
+            root.putChild(b"health", HealthResource(self.instance_name))
+        if "metrics" in resources:
+            root.putChild(b"metrics", MetricsResource())
+        return root
+
+
+class ListenersService(Service):
+    """Listens on a process's HTTP ports; when stopping, stops accepting
+    requests and lets the write requests under way finish (bounded)."""
+
+    def __init__(
+        self,
+        *,
+        reactor: Any,
+        clock: Clock,
+        listeners: tuple[ListenerConfig, ...],
+        resources: ListenerResources,
+        max_body_bytes: int,
+    ) -> None:
+        self.setName("listeners")
+        self._reactor = reactor
+        self._clock = clock
+        self._listeners = listeners
+        self.resources = resources
+        self._max_body_bytes = max_body_bytes
+        self.sites: list[ServingSite] = []
+        self.ports: list[Any] = []
+
+    def startService(self) -> None:
+        super().startService()
+        for listener in self._listeners:
+            site = make_site(self.resources.tree(listener.resources), self._max_body_bytes)
+            port = self._reactor.listenTCP(listener.port, site, interface=listener.bind_address)
+            self.sites.append(site)
+            self.ports.append(port)
+            logger.info(
+                "Listening on %s:%d (%s)",
+                listener.bind_address,
+                port.getHost().port,
+                ", ".join(listener.resources),
+            )
+
+    def stopService(self) -> defer.Deferred[None]:
+        super().stopService()
+        return defer.ensureDeferred(self._drain())
+
+    async def _drain(self) -> None:
+        for port in self.ports:
+            await port.stopListening()
+        pending = sum(site.writes_in_flight for site in self.sites)
+        if not pending:
+            return
+        logger.info("Waiting for %d write request(s) to finish", pending)
+        waiting = defer.gatherResults([site.wait_for_writes() for site in self.sites])
+        try:
+            await self._clock.timeout(waiting, DRAIN_SECONDS)
+        except defer.TimeoutError:
+            logger.warning(
+                "%d write request(s) still unfinished after %.0f s; stopping anyway",
+                sum(site.writes_in_flight for site in self.sites),
+                DRAIN_SECONDS,
+            )

@@ -1,0 +1,216 @@
+"""A stream as one process sees it: its definition, its positions, how it reads rows.
+
+The composition root builds one :class:`Stream` per definition. Positions come
+from the stream's ID generator (database streams) or from the component that
+owns the stream's data in memory (typing, federation), behind one interface,
+:class:`StreamPositions`; every position here is on the wire's scale (the
+backfill stream's negative ids are negated).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from synapse_lite.streams.definition import StreamDefinition, UpdateFunction, Updates
+
+if TYPE_CHECKING:
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.id_generators import MultiWriterIdGenerator
+
+logger = logging.getLogger(__name__)
+
+#: Rows fetched per call of an update function.
+TARGET_ROW_COUNT = 100
+
+
+class StreamPositions(Protocol):
+    """Where one process is on one stream."""
+
+    #: True when positions may go backwards (a memory stream restarts from 0
+    #: with its writer); followers then reset rather than skip.
+    can_reset: bool
+
+    def writer_position(self, writer: str) -> int:
+        """``writer`` has no rows this process has not seen at or below it
+        (for this process: may run ahead of its last write while it is idle)."""
+
+    def received_position(self, writer: str) -> int:
+        """How far this process has received ``writer``'s rows. Never above
+        :meth:`writer_position`, which other writers' announcements may lift."""
+
+    def newest_local_write(self) -> int:
+        """The newest position this process wrote (no idle jump): what the
+        streamer compares with what it last sent."""
+
+    def sync_position(self) -> int:
+        """The position /sync hands out: every row at or below it, by any
+        writer, is visible here."""
+
+    def on_position(self, writer: str, position: int) -> None:
+        """A POSITION from ``writer``: it has nothing unsent at or below it."""
+
+    def on_row(self, writer: str, position: int) -> None:
+        """Rows of ``writer`` at ``position`` arrived: that id is finished."""
+
+    async def stopped_writer_position(self, writer: str) -> int:
+        """The position of the last row of a writer that has stopped for good."""
+
+    def forget_writer(self, writer: str) -> None:
+        """Stop tracking a writer that has stopped for good (its rows read)."""
+
+
+class IdGeneratorPositions:
+    """The positions of a database stream, from its ID generator."""
+
+    can_reset = False
+
+    def __init__(self, id_gen: MultiWriterIdGenerator, positive: bool, local_instance: str) -> None:
+        self.id_gen = id_gen
+        # Negative streams count down; on the wire they count up.
+        self._factor = 1 if positive else -1
+        self._me = local_instance
+
+    def writer_position(self, writer: str) -> int:
+        return self._factor * self.id_gen.writer_position(writer)
+
+    def received_position(self, writer: str) -> int:
+        if writer != self._me:
+            own = self.id_gen.known_writer_positions().get(writer)
+            if own is not None:
+                return self._factor * own
+        return self.writer_position(writer)
+
+    def newest_local_write(self) -> int:
+        return self._factor * self.id_gen.newest_local_write()
+
+    def sync_position(self) -> int:
+        return self._factor * self.id_gen.persisted_upto_position()
+
+    def on_position(self, writer: str, position: int) -> None:
+        self.id_gen.advance_writer(writer, self._factor * position)
+
+    def on_row(self, writer: str, position: int) -> None:
+        self.id_gen.advance_past_row(writer, self._factor * position)
+
+    async def stopped_writer_position(self, writer: str) -> int:
+        """The position of the last row of a writer that has stopped for good."""
+        return self._factor * await self.id_gen.read_stopped_writer_position(writer)
+
+    def forget_writer(self, writer: str) -> None:
+        self.id_gen.remove_writer(writer)
+
+
+class MemoryPositions:
+    """The position of a stream kept in its writer's memory: the counter of the
+    component that owns the rows (the writer's, or a follower's copy, which its
+    row hook has already moved when the receiver gets here)."""
+
+    can_reset = True
+
+    def __init__(self, current: Callable[[], int]) -> None:
+        self._current = current
+
+    def writer_position(self, writer: str) -> int:
+        return self._current()
+
+    def received_position(self, writer: str) -> int:
+        return self._current()
+
+    def newest_local_write(self) -> int:
+        return self._current()
+
+    def sync_position(self) -> int:
+        return self._current()
+
+    def on_position(self, writer: str, position: int) -> None:
+        pass
+
+    def on_row(self, writer: str, position: int) -> None:
+        pass
+
+    async def stopped_writer_position(self, writer: str) -> int:
+        return self._current()
+
+    def forget_writer(self, writer: str) -> None:
+        pass
+
+
+class Stream:
+    """One stream on one process (see the module docstring)."""
+
+    def __init__(
+        self,
+        definition: StreamDefinition,
+        positions: StreamPositions,
+        update_function: UpdateFunction,
+        local_instance: str,
+    ) -> None:
+        self.definition = definition
+        self.name = definition.name
+        self.positions = positions
+        self._update_function = update_function
+        self._me = local_instance
+        #: What this process last sent of its own rows (the streamer's bookkeeping).
+        self.last_sent_position = positions.writer_position(local_instance)
+
+    async def rows_since(
+        self, writer: str, from_token: int, upto_token: int, limit: int = TARGET_ROW_COUNT
+    ) -> tuple[Updates, int, bool]:
+        """Rows of ``writer`` in ``(from_token, upto_token]``, at most about
+        ``limit``: ``(updates, upto, limited)``; when limited, ``upto`` is how
+        far the returned rows reach."""
+        if from_token == upto_token:
+            return [], upto_token, False
+        return await self._update_function(writer, from_token, upto_token, limit)
+
+    async def new_local_rows(self) -> tuple[Updates, int, bool]:
+        """This process's rows since :attr:`last_sent_position`, advancing it."""
+        current = self.positions.writer_position(self._me)
+        if self.last_sent_position >= self.positions.newest_local_write():
+            # Nothing written here: the advance came from elsewhere.
+            self.last_sent_position = current
+            return [], current, False
+        updates, upto, limited = await self.rows_since(self._me, self.last_sent_position, current)
+        self.last_sent_position = upto
+        return updates, upto, limited
+
+    def skip_unsent(self) -> None:
+        """Forget unsent rows (nobody is listening; they read the database)."""
+        self.last_sent_position = self.positions.writer_position(self._me)
+
+
+def no_rows(stream_name: str) -> UpdateFunction:
+    """For a stream whose rows this process cannot read (it takes no part in
+    it): catching up yields nothing."""
+
+    async def update_function(
+        writer: str, from_token: int, upto_token: int, limit: int
+    ) -> tuple[Updates, int, bool]:
+        return [], upto_token, False
+
+    return update_function
+
+
+def rows_from_writer(
+    calls: InternalCalls, definition: StreamDefinition, writer: str
+) -> UpdateFunction:
+    """An update function that asks the stream's writer over internal HTTP
+    (streams kept in the writer's memory)."""
+    from synapse_lite.replication.http.stream_updates import GET_STREAM_UPDATES, StreamUpdatesWanted
+
+    async def update_function(
+        instance: str, from_token: int, upto_token: int, limit: int
+    ) -> tuple[Updates, int, bool]:
+        answer = await calls.call(
+            GET_STREAM_UPDATES,
+            StreamUpdatesWanted(definition.name, from_token, upto_token, limit),
+            instance=writer,
+        )
+        updates: list[tuple[int, Any]] = [
+            (token, definition.parse_row(row)) for token, row in answer.updates
+        ]
+        return updates, answer.upto_token, answer.limited
+
+    return update_function

@@ -1,0 +1,129 @@
+"""Applying rows and positions that other processes wrote, in the order that
+keeps readers safe, and waking whoever waits for them.
+
+For each batch of rows (or a bare position) of one writer at one token:
+
+1. the stream's definition says which caches go stale (``invalidate``);
+2. the role's handlers take their rows (typing follower, federation sender, ...);
+3. the stream's position advances -- here and nowhere else;
+4. the /sync waiters the definition names are woken;
+5. callers waiting for that writer's position are released.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+from synapse_lite.clock import Clock
+from synapse_lite.replication.streams import Stream
+
+if TYPE_CHECKING:
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+logger = logging.getLogger(__name__)
+
+#: How long ``wait_for_stream_position`` waits before giving up.
+WAIT_FOR_REPLICATION_TIMEOUT_SECONDS = 30.0
+
+#: ``hook(writer, token, rows)``: rows empty for a bare position.
+RowHook = Callable[[str, int, Sequence[Any]], None]
+
+
+class PositionWaiters:
+    """Callers waiting until this process has received a writer's rows up to a
+    position (read-your-writes after a forwarded write, /sync tokens from a
+    process further along)."""
+
+    def __init__(self, clock: Clock, instance_name: str, streams: Mapping[str, Stream]) -> None:
+        self._clock = clock
+        self._me = instance_name
+        self._streams = streams
+        self._waiting: dict[tuple[str, str], list[tuple[int, defer.Deferred[None]]]] = defaultdict(
+            list
+        )
+
+    async def wait_for_stream_position(
+        self,
+        instance_name: str,
+        stream_name: str,
+        position: int,
+        timeout: float = WAIT_FOR_REPLICATION_TIMEOUT_SECONDS,
+    ) -> None:
+        """Return once ``instance_name``'s rows of ``stream_name`` up to
+        ``position`` have been received here (at once if they have, or if it is
+        this process). Raises ``defer.TimeoutError`` after ``timeout`` seconds."""
+        if instance_name == self._me:
+            return
+        if position <= self._streams[stream_name].positions.received_position(instance_name):
+            return
+        d: defer.Deferred[None] = defer.Deferred()
+        self._waiting[(stream_name, instance_name)].append((position, d))
+        await self._clock.timeout(d, timeout)
+
+    def release(self, stream_name: str, instance_name: str) -> None:
+        """The writer's position moved: fire the waits it now satisfies."""
+        key = (stream_name, instance_name)
+        waiting = self._waiting.get(key)
+        if not waiting:
+            return
+        received = self._streams[stream_name].positions.received_position(instance_name)
+        still = []
+        for position, d in waiting:
+            if d.called:
+                continue
+            if position <= received:
+                d.callback(None)
+            else:
+                still.append((position, d))
+        if still:
+            self._waiting[key] = still
+        else:
+            del self._waiting[key]
+
+
+class ReplicationReceiver:
+    """Applies other processes' rows and positions (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        streams: Mapping[str, Stream],
+        notifier: Notifier,
+        waiters: PositionWaiters,
+    ) -> None:
+        self._store = store
+        self._streams = streams
+        self._notifier = notifier
+        self._waiters = waiters
+        self._row_hooks: dict[str, list[RowHook]] = defaultdict(list)
+
+    def add_row_hook(self, stream_name: str, hook: RowHook) -> None:
+        """Hand every batch of rows (or bare position, with no rows) of a stream
+        to ``hook``, after cache invalidation and before the position advances."""
+        self._row_hooks[stream_name].append(hook)
+
+    def on_rows(self, stream_name: str, writer: str, token: int, rows: Sequence[Any]) -> None:
+        """Rows of ``writer`` at ``token`` (none: a bare position)."""
+        stream = self._streams[stream_name]
+        definition = stream.definition
+        if rows and definition.invalidate is not None:
+            definition.invalidate(self._store, writer, token, rows)
+        for hook in self._row_hooks.get(stream_name, ()):
+            try:
+                hook(writer, token, rows)
+            except Exception:
+                logger.exception("Handling %s rows from %s failed", stream_name, writer)
+        if rows:
+            stream.positions.on_row(writer, token)
+            wake = definition.wake(rows)
+            if wake.anyone:
+                self._notifier.wake(wake)
+        else:
+            stream.positions.on_position(writer, token)
+        self._waiters.release(stream_name, writer)

@@ -1,0 +1,361 @@
+"""Every stream of the homeserver: its row type and its definition, in one place.
+
+The order of :data:`BUILTIN_STREAMS` is the order of positions in /sync tokens
+(``docs/workers.md`` has the table of streams; a test checks it against this
+file). To add a stream: declare its rows and definition here, write its store
+queries (the ``rows_from_store`` update function, reads and writes) and its
+handler; the rest of the process follows the definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attr
+
+from synapse_lite.streams.definition import (
+    IdSpace,
+    RowCodec,
+    StreamCatalog,
+    StreamDefinition,
+    StreamTable,
+    TaggedRowCodec,
+    Wake,
+    WriterRule,
+    wake_everyone,
+    wake_rooms,
+    wake_users,
+)
+
+_str = attr.validators.instance_of(str)
+_opt_str = attr.validators.optional(attr.validators.instance_of(str))
+_int = attr.validators.instance_of(int)
+_bool = attr.validators.instance_of(bool)
+_dict = attr.validators.instance_of(dict)
+
+
+def _str_list(instance: object, attribute: attr.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{attribute.name} must be a list of strings")
+
+
+def _opt_list(instance: object, attribute: attr.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, list):
+        raise TypeError(f"{attribute.name} must be a list or null")
+
+
+# events: new events and the current-state changes they make
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class EventsStreamEventRow:
+    """An event was persisted."""
+
+    TypeId: ClassVar[str] = "ev"
+
+    event_id: str = attr.ib(validator=_str)
+    room_id: str = attr.ib(validator=_str)
+    type: str = attr.ib(validator=_str)
+    state_key: str | None = attr.ib(validator=_opt_str)
+    redacts: str | None = attr.ib(validator=_opt_str)
+    relates_to: str | None = attr.ib(validator=_opt_str)
+    membership: str | None = attr.ib(validator=_opt_str)
+    rejected: bool = attr.ib(validator=_bool)
+    outlier: bool = attr.ib(validator=_bool)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class EventsStreamCurrentStateRow:
+    """A room's current state changed (``event_id`` None: the key was removed)."""
+
+    TypeId: ClassVar[str] = "state"
+
+    room_id: str = attr.ib(validator=_str)
+    type: str = attr.ib(validator=_str)
+    state_key: str = attr.ib(validator=_str)
+    event_id: str | None = attr.ib(validator=_opt_str)
+
+
+def _wake_for_events(rows: Sequence[Any]) -> Wake:
+    """The rooms of the rows, and the targets of membership events (an invite
+    wakes someone not yet in the room)."""
+    rooms = frozenset(row.room_id for row in rows)
+    users = frozenset(
+        row.state_key
+        for row in rows
+        if isinstance(row, EventsStreamEventRow) and row.type == "m.room.member" and row.state_key
+    )
+    return Wake(users=users, rooms=rooms)
+
+
+EVENTS = StreamDefinition(
+    name="events",
+    description="new events and the current-state changes they make",
+    codec=TaggedRowCodec([EventsStreamEventRow, EventsStreamCurrentStateRow]),
+    writers=WriterRule("events", several=True),
+    ids=IdSpace(
+        "events_stream_seq",
+        # A state change carries the id of the event that made it; one event
+        # may change several keys.
+        (
+            StreamTable("events", id_column="stream_ordering"),
+            StreamTable("current_state_delta_stream", shares_ids=True),
+        ),
+    ),
+    in_sync_token=True,
+    wake=_wake_for_events,
+    rows_from_store=lambda store: store.get_events_stream_updates,
+    invalidate=lambda store, writer, token, rows: store.invalidate_for_events_rows(
+        writer, token, rows
+    ),
+)
+
+
+# presence
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PresenceStreamRow:
+    user_id: str = attr.ib(validator=_str)
+    state: str = attr.ib(validator=_str)
+    last_active_ts: int = attr.ib(validator=_int)
+    last_federation_update_ts: int = attr.ib(validator=_int)
+    last_user_sync_ts: int = attr.ib(validator=_int)
+    status_msg: str | None = attr.ib(validator=_opt_str)
+    currently_active: bool = attr.ib(validator=_bool)
+
+
+PRESENCE = StreamDefinition(
+    name="presence",
+    description="users' presence states",
+    codec=RowCodec(PresenceStreamRow),
+    writers=WriterRule("presence"),
+    ids=IdSpace("presence_stream_sequence", (StreamTable("presence_stream"),)),
+    in_sync_token=True,
+    wake=wake_everyone,
+    rows_from_store=lambda store: store.get_all_presence_updates,
+)
+
+
+# typing: kept in the typing writer's memory
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class TypingStreamRow:
+    """Everyone typing in a room now; replaces the previous list."""
+
+    room_id: str = attr.ib(validator=_str)
+    user_ids: list[str] = attr.ib(validator=_str_list)
+
+
+TYPING = StreamDefinition(
+    name="typing",
+    description="who is typing in which room (the writer's memory; restarts from 0)",
+    codec=RowCodec(TypingStreamRow),
+    writers=WriterRule("typing"),
+    in_sync_token=True,
+    wake=wake_rooms,
+)
+
+
+# receipts
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ReceiptsStreamRow:
+    room_id: str = attr.ib(validator=_str)
+    receipt_type: str = attr.ib(validator=_str)
+    user_id: str = attr.ib(validator=_str)
+    event_id: str = attr.ib(validator=_str)
+    thread_id: str | None = attr.ib(validator=_opt_str)
+    data: dict[str, Any] = attr.ib(validator=_dict)
+
+
+RECEIPTS = StreamDefinition(
+    name="receipts",
+    description="read receipts",
+    codec=RowCodec(ReceiptsStreamRow),
+    writers=WriterRule("receipts"),
+    ids=IdSpace("receipts_sequence", (StreamTable("receipts_linearized"),)),
+    in_sync_token=True,
+    wake=wake_rooms,
+    rows_from_store=lambda store: store.get_all_updated_receipts,
+)
+
+
+# account data
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class AccountDataStreamRow:
+    """Account data changed: global when ``room_id`` is null; tags are ``m.tag``."""
+
+    user_id: str = attr.ib(validator=_str)
+    room_id: str | None = attr.ib(validator=_opt_str)
+    data_type: str = attr.ib(validator=_str)
+
+
+ACCOUNT_DATA = StreamDefinition(
+    name="account_data",
+    description="global and per-room account data, and room tags",
+    codec=RowCodec(AccountDataStreamRow),
+    writers=WriterRule("account_data"),
+    ids=IdSpace(
+        "account_data_sequence",
+        (
+            StreamTable("account_data"),
+            StreamTable("room_account_data"),
+            StreamTable("room_tags_revisions"),
+        ),
+    ),
+    in_sync_token=True,
+    wake=wake_users,
+    rows_from_store=lambda store: store.get_account_data_stream_updates,
+)
+
+
+# to-device messages
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ToDeviceStreamRow:
+    """Messages were queued for a local user (``@...``), or for a remote server."""
+
+    entity: str = attr.ib(validator=_str)
+
+
+def _wake_for_to_device(rows: Sequence[Any]) -> Wake:
+    return Wake(users=frozenset(row.entity for row in rows if row.entity.startswith("@")))
+
+
+TO_DEVICE = StreamDefinition(
+    name="to_device",
+    description="to-device messages for local devices and remote servers",
+    codec=RowCodec(ToDeviceStreamRow),
+    writers=WriterRule("to_device"),
+    ids=IdSpace(
+        "device_inbox_sequence",
+        # One id per send: every local device's inbox row and the outbox row share it.
+        (
+            StreamTable("device_inbox", shares_ids=True),
+            StreamTable("device_federation_outbox", shares_ids=True),
+        ),
+    ),
+    in_sync_token=True,
+    wake=_wake_for_to_device,
+    rows_from_store=lambda store: store.get_all_new_device_messages,
+)
+
+
+# device lists
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class DeviceListsStreamRow:
+    user_id: str = attr.ib(validator=_str)
+    device_id: str = attr.ib(validator=_str)
+
+
+DEVICE_LISTS = StreamDefinition(
+    name="device_lists",
+    description="devices added, changed or removed",
+    codec=RowCodec(DeviceListsStreamRow),
+    writers=WriterRule(),
+    # One id per user's change, on a row for each device it touches.
+    ids=IdSpace("device_lists_sequence", (StreamTable("device_lists_stream", shares_ids=True),)),
+    in_sync_token=True,
+    wake=wake_everyone,
+    rows_from_store=lambda store: store.get_all_device_list_changes,
+)
+
+
+# backfill: events from before a room's known history (ids count down)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class BackfillStreamRow:
+    """A backfilled event (tokens are positive on the wire)."""
+
+    event_id: str = attr.ib(validator=_str)
+    room_id: str = attr.ib(validator=_str)
+    type: str = attr.ib(validator=_str)
+    state_key: str | None = attr.ib(validator=_opt_str)
+    redacts: str | None = attr.ib(validator=_opt_str)
+    relates_to: str | None = attr.ib(validator=_opt_str)
+
+
+BACKFILL = StreamDefinition(
+    name="backfill",
+    description="backfilled events (ids count down from -1; negated on the wire)",
+    codec=RowCodec(BackfillStreamRow),
+    writers=WriterRule("events", several=True),
+    ids=IdSpace(
+        "events_backfill_stream_seq",
+        (StreamTable("events", id_column="stream_ordering"),),
+        positive=False,
+    ),
+    rows_from_store=lambda store: store.get_backfill_stream_updates,
+    invalidate=lambda store, writer, token, rows: store.invalidate_for_backfill_rows(rows),
+)
+
+
+# caches: invalidations of in-memory caches
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class CachesStreamRow:
+    """Invalidate ``keys`` (all of it when null) of the cache ``cache_func``."""
+
+    cache_func: str = attr.ib(validator=_str)
+    keys: list[Any] | None = attr.ib(validator=_opt_list)
+    invalidation_ts: int = attr.ib(validator=_int)
+
+
+CACHES = StreamDefinition(
+    name="caches",
+    description="invalidations of other processes' in-memory caches",
+    codec=RowCodec(CachesStreamRow),
+    writers=WriterRule(any_process=True),
+    ids=IdSpace(
+        "cache_invalidation_stream_seq", (StreamTable("cache_invalidation_stream_by_instance"),)
+    ),
+    rows_from_store=lambda store: store.get_all_updated_caches,
+    invalidate=lambda store, writer, token, rows: store.apply_cache_invalidations(rows),
+)
+
+
+# federation: EDUs queued by the main process for a federation sender worker
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class FederationStreamRow:
+    """A queued item for the federation sender: its kind and its data."""
+
+    type: str = attr.ib(validator=_str)
+    data: Any
+
+
+FEDERATION = StreamDefinition(
+    name="federation",
+    description="work queued by the main process for a federation sender worker",
+    codec=RowCodec(FederationStreamRow),
+    writers=WriterRule(),
+)
+
+
+#: The streams, in /sync token order (events first: the room timeline).
+BUILTIN_STREAMS = StreamCatalog(
+    [
+        EVENTS,
+        PRESENCE,
+        TYPING,
+        RECEIPTS,
+        ACCOUNT_DATA,
+        TO_DEVICE,
+        DEVICE_LISTS,
+        BACKFILL,
+        CACHES,
+        FEDERATION,
+    ]
+)

@@ -1,0 +1,300 @@
+"""What a stream is, declared once.
+
+A :class:`StreamDefinition` says everything about one replication stream that
+does not depend on which process is running: its name, its row type and how a
+row travels on the wire, where its ids come from and which tables hold them,
+who may write it, how a follower catches up, what a receiving process does
+with a row (which caches to forget, which /sync waiters to wake) and whether
+it has a position in /sync tokens. The streamer, the receiver, the catch-up
+endpoint, the notifier, /sync, the ID generators, the config's
+``stream_writers``, metrics and the offline audit all read definitions; none
+of them names a stream except where a stream has genuinely special meaning
+(the events stream is the room timeline).
+
+A process's *runtime* view of a stream (its positions, how it reads rows) is
+built from the definition by the composition root (``app/composition.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import attr
+
+if TYPE_CHECKING:
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+RowT = TypeVar("RowT")
+
+#: ``[(token, row), ...]`` in token order; rows sharing a token were written
+#: under one id and are processed together.
+Updates = list[tuple[int, Any]]
+#: ``(writer, from_token, upto_token, limit) -> (updates, upto, limited)``:
+#: the rows ``writer`` wrote in ``(from_token, upto_token]``, at most about
+#: ``limit``. When ``limited``, ``upto`` is how far the returned rows reach and
+#: the caller asks again from there.
+UpdateFunction = Callable[[str, int, int, int], Awaitable[tuple[Updates, int, bool]]]
+
+
+class InvalidRow(ValueError):
+    """A row received over replication does not fit the stream's row type."""
+
+
+class CatchUp(enum.Enum):
+    """Where a follower reads rows it missed."""
+
+    #: From the database: the rows are in the stream's tables.
+    DATABASE = "database"
+    #: From the writer's memory, over internal HTTP (typing, federation).
+    WRITER_MEMORY = "writer memory"
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class StreamTable:
+    """One table holding rows of a stream.
+
+    ``shares_ids``: its rows reuse the id of the write they belong to, so one id
+    may appear on several of its rows and on a row of another table of the
+    stream (written in the same transaction). Otherwise every row has an id of
+    its own, used by no other row of the stream; the audit reports a reuse.
+    """
+
+    table: str
+    instance_column: str = "instance_name"
+    id_column: str = "stream_id"
+    shares_ids: bool = False
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class IdSpace:
+    """Where a stream's ids come from and where they are stored."""
+
+    sequence_name: str
+    tables: tuple[StreamTable, ...]
+    #: False for a stream counting down from -1 (backfill). On the wire and in
+    #: tokens its positions are negated, so they grow like every other stream's.
+    positive: bool = True
+
+    def id_generator_tables(self) -> list[tuple[str, str, str]]:
+        return [(t.table, t.instance_column, t.id_column) for t in self.tables]
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class WriterRule:
+    """Who may write a stream.
+
+    ``config_key``: the ``stream_writers`` entry naming its writers (the main
+    process when not configured); ``None``: always the main process.
+    ``several``: the entry may list more than one writer.
+    ``any_process``: every process may write, and no position is kept in
+    ``stream_positions`` (after a restart there is nothing to recover).
+    """
+
+    config_key: str | None = None
+    several: bool = False
+    any_process: bool = False
+
+    def describe(self) -> str:
+        """Who writes, in the words of ``docs/workers.md``'s table."""
+        if self.any_process:
+            return "any process"
+        if self.config_key is None:
+            return "main"
+        return f"`stream_writers.{self.config_key}`: " + ("one or more" if self.several else "one")
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class Wake:
+    """Which waiting /sync requests a batch of rows concerns."""
+
+    users: frozenset[str] = frozenset()
+    rooms: frozenset[str] = frozenset()
+    everyone: bool = False
+
+    @property
+    def anyone(self) -> bool:
+        return self.everyone or bool(self.users or self.rooms)
+
+
+NOBODY = Wake()
+
+
+def wake_nobody(rows: Sequence[Any]) -> Wake:
+    """For streams no /sync shows (caches, federation, backfill)."""
+    return NOBODY
+
+
+def wake_rooms(rows: Sequence[Any]) -> Wake:
+    """Rows with a ``room_id``: wake the users in those rooms."""
+    return Wake(rooms=frozenset(row.room_id for row in rows))
+
+
+def wake_users(rows: Sequence[Any]) -> Wake:
+    """Rows with a ``user_id``: wake those users."""
+    return Wake(users=frozenset(row.user_id for row in rows))
+
+
+def wake_everyone(rows: Sequence[Any]) -> Wake:
+    """Rows whose readers we cannot cheaply name (presence, device lists)."""
+    return Wake(everyone=True)
+
+
+class RowCodec(Generic[RowT]):
+    """How rows of one type travel: the wire form is the JSON list of the
+    row's attrs fields, in declaration order, checked by the type's validators."""
+
+    def __init__(self, row_type: type[RowT]) -> None:
+        self.row_type = row_type
+        self._field_names = tuple(f.name for f in attr.fields(row_type))  # type: ignore[arg-type]
+
+    def encode(self, row: RowT) -> list[Any]:
+        return [getattr(row, name) for name in self._field_names]
+
+    def decode(self, wire: Any, stream_name: str) -> RowT:
+        """The row from its wire form; :class:`InvalidRow` if it does not fit."""
+        if not isinstance(wire, list):
+            raise InvalidRow(f"a {stream_name} row must be a JSON list, not {type(wire).__name__}")
+        if len(wire) != len(self._field_names):
+            raise InvalidRow(
+                f"a {stream_name} row has {len(self._field_names)} fields, not {len(wire)}"
+            )
+        try:
+            return self.row_type(*wire)
+        except (TypeError, ValueError) as e:
+            raise InvalidRow(f"bad {stream_name} row: {e}") from None
+
+
+class TaggedRowCodec(RowCodec[Any]):
+    """Rows of several types on one stream: ``[tag, [fields...]]`` on the wire,
+    the tag being the type's ``TypeId``."""
+
+    def __init__(self, row_types: Iterable[type[Any]]) -> None:
+        self._codecs: dict[str, RowCodec[Any]] = {t.TypeId: RowCodec(t) for t in row_types}
+        self._tags: dict[type[Any], str] = {c.row_type: tag for tag, c in self._codecs.items()}
+
+    def encode(self, row: Any) -> list[Any]:
+        tag = self._tags[type(row)]
+        return [tag, self._codecs[tag].encode(row)]
+
+    def decode(self, wire: Any, stream_name: str) -> Any:
+        if not isinstance(wire, list) or len(wire) != 2 or not isinstance(wire[0], str):
+            raise InvalidRow(f"a {stream_name} row must be [type, [fields...]]")
+        codec = self._codecs.get(wire[0])
+        if codec is None:
+            raise InvalidRow(f"unknown {stream_name} row type {wire[0]!r}")
+        return codec.decode(wire[1], stream_name)
+
+
+class SyncSection(Protocol):
+    """A top-level part of the /sync response that one stream feeds (the
+    built-in streams' parts are written out in ``handlers/sync.py``; a stream
+    added later brings its own)."""
+
+    #: The key of the part in the /sync response.
+    key: str
+
+    async def changes(self, user_id: str, since: int | None, upto: int) -> Any | None:
+        """What the part holds for ``user_id`` between the client's position
+        of the stream (None: an initial sync) and ``upto``; None or empty
+        when there is nothing to show."""
+
+
+#: Forgets, on a receiving process, what rows written elsewhere make stale.
+#: Called with ``(store, writer, token, rows)`` before the position advances.
+Invalidation = Callable[["GenericWorkerStore", str, int, Sequence[Any]], None]
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class StreamDefinition:
+    """One stream, declared once (see the module docstring)."""
+
+    name: str
+    #: What the stream carries, for ``docs/workers.md``.
+    description: str
+    codec: RowCodec[Any]
+    writers: WriterRule
+    #: Where its ids live; ``None``: only the writer's memory holds the rows,
+    #: and its position is the writer's own counter (typing, federation).
+    ids: IdSpace | None = None
+    #: Whether /sync tokens carry a position of this stream.
+    in_sync_token: bool = False
+    #: Which /sync waiters a batch of rows (one token) wakes.
+    wake: Callable[[Sequence[Any]], Wake] = wake_nobody
+    #: The store query reading the stream's rows (database streams).
+    rows_from_store: Callable[[GenericWorkerStore], UpdateFunction] | None = None
+    #: What a receiving process forgets when rows arrive.
+    invalidate: Invalidation | None = None
+    #: The part of /sync this stream feeds, when it is not one of the
+    #: built-in parts (needs ``in_sync_token``).
+    sync_section: Callable[[GenericWorkerStore], SyncSection] | None = None
+
+    @property
+    def catch_up(self) -> CatchUp:
+        return CatchUp.DATABASE if self.ids is not None else CatchUp.WRITER_MEMORY
+
+    @property
+    def keeps_positions(self) -> bool:
+        """Whether writers record their positions in ``stream_positions``."""
+        return self.ids is not None and not self.writers.any_process
+
+    def parse_row(self, wire: Any) -> Any:
+        return self.codec.decode(wire, self.name)
+
+    def encode_row(self, row: Any) -> list[Any]:
+        return self.codec.encode(row)
+
+
+class StreamCatalog:
+    """The streams a deployment runs, in a fixed order: the order of the
+    positions in /sync tokens (new streams are appended, so tokens handed out
+    before a stream existed stay valid)."""
+
+    def __init__(self, definitions: Iterable[StreamDefinition]) -> None:
+        self._by_name: dict[str, StreamDefinition] = {}
+        for definition in definitions:
+            if definition.name in self._by_name:
+                raise ValueError(f"two streams are called {definition.name!r}")
+            self._by_name[definition.name] = definition
+
+    def __iter__(self) -> Any:
+        return iter(self._by_name.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __getitem__(self, name: str) -> StreamDefinition:
+        return self._by_name[name]
+
+    def get(self, name: str) -> StreamDefinition | None:
+        return self._by_name.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def with_streams(self, *extra: StreamDefinition) -> StreamCatalog:
+        """This catalog and more streams after it."""
+        return StreamCatalog([*self, *extra])
+
+    def sync_token_streams(self) -> list[str]:
+        """The streams with a position in /sync tokens, in token order."""
+        return [d.name for d in self if d.in_sync_token]
+
+    def with_ids(self) -> list[StreamDefinition]:
+        """The streams whose rows are in the database (what the audit reads)."""
+        return [d for d in self if d.ids is not None]
+
+    def single_writer_keys(self) -> list[str]:
+        """``stream_writers`` entries that take exactly one writer."""
+        return [key for key, several in self.writer_keys().items() if not several]
+
+    def writer_keys(self) -> dict[str, bool]:
+        """``stream_writers`` entries the config accepts -> whether several
+        writers are allowed."""
+        keys: dict[str, bool] = {}
+        for definition in self:
+            key = definition.writers.config_key
+            if key is not None:
+                keys[key] = keys.get(key, False) or definition.writers.several
+        return keys

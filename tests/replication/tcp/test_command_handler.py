@@ -1,0 +1,164 @@
+"""The command handler's rules, in memory on a fake clock: RDATA before its
+POSITION, old RDATA, batches, catch-up in pages, retries, streams that reset,
+echoes, bad rows, and sending through the bus."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from twisted.internet import task
+from twisted.trial import unittest
+
+from synapse_lite.clock import Clock
+from synapse_lite.replication.tcp.commands import (
+    Command,
+    PositionCommand,
+    RdataCommand,
+    ReplicateCommand,
+    UserSyncCommand,
+)
+from synapse_lite.replication.tcp.handler import CATCH_UP_RETRY_SECONDS, ReplicationCommandHandler
+from synapse_lite.streams.catalog import BUILTIN_STREAMS, ReceiptsStreamRow, TypingStreamRow
+from tests.replication.tcp.fakes import RecordingConnection, RecordingReceiver, fake_stream
+
+
+def receipt(n: int) -> ReceiptsStreamRow:
+    return ReceiptsStreamRow("!r:x", "m.read", f"@u{n}:x", f"$e{n}", None, {"ts": n})
+
+
+def wire(row: Any) -> list[Any]:
+    return BUILTIN_STREAMS["receipts"].encode_row(row)
+
+
+class CommandHandlerTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.clock = task.Clock()
+        self.receipts, self.positions, self.rows = fake_stream(BUILTIN_STREAMS["receipts"])
+        self.typing, self.typing_positions, self.typing_rows = fake_stream(
+            BUILTIN_STREAMS["typing"], can_reset=True
+        )
+        streams = {"receipts": self.receipts, "typing": self.typing}
+        self.receiver = RecordingReceiver(streams)
+        self.handler = ReplicationCommandHandler(
+            instance_name="me",
+            clock=Clock(self.clock),
+            streams=streams,
+            receiver=self.receiver,  # type: ignore[arg-type]
+        )
+        self.conn = RecordingConnection()
+        self.handler.new_connection(self.conn)
+
+    def command(self, cmd: Command) -> None:
+        self.handler.on_command(self.conn, cmd)
+
+    def applied(self) -> list[tuple[int, int]]:
+        """(token, number of rows) of each batch applied to receipts."""
+        return [(t, len(rows)) for s, _, t, rows in self.receiver.applied if s == "receipts"]
+
+    def test_rdata_before_the_writers_position_is_left_to_the_catch_up(self) -> None:
+        self.command(RdataCommand("receipts", "w1", 3, wire(receipt(3))))
+        self.assertEqual(self.applied(), [])
+        self.rows.add("w1", 3, receipt(3))
+        self.command(PositionCommand("receipts", "w1", 2, 3))
+        # Behind prev=2 (we have 0): the catch-up reads row 3, then the position.
+        self.assertEqual(self.applied(), [(3, 1), (3, 0)])
+        self.command(RdataCommand("receipts", "w1", 4, wire(receipt(4))))
+        self.assertEqual(self.applied()[-1], (4, 1))
+
+    def test_old_rdata_is_dropped(self) -> None:
+        self.command(PositionCommand("receipts", "w1", 0, 5))
+        before = len(self.receiver.applied)
+        self.command(RdataCommand("receipts", "w1", 5, wire(receipt(5))))
+        self.command(RdataCommand("receipts", "w1", 2, wire(receipt(2))))
+        self.assertEqual(len(self.receiver.applied), before)
+
+    def test_a_batch_waits_for_the_row_with_its_token(self) -> None:
+        self.command(PositionCommand("receipts", "w1", 0, 0))
+        self.command(RdataCommand("receipts", "w1", None, wire(receipt(1))))
+        self.command(RdataCommand("receipts", "w1", None, wire(receipt(2))))
+        self.assertEqual(self.applied(), [(0, 0)])
+        self.command(RdataCommand("receipts", "w1", 7, wire(receipt(3))))
+        self.assertEqual(self.applied()[-1], (7, 3))
+
+    def test_catch_up_reads_in_pages_in_order(self) -> None:
+        for n in range(1, 251):
+            self.rows.add("w1", n, receipt(n))
+        self.command(PositionCommand("receipts", "w1", 250, 250))
+        tokens = [t for t, n in self.applied() if n]
+        self.assertEqual(tokens, list(range(1, 251)))
+        self.assertEqual(
+            [(f, u) for _, f, u, _ in self.rows.calls], [(0, 250), (100, 250), (200, 250)]
+        )
+
+    def test_a_failed_catch_up_is_retried_later(self) -> None:
+        self.rows.add("w1", 1, receipt(1))
+        self.rows.failures = 1
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(PositionCommand("receipts", "w1", 1, 1))
+        self.assertEqual(self.applied(), [])
+        self.clock.advance(CATCH_UP_RETRY_SECONDS)
+        self.assertEqual(self.applied(), [(1, 1), (1, 0)])
+
+    def test_stop_cancels_the_retries(self) -> None:
+        self.rows.failures = 1
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(PositionCommand("receipts", "w1", 1, 1))
+        self.handler.stop()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_position_we_have_changes_nothing(self) -> None:
+        self.command(PositionCommand("receipts", "w1", 0, 5))
+        calls = len(self.positions.calls)
+        self.command(PositionCommand("receipts", "w1", 3, 5))
+        self.assertEqual(len(self.positions.calls), calls)
+
+    def test_a_stream_that_resets_is_read_again_from_the_writer(self) -> None:
+        self.command(PositionCommand("typing", "tw", 0, 0))
+        self.typing_positions.received["tw"] = 40
+        # The writer restarted: its counter is below ours. Outside [prev, new]:
+        # everything it has now is read again.
+        self.typing_rows.add("tw", 2, TypingStreamRow("!r:x", ["@a:x"]))
+        self.command(PositionCommand("typing", "tw", 2, 2))
+        typing = [(t, len(r)) for s, _, t, r in self.receiver.applied if s == "typing"]
+        self.assertEqual(typing[-2:], [(2, 1), (2, 0)])
+        self.assertEqual(self.typing_rows.calls[-1][1:3], (40, 2))
+
+    def test_own_echoes_unknown_streams_and_bad_rows(self) -> None:
+        self.command(PositionCommand("receipts", "me", 0, 9))
+        self.command(RdataCommand("receipts", "me", 9, wire(receipt(9))))
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING") as logs:
+            self.command(PositionCommand("nosuch", "w1", 0, 1))
+            self.command(PositionCommand("receipts", "w1", 0, 0))
+            self.command(RdataCommand("receipts", "w1", 1, ["too", "short"]))
+        self.assertEqual(self.applied(), [(0, 0)])
+        output = "\n".join(logs.output)
+        self.assertIn("unknown stream 'nosuch'", output)
+        self.assertIn("has 6 fields, not 2", output)
+
+    def test_new_connections_are_greeted_and_announced_to(self) -> None:
+        announced: list[int] = []
+        sync = UserSyncCommand("run1", "@u:x", "DEV", True, 5)
+        self.handler.add_connection_greeting(lambda: [sync])
+        self.handler.on_new_connection(lambda: announced.append(1))
+        other = RecordingConnection("other")
+        self.handler.new_connection(other)
+        self.assertEqual(other.sent, [sync])
+        self.assertEqual(announced, [1])
+        self.command(ReplicateCommand())
+        self.assertEqual(announced, [1, 1])
+
+    def test_commands_go_through_the_bus_once(self) -> None:
+        bus = RecordingConnection("bus")
+        second = RecordingConnection("second")
+        self.handler.new_connection(second)
+        position = PositionCommand("receipts", "me", 1, 2)
+        self.handler.send_command(position)
+        self.assertEqual((self.conn.sent, second.sent), ([position], [position]))
+        self.handler.set_bus(cast(Any, bus))
+        self.handler.send_command(position)
+        self.assertEqual(bus.sent, [position])
+        self.assertEqual(len(self.conn.sent) + len(second.sent), 2)
+        for connection in (self.conn, second):
+            self.handler.lost_connection(connection)
+        self.handler.send_command(position)  # nobody to tell: dropped
+        self.assertEqual(bus.sent, [position])

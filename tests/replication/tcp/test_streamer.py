@@ -1,0 +1,108 @@
+"""What a process sends of its own streams, in memory on a fake clock: RDATA
+with batch tokens, trailing and idle POSITIONs, announcements on connection,
+nothing when nobody listens, and no echo of others' caches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import task
+from twisted.trial import unittest
+
+from synapse_lite.clock import Clock
+from synapse_lite.replication.tcp.commands import Command, PositionCommand, RdataCommand
+from synapse_lite.replication.tcp.streamer import ANNOUNCE_INTERVAL_SECONDS, ReplicationStreamer
+from synapse_lite.streams.catalog import BUILTIN_STREAMS, CachesStreamRow, ReceiptsStreamRow
+from tests.replication.tcp.fakes import fake_stream
+
+
+class _Handler:
+    """The part of the command handler the streamer uses."""
+
+    def __init__(self) -> None:
+        self.connected = True
+        self.sent: list[Command] = []
+        self.announce: Any = None
+
+    def send_command(self, cmd: Command) -> None:
+        self.sent.append(cmd)
+
+    def on_new_connection(self, callback: Any) -> None:
+        self.announce = callback
+
+
+def receipt(n: int) -> ReceiptsStreamRow:
+    return ReceiptsStreamRow("!r:x", "m.read", f"@u{n}:x", f"$e{n}", None, {"ts": n})
+
+
+class StreamerTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.clock = task.Clock()
+        self.handler = _Handler()
+        self.receipts, self.positions, self.rows = fake_stream(BUILTIN_STREAMS["receipts"])
+        self.caches, self.cache_positions, self.cache_rows = fake_stream(BUILTIN_STREAMS["caches"])
+        self.streamer = ReplicationStreamer(
+            instance_name="me",
+            clock=Clock(self.clock),
+            handler=self.handler,  # type: ignore[arg-type]
+            streams=[self.receipts, self.caches],
+            position_log=None,
+        )
+        # The first poke announces every stream's position.
+        self.streamer.on_notifier_poke()
+        self.assertEqual(
+            self.handler.sent,
+            [PositionCommand("receipts", "me", 0, 0), PositionCommand("caches", "me", 0, 0)],
+        )
+        self.handler.sent.clear()
+
+    def test_new_rows_go_as_rdata_rows_sharing_an_id_as_a_batch(self) -> None:
+        for token, n in ((1, 1), (2, 2), (2, 3), (3, 4)):
+            self.rows.add("me", token, receipt(n))
+        self.positions.local_write = 5  # an id above 3 finished with no row of ours
+        self.streamer.on_notifier_poke()
+        encode = BUILTIN_STREAMS["receipts"].encode_row
+        self.assertEqual(
+            self.handler.sent,
+            [
+                RdataCommand("receipts", "me", 1, encode(receipt(1))),
+                RdataCommand("receipts", "me", None, encode(receipt(2))),
+                RdataCommand("receipts", "me", 2, encode(receipt(3))),
+                RdataCommand("receipts", "me", 3, encode(receipt(4))),
+                PositionCommand("receipts", "me", 3, 5),
+            ],
+        )
+
+    def test_nothing_new_sends_nothing_until_the_idle_announcement(self) -> None:
+        self.streamer.on_notifier_poke()
+        self.assertEqual(self.handler.sent, [])
+        self.streamer.start()
+        self.addCleanup(self.streamer.stop)
+        self.handler.announce()
+        self.clock.advance(ANNOUNCE_INTERVAL_SECONDS)
+        self.assertEqual(
+            self.handler.sent,
+            [PositionCommand("receipts", "me", 0, 0), PositionCommand("caches", "me", 0, 0)],
+        )
+
+    def test_others_moving_the_caches_stream_is_not_echoed(self) -> None:
+        # Another process's invalidations lifted our position: nothing of ours.
+        self.cache_positions.received["other"] = 8
+        self.cache_positions.local_write = 0
+        self.streamer.on_notifier_poke()
+        self.assertEqual(self.handler.sent, [])
+        self.cache_rows.add("me", 9, CachesStreamRow("c", None, 1))
+        self.cache_positions.local_write = 9
+        self.streamer.on_notifier_poke()
+        self.assertEqual([type(c).__name__ for c in self.handler.sent], ["RdataCommand"])
+
+    def test_nobody_listening_skips_the_rows(self) -> None:
+        self.handler.connected = False
+        self.rows.add("me", 1, receipt(1))
+        self.positions.local_write = 1
+        self.streamer.on_notifier_poke()
+        self.assertEqual(self.receipts.last_sent_position, 1)
+        self.assertEqual(self.rows.calls, [])  # not even read: newcomers read the database
+        self.handler.connected = True
+        self.streamer.on_notifier_poke()
+        self.assertEqual(self.handler.sent, [])

@@ -1,0 +1,158 @@
+"""The stream definitions: consistent with each other, with the wire, with
+/sync tokens, with the config and with the table in docs/workers.md."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import attr
+from twisted.trial import unittest
+
+from synapse_lite.config.homeserver import read_homeserver_config
+from synapse_lite.config.validation import ConfigError
+from synapse_lite.streams import catalog
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
+from synapse_lite.streams.definition import (
+    CatchUp,
+    InvalidRow,
+    RowCodec,
+    StreamCatalog,
+    StreamDefinition,
+    WriterRule,
+)
+from synapse_lite.tokens import FIRST_TOKEN_POSITIONS
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "workers.md")
+
+#: One row of each row type, as a writer would build it.
+SAMPLE_ROWS: dict[str, list[Any]] = {
+    "events": [
+        catalog.EventsStreamEventRow(
+            "$e", "!r:x", "m.room.member", "@u:x", None, None, "join", False, False
+        ),
+        catalog.EventsStreamCurrentStateRow("!r:x", "m.room.member", "@u:x", "$e"),
+    ],
+    "presence": [catalog.PresenceStreamRow("@u:x", "online", 1, 0, 2, None, True)],
+    "typing": [catalog.TypingStreamRow("!r:x", ["@u:x"])],
+    "receipts": [catalog.ReceiptsStreamRow("!r:x", "m.read", "@u:x", "$e", None, {"ts": 1})],
+    "account_data": [catalog.AccountDataStreamRow("@u:x", None, "m.direct")],
+    "to_device": [catalog.ToDeviceStreamRow("@u:x")],
+    "device_lists": [catalog.DeviceListsStreamRow("@u:x", "DEV")],
+    "backfill": [catalog.BackfillStreamRow("$e", "!r:x", "m.room.message", None, None, None)],
+    "caches": [catalog.CachesStreamRow("get_user_by_access_token", ["abc"], 5)],
+    "federation": [catalog.FederationStreamRow("device_messages", {"destination": "b"})],
+}
+
+
+class CatalogTestCase(unittest.TestCase):
+    def test_every_stream_is_complete(self) -> None:
+        for definition in BUILTIN_STREAMS:
+            with self.subTest(definition.name):
+                if definition.ids is not None:
+                    self.assertEqual(definition.catch_up, CatchUp.DATABASE)
+                    self.assertIsNotNone(definition.rows_from_store)
+                    self.assertTrue(definition.ids.tables)
+                else:
+                    self.assertEqual(definition.catch_up, CatchUp.WRITER_MEMORY)
+                    self.assertFalse(definition.keeps_positions)
+                self.assertRegex(definition.name, r"^[a-z_]+$")  # a word on the wire
+                self.assertTrue(definition.description)
+
+    def test_rows_round_trip_through_the_wire_form(self) -> None:
+        self.assertEqual(set(SAMPLE_ROWS), set(BUILTIN_STREAMS.names()))
+        for name, rows in SAMPLE_ROWS.items():
+            definition = BUILTIN_STREAMS[name]
+            for row in rows:
+                wire = definition.encode_row(row)
+                self.assertIsInstance(wire, list)
+                self.assertEqual(definition.parse_row(wire), row, name)
+
+    def test_rows_that_do_not_fit_are_refused_with_the_reason(self) -> None:
+        receipts = BUILTIN_STREAMS["receipts"]
+        for wire, reason in [
+            ({"room_id": "!r"}, "must be a JSON list"),
+            (["!r:x", "m.read"], "has 6 fields, not 2"),
+            (["!r:x", "m.read", "@u:x", "$e", None, "not a dict"], "bad receipts row"),
+        ]:
+            with self.assertRaises(InvalidRow) as cm:
+                receipts.parse_row(wire)
+            self.assertIn(reason, str(cm.exception))
+        events = BUILTIN_STREAMS["events"]
+        with self.assertRaises(InvalidRow) as cm:
+            events.parse_row(["nope", []])
+        self.assertIn("unknown events row type 'nope'", str(cm.exception))
+
+    def test_token_order_keeps_the_tokens_already_handed_out(self) -> None:
+        """The first positions of a token are those every token ever handed
+        out has; new streams may only be appended."""
+        names = BUILTIN_STREAMS.sync_token_streams()
+        self.assertEqual(names[0], "events")
+        self.assertEqual(
+            names[1 : 1 + FIRST_TOKEN_POSITIONS],
+            ["presence", "typing", "receipts", "account_data", "to_device", "device_lists"],
+        )
+
+    def test_writer_keys(self) -> None:
+        self.assertEqual(
+            BUILTIN_STREAMS.writer_keys(),
+            {
+                "events": True,
+                "presence": False,
+                "typing": False,
+                "receipts": False,
+                "account_data": False,
+                "to_device": False,
+            },
+        )
+
+    def test_two_streams_of_one_name_are_refused(self) -> None:
+        with self.assertRaises(ValueError):
+            BUILTIN_STREAMS.with_streams(BUILTIN_STREAMS["typing"])
+
+    def test_config_accepts_writers_of_added_streams_only(self) -> None:
+        @attr.s(frozen=True, slots=True, auto_attribs=True)
+        class Row:
+            x: str
+
+        extra = StreamDefinition(
+            name="extra", description="x", codec=RowCodec(Row), writers=WriterRule("extra")
+        )
+        data = {
+            "server_name": "test.local",
+            "worker_replication_secret": "s",
+            "listeners": [{"port": 1, "resources": ["client", "replication"]}],
+            "workers": {"w1": {"listeners": [{"port": 2, "resources": ["replication"]}]}},
+            "stream_writers": {"extra": "w1"},
+        }
+        config = read_homeserver_config(
+            data, "/tmp/x.yaml", StreamCatalog([*BUILTIN_STREAMS, extra])
+        )
+        self.assertEqual(config.stream_writers.writers_of("extra"), ("w1",))
+        self.assertEqual(config.streams_written_by("w1"), ["caches", "extra"])
+        with self.assertRaises(ConfigError) as cm:
+            read_homeserver_config(data, "/tmp/x.yaml")
+        self.assertIn("extra", str(cm.exception))
+
+    def test_docs_table_matches_the_definitions(self) -> None:
+        with open(DOCS, encoding="utf-8") as f:
+            text = f.read()
+        section = text.split("## Every stream and who writes it", 1)[1].split("\n## ", 1)[0]
+        rows = [
+            [cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines()
+            if re.match(r"^\| `", line)
+        ]
+        expected = [
+            [
+                f"`{d.name}`",
+                d.description,
+                d.writers.describe(),
+                "yes" if d.keeps_positions else "no",
+                d.catch_up.value,
+                "yes" if d.in_sync_token else "no",
+            ]
+            for d in BUILTIN_STREAMS
+        ]
+        self.assertEqual(rows, expected)
