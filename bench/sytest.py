@@ -1,0 +1,152 @@
+"""SyTest, the public Matrix homeserver test suite, against one of our layouts.
+
+    python -m bench.sytest --layout monolith|default [--database sqlite|postgres]
+                           [--sytest-dir DIR] [--out DIR] [--base-port N] [tests/...pl ...]
+
+Writes a fresh config and data directory for the layout (open registration,
+the shared registration secret SyTest expects, rate limits off, a server name
+whose port nothing listens on so that SyTest's federation attempts are
+refused at once), starts it with ``synapse-lite run``, runs SyTest's Manual
+mode against the client port (``../shared/sytest/run.sh``), stops the server
+and prints SyTest's summary. SyTest itself is not part of this repository:
+``docs/sytest.md`` says how to get it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+SHARED_SYTEST = os.path.join(REPO, "..", "shared", "sytest")
+#: A port nothing listens on: SyTest's federation requests fail at once.
+SERVER_NAME = "localhost:1"
+#: What SyTest signs its shared-secret registrations with.
+REGISTRATION_SECRET = "reg_secret"
+#: Far from the ports the test suite and a default `synapse-lite run` use.
+BASE_PORT = 28408
+
+
+def write_config(directory: str, layout: str, database: str, base_port: int) -> str:
+    """Generate the layout's config, then set what SyTest needs."""
+    path = os.path.join(directory, "homeserver.yaml")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "synapse_lite.app.cli",
+            "generate-config",
+            "--layout",
+            layout,
+            "--database",
+            database,
+            "--server-name",
+            SERVER_NAME,
+            "--base-port",
+            str(base_port),
+            "--enable-registration",
+            "--data-dir",
+            directory,
+            "-o",
+            path,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    with open(path, encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    config["registration_shared_secret"] = REGISTRATION_SECRET
+    config["rate_limiting"] = {"enabled": False}
+    if database == "postgres":
+        name = f"sytest_{os.getpid()}_{int(time.time())}"
+        subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-c", f"CREATE DATABASE {name}"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        config["database"]["args"]["dbname"] = name
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f, sort_keys=False)
+    return path
+
+
+def wait_until_serving(base_url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base_url}/_matrix/client/versions", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"the server did not answer at {base_url} within {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sytest")
+    parser.add_argument("--layout", choices=("monolith", "default", "sharded"), default="monolith")
+    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument(
+        "--sytest-dir",
+        default=os.environ.get("SYTEST_DIR", "/work/sytest-checkout"),
+        help="a matrix-org/sytest checkout (default: $SYTEST_DIR or /work/sytest-checkout)",
+    )
+    parser.add_argument("--out", help="where results.tap and summary.txt go (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the server's data directory")
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=BASE_PORT,
+        help=f"first of the layout's ports (default {BASE_PORT}); give each concurrent run its own",
+    )
+    parser.add_argument("tests", nargs="*", help="SyTest files, e.g. tests/31sync/04timeline.pl")
+    args = parser.parse_args(argv)
+
+    run_sh = os.path.join(SHARED_SYTEST, "run.sh")
+    if not os.path.exists(os.path.join(args.sytest_dir, "run-tests.pl")):
+        print(f"no SyTest checkout at {args.sytest_dir}: see docs/sytest.md", file=sys.stderr)
+        return 2
+    directory = tempfile.mkdtemp(prefix=f"sytest_{args.layout}_")
+    out = args.out or os.path.join(directory, "results")
+    config = write_config(directory, args.layout, args.database, args.base_port)
+    base_url = f"http://127.0.0.1:{args.base_port}"
+    log = open(os.path.join(directory, "server.log"), "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "synapse_lite.app.cli", "run", "-c", config],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until_serving(base_url, 60)
+        started = time.monotonic()
+        subprocess.run(
+            ["bash", run_sh, args.sytest_dir, base_url, SERVER_NAME, out, *args.tests],
+            check=False,
+        )
+        print(f"SyTest ran for {time.monotonic() - started:.0f} s against the {args.layout} layout")
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+    with open(os.path.join(out, "summary.txt"), encoding="utf-8") as f:
+        print(f.read())
+    print(f"results: {out}/results.tap; server log: {directory}/server.log")
+    if not args.keep and not args.out:
+        shutil.rmtree(os.path.join(directory, "data"), ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
