@@ -21,12 +21,12 @@ from twisted.internet import defer, protocol, reactor, task, utils
 from twisted.trial.unittest import SkipTest
 
 from tests.harness.processes import free_port
-from tests.harness.services import ServiceMissing, _in_ci
+from tests.harness.services import ServiceMissing, in_ci
 
 
 def _missing(message: str) -> Exception:
     """Skip, or under CI=true fail: CI must run every fault."""
-    if _in_ci():
+    if in_ci():
         return ServiceMissing(message + " (CI=true: a missing service is a failure)")
     return SkipTest(message)
 

@@ -17,7 +17,8 @@ class ServiceMissing(AssertionError):
     """A service CI requires is not running."""
 
 
-def _in_ci() -> bool:
+def in_ci() -> bool:
+    """Whether this is a CI run, where a missing service is a failure."""
     return os.environ.get("CI", "").lower() == "true"
 
 
@@ -52,7 +53,7 @@ def require_service(name: str, host: str, port: int, hint: str) -> None:
     if _reachable(host, port):
         return
     message = f"{name} is not reachable at {host}:{port}; {hint}"
-    if _in_ci():
+    if in_ci():
         raise ServiceMissing(message + " (CI=true: a missing service is a failure)")
     raise SkipTest(message)
 
@@ -78,6 +79,6 @@ def require_python_module(module: str, extra: str) -> None:
         __import__(module)
     except ImportError as e:
         message = f"{module} is not installed: pip install -e '.[{extra}]'"
-        if _in_ci():
+        if in_ci():
             raise ServiceMissing(message) from e
         raise SkipTest(message) from e
