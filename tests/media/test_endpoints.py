@@ -57,7 +57,7 @@ class MediaClient:
         path: str,
         body: bytes | None = None,
         content_type: str | None = None,
-        token: str | None | bool = True,
+        token: str | bool | None = True,
     ) -> Response:
         headers: dict[str, list[str]] = {}
         use = self.token if token is True else (None if token is False else token)
@@ -86,7 +86,9 @@ class MediaClient:
 
     async def download(self, mxc: str, suffix: str = "", **kwargs: Any) -> Response:
         server_media = mxc.removeprefix("mxc://")
-        return await self.call("GET", f"/_matrix/client/v1/media/download/{server_media}{suffix}", **kwargs)
+        return await self.call(
+            "GET", f"/_matrix/client/v1/media/download/{server_media}{suffix}", **kwargs
+        )
 
     async def thumbnail(self, mxc: str, query: str) -> Response:
         server_media = mxc.removeprefix("mxc://")
@@ -101,9 +103,7 @@ class MediaTestCase(DatabaseTestCase):
 
     async def setUp(self) -> None:  # type: ignore[override]
         super().setUp()
-        self.servers, clients, _ = start_cluster(
-            self, self.test_db, media=self.media, **self.extra
-        )
+        self.servers, clients, _ = start_cluster(self, self.test_db, media=self.media, **self.extra)
         base = clients["main"].base_url
         alice = await ClientApi(self, base).register("alice")
         bob = await ClientApi(self, base).register("bob")
@@ -123,7 +123,7 @@ class MediaTestCase(DatabaseTestCase):
 
 class RoundTripTestCase(MediaTestCase):
     async def test_text_and_binary_files_come_back_identical(self) -> None:
-        text = "hello, world\n".encode()
+        text = b"hello, world\n"
         binary = secrets.token_bytes(1_500_000)  # over the usual 1 MB body limit
         response = await self.alice.call(
             "POST", "/_matrix/media/v3/upload?filename=notes.txt", text, "text/plain"
@@ -291,7 +291,12 @@ class ThumbnailTestCase(MediaTestCase):
         self.assertIn("errcode", got.json())
         # The corrupt file itself is still served as uploaded.
         self.assertEqual((await self.alice.download(corrupt)).code, 200)
-        for query in ("width=96", "width=0&height=5", "width=x&height=5", "width=9&height=9&method=zoom"):
+        for query in (
+            "width=96",
+            "width=0&height=5",
+            "width=x&height=5",
+            "width=9&height=9&method=zoom",
+        ):
             got = await self.alice.thumbnail(text, query)
             self.assertEqual(got.code, 400, query)
 
