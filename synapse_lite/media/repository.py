@@ -16,6 +16,7 @@ made on demand and cached.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from twisted.internet import defer, threads
@@ -45,6 +46,10 @@ logger = logging.getLogger(__name__)
 EXPIRY_INTERVAL_SECONDS = 600.0
 #: Thumbnails made at once (each may decode a large image).
 THUMBNAIL_CONCURRENCY = 2
+#: Uploaded media whose metadata is kept in memory (it never changes once
+#: uploaded, and only this process writes it): a download then needs no
+#: database round trip.
+METADATA_CACHE_ENTRIES = 10_000
 
 
 class CannotOverwriteMedia(SynapseError):
@@ -81,6 +86,7 @@ class MediaRepository:
         self._waiting: dict[str, list[defer.Deferred[None]]] = {}
         self._jobs: set[defer.Deferred[None]] = set()
         self._expiry: Any = None
+        self._uploaded_media: OrderedDict[str, LocalMedia] = OrderedDict()
 
     # Lifecycle (a Loop, plus the jobs to finish before the database closes)
 
@@ -192,10 +198,17 @@ class MediaRepository:
             raise NotFoundError(
                 f"Media of other servers ({server_name}) is not fetched by this server"
             )
+        cached = self._uploaded_media.get(media_id)
+        if cached is not None:
+            self._uploaded_media.move_to_end(media_id)
+            return cached
         media = await self._store.get_local_media(media_id)
         if media is None:
             raise NotFoundError("Unknown media")
         if media.uploaded:
+            self._uploaded_media[media_id] = media
+            if len(self._uploaded_media) > METADATA_CACHE_ENTRIES:
+                self._uploaded_media.popitem(last=False)
             return media
         timeout_ms = min(timeout_ms, self.config.max_download_wait_ms)
         deadline = self._clock.time_msec() + timeout_ms
