@@ -25,6 +25,7 @@ EXTRAS = {
         "mypy-zope>=1.0",
         "ruff>=0.4",
         "types-PyYAML",
+        "types-jsonschema",
     ],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})

@@ -54,7 +54,8 @@ def _request(
     """One HTTP request; the body streamed from a file object, the answer
     streamed into ``sink`` (if given; then the returned bytes are empty)."""
     parsed = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=300, blocksize=_BLOCK)
+    host = parsed.hostname or "127.0.0.1"
+    conn = http.client.HTTPConnection(host, parsed.port, timeout=300, blocksize=_BLOCK)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()

@@ -59,7 +59,7 @@ class MediaClient:
         content_type: str | None = None,
         token: str | bool | None = True,
     ) -> Response:
-        headers: dict[str, list[str]] = {}
+        headers: dict[bytes | str, list[bytes | str]] = {}
         use = self.token if token is True else (None if token is False else token)
         if use:
             headers["Authorization"] = [f"Bearer {use}"]
