@@ -23,49 +23,21 @@ Prints the figures and PASS/FAIL; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import http.client
 import io
 import json
 import os
 import secrets
 import shutil
 import statistics
-import threading
 import time
-import urllib.parse
-from typing import Any
 
 from PIL import Image
 
 from bench.cluster import Cluster
+from tests.harness.blocking_http import http_request
+from tests.harness.process_memory import RssSampler
 
 MB = 1024 * 1024
-_BLOCK = 64 * 1024
-
-
-def _request(
-    url: str,
-    method: str,
-    path: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-    sink: Any = None,
-) -> tuple[int, bytes]:
-    """One HTTP request; the body streamed from a file object, the answer
-    streamed into ``sink`` (if given; then the returned bytes are empty)."""
-    parsed = urllib.parse.urlsplit(url)
-    host = parsed.hostname or "127.0.0.1"
-    conn = http.client.HTTPConnection(host, parsed.port, timeout=300, blocksize=_BLOCK)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        response = conn.getresponse()
-        if sink is None:
-            return response.status, response.read()
-        while chunk := response.read(_BLOCK):
-            sink.write(chunk)
-        return response.status, b""
-    finally:
-        conn.close()
 
 
 class MediaBench:
@@ -74,7 +46,7 @@ class MediaBench:
         self.main = cluster.url("main")
         self.media = cluster.url("media1")
         self.work_dir = os.path.join(cluster.dir, "data")  # the media store's disk
-        code, body = _request(
+        code, body = http_request(
             self.main,
             "POST",
             "/_matrix/client/v3/register",
@@ -110,7 +82,7 @@ class MediaBench:
         size = os.path.getsize(source)
         with open(source, "rb") as f:
             start = time.perf_counter()
-            code, body = _request(
+            code, body = http_request(
                 self.media,
                 "POST",
                 "/_matrix/media/v3/upload",
@@ -125,7 +97,7 @@ class MediaBench:
         target = os.path.join(self.work_dir, "downloaded")
         with open(target, "wb") as sink:
             start = time.perf_counter()
-            code, _ = _request(
+            code, _ = http_request(
                 self.media,
                 "GET",
                 "/_matrix/client/v1/media/download/" + uri.removeprefix("mxc://"),
@@ -141,7 +113,7 @@ class MediaBench:
 
     def thumbnail(self, uri: str, query: str) -> float:
         start = time.perf_counter()
-        code, body = _request(
+        code, body = http_request(
             self.media,
             "GET",
             "/_matrix/client/v1/media/thumbnail/" + uri.removeprefix("mxc://") + "?" + query,
@@ -158,36 +130,6 @@ def _image(fmt: str, width: int, height: int) -> bytes:
     out = io.BytesIO()
     image.save(out, fmt)
     return out.getvalue()
-
-
-class RssSampler:
-    """The resident memory of a process, sampled every 10 ms in a thread."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def status_kb(self, field: str) -> int:
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-        return 0
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak_kb = max(self.peak_kb, self.status_kb("VmRSS"))
-            time.sleep(0.01)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _rate(size: int, seconds: float) -> float:

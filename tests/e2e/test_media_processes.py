@@ -6,6 +6,7 @@ leaves nothing partial to be served."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
 import signal
@@ -17,9 +18,11 @@ import nio
 from twisted.internet import threads
 from twisted.trial import unittest
 
+from tests.harness.blocking_http import http_request
 from tests.harness.launcher import LaunchedServer, launch
 from tests.harness.matrix_client import NioRunner
 from tests.harness.polling import eventually
+from tests.harness.process_memory import RssSampler
 from tests.media.images import image_bytes, opened
 from tests.media.test_endpoints import MediaClient
 
@@ -56,6 +59,7 @@ class MediaWorkerProcessesTestCase(unittest.TestCase):
         alice_media.restore_login(alice.user_id, alice.device_id, alice.access_token)
 
         await self.step_nio_upload_and_download(alice_media)
+        await self.step_large_file_streams(alice.access_token)
         await self.step_other_processes_refuse(alice.access_token)
         await self.step_sigkill_during_uploads(alice.access_token)
 
@@ -84,6 +88,25 @@ class MediaWorkerProcessesTestCase(unittest.TestCase):
         )
         self.assertIsInstance(thumbnail, nio.ThumbnailResponse, thumbnail)
         self.assertEqual(opened(thumbnail.body).size, (96, 96))
+
+    async def step_large_file_streams(self, token: str) -> None:
+        """A 40 MB file up and down: the worker's resident memory stays near
+        idle (bodies go to and from disk, never whole into memory)."""
+        pid = self.server.command.running_pids()["media1"]
+        size = 40 * 1024 * 1024
+        path = os.path.join(self.server.directory, "large-source")
+        with open(path, "wb") as f:
+            for _ in range(size // (1024 * 1024)):
+                f.write(secrets.token_bytes(1024 * 1024))
+        with RssSampler(pid) as sampler:
+            idle = sampler.status_kb("VmRSS")
+            media_url = self.server.url("media1")
+            uri = await threads.deferToThread(_upload_file, media_url, token, path)
+            received = await threads.deferToThread(_download_size, media_url, token, uri)
+        self.assertEqual(received, size)
+        grew_mb = (sampler.peak_kb - idle) / 1024
+        self.assertLess(grew_mb, 16, f"RSS grew by {grew_mb:.1f} MB during 40 MB transfers")
+        os.unlink(path)
 
     async def step_other_processes_refuse(self, token: str) -> None:
         for name in ("main", "synchrotron1"):
@@ -134,6 +157,42 @@ class MediaWorkerProcessesTestCase(unittest.TestCase):
         # And the worker takes uploads again.
         uri = await media.upload(b"after the crash", "text/plain")
         self.assertEqual((await media.download(uri)).body, b"after the crash")
+
+
+def _upload_file(url: str, token: str, path: str) -> str:
+    with open(path, "rb") as f:
+        code, body = http_request(
+            url,
+            "POST",
+            "/_matrix/media/v3/upload",
+            f,
+            {
+                "Authorization": f"Bearer {token}",
+                "Content-Length": str(os.path.getsize(path)),
+                "Content-Type": "application/octet-stream",
+            },
+        )
+    assert code == 200, body
+    return str(json.loads(body)["content_uri"])
+
+
+def _download_size(url: str, token: str, uri: str) -> int:
+    class Counter:
+        size = 0
+
+        def write(self, data: bytes) -> None:
+            self.size += len(data)
+
+    counter = Counter()
+    code, _ = http_request(
+        url,
+        "GET",
+        "/_matrix/client/v1/media/download/" + uri.removeprefix("mxc://"),
+        headers={"Authorization": f"Bearer {token}"},
+        sink=counter,
+    )
+    assert code == 200, code
+    return counter.size
 
 
 def _files(store: str, part: str) -> list[str]:
