@@ -140,7 +140,9 @@ class MediaWorkerProcessesTestCase(unittest.TestCase):
         ]
         # The bodies are arriving in tmp/ when the worker is killed.
         await eventually(
-            lambda: len(_files(store, "tmp")) == 2, what="two uploads under way", timeout=20
+            lambda: len([f for f in _files(store, "tmp") if "/upload-" in f]) == 2,
+            what="two uploads under way",
+            timeout=20,
         )
         command = server.command
         os.kill(command.running_pids()["media1"], signal.SIGKILL)
