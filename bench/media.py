@@ -1,7 +1,7 @@
 """The media repository's speed and memory, against copying the same file on
 the same disk in the same run.
 
-    python -m bench.media [--engine sqlite|postgres] [--runs-1mb 15] [--runs-50mb 3]
+    python -m bench.media [--engine sqlite|postgres] [--runs-1mb 15] [--runs-50mb 5]
 
 Launches the main process and a media worker (``media_instance: media1``) as
 OS processes, registers a user, then measures:
@@ -140,7 +140,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--runs-1mb", type=int, default=15)
-    parser.add_argument("--runs-50mb", type=int, default=3)
+    parser.add_argument("--runs-50mb", type=int, default=5)
     parser.add_argument("--runs-thumbnail", type=int, default=7)
     args = parser.parse_args()
 
