@@ -9,6 +9,8 @@ REQUIREMENTS = [
     "treq>=23.11",
     "prometheus_client>=0.17",
     "PyNaCl>=1.5",
+    # The media repository's thumbnails.
+    "Pillow>=10.0",
 ]
 
 EXTRAS = {
@@ -17,11 +19,13 @@ EXTRAS = {
     "spark": ["pyspark>=3.5", "pyarrow>=14"],
     "test": [
         "hypothesis>=6.90",
+        "jsonschema>=4.0",
         "matrix-nio>=0.24",
         "mypy>=1.8,<2.5",
         "mypy-zope>=1.0",
         "ruff>=0.4",
         "types-PyYAML",
+        "types-jsonschema",
     ],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})

@@ -26,10 +26,13 @@ LAYOUTS: dict[str, dict[str, list[str]]] = {
         "persister2": ["client", "replication", "health"],
         "typing1": ["replication", "health"],
     },
+    # The main process and a media worker (bench/media.py).
+    "media": {"media1": ["client", "health"]},
 }
 WRITERS: dict[str, dict[str, Any]] = {
     "single": {},
     "split": {"events": ["persister1", "persister2"], "typing": "typing1"},
+    "media": {},
 }
 #: Where each layout's clients send events and long-poll /sync.
 SEND_TO = {"single": ["main"], "split": ["persister1", "persister2"]}
@@ -84,7 +87,8 @@ def _redis_running() -> bool:
 class Cluster:
     """The processes of one layout, started by :meth:`start`, stopped by :meth:`stop`."""
 
-    def __init__(self, layout: str, engine: str) -> None:
+    def __init__(self, layout: str, engine: str, extra: dict[str, Any] | None = None) -> None:
+        """``extra``: top-level config settings added to the layout's."""
         self.layout = layout
         self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
         self.database = _create_database(engine, self.dir)
@@ -110,6 +114,7 @@ class Cluster:
             "workers": {},
             "stream_writers": WRITERS[layout],
             "rate_limiting": {"enabled": False},
+            **(extra or {}),
         }
         for name, resources in workers.items():
             self.ports[name] = free_port()

@@ -1,5 +1,5 @@
 """How long `synapse-lite run` takes until every process answers /health: the
-default layout (main, synchrotron1, persister1, persister2) against the main
+default layout (main, synchrotron1, persister1, persister2, media1) against the main
 process alone (the monolith layout, the baseline), alternating, in one run.
 
     python bench/launcher_startup.py [--rounds 5]

@@ -4,7 +4,8 @@
                            [--sytest-dir DIR] [--out DIR] [--base-port N] [tests/...pl ...]
 
 Writes a fresh config and data directory for the layout (open registration,
-the shared registration secret SyTest expects, rate limits off, a server name
+the shared registration secret SyTest expects, rate limits off, the deprecated
+unauthenticated media endpoints on, a server name
 whose port nothing listens on so that SyTest's federation attempts are
 refused at once), starts it with ``synapse-lite run``, runs SyTest's Manual
 mode against the client port (``../shared/sytest/run.sh``), stops the server
@@ -67,6 +68,10 @@ def write_config(directory: str, layout: str, database: str, base_port: int) -> 
         config = yaml.safe_load(f)
     config["registration_shared_secret"] = REGISTRATION_SECRET
     config["rate_limiting"] = {"enabled": False}
+    # SyTest predates authenticated media (Matrix 1.11): it reads
+    # /_matrix/media/v3/config, one of the deprecated endpoints that are off
+    # by default. An operator serving such clients turns them on.
+    config.setdefault("media", {})["legacy_unauthenticated_endpoints"] = True
     if database == "postgres":
         name = f"sytest_{os.getpid()}_{int(time.time())}"
         subprocess.run(

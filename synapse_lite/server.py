@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from synapse_lite.federation.outbox import OutboxConsumer
     from synapse_lite.handlers.presence import PresenceHandlerBase
     from synapse_lite.handlers.typing import TypingHandlerBase
+    from synapse_lite.media.repository import MediaRepository
     from synapse_lite.notifier import Notifier
     from synapse_lite.position_log import PositionLog
     from synapse_lite.replication.http.calls import InternalCalls
@@ -66,6 +67,8 @@ class HomeServer:
     #: The federation sender, or the main process's queue feeding a sender worker.
     outbox: OutboxConsumer | None
     keyring: Keyring | None
+    #: The media repository, on the media instance.
+    media: MediaRepository | None
     #: The background loops (started with the service; tests of in-process
     #: clusters, which start no listeners or transports, start these alone).
     loops: LoopsService

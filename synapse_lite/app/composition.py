@@ -2,7 +2,8 @@
 
 This is the one place that knows which classes a role uses (a typing writer
 or a follower, a presence writer or a follower, a federation sender, the
-queue feeding one, or neither) and the order things are built in. Each
+queue feeding one, or neither; the media repository or a refusal of media
+paths) and the order things are built in. Each
 component is given the few collaborators it uses through its constructor;
 nothing is looked up later. The result is a :class:`~synapse_lite.server.HomeServer`
 record whose ``service`` starts and stops the process (``app/services.py``).
@@ -31,7 +32,7 @@ import attr
 from twisted.internet import defer
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.app.listeners import ListenerResources, ListenersService
+from synapse_lite.app.listeners import ListenerResources, ListenersService, MediaEndpoints
 from synapse_lite.app.services import CallbackService, Loop, LoopsService, ProcessService
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
@@ -68,6 +69,10 @@ from synapse_lite.handlers.typing import (
     TypingWriterHandler,
 )
 from synapse_lite.http.server import JsonResource
+from synapse_lite.media.paths import MediaFilePaths
+from synapse_lite.media.repository import MediaRepository
+from synapse_lite.media.servlets import MediaElsewhere, MediaServlets
+from synapse_lite.media.storage import MediaStorage, make_storage_provider
 from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
@@ -187,6 +192,8 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     federation = _federation_for_role(
         config, me, reactor, clock, store, replication, replication_notifier, calls, wiring
     )
+    auth = AuthHandler(store)
+    media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
     devices = DeviceHandler(store, calls)
     events = EventCreationHandler(
         store=store,
@@ -207,7 +214,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
-        auth=AuthHandler(store),
+        auth=auth,
         registration=RegistrationHandler(store, clock, config, devices),
         login=LoginHandler(store, clock, config, devices),
         devices=devices,
@@ -322,6 +329,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             client=handlers,
             replication=calls.resource,
             federation=federation_servlets,
+            media=media_endpoints,
         ),
         max_body_bytes=config.limits.max_request_body_bytes,
     )
@@ -345,6 +353,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             "position log", stop=position_log.close if position_log is not None else None
         ),
         CallbackService("http clients", stop=close_clients),
+        CallbackService("media jobs", stop=media.finish_jobs if media is not None else None),
         CallbackService("replication", start=transport.start, stop=transport.stop),
         CallbackService("user syncs", stop=presence.end_of_syncs),
         CallbackService("stream positions", stop=flush_positions),
@@ -380,6 +389,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         presence=presence,
         outbox=federation.outbox,
         keyring=federation.keyring,
+        media=media,
         loops=loops_service,
         listeners=listeners,
         service=service,
@@ -451,6 +461,43 @@ def _presence_for_role(
     )
     wiring.loops.append(follower)
     return follower
+
+
+def _media_for_role(
+    config: HomeServerConfig,
+    me: str,
+    store: GenericWorkerStore,
+    clock: Clock,
+    reactor: Any,
+    auth: AuthHandler,
+    wiring: _Wiring,
+) -> tuple[MediaRepository | None, MediaEndpoints]:
+    """The media instance serves the media repository; every other process
+    answers media paths with an error naming it."""
+    if config.media_instance != me:
+        media_url = None
+        for listener in config.listeners_of(config.media_instance):
+            if "client" in listener.resources:
+                media_url = f"http://{listener.bind_address}:{listener.port}"
+                break
+        return None, MediaElsewhere(me, config.media_instance, media_url)
+    media_config = config.media
+    storage = MediaStorage(
+        MediaFilePaths(media_config.store_path),
+        [make_storage_provider(p) for p in media_config.storage_providers],
+        reactor,
+    )
+    repository = MediaRepository(
+        store=store,
+        storage=storage,
+        clock=clock,
+        reactor=reactor,
+        config=media_config,
+        server_name=config.server_name,
+        rate_limits_enabled=config.rate_limits.enabled,
+    )
+    wiring.loops.append(repository)
+    return repository, MediaServlets(repository, auth)
 
 
 def _load_database(

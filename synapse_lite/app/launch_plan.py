@@ -18,6 +18,7 @@ from synapse_lite.config.homeserver import (
     InstanceLocation,
     ListenerConfig,
 )
+from synapse_lite.config.media import MediaConfig
 from synapse_lite.config.validation import ConfigError, ConfigProblem
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
 
@@ -37,6 +38,8 @@ class ProcessSpec:
     streams: tuple[str, ...]
     #: Where the others send it internal requests, if anywhere.
     location: InstanceLocation | None
+    #: The media settings, on the media instance (a change restarts it alone).
+    media: MediaConfig | None = None
 
     @property
     def health_url(self) -> str:
@@ -74,6 +77,8 @@ class ProcessSpec:
         singles = [s for s in self.streams if s in single_keys]
         if singles and self.name != MAIN_PROCESS:  # the main process's by default
             roles.append("writes " + ", ".join(singles))
+        if self.media is not None and self.name != MAIN_PROCESS:
+            roles.append("media repository")
         if not roles:
             roles.append("client API" if self._base_url("client") else "worker")
         return "; ".join(roles)
@@ -133,6 +138,7 @@ def plan_processes(config: HomeServerConfig, for_running: bool = True) -> list[P
                 listeners=listeners,
                 streams=streams,
                 location=config.instance_map.get(name),
+                media=config.media if name == config.media_instance else None,
             )
         )
     if problems and for_running:
@@ -155,6 +161,8 @@ def settings_shared_by_all(config: HomeServerConfig) -> tuple[object, ...]:
         config.enable_registration,
         tuple(sorted((key, w) for key, w in writers.by_key.items() if key != "events")),
         config.federation_sender,
+        # Every process answers media paths by it (served, or refused naming it).
+        config.media_instance,
         config.rate_limits,
         config.limits,
         config.log_level,

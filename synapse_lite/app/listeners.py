@@ -1,7 +1,8 @@
 """A process's HTTP listeners: the resource tree of each, and the service that
 listens and, when stopping, drains them.
 
-Resources: ``client`` (the Matrix client API and the admin API beside it),
+Resources: ``client`` (the Matrix client API and the admin API beside it,
+and the media paths: served on the media instance, refused elsewhere),
 ``federation`` and ``keys`` (server-server), ``replication`` (internal calls
 from other processes), ``health`` and ``metrics``.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attr
 from prometheus_client.twisted import MetricsResource
@@ -21,7 +22,7 @@ from twisted.web.server import Request
 
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import ListenerConfig
-from synapse_lite.http.server import JsonResource, ServingSite, make_site
+from synapse_lite.http.server import JsonResource, ServingSite, UploadRoute, make_site
 from synapse_lite.rest.client import ClientHandlers, register_servlets
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,16 @@ class HealthResource(Resource):
         return b'{"status":"ok","instance":"%s"}' % self._instance_name.encode("utf-8")
 
 
+class MediaEndpoints(Protocol):
+    """The media paths of a client listener: served (the media instance,
+    ``synapse_lite/media/servlets.py``'s ``MediaServlets``) or refused
+    (``MediaElsewhere``)."""
+
+    def register(self, resource: JsonResource) -> None: ...
+
+    def upload_routes(self) -> list[UploadRoute]: ...
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True, kw_only=True)
 class ListenerResources:
     """What a process can serve; each listener picks by its ``resources``."""
@@ -53,6 +64,11 @@ class ListenerResources:
     #: Registers the ``federation``/``keys`` APIs on a resource, where this
     #: process serves them.
     federation: Callable[[JsonResource, tuple[str, ...]], None] | None
+    media: MediaEndpoints
+
+    def upload_routes(self, resources: tuple[str, ...]) -> list[UploadRoute]:
+        """The paths of a listener whose request bodies may be large."""
+        return self.media.upload_routes() if "client" in resources else []
 
     def tree(self, resources: tuple[str, ...]) -> Resource:
         """The resource tree of one listener."""
@@ -65,6 +81,7 @@ class ListenerResources:
         if "client" in resources:
             matrix = JsonResource("client")
             register_servlets(self.client, matrix)
+            self.media.register(matrix)
             synapse_root.putChild(b"admin", matrix)
         if self.federation is not None and {"federation", "keys"} & set(resources):
             matrix = matrix or JsonResource("federation")
@@ -107,7 +124,11 @@ class ListenersService(Service):
     def startService(self) -> None:
         super().startService()
         for listener in self._listeners:
-            site = make_site(self.resources.tree(listener.resources), self._max_body_bytes)
+            site = make_site(
+                self.resources.tree(listener.resources),
+                self._max_body_bytes,
+                self.resources.upload_routes(listener.resources),
+            )
             port = self._reactor.listenTCP(listener.port, site, interface=listener.bind_address)
             self.sites.append(site)
             self.ports.append(port)

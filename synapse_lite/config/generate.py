@@ -4,10 +4,11 @@ Three layouts, all on loopback, ports counted up from a base port (the main
 process's client listener) in the order the processes are listed:
 
 * ``monolith``: the main process alone;
-* ``default``: the main process, one /sync worker (``synchrotron1``) and two
-  events writers (``persister1``, ``persister2``);
-* ``sharded``: two /sync workers, three events writers and ``stream_writer1``
-  for typing, to_device, account_data, receipts and presence.
+* ``default``: the main process, one /sync worker (``synchrotron1``), two
+  events writers (``persister1``, ``persister2``) and the media repository
+  (``media1``);
+* ``sharded``: two /sync workers, three events writers, ``stream_writer1``
+  for typing, to_device, account_data, receipts and presence, and ``media1``.
 
 Every process gets ``health`` and ``metrics`` (``synapse-lite run`` and
 ``status`` need them); writers and the main process get ``replication``.
@@ -55,10 +56,14 @@ class _Process:
 
 _SYNC = ("client", "health", "metrics")
 _WRITER = ("replication", "health", "metrics")
+#: The media worker of the layouts that have one.
+MEDIA_WORKER = "media1"
+_MEDIA = _Process(MEDIA_WORKER, _SYNC, "The media repository: uploads, downloads, thumbnails.")
 
 
 def _layout(layout: str) -> tuple[list[_Process], dict[str, object]]:
-    """The processes of a layout (main first) and its stream writers."""
+    """The processes of a layout (main first, the media worker, if any, last)
+    and its stream writers."""
     if layout == "monolith":
         main = _Process(
             MAIN_PROCESS, ("client", "federation", "keys", "health", "metrics"), "Everything."
@@ -74,6 +79,7 @@ def _layout(layout: str) -> tuple[list[_Process], dict[str, object]]:
             _Process("synchrotron1", _SYNC, "/sync and other reads."),
             _Process("persister1", _WRITER, "Persists the events of its rooms."),
             _Process("persister2", _WRITER, "Persists the events of its rooms."),
+            _MEDIA,
         ]
         return [main, *workers], {"events": ["persister1", "persister2"]}
     persisters = [f"persister{i}" for i in (1, 2, 3)]
@@ -82,6 +88,7 @@ def _layout(layout: str) -> tuple[list[_Process], dict[str, object]]:
         _Process("synchrotron2", _SYNC, "/sync and other reads."),
         *(_Process(p, _WRITER, "Persists the events of its rooms.") for p in persisters),
         _Process("stream_writer1", _WRITER, "Writes the single-writer streams."),
+        _MEDIA,
     ]
     writers: dict[str, object] = {"events": persisters}
     writers.update({key: "stream_writer1" for key in BUILTIN_STREAMS.single_writer_keys()})
@@ -226,7 +233,22 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
                 lines += [f"  # {process.comment}", f"  {process.name}:", "    listeners:"]
                 lines += _listener(port, process.resources, "      ")
         lines += [""]
+    media_instance = MEDIA_WORKER if len(processes) > 1 else MAIN_PROCESS
     lines += [
+        "# The process serving the media repository (/_matrix/media and",
+        "# /_matrix/client/v1/media); the others answer those paths with an error",
+        "# naming it, so route them there (docs/media.md).",
+        f"media_instance: {media_instance}",
+        "# Uploads: where they are kept (relative to data_dir), how large they may",
+        "# be, the thumbnails made of images, and more: docs/configuration.md#media.",
+        "media:",
+        "  store_path: media",
+        "  max_upload_size: 50M",
+        "  # The deprecated /_matrix/media/v3/download, thumbnail and config, which",
+        "  # serve media without an access token.",
+        "  legacy_unauthenticated_endpoints: false",
+        "  upload_rate_limit: {per_second: 1, burst: 20}",
+        "",
         "# Other homeservers: where they are (without an entry, host[:port] means",
         "# https://host:port), timeouts and retry backoff. See docs/federation.md.",
         "# federation:",

@@ -14,6 +14,7 @@ from typing import Any
 import attr
 
 from synapse_lite.config.federation import FederationConfig
+from synapse_lite.config.media import MediaConfig
 from synapse_lite.config.validation import (
     REQUIRED,
     ConfigError,
@@ -305,6 +306,10 @@ class HomeServerConfig:
     caches: CachesConfig
     log_level: str
     position_log: bool
+    #: The process serving the media repository (``/_matrix/media``,
+    #: ``/_matrix/client/v1/media``); every other process refuses those paths.
+    media_instance: str
+    media: MediaConfig
     #: The streams this deployment runs (their definitions).
     streams: StreamCatalog = attr.ib(default=BUILTIN_STREAMS, hash=False)
 
@@ -432,6 +437,8 @@ def read_homeserver_config(
     caches = CachesConfig.read(root.get_section("caches"))
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     position_log = root.get_bool("position_log", False)
+    media_instance = root.get_str("media_instance", MAIN_PROCESS)
+    media = MediaConfig.read(root.get_section("media"), data_dir, base_dir)
 
     explicit_map: dict[str, InstanceLocation] = {}
     map_section = root.get_section("instance_map")
@@ -469,6 +476,20 @@ def read_homeserver_config(
         root.problem(
             f"{federation_sender!r} is not the main process or a declared worker",
             "federation_sender",
+        )
+    if media_instance not in known:
+        root.problem(
+            f"{media_instance!r} is not the main process or a declared worker", "media_instance"
+        )
+    elif "media_instance" in root.data and not any(
+        "client" in listener.resources for listener in listeners_by_instance[media_instance]
+    ):
+        # Checked only when named: a config without media (no client
+        # listener on main, as in some test rigs) stays valid.
+        root.problem(
+            f"{media_instance!r} has no listener with the 'client' resource, so media would be"
+            " served nowhere: give it one, or name another process",
+            "media_instance",
         )
     if workers and not secret:
         root.problem(
@@ -524,6 +545,8 @@ def read_homeserver_config(
         caches=caches,
         log_level=log_level,
         position_log=position_log,
+        media_instance=media_instance,
+        media=media,
         streams=streams,
     )
 

@@ -7,6 +7,7 @@ the loader reports every mistake in a file at once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -98,6 +99,24 @@ def _kind(value: object) -> str:
     if isinstance(value, dict):
         return "mapping"
     return type(value).__name__
+
+
+_BYTE_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)B?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_byte_size(value: object) -> int | None:
+    """Bytes from an integer or ``50M``-style text (K, M, G: powers of 1024);
+    None if it is neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        match = _BYTE_SIZE.match(value)
+        if match:
+            return int(match.group(1)) * _BYTE_UNITS[match.group(2).upper()]
+    return None
 
 
 class Section:
@@ -198,6 +217,21 @@ class Section:
         if minimum is not None and value < minimum:
             self.problem(f"must be at least {minimum}, not {value}", key)
         return float(value)
+
+    def get_byte_size(self, key: str, default: Any = REQUIRED, minimum: int = 0) -> Any:
+        """A number of bytes: an integer, or text like ``512K``, ``50M``, ``1G``."""
+        found, value = self._get(key, default)
+        if not found:
+            return value
+        size = parse_byte_size(value)
+        if size is None or size < minimum:
+            self.problem(
+                f"must be a number of bytes (at least {minimum}) or a size like '50M' or"
+                f" '1G', not {value!r}",
+                key,
+            )
+            return default if default is not REQUIRED else minimum
+        return size
 
     def get_bool(self, key: str, default: Any = REQUIRED) -> Any:
         found, value = self._get(key, default)

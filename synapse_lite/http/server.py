@@ -2,7 +2,13 @@
 
 Every servlet answers through :class:`JsonResource`, so no request, however
 malformed, gets a traceback: a :class:`SynapseError` becomes its Matrix error,
-anything else is logged and answered ``500 M_UNKNOWN`` with no details.
+anything else is logged and answered ``500 M_UNKNOWN`` with no details. A
+servlet may answer with a :class:`StreamedResponse` (media downloads) instead
+of JSON.
+
+Request bodies are capped at the site's limit, except on the paths of an
+:class:`UploadRoute` (media uploads), whose bodies go straight into a file
+of the route's making, up to the route's own limit.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ import logging
 import re
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import IO, Any
 
+import attr
 from twisted.internet import defer
 from twisted.web import http, server
 from twisted.web.resource import Resource
@@ -32,20 +39,60 @@ ServletCallback = Callable[..., Awaitable[tuple[int, Any]]]
 MAX_JSON_DEPTH = 64
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class UploadRoute:
+    """Requests whose bodies may be large (uploads): ``method`` on a path
+    fully matching ``path``; the body, up to ``max_bytes``, is received into
+    ``open_file()`` and ``discard(file)`` is called once the request is over
+    (the servlet may have moved the file meanwhile)."""
+
+    method: bytes
+    path: re.Pattern[str]
+    max_bytes: int
+    open_file: Callable[[], IO[bytes]]
+    discard: Callable[[IO[bytes]], None]
+
+    def matches(self, method: bytes, uri: bytes) -> bool:
+        path = uri.split(b"?", 1)[0].decode("ascii", errors="replace")
+        return method == self.method and self.path.fullmatch(path) is not None
+
+
 class LimitedRequest(Request):
     """A request whose body is capped: beyond the limit it is discarded and the
     request is answered 413 instead of being dispatched."""
 
     max_body_bytes = 1_048_576
+    upload_routes: Sequence[UploadRoute] = ()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._body_bytes = 0
         self.body_too_large = False
 
+    def _upload_route(self) -> UploadRoute | None:
+        # The request line has been read but ``self.method``/``self.uri`` are
+        # only set once the whole body has arrived; the channel holds them
+        # until then (twisted.web.http.HTTPChannel, since Twisted 16).
+        method = getattr(self.channel, "_command", None)
+        uri = getattr(self.channel, "_path", None)
+        if not isinstance(method, bytes) or not isinstance(uri, bytes):
+            return None
+        for route in self.upload_routes:
+            if route.matches(method, uri):
+                return route
+        return None
+
     def gotLength(self, length: int | None) -> None:
+        route = self._upload_route() if self.upload_routes else None
+        if route is not None:
+            self.max_body_bytes = route.max_bytes
         if length is not None and length > self.max_body_bytes:
             self.body_too_large = True
+        if route is not None and not self.body_too_large:
+            body = route.open_file()
+            self.content = body
+            self.notifyFinish().addBoth(lambda _: route.discard(body))
+            return
         super().gotLength(length if not self.body_too_large else 0)
 
     def handleContentChunk(self, data: bytes) -> None:
@@ -114,13 +161,17 @@ class ServingSite(server.Site):
         return waiter
 
 
-def make_site(resource: Resource, max_body_bytes: int) -> ServingSite:
-    """A Site whose requests refuse bodies larger than ``max_body_bytes``."""
+def make_site(
+    resource: Resource, max_body_bytes: int, upload_routes: Sequence[UploadRoute] = ()
+) -> ServingSite:
+    """A Site whose requests refuse bodies larger than ``max_body_bytes``,
+    except on ``upload_routes``."""
 
     class _Request(LimitedRequest):
         pass
 
     _Request.max_body_bytes = max_body_bytes
+    _Request.upload_routes = tuple(upload_routes)
     site = ServingSite(resource)
     site.requestFactory = _Request
     site.displayTracebacks = False
@@ -224,6 +275,16 @@ def query_int(
     return number
 
 
+class StreamedResponse:
+    """A servlet's answer that is not JSON: it writes the response itself
+    (status, headers, body, ``finish``), e.g. a file streamed with a producer."""
+
+    code = 200
+
+    async def send(self, request: Request) -> None:
+        raise NotImplementedError
+
+
 class JsonResource(Resource):
     """Routes requests by method and path regex to async servlet callbacks
     returning ``(code, json_body)``."""
@@ -274,7 +335,10 @@ class JsonResource(Resource):
             if request.method == b"OPTIONS":
                 code, body = 200, {}
             elif getattr(request, "body_too_large", False):
-                raise SynapseError(413, "Request body too large", Codes.TOO_LARGE)
+                limit = getattr(request, "max_body_bytes", 0)
+                raise SynapseError(
+                    413, f"Request body too large: the limit is {limit} bytes", Codes.TOO_LARGE
+                )
             else:
                 try:
                     callback, kwargs, servlet, path_matched = self._match(request)
@@ -285,6 +349,11 @@ class JsonResource(Resource):
                         raise SynapseError(405, "Method not allowed", Codes.UNRECOGNIZED)
                     raise SynapseError(404, "Unrecognized request", Codes.UNRECOGNIZED)
                 code, body = await callback(request, **kwargs)
+                if isinstance(body, StreamedResponse):
+                    await self._stream(request, body, method, servlet)
+                    HTTP_REQUESTS.labels(servlet, method, str(body.code)).inc()
+                    HTTP_REQUEST_DURATION.labels(servlet, method).observe(time.monotonic() - start)
+                    return
         except SynapseError as e:
             code, body = e.code, e.error_dict()
             if code >= 500:
@@ -297,3 +366,16 @@ class JsonResource(Resource):
         respond_json(request, code, body)
         HTTP_REQUESTS.labels(servlet, method, str(code)).inc()
         HTTP_REQUEST_DURATION.labels(servlet, method).observe(time.monotonic() - start)
+
+    @staticmethod
+    async def _stream(
+        request: Request, response: StreamedResponse, method: str, servlet: str
+    ) -> None:
+        try:
+            await response.send(request)
+        except Exception:
+            # Headers may be out already: no error can be sent; end the
+            # connection so the client sees the body is incomplete.
+            logger.exception("Error streaming %s %s (%s)", method, request.path, servlet)
+            if not request.finished and not request._disconnected:
+                request.loseConnection()

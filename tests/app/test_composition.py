@@ -94,6 +94,7 @@ class CompositionTestCase(DatabaseTestCase):
                 "database",
                 "position log",
                 "http clients",
+                "media jobs",
                 "replication",
                 "user syncs",
                 "stream positions",

@@ -47,6 +47,8 @@ class LaunchPlanTestCase(unittest.TestCase):
             roles["stream_writer1"], "writes presence, typing, receipts, account_data, to_device"
         )
         self.assertEqual(roles["synchrotron1"], "client API")
+        self.assertEqual(roles["media1"], "media repository")
+        self.assertEqual(tiers["media1"], TIER_OTHERS)
         self.assertEqual(specs[0].health_url, "http://127.0.0.1:31008/health")
         self.assertIn("--worker-name", specs[-1].argv)
 
@@ -79,6 +81,19 @@ class LaunchPlanTestCase(unittest.TestCase):
         )
         self.assertNotEqual(settings_shared_by_all(moved), settings_shared_by_all(after))
 
+    def test_reload_after_a_media_change(self) -> None:
+        path, before = sharded()
+        specs_before = {s.name: s for s in plan_processes(before)}
+        edit_config(path, lambda c: c["media"].update(max_upload_size="10M"))
+        after = load_config(path)
+        changed = {s.name for s in plan_processes(after) if specs_before[s.name] != s}
+        # The media settings restart the media worker alone...
+        self.assertEqual(changed, {"media1"})
+        self.assertEqual(settings_shared_by_all(before), settings_shared_by_all(after))
+        # ...moving media restarts everything (each process names it).
+        moved = attr.evolve(after, media_instance="synchrotron1")
+        self.assertNotEqual(settings_shared_by_all(moved), settings_shared_by_all(after))
+
     def test_missing_health_is_reported_with_its_key(self) -> None:
         path, _ = sharded()
         edit_config(
@@ -92,7 +107,7 @@ class LaunchPlanTestCase(unittest.TestCase):
             " 'health' resource",
             str(cm.exception),
         )
-        self.assertEqual(len(plan_processes(load_config(path), for_running=False)), 7)
+        self.assertEqual(len(plan_processes(load_config(path), for_running=False)), 8)
 
     def test_restart_delay_doubles_up_to_a_limit(self) -> None:
         self.assertEqual([restart_delay(n) for n in (1, 2, 3, 4)], [1.0, 2.0, 4.0, 8.0])

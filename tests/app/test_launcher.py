@@ -18,7 +18,7 @@ from synapse_lite.config.homeserver import load_config
 from tests.harness.launcher import SynapseLiteCommand, http_get, launch, temp_dir
 from tests.harness.polling import eventually
 
-DEFAULT_PROCESSES = ("main", "synchrotron1", "persister1", "persister2")
+DEFAULT_PROCESSES = ("main", "synchrotron1", "persister1", "persister2", "media1")
 
 
 def ports_free(ports: list[int]) -> bool:
@@ -50,7 +50,7 @@ class DefaultCommandTestCase(unittest.TestCase):
     timeout = 180
 
     async def test_default_command_from_empty_directory(self) -> None:
-        default_ports = list(range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + 5))
+        default_ports = list(range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + 6))
         if not ports_free(default_ports):
             raise unittest.SkipTest(f"the default ports {default_ports} are in use")
         directory = temp_dir()
@@ -60,7 +60,7 @@ class DefaultCommandTestCase(unittest.TestCase):
         up = await command.wait_for_line(r"(\d+) processes up in ([0-9.]+) s")
         wall = time.monotonic() - started
         print(f"\n  default layout: every process healthy {wall:.2f} s after the command")
-        self.assertEqual(up.group(1), "4")
+        self.assertEqual(up.group(1), "5")
         self.assertIn("first run: wrote a config for the default layout", command.output())
 
         config_path = os.path.join(data_dir, "homeserver.yaml")
@@ -142,7 +142,7 @@ class LauncherTestCase(unittest.TestCase):
     async def test_sharded_layout_starts_and_stops(self) -> None:
         server = await launch(self, layout="sharded")
         names = list(server.specs())
-        self.assertEqual(len(names), 7)
+        self.assertEqual(len(names), 8)
         self.assertEqual(await health_of_all(server.config_path), {name: 200 for name in names})
         status = server.run_command(self, "status")
         self.assertEqual(await status.wait_exit(), 0, status.output())

@@ -43,7 +43,7 @@ class GenerateConfigTestCase(unittest.TestCase):
                 ports = [lst.port for spec in specs for lst in spec.listeners]
                 self.assertEqual(len(ports), len(set(ports)))
                 self.assertEqual(ports[0], 30008)
-                expected = {"monolith": 1, "default": 4, "sharded": 7}[layout]
+                expected = {"monolith": 1, "default": 5, "sharded": 8}[layout]
                 self.assertEqual(len(specs), expected)
                 self.assertEqual(len(written), 1 + (expected - 1 if worker_files else 0))
                 if expected > 1:

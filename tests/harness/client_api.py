@@ -114,9 +114,11 @@ class ClientApi:
 def serve(testcase: unittest.TestCase, hs: HomeServer) -> str:
     """Serve ``hs``'s client and replication resources on a free local port;
     returns its base URL."""
+    resources = ("client", "replication")
     site = make_site(
-        hs.listeners.resources.tree(("client", "replication")),
+        hs.listeners.resources.tree(resources),
         hs.config.limits.max_request_body_bytes,
+        hs.listeners.resources.upload_routes(resources),
     )
     port = _reactor.listenTCP(0, site, interface="127.0.0.1")
     number = port.getHost().port

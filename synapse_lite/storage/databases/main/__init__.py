@@ -16,6 +16,7 @@ from synapse_lite.storage.databases.main.events import EventsStore
 from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
+from synapse_lite.storage.databases.main.media import MediaRepositoryStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
@@ -33,6 +34,7 @@ class GenericWorkerStore(
     PresenceWorkerStore,
     FilteringWorkerStore,
     InstancesWorkerStore,
+    MediaRepositoryStore,
 ):
     """The store of a worker process."""
 
