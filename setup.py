@@ -3,7 +3,7 @@
 from setuptools import find_packages, setup
 
 REQUIREMENTS = [
-    "Twisted>=23.8",
+    "Twisted[tls]>=23.8",
     "attrs>=23.1",
     "PyYAML>=6.0",
     "treq>=23.11",

@@ -10,10 +10,17 @@ over HTTP, with the benchmark client on the same machine:
 * typing wake-up: the same for a typing notification;
 * initial /sync time, and each process's resident memory after the run.
 
-Layouts: ``single`` (the main process does everything) and ``split`` (main, a
-/sync worker, two event persisters, a typing writer). Prints one table with
-the targets, PASS/FAIL, and the larger homeserver's figures measured on the
-same machine and settings.
+Layouts: ``single`` (the main process does everything), ``default`` (the
+README's layout: the router in front of main, a /sync worker and two event
+persisters; measured three ways on one cluster: through the router, with
+every request sent to main, and with each request sent straight to the
+process the router would choose) and ``split`` (main, a /sync worker, two
+event persisters, a typing writer). Prints one table with the targets,
+PASS/FAIL, and the larger homeserver's figures measured on the same machine
+and settings. The router's targets: the default layout through it at least as
+fast as the monolith, and at most 1 ms added to the /sync wake-up p50 (router
+against direct, measured in alternating pairs: the median of the pairs'
+differences).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import time
 from typing import Any
 
 import aiohttp
+import attr
 
 from bench.cluster import SEND_TO, SYNC_ON, Cluster
 from bench.scenarios import (
@@ -42,35 +50,118 @@ TARGET_THROUGHPUT = 300.0
 TARGET_WAKEUP_MS = 15.0
 TARGET_TYPING_MS = 8.0
 TARGET_RSS_MB = 75.0
+TARGET_ROUTER_ADDS_MS = 1.0
 
 
-async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
+#: How the default layout is reached, measured on one cluster: through the
+#: router (the README's path now); everything to the main process (the
+#: README's path before the router); and each request straight to the process
+#: the router would pick (the baseline the router's overhead is measured from).
+ROUTINGS = ("router", "main", "direct")
+
+
+async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Results by column: one for ``single`` and ``split``, one per routing
+    for ``default``."""
     layout = cluster.layout
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         client = Client(session)
         main = cluster.url("main")
-        send_bases = [cluster.url(n) for n in SEND_TO[layout]]
-        sync_base = cluster.url(SYNC_ON[layout])
         people, rooms = await setup_users_and_rooms(client, main, args.users, args.rooms)
-        room_bases = None
-        if args.route_to_writer and layout != "single":
-            # What a load balancer that knows each room's writer would do.
-            room_bases = {r: cluster.url(w) for r, w in cluster.room_writers().items()}
-        # Warm up caches and connections.
-        await measure_throughput(client, send_bases, sync_base, people, rooms, 40, args.senders)
-        cpu_before = cluster.cpu_seconds()
-        throughput = await measure_throughput(
-            client, send_bases, sync_base, people, rooms, args.messages, args.senders, room_bases
-        )
-        cpu = {n: t - cpu_before[n] for n, t in cluster.cpu_seconds().items()}
-        wakeup = await measure_wakeup(
-            client, send_bases[0], sync_base, people[1], people[0], rooms[0], args.rounds, False
-        )
-        typing = await measure_wakeup(
-            client, main, sync_base, people[1], people[0], rooms[0], args.rounds, True
-        )
-        initial = await measure_initial_sync(client, sync_base, people[2], 5)
+        if layout != "default":
+            send_bases = [cluster.url(n) for n in SEND_TO[layout]]
+            sync_base = cluster.url(SYNC_ON[layout])
+            room_bases = None
+            if args.route_to_writer and layout != "single":
+                # What a load balancer that knows each room's writer would do.
+                room_bases = {r: cluster.url(w) for r, w in cluster.room_writers().items()}
+            paths = Paths(send_bases, sync_base, main, room_bases)
+            return {layout: await measure_paths(client, cluster, paths, people, rooms, args)}
+        writers = {r: cluster.url(w) for r, w in cluster.room_writers().items()}
+        router = cluster.url("router")
+        reader = cluster.url("synchrotron1")
+        paths_of = {
+            "router": Paths([router], router, router, None),
+            "main": Paths([main], main, main, None),
+            "direct": Paths([writers[rooms[0]]], reader, main, writers),
+        }
+        results = {}
+        for routing in ROUTINGS:
+            results[f"default/{routing}"] = await measure_paths(
+                client, cluster, paths_of[routing], people, rooms, args
+            )
+        # The router's overhead on a wake-up: one round direct, one round
+        # through the router, and so on, so that the machine's load, which
+        # moves by the second, weighs on both alike; the figure is the median
+        # of the pairs' differences.
+        rounds: dict[str, list[float]] = {"router": [], "direct": []}
+        for _ in range(args.rounds * 2):
+            for routing in ("direct", "router"):
+                paths = paths_of[routing]
+                rounds[routing] += await measure_wakeup(
+                    client, paths.send[0], paths.sync, people[1], people[0], rooms[0], 1, False
+                )
+        for routing, values in rounds.items():
+            results[f"default/{routing}"]["wakeup_p50"] = percentile(values, 0.5)
+            results[f"default/{routing}"]["wakeup_p99"] = percentile(values, 0.99)
+        added = [r - d for r, d in zip(rounds["router"], rounds["direct"], strict=True)]
+        results["default/router"]["router_adds_ms"] = percentile(added, 0.5)
+        # And to one plain request (GET /versions, answered by main), the same way.
+        hops = await request_pairs(client, main, router, args.rounds * 4)
+        results["default/router"]["hop_ms"] = percentile(hops, 0.5)
+        return results
+
+
+async def request_pairs(client: Client, direct: str, router: str, pairs: int) -> list[float]:
+    """Milliseconds the router adds to a request: ``GET /versions`` straight
+    to the process, then through the router, ``pairs`` times."""
+    added = []
+    for _ in range(pairs):
+        took = []
+        for base in (direct, router):
+            start = time.perf_counter()
+            async with client.session.get(f"{base}/_matrix/client/versions") as response:
+                await response.read()
+            took.append((time.perf_counter() - start) * 1000)
+        added.append(took[1] - took[0])
+    return added
+
+
+@attr.s(auto_attribs=True)
+class Paths:
+    """Where one way of reaching a layout sends each kind of request."""
+
+    send: list[str]
+    sync: str
+    typing: str
+    #: Each room's process, when sends go to it rather than to ``send``.
+    rooms: dict[str, str] | None
+
+
+async def measure_paths(
+    client: Client,
+    cluster: Cluster,
+    paths: Paths,
+    people: list[Any],
+    rooms: list[str],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    # Warm up caches and connections.
+    await measure_throughput(client, paths.send, paths.sync, people, rooms, 40, args.senders)
+    cpu_before = cluster.cpu_seconds()
+    throughput = await measure_throughput(
+        client, paths.send, paths.sync, people, rooms, args.messages, args.senders, paths.rooms
+    )
+    cpu = {n: t - cpu_before[n] for n, t in cluster.cpu_seconds().items()}
+    send = paths.rooms[rooms[0]] if paths.rooms else paths.send[0]
+    wakeup = await measure_wakeup(
+        client, send, paths.sync, people[1], people[0], rooms[0], args.rounds, False
+    )
+    typing = await measure_wakeup(
+        client, paths.typing, paths.sync, people[1], people[0], rooms[0], args.rounds, True
+    )
+    initial = await measure_initial_sync(client, paths.sync, people[2], 5)
     return {
         "sent": throughput.sent_per_second,
         "delivered": throughput.delivered_per_second,
@@ -151,12 +242,54 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool
     row(
         "max RSS per process MB", "rss_max", "{:.0f}", "<= 75", lambda v: v <= TARGET_RSS_MB, "~150"
     )
+    blank = [""] * (len(layouts) - 1)
     if {"single", "split"} <= set(results):
         ok = results["split"]["delivered"] >= results["single"]["delivered"]
         all_ok = all_ok and ok
         ratio = results["split"]["delivered"] / results["single"]["delivered"]
         rows.append(
-            ["split / single delivered", "", f"{ratio:.2f}", ">= 1.00", "22/30 = 0.73", verdict(ok)]
+            [
+                "split / single delivered",
+                *blank,
+                f"{ratio:.2f}",
+                ">= 1.00",
+                "22/30 = 0.73",
+                verdict(ok),
+            ]
+        )
+    if {"single", "default/router"} <= set(results):
+        router, single = results["default/router"], results["single"]
+        for key, what in (("delivered", "delivered"), ("sent", "sent")):
+            ratio = router[key] / single[key]
+            ok = ratio >= 1.0
+            all_ok = all_ok and ok
+            rows.append(
+                [
+                    f"default via router / monolith, {what}",
+                    *blank,
+                    f"{ratio:.2f}",
+                    ">= 1.00",
+                    "",
+                    verdict(ok),
+                ]
+            )
+    if {"default/router", "default/direct"} <= set(results):
+        added = results["default/router"]["router_adds_ms"]
+        ok = added <= TARGET_ROUTER_ADDS_MS
+        all_ok = all_ok and ok
+        rows.append(
+            [
+                "router adds to /sync wake-up, median of pairs, ms",
+                *blank,
+                f"{added:.2f}",
+                "<= 1.0",
+                "",
+                verdict(ok),
+            ]
+        )
+        hop = results["default/router"]["hop_ms"]
+        rows.append(
+            ["router adds to one request, median of pairs, ms", *blank, f"{hop:.2f}", "", "", ""]
         )
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, ["-" * w for w in widths], *rows]:
@@ -175,7 +308,12 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.client", description=__doc__)
     parser.add_argument("--engine", choices=("postgres", "sqlite"), default="postgres")
-    parser.add_argument("--layouts", default="single,split")
+    parser.add_argument(
+        "--layouts",
+        default="single,default",
+        help="comma-separated: single (monolith), default (the README's layout through the"
+        " router, with every request to main, and straight to each process), split",
+    )
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--senders", type=int, default=8)
     parser.add_argument("--users", type=int, default=4)
@@ -195,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cluster.start()
             print(f"{layout}: started in {time.monotonic() - started:.1f} s ({cluster.dir})")
-            results[layout] = asyncio.run(run_layout(cluster, args))
+            results.update(asyncio.run(run_layout(cluster, args)))
         finally:
             cluster.stop(keep=args.keep)
     return 0 if report(results, args) else 1

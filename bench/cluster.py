@@ -1,5 +1,12 @@
 """Launching a homeserver layout for a benchmark: a fresh database, a config in
-a temporary directory, one OS process per instance, and their resident memory."""
+a temporary directory, one OS process per instance, and their resident memory.
+
+Layouts: ``single`` (the main process alone) and ``split`` (main, a /sync
+worker, two persisters, a typing writer), configs of the benchmark's own; and
+``default``, the config ``synapse-lite generate-config`` writes for the default
+layout (the router in front of main, ``synchrotron1`` and two persisters), as
+``synapse-lite run`` would run it, on free ports and the benchmark's database.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ import urllib.request
 from typing import Any
 
 import yaml
+
+from tests.harness.launcher import free_port_block
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,8 +44,8 @@ WRITERS: dict[str, dict[str, Any]] = {
     "media": {},
 }
 #: Where each layout's clients send events and long-poll /sync.
-SEND_TO = {"single": ["main"], "split": ["persister1", "persister2"]}
-SYNC_ON = {"single": "main", "split": "sync1"}
+SEND_TO = {"single": ["main"], "split": ["persister1", "persister2"], "default": ["router"]}
+SYNC_ON = {"single": "main", "split": "sync1", "default": "router"}
 
 
 def free_port() -> int:
@@ -93,6 +102,9 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
         self.database = _create_database(engine, self.dir)
         self.ports: dict[str, int] = {}
+        if layout == "default":
+            self._generated_default()
+            return
         workers = LAYOUTS[layout]
         transport = "redis" if workers and engine == "postgres" and _redis_running() else "tcp"
         self.transport = transport
@@ -121,20 +133,48 @@ class Cluster:
             config["workers"][name] = {
                 "listeners": [{"port": self.ports[name], "resources": resources}]
             }
+        self.names = ["main", *workers]
+        self._write(config)
+
+    def _write(self, config: dict[str, Any]) -> None:
         self.config_path = os.path.join(self.dir, "homeserver.yaml")
         with open(self.config_path, "w") as f:
             yaml.safe_dump(config, f)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _generated_default(self) -> None:
+        """The README's layout: generate-config's default, with the router,
+        TCP replication, and the benchmark's database, logging and limits."""
+        from synapse_lite.config.generate import GenerateOptions, generate_config
+
+        text = generate_config(
+            GenerateOptions(layout="default", base_port=free_port_block(8)),
+            os.path.join(self.dir, "data"),
+        )["homeserver.yaml"]
+        config: dict[str, Any] = yaml.safe_load(text)
+        config.update(
+            database=self.database,
+            enable_registration=True,
+            log_level="WARNING",
+            rate_limiting={"enabled": False},
+        )
+        self.transport = "tcp"
+        self.ports["router"] = config["router"]["listeners"][0]["port"]
+        self.ports["main"] = config["listeners"][0]["port"]
+        for name, worker in config["workers"].items():
+            self.ports[name] = worker["listeners"][0]["port"]
+        self.names = ["main", *config["workers"], "router"]
+        self._write(config)
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
 
     def start(self) -> None:
         env = dict(os.environ, PYTHONPATH=SOURCE_ROOT)
-        for name in ["main", *LAYOUTS[self.layout]]:
-            app = "homeserver" if name == "main" else "generic_worker"
+        for name in self.names:
+            app = {"main": "homeserver", "router": "router"}.get(name, "generic_worker")
             args = [sys.executable, "-m", f"synapse_lite.app.{app}", "-c", self.config_path]
-            if name != "main":
+            if app == "generic_worker":
                 args += ["--worker-name", name]
             log = open(os.path.join(self.dir, f"{name}.log"), "wb")
             self.processes[name] = subprocess.Popen(args, stdout=log, stderr=log, env=env)

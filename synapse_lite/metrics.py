@@ -31,7 +31,24 @@ STREAM_PERSISTED_UPTO = Gauge(
 )
 REPLICATION_LAG = Gauge(
     "synapse_lite_replication_lag_ids",
-    "How far this process's view of a writer trails the position the writer announced",
+    "How far this process's view of a writer trails the newest position the writer announced",
+    ["stream", "writer"],
+)
+REPLICATION_LAG_SECONDS = Gauge(
+    "synapse_lite_replication_lag_seconds",
+    "How long this process's view of a writer has trailed the newest position the writer"
+    " announced (0 when caught up)",
+    ["stream", "writer"],
+)
+STREAM_ANNOUNCED_POSITION = Gauge(
+    "synapse_lite_stream_announced_position",
+    "The newest position this process has heard a writer announce (RDATA or POSITION)",
+    ["stream", "writer"],
+)
+STREAM_STALLED_SECONDS = Gauge(
+    "synapse_lite_stream_stalled_seconds",
+    "How long a stream's persisted-up-to has stood still with work above it, held by a writer"
+    " (0: not stalled)",
     ["stream", "writer"],
 )
 REPLICATION_COMMANDS_IN = Counter(
@@ -64,6 +81,18 @@ HTTP_REQUEST_DURATION = Histogram(
     "Time taken to answer HTTP requests, by servlet",
     ["servlet", "method"],
 )
+INTERNAL_CALLS = Counter(
+    "synapse_lite_internal_calls_total",
+    "Internal calls made to another process, by call, target and outcome (ok, refused: the"
+    " other side said no; unreachable)",
+    ["call", "target", "outcome"],
+)
+INTERNAL_CALL_SECONDS = Histogram(
+    "synapse_lite_internal_call_seconds",
+    "Time taken by internal calls to another process (replication waits excluded), by call",
+    ["call"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 OPEN_SYNC_REQUESTS = Gauge(
     "synapse_lite_open_sync_requests",
     "/sync requests currently waiting or being answered",
@@ -89,4 +118,32 @@ FEDERATION_REQUESTS_REFUSED = Counter(
 FEDERATION_DESTINATIONS_DOWN = Gauge(
     "synapse_lite_federation_destinations_down",
     "Destinations this federation sender counts as down",
+)
+
+# The router (synapse_lite/routing/)
+
+ROUTER_REQUESTS = Counter(
+    "synapse_lite_router_requests_total",
+    "Requests the router answered, by route (the role serving it) and status code",
+    ["route", "code"],
+)
+ROUTER_RESPONSE_SECONDS = Histogram(
+    "synapse_lite_router_response_seconds",
+    "Time from a request's head reaching the router to the response's head leaving it",
+    ["route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+ROUTER_BACKEND_UP = Gauge(
+    "synapse_lite_router_backend_up",
+    "Whether the router counts a process as up (1) or down (0)",
+    ["backend"],
+)
+ROUTER_RETRIES = Counter(
+    "synapse_lite_router_retries_total",
+    "Requests the router sent again to another process, by reason",
+    ["reason"],
+)
+ROUTER_OPEN_REQUESTS = Gauge(
+    "synapse_lite_router_open_requests",
+    "Requests the router is relaying now (long-polls included)",
 )

@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="start every process of the config; Ctrl-C stops")
     _add_config_args(run)
     run.add_argument("--start-timeout", type=float, help="seconds each process has to come up")
+    run.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="run only these processes (comma-separated, e.g. main,router): the ones of this"
+        " machine when the homeserver spans several (docs/deployment.md)",
+    )
     first_run_options = run.add_argument_group("when there is no config yet (first run without -c)")
     _add_generate_args(first_run_options, first_run=True)  # type: ignore[arg-type]
 
@@ -101,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     register.add_argument("-p", "--password", help="asked for when not given")
     register.add_argument("--admin", action="store_true", help="make the user a server admin")
     register.add_argument("--url", help="the client API's base URL (default: the main process)")
+
+    routes = commands.add_parser(
+        "routes", help="print which process serves each client path (for a proxy in front)"
+    )
+    _add_config_args(routes)
+    routes.add_argument(
+        "--format",
+        choices=("json", "nginx", "haproxy"),
+        default="json",
+        help="json (the table), or a configuration for nginx or haproxy (default: json)",
+    )
 
     retire = commands.add_parser(
         "retire-events-writer",
@@ -175,7 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "synapse-lite: create users with: synapse-lite register-user"
                 f" --data-dir {args.data_dir} NAME"
             )
-    return run(path, start_timeout=args.start_timeout)
+    only = tuple(n.strip() for n in args.only.split(",") if n.strip()) if args.only else None
+    return run(path, start_timeout=args.start_timeout, only=only)
 
 
 def cmd_status(args: argparse.Namespace, config: HomeServerConfig) -> int:
@@ -273,12 +291,26 @@ def cmd_retire_events_writer(args: argparse.Namespace, config: HomeServerConfig)
     return _react(work)
 
 
+def cmd_routes(args: argparse.Namespace, config: HomeServerConfig) -> int:
+    from synapse_lite.routing.formats import render
+    from synapse_lite.routing.table import RoutingError, RoutingTable
+
+    try:
+        table = RoutingTable.build(config)
+    except RoutingError as e:
+        print(f"Cannot route {config.config_files[0]}: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(render(table, args.format))
+    return 0
+
+
 _WITH_CONFIG = {
     "status": cmd_status,
     "stop": cmd_stop,
     "reload": cmd_reload,
     "register-user": cmd_register_user,
     "retire-events-writer": cmd_retire_events_writer,
+    "routes": cmd_routes,
 }
 
 

@@ -68,6 +68,7 @@ from synapse_lite.handlers.typing import (
     TypingHandlerBase,
     TypingWriterHandler,
 )
+from synapse_lite.http.forwarded import router_proof
 from synapse_lite.http.server import JsonResource
 from synapse_lite.media.paths import MediaFilePaths
 from synapse_lite.media.repository import MediaRepository
@@ -124,6 +125,7 @@ from synapse_lite.storage._base import StoreContext
 from synapse_lite.storage.database import DatabasePool, make_startup_connection
 from synapse_lite.storage.databases.main import DataStore, GenericWorkerStore
 from synapse_lite.storage.engines import create_engine
+from synapse_lite.storage.id_generators.stalls import StallDetector
 from synapse_lite.storage.prepare_database import prepare_database
 from synapse_lite.storage.stream_ids import StreamIdGenerators
 from synapse_lite.streams.definition import UpdateFunction
@@ -265,6 +267,13 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             (RETIRE_EVENTS_WRITER, EventsWriterRetirement(store, directory, reactor).retire)
         )
 
+    stalls = StallDetector(
+        clock,
+        me,
+        [(id_generators.of(d), not d.writers.any_process) for d in config.streams.with_ids()],
+    )
+    wiring.loops.append(stalls)
+
     # 4. This process's view of every stream, and replication.
     for definition in config.streams:
         if definition.ids is not None:
@@ -330,8 +339,14 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             replication=calls.resource,
             federation=federation_servlets,
             media=media_endpoints,
+            problems=stalls.reasons,
         ),
         max_body_bytes=config.limits.max_request_body_bytes,
+        router_proof=(
+            router_proof(config.worker_replication_secret)
+            if config.worker_replication_secret
+            else None
+        ),
     )
     transport = ReplicationTransport(config, me, replication, reactor)
 

@@ -3,17 +3,20 @@
 Tiers give the dependency order: the main process first (it creates or
 upgrades the schema, which workers refuse to run without, and is the TCP
 replication hub), then stream writers (others forward writes to them), then
-the rest. Stopping goes the other way round.
+the rest, then the router (clients reach the others through it, so it opens
+the client port last and closes it first). Stopping goes the other way round.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 import attr
 
 from synapse_lite.config.homeserver import (
     MAIN_PROCESS,
+    ROUTER_PROCESS,
     HomeServerConfig,
     InstanceLocation,
     ListenerConfig,
@@ -22,7 +25,7 @@ from synapse_lite.config.media import MediaConfig
 from synapse_lite.config.validation import ConfigError, ConfigProblem
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
 
-TIER_MAIN, TIER_WRITERS, TIER_OTHERS = 0, 1, 2
+TIER_MAIN, TIER_WRITERS, TIER_OTHERS, TIER_ROUTER = 0, 1, 2, 3
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -40,6 +43,9 @@ class ProcessSpec:
     location: InstanceLocation | None
     #: The media settings, on the media instance (a change restarts it alone).
     media: MediaConfig | None = None
+    #: What else its role depends on (the router: every process's listeners
+    #: and the stream writers, which make its routes); a change restarts it.
+    depends_on: str = ""
 
     @property
     def health_url(self) -> str:
@@ -70,6 +76,8 @@ class ProcessSpec:
     @property
     def role(self) -> str:
         """What it does, in a few words."""
+        if self.name == ROUTER_PROCESS:
+            return "router (the client port)"
         roles = ["main process"] if self.name == MAIN_PROCESS else []
         if "events" in self.streams:
             roles.append("events writer")
@@ -141,9 +149,45 @@ def plan_processes(config: HomeServerConfig, for_running: bool = True) -> list[P
                 media=config.media if name == config.media_instance else None,
             )
         )
+    if config.router is not None:
+        specs.append(_router_spec(config, config_path, problems))
     if problems and for_running:
         raise ConfigError(problems)
     return sorted(specs, key=lambda s: s.tier)
+
+
+def _router_spec(
+    config: HomeServerConfig, config_path: str, problems: list[ConfigProblem]
+) -> ProcessSpec:
+    assert config.router is not None
+    listeners = config.router.listeners
+    if not any("health" in listener.resources and listener.port for listener in listeners):
+        problems.append(
+            ConfigProblem(
+                config_path,
+                "router.listeners",
+                "the router has no listener with the 'health' resource on a fixed port:"
+                " synapse-lite run checks /health to know it is up",
+            )
+        )
+    # Its routes come from every process's listeners and the stream writers.
+    routing = repr(
+        (
+            [(name, config.listeners_of(name)) for name in config.instance_names()],
+            sorted(config.stream_writers.by_key.items()),
+            getattr(config, "media_instance", MAIN_PROCESS),
+            config.internal_tls,
+        )
+    )
+    return ProcessSpec(
+        name=ROUTER_PROCESS,
+        tier=TIER_ROUTER,
+        argv=(sys.executable, "-m", "synapse_lite.app.router", "-c", config_path),
+        listeners=listeners,
+        streams=(),
+        location=None,
+        depends_on=hashlib.sha256(routing.encode("utf-8")).hexdigest(),
+    )
 
 
 def settings_shared_by_all(config: HomeServerConfig) -> tuple[object, ...]:

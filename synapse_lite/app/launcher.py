@@ -83,6 +83,8 @@ class Launcher:
         self._stopped: Deferred[None] | None = None
         #: Non-zero once a process failed to start or to stop cleanly.
         self.exit_code = 0
+        #: The processes this launcher runs (``run --only``; None: all).
+        self.only: tuple[str, ...] | None = None
 
     def write_line(self, line: str) -> None:
         """One whole line to the merged output."""

@@ -16,6 +16,7 @@ from synapse_lite.app.admin_client import AdminRequestError, retire_events_write
 from synapse_lite.app.child_process import ProcessFailedToStart
 from synapse_lite.app.launch_plan import plan_processes, settings_shared_by_all
 from synapse_lite.app.launcher import Launcher
+from synapse_lite.app.run import only_these
 from synapse_lite.config.homeserver import MAIN_PROCESS, load_config
 from synapse_lite.config.validation import ConfigError
 
@@ -40,8 +41,9 @@ async def _reload(launcher: Launcher) -> None:
     path = launcher.config.config_files[0]
     try:
         config = load_config(path)
-        new_specs = {spec.name: spec for spec in plan_processes(config)}
-    except ConfigError as e:
+        specs = only_these(plan_processes(config), launcher.only)
+        new_specs = {spec.name: spec for spec in specs}
+    except (ConfigError, ValueError) as e:
         logger.error("Not reloading: %s", e)
         return
     old_config, old_specs = launcher.config, launcher.specs

@@ -9,6 +9,7 @@ from other processes), ``health`` and ``metrics``.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,6 +24,7 @@ from twisted.web.server import Request
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import ListenerConfig
 from synapse_lite.http.server import JsonResource, ServingSite, UploadRoute, make_site
+from synapse_lite.http.tls import server_tls_options
 from synapse_lite.rest.client import ClientHandlers, register_servlets
 
 logger = logging.getLogger(__name__)
@@ -32,15 +34,27 @@ DRAIN_SECONDS = 10.0
 
 
 class HealthResource(Resource):
+    """``GET /health``: 200 ``{"status": "ok"}`` while the process serves; with
+    ``"degraded"`` and the ``reasons`` when something needs an operator (a
+    stalled stream) though it still serves."""
+
     isLeaf = True
 
-    def __init__(self, instance_name: str) -> None:
+    def __init__(self, instance_name: str, problems: Callable[[], list[str]] | None = None) -> None:
         super().__init__()
         self._instance_name = instance_name
+        self._problems = problems
 
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"Content-Type", b"application/json")
-        return b'{"status":"ok","instance":"%s"}' % self._instance_name.encode("utf-8")
+        reasons = self._problems() if self._problems is not None else []
+        body: dict[str, object] = {
+            "status": "degraded" if reasons else "ok",
+            "instance": self._instance_name,
+        }
+        if reasons:
+            body["reasons"] = reasons
+        return json.dumps(body).encode("utf-8")
 
 
 class MediaEndpoints(Protocol):
@@ -65,6 +79,8 @@ class ListenerResources:
     #: process serves them.
     federation: Callable[[JsonResource, tuple[str, ...]], None] | None
     media: MediaEndpoints
+    #: What /health reports as wrong (stalled streams), if anything.
+    problems: Callable[[], list[str]] | None = None
 
     def upload_routes(self, resources: tuple[str, ...]) -> list[UploadRoute]:
         """The paths of a listener whose request bodies may be large."""
@@ -93,7 +109,7 @@ class ListenerResources:
         if synapse_root.children:
             root.putChild(b"_synapse", synapse_root)
         if "health" in resources:
-            root.putChild(b"health", HealthResource(self.instance_name))
+            root.putChild(b"health", HealthResource(self.instance_name, self.problems))
         if "metrics" in resources:
             root.putChild(b"metrics", MetricsResource())
         return root
@@ -111,13 +127,17 @@ class ListenersService(Service):
         listeners: tuple[ListenerConfig, ...],
         resources: ListenerResources,
         max_body_bytes: int,
+        router_proof: str | None = None,
     ) -> None:
+        """``router_proof``: requests carrying it are believed about the
+        client's address (``http/forwarded.py``)."""
         self.setName("listeners")
         self._reactor = reactor
         self._clock = clock
         self._listeners = listeners
         self.resources = resources
         self._max_body_bytes = max_body_bytes
+        self._router_proof = router_proof
         self.sites: list[ServingSite] = []
         self.ports: list[Any] = []
 
@@ -128,15 +148,27 @@ class ListenersService(Service):
                 self.resources.tree(listener.resources),
                 self._max_body_bytes,
                 self.resources.upload_routes(listener.resources),
+                self._router_proof,
             )
-            port = self._reactor.listenTCP(listener.port, site, interface=listener.bind_address)
+            if listener.tls is not None:
+                port = self._reactor.listenSSL(
+                    listener.port,
+                    site,
+                    server_tls_options(listener.tls),
+                    interface=listener.bind_address,
+                )
+            else:
+                port = self._reactor.listenTCP(
+                    listener.port, site, interface=listener.bind_address
+                )
             self.sites.append(site)
             self.ports.append(port)
             logger.info(
-                "Listening on %s:%d (%s)",
+                "Listening on %s:%d (%s%s)",
                 listener.bind_address,
                 port.getHost().port,
                 ", ".join(listener.resources),
+                "; TLS" if listener.tls is not None else "",
             )
 
     def stopService(self) -> defer.Deferred[None]:

@@ -85,7 +85,7 @@ def return_large_allocations_to_the_os() -> None:
 
 def run_process(argv: list[str], worker: bool) -> int:
     """Start the process and run until stopped; the exit code."""
-    launcher_pid = _detach_from_terminal_signals()
+    launcher_pid = detach_from_terminal_signals()
     read_start = time.monotonic()
     try:
         config, name = parse_process_args(argv, worker)
@@ -140,7 +140,7 @@ def run_process(argv: list[str], worker: bool) -> int:
     )
     reactor.addSystemEventTrigger("before", "shutdown", _stopper(name, process))
     if launcher_pid is not None:
-        _stop_when_launcher_goes(launcher_pid)
+        stop_when_launcher_goes(launcher_pid)
     reactor.run()
     return 0
 
@@ -164,7 +164,7 @@ def _stop_now(reactor: Any, process: ProcessService) -> None:
         reactor.run()
 
 
-def _detach_from_terminal_signals() -> int | None:
+def detach_from_terminal_signals() -> int | None:
     """Under ``synapse-lite run``: leave the launcher's process group, so that a
     Ctrl-C in its terminal reaches only the launcher, which stops the processes
     in order. Returns the launcher's pid (None when not launched by it)."""
@@ -175,7 +175,7 @@ def _detach_from_terminal_signals() -> int | None:
     return int(value)
 
 
-def _stop_when_launcher_goes(launcher_pid: int) -> None:
+def stop_when_launcher_goes(launcher_pid: int) -> None:
     """A launched process stops cleanly if its launcher dies (killed with
     SIGKILL, say), rather than run on unsupervised."""
     from twisted.internet import reactor, task

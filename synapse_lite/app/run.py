@@ -18,7 +18,7 @@ from synapse_lite.app.pid_files import (
     running_pid,
     write_pid_file,
 )
-from synapse_lite.config.homeserver import HomeServerConfig, load_config
+from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig, load_config
 from synapse_lite.config.validation import ConfigError
 
 if TYPE_CHECKING:
@@ -51,7 +51,8 @@ def preflight_problems(config: HomeServerConfig, specs: list[ProcessSpec]) -> li
         for spec in specs
         for listener in spec.listeners
     ]
-    if config.replication.transport == "tcp" and len(specs) > 1:
+    runs_main = any(spec.name == MAIN_PROCESS for spec in specs)
+    if config.replication.transport == "tcp" and len(config.instance_names()) > 1 and runs_main:
         ports.append((config.replication.tcp_host, config.replication.tcp_port, "replication.tcp"))
     for host, port, owner in ports:
         if port and _in_use(host, port):
@@ -72,19 +73,39 @@ def _in_use(host: str, port: int) -> bool:
     return False
 
 
+def only_these(specs: list[ProcessSpec], only: tuple[str, ...] | None) -> list[ProcessSpec]:
+    """The specs of the processes named in ``only`` (all when None): the
+    processes of one machine when a homeserver spans several."""
+    if only is None:
+        return specs
+    known = {spec.name for spec in specs}
+    unknown = [name for name in only if name not in known]
+    if unknown:
+        raise ValueError(
+            f"--only names {', '.join(unknown)}, not a process of this config"
+            f" (its processes: {', '.join(sorted(known))})"
+        )
+    return [spec for spec in specs if spec.name in only]
+
+
 def run(
     config_path: str,
     out: TextIO | None = None,
     err: TextIO | None = None,
     start_timeout: float | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> int:
-    """Run every process of the config until stopped; the exit code."""
+    """Run every process of the config (or those in ``only``) until stopped;
+    the exit code."""
     out = out or sys.stdout
     err = err or sys.stderr
     try:
         config = load_config(config_path)
-        specs = plan_processes(config)
+        specs = only_these(plan_processes(config), only)
     except ConfigError as e:
+        print(str(e), file=err)
+        return EXIT_CONFIG_ERROR
+    except ValueError as e:
         print(str(e), file=err)
         return EXIT_CONFIG_ERROR
     problems = preflight_problems(config, specs)
@@ -102,6 +123,7 @@ def run(
     # the processes' output.
     logging.getLogger("twisted").setLevel(logging.WARNING)
     launcher = Launcher(config, specs, reactor, out, start_timeout or START_TIMEOUT_SECONDS)
+    launcher.only = only
     pid_path = pid_file_path(config.data_dir, LAUNCHER)
     write_pid_file(pid_path)
     reactor.addSystemEventTrigger("before", "shutdown", launcher.stop_all)

@@ -1,9 +1,11 @@
 """``synapse-lite status``: each process of a config, its pid, whether it
-answers /health, and the position of each stream it writes (read from its
-Prometheus /metrics: ``synapse_lite_stream_position{stream, writer}``)."""
+answers /health (and why it is degraded, if it says so), and the position of
+each stream it writes (read from its Prometheus /metrics:
+``synapse_lite_stream_position{stream, writer}``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, TextIO
 
 import attr
@@ -26,6 +28,8 @@ class ProcessStatus:
     alive: bool
     health: str
     positions: dict[str, int] | None
+    #: Why /health says "degraded", if it does.
+    reasons: list[str] = attr.ib(factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -55,8 +59,12 @@ async def process_status(
         status.health = "no health listener"
         return status
     try:
-        code, _ = await http_request(reactor, "GET", url, timeout=STATUS_TIMEOUT_SECONDS)
+        code, body = await http_request(reactor, "GET", url, timeout=STATUS_TIMEOUT_SECONDS)
         status.health = "ok" if code == 200 else f"HTTP {code}"
+        answer = _json_object(body)
+        if code == 200 and answer.get("status") == "degraded":
+            status.health = "degraded"
+            status.reasons = [str(r) for r in answer.get("reasons", [])]
     except AdminRequestError:
         status.health = "no answer"
         return status
@@ -92,7 +100,16 @@ def format_status(config: HomeServerConfig, statuses: list[ProcessStatus]) -> li
         else:
             positions = " ".join(f"{k}={v}" for k, v in s.positions.items())
         lines.append(f"{s.name:<16} {pid:>7}  {state:<8} {s.health:<10} {positions}")
+        lines += [f"{'':<16} {'':>7}  {s.name} is degraded: {reason}" for reason in s.reasons]
     return lines
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 async def show_status(reactor: Any, config: HomeServerConfig, out: TextIO) -> int:

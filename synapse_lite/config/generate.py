@@ -1,17 +1,22 @@
 """Writing a commented homeserver config for a chosen layout.
 
-Three layouts, all on loopback, ports counted up from a base port (the main
-process's client listener) in the order the processes are listed:
+Three layouts, all on loopback, ports counted up from a base port (the client
+port: the router's, or the main process's in the monolith): the base port, TCP
+replication, then each process in the order listed, then the router's metrics:
 
 * ``monolith``: the main process alone;
-* ``default``: the main process, one /sync worker (``synchrotron1``), two
-  events writers (``persister1``, ``persister2``) and the media repository
-  (``media1``);
-* ``sharded``: two /sync workers, three events writers, ``stream_writer1``
-  for typing, to_device, account_data, receipts and presence, and ``media1``.
+* ``default``: the router, the main process, one /sync worker
+  (``synchrotron1``), two events writers (``persister1``, ``persister2``) and
+  the media repository (``media1``);
+* ``sharded``: the router, the main process, two /sync workers, three events
+  writers, ``stream_writer1`` for typing, to_device, account_data, receipts
+  and presence, and ``media1``.
 
 Every process gets ``health`` and ``metrics`` (``synapse-lite run`` and
-``status`` need them); writers and the main process get ``replication``.
+``status`` need them); writers and the main process get ``replication``; every
+process serves the client API, so the router can send each request straight
+to the process it belongs to. Beside the config, ``prometheus.yml`` says where
+to scrape each process's metrics (``config/prometheus.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import time
 import attr
 import yaml
 
-from synapse_lite.config.homeserver import MAIN_PROCESS
+from synapse_lite.config.homeserver import MAIN_PROCESS, load_config
+from synapse_lite.config.prometheus import PROMETHEUS_FILE_NAME, prometheus_config
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
 
 LAYOUTS = ("monolith", "default", "sharded")
@@ -55,7 +61,7 @@ class _Process:
 
 
 _SYNC = ("client", "health", "metrics")
-_WRITER = ("replication", "health", "metrics")
+_WRITER = ("client", "replication", "health", "metrics")
 #: The media worker of the layouts that have one.
 MEDIA_WORKER = "media1"
 _MEDIA = _Process(MEDIA_WORKER, _SYNC, "The media repository: uploads, downloads, thumbnails.")
@@ -162,10 +168,12 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
     first (then ``workers/NAME.yaml`` with ``worker_files``). ``data_dir`` is
     written as given: relative paths are relative to the config file."""
     processes, writers = _layout(options.layout)
-    ports = {MAIN_PROCESS: options.base_port}
+    routed = len(processes) > 1
+    # The client port is the router's when there is one, else the main process's.
+    first = options.base_port + 2 if routed else options.base_port
+    ports = {p.name: first + i for i, p in enumerate(processes)}
     tcp_port = options.base_port + 1
-    for i, process in enumerate(processes[1:]):
-        ports[process.name] = options.base_port + 2 + i
+    router_metrics_port = first + len(processes)
     main = processes[0]
     lines = [
         f"# synapse_lite config, layout {options.layout!r}: written by",
@@ -191,11 +199,17 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
         "# Whether anyone may register, without verification. Only for a private server.",
         f"enable_registration: {_value(options.enable_registration)}",
         "",
+        *_router_lines(options.base_port, router_metrics_port, routed),
         "# The main process's HTTP listeners. Resources: client (the Matrix client API),",
         "# federation and keys (other servers: docs/federation.md), replication",
         "# (requests from the other processes: never expose it), health (GET /health),",
-        "# metrics (Prometheus, GET /metrics). All on loopback: put a reverse proxy in",
-        "# front of the client and federation listeners to serve the outside world.",
+        "# metrics (Prometheus, GET /metrics). All on loopback"
+        + (": clients come through the router." if routed else ": put a reverse proxy in"),
+        *(
+            []
+            if routed
+            else ["# front of the client and federation listeners for the outside world."]
+        ),
         f"# {main.comment}",
         "listeners:",
         *_listener(ports[MAIN_PROCESS], main.resources, "  "),
@@ -262,9 +276,28 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
     return {"homeserver.yaml": "\n".join(lines), **files}
 
 
+def _router_lines(client_port: int, metrics_port: int, routed: bool) -> list[str]:
+    if not routed:
+        return []
+    return [
+        "# The router: the one client port. It sends each request to the process that",
+        "# serves it (docs/routing.md): /sync and reads to the readers (each user to one),",
+        "# a room's events to the room's events writer, typing, receipts, account data",
+        "# and to-device messages to their writers, the rest to the main process. Point",
+        "# clients (or your TLS terminator) here. `synapse-lite routes` prints the table,",
+        "# also as an nginx or haproxy configuration. Keep the metrics listener private.",
+        "router:",
+        "  listeners:",
+        *_listener(client_port, ("client", "health"), "    "),
+        *_listener(metrics_port, ("metrics",), "    "),
+        "",
+    ]
+
+
 def write_config(options: GenerateOptions, config_path: str, data_dir: str) -> list[str]:
-    """Write the config files beside ``config_path``; the paths written.
-    Refuses (``FileExistsError``) to overwrite any of them."""
+    """Write the config files beside ``config_path``, and ``prometheus.yml``
+    (where to scrape each process); the paths written. Refuses
+    (``FileExistsError``) to overwrite any of them."""
     base = os.path.dirname(os.path.abspath(config_path))
     relative_data_dir = os.path.relpath(os.path.abspath(data_dir), base)
     files = generate_config(options, relative_data_dir)
@@ -272,11 +305,14 @@ def write_config(options: GenerateOptions, config_path: str, data_dir: str) -> l
         os.path.abspath(config_path) if name == CONFIG_FILE_NAME else os.path.join(base, name): text
         for name, text in files.items()
     }
-    for path in targets:
+    prometheus_path = os.path.join(base, PROMETHEUS_FILE_NAME)
+    for path in [*targets, prometheus_path]:
         if os.path.exists(path):
             raise FileExistsError(path)
     for path, text in targets.items():
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
-    return list(targets)
+    with open(prometheus_path, "w", encoding="utf-8") as f:
+        f.write(prometheus_config(load_config(os.path.abspath(config_path))))
+    return [*targets, prometheus_path]

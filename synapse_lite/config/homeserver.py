@@ -28,8 +28,44 @@ from synapse_lite.streams.definition import StreamCatalog, StreamDefinition
 #: The instance name of the main process.
 MAIN_PROCESS = "main"
 
+#: The name of the router process (``router``), reserved for it.
+ROUTER_PROCESS = "router"
+
 #: Resources an HTTP listener can serve.
 LISTENER_RESOURCES = ("client", "federation", "keys", "replication", "health", "metrics")
+#: Resources a listener of the router can serve (``client``: every client
+#: request, each relayed to the process that serves it).
+ROUTER_RESOURCES = ("client", "health", "metrics")
+#: Bind addresses meaning "every address of this machine".
+WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class TlsFiles:
+    """A certificate and its private key (PEM files) a listener serves TLS with."""
+
+    certificate_path: str
+    private_key_path: str
+
+    @classmethod
+    def read(cls, section: Section, base_dir: str) -> TlsFiles | None:
+        """``tls_certificate_path`` and ``tls_private_key_path`` of a section
+        (both or neither), checked readable now rather than at first use."""
+        certificate = section.get_optional_str("tls_certificate_path")
+        key = section.get_optional_str("tls_private_key_path")
+        if certificate is None and key is None:
+            return None
+        if certificate is None or key is None:
+            missing = "tls_certificate_path" if certificate is None else "tls_private_key_path"
+            section.problem("is required with the other tls_ setting", missing)
+            return None
+        paths = []
+        for name, value in (("tls_certificate_path", certificate), ("tls_private_key_path", key)):
+            path = os.path.join(base_dir, value)
+            if not os.access(path, os.R_OK):
+                section.problem(f"cannot read {path}", name)
+            paths.append(path)
+        return cls(paths[0], paths[1])
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -39,20 +75,33 @@ class ListenerConfig:
     port: int
     bind_address: str
     resources: tuple[str, ...]
+    #: Serve HTTPS with these (None: plain HTTP).
+    tls: TlsFiles | None = None
 
     @classmethod
-    def read(cls, section: Section) -> ListenerConfig:
+    def read(
+        cls,
+        section: Section,
+        base_dir: str = "",
+        allowed: tuple[str, ...] = LISTENER_RESOURCES,
+        default_resources: tuple[str, ...] = ("client", "health"),
+    ) -> ListenerConfig:
         port = section.get_int("port", minimum=0, maximum=65535)
         bind_address = section.get_str("bind_address", "127.0.0.1")
-        resources = section.get_str_list("resources", ["client", "health"])
+        resources = section.get_str_list("resources", list(default_resources))
         for i, name in enumerate(resources):
-            if name not in LISTENER_RESOURCES:
+            if name not in allowed:
                 section.problem(
-                    f"unknown resource {name!r}; known: {', '.join(LISTENER_RESOURCES)}",
+                    f"unknown resource {name!r}; known: {', '.join(allowed)}",
                     f"resources[{i}]",
                 )
+        tls = TlsFiles.read(section, base_dir)
         section.finish()
-        return cls(port=port, bind_address=bind_address, resources=tuple(resources))
+        return cls(port=port, bind_address=bind_address, resources=tuple(resources), tls=tls)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -127,17 +176,65 @@ class ReplicationConfig:
     tcp_host: str
     tcp_port: int
     redis: RedisConfig
+    #: The main process's replication listener serves TLS with these; workers
+    #: then connect with TLS, verifying it against ``internal_tls.ca_path``.
+    tcp_tls: TlsFiles | None = None
 
     @classmethod
-    def read(cls, section: Section) -> ReplicationConfig:
+    def read(cls, section: Section, base_dir: str = "") -> ReplicationConfig:
         transport = section.get_str("transport", "tcp", choices=("tcp", "redis"))
         tcp = section.get_section("tcp")
         tcp_host = tcp.get_str("host", "127.0.0.1")
         tcp_port = tcp.get_int("port", 9093, minimum=0, maximum=65535)
+        tcp_tls = TlsFiles.read(tcp, base_dir)
         tcp.finish()
         redis = RedisConfig.read(section.get_section("redis"))
         section.finish()
-        return cls(transport, tcp_host, tcp_port, redis)
+        return cls(transport, tcp_host, tcp_port, redis, tcp_tls)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class InternalTlsConfig:
+    """How processes check each other's certificates when replication or
+    internal HTTP uses TLS (``internal_tls``)."""
+
+    #: PEM file of the CA that signed the processes' certificates.
+    ca_path: str | None = None
+
+    @classmethod
+    def read(cls, section: Section, base_dir: str) -> InternalTlsConfig:
+        ca = section.get_optional_str("ca_path")
+        path = None
+        if ca is not None:
+            path = os.path.join(base_dir, ca)
+            if not os.access(path, os.R_OK):
+                section.problem(f"cannot read {path}", "ca_path")
+        section.finish()
+        return cls(path)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class RouterConfig:
+    """The router: one client port that relays each request to the process
+    serving it (``docs/routing.md``)."""
+
+    listeners: tuple[ListenerConfig, ...]
+
+    @classmethod
+    def read(cls, section: Section, base_dir: str) -> RouterConfig | None:
+        if not section.data:
+            section.finish()
+            return None
+        listeners = tuple(
+            ListenerConfig.read(s, base_dir, ROUTER_RESOURCES, ("client", "health"))
+            for s in section.get_list_of_sections("listeners")
+        )
+        if section.data.get("listeners") is not None and not any(
+            "client" in listener.resources for listener in listeners
+        ):
+            section.problem("needs a listener with the 'client' resource", "listeners")
+        section.finish()
+        return cls(listeners)
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -146,10 +243,13 @@ class InstanceLocation:
 
     host: str
     port: int
+    #: It answers with TLS (checked against ``internal_tls.ca_path``).
+    tls: bool = False
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -160,9 +260,9 @@ class WorkerConfig:
     listeners: tuple[ListenerConfig, ...]
 
     @classmethod
-    def read(cls, name: str, section: Section) -> WorkerConfig:
+    def read(cls, name: str, section: Section, base_dir: str = "") -> WorkerConfig:
         listeners = tuple(
-            ListenerConfig.read(s) for s in section.get_list_of_sections("listeners", [])
+            ListenerConfig.read(s, base_dir) for s in section.get_list_of_sections("listeners", [])
         )
         section.finish()
         return cls(name, listeners)
@@ -312,6 +412,9 @@ class HomeServerConfig:
     media: MediaConfig
     #: The streams this deployment runs (their definitions).
     streams: StreamCatalog = attr.ib(default=BUILTIN_STREAMS, hash=False)
+    #: The router in front of the processes, if there is one.
+    router: RouterConfig | None = None
+    internal_tls: InternalTlsConfig = attr.ib(factory=InternalTlsConfig)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -339,6 +442,25 @@ class HomeServerConfig:
             if not self.writers_of_stream(d) or instance_name in self.writers_of_stream(d)
         ]
 
+    def http_address(self, instance_name: str, resource: str) -> InstanceLocation | None:
+        """Where another process (the router, say) reaches ``instance_name``'s
+        first listener serving ``resource``; None if it has none. A listener
+        bound to every address is reached at the host ``instance_map`` gives
+        for the process (loopback when it gives none)."""
+        listeners = (
+            self.router.listeners
+            if instance_name == ROUTER_PROCESS and self.router is not None
+            else self.listeners_of(instance_name)
+        )
+        for listener in listeners:
+            if resource in listener.resources:
+                host = listener.bind_address
+                if host in WILDCARD_ADDRESSES:
+                    known = self.instance_map.get(instance_name)
+                    host = known.host if known is not None else "127.0.0.1"
+                return InstanceLocation(host, listener.port, listener.tls is not None)
+        return None
+
     def location_of(self, instance_name: str) -> InstanceLocation:
         """Where to send internal HTTP requests for ``instance_name``."""
         try:
@@ -361,9 +483,9 @@ def _derive_instance_map(
         for listener in listeners:
             if "replication" in listener.resources:
                 host = listener.bind_address
-                if host in ("0.0.0.0", "::", ""):
+                if host in WILDCARD_ADDRESSES:
                     host = "127.0.0.1"
-                result[name] = InstanceLocation(host, listener.port)
+                result[name] = InstanceLocation(host, listener.port, listener.tls is not None)
                 break
     return result
 
@@ -377,6 +499,9 @@ def _read_workers(section: Section, base_dir: str) -> dict[str, WorkerConfig]:
             continue
         if name == MAIN_PROCESS:
             section.problem(f"{MAIN_PROCESS!r} is the main process and cannot be a worker", name)
+            continue
+        if name == ROUTER_PROCESS:
+            section.problem(f"{ROUTER_PROCESS!r} is the name of the router process", name)
             continue
         if (
             isinstance(value, dict)
@@ -394,15 +519,18 @@ def _read_workers(section: Section, base_dir: str) -> dict[str, WorkerConfig]:
                 worker_section.problem(
                     f"does not match the name {name!r} it is declared with", "worker_name"
                 )
+            worker_dir = os.path.dirname(os.path.abspath(path))
             listeners = tuple(
-                ListenerConfig.read(s)
+                ListenerConfig.read(s, worker_dir)
                 for s in worker_section.get_list_of_sections("worker_listeners", [])
             )
             worker_section.finish()
             workers[name] = WorkerConfig(name, listeners)
         else:
             workers[name] = WorkerConfig.read(
-                name, Section(value, section.file, section.key_path(name), section.problems)
+                name,
+                Section(value, section.file, section.key_path(name), section.problems),
+                base_dir,
             )
     return workers
 
@@ -423,12 +551,16 @@ def read_homeserver_config(
         root.problem("must be a host name, optionally with :port", "server_name")
     data_dir = os.path.join(base_dir, root.get_str("data_dir", "data"))
     database = DatabaseConfig.read(root.get_section("database"), data_dir)
-    replication = ReplicationConfig.read(root.get_section("replication"))
+    replication = ReplicationConfig.read(root.get_section("replication"), base_dir)
     secret = root.get_optional_str("worker_replication_secret")
     shared_secret = root.get_optional_str("registration_shared_secret")
     enable_registration = root.get_bool("enable_registration", False)
-    listeners = tuple(ListenerConfig.read(s) for s in root.get_list_of_sections("listeners", []))
+    listeners = tuple(
+        ListenerConfig.read(s, base_dir) for s in root.get_list_of_sections("listeners", [])
+    )
     workers = _read_workers(root.get_section("workers"), base_dir)
+    router = RouterConfig.read(root.get_section("router"), base_dir)
+    internal_tls = InternalTlsConfig.read(root.get_section("internal_tls"), base_dir)
     writers = StreamWriters.read(root.get_section("stream_writers"), streams)
     federation_sender = root.get_str("federation_sender", MAIN_PROCESS)
     federation = FederationConfig.read(root.get_section("federation"))
@@ -445,7 +577,9 @@ def read_homeserver_config(
     for name in map_section.keys():
         entry = map_section.get_section(name)
         explicit_map[name] = InstanceLocation(
-            entry.get_str("host", "127.0.0.1"), entry.get_int("port", minimum=1, maximum=65535)
+            entry.get_str("host", "127.0.0.1"),
+            entry.get_int("port", minimum=1, maximum=65535),
+            entry.get_bool("tls", False),
         )
         entry.finish()
     map_section.finish()
@@ -503,6 +637,19 @@ def read_homeserver_config(
             " are declared",
             "listeners",
         )
+    if router is not None and not any("client" in lst.resources for lst in listeners):
+        root.problem(
+            "the main process needs a listener with the 'client' resource when there is a"
+            " router: requests no other process serves go there",
+            "listeners",
+        )
+    if router is not None and not secret:
+        root.problem(
+            "is required with a router: processes trust the client address the router"
+            " passes on (X-Forwarded-For) only when it proves it knows this secret",
+            "worker_replication_secret",
+        )
+    _check_internal_tls(root, internal_tls, replication, listeners_by_instance, explicit_map)
 
     ports: dict[tuple[str, int], str] = {}
 
@@ -522,6 +669,9 @@ def read_homeserver_config(
         prefix = "listeners" if name == MAIN_PROCESS else f"workers.{name}.listeners"
         for i, listener in enumerate(instance_listeners):
             claim(listener.port, listener.bind_address, f"{prefix}[{i}]")
+    if router is not None:
+        for i, listener in enumerate(router.listeners):
+            claim(listener.port, listener.bind_address, f"router.listeners[{i}]")
 
     if root.problems:
         raise ConfigError(root.problems)
@@ -548,7 +698,38 @@ def read_homeserver_config(
         media_instance=media_instance,
         media=media,
         streams=streams,
+        router=router,
+        internal_tls=internal_tls,
     )
+
+
+def _check_internal_tls(
+    root: Section,
+    internal_tls: InternalTlsConfig,
+    replication: ReplicationConfig,
+    listeners_by_instance: dict[str, Sequence[ListenerConfig]],
+    explicit_map: dict[str, InstanceLocation],
+) -> None:
+    """Processes that talk to a TLS listener of another (replication, internal
+    HTTP, the router relaying to a client listener) must be able to check its
+    certificate: ``internal_tls.ca_path`` is then required."""
+    if internal_tls.ca_path is not None:
+        return
+    uses_tls = [
+        f"{name}'s listener on port {listener.port}"
+        for name, listeners in listeners_by_instance.items()
+        for listener in listeners
+        if listener.tls is not None
+    ]
+    if replication.tcp_tls is not None:
+        uses_tls.append("replication.tcp")
+    uses_tls += [f"instance_map.{name}" for name, loc in explicit_map.items() if loc.tls]
+    if uses_tls:
+        root.problem(
+            f"is required when the processes use TLS between them ({', '.join(uses_tls)}):"
+            " the CA that signed their certificates, so that each can check the others'",
+            "internal_tls.ca_path",
+        )
 
 
 def load_config(path: str) -> HomeServerConfig:
@@ -565,8 +746,10 @@ def load_worker_file(config: HomeServerConfig, path: str) -> tuple[HomeServerCon
     data = load_yaml_file(path)
     section = Section(data, path)
     name = section.get_str("worker_name")
+    worker_dir = os.path.dirname(os.path.abspath(path))
     listeners = tuple(
-        ListenerConfig.read(s) for s in section.get_list_of_sections("worker_listeners", [])
+        ListenerConfig.read(s, worker_dir)
+        for s in section.get_list_of_sections("worker_listeners", [])
     )
     section.finish()
     if section.problems:

@@ -1,11 +1,12 @@
 """Who is asking: access tokens to requesters, and password hashing.
 
-Access tokens are random and returned to the client once; only their SHA-256
-is stored (``access_tokens.token_hash``), so a copy of the database logs
-nobody in. Passwords are hashed with scrypt (n=2**14, r=8, p=1, a 16-byte
-random salt per password, 32-byte key), the parameters written into the stored
-string so they can be raised later without invalidating old hashes. Hashing
-runs on a thread so the reactor keeps serving meanwhile.
+Access tokens (their form: ``api/access_tokens.py``) are random and returned
+to the client once; only their SHA-256 is stored (``access_tokens.token_hash``),
+so a copy of the database logs nobody in. Passwords are hashed with scrypt
+(n=2**14, r=8, p=1, a 16-byte random salt per password, 32-byte key), the
+parameters written into the stored string so they can be raised later without
+invalidating old hashes. Hashing runs on a thread so the reactor keeps serving
+meanwhile.
 """
 
 from __future__ import annotations
@@ -49,10 +50,6 @@ class Requester:
 def hash_token(token: str) -> str:
     """What is stored for an access token."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def generate_access_token() -> str:
-    return "syl_" + secrets.token_urlsafe(32)
 
 
 def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:

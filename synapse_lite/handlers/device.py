@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.access_tokens import generate_access_token
 from synapse_lite.api.errors import NotFoundError
-from synapse_lite.handlers.auth import generate_access_token, hash_token
+from synapse_lite.handlers.auth import hash_token
 from synapse_lite.replication.http.calls import EmptyBody
 from synapse_lite.replication.http.devices import (
     DELETE_DEVICES,
@@ -38,7 +39,7 @@ class DeviceHandler:
     ) -> str:
         """Log ``device_id`` in (creating it if new; its older tokens stop
         working); returns the new access token."""
-        token = generate_access_token()
+        token = generate_access_token(user_id)
         await self._calls.call(
             REGISTER_DEVICE, DeviceLogin(user_id, device_id, display_name, hash_token(token))
         )

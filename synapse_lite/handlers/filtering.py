@@ -1,11 +1,14 @@
 """Sync filters: uploaded (``POST /user/{userId}/filter``) or inline in /sync.
 
-Only the room timeline limit changes what /sync returns; the rest of a filter
-is accepted and stored unchanged (documented in docs/client-api.md).
+What changes what /sync returns: the room timeline limit, and the
+``presence`` filter (``types``, ``not_types``, ``senders``, ``not_senders``;
+``*`` matches any run of characters in a type). The rest of a filter is
+accepted and stored unchanged (documented in docs/client-api.md).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +26,55 @@ MAX_FILTER_BYTES = 16_384
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class EventFilter:
+    """Which events of a section to return (the spec's EventFilter, without
+    ``limit``): a ``None`` list allows everything."""
+
+    types: tuple[str, ...] | None = None
+    not_types: tuple[str, ...] = ()
+    senders: tuple[str, ...] | None = None
+    not_senders: tuple[str, ...] = ()
+
+    def allows(self, event: dict[str, Any]) -> bool:
+        event_type, sender = str(event.get("type", "")), str(event.get("sender", ""))
+        if any(fnmatch.fnmatchcase(event_type, t) for t in self.not_types):
+            return False
+        if self.types is not None and not any(
+            fnmatch.fnmatchcase(event_type, t) for t in self.types
+        ):
+            return False
+        if sender in self.not_senders:
+            return False
+        return self.senders is None or sender in self.senders
+
+    @classmethod
+    def parse(cls, definition: Any, where: str) -> EventFilter:
+        if not isinstance(definition, dict):
+            raise SynapseError(400, f"'{where}' must be an object", Codes.BAD_JSON)
+        lists: dict[str, tuple[str, ...] | None] = {}
+        for key in ("types", "not_types", "senders", "not_senders"):
+            value = definition.get(key)
+            if value is not None and (
+                not isinstance(value, list) or not all(isinstance(v, str) for v in value)
+            ):
+                raise SynapseError(
+                    400, f"'{where}.{key}' must be a list of strings", Codes.BAD_JSON
+                )
+            lists[key] = None if value is None else tuple(value)
+        return cls(
+            types=lists["types"],
+            not_types=lists["not_types"] or (),
+            senders=lists["senders"],
+            not_senders=lists["not_senders"] or (),
+        )
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class SyncFilter:
     """What a filter changes about /sync."""
 
     timeline_limit: int = DEFAULT_TIMELINE_LIMIT
+    presence: EventFilter = attr.ib(factory=EventFilter)
 
 
 def _depth(value: Any, depth: int = 0) -> int:
@@ -56,7 +104,8 @@ def parse_filter(definition: Any) -> SyncFilter:
         raise SynapseError(
             400, "'room.timeline.limit' must be a non-negative integer", Codes.BAD_JSON
         )
-    return SyncFilter(timeline_limit=min(limit, MAX_TIMELINE_LIMIT))
+    presence = EventFilter.parse(definition.get("presence", {}), "presence")
+    return SyncFilter(timeline_limit=min(limit, MAX_TIMELINE_LIMIT), presence=presence)
 
 
 class FilteringHandler:

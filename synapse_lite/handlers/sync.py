@@ -308,7 +308,11 @@ class SyncHandler:
         to_device, to_device_key = await self._to_device(requester, since, now)
         now = now.with_positions(to_device=to_device_key)
         sharing = await self._users_sharing_rooms(user_id, joined)
-        presence = await self._presence(sharing, since, now, now_ms)
+        presence = [
+            event
+            for event in await self._presence(sharing, since, now, now_ms)
+            if sync_filter.presence.allows(event)
+        ]
         changed_devices: list[str] = []
         if since is not None and since.get("device_lists") < now.get("device_lists"):
             changed = await self._store.get_users_whose_devices_changed(

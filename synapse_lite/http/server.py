@@ -28,6 +28,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.http.forwarded import FORWARDED_FOR, ROUTER_PROOF, forwarded_address
 from synapse_lite.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ class LimitedRequest(Request):
 
     max_body_bytes = 1_048_576
     upload_routes: Sequence[UploadRoute] = ()
+    #: The router's proof (``http/forwarded.py``); None: no forwarded address
+    #: is believed.
+    router_proof: bytes | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -106,6 +110,17 @@ class LimitedRequest(Request):
                 self.content.truncate()
             return
         super().handleContentChunk(data)
+
+    def getClientAddress(self) -> Any:
+        """The client's address: the one the router forwarded, when the
+        request proves it came from the router; else the peer's."""
+        headers = self.requestHeaders
+        forwarded = forwarded_address(
+            headers.getRawHeaders(ROUTER_PROOF, [None])[-1],
+            headers.getRawHeaders(FORWARDED_FOR, [None])[-1],
+            self.router_proof,
+        )
+        return forwarded if forwarded is not None else super().getClientAddress()
 
     def process(self) -> None:
         site = getattr(self.channel, "site", None)
@@ -162,16 +177,21 @@ class ServingSite(server.Site):
 
 
 def make_site(
-    resource: Resource, max_body_bytes: int, upload_routes: Sequence[UploadRoute] = ()
+    resource: Resource,
+    max_body_bytes: int,
+    upload_routes: Sequence[UploadRoute] = (),
+    router_proof: str | None = None,
 ) -> ServingSite:
-    """A Site whose requests refuse bodies larger than ``max_body_bytes``,
-    except on ``upload_routes``."""
+    """A Site whose requests refuse bodies larger than ``max_body_bytes``
+    (except on ``upload_routes``) and believe the client address the router
+    forwards (``router_proof``)."""
 
     class _Request(LimitedRequest):
         pass
 
     _Request.max_body_bytes = max_body_bytes
     _Request.upload_routes = tuple(upload_routes)
+    _Request.router_proof = router_proof.encode("ascii") if router_proof else None
     site = ServingSite(resource)
     site.requestFactory = _Request
     site.displayTracebacks = False
@@ -302,6 +322,11 @@ class JsonResource(Resource):
         """Serve ``method`` requests whose path fully matches ``pattern``; named
         groups are passed to ``callback`` as URL-decoded keyword arguments."""
         self._routes.append((method.encode("ascii"), re.compile(pattern), callback, servlet_name))
+
+    def registered(self) -> list[tuple[str, str, str]]:
+        """``(method, path pattern, servlet name)`` of every path served, in
+        the order they are matched (the routing table reads them)."""
+        return [(m.decode("ascii"), p.pattern, name) for m, p, _, name in self._routes]
 
     def render(self, request: Request) -> Any:
         defer.ensureDeferred(self._async_render(request))

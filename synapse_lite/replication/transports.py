@@ -15,11 +15,23 @@ import logging
 from typing import Any
 
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
+from synapse_lite.http.tls import InternalTlsClient, server_tls_options
 from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
 from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
 from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
 
 logger = logging.getLogger(__name__)
+
+
+def connect_replication(config: HomeServerConfig, reactor: Any, client: Any) -> None:
+    """Connect a TCP replication client factory to the main process (with
+    TLS, checked against ``internal_tls.ca_path``, when its listener has it)."""
+    replication = config.replication
+    if replication.tcp_tls is not None:
+        options = InternalTlsClient(config.internal_tls.ca_path).options_for(replication.tcp_host)
+        reactor.connectSSL(replication.tcp_host, replication.tcp_port, client, options)
+    else:
+        reactor.connectTCP(replication.tcp_host, replication.tcp_port, client)
 
 
 class ReplicationTransport:
@@ -63,14 +75,23 @@ class ReplicationTransport:
             server = ReplicationServerFactory(
                 config.server_name, config.worker_replication_secret, self._handler, self._reactor
             )
-            self._listening_port = self._reactor.listenTCP(
-                replication.tcp_port, server, interface=replication.tcp_host
-            )
+            if replication.tcp_tls is not None:
+                self._listening_port = self._reactor.listenSSL(
+                    replication.tcp_port,
+                    server,
+                    server_tls_options(replication.tcp_tls),
+                    interface=replication.tcp_host,
+                )
+            else:
+                self._listening_port = self._reactor.listenTCP(
+                    replication.tcp_port, server, interface=replication.tcp_host
+                )
             self._transport = server
             logger.info(
-                "Replication listener on %s:%d",
+                "Replication listener on %s:%d%s",
                 replication.tcp_host,
                 self._listening_port.getHost().port,
+                " (TLS)" if replication.tcp_tls is not None else "",
             )
         else:
             client = ReplicationClientFactory(
@@ -80,12 +101,13 @@ class ReplicationTransport:
                 self._handler,
                 self._reactor,
             )
-            self._reactor.connectTCP(replication.tcp_host, replication.tcp_port, client)
+            connect_replication(config, self._reactor, client)
             self._transport = client
             logger.info(
-                "Replicating over TCP with the main process at %s:%d",
+                "Replicating over TCP with the main process at %s:%d%s",
                 replication.tcp_host,
                 replication.tcp_port,
+                " (TLS)" if replication.tcp_tls is not None else "",
             )
         self._handler.set_bus(self._transport)
 

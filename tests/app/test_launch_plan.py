@@ -12,6 +12,7 @@ from twisted.trial import unittest
 from synapse_lite.app.launch_plan import (
     TIER_MAIN,
     TIER_OTHERS,
+    TIER_ROUTER,
     TIER_WRITERS,
     plan_processes,
     settings_shared_by_all,
@@ -39,6 +40,7 @@ class LaunchPlanTestCase(unittest.TestCase):
         self.assertEqual(tiers["persister2"], TIER_WRITERS)
         self.assertEqual(tiers["stream_writer1"], TIER_WRITERS)
         self.assertEqual(tiers["synchrotron2"], TIER_OTHERS)
+        self.assertEqual(tiers["router"], TIER_ROUTER)
         self.assertEqual([s.tier for s in specs], sorted(s.tier for s in specs))
         roles = {spec.name: spec.role for spec in specs}
         self.assertEqual(roles["main"], "main process")
@@ -49,8 +51,12 @@ class LaunchPlanTestCase(unittest.TestCase):
         self.assertEqual(roles["synchrotron1"], "client API")
         self.assertEqual(roles["media1"], "media repository")
         self.assertEqual(tiers["media1"], TIER_OTHERS)
-        self.assertEqual(specs[0].health_url, "http://127.0.0.1:31008/health")
-        self.assertIn("--worker-name", specs[-1].argv)
+        self.assertEqual(roles["router"], "router (the client port)")
+        # The client port is the router's; the main process comes after TCP replication.
+        self.assertEqual(specs[0].health_url, "http://127.0.0.1:31010/health")
+        self.assertEqual(specs[-1].health_url, "http://127.0.0.1:31008/health")
+        self.assertIn("--worker-name", specs[-2].argv)
+        self.assertIn("synapse_lite.app.router", specs[-1].argv)
 
     def test_reload_restarts_only_changed_roles(self) -> None:
         path, before = sharded()
@@ -70,8 +76,9 @@ class LaunchPlanTestCase(unittest.TestCase):
         self.assertEqual(settings_shared_by_all(before), settings_shared_by_all(after))
         changed = {n for n, s in specs_before.items() if specs_after.get(n) != s}
         added = {n for n, s in specs_after.items() if specs_before.get(n) != s}
-        self.assertEqual(changed, {"persister1"})
-        self.assertEqual(added, {"persister4"})
+        # The router's routes name the events writers' addresses: it restarts too.
+        self.assertEqual(changed, {"persister1", "router"})
+        self.assertEqual(added, {"persister4", "router"})
 
         moved = attr.evolve(
             after,

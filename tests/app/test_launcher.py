@@ -18,7 +18,7 @@ from synapse_lite.config.homeserver import load_config
 from tests.harness.launcher import SynapseLiteCommand, http_get, launch, temp_dir
 from tests.harness.polling import eventually
 
-DEFAULT_PROCESSES = ("main", "synchrotron1", "persister1", "persister2", "media1")
+DEFAULT_PROCESSES = ("main", "synchrotron1", "persister1", "persister2", "media1", "router")
 
 
 def ports_free(ports: list[int]) -> bool:
@@ -50,7 +50,7 @@ class DefaultCommandTestCase(unittest.TestCase):
     timeout = 180
 
     async def test_default_command_from_empty_directory(self) -> None:
-        default_ports = list(range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + 6))
+        default_ports = list(range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + 8))
         if not ports_free(default_ports):
             raise unittest.SkipTest(f"the default ports {default_ports} are in use")
         directory = temp_dir()

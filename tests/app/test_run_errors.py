@@ -118,3 +118,30 @@ class RunRefusesTestCase(unittest.TestCase):
             "Stopping main",
         )
         self.assertIn("192.0.2.1", output.split("Its last output:")[1])
+
+
+class OnlySomeProcessesTestCase(unittest.TestCase):
+    """`run --only`: the processes of one machine."""
+
+    def test_only_these(self) -> None:
+        from synapse_lite.app.launch_plan import plan_processes
+        from synapse_lite.app.run import only_these
+        from synapse_lite.config.homeserver import load_config
+
+        specs = plan_processes(load_config(generated_config(temp_dir())))
+        self.assertEqual(
+            [s.name for s in only_these(specs, ("router", "main"))], ["main", "router"]
+        )
+        self.assertEqual(only_these(specs, None), specs)
+        with self.assertRaises(ValueError) as raised:
+            only_these(specs, ("main", "nobody"))
+        self.assertIn("--only names nobody, not a process of this config", str(raised.exception))
+
+    async def test_unknown_name_is_refused(self) -> None:
+        directory = temp_dir()
+        path = generated_config(directory)
+        command = SynapseLiteCommand(
+            self, ["run", "-c", path, "--only", "main,persister9"], directory, directory
+        )
+        self.assertEqual(await command.start().wait_exit(), 2, command.output())
+        self.assertIn("--only names persister9", command.output())

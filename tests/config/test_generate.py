@@ -42,11 +42,15 @@ class GenerateConfigTestCase(unittest.TestCase):
                 self.assertTrue(all(spec.metrics_url for spec in specs))
                 ports = [lst.port for spec in specs for lst in spec.listeners]
                 self.assertEqual(len(ports), len(set(ports)))
-                self.assertEqual(ports[0], 30008)
-                expected = {"monolith": 1, "default": 5, "sharded": 8}[layout]
-                self.assertEqual(len(specs), expected)
-                self.assertEqual(len(written), 1 + (expected - 1 if worker_files else 0))
-                if expected > 1:
+                client_port = specs[-1].listeners[0].port
+                self.assertEqual(client_port, 30008)
+                workers = {"monolith": 0, "default": 4, "sharded": 7}[layout]
+                routed = workers > 0  # a router in front, on the client port
+                self.assertEqual(len(specs), 1 + workers + routed)
+                # homeserver.yaml, the worker files, prometheus.yml
+                self.assertEqual(len(written), 1 + (workers if worker_files else 0) + 1)
+                self.assertEqual(specs[-1].name, "router" if routed else MAIN_PROCESS)
+                if workers:
                     self.assertTrue(config.worker_replication_secret)
                     self.assertTrue(config.location_of(MAIN_PROCESS))
 

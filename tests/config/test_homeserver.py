@@ -190,3 +190,77 @@ class LoadConfigTestCase(unittest.TestCase):
         self.assertIn(
             "w.yaml: worker_name: 'ghost' is not declared under 'workers'", str(cm.exception)
         )
+
+
+class RouterConfigTestCase(unittest.TestCase):
+    """The router's section and TLS settings: mistakes named with their key."""
+
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp()
+
+    def problems(self, data: Any) -> list[str]:
+        path = write_config(self.dir, data)
+        with self.assertRaises(ConfigError) as cm:
+            load_config(path)
+        return [str(p).split(": ", 1)[1] for p in cm.exception.problems]
+
+    def routed(self) -> dict[str, Any]:
+        config = sharded_config()
+        config["router"] = {"listeners": [{"port": 8000, "resources": ["client", "health"]}]}
+        return config
+
+    def test_router_loads(self) -> None:
+        config = load_config(write_config(self.dir, self.routed()))
+        assert config.router is not None
+        self.assertEqual(config.router.listeners[0].port, 8000)
+        self.assertEqual(config.http_address("router", "client").base_url, "http://127.0.0.1:8000")  # type: ignore[union-attr]
+
+    def test_router_mistakes(self) -> None:
+        config = self.routed()
+        config["router"]["listeners"][0]["resources"] = ["health", "replication"]
+        config["listeners"][0]["port"] = 8000
+        del config["worker_replication_secret"]
+        config["workers"]["router"] = {"listeners": []}
+        problems = self.problems(config)
+        self.assertIn(
+            "router.listeners[0].resources[1]: unknown resource 'replication'; known: client,"
+            " health, metrics",
+            problems,
+        )
+        self.assertIn("router.listeners: needs a listener with the 'client' resource", problems)
+        self.assertIn("workers.router: 'router' is the name of the router process", problems)
+        self.assertTrue(
+            any(
+                p.startswith("worker_replication_secret: is required with a router")
+                for p in problems
+            ),
+            problems,
+        )
+        self.assertIn(
+            "router.listeners[0]: port 8000 is used by both listeners[0] and router.listeners[0]",
+            problems,
+        )
+
+    def test_main_needs_a_client_listener_behind_a_router(self) -> None:
+        config = self.routed()
+        config["listeners"][0]["resources"] = ["replication", "health"]
+        self.assertIn(
+            "listeners: the main process needs a listener with the 'client' resource when there"
+            " is a router: requests no other process serves go there",
+            self.problems(config),
+        )
+
+    def test_tls_settings(self) -> None:
+        config = sharded_config()
+        config["listeners"][0]["tls_certificate_path"] = "cert.pem"
+        config["replication"] = {"tcp": {"tls_private_key_path": "key.pem"}}
+        config["internal_tls"] = {"ca_path": "nowhere/ca.pem"}
+        problems = self.problems(config)
+        self.assertIn(
+            "listeners[0].tls_private_key_path: is required with the other tls_ setting", problems
+        )
+        self.assertIn(
+            "replication.tcp.tls_certificate_path: is required with the other tls_ setting",
+            problems,
+        )
+        self.assertIn(f"internal_tls.ca_path: cannot read {self.dir}/nowhere/ca.pem", problems)

@@ -36,6 +36,7 @@ from twisted.web.client import HTTPConnectionPool
 from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client import register_servlets
 from synapse_lite.server import HomeServer
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
 from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.server import DatabaseTestCase
 from tests.rest.test_malformed import KNOWN_KEYS, random_value
@@ -71,6 +72,12 @@ VOLATILE_TABLES = {
     "presence_stream",
     "destinations",
     "device_federation_outbox",
+}
+#: The sequences of streams all of whose tables are volatile.
+VOLATILE_SEQUENCES = {
+    d.ids.sequence_name
+    for d in BUILTIN_STREAMS
+    if d.ids is not None and all(t.table in VOLATILE_TABLES for t in d.ids.tables)
 }
 
 BAD_ROOM_IDS = [
@@ -174,6 +181,10 @@ class _ErrorRecords(logging.Handler):
 
 class ClientFuzzTestCase(DatabaseTestCase):
     """Fuzzes every client route of one process on the real HTTP stack."""
+
+    # About a minute alone on a quiet machine; several under the whole suite
+    # on two loaded cores (a database digest follows every refused request).
+    timeout = 400
 
     async def setUp(self) -> None:  # type: ignore[override]
         super().setUp()
@@ -363,7 +374,12 @@ class ClientFuzzTestCase(DatabaseTestCase):
                 if table in VOLATILE_TABLES:
                     continue
                 txn.execute(f"SELECT * FROM {table}")
-                rows = repr(sorted(map(repr, txn.fetchall()))).encode()
+                found = txn.fetchall()
+                if table == "sequences":
+                    # SQLite's sequences are rows: those of volatile streams
+                    # (presence, written in the background) move on their own.
+                    found = [r for r in found if r[0] not in VOLATILE_SEQUENCES]
+                rows = repr(sorted(map(repr, found))).encode()
                 result[table] = hashlib.sha256(rows).hexdigest()
             return result
 

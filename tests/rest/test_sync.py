@@ -99,6 +99,25 @@ class SyncTestCase(DatabaseTestCase):
         code, body = await self.bob.request("GET", "/sync?filter=%7Bbad")
         self.assertEqual((code, body["errcode"]), (400, "M_NOT_JSON"))
 
+    async def test_presence_filter(self) -> None:
+        await self.shared_room()
+        no_presence = urllib.parse.quote(json.dumps({"presence": {"not_types": ["m.presence"]}}))
+        result = await self.bob.sync(filter=no_presence)
+        self.assertEqual(result["presence"]["events"], [])
+        only_alice = urllib.parse.quote(json.dumps({"presence": {"senders": [self.alice.user_id]}}))
+        result = await self.bob.sync(filter=only_alice)
+        self.assertLessEqual(
+            {e["sender"] for e in result["presence"]["events"]}, {self.alice.user_id}
+        )
+        everyone = await self.bob.sync(
+            filter=urllib.parse.quote(json.dumps({"presence": {"types": ["m.*"]}}))
+        )
+        self.assertIn(self.bob.user_id, {e["sender"] for e in everyone["presence"]["events"]})
+        bad = urllib.parse.quote(json.dumps({"presence": {"types": "m.presence"}}))
+        code, body = await self.bob.request("GET", f"/sync?filter={bad}")
+        self.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"))
+        self.assertIn("'presence.types' must be a list of strings", body["error"])
+
     async def test_invites_joins_and_leaves(self) -> None:
         initial = await self.bob.sync()
         room = await self.alice.create_room(preset="private_chat", invite=[self.bob.user_id])

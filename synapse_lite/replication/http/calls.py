@@ -22,6 +22,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -30,12 +31,13 @@ import treq
 from treq.client import HTTPClient
 from twisted.internet import defer
 from twisted.internet import error as twisted_error
-from twisted.internet.endpoints import HostnameEndpoint
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
+from synapse_lite.http.tls import InternalTlsClient
+from synapse_lite.metrics import INTERNAL_CALL_SECONDS, INTERNAL_CALLS
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -152,7 +154,7 @@ class InternalCalls:
         self._secret = config.worker_replication_secret
         self._handlers: dict[str, tuple[InternalCall[Any, Any], Handler]] = {}
         self._waiter = waiter
-        self._http = _InternalHttp(reactor)
+        self._http = _InternalHttp(reactor, InternalTlsClient(config.internal_tls.ca_path))
 
     def serve(
         self, call: InternalCall[Req, Resp], handler: Callable[[Req], Awaitable[Resp]]
@@ -183,15 +185,23 @@ class InternalCalls:
             if served is None:
                 raise SynapseError(500, f"{self._me} does not serve {call.name}", Codes.UNKNOWN)
             return await served[1](request)
+        started = time.monotonic()
         try:
             body = await self._post(target, call, request.to_json())
         except CallFailed as e:
+            INTERNAL_CALLS.labels(call.name, target, "unreachable").inc()
             logger.warning("Internal call %s to %s failed: %s", call.name, target, e)
             raise SynapseError(
                 503,
                 f"The process handling this ({target}) is unavailable; try again",
                 Codes.UNKNOWN,
             ) from None
+        except SynapseError:
+            INTERNAL_CALLS.labels(call.name, target, "refused").inc()
+            raise
+        finally:
+            INTERNAL_CALL_SECONDS.labels(call.name).observe(time.monotonic() - started)
+        INTERNAL_CALLS.labels(call.name, target, "ok").inc()
         try:
             answer = call.response.from_json(body, self._config.server_name)
         except SynapseError as e:
@@ -323,12 +333,12 @@ def _check_answer(target: str, url: str, code: int, answer: Any) -> dict[str, An
 class _InternalHttp:
     """POSTs JSON with the shared secret over a pool of persistent connections."""
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, tls: InternalTlsClient) -> None:
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = 20
         self._pool.retryAutomatically = False
         agent = Agent.usingEndpointFactory(
-            reactor, _NoDelayEndpointFactory(reactor), pool=self._pool
+            reactor, _NoDelayEndpointFactory(reactor, tls), pool=self._pool
         )
         self._treq = HTTPClient(agent)
 
@@ -358,11 +368,14 @@ class _NoDelayEndpointFactory:
     goes: every forwarded client request would pay it.
     """
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, tls: InternalTlsClient) -> None:
         self._reactor = reactor
+        self._tls = tls
 
     def endpointForURI(self, uri: Any) -> Any:
-        return _NoDelayEndpoint(HostnameEndpoint(self._reactor, uri.host, uri.port))
+        host = uri.host.decode("ascii")
+        tls = uri.scheme == b"https"
+        return _NoDelayEndpoint(self._tls.endpoint(self._reactor, host, uri.port, tls))
 
 
 class _NoDelayEndpoint:

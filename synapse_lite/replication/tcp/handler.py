@@ -29,7 +29,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.clock import Clock
-from synapse_lite.metrics import REPLICATION_LAG
+from synapse_lite.replication.lag import ReplicationLag
 from synapse_lite.replication.streams import Stream
 from synapse_lite.replication.tcp.commands import (
     Command,
@@ -91,6 +91,7 @@ class ReplicationCommandHandler:
         self._command_hooks: dict[type[Command], list[Callable[[Any], object]]] = defaultdict(list)
         self._retry_calls: set[IDelayedCall] = set()
         self._stopped = False
+        self.lag = ReplicationLag(clock, streams)
 
     def set_bus(self, bus: ReplicationBus | None) -> None:
         """The transport's way out to every other process (None: send on each
@@ -198,6 +199,8 @@ class ReplicationCommandHandler:
         except InvalidRow as e:
             logger.warning("Dropping RDATA from %s: %s", connection.describe(), e)
             return
+        if cmd.token is not None:
+            self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.token)
         self._enqueue(cmd.stream_name, lambda: self._process_rdata(connection, cmd, stream, row))
 
     async def _process_rdata(
@@ -220,6 +223,7 @@ class ReplicationCommandHandler:
             logger.debug("RDATA %s at %d is old: dropped", key, cmd.token)
             return
         self.receiver.on_rows(cmd.stream_name, cmd.instance_name, cmd.token, rows)
+        self.lag.received(cmd.stream_name, cmd.instance_name)
 
     # POSITION
 
@@ -234,6 +238,7 @@ class ReplicationCommandHandler:
             return
         if self._can_discard(connection, stream, cmd):
             return
+        self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.new_token)
         self._enqueue(cmd.stream_name, lambda: self._process_position(connection, cmd, stream))
 
     def _can_discard(
@@ -261,7 +266,6 @@ class ReplicationCommandHandler:
 
         writer, prev, new = cmd.instance_name, cmd.prev_token, cmd.new_token
         current = stream.positions.received_position(writer)
-        REPLICATION_LAG.labels(cmd.stream_name, writer).set(max(0, new - current))
         try:
             if self._needs_catch_up(stream, current, prev, new):
                 await self._catch_up(stream, writer, current, new)
@@ -276,7 +280,7 @@ class ReplicationCommandHandler:
             self._retry_later(self._retry_position, connection, cmd)
             return
         self.receiver.on_rows(cmd.stream_name, writer, new, [])
-        REPLICATION_LAG.labels(cmd.stream_name, writer).set(0)
+        self.lag.received(cmd.stream_name, writer)
         if connection in self._positions_seen:
             self._positions_seen[connection].add(key)
 
@@ -294,6 +298,7 @@ class ReplicationCommandHandler:
             updates, upto, limited = await stream.rows_since(writer, current, new)
             for token, rows in batch_updates(updates):
                 self.receiver.on_rows(stream.name, writer, token, rows)
+            self.lag.received(stream.name, writer)
             if limited and upto <= current and not updates:
                 raise RuntimeError(f"update function of {stream.name} made no progress at {upto}")
             current = upto
@@ -354,10 +359,7 @@ class ReplicationCommandHandler:
             for seen in self._positions_seen.values():
                 seen.discard(key)
             self._pending_batches.pop(key, None)
-            try:
-                REPLICATION_LAG.remove(stream_name, writer)
-            except KeyError:
-                pass
+            self.lag.forget(stream_name, writer)
             positions.forget_writer(writer)
 
         self._enqueue(stream_name, work)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+import attr
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 from twisted.python import threadable
@@ -324,6 +325,17 @@ class MultiWriterIdGenerator:
             positions = self._model.known_writer_positions()
         return {name: pos * self._factor for name, pos in positions.items()}
 
+    def snapshot(self) -> PositionsSnapshot:
+        """Persisted-up-to, every known writer's position and this process's
+        unfinished ids, at one instant (internal ids: positive, growing)."""
+        with self._lock:
+            return PositionsSnapshot(
+                self._model.persisted_upto,
+                self._model.known_writer_positions(),
+                self._model.unfinished_ids(),
+                self._factor,
+            )
+
     def advance_writer(self, instance_name: str, position: int) -> None:
         """Record a writer's position learned over replication (RDATA or
         POSITION): it has no unfinished ids at or below it. Only
@@ -475,6 +487,17 @@ class MultiWriterIdGenerator:
             await self._start_positions_write()
         elif self._positions_write_running is not None:
             await self._positions_write_running
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PositionsSnapshot:
+    """See :meth:`MultiWriterIdGenerator.snapshot`. Ids are internal (a
+    negative stream's are negated): multiply by ``factor`` to show them."""
+
+    persisted_upto: int
+    positions: dict[str, int]
+    unfinished: list[int]
+    factor: int
 
 
 class _IdAllocation(Generic[T]):

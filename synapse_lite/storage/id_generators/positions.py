@@ -182,6 +182,10 @@ class StreamPositions:
     def known_writer_positions(self) -> dict[str, int]:
         return dict(self._positions)
 
+    def unfinished_ids(self) -> list[int]:
+        """This process's allocated ids not finished yet, smallest first."""
+        return sorted(self._unfinished)
+
     # Persisted-up-to
 
     @property

@@ -44,16 +44,18 @@ class InstancesWorkerStore(CacheInvalidationWorkerStore):
     ) -> None:
         """Record this process as it starts: its address and whether it writes events."""
         txn.execute(
-            "INSERT INTO instances"
-            " (instance_name, replication_host, replication_port, writes_events, updated_ts)"
-            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (instance_name) DO UPDATE SET"
+            "INSERT INTO instances (instance_name, replication_host, replication_port,"
+            " replication_tls, writes_events, updated_ts)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (instance_name) DO UPDATE SET"
             " replication_host = EXCLUDED.replication_host,"
             " replication_port = EXCLUDED.replication_port,"
+            " replication_tls = EXCLUDED.replication_tls,"
             " writes_events = EXCLUDED.writes_events, updated_ts = EXCLUDED.updated_ts",
             (
                 instance_name,
                 location.host if location else None,
                 location.port if location else None,
+                bool(location and location.tls),
                 writes_events,
                 _now_ms(),
             ),
@@ -84,14 +86,15 @@ class InstancesWorkerStore(CacheInvalidationWorkerStore):
         for writer in writers:
             location = locations.get(writer)
             txn.execute(
-                "INSERT INTO instances"
-                " (instance_name, replication_host, replication_port, writes_events, updated_ts)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (instance_name) DO UPDATE SET"
+                "INSERT INTO instances (instance_name, replication_host, replication_port,"
+                " replication_tls, writes_events, updated_ts)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (instance_name) DO UPDATE SET"
                 " writes_events = EXCLUDED.writes_events",
                 (
                     writer,
                     location.host if location else None,
                     location.port if location else None,
+                    bool(location and location.tls),
                     True,
                     _now_ms(),
                 ),
@@ -101,13 +104,13 @@ class InstancesWorkerStore(CacheInvalidationWorkerStore):
     @staticmethod
     def get_instances_txn(txn: LoggingTransaction) -> list[InstanceRecord]:
         txn.execute(
-            "SELECT instance_name, replication_host, replication_port, writes_events"
-            " FROM instances ORDER BY instance_name"
+            "SELECT instance_name, replication_host, replication_port, writes_events,"
+            " replication_tls FROM instances ORDER BY instance_name"
         )
         return [
             InstanceRecord(
                 instance_name=r[0],
-                location=InstanceLocation(r[1], int(r[2])) if r[1] and r[2] else None,
+                location=InstanceLocation(r[1], int(r[2]), bool(r[4])) if r[1] and r[2] else None,
                 writes_events=bool(r[3]),
             )
             for r in txn.fetchall()

@@ -1,0 +1,91 @@
+"""TLS between the processes of one homeserver (replication and internal HTTP,
+and the router relaying to them), for deployments across machines.
+
+A listener with ``tls_certificate_path``/``tls_private_key_path`` serves TLS
+with them; whoever connects to it checks the certificate against the CA in
+``internal_tls.ca_path`` and the address it connects to (a name or an IP
+address in the certificate's subjectAltName). ``docs/deployment.md`` shows how
+to make the files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import ssl
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.endpoints import (
+    HostnameEndpoint,
+    TCP4ClientEndpoint,
+    TCP6ClientEndpoint,
+    wrapClientTLS,
+)
+from twisted.internet.interfaces import IStreamClientEndpoint
+
+from synapse_lite.config.homeserver import TlsFiles
+
+
+class TlsSetupError(Exception):
+    """A certificate, key or CA file could not be used."""
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise TlsSetupError(f"cannot read the {what} {path}: {e.strerror}") from e
+
+
+def server_tls_options(files: TlsFiles) -> Any:
+    """The context factory a TLS listener serves with."""
+    certificate = _read(files.certificate_path, "certificate")
+    key = _read(files.private_key_path, "private key")
+    try:
+        return ssl.PrivateCertificate.loadPEM(key + b"\n" + certificate).options()
+    except Exception as e:
+        raise TlsSetupError(
+            f"{files.certificate_path} and {files.private_key_path} are not a PEM certificate"
+            f" and its private key: {e}"
+        ) from e
+
+
+class InternalTlsClient:
+    """Client TLS options for connecting to the other processes: their
+    certificates must chain to ``ca_path`` and name the address connected to."""
+
+    def __init__(self, ca_path: str | None) -> None:
+        self._ca_path = ca_path
+        self._trust_root: Any = None
+        if ca_path is not None:
+            try:
+                self._trust_root = ssl.Certificate.loadPEM(_read(ca_path, "CA certificate"))
+            except TlsSetupError:
+                raise
+            except Exception as e:
+                raise TlsSetupError(f"{ca_path} is not a PEM certificate: {e}") from e
+
+    def options_for(self, host: str) -> Any:
+        if self._trust_root is None:
+            raise TlsSetupError(
+                f"{host} answers with TLS, but internal_tls.ca_path is not set: nothing to"
+                " check its certificate against"
+            )
+        return ssl.optionsForClientTLS(host, trustRoot=self._trust_root)
+
+    def endpoint(
+        self, reactor: Any, host: str, port: int, tls: bool, timeout: float = 30
+    ) -> IStreamClientEndpoint:
+        """An endpoint to ``host:port``, wrapped in TLS when ``tls``. An IP
+        address is connected to directly: no resolver thread, which a loaded
+        machine can keep waiting longer than a health check's timeout."""
+        endpoint: IStreamClientEndpoint
+        if isIPAddress(host):
+            endpoint = TCP4ClientEndpoint(reactor, host, port, timeout=timeout)
+        elif isIPv6Address(host):
+            endpoint = TCP6ClientEndpoint(reactor, host, port, timeout=timeout)
+        else:
+            endpoint = HostnameEndpoint(reactor, host, port, timeout=timeout)
+        if tls:
+            endpoint = wrapClientTLS(self.options_for(host), endpoint)
+        return endpoint

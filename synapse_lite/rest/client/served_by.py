@@ -1,0 +1,97 @@
+"""Which process serves each client servlet, declared by servlet name.
+
+The routing table (``synapse_lite/routing/table.py``) turns these
+declarations into instances with the config and the stream catalog: a
+stream's writer is whoever ``stream_writers`` names for it, a room's events
+writer is the one stored with the room. A servlet not listed here is served
+by the main process, so a new servlet works before it is declared; declare it
+when another process should serve it. ``docs/routing.md`` explains the roles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attr
+
+#: Roles a servlet can be served by.
+MAIN_ROLE = "main"
+READERS_ROLE = "readers"
+ROOM_EVENTS_WRITER_ROLE = "room_events_writer"
+STREAM_WRITER_ROLE = "stream_writer"
+MEDIA_ROLE = "media"
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ServedBy:
+    """Who serves a servlet.
+
+    * ``main``: the main process;
+    * ``readers``: the workers that write no stream (the main process when
+      there are none), each user always on the same one (a hash of the user
+      id), so one user's long-polls and caches stay together;
+    * ``room_events_writer``: the events writer of the room in the path;
+    * ``stream_writer``: the writer of ``stream`` (a stream of the catalog);
+    * ``media``: the media instance (``media_instance``; main by default).
+    """
+
+    role: str
+    stream: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The role as one word (``stream_writer:typing``)."""
+        return self.role if self.stream is None else f"{self.role}:{self.stream}"
+
+
+MAIN = ServedBy(MAIN_ROLE)
+READERS = ServedBy(READERS_ROLE)
+ROOM_EVENTS_WRITER = ServedBy(ROOM_EVENTS_WRITER_ROLE)
+MEDIA = ServedBy(MEDIA_ROLE)
+
+
+def writer_of(stream: str) -> ServedBy:
+    """The writer of ``stream`` (its ``stream_writers`` entry)."""
+    return ServedBy(STREAM_WRITER_ROLE, stream)
+
+
+#: Paths served by the media instance, whatever their servlet.
+MEDIA_PATH_PREFIXES = ("/_matrix/media/", "/_matrix/client/v1/media/")
+
+#: Servlet name -> who serves it (or, by method, who serves each method).
+SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
+    # Reads: any process can answer from the database and its caches.
+    "sync": READERS,
+    "filter": READERS,
+    "messages": READERS,
+    "members": READERS,
+    "joined_members": READERS,
+    "joined_rooms": READERS,
+    "whoami": READERS,
+    "capabilities": READERS,
+    # A room's events, straight to the process persisting them.
+    "send": ROOM_EVENTS_WRITER,
+    "state": {"PUT": ROOM_EVENTS_WRITER, "GET": READERS},
+    "join": ROOM_EVENTS_WRITER,
+    "invite": ROOM_EVENTS_WRITER,
+    "leave": ROOM_EVENTS_WRITER,
+    "kick": ROOM_EVENTS_WRITER,
+    "ban": ROOM_EVENTS_WRITER,
+    # Each to the writer of its stream (reads too: the writer is current).
+    "typing": writer_of("typing"),
+    "receipt": writer_of("receipts"),
+    "read_markers": writer_of("receipts"),
+    "account_data": writer_of("account_data"),
+    "room_account_data": writer_of("account_data"),
+    "presence": writer_of("presence"),
+    "send_to_device": writer_of("to_device"),
+    "devices": writer_of("device_lists"),
+}
+
+
+def served_by(servlet: str, method: str) -> ServedBy | None:
+    """The declaration for one method of a servlet; None if it has none."""
+    declared = SERVED_BY.get(servlet)
+    if isinstance(declared, ServedBy) or declared is None:
+        return declared
+    return declared.get(method)

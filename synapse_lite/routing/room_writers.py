@@ -1,0 +1,163 @@
+"""Each room's events writer, for sending a room's events straight to it.
+
+A room's writer is stored with the room (``rooms.event_writer``), chosen when
+the room was created. The router reads it on the first request for a room and
+keeps it; it changes only when a writer is retired and its rooms move, which
+the main process announces on the caches stream. The router follows
+replication for that alone: an invalidation of the room's writer (or of the
+``instances`` table: writers changed) drops what it kept, and so does a
+reconnection, since invalidations sent meanwhile were missed. A stale entry
+would cost no more than a forward: a writer given another room's event hands
+it to the right writer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from synapse_lite.config.homeserver import ROUTER_PROCESS, HomeServerConfig
+from synapse_lite.replication.tcp.commands import Command, RdataCommand
+from synapse_lite.replication.tcp.connection import ReplicationConnection
+from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
+from synapse_lite.replication.transports import connect_replication
+from synapse_lite.storage.database import DatabasePool
+from synapse_lite.storage.databases.main.instances import INSTANCES_CACHE_NAME
+from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE, choose_event_writer
+from synapse_lite.storage.engines import create_engine
+from synapse_lite.streams.definition import InvalidRow
+
+logger = logging.getLogger(__name__)
+
+#: Rooms whose writer is kept (least recently used beyond it are forgotten).
+MAX_ROOMS = 100_000
+
+
+class RoomWriters:
+    """Room id -> events writer, read from the database and kept current."""
+
+    def __init__(self, config: HomeServerConfig, pool: DatabasePool | None) -> None:
+        self._config = config
+        self._pool = pool
+        self._writers: OrderedDict[str, str | None] = OrderedDict()
+        #: Bumped by every invalidation: a lookup that began before one does
+        #: not store its (possibly stale) answer.
+        self._generation = 0
+
+    @classmethod
+    def from_config(cls, config: HomeServerConfig, reactor: Any) -> RoomWriters:
+        engine = create_engine(config.database.engine, config.database.args)
+        pool = DatabasePool(reactor, engine, name="router", min_connections=1, max_connections=2)
+        return cls(config, pool)
+
+    def cached(self, room_id: str) -> tuple[bool, str | None]:
+        """``(known, writer)`` without waiting: whether the room's writer is
+        kept here, and it (None: no such room)."""
+        if room_id in self._writers:
+            self._writers.move_to_end(room_id)
+            return True, self._writers[room_id]
+        return False, None
+
+    async def writer_of(self, room_id: str) -> str | None:
+        """The room's events writer; None if there is no such room."""
+        known, writer = self.cached(room_id)
+        if known:
+            return writer
+        if self._pool is None:
+            return None
+        generation = self._generation
+        rows = await self._pool.select(
+            "router_room_writer", "SELECT event_writer FROM rooms WHERE room_id = ?", room_id
+        )
+        if not rows:
+            return None  # not kept: the room may be created in a moment
+        writer = rows[0][0]
+        if writer is None:
+            # A room from before writers were recorded: the stable hash.
+            writer = choose_event_writer(room_id, self._config.stream_writers.events)
+        if generation == self._generation:
+            self._writers[room_id] = writer
+            if len(self._writers) > MAX_ROOMS:
+                self._writers.popitem(last=False)
+        return str(writer)
+
+    def forget(self, room_id: str | None) -> None:
+        """Drop one room's writer (every room's when None)."""
+        self._generation += 1
+        if room_id is None:
+            self._writers.clear()
+        else:
+            self._writers.pop(room_id, None)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    # Replication (the ReplicationCommandReceiver contract)
+
+    def new_connection(self, connection: ReplicationConnection) -> None:
+        logger.info("Following replication (%s)", connection.describe())
+        # Invalidations sent while disconnected were missed.
+        self.forget(None)
+
+    def lost_connection(self, connection: ReplicationConnection) -> None:
+        logger.info("Replication connection lost (%s)", connection.describe())
+
+    def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
+        if not isinstance(cmd, RdataCommand) or cmd.stream_name != "caches":
+            return
+        try:
+            row = self._config.streams["caches"].parse_row(cmd.row)
+        except InvalidRow as e:
+            logger.warning("Dropping a caches row from %s: %s", cmd.instance_name, e)
+            return
+        if row.cache_func == EVENT_WRITER_CACHE:
+            keys: Sequence[Any] | None = row.keys
+            self.forget(str(keys[0]) if keys else None)
+        elif row.cache_func == INSTANCES_CACHE_NAME:
+            self.forget(None)
+
+
+class ReplicationFollower:
+    """The router's replication connection (TCP to the main process, or Redis),
+    delivering commands to :class:`RoomWriters`."""
+
+    def __init__(self, config: HomeServerConfig, receiver: RoomWriters, reactor: Any) -> None:
+        self._config = config
+        self._receiver = receiver
+        self._reactor = reactor
+        self._transport: Any = None
+
+    def start(self) -> None:
+        config = self._config
+        if config.replication.transport == "redis":
+            from synapse_lite.replication.tcp.redis import RedisReplicationBus
+
+            bus = RedisReplicationBus.from_config(
+                config.replication.redis,
+                server_name=config.server_name,
+                instance_name=ROUTER_PROCESS,
+                receiver=self._receiver,
+                reactor=self._reactor,
+            )
+            bus.start()
+            self._transport = bus
+            return
+        client = ReplicationClientFactory(
+            config.server_name,
+            ROUTER_PROCESS,
+            config.worker_replication_secret,
+            self._receiver,
+            self._reactor,
+        )
+        connect_replication(config, self._reactor, client)
+        self._transport = client
+
+    async def stop(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            result = transport.stop()
+            if result is not None:
+                await result

@@ -1,0 +1,232 @@
+"""The routing table: for every client path and method, which processes serve it.
+
+Built from three things: the servlets (their paths, read from the client API's
+registration), the declarations of who serves each (``rest/client/served_by.py``,
+main when a servlet has none) and the config (which workers exist and serve the
+client API, who writes each stream, which is the media instance). The router
+process matches requests against it; ``synapse-lite routes`` prints it for
+other proxies (``formats.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, cast
+
+import attr
+
+from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
+from synapse_lite.http.server import JsonResource
+from synapse_lite.rest.client import ClientHandlers, register_servlets
+from synapse_lite.rest.client.served_by import (
+    MAIN,
+    MEDIA,
+    MEDIA_PATH_PREFIXES,
+    READERS_ROLE,
+    ROOM_EVENTS_WRITER_ROLE,
+    STREAM_WRITER_ROLE,
+    ServedBy,
+    served_by,
+)
+
+#: Paths the router never relays: internal calls between processes.
+INTERNAL_PATH_PREFIXES = ("/_synapse/replication/",)
+
+#: Paths without parameters remembered with their route (bounds the memory a
+#: client sending odd paths can take).
+MAX_FIXED_PATHS = 1024
+
+#: How a route picks among its instances.
+BALANCE_USER = "user"  # a hash of the user id: one user stays on one process
+BALANCE_ROOM = "room"  # the room's events writer (rooms.event_writer)
+BALANCE_SINGLE = "single"  # one process
+
+
+class RoutingError(Exception):
+    """The config cannot be routed (a declaration names an unknown stream...)."""
+
+
+class _Unbuilt:
+    """Stands in for the client handlers when only the servlets' paths are
+    wanted: registering a servlet reads handler attributes (``auth =
+    handlers.auth``) but calls nothing until a request comes."""
+
+    def __getattr__(self, name: str) -> _Unbuilt:
+        return self
+
+
+def client_servlets() -> list[tuple[str, str, str]]:
+    """``(method, path pattern, servlet)`` of every client API servlet, in the
+    order the client resource matches them."""
+    resource = JsonResource("routing")
+    register_servlets(cast(ClientHandlers, _Unbuilt()), resource)
+    return resource.registered()
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class Route:
+    """Requests whose method is in ``methods`` (all, when empty) and whose
+    path matches ``pattern`` (whole, or as a prefix for ``prefix`` routes)."""
+
+    servlet: str | None
+    methods: tuple[str, ...]
+    pattern: str
+    served_by: ServedBy
+    #: The processes that may answer, as the config stands.
+    instances: tuple[str, ...]
+    balance: str
+    prefix: bool = False
+    regex: re.Pattern[str] = attr.ib(eq=False, repr=False, default=None)
+
+    def matches(self, method: str, path: str) -> re.Match[str] | None:
+        if self.methods and method not in self.methods:
+            return None
+        if self.prefix:
+            return self.regex.match(path)
+        return self.regex.fullmatch(path)
+
+    def to_json(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "servlet": self.servlet,
+            "methods": list(self.methods),
+            ("path_prefix" if self.prefix else "path"): self.pattern,
+            "role": self.served_by.name,
+            "instances": list(self.instances),
+            "balance": self.balance,
+        }
+        return result
+
+
+def _with_client_api(config: HomeServerConfig, names: Sequence[str]) -> tuple[str, ...]:
+    return tuple(n for n in names if config.http_address(n, "client") is not None)
+
+
+class RoutingTable:
+    """Every route of one config, first match wins, then the default (main)."""
+
+    def __init__(self, config: HomeServerConfig, routes: list[Route], default: Route) -> None:
+        self.config = config
+        self.routes = routes
+        self.default = default
+        #: ``(method, path)`` of paths without parameters (``/sync``, ...) ->
+        #: their route: most requests skip the scan.
+        self._fixed: dict[tuple[str, str], Route] = {}
+
+    @classmethod
+    def build(cls, config: HomeServerConfig) -> RoutingTable:
+        """The table for ``config`` (:class:`RoutingError` if it has none)."""
+        if config.http_address(MAIN_PROCESS, "client") is None:
+            raise RoutingError(
+                "the main process has no listener with the 'client' resource: requests no"
+                " other process serves go there"
+            )
+        resolver = _Resolver(config)
+        routes: list[Route] = []
+        grouped: dict[tuple[str, str, ServedBy], list[str]] = {}
+        for method, pattern, servlet in client_servlets():
+            declared = served_by(servlet, method)
+            if declared is None or declared == MAIN:
+                continue  # the default; a media servlet falls to the media prefixes
+            grouped.setdefault((servlet, pattern, declared), []).append(method)
+        for (servlet, pattern, declared), methods in grouped.items():
+            routes.append(resolver.route(servlet, tuple(methods), pattern, declared))
+        for prefix in MEDIA_PATH_PREFIXES:
+            routes.append(resolver.route(None, (), re.escape(prefix), MEDIA, prefix=True))
+        default = resolver.route(None, (), "", MAIN, prefix=True)
+        return cls(config, routes, default)
+
+    def match(self, method: str, path: str) -> tuple[Route, re.Match[str] | None]:
+        """The route of a request and its path match (None for the default)."""
+        fixed = self._fixed.get((method, path))
+        if fixed is not None:
+            return fixed, None
+        for route in self.routes:
+            found = route.matches(method, path)
+            if found is not None:
+                if not found.groupdict() and len(self._fixed) < MAX_FIXED_PATHS:
+                    self._fixed[(method, path)] = route
+                return route, found
+        return self.default, None
+
+    def instances(self) -> list[str]:
+        """Every process some route may send to, main first."""
+        seen: dict[str, None] = {}
+        for route in [self.default, *self.routes]:
+            seen.update(dict.fromkeys(route.instances))
+        return list(seen)
+
+    def to_json(self) -> dict[str, Any]:
+        config = self.config
+        instances: dict[str, Any] = {}
+        for name in self.instances():
+            client = config.http_address(name, "client")
+            health = config.http_address(name, "health")
+            assert client is not None
+            instances[name] = {
+                "client": client.base_url,
+                "health": None if health is None else health.base_url + "/health",
+            }
+        return {
+            "server_name": config.server_name,
+            "instances": instances,
+            "routes": [route.to_json() for route in self.routes],
+            "default": self.default.to_json(),
+            "never_routed": list(INTERNAL_PATH_PREFIXES),
+        }
+
+
+class _Resolver:
+    """Turns a declaration into the instances that serve it for one config."""
+
+    def __init__(self, config: HomeServerConfig) -> None:
+        self._config = config
+
+    def route(
+        self,
+        servlet: str | None,
+        methods: tuple[str, ...],
+        pattern: str,
+        declared: ServedBy,
+        prefix: bool = False,
+    ) -> Route:
+        instances, balance = self._instances(declared, servlet)
+        regex = re.compile(pattern)
+        if balance == BALANCE_ROOM and "room_id" not in regex.groupindex:
+            raise RoutingError(f"servlet {servlet!r} goes to a room's writer but has no room_id")
+        return Route(servlet, methods, pattern, declared, instances, balance, prefix, regex)
+
+    def _instances(self, declared: ServedBy, servlet: str | None) -> tuple[tuple[str, ...], str]:
+        config = self._config
+        main = (MAIN_PROCESS,)
+        if declared.role == READERS_ROLE:
+            # Workers that write no stream (every process writes caches) and
+            # are not the media worker, whose CPU and memory go to media.
+            readers = _with_client_api(
+                config,
+                [
+                    n
+                    for n in config.workers
+                    if config.streams_written_by(n) == ["caches"] and n != config.media_instance
+                ],
+            )
+            return (readers, BALANCE_USER) if readers else (main, BALANCE_SINGLE)
+        if declared.role == ROOM_EVENTS_WRITER_ROLE:
+            writers = _with_client_api(config, config.stream_writers.events)
+            # Rooms of a writer without a client listener go to main (which forwards).
+            if writers and writers != main:
+                return writers, BALANCE_ROOM
+            return main, BALANCE_SINGLE
+        if declared.role == STREAM_WRITER_ROLE:
+            assert declared.stream is not None
+            if declared.stream not in config.streams:
+                raise RoutingError(
+                    f"servlet {servlet!r} is declared to go to the writer of stream"
+                    f" {declared.stream!r}, which is not a stream of the catalog"
+                )
+            writers = config.writers_of_stream(config.streams[declared.stream])
+            served = _with_client_api(config, writers[:1])
+            return (served or main), BALANCE_SINGLE
+        if declared.role == MEDIA.role:
+            return (_with_client_api(config, [config.media_instance]) or main), BALANCE_SINGLE
+        return main, BALANCE_SINGLE
