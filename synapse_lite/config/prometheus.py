@@ -38,6 +38,8 @@ def metrics_job(config: HomeServerConfig, name: str) -> str:
         return "stream_writer"
     if name == config.federation_sender:
         return "federation_sender"
+    if name == config.media_instance:
+        return "media"
     return "reader"
 
 

@@ -91,7 +91,7 @@ class ClientRoundTripTestCase(unittest.TestCase):
         args = ["run", "--data-dir", data_dir, "--enable-registration"]
         args += ["--base-port", str(free_port_block(10))]
         command = SynapseLiteCommand(self, args, self.dir, data_dir).start()
-        await command.wait_for_line(r"5 processes up in")
+        await command.wait_for_line(r"6 processes up in")
         config_path = os.path.join(data_dir, "homeserver.yaml")
         urls = {}
         for spec in plan_processes(load_config(config_path)):

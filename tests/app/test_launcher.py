@@ -60,7 +60,7 @@ class DefaultCommandTestCase(unittest.TestCase):
         up = await command.wait_for_line(r"(\d+) processes up in ([0-9.]+) s")
         wall = time.monotonic() - started
         print(f"\n  default layout: every process healthy {wall:.2f} s after the command")
-        self.assertEqual(up.group(1), "5")
+        self.assertEqual(up.group(1), "6")
         self.assertIn("first run: wrote a config for the default layout", command.output())
 
         config_path = os.path.join(data_dir, "homeserver.yaml")
@@ -142,7 +142,7 @@ class LauncherTestCase(unittest.TestCase):
     async def test_sharded_layout_starts_and_stops(self) -> None:
         server = await launch(self, layout="sharded")
         names = list(server.specs())
-        self.assertEqual(len(names), 8)
+        self.assertEqual(len(names), 9)
         self.assertEqual(await health_of_all(server.config_path), {name: 200 for name in names})
         status = server.run_command(self, "status")
         self.assertEqual(await status.wait_exit(), 0, status.output())
