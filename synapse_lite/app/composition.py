@@ -48,6 +48,7 @@ from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+from synapse_lite.handlers.e2e_keys import E2eKeysHandler
 from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.login import LoginHandler
@@ -78,6 +79,7 @@ from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
 from synapse_lite.replication.http.devices import DELETE_DEVICES, REGISTER_DEVICE
+from synapse_lite.replication.http.e2e_keys import UPLOAD_DEVICE_KEYS
 from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER
 from synapse_lite.replication.http.send_events import SEND_EVENTS
 from synapse_lite.replication.http.stream_updates import (
@@ -213,6 +215,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         calls=calls,
         outbox=federation.outbox,
     )
+    e2e_keys = E2eKeysHandler(store, calls, server_name)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
@@ -247,6 +250,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         receipts=ReceiptsHandler(store, clock, notifier, calls),
         account_data=AccountDataHandler(store, notifier, calls),
         device_messages=device_messages,
+        e2e_keys=e2e_keys,
         typing=typing,
         presence=presence,
     )
@@ -259,6 +263,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),
         (REGISTER_DEVICE, devices.store_device_and_token),
         (DELETE_DEVICES, devices.logout_devices),
+        (UPLOAD_DEVICE_KEYS, e2e_keys.store_device_keys),
     ]
     if main_store is not None:
         recorder = main_store

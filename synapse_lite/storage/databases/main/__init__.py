@@ -12,6 +12,7 @@ from __future__ import annotations
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
+from synapse_lite.storage.databases.main.end_to_end_keys import EndToEndKeyWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
 from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
@@ -27,6 +28,7 @@ class GenericWorkerStore(
     EventsStore,
     RoomWorkerStore,
     RegistrationWorkerStore,
+    EndToEndKeyWorkerStore,
     AccountDataWorkerStore,
     ReceiptsWorkerStore,
     DeviceInboxWorkerStore,

@@ -65,8 +65,36 @@ class DeviceWorkerStore(SQLBaseStore):
         txn.execute("DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id))
         if txn.rowcount == 0:
             return False
+        # Its keys go with it: a deleted device must not be sent messages.
+        for table in ("e2e_device_keys_json", "e2e_one_time_keys_json", "e2e_fallback_keys_json"):
+            txn.execute(
+                f"DELETE FROM {table} WHERE user_id = ? AND device_id = ?", (user_id, device_id)
+            )
+        txn.execute(
+            "DELETE FROM e2e_cross_signing_signatures"
+            " WHERE target_user_id = ? AND target_device_id = ?",
+            (user_id, device_id),
+        )
         self.add_device_change_txn(txn, user_id, device_id)
         return True
+
+    async def set_device_display_name(
+        self, user_id: str, device_id: str, display_name: str | None
+    ) -> bool:
+        """Rename a device, announced on the device_lists stream. Returns
+        whether it exists. On the device_lists writer only."""
+
+        def txn_func(txn: LoggingTransaction) -> bool:
+            txn.execute(
+                "UPDATE devices SET display_name = ? WHERE user_id = ? AND device_id = ?",
+                (display_name, user_id, device_id),
+            )
+            if txn.rowcount == 0:
+                return False
+            self.add_device_change_txn(txn, user_id, device_id)
+            return True
+
+        return await self.db_pool.runInteraction("set_device_display_name", txn_func)
 
     def store_device_txn(
         self, txn: LoggingTransaction, user_id: str, device_id: str, display_name: str | None
