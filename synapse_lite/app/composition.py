@@ -198,7 +198,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     )
     auth = AuthHandler(store)
     media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
-    devices = DeviceHandler(store, calls)
+    devices = DeviceHandler(store, calls, config)
     events = EventCreationHandler(
         store=store,
         clock=clock,
@@ -215,7 +215,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         calls=calls,
         outbox=federation.outbox,
     )
-    e2e_keys = E2eKeysHandler(store, calls, server_name)
+    e2e_keys = E2eKeysHandler(store, calls, config)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
@@ -261,10 +261,13 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),
-        (REGISTER_DEVICE, devices.store_device_and_token),
-        (DELETE_DEVICES, devices.logout_devices),
-        (UPLOAD_DEVICE_KEYS, e2e_keys.store_device_keys),
     ]
+    if me in config.writers_of_stream(config.streams["device_lists"]):
+        wiring.served += [
+            (REGISTER_DEVICE, devices.store_device_and_token),
+            (DELETE_DEVICES, devices.logout_devices),
+            (UPLOAD_DEVICE_KEYS, e2e_keys.store_device_keys),
+        ]
     if main_store is not None:
         recorder = main_store
         wiring.command_hooks.append((UserIpCommand, lambda cmd: _record_user_ip(recorder, cmd)))

@@ -1,9 +1,10 @@
 """Devices and their access tokens.
 
-Creating or deleting a device writes the device_lists stream, which only the
-main process writes, so other processes forward those requests to it over
-internal HTTP. The access token is generated where the client's request
-arrived: only its hash travels and is stored.
+Creating, renaming or deleting a device writes the device_lists stream, so
+those requests go to the user's device_lists writer
+(:func:`device_lists_writer_for`) over internal HTTP. The access token is
+generated where the client's request arrived: only its hash travels and is
+stored.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from synapse_lite.replication.http.devices import (
     DeviceLogin,
     DevicesLogout,
     TokensRevoked,
+    device_lists_writer_for,
 )
 
 if TYPE_CHECKING:
+    from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
@@ -30,9 +33,16 @@ if TYPE_CHECKING:
 class DeviceHandler:
     """Logging devices in and out, and listing them."""
 
-    def __init__(self, store: GenericWorkerStore, calls: InternalCalls) -> None:
+    def __init__(
+        self, store: GenericWorkerStore, calls: InternalCalls, config: HomeServerConfig
+    ) -> None:
         self._store = store
         self._calls = calls
+        self._config = config
+
+    def writer_for(self, user_id: str) -> str:
+        """The device_lists writer of ``user_id``'s device changes."""
+        return device_lists_writer_for(self._config, user_id)
 
     async def create_device_and_token(
         self, user_id: str, device_id: str, display_name: str | None
@@ -41,12 +51,14 @@ class DeviceHandler:
         working); returns the new access token."""
         token = generate_access_token(user_id)
         await self._calls.call(
-            REGISTER_DEVICE, DeviceLogin(user_id, device_id, display_name, hash_token(token))
+            REGISTER_DEVICE,
+            DeviceLogin(user_id, device_id, display_name, hash_token(token)),
+            instance=self.writer_for(user_id),
         )
         return token
 
     async def store_device_and_token(self, login: DeviceLogin) -> EmptyBody:
-        """Serves :data:`REGISTER_DEVICE` (on the main process)."""
+        """Serves :data:`REGISTER_DEVICE` (on the user's device_lists writer)."""
         if await self._store.get_user(login.user_id) is None:
             raise NotFoundError("Unknown user")
         await self._store.replace_access_tokens(
@@ -59,13 +71,15 @@ class DeviceHandler:
         hashes of the tokens revoked. Forgotten here at once: a logged-out
         client's next request to this process fails even before the caches
         stream brings the news."""
-        answer = await self._calls.call(DELETE_DEVICES, DevicesLogout(user_id, device_ids))
+        answer = await self._calls.call(
+            DELETE_DEVICES, DevicesLogout(user_id, device_ids), instance=self.writer_for(user_id)
+        )
         for token_hash in answer.token_hashes:
             self._store.get_user_by_access_token.invalidate(token_hash)
         return answer.token_hashes
 
     async def logout_devices(self, logout: DevicesLogout) -> TokensRevoked:
-        """Serves :data:`DELETE_DEVICES` (on the main process)."""
+        """Serves :data:`DELETE_DEVICES` (on the user's device_lists writer)."""
         _, hashes = await self._store.delete_devices(logout.user_id, logout.device_ids)
         return TokensRevoked(hashes)
 

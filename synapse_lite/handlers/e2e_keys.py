@@ -2,7 +2,7 @@
 
 Everything a client uploads is checked for shape before anything is stored
 (a bad upload stores nothing). A device's identity keys announce a change on
-the device_lists stream, so they are stored by its writer (the
+the device_lists stream, so they are stored by the user's writer of it (the
 ``upload_device_keys`` internal call); one-time and fallback keys are stored
 and claimed by whichever process has the request, straight in the database.
 """
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import is_mine_id, is_valid_user_id
+from synapse_lite.replication.http.devices import device_lists_writer_for
 from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_DEVICE_KEYS,
     DeviceKeysUpload,
@@ -21,6 +22,7 @@ from synapse_lite.replication.http.e2e_keys import (
 from synapse_lite.storage.databases.main.end_to_end_keys import KeyTriple, OneTimeKeyConflict
 
 if TYPE_CHECKING:
+    from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.auth import Requester
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -137,10 +139,13 @@ def check_one_time_keys(value: object, where: str, fallback: bool) -> list[KeyTr
 class E2eKeysHandler:
     """Uploads, queries and claims of device keys."""
 
-    def __init__(self, store: GenericWorkerStore, calls: InternalCalls, server_name: str) -> None:
+    def __init__(
+        self, store: GenericWorkerStore, calls: InternalCalls, config: HomeServerConfig
+    ) -> None:
         self._store = store
         self._calls = calls
-        self._server_name = server_name
+        self._config = config
+        self._server_name = config.server_name
 
     async def upload_keys(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /keys/upload``: the counts of the device's one-time keys after it."""
@@ -167,13 +172,15 @@ class E2eKeysHandler:
             await self._store.set_fallback_keys(user_id, device_id, fallback)
         if device_keys is not None:
             await self._calls.call(
-                UPLOAD_DEVICE_KEYS, DeviceKeysUpload(user_id, device_id, device_keys)
+                UPLOAD_DEVICE_KEYS,
+                DeviceKeysUpload(user_id, device_id, device_keys),
+                instance=device_lists_writer_for(self._config, user_id),
             )
         counts = await self._store.count_one_time_keys(user_id, device_id)
         return {"one_time_key_counts": {"signed_curve25519": 0, **counts}}
 
     async def store_device_keys(self, upload: DeviceKeysUpload) -> KeysChanged:
-        """Serves :data:`UPLOAD_DEVICE_KEYS` (on the device_lists writer)."""
+        """Serves :data:`UPLOAD_DEVICE_KEYS` (on the user's device_lists writer)."""
         if await self._store.get_device(upload.user_id, upload.device_id) is None:
             raise SynapseError(404, "Unknown device", Codes.NOT_FOUND)
         changed = await self._store.set_device_keys(upload.user_id, upload.device_id, upload.keys)

@@ -9,8 +9,9 @@ from typing import Any
 from twisted.internet import defer
 
 from synapse_lite.handlers.e2e_keys import MAX_ONE_TIME_KEYS_PER_UPLOAD
-from tests.harness.client_api import ClientApi, start_cluster
-from tests.harness.server import DatabaseTestCase
+from synapse_lite.replication.http.devices import device_lists_writer_for
+from tests.harness.client_api import ClientApi, serve, start_cluster
+from tests.harness.server import DatabaseTestCase, make_homeserver
 from tests.harness.spec import assert_spec_response
 
 KEYS_API = "keys.yaml"
@@ -225,3 +226,65 @@ class KeysTestCase(DatabaseTestCase):
         self.assertEqual((status, error["errcode"]), (400, "M_MISSING_PARAM"))
         status, error = await self.alice.request("GET", "/keys/changes?from=bad&to=bad")
         self.assertEqual((status, error["errcode"]), (400, "M_INVALID_PARAM"))
+
+
+class DeviceListWritersTestCase(DatabaseTestCase):
+    """``stream_writers.device_lists`` with two writers: each user's changes
+    on one of them, seen by /sync on every process, across a writer restart."""
+
+    async def test_two_writers_and_a_restart(self) -> None:
+        servers, clients, bus = start_cluster(
+            self,
+            self.test_db,
+            workers=["dl1", "dl2", "reader"],
+            stream_writers={"device_lists": ["dl1", "dl2"]},
+        )
+        config = servers["main"].config
+        # Two users whose changes go to different writers.
+        names: dict[str, str] = {}
+        for i in range(50):
+            user_id = f"@user{i}:{config.server_name}"
+            names.setdefault(device_lists_writer_for(config, user_id), f"user{i}")
+        self.assertEqual(set(names), {"dl1", "dl2"})
+        reader_url = clients["reader"].base_url
+        alice = await ClientApi(self, reader_url).register(names["dl1"])
+        bob = await ClientApi(self, reader_url).register(names["dl2"])
+        room = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room}", {})
+        bob_on_main = ClientApi(self, clients["main"].base_url).as_user(bob.token)
+        since_reader = (await bob.sync())["next_batch"]
+        since_main = (await bob_on_main.sync())["next_batch"]
+
+        await alice.ok("POST", "/keys/upload", {"device_keys": device_keys(alice)})
+        await bob.ok("POST", "/keys/upload", {"device_keys": device_keys(bob)})
+        for client, since in ((bob, since_reader), (bob_on_main, since_main)):
+            seen: set[str] = set()
+            while {alice.user_id, bob.user_id} - seen:
+                answer = await client.sync(since=since, timeout=2000)
+                seen |= set(answer["device_lists"]["changed"])
+                since = answer["next_batch"]
+        # Alice's device row is on dl1, bob's on dl2.
+        rows = await servers["main"].store.db_pool.select(
+            "t", "SELECT user_id, instance_name FROM device_lists_stream"
+        )
+        self.assertIn((alice.user_id, "dl1"), rows)
+        self.assertIn((bob.user_id, "dl2"), rows)
+
+        # Alice's writer restarts; her next change is seen all the same.
+        old = servers["dl1"]
+        bus.leave(next(e for e in bus.endpoints if e.hs is old))
+        await old.service.stopService()
+        restarted = make_homeserver(self, old.config, "dl1")
+        serve(self, restarted)
+        bus.join(restarted)
+        await alice.ok(
+            "POST", "/keys/upload", {"device_keys": device_keys(alice, curve="new-curve")}
+        )
+        while (
+            alice.user_id
+            not in (answer := await bob.sync(since=since, timeout=2000))["device_lists"]["changed"]
+        ):
+            since = answer["next_batch"]
+        queried = await bob.ok("POST", "/keys/query", {"device_keys": {alice.user_id: []}})
+        keys = queried["device_keys"][alice.user_id][alice.device_id]["keys"]
+        self.assertEqual(keys[f"curve25519:{alice.device_id}"], "new-curve")

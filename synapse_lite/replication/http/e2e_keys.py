@@ -1,5 +1,6 @@
-"""Key writes that announce a change on the device_lists stream, so run on its
-writer (the main process): a device's identity keys."""
+"""Key writes that announce a change on the device_lists stream, so run on the
+user's device_lists writer (``instance=device_lists_writer_for(...)``, see
+``devices.py``): a device's identity keys."""
 
 from __future__ import annotations
 
@@ -9,13 +10,8 @@ import attr
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text
-from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
 from synapse_lite.replication.http.calls import InternalCall
 from synapse_lite.replication.http.writes import local_user
-
-
-def _device_lists_writer(config: HomeServerConfig) -> str:
-    return MAIN_PROCESS
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -59,7 +55,6 @@ UPLOAD_DEVICE_KEYS = InternalCall(
     "upload_device_keys",
     DeviceKeysUpload,
     KeysChanged,
-    served_by=_device_lists_writer,
     # Storing the same keys twice changes nothing the second time.
     idempotent=True,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.storage._base import SQLBaseStore, page_of_updates
+from synapse_lite.storage._base import SQLBaseStore
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -60,8 +60,9 @@ class DeviceWorkerStore(SQLBaseStore):
         }
 
     def delete_device_txn(self, txn: LoggingTransaction, user_id: str, device_id: str) -> bool:
-        """Delete a device, recording the change on the device_lists stream.
-        Returns whether it existed. Main process only."""
+        """Delete a device and its keys, recording the change on the
+        device_lists stream. Returns whether it existed. On the user's
+        device_lists writer only."""
         txn.execute("DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id))
         if txn.rowcount == 0:
             return False
@@ -100,7 +101,8 @@ class DeviceWorkerStore(SQLBaseStore):
         self, txn: LoggingTransaction, user_id: str, device_id: str, display_name: str | None
     ) -> bool:
         """Create a device if it is new, recording the change on the
-        device_lists stream. Returns whether it was new. Main process only."""
+        device_lists stream. Returns whether it was new. On the user's
+        device_lists writer only."""
         txn.execute(
             "INSERT INTO devices (user_id, device_id, display_name, created_ts)"
             " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, device_id) DO NOTHING",
@@ -121,10 +123,15 @@ class DeviceWorkerStore(SQLBaseStore):
         return stream_id
 
     async def get_users_whose_devices_changed(self, from_id: int, to_id: int) -> set[str]:
+        """Users with a device_lists change in ``(from_id, to_id]`` (devices or
+        device keys, or cross-signing keys)."""
         rows = await self.db_pool.select(
             "get_users_whose_devices_changed",
-            "SELECT DISTINCT user_id FROM device_lists_stream"
+            "SELECT user_id FROM device_lists_stream WHERE stream_id > ? AND stream_id <= ?"
+            " UNION SELECT user_id FROM e2e_cross_signing_keys"
             " WHERE stream_id > ? AND stream_id <= ?",
+            from_id,
+            to_id,
             from_id,
             to_id,
         )
@@ -132,17 +139,37 @@ class DeviceWorkerStore(SQLBaseStore):
 
     async def get_all_device_list_changes(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[int, DeviceListsStreamRow]], int, bool]:
-        """The device_lists stream's update function."""
-        rows = await self.db_pool.select(
-            "get_all_device_list_changes",
-            "SELECT stream_id, user_id, device_id FROM device_lists_stream"
-            " WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
-            " ORDER BY stream_id ASC LIMIT ?",
-            last_id,
-            current_id,
-            instance_name,
-            limit,
+    ) -> tuple[list[tuple[int, Any]], int, bool]:
+        """The device_lists stream's update function: the rows of both its
+        tables. Rows sharing an id are never split across pages: a full page
+        ends before its last id's rows (or, when they are all one id, holds
+        every row of that id)."""
+        select = (
+            "SELECT stream_id, user_id, device_id FROM ("
+            " SELECT stream_id, user_id, device_id FROM device_lists_stream"
+            "  WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+            " UNION ALL"
+            " SELECT stream_id, user_id, keytype FROM e2e_cross_signing_keys"
+            "  WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+            ") AS changes ORDER BY stream_id ASC"
         )
-        updates = [(int(r[0]), DeviceListsStreamRow(user_id=r[1], device_id=r[2])) for r in rows]
-        return page_of_updates(updates, limit, current_id)
+
+        def txn_func(txn: LoggingTransaction) -> tuple[list[tuple[int, Any]], int, bool]:
+            txn.execute(select + " LIMIT ?", (last_id, current_id, instance_name) * 2 + (limit,))
+            rows = txn.fetchall()
+            if len(rows) < limit:
+                return _device_list_rows(rows), current_id, False
+            last = int(rows[-1][0])
+            if int(rows[0][0]) != last:
+                kept = [r for r in rows if int(r[0]) != last]
+                return _device_list_rows(kept), int(kept[-1][0]), True
+            txn.execute(select, (last - 1, last, instance_name) * 2)
+            return _device_list_rows(txn.fetchall()), last, True
+
+        return await self.db_pool.runInteraction(
+            "get_all_device_list_changes", txn_func, read_only=True
+        )
+
+
+def _device_list_rows(rows: list[Any]) -> list[tuple[int, Any]]:
+    return [(int(r[0]), DeviceListsStreamRow(user_id=r[1], device_id=r[2])) for r in rows]

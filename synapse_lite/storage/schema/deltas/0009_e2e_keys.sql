@@ -34,15 +34,18 @@ CREATE TABLE e2e_fallback_keys_json (
 );
 
 -- Cross-signing keys (master, self_signing, user_signing), one current key
--- of each type per user. stream_id is the device_lists id of the change that
--- announced it.
+-- of each type per user. A second table of the device_lists stream: an
+-- upload takes one device_lists id, shared by the keys it replaces, written
+-- by the writer (instance_name) that took it; no device_lists_stream row.
 CREATE TABLE e2e_cross_signing_keys (
     user_id TEXT NOT NULL,
     keytype TEXT NOT NULL,
     key_json TEXT NOT NULL,
     stream_id BIGINT NOT NULL,
+    instance_name TEXT NOT NULL,
     PRIMARY KEY (user_id, keytype)
 );
+CREATE INDEX e2e_cross_signing_keys_stream ON e2e_cross_signing_keys (stream_id);
 
 -- Signatures uploaded separately from the key they sign (POST
 -- /keys/signatures/upload): merged into the key's "signatures" when shown.
