@@ -18,7 +18,9 @@ from synapse_lite.replication.http.calls import EmptyBody
 from synapse_lite.replication.http.devices import (
     DELETE_DEVICES,
     REGISTER_DEVICE,
+    RENAME_DEVICE,
     DeviceLogin,
+    DeviceRename,
     DevicesLogout,
     TokensRevoked,
     device_lists_writer_for,
@@ -82,6 +84,22 @@ class DeviceHandler:
         """Serves :data:`DELETE_DEVICES` (on the user's device_lists writer)."""
         _, hashes = await self._store.delete_devices(logout.user_id, logout.device_ids)
         return TokensRevoked(hashes)
+
+    async def rename_device(self, user_id: str, device_id: str, display_name: str | None) -> None:
+        """``PUT /devices/{deviceId}``: 404 for a device the user does not have."""
+        await self._calls.call(
+            RENAME_DEVICE,
+            DeviceRename(user_id, device_id, display_name),
+            instance=self.writer_for(user_id),
+        )
+
+    async def rename_device_here(self, rename: DeviceRename) -> EmptyBody:
+        """Serves :data:`RENAME_DEVICE` (on the user's device_lists writer)."""
+        if not await self._store.set_device_display_name(
+            rename.user_id, rename.device_id, rename.display_name
+        ):
+            raise NotFoundError("No such device")
+        return EmptyBody()
 
     async def get_devices(self, user_id: str) -> list[dict[str, Any]]:
         return [_client_device(d) for d in await self._store.get_devices_by_user(user_id)]

@@ -15,15 +15,24 @@ from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import is_mine_id, is_valid_user_id
 from synapse_lite.replication.http.devices import device_lists_writer_for
 from synapse_lite.replication.http.e2e_keys import (
+    UPLOAD_CROSS_SIGNING_KEYS,
     UPLOAD_DEVICE_KEYS,
+    UPLOAD_SIGNATURES,
+    CrossSigningUpload,
     DeviceKeysUpload,
     KeysChanged,
+    SignaturesUpload,
 )
-from synapse_lite.storage.databases.main.end_to_end_keys import KeyTriple, OneTimeKeyConflict
+from synapse_lite.storage.databases.main.end_to_end_keys import (
+    KeyTriple,
+    OneTimeKeyConflict,
+    public_key,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.auth import Requester
+    from synapse_lite.handlers.ui_auth import UserInteractiveAuth
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
@@ -38,6 +47,14 @@ MAX_DEVICES_PER_USER = 1_000
 #: The longest algorithm name, key id or key (public keys are 43 characters
 #: of unpadded base64; signatures 86).
 MAX_KEY_TEXT = 1_024
+#: Keys one signatures upload may sign.
+MAX_SIGNED_KEYS_PER_UPLOAD = 1_000
+#: The cross-signing key types, and the ``usage`` each key must state.
+CROSS_SIGNING_TYPES = {
+    "master_key": "master",
+    "self_signing_key": "self_signing",
+    "user_signing_key": "user_signing",
+}
 
 
 def bad(message: str, errcode: str = Codes.BAD_JSON) -> SynapseError:
@@ -136,6 +153,30 @@ def check_one_time_keys(value: object, where: str, fallback: bool) -> list[KeyTr
     return triples
 
 
+def check_cross_signing_key(key: object, user_id: str, usage: str, where: str) -> dict[str, Any]:
+    """A cross-signing key of ``user_id`` for ``usage``: one ed25519 public key."""
+    if not isinstance(key, dict):
+        raise bad(f"{where} must be an object")
+    if key.get("user_id") != user_id:
+        raise bad(f"{where}.user_id must be your user id, {user_id}", Codes.INVALID_PARAM)
+    usages = key.get("usage")
+    if not isinstance(usages, list) or usage not in usages:
+        raise bad(f"{where}.usage must contain {usage!r}", Codes.INVALID_PARAM)
+    keys = key.get("keys")
+    if not isinstance(keys, dict) or len(keys) != 1:
+        raise bad(f"{where}.keys must hold exactly one key")
+    ((key_id, public),) = keys.items()
+    algorithm, name = _split_key_id(key_id, f"{where}.keys")
+    _check_text(public, f"{where}.keys.{key_id}")
+    if algorithm != "ed25519" or name != public:
+        raise bad(
+            f"{where}.keys: the key id must be 'ed25519:<the public key>'", Codes.INVALID_PARAM
+        )
+    if "signatures" in key:
+        check_signatures(key["signatures"], where)
+    return key
+
+
 class E2eKeysHandler:
     """Uploads, queries and claims of device keys."""
 
@@ -186,9 +227,10 @@ class E2eKeysHandler:
         changed = await self._store.set_device_keys(upload.user_id, upload.device_id, upload.keys)
         return KeysChanged(changed)
 
-    async def query_keys(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``POST /keys/query``: local users' keys; remote servers under
-        ``failures`` (this server does not yet ask other servers)."""
+    async def query_keys(self, body: dict[str, Any], viewer: str) -> dict[str, Any]:
+        """``POST /keys/query`` by ``viewer``: local users' device and
+        cross-signing keys; remote servers under ``failures`` (this server
+        does not yet ask other servers)."""
         queries = body.get("device_keys")
         if not isinstance(queries, dict):
             raise bad("device_keys must be an object of user id to a list of device ids")
@@ -211,8 +253,21 @@ class E2eKeysHandler:
                     "status": 503,
                     "message": "Keys of users on other servers are not available yet",
                 }
-        device_keys = await self._store.get_device_keys(local)
-        return {"device_keys": device_keys, "failures": failures}
+        device_keys = await self._store.get_device_keys(local, viewer)
+        cross = await self._store.get_cross_signing_keys(list(local), viewer)
+        result: dict[str, Any] = {
+            "device_keys": device_keys,
+            "failures": failures,
+            "master_keys": {},
+            "self_signing_keys": {},
+            "user_signing_keys": {},
+        }
+        for user_id, by_type in cross.items():
+            for field, usage in CROSS_SIGNING_TYPES.items():
+                # A user-signing key is shown to its owner only.
+                if usage in by_type and (usage != "user_signing" or user_id == viewer):
+                    result[field.replace("_key", "_keys")][user_id] = by_type[usage]
+        return result
 
     async def claim_keys(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /keys/claim``: one key per device named, each handed out once."""
@@ -251,3 +306,144 @@ class E2eKeysHandler:
         for (user_id, device_id, algorithm), (key_id, key) in taken.items():
             result.setdefault(user_id, {})[device_id] = {f"{algorithm}:{key_id}": key}
         return {"one_time_keys": result, "failures": failures}
+
+    # Cross-signing
+
+    async def upload_cross_signing_keys(
+        self, requester: Requester, body: dict[str, Any], ui_auth: UserInteractiveAuth
+    ) -> dict[str, Any]:
+        """``POST /keys/device_signing/upload``. Replacing keys needs
+        user-interactive auth; a user's first master key does not (the spec
+        since v1.11: a new device sets cross-signing up without a password)."""
+        user_id = requester.user_id
+        uploaded: dict[str, dict[str, Any]] = {}
+        for field, usage in CROSS_SIGNING_TYPES.items():
+            if body.get(field) is not None:
+                uploaded[usage] = check_cross_signing_key(body[field], user_id, usage, field)
+        if not uploaded:
+            raise bad("Upload at least one of master_key, self_signing_key, user_signing_key")
+        stored = (await self._store.get_cross_signing_keys([user_id])).get(user_id, {})
+        master = uploaded.get("master") or stored.get("master")
+        if master is None:
+            raise bad("Upload a master_key first: the other keys are signed by it")
+        master_id = f"ed25519:{public_key(master)}"
+        for usage in ("self_signing", "user_signing"):
+            key = uploaded.get(usage)
+            if key is not None and master_id not in key.get("signatures", {}).get(user_id, {}):
+                raise bad(f"{usage}_key must be signed by the master key {master_id}")
+        if all(
+            _without_signatures(stored.get(u)) == _without_signatures(k)
+            for u, k in uploaded.items()
+        ):
+            return {}  # a repeat of the stored keys (a client retrying)
+        if "master" in stored:
+            await ui_auth.validate(requester, body.get("auth"))
+        await self._calls.call(
+            UPLOAD_CROSS_SIGNING_KEYS,
+            CrossSigningUpload(user_id, uploaded),
+            instance=device_lists_writer_for(self._config, user_id),
+        )
+        return {}
+
+    async def store_cross_signing_keys(self, upload: CrossSigningUpload) -> KeysChanged:
+        """Serves :data:`UPLOAD_CROSS_SIGNING_KEYS` (on the user's device_lists writer)."""
+        await self._store.set_cross_signing_keys(upload.user_id, upload.keys)
+        return KeysChanged(True)
+
+    async def upload_signatures(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /keys/signatures/upload``: the requester's signatures of
+        their own devices and master key, and of other users' master keys.
+        Each signed key that cannot be signed so is a failure, not an error."""
+        signer = requester.user_id
+        if sum(len(v) for v in body.values() if isinstance(v, dict)) > MAX_SIGNED_KEYS_PER_UPLOAD:
+            raise SynapseError(
+                413, f"At most {MAX_SIGNED_KEYS_PER_UPLOAD} keys per upload", Codes.TOO_LARGE
+            )
+        own = (await self._store.get_cross_signing_keys([signer], signer)).get(signer, {})
+        own_devices = set(await self._store.get_device_ids(signer))
+        signatures: list[list[str]] = []
+        failures: dict[str, dict[str, Any]] = {}
+
+        def fail(user_id: str, key_id: str, message: str, errcode: str) -> None:
+            failures.setdefault(user_id, {})[key_id] = {"errcode": errcode, "error": message}
+
+        for user_id, signed_keys in body.items():
+            if not is_valid_user_id(user_id):
+                raise bad(f"{user_id!r} is not a user id", Codes.INVALID_PARAM)
+            if not isinstance(signed_keys, dict):
+                raise bad(f"{user_id} must be an object of key id to signed key")
+            for key_id, signed in signed_keys.items():
+                _check_text(key_id, f"{user_id}: key id")
+                if not isinstance(signed, dict) or signed.get("user_id") != user_id:
+                    raise bad(f"{user_id}.{key_id} must be a key of {user_id}")
+                mine = check_signatures(signed.get("signatures"), f"{user_id}.{key_id}").get(
+                    signer, {}
+                )
+                if not is_mine_id(user_id, self._server_name):
+                    fail(
+                        user_id,
+                        key_id,
+                        "Keys of other servers cannot be signed yet",
+                        Codes.UNRECOGNIZED,
+                    )
+                    continue
+                allowed = await self._signing_keys_for(signer, own, own_devices, user_id, key_id)
+                if allowed is None:
+                    fail(user_id, key_id, "No such key to sign", Codes.NOT_FOUND)
+                    continue
+                valid = {k: v for k, v in mine.items() if k in allowed}
+                if not valid:
+                    fail(
+                        user_id,
+                        key_id,
+                        "Not signed by a key of yours that may sign it"
+                        f" ({', '.join(sorted(allowed)) or 'none uploaded yet'})",
+                        "M_INVALID_SIGNATURE",
+                    )
+                    continue
+                signatures += [[user_id, key_id, k, v] for k, v in valid.items()]
+        if signatures:
+            await self._calls.call(
+                UPLOAD_SIGNATURES,
+                SignaturesUpload(signer, signatures),
+                instance=device_lists_writer_for(self._config, signer),
+            )
+        return {"failures": failures}
+
+    async def _signing_keys_for(
+        self,
+        signer: str,
+        own: dict[str, dict[str, Any]],
+        own_devices: set[str],
+        user_id: str,
+        key_id: str,
+    ) -> set[str] | None:
+        """The key ids of ``signer``'s that may sign ``user_id``'s key
+        ``key_id`` (None: no such key to sign): their self-signing key for
+        their own devices, any of their devices for their master key, their
+        user-signing key for another user's master key."""
+        if user_id == signer:
+            if key_id in own_devices:
+                if "self_signing" not in own:
+                    return set()
+                return {f"ed25519:{public_key(own['self_signing'])}"}
+            if "master" in own and key_id == public_key(own["master"]):
+                return {f"ed25519:{d}" for d in own_devices}
+            return None
+        theirs = (await self._store.get_cross_signing_keys([user_id])).get(user_id, {})
+        if "master" not in theirs or key_id != public_key(theirs["master"]):
+            return None
+        if "user_signing" not in own:
+            return set()
+        return {f"ed25519:{public_key(own['user_signing'])}"}
+
+    async def store_signatures(self, upload: SignaturesUpload) -> KeysChanged:
+        """Serves :data:`UPLOAD_SIGNATURES` (on the signer's device_lists writer)."""
+        await self._store.add_cross_signing_signatures(upload.user_id, upload.signatures)
+        return KeysChanged(True)
+
+
+def _without_signatures(key: dict[str, Any] | None) -> dict[str, Any] | None:
+    if key is None:
+        return None
+    return {k: v for k, v in key.items() if k != "signatures"}

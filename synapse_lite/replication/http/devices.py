@@ -103,3 +103,27 @@ class TokensRevoked:
 
 #: Served by the user's device_lists writer.
 DELETE_DEVICES = InternalCall("delete_devices", DevicesLogout, TokensRevoked)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class DeviceRename:
+    """Set a device's display name."""
+
+    user_id: str
+    device_id: str
+    display_name: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return attr.asdict(self)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], server_name: str) -> DeviceRename:
+        return cls(
+            user_id=local_user(body, "user_id", server_name),
+            device_id=check_identifier_text(body.get("device_id"), "device_id"),
+            display_name=get_optional_str(body, "display_name", max_length=512),
+        )
+
+
+#: Served by the user's device_lists writer; a 404 for an unknown device.
+RENAME_DEVICE = InternalCall("rename_device", DeviceRename, EmptyBody, idempotent=True)

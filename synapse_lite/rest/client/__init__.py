@@ -28,9 +28,11 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
     from synapse_lite.handlers.room import RoomCreationHandler
+    from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
+    from synapse_lite.handlers.ui_auth import UserInteractiveAuth
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
@@ -55,6 +57,8 @@ class ClientHandlers:
     account_data: AccountDataHandler
     device_messages: DeviceMessageHandler
     e2e_keys: E2eKeysHandler
+    room_keys: RoomKeysHandler
+    ui_auth: UserInteractiveAuth
     typing: TypingHandlerBase
     presence: PresenceHandlerBase
 

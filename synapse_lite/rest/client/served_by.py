@@ -89,9 +89,11 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     # E2E keys: a device's identity keys are a device_lists change; one-time
     # keys are claimed atomically in the database by whoever has the request.
     "keys_upload": writer_of("device_lists"),
+    "keys_signing": writer_of("device_lists"),
     "keys_query": READERS,
     "keys_claim": READERS,
     "keys_changes": READERS,
+    # Key backup: no stream; the database serves it from any process.
     "room_keys": MAIN,
 }
 

@@ -22,6 +22,7 @@ from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
+from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 
 
 class GenericWorkerStore(
@@ -37,6 +38,7 @@ class GenericWorkerStore(
     FilteringWorkerStore,
     InstancesWorkerStore,
     MediaRepositoryStore,
+    RoomKeysStore,
 ):
     """The store of a worker process."""
 

@@ -114,12 +114,20 @@ class DeviceWorkerStore(SQLBaseStore):
         return True
 
     def add_device_change_txn(self, txn: LoggingTransaction, user_id: str, device_id: str) -> int:
+        return self.add_device_changes_txn(txn, user_id, [device_id])
+
+    def add_device_changes_txn(
+        self, txn: LoggingTransaction, user_id: str, device_ids: list[str]
+    ) -> int:
+        """Record one change of ``user_id``'s devices, touching ``device_ids``
+        (one device_lists id, on a row for each). Returns the id."""
         stream_id = self._device_list_id_gen.get_next_txn(txn)
-        txn.execute(
-            "INSERT INTO device_lists_stream (stream_id, user_id, device_id, instance_name)"
-            " VALUES (?, ?, ?, ?)",
-            (stream_id, user_id, device_id, self._instance_name),
-        )
+        for device_id in device_ids:
+            txn.execute(
+                "INSERT INTO device_lists_stream (stream_id, user_id, device_id, instance_name)"
+                " VALUES (?, ?, ?, ?)",
+                (stream_id, user_id, device_id, self._instance_name),
+            )
         return stream_id
 
     async def get_users_whose_devices_changed(self, from_id: int, to_id: int) -> set[str]:

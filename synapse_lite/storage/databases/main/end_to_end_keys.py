@@ -37,12 +37,12 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
     # Device identity keys
 
     async def get_device_keys(
-        self, queries: dict[str, list[str]]
+        self, queries: dict[str, list[str]], viewer: str | None = None
     ) -> dict[str, dict[str, dict[str, Any]]]:
         """``{user: {device: keys}}`` for the devices named (every device of
         the user for an empty list) that exist and have uploaded keys; each
         with ``unsigned.device_display_name`` and the separately uploaded
-        signatures merged in."""
+        signatures merged in (see :meth:`_merge_signatures_txn`)."""
 
         def txn_func(txn: LoggingTransaction) -> dict[str, dict[str, dict[str, Any]]]:
             result: dict[str, dict[str, dict[str, Any]]] = {}
@@ -65,17 +65,23 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                     keys["unsigned"] = unsigned
                     devices[device_id] = keys
                 if devices:
-                    self._merge_signatures_txn(txn, user_id, devices)
+                    self._merge_signatures_txn(txn, user_id, devices, viewer)
                 result[user_id] = devices
             return result
 
         return await self.db_pool.runInteraction("get_device_keys", txn_func, read_only=True)
 
     def _merge_signatures_txn(
-        self, txn: LoggingTransaction, target_user_id: str, keys_by_id: dict[str, dict[str, Any]]
+        self,
+        txn: LoggingTransaction,
+        target_user_id: str,
+        keys_by_id: dict[str, dict[str, Any]],
+        viewer: str | None,
     ) -> None:
         """Add the signatures of ``e2e_cross_signing_signatures`` to each key
-        (by target device id, or a cross-signing key's public key)."""
+        (by target device id, or a cross-signing key's public key). A user's
+        signature of another user's key (made with their user-signing key) is
+        shown only to the signer, ``viewer``."""
         txn.execute(
             "SELECT user_id, key_id, target_device_id, signature"
             " FROM e2e_cross_signing_signatures WHERE target_user_id = ?",
@@ -83,7 +89,7 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
         )
         for signer, key_id, target, signature in txn.fetchall():
             keys = keys_by_id.get(target)
-            if keys is None:
+            if keys is None or (signer != target_user_id and signer != viewer):
                 continue
             keys.setdefault("signatures", {}).setdefault(signer, {})[key_id] = signature
 
@@ -247,3 +253,89 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
             return taken
 
         return await self.db_pool.runInteraction("claim_one_time_keys", txn_func)
+
+    # Cross-signing keys and signatures
+
+    async def get_cross_signing_keys(
+        self, user_ids: list[str], viewer: str | None = None
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        """``{user: {key type: key}}`` with separately uploaded signatures
+        merged in (keyed by the key's public key)."""
+
+        def txn_func(txn: LoggingTransaction) -> dict[str, dict[str, dict[str, Any]]]:
+            result: dict[str, dict[str, dict[str, Any]]] = {}
+            for user_id in user_ids:
+                txn.execute(
+                    "SELECT keytype, key_json FROM e2e_cross_signing_keys WHERE user_id = ?",
+                    (user_id,),
+                )
+                by_type = {r[0]: db_to_json(r[1]) for r in txn.fetchall()}
+                if not by_type:
+                    continue
+                by_public = {public_key(k): k for k in by_type.values()}
+                self._merge_signatures_txn(txn, user_id, by_public, viewer)
+                result[user_id] = by_type
+            return result
+
+        return await self.db_pool.runInteraction("get_cross_signing_keys", txn_func, read_only=True)
+
+    async def set_cross_signing_keys(self, user_id: str, keys: dict[str, dict[str, Any]]) -> int:
+        """Replace the given cross-signing keys of a user: one device_lists
+        id, on each key's row. Returns it. On the user's device_lists writer
+        only. A replaced master key takes the signatures of the old one with it."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            stream_id = self._device_list_id_gen.get_next_txn(txn)
+            for keytype, key in keys.items():
+                txn.execute(
+                    "SELECT key_json FROM e2e_cross_signing_keys WHERE user_id = ? AND keytype = ?",
+                    (user_id, keytype),
+                )
+                row = txn.fetchone()
+                if row is not None:
+                    txn.execute(
+                        "DELETE FROM e2e_cross_signing_signatures"
+                        " WHERE target_user_id = ? AND target_device_id = ?",
+                        (user_id, public_key(db_to_json(row[0]))),
+                    )
+                    txn.execute(
+                        "DELETE FROM e2e_cross_signing_keys WHERE user_id = ? AND keytype = ?",
+                        (user_id, keytype),
+                    )
+                txn.execute(
+                    "INSERT INTO e2e_cross_signing_keys"
+                    " (user_id, keytype, key_json, stream_id, instance_name)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (user_id, keytype, json_encoder(key), stream_id, self._instance_name),
+                )
+            return stream_id
+
+        return await self.db_pool.runInteraction("set_cross_signing_keys", txn_func)
+
+    async def add_cross_signing_signatures(self, signer: str, signatures: list[list[str]]) -> None:
+        """Store signatures by ``signer`` (``[target user, target device or
+        public key, signing key id, signature]``), announced as one change of
+        the signer's devices (their other devices fetch the keys again). On
+        the signer's device_lists writer only."""
+
+        def txn_func(txn: LoggingTransaction) -> None:
+            for target_user, target_id, key_id, signature in signatures:
+                txn.execute(
+                    "DELETE FROM e2e_cross_signing_signatures WHERE user_id = ? AND key_id = ?"
+                    " AND target_user_id = ? AND target_device_id = ?",
+                    (signer, key_id, target_user, target_id),
+                )
+                txn.execute(
+                    "INSERT INTO e2e_cross_signing_signatures"
+                    " (user_id, key_id, target_user_id, target_device_id, signature)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (signer, key_id, target_user, target_id, signature),
+                )
+            self.add_device_changes_txn(txn, signer, sorted({s[1] for s in signatures}))
+
+        await self.db_pool.runInteraction("add_cross_signing_signatures", txn_func)
+
+
+def public_key(key: dict[str, Any]) -> str:
+    """The public key of a cross-signing key (its one ``keys`` value)."""
+    return str(next(iter(key["keys"].values())))
