@@ -204,7 +204,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     )
     auth = AuthHandler(store)
     media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
-    devices = DeviceHandler(store, calls, config)
+    devices = DeviceHandler(store, calls, config, notifier)
     events = EventCreationHandler(
         store=store,
         clock=clock,
@@ -221,7 +221,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         calls=calls,
         outbox=federation.outbox,
     )
-    e2e_keys = E2eKeysHandler(store, calls, config)
+    e2e_keys = E2eKeysHandler(store, calls, config, notifier)
     handlers = ClientHandlers(
         clock=clock,
         store=store,

@@ -28,19 +28,36 @@ from synapse_lite.replication.http.devices import (
 
 if TYPE_CHECKING:
     from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
+
+
+async def wake_for_device_change(
+    store: GenericWorkerStore, notifier: Notifier, user_id: str
+) -> None:
+    """Wake this process's /sync requests that a change of ``user_id``'s
+    devices concerns: the user's and those of users sharing a room. (Other
+    processes are woken when the stream's rows reach them; the writer wrote
+    them itself, so its own waiters are woken here.)"""
+    rooms = await store.get_rooms_for_user(user_id)
+    notifier.notify(users=[user_id], rooms=rooms)
 
 
 class DeviceHandler:
     """Logging devices in and out, and listing them."""
 
     def __init__(
-        self, store: GenericWorkerStore, calls: InternalCalls, config: HomeServerConfig
+        self,
+        store: GenericWorkerStore,
+        calls: InternalCalls,
+        config: HomeServerConfig,
+        notifier: Notifier,
     ) -> None:
         self._store = store
         self._calls = calls
         self._config = config
+        self._notifier = notifier
 
     def writer_for(self, user_id: str) -> str:
         """The device_lists writer of ``user_id``'s device changes."""
@@ -63,9 +80,10 @@ class DeviceHandler:
         """Serves :data:`REGISTER_DEVICE` (on the user's device_lists writer)."""
         if await self._store.get_user(login.user_id) is None:
             raise NotFoundError("Unknown user")
-        await self._store.replace_access_tokens(
+        if await self._store.replace_access_tokens(
             login.user_id, login.device_id, login.token_hash, login.display_name
-        )
+        ):
+            await wake_for_device_change(self._store, self._notifier, login.user_id)
         return EmptyBody()
 
     async def delete_devices(self, user_id: str, device_ids: list[str] | None) -> list[str]:
@@ -82,7 +100,9 @@ class DeviceHandler:
 
     async def logout_devices(self, logout: DevicesLogout) -> TokensRevoked:
         """Serves :data:`DELETE_DEVICES` (on the user's device_lists writer)."""
-        _, hashes = await self._store.delete_devices(logout.user_id, logout.device_ids)
+        deleted, hashes = await self._store.delete_devices(logout.user_id, logout.device_ids)
+        if deleted:
+            await wake_for_device_change(self._store, self._notifier, logout.user_id)
         return TokensRevoked(hashes)
 
     async def rename_device(self, user_id: str, device_id: str, display_name: str | None) -> None:
@@ -99,6 +119,7 @@ class DeviceHandler:
             rename.user_id, rename.device_id, rename.display_name
         ):
             raise NotFoundError("No such device")
+        await wake_for_device_change(self._store, self._notifier, rename.user_id)
         return EmptyBody()
 
     async def get_devices(self, user_id: str) -> list[dict[str, Any]]:

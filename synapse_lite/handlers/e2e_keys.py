@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import is_mine_id, is_valid_user_id
+from synapse_lite.handlers.device import wake_for_device_change
 from synapse_lite.replication.http.devices import device_lists_writer_for
 from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_CROSS_SIGNING_KEYS,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.auth import Requester
     from synapse_lite.handlers.ui_auth import UserInteractiveAuth
+    from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
@@ -181,11 +183,16 @@ class E2eKeysHandler:
     """Uploads, queries and claims of device keys."""
 
     def __init__(
-        self, store: GenericWorkerStore, calls: InternalCalls, config: HomeServerConfig
+        self,
+        store: GenericWorkerStore,
+        calls: InternalCalls,
+        config: HomeServerConfig,
+        notifier: Notifier,
     ) -> None:
         self._store = store
         self._calls = calls
         self._config = config
+        self._notifier = notifier
         self._server_name = config.server_name
 
     async def upload_keys(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
@@ -225,6 +232,8 @@ class E2eKeysHandler:
         if await self._store.get_device(upload.user_id, upload.device_id) is None:
             raise SynapseError(404, "Unknown device", Codes.NOT_FOUND)
         changed = await self._store.set_device_keys(upload.user_id, upload.device_id, upload.keys)
+        if changed:
+            await wake_for_device_change(self._store, self._notifier, upload.user_id)
         return KeysChanged(changed)
 
     async def query_keys(self, body: dict[str, Any], viewer: str) -> dict[str, Any]:
@@ -348,6 +357,7 @@ class E2eKeysHandler:
     async def store_cross_signing_keys(self, upload: CrossSigningUpload) -> KeysChanged:
         """Serves :data:`UPLOAD_CROSS_SIGNING_KEYS` (on the user's device_lists writer)."""
         await self._store.set_cross_signing_keys(upload.user_id, upload.keys)
+        await wake_for_device_change(self._store, self._notifier, upload.user_id)
         return KeysChanged(True)
 
     async def upload_signatures(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
@@ -440,6 +450,7 @@ class E2eKeysHandler:
     async def store_signatures(self, upload: SignaturesUpload) -> KeysChanged:
         """Serves :data:`UPLOAD_SIGNATURES` (on the signer's device_lists writer)."""
         await self._store.add_cross_signing_signatures(upload.user_id, upload.signatures)
+        await wake_for_device_change(self._store, self._notifier, upload.user_id)
         return KeysChanged(True)
 
 

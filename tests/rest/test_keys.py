@@ -4,6 +4,7 @@ input refused with nothing stored."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from twisted.internet import defer
@@ -216,6 +217,28 @@ class KeysTestCase(DatabaseTestCase):
         await self.bob.ok("POST", f"/rooms/{room}/leave", {})
         after = await self.bob.sync(since=later["next_batch"])
         self.assertEqual(after["device_lists"]["left"], [self.alice.user_id])
+
+    async def test_a_parked_sync_on_the_writer_is_woken(self) -> None:
+        """The device_lists writer wakes its own /sync requests (other
+        processes are woken by the stream's rows)."""
+        room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        since = (await self.bob.sync())["next_batch"]
+        for i in range(3):
+            while True:  # let anything pending go by
+                settled = await self.bob.sync(since=since)
+                if settled["next_batch"] == since:
+                    break
+                since = settled["next_batch"]
+            started = time.monotonic()
+            parked = defer.ensureDeferred(self.bob.sync(since=since, timeout=30_000))
+            keys = device_keys(self.alice, curve=f"curve{i}")
+            await self.alice.ok("POST", "/keys/upload", {"device_keys": keys})
+            woken = await parked
+            while self.alice.user_id not in woken["device_lists"]["changed"]:
+                woken = await self.bob.sync(since=woken["next_batch"], timeout=30_000)
+            self.assertLess(time.monotonic() - started, 10)
+            since = woken["next_batch"]
 
     async def test_no_backup_is_not_found(self) -> None:
         status, error = await self.alice.request("GET", "/room_keys/version")
