@@ -37,11 +37,14 @@ LAYOUTS: dict[str, dict[str, list[str]]] = {
     },
     # The main process and a media worker (bench/media.py).
     "media": {"media1": ["client", "health"]},
+    # The main process and a reader, both serving clients (bench/e2e_keys.py).
+    "pair": {"reader1": ["client", "health"]},
 }
 WRITERS: dict[str, dict[str, Any]] = {
     "single": {},
     "split": {"events": ["persister1", "persister2"], "typing": "typing1"},
     "media": {},
+    "pair": {},
 }
 #: Where each layout's clients send events and long-poll /sync.
 SEND_TO = {"single": ["main"], "split": ["persister1", "persister2"], "default": ["router"]}

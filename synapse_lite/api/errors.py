@@ -69,7 +69,8 @@ class LimitExceededError(SynapseError):
 
 
 class InteractiveAuthIncomplete(Exception):
-    """Registration needs another round of user-interactive auth (a 401 with flows)."""
+    """A request needs (another round of) user-interactive auth: a 401 with
+    the flows and session in ``response``."""
 
     def __init__(self, response: dict[str, Any]) -> None:
         super().__init__("interactive auth incomplete")

@@ -48,6 +48,7 @@ from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+from synapse_lite.handlers.e2e_keys import E2eKeysHandler
 from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.login import LoginHandler
@@ -61,6 +62,7 @@ from synapse_lite.handlers.presence import (
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.room import RoomCreationHandler
+from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.typing import (
@@ -68,6 +70,7 @@ from synapse_lite.handlers.typing import (
     TypingHandlerBase,
     TypingWriterHandler,
 )
+from synapse_lite.handlers.ui_auth import UserInteractiveAuth
 from synapse_lite.http.forwarded import router_proof
 from synapse_lite.http.server import JsonResource
 from synapse_lite.media.paths import MediaFilePaths
@@ -77,7 +80,12 @@ from synapse_lite.media.storage import MediaStorage, make_storage_provider
 from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
-from synapse_lite.replication.http.devices import DELETE_DEVICES, REGISTER_DEVICE
+from synapse_lite.replication.http.devices import DELETE_DEVICES, REGISTER_DEVICE, RENAME_DEVICE
+from synapse_lite.replication.http.e2e_keys import (
+    UPLOAD_CROSS_SIGNING_KEYS,
+    UPLOAD_DEVICE_KEYS,
+    UPLOAD_SIGNATURES,
+)
 from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER
 from synapse_lite.replication.http.send_events import SEND_EVENTS
 from synapse_lite.replication.http.stream_updates import (
@@ -196,7 +204,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     )
     auth = AuthHandler(store)
     media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
-    devices = DeviceHandler(store, calls)
+    devices = DeviceHandler(store, calls, config, notifier)
     events = EventCreationHandler(
         store=store,
         clock=clock,
@@ -213,6 +221,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         calls=calls,
         outbox=federation.outbox,
     )
+    e2e_keys = E2eKeysHandler(store, calls, config, notifier)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
@@ -247,6 +256,9 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         receipts=ReceiptsHandler(store, clock, notifier, calls),
         account_data=AccountDataHandler(store, notifier, calls),
         device_messages=device_messages,
+        e2e_keys=e2e_keys,
+        room_keys=RoomKeysHandler(store),
+        ui_auth=UserInteractiveAuth(store, clock, config),
         typing=typing,
         presence=presence,
     )
@@ -257,9 +269,16 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),
-        (REGISTER_DEVICE, devices.store_device_and_token),
-        (DELETE_DEVICES, devices.logout_devices),
     ]
+    if me in config.writers_of_stream(config.streams["device_lists"]):
+        wiring.served += [
+            (REGISTER_DEVICE, devices.store_device_and_token),
+            (DELETE_DEVICES, devices.logout_devices),
+            (RENAME_DEVICE, devices.rename_device_here),
+            (UPLOAD_DEVICE_KEYS, e2e_keys.store_device_keys),
+            (UPLOAD_CROSS_SIGNING_KEYS, e2e_keys.store_cross_signing_keys),
+            (UPLOAD_SIGNATURES, e2e_keys.store_signatures),
+        ]
     if main_store is not None:
         recorder = main_store
         wiring.command_hooks.append((UserIpCommand, lambda cmd: _record_user_ip(recorder, cmd)))

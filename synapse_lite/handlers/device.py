@@ -1,9 +1,10 @@
 """Devices and their access tokens.
 
-Creating or deleting a device writes the device_lists stream, which only the
-main process writes, so other processes forward those requests to it over
-internal HTTP. The access token is generated where the client's request
-arrived: only its hash travels and is stored.
+Creating, renaming or deleting a device writes the device_lists stream, so
+those requests go to the user's device_lists writer
+(:func:`device_lists_writer_for`) over internal HTTP. The access token is
+generated where the client's request arrived: only its hash travels and is
+stored.
 """
 
 from __future__ import annotations
@@ -17,22 +18,50 @@ from synapse_lite.replication.http.calls import EmptyBody
 from synapse_lite.replication.http.devices import (
     DELETE_DEVICES,
     REGISTER_DEVICE,
+    RENAME_DEVICE,
     DeviceLogin,
+    DeviceRename,
     DevicesLogout,
     TokensRevoked,
+    device_lists_writer_for,
 )
 
 if TYPE_CHECKING:
+    from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
+
+
+async def wake_for_device_change(
+    store: GenericWorkerStore, notifier: Notifier, user_id: str
+) -> None:
+    """Wake this process's /sync requests that a change of ``user_id``'s
+    devices concerns: the user's and those of users sharing a room. (Other
+    processes are woken when the stream's rows reach them; the writer wrote
+    them itself, so its own waiters are woken here.)"""
+    rooms = await store.get_rooms_for_user(user_id)
+    notifier.notify(users=[user_id], rooms=rooms)
 
 
 class DeviceHandler:
     """Logging devices in and out, and listing them."""
 
-    def __init__(self, store: GenericWorkerStore, calls: InternalCalls) -> None:
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        calls: InternalCalls,
+        config: HomeServerConfig,
+        notifier: Notifier,
+    ) -> None:
         self._store = store
         self._calls = calls
+        self._config = config
+        self._notifier = notifier
+
+    def writer_for(self, user_id: str) -> str:
+        """The device_lists writer of ``user_id``'s device changes."""
+        return device_lists_writer_for(self._config, user_id)
 
     async def create_device_and_token(
         self, user_id: str, device_id: str, display_name: str | None
@@ -41,17 +70,20 @@ class DeviceHandler:
         working); returns the new access token."""
         token = generate_access_token(user_id)
         await self._calls.call(
-            REGISTER_DEVICE, DeviceLogin(user_id, device_id, display_name, hash_token(token))
+            REGISTER_DEVICE,
+            DeviceLogin(user_id, device_id, display_name, hash_token(token)),
+            instance=self.writer_for(user_id),
         )
         return token
 
     async def store_device_and_token(self, login: DeviceLogin) -> EmptyBody:
-        """Serves :data:`REGISTER_DEVICE` (on the main process)."""
+        """Serves :data:`REGISTER_DEVICE` (on the user's device_lists writer)."""
         if await self._store.get_user(login.user_id) is None:
             raise NotFoundError("Unknown user")
-        await self._store.replace_access_tokens(
+        if await self._store.replace_access_tokens(
             login.user_id, login.device_id, login.token_hash, login.display_name
-        )
+        ):
+            await wake_for_device_change(self._store, self._notifier, login.user_id)
         return EmptyBody()
 
     async def delete_devices(self, user_id: str, device_ids: list[str] | None) -> list[str]:
@@ -59,15 +91,36 @@ class DeviceHandler:
         hashes of the tokens revoked. Forgotten here at once: a logged-out
         client's next request to this process fails even before the caches
         stream brings the news."""
-        answer = await self._calls.call(DELETE_DEVICES, DevicesLogout(user_id, device_ids))
+        answer = await self._calls.call(
+            DELETE_DEVICES, DevicesLogout(user_id, device_ids), instance=self.writer_for(user_id)
+        )
         for token_hash in answer.token_hashes:
             self._store.get_user_by_access_token.invalidate(token_hash)
         return answer.token_hashes
 
     async def logout_devices(self, logout: DevicesLogout) -> TokensRevoked:
-        """Serves :data:`DELETE_DEVICES` (on the main process)."""
-        _, hashes = await self._store.delete_devices(logout.user_id, logout.device_ids)
+        """Serves :data:`DELETE_DEVICES` (on the user's device_lists writer)."""
+        deleted, hashes = await self._store.delete_devices(logout.user_id, logout.device_ids)
+        if deleted:
+            await wake_for_device_change(self._store, self._notifier, logout.user_id)
         return TokensRevoked(hashes)
+
+    async def rename_device(self, user_id: str, device_id: str, display_name: str | None) -> None:
+        """``PUT /devices/{deviceId}``: 404 for a device the user does not have."""
+        await self._calls.call(
+            RENAME_DEVICE,
+            DeviceRename(user_id, device_id, display_name),
+            instance=self.writer_for(user_id),
+        )
+
+    async def rename_device_here(self, rename: DeviceRename) -> EmptyBody:
+        """Serves :data:`RENAME_DEVICE` (on the user's device_lists writer)."""
+        if not await self._store.set_device_display_name(
+            rename.user_id, rename.device_id, rename.display_name
+        ):
+            raise NotFoundError("No such device")
+        await wake_for_device_change(self._store, self._notifier, rename.user_id)
+        return EmptyBody()
 
     async def get_devices(self, user_id: str) -> list[dict[str, Any]]:
         return [_client_device(d) for d in await self._store.get_devices_by_user(user_id)]

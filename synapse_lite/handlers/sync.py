@@ -313,12 +313,12 @@ class SyncHandler:
             for event in await self._presence(sharing, since, now, now_ms)
             if sync_filter.presence.allows(event)
         ]
-        changed_devices: list[str] = []
-        if since is not None and since.get("device_lists") < now.get("device_lists"):
-            changed = await self._store.get_users_whose_devices_changed(
-                since.get("device_lists"), now.get("device_lists")
-            )
-            changed_devices = sorted(changed & sharing)
+        changed_devices, left_devices = await self._device_lists(
+            user_id, memberships, joined, sharing, since, now
+        )
+        device_id = requester.device_id
+        one_time_keys = await self._store.count_one_time_keys(user_id, device_id)
+        fallback_types = await self._store.get_unused_fallback_key_types(user_id, device_id)
 
         extra = await self._sections_of(user_id, since, now)
         response: dict[str, Any] = {
@@ -326,8 +326,10 @@ class SyncHandler:
             "account_data": {"events": global_data},
             "to_device": {"events": to_device},
             "presence": {"events": presence},
-            "device_lists": {"changed": changed_devices, "left": []},
-            "device_one_time_keys_count": {},
+            "device_lists": {"changed": changed_devices, "left": left_devices},
+            # signed_curve25519 always: clients read a missing count as "unknown".
+            "device_one_time_keys_count": {"signed_curve25519": 0, **one_time_keys},
+            "device_unused_fallback_key_types": fallback_types,
         }
         response.update(extra)
         empty = not (
@@ -338,9 +340,64 @@ class SyncHandler:
             or to_device
             or presence
             or changed_devices
+            or left_devices
             or extra
         )
         return response, now, empty
+
+    async def _device_lists(
+        self,
+        user_id: str,
+        memberships: _Memberships,
+        joined: list[str],
+        sharing: set[str],
+        since: StreamToken | None,
+        now: StreamToken,
+    ) -> tuple[list[str], list[str]]:
+        """``device_lists``: who of the users sharing a room with ``user_id``
+        changed devices or keys in (since, now], or began sharing one (their
+        keys are new to the client); who no longer shares any room."""
+        if since is None:
+            return [], []
+        changed: set[str] = set()
+        left: set[str] = set()
+        if since.get("device_lists") < now.get("device_lists"):
+            changed = await self._store.get_users_whose_devices_changed(
+                since.get("device_lists"), now.get("device_lists")
+            )
+            changed &= sharing
+        if since.room_key != now.room_key:
+            for room_id in memberships.changed:
+                was_joined = memberships.at_since.get(room_id) == "join"
+                if room_id in joined and not was_joined:
+                    changed |= await self._store.get_users_in_room(room_id)
+                elif was_joined and room_id not in joined:
+                    left |= await self._store.get_users_in_room(room_id)
+            others = await self._store.get_membership_changes_in_rooms(
+                joined, since.room_key, now.room_key
+            )
+            for other, membership in others:
+                if other == user_id:
+                    continue
+                if membership == "join":
+                    changed.add(other)
+                else:
+                    left.add(other)
+        left -= sharing
+        changed &= sharing
+        return sorted(changed), sorted(left)
+
+    async def device_list_changes(
+        self, user_id: str, from_string: str, to_string: str
+    ) -> tuple[list[str], list[str]]:
+        """``GET /keys/changes``: ``device_lists`` between two /sync tokens,
+        for the rooms ``user_id`` is in now."""
+        since = await self._parse_since(from_string)
+        upto = await self._parse_since(to_string)
+        memberships = await self._memberships(user_id, since, upto.room_key)
+        joined = memberships.rooms("join")
+        sharing = await self._users_sharing_rooms(user_id, joined)
+        return await self._device_lists(user_id, memberships, joined, sharing, since, upto)
 
     async def _sections_of(
         self, user_id: str, since: StreamToken | None, now: StreamToken

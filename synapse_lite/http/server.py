@@ -27,7 +27,7 @@ from twisted.web import http, server
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.api.errors import Codes, InteractiveAuthIncomplete, SynapseError
 from synapse_lite.http.forwarded import FORWARDED_FOR, ROUTER_PROOF, forwarded_address
 from synapse_lite.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
 
@@ -383,6 +383,9 @@ class JsonResource(Resource):
             code, body = e.code, e.error_dict()
             if code >= 500:
                 logger.warning("%s %s: %s", method, request.path, e.msg)
+        except InteractiveAuthIncomplete as e:
+            # The spec's 401 of user-interactive auth: the flows, not an error.
+            code, body = 401, e.response
         except defer.CancelledError:
             code, body = 499, {}
         except Exception:

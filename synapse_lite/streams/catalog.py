@@ -253,17 +253,30 @@ TO_DEVICE = StreamDefinition(
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class DeviceListsStreamRow:
+    """A user's devices or keys changed: ``device_id`` is the device added,
+    renamed, deleted or given new identity keys, or, for a change of the
+    user's cross-signing keys, the key's type (``master``, ``self_signing``,
+    ``user_signing``)."""
+
     user_id: str = attr.ib(validator=_str)
     device_id: str = attr.ib(validator=_str)
 
 
 DEVICE_LISTS = StreamDefinition(
     name="device_lists",
-    description="devices added, changed or removed",
+    description="devices added, renamed or removed; device and cross-signing keys changed",
     codec=RowCodec(DeviceListsStreamRow),
-    writers=WriterRule(),
-    # One id per user's change, on a row for each device it touches.
-    ids=IdSpace("device_lists_sequence", (StreamTable("device_lists_stream", shares_ids=True),)),
+    # Each user's changes on one of them (a hash of the user id).
+    writers=WriterRule("device_lists", several=True),
+    ids=IdSpace(
+        "device_lists_sequence",
+        # One id per user's change, on a row for each device it touches; a
+        # cross-signing upload's id is on each key it replaced, in a table of its own.
+        (
+            StreamTable("device_lists_stream", shares_ids=True),
+            StreamTable("e2e_cross_signing_keys", shares_ids=True),
+        ),
+    ),
     in_sync_token=True,
     wake=wake_everyone,
     rows_from_store=lambda store: store.get_all_device_list_changes,

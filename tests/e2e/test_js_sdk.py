@@ -6,6 +6,11 @@ Each scenario is a small Node script in ``tests/e2e/js/``; see
 
 from __future__ import annotations
 
+import json
+
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+
 from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.node import require_js_sdk, run_script
 from tests.harness.server import DatabaseTestCase
@@ -22,3 +27,42 @@ class JsSdkLoginTestCase(DatabaseTestCase):
         self.assertEqual(result["login_user"], "@alice:test.local")
         self.assertEqual(result["whoami"]["user_id"], "@alice:test.local")
         self.assertEqual(result["versions"], served["versions"])
+
+
+class JsSdkEncryptionTestCase(DatabaseTestCase):
+    async def test_encrypted_chat_cross_signing_and_backup(self) -> None:
+        """Two Rust-crypto clients chat in an encrypted room and decrypt each
+        other; alice's device is verified by cross-signing; a new device of
+        hers restores the room key from the key backup."""
+        require_js_sdk()
+        _, clients, _ = start_cluster(self, self.test_db, workers=["reader"])
+        base = clients["main"].base_url
+        logins = []
+        for name in ("alice", "bob"):
+            client = await ClientApi(self, base).register(name, "pw-" + name)
+            logins.append(
+                {
+                    "user_id": client.user_id,
+                    "access_token": client.token,
+                    "device_id": client.device_id,
+                }
+            )
+        second = await ClientApi(self, base).ok(
+            "POST",
+            "/login",
+            {"type": "m.login.password", "user": "alice", "password": "pw-alice"},
+        )
+        logins.append({k: second[k] for k in ("user_id", "access_token", "device_id")})
+        result = await run_script(
+            "encrypted_chat.mjs", base, *(json.dumps(login) for login in logins), "pw-alice"
+        )
+        # Let the clients' last long-polls (2 s) end before the servers stop.
+        await deferLater(reactor, 2.5, lambda: None)
+        self.assertTrue(result["encrypted_room"])
+        self.assertEqual(result["bob_decrypted"], "hello bob")
+        self.assertEqual(result["alice_decrypted"], "hello alice")
+        self.assertTrue(result["cross_signing_ready"])
+        self.assertTrue(result["own_device_cross_signing_verified"])
+        self.assertGreaterEqual(result["backed_up_keys"], 1)
+        self.assertGreaterEqual(result["restored_keys"], 1)
+        self.assertTrue(result["restored_version_matches"])

@@ -75,6 +75,7 @@ def _columns(table: str, instance: str, stream_id: int) -> dict[str, Any]:
             "currently_active": False,
         },
         "device_lists_stream": common | {"user_id": user, "device_id": "D"},
+        "e2e_cross_signing_keys": common | {"user_id": user, "keytype": "master", "key_json": "{}"},
     }
     return rows[table]
 

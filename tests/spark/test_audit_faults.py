@@ -51,6 +51,25 @@ class AuditFaultsTestCase(unittest.TestCase):
         self.assertEqual(run.stream("backfill")["writers"][0]["largest_id"], 2)
         self.assertIn("Result: clean (exit 0)", run.out)
 
+    def test_device_lists_ids_in_two_tables(self) -> None:
+        """A cross-signing upload's id is on its keys' rows, not on
+        device_lists_stream: the audit reads the stream from both tables."""
+        self.seed_clean()
+        self.hs.write("device_lists_stream", "main", [1, 1, 3])
+        self.hs.write("e2e_cross_signing_keys", "main", [2, 2])
+        self.hs.position("device_lists", "main", 3)
+        run = self.hs.audit()
+        self.assertEqual(run.code, 0, run)
+        self.assertEqual(run.findings(), [])
+        (writer,) = run.stream("device_lists")["writers"]
+        self.assertEqual((writer["rows"], writer["largest_id"]), (5, 3))
+        # The same id written by another writer: caught across the two tables.
+        self.hs.write("e2e_cross_signing_keys", "worker1", [3])
+        self.hs.position("device_lists", "worker1", 3)
+        run = self.hs.audit()
+        (finding,) = run.findings("duplicate_stream_id")
+        self.assertEqual((finding["stream"], finding["ids"]), ("device_lists", [3]))
+
     def test_account_data_id_used_twice(self) -> None:
         """The seed notes' bug: one id in the global and the room table."""
         self.seed_clean()

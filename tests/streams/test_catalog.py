@@ -104,6 +104,7 @@ class CatalogTestCase(unittest.TestCase):
                 "receipts": False,
                 "account_data": False,
                 "to_device": False,
+                "device_lists": True,
             },
         )
 

@@ -1,8 +1,13 @@
-"""Devices and access tokens, written by the main process (which writes the
-device_lists stream)."""
+"""Devices and access tokens, written by a writer of the device_lists stream.
+
+``stream_writers.device_lists`` may name several writers; each user's device
+changes are always written by the same one (:func:`device_lists_writer_for`),
+so one user's changes keep their order. The calls here are sent to that
+writer by the caller (``instance=``)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -10,7 +15,7 @@ import attr
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text
-from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
+from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.http.fields import get_optional_str, get_str
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
 from synapse_lite.replication.http.writes import local_user
@@ -20,8 +25,13 @@ _TOKEN_HASH = re.compile(r"[0-9a-f]{64}")
 MAX_DEVICES_PER_DELETE = 1_000
 
 
-def _main_process(config: HomeServerConfig) -> str:
-    return MAIN_PROCESS
+def device_lists_writer_for(config: HomeServerConfig, user_id: str) -> str:
+    """The device_lists writer that writes ``user_id``'s device changes: one
+    of ``stream_writers.device_lists`` by a hash of the user id (stable
+    across processes and restarts while the list stays the same)."""
+    writers = config.stream_writers.writers_of("device_lists")
+    digest = hashlib.sha256(user_id.encode("utf-8")).digest()
+    return writers[int.from_bytes(digest[:8], "big") % len(writers)]
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -49,7 +59,8 @@ class DeviceLogin:
         )
 
 
-REGISTER_DEVICE = InternalCall("register_device", DeviceLogin, EmptyBody, served_by=_main_process)
+#: Served by the user's device_lists writer (``instance=device_lists_writer_for(...)``).
+REGISTER_DEVICE = InternalCall("register_device", DeviceLogin, EmptyBody)
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -90,6 +101,29 @@ class TokensRevoked:
         return cls(hashes)
 
 
-DELETE_DEVICES = InternalCall(
-    "delete_devices", DevicesLogout, TokensRevoked, served_by=_main_process
-)
+#: Served by the user's device_lists writer.
+DELETE_DEVICES = InternalCall("delete_devices", DevicesLogout, TokensRevoked)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class DeviceRename:
+    """Set a device's display name."""
+
+    user_id: str
+    device_id: str
+    display_name: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return attr.asdict(self)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], server_name: str) -> DeviceRename:
+        return cls(
+            user_id=local_user(body, "user_id", server_name),
+            device_id=check_identifier_text(body.get("device_id"), "device_id"),
+            display_name=get_optional_str(body, "display_name", max_length=512),
+        )
+
+
+#: Served by the user's device_lists writer; a 404 for an unknown device.
+RENAME_DEVICE = InternalCall("rename_device", DeviceRename, EmptyBody, idempotent=True)

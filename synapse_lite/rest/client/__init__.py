@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attr
 
 from synapse_lite.http.server import JsonResource
-from synapse_lite.rest.client import account, room, sync, user_data, versions
+from synapse_lite.rest.client import account, keys, room, sync, user_data, versions
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+    from synapse_lite.handlers.e2e_keys import E2eKeysHandler
     from synapse_lite.handlers.filtering import FilteringHandler
     from synapse_lite.handlers.login import LoginHandler
     from synapse_lite.handlers.message import EventCreationHandler
@@ -27,9 +28,11 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
     from synapse_lite.handlers.room import RoomCreationHandler
+    from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
+    from synapse_lite.handlers.ui_auth import UserInteractiveAuth
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
@@ -53,12 +56,15 @@ class ClientHandlers:
     receipts: ReceiptsHandler
     account_data: AccountDataHandler
     device_messages: DeviceMessageHandler
+    e2e_keys: E2eKeysHandler
+    room_keys: RoomKeysHandler
+    ui_auth: UserInteractiveAuth
     typing: TypingHandlerBase
     presence: PresenceHandlerBase
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     """Serve every client endpoint on ``resource``."""
-    modules: list[Any] = [versions, account, room, sync, user_data]
+    modules: list[Any] = [versions, account, room, sync, user_data, keys]
     for module in modules:
         module.register_servlets(handlers, resource)

@@ -86,6 +86,15 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "presence": writer_of("presence"),
     "send_to_device": writer_of("to_device"),
     "devices": writer_of("device_lists"),
+    # E2E keys: a device's identity keys are a device_lists change; one-time
+    # keys are claimed atomically in the database by whoever has the request.
+    "keys_upload": writer_of("device_lists"),
+    "keys_signing": writer_of("device_lists"),
+    "keys_query": READERS,
+    "keys_claim": READERS,
+    "keys_changes": READERS,
+    # Key backup: no stream; the database serves it from any process.
+    "room_keys": MAIN,
 }
 
 

@@ -11,6 +11,7 @@ from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
 from synapse_lite.handlers.presence import check_presence_state
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
+from synapse_lite.replication.http.devices import MAX_DEVICES_PER_DELETE
 from synapse_lite.rest.client._base import client_path
 
 if TYPE_CHECKING:
@@ -81,6 +82,47 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         return 200, await handlers.devices.get_device(requester.user_id, device_id)
 
+    async def put_device(request: Request, device_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object_from_request(request)
+        display_name = body.get("display_name")
+        if display_name is not None and (
+            not isinstance(display_name, str) or len(display_name) > 512
+        ):
+            raise SynapseError(
+                400, "'display_name' must be a string of at most 512 characters", Codes.BAD_JSON
+            )
+        await handlers.devices.rename_device(requester.user_id, device_id, display_name)
+        return 200, {}
+
+    async def delete_device(request: Request, device_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        await handlers.devices.get_device(requester.user_id, device_id)  # 404 first
+        await handlers.ui_auth.validate(requester, body.get("auth"))
+        await handlers.devices.delete_devices(requester.user_id, [device_id])
+        return 200, {}
+
+    async def delete_devices(request: Request) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object_from_request(request)
+        device_ids = body.get("devices")
+        if (
+            not isinstance(device_ids, list)
+            or len(device_ids) > MAX_DEVICES_PER_DELETE
+            or not all(isinstance(d, str) for d in device_ids)
+        ):
+            raise SynapseError(
+                400,
+                f"'devices' must be a list of at most {MAX_DEVICES_PER_DELETE} device ids",
+                Codes.BAD_JSON,
+            )
+        for device_id in device_ids:
+            check_identifier_text(device_id, "devices")
+        await handlers.ui_auth.validate(requester, body.get("auth"))
+        await handlers.devices.delete_devices(requester.user_id, device_ids)
+        return 200, {}
+
     async def send_to_device(request: Request, event_type: str, txn_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_identifier_text(event_type, "eventType")
@@ -106,7 +148,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", presence, get_presence, "presence")
     register("PUT", presence, put_presence, "presence")
     register("GET", client_path("/devices"), get_devices, "devices")
-    register("GET", client_path("/devices/(?P<device_id>[^/]+)"), get_device, "devices")
+    device = client_path("/devices/(?P<device_id>[^/]+)")
+    register("GET", device, get_device, "devices")
+    register("PUT", device, put_device, "devices")
+    register("DELETE", device, delete_device, "devices")
+    register("POST", client_path("/delete_devices"), delete_devices, "devices")
     register(
         "PUT",
         client_path("/sendToDevice/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
+from synapse_lite.storage.databases.main.end_to_end_keys import EndToEndKeyWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
 from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
@@ -21,12 +22,14 @@ from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
+from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 
 
 class GenericWorkerStore(
     EventsStore,
     RoomWorkerStore,
     RegistrationWorkerStore,
+    EndToEndKeyWorkerStore,
     AccountDataWorkerStore,
     ReceiptsWorkerStore,
     DeviceInboxWorkerStore,
@@ -35,6 +38,7 @@ class GenericWorkerStore(
     FilteringWorkerStore,
     InstancesWorkerStore,
     MediaRepositoryStore,
+    RoomKeysStore,
 ):
     """The store of a worker process."""
 

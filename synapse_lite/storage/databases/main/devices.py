@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.storage._base import SQLBaseStore, page_of_updates
+from synapse_lite.storage._base import SQLBaseStore
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -60,19 +60,49 @@ class DeviceWorkerStore(SQLBaseStore):
         }
 
     def delete_device_txn(self, txn: LoggingTransaction, user_id: str, device_id: str) -> bool:
-        """Delete a device, recording the change on the device_lists stream.
-        Returns whether it existed. Main process only."""
+        """Delete a device and its keys, recording the change on the
+        device_lists stream. Returns whether it existed. On the user's
+        device_lists writer only."""
         txn.execute("DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id))
         if txn.rowcount == 0:
             return False
+        # Its keys go with it: a deleted device must not be sent messages.
+        for table in ("e2e_device_keys_json", "e2e_one_time_keys_json", "e2e_fallback_keys_json"):
+            txn.execute(
+                f"DELETE FROM {table} WHERE user_id = ? AND device_id = ?", (user_id, device_id)
+            )
+        txn.execute(
+            "DELETE FROM e2e_cross_signing_signatures"
+            " WHERE target_user_id = ? AND target_device_id = ?",
+            (user_id, device_id),
+        )
         self.add_device_change_txn(txn, user_id, device_id)
         return True
+
+    async def set_device_display_name(
+        self, user_id: str, device_id: str, display_name: str | None
+    ) -> bool:
+        """Rename a device, announced on the device_lists stream. Returns
+        whether it exists. On the device_lists writer only."""
+
+        def txn_func(txn: LoggingTransaction) -> bool:
+            txn.execute(
+                "UPDATE devices SET display_name = ? WHERE user_id = ? AND device_id = ?",
+                (display_name, user_id, device_id),
+            )
+            if txn.rowcount == 0:
+                return False
+            self.add_device_change_txn(txn, user_id, device_id)
+            return True
+
+        return await self.db_pool.runInteraction("set_device_display_name", txn_func)
 
     def store_device_txn(
         self, txn: LoggingTransaction, user_id: str, device_id: str, display_name: str | None
     ) -> bool:
         """Create a device if it is new, recording the change on the
-        device_lists stream. Returns whether it was new. Main process only."""
+        device_lists stream. Returns whether it was new. On the user's
+        device_lists writer only."""
         txn.execute(
             "INSERT INTO devices (user_id, device_id, display_name, created_ts)"
             " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, device_id) DO NOTHING",
@@ -84,19 +114,32 @@ class DeviceWorkerStore(SQLBaseStore):
         return True
 
     def add_device_change_txn(self, txn: LoggingTransaction, user_id: str, device_id: str) -> int:
+        return self.add_device_changes_txn(txn, user_id, [device_id])
+
+    def add_device_changes_txn(
+        self, txn: LoggingTransaction, user_id: str, device_ids: list[str]
+    ) -> int:
+        """Record one change of ``user_id``'s devices, touching ``device_ids``
+        (one device_lists id, on a row for each). Returns the id."""
         stream_id = self._device_list_id_gen.get_next_txn(txn)
-        txn.execute(
-            "INSERT INTO device_lists_stream (stream_id, user_id, device_id, instance_name)"
-            " VALUES (?, ?, ?, ?)",
-            (stream_id, user_id, device_id, self._instance_name),
-        )
+        for device_id in device_ids:
+            txn.execute(
+                "INSERT INTO device_lists_stream (stream_id, user_id, device_id, instance_name)"
+                " VALUES (?, ?, ?, ?)",
+                (stream_id, user_id, device_id, self._instance_name),
+            )
         return stream_id
 
     async def get_users_whose_devices_changed(self, from_id: int, to_id: int) -> set[str]:
+        """Users with a device_lists change in ``(from_id, to_id]`` (devices or
+        device keys, or cross-signing keys)."""
         rows = await self.db_pool.select(
             "get_users_whose_devices_changed",
-            "SELECT DISTINCT user_id FROM device_lists_stream"
+            "SELECT user_id FROM device_lists_stream WHERE stream_id > ? AND stream_id <= ?"
+            " UNION SELECT user_id FROM e2e_cross_signing_keys"
             " WHERE stream_id > ? AND stream_id <= ?",
+            from_id,
+            to_id,
             from_id,
             to_id,
         )
@@ -104,17 +147,37 @@ class DeviceWorkerStore(SQLBaseStore):
 
     async def get_all_device_list_changes(
         self, instance_name: str, last_id: int, current_id: int, limit: int
-    ) -> tuple[list[tuple[int, DeviceListsStreamRow]], int, bool]:
-        """The device_lists stream's update function."""
-        rows = await self.db_pool.select(
-            "get_all_device_list_changes",
-            "SELECT stream_id, user_id, device_id FROM device_lists_stream"
-            " WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
-            " ORDER BY stream_id ASC LIMIT ?",
-            last_id,
-            current_id,
-            instance_name,
-            limit,
+    ) -> tuple[list[tuple[int, Any]], int, bool]:
+        """The device_lists stream's update function: the rows of both its
+        tables. Rows sharing an id are never split across pages: a full page
+        ends before its last id's rows (or, when they are all one id, holds
+        every row of that id)."""
+        select = (
+            "SELECT stream_id, user_id, device_id FROM ("
+            " SELECT stream_id, user_id, device_id FROM device_lists_stream"
+            "  WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+            " UNION ALL"
+            " SELECT stream_id, user_id, keytype FROM e2e_cross_signing_keys"
+            "  WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+            ") AS changes ORDER BY stream_id ASC"
         )
-        updates = [(int(r[0]), DeviceListsStreamRow(user_id=r[1], device_id=r[2])) for r in rows]
-        return page_of_updates(updates, limit, current_id)
+
+        def txn_func(txn: LoggingTransaction) -> tuple[list[tuple[int, Any]], int, bool]:
+            txn.execute(select + " LIMIT ?", (last_id, current_id, instance_name) * 2 + (limit,))
+            rows = txn.fetchall()
+            if len(rows) < limit:
+                return _device_list_rows(rows), current_id, False
+            last = int(rows[-1][0])
+            if int(rows[0][0]) != last:
+                kept = [r for r in rows if int(r[0]) != last]
+                return _device_list_rows(kept), int(kept[-1][0]), True
+            txn.execute(select, (last - 1, last, instance_name) * 2)
+            return _device_list_rows(txn.fetchall()), last, True
+
+        return await self.db_pool.runInteraction(
+            "get_all_device_list_changes", txn_func, read_only=True
+        )
+
+
+def _device_list_rows(rows: list[Any]) -> list[tuple[int, Any]]:
+    return [(int(r[0]), DeviceListsStreamRow(user_id=r[1], device_id=r[2])) for r in rows]

@@ -69,7 +69,8 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
     ) -> bool:
         """Log a device in again: its old tokens stop working (here and,
         through the caches stream, everywhere) and ``token_hash`` is its new
-        one. Returns whether the device is new. Main process only."""
+        one. Returns whether the device is new. On the user's device_lists
+        writer only."""
 
         def txn_func(txn: LoggingTransaction) -> bool:
             txn.execute(
@@ -98,7 +99,7 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
     ) -> tuple[list[str], list[str]]:
         """Log devices out: delete them (every device of the user when None)
         with all their access tokens, here and, through the caches stream,
-        everywhere. Main process only (device_lists). Returns the devices
+        everywhere. On the user's device_lists writer only. Returns the devices
         deleted and the hashes of the tokens revoked."""
 
         def txn_func(txn: LoggingTransaction) -> tuple[list[str], list[str]]:

@@ -116,6 +116,25 @@ class StreamWorkerStore(EventsWorkerStore):
         rows = await self.db_pool.select("get_room_events_between", sql, *room_ids, *args, limit)
         return [event_from_row(r) for r in rows]
 
+    async def get_membership_changes_in_rooms(
+        self, room_ids: list[str], from_token: RoomStreamToken, to_token: RoomStreamToken
+    ) -> list[tuple[str, str]]:
+        """``(user, membership)`` of every membership event in ``room_ids``
+        after ``from_token`` and at or before ``to_token``, oldest first."""
+        if not room_ids:
+            return []
+        where, args = from_token.bounds_sql(to_token, "stream_ordering", "instance_name")
+        placeholders = ", ".join("?" for _ in room_ids)
+        rows = await self.db_pool.select(
+            "get_membership_changes_in_rooms",
+            f"SELECT state_key, membership FROM events WHERE room_id IN ({placeholders})"
+            f" AND type = 'm.room.member' AND stream_ordering > 0 AND {where}"
+            " ORDER BY stream_ordering ASC",
+            *room_ids,
+            *args,
+        )
+        return [(r[0], r[1]) for r in rows]
+
     async def get_state_events_between(
         self, room_id: str, from_token: RoomStreamToken, to_token: RoomStreamToken
     ) -> list[Event]:

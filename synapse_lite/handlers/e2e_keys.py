@@ -1,0 +1,460 @@
+"""End-to-end encryption keys: ``/keys/upload``, ``/keys/query``, ``/keys/claim``.
+
+Everything a client uploads is checked for shape before anything is stored
+(a bad upload stores nothing). A device's identity keys announce a change on
+the device_lists stream, so they are stored by the user's writer of it (the
+``upload_device_keys`` internal call); one-time and fallback keys are stored
+and claimed by whichever process has the request, straight in the database.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.api.identifiers import is_mine_id, is_valid_user_id
+from synapse_lite.handlers.device import wake_for_device_change
+from synapse_lite.replication.http.devices import device_lists_writer_for
+from synapse_lite.replication.http.e2e_keys import (
+    UPLOAD_CROSS_SIGNING_KEYS,
+    UPLOAD_DEVICE_KEYS,
+    UPLOAD_SIGNATURES,
+    CrossSigningUpload,
+    DeviceKeysUpload,
+    KeysChanged,
+    SignaturesUpload,
+)
+from synapse_lite.storage.databases.main.end_to_end_keys import (
+    KeyTriple,
+    OneTimeKeyConflict,
+    public_key,
+)
+
+if TYPE_CHECKING:
+    from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.handlers.auth import Requester
+    from synapse_lite.handlers.ui_auth import UserInteractiveAuth
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+#: One-time keys one upload may carry (more: 413 M_TOO_LARGE). Clients upload
+#: about half of the 50 keys they keep, so this is far above any real client.
+MAX_ONE_TIME_KEYS_PER_UPLOAD = 1_000
+#: Fallback keys one upload may carry (one per algorithm).
+MAX_FALLBACK_KEYS_PER_UPLOAD = 10
+#: Users one query or claim may name, and devices per user in a claim.
+MAX_USERS_PER_REQUEST = 1_000
+MAX_DEVICES_PER_USER = 1_000
+#: The longest algorithm name, key id or key (public keys are 43 characters
+#: of unpadded base64; signatures 86).
+MAX_KEY_TEXT = 1_024
+#: Keys one signatures upload may sign.
+MAX_SIGNED_KEYS_PER_UPLOAD = 1_000
+#: The cross-signing key types, and the ``usage`` each key must state.
+CROSS_SIGNING_TYPES = {
+    "master_key": "master",
+    "self_signing_key": "self_signing",
+    "user_signing_key": "user_signing",
+}
+
+
+def bad(message: str, errcode: str = Codes.BAD_JSON) -> SynapseError:
+    return SynapseError(400, message, errcode)
+
+
+def _check_text(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_TEXT:
+        raise bad(f"{where} must be a non-empty string of at most {MAX_KEY_TEXT} characters")
+    return value
+
+
+def _split_key_id(key_id: object, where: str) -> tuple[str, str]:
+    """``algorithm:id`` -> ``(algorithm, id)``."""
+    text = _check_text(key_id, where)
+    algorithm, sep, rest = text.partition(":")
+    if not sep or not algorithm or not rest:
+        raise bad(f"{where}: key id {text!r} must be '<algorithm>:<key id>'")
+    return algorithm, rest
+
+
+def check_signatures(value: object, where: str) -> dict[str, dict[str, str]]:
+    """``{user_id: {"algorithm:key_id": signature}}``, well formed (the
+    signatures themselves are for the other devices to verify)."""
+    if not isinstance(value, dict):
+        raise bad(f"{where}.signatures must be an object")
+    for user_id, signed in value.items():
+        if not is_valid_user_id(user_id):
+            raise bad(f"{where}.signatures: {user_id!r} is not a user id")
+        if not isinstance(signed, dict):
+            raise bad(f"{where}.signatures.{user_id} must be an object")
+        for key_id, signature in signed.items():
+            _split_key_id(key_id, f"{where}.signatures.{user_id}")
+            _check_text(signature, f"{where}.signatures.{user_id}.{key_id}")
+    return value
+
+
+def check_device_keys(keys: object, user_id: str, device_id: str) -> dict[str, Any]:
+    """The ``device_keys`` of an upload, for the uploading device only."""
+    if not isinstance(keys, dict):
+        raise bad("device_keys must be an object")
+    if keys.get("user_id") != user_id:
+        raise bad(f"device_keys.user_id must be your user id, {user_id}", Codes.INVALID_PARAM)
+    if keys.get("device_id") != device_id:
+        raise bad(
+            f"device_keys.device_id must be the device of your access token, {device_id}",
+            Codes.INVALID_PARAM,
+        )
+    algorithms = keys.get("algorithms")
+    if (
+        not isinstance(algorithms, list)
+        or not algorithms
+        or not all(isinstance(a, str) and a and len(a) <= MAX_KEY_TEXT for a in algorithms)
+    ):
+        raise bad("device_keys.algorithms must be a non-empty list of strings")
+    public_keys = keys.get("keys")
+    if not isinstance(public_keys, dict) or not public_keys:
+        raise bad("device_keys.keys must be a non-empty object")
+    for key_id, key in public_keys.items():
+        _, key_device = _split_key_id(key_id, "device_keys.keys")
+        if key_device != device_id:
+            raise bad(
+                f"device_keys.keys: {key_id!r} must name your device ('<algorithm>:{device_id}')",
+                Codes.INVALID_PARAM,
+            )
+        _check_text(key, f"device_keys.keys.{key_id}")
+    signatures = check_signatures(keys.get("signatures"), "device_keys")
+    if user_id not in signatures:
+        raise bad("device_keys must be signed by the device (signatures has no entry of yours)")
+    return keys
+
+
+def check_one_time_keys(value: object, where: str, fallback: bool) -> list[KeyTriple]:
+    """``{"algorithm:key_id": key}`` where a key is a string or a signed object."""
+    if not isinstance(value, dict):
+        raise bad(f"{where} must be an object")
+    limit = MAX_FALLBACK_KEYS_PER_UPLOAD if fallback else MAX_ONE_TIME_KEYS_PER_UPLOAD
+    if len(value) > limit:
+        raise SynapseError(
+            413, f"{where}: {len(value)} keys in one upload; at most {limit}", Codes.TOO_LARGE
+        )
+    triples: list[KeyTriple] = []
+    algorithms: set[str] = set()
+    for key_id, key in value.items():
+        algorithm, name = _split_key_id(key_id, where)
+        if isinstance(key, dict):
+            _check_text(key.get("key"), f"{where}.{key_id}.key")
+            check_signatures(key.get("signatures"), f"{where}.{key_id}")
+        else:
+            _check_text(key, f"{where}.{key_id}")
+        if fallback:
+            if algorithm in algorithms:
+                raise bad(f"{where}: one fallback key per algorithm ({algorithm!r} twice)")
+            algorithms.add(algorithm)
+        triples.append((algorithm, name, key))
+    return triples
+
+
+def check_cross_signing_key(key: object, user_id: str, usage: str, where: str) -> dict[str, Any]:
+    """A cross-signing key of ``user_id`` for ``usage``: one ed25519 public key."""
+    if not isinstance(key, dict):
+        raise bad(f"{where} must be an object")
+    if key.get("user_id") != user_id:
+        raise bad(f"{where}.user_id must be your user id, {user_id}", Codes.INVALID_PARAM)
+    usages = key.get("usage")
+    if not isinstance(usages, list) or usage not in usages:
+        raise bad(f"{where}.usage must contain {usage!r}", Codes.INVALID_PARAM)
+    keys = key.get("keys")
+    if not isinstance(keys, dict) or len(keys) != 1:
+        raise bad(f"{where}.keys must hold exactly one key")
+    ((key_id, public),) = keys.items()
+    algorithm, name = _split_key_id(key_id, f"{where}.keys")
+    _check_text(public, f"{where}.keys.{key_id}")
+    if algorithm != "ed25519" or name != public:
+        raise bad(
+            f"{where}.keys: the key id must be 'ed25519:<the public key>'", Codes.INVALID_PARAM
+        )
+    if "signatures" in key:
+        check_signatures(key["signatures"], where)
+    return key
+
+
+class E2eKeysHandler:
+    """Uploads, queries and claims of device keys."""
+
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        calls: InternalCalls,
+        config: HomeServerConfig,
+        notifier: Notifier,
+    ) -> None:
+        self._store = store
+        self._calls = calls
+        self._config = config
+        self._notifier = notifier
+        self._server_name = config.server_name
+
+    async def upload_keys(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /keys/upload``: the counts of the device's one-time keys after it."""
+        user_id, device_id = requester.user_id, requester.device_id
+        device_keys = None
+        if body.get("device_keys") is not None:
+            device_keys = check_device_keys(body["device_keys"], user_id, device_id)
+        one_time: list[KeyTriple] = []
+        if body.get("one_time_keys") is not None:
+            one_time = check_one_time_keys(body["one_time_keys"], "one_time_keys", False)
+        fallback: list[KeyTriple] = []
+        if body.get("fallback_keys") is not None:
+            fallback = check_one_time_keys(body["fallback_keys"], "fallback_keys", True)
+        # A conflicting one-time key refuses the upload before anything else is stored.
+        if one_time:
+            try:
+                await self._store.add_one_time_keys(user_id, device_id, one_time)
+            except OneTimeKeyConflict as e:
+                raise bad(
+                    f"one_time_keys: {e.key_id} was already uploaded with other contents",
+                    Codes.INVALID_PARAM,
+                ) from None
+        if fallback:
+            await self._store.set_fallback_keys(user_id, device_id, fallback)
+        if device_keys is not None:
+            await self._calls.call(
+                UPLOAD_DEVICE_KEYS,
+                DeviceKeysUpload(user_id, device_id, device_keys),
+                instance=device_lists_writer_for(self._config, user_id),
+            )
+        counts = await self._store.count_one_time_keys(user_id, device_id)
+        return {"one_time_key_counts": {"signed_curve25519": 0, **counts}}
+
+    async def store_device_keys(self, upload: DeviceKeysUpload) -> KeysChanged:
+        """Serves :data:`UPLOAD_DEVICE_KEYS` (on the user's device_lists writer)."""
+        if await self._store.get_device(upload.user_id, upload.device_id) is None:
+            raise SynapseError(404, "Unknown device", Codes.NOT_FOUND)
+        changed = await self._store.set_device_keys(upload.user_id, upload.device_id, upload.keys)
+        if changed:
+            await wake_for_device_change(self._store, self._notifier, upload.user_id)
+        return KeysChanged(changed)
+
+    async def query_keys(self, body: dict[str, Any], viewer: str) -> dict[str, Any]:
+        """``POST /keys/query`` by ``viewer``: local users' device and
+        cross-signing keys; remote servers under ``failures`` (this server
+        does not yet ask other servers)."""
+        queries = body.get("device_keys")
+        if not isinstance(queries, dict):
+            raise bad("device_keys must be an object of user id to a list of device ids")
+        if len(queries) > MAX_USERS_PER_REQUEST:
+            raise SynapseError(
+                413, f"device_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
+            )
+        local: dict[str, list[str]] = {}
+        failures: dict[str, Any] = {}
+        for user_id, device_ids in queries.items():
+            if not is_valid_user_id(user_id):
+                raise bad(f"device_keys: {user_id!r} is not a user id", Codes.INVALID_PARAM)
+            if not isinstance(device_ids, list) or not all(isinstance(d, str) for d in device_ids):
+                raise bad(f"device_keys.{user_id} must be a list of device ids")
+            if is_mine_id(user_id, self._server_name):
+                local[user_id] = device_ids
+            else:
+                server = user_id.split(":", 1)[1]
+                failures[server] = {
+                    "status": 503,
+                    "message": "Keys of users on other servers are not available yet",
+                }
+        device_keys = await self._store.get_device_keys(local, viewer)
+        cross = await self._store.get_cross_signing_keys(list(local), viewer)
+        result: dict[str, Any] = {
+            "device_keys": device_keys,
+            "failures": failures,
+            "master_keys": {},
+            "self_signing_keys": {},
+            "user_signing_keys": {},
+        }
+        for user_id, by_type in cross.items():
+            for field, usage in CROSS_SIGNING_TYPES.items():
+                # A user-signing key is shown to its owner only.
+                if usage in by_type and (usage != "user_signing" or user_id == viewer):
+                    result[field.replace("_key", "_keys")][user_id] = by_type[usage]
+        return result
+
+    async def claim_keys(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /keys/claim``: one key per device named, each handed out once."""
+        wanted = body.get("one_time_keys")
+        if not isinstance(wanted, dict):
+            raise bad("one_time_keys must be an object of user id to {device id: algorithm}")
+        if len(wanted) > MAX_USERS_PER_REQUEST:
+            raise SynapseError(
+                413, f"one_time_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
+            )
+        claims: list[tuple[str, str, str]] = []
+        failures: dict[str, Any] = {}
+        for user_id, devices in wanted.items():
+            if not is_valid_user_id(user_id):
+                raise bad(f"one_time_keys: {user_id!r} is not a user id", Codes.INVALID_PARAM)
+            if not isinstance(devices, dict):
+                raise bad(f"one_time_keys.{user_id} must be an object of device id to algorithm")
+            if len(devices) > MAX_DEVICES_PER_USER:
+                raise SynapseError(
+                    413,
+                    f"one_time_keys.{user_id}: at most {MAX_DEVICES_PER_USER} devices",
+                    Codes.TOO_LARGE,
+                )
+            for device_id, algorithm in devices.items():
+                _check_text(device_id, f"one_time_keys.{user_id}: device id")
+                _check_text(algorithm, f"one_time_keys.{user_id}.{device_id}")
+            if is_mine_id(user_id, self._server_name):
+                claims += [(user_id, d, a) for d, a in devices.items()]
+            else:
+                failures[user_id.split(":", 1)[1]] = {
+                    "status": 503,
+                    "message": "Keys of users on other servers are not available yet",
+                }
+        taken = await self._store.claim_one_time_keys(claims)
+        result: dict[str, dict[str, dict[str, Any]]] = {}
+        for (user_id, device_id, algorithm), (key_id, key) in taken.items():
+            result.setdefault(user_id, {})[device_id] = {f"{algorithm}:{key_id}": key}
+        return {"one_time_keys": result, "failures": failures}
+
+    # Cross-signing
+
+    async def upload_cross_signing_keys(
+        self, requester: Requester, body: dict[str, Any], ui_auth: UserInteractiveAuth
+    ) -> dict[str, Any]:
+        """``POST /keys/device_signing/upload``. Replacing keys needs
+        user-interactive auth; a user's first master key does not (the spec
+        since v1.11: a new device sets cross-signing up without a password)."""
+        user_id = requester.user_id
+        uploaded: dict[str, dict[str, Any]] = {}
+        for field, usage in CROSS_SIGNING_TYPES.items():
+            if body.get(field) is not None:
+                uploaded[usage] = check_cross_signing_key(body[field], user_id, usage, field)
+        if not uploaded:
+            raise bad("Upload at least one of master_key, self_signing_key, user_signing_key")
+        stored = (await self._store.get_cross_signing_keys([user_id])).get(user_id, {})
+        master = uploaded.get("master") or stored.get("master")
+        if master is None:
+            raise bad("Upload a master_key first: the other keys are signed by it")
+        master_id = f"ed25519:{public_key(master)}"
+        for usage in ("self_signing", "user_signing"):
+            key = uploaded.get(usage)
+            if key is not None and master_id not in key.get("signatures", {}).get(user_id, {}):
+                raise bad(f"{usage}_key must be signed by the master key {master_id}")
+        if all(
+            _without_signatures(stored.get(u)) == _without_signatures(k)
+            for u, k in uploaded.items()
+        ):
+            return {}  # a repeat of the stored keys (a client retrying)
+        if "master" in stored:
+            await ui_auth.validate(requester, body.get("auth"))
+        await self._calls.call(
+            UPLOAD_CROSS_SIGNING_KEYS,
+            CrossSigningUpload(user_id, uploaded),
+            instance=device_lists_writer_for(self._config, user_id),
+        )
+        return {}
+
+    async def store_cross_signing_keys(self, upload: CrossSigningUpload) -> KeysChanged:
+        """Serves :data:`UPLOAD_CROSS_SIGNING_KEYS` (on the user's device_lists writer)."""
+        await self._store.set_cross_signing_keys(upload.user_id, upload.keys)
+        await wake_for_device_change(self._store, self._notifier, upload.user_id)
+        return KeysChanged(True)
+
+    async def upload_signatures(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /keys/signatures/upload``: the requester's signatures of
+        their own devices and master key, and of other users' master keys.
+        Each signed key that cannot be signed so is a failure, not an error."""
+        signer = requester.user_id
+        if sum(len(v) for v in body.values() if isinstance(v, dict)) > MAX_SIGNED_KEYS_PER_UPLOAD:
+            raise SynapseError(
+                413, f"At most {MAX_SIGNED_KEYS_PER_UPLOAD} keys per upload", Codes.TOO_LARGE
+            )
+        own = (await self._store.get_cross_signing_keys([signer], signer)).get(signer, {})
+        own_devices = set(await self._store.get_device_ids(signer))
+        signatures: list[list[str]] = []
+        failures: dict[str, dict[str, Any]] = {}
+
+        def fail(user_id: str, key_id: str, message: str, errcode: str) -> None:
+            failures.setdefault(user_id, {})[key_id] = {"errcode": errcode, "error": message}
+
+        for user_id, signed_keys in body.items():
+            if not is_valid_user_id(user_id):
+                raise bad(f"{user_id!r} is not a user id", Codes.INVALID_PARAM)
+            if not isinstance(signed_keys, dict):
+                raise bad(f"{user_id} must be an object of key id to signed key")
+            for key_id, signed in signed_keys.items():
+                _check_text(key_id, f"{user_id}: key id")
+                if not isinstance(signed, dict) or signed.get("user_id") != user_id:
+                    raise bad(f"{user_id}.{key_id} must be a key of {user_id}")
+                mine = check_signatures(signed.get("signatures"), f"{user_id}.{key_id}").get(
+                    signer, {}
+                )
+                if not is_mine_id(user_id, self._server_name):
+                    fail(
+                        user_id,
+                        key_id,
+                        "Keys of other servers cannot be signed yet",
+                        Codes.UNRECOGNIZED,
+                    )
+                    continue
+                allowed = await self._signing_keys_for(signer, own, own_devices, user_id, key_id)
+                if allowed is None:
+                    fail(user_id, key_id, "No such key to sign", Codes.NOT_FOUND)
+                    continue
+                valid = {k: v for k, v in mine.items() if k in allowed}
+                if not valid:
+                    fail(
+                        user_id,
+                        key_id,
+                        "Not signed by a key of yours that may sign it"
+                        f" ({', '.join(sorted(allowed)) or 'none uploaded yet'})",
+                        "M_INVALID_SIGNATURE",
+                    )
+                    continue
+                signatures += [[user_id, key_id, k, v] for k, v in valid.items()]
+        if signatures:
+            await self._calls.call(
+                UPLOAD_SIGNATURES,
+                SignaturesUpload(signer, signatures),
+                instance=device_lists_writer_for(self._config, signer),
+            )
+        return {"failures": failures}
+
+    async def _signing_keys_for(
+        self,
+        signer: str,
+        own: dict[str, dict[str, Any]],
+        own_devices: set[str],
+        user_id: str,
+        key_id: str,
+    ) -> set[str] | None:
+        """The key ids of ``signer``'s that may sign ``user_id``'s key
+        ``key_id`` (None: no such key to sign): their self-signing key for
+        their own devices, any of their devices for their master key, their
+        user-signing key for another user's master key."""
+        if user_id == signer:
+            if key_id in own_devices:
+                if "self_signing" not in own:
+                    return set()
+                return {f"ed25519:{public_key(own['self_signing'])}"}
+            if "master" in own and key_id == public_key(own["master"]):
+                return {f"ed25519:{d}" for d in own_devices}
+            return None
+        theirs = (await self._store.get_cross_signing_keys([user_id])).get(user_id, {})
+        if "master" not in theirs or key_id != public_key(theirs["master"]):
+            return None
+        if "user_signing" not in own:
+            return set()
+        return {f"ed25519:{public_key(own['user_signing'])}"}
+
+    async def store_signatures(self, upload: SignaturesUpload) -> KeysChanged:
+        """Serves :data:`UPLOAD_SIGNATURES` (on the signer's device_lists writer)."""
+        await self._store.add_cross_signing_signatures(upload.user_id, upload.signatures)
+        await wake_for_device_change(self._store, self._notifier, upload.user_id)
+        return KeysChanged(True)
+
+
+def _without_signatures(key: dict[str, Any] | None) -> dict[str, Any] | None:
+    if key is None:
+        return None
+    return {k: v for k, v in key.items() if k != "signatures"}
