@@ -71,6 +71,12 @@ REPLICATION_COMMANDS_DROPPED = Counter(
     "Replication commands not sent, by transport and reason (overflow, unencodable, ...)",
     ["transport", "reason"],
 )
+REPLICATION_CLAIMS_REFUSED = Counter(
+    "synapse_lite_replication_claims_refused_total",
+    "POSITION and RDATA claims from peers that were not believed, by stream and reason"
+    " (unknown_stream, unknown_writer, out_of_range, not_allocated, wrong_sender)",
+    ["stream", "reason"],
+)
 HTTP_REQUESTS = Counter(
     "synapse_lite_http_requests_total",
     "HTTP requests served, by servlet and response code",

@@ -12,7 +12,9 @@ what (see ``connection.py``):
   reaches that one worker.
 * Relaying: each data command from one worker is sent on, as received, to every
   other authenticated worker (never back to the sender) and then handed to the
-  receiver, so the TCP star behaves like a bus.
+  receiver, so the TCP star behaves like a bus. An RDATA or POSITION naming a
+  writer other than the connection's NAME is neither relayed nor handed on:
+  only a writer speaks for itself (logged, counted as ``wrong_sender``).
 
 Handshake: the server sends ``SERVER <server_name>`` at once. With a secret
 configured, the worker's first command must be ``AUTH <secret>`` (compared in
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ServerFactory
 
+from synapse_lite.replication.claims import WRONG_SENDER, RefusalLog, shorten
 from synapse_lite.replication.tcp.commands import (
     AuthCommand,
     ClearUserSyncCommand,
@@ -133,6 +136,17 @@ class ServerReplicationProtocol(ReplicationProtocol):
             logger.info("%s sent an AUTH that is not needed; ignoring it", self.describe())
 
     def _handle_data_command(self, cmd: Command, line: bytes) -> None:
+        if isinstance(cmd, (RdataCommand, PositionCommand)) and cmd.instance_name != self.peer_name:
+            # Only a writer speaks for itself: a claim about writer W from a
+            # connection that is not W's is neither believed nor relayed.
+            self.factory.refusals.refuse(
+                WRONG_SENDER,
+                cmd.stream_name,
+                self.describe(),
+                f"{cmd.NAME} for writer {shorten(cmd.instance_name)} of {shorten(cmd.stream_name)}"
+                f" on the connection of {self.peer_name or 'a process that sent no NAME'}",
+            )
+            return
         self.factory.relay(self, cmd.NAME, line)
         self._deliver(cmd)
 
@@ -168,6 +182,7 @@ class ReplicationServerFactory(ServerFactory):
         self.secret = secret
         self.receiver = receiver
         self.clock = clock
+        self.refusals = RefusalLog(clock.seconds)
         # Authenticated connections, in the order they were established.
         self._connections: list[ServerReplicationProtocol] = []
         #: Every connection not yet lost, authenticated or not.
