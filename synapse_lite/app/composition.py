@@ -379,7 +379,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             replication=calls.resource,
             federation=federation_servlets,
             media=media_endpoints,
-            problems=stalls.reasons,
+            problems=lambda: [*stalls.reasons(), *transport.problems()],
         ),
         max_body_bytes=config.limits.max_request_body_bytes,
         router_proof=(
@@ -388,7 +388,9 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             else None
         ),
     )
-    transport = ReplicationTransport(config, me, replication, reactor)
+    transport = ReplicationTransport(
+        config, me, replication, reactor, deployment_id=directory.deployment_id
+    )
 
     async def close_clients() -> None:
         await calls.close()

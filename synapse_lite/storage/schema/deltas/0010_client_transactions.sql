@@ -15,3 +15,12 @@ CREATE TABLE client_transactions (
     PRIMARY KEY (user_id, device_id, kind, txn_id)
 );
 CREATE INDEX client_transactions_inserted ON client_transactions (inserted_ts);
+
+-- Which deployment this database belongs to: one row, a random id written by
+-- the first process that starts on it. Every Redis replication message names
+-- it, so processes of another deployment sharing the channel (same server
+-- name, no channel prefix) are recognised and refused (docs/reliability.md).
+CREATE TABLE deployment (
+    id INTEGER NOT NULL PRIMARY KEY CHECK (id = 1),
+    deployment_id TEXT NOT NULL
+);
