@@ -127,7 +127,14 @@ class PositionClaimsTestCase(unittest.TestCase):
             send_over_tcp(port, "intruder", lines)
         else:
             channel = config["replication"]["redis"]["channel_prefix"] + "test.local"
+            # Bare (refused for naming no sender), then as this deployment's
+            # processes publish (anyone subscribed can read the envelope),
+            # each in the name of the writer it claims for.
+            deployment = self.deployment_id()
             publish_on_redis(channel, lines)
+            publish_on_redis(
+                channel, [f"@{deployment} {line.split(' ')[2]} {line}" for line in lines]
+            )
         await sleep(2)
 
         for name in self.servers.processes:
@@ -193,6 +200,17 @@ class PositionClaimsTestCase(unittest.TestCase):
                 total += float(match.group(1))
         return total
 
+    def deployment_id(self) -> str:
+        conn = make_startup_connection(self.test_db.make_engine())
+        try:
+            with conn.transaction() as txn:
+                txn.execute("SELECT deployment_id FROM deployment")
+                row = txn.fetchone()
+                assert row is not None
+                return str(row[0])
+        finally:
+            conn.close()
+
     def stored_positions_beyond(self, limit: int) -> list[tuple[str, str, int]]:
         conn = make_startup_connection(self.test_db.make_engine())
         try:
@@ -230,3 +248,51 @@ class PostgresRedisPositionClaimsTestCase(PositionClaimsTestCase):
 class PostgresTcpPositionClaimsTestCase(PositionClaimsTestCase):
     engine = "postgres"
     transport = "tcp"
+
+
+class TwoDeploymentsOnOneRedisTestCase(unittest.TestCase):
+    """Two homeservers with the same server name on one Redis channel (no
+    prefix to tell them apart): both keep working, each reports the other."""
+
+    timeout = 300
+
+    async def test_both_work_and_report_each_other(self) -> None:
+        if test_engine_name() != "postgres":
+            raise unittest.SkipTest("runs when SYNAPSE_LITE_TEST_DB=postgres")
+        require_redis()
+        workers = {"persister1": ["replication", "health"]}
+        writers = {"events": ["persister1"]}
+        deployments = []
+        prefix = None
+        for _ in range(2):
+            test_db = create_test_database("postgres")
+            self.addCleanup(test_db.drop)
+            config = layout_config(test_db, workers, writers, transport="redis")
+            # The same channel for both, as with no prefix at all.
+            prefix = prefix or config["replication"]["redis"]["channel_prefix"]
+            config["replication"]["redis"]["channel_prefix"] = prefix
+            servers = ServerProcesses(self, config)
+            await servers.start()
+            deployments.append(servers)
+
+        for servers in deployments:
+            alice = await ClientApi(self, servers.url("main")).register("alice")
+            room = await alice.create_room()
+            since = (await alice.sync())["next_batch"]
+            await alice.send(room, "hello")
+            deadline = time.monotonic() + 30
+            while True:
+                sync = await alice.sync(since=since)
+                timeline = sync.get("rooms", {}).get("join", {}).get(room, {}).get("timeline", {})
+                if any(e["content"].get("body") == "hello" for e in timeline.get("events", [])):
+                    break
+                self.assertLess(time.monotonic(), deadline, "the message never reached /sync")
+                await sleep(0.2)
+
+        for servers in deployments:
+            response = await treq.get(
+                servers.url("main", "health") + "/health", timeout=5, pool=NO_KEEPALIVE
+            )
+            health = json.loads(await treq.content(response))
+            self.assertEqual(health["status"], "degraded", health)
+            self.assertIn("foreign replication traffic from deployment", health["reasons"][0])
