@@ -14,6 +14,12 @@ TRANSACTION_DURATION = Histogram(
     ["desc"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+TRANSACTION_IN_DOUBT = Counter(
+    "synapse_lite_db_transactions_in_doubt_total",
+    "Transactions whose connection broke during COMMIT and that were not retried (answered"
+    " 503), by name",
+    ["desc"],
+)
 TRANSACTION_RETRIES = Counter(
     "synapse_lite_db_transaction_retries_total",
     "Transactions retried after a serialization failure, deadlock or busy database",

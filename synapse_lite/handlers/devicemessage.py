@@ -151,10 +151,11 @@ class DeviceMessageHandler:
                 local[user_id] = targets
         if not local and not remote:
             return StreamWritten(self._store.get_to_device_stream_token())
-        stream_id, new = await self._store.add_messages_to_device_inbox(local, remote, txn_key)
-        if not new:
-            # Sent before (maybe before a restart): the first answer again.
-            return StreamWritten(stream_id)
+        # A repeat (``new`` False: sent before, maybe before a restart) wrote
+        # nothing and answers with the first stream id. It still wakes the
+        # recipients: if the first attempt's COMMIT went through unheard (the
+        # database layer ran it again), nobody was woken for it.
+        stream_id, _new = await self._store.add_messages_to_device_inbox(local, remote, txn_key)
         self._notifier.notify(users=list(local))
         if remote and self._outbox is not None:
             self._outbox.notify_outbox_write(list(remote), stream_id)

@@ -130,11 +130,11 @@ class EventCreationHandler:
             current = await self._store.get_current_state_ids(room_id)
             existing_id = current.get((event_type, state_key))
             if existing_id is not None:
-                existing = await self._store.get_event(existing_id)
+                current_event = await self._store.get_event(existing_id)
                 if (
-                    existing is not None
-                    and existing.sender == requester.user_id
-                    and existing.content == content
+                    current_event is not None
+                    and current_event.sender == requester.user_id
+                    and current_event.content == content
                 ):
                     return existing_id
         txn_key = None

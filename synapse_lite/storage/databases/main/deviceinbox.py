@@ -92,7 +92,11 @@ class DeviceInboxWorkerStore(SQLBaseStore):
             )
             return stream_id, True
 
-        return await self.db_pool.runInteraction("add_messages_to_device_inbox", txn_func)
+        # Keyed by the client's transaction id, running it again after a
+        # COMMIT of unknown outcome writes nothing twice; without one it may.
+        return await self.db_pool.runInteraction(
+            "add_messages_to_device_inbox", txn_func, idempotent=txn_key is not None
+        )
 
     async def add_remote_messages_to_device_inbox(
         self,
@@ -129,7 +133,9 @@ class DeviceInboxWorkerStore(SQLBaseStore):
             )
             return stream_id
 
-        return await self.db_pool.runInteraction("add_remote_messages_to_device_inbox", txn_func)
+        return await self.db_pool.runInteraction(
+            "add_remote_messages_to_device_inbox", txn_func, idempotent=True
+        )
 
     async def get_messages_for_device(
         self, user_id: str, device_id: str, from_id: int, to_id: int, limit: int
@@ -161,7 +167,9 @@ class DeviceInboxWorkerStore(SQLBaseStore):
             )
             return txn.rowcount
 
-        return await self.db_pool.runInteraction("delete_messages_for_device", txn_func)
+        return await self.db_pool.runInteraction(
+            "delete_messages_for_device", txn_func, idempotent=True
+        )
 
     async def get_all_new_device_messages(
         self, instance_name: str, last_id: int, current_id: int, limit: int
