@@ -185,3 +185,48 @@ class PeerClaims:
                 "Looking up writer %s of %s failed", shorten(writer), stream, exc_info=True
             )
             return False
+
+
+#: How long ``/health`` reports another deployment after last hearing it.
+FOREIGN_MEMORY_SECONDS = 300.0
+
+
+class ForeignTraffic:
+    """Processes of another deployment heard on this process's replication
+    (a TCP peer whose handshake names another deployment id): logged once a
+    minute per deployment, counted, and reported by ``/health``."""
+
+    def __init__(self, now: Callable[[], float], where: str) -> None:
+        self._now = now
+        self._where = where
+        self._heard: dict[str, tuple[str, float]] = {}
+        self._logged: dict[str, float] = {}
+
+    def heard(self, deployment: str, process: str) -> None:
+        ident, name = shorten(deployment, 40), shorten(process)
+        now = self._now()
+        if len(self._heard) >= 100 and ident not in self._heard:
+            self._heard.pop(next(iter(self._heard)))
+        self._heard[ident] = (name, now)
+        REPLICATION_CLAIMS_REFUSED.labels("unknown", "foreign_deployment").inc()
+        last = self._logged.get(ident)
+        if last is None or now - last >= 60.0:
+            if len(self._logged) >= 100:
+                self._logged.clear()
+            self._logged[ident] = now
+            logger.error(
+                "A process of another deployment (%s, %s) on %s: refused. Check the"
+                " replication settings of both deployments.",
+                ident,
+                name,
+                self._where,
+            )
+
+    def problems(self) -> list[str]:
+        now = self._now()
+        return [
+            f"foreign replication traffic from deployment {ident} (process {name}) on"
+            f" {self._where}, {now - when:.0f} s ago"
+            for ident, (name, when) in sorted(self._heard.items())
+            if now - when < FOREIGN_MEMORY_SECONDS
+        ]

@@ -77,7 +77,11 @@ class ReplicationTransport:
             )
         elif self._me == MAIN_PROCESS:
             server = ReplicationServerFactory(
-                config.server_name, config.worker_replication_secret, self._handler, self._reactor
+                config.server_name,
+                config.worker_replication_secret,
+                self._handler,
+                self._reactor,
+                deployment_id=self._deployment_id,
             )
             if replication.tcp_tls is not None:
                 self._listening_port = self._reactor.listenSSL(
@@ -104,6 +108,7 @@ class ReplicationTransport:
                 config.worker_replication_secret,
                 self._handler,
                 self._reactor,
+                deployment_id=self._deployment_id,
             )
             connect_replication(config, self._reactor, client)
             self._transport = client

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ServerFactory
 
-from synapse_lite.replication.claims import WRONG_SENDER, RefusalLog, shorten
+from synapse_lite.replication.claims import WRONG_SENDER, ForeignTraffic, RefusalLog, shorten
 from synapse_lite.replication.tcp.commands import (
     AuthCommand,
     ClearUserSyncCommand,
@@ -94,7 +94,7 @@ class ServerReplicationProtocol(ReplicationProtocol):
         super().connectionMade()
         self.factory.open_protocols.add(self)
         logger.info("replication connection from %s", self.describe())
-        self._write_now(ServerCommand(self.factory.server_name))
+        self._write_now(ServerCommand(self.factory.server_name, self.factory.deployment_id))
         if self.factory.secret is None:
             self._authenticated = True
             self._establish()
@@ -130,6 +130,10 @@ class ServerReplicationProtocol(ReplicationProtocol):
         if isinstance(cmd, NameCommand):
             logger.info("replication connection %s is %s", self.describe(), cmd.client_name)
             self.peer_name = cmd.client_name
+            ours = self.factory.deployment_id
+            if cmd.deployment is not None and ours is not None and cmd.deployment != ours:
+                self.factory.foreign.heard(cmd.deployment, self.describe())
+                self.send_error_and_close("another deployment")
         elif isinstance(cmd, AuthCommand):
             # A worker configured with a secret the listener does not need, or
             # a repeated AUTH: nothing to check, nothing to refuse.
@@ -174,7 +178,10 @@ class ReplicationServerFactory(ServerFactory):
         secret: str | None,
         receiver: ReplicationCommandReceiver,
         clock: ReactorTime,
+        deployment_id: str | None = None,
     ) -> None:
+        """``deployment_id``: the database's, sent in SERVER; a worker naming
+        another in its NAME is refused and reported (None: not checked)."""
         if secret == "":
             raise ValueError("the replication secret must be non-empty, or None for none")
         command_line(ServerCommand(server_name))  # a name that can go on the wire
@@ -183,6 +190,8 @@ class ReplicationServerFactory(ServerFactory):
         self.receiver = receiver
         self.clock = clock
         self.refusals = RefusalLog(clock.seconds)
+        self.deployment_id = deployment_id
+        self.foreign = ForeignTraffic(clock.seconds, f"the replication listener of {server_name}")
         # Authenticated connections, in the order they were established.
         self._connections: list[ServerReplicationProtocol] = []
         #: Every connection not yet lost, authenticated or not.
@@ -220,6 +229,10 @@ class ReplicationServerFactory(ServerFactory):
 
     def describe(self) -> str:
         return f"replication listener of {self.server_name} ({len(self._connections)} workers)"
+
+    def problems(self) -> list[str]:
+        """What ``/health`` reports: workers of another deployment lately."""
+        return self.foreign.problems()
 
     # -- relaying ----------------------------------------------------------------------
 

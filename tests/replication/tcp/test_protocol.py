@@ -134,6 +134,21 @@ class ServerWithoutSecretTestCase(ServerTestCase):
             [RemoteServerUpCommand("other.example"), ReplicateCommand()],
         )
 
+    def test_a_worker_of_another_deployment_is_refused_and_reported(self) -> None:
+        self.factory.deployment_id = "depA"
+        proto, transport = self.connect()
+        self.assertEqual(lines(transport)[0], "SERVER hs.test @depA")
+        with self.assertLogs("synapse_lite.replication.claims", "ERROR") as logs:
+            feed(proto, "NAME persister1 @depB", "POSITION events persister1 0 5")
+        self.assertIn("another deployment (depB", logs.output[0])
+        self.assertIn("ERROR another deployment", lines(transport))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.receiver.commands, [])
+        self.assertIn("deployment depB", self.factory.problems()[0])
+        ok, ok_transport = self.connect()
+        feed(ok, "NAME persister1 @depA")
+        self.assertFalse(ok_transport.disconnecting)
+
     def test_claims_for_another_writer_are_neither_believed_nor_relayed(self) -> None:
         """Only a writer speaks for itself: w2's connection cannot move w1."""
         a, _ = self.connect_authenticated("w2")
@@ -333,6 +348,26 @@ class ClientTestCase(unittest.TestCase):
         self.assertEqual(self.receiver.commands, [])
         lose(proto)
         self.assertEqual(self.receiver.events, [("new", proto, None), ("lost", proto, None)])
+
+    def test_a_main_process_of_another_deployment_is_refused_and_reported(self) -> None:
+        factory = ReplicationClientFactory(
+            "hs.test", "worker1", None, self.receiver, self.clock, deployment_id="depA"
+        )
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9093))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        self.assertEqual(lines(transport)[0], "NAME worker1 @depA")
+        with self.assertLogs("synapse_lite.replication.claims", "ERROR") as logs:
+            feed(proto, "SERVER hs.test @depB", RDATA_LINE)
+        self.assertIn("another deployment (depB", logs.output[0])
+        self.assertEqual(lines(transport), ["ERROR another deployment"])
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.receiver.commands, [])
+        self.assertIn("foreign replication traffic from deployment depB", factory.problems()[0])
+        # The same deployment (or a main process naming none) is fine.
+        _, proto, transport = self.connect()
+        feed(proto, "SERVER hs.test @depA")
+        self.assertFalse(transport.disconnecting)
 
     def test_server_must_name_itself_first(self) -> None:
         _, proto, transport = self.connect()
