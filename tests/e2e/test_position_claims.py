@@ -149,6 +149,16 @@ class PositionClaimsTestCase(unittest.TestCase):
                 self.assertLess(position, was + 500, (name, stream, writer))
         self.assertGreater(await self.refused("main"), 0)
         self.assertGreater(await self.refused("sync1"), 0)
+        if self.transport == "tcp":
+            # A worker of another deployment (it has the secret): refused and
+            # reported by the main process's /health.
+            send_over_tcp(config["replication"]["tcp"]["port"], "stranger @otherdeployment", [])
+            response = await treq.get(
+                self.servers.url("main", "health") + "/health", timeout=5, pool=NO_KEEPALIVE
+            )
+            health = json.loads(await treq.content(response))
+            self.assertEqual(health["status"], "degraded", health)
+            self.assertIn("deployment otherdeployment", health["reasons"][0])
 
         # A later message reaches an incremental /sync (the token parses).
         await alice.send(room, "after")
