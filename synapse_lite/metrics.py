@@ -14,6 +14,12 @@ TRANSACTION_DURATION = Histogram(
     ["desc"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+TRANSACTION_IN_DOUBT = Counter(
+    "synapse_lite_db_transactions_in_doubt_total",
+    "Transactions whose connection broke during COMMIT and that were not retried (answered"
+    " 503), by name",
+    ["desc"],
+)
 TRANSACTION_RETRIES = Counter(
     "synapse_lite_db_transaction_retries_total",
     "Transactions retried after a serialization failure, deadlock or busy database",
@@ -70,6 +76,12 @@ REPLICATION_COMMANDS_DROPPED = Counter(
     "synapse_lite_replication_commands_dropped_total",
     "Replication commands not sent, by transport and reason (overflow, unencodable, ...)",
     ["transport", "reason"],
+)
+REPLICATION_CLAIMS_REFUSED = Counter(
+    "synapse_lite_replication_claims_refused_total",
+    "POSITION and RDATA claims from peers that were not believed, by stream and reason"
+    " (unknown_stream, unknown_writer, out_of_range, not_allocated, wrong_sender)",
+    ["stream", "reason"],
 )
 HTTP_REQUESTS = Counter(
     "synapse_lite_http_requests_total",

@@ -25,6 +25,11 @@ class InvalidToken(ValueError):
 
 
 _NUMBER = "[0-9]{1,18}"  # fits a signed 64-bit column
+
+#: The largest position a token can carry (18 digits, what :data:`_NUMBER`
+#: accepts). Replication refuses claims beyond it, so a token this server hands
+#: out always parses.
+MAX_TOKEN_POSITION = 10**18 - 1
 _ROOM_TOKEN = re.compile(rf"([sm])({_NUMBER})((?:~{_NUMBER}\.{_NUMBER})*)")
 _KEY = re.compile(_NUMBER)
 

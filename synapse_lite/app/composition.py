@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import attr
@@ -79,6 +79,7 @@ from synapse_lite.media.servlets import MediaElsewhere, MediaServlets
 from synapse_lite.media.storage import MediaStorage, make_storage_provider
 from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
+from synapse_lite.replication.claims import PeerClaims
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
 from synapse_lite.replication.http.devices import DELETE_DEVICES, REGISTER_DEVICE, RENAME_DEVICE
 from synapse_lite.replication.http.e2e_keys import (
@@ -101,7 +102,7 @@ from synapse_lite.replication.http.writes import (
     SET_PRESENCE,
     SET_TYPING,
 )
-from synapse_lite.replication.instance_directory import InstanceDirectory
+from synapse_lite.replication.instance_directory import EVENTS_WRITER_STREAMS, InstanceDirectory
 from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.replication.streams import (
     IdGeneratorPositions,
@@ -158,6 +159,41 @@ class _Wiring:
     memory_streams: dict[str, tuple[StreamPositions, UpdateFunction]] = attr.ib(factory=dict)
 
 
+def _peer_claims(
+    config: HomeServerConfig,
+    clock: Clock,
+    streams: dict[str, Stream],
+    directory: InstanceDirectory,
+) -> PeerClaims:
+    """Who may claim positions of which stream: its configured writers; the
+    events writers as the instances table has them now; for a stream any
+    process writes, any process the config or the table knows."""
+    definitions = {d.name: d for d in config.streams}
+
+    def writers_of(stream_name: str) -> Collection[str] | None:
+        if stream_name in EVENTS_WRITER_STREAMS:
+            return (*config.stream_writers.events, *directory.event_writers())
+        definition = definitions.get(stream_name)
+        if definition is None:
+            return ()
+        configured = config.writers_of_stream(definition)
+        return configured or config.instance_names()
+
+    async def look_up_writer(stream_name: str, writer: str) -> bool:
+        definition = definitions.get(stream_name)
+        if definition is None:
+            return False
+        if stream_name in EVENTS_WRITER_STREAMS:
+            await directory.refresh()
+            return writer in directory.event_writers()
+        if definition.writers.any_process:
+            await directory.refresh()
+            return directory.is_known(writer)
+        return False
+
+    return PeerClaims(clock, streams, writers_of, look_up_writer)
+
+
 def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any) -> HomeServer:
     """Build one process (see the module docstring); nothing runs until its
     ``service`` is started."""
@@ -189,7 +225,11 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     )
     receiver = ReplicationReceiver(store, streams, notifier, waiters)
     replication = ReplicationCommandHandler(
-        instance_name=me, clock=clock, streams=streams, receiver=receiver
+        instance_name=me,
+        clock=clock,
+        streams=streams,
+        receiver=receiver,
+        claims=_peer_claims(config, clock, streams, directory),
     )
 
     # 3. Handlers, by role.
@@ -358,7 +398,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             replication=calls.resource,
             federation=federation_servlets,
             media=media_endpoints,
-            problems=stalls.reasons,
+            problems=lambda: [*stalls.reasons(), *transport.problems()],
         ),
         max_body_bytes=config.limits.max_request_body_bytes,
         router_proof=(
@@ -367,7 +407,9 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             else None
         ),
     )
-    transport = ReplicationTransport(config, me, replication, reactor)
+    transport = ReplicationTransport(
+        config, me, replication, reactor, deployment_id=directory.deployment_id
+    )
 
     async def close_clients() -> None:
         await calls.close()

@@ -4,15 +4,15 @@
 when it stores the message. Messages for users on other servers are queued in
 the federation outbox in the same transaction, and the federation sender (or
 the main process's queue feeding it) is woken. A repeated ``txnId`` of the
-same device is answered without sending again (remembered by the writer for
-the last :data:`TXN_MEMORY` sends). Messages from other servers arrive through
+same device is answered without sending again: the writer records it in
+``client_transactions`` in the transaction that stores the messages, so this
+holds across restarts of every process. Messages from other servers arrive through
 :meth:`DeviceMessageHandler.receive_remote_messages`, stored once per
 ``(origin, message_id)``.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.content import check_to_device_messages
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
-
-TXN_MEMORY = 10_000
 
 
 def check_remote_messages(messages: Any, is_mine: Any) -> None:
@@ -71,7 +69,6 @@ class DeviceMessageHandler:
         self._notifier = notifier
         self._calls = calls
         self._outbox = outbox
-        self._recent_txns: OrderedDict[tuple[str, str, str], int] = OrderedDict()
 
     def _is_mine(self, user_id: str) -> bool:
         return is_mine_id(user_id, self._server_name)
@@ -130,11 +127,9 @@ class DeviceMessageHandler:
         return targets
 
     async def write_messages(self, send: ToDeviceSend) -> StreamWritten:
-        """Serves :data:`SEND_TO_DEVICE`: expand ``*``, store, wake the recipients."""
+        """Serves :data:`SEND_TO_DEVICE`: expand ``*``, store (once per
+        ``txnId`` of the sending device), wake the recipients."""
         txn_key = (send.sender, send.sender_device, send.txn_id)
-        done = self._recent_txns.get(txn_key)
-        if done is not None:
-            return StreamWritten(done)
         local: dict[str, dict[str, dict[str, Any]]] = {}
         remote: dict[str, dict[str, Any]] = {}
         for user_id, devices in send.messages.items():
@@ -156,10 +151,11 @@ class DeviceMessageHandler:
                 local[user_id] = targets
         if not local and not remote:
             return StreamWritten(self._store.get_to_device_stream_token())
-        stream_id = await self._store.add_messages_to_device_inbox(local, remote)
-        self._recent_txns[txn_key] = stream_id
-        while len(self._recent_txns) > TXN_MEMORY:
-            self._recent_txns.popitem(last=False)
+        # A repeat (``new`` False: sent before, maybe before a restart) wrote
+        # nothing and answers with the first stream id. It still wakes the
+        # recipients: if the first attempt's COMMIT went through unheard (the
+        # database layer ran it again), nobody was woken for it.
+        stream_id, _new = await self._store.add_messages_to_device_inbox(local, remote, txn_key)
         self._notifier.notify(users=list(local))
         if remote and self._outbox is not None:
             self._outbox.notify_outbox_write(list(remote), stream_id)

@@ -119,8 +119,24 @@ class EventCreationHandler:
         txn_id: str | None = None,
     ) -> str:
         """Send an event for a client; returns its id. With ``txn_id`` the send
-        is idempotent per (user, device, txn_id)."""
+        is idempotent per (user, device, txn_id); a state event without one
+        that repeats the current state's sender and content is not sent
+        again (its id is returned)."""
         check_content_size(content)
+        if state_key is not None and txn_id is None:
+            # PUT /state has no transaction id: a client retrying it would send
+            # a second, identical state event. The same sender setting the
+            # same content is answered with the event already there.
+            current = await self._store.get_current_state_ids(room_id)
+            existing_id = current.get((event_type, state_key))
+            if existing_id is not None:
+                current_event = await self._store.get_event(existing_id)
+                if (
+                    current_event is not None
+                    and current_event.sender == requester.user_id
+                    and current_event.content == content
+                ):
+                    return existing_id
         txn_key = None
         if txn_id is not None:
             txn_key = (requester.user_id, requester.device_id, txn_id)

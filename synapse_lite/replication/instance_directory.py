@@ -66,6 +66,8 @@ class InstanceDirectory:
         self._looked_up: set[str] = set()
         self._refresh_lock = defer.DeferredLock()
         self._handler: ReplicationCommandHandler | None = None
+        #: The deployment this database belongs to (read at startup).
+        self.deployment_id = ""
 
     # Startup
 
@@ -73,6 +75,7 @@ class InstanceDirectory:
         """Record this process and read the table (on the startup connection)."""
         me = self._me
         writers = self._config.stream_writers.events
+        self.deployment_id = InstancesWorkerStore.load_or_create_deployment_id_txn(txn)
         InstancesWorkerStore.record_instance_txn(
             txn, me, self._config.instance_map.get(me), me in writers
         )

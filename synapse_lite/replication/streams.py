@@ -60,6 +60,11 @@ class StreamPositions(Protocol):
     def forget_writer(self, writer: str) -> None:
         """Stop tracking a writer that has stopped for good (its rows read)."""
 
+    async def max_allocated(self) -> int | None:
+        """The largest position anyone can truthfully claim now (the stream's
+        sequence, read from the database), or None when nothing outside the
+        writer's memory bounds it."""
+
 
 class IdGeneratorPositions:
     """The positions of a database stream, from its ID generator."""
@@ -101,6 +106,10 @@ class IdGeneratorPositions:
     def forget_writer(self, writer: str) -> None:
         self.id_gen.remove_writer(writer)
 
+    async def max_allocated(self) -> int | None:
+        # Internal ids are positive and grow, like the wire's.
+        return await self.id_gen.read_max_allocated()
+
 
 class MemoryPositions:
     """The position of a stream kept in its writer's memory: the counter of the
@@ -135,6 +144,9 @@ class MemoryPositions:
 
     def forget_writer(self, writer: str) -> None:
         pass
+
+    async def max_allocated(self) -> int | None:
+        return None
 
 
 class Stream:

@@ -43,8 +43,11 @@ class ReplicationTransport:
         instance_name: str,
         handler: ReplicationCommandHandler,
         reactor: Any,
+        deployment_id: str = "none",
     ) -> None:
+        """``deployment_id``: the database's, named in every Redis message."""
         self._config = config
+        self._deployment_id = deployment_id
         self._me = instance_name
         self._handler = handler
         self._reactor = reactor
@@ -65,6 +68,7 @@ class ReplicationTransport:
                 instance_name=self._me,
                 receiver=self._handler,
                 reactor=self._reactor,
+                deployment_id=self._deployment_id,
             )
             bus.start()
             self._transport = bus
@@ -73,7 +77,11 @@ class ReplicationTransport:
             )
         elif self._me == MAIN_PROCESS:
             server = ReplicationServerFactory(
-                config.server_name, config.worker_replication_secret, self._handler, self._reactor
+                config.server_name,
+                config.worker_replication_secret,
+                self._handler,
+                self._reactor,
+                deployment_id=self._deployment_id,
             )
             if replication.tcp_tls is not None:
                 self._listening_port = self._reactor.listenSSL(
@@ -100,6 +108,7 @@ class ReplicationTransport:
                 config.worker_replication_secret,
                 self._handler,
                 self._reactor,
+                deployment_id=self._deployment_id,
             )
             connect_replication(config, self._reactor, client)
             self._transport = client
@@ -110,6 +119,12 @@ class ReplicationTransport:
                 " (TLS)" if replication.tcp_tls is not None else "",
             )
         self._handler.set_bus(self._transport)
+
+    def problems(self) -> list[str]:
+        """Why ``/health`` should say degraded (another deployment on the
+        Redis channel), if anything."""
+        problems = getattr(self._transport, "problems", None)
+        return list(problems()) if problems is not None else []
 
     async def stop(self) -> None:
         """Close the transport (after the last commands have been queued)."""

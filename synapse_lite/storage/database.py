@@ -28,7 +28,7 @@ from twisted.internet.interfaces import IReactorCore
 from twisted.python.threadpool import ThreadPool
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.metrics import TRANSACTION_DURATION, TRANSACTION_RETRIES
+from synapse_lite.metrics import TRANSACTION_DURATION, TRANSACTION_IN_DOUBT, TRANSACTION_RETRIES
 from synapse_lite.storage.engines import BaseDatabaseEngine
 from synapse_lite.storage.engines.base import DBAPIConnection
 
@@ -269,6 +269,7 @@ class DatabasePool:
         *args: Any,
         db_autocommit: bool = False,
         read_only: bool = False,
+        idempotent: bool = False,
         **kwargs: Any,
     ) -> R:
         """Run ``func(txn, *args, **kwargs)`` in a transaction on a database thread.
@@ -276,7 +277,15 @@ class DatabasePool:
         ``desc`` names the transaction in logs and metrics. With
         ``db_autocommit`` each statement commits on its own (for work that is
         atomic per statement, such as taking ids from a sequence). Failures the
-        engine calls retryable are retried up to :data:`MAX_ATTEMPTS` times.
+        engine calls retryable are retried up to :data:`MAX_ATTEMPTS` times,
+        except a connection that broke during COMMIT (the outcome is unknown:
+        the first attempt may have committed): that is retried only when the
+        caller says running ``func`` again after a commit is safe
+        (``idempotent``: the write is keyed so a repeat writes nothing, such as
+        events and to-device sends with their transaction ids), or for
+        ``read_only`` and ``db_autocommit`` work; otherwise it is a
+        :class:`DatabaseUnavailableError` (503), and the client's own retry
+        (with its transaction id) decides.
         After-commit callbacks run here, on the reactor thread, before the
         result is returned.
         """
@@ -297,6 +306,7 @@ class DatabasePool:
             func,
             args,
             kwargs,
+            idempotent,
         )
         _run_callbacks(after_callbacks, "after")
         return result
@@ -311,6 +321,7 @@ class DatabasePool:
         func: Callable[..., R],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        idempotent: bool = False,
     ) -> R:
         engine = self.engine
         start = time.monotonic()
@@ -329,6 +340,7 @@ class DatabasePool:
                     raise
                 txn: LoggingTransaction | None = None
                 began = False
+                committing = False
                 try:
                     if autocommit:
                         engine.set_autocommit(conn, True)
@@ -338,6 +350,7 @@ class DatabasePool:
                     txn = LoggingTransaction(conn.cursor(), name, engine)
                     result = func(txn, *args, **kwargs)
                     if began:
+                        committing = True
                         engine.commit(conn, read_only)
                         began = False
                     after_callbacks.extend(txn.after_callbacks)
@@ -355,6 +368,17 @@ class DatabasePool:
                     if broken:
                         self._drop_connection()
                     retryable = broken or engine.is_retryable_error(exc)
+                    if broken and committing and not (read_only or idempotent):
+                        # In doubt: it may have committed. Running it again
+                        # could write twice; the client's retry is safe.
+                        TRANSACTION_IN_DOUBT.labels(desc).inc()
+                        logger.warning(
+                            "[TXN IN DOUBT] {%s} the connection broke during COMMIT; not"
+                            " retried (503): %s",
+                            name,
+                            exc,
+                        )
+                        raise DatabaseUnavailableError(desc) from exc
                     if not retryable or attempt >= MAX_ATTEMPTS:
                         if broken:
                             raise DatabaseUnavailableError(desc) from exc

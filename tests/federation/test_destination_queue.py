@@ -66,7 +66,7 @@ class DestinationQueueTestCase(DatabaseTestCase):
             edu = {"sender": "@a:a.test", "type": "m.t", "message_id": f"m{self.queued}"}
             edu["n"] = self.queued  # type: ignore[assignment]
             self.queued += 1
-            stream_id = await self.hs.store.add_messages_to_device_inbox({}, {"b.test": edu})
+            stream_id, _ = await self.hs.store.add_messages_to_device_inbox({}, {"b.test": edu})
         return stream_id
 
     async def calls(self, n: int) -> None:

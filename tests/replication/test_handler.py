@@ -299,8 +299,14 @@ class LiftedPositionTestCase(DatabaseTestCase):
         for writer in ("persister1", "persister2"):
             handler.on_command(connection, PositionCommand("events", writer, 0, 0))
         await eventually(lambda: main.store.get_room_max_token().stream == 0)
-        # persister2, idle, has seen persister1 reach 1 and says so first
-        # (Redis does not order messages of different publishers).
+        # persister1 allocates id 1 (the sequence hands it out: a claim up to
+        # it is believable); persister2, idle, has seen persister1 reach 1 and
+        # says so first (Redis does not order messages of different publishers).
+        pool = main.store.db_pool
+        await pool.runInteraction(
+            "allocate",
+            lambda txn: pool.engine.sequence_next_values(txn.raw_cursor, "events_stream_seq", 1),
+        )
         handler.on_command(connection, PositionCommand("events", "persister2", 0, 1))
         events_stream = handler.streams["events"]
         await eventually(lambda: events_stream.positions.writer_position("persister2") == 1)

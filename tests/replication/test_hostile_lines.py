@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from synapse_lite.replication.tcp.commands import CommandParseError, parse_command_from_line
+from synapse_lite.storage.database import make_startup_connection
 from tests.harness.databases import TestDatabase, create_test_database
 from tests.harness.processes import SOURCE_ROOT, free_port
 from tests.harness.services import redis_address, require_redis
@@ -79,9 +80,35 @@ def mutated_line(draw: Any) -> bytes:
     return bytes(line).replace(b"\n", b" ")
 
 
+#: Every position a lying line claims is at least this; nothing real gets there.
+LIE_FLOOR = 1_000_000
+#: The writers the processes have (anything else is a phantom).
+REAL_WRITERS = {"main", "persister1"}
+
+
+@st.composite
+def lying_line(draw: Any) -> bytes:
+    """A well-formed POSITION or RDATA claiming a position no sequence handed
+    out, for a real, a phantom or an absurd writer."""
+    stream = draw(st.sampled_from(["events", "presence", "receipts", "typing", "caches"]))
+    writer = draw(st.sampled_from(["persister1", "main", "persister9", "fuzzer", "w" * 300]))
+    token = draw(st.one_of(st.integers(LIE_FLOOR, 10**18 - 1), st.just(2**63 - 1)))
+    if draw(st.booleans()):
+        return f"POSITION {stream} {writer} 0 {token}".encode()
+    row = {
+        "events": '["ev",["$e:x","!r:x","m.room.message",null,null,null,null,false,false]]',
+        "presence": '["@a:x","online",0,0,0,null,true]',
+        "receipts": '["!r:x","m.read","@a:x","$e:x",null,{"ts":1}]',
+        "typing": '["!r:x",["@a:x"]]',
+        "caches": '["get_users_in_room",["!r:x"],1]',
+    }[stream]
+    return f"RDATA {stream} {writer} {token} {row}".encode()
+
+
 hostile_line = st.one_of(
     st.sampled_from(VALID_LINES),
     mutated_line(),
+    lying_line(),
     st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"")),
     st.integers(16_000, 40_000).map(lambda n: b"RDATA events persister1 9 " + b"x" * n),
 )
@@ -103,6 +130,7 @@ class HostileServer:
     """A main process and one events-writer worker, as OS processes."""
 
     def __init__(self, test_db: TestDatabase, transport: str) -> None:
+        self.test_db = test_db
         self.dir = tempfile.mkdtemp(prefix="synapse_lite_hostile_")
         self.http_port = free_port()
         self.tcp_port = free_port()
@@ -180,6 +208,28 @@ class HostileServer:
         with open(os.path.join(self.dir, f"{name}.log"), errors="replace") as f:
             return f.read()
 
+    def deployment_id(self) -> bytes:
+        """The id every Redis message of this deployment carries."""
+        conn = make_startup_connection(self.test_db.make_engine())
+        try:
+            with conn.transaction() as txn:
+                txn.execute("SELECT deployment_id FROM deployment")
+                row = txn.fetchone()
+                assert row is not None
+                return str(row[0]).encode()
+        finally:
+            conn.close()
+
+    def stored_positions(self) -> list[tuple[str, str, int]]:
+        """``stream_positions``, as the database has it now."""
+        conn = make_startup_connection(self.test_db.make_engine())
+        try:
+            with conn.transaction() as txn:
+                txn.execute("SELECT stream_name, instance_name, stream_id FROM stream_positions")
+                return [(r[0], r[1], int(r[2])) for r in txn.fetchall()]
+        finally:
+            conn.close()
+
     def positions(self) -> dict[tuple[str, str], float]:
         """Stream positions main reports in /metrics."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5) as r:
@@ -199,11 +249,14 @@ class HostileServer:
                     process.kill()
 
 
-def send_over_tcp(server: HostileServer, lines: list[bytes]) -> tuple[bytes, bool]:
-    """Authenticate, send ``lines``, and read until the server closes or goes
-    quiet: what it answered, and whether it closed the connection."""
+def send_over_tcp(
+    server: HostileServer, lines: list[bytes], name: str = "fuzzer"
+) -> tuple[bytes, bool]:
+    """Authenticate as ``name``, send ``lines``, and read until the server
+    closes or goes quiet: what it answered, and whether it closed the
+    connection."""
     with socket.create_connection(("127.0.0.1", server.tcp_port), timeout=5) as sock:
-        sock.sendall(f"AUTH {SECRET}\nNAME fuzzer\n".encode())
+        sock.sendall(f"AUTH {SECRET}\nNAME {name}\n".encode())
         sock.sendall(b"".join(line + b"\n" for line in lines))
         expect_error = not all(is_valid(line) for line in lines)
         sock.settimeout(0.5 if expect_error else 0.05)
@@ -216,6 +269,14 @@ def send_over_tcp(server: HostileServer, lines: list[bytes]) -> tuple[bytes, boo
                 received += chunk
         except (TimeoutError, ConnectionResetError):
             return received, False
+
+
+def in_envelope(deployment: bytes, line: bytes) -> bytes:
+    """``line`` as a process of the deployment would publish it, sent in the
+    name of the writer it claims for (or of ``fuzzer``)."""
+    fields = line.split(b" ", 3)
+    sender = fields[2] if fields[0] in (b"RDATA", b"POSITION") and len(fields) > 2 else b""
+    return b"@" + deployment + b" " + (sender or b"fuzzer") + b" " + line
 
 
 def publish_to_redis(server: HostileServer, lines: list[bytes]) -> None:
@@ -271,6 +332,15 @@ class HostileLinesTestCase(unittest.TestCase):
         for name in server.processes:
             self.assertNotIn("Unhandled error", server.log(name))
             self.assertNotIn("Traceback", server.log(name))
+        # No lie was believed: no phantom writer, no position a liar claimed,
+        # in any process's view or in stream_positions.
+        for (stream, writer), position in after.items():
+            self.assertIn(writer, REAL_WRITERS, f"phantom writer {writer[:40]} of {stream}")
+            self.assertLess(position, LIE_FLOOR, f"{stream} {writer}")
+        for stream, writer, stored in server.stored_positions():
+            self.assertIn(writer, REAL_WRITERS, f"stream_positions: {writer[:40]} of {stream}")
+            self.assertLess(abs(stored), LIE_FLOOR, f"stream_positions: {stream} {writer}")
+        self.assertIn("Refused a replication claim", server.log("main"))
 
     def test_tcp_listener_survives_hostile_lines(self) -> None:
         server = self.start_server("tcp")
@@ -291,18 +361,35 @@ class HostileLinesTestCase(unittest.TestCase):
 
         fuzz()
         self.assertGreaterEqual(sent, 10_000)
+
+        # The lies again, told on connections named after the writers they
+        # claim for (the sequence, not the sender check, must stop these).
+        @fuzz_settings(200)
+        @given(lines=st.lists(lying_line(), min_size=1, max_size=10))
+        def lie(lines: list[bytes]) -> None:
+            for name in ("persister1", "main"):
+                send_over_tcp(server, lines, name)
+
+        lie()
         self.check_survivors(server, before)
 
     def test_redis_subscribers_survive_hostile_messages(self) -> None:
         server = self.start_server("redis")
         before = server.positions()
+        deployment = server.deployment_id()
         sent = 0
 
         @fuzz_settings(1000)
         @given(lines=st.lists(hostile_line, min_size=10, max_size=20))
         def fuzz(lines: list[bytes]) -> None:
             nonlocal sent
-            publish_to_redis(server, lines)
+            # Half as this deployment's processes would publish (the lines
+            # reach the parser and the claim checks), half bare (refused
+            # for naming no sender).
+            half = len(lines) // 2
+            publish_to_redis(
+                server, [in_envelope(deployment, line) for line in lines[:half]] + lines[half:]
+            )
             sent += len(lines)
 
         fuzz()

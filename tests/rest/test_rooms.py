@@ -115,6 +115,19 @@ class RoomsTestCase(ThreeUsersTestCase):
         bodies = [e["content"].get("body") for e in page["chunk"]]
         self.assertEqual((bodies.count("once"), bodies.count("twice")), (1, 1))
 
+    async def test_a_repeated_state_put_sends_nothing_new(self) -> None:
+        """PUT /state has no txnId: a client's retry of it gets the event it
+        already sent; other content, or another sender, is a new event."""
+        room = await self.alice.create_room(preset="public_chat")
+        path = f"/rooms/{room}/state/m.room.topic"
+        first = await self.alice.ok("PUT", path, {"topic": "tea"})
+        self.assertEqual(await self.alice.ok("PUT", path, {"topic": "tea"}), first)
+        changed = await self.alice.ok("PUT", path, {"topic": "coffee"})
+        self.assertNotEqual(changed, first)
+        page = await self.alice.ok("GET", f"/rooms/{room}/messages?dir=b&limit=50")
+        topics = [e["content"]["topic"] for e in page["chunk"] if e["type"] == "m.room.topic"]
+        self.assertEqual(sorted(topics), ["coffee", "tea"])
+
     async def test_messages_pagination_back_and_forward(self) -> None:
         room = await self.alice.create_room(preset="public_chat")
         sent = [await self.alice.send(room, f"m{i}") for i in range(7)]

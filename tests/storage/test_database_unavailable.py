@@ -61,3 +61,39 @@ class DatabaseUnavailableTestCase(unittest.TestCase):
         db = self.pool("sqlite", {"path": path})
         with self.assertRaises(sqlite3.OperationalError):
             await db.runInteraction("bad_sql", lambda txn: txn.execute("SELEC 1"))
+
+    async def test_a_commit_of_unknown_outcome_is_retried_only_when_idempotent(self) -> None:
+        """The connection breaks during COMMIT: the write may have happened.
+        Not retried (503, the client retries with its transaction id) unless
+        the caller says a second run is safe."""
+        fd, path = tempfile.mkstemp(suffix=".db")
+        os.close(fd)
+        self.addCleanup(os.remove, path)
+        db = self.pool("sqlite", {"path": path})
+        engine = db.engine
+        real_commit = engine.commit
+        breaks = [0]
+
+        def commit(conn: object, read_only: bool = False) -> None:
+            real_commit(conn, read_only)  # type: ignore[arg-type]
+            if breaks[0]:
+                breaks[0] -= 1
+                raise sqlite3.OperationalError("disk I/O error: connection lost")
+
+        self.patch(engine, "commit", commit)
+        self.patch(engine, "is_connection_error", lambda exc: "connection lost" in str(exc))
+        runs: list[int] = []
+
+        def write(txn: object) -> None:
+            runs.append(1)
+
+        breaks[0] = 1
+        with self.assertRaises(DatabaseUnavailableError) as cm:
+            await db.runInteraction("in_doubt", write)
+        self.assertEqual(cm.exception.code, 503)
+        self.assertEqual(len(runs), 1)
+
+        breaks[0] = 1
+        await db.runInteraction("in_doubt_idempotent", write, idempotent=True)
+        self.assertEqual(len(runs), 3)
+

@@ -13,7 +13,6 @@ from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from synapse_lite.replication.notifier import ReplicationNotifier
-from synapse_lite.storage import engines
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingTransaction,
@@ -310,17 +309,25 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         async with id_gen.get_next() as stream_id:
             self.assertEqual(stream_id, 27)
 
-    def test_position_ahead_of_sequence_refuses_to_start(self) -> None:
+    def test_position_ahead_of_sequence_is_repaired_at_startup(self) -> None:
+        """A stored position nobody allocated (a believed false claim) is set
+        back to the sequence, loudly, instead of stopping startup forever."""
         self.insert_rows("master", 3)
         conn = make_startup_connection(self.engine)
         with conn.transaction() as txn:
             txn.execute("UPDATE stream_positions SET stream_id = 90")
         conn.close()
-        with self.assertRaises(engines.IncorrectDatabaseSetup) as cm:
-            self.make_id_gen()
-        self.assertIn(
-            "DELETE FROM stream_positions WHERE stream_name = 'test_stream'", str(cm.exception)
-        )
+        with self.assertLogs("synapse_lite.storage.id_generators.sequence", "ERROR") as logs:
+            id_gen = self.make_id_gen()
+        self.assertIn("REPAIRED", logs.output[0])
+        self.assertIn("90", logs.output[0])
+        self.assertEqual(id_gen.persisted_upto_position(), 3)
+        self.assertEqual(id_gen.writer_position("master"), 3)
+        conn = make_startup_connection(self.engine)
+        with conn.transaction() as txn:
+            txn.execute("SELECT stream_id FROM stream_positions")
+            self.assertEqual([int(r[0]) for r in txn.fetchall()], [3])
+        conn.close()
 
     async def test_startup_reads_only_rows_after_stored_positions(self) -> None:
         """Startup reads the rows at or after the smallest stored position,

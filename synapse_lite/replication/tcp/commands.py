@@ -91,32 +91,62 @@ class Command(abc.ABC):
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class ServerCommand(Command):
-    """``SERVER <server_name>``: the main process names itself on TCP connect."""
+    """``SERVER <server_name> [@<deployment id>]``: the main process names itself
+    (and its deployment, see :func:`parse_deployment`) on TCP connect."""
 
     NAME: ClassVar[str] = "SERVER"
     server_name: str
+    deployment: str | None = None
 
     @classmethod
     def from_line(cls, line: str) -> Self:
-        return cls(parse_name(line, "server name"))
+        name, deployment = _name_and_deployment(line, "server name")
+        return cls(name, deployment)
 
     def to_line(self) -> str:
-        return finish_line(self.NAME, format_name(self.server_name, "server name"))
+        return finish_line(
+            self.NAME,
+            format_name(self.server_name, "server name") + _format_deployment(self.deployment),
+        )
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class NameCommand(Command):
-    """``NAME <client_name>``: a worker names itself on TCP connect."""
+    """``NAME <client_name> [@<deployment id>]``: a worker names itself (and its
+    deployment) on TCP connect."""
 
     NAME: ClassVar[str] = "NAME"
     client_name: str
+    deployment: str | None = None
 
     @classmethod
     def from_line(cls, line: str) -> Self:
-        return cls(parse_name(line, "client name"))
+        name, deployment = _name_and_deployment(line, "client name")
+        return cls(name, deployment)
 
     def to_line(self) -> str:
-        return finish_line(self.NAME, format_name(self.client_name, "client name"))
+        return finish_line(
+            self.NAME,
+            format_name(self.client_name, "client name") + _format_deployment(self.deployment),
+        )
+
+
+def _name_and_deployment(line: str, field: str) -> tuple[str, str | None]:
+    """A name, optionally followed by ``@<deployment id>`` (the id of the
+    database the process runs on; processes before issue 20 send none)."""
+    name, _, rest = line.partition(" ")
+    if not rest:
+        return parse_name(line, field), None
+    if not rest.startswith("@"):
+        # Reported as the name it would otherwise have been.
+        return parse_name(line, field), None
+    return parse_name(name, field), parse_name(rest[1:], "deployment id")
+
+
+def _format_deployment(deployment: str | None) -> str:
+    if deployment is None:
+        return ""
+    return " @" + format_name(deployment, "deployment id")
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

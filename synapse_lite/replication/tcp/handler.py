@@ -4,6 +4,11 @@ RDATA and POSITION are processed one at a time per stream, so a catch-up and
 the rows arriving meanwhile never race. The rules (per connection, per stream
 and writer):
 
+* Every RDATA and POSITION is a claim about a writer's position, checked
+  before it moves anything (``replication/claims.py``): an unknown stream, a
+  writer that does not write the stream, a token no /sync token could carry,
+  or a token the stream's sequence never handed out is refused, logged and
+  counted, and our view stays as it was.
 * RDATA before the first POSITION from that writer on that connection is
   dropped: the POSITION's catch-up will read it.
 * RDATA at or below what we have already received from that writer is dropped.
@@ -29,6 +34,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.clock import Clock
+from synapse_lite.replication.claims import PeerClaims
 from synapse_lite.replication.lag import ReplicationLag
 from synapse_lite.replication.streams import Stream
 from synapse_lite.replication.tcp.commands import (
@@ -64,6 +70,10 @@ def batch_updates(updates: Updates) -> Iterable[tuple[int, list[Any]]]:
         yield token, batch
 
 
+def _position_line(cmd: PositionCommand) -> str:
+    return f"POSITION {cmd.stream_name} {cmd.instance_name} {cmd.prev_token} {cmd.new_token}"
+
+
 class ReplicationCommandHandler:
     """Receives data commands from the transports; sends this process's."""
 
@@ -74,7 +84,10 @@ class ReplicationCommandHandler:
         clock: Clock,
         streams: Mapping[str, Stream],
         receiver: ReplicationReceiver,
+        claims: PeerClaims | None = None,
     ) -> None:
+        """``claims``: how peers' positions are checked (None: every writer
+        name is accepted; tokens are still checked against range and sequence)."""
         self._me = instance_name
         self._clock = clock
         self.streams = streams
@@ -92,6 +105,7 @@ class ReplicationCommandHandler:
         self._retry_calls: set[IDelayedCall] = set()
         self._stopped = False
         self.lag = ReplicationLag(clock, streams)
+        self.claims = claims or PeerClaims(clock, streams, lambda stream: None)
 
     def set_bus(self, bus: ReplicationBus | None) -> None:
         """The transport's way out to every other process (None: send on each
@@ -188,25 +202,32 @@ class ReplicationCommandHandler:
     def _on_rdata(self, connection: ReplicationConnection, cmd: RdataCommand) -> None:
         if cmd.instance_name == self._me:
             return  # our own echo (Redis)
-        stream = self.streams.get(cmd.stream_name)
-        if stream is None:
-            logger.warning(
-                "RDATA for unknown stream %r from %s", cmd.stream_name, connection.describe()
-            )
+        sender = connection.describe()
+        line = f"RDATA {cmd.stream_name} {cmd.instance_name} {cmd.token}"
+        stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
+        if stream is None or not self.claims.in_range(cmd.stream_name, sender, line, cmd.token):
             return
         try:
             row = stream.definition.parse_row(cmd.row)
         except InvalidRow as e:
             logger.warning("Dropping RDATA from %s: %s", connection.describe(), e)
             return
-        if cmd.token is not None:
-            self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.token)
         self._enqueue(cmd.stream_name, lambda: self._process_rdata(connection, cmd, stream, row))
 
     async def _process_rdata(
         self, connection: ReplicationConnection, cmd: RdataCommand, stream: Stream, row: Any
     ) -> None:
         key = (cmd.stream_name, cmd.instance_name)
+        line = f"RDATA {cmd.stream_name} {cmd.instance_name} {cmd.token}"
+        if not await self.claims.believe(
+            stream, cmd.instance_name, cmd.token, connection.describe(), line
+        ):
+            # Rows held for this token go too: they are kept only up to what
+            # the sequence allows.
+            self._pending_batches.pop(key, None)
+            return
+        if cmd.token is not None:
+            self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.token)
         if key not in self._positions_seen.get(connection, ()):
             # The POSITION we are about to get will catch this row up.
             logger.debug("RDATA %s before its POSITION: dropped", key)
@@ -230,15 +251,15 @@ class ReplicationCommandHandler:
     def _on_position(self, connection: ReplicationConnection, cmd: PositionCommand) -> None:
         if cmd.instance_name == self._me:
             return
-        stream = self.streams.get(cmd.stream_name)
-        if stream is None:
-            logger.warning(
-                "POSITION for unknown stream %r from %s", cmd.stream_name, connection.describe()
-            )
+        sender = connection.describe()
+        line = _position_line(cmd)
+        stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
+        if stream is None or not self.claims.in_range(
+            cmd.stream_name, sender, line, cmd.prev_token, cmd.new_token
+        ):
             return
         if self._can_discard(connection, stream, cmd):
             return
-        self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.new_token)
         self._enqueue(cmd.stream_name, lambda: self._process_position(connection, cmd, stream))
 
     def _can_discard(
@@ -259,6 +280,11 @@ class ReplicationCommandHandler:
     ) -> None:
         if connection not in self._positions_seen or self._can_discard(connection, stream, cmd):
             return
+        if not await self.claims.believe(
+            stream, cmd.instance_name, cmd.new_token, connection.describe(), _position_line(cmd)
+        ):
+            return
+        self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.new_token)
         key = (cmd.stream_name, cmd.instance_name)
         for seen in self._positions_seen.values():
             seen.discard(key)

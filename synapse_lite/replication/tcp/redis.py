@@ -32,6 +32,16 @@ Two connections, because a subscribed connection can run nothing but
   gap, the first thing it hears from us is the re-announced POSITIONs, from
   which it catches up.
 
+Every message names its sender: ``@<deployment id> <instance name> <line>``,
+the deployment id being the one stored in the database (``deployment``
+table). A message without that envelope is refused like a bad line. A message
+of another deployment (a second homeserver with the same server name and no
+channel prefix on the same Redis) is dropped, logged at most once a minute per
+deployment, counted (``synapse_lite_replication_claims_refused_total``,
+``reason="foreign_deployment"``) and reported by ``/health`` for
+:data:`FOREIGN_MEMORY_SECONDS`. An RDATA or POSITION naming a writer other than
+its sender is dropped (only a writer speaks for itself).
+
 Every message on the channel, this process's own included, reaches
 ``receiver.on_command(bus, cmd)``, except this process's own RDATA and
 POSITION: a writer hears back every row it publishes, and parsing them only to
@@ -59,16 +69,20 @@ from twisted.python.failure import Failure
 
 from synapse_lite.metrics import (
     REPLICATION_BAD_LINES,
+    REPLICATION_CLAIMS_REFUSED,
     REPLICATION_COMMANDS_DROPPED,
     REPLICATION_COMMANDS_IN,
     REPLICATION_COMMANDS_OUT,
 )
+from synapse_lite.replication.claims import WRONG_SENDER, RefusalLog, shorten
 from synapse_lite.replication.tcp.commands import (
     DATA_COMMANDS,
     MAX_LINE_LENGTH,
     Command,
     CommandEncodeError,
     CommandParseError,
+    PositionCommand,
+    RdataCommand,
     ReplicateCommand,
     command_line,
     parse_command_from_line,
@@ -95,6 +109,13 @@ logger = logging.getLogger(__name__)
 #: gives up on them and resyncs, like a TCP connection that failed to keep up.
 MAX_PENDING_COMMANDS = 10_000
 
+#: How long ``/health`` reports another deployment's traffic after the last of it.
+FOREIGN_MEMORY_SECONDS = 300.0
+#: At most one log line per foreign deployment in this many seconds.
+FOREIGN_LOG_INTERVAL_SECONDS = 60.0
+#: The longest envelope accepted (``@`` id, space, instance name, space).
+MAX_ENVELOPE_LENGTH = 400
+
 
 class RedisReplicationBus:
     """The Redis transport: this process's ReplicationBus and its one connection.
@@ -115,10 +136,20 @@ class RedisReplicationBus:
         channel_prefix: str = "",
         initial_delay: float = 0.2,
         max_delay: float = 10.0,
+        deployment_id: str = "none",
     ) -> None:
+        """``deployment_id``: the database's (one word); processes with
+        another one on the channel are refused."""
         self.channel = channel_prefix + server_name
         self.instance_name = instance_name
         self._own_name = instance_name.encode("utf-8")
+        self.deployment_id = deployment_id
+        self._envelope = f"@{deployment_id} {instance_name} ".encode()
+        self._deployment = deployment_id.encode("utf-8")
+        #: Other deployments heard: id -> (a sender's name, when last heard).
+        self._foreign: dict[str, tuple[str, float]] = {}
+        self._foreign_logged: dict[str, float] = {}
+        self._refusals = RefusalLog(clock.seconds)
         self.password = password
         # SELECT only when asked for something other than the default.
         self.dbid = dbid or None
@@ -242,7 +273,7 @@ class RedisReplicationBus:
             REPLICATION_COMMANDS_DROPPED.labels("redis", reason).inc()
             return
         try:
-            line = command_line(cmd).encode("utf-8")
+            line = self._envelope + command_line(cmd).encode("utf-8")
         except CommandEncodeError as e:
             logger.error("not publishing %s: %s", cmd.NAME, e)
             REPLICATION_COMMANDS_DROPPED.labels("redis", "unencodable").inc()
@@ -400,10 +431,17 @@ class RedisReplicationBus:
         if not isinstance(data, bytes):
             self._refuse(repr(message).encode(), "not a bulk string")
             return
+        if len(data) > MAX_LINE_LENGTH + MAX_ENVELOPE_LENGTH:
+            self._refuse(data, f"over {MAX_LINE_LENGTH} bytes")
+            return
+        opened = self._open_envelope(data)
+        if opened is None:
+            return
+        sender, data = opened
         if len(data) > MAX_LINE_LENGTH:
             self._refuse(data, f"over {MAX_LINE_LENGTH} bytes")
             return
-        if self._is_own_echo(data):
+        if sender == self._own_name and self._is_own_echo(data):
             return
         try:
             cmd = parse_command_from_line(data.decode("utf-8"))
@@ -417,6 +455,17 @@ class RedisReplicationBus:
         if type(cmd) not in DATA_COMMANDS:
             self._refuse(data, f"{cmd.NAME} is not used over Redis")
             return
+        if isinstance(cmd, (RdataCommand, PositionCommand)) and (
+            cmd.instance_name.encode("utf-8") != sender
+        ):
+            name = sender.decode("utf-8", "replace")
+            self._refusals.refuse(
+                WRONG_SENDER,
+                cmd.stream_name,
+                f"{shorten(name)} on {self.channel}",
+                f"{cmd.NAME} for writer {shorten(cmd.instance_name)} of {shorten(cmd.stream_name)}",
+            )
+            return
         try:
             self._receiver.on_command(self, cmd)
         except Exception:
@@ -425,10 +474,53 @@ class RedisReplicationBus:
     def _is_own_echo(self, data: bytes) -> bool:
         """Our own RDATA or POSITION coming back: the receiver would drop it, so
         skip parsing its JSON (a writer hears every row it publishes)."""
-        if not (data.startswith(b"RDATA ") or data.startswith(b"POSITION ")):
-            return False
-        fields = data.split(b" ", 3)
-        return len(fields) > 2 and fields[2] == self._own_name
+        return data.startswith(b"RDATA ") or data.startswith(b"POSITION ")
+
+    def _open_envelope(self, data: bytes) -> tuple[bytes, bytes] | None:
+        """``(sender, line)`` of a message of this deployment; None (refused,
+        or another deployment's, noted) otherwise."""
+        fields = data.split(b" ", 2)
+        if len(fields) != 3 or not fields[0].startswith(b"@") or not fields[1]:
+            self._refuse(data, "no sender (@<deployment> <instance> before the command)")
+            return None
+        deployment, sender, line = fields[0][1:], fields[1], fields[2]
+        if deployment != self._deployment:
+            self._foreign_message(deployment, sender)
+            return None
+        return sender, line
+
+    def _foreign_message(self, deployment: bytes, sender: bytes) -> None:
+        ident = shorten(deployment.decode("utf-8", "replace"), 40)
+        name = shorten(sender.decode("utf-8", "replace"), 80)
+        now = self._clock.seconds()
+        if len(self._foreign) >= 100 and ident not in self._foreign:
+            # A flood of made-up ids must not grow this without bound.
+            self._foreign.pop(next(iter(self._foreign)))
+        self._foreign[ident] = (name, now)
+        REPLICATION_CLAIMS_REFUSED.labels("unknown", "foreign_deployment").inc()
+        last = self._foreign_logged.get(ident)
+        if last is None or now - last >= FOREIGN_LOG_INTERVAL_SECONDS:
+            if len(self._foreign_logged) >= 100:
+                self._foreign_logged.clear()
+            self._foreign_logged[ident] = now
+            logger.error(
+                "Another deployment (%s, process %s) publishes on Redis channel %r: its"
+                " commands are refused. Give each deployment its own server name or"
+                " replication.redis.channel_prefix.",
+                ident,
+                name,
+                self.channel,
+            )
+
+    def problems(self) -> list[str]:
+        """What ``/health`` reports: other deployments heard lately."""
+        now = self._clock.seconds()
+        return [
+            f"foreign replication traffic from deployment {ident} (process {name}) on Redis"
+            f" channel {self.channel}, {now - when:.0f} s ago"
+            for ident, (name, when) in sorted(self._foreign.items())
+            if now - when < FOREIGN_MEMORY_SECONDS
+        ]
 
     def _refuse(self, data: bytes, reason: str) -> None:
         REPLICATION_BAD_LINES.labels("redis").inc()

@@ -31,6 +31,7 @@ from twisted.internet.interfaces import IConnector
 from twisted.internet.protocol import ReconnectingClientFactory
 from twisted.python.failure import Failure
 
+from synapse_lite.replication.claims import ForeignTraffic
 from synapse_lite.replication.tcp.commands import (
     AuthCommand,
     ClearUserSyncCommand,
@@ -90,7 +91,7 @@ class ClientReplicationProtocol(ReplicationProtocol):
         logger.info("connected to replication server %s", self.describe())
         if self.factory.secret is not None:
             self._write_now(AuthCommand(self.factory.secret))
-        self._write_now(NameCommand(self.factory.client_name))
+        self._write_now(NameCommand(self.factory.client_name, self.factory.deployment_id))
         self._establish()
         self.send_command(ReplicateCommand())
 
@@ -116,6 +117,11 @@ class ClientReplicationProtocol(ReplicationProtocol):
                 self.factory.server_name,
             )
             self.send_error_and_close("Wrong remote")
+            return
+        ours = self.factory.deployment_id
+        if cmd.deployment is not None and ours is not None and cmd.deployment != ours:
+            self.factory.foreign.heard(cmd.deployment, self.describe())
+            self.send_error_and_close("another deployment")
             return
         self._server_verified = True
 
@@ -147,8 +153,11 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         *,
         initial_delay: float = 0.2,
         max_delay: int = 10,
+        deployment_id: str | None = None,
     ) -> None:
-        """Raises CommandEncodeError for a name or secret that cannot be sent."""
+        """Raises CommandEncodeError for a name or secret that cannot be sent.
+        ``deployment_id``: the database's, sent in NAME; a main process naming
+        another in SERVER is refused and reported (None: not checked)."""
         # Refuse at startup what could never go on the wire (a name with a
         # space, a secret with a newline) rather than on every connection.
         command_line(ServerCommand(server_name))
@@ -158,6 +167,8 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         self.server_name = server_name
         self.client_name = client_name
         self.secret = secret
+        self.deployment_id = deployment_id
+        self.foreign = ForeignTraffic(clock.seconds, f"the replication connection to {server_name}")
         self.receiver = receiver
         #: Our clock, typed; ReconnectingClientFactory schedules retries on
         #: self.clock, which Twisted types as a full reactor.
@@ -171,6 +182,10 @@ class ReplicationClientFactory(ReconnectingClientFactory):
 
     def buildProtocol(self, addr: object) -> ClientReplicationProtocol:
         return ClientReplicationProtocol(self)
+
+    def problems(self) -> list[str]:
+        """What ``/health`` reports: a main process of another deployment."""
+        return self.foreign.problems()
 
     def connection_accepted(self) -> None:
         """The main process accepted a connection: back off from scratch next time."""

@@ -12,7 +12,9 @@ what (see ``connection.py``):
   reaches that one worker.
 * Relaying: each data command from one worker is sent on, as received, to every
   other authenticated worker (never back to the sender) and then handed to the
-  receiver, so the TCP star behaves like a bus.
+  receiver, so the TCP star behaves like a bus. An RDATA or POSITION naming a
+  writer other than the connection's NAME is neither relayed nor handed on:
+  only a writer speaks for itself (logged, counted as ``wrong_sender``).
 
 Handshake: the server sends ``SERVER <server_name>`` at once. With a secret
 configured, the worker's first command must be ``AUTH <secret>`` (compared in
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ServerFactory
 
+from synapse_lite.replication.claims import WRONG_SENDER, ForeignTraffic, RefusalLog, shorten
 from synapse_lite.replication.tcp.commands import (
     AuthCommand,
     ClearUserSyncCommand,
@@ -91,7 +94,7 @@ class ServerReplicationProtocol(ReplicationProtocol):
         super().connectionMade()
         self.factory.open_protocols.add(self)
         logger.info("replication connection from %s", self.describe())
-        self._write_now(ServerCommand(self.factory.server_name))
+        self._write_now(ServerCommand(self.factory.server_name, self.factory.deployment_id))
         if self.factory.secret is None:
             self._authenticated = True
             self._establish()
@@ -127,12 +130,27 @@ class ServerReplicationProtocol(ReplicationProtocol):
         if isinstance(cmd, NameCommand):
             logger.info("replication connection %s is %s", self.describe(), cmd.client_name)
             self.peer_name = cmd.client_name
+            ours = self.factory.deployment_id
+            if cmd.deployment is not None and ours is not None and cmd.deployment != ours:
+                self.factory.foreign.heard(cmd.deployment, self.describe())
+                self.send_error_and_close("another deployment")
         elif isinstance(cmd, AuthCommand):
             # A worker configured with a secret the listener does not need, or
             # a repeated AUTH: nothing to check, nothing to refuse.
             logger.info("%s sent an AUTH that is not needed; ignoring it", self.describe())
 
     def _handle_data_command(self, cmd: Command, line: bytes) -> None:
+        if isinstance(cmd, (RdataCommand, PositionCommand)) and cmd.instance_name != self.peer_name:
+            # Only a writer speaks for itself: a claim about writer W from a
+            # connection that is not W's is neither believed nor relayed.
+            self.factory.refusals.refuse(
+                WRONG_SENDER,
+                cmd.stream_name,
+                self.describe(),
+                f"{cmd.NAME} for writer {shorten(cmd.instance_name)} of {shorten(cmd.stream_name)}"
+                f" on the connection of {self.peer_name or 'a process that sent no NAME'}",
+            )
+            return
         self.factory.relay(self, cmd.NAME, line)
         self._deliver(cmd)
 
@@ -160,7 +178,10 @@ class ReplicationServerFactory(ServerFactory):
         secret: str | None,
         receiver: ReplicationCommandReceiver,
         clock: ReactorTime,
+        deployment_id: str | None = None,
     ) -> None:
+        """``deployment_id``: the database's, sent in SERVER; a worker naming
+        another in its NAME is refused and reported (None: not checked)."""
         if secret == "":
             raise ValueError("the replication secret must be non-empty, or None for none")
         command_line(ServerCommand(server_name))  # a name that can go on the wire
@@ -168,6 +189,9 @@ class ReplicationServerFactory(ServerFactory):
         self.secret = secret
         self.receiver = receiver
         self.clock = clock
+        self.refusals = RefusalLog(clock.seconds)
+        self.deployment_id = deployment_id
+        self.foreign = ForeignTraffic(clock.seconds, f"the replication listener of {server_name}")
         # Authenticated connections, in the order they were established.
         self._connections: list[ServerReplicationProtocol] = []
         #: Every connection not yet lost, authenticated or not.
@@ -205,6 +229,10 @@ class ReplicationServerFactory(ServerFactory):
 
     def describe(self) -> str:
         return f"replication listener of {self.server_name} ({len(self._connections)} workers)"
+
+    def problems(self) -> list[str]:
+        """What ``/health`` reports: workers of another deployment lately."""
+        return self.foreign.problems()
 
     # -- relaying ----------------------------------------------------------------------
 

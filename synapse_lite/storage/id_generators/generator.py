@@ -415,6 +415,17 @@ class MultiWriterIdGenerator:
             "get_stopped_writer_position", txn_func, read_only=True
         )
 
+    async def read_max_allocated(self) -> int:
+        """The largest id the stream's sequence has handed out to anyone,
+        read now (positive, internal scale: a negative stream's ids are
+        counted away from zero). One query; what a follower checks a peer's
+        claimed position against."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            return self._sequence.get_max_allocated(txn)
+
+        return await self._db.runInteraction("read_max_allocated", txn_func, read_only=True)
+
     def _update_gauges(self) -> None:
         """Holds _lock."""
         STREAM_PERSISTED_UPTO.labels(self.stream_name).set(self._model.persisted_upto)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from synapse_lite.storage.database import LoggingDatabaseConnection, LoggingTransaction
-from synapse_lite.storage.engines import BaseDatabaseEngine, IncorrectDatabaseSetup
+from synapse_lite.storage.engines import BaseDatabaseEngine
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +43,13 @@ class SequenceGenerator:
         stream_name: str | None,
         positive: bool = True,
     ) -> None:
-        """Repair a sequence left behind its table; refuse a position ahead of it.
+        """Repair a sequence left behind its table, and positions ahead of it.
 
         A table id above the sequence (rows inserted around it, or a restored
         backup) would make the sequence hand out an id twice: the sequence is
         moved forward with a warning. A ``stream_positions`` row above the
-        sequence means two streams share a name or the sequence was reset:
-        startup stops with instructions, since guessing could lose rows.
+        sequence (after the table check, so above every row) claims ids nobody
+        allocated: it is set back to the sequence, logged as an error.
         """
         with db_conn.transaction(f"sequence.check_consistency({self.sequence_name})") as txn:
             if positive:
@@ -85,12 +85,28 @@ class SequenceGenerator:
             row = txn.fetchone()
             positions_max = int(row[0]) if row and row[0] is not None else 0
             if positions_max > last_value:
-                raise IncorrectDatabaseSetup(
-                    f"stream_positions says stream {stream_name!r} reached"
-                    f" {positions_max * (1 if positive else -1)}, but its sequence"
-                    f" {self.sequence_name} has only handed out up to {last_value}. This happens"
-                    " when two streams share one name or the sequence was reset. With every"
-                    " process stopped, check the stream's tables, then delete its rows with"
-                    f" \"DELETE FROM stream_positions WHERE stream_name = '{stream_name}'\";"
-                    " positions are rebuilt at the next start."
+                # A position no id ever reached can only come from a claim
+                # that was never true (a peer's bogus POSITION recorded before
+                # claims were verified, a restored backup, a reset sequence).
+                # Refusing to start would make it permanent; setting it back
+                # to the sequence loses nothing, because every row's id came
+                # from the sequence and so lies at or below it.
+                sign = 1 if positive else -1
+                comparison = ">" if positive else "<"
+                txn.execute(
+                    "UPDATE stream_positions SET stream_id = ?"
+                    f" WHERE stream_name = ? AND stream_id {comparison} ?",
+                    (last_value * sign, stream_name, last_value * sign),
+                )
+                logger.error(
+                    "REPAIRED: stream_positions said stream %r reached %d, but its sequence %s"
+                    " has only handed out up to %d; %d row(s) set back to %d. A process"
+                    " recorded a position nobody allocated (a false replication claim, a"
+                    " restored backup or a reset sequence): check the replication logs.",
+                    stream_name,
+                    positions_max * sign,
+                    self.sequence_name,
+                    last_value,
+                    txn.rowcount,
+                    last_value * sign,
                 )

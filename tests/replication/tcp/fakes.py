@@ -20,6 +20,10 @@ class FakePositions:
         self.received: dict[str, int] = {}
         self.local_write = 0
         self.calls: list[tuple[str, str, int]] = []
+        #: What the stream's sequence has handed out (None: no bound, like a
+        #: stream kept in memory); ``sequence_reads`` counts the look-ups.
+        self.allocated: int | None = None
+        self.sequence_reads = 0
 
     def writer_position(self, writer: str) -> int:
         if writer == self._local:
@@ -51,6 +55,10 @@ class FakePositions:
 
     def forget_writer(self, writer: str) -> None:
         self.received.pop(writer, None)
+
+    async def max_allocated(self) -> int | None:
+        self.sequence_reads += 1
+        return self.allocated
 
 
 class FakeRows:

@@ -126,13 +126,13 @@ class CommandHandlerTestCase(unittest.TestCase):
     def test_own_echoes_unknown_streams_and_bad_rows(self) -> None:
         self.command(PositionCommand("receipts", "me", 0, 9))
         self.command(RdataCommand("receipts", "me", 9, wire(receipt(9))))
-        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING") as logs:
+        with self.assertLogs("synapse_lite.replication", "WARNING") as logs:
             self.command(PositionCommand("nosuch", "w1", 0, 1))
             self.command(PositionCommand("receipts", "w1", 0, 0))
             self.command(RdataCommand("receipts", "w1", 1, ["too", "short"]))
         self.assertEqual(self.applied(), [(0, 0)])
         output = "\n".join(logs.output)
-        self.assertIn("unknown stream 'nosuch'", output)
+        self.assertIn("(unknown_stream): POSITION nosuch w1 0 1", output)
         self.assertIn("has 6 fields, not 2", output)
 
     def test_new_connections_are_greeted_and_announced_to(self) -> None:

@@ -87,6 +87,8 @@ class ReferenceExamplesTestCase(unittest.TestCase):
 WIRE_FORMS: list[tuple[Command, str]] = [
     (ServerCommand("example.com"), "SERVER example.com"),
     (NameCommand("worker1"), "NAME worker1"),
+    (ServerCommand("example.com", "a1b2"), "SERVER example.com @a1b2"),
+    (NameCommand("worker1", "a1b2"), "NAME worker1 @a1b2"),
     (AuthCommand("s3cret with spaces"), "AUTH s3cret with spaces"),
     (ReplicateCommand(), "REPLICATE"),
     (

@@ -86,10 +86,14 @@ class ServerTestCase(unittest.TestCase):
         proto.makeConnection(transport)
         return proto, transport
 
-    def connect_authenticated(self) -> tuple[ServerReplicationProtocol, StringTransport]:
+    def connect_authenticated(
+        self, name: str | None = None
+    ) -> tuple[ServerReplicationProtocol, StringTransport]:
         proto, transport = self.connect()
         if self.secret is not None:
             feed(proto, f"AUTH {self.secret}")
+        if name is not None:
+            feed(proto, f"NAME {name}")
         lines(transport)
         return proto, transport
 
@@ -111,7 +115,7 @@ class ServerWithoutSecretTestCase(ServerTestCase):
         self.assertEqual(self.receiver.commands, [parse_command_from_line(RDATA_LINE)])
 
     def test_relay_to_others_not_sender(self) -> None:
-        a, ta = self.connect_authenticated()
+        a, ta = self.connect_authenticated("w1")
         _, tb = self.connect_authenticated()
         c, tc = self.connect_authenticated()
         # Relayed exactly as received (the JSON keeps its spaces).
@@ -129,6 +133,50 @@ class ServerWithoutSecretTestCase(ServerTestCase):
             self.receiver.commands_on(c),
             [RemoteServerUpCommand("other.example"), ReplicateCommand()],
         )
+
+    def test_a_worker_of_another_deployment_is_refused_and_reported(self) -> None:
+        self.factory.deployment_id = "depA"
+        proto, transport = self.connect()
+        self.assertEqual(lines(transport)[0], "SERVER hs.test @depA")
+        with self.assertLogs("synapse_lite.replication.claims", "ERROR") as logs:
+            feed(proto, "NAME persister1 @depB", "POSITION events persister1 0 5")
+        self.assertIn("another deployment (depB", logs.output[0])
+        self.assertIn("ERROR another deployment", lines(transport))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.receiver.commands, [])
+        self.assertIn("deployment depB", self.factory.problems()[0])
+        ok, ok_transport = self.connect()
+        feed(ok, "NAME persister1 @depA")
+        self.assertFalse(ok_transport.disconnecting)
+
+    def test_claims_for_another_writer_are_neither_believed_nor_relayed(self) -> None:
+        """Only a writer speaks for itself: w2's connection cannot move w1."""
+        a, _ = self.connect_authenticated("w2")
+        _, tb = self.connect_authenticated("w1")
+        unnamed, _ = self.connect_authenticated()
+        before = metric(
+            "synapse_lite_replication_claims_refused_total",
+            {"stream": "events", "reason": "wrong_sender"},
+        )
+        with self.assertLogs("synapse_lite.replication.claims", "WARNING") as logs:
+            feed(a, RDATA_LINE, "POSITION events w1 0 1000")
+            feed(unnamed, "POSITION events w1 0 1000")
+        self.assertEqual(lines(tb), [])
+        self.assertEqual(self.receiver.commands, [])
+        self.assertIn(
+            "(wrong_sender): RDATA for writer w1 of events on the connection of w2", logs.output[0]
+        )
+        self.assertEqual(
+            metric(
+                "synapse_lite_replication_claims_refused_total",
+                {"stream": "events", "reason": "wrong_sender"},
+            ),
+            before + 3,
+        )
+        # Its own claims go through.
+        feed(a, "POSITION events w2 0 4")
+        self.assertEqual(lines(tb), ["POSITION events w2 0 4"])
+        self.assertEqual(self.receiver.commands, [PositionCommand("events", "w2", 0, 4)])
 
     def test_connection_commands_are_not_relayed(self) -> None:
         a, _ = self.connect_authenticated()
@@ -212,7 +260,7 @@ class ServerWithSecretTestCase(ServerTestCase):
         self.assert_refused("PING 5", "authentication required")
 
     def test_unauthenticated_connections_get_no_broadcast_or_relay(self) -> None:
-        a, _ = self.connect_authenticated()
+        a, _ = self.connect_authenticated("w1")
         _, tb = self.connect_authenticated()
         _, tpending = self.connect()
         lines(tpending)
@@ -301,6 +349,26 @@ class ClientTestCase(unittest.TestCase):
         lose(proto)
         self.assertEqual(self.receiver.events, [("new", proto, None), ("lost", proto, None)])
 
+    def test_a_main_process_of_another_deployment_is_refused_and_reported(self) -> None:
+        factory = ReplicationClientFactory(
+            "hs.test", "worker1", None, self.receiver, self.clock, deployment_id="depA"
+        )
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9093))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        self.assertEqual(lines(transport)[0], "NAME worker1 @depA")
+        with self.assertLogs("synapse_lite.replication.claims", "ERROR") as logs:
+            feed(proto, "SERVER hs.test @depB", RDATA_LINE)
+        self.assertIn("another deployment (depB", logs.output[0])
+        self.assertEqual(lines(transport), ["ERROR another deployment"])
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.receiver.commands, [])
+        self.assertIn("foreign replication traffic from deployment depB", factory.problems()[0])
+        # The same deployment (or a main process naming none) is fine.
+        _, proto, transport = self.connect()
+        feed(proto, "SERVER hs.test @depA")
+        self.assertFalse(transport.disconnecting)
+
     def test_server_must_name_itself_first(self) -> None:
         _, proto, transport = self.connect()
         lines(transport)
@@ -381,6 +449,8 @@ class LifecycleTestCase(unittest.TestCase):
         self.proto = self.factory.buildProtocol(IPv4Address("TCP", "10.0.0.9", 5555))
         self.transport = StringTransport(peerAddress=IPv4Address("TCP", "10.0.0.9", 5555))
         self.proto.makeConnection(self.transport)
+        # The worker whose rows the tests send (only w1 may claim w1's positions).
+        feed(self.proto, "NAME w1")
         lines(self.transport)
 
     def test_ping_every_five_seconds_when_idle(self) -> None:

@@ -51,7 +51,9 @@ class RedisBusTestCase(unittest.TestCase):
         self.config = RedisConfig(host=host, port=port)
         self.server_name = f"test-{uuid.uuid4().hex}.example"
 
-    def make_bus(self, instance_name: str) -> tuple[RedisReplicationBus, RecordingReceiver]:
+    def make_bus(
+        self, instance_name: str, deployment_id: str = "dep1"
+    ) -> tuple[RedisReplicationBus, RecordingReceiver]:
         receiver = RecordingReceiver()
         bus = RedisReplicationBus.from_config(
             self.config,
@@ -61,15 +63,16 @@ class RedisBusTestCase(unittest.TestCase):
             reactor=reactor,
             initial_delay=0.05,
             max_delay=0.5,
+            deployment_id=deployment_id,
         )
         bus.start()
         self.addCleanup(bus.stop)
         return bus, receiver
 
     async def started_bus(
-        self, instance_name: str
+        self, instance_name: str, deployment_id: str = "dep1"
     ) -> tuple[RedisReplicationBus, RecordingReceiver]:
-        bus, receiver = self.make_bus(instance_name)
+        bus, receiver = self.make_bus(instance_name, deployment_id)
         await wait_until(
             lambda: bool(receiver.connections("new")) and bus.publisher_connected,
             what=f"{instance_name} to subscribe and connect",
@@ -131,20 +134,23 @@ class RedisBusTestCase(unittest.TestCase):
     async def test_bad_messages_are_logged_and_dropped(self) -> None:
         bus, receiver = await self.started_bus("worker1")
         raw = await self.raw_redis()
+        envelope = b"@dep1 worker2 "
         bad = [
-            b"garbage",
-            b"\xff\xfe not UTF-8",
-            b"REMOTE_SERVER_UP " + b"x" * MAX_LINE_LENGTH,
-            b"POSITION events w 1 1e3",
-            b"RDATA events w 1 [" + b"[" * 5000,
-            b"PING 12345",
+            envelope + b"garbage",
+            envelope + b"\xff\xfe not UTF-8",
+            envelope + b"REMOTE_SERVER_UP " + b"x" * MAX_LINE_LENGTH,
+            envelope + b"POSITION events w 1 1e3",
+            envelope + b"RDATA events w 1 [" + b"[" * 5000,
+            envelope + b"PING 12345",
             b"",
+            # No sender: refused before it is parsed.
+            b"REMOTE_SERVER_UP bare.example",
         ]
         before = bad_lines()
         with self.assertLogs(LOGGER, "WARNING") as logs:
             for message in bad:
                 await raw.publish(bus.channel, message)
-            await raw.publish(bus.channel, b"REMOTE_SERVER_UP ok.example")
+            await raw.publish(bus.channel, envelope + b"REMOTE_SERVER_UP ok.example")
             await wait_until(
                 lambda: RemoteServerUpCommand("ok.example") in receiver.commands,
                 what="the good message",
@@ -152,11 +158,48 @@ class RedisBusTestCase(unittest.TestCase):
         dropped = [line for line in logs.output if "dropping a message" in line]
         self.assertEqual(len(dropped), len(bad), "\n".join(logs.output))
         self.assertIn("invalid UTF-8: b'\\xff\\xfe not UTF-8'", dropped[1])
+        self.assertIn("no sender", dropped[-1])
         self.assertLess(len(dropped[2]), 600)  # only the start of a long message
         self.assertEqual(bad_lines(), before + len(bad))
         data = [c for c in receiver.commands if not isinstance(c, ReplicateCommand)]
         self.assertEqual(data, [RemoteServerUpCommand("ok.example")])
         self.assertEqual(receiver.connections("lost"), [])
+
+    async def test_another_deployment_on_the_channel_is_refused_and_reported(self) -> None:
+        """Same server name, no prefix, another database: both keep working,
+        each refuses and reports the other."""
+        with self.assertLogs(LOGGER, "ERROR") as logs:
+            a, a_receiver = await self.started_bus("persister1", "depA")
+            b, b_receiver = await self.started_bus("persister1", "depB")
+            b.send_command(PositionCommand("events", "persister1", 0, 10**6))
+            b.send_command(RemoteServerUpCommand("from-b.example"))
+            own = RemoteServerUpCommand("from-a.example")
+            a.send_command(own)
+            await wait_until(lambda: own in a_receiver.commands, what="A's own echo")
+            await wait_until(lambda: bool(a.problems()) and bool(b.problems()), what="reports")
+        output = "\n".join(logs.output)
+        self.assertIn("Another deployment (depB, process persister1)", output)
+        self.assertIn("Another deployment (depA, process persister1)", output)
+        self.assertNotIn(RemoteServerUpCommand("from-b.example"), a_receiver.commands)
+        self.assertNotIn(own, b_receiver.commands)
+        self.assertIn(
+            "foreign replication traffic from deployment depB (process persister1)",
+            a.problems()[0],
+        )
+        self.assertIn("deployment depA", b.problems()[0])
+
+    async def test_claims_for_another_writer_are_dropped(self) -> None:
+        a, a_receiver = await self.started_bus("worker1")
+        raw = await self.raw_redis()
+        with self.assertLogs("synapse_lite.replication.claims", "WARNING") as logs:
+            await raw.publish(a.channel, b"@dep1 worker2 POSITION events persister1 0 5")
+            await raw.publish(a.channel, b"@dep1 worker2 POSITION events worker2 0 5")
+            await wait_until(
+                lambda: PositionCommand("events", "worker2", 0, 5) in a_receiver.commands,
+                what="worker2's own claim",
+            )
+        self.assertIn("(wrong_sender): POSITION for writer persister1", logs.output[0])
+        self.assertNotIn(PositionCommand("events", "persister1", 0, 5), a_receiver.commands)
 
     async def test_subscriber_reconnects_after_being_killed(self) -> None:
         a, a_receiver = await self.started_bus("worker1")

@@ -53,7 +53,10 @@ class AccountDataWorkerStore(SQLBaseStore):
             )
             return stream_id
 
-        return await self.db_pool.runInteraction("add_account_data_for_user", txn_func)
+        # An upsert of one row per key: a second run stores the same value.
+        return await self.db_pool.runInteraction(
+            "add_account_data_for_user", txn_func, idempotent=True
+        )
 
     async def add_account_data_to_room(
         self, user_id: str, room_id: str, data_type: str, content: dict[str, Any]
@@ -79,7 +82,9 @@ class AccountDataWorkerStore(SQLBaseStore):
             )
             return stream_id
 
-        return await self.db_pool.runInteraction("add_account_data_to_room", txn_func)
+        return await self.db_pool.runInteraction(
+            "add_account_data_to_room", txn_func, idempotent=True
+        )
 
     # Reads
 

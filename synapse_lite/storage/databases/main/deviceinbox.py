@@ -15,10 +15,18 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
+from synapse_lite.storage.databases.main.client_transactions import (
+    TxnKey,
+    claim_client_transaction_txn,
+    record_client_transaction_txn,
+)
 from synapse_lite.streams.catalog import ToDeviceStreamRow
 
 if TYPE_CHECKING:
     from synapse_lite.storage._base import StoreContext
+
+#: ``client_transactions.kind`` of ``PUT /sendToDevice/{eventType}/{txnId}``.
+TO_DEVICE_TXN_KIND = "to_device"
 
 
 class DeviceInboxWorkerStore(SQLBaseStore):
@@ -37,16 +45,32 @@ class DeviceInboxWorkerStore(SQLBaseStore):
         self,
         local_messages: dict[str, dict[str, dict[str, Any]]],
         remote_messages: dict[str, dict[str, Any]],
-    ) -> int:
+        txn_key: TxnKey | None = None,
+    ) -> tuple[int, bool]:
         """Queue messages in one transaction under one stream id.
 
         ``local_messages``: user_id -> device_id -> message (device ``*`` is
         expanded by the caller). ``remote_messages``: destination -> the EDU
-        content to send there. Returns the stream id.
+        content to send there. ``txn_key``: the client's ``(user_id,
+        device_id, txn_id)``, recorded in ``client_transactions`` in this same
+        transaction; if it is there already the messages were sent before
+        (a retry, maybe after a restart, maybe of this very transaction after
+        a COMMIT whose outcome was unknown) and nothing is written.
+
+        Returns ``(stream id, True)`` for a new write, ``(the first write's
+        stream id, False)`` for a repeat.
         """
 
-        def txn_func(txn: LoggingTransaction) -> int:
+        def txn_func(txn: LoggingTransaction) -> tuple[int, bool]:
+            if txn_key is not None:
+                first = claim_client_transaction_txn(
+                    txn, txn_key, TO_DEVICE_TXN_KIND, self.clock.time_msec()
+                )
+                if first is not None:
+                    return first, False
             stream_id = self._device_inbox_id_gen.get_next_txn(txn)
+            if txn_key is not None:
+                record_client_transaction_txn(txn, txn_key, TO_DEVICE_TXN_KIND, stream_id)
             rows = [
                 (user_id, device_id, stream_id, json_encoder(message), self._instance_name)
                 for user_id, devices in local_messages.items()
@@ -66,9 +90,13 @@ class DeviceInboxWorkerStore(SQLBaseStore):
                     for destination, edu in remote_messages.items()
                 ],
             )
-            return stream_id
+            return stream_id, True
 
-        return await self.db_pool.runInteraction("add_messages_to_device_inbox", txn_func)
+        # Keyed by the client's transaction id, running it again after a
+        # COMMIT of unknown outcome writes nothing twice; without one it may.
+        return await self.db_pool.runInteraction(
+            "add_messages_to_device_inbox", txn_func, idempotent=txn_key is not None
+        )
 
     async def add_remote_messages_to_device_inbox(
         self,
@@ -105,7 +133,9 @@ class DeviceInboxWorkerStore(SQLBaseStore):
             )
             return stream_id
 
-        return await self.db_pool.runInteraction("add_remote_messages_to_device_inbox", txn_func)
+        return await self.db_pool.runInteraction(
+            "add_remote_messages_to_device_inbox", txn_func, idempotent=True
+        )
 
     async def get_messages_for_device(
         self, user_id: str, device_id: str, from_id: int, to_id: int, limit: int
@@ -137,7 +167,9 @@ class DeviceInboxWorkerStore(SQLBaseStore):
             )
             return txn.rowcount
 
-        return await self.db_pool.runInteraction("delete_messages_for_device", txn_func)
+        return await self.db_pool.runInteraction(
+            "delete_messages_for_device", txn_func, idempotent=True
+        )
 
     async def get_all_new_device_messages(
         self, instance_name: str, last_id: int, current_id: int, limit: int

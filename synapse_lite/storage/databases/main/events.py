@@ -35,8 +35,10 @@ class EventsStore(EventsWorkerStore):
         """Persist events in order, in one transaction; returns them with their
         stream ids. Raises :class:`DuplicateTransactionError` if a client's
         transaction id was used meanwhile."""
+        # A second run after a COMMIT of unknown outcome cannot store an event
+        # twice: event ids and client transaction ids are unique keys.
         persisted = await self.db_pool.runInteraction(
-            "persist_events", self._persist_events_txn, events
+            "persist_events", self._persist_events_txn, events, idempotent=True
         )
         for event in persisted:
             self._event_cache.set(event.event_id, event)

@@ -5,6 +5,7 @@ keeps the running view of it."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Sequence
 
@@ -100,6 +101,20 @@ class InstancesWorkerStore(CacheInvalidationWorkerStore):
                 ),
             )
         return retired
+
+    @staticmethod
+    def load_or_create_deployment_id_txn(txn: LoggingTransaction) -> str:
+        """The id of the deployment this database belongs to, made (random)
+        by the first process that asks; every process of the deployment
+        reads the same one."""
+        txn.execute(
+            "INSERT INTO deployment (id, deployment_id) VALUES (1, ?) ON CONFLICT (id) DO NOTHING",
+            (secrets.token_hex(8),),
+        )
+        txn.execute("SELECT deployment_id FROM deployment WHERE id = 1")
+        row = txn.fetchone()
+        assert row is not None
+        return str(row[0])
 
     @staticmethod
     def get_instances_txn(txn: LoggingTransaction) -> list[InstanceRecord]:

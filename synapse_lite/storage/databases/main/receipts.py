@@ -58,7 +58,8 @@ class ReceiptsWorkerStore(SQLBaseStore):
             )
             return stream_id
 
-        return await self.db_pool.runInteraction("insert_receipt", txn_func)
+        # An upsert of one row per key: a second run stores the same receipt.
+        return await self.db_pool.runInteraction("insert_receipt", txn_func, idempotent=True)
 
     async def get_receipts_for_rooms(
         self, room_ids: list[str], from_id: int | None, to_id: int

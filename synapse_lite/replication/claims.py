@@ -1,0 +1,232 @@
+"""Whether to believe what a peer says about a stream's positions.
+
+A POSITION or an RDATA token is a claim: "writer W of stream S has nothing
+unsent at or below N". Believing a false one is not harmless: every process
+would take N as W's position, hand it out in /sync tokens (skipping W's real
+rows below it), and a writer would record it in ``stream_positions``, which
+outlives restarts. So before a claim moves anything here it is checked:
+
+* **the stream exists** (a name in this process's catalog);
+* **the writer may write it**: a configured writer of the stream (for the
+  events writers' streams, also one the ``instances`` table lists, read again
+  when an unknown name appears, at most once per name per
+  :data:`WRITER_LOOKUP_INTERVAL_SECONDS`); for a stream any process may write,
+  a configured process;
+* **the position can be put in a token**: ``0 <= N <=``
+  :data:`~synapse_lite.tokens.MAX_TOKEN_POSITION`, so a token handed out later
+  always parses;
+* **somebody really allocated N**: a database stream's ids all come from its
+  sequence, so no writer can truthfully claim a position beyond the sequence's
+  last value. Claims at or below the largest value already read from the
+  sequence cost nothing; a claim beyond it makes this process read the
+  sequence (one query, only then) and the claim is refused if it is still
+  beyond. Streams kept in a writer's memory (typing, federation) have no
+  sequence; only the range applies to them.
+
+Which *connection* a claim may come from is the transport's business (over
+TCP the main process accepts claims for W only on W's connection; see
+``tcp_server.py``).
+
+A refused claim changes nothing: it is logged (at most one line per reason per
+:data:`REFUSAL_LOG_INTERVAL_SECONDS`, with the number not logged since) and
+counted in ``synapse_lite_replication_claims_refused_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+
+from synapse_lite.clock import Clock
+from synapse_lite.metrics import REPLICATION_CLAIMS_REFUSED
+from synapse_lite.replication.streams import Stream
+from synapse_lite.tokens import MAX_TOKEN_POSITION
+
+logger = logging.getLogger(__name__)
+
+#: At most one log line per refusal reason in this many seconds.
+REFUSAL_LOG_INTERVAL_SECONDS = 10.0
+
+#: An unknown writer name makes the events writers be read again at most this
+#: often (per name): a new writer is found, a flood of made-up names is cheap.
+WRITER_LOOKUP_INTERVAL_SECONDS = 10.0
+
+#: How many recently looked-up writer names are remembered.
+MAX_REMEMBERED_LOOKUPS = 1000
+
+#: Refusal reasons (the metric's ``reason`` label).
+UNKNOWN_STREAM = "unknown_stream"
+UNKNOWN_WRITER = "unknown_writer"
+OUT_OF_RANGE = "out_of_range"
+NOT_ALLOCATED = "not_allocated"
+WRONG_SENDER = "wrong_sender"
+
+#: Writers of a stream, by name; None: any name (tests without a config).
+WritersOf = Callable[[str], Collection[str] | None]
+#: Look a writer up again (read the instances table); True if it now is one.
+WriterLookup = Callable[[str, str], Awaitable[bool]]
+
+
+def shorten(value: str, limit: int = 80) -> str:
+    """A peer-supplied name for a log line: never a 300-letter one."""
+    return value if len(value) <= limit else value[:limit] + f"...({len(value)} chars)"
+
+
+class RefusalLog:
+    """Logs and counts refused claims, rate-limited per reason."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._last_logged: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def refuse(self, reason: str, stream: str, sender: str, detail: str) -> None:
+        known_stream = stream if reason != UNKNOWN_STREAM else "unknown"
+        REPLICATION_CLAIMS_REFUSED.labels(known_stream, reason).inc()
+        now = self._now()
+        last = self._last_logged.get(reason)
+        if last is not None and now - last < REFUSAL_LOG_INTERVAL_SECONDS:
+            self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+            return
+        self._last_logged[reason] = now
+        suppressed = self._suppressed.pop(reason, 0)
+        logger.warning(
+            "Refused a replication claim from %s (%s): %s%s",
+            shorten(sender),
+            reason,
+            detail,
+            f" ({suppressed} more refused for this reason since the last line)"
+            if suppressed
+            else "",
+        )
+
+
+class PeerClaims:
+    """Checks peers' POSITION and RDATA claims (see the module docstring)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        streams: Mapping[str, Stream],
+        writers_of: WritersOf,
+        look_up_writer: WriterLookup | None = None,
+    ) -> None:
+        """``writers_of(stream)``: its writers as configured (and known so
+        far); ``look_up_writer(stream, writer)``: for streams whose writers
+        can be added at runtime, read them again (None: never)."""
+        self._clock = clock
+        self._streams = streams
+        self._writers_of = writers_of
+        self._look_up_writer = look_up_writer
+        self.refusals = RefusalLog(clock.time)
+        #: Per stream, the largest value read from its sequence so far.
+        self._allocated: dict[str, int] = {}
+        self._looked_up: dict[tuple[str, str], float] = {}
+
+    def stream(self, stream_name: str, writer: str, sender: str, line: str) -> Stream | None:
+        """The stream a claim is about, or None (refused) if there is none."""
+        stream = self._streams.get(stream_name)
+        if stream is None:
+            self.refusals.refuse(UNKNOWN_STREAM, stream_name, sender, shorten(line, 200))
+        return stream
+
+    def in_range(self, stream: str, sender: str, line: str, *tokens: int | None) -> bool:
+        """Whether every token can be carried in a /sync token."""
+        for token in tokens:
+            if token is not None and not 0 <= token <= MAX_TOKEN_POSITION:
+                self.refusals.refuse(OUT_OF_RANGE, stream, sender, shorten(line, 200))
+                return False
+        return True
+
+    async def believe(
+        self, stream: Stream, writer: str, token: int | None, sender: str, line: str
+    ) -> bool:
+        """Whether ``writer`` may write ``stream`` and ``token`` (None: a row
+        of a batch, no position yet) was really allocated. Refusals are logged
+        and counted here."""
+        if not await self._is_writer(stream.name, writer):
+            self.refusals.refuse(UNKNOWN_WRITER, stream.name, sender, shorten(line, 200))
+            return False
+        if token is None or token <= self._allocated.get(stream.name, 0):
+            return True
+        allocated = await stream.positions.max_allocated()
+        if allocated is None:
+            return True
+        self._allocated[stream.name] = max(self._allocated.get(stream.name, 0), allocated)
+        if token <= allocated:
+            return True
+        self.refusals.refuse(
+            NOT_ALLOCATED,
+            stream.name,
+            sender,
+            f"{shorten(line, 200)}: the sequence of {stream.name} has only handed out up to"
+            f" {allocated}",
+        )
+        return False
+
+    async def _is_writer(self, stream: str, writer: str) -> bool:
+        writers = self._writers_of(stream)
+        if writers is None or writer in writers:
+            return True
+        if self._look_up_writer is None:
+            return False
+        key = (stream, writer)
+        now = self._clock.time()
+        last = self._looked_up.get(key)
+        if last is not None and now - last < WRITER_LOOKUP_INTERVAL_SECONDS:
+            return False
+        if len(self._looked_up) >= MAX_REMEMBERED_LOOKUPS:
+            self._looked_up.clear()
+        self._looked_up[key] = now
+        try:
+            return await self._look_up_writer(stream, writer)
+        except Exception:
+            logger.warning(
+                "Looking up writer %s of %s failed", shorten(writer), stream, exc_info=True
+            )
+            return False
+
+
+#: How long ``/health`` reports another deployment after last hearing it.
+FOREIGN_MEMORY_SECONDS = 300.0
+
+
+class ForeignTraffic:
+    """Processes of another deployment heard on this process's replication
+    (a TCP peer whose handshake names another deployment id): logged once a
+    minute per deployment, counted, and reported by ``/health``."""
+
+    def __init__(self, now: Callable[[], float], where: str) -> None:
+        self._now = now
+        self._where = where
+        self._heard: dict[str, tuple[str, float]] = {}
+        self._logged: dict[str, float] = {}
+
+    def heard(self, deployment: str, process: str) -> None:
+        ident, name = shorten(deployment, 40), shorten(process)
+        now = self._now()
+        if len(self._heard) >= 100 and ident not in self._heard:
+            self._heard.pop(next(iter(self._heard)))
+        self._heard[ident] = (name, now)
+        REPLICATION_CLAIMS_REFUSED.labels("unknown", "foreign_deployment").inc()
+        last = self._logged.get(ident)
+        if last is None or now - last >= 60.0:
+            if len(self._logged) >= 100:
+                self._logged.clear()
+            self._logged[ident] = now
+            logger.error(
+                "A process of another deployment (%s, %s) on %s: refused. Check the"
+                " replication settings of both deployments.",
+                ident,
+                name,
+                self._where,
+            )
+
+    def problems(self) -> list[str]:
+        now = self._now()
+        return [
+            f"foreign replication traffic from deployment {ident} (process {name}) on"
+            f" {self._where}, {now - when:.0f} s ago"
+            for ident, (name, when) in sorted(self._heard.items())
+            if now - when < FOREIGN_MEMORY_SECONDS
+        ]

@@ -1,0 +1,172 @@
+"""Peers' position claims are checked before they move anything: unknown
+writers, positions the sequence never handed out, positions no token could
+carry (the handler over in-memory connections, on a fake clock)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY
+from twisted.internet import task
+from twisted.trial import unittest
+
+from synapse_lite.clock import Clock
+from synapse_lite.replication.claims import (
+    REFUSAL_LOG_INTERVAL_SECONDS,
+    WRITER_LOOKUP_INTERVAL_SECONDS,
+    PeerClaims,
+)
+from synapse_lite.replication.tcp.commands import Command, PositionCommand, RdataCommand
+from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
+from synapse_lite.streams.catalog import BUILTIN_STREAMS, ReceiptsStreamRow
+from synapse_lite.tokens import MAX_TOKEN_POSITION
+from tests.replication.tcp.fakes import RecordingConnection, RecordingReceiver, fake_stream
+
+LOGGER = "synapse_lite.replication.claims"
+
+
+def receipt(n: int) -> list[Any]:
+    return BUILTIN_STREAMS["receipts"].encode_row(
+        ReceiptsStreamRow("!r:x", "m.read", f"@u{n}:x", f"$e{n}", None, {"ts": n})
+    )
+
+
+def refused(stream: str, reason: str) -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "synapse_lite_replication_claims_refused_total", {"stream": stream, "reason": reason}
+        )
+        or 0.0
+    )
+
+
+class ClaimsTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.clock = task.Clock()
+        self.receipts, self.positions, self.rows = fake_stream(BUILTIN_STREAMS["receipts"])
+        self.positions.allocated = 10
+        self.typing, self.typing_positions, _ = fake_stream(
+            BUILTIN_STREAMS["typing"], can_reset=True
+        )
+        streams = {"receipts": self.receipts, "typing": self.typing}
+        self.receiver = RecordingReceiver(streams)
+        self.lookups: list[tuple[str, str]] = []
+        self.recorded_writers = {"late"}
+
+        async def look_up(stream: str, writer: str) -> bool:
+            self.lookups.append((stream, writer))
+            return writer in self.recorded_writers
+
+        claims = PeerClaims(
+            Clock(self.clock),
+            streams,
+            lambda stream: {"receipts": ("w1",), "typing": ("tw",)}.get(stream, ()),
+            look_up,
+        )
+        self.handler = ReplicationCommandHandler(
+            instance_name="me",
+            clock=Clock(self.clock),
+            streams=streams,
+            receiver=self.receiver,  # type: ignore[arg-type]
+            claims=claims,
+        )
+        self.conn = RecordingConnection("peer")
+        self.handler.new_connection(self.conn)
+
+    def command(self, cmd: Command) -> None:
+        self.handler.on_command(self.conn, cmd)
+
+    def test_a_position_the_sequence_never_handed_out_is_refused(self) -> None:
+        self.command(PositionCommand("receipts", "w1", 0, 4))
+        self.assertEqual(self.positions.received, {"w1": 4})
+        before = refused("receipts", "not_allocated")
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            self.command(PositionCommand("receipts", "w1", 0, 1010))
+        self.assertEqual(self.positions.received, {"w1": 4})
+        self.assertEqual(refused("receipts", "not_allocated"), before + 1)
+        self.assertIn("from peer (not_allocated): POSITION receipts w1 0 1010", logs.output[0])
+        self.assertIn("only handed out up to 10", logs.output[0])
+        # The writer really gets there: believed once the sequence has.
+        self.positions.allocated = 1010
+        self.command(PositionCommand("receipts", "w1", 4, 1010))
+        self.assertEqual(self.positions.received, {"w1": 1010})
+
+    def test_the_sequence_is_read_only_for_a_position_beyond_the_last_read(self) -> None:
+        self.command(PositionCommand("receipts", "w1", 0, 3))
+        self.assertEqual(self.positions.sequence_reads, 1)
+        for n in range(4, 11):
+            self.command(PositionCommand("receipts", "w1", n - 1, n))
+        self.assertEqual(self.positions.sequence_reads, 1)
+        self.assertEqual(self.positions.received, {"w1": 10})
+        with self.assertLogs(LOGGER, "WARNING"):
+            self.command(PositionCommand("receipts", "w1", 10, 11))
+        self.assertEqual(self.positions.sequence_reads, 2)
+
+    def test_rdata_beyond_the_sequence_is_dropped_with_its_batch(self) -> None:
+        self.command(PositionCommand("receipts", "w1", 0, 0))
+        self.command(RdataCommand("receipts", "w1", None, receipt(1)))
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            self.command(RdataCommand("receipts", "w1", 10**12, receipt(2)))
+        self.assertIn("not_allocated", logs.output[0])
+        self.assertEqual(self.positions.received, {"w1": 0})
+        # The row held for the refused token went with it.
+        self.command(RdataCommand("receipts", "w1", 5, receipt(5)))
+        self.assertEqual(
+            [(t, len(rows)) for _, _, t, rows in self.receiver.applied], [(0, 0), (5, 1)]
+        )
+
+    def test_a_writer_that_does_not_write_the_stream_is_refused(self) -> None:
+        before = refused("receipts", "unknown_writer")
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            self.command(PositionCommand("receipts", "fuzzer", 0, 1))
+            self.command(RdataCommand("receipts", "persister9", 2, receipt(2)))
+        self.assertEqual(self.positions.received, {})
+        self.assertEqual(self.positions.calls, [])
+        self.assertEqual(refused("receipts", "unknown_writer"), before + 2)
+        self.assertIn("(unknown_writer): POSITION receipts fuzzer 0 1", logs.output[0])
+        self.assertEqual(self.lookups, [("receipts", "fuzzer"), ("receipts", "persister9")])
+
+    def test_a_writer_added_at_runtime_is_looked_up_then_believed(self) -> None:
+        self.command(PositionCommand("receipts", "late", 0, 3))
+        self.assertEqual(self.positions.received, {"late": 3})
+
+    def test_made_up_names_are_looked_up_once_per_interval(self) -> None:
+        with self.assertLogs(LOGGER, "WARNING"):
+            for n in range(5):
+                self.command(PositionCommand("receipts", "phantom", n, n + 1))
+        self.assertEqual(self.lookups, [("receipts", "phantom")])
+        self.clock.advance(WRITER_LOOKUP_INTERVAL_SECONDS)
+        with self.assertLogs(LOGGER, "WARNING"):
+            self.command(PositionCommand("receipts", "phantom", 0, 1))
+        self.assertEqual(len(self.lookups), 2)
+
+    def test_positions_no_token_could_carry_are_refused(self) -> None:
+        """Even on a stream with no sequence to check against (typing)."""
+        before = refused("typing", "out_of_range")
+        with self.assertLogs(LOGGER, "WARNING"):
+            self.command(PositionCommand("typing", "tw", 0, MAX_TOKEN_POSITION + 1))
+            self.command(PositionCommand("typing", "tw", 0, 2**63 - 1))
+            self.command(PositionCommand("typing", "tw", -5, 1))
+            self.command(RdataCommand("receipts", "w1", -1, receipt(1)))
+        self.assertEqual(refused("typing", "out_of_range"), before + 3)
+        self.assertEqual(self.typing_positions.calls, [])
+        self.assertEqual(self.positions.calls, [])
+        self.assertEqual(self.typing_positions.sequence_reads, 0)
+        self.command(PositionCommand("typing", "tw", 0, 7))
+        self.assertEqual(self.typing_positions.received, {"tw": 7})
+
+    def test_refusals_are_logged_at_most_once_per_interval(self) -> None:
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            for n in range(50):
+                self.command(PositionCommand("receipts", "w1", 0, 1000 + n))
+            self.clock.advance(REFUSAL_LOG_INTERVAL_SECONDS)
+            self.command(PositionCommand("receipts", "w1", 0, 5000))
+        self.assertEqual(len(logs.output), 2)
+        self.assertIn("49 more refused for this reason", logs.output[1])
+
+    def test_a_300_letter_writer_name_is_shortened_in_the_log(self) -> None:
+        name = "x" * 300
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            self.command(PositionCommand("receipts", name, 0, 1))
+        self.assertNotIn(name, logs.output[0])
+        self.assertIn("chars)", logs.output[0])
