@@ -47,10 +47,17 @@ class AuditOptions:
     position_logs: tuple[str, ...] | None = None
     use_position_logs: bool = True
     jdbc_jar: str | None = None
+    #: Where the jar came from, for the line saying which route ran.
+    jdbc_jar_from: str = "--jdbc-jar"
     snapshot_dir: str | None = None
     keep_snapshot: bool = False
     partitions: int = 4
     live: bool = False
+    #: Keep Spark's own INFO and WARN logging.
+    verbose: bool = False
+    #: The Python the executors run (``PYSPARK_PYTHON``); None: this interpreter
+    #: on a local master, the cluster's default otherwise.
+    executor_python: str | None = None
     #: The stream definitions the servers run (their built-in catalog unless a
     #: caller adds streams of its own).
     streams: StreamCatalog = BUILTIN_STREAMS
@@ -114,6 +121,8 @@ class _SessionStarter:
                     self._options.master,
                     self._jars,
                     {"spark.sql.shuffle.partitions": str(max(1, self._options.partitions))},
+                    verbose=self._options.verbose,
+                    executor_python=self._options.executor_python,
                 )
         except BaseException as e:  # raised in the caller's thread by session()
             self._error = e
@@ -146,8 +155,18 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             f"JDBC driver jar not found: {jar} (apt-get install libpostgresql-jdbc-java)"
         )
     use_jdbc = bool(jar) and engine.name == "postgres"
-    if jar and not use_jdbc:
-        progress.line(f"the JDBC jar is for PostgreSQL; exporting the {engine.name} database")
+    if use_jdbc:
+        progress.line(
+            f"route: jdbc (Spark reads {engine.describe()} over JDBC with {jar},"
+            f" from {options.jdbc_jar_from})"
+        )
+    elif jar:
+        progress.line(
+            f"route: parquet (the JDBC jar from {options.jdbc_jar_from} is for PostgreSQL;"
+            f" exporting the {engine.name} database)"
+        )
+    else:
+        progress.line(f"route: parquet (exporting a snapshot of {engine.describe()})")
     try:
         with ExitStack() as stack:
             # The database first: an unreachable one fails before Spark starts.

@@ -42,9 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jdbc-jar",
         metavar="PATH",
-        default=os.environ.get("SYNAPSE_LITE_JDBC_JAR") or None,
         help="PostgreSQL JDBC driver jar: read PostgreSQL over JDBC instead of exporting a"
-        " snapshot (default: $SYNAPSE_LITE_JDBC_JAR)",
+        " snapshot (default: $SYNAPSE_LITE_JDBC_JAR; the audit says which route ran)",
     )
     parser.add_argument(
         "--snapshot-dir",
@@ -66,6 +65,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--live",
         action="store_true",
         help="the servers are running: stored positions lagging their rows are information",
+    )
+
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep Spark's own INFO and WARN logging (default: errors only, under the"
+        " audit's progress lines)",
+    )
+    parser.add_argument(
+        "--executor-python",
+        metavar="PATH",
+        default=os.environ.get("PYSPARK_PYTHON") or None,
+        help="the Python the Spark executors run, as a path valid on every node"
+        " (default: $PYSPARK_PYTHON; else this interpreter for a local master, and the"
+        " cluster's own python3 otherwise)",
     )
 
 
