@@ -170,7 +170,7 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
     try:
         with ExitStack() as stack:
             # The database first: an unreachable one fails before Spark starts.
-            open_read_only(engine).close()
+            open_read_only(engine, options.live).close()
             starter: _SessionStarter | None = None
             if spark is None:
                 starter = _SessionStarter(options, [jar] if use_jdbc and jar else [], progress)
@@ -178,7 +178,7 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             snapshot: Snapshot | None = None
             if not use_jdbc:
                 directory = stack.enter_context(_snapshot_dir(options))
-                snapshot = export_snapshot(engine, catalog, directory, progress)
+                snapshot = export_snapshot(engine, catalog, directory, progress, options.live)
             session = spark if starter is None else starter.session()
             logs: PositionLogs | None = None
             if log_paths:
