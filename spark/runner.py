@@ -25,7 +25,7 @@ from spark.logs import PositionLogs, default_log_paths, load_position_logs
 from spark.model import AuditReport
 from spark.progress import Progress
 from spark.readonly import DatabaseUnavailable, open_read_only
-from spark.session import SparkUnavailable, start_session
+from spark.session import SparkUnavailable, resolve_master, start_session
 from spark.sources import AuditData, jdbc_source, snapshot_source
 from spark.summary import collect_results
 from synapse_lite.config.homeserver import HomeServerConfig, read_homeserver_config
@@ -42,7 +42,8 @@ class AuditError(RuntimeError):
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class AuditOptions:
     config_path: str
-    master: str = "local[*]"
+    #: None: spark-submit's ``--master``, else ``local[*]``.
+    master: str | None = None
     #: None: every positions-*.jsonl in the config's data_dir.
     position_logs: tuple[str, ...] | None = None
     use_position_logs: bool = True
@@ -116,9 +117,10 @@ class _SessionStarter:
 
     def _start(self) -> None:
         try:
-            with self._progress.step(f"started Spark ({self._options.master})"):
+            master = resolve_master(self._options.master)
+            with self._progress.step(f"started Spark ({master})"):
                 self._result = start_session(
-                    self._options.master,
+                    master,
                     self._jars,
                     {"spark.sql.shuffle.partitions": str(max(1, self._options.partitions))},
                     verbose=self._options.verbose,

@@ -55,6 +55,22 @@ def quiet_submitted_jvm() -> None:
     )
 
 
+def resolve_master(master: str | None) -> str:
+    """The master to run on: ``master``, else the one ``spark-submit`` was
+    given (its JVM holds it as a system property), else ``local[*]``."""
+    if master:
+        return master
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        try:
+            from pyspark import SparkConf, SparkContext
+
+            SparkContext._ensure_initialized()  # connects to spark-submit's JVM
+            return str(SparkConf().get("spark.master", "local[*]"))
+        except ImportError:
+            pass
+    return "local[*]"
+
+
 def check_java() -> str:
     """The ``java -version`` banner; raises :class:`SparkUnavailable` without Java."""
     java_home = os.environ.get("JAVA_HOME")

@@ -17,13 +17,17 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The audit's arguments (``docs/audit.md`` explains each)."""
-    parser.add_argument("-c", "--config", required=True, help="the homeserver.yaml to audit")
+def add_arguments(parser: argparse.ArgumentParser, config_required: bool = True) -> None:
+    """The audit's arguments (``docs/audit.md`` explains each). Without
+    ``config_required`` (``synapse-lite audit``) the caller finds the config
+    when ``-c`` is not given, as its other commands do."""
+    parser.add_argument(
+        "-c", "--config", required=config_required, help="the homeserver.yaml to audit"
+    )
     parser.add_argument(
         "--master",
-        default="local[*]",
-        help="Spark master URL (default: local[*]; e.g. spark://host:7077 for a cluster)",
+        help="Spark master URL (default: spark-submit's --master, else local[*]; e.g."
+        " spark://host:7077 for a cluster)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
     parser.add_argument(

@@ -126,7 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="check offline, with Spark, that every stream position handed out is backed by"
         " rows (docs/audit.md); exit 0 clean, 1 findings, 2 could not run",
     )
-    add_audit_arguments(audit)
+    add_audit_arguments(audit, config_required=False)
+    audit.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        help=f"without -c: audit DATA_DIR/{CONFIG_FILE_NAME} (default: ./{DEFAULT_DATA_DIR})",
+    )
 
     retire = commands.add_parser(
         "retire-events-writer",
@@ -333,6 +338,7 @@ def dispatch(argv: list[str] | None = None) -> int:
         # The audit reads its config itself, and reports a bad one with exit 2.
         from synapse_lite.app import audit_command
 
+        args.config = config_path_of(args)
         return audit_command.run(args)
     try:
         config = _load(args)
