@@ -82,11 +82,11 @@ def _owner(catalog: AuditCatalog) -> Any:
 
     owners: dict[str, str] = {}
     for stream in sorted(catalog.streams, key=lambda s: not s.positive):
-        for table in stream.tables:
-            owners.setdefault(table.table, stream.name)
+        for stream_table in stream.tables:
+            owners.setdefault(stream_table.table, stream.name)
     result: Any = None
-    for table, name in owners.items():
-        condition = F.col("table") == table
+    for table_name, name in owners.items():
+        condition = F.col("table") == table_name
         result = (
             F.when(condition, F.lit(name))
             if result is None
