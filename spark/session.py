@@ -43,16 +43,23 @@ def quiet_submitted_jvm() -> None:
     """Under ``spark-submit`` the JVM is already running, with Spark's default
     logging (INFO): load our logging configuration into it before the
     SparkContext starts and logs its 40-odd INFO lines. Run as a plain Python
-    program, the JVM is started with it instead (``spark.driver.extraJavaOptions``)."""
+    program, the JVM is started with it instead (``spark.driver.extraJavaOptions``).
+
+    spark-submit marks Spark's logging uninitialised for the application, so
+    the SparkContext would load Spark's defaults over ours: it is marked
+    initialised. That flag is Spark-internal (the compiled name of
+    ``Logging.initialized``); should it move in another Spark version, Spark
+    simply logs as it would anyway."""
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return
     from pyspark import SparkContext
 
     SparkContext._ensure_initialized()  # connects to spark-submit's JVM
     jvm: Any = SparkContext._jvm
-    jvm.org.apache.logging.log4j.core.config.Configurator.reconfigure(
-        jvm.java.net.URI.create(f"file:{LOG4J_CONFIG}")
-    )
+    context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
+    context.setConfigLocation(jvm.java.net.URI.create(f"file:{LOG4J_CONFIG}"))
+    logging_state = getattr(getattr(jvm.org.apache.spark.internal, "Logging$"), "MODULE$")
+    getattr(logging_state, "org$apache$spark$internal$Logging$$initialized_$eq")(True)
 
 
 def resolve_master(master: str | None) -> str:
@@ -108,8 +115,8 @@ def start_session(
     if not verbose:
         try:
             quiet_submitted_jvm()
-        except Exception as e:
-            raise SparkUnavailable(f"cannot reach spark-submit's JVM: {e}") from e
+        except Exception:  # only the logging is at stake: Spark logs as usual
+            pass
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)

@@ -91,10 +91,13 @@ class AuditEntryPointsTestCase(unittest.TestCase):
                 "--partitions",
                 "1",
             ],
-            not_activated_env(PYSPARK_PYTHON=sys.executable),
+            # SPARK_LOCAL_IP as docs/audit.md suggests: else spark-submit warns
+            # about the host name before the audit even starts.
+            not_activated_env(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1"),
         )
-        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        output = result.stdout + result.stderr  # spark-submit sends Python's stderr to stdout
+        self.assertEqual(result.returncode, 1, output)
         self.assertIn("[unexpected_stream_position]", result.stdout)
-        self.assertIn("audit: started Spark (local[1])", result.stderr)
+        self.assertIn("audit: started Spark (local[1])", output)
         # Spark's start logs 40-odd INFO lines unless the audit quiets it.
-        self.assertEqual(spark_log_lines(result.stderr), [])
+        self.assertEqual(spark_log_lines(output), [])
