@@ -71,12 +71,15 @@ SQL_AGGREGATES = {
 #: ``log_finished`` (writer, id, ts, committed) and ``log_positions``
 #: (writer, position, ts): what the audit's "checked the position logs" step does.
 SQL_LOG_CHECKS = {
+    # One sort: ids and positions by value, descending (a position before an
+    # id of the same value); the running minimum of position times is the
+    # earliest position covering each id.
     "positions before finish": (
-        "WITH cover AS (SELECT position, MIN(ts) OVER (ORDER BY position DESC"
-        " ROWS UNBOUNDED PRECEDING) AS first_ts FROM log_positions WHERE writer = '*')"
-        " SELECT COUNT(*) FROM log_finished AS f, LATERAL (SELECT first_ts FROM cover"
-        " WHERE cover.position >= f.id ORDER BY cover.position LIMIT 1) AS c"
-        " WHERE c.first_ts < f.ts"
+        "SELECT COUNT(*) FROM (SELECT is_id, finish, MIN(position_ts) OVER (ORDER BY value"
+        " DESC, is_id ROWS UNBOUNDED PRECEDING) AS first_ts FROM (SELECT id AS value,"
+        " TRUE AS is_id, ts AS finish, NULL::BIGINT AS position_ts FROM log_finished"
+        " UNION ALL SELECT position, FALSE, NULL, ts FROM log_positions WHERE writer = '*')"
+        " AS merged) AS covered WHERE is_id AND first_ts < finish"
     ),
     "failed ids with rows": (
         "SELECT COUNT(*) FROM log_finished AS f JOIN events AS e ON e.stream_ordering = f.id"
