@@ -8,6 +8,8 @@ in the same run:
 
 (a) plain SQL inside PostgreSQL: rows and largest id per writer, duplicate ids,
     gaps (a window over the ids), stored positions against the sequence;
+(a') with position logs (``--log-records``, 40,000 by default): the audit's
+    position-log checks in plain SQL over the same records;
 (b) the whole audit command as an operator runs it (``python spark/audit.py``,
     Spark start included), over a Parquet export and, with a JDBC jar, over
     JDBC.
@@ -40,6 +42,7 @@ from synapse_lite.storage.prepare_database import prepare_database  # noqa: E402
 
 TARGET_RATIO = 3.0
 DEFAULT_JAR = "/usr/share/java/postgresql.jar"
+WRITERS = ("main", "worker1")
 EVENT_INDEXES = ("events_stream_ordering", "events_event_id", "events_room_stream")
 
 SQL_AGGREGATES = {
@@ -64,12 +67,116 @@ SQL_AGGREGATES = {
 }
 
 
+#: The position-log checks in plain SQL over the same records, loaded into
+#: ``log_finished`` (writer, id, ts, committed) and ``log_positions``
+#: (writer, position, ts): what the audit's "checked the position logs" step does.
+SQL_LOG_CHECKS = {
+    # One sort: ids and positions by value, descending (a position before an
+    # id of the same value); the running minimum of position times is the
+    # earliest position covering each id.
+    "positions before finish": (
+        "SELECT COUNT(*) FROM (SELECT is_id, finish, MIN(position_ts) OVER (ORDER BY value"
+        " DESC, is_id ROWS UNBOUNDED PRECEDING) AS first_ts FROM (SELECT id AS value,"
+        " TRUE AS is_id, ts AS finish, NULL::BIGINT AS position_ts FROM log_finished"
+        " UNION ALL SELECT position, FALSE, NULL, ts FROM log_positions WHERE writer = '*')"
+        " AS merged) AS covered WHERE is_id AND first_ts < finish"
+    ),
+    "failed ids with rows": (
+        "SELECT COUNT(*) FROM log_finished AS f JOIN events AS e ON e.stream_ordering = f.id"
+        " WHERE NOT f.committed"
+    ),
+    "committed ids without rows": (
+        "SELECT COUNT(*) FROM log_finished AS f WHERE f.committed AND NOT EXISTS"
+        " (SELECT 1 FROM events AS e WHERE e.stream_ordering = f.id)"
+    ),
+    "positions beyond the sequence": (
+        "SELECT COUNT(*) FROM log_positions AS p, events_stream_seq AS s"
+        " WHERE p.position > s.last_value"
+    ),
+}
+
+
+def write_logs(directory: str, rows: int, records: int, gaps: set[int]) -> list[tuple[Any, ...]]:
+    """Position logs of the last ``records // 2`` ids, as two writers log them:
+    each id's ``finished`` record (a gap's as failed), then the stream-wide
+    position it completes. A clean run: every position follows the finishes
+    it covers. Returns the records, for the plain SQL to load."""
+    ids = range(max(1, rows - records // 2 + 1), rows + 1)
+    files = {w: open(os.path.join(directory, f"positions-{w}.jsonl"), "w") for w in WRITERS}
+    loaded = []
+    try:
+        for ts, stream_id in enumerate(ids, start=1_795_000_000_000):
+            writer = WRITERS[stream_id % 2]
+            committed = stream_id not in gaps
+            for record in (
+                {
+                    "kind": "finished",
+                    "ts": ts,
+                    "process": writer,
+                    "stream": "events",
+                    "writer": writer,
+                    "id": stream_id,
+                    "committed": committed,
+                },
+                {
+                    "kind": "position",
+                    "ts": ts + 1,
+                    "process": writer,
+                    "stream": "events",
+                    "writer": "*",
+                    "position": stream_id,
+                    "purpose": "sync",
+                },
+            ):
+                files[writer].write(json.dumps(record) + "\n")
+            loaded.append((writer, stream_id, ts, committed, ts + 1))
+    finally:
+        for f in files.values():
+            f.close()
+    return loaded
+
+
+def time_sql_log_checks(args: dict[str, Any], loaded: list[tuple[Any, ...]]) -> float:
+    """The log checks in plain SQL, warm; the records are loaded untimed."""
+    import psycopg2
+
+    conn = psycopg2.connect(**args)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS log_finished, log_positions")
+        cur.execute("CREATE TABLE log_finished (writer TEXT, id BIGINT, ts BIGINT, committed BOOL)")
+        cur.execute("CREATE TABLE log_positions (writer TEXT, position BIGINT, ts BIGINT)")
+        cur.executemany("INSERT INTO log_finished VALUES (%s, %s, %s, %s)", [r[:4] for r in loaded])
+        cur.executemany(
+            "INSERT INTO log_positions VALUES ('*', %s, %s)", [(r[1], r[4]) for r in loaded]
+        )
+        cur.execute("CREATE INDEX ON log_positions (position)")
+        cur.execute("ANALYZE log_finished")
+        cur.execute("ANALYZE log_positions")
+        total = 0.0
+        for name, sql in SQL_LOG_CHECKS.items():
+            start = time.monotonic()
+            cur.execute(sql)
+            cur.fetchall()
+            seconds = time.monotonic() - start
+            print(f"  plain SQL log check {name}: {seconds:.2f} s", flush=True)
+            total += seconds
+        cur.execute("DROP TABLE log_finished, log_positions")
+    conn.close()
+    return total
+
+
 def admin_connection() -> Any:
     import psycopg2
 
     conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
     conn.autocommit = True
     return conn
+
+
+def gap_ids(rows: int) -> list[int]:
+    """The ids the seeded events table lacks (failed transactions)."""
+    return [rows // 3, rows // 2, rows // 2 + 1, rows - 10]
 
 
 def seed(dbname: str, rows: int) -> dict[str, Any]:
@@ -83,7 +190,7 @@ def seed(dbname: str, rows: int) -> dict[str, Any]:
     engine = create_engine("postgres", args)
     conn = make_startup_connection(engine)
     prepare_database(conn, is_main=True)
-    gaps = [rows // 3, rows // 2, rows // 2 + 1, rows - 10]
+    gaps = gap_ids(rows)
     with conn.transaction("bench_seed") as txn:
         for index in EVENT_INDEXES:
             txn.execute(f"DROP INDEX {index}")
@@ -227,7 +334,7 @@ def seeded(dbname: str, rows: int) -> dict[str, Any] | None:
     return args if (count, largest) == (rows - 4, rows) else None
 
 
-def bench(rows: int, jar: str | None, master: str, reuse: bool) -> list[str]:
+def bench(rows: int, jar: str | None, master: str, reuse: bool, log_records: int = 0) -> list[str]:
     lines = []
     print(f"== {rows:,} events rows", flush=True)
     start = time.monotonic()
@@ -248,6 +355,14 @@ def bench(rows: int, jar: str | None, master: str, reuse: bool) -> list[str]:
         routes.append(("JDBC", ["--jdbc-jar", jar]))
     with tempfile.TemporaryDirectory(prefix="synapse_lite_bench_audit_") as directory:
         config = write_config(directory, args)
+        sql_logs = 0.0
+        if log_records:
+            loaded = write_logs(directory, rows, log_records, set(gap_ids(rows)))
+            sql_logs = time_sql_log_checks(args, loaded)
+            lines.append(
+                f"{rows:>12,}  plain SQL log checks      {sql_logs:7.1f} s"
+                f"  over {2 * len(loaded):,} log records"
+            )
         for name, extra in routes:
             load = os.getloadavg()[0]
             elapsed, cpu, peak, report, code, progress = time_audit(
@@ -259,6 +374,19 @@ def bench(rows: int, jar: str | None, master: str, reuse: bool) -> list[str]:
             missing = sum(g["count"] for g in gaps)
             ratio = elapsed / sql_total
             verdict = "PASS" if ratio <= TARGET_RATIO else "FAIL"
+            logs_step = [
+                float(line.rsplit(" in ", 1)[1].split(" s")[0])
+                for line in progress.splitlines()
+                if line.startswith("audit: checked the position logs in ")
+            ]
+            if log_records and logs_step:
+                log_ratio = logs_step[0] / max(sql_logs, 1e-3)
+                lines.append(
+                    f"{rows:>12,}  audit log checks, {name:<7} {logs_step[0]:7.1f} s"
+                    f"  {log_ratio:5.1f}x SQL  "
+                    + ("PASS" if log_ratio <= TARGET_RATIO else "FAIL")
+                    + f" (target {TARGET_RATIO:.0f}x)"
+                )
             lines.append(
                 f"{rows:>12,}  audit, {name:<16} {elapsed:7.1f} s  {rows / elapsed:>12,.0f} rows/s"
                 f"  {ratio:5.1f}x SQL  {verdict} (target {TARGET_RATIO:.0f}x)"
@@ -274,6 +402,14 @@ def main() -> int:
     parser.add_argument("--jdbc-jar", default=os.environ.get("SYNAPSE_LITE_JDBC_JAR", DEFAULT_JAR))
     parser.add_argument("--master", default="local[*]")
     parser.add_argument(
+        "--log-records",
+        type=int,
+        default=40_000,
+        metavar="N",
+        help="position-log records of a clean two-writer run over the last ids, checked by"
+        " the audit and, for comparison, by plain SQL (default 40,000; 0: none)",
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="keep the database an earlier run seeded with as many rows (saves the seeding)",
@@ -284,7 +420,7 @@ def main() -> int:
         print("no JDBC jar (apt-get install libpostgresql-jdbc-java): Parquet route only")
     lines = []
     for rows in options.rows or [1_000_000]:
-        lines += bench(rows, jar, options.master, options.reuse)
+        lines += bench(rows, jar, options.master, options.reuse, options.log_records)
     print("\n".join(["", "rows          what                        wall      throughput", *lines]))
     return 0
 

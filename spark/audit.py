@@ -32,16 +32,22 @@ from synapse_lite.app.audit_command import add_arguments
 
 
 def options_from_args(args: argparse.Namespace) -> AuditOptions:
+    jar, source = args.jdbc_jar, "--jdbc-jar"
+    if not jar and os.environ.get("SYNAPSE_LITE_JDBC_JAR"):
+        jar, source = os.environ["SYNAPSE_LITE_JDBC_JAR"], "$SYNAPSE_LITE_JDBC_JAR"
     return AuditOptions(
         config_path=args.config,
         master=args.master,
         position_logs=tuple(args.position_logs) if args.position_logs else None,
         use_position_logs=not args.no_position_logs,
-        jdbc_jar=args.jdbc_jar,
+        jdbc_jar=jar,
+        jdbc_jar_from=source,
         snapshot_dir=args.snapshot_dir,
         keep_snapshot=args.keep_snapshot,
         partitions=args.partitions,
         live=args.live,
+        verbose=args.verbose,
+        executor_python=args.executor_python,
     )
 
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark.frames import Frames, as_findings, per_stream, summarise
+from spark.catalog import AuditCatalog
+from spark.frames import Frames, as_findings, per_stream, stray_rows, summarise
 from spark.gaps import BLOCK_IDS, WORD_IDS
+from spark.sources import AuditData
 
 
 def id_words(frames: Frames) -> Any:
@@ -250,14 +252,26 @@ def row_faults(frames: Frames, live: bool, suspects: dict[tuple[str, str], int])
     )
 
 
-def logged_failures(frames: Frames, failed_ids: Any) -> Any:
-    """Per stream: how many ids the position logs record as failed have no
-    row (stream, logged_failed)."""
+def stray_ids(data: AuditData, catalog: AuditCatalog) -> Any:
+    """Findings ``id_wrong_sign``: rows whose id is 0 or has a sign no stream
+    of their table has, per table's stream and writer (a second read of the
+    rows, only when the first pass counted such rows)."""
     from pyspark.sql import functions as F
 
-    present = frames.rows.select("stream", "id")
-    return (
-        failed_ids.join(present, ["stream", "id"], "left_anti")
-        .groupBy("stream")
-        .agg(F.count(F.lit(1)).alias("logged_failed"))
+    positive = {s.name: s.positive for s in catalog.streams}
+    rows = stray_rows(data, catalog)
+    summary = summarise(
+        rows,
+        ["stream", "instance"],
+        # The ids as stored (0, -3), not made positive: they are what is wrong.
+        F.struct(F.col("stored_id").alias("id"), "table"),
+        {"tables": F.collect_set("table")},
     )
+    sign = per_stream({name: int(p) for name, p in positive.items()}) == 1
+    details = F.to_json(
+        F.struct(
+            F.sort_array("tables").alias("tables"),
+            sign.alias("positive"),
+        )
+    )
+    return as_findings(summary, "finding", "id_wrong_sign", F.col("instance"), details)

@@ -166,10 +166,15 @@ def _export_table(
 
 
 def export_snapshot(
-    engine: BaseDatabaseEngine, catalog: AuditCatalog, directory: str, progress: Progress
+    engine: BaseDatabaseEngine,
+    catalog: AuditCatalog,
+    directory: str,
+    progress: Progress,
+    live: bool = False,
 ) -> Snapshot:
-    """Write the catalog's tables, ``stream_positions`` and sequences to ``directory``."""
-    db_conn = open_read_only(engine)
+    """Write the catalog's tables, ``stream_positions`` and sequences to
+    ``directory`` (``live``: the servers may be writing)."""
+    db_conn = open_read_only(engine, live)
     try:
         with db_conn.transaction("audit_export", read_only=True) as txn:
             taken_at_ms = int(time.time() * 1000)

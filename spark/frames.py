@@ -70,6 +70,47 @@ def _by_table(catalog: AuditCatalog, value: Any) -> Any:
     return result if result is not None else F.lit(None)
 
 
+#: Prefix of the pseudo-stream a row of no stream is counted under (see
+#: :func:`build_frames`); no stream name starts with it.
+STRAY = "!"
+
+
+def _owner(catalog: AuditCatalog) -> Any:
+    """A column: the stream a row of its table should belong to whatever its
+    id (the positive one where a table holds two), for a row of no stream."""
+    from pyspark.sql import functions as F
+
+    owners: dict[str, str] = {}
+    for stream in sorted(catalog.streams, key=lambda s: not s.positive):
+        for stream_table in stream.tables:
+            owners.setdefault(stream_table.table, stream.name)
+    result: Any = None
+    for table_name, name in owners.items():
+        condition = F.col("table") == table_name
+        result = (
+            F.when(condition, F.lit(name))
+            if result is None
+            else result.when(condition, F.lit(name))
+        )
+    return result if result is not None else F.lit(None)
+
+
+def stray_rows(data: AuditData, catalog: AuditCatalog) -> Any:
+    """The rows whose id has no stream: 0, or the sign of no stream of their
+    table (a receipt with id -3). No reader's ``> token`` query returns them.
+    Columns: stream (the table's), table, instance, id (positive, to sort
+    on), stored_id (as stored)."""
+    from pyspark.sql import functions as F
+
+    return data.rows.filter(_by_table(catalog, lambda s, t: s.name).isNull()).select(
+        _owner(catalog).alias("stream"),
+        "table",
+        F.coalesce(F.col("instance"), F.lit("")).alias("instance"),
+        F.abs(F.col("id")).alias("id"),
+        F.col("id").alias("stored_id"),
+    )
+
+
 def build_frames(
     spark: Any, data: AuditData, catalog: AuditCatalog, largest_id: int, buckets: int
 ) -> Frames:
@@ -77,11 +118,17 @@ def build_frames(
     from pyspark.sql import functions as F
 
     bucket_size = max(1, -(-(largest_id + 1) // buckets))
+    # A row of no stream (id 0, or the wrong sign) is kept under the pseudo-stream
+    # STRAY + its table's stream, so the one pass over the rows counts it too;
+    # the checks of real streams filter these out (see :attr:`Frames.rows`).
+    stream = F.coalesce(
+        _by_table(catalog, lambda s, t: s.name), F.concat(F.lit(STRAY), _owner(catalog))
+    )
     rows = (
         data.rows.select(
-            _by_table(catalog, lambda s, t: s.name).alias("stream"),
+            stream.alias("stream"),
             "table",
-            _by_table(catalog, lambda s, t: t.shares_ids).alias("shares"),
+            F.coalesce(_by_table(catalog, lambda s, t: t.shares_ids), F.lit(True)).alias("shares"),
             F.coalesce(F.col("instance"), F.lit("")).alias("instance"),
             F.abs(F.col("id")).alias("id"),
         )

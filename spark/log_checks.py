@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark.frames import Frames, as_findings, summarise
+from spark.catalog import AuditCatalog
+from spark.frames import Frames, as_findings, per_stream, summarise
 from spark.logs import STREAM_WIDE, PositionLogs
 
 _NEVER = 2**63 - 1  # the finish time of an id that never finished
@@ -193,3 +194,130 @@ def persisted_upto(per_id: Any, frames_streams: Any, logs: PositionLogs) -> dict
         .agg((F.min("id") - 1).alias("upto"))
     )
     return {row["stream"]: int(row["upto"]) for row in holes.collect()}
+
+
+def logged_outcomes(per_id: Any, logs: PositionLogs) -> Any:
+    """Per (stream, id) with a ``finished`` record: its writer, whether it
+    committed, when it finished, and whether the id has a row (``has_row``)."""
+    from pyspark.sql import functions as F
+
+    outcomes = logs.finished.groupBy("stream", "id").agg(
+        F.min("writer").alias("writer"),
+        F.min(F.col("committed").cast("int")).cast("boolean").alias("committed"),
+        F.max("ts").alias("finished_ts"),
+    )
+    present = per_id.select("stream", "id", F.lit(True).alias("has_row"))
+    return outcomes.join(present, ["stream", "id"], "left").withColumn(
+        "has_row", F.coalesce("has_row", F.lit(False))
+    )
+
+
+def outcome_counts(outcomes: Any) -> dict[str, dict[str, int]]:
+    """Per stream: the ids without a row that the logs say failed
+    (``logged_failed``) and committed (``logged_committed``)."""
+    from pyspark.sql import functions as F
+
+    counts = (
+        outcomes.filter(~F.col("has_row"))
+        .groupBy("stream")
+        .agg(
+            F.count(F.when(~F.col("committed"), F.lit(1))).alias("logged_failed"),
+            F.count(F.when(F.col("committed"), F.lit(1))).alias("logged_committed"),
+        )
+    )
+    return {
+        r["stream"]: {
+            "logged_failed": int(r["logged_failed"]),
+            "logged_committed": int(r["logged_committed"]),
+        }
+        for r in counts.collect()
+    }
+
+
+def outcome_faults(frames: Frames, catalog: AuditCatalog, outcomes: Any, live: bool) -> Any:
+    """Findings from what the logs say became of each id:
+
+    * ``failed_id_has_row``: logged as failed, yet a row carries it (the
+      commit's acknowledgement was lost: the write happened, the writer
+      believes it did not);
+    * ``committed_row_missing``: logged as committed, and no row carries it,
+      in a stream whose tables never remove rows (``StreamTable.rows_removed``).
+      With ``live`` this is information: the row may have committed after the
+      database was read and before the logs were.
+    """
+    from pyspark.sql import functions as F
+
+    keeps_rows = [s.name for s in catalog.streams if not any(t.rows_removed for t in s.tables)]
+    tables_of = {s.name: ",".join(t.table for t in s.tables) for s in catalog.streams}
+    failed = outcomes.filter(F.col("has_row") & ~F.col("committed"))
+    found_in = (
+        frames.rows.join(failed.select("stream", "id"), ["stream", "id"], "left_semi")
+        .groupBy("stream", "id")
+        .agg(F.sort_array(F.collect_set("table")).alias("tables"))
+    )
+    failed = failed.join(found_in, ["stream", "id"], "left").withColumn(
+        "kind", F.lit("failed_id_has_row")
+    )
+    missing = (
+        outcomes.filter(~F.col("has_row") & F.col("committed") & F.col("stream").isin(keeps_rows))
+        .withColumn("tables", F.split(per_stream(tables_of), ","))  # type: ignore[arg-type]
+        .withColumn("kind", F.lit("committed_row_missing"))
+    )
+    faults = failed.unionByName(missing)
+    summary = summarise(
+        faults,
+        ["kind", "stream", "writer"],
+        F.struct("id", "tables", "committed", "finished_ts"),
+        {"tables": F.collect_set("tables")},
+    )
+    info = F.lit(live) & (F.col("kind") == "committed_row_missing")
+    tables = F.sort_array(F.array_distinct(F.flatten("tables"))).alias("tables")
+    return as_findings(
+        summary,
+        F.when(info, F.lit("info")).otherwise(F.lit("finding")),
+        F.col("kind"),
+        F.col("writer"),
+        F.to_json(F.struct(tables)),
+    )
+
+
+def positions_ahead_of_sequence(frames: Frames, logs: PositionLogs, live: bool) -> Any:
+    """Findings ``logged_position_ahead_of_sequence``: a position handed out
+    beyond the sequence's last value, so a reader holding it skips the ids the
+    sequence hands out next, grouped by stream, the position's writer and the
+    process. With ``live`` it is information: the logs are read after the
+    database, and the sequence may have moved on in between."""
+    from pyspark.sql import functions as F
+
+    ahead = (
+        logs.positions.join(F.broadcast(frames.streams), "stream")
+        .filter(F.col("position") > F.col("last_value"))
+        .withColumn("id", F.col("position"))
+    )
+    summary = summarise(
+        ahead,
+        ["stream", "writer", "process"],
+        F.struct("id", "ts", "purpose"),
+        {
+            "sequence": F.first("sequence"),
+            "last_value": F.first("last_value"),
+            "largest_position": F.max("position"),
+            "first_ts": F.min("ts"),
+        },
+    )
+    return as_findings(
+        summary,
+        "info" if live else "finding",
+        "logged_position_ahead_of_sequence",
+        F.col("writer"),
+        F.to_json(
+            F.struct(
+                F.col("writer").alias("position_writer"),
+                "process",
+                "sequence",
+                "last_value",
+                "largest_position",
+                "first_ts",
+            )
+        ),
+    )

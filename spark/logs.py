@@ -25,6 +25,12 @@ _SCHEMA = (
 )
 
 
+#: The largest id or position a record may carry. Sequences are 64-bit, but a
+#: value near the limit is a corrupt line, not an id: Spark would overflow on
+#: negating -2**63 (or adding 1 to 2**63 - 1) and stop the whole audit.
+LARGEST_VALUE = 2**62
+
+
 def default_log_paths(data_dir: str) -> list[str]:
     """Every position log in a data directory (what each process writes there)."""
     return sorted(glob.glob(os.path.join(data_dir, LOG_PATTERN)))
@@ -65,14 +71,14 @@ def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) ->
         (F.col("kind") == "finished")
         & F.col("ts").isNotNull()
         & F.col("writer").isNotNull()
-        & F.col("id").isNotNull()
+        & F.col("id").between(-LARGEST_VALUE, LARGEST_VALUE)
         & F.col("committed").isNotNull()
     )
     position_ok = (
         (F.col("kind") == "position")
         & F.col("ts").isNotNull()
         & F.col("writer").isNotNull()
-        & F.col("position").isNotNull()
+        & F.col("position").between(-LARGEST_VALUE, LARGEST_VALUE)
     )
     valid = F.col("_corrupt_record").isNull() & F.col("stream").isNotNull()
     parsed = raw.withColumn(
@@ -83,7 +89,15 @@ def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) ->
     ).localCheckpoint(eager=True)  # read once: the stats and both kinds use it
     stats = parsed.groupBy("status").agg(
         F.count(F.lit(1)).alias("n"),
-        F.max(F.greatest(F.abs("id"), F.abs("position"))).alias("largest"),
+        # Only valid records' values: a malformed one may not even negate.
+        F.max(
+            F.when(
+                F.col("status") != "malformed",
+                F.greatest(
+                    F.abs(F.coalesce("id", F.lit(0))), F.abs(F.coalesce("position", F.lit(0)))
+                ),
+            )
+        ).alias("largest"),
         F.collect_set("stream").alias("streams"),
     )
     counts = {row["status"]: row for row in stats.collect()}

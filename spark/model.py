@@ -8,6 +8,7 @@ sample of the ids involved with their count, and a message for people.
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
@@ -54,6 +55,23 @@ class Finding:
         }
 
 
+def who(writer: str) -> str:
+    """An instance name for a message: the empty name (the main process of an
+    unnamed config) shown as ``''``, not as nothing."""
+    return writer if writer else "''"
+
+
+def iso_time(ms: Any) -> str:
+    """A position log time (epoch milliseconds) as an ISO date, to the millisecond."""
+    if ms is None:
+        return "?"
+    try:
+        moment = datetime.datetime.fromtimestamp(int(ms) / 1000, datetime.UTC)
+    except (OverflowError, ValueError, OSError):
+        return f"{ms} ms"
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _ids(ids: tuple[int, ...], count: int) -> str:
     shown = ", ".join(str(i) for i in ids)
     return shown if count <= len(ids) else f"{shown} ... ({count} in all)"
@@ -70,59 +88,121 @@ def describe(
     samples: tuple[dict[str, Any], ...],
     details: dict[str, Any],
 ) -> str:
-    """One sentence saying what is wrong and where."""
+    """One sentence saying what is wrong and where: the stream, the writer,
+    the tables and the ids."""
     listed = _ids(ids, count)
+    name = who(writer)
+    tables = ", ".join(details.get("tables", []))
     if kind == "duplicate_stream_id":
         return (
-            f"{count} id(s) of stream {stream} used more than once by {writer}"
-            f" in {', '.join(details.get('tables', []))}: {listed}"
+            f"{count} id(s) of stream {stream} used more than once by {name} in {tables}: {listed}"
         )
     if kind == "id_above_sequence":
         return (
-            f"{writer} wrote {count} row(s) of stream {stream} with ids above sequence"
+            f"{name} wrote {count} row(s) of stream {stream} in {tables} with ids above sequence"
             f" {details.get('sequence')} (last value {details.get('last_value')}): {listed}"
+        )
+    if kind == "id_wrong_sign":
+        sign = "count up from 1" if details.get("positive", True) else "count down from -1"
+        return (
+            f"{name} wrote {count} row(s) in {tables} with ids that belong to no stream:"
+            f" stream {stream}'s ids {sign}, so no reader's `> token` query returns them:"
+            f" {listed}"
         )
     if kind == "position_ahead_of_sequence":
         return (
-            f"stream_positions says {writer} reached {details.get('stored')} on stream {stream},"
+            f"stream_positions says {name} reached {details.get('stored')} on stream {stream},"
             f" but sequence {details.get('sequence')} only handed out up to"
             f" {details.get('last_value')}"
+        )
+    if kind == "position_wrong_sign":
+        stored = details.get("stored")
+        expected = "positive" if details.get("positive", True) else "negative (counting down)"
+        return (
+            f"stream_positions holds {stored} for {name} on stream {stream}, whose stored"
+            f" positions are {expected}: the servers read it as position {details.get('read_as')}"
+        )
+    if kind == "unexpected_stream_position":
+        reason = details.get("reason")
+        if reason == "unknown_stream":
+            why = "no stream of that name exists (the servers never read it)"
+        elif reason == "keeps_no_positions":
+            why = "the stream keeps no positions"
+        else:
+            why = f"{name} is not one of its writers ({', '.join(details.get('writers', []))})"
+        return (
+            f"stream_positions has a row for {name} on stream {stream!r}"
+            f" (value {details.get('stored')}), but {why}"
         )
     if kind == "position_behind_rows":
         stored = details.get("stored")
         where = "has no stream_positions row" if stored is None else f"is stored at {stored}"
-        return f"{writer} {where} on stream {stream} but wrote {count} row(s) above it: {listed}"
+        return f"{name} {where} on stream {stream} but wrote {count} row(s) above it: {listed}"
     if kind == "unknown_writer":
         configured = ", ".join(details.get("configured", []))
         return (
-            f"{writer} wrote {count} row(s) of stream {stream} but is not one of its"
+            f"{name} wrote {count} row(s) of stream {stream} in {tables} but is not one of its"
             f" writers ({configured}): {listed}"
         )
     if kind == "position_before_finish":
         whose = (
             "stream-wide"
             if details.get("position_writer") == "*"
-            else f"{details.get('position_writer')}'s"
+            else f"{who(details.get('position_writer') or '')}'s"
         )
         first = samples[0] if samples else {}
         return (
-            f"{details.get('process')} handed out {whose} positions of stream {stream} covering"
-            f" {count} id(s) of {writer} before they finished (first: position"
-            f" {first.get('position')} at {first.get('position_ts')} covered id"
-            f" {first.get('id')}, finished at {first.get('finished_ts')}): {listed}"
+            f"{who(details.get('process') or '')} handed out {whose} positions of stream"
+            f" {stream} covering {count} id(s) of {name} before they finished (first: position"
+            f" {first.get('position')} at {iso_time(first.get('position_ts'))} covered id"
+            f" {first.get('id')} in {', '.join(first.get('tables') or []) or 'no table'},"
+            f" finished at {iso_time(first.get('finished_ts'))}): {listed}"
+        )
+    if kind == "logged_position_ahead_of_sequence":
+        whose = (
+            "stream-wide"
+            if details.get("position_writer") == "*"
+            else f"{who(details.get('position_writer') or '')}'s"
+        )
+        last = details.get("last_value")
+        return (
+            f"{who(details.get('process') or '')} handed out {whose} positions of stream"
+            f" {stream} up to {details.get('largest_position')}, beyond anything sequence"
+            f" {details.get('sequence')} produced ({last}; first at"
+            f" {iso_time(details.get('first_ts'))}): a reader holding it skips the next"
+            f" {int(details.get('largest_position') or 0) - int(last or 0)} id(s): {listed}"
+        )
+    if kind == "failed_id_has_row":
+        return (
+            f"{count} id(s) of stream {stream} that {name} logged as failed have rows in"
+            f" {tables} (a lost commit acknowledgement: the write committed): {listed}"
+        )
+    if kind == "committed_row_missing":
+        return (
+            f"{count} id(s) of stream {stream} that {name} logged as committed have no row,"
+            f" though rows of {tables} are never removed: {listed}"
         )
     if kind == "gap":
         ranges = ", ".join(
             str(s["id"]) if s["id"] == s["last"] else f"{s['id']}-{s['last']}" for s in samples
         )
         more = "" if details.get("ranges", 0) <= len(samples) else " ..."
-        failed = details.get("logged_failed")
-        known = "" if failed is None else f"; {failed} logged as failed"
+        removed = details.get("removed") or {}
+        why = "; ".join(
+            [f"{table}: rows {reason}" for table, reason in removed.items()]
+            + ["or failed transactions" if removed else "failed transactions"]
+        )
+        known = []
+        if details.get("logged_failed") is not None:
+            known.append(f"{details['logged_failed']} logged as failed")
+        if details.get("logged_committed") is not None:
+            known.append(f"{details['logged_committed']} logged as committed")
+        logged = f"; {', '.join(known)}" if known else ""
         return (
             f"{count} id(s) of stream {stream} handed out by its sequence have no row"
-            f" (failed transactions) in {details.get('ranges')} range(s): {ranges}{more}{known}"
+            f" ({why}) in {details.get('ranges')} range(s): {ranges}{more}{logged}"
         )
-    return f"{kind} on stream {stream} ({writer}): {listed}"
+    return f"{kind} on stream {stream} ({name}): {listed}"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

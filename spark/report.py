@@ -33,7 +33,7 @@ def _table(headers: Sequence[str], rows: list[Sequence[object]]) -> list[str]:
 
 def render_text(report: AuditReport) -> str:
     """The terminal report: positions per stream and writer, then findings."""
-    lines = [f"Audit of {report.database} ({report.route}, {report.duration_s:.1f} s)", ""]
+    lines = [f"Audit of {report.database} (route: {report.route}, {report.duration_s:.1f} s)", ""]
     rows: list[Sequence[object]] = []
     for s in report.streams:
         rows.append(

@@ -25,7 +25,7 @@ from spark.logs import PositionLogs, default_log_paths, load_position_logs
 from spark.model import AuditReport
 from spark.progress import Progress
 from spark.readonly import DatabaseUnavailable, open_read_only
-from spark.session import SparkUnavailable, start_session
+from spark.session import SparkUnavailable, resolve_master, start_session
 from spark.sources import AuditData, jdbc_source, snapshot_source
 from spark.summary import collect_results
 from synapse_lite.config.homeserver import HomeServerConfig, read_homeserver_config
@@ -42,15 +42,23 @@ class AuditError(RuntimeError):
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class AuditOptions:
     config_path: str
-    master: str = "local[*]"
+    #: None: spark-submit's ``--master``, else ``local[*]``.
+    master: str | None = None
     #: None: every positions-*.jsonl in the config's data_dir.
     position_logs: tuple[str, ...] | None = None
     use_position_logs: bool = True
     jdbc_jar: str | None = None
+    #: Where the jar came from, for the line saying which route ran.
+    jdbc_jar_from: str = "--jdbc-jar"
     snapshot_dir: str | None = None
     keep_snapshot: bool = False
     partitions: int = 4
     live: bool = False
+    #: Keep Spark's own INFO and WARN logging.
+    verbose: bool = False
+    #: The Python the executors run (``PYSPARK_PYTHON``); None: this interpreter
+    #: on a local master, the cluster's default otherwise.
+    executor_python: str | None = None
     #: The stream definitions the servers run (their built-in catalog unless a
     #: caller adds streams of its own).
     streams: StreamCatalog = BUILTIN_STREAMS
@@ -109,11 +117,14 @@ class _SessionStarter:
 
     def _start(self) -> None:
         try:
-            with self._progress.step(f"started Spark ({self._options.master})"):
+            master = resolve_master(self._options.master)
+            with self._progress.step(f"started Spark ({master})"):
                 self._result = start_session(
-                    self._options.master,
+                    master,
                     self._jars,
                     {"spark.sql.shuffle.partitions": str(max(1, self._options.partitions))},
+                    verbose=self._options.verbose,
+                    executor_python=self._options.executor_python,
                 )
         except BaseException as e:  # raised in the caller's thread by session()
             self._error = e
@@ -146,12 +157,22 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             f"JDBC driver jar not found: {jar} (apt-get install libpostgresql-jdbc-java)"
         )
     use_jdbc = bool(jar) and engine.name == "postgres"
-    if jar and not use_jdbc:
-        progress.line(f"the JDBC jar is for PostgreSQL; exporting the {engine.name} database")
+    if use_jdbc:
+        progress.line(
+            f"route: jdbc (Spark reads {engine.describe()} over JDBC with {jar},"
+            f" from {options.jdbc_jar_from})"
+        )
+    elif jar:
+        progress.line(
+            f"route: parquet (the JDBC jar from {options.jdbc_jar_from} is for PostgreSQL;"
+            f" exporting the {engine.name} database)"
+        )
+    else:
+        progress.line(f"route: parquet (exporting a snapshot of {engine.describe()})")
     try:
         with ExitStack() as stack:
             # The database first: an unreachable one fails before Spark starts.
-            open_read_only(engine).close()
+            open_read_only(engine, options.live).close()
             starter: _SessionStarter | None = None
             if spark is None:
                 starter = _SessionStarter(options, [jar] if use_jdbc and jar else [], progress)
@@ -159,7 +180,7 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             snapshot: Snapshot | None = None
             if not use_jdbc:
                 directory = stack.enter_context(_snapshot_dir(options))
-                snapshot = export_snapshot(engine, catalog, directory, progress)
+                snapshot = export_snapshot(engine, catalog, directory, progress, options.live)
             session = spark if starter is None else starter.session()
             logs: PositionLogs | None = None
             if log_paths:

@@ -25,12 +25,57 @@ class SparkUnavailable(RuntimeError):
     """Spark cannot run here: pyspark or Java is missing, or the session failed."""
 
 
-def prepare_environment() -> None:
+def prepare_environment(local: bool = True, executor_python: str | None = None) -> None:
     """Environment Spark reads at JVM start (see SPARK_NOTES): bind locally
-    rather than warn about the host name, and run Python workers with this
-    interpreter rather than whatever ``python3`` is on PATH."""
+    rather than warn about the host name, and run Python workers with
+    ``executor_python`` (a path every node has) or, on a local master, this
+    interpreter rather than whatever ``python3`` is on PATH. A cluster's nodes
+    may not have this interpreter's path: there an unset ``PYSPARK_PYTHON``
+    leaves the choice to the cluster."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if executor_python:
+        os.environ["PYSPARK_PYTHON"] = executor_python
+    elif local:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def quiet_submitted_jvm() -> None:
+    """Under ``spark-submit`` the JVM is already running, with Spark's default
+    logging (INFO): load our logging configuration into it before the
+    SparkContext starts and logs its 40-odd INFO lines. Run as a plain Python
+    program, the JVM is started with it instead (``spark.driver.extraJavaOptions``).
+
+    spark-submit marks Spark's logging uninitialised for the application, so
+    the SparkContext would load Spark's defaults over ours: it is marked
+    initialised. That flag is Spark-internal (the compiled name of
+    ``Logging.initialized``); should it move in another Spark version, Spark
+    simply logs as it would anyway."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return
+    from pyspark import SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM
+    jvm: Any = SparkContext._jvm
+    context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
+    context.setConfigLocation(jvm.java.net.URI.create(f"file:{LOG4J_CONFIG}"))
+    logging_state = getattr(getattr(jvm.org.apache.spark.internal, "Logging$"), "MODULE$")
+    getattr(logging_state, "org$apache$spark$internal$Logging$$initialized_$eq")(True)
+
+
+def resolve_master(master: str | None) -> str:
+    """The master to run on: ``master``, else the one ``spark-submit`` was
+    given (its JVM holds it as a system property), else ``local[*]``."""
+    if master:
+        return master
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        try:
+            from pyspark import SparkConf, SparkContext
+
+            SparkContext._ensure_initialized()  # connects to spark-submit's JVM
+            return str(SparkConf().get("spark.master", "local[*]"))
+        except ImportError:
+            pass
+    return "local[*]"
 
 
 def check_java() -> str:
@@ -53,27 +98,37 @@ def start_session(
     jars: list[str],
     conf: dict[str, str] | None = None,
     app_name: str = "synapse-lite-audit",
+    verbose: bool = False,
+    executor_python: str | None = None,
 ) -> tuple[Any, bool]:
     """A SparkSession on ``master``, and whether it was started here (False:
-    the process already had one, which its owner will stop)."""
-    prepare_environment()
+    the process already had one, which its owner will stop). Spark logs
+    errors only unless ``verbose``."""
+    local = master.startswith("local")
+    prepare_environment(local, executor_python)
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
         raise SparkUnavailable("pyspark is not installed: pip install -e '.[spark]'") from e
     check_java()
-    java_options = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
-    local = master.startswith("local")
+    java_options = "" if verbose else f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+    if not verbose:
+        try:
+            quiet_submitted_jvm()
+        except Exception:  # only the logging is at stake: Spark logs as usual
+            pass
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executor.extraJavaOptions", java_options)
     )
+    if java_options:
+        builder = builder.config("spark.executor.extraJavaOptions", java_options)
     for key, value in (LOCAL_CONF if local else {}).items():
         builder = builder.config(key, value)
-    driver_options = f"{LOCAL_JAVA_OPTIONS} {java_options}" if local else java_options
-    builder = builder.config("spark.driver.extraJavaOptions", driver_options)
+    driver_options = f"{LOCAL_JAVA_OPTIONS} {java_options}".strip() if local else java_options
+    if driver_options:
+        builder = builder.config("spark.driver.extraJavaOptions", driver_options)
     if jars:
         builder = builder.config("spark.jars", ",".join(jars))
     for key, value in (conf or {}).items():
@@ -83,5 +138,6 @@ def start_session(
         spark = builder.getOrCreate()
     except Exception as e:
         raise SparkUnavailable(f"Spark failed to start on {master}: {e}") from e
-    spark.sparkContext.setLogLevel("ERROR")
+    if not verbose:
+        spark.sparkContext.setLogLevel("ERROR")
     return spark, existing is None

@@ -19,7 +19,7 @@ from typing import Any
 
 from spark import checks, log_checks
 from spark.catalog import AuditCatalog
-from spark.frames import build_frames
+from spark.frames import STRAY, build_frames
 from spark.gaps import StreamGaps, stream_gaps
 from spark.logs import PositionLogs
 from spark.model import FINDING, INFO, Finding, StreamSummary, WriterSummary, describe
@@ -50,12 +50,24 @@ def _per_writer(words: Any) -> Any:
     )
 
 
-def _gap_findings(found: dict[str, StreamGaps], failed: dict[str, int] | None) -> list[Finding]:
+def _gap_findings(
+    found: dict[str, StreamGaps],
+    catalog: AuditCatalog,
+    logged: dict[str, dict[str, int]] | None,
+) -> list[Finding]:
+    """Gaps as information, each saying why its stream's ids may lack a row:
+    per table whose rows are removed (``StreamTable.rows_removed``), and
+    failed transactions; with logs, how many ids they say failed or committed."""
     result = []
     for stream, gaps in found.items():
         details: dict[str, Any] = {"ranges": gaps.ranges}
-        if failed is not None:
-            details["logged_failed"] = failed.get(stream, 0)
+        removed = {t.table: t.rows_removed for t in catalog.stream(stream).tables if t.rows_removed}
+        if removed:
+            details["removed"] = removed
+        if logged is not None:
+            counts = logged.get(stream, {})
+            details["logged_failed"] = counts.get("logged_failed", 0)
+            details["logged_committed"] = counts.get("logged_committed", 0)
         fields: dict[str, Any] = dict(
             severity=INFO,
             kind="gap",
@@ -95,26 +107,86 @@ def _row_fault_suspects(
     return suspects
 
 
-def _ahead_of_sequence(data: AuditData, catalog: AuditCatalog) -> list[Finding]:
-    """Stored positions beyond what the sequence handed out (a few rows: done here)."""
+def _finding(severity: str, kind: str, stream: str, writer: str, **fields: Any) -> Finding:
+    values: dict[str, Any] = dict(
+        severity=severity,
+        kind=kind,
+        stream=stream,
+        writer=writer,
+        count=fields.pop("count", 1),
+        ids=tuple(fields.pop("ids", ())),
+        samples=tuple(fields.pop("samples", ())),
+        details=fields.pop("details", {}),
+    )
+    assert not fields, fields
+    return Finding(**values, message=describe(**values))
+
+
+def _stored_position_faults(data: AuditData, catalog: AuditCatalog) -> list[Finding]:
+    """What is wrong with ``stream_positions`` on its own (a few rows: done
+    here): a row of no stream or of an instance that is not the stream's
+    writer, a value of the wrong sign for its stream, a value beyond what the
+    sequence handed out."""
     found = []
+    names = catalog.stream_names()
     for stream_name, instance, stored in data.stream_positions:
-        if stream_name not in catalog.stream_names():
+        if stream_name not in names:
+            found.append(
+                _finding(
+                    FINDING,
+                    "unexpected_stream_position",
+                    stream_name,
+                    instance,
+                    details={"reason": "unknown_stream", "stored": stored},
+                )
+            )
             continue
         stream = catalog.stream(stream_name)
+        if not stream.keeps_positions or instance not in stream.writers:
+            reason = "keeps_no_positions" if not stream.keeps_positions else "not_a_writer"
+            found.append(
+                _finding(
+                    FINDING,
+                    "unexpected_stream_position",
+                    stream_name,
+                    instance,
+                    details={"reason": reason, "stored": stored, "writers": list(stream.writers)},
+                )
+            )
+        # Positions of a stream counting down are stored negative (0: none yet).
+        if (stored < 0) if stream.positive else (stored > 0):
+            found.append(
+                _finding(
+                    FINDING,
+                    "position_wrong_sign",
+                    stream_name,
+                    instance,
+                    ids=(stored,),
+                    samples=({"id": stored},),
+                    details={
+                        "stored": stored,
+                        "positive": stream.positive,
+                        "read_as": stored if stream.positive else -stored,
+                    },
+                )
+            )
         last = data.sequences[stream.sequence]
         if abs(stored) > last:
-            fields: dict[str, Any] = dict(
-                severity=FINDING,
-                kind="position_ahead_of_sequence",
-                stream=stream_name,
-                writer=instance,
-                count=1,
-                ids=(abs(stored),),
-                samples=({"id": abs(stored)},),
-                details={"stored": abs(stored), "sequence": stream.sequence, "last_value": last},
+            found.append(
+                _finding(
+                    FINDING,
+                    "position_ahead_of_sequence",
+                    stream_name,
+                    instance,
+                    ids=(abs(stored),),
+                    samples=({"id": abs(stored)},),
+                    details={
+                        "stored": abs(stored),
+                        "sequence": stream.sequence,
+                        "last_value": last,
+                    },
+                )
             )
-            found.append(Finding(**fields, message=describe(**fields)))
     return found
 
 
@@ -189,10 +261,17 @@ def collect_results(
     frames = build_frames(spark, data, catalog, largest, BUCKETS)
     with progress.step("read the rows into id bitmaps"):
         # The one full pass; what it keeps is about one row per 64 ids and writer.
-        words = checks.id_words(frames).localCheckpoint(eager=True)
+        all_words = checks.id_words(frames).localCheckpoint(eager=True)
+        words = all_words.filter(~F.col("stream").startswith(STRAY))
 
     with progress.step("ran the checks") as step:
-        per_writer = _per_writer(words).collect()
+        per_writer = []
+        stray = False
+        for row in _per_writer(all_words).collect():
+            if row["stream"].startswith(STRAY):
+                stray = True
+            else:
+                per_writer.append(row)
         step.rows = sum(int(r["count"]) for r in per_writer)
         # Streamed a partition at a time: the driver keeps a few numbers a block.
         spans, short, marked = [], [], []
@@ -211,17 +290,21 @@ def collect_results(
         gaps = stream_gaps(spans, short_words, frames.last_values)
 
     found: list[Any] = []
-    failed: dict[str, int] | None = None
+    logged: dict[str, dict[str, int]] | None = None
     persisted: dict[str, int] = {}
     if logs is not None and logs.streams:
         with progress.step("checked the position logs"):
-            failed_ids = logs.finished.filter(~F.col("committed")).select("stream", "id")
-            failed = {
-                r["stream"]: int(r["logged_failed"])
-                for r in checks.logged_failures(frames, failed_ids).collect()
-            }
             per_id = checks.ids_per_stream(frames).localCheckpoint(eager=True)
-            found += log_checks.positions_before_finish(spark, frames, per_id, logs).collect()
+            outcomes = log_checks.logged_outcomes(per_id, logs).localCheckpoint(eager=True)
+            logged = log_checks.outcome_counts(outcomes)
+            found += functools.reduce(
+                DataFrame.unionByName,
+                [
+                    log_checks.positions_before_finish(spark, frames, per_id, logs),
+                    log_checks.outcome_faults(frames, catalog, outcomes, live),
+                    log_checks.positions_ahead_of_sequence(frames, logs, live),
+                ],
+            ).collect()
             persisted = log_checks.persisted_upto(per_id, frames.streams, logs)
 
     # Only a fault the totals show sends Spark back to the rows, for details.
@@ -229,6 +312,8 @@ def collect_results(
     if marked:
         blocks = spark.createDataFrame(marked, "stream STRING, block LONG")
         details.append(checks.duplicate_ids(frames, blocks))
+    if stray:
+        details.append(checks.stray_ids(data, catalog))
     suspects = _row_fault_suspects(data, catalog, per_writer)
     if suspects:
         details.append(checks.row_faults(frames, live, suspects))
@@ -236,8 +321,8 @@ def collect_results(
         with progress.step("detailed the faults"):
             found += functools.reduce(DataFrame.unionByName, details).collect()
 
-    results = [Finding.from_row(r) for r in found] + _ahead_of_sequence(data, catalog)
-    results += _gap_findings(gaps, failed)
+    results = [Finding.from_row(r) for r in found] + _stored_position_faults(data, catalog)
+    results += _gap_findings(gaps, catalog, logged)
     if logs is not None:
         results += _malformed(logs)
     results.sort(key=lambda f: (f.kind, f.stream, f.writer, f.ids))

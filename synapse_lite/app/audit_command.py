@@ -17,13 +17,17 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The audit's arguments (``docs/audit.md`` explains each)."""
-    parser.add_argument("-c", "--config", required=True, help="the homeserver.yaml to audit")
+def add_arguments(parser: argparse.ArgumentParser, config_required: bool = True) -> None:
+    """The audit's arguments (``docs/audit.md`` explains each). Without
+    ``config_required`` (``synapse-lite audit``) the caller finds the config
+    when ``-c`` is not given, as its other commands do."""
+    parser.add_argument(
+        "-c", "--config", required=config_required, help="the homeserver.yaml to audit"
+    )
     parser.add_argument(
         "--master",
-        default="local[*]",
-        help="Spark master URL (default: local[*]; e.g. spark://host:7077 for a cluster)",
+        help="Spark master URL (default: spark-submit's --master, else local[*]; e.g."
+        " spark://host:7077 for a cluster)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
     parser.add_argument(
@@ -42,9 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jdbc-jar",
         metavar="PATH",
-        default=os.environ.get("SYNAPSE_LITE_JDBC_JAR") or None,
         help="PostgreSQL JDBC driver jar: read PostgreSQL over JDBC instead of exporting a"
-        " snapshot (default: $SYNAPSE_LITE_JDBC_JAR)",
+        " snapshot (default: $SYNAPSE_LITE_JDBC_JAR; the audit says which route ran)",
     )
     parser.add_argument(
         "--snapshot-dir",
@@ -66,6 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--live",
         action="store_true",
         help="the servers are running: stored positions lagging their rows are information",
+    )
+
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep Spark's own INFO and WARN logging (default: errors only, under the"
+        " audit's progress lines)",
+    )
+    parser.add_argument(
+        "--executor-python",
+        metavar="PATH",
+        default=os.environ.get("PYSPARK_PYTHON") or None,
+        help="the Python the Spark executors run, as a path valid on every node"
+        " (default: $PYSPARK_PYTHON; else this interpreter for a local master, and the"
+        " cluster's own python3 otherwise)",
     )
 
 

@@ -89,6 +89,12 @@ def _wake_for_events(rows: Sequence[Any]) -> Wake:
     return Wake(users=users, rooms=rooms)
 
 
+#: Why rows of a stream table disappear after their write (``StreamTable.rows_removed``).
+_UPSERTED = "upserted: a later update of the same key replaces the row and its id"
+_DELIVERED = "deleted once the device has received the message"
+_SENT = "deleted once the message was sent to the other server"
+
+
 EVENTS = StreamDefinition(
     name="events",
     description="new events and the current-state changes they make",
@@ -131,7 +137,9 @@ PRESENCE = StreamDefinition(
     description="users' presence states",
     codec=RowCodec(PresenceStreamRow),
     writers=WriterRule("presence"),
-    ids=IdSpace("presence_stream_sequence", (StreamTable("presence_stream"),)),
+    ids=IdSpace(
+        "presence_stream_sequence", (StreamTable("presence_stream", rows_removed=_UPSERTED),)
+    ),
     in_sync_token=True,
     wake=wake_everyone,
     rows_from_store=lambda store: store.get_all_presence_updates,
@@ -177,7 +185,7 @@ RECEIPTS = StreamDefinition(
     description="read receipts",
     codec=RowCodec(ReceiptsStreamRow),
     writers=WriterRule("receipts"),
-    ids=IdSpace("receipts_sequence", (StreamTable("receipts_linearized"),)),
+    ids=IdSpace("receipts_sequence", (StreamTable("receipts_linearized", rows_removed=_UPSERTED),)),
     in_sync_token=True,
     wake=wake_rooms,
     rows_from_store=lambda store: store.get_all_updated_receipts,
@@ -204,9 +212,9 @@ ACCOUNT_DATA = StreamDefinition(
     ids=IdSpace(
         "account_data_sequence",
         (
-            StreamTable("account_data"),
-            StreamTable("room_account_data"),
-            StreamTable("room_tags_revisions"),
+            StreamTable("account_data", rows_removed=_UPSERTED),
+            StreamTable("room_account_data", rows_removed=_UPSERTED),
+            StreamTable("room_tags_revisions", rows_removed=_UPSERTED),
         ),
     ),
     in_sync_token=True,
@@ -238,8 +246,8 @@ TO_DEVICE = StreamDefinition(
         "device_inbox_sequence",
         # One id per send: every local device's inbox row and the outbox row share it.
         (
-            StreamTable("device_inbox", shares_ids=True),
-            StreamTable("device_federation_outbox", shares_ids=True),
+            StreamTable("device_inbox", shares_ids=True, rows_removed=_DELIVERED),
+            StreamTable("device_federation_outbox", shares_ids=True, rows_removed=_SENT),
         ),
     ),
     in_sync_token=True,

@@ -59,12 +59,19 @@ class StreamTable:
     may appear on several of its rows and on a row of another table of the
     stream (written in the same transaction). Otherwise every row has an id of
     its own, used by no other row of the stream; the audit reports a reuse.
+
+    ``rows_removed``: why a row of this table may disappear after its write
+    committed (an upsert giving the row a later id, a delete once delivered),
+    or ``""`` when rows are never removed. The audit explains a missing id of
+    such a table by this; in a table whose rows stay, a committed id without a
+    row is a fault.
     """
 
     table: str
     instance_column: str = "instance_name"
     id_column: str = "stream_id"
     shares_ids: bool = False
+    rows_removed: str = ""
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

@@ -81,18 +81,22 @@ class CacheInvalidationWorkerStore(SQLBaseStore):
     async def get_all_updated_caches(
         self, instance_name: str, last_id: int, current_id: int, limit: int
     ) -> tuple[list[tuple[int, CachesStreamRow]], int, bool]:
-        """Invalidations ``instance_name`` wrote after ``last_id``.
+        """Invalidations ``instance_name`` wrote after ``last_id``, up to
+        ``current_id``: the writer's position, below which every id has finished.
 
-        Not bounded above by ``current_id``: invalidations are idempotent and
-        the sooner they go out the better.
+        Bounded like every stream: a row above the position may be followed by
+        a lower id that has not committed yet (PostgreSQL commits one process's
+        transactions out of order), and a follower that took the row's id as
+        its new position would skip that invalidation.
         """
 
         def txn_func(txn: LoggingTransaction) -> list[tuple[Any, ...]]:
             txn.execute(
                 "SELECT stream_id, cache_func, keys, invalidation_ts"
                 " FROM cache_invalidation_stream_by_instance"
-                " WHERE stream_id > ? AND instance_name = ? ORDER BY stream_id ASC LIMIT ?",
-                (last_id, instance_name, limit),
+                " WHERE ? < stream_id AND stream_id <= ? AND instance_name = ?"
+                " ORDER BY stream_id ASC LIMIT ?",
+                (last_id, current_id, instance_name, limit),
             )
             return txn.fetchall()
 
@@ -104,8 +108,7 @@ class CacheInvalidationWorkerStore(SQLBaseStore):
             )
             for r in rows
         ]
-        # Not bounded above: rows past current_id are sent (and covered) too.
-        return page_of_updates(updates, limit, max([current_id, *(u[0] for u in updates[-1:])]))
+        return page_of_updates(updates, limit, current_id)
 
     # Receiving (the caches stream's invalidation)
 
