@@ -44,6 +44,7 @@ from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.federation.server import register_federation_servlets
+from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.device import DeviceHandler
@@ -68,6 +69,7 @@ from synapse_lite.handlers.typing import (
     TypingHandlerBase,
     TypingWriterHandler,
 )
+from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
 from synapse_lite.http.forwarded import router_proof
 from synapse_lite.http.server import JsonResource
 from synapse_lite.media.paths import MediaFilePaths
@@ -213,11 +215,13 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         calls=calls,
         outbox=federation.outbox,
     )
+    ui_auth = InteractiveAuthHandler(store, clock, config)
+    members = RoomMemberHandler(store, clock, server_name, events)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
         auth=auth,
-        registration=RegistrationHandler(store, clock, config, devices),
+        registration=RegistrationHandler(store, clock, config, devices, ui_auth),
         login=LoginHandler(store, clock, config, devices),
         devices=devices,
         filtering=FilteringHandler(store),
@@ -242,13 +246,14 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             events=events,
             event_writers=event_writers,
         ),
-        members=RoomMemberHandler(store, clock, server_name, events),
+        members=members,
         pagination=PaginationHandler(store, clock),
         receipts=ReceiptsHandler(store, clock, notifier, calls),
         account_data=AccountDataHandler(store, notifier, calls),
         device_messages=device_messages,
         typing=typing,
         presence=presence,
+        account=AccountHandler(store, ui_auth, devices, members),
     )
     if me in config.stream_writers.events:
         wiring.served.append((SEND_EVENTS, events.persist_events))

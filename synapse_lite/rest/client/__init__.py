@@ -11,10 +11,18 @@ from typing import TYPE_CHECKING, Any
 import attr
 
 from synapse_lite.http.server import JsonResource
-from synapse_lite.rest.client import account, room, sync, user_data, versions
+from synapse_lite.rest.client import (
+    account,
+    account_management,
+    room,
+    sync,
+    user_data,
+    versions,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
@@ -55,10 +63,11 @@ class ClientHandlers:
     device_messages: DeviceMessageHandler
     typing: TypingHandlerBase
     presence: PresenceHandlerBase
+    account: AccountHandler
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     """Serve every client endpoint on ``resource``."""
-    modules: list[Any] = [versions, account, room, sync, user_data]
+    modules: list[Any] = [versions, account, account_management, room, sync, user_data]
     for module in modules:
         module.register_servlets(handlers, resource)
