@@ -9,6 +9,7 @@ from twisted.web.server import Request
 from synapse_lite.api.content import check_content_size
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
+from synapse_lite.handlers.ignored_users import IGNORED_USER_LIST, check_ignored_user_list
 from synapse_lite.handlers.presence import check_presence_state
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.rest.client._base import client_path
@@ -43,6 +44,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_type(data_type)
         content = parse_json_object_from_request(request)
         check_content_size(content)
+        if room_id is None and data_type == IGNORED_USER_LIST:
+            check_ignored_user_list(user_id, content)
         await handlers.account_data.set_account_data(user_id, room_id, data_type, content)
         return 200, {}
 
