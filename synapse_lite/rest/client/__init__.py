@@ -14,6 +14,8 @@ from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client import (
     account,
     account_management,
+    openid,
+    reports,
     room,
     sync,
     user_data,
@@ -24,16 +26,19 @@ if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
+    from synapse_lite.handlers.admin import AdminHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
     from synapse_lite.handlers.filtering import FilteringHandler
     from synapse_lite.handlers.login import LoginHandler
     from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.pagination import PaginationHandler
     from synapse_lite.handlers.presence import PresenceHandlerBase
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
+    from synapse_lite.handlers.reports import ReportsHandler
     from synapse_lite.handlers.room import RoomCreationHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.sync import SyncHandler
@@ -64,10 +69,22 @@ class ClientHandlers:
     typing: TypingHandlerBase
     presence: PresenceHandlerBase
     account: AccountHandler
+    reports: ReportsHandler
+    admin: AdminHandler
+    openid: OpenIdHandler
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     """Serve every client endpoint on ``resource``."""
-    modules: list[Any] = [versions, account, account_management, room, sync, user_data]
+    modules: list[Any] = [
+        versions,
+        account,
+        account_management,
+        room,
+        sync,
+        user_data,
+        reports,
+        openid,
+    ]
     for module in modules:
         module.register_servlets(handlers, resource)

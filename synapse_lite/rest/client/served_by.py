@@ -76,6 +76,12 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     # devices through the main process, so main saves a forward.
     "account_password": MAIN,
     "account_deactivate": MAIN,
+    # Plain tables, no stream: any process reads and writes them.
+    "report_event": READERS,
+    "report_room": READERS,
+    "report_user": READERS,
+    "admin_whois": READERS,
+    "openid_request_token": READERS,
     # A room's events, straight to the process persisting them.
     "send": ROOM_EVENTS_WRITER,
     "state": {"PUT": ROOM_EVENTS_WRITER, "GET": READERS},

@@ -10,7 +10,8 @@ writers; ``ClientIpStore`` only by the main process.
 from __future__ import annotations
 
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
-from synapse_lite.storage.databases.main.client_ips import ClientIpStore
+from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
+from synapse_lite.storage.databases.main.content_reports import ContentReportsWorkerStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
 from synapse_lite.storage.databases.main.federation import FederationWorkerStore
@@ -35,6 +36,8 @@ class GenericWorkerStore(
     FilteringWorkerStore,
     InstancesWorkerStore,
     MediaRepositoryStore,
+    ClientIpWorkerStore,
+    ContentReportsWorkerStore,
 ):
     """The store of a worker process."""
 
