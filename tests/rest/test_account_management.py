@@ -159,6 +159,12 @@ class AccountManagementTestCase(DatabaseTestCase):
         )
         self.assertEqual((code, body["errcode"]), (400, "M_USER_IN_USE"))
 
+    async def test_capabilities(self) -> None:
+        body = await self.alice.ok("GET", "/capabilities")
+        assert_spec_response(self, "capabilities.yaml", "/capabilities", "GET", 200, body)
+        self.assertEqual(body["capabilities"]["m.change_password"], {"enabled": True})
+        self.assertEqual(body["capabilities"]["m.3pid_changes"], {"enabled": False})
+
     async def test_threepids(self) -> None:
         body = await self.alice.ok("GET", "/account/3pid")
         self.assertEqual(body, {"threepids": []})
