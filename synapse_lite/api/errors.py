@@ -26,6 +26,9 @@ class Codes:
     UNAUTHORIZED = "M_UNAUTHORIZED"
     USER_DEACTIVATED = "M_USER_DEACTIVATED"
     GUEST_ACCESS_FORBIDDEN = "M_GUEST_ACCESS_FORBIDDEN"
+    THREEPID_AUTH_FAILED = "M_THREEPID_AUTH_FAILED"
+    THREEPID_MEDIUM_NOT_SUPPORTED = "M_THREEPID_MEDIUM_NOT_SUPPORTED"
+    SERVER_NOT_TRUSTED = "M_SERVER_NOT_TRUSTED"
 
 
 class SynapseError(Exception):
@@ -69,8 +72,8 @@ class LimitExceededError(SynapseError):
 
 
 class InteractiveAuthIncomplete(Exception):
-    """A request needs (another round of) user-interactive auth: a 401 with
-    the flows and session in ``response``."""
+    """A request needs another round of user-interactive auth (a 401 with
+    flows; ``handlers/ui_auth.py``)."""
 
     def __init__(self, response: dict[str, Any]) -> None:
         super().__init__("interactive auth incomplete")

@@ -44,8 +44,11 @@ from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.federation.server import register_federation_servlets
+from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
+from synapse_lite.handlers.admin import AdminHandler
 from synapse_lite.handlers.auth import AuthHandler
+from synapse_lite.handlers.client_ips import ClientIpRecorder
 from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
@@ -53,6 +56,7 @@ from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.login import LoginHandler
 from synapse_lite.handlers.message import EventCreationHandler
+from synapse_lite.handlers.openid import OpenIdHandler
 from synapse_lite.handlers.pagination import PaginationHandler
 from synapse_lite.handlers.presence import (
     PresenceFollowerHandler,
@@ -61,6 +65,7 @@ from synapse_lite.handlers.presence import (
 )
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
+from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.room import RoomCreationHandler
 from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
@@ -70,7 +75,7 @@ from synapse_lite.handlers.typing import (
     TypingHandlerBase,
     TypingWriterHandler,
 )
-from synapse_lite.handlers.ui_auth import UserInteractiveAuth
+from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
 from synapse_lite.http.forwarded import router_proof
 from synapse_lite.http.server import JsonResource
 from synapse_lite.media.paths import MediaFilePaths
@@ -242,7 +247,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     federation = _federation_for_role(
         config, me, reactor, clock, store, replication, replication_notifier, calls, wiring
     )
-    auth = AuthHandler(store)
+    auth = AuthHandler(store, _client_ip_recorder(clock, main_store, replication))
     media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
     devices = DeviceHandler(store, calls, config, notifier)
     events = EventCreationHandler(
@@ -262,11 +267,13 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         outbox=federation.outbox,
     )
     e2e_keys = E2eKeysHandler(store, calls, config, notifier)
+    ui_auth = InteractiveAuthHandler(store, clock, config)
+    members = RoomMemberHandler(store, clock, server_name, events)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
         auth=auth,
-        registration=RegistrationHandler(store, clock, config, devices),
+        registration=RegistrationHandler(store, clock, config, devices, ui_auth),
         login=LoginHandler(store, clock, config, devices),
         devices=devices,
         filtering=FilteringHandler(store),
@@ -291,16 +298,20 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             events=events,
             event_writers=event_writers,
         ),
-        members=RoomMemberHandler(store, clock, server_name, events),
+        members=members,
         pagination=PaginationHandler(store, clock),
         receipts=ReceiptsHandler(store, clock, notifier, calls),
         account_data=AccountDataHandler(store, notifier, calls),
         device_messages=device_messages,
         e2e_keys=e2e_keys,
         room_keys=RoomKeysHandler(store),
-        ui_auth=UserInteractiveAuth(store, clock, config),
+        ui_auth=ui_auth,
         typing=typing,
         presence=presence,
+        account=AccountHandler(store, ui_auth, devices, members),
+        reports=ReportsHandler(store, server_name),
+        admin=AdminHandler(store),
+        openid=OpenIdHandler(store, clock, server_name),
     )
     if me in config.stream_writers.events:
         wiring.served.append((SEND_EVENTS, events.persist_events))
@@ -386,6 +397,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
                 keyring=keyring,
                 inbound=inbound_handler,
                 server_name=server_name,
+                openid=handlers.openid,
             )
 
     listeners = ListenersService(
@@ -738,6 +750,17 @@ def _stream_updates_server(
         return StreamUpdates([(t, encode(r)) for t, r in updates], upto, limited)
 
     return stream_updates
+
+
+def _client_ip_recorder(
+    clock: Clock, main_store: DataStore | None, replication: ReplicationCommandHandler
+) -> ClientIpRecorder:
+    """Requests' addresses: recorded here on the main process, sent to it
+    (USER_IP) from the others."""
+    if main_store is not None:
+        recorder = main_store
+        return ClientIpRecorder(clock, lambda cmd: _record_user_ip(recorder, cmd))
+    return ClientIpRecorder(clock, replication.send_command)
 
 
 def _record_user_ip(store: DataStore, cmd: UserIpCommand) -> None:

@@ -1,8 +1,10 @@
 """The federation and key APIs other servers call.
 
 * ``keys``: ``GET /_matrix/key/v2/server`` (our self-signed key document).
-* ``federation``: ``PUT /_matrix/federation/v1/send/{txnId}`` and
-  ``GET /_matrix/federation/v1/version``.
+* ``federation``: ``PUT /_matrix/federation/v1/send/{txnId}``,
+  ``GET /_matrix/federation/v1/version`` and
+  ``GET /_matrix/federation/v1/openid/userinfo`` (answered for a valid OpenID
+  token alone, as the spec says: the caller is any third party, not a server).
 
 Every federation request must carry a valid ``X-Matrix`` signature of its
 origin addressed to us; anything else is answered ``401 M_UNAUTHORIZED``,
@@ -20,12 +22,13 @@ from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
 from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
 from synapse_lite.federation.keyring import KEY_PATH, KeyLookupError
-from synapse_lite.http.server import JsonResource, parse_json_object_from_request
+from synapse_lite.http.server import JsonResource, parse_json_object_from_request, query_string
 from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
 if TYPE_CHECKING:
     from synapse_lite.federation.inbound import FederationInboundHandler
     from synapse_lite.federation.keyring import Keyring
+    from synapse_lite.handlers.openid import OpenIdHandler
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +86,7 @@ def register_federation_servlets(
     keyring: Keyring,
     inbound: FederationInboundHandler,
     server_name: str,
+    openid: OpenIdHandler | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``."""
     if "keys" in resources:
@@ -108,4 +112,18 @@ def register_federation_servlets(
         )
         resource.register_paths(
             "GET", f"{FEDERATION_PREFIX}/version", on_version, "federation.version"
+        )
+
+    if "federation" in resources and openid is not None:
+        openid_handler = openid
+
+        async def on_openid_userinfo(request: Request) -> tuple[int, Any]:
+            # Called by any third party with the token alone: no X-Matrix.
+            return 200, await openid_handler.userinfo(query_string(request, "access_token"))
+
+        resource.register_paths(
+            "GET",
+            f"{FEDERATION_PREFIX}/openid/userinfo",
+            on_openid_userinfo,
+            "federation.openid_userinfo",
         )

@@ -25,6 +25,7 @@ from twisted.web.server import Request
 from synapse_lite.api.errors import AuthError, Codes
 
 if TYPE_CHECKING:
+    from synapse_lite.handlers.client_ips import ClientIpRecorder
     from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
 
 logger = logging.getLogger(__name__)
@@ -115,8 +116,11 @@ def get_access_token_from_request(request: Request) -> str:
 class AuthHandler:
     """Turns a request's access token into a :class:`Requester`."""
 
-    def __init__(self, store: RegistrationWorkerStore) -> None:
+    def __init__(
+        self, store: RegistrationWorkerStore, ip_recorder: ClientIpRecorder | None = None
+    ) -> None:
         self._store = store
+        self._ip_recorder = ip_recorder
 
     async def get_user_by_req(self, request: Request) -> Requester:
         """The requester, or a 401 (``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``)."""
@@ -125,7 +129,16 @@ class AuthHandler:
         owner = await self._store.get_user_by_access_token(token_hash)
         if owner is None:
             raise UnknownTokenError()
-        return Requester(owner[0], owner[1], token_hash)
+        requester = Requester(owner[0], owner[1], token_hash)
+        if self._ip_recorder is not None:
+            address = request.getClientAddress()
+            agents = request.requestHeaders.getRawHeaders(b"User-Agent") or [b""]
+            self._ip_recorder.on_request(
+                requester,
+                str(getattr(address, "host", "unknown")),
+                agents[0].decode("utf-8", "replace"),
+            )
+        return requester
 
 
 class UnknownTokenError(AuthError):

@@ -33,7 +33,7 @@ from synapse_lite.storage.databases.main.end_to_end_keys import (
 if TYPE_CHECKING:
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.auth import Requester
-    from synapse_lite.handlers.ui_auth import UserInteractiveAuth
+    from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -319,7 +319,7 @@ class E2eKeysHandler:
     # Cross-signing
 
     async def upload_cross_signing_keys(
-        self, requester: Requester, body: dict[str, Any], ui_auth: UserInteractiveAuth
+        self, requester: Requester, body: dict[str, Any], ui_auth: InteractiveAuthHandler
     ) -> dict[str, Any]:
         """``POST /keys/device_signing/upload``. Replacing keys needs
         user-interactive auth; a user's first master key does not (the spec
@@ -346,7 +346,7 @@ class E2eKeysHandler:
         ):
             return {}  # a repeat of the stored keys (a client retrying)
         if "master" in stored:
-            await ui_auth.validate(requester, body.get("auth"))
+            await ui_auth.check_password(requester.user_id, body)
         await self._calls.call(
             UPLOAD_CROSS_SIGNING_KEYS,
             CrossSigningUpload(user_id, uploaded),

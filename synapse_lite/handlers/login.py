@@ -19,6 +19,22 @@ if TYPE_CHECKING:
 LOGIN_FLOWS = [{"type": "m.login.password"}]
 
 
+def user_id_from_login_body(body: dict[str, Any], server_name: str) -> str:
+    """The user a ``m.login.password`` body (a login, or a user-interactive
+    auth stage) names: its ``identifier`` (``m.id.user`` only) or the legacy
+    ``user`` field, a localpart being taken as one of ``server_name``'s."""
+    identifier = body.get("identifier")
+    if identifier is not None:
+        if not isinstance(identifier, dict) or identifier.get("type") != "m.id.user":
+            raise SynapseError(400, "Only m.id.user identifiers are supported", Codes.UNKNOWN)
+        user = get_str(identifier, "user", max_length=MAX_ID_LENGTH)
+    else:
+        user = get_str(body, "user", max_length=MAX_ID_LENGTH)
+    if user.startswith("@"):
+        return user
+    return f"@{user.lower()}:{server_name}"
+
+
 class LoginHandler:
     """``POST /login`` (``m.login.password``) and ``/logout[/all]``."""
 
@@ -36,23 +52,11 @@ class LoginHandler:
         self._per_ip = Ratelimiter(clock, limits.login, limits.enabled)
         self._per_account = Ratelimiter(clock, limits.login, limits.enabled)
 
-    def _user_id(self, body: dict[str, Any]) -> str:
-        identifier = body.get("identifier")
-        if identifier is not None:
-            if not isinstance(identifier, dict) or identifier.get("type") != "m.id.user":
-                raise SynapseError(400, "Only m.id.user identifiers are supported", Codes.UNKNOWN)
-            user = get_str(identifier, "user", max_length=MAX_ID_LENGTH)
-        else:
-            user = get_str(body, "user", max_length=MAX_ID_LENGTH)
-        if user.startswith("@"):
-            return user
-        return f"@{user.lower()}:{self._server_name}"
-
     async def login(self, client_ip: str, body: dict[str, Any]) -> dict[str, Any]:
         self._per_ip.ratelimit(client_ip)
         if body.get("type") != "m.login.password":
             raise SynapseError(400, "Unknown login type", Codes.UNKNOWN)
-        user_id = self._user_id(body)
+        user_id = user_id_from_login_body(body, self._server_name)
         password = get_str(body, "password", max_length=MAX_PASSWORD_LENGTH)
         device_id = body.get("device_id")
         if device_id is not None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
+from synapse_lite.handlers.ignored_users import get_ignored_users, without_ignored
 from synapse_lite.handlers.visibility import RoomVisibility, load_room_visibility
 from synapse_lite.tokens import InvalidToken, RoomStreamToken
 
@@ -80,8 +81,10 @@ class PaginationHandler:
                 next_token = upper if raw else None
             else:
                 next_token = _advance(start, raw[-1])
+        ignored = await get_ignored_users(self._store, requester.user_id)
+        shown = without_ignored(visibility.filter(raw), ignored)
         response: dict[str, Any] = {
-            "chunk": [e.to_client_dict(now_ms) for e in visibility.filter(raw)],
+            "chunk": [e.to_client_dict(now_ms) for e in shown],
             "start": from_token or await self._store.room_token_to_string(start),
             "state": [],
         }

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.api.errors import (
     AuthError,
     Codes,
-    InteractiveAuthIncomplete,
     SynapseError,
 )
 from synapse_lite.api.identifiers import (
@@ -41,13 +40,12 @@ if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.device import DeviceHandler
+    from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
-DUMMY_FLOWS = [{"stages": ["m.login.dummy"]}]
 NONCE_LIFETIME_MS = 60_000
-UI_AUTH_SESSION_LIFETIME_MS = 3_600_000
 
 
 class RegistrationHandler:
@@ -59,8 +57,10 @@ class RegistrationHandler:
         clock: Clock,
         config: HomeServerConfig,
         devices: DeviceHandler,
+        ui_auth: InteractiveAuthHandler,
     ) -> None:
         self._store = store
+        self._ui_auth = ui_auth
         self._clock = clock
         self._config = config
         self._server_name = config.server_name
@@ -85,7 +85,7 @@ class RegistrationHandler:
 
     async def register(self, client_ip: str, body: dict[str, Any]) -> dict[str, Any]:
         """Open registration; raises :class:`InteractiveAuthIncomplete` for the
-        401 round."""
+        401 round (``handlers/ui_auth.py``)."""
         self._ratelimiter.ratelimit(client_ip)
         if not self._config.enable_registration:
             raise SynapseError(403, "Registration has been disabled", Codes.FORBIDDEN)
@@ -98,7 +98,7 @@ class RegistrationHandler:
             if username is not None
             else self.user_id_for(random_string(12, "0123456789abcdefghijklmnopqrstuvwxyz"))
         )
-        await self._check_ui_auth(body.get("auth"))
+        await self._ui_auth.check_dummy(body)
         password_hash = await hash_password(password) if password else None
         try:
             await self._store.register_user(user_id, password_hash)
@@ -108,25 +108,6 @@ class RegistrationHandler:
         if inhibit_login:
             return {"user_id": user_id, "home_server": self._server_name}
         return await self._login_response(user_id, device_id, display_name)
-
-    async def _check_ui_auth(self, auth: Any) -> None:
-        if isinstance(auth, dict) and auth.get("type") == "m.login.dummy":
-            session = auth.get("session")
-            if session is not None and (
-                not isinstance(session, str)
-                or len(session) > 64
-                or await self._store.get_ui_auth_session(session) is None
-            ):
-                raise SynapseError(400, "Unknown session", Codes.UNKNOWN)
-            return
-        if auth is not None and not isinstance(auth, dict):
-            raise SynapseError(400, "'auth' must be an object", Codes.BAD_JSON)
-        session = secrets.token_urlsafe(18)
-        await self._store.create_ui_auth_session(session)
-        await self._store.delete_old_ui_auth_sessions(
-            self._clock.time_msec() - UI_AUTH_SESSION_LIFETIME_MS
-        )
-        raise InteractiveAuthIncomplete({"flows": DUMMY_FLOWS, "params": {}, "session": session})
 
     @staticmethod
     def _device_fields(body: dict[str, Any]) -> tuple[str, str | None]:

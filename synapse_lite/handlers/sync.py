@@ -22,6 +22,7 @@ from synapse_lite.api.errors import Codes, LimitExceededError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.filtering import SyncFilter
+from synapse_lite.handlers.ignored_users import get_ignored_users, is_hidden, without_ignored
 from synapse_lite.handlers.visibility import get_history_visibility, load_room_visibility
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS
 from synapse_lite.storage.databases.main.account_data import TAG_DATA_TYPE
@@ -289,8 +290,9 @@ class SyncHandler:
             ephemeral[room_id].append(receipt)
 
         global_data, room_data = await self._account_data(user_id, since, now)
+        ignored = await get_ignored_users(self._store, user_id)
         join = await self._joined_rooms(
-            user_id, joined, memberships, since, now, full_state, sync_filter, now_ms
+            user_id, joined, memberships, since, now, full_state, sync_filter, now_ms, ignored
         )
         for room_id in joined:
             if ephemeral.get(room_id) or room_data.get(room_id):
@@ -302,8 +304,8 @@ class SyncHandler:
                 entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(
                     entry["timeline"]["prev_batch"]
                 )
-        invite = await self._invited_rooms(memberships, since, now_ms)
-        leave = await self._left_rooms(user_id, memberships, since, sync_filter, now_ms)
+        invite = await self._invited_rooms(memberships, since, now_ms, ignored)
+        leave = await self._left_rooms(user_id, memberships, since, sync_filter, now_ms, ignored)
 
         to_device, to_device_key = await self._to_device(requester, since, now)
         now = now.with_positions(to_device=to_device_key)
@@ -464,6 +466,7 @@ class SyncHandler:
         full_state: bool,
         sync_filter: SyncFilter,
         now_ms: int,
+        ignored: frozenset[str],
     ) -> dict[str, dict[str, Any]]:
         limit = sync_filter.timeline_limit
         whole: list[str] = []
@@ -482,9 +485,11 @@ class SyncHandler:
             events = await self._store.get_room_events_between(
                 [room_id], None, now.room_key, limit + 1
             )
-            result[room_id] = await self._room_entry(
-                user_id, room_id, events, limit, None, now, full=True, now_ms=now_ms
+            entry = await self._room_entry(
+                user_id, room_id, events, limit, None, now, True, now_ms, ignored
             )
+            assert entry is not None  # a whole room is always there
+            result[room_id] = entry
         if since is not None:
             # Only rooms that may have events after the token need a query.
             room_changes = self._store.room_changes
@@ -494,9 +499,11 @@ class SyncHandler:
         if incremental and since is not None and since.room_key != now.room_key:
             by_room = await self._events_by_room(incremental, since.room_key, now.room_key, limit)
             for room_id, events in by_room.items():
-                result[room_id] = await self._room_entry(
-                    user_id, room_id, events, limit, since.room_key, now, full=False, now_ms=now_ms
+                entry = await self._room_entry(
+                    user_id, room_id, events, limit, since.room_key, now, False, now_ms, ignored
                 )
+                if entry is not None:
+                    result[room_id] = entry
         return result
 
     async def _events_by_room(
@@ -531,9 +538,11 @@ class SyncHandler:
         now: StreamToken,
         full: bool,
         now_ms: int,
-    ) -> dict[str, Any]:
+        ignored: frozenset[str],
+    ) -> dict[str, Any] | None:
         """One room's timeline (``newest_first`` holds up to ``limit + 1``
-        events) and state."""
+        events) and state; None for an incremental entry whose every new
+        event is an ignored user's message (the room is left out)."""
         limited = len(newest_first) > limit
         raw = list(reversed(newest_first[:limit]))
         visibility_name = await get_history_visibility(self._store, room_id)
@@ -542,6 +551,7 @@ class SyncHandler:
         else:
             visibility = await load_room_visibility(self._store, user_id, room_id)
             timeline = visibility.filter(raw)
+        timeline = without_ignored(timeline, ignored)
         prev_batch = _before(raw[0]) if raw else (since or now.room_key)
         in_timeline = {e.event_id for e in timeline}
         state: list[Event] = []
@@ -558,6 +568,14 @@ class SyncHandler:
             ):
                 latest[(event.type, event.state_key)] = event
             state = list(latest.values())
+        if (
+            not full
+            and raw
+            and not timeline
+            and not state
+            and any(is_hidden(e, ignored) for e in raw)
+        ):
+            return None
         entry = self._empty_joined_room(now)
         entry["timeline"] = {
             "events": [_client_event(e, now_ms) for e in timeline],
@@ -568,8 +586,14 @@ class SyncHandler:
         return entry
 
     async def _invited_rooms(
-        self, memberships: _Memberships, since: StreamToken | None, now_ms: int
+        self,
+        memberships: _Memberships,
+        since: StreamToken | None,
+        now_ms: int,
+        ignored: frozenset[str],
     ) -> dict[str, Any]:
+        """Invites new since ``since`` (all when None), but for those sent by
+        users ignored."""
         invite: dict[str, Any] = {}
         for room_id in memberships.rooms("invite"):
             if since is not None and (
@@ -578,8 +602,12 @@ class SyncHandler:
                 continue
             state_ids = await self._store.get_current_state_ids(room_id)
             wanted = [state_ids[(t, "")] for t in INVITE_STATE_TYPES if (t, "") in state_ids]
-            wanted.append(memberships.now[room_id][2])
+            invite_id = memberships.now[room_id][2]
+            wanted.append(invite_id)
             events = await self._store.get_events(wanted)
+            invite_event = events.get(invite_id)
+            if invite_event is not None and invite_event.sender in ignored:
+                continue
             invite[room_id] = {
                 "invite_state": {
                     "events": [
@@ -602,6 +630,7 @@ class SyncHandler:
         since: StreamToken | None,
         sync_filter: SyncFilter,
         now_ms: int,
+        ignored: frozenset[str],
     ) -> dict[str, Any]:
         if since is None:
             return {}
@@ -619,7 +648,7 @@ class SyncHandler:
             )
             visibility = await load_room_visibility(self._store, user_id, room_id)
             raw = list(reversed(events[:limit]))
-            timeline = visibility.filter(raw)
+            timeline = without_ignored(visibility.filter(raw), ignored)
             entry: dict[str, Any] = {
                 "timeline": {"events": [_client_event(e, now_ms) for e in timeline]},
                 "state": {"events": []},

@@ -206,10 +206,11 @@ class DevicesTestCase(DatabaseTestCase):
         body = {"auth": password_auth(self.alice, challenge["session"], "wrong")}
         status, error = await self.alice.request("DELETE", f"/devices/{second.device_id}", body)
         self.assertEqual((status, error["errcode"]), (401, "M_FORBIDDEN"))
-        # Bob cannot use his password for alice's device.
+        # Bob cannot use his password for alice's device: naming another
+        # user is refused outright (handlers/ui_auth.py).
         body = {"auth": password_auth(self.bob, challenge["session"])}
         status, _ = await self.alice.request("DELETE", f"/devices/{second.device_id}", body)
-        self.assertEqual(status, 401)
+        self.assertEqual(status, 403)
         body = {"auth": password_auth(self.alice, challenge["session"])}
         await self.alice.ok("DELETE", f"/devices/{second.device_id}", body)
 

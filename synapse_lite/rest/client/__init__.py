@@ -11,11 +11,23 @@ from typing import TYPE_CHECKING, Any
 import attr
 
 from synapse_lite.http.server import JsonResource
-from synapse_lite.rest.client import account, keys, room, sync, user_data, versions
+from synapse_lite.rest.client import (
+    account,
+    account_management,
+    keys,
+    openid,
+    reports,
+    room,
+    sync,
+    user_data,
+    versions,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
+    from synapse_lite.handlers.admin import AdminHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
@@ -23,16 +35,18 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.filtering import FilteringHandler
     from synapse_lite.handlers.login import LoginHandler
     from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.pagination import PaginationHandler
     from synapse_lite.handlers.presence import PresenceHandlerBase
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
+    from synapse_lite.handlers.reports import ReportsHandler
     from synapse_lite.handlers.room import RoomCreationHandler
     from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
-    from synapse_lite.handlers.ui_auth import UserInteractiveAuth
+    from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
@@ -58,13 +72,27 @@ class ClientHandlers:
     device_messages: DeviceMessageHandler
     e2e_keys: E2eKeysHandler
     room_keys: RoomKeysHandler
-    ui_auth: UserInteractiveAuth
+    ui_auth: InteractiveAuthHandler
     typing: TypingHandlerBase
     presence: PresenceHandlerBase
+    account: AccountHandler
+    reports: ReportsHandler
+    admin: AdminHandler
+    openid: OpenIdHandler
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     """Serve every client endpoint on ``resource``."""
-    modules: list[Any] = [versions, account, room, sync, user_data, keys]
+    modules: list[Any] = [
+        versions,
+        account,
+        account_management,
+        room,
+        sync,
+        user_data,
+        keys,
+        reports,
+        openid,
+    ]
     for module in modules:
         module.register_servlets(handlers, resource)

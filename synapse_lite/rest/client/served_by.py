@@ -69,6 +69,19 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "joined_rooms": READERS,
     "whoami": READERS,
     "capabilities": READERS,
+    # No data behind them (we hold no third-party identifiers): any process.
+    "threepids": READERS,
+    "threepid_request_token": READERS,
+    # Account changes: the users row is written where the request lands and
+    # devices through the main process, so main saves a forward.
+    "account_password": MAIN,
+    "account_deactivate": MAIN,
+    # Plain tables, no stream: any process reads and writes them.
+    "report_event": READERS,
+    "report_room": READERS,
+    "report_user": READERS,
+    "admin_whois": READERS,
+    "openid_request_token": READERS,
     # A room's events, straight to the process persisting them.
     "send": ROOM_EVENTS_WRITER,
     "state": {"PUT": ROOM_EVENTS_WRITER, "GET": READERS},

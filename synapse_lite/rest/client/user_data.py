@@ -9,6 +9,7 @@ from twisted.web.server import Request
 from synapse_lite.api.content import check_content_size
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
+from synapse_lite.handlers.ignored_users import IGNORED_USER_LIST, check_ignored_user_list
 from synapse_lite.handlers.presence import check_presence_state
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.replication.http.devices import MAX_DEVICES_PER_DELETE
@@ -44,6 +45,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_type(data_type)
         content = parse_json_object_from_request(request)
         check_content_size(content)
+        if room_id is None and data_type == IGNORED_USER_LIST:
+            check_ignored_user_list(user_id, content)
         await handlers.account_data.set_account_data(user_id, room_id, data_type, content)
         return 200, {}
 
@@ -99,7 +102,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         body = parse_json_object_from_request(request, allow_empty=True)
         await handlers.devices.get_device(requester.user_id, device_id)  # 404 first
-        await handlers.ui_auth.validate(requester, body.get("auth"))
+        await handlers.ui_auth.check_password(requester.user_id, body)
         await handlers.devices.delete_devices(requester.user_id, [device_id])
         return 200, {}
 
@@ -119,7 +122,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             )
         for device_id in device_ids:
             check_identifier_text(device_id, "devices")
-        await handlers.ui_auth.validate(requester, body.get("auth"))
+        await handlers.ui_auth.check_password(requester.user_id, body)
         await handlers.devices.delete_devices(requester.user_id, device_ids)
         return 200, {}
 

@@ -22,7 +22,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await handlers.auth.get_user_by_req(request)
         return 200, {
             "capabilities": {
-                "m.change_password": {"enabled": False},
+                "m.change_password": {"enabled": True},
+                # No identity server: 3PIDs can be neither added nor removed.
+                "m.3pid_changes": {"enabled": False},
                 "m.room_versions": {"default": "10", "available": {"10": "stable"}},
             }
         }

@@ -10,7 +10,8 @@ writers; ``ClientIpStore`` only by the main process.
 from __future__ import annotations
 
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
-from synapse_lite.storage.databases.main.client_ips import ClientIpStore
+from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
+from synapse_lite.storage.databases.main.content_reports import ContentReportsWorkerStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
 from synapse_lite.storage.databases.main.end_to_end_keys import EndToEndKeyWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
@@ -39,6 +40,8 @@ class GenericWorkerStore(
     InstancesWorkerStore,
     MediaRepositoryStore,
     RoomKeysStore,
+    ClientIpWorkerStore,
+    ContentReportsWorkerStore,
 ):
     """The store of a worker process."""
 

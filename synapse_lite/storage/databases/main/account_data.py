@@ -96,6 +96,18 @@ class AccountDataWorkerStore(SQLBaseStore):
         )
         return {r[0]: db_to_json(r[1]) for r in rows}
 
+    async def get_global_account_data_of_type(
+        self, user_id: str, data_type: str
+    ) -> dict[str, Any] | None:
+        """One global account data entry of a user, or None."""
+        rows = await self.db_pool.select(
+            "get_global_account_data_of_type",
+            "SELECT content FROM account_data WHERE user_id = ? AND account_data_type = ?",
+            user_id,
+            data_type,
+        )
+        return db_to_json(rows[0][0]) if rows else None
+
     async def get_room_account_data(self, user_id: str) -> dict[str, dict[str, dict[str, Any]]]:
         """room_id -> type -> content."""
         rows = await self.db_pool.select(

@@ -5,7 +5,22 @@ from __future__ import annotations
 from synapse_lite.storage._base import SQLBaseStore
 
 
-class ClientIpStore(SQLBaseStore):
+class ClientIpWorkerStore(SQLBaseStore):
+    """Reading where users connect from (any process)."""
+
+    async def get_user_ips(self, user_id: str) -> list[tuple[str, str, str, int]]:
+        """``(device_id, ip, user_agent, last_seen)`` of a user, most recent
+        first."""
+        rows = await self.db_pool.select(
+            "get_user_ips",
+            "SELECT device_id, ip, user_agent, last_seen FROM user_ips WHERE user_id = ?"
+            " ORDER BY last_seen DESC",
+            user_id,
+        )
+        return [(r[0], r[1], r[2], int(r[3])) for r in rows]
+
+
+class ClientIpStore(ClientIpWorkerStore):
     """Records (user, device, ip, user agent) with the last time seen. Main
     process only: other processes send USER_IP instead of writing."""
 
@@ -23,4 +38,3 @@ class ClientIpStore(SQLBaseStore):
             user_agent,
             last_seen,
         )
-

@@ -52,6 +52,26 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
             "deactivated": bool(r[4]),
         }
 
+    async def set_password_hash(self, user_id: str, password_hash: str) -> None:
+        """Replace a user's password (any process: ``users`` is no stream's)."""
+        await self.db_pool.execute(
+            "set_password_hash",
+            "UPDATE users SET password_hash = ? WHERE name = ?",
+            password_hash,
+            user_id,
+        )
+
+    async def deactivate_user(self, user_id: str) -> None:
+        """Mark a user deactivated and forget their password. The row stays,
+        so the name is never registered again; their tokens stop working at
+        once (the token lookup joins on ``NOT deactivated``), though the
+        caller still deletes them with the devices."""
+        await self.db_pool.execute(
+            "deactivate_user",
+            "UPDATE users SET deactivated = TRUE, password_hash = NULL WHERE name = ?",
+            user_id,
+        )
+
     @cached(max_entries=100_000)
     async def get_user_by_access_token(self, token_hash: str) -> tuple[str, str] | None:
         """``(user_id, device_id)`` owning a token, or None."""

@@ -1,0 +1,81 @@
+"""Changing one's password and deactivating one's account, both behind
+user-interactive auth with the current password (``handlers/ui_auth.py``).
+
+Each step goes where its data is written: the ``users`` row from here (no
+stream owns it), devices and tokens through the main process (device_lists),
+leaving rooms through each room's events writer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, Requester, hash_password
+from synapse_lite.http.fields import get_bool, get_optional_str, get_str
+
+if TYPE_CHECKING:
+    from synapse_lite.handlers.device import DeviceHandler
+    from synapse_lite.handlers.room_member import RoomMemberHandler
+    from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+logger = logging.getLogger(__name__)
+
+#: Memberships deactivation ends (a leave by the user themself is allowed
+#: from each of them by the auth rules).
+_MEMBERSHIPS_LEFT = ("join", "invite", "knock")
+
+
+class AccountHandler:
+    """``POST /account/password`` and ``POST /account/deactivate``."""
+
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        ui_auth: InteractiveAuthHandler,
+        devices: DeviceHandler,
+        members: RoomMemberHandler,
+    ) -> None:
+        self._store = store
+        self._ui_auth = ui_auth
+        self._devices = devices
+        self._members = members
+
+    async def change_password(self, requester: Requester, body: dict[str, Any]) -> None:
+        """Set ``new_password``; every other device is logged out unless
+        ``logout_devices`` is false (the requester's own stays logged in)."""
+        new_password = get_str(body, "new_password", max_length=MAX_PASSWORD_LENGTH)
+        if not new_password:
+            raise SynapseError(400, "'new_password' must not be empty", Codes.INVALID_PARAM)
+        logout_devices = get_bool(body, "logout_devices", True)
+        user_id = requester.user_id
+        await self._ui_auth.check_password(user_id, body)
+        await self._store.set_password_hash(user_id, await hash_password(new_password))
+        logger.info("%s changed their password", user_id)
+        if logout_devices:
+            others = [
+                d for d in await self._store.get_device_ids(user_id) if d != requester.device_id
+            ]
+            if others:
+                await self._devices.delete_devices(user_id, others)
+
+    async def deactivate(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
+        """Leave every room, then mark the user deactivated (their name is
+        never free again) and delete all their devices and tokens. Rooms are
+        left first so a writer that cannot be reached fails the request while
+        the user can still retry it."""
+        get_optional_str(body, "id_server", max_length=255)
+        get_bool(body, "erase", False)
+        user_id = requester.user_id
+        await self._ui_auth.check_password(user_id, body)
+        for row in await self._store.get_local_memberships_with_positions(user_id):
+            room_id, membership = row[0], row[1]
+            if membership in _MEMBERSHIPS_LEFT:
+                await self._members.update_membership(requester, room_id, "leave")
+        await self._store.deactivate_user(user_id)
+        await self._devices.delete_devices(user_id, None)
+        logger.info("%s deactivated their account", user_id)
+        # We never bound a third-party identifier, so there is none to unbind.
+        return {"id_server_unbind_result": "no-support"}
