@@ -167,16 +167,41 @@ class PositionClaimsTestCase(unittest.TestCase):
         # A to-device send answered 200, its writer SIGKILLed and restarted,
         # the client's retry with the same txnId: delivered once.
         to_bob = {"messages": {bob.user_id: {bob.device_id: {"n": 1}}}}
+        # The same for the other writes writer1 serves (account data,
+        # receipts, presence), which are safe as upserts / state sets.
         to_device_since = (await bob.sync(since=since))["next_batch"]
-        await alice.ok("PUT", "/sendToDevice/org.example.ping/retry-1", to_bob)
+        after_event = await alice.send(room, "receipted")
+        settings = f"/user/{bob.user_id}/account_data/org.example.settings"
+        receipt = f"/rooms/{room}/receipt/m.read/{after_event}"
+        presence = f"/presence/{bob.user_id}/status"
+
+        async def writes() -> None:
+            await alice.ok("PUT", "/sendToDevice/org.example.ping/retry-1", to_bob)
+            await bob.ok("PUT", settings, {"theme": "dark"})
+            await bob.ok("POST", receipt, {})
+            await bob.ok("PUT", presence, {"presence": "online", "status_msg": "here"})
+
+        await writes()
         await self.servers.kill("writer1")
         await self.servers.start("writer1")
-        await alice.ok("PUT", "/sendToDevice/org.example.ping/retry-1", to_bob)
+        await writes()
         await alice.ok("PUT", "/sendToDevice/org.example.ping/other-2", to_bob)
         synced = await self.sync_until(
             bob, to_device_since, lambda s: len(s.get("to_device", {}).get("events", [])) >= 2
         )
         self.assertEqual(len(synced["to_device"]["events"]), 2, synced["to_device"])
+        account_data = [
+            e
+            for e in synced.get("account_data", {}).get("events", [])
+            if e["type"] == "org.example.settings"
+        ]
+        self.assertEqual([e["content"] for e in account_data], [{"theme": "dark"}])
+        stored = await self.count_rows(
+            "SELECT COUNT(*) FROM receipts_linearized WHERE room_id = ? AND user_id = ?",
+            room,
+            bob.user_id,
+        )
+        self.assertEqual(stored, 1)
 
         # No lie reached stream_positions; every process restarts after SIGKILL.
         for name in reversed(list(self.servers.processes)):
@@ -209,6 +234,16 @@ class PositionClaimsTestCase(unittest.TestCase):
             if match:
                 total += float(match.group(1))
         return total
+
+    async def count_rows(self, sql: str, *args: object) -> int:
+        conn = make_startup_connection(self.test_db.make_engine())
+        try:
+            with conn.transaction() as txn:
+                txn.execute(sql, args)
+                row = txn.fetchone()
+                return int(row[0]) if row else 0
+        finally:
+            conn.close()
 
     def deployment_id(self) -> str:
         conn = make_startup_connection(self.test_db.make_engine())

@@ -212,15 +212,24 @@ class ReplicationCommandHandler:
         except InvalidRow as e:
             logger.warning("Dropping RDATA from %s: %s", connection.describe(), e)
             return
-        self._enqueue(cmd.stream_name, lambda: self._process_rdata(connection, cmd, stream, row))
+        # Described now: over Redis the one connection names the sender of
+        # the message being handed over only while it is.
+        self._enqueue(
+            cmd.stream_name, lambda: self._process_rdata(connection, cmd, stream, row, sender)
+        )
 
     async def _process_rdata(
-        self, connection: ReplicationConnection, cmd: RdataCommand, stream: Stream, row: Any
+        self,
+        connection: ReplicationConnection,
+        cmd: RdataCommand,
+        stream: Stream,
+        row: Any,
+        sender: str,
     ) -> None:
         key = (cmd.stream_name, cmd.instance_name)
         line = f"RDATA {cmd.stream_name} {cmd.instance_name} {cmd.token}"
         if not await self.claims.believe(
-            stream, cmd.instance_name, cmd.token, connection.describe(), line
+            stream, cmd.instance_name, cmd.token, sender, line
         ):
             # Rows held for this token go too: they are kept only up to what
             # the sequence allows.
@@ -260,7 +269,9 @@ class ReplicationCommandHandler:
             return
         if self._can_discard(connection, stream, cmd):
             return
-        self._enqueue(cmd.stream_name, lambda: self._process_position(connection, cmd, stream))
+        self._enqueue(
+            cmd.stream_name, lambda: self._process_position(connection, cmd, stream, sender)
+        )
 
     def _can_discard(
         self, connection: ReplicationConnection, stream: Stream, cmd: PositionCommand
@@ -276,12 +287,12 @@ class ReplicationCommandHandler:
         )
 
     async def _process_position(
-        self, connection: ReplicationConnection, cmd: PositionCommand, stream: Stream
+        self, connection: ReplicationConnection, cmd: PositionCommand, stream: Stream, sender: str
     ) -> None:
         if connection not in self._positions_seen or self._can_discard(connection, stream, cmd):
             return
         if not await self.claims.believe(
-            stream, cmd.instance_name, cmd.new_token, connection.describe(), _position_line(cmd)
+            stream, cmd.instance_name, cmd.new_token, sender, _position_line(cmd)
         ):
             return
         self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.new_token)

@@ -150,6 +150,8 @@ class RedisReplicationBus:
         self._foreign: dict[str, tuple[str, float]] = {}
         self._foreign_logged: dict[str, float] = {}
         self._refusals = RefusalLog(clock.seconds)
+        #: The sender of the message being handed to the receiver, if any.
+        self._sender: str | None = None
         self.password = password
         # SELECT only when asked for something other than the default.
         self.dbid = dbid or None
@@ -263,6 +265,10 @@ class RedisReplicationBus:
     # -- ReplicationBus / ReplicationConnection ----------------------------------------
 
     def describe(self) -> str:
+        """While a message is handed to the receiver: its sender on the
+        channel; otherwise the bus itself."""
+        if self._sender is not None:
+            return f"{self._sender} on Redis channel {self.channel}"
         return f"Redis channel {self.channel} ({self.instance_name})"
 
     def send_command(self, cmd: Command) -> None:
@@ -466,10 +472,13 @@ class RedisReplicationBus:
                 f"{cmd.NAME} for writer {shorten(cmd.instance_name)} of {shorten(cmd.stream_name)}",
             )
             return
+        self._sender = shorten(sender.decode("utf-8", "replace"))
         try:
             self._receiver.on_command(self, cmd)
         except Exception:
             logger.exception("replication receiver failed on %s from Redis", cmd.NAME)
+        finally:
+            self._sender = None
 
     def _is_own_echo(self, data: bytes) -> bool:
         """Our own RDATA or POSITION coming back: the receiver would drop it, so
