@@ -282,7 +282,7 @@ DEVICE_LISTS = StreamDefinition(
         # cross-signing upload's id is on each key it replaced, in a table of its own.
         (
             StreamTable("device_lists_stream", shares_ids=True),
-            StreamTable("e2e_cross_signing_keys", shares_ids=True),
+            StreamTable("e2e_cross_signing_keys", shares_ids=True, rows_removed=_UPSERTED),
         ),
     ),
     in_sync_token=True,

@@ -147,7 +147,7 @@ class AuditDatabaseTestCase(unittest.TestCase):
         self.assertEqual(run.code, 1, run)
         self.assert_faults_found(run)
         self.assertEqual(run.report["route"], "parquet")
-        self.assertIn("audit: exported 11 tables: 4 rows", run.err)
+        self.assertIn("audit: exported 12 tables: 4 rows", run.err)
         # A snapshot directory given on the command line is kept (manifest and Parquet).
         self.assertTrue(os.path.exists(os.path.join(snapshot, "manifest.json")))
         self.assertTrue(
