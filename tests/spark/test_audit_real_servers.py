@@ -23,6 +23,7 @@ from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config
 from tests.replication.test_handler import message
+from tests.spark.fixture import _columns
 from tests.spark.session import shared_spark
 
 
@@ -53,7 +54,8 @@ class AuditRealServersTestCase(DatabaseTestCase):
         with open(report, encoding="utf-8") as f:
             return code, json.load(f), out.getvalue() + err.getvalue()
 
-    async def test_clean_run_then_a_committed_event_deleted(self) -> None:
+    async def run_servers(self) -> tuple[Any, dict[str, list[int]]]:
+        """The config of the run and the event ids each writer wrote."""
         shared_spark()  # skip early without Java or pyspark
         config = make_config(
             self.test_db, workers=["persister1"], stream_writers={"events": ["main", "persister1"]}
@@ -81,10 +83,38 @@ class AuditRealServersTestCase(DatabaseTestCase):
             )
         for hs in (main, p1):
             await hs.service.stopService()  # flushes positions, closes the position log
-        path = config.config_files[0]
         logs = [f for f in os.listdir(config.data_dir) if f.startswith("positions-")]
         self.assertEqual(sorted(logs), ["positions-main.jsonl", "positions-persister1.jsonl"])
+        return config, written
 
+    def execute(self, sql: str, *args: Any) -> None:
+        conn = make_startup_connection(self.test_db.make_engine())
+        try:
+            with conn.transaction("plant") as txn:
+                txn.execute(sql, args)
+        finally:
+            conn.close()
+
+    def query(self, sql: str) -> list[Any]:
+        """The first column of every row."""
+        conn = make_startup_connection(self.test_db.make_engine())
+        try:
+            with conn.transaction("read") as txn:
+                txn.execute(sql, ())
+                return [row[0] for row in txn.fetchall()]
+        finally:
+            conn.close()
+
+    def insert_event(self, stream_id: int) -> None:
+        row = _columns("events", "persister1", stream_id)
+        self.execute(
+            f"INSERT INTO events ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+            *row.values(),
+        )
+
+    async def test_clean_run_then_a_committed_event_deleted(self) -> None:
+        config, written = await self.run_servers()
+        path = config.config_files[0]
         code, report, output = self.audit(path)
         self.assertEqual((code, report["findings"]), (0, []), output)
         self.assertGreater(report["position_logs"]["records"], 60)
@@ -92,12 +122,7 @@ class AuditRealServersTestCase(DatabaseTestCase):
         self.assertEqual(events["rows"], 120)
 
         victim = sorted(written["persister1"])[len(written["persister1"]) // 2]
-        conn = make_startup_connection(self.test_db.make_engine())
-        try:
-            with conn.transaction("plant") as txn:
-                txn.execute("DELETE FROM events WHERE stream_ordering = ?", (victim,))
-        finally:
-            conn.close()
+        self.execute("DELETE FROM events WHERE stream_ordering = ?", victim)
         code, report, output = self.audit(path)
         self.assertEqual(code, 1, output)
         (finding,) = report["findings"]
@@ -106,3 +131,107 @@ class AuditRealServersTestCase(DatabaseTestCase):
             ("committed_row_missing", "events", "persister1", [victim]),
         )
         self.assertIn("logged as committed have no row", finding["message"])
+
+    async def test_each_planted_fault_alone(self) -> None:
+        """Items 2-7 planted one at a time into the real run's copy, each
+        undone before the next: each is the only finding."""
+        config, written = await self.run_servers()
+        path = config.config_files[0]
+        log = os.path.join(config.data_dir, "positions-persister1.jsonl")
+        with open(log, encoding="utf-8") as f:
+            clean_log = f.read()
+        # Every writer recorded its positions on shutdown, backfill's too.
+        (backfill_stored,) = self.query(
+            "SELECT stream_id FROM stream_positions"
+            " WHERE stream_name = 'backfill' AND instance_name = 'main'"
+        )
+        self.assertLessEqual(backfill_stored, 0)
+        first = min(written["persister1"])
+        top = max(written["main"] + written["persister1"])
+
+        def append(record: dict[str, Any] | str) -> None:
+            with open(log, "a", encoding="utf-8") as f:
+                f.write((record if isinstance(record, str) else json.dumps(record)) + "\n")
+
+        def restore_log() -> None:
+            with open(log, "w", encoding="utf-8") as f:
+                f.write(clean_log)
+
+        finished = {
+            "kind": "finished",
+            "ts": 1,
+            "process": "persister1",
+            "stream": "events",
+            "writer": "persister1",
+        }
+        plants = [
+            (
+                "position_wrong_sign",
+                lambda: self.execute(
+                    "UPDATE stream_positions SET stream_id = 5"
+                    " WHERE stream_name = 'backfill' AND instance_name = 'main'"
+                ),
+                lambda: self.execute(
+                    "UPDATE stream_positions SET stream_id = ?"
+                    " WHERE stream_name = 'backfill' AND instance_name = 'main'",
+                    backfill_stored,
+                ),
+                # Nothing was backfilled: 5 is also beyond the sequence.
+                [
+                    ("position_ahead_of_sequence", "backfill", "main", [5]),
+                    ("position_wrong_sign", "backfill", "main", [5]),
+                ],
+            ),
+            (
+                "id_wrong_sign",
+                lambda: self.insert_event(0),
+                lambda: self.execute("DELETE FROM events WHERE stream_ordering = 0"),
+                [("id_wrong_sign", "events", "persister1", [0])],
+            ),
+            (
+                "logged_position_ahead_of_sequence",
+                lambda: append(
+                    {
+                        "kind": "position",
+                        "ts": 9_000_000_000_000,  # after every finish: only this fault
+                        "process": "persister1",
+                        "stream": "events",
+                        "writer": "*",
+                        "position": top + 1000,
+                        "purpose": "sync",
+                    }
+                ),
+                restore_log,
+                [("logged_position_ahead_of_sequence", "events", "*", [top + 1000])],
+            ),
+            (
+                "failed_id_has_row",
+                lambda: append(finished | {"id": first, "committed": False}),
+                restore_log,
+                [("failed_id_has_row", "events", "persister1", [first])],
+            ),
+            (
+                "unexpected_stream_position",
+                lambda: self.execute(
+                    "INSERT INTO stream_positions (stream_name, instance_name, stream_id)"
+                    " VALUES ('evnets', 'main', 3)"
+                ),
+                lambda: self.execute("DELETE FROM stream_positions WHERE stream_name = 'evnets'"),
+                [("unexpected_stream_position", "evnets", "main", [])],
+            ),
+        ]
+        for kind, plant, undo, expected in plants:
+            plant()
+            code, report, output = self.audit(path)
+            undo()
+            self.assertEqual(code, 1, f"{kind}: {output}")
+            found = [(f["kind"], f["stream"], f["writer"], f["ids"]) for f in report["findings"]]
+            self.assertEqual(found, expected, output)
+
+        # Item 7: a valid-JSON line with an extreme id is a malformed line.
+        append(finished | {"id": -9223372036854775808, "committed": True})
+        code, report, output = self.audit(path)
+        self.assertEqual(code, 0, output)
+        self.assertEqual(
+            [i["count"] for i in report["info"] if i["kind"] == "malformed_log_lines"], [1]
+        )
