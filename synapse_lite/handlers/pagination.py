@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
+from synapse_lite.handlers.client_events import ClientEventFormatter
 from synapse_lite.handlers.visibility import RoomVisibility, load_room_visibility
 from synapse_lite.tokens import InvalidToken, RoomStreamToken
 
@@ -30,6 +31,7 @@ class PaginationHandler:
     def __init__(self, store: GenericWorkerStore, clock: Clock) -> None:
         self._store = store
         self._clock = clock
+        self._formatter = ClientEventFormatter(store)
 
     async def parse_token(self, value: str) -> RoomStreamToken:
         """A room token, or the room part of a sync token; else a 400."""
@@ -81,7 +83,7 @@ class PaginationHandler:
             else:
                 next_token = _advance(start, raw[-1])
         response: dict[str, Any] = {
-            "chunk": [e.to_client_dict(now_ms) for e in visibility.filter(raw)],
+            "chunk": await self._formatter.format(requester, visibility.filter(raw), now_ms),
             "start": from_token or await self._store.room_token_to_string(start),
             "state": [],
         }

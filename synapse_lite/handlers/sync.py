@@ -21,7 +21,8 @@ from twisted.internet import defer
 from synapse_lite.api.errors import Codes, LimitExceededError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
-from synapse_lite.handlers.filtering import SyncFilter
+from synapse_lite.handlers.client_events import ClientEventFormatter, format_event
+from synapse_lite.handlers.filtering import EventFilter, SyncFilter
 from synapse_lite.handlers.visibility import get_history_visibility, load_room_visibility
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS
 from synapse_lite.storage.databases.main.account_data import TAG_DATA_TYPE
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 TO_DEVICE_LIMIT = 100
 #: How long a sync waits for this process to reach a token from another process.
 SINCE_CATCH_UP_SECONDS = 5.0
+#: Events read per query while filling a filtered timeline.
+TIMELINE_PAGE = 100
 #: State shown with an invite, besides the invite itself.
 INVITE_STATE_TYPES = (
     "m.room.create",
@@ -74,8 +77,21 @@ class _Memberships:
         return sorted(r for r, row in self.now.items() if row[1] == membership)
 
 
-def _client_event(event: Event, now_ms: int) -> dict[str, Any]:
-    return event.to_client_dict(now_ms, include_room_id=False)
+def _filter_room_events(
+    by_room: dict[str, list[dict[str, Any]]], event_filter: EventFilter
+) -> None:
+    """Drop, in place, the non-timeline room events (ephemeral, account
+    data: no sender) that ``event_filter`` refuses."""
+    if event_filter.allows_all:
+        return
+    for room_id, events in by_room.items():
+        by_room[room_id] = [
+            e for e in events if event_filter.matches(e["type"], "", room_id, e.get("content"))
+        ]
+
+
+def limited(entry: dict[str, Any]) -> bool:
+    return bool(entry["timeline"].get("limited"))
 
 
 def _before(event: Event) -> RoomStreamToken:
@@ -118,6 +134,7 @@ class SyncHandler:
         self._event_writers = event_writers
         self._position_log = position_log
         self._sections = sections
+        self._formatter = ClientEventFormatter(store)
         #: The streams whose positions follow the room key in tokens.
         self._token_streams = [
             name for name in config.streams.sync_token_streams() if name != "events"
@@ -275,7 +292,7 @@ class SyncHandler:
         user_id = requester.user_id
         now_ms = self._clock.time_msec()
         memberships = await self._memberships(user_id, since, now.room_key)
-        joined = memberships.rooms("join")
+        joined = [r for r in memberships.rooms("join") if sync_filter.allows_room(r)]
 
         typing, typing_key = self._typing.get_typing_for_rooms(
             joined, None if since is None else since.get("typing")
@@ -287,10 +304,13 @@ class SyncHandler:
                 ephemeral[room_id].append({"type": "m.typing", "content": {"user_ids": user_ids}})
         for room_id, receipt in (await self._receipts(user_id, joined, since, now)).items():
             ephemeral[room_id].append(receipt)
+        _filter_room_events(ephemeral, sync_filter.ephemeral)
 
         global_data, room_data = await self._account_data(user_id, since, now)
+        global_data = [d for d in global_data if sync_filter.account_data.matches(d["type"], "")]
+        _filter_room_events(room_data, sync_filter.room_account_data)
         join = await self._joined_rooms(
-            user_id, joined, memberships, since, now, full_state, sync_filter, now_ms
+            requester, joined, memberships, since, now, full_state, sync_filter, now_ms
         )
         for room_id in joined:
             if ephemeral.get(room_id) or room_data.get(room_id):
@@ -303,7 +323,9 @@ class SyncHandler:
                     entry["timeline"]["prev_batch"]
                 )
         invite = await self._invited_rooms(memberships, since, now_ms)
-        leave = await self._left_rooms(user_id, memberships, since, sync_filter, now_ms)
+        leave = await self._left_rooms(
+            requester, memberships, since, full_state, sync_filter, now_ms
+        )
 
         to_device, to_device_key = await self._to_device(requester, since, now)
         now = now.with_positions(to_device=to_device_key)
@@ -399,7 +421,7 @@ class SyncHandler:
 
     async def _joined_rooms(
         self,
-        user_id: str,
+        requester: Requester,
         joined: list[str],
         memberships: _Memberships,
         since: StreamToken | None,
@@ -422,11 +444,11 @@ class SyncHandler:
 
         result: dict[str, dict[str, Any]] = {}
         for room_id in whole:
-            events = await self._store.get_room_events_between(
-                [room_id], None, now.room_key, limit + 1
+            events = await self._timeline_events(
+                room_id, None, now.room_key, sync_filter.timeline, limit
             )
             result[room_id] = await self._room_entry(
-                user_id, room_id, events, limit, None, now, full=True, now_ms=now_ms
+                requester, room_id, events, None, now.room_key, sync_filter, now_ms
             )
         if since is not None:
             # Only rooms that may have events after the token need a query.
@@ -435,12 +457,47 @@ class SyncHandler:
                 r for r in incremental if room_changes.may_have_changed(r, since.room_key)
             ]
         if incremental and since is not None and since.room_key != now.room_key:
-            by_room = await self._events_by_room(incremental, since.room_key, now.room_key, limit)
-            for room_id, events in by_room.items():
-                result[room_id] = await self._room_entry(
-                    user_id, room_id, events, limit, since.room_key, now, full=False, now_ms=now_ms
+            if sync_filter.timeline.allows_all:
+                by_room = await self._events_by_room(
+                    incremental, since.room_key, now.room_key, limit
                 )
+            else:
+                by_room = {}
+                for room_id in incremental:
+                    by_room[room_id] = await self._timeline_events(
+                        room_id, since.room_key, now.room_key, sync_filter.timeline, limit
+                    )
+            for room_id, events in by_room.items():
+                entry = await self._room_entry(
+                    requester, room_id, events, since.room_key, now.room_key, sync_filter, now_ms
+                )
+                if entry["timeline"]["events"] or entry["state"]["events"] or limited(entry):
+                    result[room_id] = entry
         return result
+
+    async def _timeline_events(
+        self,
+        room_id: str,
+        since: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        event_filter: EventFilter,
+        limit: int,
+    ) -> list[Event]:
+        """Up to ``limit + 1`` newest events of the room in (since, upper]
+        that pass ``event_filter``, newest first: read in pages, so a filter
+        that matches few events still fills the timeline."""
+        if event_filter.allows_all:
+            return await self._store.get_room_events_between([room_id], since, upper, limit + 1)
+        page = max(2 * (limit + 1), TIMELINE_PAGE)
+        found: list[Event] = []
+        while True:
+            events = await self._store.get_room_events_between([room_id], since, upper, page)
+            found.extend(
+                e for e in events if event_filter.matches(e.type, e.sender, e.room_id, e.content)
+            )
+            if len(found) > limit or len(events) < page:
+                return found[: limit + 1]
+            upper = _before(events[-1])
 
     async def _events_by_room(
         self, room_ids: list[str], since: RoomStreamToken, now: RoomStreamToken, limit: int
@@ -466,49 +523,97 @@ class SyncHandler:
 
     async def _room_entry(
         self,
-        user_id: str,
+        requester: Requester,
         room_id: str,
         newest_first: list[Event],
-        limit: int,
         since: RoomStreamToken | None,
-        now: StreamToken,
-        full: bool,
+        upper: RoomStreamToken,
+        sync_filter: SyncFilter,
         now_ms: int,
     ) -> dict[str, Any]:
         """One room's timeline (``newest_first`` holds up to ``limit + 1``
-        events) and state."""
+        events, already through the timeline filter) and state block, up to
+        ``upper`` (now, or where the user left); ``since`` None: the room in
+        full. ``prev_batch`` is left as a token for the caller to print."""
+        limit = sync_filter.timeline_limit
         limited = len(newest_first) > limit
         raw = list(reversed(newest_first[:limit]))
         visibility_name = await get_history_visibility(self._store, room_id)
         if visibility_name in ("shared", "world_readable"):
-            timeline = raw  # the user is joined now: shared history shows it all
+            timeline = raw  # the user is (or was) joined: shared history shows it all
         else:
-            visibility = await load_room_visibility(self._store, user_id, room_id)
+            visibility = await load_room_visibility(self._store, requester.user_id, room_id)
             timeline = visibility.filter(raw)
-        prev_batch = _before(raw[0]) if raw else (since or now.room_key)
-        in_timeline = {e.event_id for e in timeline}
-        state: list[Event] = []
-        if full:
-            state = [
-                e
-                for e in await self._store.get_state_at(room_id, now.room_key)
-                if e.event_id not in in_timeline
-            ]
-        elif limited and raw and since is not None:
-            latest: dict[tuple[str, str | None], Event] = {}
-            for event in await self._store.get_state_events_between(
-                room_id, since, _before(raw[0])
-            ):
-                latest[(event.type, event.state_key)] = event
-            state = list(latest.values())
-        entry = self._empty_joined_room(now)
-        entry["timeline"] = {
-            "events": [_client_event(e, now_ms) for e in timeline],
-            "limited": limited,
-            "prev_batch": prev_batch,
+        prev_batch = _before(raw[0]) if raw else (since or upper)
+        complete = not limited and sync_filter.timeline.allows_all
+        state = await self._state_block(room_id, since, upper, raw, sync_filter, complete)
+        fields = sync_filter.event_fields
+        events = await self._formatter.format(
+            requester, timeline, now_ms, include_room_id=False, event_fields=fields
+        )
+        return {
+            "timeline": {"events": events, "limited": limited, "prev_batch": prev_batch},
+            "state": {
+                "events": [
+                    format_event(e, now_ms, {}, include_room_id=False, fields=fields) for e in state
+                ]
+            },
+            "ephemeral": {"events": []},
+            "account_data": {"events": []},
+            "unread_notifications": {},
+            "summary": {},
         }
-        entry["state"]["events"] = [_client_event(e, now_ms) for e in state]
-        return entry
+
+    async def _state_block(
+        self,
+        room_id: str,
+        since: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        timeline: list[Event],
+        sync_filter: SyncFilter,
+        complete: bool,
+    ) -> list[Event]:
+        """The ``state`` of a room entry: the room's state at the start of the
+        timeline (in full when ``since`` is None, else what changed since
+        ``since``), through the state filter. A key whose latest change up
+        to ``upper`` is not in the timeline (the timeline filter left it
+        out) is given at that latest value: the client would not learn it
+        otherwise. ``complete``: the timeline holds every event after
+        ``since``."""
+        in_timeline = {e.event_id for e in timeline}
+        if since is not None and complete:
+            return []  # every state change since ``since`` is in the timeline
+        start = timeline[0].stream_ordering if timeline else None
+        if since is None:
+            latest = {
+                (e.type, e.state_key): e for e in await self._store.get_state_at(room_id, upper)
+            }
+            if not any(e.event_id in in_timeline for e in latest.values()):
+                before = latest
+            else:
+                assert timeline
+                before = {
+                    (e.type, e.state_key): e
+                    for e in await self._store.get_state_at(room_id, _before(timeline[0]))
+                }
+        else:
+            latest, before = {}, {}
+            for event in await self._store.get_state_events_between(room_id, since, upper):
+                key = (event.type, event.state_key)
+                latest[key] = event
+                if start is None or event.stream_ordering < start:
+                    before[key] = event
+        chosen: list[Event] = []
+        for key, event in latest.items():
+            if event.event_id in in_timeline:
+                earlier = before.get(key)
+                if earlier is None or earlier.event_id in in_timeline:
+                    continue
+                event = earlier
+            if sync_filter.state.matches(event.type, event.sender, event.room_id, event.content):
+                chosen.append(event)
+        chosen.sort(key=lambda e: e.stream_ordering)
+        return chosen
 
     async def _invited_rooms(
         self, memberships: _Memberships, since: StreamToken | None, now_ms: int
@@ -540,37 +645,46 @@ class SyncHandler:
 
     async def _left_rooms(
         self,
-        user_id: str,
+        requester: Requester,
         memberships: _Memberships,
         since: StreamToken | None,
+        full_state: bool,
         sync_filter: SyncFilter,
         now_ms: int,
     ) -> dict[str, Any]:
-        if since is None:
-            return {}
+        """Rooms the user left or was banned from: in an incremental sync
+        those left since ``since``; in a full one (initial, or
+        ``full_state``) every such room if the filter's ``include_leave``
+        asks. Each with its timeline and state up to the leave; a room the
+        user was not joined to at ``since`` comes in full."""
         leave: dict[str, Any] = {}
         limit = sync_filter.timeline_limit
-        for room_id in sorted(memberships.changed):
-            row = memberships.now.get(room_id)
-            if row is None or row[1] not in ("leave", "ban"):
+        for room_id in sorted(memberships.now):
+            row = memberships.now[room_id]
+            if row[1] not in ("leave", "ban") or not sync_filter.allows_room(room_id):
                 continue
-            if memberships.at_since.get(room_id) in ("leave", "ban"):
-                continue
-            until = RoomStreamToken(row[3])  # up to and including their leave
-            events = await self._store.get_room_events_between(
-                [room_id], since.room_key, until, limit + 1
+            newly_left = (
+                since is not None
+                and room_id in memberships.changed
+                and memberships.at_since.get(room_id) not in ("leave", "ban")
             )
-            visibility = await load_room_visibility(self._store, user_id, room_id)
-            raw = list(reversed(events[:limit]))
-            timeline = visibility.filter(raw)
-            entry: dict[str, Any] = {
-                "timeline": {"events": [_client_event(e, now_ms) for e in timeline]},
-                "state": {"events": []},
-                "account_data": {"events": []},
-            }
-            entry["timeline"]["limited"] = len(events) > limit
-            prev = _before(raw[0]) if raw else since.room_key
-            entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(prev)
+            if not newly_left and not (sync_filter.include_leave and (since is None or full_state)):
+                continue
+            room_since = None
+            if newly_left and not full_state and memberships.at_since.get(room_id) == "join":
+                assert since is not None
+                room_since = since.room_key
+            until = RoomStreamToken(row[3])  # up to and including their leave
+            events = await self._timeline_events(
+                room_id, room_since, until, sync_filter.timeline, limit
+            )
+            entry = await self._room_entry(
+                requester, room_id, events, room_since, until, sync_filter, now_ms
+            )
+            del entry["ephemeral"], entry["unread_notifications"], entry["summary"]
+            entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(
+                entry["timeline"]["prev_batch"]
+            )
             leave[room_id] = entry
         return leave
 
