@@ -26,6 +26,7 @@ from synapse_lite.handlers.filtering import EventFilter, SyncFilter
 from synapse_lite.handlers.visibility import get_history_visibility, load_room_visibility
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS
 from synapse_lite.storage.databases.main.account_data import TAG_DATA_TYPE
+from synapse_lite.storage.databases.main.presence import UserPresenceState
 from synapse_lite.storage.databases.main.roommember import MembershipRow
 from synapse_lite.tokens import InvalidToken, RoomStreamToken, StreamToken
 
@@ -329,10 +330,11 @@ class SyncHandler:
 
         to_device, to_device_key = await self._to_device(requester, since, now)
         now = now.with_positions(to_device=to_device_key)
-        sharing = await self._users_sharing_rooms(user_id, joined)
+        sharing = await self._users_sharing_rooms(user_id, memberships.rooms("join"))
+        newly_seen = await self._newly_seen_users(user_id, memberships, since, join)
         presence = [
             event
-            for event in await self._presence(sharing, since, now, now_ms)
+            for event in await self._presence(sharing, since, now, now_ms, newly_seen)
             if sync_filter.presence.allows(event)
         ]
         changed_devices: list[str] = []
@@ -447,9 +449,15 @@ class SyncHandler:
             events = await self._timeline_events(
                 room_id, None, now.room_key, sync_filter.timeline, limit
             )
-            result[room_id] = await self._room_entry(
+            entry = await self._room_entry(
                 requester, room_id, events, None, now.room_key, sync_filter, now_ms
             )
+            shown = events[:limit]
+            if since is not None and not (shown and shown[-1].type == "m.room.create"):
+                # Joined since the token: the client has none of the room's
+                # history, so a timeline not reaching back to its start is a gap.
+                entry["timeline"]["limited"] = True
+            result[room_id] = entry
         if since is not None:
             # Only rooms that may have events after the token need a query.
             room_changes = self._store.room_changes
@@ -753,17 +761,55 @@ class SyncHandler:
             users |= await self._store.get_users_in_room(room_id)
         return users
 
+    async def _newly_seen_users(
+        self,
+        user_id: str,
+        memberships: _Memberships,
+        since: StreamToken | None,
+        join: dict[str, dict[str, Any]],
+    ) -> set[str]:
+        """Users an incremental sync introduces: the members of rooms the user
+        joined since ``since``, and whoever joins a room in this response.
+        Their presence comes with it, changed or not: the client has none."""
+        if since is None:
+            return set()
+        users: set[str] = set()
+        for room_id in memberships.changed:
+            if room_id in join and memberships.at_since.get(room_id) != "join":
+                users |= await self._store.get_users_in_room(room_id)
+        for entry in join.values():
+            for event in entry["timeline"]["events"] + entry["state"]["events"]:
+                if event.get("type") == "m.room.member" and (
+                    event.get("content", {}).get("membership") == "join"
+                ):
+                    users.add(str(event.get("state_key")))
+        users.discard(user_id)
+        return users
+
     async def _presence(
-        self, users: set[str], since: StreamToken | None, now: StreamToken, now_ms: int
+        self,
+        users: set[str],
+        since: StreamToken | None,
+        now: StreamToken,
+        now_ms: int,
+        newly_seen: set[str],
     ) -> list[dict[str, Any]]:
+        """Presence of ``users`` that changed since ``since`` (all of it,
+        initially), plus the current presence of ``newly_seen``."""
         if since is None:
             states = list((await self._store.get_presence_for_users(sorted(users))).values())
-        elif since.get("presence") < now.get("presence"):
-            states = await self._store.get_presence_changes(
-                sorted(users), since.get("presence"), now.get("presence")
-            )
         else:
-            return []
+            states = []
+            if since.get("presence") < now.get("presence"):
+                states = await self._store.get_presence_changes(
+                    sorted(users), since.get("presence"), now.get("presence")
+                )
+            missing = newly_seen & users - {s.user_id for s in states}
+            if missing:
+                found = await self._store.get_presence_for_users(sorted(missing))
+                states.extend(
+                    found.get(u) or UserPresenceState.default(u) for u in sorted(missing)
+                )
         return [
             {"type": "m.presence", "sender": s.user_id, "content": s.to_client_content(now_ms)}
             for s in states

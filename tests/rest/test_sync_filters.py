@@ -220,3 +220,22 @@ class SyncFilterTestCase(DatabaseTestCase):
             self.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"), definition)
             code, body = await self.bob.request("GET", f"/sync?filter={as_param(definition)}")
             self.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"), definition)
+
+    async def test_newly_joined_room_brings_presence_and_a_gap(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        for i in range(3):
+            await self.alice.send(room, f"m{i}")
+        initial = await self.bob.sync(set_presence="offline")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        messages_only = as_param({"room": {"timeline": {"types": ["m.room.message"]}}})
+        later = await self.bob.sync(
+            since=initial["next_batch"], filter=messages_only, set_presence="offline"
+        )
+        timeline = room_entry(later, room)["timeline"]
+        self.assertEqual(len(timeline["events"]), 3)
+        # The room's earlier events (its creation) are not in it: a gap.
+        self.assertTrue(timeline["limited"])
+        senders = {e["sender"] for e in later["presence"]["events"]}
+        self.assertIn(self.alice.user_id, senders)
+        again = await self.bob.sync(since=later["next_batch"], set_presence="offline")
+        self.assertNotIn(self.alice.user_id, {e["sender"] for e in again["presence"]["events"]})
