@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 TO_DEVICE_LIMIT = 100
 #: How long a sync waits for this process to reach a token from another process.
 SINCE_CATCH_UP_SECONDS = 5.0
+#: Members named in a room summary of a room without a name.
+HEROES = 5
 #: Events read per query while filling a filtered timeline.
 TIMELINE_PAGE = 100
 #: State shown with an invite, besides the invite itself.
@@ -62,6 +64,37 @@ INVITE_STATE_TYPES = (
 )
 #: The position-log writer name of stream-wide (persisted-up-to) positions.
 STREAM_WIDE = "*"
+
+
+class LazyMembersSent:
+    """Which member events each device was sent in lazy-loading syncs, so
+    incremental syncs leave out the redundant ones. Per process and bounded:
+    a device that syncs through another process, or after the memory was
+    cleared, is sent some members again, which the spec allows."""
+
+    MAX_DEVICES = 10_000
+
+    def __init__(self) -> None:
+        #: (user, device) -> room -> member state key -> member event id.
+        self._sent: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+
+    def record(self, requester: Requester, room_id: str, events: list[Event], reset: bool) -> None:
+        """Remember the member events in ``events``; ``reset``: a full sync,
+        which the client starts again from."""
+        key = (requester.user_id, requester.device_id)
+        if key not in self._sent and len(self._sent) >= self.MAX_DEVICES:
+            self._sent.clear()
+        rooms = self._sent.setdefault(key, {})
+        if reset:
+            rooms.pop(room_id, None)
+        members = rooms.setdefault(room_id, {})
+        for event in events:
+            if event.type == "m.room.member" and event.state_key is not None:
+                members[event.state_key] = event.event_id
+
+    def was_sent(self, requester: Requester, room_id: str, user_id: str) -> bool:
+        rooms = self._sent.get((requester.user_id, requester.device_id), {})
+        return user_id in rooms.get(room_id, {})
 
 
 @attr.s(slots=True, auto_attribs=True)
@@ -136,6 +169,7 @@ class SyncHandler:
         self._position_log = position_log
         self._sections = sections
         self._formatter = ClientEventFormatter(store)
+        self._lazy_sent = LazyMembersSent()
         #: The streams whose positions follow the room key in tokens.
         self._token_streams = [
             name for name in config.streams.sync_token_streams() if name != "events"
@@ -554,11 +588,20 @@ class SyncHandler:
             timeline = visibility.filter(raw)
         prev_batch = _before(raw[0]) if raw else (since or upper)
         complete = not limited and sync_filter.timeline.allows_all
-        state = await self._state_block(room_id, since, upper, raw, sync_filter, complete)
+        state = await self._state_block(
+            requester, room_id, since, upper, raw, sync_filter, complete
+        )
         fields = sync_filter.event_fields
         events = await self._formatter.format(
             requester, timeline, now_ms, include_room_id=False, event_fields=fields
         )
+        summary: dict[str, Any] = {}
+        if sync_filter.state.lazy_load_members and (
+            since is None
+            or any(e.type == "m.room.member" for e in timeline)
+            or (limited and any(e.type == "m.room.member" for e in state))
+        ):
+            summary = await self._summary(requester.user_id, room_id, upper)
         return {
             "timeline": {"events": events, "limited": limited, "prev_batch": prev_batch},
             "state": {
@@ -569,11 +612,41 @@ class SyncHandler:
             "ephemeral": {"events": []},
             "account_data": {"events": []},
             "unread_notifications": {},
-            "summary": {},
+            "summary": summary,
         }
+
+    async def _summary(self, user_id: str, room_id: str, upper: RoomStreamToken) -> dict[str, Any]:
+        """The room summary (sent with lazy-loading members, when the client
+        cannot count the members itself): member counts as of ``upper``,
+        and when the room has neither name nor canonical alias, the heroes a
+        client names it after: up to 5 other members (joined or invited, else
+        former), by user id."""
+        state = await self._store.get_state_at(room_id, upper)
+        members = [
+            (e.state_key, e.membership)
+            for e in state
+            if e.type == "m.room.member" and e.state_key is not None
+        ]
+        summary: dict[str, Any] = {
+            "m.joined_member_count": sum(1 for _, m in members if m == "join"),
+            "m.invited_member_count": sum(1 for _, m in members if m == "invite"),
+        }
+        named = any(
+            (e.type == "m.room.name" and e.content.get("name"))
+            or (e.type == "m.room.canonical_alias" and e.content.get("alias"))
+            for e in state
+            if e.state_key == ""
+        )
+        if not named:
+            others = sorted(u for u, m in members if m in ("join", "invite") and u != user_id)
+            if not others:
+                others = sorted(u for u, m in members if m in ("leave", "ban") and u != user_id)
+            summary["m.heroes"] = others[:HEROES]
+        return summary
 
     async def _state_block(
         self,
+        requester: Requester,
         room_id: str,
         since: RoomStreamToken | None,
         upper: RoomStreamToken,
@@ -587,10 +660,33 @@ class SyncHandler:
         to ``upper`` is not in the timeline (the timeline filter left it
         out) is given at that latest value: the client would not learn it
         otherwise. ``complete``: the timeline holds every event after
-        ``since``."""
+        ``since``. With ``lazy_load_members`` see ``_lazy_members``."""
+        lazy = sync_filter.state.lazy_load_members
         in_timeline = {e.event_id for e in timeline}
-        if since is not None and complete:
-            return []  # every state change since ``since`` is in the timeline
+        chosen: list[Event] = []
+        if since is None or not complete:
+            chosen = await self._state_changes(room_id, since, upper, timeline, in_timeline)
+        if lazy:
+            chosen = await self._lazy_members(
+                requester, room_id, since, upper, timeline, in_timeline, chosen, sync_filter
+            )
+        chosen = [
+            e for e in chosen if sync_filter.state.matches(e.type, e.sender, e.room_id, e.content)
+        ]
+        if lazy:
+            self._lazy_sent.record(requester, room_id, chosen, reset=since is None)
+        chosen.sort(key=lambda e: e.stream_ordering)
+        return chosen
+
+    async def _state_changes(
+        self,
+        room_id: str,
+        since: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        timeline: list[Event],
+        in_timeline: set[str],
+    ) -> list[Event]:
+        """The state block before filtering (see ``_state_block``)."""
         start = timeline[0].stream_ordering if timeline else None
         if since is None:
             latest = {
@@ -618,10 +714,47 @@ class SyncHandler:
                 if earlier is None or earlier.event_id in in_timeline:
                     continue
                 event = earlier
-            if sync_filter.state.matches(event.type, event.sender, event.room_id, event.content):
-                chosen.append(event)
-        chosen.sort(key=lambda e: e.stream_ordering)
+            chosen.append(event)
         return chosen
+
+    async def _lazy_members(
+        self,
+        requester: Requester,
+        room_id: str,
+        since: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        timeline: list[Event],
+        in_timeline: set[str],
+        chosen: list[Event],
+        sync_filter: SyncFilter,
+    ) -> list[Event]:
+        """Lazy-loading members: the member events the client needs to show
+        the timeline, and no others. In full: only the members of the
+        timeline's senders and the user's own. Incrementally: the member
+        changes since ``since`` (those are news) plus the members of the
+        timeline's senders this device was not sent yet (all of them, but
+        the user's own, with ``include_redundant_members``)."""
+        senders = {e.sender for e in timeline}
+        if since is None:
+            senders.add(requester.user_id)
+            return [e for e in chosen if e.type != "m.room.member" or e.state_key in senders]
+        have = {e.state_key for e in chosen if e.type == "m.room.member"}
+        redundant = sync_filter.state.include_redundant_members
+        wanted = {
+            user
+            for user in senders - have
+            if not self._lazy_sent.was_sent(requester, room_id, user)
+            or (redundant and user != requester.user_id)
+        }
+        if not wanted:
+            return chosen
+        at = _before(timeline[0]) if timeline else upper
+        extra = [
+            e
+            for e in await self._store.get_state_at(room_id, at)
+            if e.type == "m.room.member" and e.state_key in wanted and e.event_id not in in_timeline
+        ]
+        return chosen + extra
 
     async def _invited_rooms(
         self, memberships: _Memberships, since: StreamToken | None, now_ms: int
@@ -807,9 +940,7 @@ class SyncHandler:
             missing = newly_seen & users - {s.user_id for s in states}
             if missing:
                 found = await self._store.get_presence_for_users(sorted(missing))
-                states.extend(
-                    found.get(u) or UserPresenceState.default(u) for u in sorted(missing)
-                )
+                states.extend(found.get(u) or UserPresenceState.default(u) for u in sorted(missing))
         return [
             {"type": "m.presence", "sender": s.user_id, "content": s.to_client_content(now_ms)}
             for s in states
