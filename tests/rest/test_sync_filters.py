@@ -239,3 +239,65 @@ class SyncFilterTestCase(DatabaseTestCase):
         self.assertIn(self.alice.user_id, senders)
         again = await self.bob.sync(since=later["next_batch"], set_presence="offline")
         self.assertNotIn(self.alice.user_id, {e["sender"] for e in again["presence"]["events"]})
+
+
+class LazyMembersTestCase(DatabaseTestCase):
+    """``lazy_load_members`` and the room summary."""
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        super().setUp()
+        self.servers, clients, _ = start_cluster(self, self.test_db)
+        base = clients["main"].base_url
+        self.alice = await ClientApi(self, base).register("alice")
+        self.bob = await ClientApi(self, base).register("bob")
+        self.carol = await ClientApi(self, base).register("carol")
+        self.room = await self.alice.create_room(preset="public_chat")
+        for user in (self.bob, self.carol):
+            await user.ok("POST", f"/join/{self.room}", {})
+
+    def members(self, sync: dict[str, Any]) -> set[str]:
+        state = room_entry(sync, self.room)["state"]["events"]
+        return {e["state_key"] for e in state if e["type"] == "m.room.member"}
+
+    async def test_only_the_senders_members(self) -> None:
+        lazy = as_param({"room": {"state": {"lazy_load_members": True}, "timeline": {"limit": 3}}})
+        for i in range(3):
+            await self.bob.send(self.room, f"b{i}")
+        first = await self.alice.sync(filter=lazy)
+        self.assertEqual(self.members(first), {self.alice.user_id, self.bob.user_id})
+        self.assertEqual(
+            room_entry(first, self.room)["summary"],
+            {
+                "m.joined_member_count": 3,
+                "m.invited_member_count": 0,
+                "m.heroes": sorted([self.bob.user_id, self.carol.user_id]),
+            },
+        )
+        # Bob's member was sent already: only Carol's, who speaks now.
+        await self.bob.send(self.room, "again")
+        await self.carol.send(self.room, "hello")
+        later = await self.alice.sync(since=first["next_batch"], filter=lazy)
+        self.assertEqual(self.members(later), {self.carol.user_id})
+        redundant = as_param(
+            {"room": {"state": {"lazy_load_members": True, "include_redundant_members": True}}}
+        )
+        await self.bob.send(self.room, "once more")
+        again = await self.alice.sync(since=later["next_batch"], filter=redundant)
+        self.assertEqual(self.members(again), {self.bob.user_id})
+
+    async def test_without_lazy_loading_all_members_and_no_summary(self) -> None:
+        await self.bob.send(self.room, "b")
+        result = await self.alice.sync(filter=as_param({"room": {"timeline": {"limit": 1}}}))
+        self.assertEqual(
+            self.members(result), {self.alice.user_id, self.bob.user_id, self.carol.user_id}
+        )
+        self.assertEqual(room_entry(result, self.room)["summary"], {})
+
+    async def test_named_room_summary_has_no_heroes(self) -> None:
+        await self.alice.ok("PUT", f"/rooms/{self.room}/state/m.room.name", {"name": "Named"})
+        lazy = as_param({"room": {"state": {"lazy_load_members": True}}})
+        result = await self.alice.sync(filter=lazy)
+        self.assertEqual(
+            room_entry(result, self.room)["summary"],
+            {"m.joined_member_count": 3, "m.invited_member_count": 0},
+        )
