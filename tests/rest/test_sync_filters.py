@@ -10,6 +10,7 @@ import urllib.parse
 from typing import Any
 
 from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 
 
@@ -301,3 +302,56 @@ class LazyMembersTestCase(DatabaseTestCase):
             room_entry(result, self.room)["summary"],
             {"m.joined_member_count": 3, "m.invited_member_count": 0},
         )
+
+
+class SyncFiltersThroughWorkersTestCase(DatabaseTestCase):
+    """The same answers from the main process and a reader, with the room's
+    events written by an events writer."""
+
+    async def test_same_answers_on_main_and_a_reader(self) -> None:
+        servers, clients, _ = start_cluster(
+            self, self.test_db, workers=["reader", "writer"], stream_writers={"events": ["writer"]}
+        )
+        await eventually(lambda: all(hs.replication.connected for hs in servers.values()))
+        alice = await ClientApi(self, clients["reader"].base_url).register("alice")
+        on_main = clients["main"].as_user(alice.token)
+        room = await alice.create_room(preset="public_chat")
+        await alice.ok("PUT", f"/rooms/{room}/state/org.example.state/k", {"n": 1})
+        first = await alice.sync()
+        await alice.ok("PUT", f"/rooms/{room}/state/org.example.state/k", {"n": 2})
+        event_id = await alice.send(room, "hi", txn_id="t1")
+        for i in range(4):
+            await alice.send(room, f"m{i}")
+        flt = as_param(
+            {
+                "room": {
+                    "timeline": {"limit": 2, "types": ["m.room.message"]},
+                    "state": {"types": ["org.example.state"], "lazy_load_members": True},
+                }
+            }
+        )
+        answers = []
+        for client in (alice, on_main):
+            await eventually(
+                lambda: all(
+                    hs.store.get_room_max_token() == servers["writer"].store.get_room_max_token()
+                    for hs in servers.values()
+                ),
+                what="every process caught up with the writer",
+            )
+            result = await client.sync(since=first["next_batch"], filter=flt)
+            entry = room_entry(result, room)
+            answers.append(
+                (
+                    [e["event_id"] for e in entry["timeline"]["events"]],
+                    entry["timeline"]["limited"],
+                    [(e["type"], e["content"]) for e in entry["state"]["events"]],
+                )
+            )
+        self.assertEqual(answers[0], answers[1])
+        self.assertEqual(answers[0][2], [("org.example.state", {"n": 2})])
+        full = await alice.sync(filter=as_param({"room": {"timeline": {"limit": 5}}}))
+        sent = [
+            e for e in room_entry(full, room)["timeline"]["events"] if e["event_id"] == event_id
+        ]
+        self.assertEqual(sent[0]["unsigned"]["transaction_id"], "t1")
