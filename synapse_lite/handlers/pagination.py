@@ -99,10 +99,11 @@ class PaginationHandler:
 
     async def get_state_event(
         self, requester: Requester, room_id: str, event_type: str, state_key: str
-    ) -> dict[str, Any]:
+    ) -> Event:
+        """One state event of the room now (or when the requester left)."""
         for event in await self.get_state(requester, room_id):
             if event.type == event_type and event.state_key == state_key:
-                return event.content
+                return event
         raise NotFoundError("Event not found")
 
     async def get_members(

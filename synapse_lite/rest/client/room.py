@@ -84,9 +84,13 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     ) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
-        return 200, await handlers.pagination.get_state_event(
-            requester, room_id, event_type, state_key
-        )
+        answer_format = query_string(request, "format", "content")
+        if answer_format not in ("content", "event"):
+            raise SynapseError(400, "'format' must be content or event", Codes.INVALID_PARAM)
+        event = await handlers.pagination.get_state_event(requester, room_id, event_type, state_key)
+        if answer_format == "event":
+            return 200, event.to_client_dict(handlers.clock.time_msec())
+        return 200, event.content
 
     async def get_state(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)

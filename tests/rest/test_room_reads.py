@@ -1,0 +1,29 @@
+"""``GET /rooms/{roomId}/state/{eventType}/{stateKey}``: the content by
+default, the whole event with ``?format=event``; member and power-level
+events read like any other."""
+
+from __future__ import annotations
+
+from tests.harness.client_api import ThreeUsersTestCase
+
+
+class StateEventReadTestCase(ThreeUsersTestCase):
+    async def test_member_and_power_levels_as_content_or_event(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        member_path = f"/rooms/{room}/state/m.room.member/{self.alice.user_id}"
+        self.assertEqual((await self.alice.ok("GET", member_path))["membership"], "join")
+        event = await self.alice.ok("GET", member_path + "?format=event")
+        self.assertEqual(
+            (event["type"], event["state_key"], event["sender"], event["room_id"]),
+            ("m.room.member", self.alice.user_id, self.alice.user_id, room),
+        )
+        self.assertEqual(event["content"]["membership"], "join")
+        self.assertTrue(event["event_id"].startswith("$"))
+        levels = await self.alice.ok("GET", f"/rooms/{room}/state/m.room.power_levels/")
+        self.assertEqual(levels["users"][self.alice.user_id], 100)
+        code, body = await self.alice.request("GET", member_path + "?format=xml")
+        self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
+        code, body = await self.alice.request(
+            "GET", f"/rooms/{room}/state/m.room.member/{self.bob.user_id}"
+        )
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
