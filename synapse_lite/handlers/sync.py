@@ -524,18 +524,23 @@ class SyncHandler:
         upper: RoomStreamToken,
         event_filter: EventFilter,
         limit: int,
+        keep: Callable[[Event], bool] | None = None,
     ) -> list[Event]:
         """Up to ``limit + 1`` newest events of the room in (since, upper]
-        that pass ``event_filter``, newest first: read in pages, so a filter
-        that matches few events still fills the timeline."""
-        if event_filter.allows_all:
+        that pass ``event_filter`` (and ``keep``), newest first: read in
+        pages, so a filter that matches few events still fills the
+        timeline."""
+        if event_filter.allows_all and keep is None:
             return await self._store.get_room_events_between([room_id], since, upper, limit + 1)
         page = max(2 * (limit + 1), TIMELINE_PAGE)
         found: list[Event] = []
         while True:
             events = await self._store.get_room_events_between([room_id], since, upper, page)
             found.extend(
-                e for e in events if event_filter.matches(e.type, e.sender, e.room_id, e.content)
+                e
+                for e in events
+                if event_filter.matches(e.type, e.sender, e.room_id, e.content)
+                and (keep is None or keep(e))
             )
             if len(found) > limit or len(events) < page:
                 return found[: limit + 1]
@@ -578,14 +583,27 @@ class SyncHandler:
         ``upper`` (now, or where the user left); ``since`` None: the room in
         full. ``prev_batch`` is left as a token for the caller to print."""
         limit = sync_filter.timeline_limit
-        limited = len(newest_first) > limit
-        raw = list(reversed(newest_first[:limit]))
         visibility_name = await get_history_visibility(self._store, room_id)
-        if visibility_name in ("shared", "world_readable"):
-            timeline = raw  # the user is (or was) joined: shared history shows it all
-        else:
+        if visibility_name not in ("shared", "world_readable"):
+            # Shared history shows a member all of it; otherwise the limit
+            # counts the events the user may see, read until it is reached.
             visibility = await load_room_visibility(self._store, requester.user_id, room_id)
-            timeline = visibility.filter(raw)
+            if not all(visibility.can_see(e) for e in newest_first):
+                # The room's state as of ``upper`` is the user's to see
+                # (they are in the room, or see it as they left): a state
+                # event that is part of it stays in the timeline even where
+                # history visibility hides its neighbours.
+                current = {e.event_id for e in await self._store.get_state_at(room_id, upper)}
+                newest_first = await self._timeline_events(
+                    room_id,
+                    since,
+                    upper,
+                    sync_filter.timeline,
+                    limit,
+                    keep=lambda e: e.event_id in current or visibility.can_see(e),
+                )
+        limited = len(newest_first) > limit
+        raw = timeline = list(reversed(newest_first[:limit]))
         prev_batch = _before(raw[0]) if raw else (since or upper)
         complete = not limited and sync_filter.timeline.allows_all
         state = await self._state_block(

@@ -205,6 +205,27 @@ class SyncFilterTestCase(DatabaseTestCase):
         )
         self.assertEqual(types_of(result["account_data"]["events"]), ["org.keep"])
 
+    async def test_current_state_shows_through_joined_history(self) -> None:
+        carol = await ClientApi(self, self.base).register("carol")
+        room = await self.shared_room()
+        await self.put_state(
+            room, "m.room.history_visibility", "", {"history_visibility": "joined"}
+        )
+        await self.bob.ok("POST", f"/rooms/{room}/leave", {})
+        await carol.ok("POST", f"/join/{room}", {})
+        for i in range(15):
+            await self.alice.send(room, f"while away {i}")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        timeline = room_entry(await self.bob.sync(), room)["timeline"]["events"]
+        # Carol's join is current state: shown although Bob was away then;
+        # the messages of that time are not, and do not use up the limit.
+        self.assertIn(
+            (carol.user_id, "join"),
+            [(e.get("state_key"), e["content"].get("membership")) for e in timeline],
+        )
+        self.assertFalse([e for e in timeline if "away" in e["content"].get("body", "")])
+        self.assertEqual(len(timeline), 10)
+
     async def test_invalid_filters_refused(self) -> None:
         for definition in (
             {"room": {"state": {"lazy_load_members": "true"}}},
