@@ -34,6 +34,13 @@ EVENT_FORMATS = ("client", "federation")
 #: The keys each part of a filter may hold: anything else is ignored, as the
 #: spec asks of unknown keys, but a known key of the wrong type is a 400.
 _LIST_KEYS = ("types", "not_types", "senders", "not_senders", "rooms", "not_rooms")
+#: The lists of ids, with the sigil each id starts with.
+_ID_KEYS = {
+    "rooms": ("!", "a room id"),
+    "not_rooms": ("!", "a room id"),
+    "senders": ("@", "a user id"),
+    "not_senders": ("@", "a user id"),
+}
 _BOOL_KEYS = (
     "contains_url",
     "lazy_load_members",
@@ -132,6 +139,11 @@ class EventFilter:
                 not isinstance(value, list) or not all(isinstance(v, str) for v in value)
             ):
                 raise _bad(f"'{where}.{key}' must be a list of strings")
+            if value is not None and key in _ID_KEYS:
+                sigil, what = _ID_KEYS[key]
+                for item in value:
+                    if not item.startswith(sigil) or ":" not in item:
+                        raise _bad(f"'{where}.{key}' holds {item[:100]!r}, not {what}")
             lists[key] = None if value is None else tuple(value)
         flags: dict[str, bool | None] = {}
         for key in _BOOL_KEYS:

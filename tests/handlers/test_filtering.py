@@ -58,6 +58,13 @@ class EventFilterTestCase(unittest.TestCase):
             "'room.timeline.limit' must be an integer": {"room": {"timeline": {"limit": True}}},
             "'room.rooms' must be a list of strings": {"room": {"rooms": [1]}},
             "'account_data.types' must be a list of strings": {"account_data": {"types": "x"}},
+            "'room.timeline.rooms' holds 'not_a_room_id', not a room id": {
+                "room": {"timeline": {"rooms": ["not_a_room_id"]}}
+            },
+            "'presence.not_senders' holds 'bob', not a user id": {
+                "presence": {"not_senders": ["bob"]}
+            },
+            "'room.timeline' must be an object": {"room": {"timeline": "not_an_object"}},
         }
         for message, definition in cases.items():
             with self.assertRaises(SynapseError) as caught:
