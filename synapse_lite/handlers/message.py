@@ -121,6 +121,12 @@ class EventCreationHandler:
         """Send an event for a client; returns its id. With ``txn_id`` the send
         is idempotent per (user, device, txn_id)."""
         check_content_size(content)
+        if state_key is not None:
+            unchanged = await self._unchanged_state(
+                requester.user_id, room_id, event_type, state_key, content
+            )
+            if unchanged is not None:
+                return unchanged
         txn_key = None
         if txn_id is not None:
             txn_key = (requester.user_id, requester.device_id, txn_id)
@@ -152,6 +158,21 @@ class EventCreationHandler:
             event_id = existing
         if txn_key is not None:
             self._recent_txns.set(txn_key, event_id)
+        return event_id
+
+    async def _unchanged_state(
+        self, user_id: str, room_id: str, event_type: str, state_key: str, content: object
+    ) -> str | None:
+        """The current state event a state send would repeat (same sender,
+        same content), if any: setting state twice is idempotent, so the
+        second send answers the first event's id and persists nothing. Only
+        for a user in the room; anyone else goes on to the usual refusal."""
+        event_id = (await self._store.get_current_state_ids(room_id)).get((event_type, state_key))
+        if event_id is None or user_id not in await self._store.get_users_in_room(room_id):
+            return None
+        event = await self._store.get_event(event_id)
+        if event is None or event.sender != user_id or event.content != content:
+            return None
         return event_id
 
     async def send_events(

@@ -1,6 +1,7 @@
 """``GET /rooms/{roomId}/state/{eventType}/{stateKey}``: the content by
 default, the whole event with ``?format=event``; member and power-level
-events read like any other."""
+events read like any other. Setting the same state twice is idempotent;
+inviting yourself is refused."""
 
 from __future__ import annotations
 
@@ -27,3 +28,30 @@ class StateEventReadTestCase(ThreeUsersTestCase):
             "GET", f"/rooms/{room}/state/m.room.member/{self.bob.user_id}"
         )
         self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+
+
+class StateWriteTestCase(ThreeUsersTestCase):
+    async def test_same_state_twice_is_one_event(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        path = f"/rooms/{room}/state/org.example.state/"
+        first = (await self.alice.ok("PUT", path, {"k": "v"}))["event_id"]
+        self.assertEqual((await self.alice.ok("PUT", path, {"k": "v"}))["event_id"], first)
+        changed = (await self.alice.ok("PUT", path, {"k": "w"}))["event_id"]
+        self.assertNotEqual(changed, first)
+        # The same content from someone else is a new event (a new sender).
+        code, body = await self.bob.request("PUT", path, {"k": "w"})
+        if code == 200:
+            self.assertNotEqual(body["event_id"], changed)
+        else:
+            self.assertEqual(code, 403)
+        page = await self.alice.ok("GET", f"/rooms/{room}/messages?dir=b&limit=3")
+        ids = [e["event_id"] for e in page["chunk"]]
+        self.assertEqual(ids.count(first), 1)
+
+    async def test_inviting_yourself_is_forbidden(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        code, body = await self.alice.request(
+            "POST", f"/rooms/{room}/invite", {"user_id": self.alice.user_id}
+        )
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
