@@ -55,3 +55,14 @@ class StateWriteTestCase(ThreeUsersTestCase):
             "POST", f"/rooms/{room}/invite", {"user_id": self.alice.user_id}
         )
         self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+
+    async def test_post_send_without_transaction_id(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        path = f"/rooms/{room}/send/m.room.message"
+        body = {"msgtype": "m.text", "body": "no txn"}
+        first = (await self.alice.ok("POST", path, body))["event_id"]
+        second = (await self.alice.ok("POST", path, body))["event_id"]
+        self.assertNotEqual(first, second)
+        page = await self.alice.ok("GET", f"/rooms/{room}/messages?dir=b&limit=2")
+        self.assertEqual([e["event_id"] for e in page["chunk"]], [second, first])
+        self.assertNotIn("transaction_id", page["chunk"][0]["unsigned"])
