@@ -226,6 +226,30 @@ class SyncFilterTestCase(DatabaseTestCase):
         self.assertFalse([e for e in timeline if "away" in e["content"].get("body", "")])
         self.assertEqual(len(timeline), 10)
 
+    async def test_ephemeral_and_room_account_data_filters(self) -> None:
+        room = await self.shared_room()
+        event_id = await self.alice.send(room, "read me")
+        await self.bob.ok("POST", f"/rooms/{room}/receipt/m.read/{event_id}", {})
+        await self.bob.ok(
+            "PUT", f"/user/{self.bob.user_id}/rooms/{room}/account_data/org.keep", {"k": 1}
+        )
+        await self.bob.ok(
+            "PUT", f"/user/{self.bob.user_id}/rooms/{room}/account_data/org.drop", {"d": 1}
+        )
+        everything = room_entry(await self.bob.sync(), room)
+        self.assertIn("m.receipt", types_of(everything["ephemeral"]["events"]))
+        flt = as_param(
+            {
+                "room": {
+                    "ephemeral": {"types": []},
+                    "account_data": {"not_types": ["org.drop"]},
+                }
+            }
+        )
+        entry = room_entry(await self.bob.sync(filter=flt), room)
+        self.assertEqual(entry["ephemeral"]["events"], [])
+        self.assertEqual(types_of(entry["account_data"]["events"]), ["org.keep"])
+
     async def test_invalid_filters_refused(self) -> None:
         for definition in (
             {"room": {"state": {"lazy_load_members": "true"}}},
