@@ -124,7 +124,7 @@ def _filter_room_events(
         ]
 
 
-def limited(entry: dict[str, Any]) -> bool:
+def _is_limited(entry: dict[str, Any]) -> bool:
     return bool(entry["timeline"].get("limited"))
 
 
@@ -357,7 +357,11 @@ class SyncHandler:
                 entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(
                     entry["timeline"]["prev_batch"]
                 )
-        invite = await self._invited_rooms(memberships, since, now_ms)
+        invite = {
+            room_id: entry
+            for room_id, entry in (await self._invited_rooms(memberships, since, now_ms)).items()
+            if sync_filter.allows_room(room_id)
+        }
         leave = await self._left_rooms(
             requester, memberships, since, full_state, sync_filter, now_ms
         )
@@ -513,7 +517,7 @@ class SyncHandler:
                 entry = await self._room_entry(
                     requester, room_id, events, since.room_key, now.room_key, sync_filter, now_ms
                 )
-                if entry["timeline"]["events"] or entry["state"]["events"] or limited(entry):
+                if entry["timeline"]["events"] or entry["state"]["events"] or _is_limited(entry):
                     result[room_id] = entry
         return result
 
@@ -589,11 +593,14 @@ class SyncHandler:
             # counts the events the user may see, read until it is reached.
             visibility = await load_room_visibility(self._store, requester.user_id, room_id)
             if not all(visibility.can_see(e) for e in newest_first):
-                # The room's state as of ``upper`` is the user's to see
-                # (they are in the room, or see it as they left): a state
-                # event that is part of it stays in the timeline even where
-                # history visibility hides its neighbours.
-                current = {e.event_id for e in await self._store.get_state_at(room_id, upper)}
+                # The room's state as of ``upper`` is a member's to see (they
+                # are in the room, or see it as they left it): a state event
+                # that is part of it stays in the timeline even where history
+                # visibility hides its neighbours. Not for someone who was
+                # only ever invited (a rejected invite).
+                current: set[str] = set()
+                if any(m == "join" for _, m in visibility.history):
+                    current = {e.event_id for e in await self._store.get_state_at(room_id, upper)}
                 newest_first = await self._timeline_events(
                     room_id,
                     since,
