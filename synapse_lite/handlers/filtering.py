@@ -1,15 +1,22 @@
 """Sync filters: uploaded (``POST /user/{userId}/filter``) or inline in /sync.
 
-What changes what /sync returns: the room timeline limit, and the
-``presence`` filter (``types``, ``not_types``, ``senders``, ``not_senders``;
-``*`` matches any run of characters in a type). The rest of a filter is
-accepted and stored unchanged (documented in docs/client-api.md).
+A filter is validated once, when it is uploaded or read, into the frozen
+values below; /sync then only asks them questions. Every part of the spec's
+``Filter`` is honoured: ``presence``, ``account_data``, and under ``room``
+``rooms``/``not_rooms``, ``include_leave`` and the ``timeline``, ``state``,
+``ephemeral`` and ``account_data`` event filters (``types``, ``not_types``,
+``senders``, ``not_senders``, ``rooms``, ``not_rooms``, ``contains_url``,
+``limit``; a ``*`` in a type matches any run of characters), plus
+``event_fields``. ``lazy_load_members`` and ``include_redundant_members`` are
+validated (booleans) and stored; ``event_format: federation`` is accepted and
+answered in the client format (docs/client-api.md says why).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import attr
@@ -23,20 +30,74 @@ if TYPE_CHECKING:
 DEFAULT_TIMELINE_LIMIT = 10
 MAX_TIMELINE_LIMIT = 500
 MAX_FILTER_BYTES = 16_384
+EVENT_FORMATS = ("client", "federation")
+#: The keys each part of a filter may hold: anything else is ignored, as the
+#: spec asks of unknown keys, but a known key of the wrong type is a 400.
+_LIST_KEYS = ("types", "not_types", "senders", "not_senders", "rooms", "not_rooms")
+#: The lists of ids, with the sigil each id starts with.
+_ID_KEYS = {
+    "rooms": ("!", "a room id"),
+    "not_rooms": ("!", "a room id"),
+    "senders": ("@", "a user id"),
+    "not_senders": ("@", "a user id"),
+}
+_BOOL_KEYS = (
+    "contains_url",
+    "lazy_load_members",
+    "include_redundant_members",
+    "unread_thread_notifications",
+)
+
+
+def _bad(message: str) -> SynapseError:
+    return SynapseError(400, message, Codes.BAD_JSON)
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class EventFilter:
-    """Which events of a section to return (the spec's EventFilter, without
-    ``limit``): a ``None`` list allows everything."""
+    """Which events of one section to return: the spec's ``EventFilter`` and
+    ``RoomEventFilter`` in one (a ``None`` list allows everything; ``limit``
+    None means the section's default)."""
 
     types: tuple[str, ...] | None = None
     not_types: tuple[str, ...] = ()
     senders: tuple[str, ...] | None = None
     not_senders: tuple[str, ...] = ()
+    rooms: tuple[str, ...] | None = None
+    not_rooms: tuple[str, ...] = ()
+    #: True: only events with a string ``content.url``; False: only without.
+    contains_url: bool | None = None
+    limit: int | None = None
+    lazy_load_members: bool = False
+    include_redundant_members: bool = False
 
-    def allows(self, event: dict[str, Any]) -> bool:
-        event_type, sender = str(event.get("type", "")), str(event.get("sender", ""))
+    @property
+    def allows_all(self) -> bool:
+        """Whether no event is ever filtered out (a cheap path for /sync)."""
+        return (
+            self.types is None
+            and not self.not_types
+            and self.senders is None
+            and not self.not_senders
+            and self.rooms is None
+            and not self.not_rooms
+            and self.contains_url is None
+        )
+
+    def allows_room(self, room_id: str) -> bool:
+        if room_id in self.not_rooms:
+            return False
+        return self.rooms is None or room_id in self.rooms
+
+    def matches(
+        self,
+        event_type: str,
+        sender: str,
+        room_id: str | None = None,
+        content: Any = None,
+    ) -> bool:
+        """Whether an event with these fields passes (``room_id`` None: not a
+        room event, the room lists do not apply)."""
         if any(fnmatch.fnmatchcase(event_type, t) for t in self.not_types):
             return False
         if self.types is not None and not any(
@@ -45,27 +106,67 @@ class EventFilter:
             return False
         if sender in self.not_senders:
             return False
-        return self.senders is None or sender in self.senders
+        if self.senders is not None and sender not in self.senders:
+            return False
+        if room_id is not None and not self.allows_room(room_id):
+            return False
+        if self.contains_url is not None:
+            has_url = isinstance(content, dict) and isinstance(content.get("url"), str)
+            if has_url != self.contains_url:
+                return False
+        return True
+
+    def allows(self, event: dict[str, Any]) -> bool:
+        """Whether an event in its client form passes."""
+        room_id = event.get("room_id")
+        return self.matches(
+            str(event.get("type", "")),
+            str(event.get("sender", "")),
+            room_id if isinstance(room_id, str) else None,
+            event.get("content"),
+        )
 
     @classmethod
     def parse(cls, definition: Any, where: str) -> EventFilter:
+        if definition is None:
+            return cls()
         if not isinstance(definition, dict):
-            raise SynapseError(400, f"'{where}' must be an object", Codes.BAD_JSON)
+            raise _bad(f"'{where}' must be an object")
         lists: dict[str, tuple[str, ...] | None] = {}
-        for key in ("types", "not_types", "senders", "not_senders"):
+        for key in _LIST_KEYS:
             value = definition.get(key)
             if value is not None and (
                 not isinstance(value, list) or not all(isinstance(v, str) for v in value)
             ):
-                raise SynapseError(
-                    400, f"'{where}.{key}' must be a list of strings", Codes.BAD_JSON
-                )
+                raise _bad(f"'{where}.{key}' must be a list of strings")
+            if value is not None and key in _ID_KEYS:
+                sigil, what = _ID_KEYS[key]
+                for item in value:
+                    if not item.startswith(sigil) or ":" not in item:
+                        raise _bad(f"'{where}.{key}' holds {item[:100]!r}, not {what}")
             lists[key] = None if value is None else tuple(value)
+        flags: dict[str, bool | None] = {}
+        for key in _BOOL_KEYS:
+            value = definition.get(key)
+            if value is not None and not isinstance(value, bool):
+                raise _bad(f"'{where}.{key}' must be true or false")
+            flags[key] = value
+        limit = definition.get("limit")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise _bad(f"'{where}.limit' must be an integer")
+        if limit is not None and limit < 0:
+            raise _bad(f"'{where}.limit' must not be negative")
         return cls(
             types=lists["types"],
             not_types=lists["not_types"] or (),
             senders=lists["senders"],
             not_senders=lists["not_senders"] or (),
+            rooms=lists["rooms"],
+            not_rooms=lists["not_rooms"] or (),
+            contains_url=flags["contains_url"],
+            limit=limit,
+            lazy_load_members=bool(flags["lazy_load_members"]),
+            include_redundant_members=bool(flags["include_redundant_members"]),
         )
 
 
@@ -73,8 +174,26 @@ class EventFilter:
 class SyncFilter:
     """What a filter changes about /sync."""
 
-    timeline_limit: int = DEFAULT_TIMELINE_LIMIT
+    timeline: EventFilter = attr.ib(factory=EventFilter)
+    state: EventFilter = attr.ib(factory=EventFilter)
+    ephemeral: EventFilter = attr.ib(factory=EventFilter)
+    room_account_data: EventFilter = attr.ib(factory=EventFilter)
     presence: EventFilter = attr.ib(factory=EventFilter)
+    account_data: EventFilter = attr.ib(factory=EventFilter)
+    #: ``room.rooms`` / ``room.not_rooms``: which rooms appear at all.
+    rooms: EventFilter = attr.ib(factory=EventFilter)
+    include_leave: bool = False
+    #: Dot-separated paths of the event fields to keep (None: all of them).
+    event_fields: tuple[str, ...] | None = None
+    event_format: str = "client"
+
+    @property
+    def timeline_limit(self) -> int:
+        limit = self.timeline.limit
+        return DEFAULT_TIMELINE_LIMIT if limit is None else min(limit, MAX_TIMELINE_LIMIT)
+
+    def allows_room(self, room_id: str) -> bool:
+        return self.rooms.allows_room(room_id)
 
 
 def _depth(value: Any, depth: int = 0) -> int:
@@ -88,24 +207,64 @@ def _depth(value: Any, depth: int = 0) -> int:
 
 
 def parse_filter(definition: Any) -> SyncFilter:
-    """Validate a filter definition (or a 400 ``M_BAD_JSON``)."""
+    """Validate a filter definition (or a 400 ``M_BAD_JSON`` naming the key)."""
     if not isinstance(definition, dict):
-        raise SynapseError(400, "A filter must be a JSON object", Codes.BAD_JSON)
+        raise _bad("A filter must be a JSON object")
     if _depth(definition) > MAX_JSON_DEPTH:
-        raise SynapseError(400, "The filter is nested too deeply", Codes.BAD_JSON)
+        raise _bad("The filter is nested too deeply")
     room = definition.get("room", {})
     if not isinstance(room, dict):
-        raise SynapseError(400, "'room' must be an object", Codes.BAD_JSON)
-    timeline = room.get("timeline", {})
-    if not isinstance(timeline, dict):
-        raise SynapseError(400, "'room.timeline' must be an object", Codes.BAD_JSON)
-    limit = timeline.get("limit", DEFAULT_TIMELINE_LIMIT)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise SynapseError(
-            400, "'room.timeline.limit' must be a non-negative integer", Codes.BAD_JSON
-        )
-    presence = EventFilter.parse(definition.get("presence", {}), "presence")
-    return SyncFilter(timeline_limit=min(limit, MAX_TIMELINE_LIMIT), presence=presence)
+        raise _bad("'room' must be an object")
+    include_leave = room.get("include_leave", False)
+    if not isinstance(include_leave, bool):
+        raise _bad("'room.include_leave' must be true or false")
+    fields = definition.get("event_fields")
+    if fields is not None and (
+        not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)
+    ):
+        raise _bad("'event_fields' must be a list of strings")
+    event_format = definition.get("event_format", "client")
+    if event_format not in EVENT_FORMATS:
+        raise _bad("'event_format' must be 'client' or 'federation'")
+    return SyncFilter(
+        timeline=EventFilter.parse(room.get("timeline"), "room.timeline"),
+        state=EventFilter.parse(room.get("state"), "room.state"),
+        ephemeral=EventFilter.parse(room.get("ephemeral"), "room.ephemeral"),
+        room_account_data=EventFilter.parse(room.get("account_data"), "room.account_data"),
+        presence=EventFilter.parse(definition.get("presence"), "presence"),
+        account_data=EventFilter.parse(definition.get("account_data"), "account_data"),
+        rooms=EventFilter.parse({k: room[k] for k in ("rooms", "not_rooms") if k in room}, "room"),
+        include_leave=include_leave,
+        event_fields=None if fields is None else tuple(fields),
+        event_format=event_format,
+    )
+
+
+_UNESCAPED_DOT = re.compile(r"(?<!\\)\.")
+
+
+def _field_path(field: str) -> list[str]:
+    """``content.m\\.relates_to`` -> ["content", "m.relates_to"]."""
+    return [part.replace("\\.", ".") for part in _UNESCAPED_DOT.split(field)]
+
+
+def only_fields(event: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """``event`` with only the ``event_fields`` paths that exist in it (a path
+    to a missing key, or through a non-object, is skipped)."""
+    kept: dict[str, Any] = {}
+    for field in fields:
+        path = _field_path(field)
+        source: Any = event
+        for key in path:
+            if not isinstance(source, dict) or key not in source:
+                break
+            source = source[key]
+        else:
+            target = kept
+            for key in path[:-1]:
+                target = target.setdefault(key, {})
+            target[path[-1]] = source
+    return kept
 
 
 class FilteringHandler:

@@ -123,20 +123,15 @@ class EventCreationHandler:
         that repeats the current state's sender and content is not sent
         again (its id is returned)."""
         check_content_size(content)
-        if state_key is not None and txn_id is None:
-            # PUT /state has no transaction id: a client retrying it would send
-            # a second, identical state event. The same sender setting the
-            # same content is answered with the event already there.
-            current = await self._store.get_current_state_ids(room_id)
-            existing_id = current.get((event_type, state_key))
-            if existing_id is not None:
-                current_event = await self._store.get_event(existing_id)
-                if (
-                    current_event is not None
-                    and current_event.sender == requester.user_id
-                    and current_event.content == content
-                ):
-                    return existing_id
+        if state_key is not None:
+            # PUT /state has no transaction id: a client retrying it would
+            # send a second, identical state event; the same sender setting
+            # the same content is answered with the event already there.
+            unchanged = await self._unchanged_state(
+                requester.user_id, room_id, event_type, state_key, content
+            )
+            if unchanged is not None:
+                return unchanged
         txn_key = None
         if txn_id is not None:
             txn_key = (requester.user_id, requester.device_id, txn_id)
@@ -168,6 +163,21 @@ class EventCreationHandler:
             event_id = existing
         if txn_key is not None:
             self._recent_txns.set(txn_key, event_id)
+        return event_id
+
+    async def _unchanged_state(
+        self, user_id: str, room_id: str, event_type: str, state_key: str, content: object
+    ) -> str | None:
+        """The current state event a state send would repeat (same sender,
+        same content), if any: setting state twice is idempotent, so the
+        second send answers the first event's id and persists nothing. Only
+        for a user in the room; anyone else goes on to the usual refusal."""
+        event_id = (await self._store.get_current_state_ids(room_id)).get((event_type, state_key))
+        if event_id is None or user_id not in await self._store.get_users_in_room(room_id):
+            return None
+        event = await self._store.get_event(event_id)
+        if event is None or event.sender != user_id or event.content != content:
+            return None
         return event_id
 
     async def send_events(

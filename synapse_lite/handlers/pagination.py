@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
+from synapse_lite.handlers.client_events import ClientEventFormatter
 from synapse_lite.handlers.ignored_users import get_ignored_users, without_ignored
 from synapse_lite.handlers.visibility import RoomVisibility, load_room_visibility
 from synapse_lite.tokens import InvalidToken, RoomStreamToken
@@ -31,6 +32,7 @@ class PaginationHandler:
     def __init__(self, store: GenericWorkerStore, clock: Clock) -> None:
         self._store = store
         self._clock = clock
+        self._formatter = ClientEventFormatter(store)
 
     async def parse_token(self, value: str) -> RoomStreamToken:
         """A room token, or the room part of a sync token; else a 400."""
@@ -84,7 +86,7 @@ class PaginationHandler:
         ignored = await get_ignored_users(self._store, requester.user_id)
         shown = without_ignored(visibility.filter(raw), ignored)
         response: dict[str, Any] = {
-            "chunk": [e.to_client_dict(now_ms) for e in shown],
+            "chunk": await self._formatter.format(requester, shown, now_ms),
             "start": from_token or await self._store.room_token_to_string(start),
             "state": [],
         }
@@ -100,10 +102,11 @@ class PaginationHandler:
 
     async def get_state_event(
         self, requester: Requester, room_id: str, event_type: str, state_key: str
-    ) -> dict[str, Any]:
+    ) -> Event:
+        """One state event of the room now (or when the requester left)."""
         for event in await self.get_state(requester, room_id):
             if event.type == event_type and event.state_key == state_key:
-                return event.content
+                return event
         raise NotFoundError("Event not found")
 
     async def get_members(

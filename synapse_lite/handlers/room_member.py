@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import is_mine_id
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
@@ -48,7 +48,10 @@ class RoomMemberHandler:
         membership = ACTIONS[action]
         target = user_id if action in ("join", "leave") else target
         assert target is not None
-        if action in ("invite", "kick", "ban") and target == user_id:
+        if action == "invite" and target == user_id:
+            # Whoever can ask is in the room already (or may not invite).
+            raise AuthError(403, "You cannot invite yourself")
+        if action in ("kick", "ban") and target == user_id:
             raise SynapseError(400, f"You cannot {action} yourself", Codes.INVALID_PARAM)
         if action == "invite":
             if not is_mine_id(target, self._server_name):

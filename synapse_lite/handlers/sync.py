@@ -21,11 +21,13 @@ from twisted.internet import defer
 from synapse_lite.api.errors import Codes, LimitExceededError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
-from synapse_lite.handlers.filtering import SyncFilter
+from synapse_lite.handlers.client_events import ClientEventFormatter, format_event
+from synapse_lite.handlers.filtering import EventFilter, SyncFilter
 from synapse_lite.handlers.ignored_users import get_ignored_users, is_hidden, without_ignored
 from synapse_lite.handlers.visibility import get_history_visibility, load_room_visibility
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS
 from synapse_lite.storage.databases.main.account_data import TAG_DATA_TYPE
+from synapse_lite.storage.databases.main.presence import UserPresenceState
 from synapse_lite.storage.databases.main.roommember import MembershipRow
 from synapse_lite.tokens import InvalidToken, RoomStreamToken, StreamToken
 
@@ -47,6 +49,10 @@ logger = logging.getLogger(__name__)
 TO_DEVICE_LIMIT = 100
 #: How long a sync waits for this process to reach a token from another process.
 SINCE_CATCH_UP_SECONDS = 5.0
+#: Members named in a room summary of a room without a name.
+HEROES = 5
+#: Events read per query while filling a filtered timeline.
+TIMELINE_PAGE = 100
 #: State shown with an invite, besides the invite itself.
 INVITE_STATE_TYPES = (
     "m.room.create",
@@ -59,6 +65,37 @@ INVITE_STATE_TYPES = (
 )
 #: The position-log writer name of stream-wide (persisted-up-to) positions.
 STREAM_WIDE = "*"
+
+
+class LazyMembersSent:
+    """Which member events each device was sent in lazy-loading syncs, so
+    incremental syncs leave out the redundant ones. Per process and bounded:
+    a device that syncs through another process, or after the memory was
+    cleared, is sent some members again, which the spec allows."""
+
+    MAX_DEVICES = 10_000
+
+    def __init__(self) -> None:
+        #: (user, device) -> room -> member state key -> member event id.
+        self._sent: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+
+    def record(self, requester: Requester, room_id: str, events: list[Event], reset: bool) -> None:
+        """Remember the member events in ``events``; ``reset``: a full sync,
+        which the client starts again from."""
+        key = (requester.user_id, requester.device_id)
+        if key not in self._sent and len(self._sent) >= self.MAX_DEVICES:
+            self._sent.clear()
+        rooms = self._sent.setdefault(key, {})
+        if reset:
+            rooms.pop(room_id, None)
+        members = rooms.setdefault(room_id, {})
+        for event in events:
+            if event.type == "m.room.member" and event.state_key is not None:
+                members[event.state_key] = event.event_id
+
+    def was_sent(self, requester: Requester, room_id: str, user_id: str) -> bool:
+        rooms = self._sent.get((requester.user_id, requester.device_id), {})
+        return user_id in rooms.get(room_id, {})
 
 
 @attr.s(slots=True, auto_attribs=True)
@@ -75,8 +112,21 @@ class _Memberships:
         return sorted(r for r, row in self.now.items() if row[1] == membership)
 
 
-def _client_event(event: Event, now_ms: int) -> dict[str, Any]:
-    return event.to_client_dict(now_ms, include_room_id=False)
+def _filter_room_events(
+    by_room: dict[str, list[dict[str, Any]]], event_filter: EventFilter
+) -> None:
+    """Drop, in place, the non-timeline room events (ephemeral, account
+    data: no sender) that ``event_filter`` refuses."""
+    if event_filter.allows_all:
+        return
+    for room_id, events in by_room.items():
+        by_room[room_id] = [
+            e for e in events if event_filter.matches(e["type"], "", room_id, e.get("content"))
+        ]
+
+
+def _is_limited(entry: dict[str, Any]) -> bool:
+    return bool(entry["timeline"].get("limited"))
 
 
 def _before(event: Event) -> RoomStreamToken:
@@ -119,6 +169,8 @@ class SyncHandler:
         self._event_writers = event_writers
         self._position_log = position_log
         self._sections = sections
+        self._formatter = ClientEventFormatter(store)
+        self._lazy_sent = LazyMembersSent()
         #: The streams whose positions follow the room key in tokens.
         self._token_streams = [
             name for name in config.streams.sync_token_streams() if name != "events"
@@ -276,7 +328,7 @@ class SyncHandler:
         user_id = requester.user_id
         now_ms = self._clock.time_msec()
         memberships = await self._memberships(user_id, since, now.room_key)
-        joined = memberships.rooms("join")
+        joined = [r for r in memberships.rooms("join") if sync_filter.allows_room(r)]
 
         typing, typing_key = self._typing.get_typing_for_rooms(
             joined, None if since is None else since.get("typing")
@@ -288,11 +340,14 @@ class SyncHandler:
                 ephemeral[room_id].append({"type": "m.typing", "content": {"user_ids": user_ids}})
         for room_id, receipt in (await self._receipts(user_id, joined, since, now)).items():
             ephemeral[room_id].append(receipt)
+        _filter_room_events(ephemeral, sync_filter.ephemeral)
 
         global_data, room_data = await self._account_data(user_id, since, now)
+        global_data = [d for d in global_data if sync_filter.account_data.matches(d["type"], "")]
+        _filter_room_events(room_data, sync_filter.room_account_data)
         ignored = await get_ignored_users(self._store, user_id)
         join = await self._joined_rooms(
-            user_id, joined, memberships, since, now, full_state, sync_filter, now_ms, ignored
+            requester, joined, memberships, since, now, full_state, sync_filter, now_ms, ignored
         )
         for room_id in joined:
             if ephemeral.get(room_id) or room_data.get(room_id):
@@ -304,15 +359,24 @@ class SyncHandler:
                 entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(
                     entry["timeline"]["prev_batch"]
                 )
-        invite = await self._invited_rooms(memberships, since, now_ms, ignored)
-        leave = await self._left_rooms(user_id, memberships, since, sync_filter, now_ms, ignored)
+        invite = {
+            room_id: entry
+            for room_id, entry in (
+                await self._invited_rooms(memberships, since, now_ms, ignored)
+            ).items()
+            if sync_filter.allows_room(room_id)
+        }
+        leave = await self._left_rooms(
+            requester, memberships, since, full_state, sync_filter, now_ms, ignored
+        )
 
         to_device, to_device_key = await self._to_device(requester, since, now)
         now = now.with_positions(to_device=to_device_key)
-        sharing = await self._users_sharing_rooms(user_id, joined)
+        sharing = await self._users_sharing_rooms(user_id, memberships.rooms("join"))
+        newly_seen = await self._newly_seen_users(user_id, memberships, since, join)
         presence = [
             event
-            for event in await self._presence(sharing, since, now, now_ms)
+            for event in await self._presence(sharing, since, now, now_ms, newly_seen)
             if sync_filter.presence.allows(event)
         ]
         changed_devices, left_devices = await self._device_lists(
@@ -458,7 +522,7 @@ class SyncHandler:
 
     async def _joined_rooms(
         self,
-        user_id: str,
+        requester: Requester,
         joined: list[str],
         memberships: _Memberships,
         since: StreamToken | None,
@@ -482,13 +546,18 @@ class SyncHandler:
 
         result: dict[str, dict[str, Any]] = {}
         for room_id in whole:
-            events = await self._store.get_room_events_between(
-                [room_id], None, now.room_key, limit + 1
+            events = await self._timeline_events(
+                room_id, None, now.room_key, sync_filter.timeline, limit
             )
             entry = await self._room_entry(
-                user_id, room_id, events, limit, None, now, True, now_ms, ignored
+                requester, room_id, events, None, now.room_key, sync_filter, now_ms, ignored
             )
             assert entry is not None  # a whole room is always there
+            shown = events[:limit]
+            if since is not None and not (shown and shown[-1].type == "m.room.create"):
+                # Joined since the token: the client has none of the room's
+                # history, so a timeline not reaching back to its start is a gap.
+                entry["timeline"]["limited"] = True
             result[room_id] = entry
         if since is not None:
             # Only rooms that may have events after the token need a query.
@@ -497,14 +566,61 @@ class SyncHandler:
                 r for r in incremental if room_changes.may_have_changed(r, since.room_key)
             ]
         if incremental and since is not None and since.room_key != now.room_key:
-            by_room = await self._events_by_room(incremental, since.room_key, now.room_key, limit)
+            if sync_filter.timeline.allows_all:
+                by_room = await self._events_by_room(
+                    incremental, since.room_key, now.room_key, limit
+                )
+            else:
+                by_room = {}
+                for room_id in incremental:
+                    by_room[room_id] = await self._timeline_events(
+                        room_id, since.room_key, now.room_key, sync_filter.timeline, limit
+                    )
             for room_id, events in by_room.items():
                 entry = await self._room_entry(
-                    user_id, room_id, events, limit, since.room_key, now, False, now_ms, ignored
+                    requester,
+                    room_id,
+                    events,
+                    since.room_key,
+                    now.room_key,
+                    sync_filter,
+                    now_ms,
+                    ignored,
                 )
-                if entry is not None:
+                if entry is None:
+                    continue
+                if entry["timeline"]["events"] or entry["state"]["events"] or _is_limited(entry):
                     result[room_id] = entry
         return result
+
+    async def _timeline_events(
+        self,
+        room_id: str,
+        since: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        event_filter: EventFilter,
+        limit: int,
+        keep: Callable[[Event], bool] | None = None,
+    ) -> list[Event]:
+        """Up to ``limit + 1`` newest events of the room in (since, upper]
+        that pass ``event_filter`` (and ``keep``), newest first: read in
+        pages, so a filter that matches few events still fills the
+        timeline."""
+        if event_filter.allows_all and keep is None:
+            return await self._store.get_room_events_between([room_id], since, upper, limit + 1)
+        page = max(2 * (limit + 1), TIMELINE_PAGE)
+        found: list[Event] = []
+        while True:
+            events = await self._store.get_room_events_between([room_id], since, upper, page)
+            found.extend(
+                e
+                for e in events
+                if event_filter.matches(e.type, e.sender, e.room_id, e.content)
+                and (keep is None or keep(e))
+            )
+            if len(found) > limit or len(events) < page:
+                return found[: limit + 1]
+            upper = _before(events[-1])
 
     async def _events_by_room(
         self, room_ids: list[str], since: RoomStreamToken, now: RoomStreamToken, limit: int
@@ -530,60 +646,225 @@ class SyncHandler:
 
     async def _room_entry(
         self,
-        user_id: str,
+        requester: Requester,
         room_id: str,
         newest_first: list[Event],
-        limit: int,
         since: RoomStreamToken | None,
-        now: StreamToken,
-        full: bool,
+        upper: RoomStreamToken,
+        sync_filter: SyncFilter,
         now_ms: int,
         ignored: frozenset[str],
     ) -> dict[str, Any] | None:
         """One room's timeline (``newest_first`` holds up to ``limit + 1``
-        events) and state; None for an incremental entry whose every new
-        event is an ignored user's message (the room is left out)."""
+        events, already through the timeline filter) and state block, up to
+        ``upper`` (now, or where the user left); ``since`` None: the room in
+        full. ``prev_batch`` is left as a token for the caller to print.
+        ``ignored`` users' messages are left out; None for an incremental
+        entry whose every new event is an ignored user's message (the room
+        is left out)."""
+        limit = sync_filter.timeline_limit
+        visibility_name = await get_history_visibility(self._store, room_id)
+        if visibility_name not in ("shared", "world_readable"):
+            # Shared history shows a member all of it; otherwise the limit
+            # counts the events the user may see, read until it is reached.
+            visibility = await load_room_visibility(self._store, requester.user_id, room_id)
+            if not all(visibility.can_see(e) for e in newest_first):
+                # The room's state as of ``upper`` is a member's to see (they
+                # are in the room, or see it as they left it): a state event
+                # that is part of it stays in the timeline even where history
+                # visibility hides its neighbours. Not for someone who was
+                # only ever invited (a rejected invite).
+                current: set[str] = set()
+                if any(m == "join" for _, m in visibility.history):
+                    current = {e.event_id for e in await self._store.get_state_at(room_id, upper)}
+                newest_first = await self._timeline_events(
+                    room_id,
+                    since,
+                    upper,
+                    sync_filter.timeline,
+                    limit,
+                    keep=lambda e: e.event_id in current or visibility.can_see(e),
+                )
         limited = len(newest_first) > limit
         raw = list(reversed(newest_first[:limit]))
-        visibility_name = await get_history_visibility(self._store, room_id)
-        if visibility_name in ("shared", "world_readable"):
-            timeline = raw  # the user is joined now: shared history shows it all
-        else:
-            visibility = await load_room_visibility(self._store, user_id, room_id)
-            timeline = visibility.filter(raw)
-        timeline = without_ignored(timeline, ignored)
-        prev_batch = _before(raw[0]) if raw else (since or now.room_key)
-        in_timeline = {e.event_id for e in timeline}
-        state: list[Event] = []
-        if full:
-            state = [
-                e
-                for e in await self._store.get_state_at(room_id, now.room_key)
-                if e.event_id not in in_timeline
-            ]
-        elif limited and raw and since is not None:
-            latest: dict[tuple[str, str | None], Event] = {}
-            for event in await self._store.get_state_events_between(
-                room_id, since, _before(raw[0])
-            ):
-                latest[(event.type, event.state_key)] = event
-            state = list(latest.values())
+        timeline = without_ignored(raw, ignored)
+        prev_batch = _before(raw[0]) if raw else (since or upper)
+        complete = not limited and sync_filter.timeline.allows_all
+        state = await self._state_block(
+            requester, room_id, since, upper, raw, sync_filter, complete
+        )
         if (
-            not full
+            since is not None
             and raw
             and not timeline
             and not state
             and any(is_hidden(e, ignored) for e in raw)
         ):
             return None
-        entry = self._empty_joined_room(now)
-        entry["timeline"] = {
-            "events": [_client_event(e, now_ms) for e in timeline],
-            "limited": limited,
-            "prev_batch": prev_batch,
+        fields = sync_filter.event_fields
+        events = await self._formatter.format(
+            requester, timeline, now_ms, include_room_id=False, event_fields=fields
+        )
+        summary: dict[str, Any] = {}
+        if sync_filter.state.lazy_load_members and (
+            since is None
+            or any(e.type == "m.room.member" for e in timeline)
+            or (limited and any(e.type == "m.room.member" for e in state))
+        ):
+            summary = await self._summary(requester.user_id, room_id, upper)
+        return {
+            "timeline": {"events": events, "limited": limited, "prev_batch": prev_batch},
+            "state": {
+                "events": [
+                    format_event(e, now_ms, {}, include_room_id=False, fields=fields) for e in state
+                ]
+            },
+            "ephemeral": {"events": []},
+            "account_data": {"events": []},
+            "unread_notifications": {},
+            "summary": summary,
         }
-        entry["state"]["events"] = [_client_event(e, now_ms) for e in state]
-        return entry
+
+    async def _summary(self, user_id: str, room_id: str, upper: RoomStreamToken) -> dict[str, Any]:
+        """The room summary (sent with lazy-loading members, when the client
+        cannot count the members itself): member counts as of ``upper``,
+        and when the room has neither name nor canonical alias, the heroes a
+        client names it after: up to 5 other members (joined or invited, else
+        former), by user id."""
+        state = await self._store.get_state_at(room_id, upper)
+        members = [
+            (e.state_key, e.membership)
+            for e in state
+            if e.type == "m.room.member" and e.state_key is not None
+        ]
+        summary: dict[str, Any] = {
+            "m.joined_member_count": sum(1 for _, m in members if m == "join"),
+            "m.invited_member_count": sum(1 for _, m in members if m == "invite"),
+        }
+        named = any(
+            (e.type == "m.room.name" and e.content.get("name"))
+            or (e.type == "m.room.canonical_alias" and e.content.get("alias"))
+            for e in state
+            if e.state_key == ""
+        )
+        if not named:
+            others = sorted(u for u, m in members if m in ("join", "invite") and u != user_id)
+            if not others:
+                others = sorted(u for u, m in members if m in ("leave", "ban") and u != user_id)
+            summary["m.heroes"] = others[:HEROES]
+        return summary
+
+    async def _state_block(
+        self,
+        requester: Requester,
+        room_id: str,
+        since: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        timeline: list[Event],
+        sync_filter: SyncFilter,
+        complete: bool,
+    ) -> list[Event]:
+        """The ``state`` of a room entry: the room's state at the start of the
+        timeline (in full when ``since`` is None, else what changed since
+        ``since``), through the state filter. A key whose latest change up
+        to ``upper`` is not in the timeline (the timeline filter left it
+        out) is given at that latest value: the client would not learn it
+        otherwise. ``complete``: the timeline holds every event after
+        ``since``. With ``lazy_load_members`` see ``_lazy_members``."""
+        lazy = sync_filter.state.lazy_load_members
+        in_timeline = {e.event_id for e in timeline}
+        chosen: list[Event] = []
+        if since is None or not complete:
+            chosen = await self._state_changes(room_id, since, upper, timeline, in_timeline)
+        if lazy:
+            chosen = await self._lazy_members(
+                requester, room_id, since, upper, timeline, in_timeline, chosen, sync_filter
+            )
+        chosen = [
+            e for e in chosen if sync_filter.state.matches(e.type, e.sender, e.room_id, e.content)
+        ]
+        if lazy:
+            self._lazy_sent.record(requester, room_id, chosen, reset=since is None)
+        chosen.sort(key=lambda e: e.stream_ordering)
+        return chosen
+
+    async def _state_changes(
+        self,
+        room_id: str,
+        since: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        timeline: list[Event],
+        in_timeline: set[str],
+    ) -> list[Event]:
+        """The state block before filtering (see ``_state_block``)."""
+        start = timeline[0].stream_ordering if timeline else None
+        if since is None:
+            latest = {
+                (e.type, e.state_key): e for e in await self._store.get_state_at(room_id, upper)
+            }
+            if not any(e.event_id in in_timeline for e in latest.values()):
+                before = latest
+            else:
+                assert timeline
+                before = {
+                    (e.type, e.state_key): e
+                    for e in await self._store.get_state_at(room_id, _before(timeline[0]))
+                }
+        else:
+            latest, before = {}, {}
+            for event in await self._store.get_state_events_between(room_id, since, upper):
+                key = (event.type, event.state_key)
+                latest[key] = event
+                if start is None or event.stream_ordering < start:
+                    before[key] = event
+        chosen: list[Event] = []
+        for key, event in latest.items():
+            if event.event_id in in_timeline:
+                earlier = before.get(key)
+                if earlier is None or earlier.event_id in in_timeline:
+                    continue
+                event = earlier
+            chosen.append(event)
+        return chosen
+
+    async def _lazy_members(
+        self,
+        requester: Requester,
+        room_id: str,
+        since: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        timeline: list[Event],
+        in_timeline: set[str],
+        chosen: list[Event],
+        sync_filter: SyncFilter,
+    ) -> list[Event]:
+        """Lazy-loading members: the member events the client needs to show
+        the timeline, and no others. In full: only the members of the
+        timeline's senders and the user's own. Incrementally: the member
+        changes since ``since`` (those are news) plus the members of the
+        timeline's senders this device was not sent yet (all of them, but
+        the user's own, with ``include_redundant_members``)."""
+        senders = {e.sender for e in timeline}
+        if since is None:
+            senders.add(requester.user_id)
+            return [e for e in chosen if e.type != "m.room.member" or e.state_key in senders]
+        have = {e.state_key for e in chosen if e.type == "m.room.member"}
+        redundant = sync_filter.state.include_redundant_members
+        wanted = {
+            user
+            for user in senders - have
+            if not self._lazy_sent.was_sent(requester, room_id, user)
+            or (redundant and user != requester.user_id)
+        }
+        if not wanted:
+            return chosen
+        at = _before(timeline[0]) if timeline else upper
+        extra = [
+            e
+            for e in await self._store.get_state_at(room_id, at)
+            if e.type == "m.room.member" and e.state_key in wanted and e.event_id not in in_timeline
+        ]
+        return chosen + extra
 
     async def _invited_rooms(
         self,
@@ -625,38 +906,49 @@ class SyncHandler:
 
     async def _left_rooms(
         self,
-        user_id: str,
+        requester: Requester,
         memberships: _Memberships,
         since: StreamToken | None,
+        full_state: bool,
         sync_filter: SyncFilter,
         now_ms: int,
         ignored: frozenset[str],
     ) -> dict[str, Any]:
-        if since is None:
-            return {}
+        """Rooms the user left or was banned from: in an incremental sync
+        those left since ``since``; in a full one (initial, or
+        ``full_state``) every such room if the filter's ``include_leave``
+        asks. Each with its timeline and state up to the leave; a room the
+        user was not joined to at ``since`` comes in full."""
         leave: dict[str, Any] = {}
         limit = sync_filter.timeline_limit
-        for room_id in sorted(memberships.changed):
-            row = memberships.now.get(room_id)
-            if row is None or row[1] not in ("leave", "ban"):
+        for room_id in sorted(memberships.now):
+            row = memberships.now[room_id]
+            if row[1] not in ("leave", "ban") or not sync_filter.allows_room(room_id):
                 continue
-            if memberships.at_since.get(room_id) in ("leave", "ban"):
-                continue
-            until = RoomStreamToken(row[3])  # up to and including their leave
-            events = await self._store.get_room_events_between(
-                [room_id], since.room_key, until, limit + 1
+            newly_left = (
+                since is not None
+                and room_id in memberships.changed
+                and memberships.at_since.get(room_id) not in ("leave", "ban")
             )
-            visibility = await load_room_visibility(self._store, user_id, room_id)
-            raw = list(reversed(events[:limit]))
-            timeline = without_ignored(visibility.filter(raw), ignored)
-            entry: dict[str, Any] = {
-                "timeline": {"events": [_client_event(e, now_ms) for e in timeline]},
-                "state": {"events": []},
-                "account_data": {"events": []},
-            }
-            entry["timeline"]["limited"] = len(events) > limit
-            prev = _before(raw[0]) if raw else since.room_key
-            entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(prev)
+            if not newly_left and not (sync_filter.include_leave and (since is None or full_state)):
+                continue
+            room_since = None
+            if newly_left and not full_state and memberships.at_since.get(room_id) == "join":
+                assert since is not None
+                room_since = since.room_key
+            until = RoomStreamToken(row[3])  # up to and including their leave
+            events = await self._timeline_events(
+                room_id, room_since, until, sync_filter.timeline, limit
+            )
+            entry = await self._room_entry(
+                requester, room_id, events, room_since, until, sync_filter, now_ms, ignored
+            )
+            if entry is None:
+                continue
+            del entry["ephemeral"], entry["unread_notifications"], entry["summary"]
+            entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(
+                entry["timeline"]["prev_batch"]
+            )
             leave[room_id] = entry
         return leave
 
@@ -725,17 +1017,53 @@ class SyncHandler:
             users |= await self._store.get_users_in_room(room_id)
         return users
 
+    async def _newly_seen_users(
+        self,
+        user_id: str,
+        memberships: _Memberships,
+        since: StreamToken | None,
+        join: dict[str, dict[str, Any]],
+    ) -> set[str]:
+        """Users an incremental sync introduces: the members of rooms the user
+        joined since ``since``, and whoever joins a room in this response.
+        Their presence comes with it, changed or not: the client has none."""
+        if since is None:
+            return set()
+        users: set[str] = set()
+        for room_id in memberships.changed:
+            if room_id in join and memberships.at_since.get(room_id) != "join":
+                users |= await self._store.get_users_in_room(room_id)
+        for entry in join.values():
+            for event in entry["timeline"]["events"] + entry["state"]["events"]:
+                if event.get("type") == "m.room.member" and (
+                    event.get("content", {}).get("membership") == "join"
+                ):
+                    users.add(str(event.get("state_key")))
+        users.discard(user_id)
+        return users
+
     async def _presence(
-        self, users: set[str], since: StreamToken | None, now: StreamToken, now_ms: int
+        self,
+        users: set[str],
+        since: StreamToken | None,
+        now: StreamToken,
+        now_ms: int,
+        newly_seen: set[str],
     ) -> list[dict[str, Any]]:
+        """Presence of ``users`` that changed since ``since`` (all of it,
+        initially), plus the current presence of ``newly_seen``."""
         if since is None:
             states = list((await self._store.get_presence_for_users(sorted(users))).values())
-        elif since.get("presence") < now.get("presence"):
-            states = await self._store.get_presence_changes(
-                sorted(users), since.get("presence"), now.get("presence")
-            )
         else:
-            return []
+            states = []
+            if since.get("presence") < now.get("presence"):
+                states = await self._store.get_presence_changes(
+                    sorted(users), since.get("presence"), now.get("presence")
+                )
+            missing = newly_seen & users - {s.user_id for s in states}
+            if missing:
+                found = await self._store.get_presence_for_users(sorted(missing))
+                states.extend(found.get(u) or UserPresenceState.default(u) for u in sorted(missing))
         return [
             {"type": "m.presence", "sender": s.user_id, "content": s.to_client_content(now_ms)}
             for s in states

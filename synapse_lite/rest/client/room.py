@@ -66,6 +66,16 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         )
         return 200, {"event_id": event_id}
 
+    async def send_without_txn(request: Request, room_id: str, event_type: str) -> tuple[int, Any]:
+        """``POST .../send/{eventType}`` (r0, dropped from the spec since):
+        a send with no transaction id, so not idempotent."""
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_type, "eventType")
+        content = parse_json_object_from_request(request)
+        event_id = await handlers.events.send_client_event(requester, room_id, event_type, content)
+        return 200, {"event_id": event_id}
+
     async def put_state(
         request: Request, room_id: str, event_type: str, state_key: str = ""
     ) -> tuple[int, Any]:
@@ -84,9 +94,13 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     ) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
-        return 200, await handlers.pagination.get_state_event(
-            requester, room_id, event_type, state_key
-        )
+        answer_format = query_string(request, "format", "content")
+        if answer_format not in ("content", "event"):
+            raise SynapseError(400, "'format' must be content or event", Codes.INVALID_PARAM)
+        event = await handlers.pagination.get_state_event(requester, room_id, event_type, state_key)
+        if answer_format == "event":
+            return 200, event.to_client_dict(handlers.clock.time_msec())
+        return 200, event.content
 
     async def get_state(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -201,6 +215,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         send,
         "send",
     )
+    register("POST", client_path(ROOM + "/send/(?P<event_type>[^/]+)"), send_without_txn, "send")
     state_path = ROOM + "/state/(?P<event_type>[^/]+)"
     register("PUT", client_path(state_path), put_state, "state")
     register("PUT", client_path(state_path + "/(?P<state_key>[^/]*)"), put_state, "state")

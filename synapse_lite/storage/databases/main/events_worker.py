@@ -146,6 +146,27 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         )
         return rows[0][0] if rows else None
 
+    async def get_txn_ids_for_events(
+        self, user_id: str, device_id: str, event_ids: list[str]
+    ) -> dict[str, str]:
+        """The transaction ids ``device_id`` of ``user_id`` sent any of
+        ``event_ids`` with, by event id (events it did not send are absent).
+        The primary key's (user_id, device_id) prefix bounds the scan."""
+        found: dict[str, str] = {}
+        for start in range(0, len(event_ids), 500):
+            chunk = event_ids[start : start + 500]
+            placeholders = ", ".join("?" for _ in chunk)
+            rows = await self.db_pool.select(
+                "get_txn_ids_for_events",
+                "SELECT event_id, txn_id FROM event_txn_ids WHERE user_id = ? AND device_id = ?"
+                f" AND event_id IN ({placeholders})",
+                user_id,
+                device_id,
+                *chunk,
+            )
+            found.update((event_id, txn_id) for event_id, txn_id in rows)
+        return found
+
     def invalidate_event_cache(self, event_id: str) -> None:
         self._event_cache.pop(event_id)
 

@@ -1,0 +1,104 @@
+"""Filter definitions: what each part of the spec's ``Filter`` matches, and
+``event_fields`` paths."""
+
+from __future__ import annotations
+
+from twisted.trial import unittest
+
+from synapse_lite.api.errors import SynapseError
+from synapse_lite.handlers.filtering import (
+    DEFAULT_TIMELINE_LIMIT,
+    MAX_TIMELINE_LIMIT,
+    EventFilter,
+    only_fields,
+    parse_filter,
+)
+
+
+class EventFilterTestCase(unittest.TestCase):
+    def test_types_senders_rooms_and_urls(self) -> None:
+        f = EventFilter.parse(
+            {
+                "types": ["m.room.*"],
+                "not_types": ["m.room.member"],
+                "not_senders": ["@spam:x"],
+                "rooms": ["!a:x", "!b:x"],
+                "not_rooms": ["!b:x"],
+                "contains_url": True,
+            },
+            "room.timeline",
+        )
+        url = {"url": "mxc://x/y"}
+        self.assertTrue(f.matches("m.room.message", "@u:x", "!a:x", url))
+        self.assertFalse(f.matches("m.room.message", "@u:x", "!a:x", {"body": "no url"}))
+        self.assertFalse(f.matches("m.room.message", "@u:x", "!a:x", {"url": 5}))
+        self.assertFalse(f.matches("m.room.member", "@u:x", "!a:x", url))
+        self.assertFalse(f.matches("org.other", "@u:x", "!a:x", url))
+        self.assertFalse(f.matches("m.room.message", "@spam:x", "!a:x", url))
+        self.assertFalse(f.matches("m.room.message", "@u:x", "!b:x", url))
+        self.assertFalse(f.matches("m.room.message", "@u:x", "!c:x", url))
+        self.assertFalse(f.allows_all)
+        self.assertTrue(EventFilter().allows_all)
+        # An empty list allows nothing, an absent one everything.
+        self.assertFalse(EventFilter.parse({"types": []}, "t").matches("a", "@u:x"))
+        self.assertTrue(EventFilter.parse({}, "t").matches("a", "@u:x"))
+
+    def test_limits(self) -> None:
+        self.assertEqual(parse_filter({}).timeline_limit, DEFAULT_TIMELINE_LIMIT)
+        self.assertEqual(parse_filter({"room": {"timeline": {"limit": 0}}}).timeline_limit, 0)
+        huge = parse_filter({"room": {"timeline": {"limit": 10**6}}})
+        self.assertEqual(huge.timeline_limit, MAX_TIMELINE_LIMIT)
+
+    def test_bad_values_name_the_key(self) -> None:
+        cases = {
+            "'room.state.lazy_load_members' must be true or false": {
+                "room": {"state": {"lazy_load_members": 1}}
+            },
+            "'room.timeline.limit' must not be negative": {"room": {"timeline": {"limit": -1}}},
+            "'room.timeline.limit' must be an integer": {"room": {"timeline": {"limit": True}}},
+            "'room.rooms' must be a list of strings": {"room": {"rooms": [1]}},
+            "'account_data.types' must be a list of strings": {"account_data": {"types": "x"}},
+            "'room.timeline.rooms' holds 'not_a_room_id', not a room id": {
+                "room": {"timeline": {"rooms": ["not_a_room_id"]}}
+            },
+            "'presence.not_senders' holds 'bob', not a user id": {
+                "presence": {"not_senders": ["bob"]}
+            },
+            "'room.timeline' must be an object": {"room": {"timeline": "not_an_object"}},
+        }
+        for message, definition in cases.items():
+            with self.assertRaises(SynapseError) as caught:
+                parse_filter(definition)
+            self.assertEqual(caught.exception.msg, message)
+            self.assertEqual(caught.exception.code, 400)
+
+    def test_room_lists_and_flags(self) -> None:
+        f = parse_filter(
+            {
+                "room": {"not_rooms": ["!gone:x"], "include_leave": True},
+                "event_format": "federation",
+                "event_fields": ["content.body"],
+            }
+        )
+        self.assertFalse(f.allows_room("!gone:x"))
+        self.assertTrue(f.allows_room("!here:x"))
+        self.assertTrue(f.include_leave)
+        self.assertEqual(f.event_fields, ("content.body",))
+
+
+class OnlyFieldsTestCase(unittest.TestCase):
+    def test_paths(self) -> None:
+        event = {
+            "type": "m.room.message",
+            "content": {"body": "hi", "m.relates_to": {"rel_type": "m.thread"}, "n": 1},
+            "unsigned": {"age": 3},
+        }
+        self.assertEqual(
+            only_fields(event, ("type", "content.body", "content.m\\.relates_to", "nope.x")),
+            {
+                "type": "m.room.message",
+                "content": {"body": "hi", "m.relates_to": {"rel_type": "m.thread"}},
+            },
+        )
+        self.assertEqual(only_fields(event, ("type.sub",)), {})
+        self.assertEqual(only_fields(event, ()), {})
