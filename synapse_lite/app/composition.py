@@ -58,6 +58,7 @@ from synapse_lite.handlers.presence import (
     PresenceHandlerBase,
     PresenceWriterHandler,
 )
+from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.room import RoomCreationHandler
@@ -87,6 +88,7 @@ from synapse_lite.replication.http.stream_updates import (
 )
 from synapse_lite.replication.http.writes import (
     ADD_ACCOUNT_DATA,
+    EDIT_PUSH_RULES,
     RECEIVE_REMOTE_TO_DEVICE,
     SEND_RECEIPT,
     SEND_TO_DEVICE,
@@ -249,11 +251,13 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         device_messages=device_messages,
         typing=typing,
         presence=presence,
+        push_rules=PushRulesHandler(store, notifier, calls),
     )
     if me in config.stream_writers.events:
         wiring.served.append((SEND_EVENTS, events.persist_events))
     wiring.served += [
         (ADD_ACCOUNT_DATA, handlers.account_data.write_account_data),
+        (EDIT_PUSH_RULES, handlers.push_rules.write_edit),
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),

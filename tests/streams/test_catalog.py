@@ -43,6 +43,7 @@ SAMPLE_ROWS: dict[str, list[Any]] = {
     "backfill": [catalog.BackfillStreamRow("$e", "!r:x", "m.room.message", None, None, None)],
     "caches": [catalog.CachesStreamRow("get_user_by_access_token", ["abc"], 5)],
     "federation": [catalog.FederationStreamRow("device_messages", {"destination": "b"})],
+    "push_rules": [catalog.PushRulesStreamRow("@u:x")],
 }
 
 
@@ -104,6 +105,7 @@ class CatalogTestCase(unittest.TestCase):
                 "receipts": False,
                 "account_data": False,
                 "to_device": False,
+                "push_rules": False,
             },
         )
 

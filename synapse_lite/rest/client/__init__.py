@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attr
 
 from synapse_lite.http.server import JsonResource
-from synapse_lite.rest.client import account, room, sync, user_data, versions
+from synapse_lite.rest.client import account, push_rules, room, sync, user_data, versions
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.handlers.pagination import PaginationHandler
     from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.push_rules import PushRulesHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
     from synapse_lite.handlers.room import RoomCreationHandler
@@ -55,10 +56,11 @@ class ClientHandlers:
     device_messages: DeviceMessageHandler
     typing: TypingHandlerBase
     presence: PresenceHandlerBase
+    push_rules: PushRulesHandler
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     """Serve every client endpoint on ``resource``."""
-    modules: list[Any] = [versions, account, room, sync, user_data]
+    modules: list[Any] = [versions, account, room, sync, user_data, push_rules]
     for module in modules:
         module.register_servlets(handlers, resource)

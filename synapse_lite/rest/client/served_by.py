@@ -86,6 +86,7 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "presence": writer_of("presence"),
     "send_to_device": writer_of("to_device"),
     "devices": writer_of("device_lists"),
+    "push_rules": writer_of("push_rules"),
 }
 
 

@@ -1,0 +1,69 @@
+"""Push rules: read anywhere, edited by the push_rules writer."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+from synapse_lite.push.rules import UserPushRules, check_kind, check_rule_id
+from synapse_lite.replication.http.writes import EDIT_PUSH_RULES, PushRuleEdit, StreamWritten
+
+if TYPE_CHECKING:
+    from synapse_lite.notifier import Notifier
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+
+class PushRulesHandler:
+    """``/pushrules/...``: the ruleset a user sees, and edits carried to the
+    push_rules writer, which applies them one at a time per user."""
+
+    def __init__(self, store: GenericWorkerStore, notifier: Notifier, calls: InternalCalls) -> None:
+        self._store = store
+        self._notifier = notifier
+        self._calls = calls
+        #: One edit at a time per user on the writer: an edit reads the
+        #: document and writes it back.
+        self._locks: dict[str, defer.DeferredLock] = defaultdict(defer.DeferredLock)
+
+    async def ruleset(self, user_id: str) -> dict[str, list[dict[str, Any]]]:
+        """The user's rules by kind, in priority order (the spec's ``Ruleset``)."""
+        doc = await self._store.get_push_rules_doc(user_id)
+        return doc.ruleset(user_id)
+
+    async def get_rule(self, user_id: str, kind: str, rule_id: str) -> dict[str, Any]:
+        check_kind(kind)
+        doc = await self._store.get_push_rules_doc(user_id)
+        return doc.find(user_id, kind, rule_id)
+
+    async def edit(self, edit: PushRuleEdit) -> None:
+        """Check what can be checked here, then have the writer apply it."""
+        check_kind(edit.kind)
+        check_rule_id(edit.kind, edit.rule_id)
+        await self._calls.call(EDIT_PUSH_RULES, edit)
+
+    async def write_edit(self, edit: PushRuleEdit) -> StreamWritten:
+        """Serves :data:`EDIT_PUSH_RULES`: apply the edit (refused edits store
+        nothing) and wake the user's syncs."""
+        check_kind(edit.kind)
+        check_rule_id(edit.kind, edit.rule_id)
+        user_id = edit.user_id
+
+        def apply(rules: UserPushRules) -> None:
+            if edit.op == "put":
+                rules.put_rule(edit.kind, edit.rule_id, edit.body, edit.before, edit.after)
+            elif edit.op == "delete":
+                rules.delete_rule(user_id, edit.kind, edit.rule_id)
+            elif edit.op == "enabled":
+                rules.set_enabled(user_id, edit.kind, edit.rule_id, edit.body.get("value"))
+            else:
+                rules.set_actions(user_id, edit.kind, edit.rule_id, edit.body.get("value"))
+
+        async with self._locks[user_id]:
+            stream_id = await self._store.update_push_rules(user_id, apply)
+        if not self._locks[user_id].locked:
+            del self._locks[user_id]
+        self._notifier.notify(users=[user_id])
+        return StreamWritten(stream_id)

@@ -1,0 +1,201 @@
+"""Push rules (one document per user, on the push_rules stream) and the push
+actions written with events, read for unread counts and /notifications."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.push.rules import UserPushRules
+from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder, page_of_updates
+from synapse_lite.storage.caches import cached
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
+from synapse_lite.streams.catalog import PushRulesStreamRow
+
+if TYPE_CHECKING:
+    from synapse_lite.storage._base import StoreContext
+
+#: A user's notifications: (event_id, room_id, stream_ordering, actions, highlight, ts).
+NotificationRow = tuple[str, str, int, list[Any], bool, int]
+
+
+class PushRulesWorkerStore(SQLBaseStore):
+    """Push rules: reads anywhere (cached, forgotten when the stream says a
+    user's rules changed), writes on the push_rules writer."""
+
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
+        super().__init__(database, db_conn, hs)
+        self._push_rules_id_gen = hs.id_generators.of("push_rules")
+        #: Called with the user ids whose rules changed (the evaluator's cache).
+        self._push_rules_listeners: list[Callable[[list[str]], None]] = []
+
+    # Writes
+
+    async def update_push_rules(self, user_id: str, edit: Callable[[UserPushRules], None]) -> int:
+        """Apply ``edit`` to the user's rules and store the result under a new
+        push_rules stream id, in one transaction; returns the id. When ``edit``
+        raises, nothing is stored. The caller serialises edits of one user
+        (there is one writer)."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            txn.execute("SELECT rules FROM push_rules_user WHERE user_id = ?", (user_id,))
+            row = txn.fetchone()
+            rules = UserPushRules.from_json(db_to_json(row[0]) if row else None)
+            edit(rules)
+            stream_id = self._push_rules_id_gen.get_next_txn(txn)
+            txn.execute(
+                "INSERT INTO push_rules_user (user_id, rules, stream_id, instance_name)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"
+                " rules = EXCLUDED.rules, stream_id = EXCLUDED.stream_id,"
+                " instance_name = EXCLUDED.instance_name",
+                (user_id, json_encoder(rules.to_json()), stream_id, self._instance_name),
+            )
+            return stream_id
+
+        try:
+            return await self.db_pool.runInteraction("update_push_rules", txn_func)
+        finally:
+            self.invalidate_push_rules([user_id])
+
+    # Reads
+
+    @cached()
+    async def get_push_rules_doc(self, user_id: str) -> UserPushRules:
+        """What the user changed of their rules (treat as read-only: cached)."""
+        rows = await self.db_pool.select(
+            "get_push_rules_doc", "SELECT rules FROM push_rules_user WHERE user_id = ?", user_id
+        )
+        return UserPushRules.from_json(db_to_json(rows[0][0]) if rows else None)
+
+    async def push_rules_changed(self, user_id: str, from_id: int, to_id: int) -> bool:
+        """Whether the user's rules were last written in ``(from_id, to_id]``."""
+        rows = await self.db_pool.select(
+            "push_rules_changed",
+            "SELECT 1 FROM push_rules_user WHERE user_id = ? AND stream_id > ? AND stream_id <= ?",
+            user_id,
+            from_id,
+            to_id,
+        )
+        return bool(rows)
+
+    def add_push_rules_listener(self, listener: Callable[[list[str]], None]) -> None:
+        self._push_rules_listeners.append(listener)
+
+    def invalidate_push_rules(self, user_ids: list[str]) -> None:
+        """Forget cached rules of these users (their rules changed)."""
+        for user_id in user_ids:
+            self.get_push_rules_doc.invalidate(user_id)
+        for listener in self._push_rules_listeners:
+            listener(user_ids)
+
+    # The stream's update function
+
+    async def get_push_rules_stream_updates(
+        self, instance_name: str, last_id: int, current_id: int, limit: int
+    ) -> tuple[list[tuple[int, PushRulesStreamRow]], int, bool]:
+        """The push_rules stream's update function: users whose rules were
+        last written in ``(last_id, current_id]`` by ``instance_name``."""
+        rows = await self.db_pool.select(
+            "get_push_rules_stream_updates",
+            "SELECT stream_id, user_id FROM push_rules_user WHERE ? < stream_id"
+            " AND stream_id <= ? AND instance_name = ? ORDER BY stream_id ASC LIMIT ?",
+            last_id,
+            current_id,
+            instance_name,
+            limit,
+        )
+        updates = [(int(r[0]), PushRulesStreamRow(user_id=r[1])) for r in rows]
+        return page_of_updates(updates, limit, current_id)
+
+    # Push actions (written by the events writer with the event)
+
+    def insert_push_actions_txn(
+        self,
+        txn: LoggingTransaction,
+        room_id: str,
+        event_id: str,
+        stream_ordering: int,
+        received_ts: int,
+        actions_by_user: dict[str, tuple[list[Any], bool]],
+    ) -> None:
+        """Inside the transaction persisting the event: who it notifies,
+        with what actions and whether it highlights."""
+        if not actions_by_user:
+            return
+        txn.execute_batch(
+            "INSERT INTO event_push_actions (room_id, event_id, user_id, stream_ordering,"
+            " actions, notif, highlight, received_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    room_id,
+                    event_id,
+                    user_id,
+                    stream_ordering,
+                    json_encoder(actions),
+                    True,
+                    highlight,
+                    received_ts,
+                )
+                for user_id, (actions, highlight) in actions_by_user.items()
+            ],
+        )
+
+    async def get_unread_counts(
+        self, user_id: str, room_ids: list[str], upto: int
+    ) -> dict[str, tuple[int, int]]:
+        """room_id -> (notification_count, highlight_count): the user's push
+        actions after their read receipt in each room, up to
+        stream ordering ``upto``."""
+        if not room_ids:
+            return {}
+        placeholders = ", ".join("?" for _ in room_ids)
+        # The user's newest m.read / m.read.private receipt names an event,
+        # whose stream ordering is where counting starts (a read marker
+        # request with m.read carries such a receipt).
+        rows = await self.db_pool.select(
+            "get_unread_counts",
+            "SELECT a.room_id, COUNT(*),"
+            " SUM(CASE WHEN a.highlight THEN 1 ELSE 0 END)"
+            " FROM event_push_actions AS a"
+            " WHERE a.user_id = ? AND a.stream_ordering <= ?"
+            f" AND a.room_id IN ({placeholders})"
+            " AND a.stream_ordering > COALESCE(("
+            "  SELECT MAX(e.stream_ordering) FROM receipts_linearized AS r"
+            "  JOIN events AS e ON e.event_id = r.event_id"
+            "  WHERE r.room_id = a.room_id AND r.user_id = a.user_id"
+            "  AND r.receipt_type IN ('m.read', 'm.read.private')), 0)"
+            " GROUP BY a.room_id",
+            user_id,
+            upto,
+            *room_ids,
+        )
+        return {r[0]: (int(r[1]), int(r[2] or 0)) for r in rows}
+
+    async def get_notifications(
+        self, user_id: str, before: int | None, limit: int, only_highlight: bool
+    ) -> list[NotificationRow]:
+        """The user's notifications, newest first, with stream ordering below
+        ``before`` (all when None)."""
+        clauses = ["user_id = ?"]
+        args: list[Any] = [user_id]
+        if before is not None:
+            clauses.append("stream_ordering < ?")
+            args.append(before)
+        if only_highlight:
+            clauses.append("highlight = ?")
+            args.append(True)
+        rows = await self.db_pool.select(
+            "get_notifications",
+            "SELECT event_id, room_id, stream_ordering, actions, highlight, received_ts"
+            f" FROM event_push_actions WHERE {' AND '.join(clauses)}"
+            " ORDER BY stream_ordering DESC LIMIT ?",
+            *args,
+            limit,
+        )
+        return [(r[0], r[1], int(r[2]), db_to_json(r[3]), bool(r[4]), int(r[5])) for r in rows]
