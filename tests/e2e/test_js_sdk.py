@@ -31,9 +31,7 @@ class JsSdkStartClientTestCase(DatabaseTestCase):
         (and retries forever without it): it must reach PREPARED."""
         require_js_sdk()
         # The client's next long-poll outlives it: keep it short.
-        servers, clients, _ = start_cluster(
-            self, self.test_db, limits={"max_sync_timeout_ms": 300}
-        )
+        servers, clients, _ = start_cluster(self, self.test_db, limits={"max_sync_timeout_ms": 300})
         main = clients["main"]
         await ClientApi(self, main.base_url).register("alice", "alice-pw")
         result = await run_script("start_client.mjs", main.base_url, "alice", "alice-pw")
