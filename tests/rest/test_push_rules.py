@@ -48,7 +48,7 @@ def _ids(ruleset: dict[str, Any], kind: str) -> list[str]:
 def _m_push_rules(sync: dict[str, Any]) -> dict[str, Any] | None:
     for event in sync["account_data"]["events"]:
         if event["type"] == "m.push_rules":
-            return event["content"]  # type: ignore[no-any-return]
+            return event["content"]
     return None
 
 
