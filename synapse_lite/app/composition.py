@@ -58,6 +58,7 @@ from synapse_lite.handlers.presence import (
     PresenceHandlerBase,
     PresenceWriterHandler,
 )
+from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
@@ -199,7 +200,9 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     auth = AuthHandler(store)
     media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
     devices = DeviceHandler(store, calls)
+    push = PushActionsHandler(store) if me in config.stream_writers.events else None
     events = EventCreationHandler(
+        push=push,
         store=store,
         clock=clock,
         config=config,

@@ -1,4 +1,5 @@
-"""Push rules: read anywhere, edited by the push_rules writer."""
+"""Push rules (read anywhere, edited by the push_rules writer) and a user's
+notifications."""
 
 from __future__ import annotations
 
@@ -37,6 +38,33 @@ class PushRulesHandler:
         check_kind(kind)
         doc = await self._store.get_push_rules_doc(user_id)
         return doc.find(user_id, kind, rule_id)
+
+    async def notifications(
+        self, user_id: str, before: int | None, limit: int, only_highlight: bool, now_ms: int
+    ) -> dict[str, Any]:
+        """``GET /notifications``: newest first, ``before`` a stream ordering
+        (the previous page's ``next_token``)."""
+        rows = await self._store.get_notifications(user_id, before, limit, only_highlight)
+        events = await self._store.get_events([r[0] for r in rows])
+        read = await self._store.get_read_positions(user_id, sorted({r[1] for r in rows}))
+        notifications = []
+        for event_id, room_id, ordering, actions, _, ts in rows:
+            event = events.get(event_id)
+            if event is None:
+                continue
+            notifications.append(
+                {
+                    "actions": actions,
+                    "event": event.to_client_dict(now_ms, include_room_id=True),
+                    "read": ordering <= read.get(room_id, 0),
+                    "room_id": room_id,
+                    "ts": ts,
+                }
+            )
+        answer: dict[str, Any] = {"notifications": notifications}
+        if len(rows) >= limit and rows:
+            answer["next_token"] = str(rows[-1][2])
+        return answer
 
     async def edit(self, edit: PushRuleEdit) -> None:
         """Check what can be checked here, then have the writer apply it."""

@@ -297,6 +297,15 @@ class SyncHandler:
                 entry = join.setdefault(room_id, self._empty_joined_room(now))
                 entry["ephemeral"]["events"] = ephemeral.get(room_id, [])
                 entry["account_data"]["events"] = room_data.get(room_id, [])
+        counts = await self._store.get_unread_counts(
+            user_id, sorted(join), now.room_key.get_max_position()
+        )
+        for room_id, entry in join.items():
+            notifications, highlights = counts.get(room_id, (0, 0))
+            entry["unread_notifications"] = {
+                "notification_count": notifications,
+                "highlight_count": highlights,
+            }
         for entry in join.values():
             if isinstance(entry["timeline"].get("prev_batch"), RoomStreamToken):
                 entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(

@@ -1,4 +1,5 @@
-"""Push rules: ``/pushrules/`` and ``/pushrules/global/{kind}/{ruleId}[/enabled|/actions]``."""
+"""Push rules (``/pushrules/``, ``/pushrules/global/{kind}/{ruleId}[/enabled|/actions]``)
+and ``/notifications``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
+    query_int,
     query_string,
 )
 from synapse_lite.push.rules import check_kind, check_scope
@@ -18,6 +20,10 @@ from synapse_lite.rest.client._base import client_path
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
+
+#: Notifications per page of ``GET /notifications`` unless asked, and at most.
+DEFAULT_NOTIFICATIONS = 20
+MAX_NOTIFICATIONS = 100
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -84,7 +90,29 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
         return get_attribute, put_attribute
 
+    async def get_notifications(request: Request) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        token = query_string(request, "from")
+        before = None
+        if token is not None:
+            if not token.isascii() or not token.isdigit() or len(token) > 18:
+                raise SynapseError(400, "'from' is not a token we gave", Codes.INVALID_PARAM)
+            before = int(token)
+        limit = query_int(request, "limit", DEFAULT_NOTIFICATIONS, minimum=1)
+        assert limit is not None
+        only = query_string(request, "only")
+        if only not in (None, "highlight"):
+            raise SynapseError(400, "'only' may only be 'highlight'", Codes.INVALID_PARAM)
+        return 200, await push_rules.notifications(
+            requester.user_id,
+            before,
+            min(limit, MAX_NOTIFICATIONS),
+            only == "highlight",
+            handlers.clock.time_msec(),
+        )
+
     register = resource.register_paths
+    register("GET", client_path("/notifications"), get_notifications, "notifications")
     scope = "/pushrules/(?P<scope>[^/]+)"
     rule = client_path(scope + "/(?P<kind>[^/]+)/(?P<rule_id>[^/]+)")
     register("GET", client_path("/pushrules/?"), get_all, "push_rules")

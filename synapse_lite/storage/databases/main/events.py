@@ -3,13 +3,16 @@
 Everything an event changes is written in the one transaction that takes its
 stream id: the event, the room's current state and its delta stream, memberships
 (``room_memberships`` and, for local users, ``local_current_membership``), the
-client's transaction id, and the batched cache invalidation for other processes.
+client's transaction id, the push actions of the users it notifies, and the
+batched cache invalidation for other processes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
 
 from synapse_lite.events import Event, EventContent
 from synapse_lite.storage._base import json_encoder
@@ -31,19 +34,28 @@ class EventsStore(EventsWorkerStore):
     """Writes events. Only an events writer may call these (the ID generator
     refuses anyone else)."""
 
-    async def persist_events(self, events: list[EventContent]) -> list[Event]:
+    async def persist_events(
+        self,
+        events: list[EventContent],
+        push_actions: Mapping[str, Mapping[str, tuple[list[Any], bool]]] | None = None,
+    ) -> list[Event]:
         """Persist events in order, in one transaction; returns them with their
-        stream ids. Raises :class:`DuplicateTransactionError` if a client's
+        stream ids. ``push_actions``: event_id -> user_id -> (actions,
+        highlight) for the users each event notifies, stored in the same
+        transaction. Raises :class:`DuplicateTransactionError` if a client's
         transaction id was used meanwhile."""
         persisted = await self.db_pool.runInteraction(
-            "persist_events", self._persist_events_txn, events
+            "persist_events", self._persist_events_txn, events, push_actions or {}
         )
         for event in persisted:
             self._event_cache.set(event.event_id, event)
         return persisted
 
     def _persist_events_txn(
-        self, txn: LoggingTransaction, events: list[EventContent]
+        self,
+        txn: LoggingTransaction,
+        events: list[EventContent],
+        push_actions: Mapping[str, Mapping[str, tuple[list[Any], bool]]],
     ) -> list[Event]:
         persisted: list[Event] = []
         # Registered before the ids are taken, so it runs (after commit) before
@@ -90,6 +102,7 @@ class EventsStore(EventsWorkerStore):
             txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             persisted.append(event)
         self._insert_events_txn(txn, persisted)
+        self._insert_push_actions_txn(txn, persisted, push_actions)
         # Other processes learn of state changes from this transaction's rows
         # on the events stream (no caches-stream rows needed).
         for room_id in sorted(state_changed):
@@ -148,6 +161,35 @@ class EventsStore(EventsWorkerStore):
         )
         for event in events:
             self._update_room_row_txn(txn, event)
+
+    def _insert_push_actions_txn(
+        self,
+        txn: LoggingTransaction,
+        events: list[Event],
+        push_actions: Mapping[str, Mapping[str, tuple[list[Any], bool]]],
+    ) -> None:
+        rows = []
+        now = self.clock.time_msec()
+        for event in events:
+            for user_id, (actions, highlight) in push_actions.get(event.event_id, {}).items():
+                rows.append(
+                    (
+                        event.room_id,
+                        event.event_id,
+                        user_id,
+                        event.stream_ordering,
+                        json_encoder(actions),
+                        True,
+                        highlight,
+                        now,
+                    )
+                )
+        if rows:
+            txn.execute_batch(
+                "INSERT INTO event_push_actions (room_id, event_id, user_id, stream_ordering,"
+                " actions, notif, highlight, received_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
 
     def _update_room_row_txn(self, txn: LoggingTransaction, event: Event) -> None:
         if event.type == "m.room.create" and event.state_key == "":

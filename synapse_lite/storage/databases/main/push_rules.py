@@ -113,38 +113,24 @@ class PushRulesWorkerStore(SQLBaseStore):
         updates = [(int(r[0]), PushRulesStreamRow(user_id=r[1])) for r in rows]
         return page_of_updates(updates, limit, current_id)
 
-    # Push actions (written by the events writer with the event)
+    # Push actions (written by the events writer with the event, ``events.py``)
 
-    def insert_push_actions_txn(
-        self,
-        txn: LoggingTransaction,
-        room_id: str,
-        event_id: str,
-        stream_ordering: int,
-        received_ts: int,
-        actions_by_user: dict[str, tuple[list[Any], bool]],
-    ) -> None:
-        """Inside the transaction persisting the event: who it notifies,
-        with what actions and whether it highlights."""
-        if not actions_by_user:
-            return
-        txn.execute_batch(
-            "INSERT INTO event_push_actions (room_id, event_id, user_id, stream_ordering,"
-            " actions, notif, highlight, received_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    room_id,
-                    event_id,
-                    user_id,
-                    stream_ordering,
-                    json_encoder(actions),
-                    True,
-                    highlight,
-                    received_ts,
-                )
-                for user_id, (actions, highlight) in actions_by_user.items()
-            ],
+    @cached()
+    async def get_push_room_members(self, room_id: str) -> tuple[tuple[str, str | None], ...]:
+        """The room's joined members and their display names (forgotten with
+        the room's state)."""
+        rows = await self.db_pool.select(
+            "get_push_room_members",
+            "SELECT c.state_key, e.content FROM current_state_events AS c"
+            " JOIN events AS e ON e.event_id = c.event_id"
+            " WHERE c.room_id = ? AND c.type = 'm.room.member' AND c.membership = 'join'",
+            room_id,
         )
+        members: list[tuple[str, str | None]] = []
+        for user_id, content in rows:
+            name = db_to_json(content).get("displayname")
+            members.append((user_id, name if isinstance(name, str) else None))
+        return tuple(members)
 
     async def get_unread_counts(
         self, user_id: str, room_ids: list[str], upto: int
@@ -199,3 +185,20 @@ class PushRulesWorkerStore(SQLBaseStore):
             limit,
         )
         return [(r[0], r[1], int(r[2]), db_to_json(r[3]), bool(r[4]), int(r[5])) for r in rows]
+
+    async def get_read_positions(self, user_id: str, room_ids: list[str]) -> dict[str, int]:
+        """room_id -> stream ordering of the user's newest m.read (or private)
+        receipt there; rooms without one are left out."""
+        if not room_ids:
+            return {}
+        placeholders = ", ".join("?" for _ in room_ids)
+        rows = await self.db_pool.select(
+            "get_read_positions",
+            "SELECT r.room_id, MAX(e.stream_ordering) FROM receipts_linearized AS r"
+            " JOIN events AS e ON e.event_id = r.event_id"
+            f" WHERE r.user_id = ? AND r.room_id IN ({placeholders})"
+            " AND r.receipt_type IN ('m.read', 'm.read.private') GROUP BY r.room_id",
+            user_id,
+            *room_ids,
+        )
+        return {r[0]: int(r[1]) for r in rows if r[1] is not None}

@@ -25,8 +25,7 @@ CREATE TABLE event_push_actions (
     actions TEXT NOT NULL,
     notif BOOLEAN NOT NULL,
     highlight BOOLEAN NOT NULL,
-    received_ts BIGINT NOT NULL,
-    PRIMARY KEY (user_id, event_id)
+    received_ts BIGINT NOT NULL
 );
 CREATE INDEX event_push_actions_user_room ON event_push_actions (user_id, room_id, stream_ordering);
 CREATE INDEX event_push_actions_user_order ON event_push_actions (user_id, stream_ordering);

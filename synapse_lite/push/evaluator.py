@@ -1,0 +1,223 @@
+"""Evaluating push rules against an event, for every local member of its room.
+
+A user's ruleset (``rules.UserPushRules.ruleset``) is compiled once into a
+list of :class:`CompiledRule` (enabled rules only, in priority order, each
+condition a hashable :class:`Condition`) and cached until the push_rules
+stream says the user's rules changed. Evaluating an event for many users
+shares work: an :class:`EventView` flattens the event once, and remembers the
+result of every condition it has checked, so a condition most users share
+(the default rules) is checked once per event, not once per user; only the
+conditions that name the user (their id, localpart or display name) are
+checked per user.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attr
+
+from synapse_lite.push.rules import KINDS, parse_member_count
+from synapse_lite.storage.caches import LruCache
+
+#: Rules of the spec's "legacy mentions", skipped when an event has
+#: ``m.mentions`` (its sender's client uses intentional mentions).
+LEGACY_MENTION_RULES = frozenset(
+    (".m.rule.contains_display_name", ".m.rule.roomnotif", ".m.rule.contains_user_name")
+)
+#: The notification level a ``sender_notification_permission`` key needs
+#: when the power levels do not say.
+DEFAULT_NOTIFICATION_LEVEL = 50
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class Condition:
+    """One condition, hashable so its result can be shared between users.
+    ``kind`` is the spec's kind; ``key``/``arg`` its fields (``arg``: the
+    pattern, value, member-count test or the user's display-name marker)."""
+
+    kind: str
+    key: str = ""
+    arg: Any = None
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class CompiledRule:
+    rule_id: str
+    conditions: tuple[Condition, ...]
+    actions: tuple[Any, ...]
+    notify: bool
+    highlight: bool
+
+
+def _flatten(value: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    for key, item in value.items():
+        # Dots in a key are escaped, so "m.relates_to" is "m\.relates_to".
+        name = prefix + key.replace("\\", "\\\\").replace(".", "\\.")
+        if isinstance(item, dict):
+            _flatten(item, name + ".", out)
+        else:
+            out[name] = item
+
+
+_glob_cache: LruCache[re.Pattern[str]] = LruCache(10_000)
+
+
+def glob_regex(pattern: str, words: bool) -> re.Pattern[str]:
+    """The spec's glob (``*``, ``?``) as a case-insensitive regex matching the
+    whole value, or (``words``, for ``content.body``) whole words in it."""
+    key = (pattern, words)
+    found, compiled = _glob_cache.get(key)
+    if found and compiled is not None:
+        return compiled
+    body = "".join(".*?" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    if words:
+        text = r"(?:^|\W)" + body + r"(?:\W|$)" if body else r"^$"
+    else:
+        text = r"\A" + body + r"\Z"
+    compiled = re.compile(text, re.IGNORECASE | re.DOTALL)
+    _glob_cache.set(key, compiled)
+    return compiled
+
+
+class EventView:
+    """One event as push rules see it, with the results of the conditions
+    checked so far (shared by every user evaluated against it)."""
+
+    def __init__(
+        self,
+        event: Mapping[str, Any],
+        member_count: int,
+        sender_level: int,
+        notification_levels: Mapping[str, Any],
+    ) -> None:
+        self.flat: dict[str, Any] = {}
+        _flatten(event, "", self.flat)
+        self.room_id = event.get("room_id")
+        self.sender = event.get("sender")
+        content = event.get("content")
+        self.has_mentions = isinstance(content, dict) and "m.mentions" in content
+        body = self.flat.get("content.body")
+        self.body = body if isinstance(body, str) else None
+        self.member_count = member_count
+        self.sender_level = sender_level
+        self.notification_levels = notification_levels
+        self._results: dict[Condition, bool] = {}
+
+    def matches(self, condition: Condition, display_name: str | None) -> bool:
+        if condition.kind == "contains_display_name":
+            return self._contains_display_name(display_name)
+        result = self._results.get(condition)
+        if result is None:
+            result = self._results[condition] = self._check(condition)
+        return result
+
+    def _contains_display_name(self, display_name: str | None) -> bool:
+        if not display_name or self.body is None:
+            return False
+        key = Condition("contains_display_name", arg=display_name)
+        result = self._results.get(key)
+        if result is None:
+            pattern = r"(?:^|\W)" + re.escape(display_name) + r"(?:\W|$)"
+            result = re.search(pattern, self.body, re.IGNORECASE) is not None
+            self._results[key] = result
+        return result
+
+    def _check(self, condition: Condition) -> bool:
+        kind = condition.kind
+        if kind == "event_match":
+            value = self.flat.get(condition.key)
+            if not isinstance(value, str):
+                return False
+            words = condition.key == "content.body"
+            return glob_regex(condition.arg, words).search(value) is not None
+        if kind == "event_property_is":
+            return _same(self.flat.get(condition.key, _MISSING), condition.arg)
+        if kind == "event_property_contains":
+            value = self.flat.get(condition.key)
+            return isinstance(value, list) and any(_same(v, condition.arg) for v in value)
+        if kind == "room_member_count":
+            parsed = parse_member_count(condition.arg)
+            if parsed is None:
+                return False
+            op, number = parsed
+            count = self.member_count
+            return {
+                "==": count == number,
+                "<": count < number,
+                ">": count > number,
+                "<=": count <= number,
+                ">=": count >= number,
+            }[op]
+        if kind == "sender_notification_permission":
+            needed = self.notification_levels.get(condition.key, DEFAULT_NOTIFICATION_LEVEL)
+            if not isinstance(needed, int) or isinstance(needed, bool):
+                needed = DEFAULT_NOTIFICATION_LEVEL
+            return self.sender_level >= needed
+        # A kind the spec does not define never matches.
+        return False
+
+
+_MISSING = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Canonical-JSON equality: ``True`` is not ``1``."""
+    return type(a) is type(b) and a == b
+
+
+def compile_ruleset(ruleset: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[CompiledRule]:
+    """The enabled rules in priority order, ready to evaluate."""
+    compiled: list[CompiledRule] = []
+    for kind in KINDS:
+        for rule in ruleset.get(kind, ()):
+            if not rule.get("enabled", True):
+                continue
+            rule_id = rule["rule_id"]
+            if kind in ("override", "underride"):
+                conditions = tuple(_condition(c) for c in rule.get("conditions", ()))
+            elif kind == "content":
+                conditions = (Condition("event_match", "content.body", rule["pattern"]),)
+            elif kind == "room":
+                conditions = (Condition("event_match", "room_id", rule_id),)
+            else:
+                conditions = (Condition("event_match", "sender", rule_id),)
+            actions = tuple(rule.get("actions", ()))
+            compiled.append(
+                CompiledRule(rule_id, conditions, actions, "notify" in actions, _highlight(actions))
+            )
+    return compiled
+
+
+def _condition(raw: Mapping[str, Any]) -> Condition:
+    kind = raw.get("kind", "")
+    if kind == "event_match":
+        return Condition(kind, raw.get("key", ""), raw.get("pattern", ""))
+    if kind in ("event_property_is", "event_property_contains"):
+        return Condition(kind, raw.get("key", ""), raw.get("value"))
+    if kind == "room_member_count":
+        return Condition(kind, arg=raw.get("is", ""))
+    if kind == "sender_notification_permission":
+        return Condition(kind, raw.get("key", ""))
+    return Condition(kind)
+
+
+def _highlight(actions: Iterable[Any]) -> bool:
+    for action in actions:
+        if isinstance(action, dict) and action.get("set_tweak") == "highlight":
+            return action.get("value", True) is not False
+    return False
+
+
+def evaluate(
+    rules: list[CompiledRule], view: EventView, display_name: str | None
+) -> CompiledRule | None:
+    """The first rule matching the event (None: no rule matches)."""
+    for rule in rules:
+        if view.has_mentions and rule.rule_id in LEGACY_MENTION_RULES:
+            continue
+        if all(view.matches(c, display_name) for c in rule.conditions):
+            return rule
+    return None
