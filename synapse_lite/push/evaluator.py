@@ -13,6 +13,7 @@ checked per user.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -30,6 +31,7 @@ LEGACY_MENTION_RULES = frozenset(
 #: The notification level a ``sender_notification_permission`` key needs
 #: when the power levels do not say.
 DEFAULT_NOTIFICATION_LEVEL = 50
+MAX_INTERNED_CONDITIONS = 200_000
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -43,13 +45,21 @@ class Condition:
     arg: Any = None
 
 
-@attr.s(slots=True, frozen=True, auto_attribs=True)
+@attr.s(slots=True, frozen=True, auto_attribs=True, eq=False)
 class CompiledRule:
+    """One enabled rule. Compiled rules are interned: users with the same rule
+    share one object, so an event's result for it is computed once
+    (:class:`EventView` keys its results by object identity)."""
+
     rule_id: str
     conditions: tuple[Condition, ...]
     actions: tuple[Any, ...]
     notify: bool
     highlight: bool
+    #: Skipped for events with ``m.mentions`` (the spec's legacy mention rules).
+    legacy_mention: bool
+    #: Whether its result is the same for every user (no display name).
+    shared: bool
 
 
 def _flatten(value: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
@@ -104,26 +114,51 @@ class EventView:
         self.member_count = member_count
         self.sender_level = sender_level
         self.notification_levels = notification_levels
-        self._results: dict[Condition, bool] = {}
+        # Keyed by the identity of interned rules and conditions (alive as
+        # long as the compiled rules evaluated against this view).
+        self._rule_results: dict[int, bool] = {}
+        self._condition_results: dict[int, bool] = {}
+        self._display_name_results: dict[str, bool] = {}
+        self._lower: str | None = None
+
+    def rule_matches(self, rule: CompiledRule, display_name: str | None) -> bool:
+        if rule.legacy_mention and self.has_mentions:
+            return False
+        key = id(rule)
+        result = self._rule_results.get(key)
+        if result is None:
+            result = all(self.matches(c, display_name) for c in rule.conditions)
+            if rule.shared:
+                self._rule_results[key] = result
+        return result
 
     def matches(self, condition: Condition, display_name: str | None) -> bool:
         if condition.kind == "contains_display_name":
             return self._contains_display_name(display_name)
-        result = self._results.get(condition)
+        key = id(condition)
+        result = self._condition_results.get(key)
         if result is None:
-            result = self._results[condition] = self._check(condition)
+            result = self._condition_results[key] = self._check(condition)
         return result
 
     def _contains_display_name(self, display_name: str | None) -> bool:
         if not display_name or self.body is None:
             return False
-        key = Condition("contains_display_name", arg=display_name)
-        result = self._results.get(key)
+        # Most names are not in the body at all: a substring test rules them
+        # out before any regex is built (one per name would thrash re's cache).
+        if display_name.lower() not in self._body_lower():
+            return False
+        result = self._display_name_results.get(display_name)
         if result is None:
             pattern = r"(?:^|\W)" + re.escape(display_name) + r"(?:\W|$)"
             result = re.search(pattern, self.body, re.IGNORECASE) is not None
-            self._results[key] = result
+            self._display_name_results[display_name] = result
         return result
+
+    def _body_lower(self) -> str:
+        if self._lower is None:
+            self._lower = (self.body or "").lower()
+        return self._lower
 
     def _check(self, condition: Condition) -> bool:
         kind = condition.kind
@@ -132,7 +167,12 @@ class EventView:
             if not isinstance(value, str):
                 return False
             words = condition.key == "content.body"
-            return glob_regex(condition.arg, words).search(value) is not None
+            pattern = condition.arg
+            if words and "*" not in pattern and "?" not in pattern:
+                # A plain word (a user name): rule it out without a regex.
+                if pattern.lower() not in self._body_lower():
+                    return False
+            return glob_regex(pattern, words).search(value) is not None
         if kind == "event_property_is":
             return _same(self.flat.get(condition.key, _MISSING), condition.arg)
         if kind == "event_property_contains":
@@ -185,10 +225,29 @@ def compile_ruleset(ruleset: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[
             else:
                 conditions = (Condition("event_match", "sender", rule_id),)
             actions = tuple(rule.get("actions", ()))
-            compiled.append(
-                CompiledRule(rule_id, conditions, actions, "notify" in actions, _highlight(actions))
-            )
+            key = json.dumps([kind, rule_id, [attr.astuple(c) for c in conditions], actions])
+            found, interned = _interned_rules.get(key)
+            if not found or interned is None:
+                if len(_conditions) > MAX_INTERNED_CONDITIONS:
+                    _conditions.clear()  # only sharing is lost, never correctness
+                conditions = tuple(_conditions.setdefault(c, c) for c in conditions)
+                interned = CompiledRule(
+                    rule_id,
+                    conditions,
+                    actions,
+                    "notify" in actions,
+                    _highlight(actions),
+                    legacy_mention=rule_id in LEGACY_MENTION_RULES,
+                    shared=all(c.kind != "contains_display_name" for c in conditions),
+                )
+                _interned_rules.set(key, interned)
+            compiled.append(interned)
     return compiled
+
+
+#: Interned compiled rules and conditions (see :class:`CompiledRule`).
+_interned_rules: LruCache[CompiledRule] = LruCache(200_000)
+_conditions: dict[Condition, Condition] = {}
 
 
 def _condition(raw: Mapping[str, Any]) -> Condition:
@@ -216,8 +275,6 @@ def evaluate(
 ) -> CompiledRule | None:
     """The first rule matching the event (None: no rule matches)."""
     for rule in rules:
-        if view.has_mentions and rule.rule_id in LEGACY_MENTION_RULES:
-            continue
-        if all(view.matches(c, display_name) for c in rule.conditions):
+        if view.rule_matches(rule, display_name):
             return rule
     return None

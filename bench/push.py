@@ -1,0 +1,122 @@
+"""Push evaluation's cost: sends in a room of 1,000 local members with push
+rules evaluated (and push actions stored) against the same room with
+evaluation off, measured in one run, in alternating rounds.
+
+    python -m bench.push [--engine sqlite|postgres] [--members 1000]
+                         [--messages 100] [--rounds 3]
+
+Runs one main process in this Python process (no HTTP: the events writer's
+own persist path, where evaluation happens), on a throwaway database made
+the way the tests make theirs. Prints sends/s with evaluation off and on,
+their ratio (the target is >= 0.7), and the CPU spent evaluating per event
+and per (event, member).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from twisted.internet import defer, task
+
+from synapse_lite.app.composition import build_homeserver
+from synapse_lite.events import EventSpec
+from synapse_lite.handlers.auth import Requester
+from tests.harness.databases import create_test_database
+from tests.harness.server import make_config
+
+
+async def _run(reactor: Any, args: argparse.Namespace) -> None:
+    test_db = create_test_database(args.engine)
+    try:
+        config = make_config(test_db, rate_limiting={"enabled": False})
+        hs = build_homeserver(config, "main", reactor)
+        hs.loops.startService()
+        try:
+            await _measure(hs, args)
+        finally:
+            await hs.service.stopService()
+    finally:
+        test_db.drop()
+
+
+async def _measure(hs: Any, args: argparse.Namespace) -> None:
+    events = hs.handlers.events
+    push = events.push
+    assert push is not None, "the main process of a monolith is an events writer"
+    clock = hs.handlers.clock
+    sender = "@member0:test.local"
+    room_id = await hs.handlers.room_creation.create_room(
+        Requester(sender, "DEV", "x"), {"preset": "public_chat"}
+    )
+    members = [f"@member{i}:test.local" for i in range(1, args.members)]
+    for start in range(0, len(members), 100):
+        joins = [
+            EventSpec("m.room.member", user, user, {"membership": "join", "displayname": f"M {i}"},
+                      clock.time_msec())
+            for i, user in enumerate(members[start : start + 100], start)
+        ]  # fmt: skip
+        await events.persist_as_writer(room_id, joins)
+    joined = len(await hs.store.get_users_in_room(room_id))
+    print(f"room of {joined} local members ({args.engine})")
+
+    async def send_round(count: int, label: int) -> float:
+        started = time.perf_counter()
+        for i in range(count):
+            spec = EventSpec(
+                "m.room.message",
+                None,
+                sender,
+                {"msgtype": "m.text", "body": f"message {label}.{i} for the room"},
+                clock.time_msec(),
+            )
+            await events.persist_as_writer(room_id, [spec])
+        return count / (time.perf_counter() - started)
+
+    # Warm both paths (caches of rules and members) before measuring.
+    push.enabled = True
+    await send_round(10, -1)
+    push.enabled = False
+    await send_round(10, -2)
+    push.cpu_seconds, push.evaluations = 0.0, 0
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    evaluated_events = 0
+    for round_number in range(args.rounds):
+        for enabled in (False, True) if round_number % 2 == 0 else (True, False):
+            push.enabled = enabled
+            rates[enabled].append(await send_round(args.messages, round_number))
+            if enabled:
+                evaluated_events += args.messages
+    off, on = sum(rates[False]) / args.rounds, sum(rates[True]) / args.rounds
+    print(f"evaluation off: {off:.1f} sends/s  (rounds: {_fmt(rates[False])})")
+    print(f"evaluation on:  {on:.1f} sends/s  (rounds: {_fmt(rates[True])})")
+    print(f"ratio on/off: {on / off:.2f}  (target >= 0.7)")
+    per_event_ms = push.cpu_seconds / evaluated_events * 1000
+    per_member_us = push.cpu_seconds / max(push.evaluations, 1) * 1e6
+    print(
+        f"evaluation CPU: {per_event_ms:.2f} ms per event, {per_member_us:.2f} us per member"
+        f" ({push.evaluations} member evaluations)"
+    )
+    rows = await hs.store.db_pool.select(
+        "bench_count", "SELECT COUNT(*) FROM event_push_actions WHERE room_id = ?", room_id
+    )
+    print(f"push actions stored: {rows[0][0]}")
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--members", type=int, default=1000)
+    parser.add_argument("--messages", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    task.react(lambda reactor: defer.ensureDeferred(_run(reactor, args)))
+
+
+if __name__ == "__main__":
+    main()
