@@ -98,10 +98,13 @@ async def _measure(hs: Any, args: argparse.Namespace) -> None:
         f"evaluation CPU: {per_event_ms:.2f} ms per event, {per_member_us:.2f} us per member"
         f" ({push.evaluations} member evaluations)"
     )
-    rows = await hs.store.db_pool.select(
+    summaries = await hs.store.db_pool.select(
+        "bench_count", "SELECT COUNT(*) FROM event_push_summary WHERE room_id = ?", room_id
+    )
+    exceptions = await hs.store.db_pool.select(
         "bench_count", "SELECT COUNT(*) FROM event_push_actions WHERE room_id = ?", room_id
     )
-    print(f"push actions stored: {rows[0][0]}")
+    print(f"rows stored: {summaries[0][0]} event summaries, {exceptions[0][0]} per-user rows")
 
 
 def _fmt(values: list[float]) -> str:

@@ -318,6 +318,10 @@ class UserPushRules:
     def to_json(self) -> dict[str, Any]:
         return {"user_rules": self.user_rules, "defaults": self.defaults}
 
+    def is_default(self) -> bool:
+        """Whether the user changed nothing (their rules are the defaults)."""
+        return not any(self.user_rules.values()) and not self.defaults
+
     def copy(self) -> UserPushRules:
         return UserPushRules(copy.deepcopy(self.user_rules), copy.deepcopy(self.defaults))
 

@@ -194,3 +194,51 @@ class UserRulesTestCase(unittest.TestCase):
         self.assertFalse(glob_regex("ca?", False).search("cats"))
         self.assertTrue(glob_regex("cat", True).search("a cat!"))
         self.assertFalse(glob_regex("cat", True).search("concatenate"))
+
+
+class DefaultRulesFastPathTestCase(unittest.TestCase):
+    def test_agrees_with_evaluating_every_rule(self) -> None:
+        """The shortcut for users with the default rules gives the same rule
+        as the full evaluation, on every example event and member."""
+        from synapse_lite.push.evaluator import DefaultRulesEvaluator
+
+        users = [(ALICE, "Alice Liddell"), ("@bob:test.local", None), ("@carol:test.local", "C")]
+        template = compile_ruleset(UserPushRules().ruleset("@template:x"))
+        fast = DefaultRulesEvaluator(template)
+        events = [
+            message("hello"),
+            message("alice and carol"),
+            message("Alice Liddell!"),
+            message("hi", **{"m.mentions": {"user_ids": ["@bob:test.local"]}}),
+            message("@room alice", **{"m.mentions": {"room": True}}),
+            message("note", msgtype="m.notice"),
+            {
+                "type": "m.room.member",
+                "room_id": ROOM,
+                "sender": "@eve:test.local",
+                "state_key": "@carol:test.local",
+                "content": {"membership": "invite"},
+            },
+            {
+                "type": "m.room.encrypted",
+                "room_id": ROOM,
+                "sender": "@eve:test.local",
+                "content": {},
+            },
+            {"type": "m.call.invite", "room_id": ROOM, "sender": "@eve:test.local", "content": {}},
+        ]
+        for event in events:
+            for members in (2, 5):
+                for level in (0, 100):
+                    view = EventView(event, members, level, {})
+                    base, candidates = fast.for_event(view)
+                    for user_id, name in users:
+                        full = evaluate(
+                            compile_ruleset(UserPushRules().ruleset(user_id)), view, name
+                        )
+                        quick = fast.outcome(view, base, candidates, user_id, name)
+                        self.assertEqual(
+                            (quick and quick.rule_id, quick and quick.outcome_key),
+                            (full and full.rule_id, full and full.outcome_key),
+                            (event, user_id, members, level),
+                        )

@@ -37,11 +37,11 @@ class EventsStore(EventsWorkerStore):
     async def persist_events(
         self,
         events: list[EventContent],
-        push_actions: Mapping[str, Mapping[str, tuple[list[Any], bool]]] | None = None,
+        push_actions: Mapping[str, Any] | None = None,
     ) -> list[Event]:
         """Persist events in order, in one transaction; returns them with their
-        stream ids. ``push_actions``: event_id -> user_id -> (actions,
-        highlight) for the users each event notifies, stored in the same
+        stream ids. ``push_actions``: event_id -> what it does for local
+        members (``handlers.push.EventPushActions``), stored in the same
         transaction. Raises :class:`DuplicateTransactionError` if a client's
         transaction id was used meanwhile."""
         persisted = await self.db_pool.runInteraction(
@@ -55,7 +55,7 @@ class EventsStore(EventsWorkerStore):
         self,
         txn: LoggingTransaction,
         events: list[EventContent],
-        push_actions: Mapping[str, Mapping[str, tuple[list[Any], bool]]],
+        push_actions: Mapping[str, Any],
     ) -> list[Event]:
         persisted: list[Event] = []
         # Registered before the ids are taken, so it runs (after commit) before
@@ -163,32 +163,53 @@ class EventsStore(EventsWorkerStore):
             self._update_room_row_txn(txn, event)
 
     def _insert_push_actions_txn(
-        self,
-        txn: LoggingTransaction,
-        events: list[Event],
-        push_actions: Mapping[str, Mapping[str, tuple[list[Any], bool]]],
+        self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
     ) -> None:
-        rows = []
+        """``push_actions``: event_id -> ``handlers.push.EventPushActions``."""
+        summaries = []
+        exceptions = []
         now = self.clock.time_msec()
         for event in events:
-            for user_id, (actions, highlight) in push_actions.get(event.event_id, {}).items():
-                rows.append(
+            actions = push_actions.get(event.event_id)
+            if actions is None:
+                continue
+            if actions.default is not None:
+                default_actions, highlight = actions.default
+                summaries.append(
+                    (
+                        event.room_id,
+                        event.event_id,
+                        event.stream_ordering,
+                        event.sender,
+                        json_encoder(default_actions),
+                        highlight,
+                        now,
+                    )
+                )
+            for user_id, (user_actions, notif, highlight) in actions.exceptions.items():
+                exceptions.append(
                     (
                         event.room_id,
                         event.event_id,
                         user_id,
                         event.stream_ordering,
-                        json_encoder(actions),
-                        True,
+                        json_encoder(user_actions),
+                        notif,
                         highlight,
                         now,
                     )
                 )
-        if rows:
+        if summaries:
+            txn.execute_batch(
+                "INSERT INTO event_push_summary (room_id, event_id, stream_ordering, sender,"
+                " actions, highlight, received_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                summaries,
+            )
+        if exceptions:
             txn.execute_batch(
                 "INSERT INTO event_push_actions (room_id, event_id, user_id, stream_ordering,"
                 " actions, notif, highlight, received_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
+                exceptions,
             )
 
     def _update_room_row_txn(self, txn: LoggingTransaction, event: Event) -> None:

@@ -135,31 +135,50 @@ class PushRulesWorkerStore(SQLBaseStore):
     async def get_unread_counts(
         self, user_id: str, room_ids: list[str], upto: int
     ) -> dict[str, tuple[int, int]]:
-        """room_id -> (notification_count, highlight_count): the user's push
-        actions after their read receipt in each room, up to
-        stream ordering ``upto``."""
+        """room_id -> (notification_count, highlight_count): the user's
+        notifications after their newest m.read (or private) receipt in each
+        room, up to stream ordering ``upto``. An event's default outcome
+        counts for the user from their current join on (a member who left and
+        came back is not counted what was sent before), unless they have an
+        outcome of their own."""
         if not room_ids:
             return {}
         placeholders = ", ".join("?" for _ in room_ids)
-        # The user's newest m.read / m.read.private receipt names an event,
-        # whose stream ordering is where counting starts (a read marker
-        # request with m.read carries such a receipt).
-        rows = await self.db_pool.select(
-            "get_unread_counts",
-            "SELECT a.room_id, COUNT(*),"
-            " SUM(CASE WHEN a.highlight THEN 1 ELSE 0 END)"
-            " FROM event_push_actions AS a"
-            " WHERE a.user_id = ? AND a.stream_ordering <= ?"
-            f" AND a.room_id IN ({placeholders})"
-            " AND a.stream_ordering > COALESCE(("
+        read_after = (
+            " AND {t}.stream_ordering > COALESCE(("
             "  SELECT MAX(e.stream_ordering) FROM receipts_linearized AS r"
             "  JOIN events AS e ON e.event_id = r.event_id"
-            "  WHERE r.room_id = a.room_id AND r.user_id = a.user_id"
+            "  WHERE r.room_id = {t}.room_id AND r.user_id = ?"
             "  AND r.receipt_type IN ('m.read', 'm.read.private')), 0)"
-            " GROUP BY a.room_id",
+        )
+        rows = await self.db_pool.select(
+            "get_unread_counts",
+            "SELECT room_id, COUNT(*), SUM(CASE WHEN highlight THEN 1 ELSE 0 END) FROM ("
+            " SELECT s.room_id AS room_id, s.highlight AS highlight"
+            " FROM event_push_summary AS s JOIN local_current_membership AS m"
+            "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
+            f" WHERE s.room_id IN ({placeholders}) AND s.stream_ordering <= ?"
+            "  AND s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
+            + read_after.format(t="s")
+            + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
+            "   WHERE x.event_id = s.event_id AND x.user_id = ?)"
+            " UNION ALL"
+            " SELECT a.room_id AS room_id, a.highlight AS highlight FROM event_push_actions AS a"
+            f" WHERE a.user_id = ? AND a.notif = ? AND a.room_id IN ({placeholders})"
+            "  AND a.stream_ordering <= ?"
+            + read_after.format(t="a")
+            + ") AS notifications GROUP BY room_id",
             user_id,
-            upto,
             *room_ids,
+            upto,
+            user_id,
+            user_id,
+            user_id,
+            user_id,
+            True,
+            *room_ids,
+            upto,
+            user_id,
         )
         return {r[0]: (int(r[1]), int(r[2] or 0)) for r in rows}
 
@@ -167,21 +186,40 @@ class PushRulesWorkerStore(SQLBaseStore):
         self, user_id: str, before: int | None, limit: int, only_highlight: bool
     ) -> list[NotificationRow]:
         """The user's notifications, newest first, with stream ordering below
-        ``before`` (all when None)."""
-        clauses = ["user_id = ?"]
-        args: list[Any] = [user_id]
+        ``before`` (all when None): the default outcomes of events in rooms
+        they are joined to (since their join), and their own outcomes."""
+        extra = ""
+        extra_args: list[Any] = []
         if before is not None:
-            clauses.append("stream_ordering < ?")
-            args.append(before)
+            extra += " AND {t}.stream_ordering < ?"
+            extra_args.append(before)
         if only_highlight:
-            clauses.append("highlight = ?")
-            args.append(True)
+            extra += " AND {t}.highlight = ?"
+            extra_args.append(True)
         rows = await self.db_pool.select(
             "get_notifications",
-            "SELECT event_id, room_id, stream_ordering, actions, highlight, received_ts"
-            f" FROM event_push_actions WHERE {' AND '.join(clauses)}"
-            " ORDER BY stream_ordering DESC LIMIT ?",
-            *args,
+            "SELECT event_id, room_id, stream_ordering, actions, highlight, received_ts FROM ("
+            " SELECT s.event_id AS event_id, s.room_id AS room_id,"
+            "  s.stream_ordering AS stream_ordering, s.actions AS actions,"
+            "  s.highlight AS highlight, s.received_ts AS received_ts"
+            " FROM event_push_summary AS s JOIN local_current_membership AS m"
+            "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
+            " WHERE s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
+            + extra.format(t="s")
+            + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
+            "   WHERE x.event_id = s.event_id AND x.user_id = ?)"
+            " UNION ALL"
+            " SELECT a.event_id, a.room_id, a.stream_ordering, a.actions, a.highlight,"
+            "  a.received_ts FROM event_push_actions AS a WHERE a.user_id = ? AND a.notif = ?"
+            + extra.format(t="a")
+            + ") AS notifications ORDER BY stream_ordering DESC LIMIT ?",
+            user_id,
+            user_id,
+            *extra_args,
+            user_id,
+            user_id,
+            True,
+            *extra_args,
             limit,
         )
         return [(r[0], r[1], int(r[2]), db_to_json(r[3]), bool(r[4]), int(r[5])) for r in rows]

@@ -14,9 +14,26 @@ CREATE TABLE push_rules_user (
 CREATE INDEX push_rules_user_stream ON push_rules_user (stream_id);
 CREATE SEQUENCE push_rules_stream_sequence;
 
--- What the user's rules said to do about an event, written in the
--- transaction that persists the event (one row per local member the event
--- notifies). Counts in /sync are the rows after the user's read receipt.
+-- What users' push rules said about an event, written in the transaction
+-- that persists it. Most members of a room get the same outcome, so it is
+-- stored once per event (event_push_summary: what the event does for every
+-- local member joined when it was sent, but its sender) and per user only
+-- where a member's outcome differs (event_push_actions; notif FALSE: this
+-- member is not notified although the others are), or for an invited user.
+-- An event that notifies nobody by default has no summary row. Counts in
+-- /sync are the user's notifications after their read receipt (docs/push.md).
+CREATE TABLE event_push_summary (
+    room_id TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    stream_ordering BIGINT NOT NULL,
+    sender TEXT NOT NULL,
+    actions TEXT NOT NULL,
+    highlight BOOLEAN NOT NULL,
+    received_ts BIGINT NOT NULL
+);
+CREATE UNIQUE INDEX event_push_summary_event ON event_push_summary (event_id);
+CREATE INDEX event_push_summary_room ON event_push_summary (room_id, stream_ordering);
+
 CREATE TABLE event_push_actions (
     room_id TEXT NOT NULL,
     event_id TEXT NOT NULL,
@@ -27,5 +44,6 @@ CREATE TABLE event_push_actions (
     highlight BOOLEAN NOT NULL,
     received_ts BIGINT NOT NULL
 );
+CREATE UNIQUE INDEX event_push_actions_event_user ON event_push_actions (event_id, user_id);
 CREATE INDEX event_push_actions_user_room ON event_push_actions (user_id, room_id, stream_ordering);
 CREATE INDEX event_push_actions_user_order ON event_push_actions (user_id, stream_ordering);
