@@ -70,6 +70,9 @@ class PushActionsHandler:
         # must not be cached.
         self._generation = 0
         store.add_push_rules_listener(self._forget)
+        #: room_id -> (members tuple, rules generation, default users, their
+        #: ids, users with rules of their own).
+        self._room_cache: dict[str, tuple[Any, int, Any, frozenset[str], Any]] = {}
         #: Off only for benchmarks comparing with evaluation off.
         self.enabled = True
         #: Seconds of CPU spent evaluating, and (event, member) evaluations.
@@ -94,34 +97,22 @@ class PushActionsHandler:
             self._compiled.set(user_id, rules)
         return rules
 
-    def _evaluate(
-        self,
-        rules: list[CompiledRule] | None,
-        view: EventView,
-        fast: tuple[CompiledRule | None, list[str]],
-        user_id: str,
-        display_name: str | None,
-    ) -> CompiledRule | None:
-        if rules is None:
-            return self._defaults.outcome(view, fast[0], fast[1], user_id, display_name)
-        return evaluate(rules, view, display_name)
-
     async def actions_for(
         self, room_id: str, events: Sequence[EventContent], state: RoomAuthState
     ) -> PushActions:
-        """For each event, the local members it notifies. ``state``: the
-        room's auth state (power levels, creator) as the events are checked."""
+        """For each event, what it does for the room's local members (but its
+        sender). ``state``: the room's auth state (power levels, creator) as
+        the events are checked."""
         if not self.enabled or not events:
             return {}
+        started = time.process_time()
         members = await self._store.get_push_room_members(room_id)
-        local = [(u, name) for u, name in members if self._store.hs.is_mine_id(u)]
-        rules_by_user = {u: await self.rules_for(u) for u, _ in local}
+        default_users, default_ids, own_rules = await self._room_users(room_id, members)
         power_levels = state.power_levels or {}
         notification_levels = power_levels.get("notifications")
         if not isinstance(notification_levels, dict):
             notification_levels = {}
         result: PushActions = {}
-        started = time.process_time()
         for content in events:
             event: dict[str, Any] = {
                 "type": content.type,
@@ -134,29 +125,45 @@ class PushActionsHandler:
             view = EventView(
                 event, len(members), state.user_level(content.sender), notification_levels
             )
-            fast = self._defaults.for_event(view)
-            outcomes: dict[str, CompiledRule | None] = {}
-            targets = list(local)
-            # An invite notifies its (local, not yet joined) target.
-            invitee: str | None = None
+            base, candidates = self._defaults.for_event(view)
+            sender = content.sender
+            # Users with the defaults: ``base`` unless a rule naming them
+            # decides otherwise; users with rules of their own: evaluated.
+            others: dict[str, CompiledRule | None] = dict(
+                self._defaults.outcomes(view, base, candidates, default_users)
+            )
+            others.pop(sender, None)
+            for user_id, (display_name, rules) in own_rules.items():
+                if user_id != sender:
+                    others[user_id] = evaluate(rules, view, display_name)
+            # Default users left at ``base``: all but the sender and those
+            # a rule naming them decided for.
+            base_users = (
+                len(default_users)
+                - len([u for u in others if u not in own_rules])
+                - (1 if sender in default_ids else 0)
+            )
+            self.evaluations += len(default_users) + len(own_rules)
+            actions = _group(base, base_users, others, default_users, sender)
+            invitee = content.state_key
             if (
                 content.type == "m.room.member"
-                and content.state_key
+                and invitee
                 and content.content.get("membership") == "invite"
-                and self._store.hs.is_mine_id(content.state_key)
-                and content.state_key not in rules_by_user
+                and self._store.hs.is_mine_id(invitee)
             ):
-                invitee = content.state_key
-                rules_by_user[invitee] = await self.rules_for(invitee)
-            for user_id, display_name in targets:
-                if user_id != content.sender:
-                    outcomes[user_id] = self._evaluate(
-                        rules_by_user[user_id], view, fast, user_id, display_name
+                # An invite notifies its (local, not yet joined) target.
+                found, rules = self._compiled.get(invitee)
+                if not found:
+                    rules = await self.rules_for(invitee)
+                localpart = invitee[1:].split(":", 1)[0].lower()
+                if rules is None:
+                    decided = self._defaults.outcomes(
+                        view, base, candidates, [(invitee, None, localpart)]
                     )
-            self.evaluations += len(outcomes)
-            actions = _group(outcomes)
-            if invitee is not None:
-                rule = self._evaluate(rules_by_user[invitee], view, fast, invitee, None)
+                    rule = decided.get(invitee, base)
+                else:
+                    rule = evaluate(rules, view, None)
                 if rule is not None and rule.notify:
                     actions.exceptions[invitee] = (list(rule.actions), True, rule.highlight)
             if actions.default is not None or actions.exceptions:
@@ -164,27 +171,81 @@ class PushActionsHandler:
         self.cpu_seconds += time.process_time() - started
         return result
 
+    async def _room_users(
+        self, room_id: str, members: tuple[tuple[str, str | None], ...]
+    ) -> tuple[
+        list[tuple[str, str | None, str]],
+        frozenset[str],
+        dict[str, tuple[str | None, list[CompiledRule]]],
+    ]:
+        """The room's local members with the default rules (``(user_id,
+        display name, lower-case localpart)``) and those with rules of their
+        own, remembered while the room's members and everyone's rules stay
+        the same."""
+        known = self._room_cache.get(room_id)
+        if known is not None and known[0] is members and known[1] == self._generation:
+            return known[2], known[3], known[4]
+        generation = self._generation
+        default_users: list[tuple[str, str | None, str]] = []
+        own_rules: dict[str, tuple[str | None, list[CompiledRule]]] = {}
+        for user_id, display_name in members:
+            if not self._store.hs.is_mine_id(user_id):
+                continue
+            found, rules = self._compiled.get(user_id)
+            if not found:
+                rules = await self.rules_for(user_id)
+            if rules is None:
+                default_users.append((user_id, display_name, user_id[1:].split(":", 1)[0].lower()))
+            else:
+                own_rules[user_id] = (display_name, rules)
+        default_ids = frozenset(u for u, _, _ in default_users)
+        if generation == self._generation:
+            if len(self._room_cache) > 10_000:
+                self._room_cache.clear()
+            self._room_cache[room_id] = (members, generation, default_users, default_ids, own_rules)
+        return default_users, default_ids, own_rules
 
-def _group(outcomes: dict[str, CompiledRule | None]) -> EventPushActions:
-    """The most common outcome as the default, the others as exceptions."""
+
+def _group(
+    base: CompiledRule | None,
+    base_users: int,
+    others: dict[str, CompiledRule | None],
+    default_users: list[tuple[str, str | None, str]],
+    sender: str,
+) -> EventPushActions:
+    """The most common outcome as the event's default, the others as
+    exceptions. ``base_users`` members have the outcome ``base``; ``others``
+    maps the rest to theirs."""
     counts: Counter[str] = Counter()
     by_key: dict[str, CompiledRule | None] = {}
-    for rule in outcomes.values():
+    base_key = base.outcome_key if base is not None else ""
+    counts[base_key] += base_users
+    by_key[base_key] = base if base_key else None
+    for rule in others.values():
         key = rule.outcome_key if rule is not None else ""
         counts[key] += 1
-        by_key[key] = rule if key else None
-    if not counts:
+        by_key.setdefault(key, rule if key else None)
+    if not +counts:
         return EventPushActions(None, {})
     common_key = counts.most_common(1)[0][0]
     common = by_key[common_key]
     exceptions: dict[str, tuple[list[Any], bool, bool]] = {}
-    for user_id, rule in outcomes.items():
+
+    def add(user_id: str, rule: CompiledRule | None) -> None:
         key = rule.outcome_key if rule is not None else ""
         if key == common_key:
-            continue
+            return
         if rule is None or not rule.notify:
             exceptions[user_id] = ([], False, False)
         else:
             exceptions[user_id] = (list(rule.actions), True, rule.highlight)
+
+    for user_id, rule in others.items():
+        add(user_id, rule)
+    if base_key != common_key:
+        # Rare: the users left at ``base`` are not the majority.
+        for user_id, _, _ in default_users:
+            if user_id != sender and user_id not in others:
+                add(user_id, base)
     default = None if common is None else (list(common.actions), common.highlight)
     return EventPushActions(default, exceptions)
