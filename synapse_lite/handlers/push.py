@@ -15,6 +15,7 @@ import attr
 from synapse_lite.push.evaluator import (
     CompiledRule,
     DefaultRulesEvaluator,
+    DefaultUsers,
     EventView,
     compile_ruleset,
     evaluate,
@@ -70,9 +71,9 @@ class PushActionsHandler:
         # must not be cached.
         self._generation = 0
         store.add_push_rules_listener(self._forget)
-        #: room_id -> (members tuple, rules generation, default users, their
-        #: ids, users with rules of their own).
-        self._room_cache: dict[str, tuple[Any, int, Any, frozenset[str], Any]] = {}
+        #: room_id -> (members tuple, rules generation, default users, users
+        #: with rules of their own).
+        self._room_cache: dict[str, tuple[Any, int, DefaultUsers, Any]] = {}
         #: Off only for benchmarks comparing with evaluation off.
         self.enabled = True
         #: Seconds of CPU spent evaluating, and (event, member) evaluations.
@@ -107,7 +108,7 @@ class PushActionsHandler:
             return {}
         started = time.process_time()
         members = await self._store.get_push_room_members(room_id)
-        default_users, default_ids, own_rules = await self._room_users(room_id, members)
+        default_users, own_rules = await self._room_users(room_id, members)
         power_levels = state.power_levels or {}
         notification_levels = power_levels.get("notifications")
         if not isinstance(notification_levels, dict):
@@ -141,7 +142,7 @@ class PushActionsHandler:
             base_users = (
                 len(default_users)
                 - len([u for u in others if u not in own_rules])
-                - (1 if sender in default_ids else 0)
+                - (1 if sender in default_users.ids else 0)
             )
             self.evaluations += len(default_users) + len(own_rules)
             actions = _group(base, base_users, others, default_users, sender)
@@ -156,10 +157,9 @@ class PushActionsHandler:
                 found, rules = self._compiled.get(invitee)
                 if not found:
                     rules = await self.rules_for(invitee)
-                localpart = invitee[1:].split(":", 1)[0].lower()
                 if rules is None:
                     decided = self._defaults.outcomes(
-                        view, base, candidates, [(invitee, None, localpart)]
+                        view, base, candidates, DefaultUsers([(invitee, None)])
                     )
                     rule = decided.get(invitee, base)
                 else:
@@ -173,20 +173,16 @@ class PushActionsHandler:
 
     async def _room_users(
         self, room_id: str, members: tuple[tuple[str, str | None], ...]
-    ) -> tuple[
-        list[tuple[str, str | None, str]],
-        frozenset[str],
-        dict[str, tuple[str | None, list[CompiledRule]]],
-    ]:
+    ) -> tuple[DefaultUsers, dict[str, tuple[str | None, list[CompiledRule]]]]:
         """The room's local members with the default rules (``(user_id,
         display name, lower-case localpart)``) and those with rules of their
         own, remembered while the room's members and everyone's rules stay
         the same."""
         known = self._room_cache.get(room_id)
         if known is not None and known[0] is members and known[1] == self._generation:
-            return known[2], known[3], known[4]
+            return known[2], known[3]
         generation = self._generation
-        default_users: list[tuple[str, str | None, str]] = []
+        defaults: list[tuple[str, str | None]] = []
         own_rules: dict[str, tuple[str | None, list[CompiledRule]]] = {}
         for user_id, display_name in members:
             if not self._store.hs.is_mine_id(user_id):
@@ -195,22 +191,22 @@ class PushActionsHandler:
             if not found:
                 rules = await self.rules_for(user_id)
             if rules is None:
-                default_users.append((user_id, display_name, user_id[1:].split(":", 1)[0].lower()))
+                defaults.append((user_id, display_name))
             else:
                 own_rules[user_id] = (display_name, rules)
-        default_ids = frozenset(u for u, _, _ in default_users)
+        default_users = DefaultUsers(defaults)
         if generation == self._generation:
             if len(self._room_cache) > 10_000:
                 self._room_cache.clear()
-            self._room_cache[room_id] = (members, generation, default_users, default_ids, own_rules)
-        return default_users, default_ids, own_rules
+            self._room_cache[room_id] = (members, generation, default_users, own_rules)
+        return default_users, own_rules
 
 
 def _group(
     base: CompiledRule | None,
     base_users: int,
     others: dict[str, CompiledRule | None],
-    default_users: list[tuple[str, str | None, str]],
+    default_users: DefaultUsers,
     sender: str,
 ) -> EventPushActions:
     """The most common outcome as the event's default, the others as
@@ -244,7 +240,7 @@ def _group(
         add(user_id, rule)
     if base_key != common_key:
         # Rare: the users left at ``base`` are not the majority.
-        for user_id, _, _ in default_users:
+        for user_id, _ in default_users.users:
             if user_id != sender and user_id not in others:
                 add(user_id, base)
     default = None if common is None else (list(common.actions), common.highlight)

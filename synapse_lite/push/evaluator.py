@@ -122,6 +122,7 @@ class EventView:
         self._condition_results: dict[int, bool] = {}
         self._display_name_results: dict[str, bool] = {}
         self._lower: str | None = None
+        self._words: list[str] | None = None
         self.is_invite = (
             event.get("type") == "m.room.member" and self.flat.get("content.membership") == "invite"
         )
@@ -151,6 +152,12 @@ class EventView:
         if result is None:
             result = self._condition_results[key] = self._check(condition)
         return result
+
+    def words(self) -> list[str]:
+        """The body's words, lower case, in order."""
+        if self._words is None:
+            self._words = [w for w in re.split(r"\W+", self._body_lower()) if w]
+        return self._words
 
     def contains_word(self, word: str) -> bool:
         """Whether ``word`` (no glob characters) is a whole word of the body."""
@@ -347,64 +354,106 @@ class DefaultRulesEvaluator:
             candidates.append(rule.rule_id)
         return base, candidates
 
-    def outcome(
-        self,
-        view: EventView,
-        base: CompiledRule | None,
-        candidates: list[str],
-        user_id: str,
-        display_name: str | None,
-    ) -> CompiledRule | None:
-        for rule_id in candidates:
-            if rule_id == ".m.rule.invite_for_me":
-                matched = view.flat.get("state_key") == user_id
-            elif rule_id == ".m.rule.is_user_mention":
-                matched = user_id in view.mentioned_users
-            elif rule_id == ".m.rule.contains_display_name":
-                matched = view.contains_display_name(display_name)
-            else:
-                matched = view.contains_word(user_id[1:].split(":", 1)[0])
-            if matched:
-                return self._by_id[rule_id]
-        return base
-
     def outcomes(
         self,
         view: EventView,
         base: CompiledRule | None,
         candidates: list[str],
-        users: list[tuple[str, str | None, str]],
+        users: DefaultUsers,
     ) -> dict[str, CompiledRule]:
-        """For ``users`` (``(user_id, display name, localpart)``, all with the
-        default rules): those whose outcome is not ``base``, and the rule
-        that decided it. The loop most events of a big room spend their time
-        in: rules naming nobody are not looked at again."""
-        different: dict[str, CompiledRule] = {}
+        """For ``users`` (all with the default rules): those whose outcome is
+        not ``base``, and the rule that decided it. Nothing here loops over
+        the room's members: the event's words, mentions and invitee are
+        looked up in ``users``' indexes, so a big room costs no more than a
+        small one."""
         if not candidates:
-            return different
-        checks = [(_CHECKS[rule_id], self._by_id[rule_id]) for rule_id in candidates]
-        body_lower = view._body_lower()
-        state_key = view.flat.get("state_key")
-        mentioned = view.mentioned_users
-        for user_id, display_name, localpart in users:
-            for check, rule in checks:
-                if check == _INVITE:
-                    matched = state_key == user_id
-                elif check == _MENTION:
-                    matched = user_id in mentioned
-                elif check == _DISPLAY_NAME:
-                    matched = (
-                        display_name is not None
-                        and display_name.lower() in body_lower
-                        and view.contains_display_name(display_name)
-                    )
-                else:
-                    matched = localpart in body_lower and view.contains_word(localpart)
-                if matched:
-                    if rule is not base:
-                        different[user_id] = rule
-                    break
+            return {}
+        hits: dict[str, set[str]] = {}
+        for rule_id in candidates:
+            if rule_id == ".m.rule.invite_for_me":
+                state_key = view.flat.get("state_key")
+                found = {state_key} if state_key in users.ids else set()
+            elif rule_id == ".m.rule.is_user_mention":
+                found = {u for u in view.mentioned_users if u in users.ids}
+            elif rule_id == ".m.rule.contains_display_name":
+                found = users.named_in(view)
+            else:
+                found = users.user_names_in(view)
+            if found:
+                hits[rule_id] = found  # type: ignore[assignment]
+        different: dict[str, CompiledRule] = {}
+        decided: set[str] = set()
+        for rule_id in candidates:  # in priority order: the first match decides
+            rule = self._by_id[rule_id]
+            for user_id in hits.get(rule_id, ()):
+                if user_id in decided:
+                    continue
+                decided.add(user_id)
+                if rule is not base:
+                    different[user_id] = rule
         return different
+
+
+class DefaultUsers:
+    """A room's local members with the default rules, indexed by what the
+    rules naming a user look for: their id, their localpart as a word, their
+    display name as words. Found names are confirmed with the exact check;
+    names that are not plain words (punctuation inside) are checked one by
+    one."""
+
+    def __init__(self, users: list[tuple[str, str | None]]) -> None:
+        self.users = users
+        self.ids = frozenset(u for u, _ in users)
+        self._by_localpart: dict[str, list[str]] = {}
+        self._odd_localparts: list[tuple[str, str]] = []
+        self._by_name: dict[str, list[str]] = {}
+        self._odd_names: list[tuple[str, str]] = []
+        self._longest_name = 1
+        for user_id, display_name in users:
+            localpart = user_id[1:].split(":", 1)[0].lower()
+            if _WORD.fullmatch(localpart):
+                self._by_localpart.setdefault(localpart, []).append(user_id)
+            else:
+                self._odd_localparts.append((user_id, localpart))
+            if display_name:
+                words = display_name.lower().split(" ")
+                if all(_WORD.fullmatch(w) for w in words):
+                    self._by_name.setdefault(" ".join(words), []).append(user_id)
+                    self._longest_name = max(self._longest_name, len(words))
+                else:
+                    self._odd_names.append((user_id, display_name))
+        self._names = dict(users)
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def user_names_in(self, view: EventView) -> set[str]:
+        found: set[str] = set()
+        for word in view.words():
+            for user_id in self._by_localpart.get(word, ()):
+                if view.contains_word(word):
+                    found.add(user_id)
+        for user_id, localpart in self._odd_localparts:
+            if view.contains_word(localpart):
+                found.add(user_id)
+        return found
+
+    def named_in(self, view: EventView) -> set[str]:
+        found: set[str] = set()
+        words = view.words()
+        for size in range(1, self._longest_name + 1):
+            for start in range(len(words) - size + 1):
+                phrase = " ".join(words[start : start + size])
+                for user_id in self._by_name.get(phrase, ()):
+                    if view.contains_display_name(self._names[user_id]):
+                        found.add(user_id)
+        for user_id, display_name in self._odd_names:
+            if view.contains_display_name(display_name):
+                found.add(user_id)
+        return found
+
+
+_WORD = re.compile(r"\w+")
 
 
 _INVITE, _MENTION, _DISPLAY_NAME, _USER_NAME = range(4)

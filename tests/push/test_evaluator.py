@@ -200,14 +200,22 @@ class DefaultRulesFastPathTestCase(unittest.TestCase):
     def test_agrees_with_evaluating_every_rule(self) -> None:
         """The shortcut for users with the default rules gives the same rule
         as the full evaluation, on every example event and member."""
-        from synapse_lite.push.evaluator import DefaultRulesEvaluator
+        from synapse_lite.push.evaluator import DefaultRulesEvaluator, DefaultUsers
 
-        users = [(ALICE, "Alice Liddell"), ("@bob:test.local", None), ("@carol:test.local", "C")]
+        users = [
+            (ALICE, "Alice Liddell"),
+            ("@bob:test.local", None),
+            ("@carol:test.local", "C"),
+            ("@d.e-f:test.local", "Dr. Who?"),
+        ]
+        indexed = DefaultUsers(users)
         template = compile_ruleset(UserPushRules().ruleset("@template:x"))
         fast = DefaultRulesEvaluator(template)
         events = [
             message("hello"),
             message("alice and carol"),
+            message("is d.e-f here? ask dr. who? now"),
+            message("Liddell Alice"),
             message("Alice Liddell!"),
             message("hi", **{"m.mentions": {"user_ids": ["@bob:test.local"]}}),
             message("@room alice", **{"m.mentions": {"room": True}}),
@@ -232,11 +240,12 @@ class DefaultRulesFastPathTestCase(unittest.TestCase):
                 for level in (0, 100):
                     view = EventView(event, members, level, {})
                     base, candidates = fast.for_event(view)
+                    decided = fast.outcomes(view, base, candidates, indexed)
                     for user_id, name in users:
                         full = evaluate(
                             compile_ruleset(UserPushRules().ruleset(user_id)), view, name
                         )
-                        quick = fast.outcome(view, base, candidates, user_id, name)
+                        quick = decided.get(user_id, base)
                         self.assertEqual(
                             (quick and quick.rule_id, quick and quick.outcome_key),
                             (full and full.rule_id, full and full.outcome_key),

@@ -31,7 +31,6 @@ CREATE TABLE event_push_summary (
     highlight BOOLEAN NOT NULL,
     received_ts BIGINT NOT NULL
 );
-CREATE UNIQUE INDEX event_push_summary_event ON event_push_summary (event_id);
 CREATE INDEX event_push_summary_room ON event_push_summary (room_id, stream_ordering);
 
 CREATE TABLE event_push_actions (
