@@ -23,4 +23,3 @@ class ClientIpStore(SQLBaseStore):
             user_agent,
             last_seen,
         )
-

@@ -101,7 +101,7 @@ class EventsStore(EventsWorkerStore):
                 self._update_current_state_txn(txn, event)
             txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             persisted.append(event)
-        self._insert_events_txn(txn, persisted)
+        self._insert_events_txn(txn, persisted, push_actions)
         self._insert_push_actions_txn(txn, persisted, push_actions)
         # Other processes learn of state changes from this transaction's rows
         # on the events stream (no caches-stream rows needed).
@@ -134,12 +134,20 @@ class EventsStore(EventsWorkerStore):
             row = txn.fetchone()
             raise DuplicateTransactionError(row[0] if row else "")
 
-    def _insert_events_txn(self, txn: LoggingTransaction, events: list[Event]) -> None:
-        # One batch: on PostgreSQL a page of rows costs one round trip.
+    def _insert_events_txn(
+        self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
+    ) -> None:
+        # One batch: on PostgreSQL a page of rows costs one round trip. An
+        # event's default push actions ride on its row (no extra statement).
+        defaults = {}
+        for event_id, actions in push_actions.items():
+            if actions.default is not None:
+                defaults[event_id] = (json_encoder(actions.default[0]), actions.default[1])
         txn.execute_batch(
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
             " state_key, sender, origin_server_ts, content, redacts, membership, outlier,"
-            " instance_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " instance_name, push_actions, push_highlight)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     event.stream_ordering,
@@ -155,6 +163,7 @@ class EventsStore(EventsWorkerStore):
                     event.membership,
                     event.outlier,
                     event.instance_name,
+                    *defaults.get(event.event_id, (None, None)),
                 )
                 for event in events
             ],
@@ -165,27 +174,14 @@ class EventsStore(EventsWorkerStore):
     def _insert_push_actions_txn(
         self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
     ) -> None:
-        """``push_actions``: event_id -> ``handlers.push.EventPushActions``."""
-        summaries = []
+        """The per-user push actions (``push_actions``: event_id ->
+        ``handlers.push.EventPushActions``; the defaults are on the events' rows)."""
         exceptions = []
         now = self.clock.time_msec()
         for event in events:
             actions = push_actions.get(event.event_id)
             if actions is None:
                 continue
-            if actions.default is not None:
-                default_actions, highlight = actions.default
-                summaries.append(
-                    (
-                        event.room_id,
-                        event.event_id,
-                        event.stream_ordering,
-                        event.sender,
-                        json_encoder(default_actions),
-                        highlight,
-                        now,
-                    )
-                )
             for user_id, (user_actions, notif, highlight) in actions.exceptions.items():
                 exceptions.append(
                     (
@@ -199,12 +195,6 @@ class EventsStore(EventsWorkerStore):
                         now,
                     )
                 )
-        if summaries:
-            txn.execute_batch(
-                "INSERT INTO event_push_summary (room_id, event_id, stream_ordering, sender,"
-                " actions, highlight, received_ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                summaries,
-            )
         if exceptions:
             txn.execute_batch(
                 "INSERT INTO event_push_actions (room_id, event_id, user_id, stream_ordering,"

@@ -154,10 +154,11 @@ class PushRulesWorkerStore(SQLBaseStore):
         rows = await self.db_pool.select(
             "get_unread_counts",
             "SELECT room_id, COUNT(*), SUM(CASE WHEN highlight THEN 1 ELSE 0 END) FROM ("
-            " SELECT s.room_id AS room_id, s.highlight AS highlight"
-            " FROM event_push_summary AS s JOIN local_current_membership AS m"
+            " SELECT s.room_id AS room_id, s.push_highlight AS highlight"
+            " FROM events AS s JOIN local_current_membership AS m"
             "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
             f" WHERE s.room_id IN ({placeholders}) AND s.stream_ordering <= ?"
+            "  AND s.push_actions IS NOT NULL"
             "  AND s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
             + read_after.format(t="s")
             + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
@@ -200,12 +201,13 @@ class PushRulesWorkerStore(SQLBaseStore):
             "get_notifications",
             "SELECT event_id, room_id, stream_ordering, actions, highlight, received_ts FROM ("
             " SELECT s.event_id AS event_id, s.room_id AS room_id,"
-            "  s.stream_ordering AS stream_ordering, s.actions AS actions,"
-            "  s.highlight AS highlight, s.received_ts AS received_ts"
-            " FROM event_push_summary AS s JOIN local_current_membership AS m"
+            "  s.stream_ordering AS stream_ordering, s.push_actions AS actions,"
+            "  s.push_highlight AS highlight, s.origin_server_ts AS received_ts"
+            " FROM events AS s JOIN local_current_membership AS m"
             "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
             " WHERE s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
-            + extra.format(t="s")
+            "  AND s.push_actions IS NOT NULL"
+            + extra.format(t="s").replace("s.highlight", "s.push_highlight")
             + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
             "   WHERE x.event_id = s.event_id AND x.user_id = ?)"
             " UNION ALL"

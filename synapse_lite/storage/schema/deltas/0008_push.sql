@@ -14,24 +14,17 @@ CREATE TABLE push_rules_user (
 CREATE INDEX push_rules_user_stream ON push_rules_user (stream_id);
 CREATE SEQUENCE push_rules_stream_sequence;
 
--- What users' push rules said about an event, written in the transaction
--- that persists it. Most members of a room get the same outcome, so it is
--- stored once per event (event_push_summary: what the event does for every
--- local member joined when it was sent, but its sender) and per user only
--- where a member's outcome differs (event_push_actions; notif FALSE: this
--- member is not notified although the others are), or for an invited user.
--- An event that notifies nobody by default has no summary row. Counts in
--- /sync are the user's notifications after their read receipt (docs/push.md).
-CREATE TABLE event_push_summary (
-    room_id TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    stream_ordering BIGINT NOT NULL,
-    sender TEXT NOT NULL,
-    actions TEXT NOT NULL,
-    highlight BOOLEAN NOT NULL,
-    received_ts BIGINT NOT NULL
-);
-CREATE INDEX event_push_summary_room ON event_push_summary (room_id, stream_ordering);
+-- What users' push rules said about an event, written with the event (in
+-- the transaction persisting it). Most members of a room get the same
+-- outcome, so it is stored on the event's own row: events.push_actions is
+-- what the event does for every local member joined when it was sent (but
+-- its sender), NULL when it notifies nobody by default; event_push_actions
+-- holds a row per member only where that member's outcome differs (notif
+-- FALSE: not notified although the others are), or for an invited user.
+-- Counts in /sync are the user's notifications after their read receipt
+-- (docs/push.md).
+ALTER TABLE events ADD COLUMN push_actions TEXT;
+ALTER TABLE events ADD COLUMN push_highlight BOOLEAN;
 
 CREATE TABLE event_push_actions (
     room_id TEXT NOT NULL,
