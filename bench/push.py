@@ -115,7 +115,8 @@ async def _measure(hs: Any, args: argparse.Namespace) -> None:
         "bench_count", "SELECT COUNT(*) FROM event_push_actions WHERE room_id = ?", room_id
     )
     print(
-        f"rows stored: {summaries[0][0]} events with default actions, {exceptions[0][0]} per-user rows"
+        f"stored: {summaries[0][0]} events with default push actions,"
+        f" {exceptions[0][0]} per-user rows"
     )
 
 
