@@ -154,16 +154,16 @@ class PushActionsHandler:
                 and self._store.hs.is_mine_id(invitee)
             ):
                 # An invite notifies its (local, not yet joined) target.
-                found, rules = self._compiled.get(invitee)
+                found, invitee_rules = self._compiled.get(invitee)
                 if not found:
-                    rules = await self.rules_for(invitee)
-                if rules is None:
+                    invitee_rules = await self.rules_for(invitee)
+                if invitee_rules is None:
                     decided = self._defaults.outcomes(
                         view, base, candidates, DefaultUsers([(invitee, None)])
                     )
                     rule = decided.get(invitee, base)
                 else:
-                    rule = evaluate(rules, view, None)
+                    rule = evaluate(invitee_rules, view, None)
                 if rule is not None and rule.notify:
                     actions.exceptions[invitee] = (list(rule.actions), True, rule.highlight)
             if actions.default is not None or actions.exceptions:

@@ -380,7 +380,7 @@ class DefaultRulesEvaluator:
             else:
                 found = users.user_names_in(view)
             if found:
-                hits[rule_id] = found  # type: ignore[assignment]
+                hits[rule_id] = found
         different: dict[str, CompiledRule] = {}
         decided: set[str] = set()
         for rule_id in candidates:  # in priority order: the first match decides

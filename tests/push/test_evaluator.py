@@ -14,7 +14,9 @@ ALICE = "@alice:test.local"
 ROOM = "!room:test.local"
 
 
-def message(body: str, sender: str = "@bob:test.local", **content: Any) -> dict[str, Any]:
+def message(body: str, **content: Any) -> dict[str, Any]:
+    """An m.text message (``sender`` among the keywords: bob by default)."""
+    sender = content.pop("sender", "@bob:test.local")
     return {
         "type": "m.room.message",
         "room_id": ROOM,
