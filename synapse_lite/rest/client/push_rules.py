@@ -115,9 +115,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", client_path("/notifications"), get_notifications, "notifications")
     scope = "/pushrules/(?P<scope>[^/]+)"
     rule = client_path(scope + "/(?P<kind>[^/]+)/(?P<rule_id>[^/]+)")
-    register("GET", client_path("/pushrules/?"), get_all, "push_rules")
-    register("GET", client_path(scope + "/?"), get_scope, "push_rules")
-    register("GET", client_path(scope + "/(?P<kind>[^/]+)/?"), get_kind, "push_rules")
+    # The spec's paths end in a slash; some clients leave it out of the first.
+    register("GET", client_path("/pushrules/"), get_all, "push_rules")
+    register("GET", client_path("/pushrules"), get_all, "push_rules")
+    register("GET", client_path(scope + "/"), get_scope, "push_rules")
+    register("GET", client_path(scope + "/(?P<kind>[^/]+)/"), get_kind, "push_rules")
     register("GET", rule, get_rule, "push_rules")
     register("PUT", rule, put_rule, "push_rules")
     register("DELETE", rule, delete_rule, "push_rules")
