@@ -94,6 +94,7 @@ from synapse_lite.replication.http.writes import (
     SEND_RECEIPT,
     SEND_TO_DEVICE,
     SET_PRESENCE,
+    SET_PUSHER,
     SET_TYPING,
 )
 from synapse_lite.replication.instance_directory import InstanceDirectory
@@ -261,6 +262,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     wiring.served += [
         (ADD_ACCOUNT_DATA, handlers.account_data.write_account_data),
         (EDIT_PUSH_RULES, handlers.push_rules.write_edit),
+        (SET_PUSHER, handlers.push_rules.write_pusher),
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),

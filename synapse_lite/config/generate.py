@@ -10,7 +10,7 @@ replication, then each process in the order listed, then the router's metrics:
   the media repository (``media1``);
 * ``sharded``: the router, the main process, two /sync workers, three events
   writers, ``stream_writer1`` for typing, to_device, account_data, receipts,
-  presence and push_rules, and ``media1``.
+  presence, push_rules and pushers, and ``media1``.
 
 Every process gets ``health`` and ``metrics`` (``synapse-lite run`` and
 ``status`` need them); writers and the main process get ``replication``; every

@@ -1,5 +1,5 @@
-"""Push rules (read anywhere, edited by the push_rules writer) and a user's
-notifications."""
+"""Push rules (read anywhere, edited by the push_rules writer), a user's
+notifications, and pushers (written by the pushers writer)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 
+from synapse_lite.push.pushers import PusherSet
 from synapse_lite.push.rules import UserPushRules, check_kind, check_rule_id
-from synapse_lite.replication.http.writes import EDIT_PUSH_RULES, PushRuleEdit, StreamWritten
+from synapse_lite.replication.http.writes import (
+    EDIT_PUSH_RULES,
+    SET_PUSHER,
+    PushRuleEdit,
+    StreamWritten,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.notifier import Notifier
@@ -95,3 +101,15 @@ class PushRulesHandler:
             del self._locks[user_id]
         self._notifier.notify(users=[user_id])
         return StreamWritten(stream_id)
+
+    # Pushers (on the pushers stream; delivery to gateways is not built yet)
+
+    async def get_pushers(self, user_id: str) -> list[dict[str, Any]]:
+        return await self._store.get_pushers_for_user(user_id)
+
+    async def set_pusher(self, pusher: PusherSet) -> None:
+        await self._calls.call(SET_PUSHER, pusher)
+
+    async def write_pusher(self, pusher: PusherSet) -> StreamWritten:
+        """Serves :data:`SET_PUSHER` on the pushers writer."""
+        return StreamWritten(await self._store.set_pusher(pusher))

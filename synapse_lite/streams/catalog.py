@@ -369,6 +369,29 @@ PUSH_RULES = StreamDefinition(
 )
 
 
+# pushers: where users' notifications are delivered
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PushersStreamRow:
+    """A pusher was added, changed or (``deleted``) removed."""
+
+    user_id: str = attr.ib(validator=_str)
+    app_id: str = attr.ib(validator=_str)
+    pushkey: str = attr.ib(validator=_str)
+    deleted: bool = attr.ib(validator=_bool)
+
+
+PUSHERS = StreamDefinition(
+    name="pushers",
+    description="pushers added, changed or removed",
+    codec=RowCodec(PushersStreamRow),
+    writers=WriterRule("pushers"),
+    ids=IdSpace("pushers_sequence", (StreamTable("pushers"),)),
+    rows_from_store=lambda store: store.get_pushers_stream_updates,
+)
+
+
 #: The streams, in /sync token order (events first: the room timeline).
 BUILTIN_STREAMS = StreamCatalog(
     [
@@ -383,5 +406,6 @@ BUILTIN_STREAMS = StreamCatalog(
         CACHES,
         FEDERATION,
         PUSH_RULES,
+        PUSHERS,
     ]
 )

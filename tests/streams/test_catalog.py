@@ -44,6 +44,7 @@ SAMPLE_ROWS: dict[str, list[Any]] = {
     "caches": [catalog.CachesStreamRow("get_user_by_access_token", ["abc"], 5)],
     "federation": [catalog.FederationStreamRow("device_messages", {"destination": "b"})],
     "push_rules": [catalog.PushRulesStreamRow("@u:x")],
+    "pushers": [catalog.PushersStreamRow("@u:x", "org.app", "key", False)],
 }
 
 
@@ -106,6 +107,7 @@ class CatalogTestCase(unittest.TestCase):
                 "account_data": False,
                 "to_device": False,
                 "push_rules": False,
+                "pushers": False,
             },
         )
 

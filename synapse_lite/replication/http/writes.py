@@ -29,6 +29,7 @@ from synapse_lite.http.fields import (
     get_optional_str,
     get_str,
 )
+from synapse_lite.push.pushers import PusherSet
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
 
 
@@ -159,6 +160,15 @@ EDIT_PUSH_RULES = InternalCall(
     StreamWritten,
     served_by=writer_of("push_rules"),
     answer_position=_written_on("push_rules"),
+)
+
+
+SET_PUSHER = InternalCall(
+    "set_pusher",
+    PusherSet,
+    StreamWritten,
+    served_by=writer_of("pushers"),
+    answer_position=_written_on("pushers"),
 )
 
 

@@ -1,5 +1,5 @@
 """Push rules (``/pushrules/``, ``/pushrules/global/{kind}/{ruleId}[/enabled|/actions]``)
-and ``/notifications``."""
+``/notifications`` and ``/pushers``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from synapse_lite.http.server import (
     query_int,
     query_string,
 )
+from synapse_lite.push.pushers import PusherSet
 from synapse_lite.push.rules import check_kind, check_scope
 from synapse_lite.replication.http.writes import PushRuleEdit
 from synapse_lite.rest.client._base import client_path
@@ -111,8 +112,20 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             handlers.clock.time_msec(),
         )
 
+    async def get_pushers(request: Request) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, {"pushers": await push_rules.get_pushers(requester.user_id)}
+
+    async def set_pusher(request: Request) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object_from_request(request)
+        await push_rules.set_pusher(PusherSet.from_client(requester.user_id, body))
+        return 200, {}
+
     register = resource.register_paths
     register("GET", client_path("/notifications"), get_notifications, "notifications")
+    register("GET", client_path("/pushers"), get_pushers, "pushers")
+    register("POST", client_path("/pushers/set"), set_pusher, "pushers")
     scope = "/pushrules/(?P<scope>[^/]+)"
     rule = client_path(scope + "/(?P<kind>[^/]+)/(?P<rule_id>[^/]+)")
     # The spec's paths end in a slash; some clients leave it out of the first.

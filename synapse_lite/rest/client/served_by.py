@@ -88,6 +88,7 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "send_to_device": writer_of("to_device"),
     "devices": writer_of("device_lists"),
     "push_rules": writer_of("push_rules"),
+    "pushers": writer_of("pushers"),
 }
 
 

@@ -39,3 +39,26 @@ CREATE TABLE event_push_actions (
 CREATE UNIQUE INDEX event_push_actions_event_user ON event_push_actions (event_id, user_id);
 CREATE INDEX event_push_actions_user_room ON event_push_actions (user_id, room_id, stream_ordering);
 CREATE INDEX event_push_actions_user_order ON event_push_actions (user_id, stream_ordering);
+
+-- Pushers: where to deliver a user's notifications (POST /pushers/set). A
+-- change rewrites the row under a new id of the pushers stream (one writer,
+-- stream_writers.pushers); a removed pusher stays as a row with deleted TRUE,
+-- so followers learn of the removal from the stream.
+CREATE TABLE pushers (
+    user_id TEXT NOT NULL,
+    app_id TEXT NOT NULL,
+    pushkey TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    app_display_name TEXT NOT NULL,
+    device_display_name TEXT NOT NULL,
+    profile_tag TEXT,
+    lang TEXT NOT NULL,
+    data TEXT NOT NULL,
+    deleted BOOLEAN NOT NULL,
+    stream_id BIGINT NOT NULL,
+    instance_name TEXT NOT NULL
+);
+CREATE UNIQUE INDEX pushers_key ON pushers (app_id, pushkey, user_id);
+CREATE INDEX pushers_user ON pushers (user_id);
+CREATE INDEX pushers_stream ON pushers (stream_id);
+CREATE SEQUENCE pushers_sequence;
