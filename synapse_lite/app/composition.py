@@ -60,6 +60,7 @@ from synapse_lite.handlers.presence import (
 )
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
+from synapse_lite.handlers.pusher_delivery import PusherDelivery
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.room import RoomCreationHandler
@@ -274,6 +275,18 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         wiring.command_hooks.append((UserIpCommand, lambda cmd: _record_user_ip(recorder, cmd)))
         wiring.served.append(
             (RETIRE_EVENTS_WRITER, EventsWriterRetirement(store, directory, reactor).retire)
+        )
+
+    if me in config.pusher_instances:
+        wiring.loops.append(
+            PusherDelivery(
+                store=store,
+                clock=clock,
+                calls=calls,
+                instance_name=me,
+                instances=config.pusher_instances,
+                reactor=reactor,
+            )
         )
 
     stalls = StallDetector(

@@ -3,7 +3,12 @@ input, and the pushers stream written by a worker."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from twisted.internet.task import deferLater
+from twisted.web.resource import Resource
+from twisted.web.server import Site
 
 from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.polling import eventually
@@ -118,3 +123,82 @@ class PushersWorkersTestCase(DatabaseTestCase):
         await eventually(main_followed, what="main to follow the pushers stream")
         listed = (await alice.ok("GET", "/pushers"))["pushers"]
         self.assertEqual([p["pushkey"] for p in listed], ["key1"])
+
+
+class Gateway(Resource):
+    """A push gateway: records each notification; can be told to fail
+    (status 500) or to reject pushkeys."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list[dict[str, Any]] = []
+        self.failing = False
+        self.rejected: list[str] = []
+
+    def render_POST(self, request: Any) -> bytes:
+        if self.failing:
+            request.setResponseCode(500)
+            return b"down"
+        body = json.loads(request.content.read())
+        self.received.append(body["notification"])
+        return json.dumps({"rejected": self.rejected}).encode()
+
+
+class DeliveryTestCase(DatabaseTestCase):
+    async def test_delivered_in_order_retried_and_removed_when_rejected(self) -> None:
+        from twisted.internet import reactor
+
+        from synapse_lite.handlers import pusher_delivery
+
+        self.patch(pusher_delivery, "POLL_SECONDS", 0.05)
+        self.patch(pusher_delivery, "FIRST_BACKOFF_SECONDS", 0.2)
+        gateway = Gateway()
+        port = reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")  # type: ignore[attr-defined]
+        self.addCleanup(port.stopListening)
+        url = f"http://127.0.0.1:{port.getHost().port}/_matrix/push/v1/notify"
+        _, clients, _ = start_cluster(self, self.test_db)
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room_id = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room_id}")
+        await alice.send(room_id, "before the pusher")  # not pushed: older than it
+        await bob.ok("POST", "/pushers/set", pusher(data={"url": url}))
+        for i in range(3):
+            await alice.send(room_id, f"message {i}")
+
+        def bodies() -> list[str]:
+            return [n.get("content", {}).get("body") for n in gateway.received]
+
+        await eventually(lambda: len(gateway.received) >= 3, what="three notifications")
+        self.assertEqual(bodies(), ["message 0", "message 1", "message 2"])
+        first = gateway.received[0]
+        self.assertEqual(first["room_id"], room_id)
+        self.assertEqual(first["sender"], alice.user_id)
+        self.assertEqual(first["devices"][0]["pushkey"], "key1")
+        self.assertNotIn("url", first["devices"][0]["data"])
+
+        # The gateway down: nothing lost, nothing repeated once it is back.
+        gateway.failing = True
+        await alice.send(room_id, "while down 1")
+        await alice.send(room_id, "while down 2")
+        await deferLater(reactor, 0.5, lambda: None)
+        self.assertEqual(len(gateway.received), 3)
+        gateway.failing = False
+        await eventually(lambda: len(gateway.received) >= 5, timeout=10, what="the backlog")
+        await deferLater(reactor, 0.3, lambda: None)
+        self.assertEqual(bodies()[3:], ["while down 1", "while down 2"])
+
+        # A rejected pushkey: the pusher is removed.
+        gateway.rejected = ["key1"]
+        await alice.send(room_id, "last one")
+
+        async def removed() -> bool:
+            return (await bob.ok("GET", "/pushers"))["pushers"] == []
+
+        await eventually(removed, what="the rejected pusher to be removed")
+        await alice.send(room_id, "never pushed")
+        await deferLater(reactor, 0.3, lambda: None)
+        self.assertEqual(bodies()[-1], "last one")

@@ -184,11 +184,17 @@ class PushRulesWorkerStore(SQLBaseStore):
         return {r[0]: (int(r[1]), int(r[2] or 0)) for r in rows}
 
     async def get_notifications(
-        self, user_id: str, before: int | None, limit: int, only_highlight: bool
+        self,
+        user_id: str,
+        before: int | None,
+        limit: int,
+        only_highlight: bool,
+        after: int | None = None,
     ) -> list[NotificationRow]:
         """The user's notifications, newest first, with stream ordering below
-        ``before`` (all when None): the default outcomes of events in rooms
-        they are joined to (since their join), and their own outcomes."""
+        ``before`` (all when None), or with ``after``, oldest first after it:
+        the default outcomes of events in rooms they are joined to (since
+        their join), and their own outcomes."""
         extra = ""
         extra_args: list[Any] = []
         if before is not None:
@@ -197,6 +203,11 @@ class PushRulesWorkerStore(SQLBaseStore):
         if only_highlight:
             extra += " AND {t}.highlight = ?"
             extra_args.append(True)
+        if after is not None:
+            extra += " AND {t}.stream_ordering > ?"
+            extra_args.append(after)
+        # Pages before a point go newest first; deliveries after one, oldest first.
+        order = "ASC" if after is not None else "DESC"
         rows = await self.db_pool.select(
             "get_notifications",
             "SELECT event_id, room_id, stream_ordering, actions, highlight, received_ts FROM ("
@@ -214,7 +225,7 @@ class PushRulesWorkerStore(SQLBaseStore):
             " SELECT a.event_id, a.room_id, a.stream_ordering, a.actions, a.highlight,"
             "  a.received_ts FROM event_push_actions AS a WHERE a.user_id = ? AND a.notif = ?"
             + extra.format(t="a")
-            + ") AS notifications ORDER BY stream_ordering DESC LIMIT ?",
+            + f") AS notifications ORDER BY stream_ordering {order} LIMIT ?",
             user_id,
             user_id,
             *extra_args,

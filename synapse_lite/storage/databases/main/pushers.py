@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attr
+
 from synapse_lite.push.pushers import PusherSet
 from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder, page_of_updates
 from synapse_lite.storage.database import (
@@ -17,6 +19,21 @@ from synapse_lite.streams.catalog import PushersStreamRow
 
 if TYPE_CHECKING:
     from synapse_lite.storage._base import StoreContext
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class Pusher:
+    """A pusher as its delivery sees it."""
+
+    user_id: str
+    app_id: str
+    pushkey: str
+    data: dict[str, Any]
+    last_stream_ordering: int
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.app_id, self.pushkey, self.user_id)
 
 
 class PushersWorkerStore(SQLBaseStore):
@@ -48,17 +65,23 @@ class PushersWorkerStore(SQLBaseStore):
                 )
                 for (other,) in txn.fetchall():
                     last = max(last, self._delete_txn(txn, pusher.app_id, pusher.pushkey, other))
+            # A new pusher delivers what comes after now, not old notifications.
+            txn.execute("SELECT COALESCE(MAX(stream_ordering), 0) FROM events")
+            now = int(txn.fetchone()[0])
             stream_id = self._pushers_id_gen.get_next_txn(txn)
             txn.execute(
                 "INSERT INTO pushers (user_id, app_id, pushkey, kind, app_display_name,"
                 " device_display_name, profile_tag, lang, data, deleted, stream_id,"
-                " instance_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " instance_name, last_stream_ordering)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (app_id, pushkey, user_id) DO UPDATE SET kind = EXCLUDED.kind,"
                 " app_display_name = EXCLUDED.app_display_name,"
                 " device_display_name = EXCLUDED.device_display_name,"
                 " profile_tag = EXCLUDED.profile_tag, lang = EXCLUDED.lang,"
                 " data = EXCLUDED.data, deleted = EXCLUDED.deleted,"
-                " stream_id = EXCLUDED.stream_id, instance_name = EXCLUDED.instance_name",
+                " stream_id = EXCLUDED.stream_id, instance_name = EXCLUDED.instance_name,"
+                " last_stream_ordering = CASE WHEN pushers.deleted"
+                " THEN EXCLUDED.last_stream_ordering ELSE pushers.last_stream_ordering END",
                 (
                     pusher.user_id,
                     pusher.app_id,
@@ -72,6 +95,7 @@ class PushersWorkerStore(SQLBaseStore):
                     False,
                     stream_id,
                     self._instance_name,
+                    now,
                 ),
             )
             return stream_id
@@ -120,6 +144,30 @@ class PushersWorkerStore(SQLBaseStore):
                 pusher["profile_tag"] = profile_tag
             pushers.append(pusher)
         return pushers
+
+    async def get_all_pushers(self) -> list[Pusher]:
+        """Every pusher not removed (what the pusher instances deliver for)."""
+        rows = await self.db_pool.select(
+            "get_all_pushers",
+            "SELECT user_id, app_id, pushkey, data, last_stream_ordering FROM pushers"
+            " WHERE deleted = ? ORDER BY stream_id",
+            False,
+        )
+        return [Pusher(r[0], r[1], r[2], db_to_json(r[3]), int(r[4])) for r in rows]
+
+    async def set_pusher_position(self, pusher: Pusher, position: int) -> None:
+        """Record that ``pusher`` has delivered up to ``position`` (not a
+        stream write: the position belongs to the pusher instance)."""
+        await self.db_pool.execute(
+            "set_pusher_position",
+            "UPDATE pushers SET last_stream_ordering = ? WHERE app_id = ? AND pushkey = ?"
+            " AND user_id = ? AND last_stream_ordering < ?",
+            position,
+            pusher.app_id,
+            pusher.pushkey,
+            pusher.user_id,
+            position,
+        )
 
     async def get_pushers_stream_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int

@@ -55,6 +55,9 @@ CREATE TABLE pushers (
     lang TEXT NOT NULL,
     data TEXT NOT NULL,
     deleted BOOLEAN NOT NULL,
+    -- Where delivery has got to (stream ordering of the last notification
+    -- delivered or given up on), kept by the pusher instance owning it.
+    last_stream_ordering BIGINT NOT NULL DEFAULT 0,
     stream_id BIGINT NOT NULL,
     instance_name TEXT NOT NULL
 );
