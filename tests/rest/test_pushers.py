@@ -202,3 +202,58 @@ class DeliveryTestCase(DatabaseTestCase):
         await alice.send(room_id, "never pushed")
         await deferLater(reactor, 0.3, lambda: None)
         self.assertEqual(bodies()[-1], "last one")
+
+
+class ShardedDeliveryTestCase(DatabaseTestCase):
+    async def test_each_pusher_delivered_once_and_resumed_after_a_restart(self) -> None:
+        from twisted.internet import reactor
+
+        from synapse_lite.handlers import pusher_delivery
+        from tests.harness.server import make_homeserver
+
+        self.patch(pusher_delivery, "POLL_SECONDS", 0.05)
+        gateway = Gateway()
+        port = reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")  # type: ignore[attr-defined]
+        self.addCleanup(port.stopListening)
+        url = f"http://127.0.0.1:{port.getHost().port}/_matrix/push/v1/notify"
+        instances = ["main", "pusher1"]
+        servers, clients, bus = start_cluster(
+            self, self.test_db, workers=["pusher1"], pusher_instances=instances
+        )
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room_id = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room_id}")
+        keys = [f"key{i}" for i in range(6)]
+        owners = {
+            pusher_delivery.owner_of(("org.example.app.android", k, bob.user_id or ""), instances)
+            for k in keys
+        }
+        self.assertEqual(owners, set(instances))  # both instances own some
+        for key in keys:
+            await bob.ok("POST", "/pushers/set", pusher(key, data={"url": url}, append=True))
+
+        def per_key() -> dict[str, list[str]]:
+            found: dict[str, list[str]] = {k: [] for k in keys}
+            for n in gateway.received:
+                found[n["devices"][0]["pushkey"]].append(n["content"]["body"])
+            return found
+
+        for i in range(3):
+            await alice.send(room_id, f"m{i}")
+        await eventually(lambda: len(gateway.received) >= 18, timeout=10, what="18 deliveries")
+
+        # pusher1 stops; what its pushers miss meanwhile is delivered by the
+        # restarted process, from the position it stored.
+        worker = servers["pusher1"]
+        bus.leave(next(e for e in bus.endpoints if e.hs is worker))
+        await worker.service.stopService()
+        for i in range(3, 5):
+            await alice.send(room_id, f"m{i}")
+        restarted = make_homeserver(self, worker.config, "pusher1")
+        bus.join(restarted)
+        await eventually(lambda: len(gateway.received) >= 30, timeout=10, what="30 deliveries")
+        await deferLater(reactor, 0.3, lambda: None)
+        expected = [f"m{i}" for i in range(5)]
+        self.assertEqual(per_key(), {k: expected for k in keys})
