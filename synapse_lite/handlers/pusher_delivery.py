@@ -75,6 +75,9 @@ class PusherDelivery:
         self._busy: set[tuple[str, str, str]] = set()
         #: Pusher -> (next attempt time, current pause) while its gateway fails.
         self._backoff: dict[tuple[str, str, str], tuple[float, float]] = {}
+        #: Pusher -> how far this process has delivered: a list of pushers
+        #: read before a delivery finished carries an older position.
+        self._positions: dict[tuple[str, str, str], int] = {}
         #: Deliveries made (for tests and metrics).
         self.delivered = 0
         # One connection per delivery: nothing stays open between polls.
@@ -113,7 +116,7 @@ class PusherDelivery:
     async def _deliver(self, pusher: Pusher) -> None:
         """Deliver what is waiting for one pusher, in order, stopping at the
         first failure (retried later from the same notification)."""
-        position = pusher.last_stream_ordering
+        position = max(pusher.last_stream_ordering, self._positions.get(pusher.key, 0))
         rows = await self._store.get_notifications(
             pusher.user_id, None, BATCH, False, after=position
         )
@@ -123,6 +126,7 @@ class PusherDelivery:
                 self._back_off(pusher.key)
                 return
             self._backoff.pop(pusher.key, None)
+            self._positions[pusher.key] = ordering
             await self._store.set_pusher_position(pusher, ordering)
             self.delivered += 1
             if outcome == "rejected":
