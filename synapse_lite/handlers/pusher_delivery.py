@@ -44,6 +44,9 @@ MAX_BACKOFF_SECONDS = 600.0
 BATCH = 20
 
 
+_JSON_HEADERS: dict[bytes | str, list[bytes | str]] = {"Content-Type": ["application/json"]}
+
+
 def owner_of(pusher_key: tuple[str, str, str], instances: Sequence[str]) -> str:
     """The pusher instance delivering for a pusher (stable across restarts
     and processes)."""
@@ -71,6 +74,7 @@ class PusherDelivery:
         self._instances = list(instances)
         self._reactor = reactor
         self._loop: task.LoopingCall | None = None
+        self._stopping = False
         #: Pushers with a delivery running now.
         self._busy: set[tuple[str, str, str]] = set()
         #: Pusher -> (next attempt time, current pause) while its gateway fails.
@@ -91,6 +95,7 @@ class PusherDelivery:
         )
 
     def stop(self) -> None:
+        self._stopping = True  # deliveries under way end after their current one
         if self._loop is not None and self._loop.running:
             self._loop.stop()
 
@@ -104,14 +109,21 @@ class PusherDelivery:
             if retry_at > now:
                 continue
             self._busy.add(key)
-            defer.ensureDeferred(self._deliver(pusher)).addBoth(
-                lambda _, k=key: self._busy.discard(k)
-            )
+            defer.ensureDeferred(self._deliver_then_free(pusher))
 
     def _tick(self) -> defer.Deferred[None]:
         d = defer.ensureDeferred(self._tick_async())
         d.addErrback(lambda f: logger.warning("Pusher poll failed: %s", f.value))
         return d
+
+    async def _deliver_then_free(self, pusher: Pusher) -> None:
+        try:
+            await self._deliver(pusher)
+        except Exception:
+            logger.exception("Delivery for a pusher failed")
+            self._back_off(pusher.key)
+        finally:
+            self._busy.discard(pusher.key)
 
     async def _deliver(self, pusher: Pusher) -> None:
         """Deliver what is waiting for one pusher, in order, stopping at the
@@ -121,6 +133,8 @@ class PusherDelivery:
             pusher.user_id, None, BATCH, False, after=position
         )
         for event_id, room_id, ordering, actions, highlight, _ in rows:
+            if self._stopping:
+                return
             outcome = await self._send(pusher, event_id, room_id, actions, highlight)
             if outcome == "failed":
                 self._back_off(pusher.key)
@@ -177,7 +191,7 @@ class PusherDelivery:
             response = await treq.post(
                 pusher.data["url"],
                 json.dumps({"notification": notification}).encode("utf-8"),
-                headers={"Content-Type": ["application/json"]},
+                headers=_JSON_HEADERS,
                 timeout=GATEWAY_TIMEOUT_SECONDS,
                 reactor=self._reactor,
                 pool=self._pool,

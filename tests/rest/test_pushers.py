@@ -155,7 +155,8 @@ class DeliveryTestCase(DatabaseTestCase):
         self.patch(pusher_delivery, "POLL_SECONDS", 0.05)
         self.patch(pusher_delivery, "FIRST_BACKOFF_SECONDS", 0.2)
         gateway = Gateway()
-        port = reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")  # type: ignore[attr-defined]
+        any_reactor: Any = reactor
+        port = any_reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         url = f"http://127.0.0.1:{port.getHost().port}/_matrix/push/v1/notify"
         _, clients, _ = start_cluster(self, self.test_db)
@@ -213,7 +214,8 @@ class ShardedDeliveryTestCase(DatabaseTestCase):
 
         self.patch(pusher_delivery, "POLL_SECONDS", 0.05)
         gateway = Gateway()
-        port = reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")  # type: ignore[attr-defined]
+        any_reactor: Any = reactor
+        port = any_reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         url = f"http://127.0.0.1:{port.getHost().port}/_matrix/push/v1/notify"
         instances = ["main", "pusher1"]
@@ -241,8 +243,19 @@ class ShardedDeliveryTestCase(DatabaseTestCase):
             return found
 
         for i in range(3):
-            await alice.send(room_id, f"m{i}")
+            last = await alice.send(room_id, f"m{i}")
         await eventually(lambda: len(gateway.received) >= 18, timeout=10, what="18 deliveries")
+        store = servers["main"].store
+        event = await store.get_event(last)
+        assert event is not None
+
+        async def positions_stored() -> bool:
+            pushers = await store.get_all_pushers()
+            return all(p.last_stream_ordering >= event.stream_ordering for p in pushers)
+
+        # A process stopped between a gateway's answer and recording it would
+        # push that one again (at least once): stop it after the recording.
+        await eventually(positions_stored, what="the positions to be recorded")
 
         # pusher1 stops; what its pushers miss meanwhile is delivered by the
         # restarted process, from the position it stored.
