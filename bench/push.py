@@ -3,11 +3,13 @@ rules evaluated (and push actions stored) against the same room with
 evaluation off, measured in one run, in alternating rounds.
 
     python -m bench.push [--engine sqlite|postgres] [--members 1000]
-                         [--messages 20] [--rounds 20]
+                         [--messages 20] [--rounds 20] [--via persist|http]
 
-Runs one main process in this Python process (no HTTP: the events writer's
-own persist path, where evaluation happens), on a throwaway database made
-the way the tests make theirs. Sends alternate between short rounds with
+Runs one main process in this Python process, on a throwaway database made
+the way the tests make theirs. Sends go through the events writer's own
+persist path, where evaluation happens (the harshest comparison: nothing
+else of a send is counted), or with ``--via http`` through the client API
+(``PUT /rooms/{roomId}/send``) as a client sends. Sends alternate between short rounds with
 evaluation off and on, so the machine's load falls on both alike. Prints
 sends/s with evaluation off and on (total sends over total time), their
 ratio (the target is >= 0.7), the CPU spent evaluating per event and per
@@ -32,23 +34,42 @@ from tests.harness.server import make_config
 async def _run(reactor: Any, args: argparse.Namespace) -> None:
     test_db = create_test_database(args.engine)
     try:
-        config = make_config(test_db, rate_limiting={"enabled": False})
+        config = make_config(test_db, rate_limiting={"enabled": False}, enable_registration=True)
         hs = build_homeserver(config, "main", reactor)
         hs.loops.startService()
         try:
-            await _measure(hs, args)
+            await _measure(hs, args, reactor)
         finally:
             await hs.service.stopService()
     finally:
         test_db.drop()
 
 
-async def _measure(hs: Any, args: argparse.Namespace) -> None:
+async def _client(hs: Any, reactor: Any) -> Any:
+    """A registered user sending through the client API, over HTTP."""
+    from synapse_lite.http.server import make_site
+    from tests.harness.client_api import ClientApi
+
+    resources = ("client",)
+    site = make_site(
+        hs.listeners.resources.tree(resources),
+        hs.config.limits.max_request_body_bytes,
+        hs.listeners.resources.upload_routes(resources),
+    )
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    no_testcase: Any = None  # ClientApi only keeps the testcase for its own failures
+    api = ClientApi(no_testcase, f"http://127.0.0.1:{port.getHost().port}")
+    return await api.register("member0")
+
+
+async def _measure(hs: Any, args: argparse.Namespace, reactor: Any) -> None:
     events = hs.handlers.events
     push = events.push
     assert push is not None, "the main process of a monolith is an events writer"
     clock = hs.handlers.clock
-    sender = "@member0:test.local"
+    client = await _client(hs, reactor) if args.via == "http" else None
+    sender = client.user_id if client is not None else "@member0:test.local"
+    assert sender is not None
     room_id = await hs.handlers.room_creation.create_room(
         Requester(sender, "DEV", "x"), {"preset": "public_chat"}
     )
@@ -61,11 +82,14 @@ async def _measure(hs: Any, args: argparse.Namespace) -> None:
         ]  # fmt: skip
         await events.persist_as_writer(room_id, joins)
     joined = len(await hs.store.get_users_in_room(room_id))
-    print(f"room of {joined} local members ({args.engine})")
+    print(f"room of {joined} local members ({args.engine}, sends {args.via})")
 
     async def send_round(count: int, label: int) -> float:
         started = time.perf_counter()
         for i in range(count):
+            if client is not None:
+                await client.send(room_id, f"message {label}.{i} for the room")
+                continue
             spec = EventSpec(
                 "m.room.message",
                 None,
@@ -126,6 +150,12 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=1000)
     parser.add_argument("--messages", type=int, default=20, help="sends per round")
     parser.add_argument("--rounds", type=int, default=20, help="rounds of each kind")
+    parser.add_argument(
+        "--via",
+        choices=("persist", "http"),
+        default="persist",
+        help="send on the writer's persist path (default), or as a client over HTTP",
+    )
     args = parser.parse_args()
     task.react(lambda reactor: defer.ensureDeferred(_run(reactor, args)))
 
