@@ -63,6 +63,9 @@ from synapse_lite.handlers.presence import (
     PresenceHandlerBase,
     PresenceWriterHandler,
 )
+from synapse_lite.handlers.push import PushActionsHandler
+from synapse_lite.handlers.push_rules import PushRulesHandler
+from synapse_lite.handlers.pusher_delivery import PusherDelivery
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.reports import ReportsHandler
@@ -101,10 +104,12 @@ from synapse_lite.replication.http.stream_updates import (
 )
 from synapse_lite.replication.http.writes import (
     ADD_ACCOUNT_DATA,
+    EDIT_PUSH_RULES,
     RECEIVE_REMOTE_TO_DEVICE,
     SEND_RECEIPT,
     SEND_TO_DEVICE,
     SET_PRESENCE,
+    SET_PUSHER,
     SET_TYPING,
 )
 from synapse_lite.replication.instance_directory import EVENTS_WRITER_STREAMS, InstanceDirectory
@@ -250,7 +255,9 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     auth = AuthHandler(store, _client_ip_recorder(clock, main_store, replication))
     media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
     devices = DeviceHandler(store, calls, config, notifier)
+    push = PushActionsHandler(store) if me in config.stream_writers.events else None
     events = EventCreationHandler(
+        push=push,
         store=store,
         clock=clock,
         config=config,
@@ -312,11 +319,14 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store),
         openid=OpenIdHandler(store, clock, server_name),
+        push_rules=PushRulesHandler(store, notifier, calls),
     )
     if me in config.stream_writers.events:
         wiring.served.append((SEND_EVENTS, events.persist_events))
     wiring.served += [
         (ADD_ACCOUNT_DATA, handlers.account_data.write_account_data),
+        (EDIT_PUSH_RULES, handlers.push_rules.write_edit),
+        (SET_PUSHER, handlers.push_rules.write_pusher),
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),
@@ -335,6 +345,18 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         wiring.command_hooks.append((UserIpCommand, lambda cmd: _record_user_ip(recorder, cmd)))
         wiring.served.append(
             (RETIRE_EVENTS_WRITER, EventsWriterRetirement(store, directory, reactor).retire)
+        )
+
+    if me in config.pusher_instances:
+        wiring.loops.append(
+            PusherDelivery(
+                store=store,
+                clock=clock,
+                calls=calls,
+                instance_name=me,
+                instances=config.pusher_instances,
+                reactor=reactor,
+            )
         )
 
     stalls = StallDetector(

@@ -207,6 +207,7 @@ def settings_shared_by_all(config: HomeServerConfig) -> tuple[object, ...]:
         config.federation_sender,
         # Every process answers media paths by it (served, or refused naming it).
         config.media_instance,
+        config.pusher_instances,
         config.rate_limits,
         config.limits,
         config.log_level,

@@ -9,8 +9,8 @@ replication, then each process in the order listed, then the router's metrics:
   (``synchrotron1``), two events writers (``persister1``, ``persister2``) and
   the media repository (``media1``);
 * ``sharded``: the router, the main process, two /sync workers, three events
-  writers, ``stream_writer1`` for typing, to_device, account_data, receipts
-  and presence, and ``media1``.
+  writers, ``stream_writer1`` for typing, to_device, account_data, receipts,
+  presence, push_rules and pushers, and ``media1``.
 
 Every process gets ``health`` and ``metrics`` (``synapse-lite run`` and
 ``status`` need them); writers and the main process get ``replication``; every

@@ -410,6 +410,9 @@ class HomeServerConfig:
     #: ``/_matrix/client/v1/media``); every other process refuses those paths.
     media_instance: str
     media: MediaConfig
+    #: The processes delivering notifications to push gateways; each pusher
+    #: is owned by exactly one (a stable hash of it).
+    pusher_instances: tuple[str, ...] = (MAIN_PROCESS,)
     #: The streams this deployment runs (their definitions).
     streams: StreamCatalog = attr.ib(default=BUILTIN_STREAMS, hash=False)
     #: The router in front of the processes, if there is one.
@@ -571,6 +574,9 @@ def read_homeserver_config(
     position_log = root.get_bool("position_log", False)
     media_instance = root.get_str("media_instance", MAIN_PROCESS)
     media = MediaConfig.read(root.get_section("media"), data_dir, base_dir)
+    pusher_instances = tuple(
+        root.get_str_list("pusher_instances", [MAIN_PROCESS], allow_single=True)
+    )
 
     explicit_map: dict[str, InstanceLocation] = {}
     map_section = root.get_section("instance_map")
@@ -611,6 +617,13 @@ def read_homeserver_config(
             f"{federation_sender!r} is not the main process or a declared worker",
             "federation_sender",
         )
+    for name in pusher_instances:
+        if name not in known:
+            root.problem(
+                f"{name!r} is not the main process or a declared worker", "pusher_instances"
+            )
+    if len(set(pusher_instances)) != len(pusher_instances) or not pusher_instances:
+        root.problem("must name one or more processes, each once", "pusher_instances")
     if media_instance not in known:
         root.problem(
             f"{media_instance!r} is not the main process or a declared worker", "media_instance"
@@ -697,6 +710,7 @@ def read_homeserver_config(
         position_log=position_log,
         media_instance=media_instance,
         media=media,
+        pusher_instances=pusher_instances,
         streams=streams,
         router=router,
         internal_tls=internal_tls,

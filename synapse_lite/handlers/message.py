@@ -34,6 +34,7 @@ from synapse_lite.storage.databases.main.events import DuplicateTransactionError
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.handlers.push import PushActionsHandler
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -94,8 +95,11 @@ class EventCreationHandler:
         notifier: Notifier,
         calls: InternalCalls,
         event_writers: Callable[[], Sequence[str]],
+        push: PushActionsHandler | None = None,
     ) -> None:
-        """``event_writers()``: the events writers this process knows of now."""
+        """``event_writers()``: the events writers this process knows of now;
+        ``push``: evaluates push rules on an events writer."""
+        self.push = push
         self._store = store
         self._clock = clock
         self._me = instance_name
@@ -231,8 +235,14 @@ class EventCreationHandler:
             for spec in specs:
                 state.check(spec)
                 state.apply_spec(spec)
+            contents = [s.with_id(room_id) for s in specs]
+            # Evaluated for the room's members before the batch, with the
+            # power levels as the batch leaves them.
+            push_actions = (
+                await self.push.actions_for(room_id, contents, state) if self.push else {}
+            )
             try:
-                events = await self._store.persist_events([s.with_id(room_id) for s in specs])
+                events = await self._store.persist_events(contents, push_actions)
             except DuplicateTransactionError as e:
                 # The same client transaction won a race: answer with its event.
                 existing = await self._store.get_event(e.event_id)

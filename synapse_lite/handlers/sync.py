@@ -354,6 +354,15 @@ class SyncHandler:
                 entry = join.setdefault(room_id, self._empty_joined_room(now))
                 entry["ephemeral"]["events"] = ephemeral.get(room_id, [])
                 entry["account_data"]["events"] = room_data.get(room_id, [])
+        counts = await self._store.get_unread_counts(
+            user_id, sorted(join), now.room_key.get_max_position()
+        )
+        for room_id, entry in join.items():
+            notifications, highlights = counts.get(room_id, (0, 0))
+            entry["unread_notifications"] = {
+                "notification_count": notifications,
+                "highlight_count": highlights,
+            }
         for entry in join.values():
             if isinstance(entry["timeline"].get("prev_batch"), RoomStreamToken):
                 entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(
@@ -971,9 +980,11 @@ class SyncHandler:
     async def _account_data(
         self, user_id: str, since: StreamToken | None, now: StreamToken
     ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-        """Global and per-room account data that changed (all of it, initially)."""
+        """Global and per-room account data that changed (all of it, initially),
+        with the user's push rules as ``m.push_rules`` when they changed."""
+        push_rules = await self._push_rules_data(user_id, since, now)
         if since is not None and since.get("account_data") >= now.get("account_data"):
-            return [], {}
+            return push_rules, {}
         changed_global: set[str] | None = None
         changed_rooms: set[tuple[str, str]] | None = None
         if since is not None:
@@ -981,10 +992,10 @@ class SyncHandler:
                 user_id, since.get("account_data"), now.get("account_data")
             )
             if not changes:
-                return [], {}
+                return push_rules, {}
             changed_global = {t for _, r, t in changes if r is None}
             changed_rooms = {(r, t) for _, r, t in changes if r is not None}
-        global_data = [
+        global_data = push_rules + [
             {"type": t, "content": c}
             for t, c in (await self._store.get_global_account_data(user_id)).items()
             if changed_global is None or t in changed_global
@@ -999,6 +1010,21 @@ class SyncHandler:
                 if changed_rooms is None or (room_id, TAG_DATA_TYPE) in changed_rooms:
                     room_data[room_id].append({"type": TAG_DATA_TYPE, "content": {"tags": tags}})
         return global_data, room_data
+
+    async def _push_rules_data(
+        self, user_id: str, since: StreamToken | None, now: StreamToken
+    ) -> list[dict[str, Any]]:
+        """``m.push_rules`` (the spec's ``{"global": ruleset}``) initially and
+        when the push_rules stream changed the user's rules."""
+        if since is not None:
+            if since.get("push_rules") >= now.get("push_rules"):
+                return []
+            if not await self._store.push_rules_changed(
+                user_id, since.get("push_rules"), now.get("push_rules")
+            ):
+                return []
+        doc = await self._store.get_push_rules_doc(user_id)
+        return [{"type": "m.push_rules", "content": {"global": doc.ruleset(user_id)}}]
 
     async def _to_device(
         self, requester: Requester, since: StreamToken | None, now: StreamToken

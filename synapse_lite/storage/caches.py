@@ -78,6 +78,7 @@ class BoundCache(Generic[R]):
         self._generation += 1
         self.cache.clear()
 
+
 class CachedMethod(Generic[R]):
     """Descriptor made by :func:`cached`."""
 

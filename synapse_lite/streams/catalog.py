@@ -365,6 +365,54 @@ FEDERATION = StreamDefinition(
 )
 
 
+# push rules: whose rules changed (the rules are in push_rules_user)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PushRulesStreamRow:
+    """``user_id``'s push rules changed."""
+
+    user_id: str = attr.ib(validator=_str)
+
+
+PUSH_RULES = StreamDefinition(
+    name="push_rules",
+    description="users whose push rules changed (shown as `m.push_rules` account data)",
+    codec=RowCodec(PushRulesStreamRow),
+    writers=WriterRule("push_rules"),
+    ids=IdSpace("push_rules_stream_sequence", (StreamTable("push_rules_user"),)),
+    in_sync_token=True,
+    wake=wake_users,
+    rows_from_store=lambda store: store.get_push_rules_stream_updates,
+    invalidate=lambda store, writer, token, rows: store.invalidate_push_rules(
+        [row.user_id for row in rows]
+    ),
+)
+
+
+# pushers: where users' notifications are delivered
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PushersStreamRow:
+    """A pusher was added, changed or (``deleted``) removed."""
+
+    user_id: str = attr.ib(validator=_str)
+    app_id: str = attr.ib(validator=_str)
+    pushkey: str = attr.ib(validator=_str)
+    deleted: bool = attr.ib(validator=_bool)
+
+
+PUSHERS = StreamDefinition(
+    name="pushers",
+    description="pushers added, changed or removed",
+    codec=RowCodec(PushersStreamRow),
+    writers=WriterRule("pushers"),
+    ids=IdSpace("pushers_sequence", (StreamTable("pushers"),)),
+    rows_from_store=lambda store: store.get_pushers_stream_updates,
+)
+
+
 #: The streams, in /sync token order (events first: the room timeline).
 BUILTIN_STREAMS = StreamCatalog(
     [
@@ -378,5 +426,7 @@ BUILTIN_STREAMS = StreamCatalog(
         BACKFILL,
         CACHES,
         FEDERATION,
+        PUSH_RULES,
+        PUSHERS,
     ]
 )

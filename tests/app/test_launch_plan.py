@@ -46,7 +46,8 @@ class LaunchPlanTestCase(unittest.TestCase):
         self.assertEqual(roles["main"], "main process")
         self.assertEqual(roles["persister1"], "events writer")
         self.assertEqual(
-            roles["stream_writer1"], "writes presence, typing, receipts, account_data, to_device"
+            roles["stream_writer1"],
+            "writes presence, typing, receipts, account_data, to_device, push_rules, pushers",
         )
         self.assertEqual(roles["synchrotron1"], "client API")
         self.assertEqual(roles["media1"], "media repository")

@@ -13,6 +13,7 @@ from twisted.internet.task import deferLater
 
 from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.node import require_js_sdk, run_script
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 
 
@@ -66,3 +67,25 @@ class JsSdkEncryptionTestCase(DatabaseTestCase):
         self.assertGreaterEqual(result["backed_up_keys"], 1)
         self.assertGreaterEqual(result["restored_keys"], 1)
         self.assertTrue(result["restored_version_matches"])
+
+
+class JsSdkStartClientTestCase(DatabaseTestCase):
+    async def test_start_client_reads_push_rules_and_syncs(self) -> None:
+        """``startClient()`` asks for ``/pushrules/`` before its first /sync
+        (and retries forever without it): it must reach PREPARED."""
+        require_js_sdk()
+        # The client's next long-poll outlives it: keep it short.
+        servers, clients, _ = start_cluster(self, self.test_db, limits={"max_sync_timeout_ms": 300})
+        main = clients["main"]
+        await ClientApi(self, main.base_url).register("alice", "alice-pw")
+        result = await run_script("start_client.mjs", main.base_url, "alice", "alice-pw")
+        notifier = servers["main"].notifier
+        await eventually(lambda: not notifier._users, what="the last /sync to end")
+        self.assertEqual(result["user_id"], "@alice:test.local")
+        self.assertEqual(result["first_state"], "PREPARED")
+        self.assertNotIn("ERROR", result["states"])
+        self.assertEqual(
+            result["client_push_rules"], ["content", "override", "room", "sender", "underride"]
+        )
+        self.assertEqual(result["override_ids"][0], ".m.rule.master")
+        self.assertIn(".m.rule.is_user_mention", result["override_ids"])

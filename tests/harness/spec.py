@@ -53,7 +53,11 @@ def _resolve(value: Any, path: str) -> Any:
             target_path = os.path.join(os.path.dirname(path), target) if target else path
             resolved = _pointer(_load(target_path), pointer)
             return _resolve(resolved, target_path)
-        return {k: _resolve(v, path) for k, v in value.items()}
+        # Examples are not copied with the spec (SOURCE.md) and never checked.
+        return {
+            k: v if k in ("example", "examples") else _resolve(v, path)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_resolve(v, path) for v in value]
     return value

@@ -43,6 +43,8 @@ SAMPLE_ROWS: dict[str, list[Any]] = {
     "backfill": [catalog.BackfillStreamRow("$e", "!r:x", "m.room.message", None, None, None)],
     "caches": [catalog.CachesStreamRow("get_user_by_access_token", ["abc"], 5)],
     "federation": [catalog.FederationStreamRow("device_messages", {"destination": "b"})],
+    "push_rules": [catalog.PushRulesStreamRow("@u:x")],
+    "pushers": [catalog.PushersStreamRow("@u:x", "org.app", "key", False)],
 }
 
 
@@ -105,6 +107,8 @@ class CatalogTestCase(unittest.TestCase):
                 "account_data": False,
                 "to_device": False,
                 "device_lists": True,
+                "push_rules": False,
+                "pushers": False,
             },
         )
 

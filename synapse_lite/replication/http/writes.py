@@ -1,4 +1,4 @@
-"""Client writes carried to the writer of their stream: account data, receipts,
+"""Client writes carried to the writer of their stream: account data, push rules, receipts,
 to-device messages (sent by local users, or received from other servers),
 typing and presence.
 
@@ -29,6 +29,7 @@ from synapse_lite.http.fields import (
     get_optional_str,
     get_str,
 )
+from synapse_lite.push.pushers import PusherSet
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
 
 
@@ -112,6 +113,62 @@ ADD_ACCOUNT_DATA = InternalCall(
     StreamWritten,
     served_by=writer_of("account_data"),
     answer_position=_written_on("account_data"),
+)
+
+
+#: The edits of a user's push rules (``PushRuleEdit.op``).
+PUSH_RULE_OPS = ("put", "delete", "enabled", "actions")
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PushRuleEdit:
+    """One edit of a local user's push rules: ``put`` (``body`` is the rule,
+    placed ``before``/``after`` another), ``delete``, or setting ``enabled``
+    or ``actions`` (``body["value"]``). The rule's content is checked by the
+    writer, which refuses it without storing anything."""
+
+    user_id: str
+    op: str
+    kind: str
+    rule_id: str
+    body: dict[str, Any]
+    before: str | None = None
+    after: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return attr.asdict(self)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], server_name: str) -> PushRuleEdit:
+        op = get_str(body, "op")
+        if op not in PUSH_RULE_OPS:
+            raise SynapseError(400, f"Unknown push rule edit {op!r}", Codes.BAD_JSON)
+        return cls(
+            user_id=local_user(body, "user_id", server_name),
+            op=op,
+            kind=get_str(body, "kind"),
+            rule_id=get_str(body, "rule_id"),
+            body=get_dict(body, "body"),
+            before=get_optional_str(body, "before"),
+            after=get_optional_str(body, "after"),
+        )
+
+
+EDIT_PUSH_RULES = InternalCall(
+    "edit_push_rules",
+    PushRuleEdit,
+    StreamWritten,
+    served_by=writer_of("push_rules"),
+    answer_position=_written_on("push_rules"),
+)
+
+
+SET_PUSHER = InternalCall(
+    "set_pusher",
+    PusherSet,
+    StreamWritten,
+    served_by=writer_of("pushers"),
+    answer_position=_written_on("pushers"),
 )
 
 

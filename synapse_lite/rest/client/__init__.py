@@ -16,6 +16,7 @@ from synapse_lite.rest.client import (
     account_management,
     keys,
     openid,
+    push_rules,
     reports,
     room,
     sync,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.pagination import PaginationHandler
     from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.push_rules import PushRulesHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
     from synapse_lite.handlers.reports import ReportsHandler
@@ -79,6 +81,7 @@ class ClientHandlers:
     reports: ReportsHandler
     admin: AdminHandler
     openid: OpenIdHandler
+    push_rules: PushRulesHandler
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -93,6 +96,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         keys,
         reports,
         openid,
+        push_rules,
     ]
     for module in modules:
         module.register_servlets(handlers, resource)

@@ -82,6 +82,7 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "report_user": READERS,
     "admin_whois": READERS,
     "openid_request_token": READERS,
+    "notifications": READERS,
     # A room's events, straight to the process persisting them.
     "send": ROOM_EVENTS_WRITER,
     "state": {"PUT": ROOM_EVENTS_WRITER, "GET": READERS},
@@ -108,6 +109,8 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "keys_changes": READERS,
     # Key backup: no stream; the database serves it from any process.
     "room_keys": MAIN,
+    "push_rules": writer_of("push_rules"),
+    "pushers": writer_of("pushers"),
 }
 
 

@@ -20,6 +20,8 @@ from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.media import MediaRepositoryStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
+from synapse_lite.storage.databases.main.push_rules import PushRulesWorkerStore
+from synapse_lite.storage.databases.main.pushers import PushersWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
@@ -42,6 +44,8 @@ class GenericWorkerStore(
     RoomKeysStore,
     ClientIpWorkerStore,
     ContentReportsWorkerStore,
+    PushRulesWorkerStore,
+    PushersWorkerStore,
 ):
     """The store of a worker process."""
 

@@ -70,7 +70,12 @@ class CacheInvalidationWorkerStore(SQLBaseStore):
     def invalidate_state_caches(self, room_id: str, members_changed: Iterable[str]) -> None:
         """Forget what this process cached about a room's current state and the
         rooms of the members whose membership changed."""
-        for name in ("get_current_state_ids", "get_users_in_room", "get_room_summary"):
+        for name in (
+            "get_current_state_ids",
+            "get_users_in_room",
+            "get_room_summary",
+            "get_push_room_members",
+        ):
             self.invalidate_cache_by_name(name, [room_id])
         for user_id in members_changed:
             self.invalidate_cache_by_name("get_rooms_for_user", [user_id])

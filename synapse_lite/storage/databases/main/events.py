@@ -3,13 +3,16 @@
 Everything an event changes is written in the one transaction that takes its
 stream id: the event, the room's current state and its delta stream, memberships
 (``room_memberships`` and, for local users, ``local_current_membership``), the
-client's transaction id, and the batched cache invalidation for other processes.
+client's transaction id, the push actions of the users it notifies, and the
+batched cache invalidation for other processes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
 
 from synapse_lite.events import Event, EventContent
 from synapse_lite.storage._base import json_encoder
@@ -31,21 +34,34 @@ class EventsStore(EventsWorkerStore):
     """Writes events. Only an events writer may call these (the ID generator
     refuses anyone else)."""
 
-    async def persist_events(self, events: list[EventContent]) -> list[Event]:
+    async def persist_events(
+        self,
+        events: list[EventContent],
+        push_actions: Mapping[str, Any] | None = None,
+    ) -> list[Event]:
         """Persist events in order, in one transaction; returns them with their
-        stream ids. Raises :class:`DuplicateTransactionError` if a client's
+        stream ids. ``push_actions``: event_id -> what it does for local
+        members (``handlers.push.EventPushActions``), stored in the same
+        transaction. Raises :class:`DuplicateTransactionError` if a client's
         transaction id was used meanwhile."""
         # A second run after a COMMIT of unknown outcome cannot store an event
         # twice: event ids and client transaction ids are unique keys.
         persisted = await self.db_pool.runInteraction(
-            "persist_events", self._persist_events_txn, events, idempotent=True
+            "persist_events",
+            self._persist_events_txn,
+            events,
+            push_actions or {},
+            idempotent=True,
         )
         for event in persisted:
             self._event_cache.set(event.event_id, event)
         return persisted
 
     def _persist_events_txn(
-        self, txn: LoggingTransaction, events: list[EventContent]
+        self,
+        txn: LoggingTransaction,
+        events: list[EventContent],
+        push_actions: Mapping[str, Any],
     ) -> list[Event]:
         persisted: list[Event] = []
         # Registered before the ids are taken, so it runs (after commit) before
@@ -91,7 +107,8 @@ class EventsStore(EventsWorkerStore):
                 self._update_current_state_txn(txn, event)
             txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             persisted.append(event)
-        self._insert_events_txn(txn, persisted)
+        self._insert_events_txn(txn, persisted, push_actions)
+        self._insert_push_actions_txn(txn, persisted, push_actions)
         # Other processes learn of state changes from this transaction's rows
         # on the events stream (no caches-stream rows needed).
         for room_id in sorted(state_changed):
@@ -123,12 +140,20 @@ class EventsStore(EventsWorkerStore):
             row = txn.fetchone()
             raise DuplicateTransactionError(row[0] if row else "")
 
-    def _insert_events_txn(self, txn: LoggingTransaction, events: list[Event]) -> None:
-        # One batch: on PostgreSQL a page of rows costs one round trip.
+    def _insert_events_txn(
+        self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
+    ) -> None:
+        # One batch: on PostgreSQL a page of rows costs one round trip. An
+        # event's default push actions ride on its row (no extra statement).
+        defaults = {}
+        for event_id, actions in push_actions.items():
+            if actions.default is not None:
+                defaults[event_id] = (json_encoder(actions.default[0]), actions.default[1])
         txn.execute_batch(
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
             " state_key, sender, origin_server_ts, content, redacts, membership, outlier,"
-            " instance_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " instance_name, push_actions, push_highlight)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     event.stream_ordering,
@@ -144,12 +169,44 @@ class EventsStore(EventsWorkerStore):
                     event.membership,
                     event.outlier,
                     event.instance_name,
+                    *defaults.get(event.event_id, (None, None)),
                 )
                 for event in events
             ],
         )
         for event in events:
             self._update_room_row_txn(txn, event)
+
+    def _insert_push_actions_txn(
+        self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
+    ) -> None:
+        """The per-user push actions (``push_actions``: event_id ->
+        ``handlers.push.EventPushActions``; the defaults are on the events' rows)."""
+        exceptions = []
+        now = self.clock.time_msec()
+        for event in events:
+            actions = push_actions.get(event.event_id)
+            if actions is None:
+                continue
+            for user_id, (user_actions, notif, highlight) in actions.exceptions.items():
+                exceptions.append(
+                    (
+                        event.room_id,
+                        event.event_id,
+                        user_id,
+                        event.stream_ordering,
+                        json_encoder(user_actions),
+                        notif,
+                        highlight,
+                        now,
+                    )
+                )
+        if exceptions:
+            txn.execute_batch(
+                "INSERT INTO event_push_actions (room_id, event_id, user_id, stream_ordering,"
+                " actions, notif, highlight, received_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                exceptions,
+            )
 
     def _update_room_row_txn(self, txn: LoggingTransaction, event: Event) -> None:
         if event.type == "m.room.create" and event.state_key == "":

@@ -1,0 +1,213 @@
+"""Delivering notifications to push gateways, on the pusher instances.
+
+Each pusher is owned by exactly one of ``pusher_instances`` (a stable hash of
+the pusher). Its owner delivers the pusher's notifications one at a time, in
+stream order, with the Push Gateway API (``POST /_matrix/push/v1/notify``),
+and records after each delivery how far it has got (``pushers.
+last_stream_ordering``), so a restarted instance resumes there. A gateway
+that fails (unreachable, slower than :data:`GATEWAY_TIMEOUT_SECONDS`, an
+error status) is retried after an exponentially growing pause, the same
+notification first; a gateway rejecting the pushkey gets the pusher removed
+(on the pushers writer). Sends never wait for any of this: delivery reads
+what the events writers stored, on its own loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import treq
+from twisted.internet import defer, task
+from twisted.web.client import HTTPConnectionPool
+
+from synapse_lite.push.pushers import PusherSet
+from synapse_lite.replication.http.writes import SET_PUSHER
+
+if TYPE_CHECKING:
+    from synapse_lite.clock import Clock
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.storage.databases.main.pushers import Pusher
+
+logger = logging.getLogger(__name__)
+
+#: How often an instance looks for new notifications and pushers.
+POLL_SECONDS = 1.0
+GATEWAY_TIMEOUT_SECONDS = 10.0
+FIRST_BACKOFF_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 600.0
+#: Notifications read per pusher per turn.
+BATCH = 20
+
+
+_JSON_HEADERS: dict[bytes | str, list[bytes | str]] = {"Content-Type": ["application/json"]}
+
+
+def owner_of(pusher_key: tuple[str, str, str], instances: Sequence[str]) -> str:
+    """The pusher instance delivering for a pusher (stable across restarts
+    and processes)."""
+    digest = hashlib.sha256("\0".join(pusher_key).encode("utf-8")).digest()
+    return instances[int.from_bytes(digest[:8], "big") % len(instances)]
+
+
+class PusherDelivery:
+    """The delivery loop of one pusher instance (a ``Loop`` of its process)."""
+
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        calls: InternalCalls,
+        instance_name: str,
+        instances: Sequence[str],
+        reactor: Any,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._calls = calls
+        self._me = instance_name
+        self._instances = list(instances)
+        self._reactor = reactor
+        self._loop: task.LoopingCall | None = None
+        self._stopping = False
+        #: Pushers with a delivery running now.
+        self._busy: set[tuple[str, str, str]] = set()
+        #: Pusher -> (next attempt time, current pause) while its gateway fails.
+        self._backoff: dict[tuple[str, str, str], tuple[float, float]] = {}
+        #: Pusher -> how far this process has delivered: a list of pushers
+        #: read before a delivery finished carries an older position.
+        self._positions: dict[tuple[str, str, str], int] = {}
+        #: Deliveries made (for tests and metrics).
+        self.delivered = 0
+        # One connection per delivery: nothing stays open between polls.
+        self._pool = HTTPConnectionPool(reactor, persistent=False)
+
+    def start(self) -> None:
+        self._loop = task.LoopingCall(self._tick)
+        self._loop.clock = self._reactor
+        self._loop.start(POLL_SECONDS, now=False).addErrback(
+            lambda f: logger.error("Pusher loop stopped: %s", f.getTraceback())
+        )
+
+    def stop(self) -> None:
+        self._stopping = True  # deliveries under way end after their current one
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+
+    async def _tick_async(self) -> None:
+        now = self._clock.time()
+        for pusher in await self._store.get_all_pushers():
+            key = pusher.key
+            if owner_of(key, self._instances) != self._me or key in self._busy:
+                continue
+            retry_at, _ = self._backoff.get(key, (0.0, 0.0))
+            if retry_at > now:
+                continue
+            self._busy.add(key)
+            defer.ensureDeferred(self._deliver_then_free(pusher))
+
+    def _tick(self) -> defer.Deferred[None]:
+        d = defer.ensureDeferred(self._tick_async())
+        d.addErrback(lambda f: logger.warning("Pusher poll failed: %s", f.value))
+        return d
+
+    async def _deliver_then_free(self, pusher: Pusher) -> None:
+        try:
+            await self._deliver(pusher)
+        except Exception:
+            logger.exception("Delivery for a pusher failed")
+            self._back_off(pusher.key)
+        finally:
+            self._busy.discard(pusher.key)
+
+    async def _deliver(self, pusher: Pusher) -> None:
+        """Deliver what is waiting for one pusher, in order, stopping at the
+        first failure (retried later from the same notification)."""
+        position = max(pusher.last_stream_ordering, self._positions.get(pusher.key, 0))
+        rows = await self._store.get_notifications(
+            pusher.user_id, None, BATCH, False, after=position
+        )
+        for event_id, room_id, ordering, actions, highlight, _ in rows:
+            if self._stopping:
+                return
+            outcome = await self._send(pusher, event_id, room_id, actions, highlight)
+            if outcome == "failed":
+                self._back_off(pusher.key)
+                return
+            self._backoff.pop(pusher.key, None)
+            self._positions[pusher.key] = ordering
+            await self._store.set_pusher_position(pusher, ordering)
+            self.delivered += 1
+            if outcome == "rejected":
+                logger.info("Gateway rejected pushkey of %s: removing the pusher", pusher.key)
+                await self._calls.call(
+                    SET_PUSHER, PusherSet(pusher.user_id, pusher.app_id, pusher.pushkey, None)
+                )
+                return
+
+    def _back_off(self, key: tuple[str, str, str]) -> None:
+        _, pause = self._backoff.get(key, (0.0, 0.0))
+        pause = min(MAX_BACKOFF_SECONDS, pause * 2 if pause else FIRST_BACKOFF_SECONDS)
+        self._backoff[key] = (self._clock.time() + pause, pause)
+
+    async def _send(
+        self,
+        pusher: Pusher,
+        event_id: str,
+        room_id: str,
+        actions: list[Any],
+        highlight: bool,
+    ) -> str:
+        """``"delivered"``, ``"rejected"`` (the gateway refused the pushkey) or
+        ``"failed"`` (try again later)."""
+        event = await self._store.get_event(event_id)
+        data = {k: v for k, v in pusher.data.items() if k != "url"}
+        tweaks = {
+            a["set_tweak"]: a.get("value", True)
+            for a in actions
+            if isinstance(a, dict) and "set_tweak" in a
+        }
+        notification: dict[str, Any] = {
+            "event_id": event_id,
+            "room_id": room_id,
+            "prio": "high" if highlight else "low",
+            "devices": [
+                {
+                    "app_id": pusher.app_id,
+                    "pushkey": pusher.pushkey,
+                    "data": data,
+                    "tweaks": tweaks,
+                }
+            ],
+        }
+        if event is not None and data.get("format") != "event_id_only":
+            notification.update(type=event.type, sender=event.sender, content=event.content)
+        try:
+            response = await treq.post(
+                pusher.data["url"],
+                json.dumps({"notification": notification}).encode("utf-8"),
+                headers=_JSON_HEADERS,
+                timeout=GATEWAY_TIMEOUT_SECONDS,
+                reactor=self._reactor,
+                pool=self._pool,
+            )
+            body = await treq.content(response)
+        except Exception as e:  # a gateway down or slow: retried, never fatal
+            logger.info("Push gateway %s failed: %s", pusher.data.get("url"), e)
+            return "failed"
+        if not 200 <= response.code < 300:
+            logger.info("Push gateway %s answered %d", pusher.data.get("url"), response.code)
+            return "failed"
+        try:
+            rejected = json.loads(body).get("rejected", [])
+        except (ValueError, AttributeError):
+            # Accepted, with an answer we cannot read: counted as delivered.
+            return "delivered"
+        if isinstance(rejected, list) and pusher.pushkey in rejected:
+            return "rejected"
+        return "delivered"

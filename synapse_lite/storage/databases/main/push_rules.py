@@ -1,0 +1,255 @@
+"""Push rules (one document per user, on the push_rules stream) and the push
+actions written with events, read for unread counts and /notifications."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.push.rules import UserPushRules
+from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder, page_of_updates
+from synapse_lite.storage.caches import cached
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
+from synapse_lite.streams.catalog import PushRulesStreamRow
+
+if TYPE_CHECKING:
+    from synapse_lite.storage._base import StoreContext
+
+#: A user's notifications: (event_id, room_id, stream_ordering, actions, highlight, ts).
+NotificationRow = tuple[str, str, int, list[Any], bool, int]
+
+
+class PushRulesWorkerStore(SQLBaseStore):
+    """Push rules: reads anywhere (cached, forgotten when the stream says a
+    user's rules changed), writes on the push_rules writer."""
+
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ):
+        super().__init__(database, db_conn, hs)
+        self._push_rules_id_gen = hs.id_generators.of("push_rules")
+        #: Called with the user ids whose rules changed (the evaluator's cache).
+        self._push_rules_listeners: list[Callable[[list[str]], None]] = []
+
+    # Writes
+
+    async def update_push_rules(self, user_id: str, edit: Callable[[UserPushRules], None]) -> int:
+        """Apply ``edit`` to the user's rules and store the result under a new
+        push_rules stream id, in one transaction; returns the id. When ``edit``
+        raises, nothing is stored. The caller serialises edits of one user
+        (there is one writer)."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            txn.execute("SELECT rules FROM push_rules_user WHERE user_id = ?", (user_id,))
+            row = txn.fetchone()
+            rules = UserPushRules.from_json(db_to_json(row[0]) if row else None)
+            edit(rules)
+            stream_id = self._push_rules_id_gen.get_next_txn(txn)
+            txn.execute(
+                "INSERT INTO push_rules_user (user_id, rules, stream_id, instance_name)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"
+                " rules = EXCLUDED.rules, stream_id = EXCLUDED.stream_id,"
+                " instance_name = EXCLUDED.instance_name",
+                (user_id, json_encoder(rules.to_json()), stream_id, self._instance_name),
+            )
+            return stream_id
+
+        try:
+            return await self.db_pool.runInteraction("update_push_rules", txn_func)
+        finally:
+            self.invalidate_push_rules([user_id])
+
+    # Reads
+
+    @cached()
+    async def get_push_rules_doc(self, user_id: str) -> UserPushRules:
+        """What the user changed of their rules (treat as read-only: cached)."""
+        rows = await self.db_pool.select(
+            "get_push_rules_doc", "SELECT rules FROM push_rules_user WHERE user_id = ?", user_id
+        )
+        return UserPushRules.from_json(db_to_json(rows[0][0]) if rows else None)
+
+    async def push_rules_changed(self, user_id: str, from_id: int, to_id: int) -> bool:
+        """Whether the user's rules were last written in ``(from_id, to_id]``."""
+        rows = await self.db_pool.select(
+            "push_rules_changed",
+            "SELECT 1 FROM push_rules_user WHERE user_id = ? AND stream_id > ? AND stream_id <= ?",
+            user_id,
+            from_id,
+            to_id,
+        )
+        return bool(rows)
+
+    def add_push_rules_listener(self, listener: Callable[[list[str]], None]) -> None:
+        self._push_rules_listeners.append(listener)
+
+    def invalidate_push_rules(self, user_ids: list[str]) -> None:
+        """Forget cached rules of these users (their rules changed)."""
+        for user_id in user_ids:
+            self.get_push_rules_doc.invalidate(user_id)
+        for listener in self._push_rules_listeners:
+            listener(user_ids)
+
+    # The stream's update function
+
+    async def get_push_rules_stream_updates(
+        self, instance_name: str, last_id: int, current_id: int, limit: int
+    ) -> tuple[list[tuple[int, PushRulesStreamRow]], int, bool]:
+        """The push_rules stream's update function: users whose rules were
+        last written in ``(last_id, current_id]`` by ``instance_name``."""
+        rows = await self.db_pool.select(
+            "get_push_rules_stream_updates",
+            "SELECT stream_id, user_id FROM push_rules_user WHERE ? < stream_id"
+            " AND stream_id <= ? AND instance_name = ? ORDER BY stream_id ASC LIMIT ?",
+            last_id,
+            current_id,
+            instance_name,
+            limit,
+        )
+        updates = [(int(r[0]), PushRulesStreamRow(user_id=r[1])) for r in rows]
+        return page_of_updates(updates, limit, current_id)
+
+    # Push actions (written by the events writer with the event, ``events.py``)
+
+    @cached()
+    async def get_push_room_members(self, room_id: str) -> tuple[tuple[str, str | None], ...]:
+        """The room's joined members and their display names (forgotten with
+        the room's state)."""
+        rows = await self.db_pool.select(
+            "get_push_room_members",
+            "SELECT c.state_key, e.content FROM current_state_events AS c"
+            " JOIN events AS e ON e.event_id = c.event_id"
+            " WHERE c.room_id = ? AND c.type = 'm.room.member' AND c.membership = 'join'",
+            room_id,
+        )
+        members: list[tuple[str, str | None]] = []
+        for user_id, content in rows:
+            name = db_to_json(content).get("displayname")
+            members.append((user_id, name if isinstance(name, str) else None))
+        return tuple(members)
+
+    async def get_unread_counts(
+        self, user_id: str, room_ids: list[str], upto: int
+    ) -> dict[str, tuple[int, int]]:
+        """room_id -> (notification_count, highlight_count): the user's
+        notifications after their newest m.read (or private) receipt in each
+        room, up to stream ordering ``upto``. An event's default outcome
+        counts for the user from their current join on (a member who left and
+        came back is not counted what was sent before), unless they have an
+        outcome of their own."""
+        if not room_ids:
+            return {}
+        placeholders = ", ".join("?" for _ in room_ids)
+        read_after = (
+            " AND {t}.stream_ordering > COALESCE(("
+            "  SELECT MAX(e.stream_ordering) FROM receipts_linearized AS r"
+            "  JOIN events AS e ON e.event_id = r.event_id"
+            "  WHERE r.room_id = {t}.room_id AND r.user_id = ?"
+            "  AND r.receipt_type IN ('m.read', 'm.read.private')), 0)"
+        )
+        rows = await self.db_pool.select(
+            "get_unread_counts",
+            "SELECT room_id, COUNT(*), SUM(CASE WHEN highlight THEN 1 ELSE 0 END) FROM ("
+            " SELECT s.room_id AS room_id, s.push_highlight AS highlight"
+            " FROM events AS s JOIN local_current_membership AS m"
+            "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
+            f" WHERE s.room_id IN ({placeholders}) AND s.stream_ordering <= ?"
+            "  AND s.push_actions IS NOT NULL"
+            "  AND s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
+            + read_after.format(t="s")
+            + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
+            "   WHERE x.event_id = s.event_id AND x.user_id = ?)"
+            " UNION ALL"
+            " SELECT a.room_id AS room_id, a.highlight AS highlight FROM event_push_actions AS a"
+            f" WHERE a.user_id = ? AND a.notif = ? AND a.room_id IN ({placeholders})"
+            "  AND a.stream_ordering <= ?"
+            + read_after.format(t="a")
+            + ") AS notifications GROUP BY room_id",
+            user_id,
+            *room_ids,
+            upto,
+            user_id,
+            user_id,
+            user_id,
+            user_id,
+            True,
+            *room_ids,
+            upto,
+            user_id,
+        )
+        return {r[0]: (int(r[1]), int(r[2] or 0)) for r in rows}
+
+    async def get_notifications(
+        self,
+        user_id: str,
+        before: int | None,
+        limit: int,
+        only_highlight: bool,
+        after: int | None = None,
+    ) -> list[NotificationRow]:
+        """The user's notifications, newest first, with stream ordering below
+        ``before`` (all when None), or with ``after``, oldest first after it:
+        the default outcomes of events in rooms they are joined to (since
+        their join), and their own outcomes."""
+        extra = ""
+        extra_args: list[Any] = []
+        if before is not None:
+            extra += " AND {t}.stream_ordering < ?"
+            extra_args.append(before)
+        if only_highlight:
+            extra += " AND {t}.highlight = ?"
+            extra_args.append(True)
+        if after is not None:
+            extra += " AND {t}.stream_ordering > ?"
+            extra_args.append(after)
+        # Pages before a point go newest first; deliveries after one, oldest first.
+        order = "ASC" if after is not None else "DESC"
+        rows = await self.db_pool.select(
+            "get_notifications",
+            "SELECT event_id, room_id, stream_ordering, actions, highlight, received_ts FROM ("
+            " SELECT s.event_id AS event_id, s.room_id AS room_id,"
+            "  s.stream_ordering AS stream_ordering, s.push_actions AS actions,"
+            "  s.push_highlight AS highlight, s.origin_server_ts AS received_ts"
+            " FROM events AS s JOIN local_current_membership AS m"
+            "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
+            " WHERE s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
+            "  AND s.push_actions IS NOT NULL"
+            + extra.format(t="s").replace("s.highlight", "s.push_highlight")
+            + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
+            "   WHERE x.event_id = s.event_id AND x.user_id = ?)"
+            " UNION ALL"
+            " SELECT a.event_id, a.room_id, a.stream_ordering, a.actions, a.highlight,"
+            "  a.received_ts FROM event_push_actions AS a WHERE a.user_id = ? AND a.notif = ?"
+            + extra.format(t="a")
+            + f") AS notifications ORDER BY stream_ordering {order} LIMIT ?",
+            user_id,
+            user_id,
+            *extra_args,
+            user_id,
+            user_id,
+            True,
+            *extra_args,
+            limit,
+        )
+        return [(r[0], r[1], int(r[2]), db_to_json(r[3]), bool(r[4]), int(r[5])) for r in rows]
+
+    async def get_read_positions(self, user_id: str, room_ids: list[str]) -> dict[str, int]:
+        """room_id -> stream ordering of the user's newest m.read (or private)
+        receipt there; rooms without one are left out."""
+        if not room_ids:
+            return {}
+        placeholders = ", ".join("?" for _ in room_ids)
+        rows = await self.db_pool.select(
+            "get_read_positions",
+            "SELECT r.room_id, MAX(e.stream_ordering) FROM receipts_linearized AS r"
+            " JOIN events AS e ON e.event_id = r.event_id"
+            f" WHERE r.user_id = ? AND r.room_id IN ({placeholders})"
+            " AND r.receipt_type IN ('m.read', 'm.read.private') GROUP BY r.room_id",
+            user_id,
+            *room_ids,
+        )
+        return {r[0]: int(r[1]) for r in rows if r[1] is not None}

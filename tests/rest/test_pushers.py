@@ -1,0 +1,272 @@
+"""Pushers over the client API: set, list, replace, remove, ``append``, bad
+input, and the pushers stream written by a worker."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.internet.task import deferLater
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.polling import eventually
+from tests.harness.server import DatabaseTestCase
+from tests.harness.spec import assert_spec_response
+
+URL = "https://push.example/_matrix/push/v1/notify"
+
+
+def pusher(pushkey: str = "key1", **changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "kind": "http",
+        "app_id": "org.example.app.android",
+        "pushkey": pushkey,
+        "app_display_name": "Example",
+        "device_display_name": "Phone",
+        "lang": "en",
+        "data": {"url": URL, "format": "event_id_only", "custom": 1},
+    }
+    body.update(changes)
+    return body
+
+
+class PushersApiTestCase(DatabaseTestCase):
+    async def setUp(self) -> None:  # type: ignore[override]
+        super().setUp()
+        _, clients, _ = start_cluster(self, self.test_db)
+        self.alice = await ClientApi(self, clients["main"].base_url).register("alice")
+        self.bob = await ClientApi(self, clients["main"].base_url).register("bob")
+
+    async def test_set_list_replace_and_remove(self) -> None:
+        self.assertEqual(await self.alice.ok("GET", "/pushers"), {"pushers": []})
+        await self.alice.ok("POST", "/pushers/set", pusher(profile_tag="tag"))
+        listed = await self.alice.ok("GET", "/pushers")
+        assert_spec_response(self, "pusher.yaml", "/pushers", "GET", 200, listed)
+        [only] = listed["pushers"]
+        self.assertEqual((only["pushkey"], only["profile_tag"]), ("key1", "tag"))
+        self.assertEqual(only["data"], {"url": URL, "format": "event_id_only", "custom": 1})
+        # The same (app_id, pushkey) replaces; another pushkey adds.
+        await self.alice.ok("POST", "/pushers/set", pusher(lang="fr"))
+        await self.alice.ok("POST", "/pushers/set", pusher("key2"))
+        listed = (await self.alice.ok("GET", "/pushers"))["pushers"]
+        self.assertEqual(
+            [(p["pushkey"], p["lang"]) for p in listed], [("key1", "fr"), ("key2", "en")]
+        )
+        await self.alice.ok(
+            "POST",
+            "/pushers/set",
+            {"kind": None, "app_id": "org.example.app.android", "pushkey": "key1"},
+        )
+        listed = (await self.alice.ok("GET", "/pushers"))["pushers"]
+        self.assertEqual([p["pushkey"] for p in listed], ["key2"])
+        self.assertEqual(await self.bob.ok("GET", "/pushers"), {"pushers": []})
+
+    async def test_append(self) -> None:
+        await self.alice.ok("POST", "/pushers/set", pusher("shared"))
+        # Without append, bob taking the same pushkey removes alice's.
+        await self.bob.ok("POST", "/pushers/set", pusher("shared"))
+        self.assertEqual(await self.alice.ok("GET", "/pushers"), {"pushers": []})
+        await self.alice.ok("POST", "/pushers/set", pusher("shared", append=True))
+        self.assertEqual(len((await self.alice.ok("GET", "/pushers"))["pushers"]), 1)
+        self.assertEqual(len((await self.bob.ok("GET", "/pushers"))["pushers"]), 1)
+
+    async def test_bad_input_is_refused_and_nothing_is_stored(self) -> None:
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({k: v for k, v in pusher().items() if k != "kind"}, "M_MISSING_PARAM"),
+            ({k: v for k, v in pusher().items() if k != "pushkey"}, "M_MISSING_PARAM"),
+            ({k: v for k, v in pusher().items() if k != "lang"}, "M_MISSING_PARAM"),
+            ({k: v for k, v in pusher().items() if k != "data"}, "M_MISSING_PARAM"),
+            (pusher(kind="email"), "M_INVALID_PARAM"),
+            (pusher(kind=7), "M_INVALID_PARAM"),
+            (pusher(app_id="a" * 65), "M_INVALID_PARAM"),
+            (pusher(pushkey="é" * 300), "M_INVALID_PARAM"),
+            (pusher(data={"url": "ftp://push.example/_matrix/push/v1/notify"}), "M_INVALID_PARAM"),
+            (pusher(data={"url": "https://push.example/notify"}), "M_INVALID_PARAM"),
+            (
+                pusher(data={"url": "https://push.example/_matrix/push/v1/notify?" + "x" * 3000}),
+                "M_INVALID_PARAM",
+            ),
+            (pusher(data={"url": "not a url"}), "M_INVALID_PARAM"),
+            (pusher(data={}), "M_INVALID_PARAM"),
+            (pusher(data={"url": URL, "format": "full"}), "M_INVALID_PARAM"),
+            (pusher(data="x"), "M_INVALID_PARAM"),
+            (pusher(append="yes"), "M_INVALID_PARAM"),
+            (pusher(profile_tag=5), "M_INVALID_PARAM"),
+        ]
+        for body, errcode in cases:
+            code, answer = await self.alice.request("POST", "/pushers/set", body)
+            self.assertEqual((code, answer["errcode"]), (400, errcode), body)
+        self.assertEqual(await self.alice.ok("GET", "/pushers"), {"pushers": []})
+        code, _ = await self.alice.request("GET", "/pushers", token=None)
+        self.assertEqual(code, 401)
+
+
+class PushersWorkersTestCase(DatabaseTestCase):
+    async def test_written_by_its_worker_and_followed_by_the_others(self) -> None:
+        servers, clients, _ = start_cluster(
+            self, self.test_db, workers=["writer1"], stream_writers={"pushers": "writer1"}
+        )
+        self.assertIn("pushers", servers["writer1"].streamer.sourced_stream_names)
+        alice = await ClientApi(self, clients["main"].base_url).register("alice")
+        # Through main, which forwards to the writer.
+        await alice.ok("POST", "/pushers/set", pusher())
+        writer_stream = servers["writer1"].streams["pushers"].positions
+        position = writer_stream.sync_position()
+        self.assertGreater(position, 0)
+        main_stream = servers["main"].streams["pushers"].positions
+
+        def main_followed() -> bool:
+            return main_stream.received_position("writer1") >= position
+
+        await eventually(main_followed, what="main to follow the pushers stream")
+        listed = (await alice.ok("GET", "/pushers"))["pushers"]
+        self.assertEqual([p["pushkey"] for p in listed], ["key1"])
+
+
+class Gateway(Resource):
+    """A push gateway: records each notification; can be told to fail
+    (status 500) or to reject pushkeys."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list[dict[str, Any]] = []
+        self.failing = False
+        self.rejected: list[str] = []
+
+    def render_POST(self, request: Any) -> bytes:
+        if self.failing:
+            request.setResponseCode(500)
+            return b"down"
+        body = json.loads(request.content.read())
+        self.received.append(body["notification"])
+        return json.dumps({"rejected": self.rejected}).encode()
+
+
+class DeliveryTestCase(DatabaseTestCase):
+    async def test_delivered_in_order_retried_and_removed_when_rejected(self) -> None:
+        from twisted.internet import reactor
+
+        from synapse_lite.handlers import pusher_delivery
+
+        self.patch(pusher_delivery, "POLL_SECONDS", 0.05)
+        self.patch(pusher_delivery, "FIRST_BACKOFF_SECONDS", 0.2)
+        gateway = Gateway()
+        any_reactor: Any = reactor
+        port = any_reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = f"http://127.0.0.1:{port.getHost().port}/_matrix/push/v1/notify"
+        _, clients, _ = start_cluster(self, self.test_db)
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room_id = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room_id}")
+        await alice.send(room_id, "before the pusher")  # not pushed: older than it
+        await bob.ok("POST", "/pushers/set", pusher(data={"url": url}))
+        for i in range(3):
+            await alice.send(room_id, f"message {i}")
+
+        def bodies() -> list[str]:
+            return [n.get("content", {}).get("body") for n in gateway.received]
+
+        await eventually(lambda: len(gateway.received) >= 3, what="three notifications")
+        self.assertEqual(bodies(), ["message 0", "message 1", "message 2"])
+        first = gateway.received[0]
+        self.assertEqual(first["room_id"], room_id)
+        self.assertEqual(first["sender"], alice.user_id)
+        self.assertEqual(first["devices"][0]["pushkey"], "key1")
+        self.assertNotIn("url", first["devices"][0]["data"])
+
+        # The gateway down: nothing lost, nothing repeated once it is back.
+        gateway.failing = True
+        await alice.send(room_id, "while down 1")
+        await alice.send(room_id, "while down 2")
+        await deferLater(reactor, 0.5, lambda: None)
+        self.assertEqual(len(gateway.received), 3)
+        gateway.failing = False
+        await eventually(lambda: len(gateway.received) >= 5, timeout=10, what="the backlog")
+        await deferLater(reactor, 0.3, lambda: None)
+        self.assertEqual(bodies()[3:], ["while down 1", "while down 2"])
+
+        # A rejected pushkey: the pusher is removed.
+        gateway.rejected = ["key1"]
+        await alice.send(room_id, "last one")
+
+        async def removed() -> bool:
+            return (await bob.ok("GET", "/pushers"))["pushers"] == []
+
+        await eventually(removed, what="the rejected pusher to be removed")
+        await alice.send(room_id, "never pushed")
+        await deferLater(reactor, 0.3, lambda: None)
+        self.assertEqual(bodies()[-1], "last one")
+
+
+class ShardedDeliveryTestCase(DatabaseTestCase):
+    async def test_each_pusher_delivered_once_and_resumed_after_a_restart(self) -> None:
+        from twisted.internet import reactor
+
+        from synapse_lite.handlers import pusher_delivery
+        from tests.harness.server import make_homeserver
+
+        self.patch(pusher_delivery, "POLL_SECONDS", 0.05)
+        gateway = Gateway()
+        any_reactor: Any = reactor
+        port = any_reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = f"http://127.0.0.1:{port.getHost().port}/_matrix/push/v1/notify"
+        instances = ["main", "pusher1"]
+        servers, clients, bus = start_cluster(
+            self, self.test_db, workers=["pusher1"], pusher_instances=instances
+        )
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room_id = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room_id}")
+        keys = [f"key{i}" for i in range(6)]
+        owners = {
+            pusher_delivery.owner_of(("org.example.app.android", k, bob.user_id or ""), instances)
+            for k in keys
+        }
+        self.assertEqual(owners, set(instances))  # both instances own some
+        for key in keys:
+            await bob.ok("POST", "/pushers/set", pusher(key, data={"url": url}, append=True))
+
+        def per_key() -> dict[str, list[str]]:
+            found: dict[str, list[str]] = {k: [] for k in keys}
+            for n in gateway.received:
+                found[n["devices"][0]["pushkey"]].append(n["content"]["body"])
+            return found
+
+        for i in range(3):
+            last = await alice.send(room_id, f"m{i}")
+        await eventually(lambda: len(gateway.received) >= 18, timeout=10, what="18 deliveries")
+        store = servers["main"].store
+        event = await store.get_event(last)
+        assert event is not None
+
+        async def positions_stored() -> bool:
+            pushers = await store.get_all_pushers()
+            return all(p.last_stream_ordering >= event.stream_ordering for p in pushers)
+
+        # A process stopped between a gateway's answer and recording it would
+        # push that one again (at least once): stop it after the recording.
+        await eventually(positions_stored, what="the positions to be recorded")
+
+        # pusher1 stops; what its pushers miss meanwhile is delivered by the
+        # restarted process, from the position it stored.
+        worker = servers["pusher1"]
+        bus.leave(next(e for e in bus.endpoints if e.hs is worker))
+        await worker.service.stopService()
+        for i in range(3, 5):
+            await alice.send(room_id, f"m{i}")
+        restarted = make_homeserver(self, worker.config, "pusher1")
+        bus.join(restarted)
+        await eventually(lambda: len(gateway.received) >= 30, timeout=10, what="30 deliveries")
+        await deferLater(reactor, 0.3, lambda: None)
+        expected = [f"m{i}" for i in range(5)]
+        self.assertEqual(per_key(), {k: expected for k in keys})
