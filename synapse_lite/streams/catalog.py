@@ -93,6 +93,7 @@ def _wake_for_events(rows: Sequence[Any]) -> Wake:
 _UPSERTED = "upserted: a later update of the same key replaces the row and its id"
 _DELIVERED = "deleted once the device has received the message"
 _SENT = "deleted once the message was sent to the other server"
+_PUSHER_REMOVED = "replaced when the pusher is set again, deleted when it is removed"
 
 
 EVENTS = StreamDefinition(
@@ -380,7 +381,9 @@ PUSH_RULES = StreamDefinition(
     description="users whose push rules changed (shown as `m.push_rules` account data)",
     codec=RowCodec(PushRulesStreamRow),
     writers=WriterRule("push_rules"),
-    ids=IdSpace("push_rules_stream_sequence", (StreamTable("push_rules_user"),)),
+    ids=IdSpace(
+        "push_rules_stream_sequence", (StreamTable("push_rules_user", rows_removed=_UPSERTED),)
+    ),
     in_sync_token=True,
     wake=wake_users,
     rows_from_store=lambda store: store.get_push_rules_stream_updates,
@@ -408,7 +411,7 @@ PUSHERS = StreamDefinition(
     description="pushers added, changed or removed",
     codec=RowCodec(PushersStreamRow),
     writers=WriterRule("pushers"),
-    ids=IdSpace("pushers_sequence", (StreamTable("pushers"),)),
+    ids=IdSpace("pushers_sequence", (StreamTable("pushers", rows_removed=_PUSHER_REMOVED),)),
     rows_from_store=lambda store: store.get_pushers_stream_updates,
 )
 

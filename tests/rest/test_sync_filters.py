@@ -194,7 +194,7 @@ class SyncFilterTestCase(DatabaseTestCase):
         flt = as_param(
             {
                 "event_fields": ["type", "content.body"],
-                "account_data": {"not_types": ["org.drop"]},
+                "account_data": {"not_types": ["org.drop", "m.push_rules"]},
                 "room": {"timeline": {"types": ["m.room.message"]}},
             }
         )
