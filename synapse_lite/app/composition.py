@@ -48,6 +48,7 @@ from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.login import LoginHandler
@@ -58,6 +59,7 @@ from synapse_lite.handlers.presence import (
     PresenceHandlerBase,
     PresenceWriterHandler,
 )
+from synapse_lite.handlers.profile import ProfileHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.room import RoomCreationHandler
@@ -91,6 +93,7 @@ from synapse_lite.replication.http.writes import (
     SEND_RECEIPT,
     SEND_TO_DEVICE,
     SET_PRESENCE,
+    SET_ROOM_TAG,
     SET_TYPING,
 )
 from synapse_lite.replication.instance_directory import InstanceDirectory
@@ -249,11 +252,16 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         device_messages=device_messages,
         typing=typing,
         presence=presence,
+        turn=config.turn,
+        profiles=ProfileHandler(store, clock, server_name, events),
+        directory=DirectoryHandler(store, server_name),
+        server_name=server_name,
     )
     if me in config.stream_writers.events:
         wiring.served.append((SEND_EVENTS, events.persist_events))
     wiring.served += [
         (ADD_ACCOUNT_DATA, handlers.account_data.write_account_data),
+        (SET_ROOM_TAG, handlers.account_data.write_tag),
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),

@@ -11,19 +11,31 @@ from typing import TYPE_CHECKING, Any
 import attr
 
 from synapse_lite.http.server import JsonResource
-from synapse_lite.rest.client import account, room, sync, user_data, versions
+from synapse_lite.rest.client import (
+    account,
+    directory,
+    profile,
+    room,
+    sync,
+    user_data,
+    versions,
+    voip,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.config.homeserver import TurnConfig
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+    from synapse_lite.handlers.directory import DirectoryHandler
     from synapse_lite.handlers.filtering import FilteringHandler
     from synapse_lite.handlers.login import LoginHandler
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.handlers.pagination import PaginationHandler
     from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.profile import ProfileHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
     from synapse_lite.handlers.room import RoomCreationHandler
@@ -55,10 +67,14 @@ class ClientHandlers:
     device_messages: DeviceMessageHandler
     typing: TypingHandlerBase
     presence: PresenceHandlerBase
+    turn: TurnConfig
+    profiles: ProfileHandler
+    directory: DirectoryHandler
+    server_name: str
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     """Serve every client endpoint on ``resource``."""
-    modules: list[Any] = [versions, account, room, sync, user_data]
+    modules: list[Any] = [versions, account, room, sync, user_data, profile, directory, voip]
     for module in modules:
         module.register_servlets(handlers, resource)

@@ -61,6 +61,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             "is_guest": False,
         }
 
+    async def threepids(request: Request) -> tuple[int, Any]:
+        # No third-party identifiers can be added (m.3pid_changes is false).
+        await handlers.auth.get_user_by_req(request)
+        return 200, {"threepids": []}
+
     async def admin_nonce(request: Request) -> tuple[int, Any]:
         return 200, {"nonce": handlers.registration.new_nonce()}
 
@@ -78,5 +83,6 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     resource.register_paths("POST", client_path("/logout"), logout, "logout")
     resource.register_paths("POST", client_path("/logout/all"), logout_all, "logout_all")
     resource.register_paths("GET", client_path("/account/whoami"), whoami, "whoami")
+    resource.register_paths("GET", client_path("/account/3pid"), threepids, "account_3pid")
     resource.register_paths("GET", "/_synapse/admin/v1/register", admin_nonce, "admin_register")
     resource.register_paths("POST", "/_synapse/admin/v1/register", admin_register, "admin_register")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
+from synapse_lite.handlers.filtering import EventFilter
 from synapse_lite.handlers.typing import check_typing_request
 from synapse_lite.http.fields import get_optional_str
 from synapse_lite.http.server import (
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 
 ROOM = "/rooms/(?P<room_id>[^/]+)"
 MEMBERSHIPS = ("join", "invite", "leave", "ban")
+#: The most events ``/context`` returns around its event.
+MAX_CONTEXT_LIMIT = 1000
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -74,6 +78,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_identifier_text(event_type, "eventType")
         check_identifier_text(state_key, "stateKey")
         content = parse_json_object_from_request(request)
+        if event_type == "m.room.canonical_alias" and state_key == "":
+            await handlers.directory.check_canonical_alias(room_id, content)
         event_id = await handlers.events.send_client_event(
             requester, room_id, event_type, content, state_key=state_key
         )
@@ -112,6 +118,43 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             limit,
         )
 
+    async def get_event(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        event = await handlers.pagination.get_event(requester, room_id, event_id)
+        return 200, event.to_client_dict(handlers.clock.time_msec())
+
+    async def context(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        limit = query_int(request, "limit", 10, maximum=MAX_CONTEXT_LIMIT)
+        assert limit is not None
+        event_filter = None
+        raw_filter = query_string(request, "filter")
+        if raw_filter is not None:
+            try:
+                definition = json.loads(raw_filter)
+            except ValueError:
+                raise SynapseError(400, "'filter' must be JSON", Codes.NOT_JSON) from None
+            event_filter = EventFilter.parse(definition, "filter")
+        return 200, await handlers.pagination.get_context(
+            requester, room_id, event_id, limit, event_filter
+        )
+
+    async def forget(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        parse_json_object_from_request(request, allow_empty=True)
+        current = await handlers.store.get_membership_in_room(requester.user_id, room_id)
+        if current is None:
+            raise SynapseError(404, "You were never in this room", Codes.NOT_FOUND)
+        if current[0] in ("join", "invite"):
+            raise SynapseError(400, "Leave the room before forgetting it", Codes.UNKNOWN)
+        await handlers.store.forget_room(requester.user_id, room_id)
+        return 200, {}
+
     async def members(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
@@ -130,9 +173,14 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         events = await handlers.pagination.get_members(requester, room_id, "join", None)
-        return 200, {
-            "joined": {e.state_key: {"display_name": None, "avatar_url": None} for e in events}
-        }
+        joined = {}
+        for event in events:
+            name, avatar = event.content.get("displayname"), event.content.get("avatar_url")
+            joined[event.state_key] = {
+                "display_name": name if isinstance(name, str) else None,
+                "avatar_url": avatar if isinstance(avatar, str) else None,
+            }
+        return 200, {"joined": joined}
 
     async def joined_rooms(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -209,6 +257,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", client_path(ROOM + "/state"), get_state, "state")
     register("GET", client_path(ROOM + "/messages"), messages, "messages")
     register("GET", client_path(ROOM + "/members"), members, "members")
+    event_path = ROOM + "/event/(?P<event_id>[^/]+)"
+    register("GET", client_path(event_path), get_event, "room_event")
+    register("GET", client_path(ROOM + "/context/(?P<event_id>[^/]+)"), context, "context")
+    register("POST", client_path(ROOM + "/forget"), forget, "forget")
     register("GET", client_path(ROOM + "/joined_members"), joined_members, "joined_members")
     register("GET", client_path("/joined_rooms"), joined_rooms, "joined_rooms")
     register("PUT", client_path(ROOM + "/typing/(?P<user_id>[^/]+)"), typing, "typing")

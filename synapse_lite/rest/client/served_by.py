@@ -69,6 +69,20 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "joined_rooms": READERS,
     "whoami": READERS,
     "capabilities": READERS,
+    "room_event": READERS,
+    "context": READERS,
+    # Not streams: any process writes the rows (profiles also send member
+    # events, each through its room's writer).
+    "profile": READERS,
+    "forget": READERS,
+    "directory_alias": READERS,
+    "room_aliases": READERS,
+    "directory_listing": READERS,
+    "public_rooms": READERS,
+    "user_directory": READERS,
+    "turn_server": READERS,
+    "account_3pid": READERS,
+    "thirdparty_protocols": READERS,
     # A room's events, straight to the process persisting them.
     "send": ROOM_EVENTS_WRITER,
     "state": {"PUT": ROOM_EVENTS_WRITER, "GET": READERS},
@@ -83,6 +97,7 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "read_markers": writer_of("receipts"),
     "account_data": writer_of("account_data"),
     "room_account_data": writer_of("account_data"),
+    "room_tags": writer_of("account_data"),
     "presence": writer_of("presence"),
     "send_to_device": writer_of("to_device"),
     "devices": writer_of("device_lists"),

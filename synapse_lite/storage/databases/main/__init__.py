@@ -18,6 +18,7 @@ from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.media import MediaRepositoryStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
+from synapse_lite.storage.databases.main.profile import ProfileWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
@@ -35,6 +36,7 @@ class GenericWorkerStore(
     FilteringWorkerStore,
     InstancesWorkerStore,
     MediaRepositoryStore,
+    ProfileWorkerStore,
 ):
     """The store of a worker process."""
 

@@ -1,0 +1,28 @@
+-- Profiles of local users (GET/PUT /profile/{userId}/...): a user with no row
+-- has the display name of their localpart and no avatar (docs/client-api.md).
+CREATE TABLE profiles (
+    user_id TEXT NOT NULL PRIMARY KEY,
+    displayname TEXT,
+    avatar_url TEXT
+);
+
+-- Room aliases of this server (#alias:server_name -> room), with who made them
+-- (the creator may delete theirs; so may a room moderator).
+CREATE TABLE room_aliases (
+    room_alias TEXT NOT NULL PRIMARY KEY,
+    room_id TEXT NOT NULL,
+    creator TEXT NOT NULL
+);
+CREATE INDEX room_aliases_room ON room_aliases (room_id);
+
+-- Rooms a user forgot (POST /rooms/{roomId}/forget) after leaving them.
+CREATE TABLE forgotten_rooms (
+    user_id TEXT NOT NULL,
+    room_id TEXT NOT NULL,
+    PRIMARY KEY (user_id, room_id)
+);
+
+-- Whether a room is listed in the public room directory (GET /publicRooms):
+-- its own setting (PUT /directory/list/room/{roomId}, createRoom's
+-- visibility), apart from its join rule.
+ALTER TABLE rooms ADD COLUMN in_directory BOOLEAN NOT NULL DEFAULT FALSE;
