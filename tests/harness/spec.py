@@ -53,7 +53,8 @@ def _resolve(value: Any, path: str) -> Any:
             target_path = os.path.join(os.path.dirname(path), target) if target else path
             resolved = _pointer(_load(target_path), pointer)
             return _resolve(resolved, target_path)
-        return {k: _resolve(v, path) for k, v in value.items()}
+        # Examples are documentation (and may point at files the copy lacks).
+        return {k: _resolve(v, path) for k, v in value.items() if k not in ("example", "examples")}
     if isinstance(value, list):
         return [_resolve(v, path) for v in value]
     return value

@@ -15,13 +15,14 @@ from typing import Any
 
 from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client.versions import VERSION_MODULES, supported_versions
-from tests.harness.client_api import ClientApi, ThreeUsersTestCase, start_cluster
+from tests.harness.client_api import ThreeUsersTestCase, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
 
 
-def q(value: str) -> str:
+def q(value: str | None) -> str:
+    assert value is not None
     return urllib.parse.quote(value, safe="")
 
 
@@ -151,4 +152,345 @@ class TagsOnWriterTestCase(DatabaseTestCase):
         self.assertEqual(writer[0], "worker1")
 
 
-__all__ = ["Any", "ClientApi", "eventually", "q"]
+async def profile_updates_done(servers: dict[str, Any]) -> None:
+    """Wait for every process's background member-event updates."""
+    for hs in servers.values():
+        handler = hs.handlers.profiles
+        while handler.updates_in_flight:
+            await next(iter(handler.updates_in_flight))
+
+
+class ProfileTestCase(ThreeUsersTestCase):
+    async def test_defaults_set_and_get(self) -> None:
+        me = q(self.alice.user_id)
+        profile = await self.bob.ok("GET", f"/profile/{me}")
+        self.assertEqual(profile, {"displayname": "alice"})
+        assert_spec_response(self, "profile.yaml", "/profile/{userId}", "GET", 200, profile)
+        code, body = await self.alice.request("GET", f"/profile/{me}/avatar_url")
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+        await self.alice.ok("PUT", f"/profile/{me}/displayname", {"displayname": "Alice A."})
+        await self.alice.ok(
+            "PUT", f"/profile/{me}/avatar_url", {"avatar_url": "mxc://test.local/x"}
+        )
+        name = await self.bob.ok("GET", f"/profile/{me}/displayname")
+        self.assertEqual(name, {"displayname": "Alice A."})
+        assert_spec_response(self, "profile.yaml", "/profile/{userId}/{keyName}", "GET", 200, name)
+        self.assertEqual(
+            await self.bob.ok("GET", f"/profile/{me}"),
+            {"displayname": "Alice A.", "avatar_url": "mxc://test.local/x"},
+        )
+
+    async def test_bad_input(self) -> None:
+        me = q(self.alice.user_id)
+        code, body = await self.bob.request(
+            "PUT", f"/profile/{me}/displayname", {"displayname": "x"}
+        )
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        for field, value in [
+            ("displayname", 5),
+            ("displayname", "x" * 300),
+            ("avatar_url", "http://example.com/a.png"),
+        ]:
+            code, body = await self.alice.request("PUT", f"/profile/{me}/{field}", {field: value})
+            self.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"), (field, value))
+        code, body = await self.alice.request("PUT", f"/profile/{me}/displayname", {})
+        self.assertEqual((code, body["errcode"]), (400, "M_MISSING_PARAM"))
+        code, body = await self.alice.request("PUT", f"/profile/{me}/status", {"status": "x"})
+        self.assertEqual(code, 400)
+        for unknown in ("@nobody:test.local", "@someone:elsewhere.example"):
+            code, body = await self.alice.request("GET", f"/profile/{q(unknown)}")
+            self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+        code, body = await self.alice.request("GET", "/profile/not-a-user")
+        self.assertEqual(code, 400)
+        self.assertEqual(await self.bob.ok("GET", f"/profile/{me}"), {"displayname": "alice"})
+
+    async def test_joins_carry_the_profile_and_joined_members_shows_it(self) -> None:
+        me = q(self.bob.user_id)
+        await self.bob.ok("PUT", f"/profile/{me}/displayname", {"displayname": "Bobby"})
+        room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        members = await self.alice.ok("GET", f"/rooms/{room}/joined_members")
+        assert_spec_response(
+            self, "rooms.yaml", "/rooms/{roomId}/joined_members", "GET", 200, members
+        )
+        self.assertEqual(
+            members["joined"],
+            {
+                self.alice.user_id: {"display_name": "alice"},
+                self.bob.user_id: {"display_name": "Bobby"},
+            },
+        )
+
+
+class ProfileAcrossProcessesTestCase(DatabaseTestCase):
+    async def test_name_change_reaches_every_room_on_its_writer(self) -> None:
+        servers, clients, _ = start_cluster(
+            self,
+            self.test_db,
+            workers=["writer1", "writer2", "reader"],
+            stream_writers={"events": ["writer1", "writer2"]},
+        )
+        alice = await clients["reader"].register("alice")
+        bob = await clients["reader"].register("bob")
+        rooms = [await alice.create_room(preset="public_chat") for _ in range(4)]
+        for room in rooms:
+            await bob.ok("POST", f"/join/{room}", {})
+        writers = {
+            (await servers["main"].store.get_room(room) or {})["event_writer"] for room in rooms
+        }
+        self.assertEqual(writers, {"writer1", "writer2"})
+        since = (await bob.sync())["next_batch"]
+        await alice.ok(
+            "PUT", f"/profile/{q(alice.user_id)}/displayname", {"displayname": "Queen Alice"}
+        )
+        await profile_updates_done(servers)
+        on_main = clients["main"].as_user(bob.token)
+
+        async def renamed_everywhere() -> bool:
+            sync = await on_main.sync(since=since)
+            seen = set()
+            for room, entry in sync["rooms"]["join"].items():
+                for event in entry["timeline"]["events"]:
+                    if event["type"] == "m.room.member" and event["state_key"] == alice.user_id:
+                        if event["content"].get("displayname") == "Queen Alice":
+                            seen.add(room)
+            return seen == set(rooms)
+
+        await eventually(renamed_everywhere)
+        for room in rooms:
+            members = await on_main.ok("GET", f"/rooms/{room}/joined_members")
+            self.assertEqual(members["joined"][alice.user_id]["display_name"], "Queen Alice")
+
+
+class RoomEventsTestCase(ThreeUsersTestCase):
+    async def test_event_and_context(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        ids = [await self.alice.send(room, f"m{i}") for i in range(7)]
+        event = await self.bob.ok("GET", f"/rooms/{room}/event/{q(ids[3])}")
+        assert_spec_response(
+            self, "rooms.yaml", "/rooms/{roomId}/event/{eventId}", "GET", 200, event
+        )
+        self.assertEqual((event["event_id"], event["content"]["body"]), (ids[3], "m3"))
+        context = await self.bob.ok("GET", f"/rooms/{room}/context/{q(ids[3])}?limit=4")
+        assert_spec_response(
+            self, "event_context.yaml", "/rooms/{roomId}/context/{eventId}", "GET", 200, context
+        )
+        self.assertEqual(context["event"]["event_id"], ids[3])
+        before = [e["content"].get("body") for e in context["events_before"]]
+        after = [e["content"].get("body") for e in context["events_after"]]
+        self.assertEqual((before, after), (["m2", "m1"], ["m4", "m5"]))
+        self.assertIn("m.room.create", {e["type"] for e in context["state"]})
+        # The tokens page on from the edges of the context.
+        page = await self.bob.ok(
+            "GET", f"/rooms/{room}/messages?dir=b&limit=1&from={context['start']}"
+        )
+        self.assertEqual(page["chunk"][0]["content"]["body"], "m0")
+        page = await self.bob.ok(
+            "GET", f"/rooms/{room}/messages?dir=f&limit=1&from={context['end']}"
+        )
+        self.assertEqual(page["chunk"][0]["content"]["body"], "m6")
+        only_members = q('{"types": ["m.room.member"]}')
+        filtered = await self.bob.ok(
+            "GET", f"/rooms/{room}/context/{q(ids[0])}?limit=20&filter={only_members}"
+        )
+        self.assertEqual(filtered["events_after"], [])
+        self.assertTrue(filtered["events_before"])
+        self.assertEqual({e["type"] for e in filtered["events_before"]}, {"m.room.member"})
+
+    async def test_history_visibility_and_bad_input(self) -> None:
+        room = await self.alice.create_room(preset="private_chat")
+        await self.alice.ok(
+            "PUT",
+            f"/rooms/{room}/state/m.room.history_visibility",
+            {"history_visibility": "joined"},
+        )
+        early = await self.alice.send(room, "before bob")
+        await self.alice.ok("POST", f"/rooms/{room}/invite", {"user_id": self.bob.user_id})
+        await self.bob.ok("POST", f"/join/{room}", {})
+        later = await self.alice.send(room, "with bob")
+        await self.bob.ok("GET", f"/rooms/{room}/event/{q(later)}")
+        for path in (f"/rooms/{room}/event/{q(early)}", f"/rooms/{room}/context/{q(early)}"):
+            code, body = await self.bob.request("GET", path)
+            self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"), path)
+        context = await self.bob.ok("GET", f"/rooms/{room}/context/{q(later)}")
+        self.assertNotIn("before bob", [e["content"].get("body") for e in context["events_before"]])
+        # Eve was never in the room; an unknown room answers the same.
+        for path in (
+            f"/rooms/{room}/event/{q(later)}",
+            f"/rooms/!nope:test.local/event/{q(later)}",
+        ):
+            code, body = await self.eve.request("GET", path)
+            self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"), path)
+        other = await self.alice.create_room()
+        elsewhere = await self.alice.send(other, "other room")
+        code, body = await self.bob.request("GET", f"/rooms/{room}/event/{q(elsewhere)}")
+        self.assertEqual(code, 404)
+        for query in ("limit=x", "limit=-1", "filter=notjson", "filter=%5B%5D"):
+            code, body = await self.bob.request("GET", f"/rooms/{room}/context/{q(later)}?{query}")
+            self.assertEqual(code, 400, query)
+        code, _ = await self.bob.request("GET", f"/rooms/not-a-room/event/{q(later)}")
+        self.assertEqual(code, 400)
+
+    async def test_forget(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        code, body = await self.bob.request("POST", f"/rooms/{room}/forget", {})
+        self.assertEqual(code, 400)
+        code, body = await self.eve.request("POST", f"/rooms/{room}/forget", {})
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+        await self.bob.ok("POST", f"/rooms/{room}/leave", {})
+        self.assertEqual(await self.bob.ok("POST", f"/rooms/{room}/forget", {}), {})
+        store, bob = self.servers["main"].store, self.bob.user_id
+        assert bob is not None
+        self.assertEqual(await store.get_forgotten_rooms(bob), {room})
+        await self.bob.ok("POST", f"/join/{room}", {})
+        self.assertEqual(await store.get_forgotten_rooms(bob), set())
+
+
+class DirectoryTestCase(ThreeUsersTestCase):
+    async def test_aliases(self) -> None:
+        room = await self.alice.create_room(preset="public_chat", room_alias_name="lobby")
+        alias = "#lobby:test.local"
+        found = await self.bob.ok("GET", f"/directory/room/{q(alias)}")
+        assert_spec_response(
+            self, "directory.yaml", "/directory/room/{roomAlias}", "GET", 200, found
+        )
+        self.assertEqual(found, {"room_id": room, "servers": ["test.local"]})
+        state = await self.alice.ok("GET", f"/rooms/{room}/state/m.room.canonical_alias")
+        self.assertEqual(state, {"alias": alias})
+        code, body = await self.bob.request("POST", "/createRoom", {"room_alias_name": "lobby"})
+        self.assertEqual((code, body["errcode"]), (400, "M_ROOM_IN_USE"))
+
+        second = "#hall:test.local"
+        code, body = await self.bob.request(
+            "PUT", f"/directory/room/{q(second)}", {"room_id": room}
+        )
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))  # not in the room
+        await self.bob.ok("POST", f"/join/{room}", {})
+        await self.bob.ok("PUT", f"/directory/room/{q(second)}", {"room_id": room})
+        code, body = await self.alice.request(
+            "PUT", f"/directory/room/{q(second)}", {"room_id": room}
+        )
+        self.assertEqual(code, 409)
+        aliases = await self.bob.ok("GET", f"/rooms/{room}/aliases")
+        assert_spec_response(self, "directory.yaml", "/rooms/{roomId}/aliases", "GET", 200, aliases)
+        self.assertEqual(aliases, {"aliases": [second, alias]})
+        code, body = await self.eve.request("GET", f"/rooms/{room}/aliases")
+        self.assertEqual(code, 403)
+        # Bob made #hall, so he may delete it; #lobby needs power he lacks.
+        code, body = await self.bob.request("DELETE", f"/directory/room/{q(alias)}")
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        await self.bob.ok("DELETE", f"/directory/room/{q(second)}")
+        code, body = await self.bob.request("GET", f"/directory/room/{q(second)}")
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+
+        # m.room.canonical_alias may only name aliases of this room.
+        other = await self.alice.create_room(room_alias_name="elsewhere")
+        for content in (
+            {"alias": "#elsewhere:test.local"},
+            {"alias": "#missing:test.local"},
+            {"alias": alias, "alt_aliases": ["#elsewhere:test.local"]},
+            {"alias": "no-hash"},
+        ):
+            code, body = await self.alice.request(
+                "PUT", f"/rooms/{room}/state/m.room.canonical_alias", content
+            )
+            self.assertEqual(code, 400, content)
+        await self.alice.ok("PUT", f"/rooms/{room}/state/m.room.canonical_alias", {"alias": alias})
+        del other
+
+    async def test_alias_bad_input_and_squatting(self) -> None:
+        room = await self.alice.create_room()
+        for bad in ("#squat:other.example", "lobby", "#:test.local", "#a b:test.local"):
+            code, body = await self.alice.request(
+                "PUT", f"/directory/room/{q(bad)}", {"room_id": room}
+            )
+            self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"), bad)
+        for body_ in ({}, {"room_id": 5}, {"room_id": "nope"}):
+            code, _ = await self.alice.request(
+                "PUT", f"/directory/room/{q('#ok:test.local')}", body_
+            )
+            self.assertEqual(code, 400, body_)
+        code, body = await self.alice.request(
+            "PUT", f"/directory/room/{q('#ok:test.local')}", {"room_id": "!nope:test.local"}
+        )
+        self.assertEqual(code, 404)
+        code, body = await self.alice.request("POST", "/createRoom", {"room_alias_name": "a:b"})
+        self.assertEqual(code, 400)
+        self.assertEqual(await self.servers["main"].store.get_aliases_for_room(room), [])
+
+    async def test_public_rooms_and_listing(self) -> None:
+        listed = await self.alice.create_room(visibility="public", name="Gardening", topic="Roses")
+        unlisted = await self.alice.create_room(preset="public_chat", name="Hidden")
+        vis = await self.bob.ok("GET", f"/directory/list/room/{listed}")
+        assert_spec_response(
+            self, "list_public_rooms.yaml", "/directory/list/room/{roomId}", "GET", 200, vis
+        )
+        self.assertEqual(vis, {"visibility": "public"})
+        self.assertEqual(
+            await self.bob.ok("GET", f"/directory/list/room/{unlisted}"), {"visibility": "private"}
+        )
+        code, body = await self.bob.request(
+            "PUT", f"/directory/list/room/{unlisted}", {"visibility": "public"}
+        )
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        code, body = await self.alice.request(
+            "PUT", f"/directory/list/room/{unlisted}", {"visibility": "everyone"}
+        )
+        self.assertEqual(code, 400)
+        await self.alice.ok("PUT", f"/directory/list/room/{unlisted}", {"visibility": "public"})
+        page = await self.bob.ok("GET", "/publicRooms?limit=1")
+        assert_spec_response(self, "list_public_rooms.yaml", "/publicRooms", "GET", 200, page)
+        self.assertEqual(page["total_room_count_estimate"], 2)
+        self.assertEqual([r["room_id"] for r in page["chunk"]], [listed])
+        self.assertEqual(page["chunk"][0]["name"], "Gardening")
+        self.assertEqual(page["chunk"][0]["num_joined_members"], 1)
+        nxt = await self.bob.ok("GET", f"/publicRooms?limit=1&since={page['next_batch']}")
+        self.assertEqual([r["room_id"] for r in nxt["chunk"]], [unlisted])
+        self.assertNotIn("next_batch", nxt)
+        searched = await self.bob.ok(
+            "POST", "/publicRooms", {"filter": {"generic_search_term": "roses"}}
+        )
+        assert_spec_response(self, "list_public_rooms.yaml", "/publicRooms", "POST", 200, searched)
+        self.assertEqual([r["room_id"] for r in searched["chunk"]], [listed])
+        for bad in (
+            "/publicRooms?since=zzz",
+            "/publicRooms?limit=x",
+            "/publicRooms?server=other.example",
+        ):
+            code, _ = await self.bob.request("GET", bad)
+            self.assertEqual(code, 400, bad)
+        code, _ = await self.bob.request("POST", "/publicRooms", {"filter": "roses"})
+        self.assertEqual(code, 400)
+        code, _ = await self.bob.request("GET", "/directory/list/room/!nope:test.local")
+        self.assertEqual(code, 404)
+
+    async def test_user_directory(self) -> None:
+        await self.alice.ok(
+            "PUT", f"/profile/{q(self.alice.user_id)}/displayname", {"displayname": "Wonderland"}
+        )
+        room = await self.alice.create_room(preset="private_chat")
+        await self.alice.ok("POST", f"/rooms/{room}/invite", {"user_id": self.bob.user_id})
+        await self.bob.ok("POST", f"/join/{room}", {})
+        found = await self.bob.ok("POST", "/user_directory/search", {"search_term": "wonder"})
+        assert_spec_response(self, "users.yaml", "/user_directory/search", "POST", 200, found)
+        self.assertEqual(
+            found,
+            {
+                "results": [{"user_id": self.alice.user_id, "display_name": "Wonderland"}],
+                "limited": False,
+            },
+        )
+        # Eve shares no room with Alice, who is in no public room.
+        nothing = await self.eve.ok("POST", "/user_directory/search", {"search_term": "alice"})
+        self.assertEqual(nothing["results"], [])
+        public = await self.eve.create_room(preset="public_chat")
+        await self.alice.ok("POST", f"/join/{public}", {})
+        limited = await self.bob.ok(
+            "POST", "/user_directory/search", {"search_term": "test.local", "limit": 1}
+        )
+        self.assertEqual((len(limited["results"]), limited["limited"]), (1, True))
+        for bad in ({}, {"search_term": 5}, {"search_term": "a", "limit": "x"}):
+            code, _ = await self.bob.request("POST", "/user_directory/search", bad)
+            self.assertEqual(code, 400, bad)

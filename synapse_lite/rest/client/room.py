@@ -173,12 +173,17 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         events = await handlers.pagination.get_members(requester, room_id, "join", None)
-        joined = {}
+        joined: dict[str, dict[str, str]] = {}
         for event in events:
-            name, avatar = event.content.get("displayname"), event.content.get("avatar_url")
+            # Unset fields are left out (the spec's schema has no nulls).
+            assert event.state_key is not None
             joined[event.state_key] = {
-                "display_name": name if isinstance(name, str) else None,
-                "avatar_url": avatar if isinstance(avatar, str) else None,
+                key: value
+                for key, value in (
+                    ("display_name", event.content.get("displayname")),
+                    ("avatar_url", event.content.get("avatar_url")),
+                )
+                if isinstance(value, str)
             }
         return 200, {"joined": joined}
 
