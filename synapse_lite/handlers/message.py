@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from twisted.internet import defer
 
 from synapse_lite.api.content import check_content_size
-from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import AUTH_STATE_TYPES, RoomAuthState
@@ -117,9 +117,11 @@ class EventCreationHandler:
         content: dict[str, object],
         state_key: str | None = None,
         txn_id: str | None = None,
+        redacts: str | None = None,
     ) -> str:
         """Send an event for a client; returns its id. With ``txn_id`` the send
-        is idempotent per (user, device, txn_id)."""
+        is idempotent per (user, device, txn_id). ``redacts``: the event an
+        ``m.room.redaction`` redacts."""
         check_content_size(content)
         txn_key = None
         if txn_id is not None:
@@ -141,6 +143,7 @@ class EventCreationHandler:
                 content=content,
                 origin_server_ts=self._clock.time_msec(),
                 txn_key=txn_key,
+                redacts=redacts,
             )
             [(event_id, _)] = await self.send_events(room_id, [spec])
         except SynapseError:
@@ -204,6 +207,8 @@ class EventCreationHandler:
                 state = await self._load_auth_state(room_id, specs)
             for spec in specs:
                 state.check(spec)
+                if spec.type == "m.room.redaction":
+                    await self._check_redaction(room_id, spec, state)
                 state.apply_spec(spec)
             try:
                 events = await self._store.persist_events([s.with_id(room_id) for s in specs])
@@ -216,6 +221,19 @@ class EventCreationHandler:
         targets = [e.state_key for e in events if e.type == "m.room.member" and e.state_key]
         self._notifier.notify(users=targets, rooms=[room_id])
         return events
+
+    async def _check_redaction(self, room_id: str, spec: EventSpec, state: RoomAuthState) -> None:
+        """A redaction names an event of its room (404 otherwise); redacting
+        someone else's event needs the room's ``redact`` power level."""
+        if spec.redacts is None:
+            raise SynapseError(400, "A redaction must name the event it redacts", Codes.BAD_JSON)
+        target = await self._store.get_event(spec.redacts)
+        if target is None or target.room_id != room_id:
+            raise NotFoundError("Event not found")
+        if target.sender != spec.sender:
+            needed = state.named_level("redact", 50)
+            if state.user_level(spec.sender) < needed:
+                raise AuthError(403, f"You need power level {needed} to redact others' events")
 
     async def _load_auth_state(self, room_id: str, specs: list[EventSpec]) -> RoomAuthState:
         state_ids = await self._store.get_current_state_ids(room_id)

@@ -494,3 +494,95 @@ class DirectoryTestCase(ThreeUsersTestCase):
         for bad in ({}, {"search_term": 5}, {"search_term": "a", "limit": "x"}):
             code, _ = await self.bob.request("POST", "/user_directory/search", bad)
             self.assertEqual(code, 400, bad)
+
+
+class RedactionTestCase(ThreeUsersTestCase):
+    async def test_redaction_everywhere_it_is_served(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        target = await self.bob.send(room, "oops")
+        since = (await self.alice.sync())["next_batch"]
+        # Bob lacks the power to redact Alice's event; his own he may.
+        mine = await self.alice.send(room, "alice's")
+        code, body = await self.bob.request("PUT", f"/rooms/{room}/redact/{q(mine)}/r0", {})
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        answer = await self.bob.ok(
+            "PUT", f"/rooms/{room}/redact/{q(target)}/r1", {"reason": "typo"}
+        )
+        assert_spec_response(
+            self, "redaction.yaml", "/rooms/{roomId}/redact/{eventId}/{txnId}", "PUT", 200, answer
+        )
+        again = await self.bob.ok("PUT", f"/rooms/{room}/redact/{q(target)}/r1", {"reason": "typo"})
+        self.assertEqual(again, answer)  # idempotent per transaction id
+        event = await self.alice.ok("GET", f"/rooms/{room}/event/{q(target)}")
+        assert_spec_response(
+            self, "rooms.yaml", "/rooms/{roomId}/event/{eventId}", "GET", 200, event
+        )
+        self.assertEqual(event["content"], {})
+        because = event["unsigned"]["redacted_because"]
+        self.assertEqual(
+            (because["event_id"], because["redacts"], because["content"]),
+            (answer["event_id"], target, {"reason": "typo"}),
+        )
+        page = await self.alice.ok("GET", f"/rooms/{room}/messages?dir=b&limit=10")
+        [shown] = [e for e in page["chunk"] if e["event_id"] == target]
+        self.assertEqual(shown["content"], {})
+        self.assertIn("redacted_because", shown["unsigned"])
+        full = await self.alice.sync()
+        [synced] = [
+            e for e in full["rooms"]["join"][room]["timeline"]["events"] if e["event_id"] == target
+        ]
+        self.assertEqual(synced["content"], {})
+        later = await self.alice.sync(since=since)
+        types = [e["type"] for e in later["rooms"]["join"][room]["timeline"]["events"]]
+        self.assertIn("m.room.redaction", types)
+        # Alice (power 100) may redact Bob's events; a member event keeps its membership.
+        bob_join = await self.alice.ok("GET", f"/rooms/{room}/state")
+        [join] = [e for e in bob_join if e.get("state_key") == self.bob.user_id]
+        await self.alice.ok("PUT", f"/rooms/{room}/redact/{q(join['event_id'])}/r2", {})
+        redacted_join = await self.alice.ok("GET", f"/rooms/{room}/event/{q(join['event_id'])}")
+        self.assertEqual(redacted_join["content"], {"membership": "join"})
+
+    async def test_bad_redactions(self) -> None:
+        room = await self.alice.create_room()
+        other = await self.alice.create_room()
+        elsewhere = await self.alice.send(other, "x")
+        for event_id in ("$nope", elsewhere):
+            code, body = await self.alice.request(
+                "PUT", f"/rooms/{room}/redact/{q(event_id)}/t-{q(event_id)}", {}
+            )
+            self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"), event_id)
+        mine = await self.alice.send(room, "keep")
+        code, body = await self.eve.request("PUT", f"/rooms/{room}/redact/{q(mine)}/t", {})
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        code, body = await self.alice.request(
+            "PUT", f"/rooms/{room}/redact/{q(mine)}/t9", {"reason": 5}
+        )
+        self.assertEqual(code, 400)
+        code, body = await self.alice.request(
+            "PUT", f"/rooms/{room}/send/m.room.redaction/t3", {"redacts": mine}
+        )
+        self.assertEqual(code, 400)
+        kept = await self.alice.ok("GET", f"/rooms/{room}/event/{q(mine)}")
+        self.assertEqual(kept["content"]["body"], "keep")
+
+
+class RedactionAcrossProcessesTestCase(DatabaseTestCase):
+    async def test_cached_event_is_redacted_on_every_process(self) -> None:
+        _, clients, _ = start_cluster(
+            self, self.test_db, workers=["writer1"], stream_writers={"events": ["writer1"]}
+        )
+        alice = await clients["main"].register("alice")
+        room = await alice.create_room()
+        target = await alice.send(room, "secret")
+        # Read (and so cached) on the main process first.
+        first = await alice.ok("GET", f"/rooms/{room}/event/{q(target)}")
+        self.assertEqual(first["content"]["body"], "secret")
+        on_writer = clients["writer1"].as_user(alice.token)
+        await on_writer.ok("PUT", f"/rooms/{room}/redact/{q(target)}/r", {})
+
+        async def redacted_on_main() -> bool:
+            event = await alice.ok("GET", f"/rooms/{room}/event/{q(target)}")
+            return event["content"] == {}
+
+        await eventually(redacted_on_main)

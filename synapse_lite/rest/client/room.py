@@ -64,11 +64,28 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_room_id(room_id)
         check_identifier_text(event_type, "eventType")
         check_identifier_text(txn_id, "txnId")
+        if event_type == "m.room.redaction":
+            raise SynapseError(
+                400, "Send redactions with /rooms/{roomId}/redact", Codes.INVALID_PARAM
+            )
         content = parse_json_object_from_request(request)
         event_id = await handlers.events.send_client_event(
             requester, room_id, event_type, content, txn_id=txn_id
         )
         return 200, {"event_id": event_id}
+
+    async def redact(request: Request, room_id: str, event_id: str, txn_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        check_identifier_text(txn_id, "txnId")
+        body = parse_json_object_from_request(request, allow_empty=True)
+        reason = get_optional_str(body, "reason", max_length=1024)
+        content: dict[str, object] = {} if reason is None else {"reason": reason}
+        redaction_id = await handlers.events.send_client_event(
+            requester, room_id, "m.room.redaction", content, txn_id=txn_id, redacts=event_id
+        )
+        return 200, {"event_id": redaction_id}
 
     async def put_state(
         request: Request, room_id: str, event_type: str, state_key: str = ""
@@ -253,6 +270,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         client_path(ROOM + "/send/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"),
         send,
         "send",
+    )
+    register(
+        "PUT",
+        client_path(ROOM + "/redact/(?P<event_id>[^/]+)/(?P<txn_id>[^/]+)"),
+        redact,
+        "redact",
     )
     state_path = ROOM + "/state/(?P<event_type>[^/]+)"
     register("PUT", client_path(state_path), put_state, "state")

@@ -85,6 +85,7 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "thirdparty_protocols": READERS,
     # A room's events, straight to the process persisting them.
     "send": ROOM_EVENTS_WRITER,
+    "redact": ROOM_EVENTS_WRITER,
     "state": {"PUT": ROOM_EVENTS_WRITER, "GET": READERS},
     "join": ROOM_EVENTS_WRITER,
     "invite": ROOM_EVENTS_WRITER,

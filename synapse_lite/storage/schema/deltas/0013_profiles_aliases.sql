@@ -26,3 +26,7 @@ CREATE TABLE forgotten_rooms (
 -- its own setting (PUT /directory/list/room/{roomId}, createRoom's
 -- visibility), apart from its join rule.
 ALTER TABLE rooms ADD COLUMN in_directory BOOLEAN NOT NULL DEFAULT FALSE;
+
+-- Finding the redaction of an event when it is read (redactions are applied
+-- to what is served, see storage/databases/main/events_worker.py).
+CREATE INDEX events_redacts ON events (redacts);
