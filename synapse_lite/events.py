@@ -41,6 +41,20 @@ def pruned_content(event_type: str, content: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in content.items() if k in kept}
 
 
+def relation_of(content: dict[str, Any]) -> tuple[str, str] | None:
+    """``(parent event id, rel_type)`` of an event's ``m.relates_to``, or None
+    (a reply without a ``rel_type`` is not a relation)."""
+    relates_to = content.get("m.relates_to")
+    if not isinstance(relates_to, dict):
+        return None
+    parent, rel_type = relates_to.get("event_id"), relates_to.get("rel_type")
+    if not isinstance(parent, str) or not isinstance(rel_type, str):
+        return None
+    if not 0 < len(parent) <= 255 or not 0 < len(rel_type) <= 255:
+        return None
+    return parent, rel_type
+
+
 class _EventKind:
     """What an event's type and state key say about it (for every stage of an
     event: requested, about to be persisted, persisted)."""

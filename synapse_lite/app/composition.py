@@ -62,6 +62,7 @@ from synapse_lite.handlers.presence import (
 from synapse_lite.handlers.profile import ProfileHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
+from synapse_lite.handlers.relations import RelationsHandler
 from synapse_lite.handlers.room import RoomCreationHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.sync import SyncHandler
@@ -216,6 +217,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         calls=calls,
         outbox=federation.outbox,
     )
+    pagination = PaginationHandler(store, clock)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
@@ -246,7 +248,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             event_writers=event_writers,
         ),
         members=RoomMemberHandler(store, clock, server_name, events),
-        pagination=PaginationHandler(store, clock),
+        pagination=pagination,
         receipts=ReceiptsHandler(store, clock, notifier, calls),
         account_data=AccountDataHandler(store, notifier, calls),
         device_messages=device_messages,
@@ -255,6 +257,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         turn=config.turn,
         profiles=ProfileHandler(store, clock, server_name, events),
         directory=DirectoryHandler(store, server_name),
+        relations=RelationsHandler(store, clock, pagination),
         server_name=server_name,
     )
     if me in config.stream_writers.events:

@@ -108,10 +108,16 @@ class DirectoryHandler:
 
     # The public room list
 
-    async def get_visibility(self, room_id: str) -> str:
+    async def get_visibility(self, requester: Requester, room_id: str) -> str:
+        """Anyone may see that a listed room is listed; of an unlisted room,
+        only those who may read it learn that it exists (404 for others)."""
         listed = await self._store.is_room_in_directory(room_id)
         if listed is None:
             raise NotFoundError("Unknown room")
+        if not listed:
+            visibility = await load_room_visibility(self._store, requester.user_id, room_id)
+            if not visibility.ever_member and visibility.history_visibility != "world_readable":
+                raise NotFoundError("Unknown room")
         return "public" if listed else "private"
 
     async def set_visibility(self, requester: Requester, room_id: str, visibility: str) -> None:

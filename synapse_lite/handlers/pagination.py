@@ -43,6 +43,10 @@ class PaginationHandler:
         except InvalidToken as e:
             raise SynapseError(400, str(e)[:300], Codes.INVALID_PARAM) from None
 
+    async def room_visibility(self, requester: Requester, room_id: str) -> RoomVisibility:
+        """The requester's view of a room; 403 when they may read none of it."""
+        return await self._visibility(requester, room_id)
+
     async def _visibility(self, requester: Requester, room_id: str) -> RoomVisibility:
         if not await self._store.room_exists(room_id):
             # Same answer as for a room the user is not in: no probing for ids.

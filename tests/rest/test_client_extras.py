@@ -429,8 +429,12 @@ class DirectoryTestCase(ThreeUsersTestCase):
         )
         self.assertEqual(vis, {"visibility": "public"})
         self.assertEqual(
-            await self.bob.ok("GET", f"/directory/list/room/{unlisted}"), {"visibility": "private"}
+            await self.alice.ok("GET", f"/directory/list/room/{unlisted}"),
+            {"visibility": "private"},
         )
+        # An unlisted room is not disclosed to those who cannot read it.
+        code, _ = await self.bob.request("GET", f"/directory/list/room/{unlisted}")
+        self.assertEqual(code, 404)
         code, body = await self.bob.request(
             "PUT", f"/directory/list/room/{unlisted}", {"visibility": "public"}
         )
@@ -586,3 +590,139 @@ class RedactionAcrossProcessesTestCase(DatabaseTestCase):
             return event["content"] == {}
 
         await eventually(redacted_on_main)
+
+
+class RelationsTestCase(ThreeUsersTestCase):
+    async def send_content(self, client: Any, room: str, content: dict[str, Any]) -> str:
+        import uuid
+
+        answer = await client.ok(
+            "PUT", f"/rooms/{room}/send/m.room.message/{uuid.uuid4().hex}", content
+        )
+        return str(answer["event_id"])
+
+    async def test_threads_edits_references(self) -> None:
+        room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        root = await self.alice.send(room, "root")
+        replies = []
+        for i, client in enumerate([self.bob, self.alice, self.bob]):
+            replies.append(
+                await self.send_content(
+                    client,
+                    room,
+                    {
+                        "msgtype": "m.text",
+                        "body": f"reply {i}",
+                        "m.relates_to": {"rel_type": "m.thread", "event_id": root},
+                    },
+                )
+            )
+        edit = await self.send_content(
+            self.alice,
+            room,
+            {
+                "msgtype": "m.text",
+                "body": "* root!",
+                "m.new_content": {"msgtype": "m.text", "body": "root!"},
+                "m.relates_to": {"rel_type": "m.replace", "event_id": root},
+            },
+        )
+        # Bob's "edit" of Alice's event is not an edit.
+        await self.send_content(
+            self.bob,
+            room,
+            {"body": "* hijack", "m.relates_to": {"rel_type": "m.replace", "event_id": root}},
+        )
+        ref = await self.send_content(
+            self.bob,
+            room,
+            {"body": "see", "m.relates_to": {"rel_type": "m.reference", "event_id": root}},
+        )
+
+        base = f"/_matrix/client/v1/rooms/{room}/relations/{q(root)}"
+        everything = await self.bob.ok("GET", base)
+        assert_spec_response(
+            self, "relations.yaml", "/rooms/{roomId}/relations/{eventId}", "GET", 200, everything
+        )
+        self.assertEqual(len(everything["chunk"]), 6)
+        threaded = await self.bob.ok("GET", f"{base}/m.thread?dir=f")
+        self.assertEqual([e["event_id"] for e in threaded["chunk"]], replies)
+        typed = await self.bob.ok("GET", f"{base}/m.thread/m.room.message?limit=2")
+        self.assertEqual([e["event_id"] for e in typed["chunk"]], replies[::-1][:2])
+        rest = await self.bob.ok(
+            "GET", f"{base}/m.thread/m.room.message?from={typed['next_batch']}"
+        )
+        self.assertEqual([e["event_id"] for e in rest["chunk"]], [replies[0]])
+        self.assertNotIn("next_batch", rest)
+
+        event = await self.bob.ok("GET", f"/rooms/{room}/event/{q(root)}")
+        bundle = event["unsigned"]["m.relations"]
+        self.assertEqual(bundle["m.thread"]["count"], 3)
+        self.assertEqual(bundle["m.thread"]["latest_event"]["event_id"], replies[-1])
+        self.assertTrue(bundle["m.thread"]["current_user_participated"])
+        self.assertEqual(bundle["m.replace"]["event_id"], edit)
+        self.assertEqual(bundle["m.reference"], {"chunk": [{"event_id": ref}]})
+        eve_view = await self.eve.ok("POST", f"/join/{room}", {})
+        del eve_view
+        page = await self.eve.ok("GET", f"/rooms/{room}/messages?dir=b&limit=20")
+        [root_seen] = [e for e in page["chunk"] if e["event_id"] == root]
+        self.assertFalse(
+            root_seen["unsigned"]["m.relations"]["m.thread"]["current_user_participated"]
+        )
+
+        threads = await self.bob.ok("GET", f"/_matrix/client/v1/rooms/{room}/threads")
+        assert_spec_response(
+            self, "threads_list.yaml", "/rooms/{roomId}/threads", "GET", 200, threads
+        )
+        self.assertEqual([e["event_id"] for e in threads["chunk"]], [root])
+        self.assertEqual(threads["chunk"][0]["unsigned"]["m.relations"]["m.thread"]["count"], 3)
+        mine = await self.eve.ok(
+            "GET", f"/_matrix/client/v1/rooms/{room}/threads?include=participated"
+        )
+        self.assertEqual(mine["chunk"], [])
+
+        # A redacted reply leaves the thread and the relations.
+        await self.bob.ok("PUT", f"/rooms/{room}/redact/{q(replies[-1])}/rr", {})
+        event = await self.bob.ok("GET", f"/rooms/{room}/event/{q(root)}")
+        self.assertEqual(event["unsigned"]["m.relations"]["m.thread"]["count"], 2)
+        threaded = await self.bob.ok("GET", f"{base}/m.thread")
+        self.assertEqual([e["event_id"] for e in threaded["chunk"]], replies[:2][::-1])
+        # Relations of the redacted event itself: none, and it is served redacted.
+        redacted = await self.bob.ok("GET", f"/rooms/{room}/event/{q(replies[-1])}")
+        self.assertEqual(redacted["content"], {})
+
+    async def test_recurse_visibility_and_bad_input(self) -> None:
+        room = await self.alice.create_room(preset="private_chat")
+        root = await self.alice.send(room, "root")
+        reply = await self.send_content(
+            self.alice,
+            room,
+            {"body": "r", "m.relates_to": {"rel_type": "m.thread", "event_id": root}},
+        )
+        await self.send_content(
+            self.alice,
+            room,
+            {"body": "* r", "m.relates_to": {"rel_type": "m.replace", "event_id": reply}},
+        )
+        base = f"/_matrix/client/v1/rooms/{room}/relations/{q(root)}"
+        flat = await self.alice.ok("GET", base)
+        self.assertEqual(len(flat["chunk"]), 1)
+        deep = await self.alice.ok("GET", base + "?recurse=true")
+        self.assertEqual(len(deep["chunk"]), 2)
+        self.assertEqual(deep["recursion_depth"], 3)
+        for path in (base, f"/_matrix/client/v1/rooms/{room}/threads"):
+            code, body = await self.eve.request("GET", path)
+            self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"), path)
+        code, body = await self.alice.request(
+            "GET", f"/_matrix/client/v1/rooms/{room}/relations/{q('$nope')}"
+        )
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+        for query in ("dir=x", "limit=no", "recurse=maybe", "from=zzz"):
+            code, _ = await self.alice.request("GET", f"{base}?{query}")
+            self.assertEqual(code, 400, query)
+        for query in ("include=mine", "from=x1", "limit=-2"):
+            code, _ = await self.alice.request(
+                "GET", f"/_matrix/client/v1/rooms/{room}/threads?{query}"
+            )
+            self.assertEqual(code, 400, query)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.profile import ProfileHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
+    from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.room import RoomCreationHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.sync import SyncHandler
@@ -70,6 +71,7 @@ class ClientHandlers:
     turn: TurnConfig
     profiles: ProfileHandler
     directory: DirectoryHandler
+    relations: RelationsHandler
     server_name: str
 
 

@@ -56,9 +56,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         return 200, {"aliases": await directory.get_room_aliases(requester, room_id)}
 
     async def get_listing(request: Request, room_id: str) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
+        requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
-        return 200, {"visibility": await directory.get_visibility(room_id)}
+        return 200, {"visibility": await directory.get_visibility(requester, room_id)}
 
     async def put_listing(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)

@@ -126,7 +126,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
         limit = query_int(request, "limit", 10, maximum=10_000)
         assert limit is not None
-        return 200, await handlers.pagination.get_messages(
+        page = await handlers.pagination.get_messages(
             requester,
             room_id,
             query_string(request, "from"),
@@ -134,13 +134,17 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             direction,
             limit,
         )
+        await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
+        return 200, page
 
     async def get_event(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         check_identifier_text(event_id, "eventId")
         event = await handlers.pagination.get_event(requester, room_id, event_id)
-        return 200, event.to_client_dict(handlers.clock.time_msec())
+        visibility = await handlers.pagination.room_visibility(requester, room_id)
+        [served] = await handlers.relations.serve([event], requester.user_id, visibility)
+        return 200, served
 
     async def context(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -156,9 +160,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             except ValueError:
                 raise SynapseError(400, "'filter' must be JSON", Codes.NOT_JSON) from None
             event_filter = EventFilter.parse(definition, "filter")
-        return 200, await handlers.pagination.get_context(
+        context = await handlers.pagination.get_context(
             requester, room_id, event_id, limit, event_filter
         )
+        served = [context["event"], *context["events_before"], *context["events_after"]]
+        await handlers.relations.add_bundles(room_id, served, requester.user_id)
+        return 200, context
 
     async def forget(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -259,7 +266,64 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 await handlers.receipts.send_receipt(requester, room_id, key, event_id, None)
         return 200, {}
 
+    async def relations(
+        request: Request,
+        room_id: str,
+        event_id: str,
+        rel_type: str | None = None,
+        event_type: str | None = None,
+    ) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        for value, what in ((rel_type, "relType"), (event_type, "eventType")):
+            if value is not None:
+                check_identifier_text(value, what)
+        direction = query_string(request, "dir", "b")
+        if direction not in ("b", "f"):
+            raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
+        recurse = query_string(request, "recurse", "false")
+        if recurse not in ("true", "false"):
+            raise SynapseError(400, "'recurse' must be true or false", Codes.INVALID_PARAM)
+        limit = query_int(request, "limit", 50, maximum=10_000)
+        assert limit is not None
+        return 200, await handlers.relations.get_relations(
+            requester,
+            room_id,
+            event_id,
+            rel_type,
+            event_type,
+            query_string(request, "from"),
+            query_string(request, "to"),
+            limit,
+            direction,
+            recurse == "true",
+        )
+
+    async def threads(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        include = query_string(request, "include", "all")
+        if include not in ("all", "participated"):
+            raise SynapseError(400, "'include' must be all or participated", Codes.INVALID_PARAM)
+        limit = query_int(request, "limit", 50, maximum=10_000)
+        assert limit is not None
+        return 200, await handlers.relations.get_threads(
+            requester, room_id, include, query_string(request, "from"), limit
+        )
+
     register = resource.register_paths
+    v1_room = "/_matrix/client/v1/rooms/(?P<room_id>[^/]+)"
+    relations_path = v1_room + "/relations/(?P<event_id>[^/]+)"
+    register("GET", relations_path, relations, "relations")
+    register("GET", relations_path + "/(?P<rel_type>[^/]+)", relations, "relations")
+    register(
+        "GET",
+        relations_path + "/(?P<rel_type>[^/]+)/(?P<event_type>[^/]+)",
+        relations,
+        "relations",
+    )
+    register("GET", v1_room + "/threads", threads, "threads")
     register("POST", client_path("/createRoom"), create_room, "create_room")
     register("POST", client_path("/join/(?P<room_id>[^/]+)"), join, "join")
     register("POST", client_path(ROOM + "/join"), join, "join")

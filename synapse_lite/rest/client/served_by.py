@@ -71,6 +71,8 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "capabilities": READERS,
     "room_event": READERS,
     "context": READERS,
+    "relations": READERS,
+    "threads": READERS,
     # Not streams: any process writes the rows (profiles also send member
     # events, each through its room's writer).
     "profile": READERS,

@@ -21,6 +21,7 @@ from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
 from synapse_lite.storage.databases.main.profile import ProfileWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
+from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 
 
@@ -37,6 +38,7 @@ class GenericWorkerStore(
     InstancesWorkerStore,
     MediaRepositoryStore,
     ProfileWorkerStore,
+    RelationsWorkerStore,
 ):
     """The store of a worker process."""
 

@@ -30,3 +30,17 @@ ALTER TABLE rooms ADD COLUMN in_directory BOOLEAN NOT NULL DEFAULT FALSE;
 -- Finding the redaction of an event when it is read (redactions are applied
 -- to what is served, see storage/databases/main/events_worker.py).
 CREATE INDEX events_redacts ON events (redacts);
+
+-- Relations between events (content."m.relates_to" with a rel_type), written
+-- with the event: /relations, /threads and the bundled aggregations read it.
+CREATE TABLE event_relations (
+    event_id TEXT NOT NULL PRIMARY KEY,
+    relates_to_id TEXT NOT NULL,
+    relation_type TEXT NOT NULL,
+    room_id TEXT NOT NULL,
+    sender TEXT NOT NULL,
+    type TEXT NOT NULL,
+    stream_ordering BIGINT NOT NULL
+);
+CREATE INDEX event_relations_parent ON event_relations (relates_to_id, relation_type, stream_ordering);
+CREATE INDEX event_relations_room ON event_relations (room_id, relation_type, stream_ordering);

@@ -1,0 +1,128 @@
+"""Relations between events (``event_relations``, written with each event by
+its room's writer): children of an event, thread summaries, edits, references.
+
+A redacted child no longer relates to anything (its ``m.relates_to`` is gone
+from what is served), so every read here leaves redacted children out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synapse_lite.storage._base import SQLBaseStore
+
+#: Leaves out relations whose child event was redacted.
+_NOT_REDACTED = (
+    "NOT EXISTS (SELECT 1 FROM events AS red WHERE red.redacts = er.event_id"
+    " AND red.type = 'm.room.redaction')"
+)
+
+
+def _marks(values: list[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+class RelationsWorkerStore(SQLBaseStore):
+    async def get_relation_children(
+        self,
+        room_id: str,
+        parent_ids: list[str],
+        rel_type: str | None,
+        event_type: str | None,
+        after: int | None,
+        upto: int | None,
+        limit: int,
+        newest_first: bool,
+    ) -> list[tuple[str, int]]:
+        """``(event_id, stream_ordering)`` of the children of ``parent_ids``
+        in ``(after, upto]`` (either bound open when None), at most ``limit``,
+        in stream order (newest first when ``newest_first``)."""
+        if not parent_ids:
+            return []
+        sql = (
+            "SELECT er.event_id, er.stream_ordering FROM event_relations AS er"
+            f" WHERE er.room_id = ? AND er.relates_to_id IN ({_marks(parent_ids)})"
+        )
+        args: list[Any] = [room_id, *parent_ids]
+        for clause, value in (
+            (" AND er.relation_type = ?", rel_type),
+            (" AND er.type = ?", event_type),
+            (" AND er.stream_ordering > ?", after),
+            (" AND er.stream_ordering <= ?", upto),
+        ):
+            if value is not None:
+                sql += clause
+                args.append(value)
+        order = "DESC" if newest_first else "ASC"
+        sql += f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering {order} LIMIT ?"
+        rows = await self.db_pool.select("get_relation_children", sql, *args, limit)
+        return [(r[0], int(r[1])) for r in rows]
+
+    async def get_thread_summaries(
+        self, parent_ids: list[str], user_id: str
+    ) -> dict[str, tuple[int, str, bool]]:
+        """Per thread root among ``parent_ids``: ``(reply count, latest reply's
+        event id, whether user_id replied)``."""
+        if not parent_ids:
+            return {}
+        rows = await self.db_pool.select(
+            "get_thread_summaries",
+            "SELECT er.relates_to_id, er.event_id, er.sender FROM event_relations AS er"
+            f" WHERE er.relation_type = 'm.thread' AND er.relates_to_id IN ({_marks(parent_ids)})"
+            f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering ASC",
+            *parent_ids,
+        )
+        summaries: dict[str, tuple[int, str, bool]] = {}
+        for parent, event_id, sender in rows:
+            count, _, participated = summaries.get(parent, (0, "", False))
+            summaries[parent] = (count + 1, event_id, participated or sender == user_id)
+        return summaries
+
+    async def get_relations_of_type(
+        self, parent_ids: list[str], rel_type: str
+    ) -> dict[str, list[tuple[str, str]]]:
+        """Per parent among ``parent_ids``: ``(event_id, sender)`` of its
+        children of ``rel_type``, oldest first."""
+        if not parent_ids:
+            return {}
+        rows = await self.db_pool.select(
+            "get_relations_of_type",
+            "SELECT er.relates_to_id, er.event_id, er.sender FROM event_relations AS er"
+            f" WHERE er.relation_type = ? AND er.relates_to_id IN ({_marks(parent_ids)})"
+            f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering ASC",
+            rel_type,
+            *parent_ids,
+        )
+        result: dict[str, list[tuple[str, str]]] = {}
+        for parent, event_id, sender in rows:
+            result.setdefault(parent, []).append((event_id, sender))
+        return result
+
+    async def get_thread_roots(
+        self, room_id: str, participant: str | None, before: int | None, limit: int
+    ) -> list[tuple[str, int]]:
+        """``(root event id, latest reply's stream ordering)`` of a room's
+        threads, most recently active first, only those active before
+        ``before`` (when given); with ``participant``, only threads that user
+        started or replied to."""
+        sql = (
+            "SELECT er.relates_to_id, MAX(er.stream_ordering) AS latest"
+            " FROM event_relations AS er"
+            f" WHERE er.room_id = ? AND er.relation_type = 'm.thread' AND {_NOT_REDACTED}"
+        )
+        args: list[Any] = [room_id]
+        if participant is not None:
+            sql += (
+                " AND (er.relates_to_id IN (SELECT p.relates_to_id FROM event_relations AS p"
+                "  WHERE p.room_id = ? AND p.relation_type = 'm.thread' AND p.sender = ?)"
+                " OR er.relates_to_id IN (SELECT e.event_id FROM events AS e"
+                "  WHERE e.room_id = ? AND e.sender = ?))"
+            )
+            args += [room_id, participant, room_id, participant]
+        sql += " GROUP BY er.relates_to_id"
+        if before is not None:
+            sql += " HAVING MAX(er.stream_ordering) < ?"
+            args.append(before)
+        sql += " ORDER BY latest DESC LIMIT ?"
+        rows = await self.db_pool.select("get_thread_roots", sql, *args, limit)
+        return [(r[0], int(r[1])) for r in rows]
