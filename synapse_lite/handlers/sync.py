@@ -508,7 +508,27 @@ class SyncHandler:
             "prev_batch": prev_batch,
         }
         entry["state"]["events"] = [_client_event(e, now_ms) for e in state]
+        members_changed = any(e.type == "m.room.member" for e in (*timeline, *state))
+        if full or members_changed:
+            entry["summary"] = await self._summary(user_id, room_id)
         return entry
+
+    async def _summary(self, user_id: str, room_id: str) -> dict[str, Any]:
+        """The room ``summary``: member counts and up to 5 heroes (the other
+        members, joined or invited, in user id order; those who left when
+        nobody else is left), for clients to name rooms without a name. Sent
+        with whole rooms and whenever the membership changed."""
+        members = await self._store.get_current_memberships(room_id)
+        joined = [u for u, m in members if m == "join"]
+        invited = [u for u, m in members if m == "invite"]
+        heroes = [u for u in (*joined, *invited) if u != user_id]
+        if not heroes:
+            heroes = [u for u, m in members if m in ("leave", "ban") and u != user_id]
+        return {
+            "m.heroes": sorted(heroes)[:5],
+            "m.joined_member_count": len(joined),
+            "m.invited_member_count": len(invited),
+        }
 
     async def _invited_rooms(
         self, memberships: _Memberships, since: StreamToken | None, now_ms: int

@@ -726,3 +726,28 @@ class RelationsTestCase(ThreeUsersTestCase):
                 "GET", f"/_matrix/client/v1/rooms/{room}/threads?{query}"
             )
             self.assertEqual(code, 400, query)
+
+
+class SyncSummaryTestCase(ThreeUsersTestCase):
+    async def test_summary_counts_and_heroes(self) -> None:
+        room = await self.alice.create_room(preset="private_chat", invite=[self.eve.user_id])
+        await self.alice.ok("POST", f"/rooms/{room}/invite", {"user_id": self.bob.user_id})
+        await self.bob.ok("POST", f"/join/{room}", {})
+        initial = await self.alice.sync()
+        summary = initial["rooms"]["join"][room]["summary"]
+        self.assertEqual(
+            summary,
+            {
+                "m.heroes": sorted([self.bob.user_id, self.eve.user_id]),
+                "m.joined_member_count": 2,
+                "m.invited_member_count": 1,
+            },
+        )
+        await self.alice.send(room, "no membership change")
+        quiet = await self.alice.sync(since=initial["next_batch"])
+        self.assertEqual(quiet["rooms"]["join"][room]["summary"], {})
+        await self.eve.ok("POST", f"/join/{room}", {})
+        changed = await self.alice.sync(since=quiet["next_batch"])
+        self.assertEqual(changed["rooms"]["join"][room]["summary"]["m.joined_member_count"], 3)
+        self.assertEqual(changed["rooms"]["join"][room]["summary"]["m.invited_member_count"], 0)
+        assert_spec_response(self, "sync.yaml", "/sync", "GET", 200, changed)
