@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
+from synapse_lite.api.identifiers import (
+    check_identifier_text,
+    check_room_alias,
+    check_room_id,
+    check_user_id,
+)
 from synapse_lite.handlers.filtering import EventFilter
 from synapse_lite.handlers.typing import check_typing_request
 from synapse_lite.http.fields import get_optional_str
@@ -41,7 +46,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def join(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         if room_id.startswith("#"):
-            raise SynapseError(404, "Room aliases are not supported", Codes.NOT_FOUND)
+            found = await handlers.store.get_alias(check_room_alias(room_id))
+            if found is None:
+                raise SynapseError(404, "Room alias not found", Codes.NOT_FOUND)
+            room_id = found[0]
         check_room_id(room_id)
         parse_json_object_from_request(request, allow_empty=True)
         await handlers.members.update_membership(requester, room_id, "join")
