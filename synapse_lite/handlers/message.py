@@ -223,13 +223,16 @@ class EventCreationHandler:
         return events
 
     async def _check_redaction(self, room_id: str, spec: EventSpec, state: RoomAuthState) -> None:
-        """A redaction names an event of its room (404 otherwise); redacting
+        """A redaction names an event of its room (404 for an unknown event,
+        400 for one of another room); redacting
         someone else's event needs the room's ``redact`` power level."""
         if spec.redacts is None:
             raise SynapseError(400, "A redaction must name the event it redacts", Codes.BAD_JSON)
         target = await self._store.get_event(spec.redacts)
-        if target is None or target.room_id != room_id:
+        if target is None:
             raise NotFoundError("Event not found")
+        if target.room_id != room_id:
+            raise SynapseError(400, "That event is in another room", Codes.INVALID_PARAM)
         if target.sender != spec.sender:
             needed = state.named_level("redact", 50)
             if state.user_level(spec.sender) < needed:

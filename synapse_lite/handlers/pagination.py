@@ -96,9 +96,14 @@ class PaginationHandler:
 
     async def get_event(self, requester: Requester, room_id: str, event_id: str) -> Event:
         """One event of the room the requester may see: 404 when it is not in
-        this room or is hidden from them (the spec's answer for both), 403
-        when they may read nothing of the room."""
-        visibility = await self._visibility(requester, room_id)
+        this room, is hidden from them, or they may read nothing of the room
+        (the spec's answer for all three)."""
+        try:
+            visibility = await self._visibility(requester, room_id)
+        except SynapseError as e:
+            # The spec's answer for an event one may not read is 404, in a
+            # room one is not in too (and so for an unknown room).
+            raise NotFoundError("Event not found") from e
         event = await self._store.get_event(event_id)
         if event is None or event.room_id != room_id or event.outlier:
             raise NotFoundError("Event not found")

@@ -514,21 +514,35 @@ class SyncHandler:
         return entry
 
     async def _summary(self, user_id: str, room_id: str) -> dict[str, Any]:
-        """The room ``summary``: member counts and up to 5 heroes (the other
-        members, joined or invited, in user id order; those who left when
-        nobody else is left), for clients to name rooms without a name. Sent
-        with whole rooms and whenever the membership changed."""
+        """The room ``summary``: member counts and, for a room without a name
+        or canonical alias, up to 5 heroes (the other members, joined or
+        invited, in user id order; those who left when nobody else is left),
+        for clients to name it. Sent with whole rooms and whenever the
+        membership changed."""
         members = await self._store.get_current_memberships(room_id)
         joined = [u for u, m in members if m == "join"]
         invited = [u for u, m in members if m == "invite"]
-        heroes = [u for u in (*joined, *invited) if u != user_id]
-        if not heroes:
-            heroes = [u for u, m in members if m in ("leave", "ban") and u != user_id]
-        return {
-            "m.heroes": sorted(heroes)[:5],
+        summary: dict[str, Any] = {
             "m.joined_member_count": len(joined),
             "m.invited_member_count": len(invited),
         }
+        state_ids = await self._store.get_current_state_ids(room_id)
+        naming = [
+            state_ids[key]
+            for key in (("m.room.name", ""), ("m.room.canonical_alias", ""))
+            if key in state_ids
+        ]
+        named = any(
+            e.content.get("name") or e.content.get("alias")
+            for e in (await self._store.get_events(naming)).values()
+        )
+        if not named:
+            # Heroes are for naming a room that has no name of its own.
+            heroes = [u for u in (*joined, *invited) if u != user_id]
+            if not heroes:
+                heroes = [u for u, m in members if m in ("leave", "ban") and u != user_id]
+            summary["m.heroes"] = sorted(heroes)[:5]
+        return summary
 
     async def _invited_rooms(
         self, memberships: _Memberships, since: StreamToken | None, now_ms: int
@@ -637,7 +651,14 @@ class SyncHandler:
                 if changed_rooms is None or (room_id, data_type) in changed_rooms:
                     room_data[room_id].append({"type": data_type, "content": content})
         if changed_rooms is None or any(t == TAG_DATA_TYPE for _, t in changed_rooms):
-            for room_id, tags in (await self._store.get_tags_for_user(user_id)).items():
+            all_tags = await self._store.get_tags_for_user(user_id)
+            if changed_rooms is not None:
+                # A room whose last tag was deleted has no rows left: it is
+                # sent with no tags, so clients drop the deleted one.
+                for room_id, data_type in changed_rooms:
+                    if data_type == TAG_DATA_TYPE:
+                        all_tags.setdefault(room_id, {})
+            for room_id, tags in all_tags.items():
                 if changed_rooms is None or (room_id, TAG_DATA_TYPE) in changed_rooms:
                     room_data[room_id].append({"type": TAG_DATA_TYPE, "content": {"tags": tags}})
         return global_data, room_data

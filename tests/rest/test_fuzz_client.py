@@ -48,7 +48,15 @@ _reactor = cast(Any, reactor)
 BODY_LIMIT = 4096
 
 #: Servlets that answer without an access token.
-UNAUTHENTICATED = {"versions", "register", "register_available", "login", "admin_register"}
+UNAUTHENTICATED = {
+    "versions",
+    "register",
+    "register_available",
+    "login",
+    "admin_register",
+    "profile",
+    "public_rooms",
+}
 #: Servlets that would end the fuzzing users' sessions if they succeeded:
 #: fuzzed only with tokens that must be refused.
 ENDS_SESSION = {"logout", "logout_all"}

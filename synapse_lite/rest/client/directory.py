@@ -77,7 +77,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             )
 
     async def get_public_rooms(request: Request) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
+        # No access token needed (the spec's GET is public; POST is not).
         check_server(query_string(request, "server"))
         limit = query_int(request, "limit", None, maximum=1_000_000)
         return 200, await directory.public_rooms(limit, query_string(request, "since"), None)
@@ -117,7 +117,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", listing, get_listing, "directory_listing")
     register("PUT", listing, put_listing, "directory_listing")
     register("GET", client_path("/publicRooms"), get_public_rooms, "public_rooms")
-    register("POST", client_path("/publicRooms"), post_public_rooms, "public_rooms")
+    register("POST", client_path("/publicRooms"), post_public_rooms, "public_rooms_search")
     register("POST", client_path("/user_directory/search"), search_users, "user_directory")
     register(
         "GET", client_path("/thirdparty/protocols"), thirdparty_protocols, "thirdparty_protocols"

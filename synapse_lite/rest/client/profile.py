@@ -25,14 +25,13 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 400, "Only displayname and avatar_url are supported", Codes.INVALID_PARAM
             )
 
+    # Reads need no access token: a profile is public (as the spec allows).
     async def get_profile(request: Request, user_id: str) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
         check_user_id(user_id)
         profile = await handlers.profiles.get_profile(user_id)
         return 200, {k: v for k, v in profile.items() if v is not None}
 
     async def get_field(request: Request, user_id: str, field: str) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
         check_user_id(user_id)
         check_field(field)
         value = (await handlers.profiles.get_profile(user_id)).get(field)
@@ -55,4 +54,4 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     profile = client_path("/profile/(?P<user_id>[^/]+)")
     register("GET", profile, get_profile, "profile")
     register("GET", profile + "/(?P<field>[^/]+)", get_field, "profile")
-    register("PUT", profile + "/(?P<field>[^/]+)", put_field, "profile")
+    register("PUT", profile + "/(?P<field>[^/]+)", put_field, "profile_update")

@@ -76,11 +76,13 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     # Not streams: any process writes the rows (profiles also send member
     # events, each through its room's writer).
     "profile": READERS,
+    "profile_update": READERS,
     "forget": READERS,
     "directory_alias": READERS,
     "room_aliases": READERS,
     "directory_listing": READERS,
     "public_rooms": READERS,
+    "public_rooms_search": READERS,
     "user_directory": READERS,
     "turn_server": READERS,
     "account_3pid": READERS,
