@@ -256,7 +256,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         presence=presence,
         turn=config.turn,
         profiles=ProfileHandler(store, clock, server_name, events),
-        directory=DirectoryHandler(store, server_name),
+        directory=DirectoryHandler(store, server_name, clock, events),
         relations=RelationsHandler(store, clock, pagination),
         server_name=server_name,
     )

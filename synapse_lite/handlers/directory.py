@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import check_room_alias
-from synapse_lite.events import Event
+from synapse_lite.events import Event, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import RoomAuthState
 from synapse_lite.handlers.profile import localpart
 from synapse_lite.handlers.visibility import load_room_visibility
 
 if TYPE_CHECKING:
+    from synapse_lite.clock import Clock
+    from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 #: The most rooms one ``/publicRooms`` page and users one search return.
@@ -29,9 +31,17 @@ BAD_ALIAS = "M_BAD_ALIAS"
 
 
 class DirectoryHandler:
-    def __init__(self, store: GenericWorkerStore, server_name: str) -> None:
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        server_name: str,
+        clock: Clock,
+        events: EventCreationHandler,
+    ) -> None:
         self._store = store
         self._server_name = server_name
+        self._clock = clock
+        self._events = events
 
     async def _auth_state(self, room_id: str) -> RoomAuthState:
         state_ids = await self._store.get_current_state_ids(room_id)
@@ -76,6 +86,43 @@ class DirectoryHandler:
         if requester.user_id != creator:
             await self._check_can_edit(requester.user_id, room_id, "aliases")
         await self._store.delete_alias(alias)
+        await self._drop_from_canonical_alias(requester, room_id, alias)
+
+    async def _drop_from_canonical_alias(
+        self, requester: Requester, room_id: str, alias: str
+    ) -> None:
+        """A deleted alias leaves the room's ``m.room.canonical_alias`` too (a
+        new event from the deleter, when they have the power to send it)."""
+        event_id = (await self._store.get_current_state_ids(room_id)).get(
+            ("m.room.canonical_alias", "")
+        )
+        event = await self._store.get_event(event_id) if event_id else None
+        if event is None:
+            return
+        content = dict(event.content)
+        alt = content.get("alt_aliases")
+        changed = False
+        if content.get("alias") == alias:
+            del content["alias"]
+            changed = True
+        if isinstance(alt, list) and alias in alt:
+            content["alt_aliases"] = [a for a in alt if a != alias]
+            changed = True
+        if not changed:
+            return
+        spec = EventSpec(
+            type="m.room.canonical_alias",
+            state_key="",
+            sender=requester.user_id,
+            content=content,
+            origin_server_ts=self._clock.time_msec(),
+        )
+        try:
+            await self._events.send_events(room_id, [spec])
+        except SynapseError:
+            # Not allowed to (no power, left the room): the alias is gone all
+            # the same; the stale canonical alias no longer resolves.
+            pass
 
     async def get_room_aliases(self, requester: Requester, room_id: str) -> list[str]:
         """The room's local aliases, for whoever may read the room now."""

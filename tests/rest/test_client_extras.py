@@ -410,6 +410,10 @@ class DirectoryTestCase(ThreeUsersTestCase):
             self.assertEqual(code, 400, content)
         await self.alice.ok("PUT", f"/rooms/{room}/state/m.room.canonical_alias", {"alias": alias})
         del other
+        # Deleting the alias takes it out of the canonical alias.
+        await self.alice.ok("DELETE", f"/directory/room/{q(alias)}")
+        state = await self.alice.ok("GET", f"/rooms/{room}/state/m.room.canonical_alias")
+        self.assertEqual(state, {})
 
     async def test_alias_bad_input_and_squatting(self) -> None:
         room = await self.alice.create_room()
