@@ -218,6 +218,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         outbox=federation.outbox,
     )
     pagination = PaginationHandler(store, clock)
+    relations = RelationsHandler(store, clock, pagination)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
@@ -238,6 +239,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             event_writers=event_writers,
             position_log=position_log,
             sections={d.name: d.sync_section(store) for d in config.streams if d.sync_section},
+            relations=relations,
         ),
         events=events,
         room_creation=RoomCreationHandler(
@@ -257,7 +259,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         turn=config.turn,
         profiles=ProfileHandler(store, clock, server_name, events),
         directory=DirectoryHandler(store, server_name, clock, events),
-        relations=RelationsHandler(store, clock, pagination),
+        relations=relations,
         server_name=server_name,
     )
     if me in config.stream_writers.events:

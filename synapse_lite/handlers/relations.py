@@ -67,6 +67,18 @@ class RelationsHandler:
             if data["event_id"] in bundles:
                 data.setdefault("unsigned", {})["m.relations"] = bundles[data["event_id"]]
 
+    async def add_bundles_to(self, dicts: list[dict[str, Any]], user_id: str) -> None:
+        """Add the bundled aggregations to client-shaped events of any rooms
+        the user is joined to (the /sync timelines), without visibility checks
+        of the related events: one query for all of them."""
+        if not dicts:
+            return
+        events = await self._store.get_events([d["event_id"] for d in dicts])
+        bundles = await self.bundles(list(events.values()), user_id)
+        for data in dicts:
+            if data["event_id"] in bundles:
+                data.setdefault("unsigned", {})["m.relations"] = bundles[data["event_id"]]
+
     async def bundles(
         self, events: list[Event], user_id: str, visibility: RoomVisibility | None = None
     ) -> dict[str, dict[str, Any]]:
@@ -76,31 +88,42 @@ class RelationsHandler:
         if not ids:
             return {}
         now_ms = self._clock.time_msec()
-        result: dict[str, dict[str, Any]] = {}
-        threads = await self._store.get_thread_summaries(ids, user_id)
         senders = {e.event_id: e.sender for e in events}
-        latest = await self._store.get_events([latest for _, latest, _ in threads.values()])
-        for root, (count, latest_id, participated) in threads.items():
-            latest_event = latest.get(latest_id)
-            if latest_event is None or (visibility and not visibility.can_see(latest_event)):
+        threads: dict[str, list[tuple[str, str]]] = {}
+        edits: dict[str, str] = {}
+        references: dict[str, list[str]] = {}
+        for parent, event_id, rel_type, sender in await self._store.get_aggregated_relations(ids):
+            if rel_type == "m.thread":
+                threads.setdefault(parent, []).append((event_id, sender))
+            elif rel_type == "m.replace" and sender == senders.get(parent):
+                # Only the original sender's edits count; the latest wins.
+                edits[parent] = event_id
+            elif rel_type == "m.reference":
+                references.setdefault(parent, []).append(event_id)
+        wanted = [replies[-1][0] for replies in threads.values()] + list(edits.values())
+        found = await self._store.get_events(wanted) if wanted else {}
+
+        def visible(event: Event | None) -> bool:
+            return event is not None and (visibility is None or visibility.can_see(event))
+
+        result: dict[str, dict[str, Any]] = {}
+        for root, replies in threads.items():
+            latest = found.get(replies[-1][0])
+            if latest is None or not visible(latest):
                 continue
             result.setdefault(root, {})["m.thread"] = {
-                "latest_event": latest_event.to_client_dict(now_ms),
-                "count": count,
-                "current_user_participated": participated or senders.get(root) == user_id,
+                "latest_event": latest.to_client_dict(now_ms),
+                "count": len(replies),
+                "current_user_participated": senders.get(root) == user_id
+                or any(sender == user_id for _, sender in replies),
             }
-        edits = await self._store.get_relations_of_type(ids, "m.replace")
-        for parent, children in edits.items():
-            # Only the original sender's edits count.
-            own = [event_id for event_id, sender in children if sender == senders.get(parent)]
-            if own:
-                edit = await self._store.get_event(own[-1])
-                if edit is not None and not (visibility and not visibility.can_see(edit)):
-                    result.setdefault(parent, {})["m.replace"] = edit.to_client_dict(now_ms)
-        references = await self._store.get_relations_of_type(ids, "m.reference")
+        for parent, edit_id in edits.items():
+            edit = found.get(edit_id)
+            if edit is not None and visible(edit):
+                result.setdefault(parent, {})["m.replace"] = edit.to_client_dict(now_ms)
         for parent, children in references.items():
             result.setdefault(parent, {})["m.reference"] = {
-                "chunk": [{"event_id": event_id} for event_id, _ in children]
+                "chunk": [{"event_id": event_id} for event_id in children]
             }
         return result
 

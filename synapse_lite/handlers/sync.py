@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.notifier import Notifier
     from synapse_lite.position_log import PositionLog
@@ -101,11 +102,13 @@ class SyncHandler:
         event_writers: Callable[[], Sequence[str]],
         position_log: PositionLog | None,
         sections: Mapping[str, SyncSection],
+        relations: RelationsHandler | None = None,
     ) -> None:
         """``streams``: this process's streams (their positions make the
         token); ``event_writers()``: the events writers known now;
         ``sections``: the parts of the response that streams other than the
-        built-in ones feed, by stream name."""
+        built-in ones feed, by stream name; ``relations``: adds the bundled
+        aggregations to timeline events."""
         self._store = store
         self._clock = clock
         self._config = config
@@ -118,6 +121,7 @@ class SyncHandler:
         self._event_writers = event_writers
         self._position_log = position_log
         self._sections = sections
+        self._relations = relations
         #: The streams whose positions follow the room key in tokens.
         self._token_streams = [
             name for name in config.streams.sync_token_streams() if name != "events"
@@ -440,6 +444,12 @@ class SyncHandler:
                 result[room_id] = await self._room_entry(
                     user_id, room_id, events, limit, since.room_key, now, full=False, now_ms=now_ms
                 )
+        if self._relations is not None:
+            # One pass over every room's timeline: the user is joined to each,
+            # and the timelines are already what they may see.
+            await self._relations.add_bundles_to(
+                [e for entry in result.values() for e in entry["timeline"]["events"]], user_id
+            )
         return result
 
     async def _events_by_room(

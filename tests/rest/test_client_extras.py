@@ -685,6 +685,12 @@ class RelationsTestCase(ThreeUsersTestCase):
             root_seen["unsigned"]["m.relations"]["m.thread"]["current_user_participated"]
         )
 
+        synced = await self.bob.sync()
+        [root_synced] = [
+            e for e in synced["rooms"]["join"][room]["timeline"]["events"] if e["event_id"] == root
+        ]
+        self.assertEqual(root_synced["unsigned"]["m.relations"]["m.thread"]["count"], 3)
+        self.assertEqual(root_synced["unsigned"]["m.relations"]["m.replace"]["event_id"], edit)
         threads = await self.bob.ok("GET", f"/_matrix/client/v1/rooms/{room}/threads")
         assert_spec_response(
             self, "threads_list.yaml", "/rooms/{roomId}/threads", "GET", 200, threads

@@ -58,44 +58,25 @@ class RelationsWorkerStore(SQLBaseStore):
         rows = await self.db_pool.select("get_relation_children", sql, *args, limit)
         return [(r[0], int(r[1])) for r in rows]
 
-    async def get_thread_summaries(
-        self, parent_ids: list[str], user_id: str
-    ) -> dict[str, tuple[int, str, bool]]:
-        """Per thread root among ``parent_ids``: ``(reply count, latest reply's
-        event id, whether user_id replied)``."""
-        if not parent_ids:
-            return {}
-        rows = await self.db_pool.select(
-            "get_thread_summaries",
-            "SELECT er.relates_to_id, er.event_id, er.sender FROM event_relations AS er"
-            f" WHERE er.relation_type = 'm.thread' AND er.relates_to_id IN ({_marks(parent_ids)})"
-            f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering ASC",
-            *parent_ids,
-        )
-        summaries: dict[str, tuple[int, str, bool]] = {}
-        for parent, event_id, sender in rows:
-            count, _, participated = summaries.get(parent, (0, "", False))
-            summaries[parent] = (count + 1, event_id, participated or sender == user_id)
-        return summaries
-
-    async def get_relations_of_type(
-        self, parent_ids: list[str], rel_type: str
-    ) -> dict[str, list[tuple[str, str]]]:
-        """Per parent among ``parent_ids``: ``(event_id, sender)`` of its
-        children of ``rel_type``, oldest first."""
-        if not parent_ids:
-            return {}
-        rows = await self.db_pool.select(
-            "get_relations_of_type",
-            "SELECT er.relates_to_id, er.event_id, er.sender FROM event_relations AS er"
-            f" WHERE er.relation_type = ? AND er.relates_to_id IN ({_marks(parent_ids)})"
-            f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering ASC",
-            rel_type,
-            *parent_ids,
-        )
-        result: dict[str, list[tuple[str, str]]] = {}
-        for parent, event_id, sender in rows:
-            result.setdefault(parent, []).append((event_id, sender))
+    async def get_aggregated_relations(
+        self, parent_ids: list[str]
+    ) -> list[tuple[str, str, str, str]]:
+        """``(parent id, event id, rel_type, sender)`` of every ``m.thread``,
+        ``m.replace`` and ``m.reference`` child of ``parent_ids``, oldest
+        first: what bundled aggregations are made of, in one query."""
+        result: list[tuple[str, str, str, str]] = []
+        for start in range(0, len(parent_ids), 500):
+            chunk = parent_ids[start : start + 500]
+            rows = await self.db_pool.select(
+                "get_aggregated_relations",
+                "SELECT er.relates_to_id, er.event_id, er.relation_type, er.sender"
+                " FROM event_relations AS er"
+                f" WHERE er.relates_to_id IN ({_marks(chunk)})"
+                " AND er.relation_type IN ('m.thread', 'm.replace', 'm.reference')"
+                f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering ASC",
+                *chunk,
+            )
+            result.extend((r[0], r[1], r[2], r[3]) for r in rows)
         return result
 
     async def get_thread_roots(
