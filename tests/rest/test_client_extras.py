@@ -501,6 +501,9 @@ class DirectoryTestCase(ThreeUsersTestCase):
                 "limited": False,
             },
         )
+        # Nobody finds themselves through a private room.
+        alone = await self.bob.ok("POST", "/user_directory/search", {"search_term": "bob"})
+        self.assertEqual(alone["results"], [])
         # Eve shares no room with Alice, who is in no public room.
         nothing = await self.eve.ok("POST", "/user_directory/search", {"search_term": "alice"})
         self.assertEqual(nothing["results"], [])
@@ -509,6 +512,14 @@ class DirectoryTestCase(ThreeUsersTestCase):
         limited = await self.bob.ok(
             "POST", "/user_directory/search", {"search_term": "test.local", "limit": 1}
         )
+        # A world-readable room counts as public too.
+        await self.alice.ok(
+            "PUT",
+            f"/rooms/{room}/state/m.room.history_visibility",
+            {"history_visibility": "world_readable"},
+        )
+        readable = await self.eve.ok("POST", "/user_directory/search", {"search_term": "bob"})
+        self.assertEqual([r["user_id"] for r in readable["results"]], [self.bob.user_id])
         self.assertEqual((len(limited["results"]), limited["limited"]), (1, True))
         for bad in ({}, {"search_term": 5}, {"search_term": "a", "limit": "x"}):
             code, _ = await self.bob.request("POST", "/user_directory/search", bad)

@@ -61,17 +61,25 @@ class ProfileWorkerStore(SQLBaseStore):
         await self.db_pool.runInteraction("set_profile_field", txn_func)
 
     async def get_users_visible_to(self, user_id: str) -> set[str]:
-        """Users the user directory shows ``user_id``: those joined to a room
-        ``user_id`` is joined to, or to a room anyone may join."""
+        """Users the user directory shows ``user_id``: the others joined to a
+        room ``user_id`` is joined to, and everyone joined to a public room
+        (join rule public, or history world readable)."""
         rows = await self.db_pool.select(
             "get_users_visible_to",
-            "SELECT DISTINCT state_key FROM current_state_events"
-            " WHERE type = 'm.room.member' AND membership = 'join' AND ("
-            "  room_id IN (SELECT room_id FROM current_state_events"
-            "   WHERE type = 'm.room.member' AND membership = 'join' AND state_key = ?)"
-            "  OR room_id IN (SELECT room_id FROM rooms WHERE is_public = ?))",
+            "SELECT DISTINCT m.state_key FROM current_state_events AS m"
+            " WHERE m.type = 'm.room.member' AND m.membership = 'join' AND ("
+            "  (m.state_key != ? AND m.room_id IN (SELECT room_id FROM current_state_events"
+            "   WHERE type = 'm.room.member' AND membership = 'join' AND state_key = ?))"
+            "  OR m.room_id IN (SELECT room_id FROM rooms WHERE is_public = ?)"
+            "  OR m.room_id IN (SELECT c.room_id FROM current_state_events AS c"
+            "   JOIN events AS e ON e.event_id = c.event_id"
+            "   WHERE c.type = 'm.room.history_visibility' AND c.state_key = ''"
+            # The content is JSON text: the value is matched with its quotes.
+            "   AND e.content LIKE ?))",
+            user_id,
             user_id,
             True,
+            '%"world_readable"%',
         )
         return {r[0] for r in rows}
 
