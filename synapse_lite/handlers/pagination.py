@@ -122,8 +122,11 @@ class PaginationHandler:
         """``/context``: the event, up to ``limit`` events around it (half
         before, the rest after, each side only what the requester may see)
         and the room's state at the event."""
+        # 403 for a room the requester may read nothing of (what the reference
+        # server and SyTest expect of /context; the spec lists no errors here),
+        # then 404 for an event they may not see.
+        visibility = await self._visibility(requester, room_id)
         event = await self.get_event(requester, room_id, event_id)
-        visibility = await load_room_visibility(self._store, requester.user_id, room_id)
         limit = max(0, min(limit, MAX_PAGE))
         before_limit = limit // 2
         after_limit = limit - before_limit

@@ -329,10 +329,11 @@ class RoomEventsTestCase(ThreeUsersTestCase):
         for path in (
             f"/rooms/{room}/event/{q(later)}",
             f"/rooms/!nope:test.local/event/{q(later)}",
-            f"/rooms/{room}/context/{q(later)}",
         ):
             code, body = await self.eve.request("GET", path)
             self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"), path)
+        code, body = await self.eve.request("GET", f"/rooms/{room}/context/{q(later)}")
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
         other = await self.alice.create_room()
         elsewhere = await self.alice.send(other, "other room")
         code, body = await self.bob.request("GET", f"/rooms/{room}/event/{q(elsewhere)}")

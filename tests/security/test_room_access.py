@@ -47,13 +47,13 @@ class RoomAccessTestCase(ThreeUsersTestCase):
         await self.assert_forbidden("GET", f"/rooms/{self.room}/joined_members")
 
     async def test_stranger_cannot_read_an_event(self) -> None:
-        """``/event``, ``/context`` and ``/relations`` answer a stranger the
-        spec's 404 (the same as for an event that does not exist), and give
-        a member the event."""
+        """``/event`` and ``/relations`` answer a stranger the spec's 404 (the
+        same as for an event that does not exist), ``/context`` and
+        ``/threads`` a 403 (as for the room's other reads); a member gets the
+        event."""
         event = urllib.parse.quote(self.event_id, safe="")
         paths = [
             f"/rooms/{self.room}/event/{event}",
-            f"/rooms/{self.room}/context/{event}",
             f"/_matrix/client/v1/rooms/{self.room}/relations/{event}",
         ]
         for path in paths:
@@ -61,6 +61,7 @@ class RoomAccessTestCase(ThreeUsersTestCase):
             self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"), path)
             code, _ = await self.bob.request("GET", path)
             self.assertEqual(code, 200, f"a member's GET {path}")
+        await self.assert_forbidden("GET", f"/rooms/{self.room}/context/{event}")
         await self.assert_forbidden("GET", f"/_matrix/client/v1/rooms/{self.room}/threads")
 
     async def test_stranger_cannot_send_to_the_room(self) -> None:
