@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import re
 import urllib.parse
+import uuid
 from typing import Any
 
 from synapse_lite.http.server import JsonResource
@@ -620,8 +621,6 @@ class RedactionAcrossProcessesTestCase(DatabaseTestCase):
 
 class RelationsTestCase(ThreeUsersTestCase):
     async def send_content(self, client: Any, room: str, content: dict[str, Any]) -> str:
-        import uuid
-
         answer = await client.ok(
             "PUT", f"/rooms/{room}/send/m.room.message/{uuid.uuid4().hex}", content
         )
