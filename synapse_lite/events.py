@@ -14,6 +14,47 @@ def new_event_id() -> str:
     return "$" + base64.urlsafe_b64encode(os.urandom(18)).decode("ascii")
 
 
+#: What a redaction keeps of an event's content, by event type (room version
+#: 10's redaction algorithm; every other type keeps nothing).
+REDACTION_KEPT_CONTENT: dict[str, tuple[str, ...]] = {
+    "m.room.member": ("membership", "join_authorised_via_users_server"),
+    "m.room.create": ("creator",),
+    "m.room.join_rules": ("join_rule", "allow"),
+    "m.room.power_levels": (
+        "ban",
+        "events",
+        "events_default",
+        "kick",
+        "redact",
+        "state_default",
+        "users",
+        "users_default",
+    ),
+    "m.room.aliases": ("aliases",),
+    "m.room.history_visibility": ("history_visibility",),
+}
+
+
+def pruned_content(event_type: str, content: dict[str, Any]) -> dict[str, Any]:
+    """``content`` as a redaction leaves it."""
+    kept = REDACTION_KEPT_CONTENT.get(event_type, ())
+    return {k: v for k, v in content.items() if k in kept}
+
+
+def relation_of(content: dict[str, Any]) -> tuple[str, str] | None:
+    """``(parent event id, rel_type)`` of an event's ``m.relates_to``, or None
+    (a reply without a ``rel_type`` is not a relation)."""
+    relates_to = content.get("m.relates_to")
+    if not isinstance(relates_to, dict):
+        return None
+    parent, rel_type = relates_to.get("event_id"), relates_to.get("rel_type")
+    if not isinstance(parent, str) or not isinstance(rel_type, str):
+        return None
+    if not 0 < len(parent) <= 255 or not 0 < len(rel_type) <= 255:
+        return None
+    return parent, rel_type
+
+
 class _EventKind:
     """What an event's type and state key say about it (for every stage of an
     event: requested, about to be persisted, persisted)."""
@@ -68,6 +109,14 @@ class Event(_EventKind):
     instance_name: str
     redacts: str | None = None
     outlier: bool = False
+    #: The redaction that redacted this event (its content is then pruned).
+    redacted_because: Event | None = attr.ib(default=None, hash=False)
+
+    def redacted(self, redaction: Event) -> Event:
+        """This event as ``redaction`` leaves it."""
+        return attr.evolve(
+            self, content=pruned_content(self.type, self.content), redacted_because=redaction
+        )
 
     def to_client_dict(
         self, now_ms: int | None = None, include_room_id: bool = True
@@ -89,6 +138,10 @@ class Event(_EventKind):
             data["redacts"] = self.redacts
         if now_ms is not None:
             data["unsigned"]["age"] = max(0, now_ms - self.origin_server_ts)
+        if self.redacted_because is not None:
+            data["unsigned"]["redacted_because"] = self.redacted_because.to_client_dict(
+                now_ms, include_room_id=False
+            )
         return data
 
 
@@ -103,6 +156,8 @@ class EventSpec(_EventKind):
     origin_server_ts: int
     #: (user_id, device_id, txn_id) of an idempotent client send.
     txn_key: tuple[str, str, str] | None = None
+    #: The event an ``m.room.redaction`` redacts.
+    redacts: str | None = None
 
     def with_id(self, room_id: str) -> EventContent:
         """The event to persist, with a fresh id (given by the writer)."""
@@ -114,5 +169,6 @@ class EventSpec(_EventKind):
             sender=self.sender,
             content=self.content,
             origin_server_ts=self.origin_server_ts,
+            redacts=self.redacts,
             txn_key=self.txn_key,
         )

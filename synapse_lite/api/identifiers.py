@@ -53,6 +53,29 @@ def check_room_id(room_id: str) -> str:
     return room_id
 
 
+#: The longest room alias accepted (the spec's limit on any identifier).
+MAX_ALIAS_LENGTH = 255
+
+
+def check_room_alias(alias: object, server_name: str | None = None) -> str:
+    """A room alias (``#localpart:server``) from a path or body, or a 400; with
+    ``server_name``, also one of that server (a 400 otherwise: nobody makes
+    aliases of another server here, no squatting)."""
+    if (
+        not isinstance(alias, str)
+        or not alias.startswith("#")
+        or ":" not in alias
+        or len(alias.encode("utf-8")) > MAX_ALIAS_LENGTH
+        or any(c in alias for c in "\x00 \t\n\r")
+        or not alias[1:].split(":", 1)[0]
+        or not alias.split(":", 1)[1]
+    ):
+        raise SynapseError(400, "Not a valid room alias", Codes.INVALID_PARAM)
+    if server_name is not None and alias.split(":", 1)[1] != server_name:
+        raise SynapseError(400, "Room aliases must be on this server", Codes.INVALID_PARAM)
+    return alias
+
+
 def check_user_id(user_id: object, what: str = "user_id") -> str:
     """A user id from a path or body, or a 400."""
     if not is_valid_user_id(user_id):

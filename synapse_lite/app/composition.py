@@ -51,6 +51,7 @@ from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.client_ips import ClientIpRecorder
 from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
 from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
@@ -63,11 +64,13 @@ from synapse_lite.handlers.presence import (
     PresenceHandlerBase,
     PresenceWriterHandler,
 )
+from synapse_lite.handlers.profile import ProfileHandler
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.pusher_delivery import PusherDelivery
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
+from synapse_lite.handlers.relations import RelationsHandler
 from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.room import RoomCreationHandler
 from synapse_lite.handlers.room_keys import RoomKeysHandler
@@ -110,6 +113,7 @@ from synapse_lite.replication.http.writes import (
     SEND_TO_DEVICE,
     SET_PRESENCE,
     SET_PUSHER,
+    SET_ROOM_TAG,
     SET_TYPING,
 )
 from synapse_lite.replication.instance_directory import EVENTS_WRITER_STREAMS, InstanceDirectory
@@ -276,6 +280,8 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     e2e_keys = E2eKeysHandler(store, calls, config, notifier)
     ui_auth = InteractiveAuthHandler(store, clock, config)
     members = RoomMemberHandler(store, clock, server_name, events)
+    pagination = PaginationHandler(store, clock)
+    relations = RelationsHandler(store, clock, pagination)
     handlers = ClientHandlers(
         clock=clock,
         store=store,
@@ -296,6 +302,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             event_writers=event_writers,
             position_log=position_log,
             sections={d.name: d.sync_section(store) for d in config.streams if d.sync_section},
+            relations=relations,
         ),
         events=events,
         room_creation=RoomCreationHandler(
@@ -306,7 +313,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             event_writers=event_writers,
         ),
         members=members,
-        pagination=PaginationHandler(store, clock),
+        pagination=pagination,
         receipts=ReceiptsHandler(store, clock, notifier, calls),
         account_data=AccountDataHandler(store, notifier, calls),
         device_messages=device_messages,
@@ -320,6 +327,11 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         admin=AdminHandler(store),
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=PushRulesHandler(store, notifier, calls),
+        turn=config.turn,
+        profiles=ProfileHandler(store, clock, server_name, events),
+        directory=DirectoryHandler(store, server_name, clock, events),
+        relations=relations,
+        server_name=server_name,
     )
     if me in config.stream_writers.events:
         wiring.served.append((SEND_EVENTS, events.persist_events))
@@ -327,6 +339,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         (ADD_ACCOUNT_DATA, handlers.account_data.write_account_data),
         (EDIT_PUSH_RULES, handlers.push_rules.write_edit),
         (SET_PUSHER, handlers.push_rules.write_pusher),
+        (SET_ROOM_TAG, handlers.account_data.write_tag),
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),

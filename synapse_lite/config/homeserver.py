@@ -307,6 +307,7 @@ class StreamWriters:
     def events(self) -> tuple[str, ...]:
         return self.writers_of("events")
 
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class RateLimitConfig:
     """A token bucket: ``per_second`` sustained, ``burst`` at once."""
@@ -384,6 +385,30 @@ class CachesConfig:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class TurnConfig:
+    """The TURN servers handed to clients for VoIP (``GET /voip/turnServer``):
+    time-limited credentials signed with the secret shared with the TURN
+    server (coturn's ``use-auth-secret``)."""
+
+    uris: tuple[str, ...] = ()
+    shared_secret: str | None = None
+    user_lifetime_ms: int = 86_400_000
+
+    @classmethod
+    def read(cls, section: Section) -> TurnConfig:
+        uris = section.get_str_list("uris", [])
+        result = cls(
+            uris=tuple(uris or ()),
+            shared_secret=section.get_optional_str("shared_secret"),
+            user_lifetime_ms=section.get_int("user_lifetime_ms", 86_400_000, minimum=1000),
+        )
+        if result.uris and result.shared_secret is None:
+            section.problem("is required when 'uris' is set", "shared_secret")
+        section.finish()
+        return result
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class HomeServerConfig:
     """Everything a process of this homeserver needs to know."""
 
@@ -418,6 +443,7 @@ class HomeServerConfig:
     #: The router in front of the processes, if there is one.
     router: RouterConfig | None = None
     internal_tls: InternalTlsConfig = attr.ib(factory=InternalTlsConfig)
+    turn: TurnConfig = attr.ib(factory=TurnConfig)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -570,6 +596,7 @@ def read_homeserver_config(
     rate_limits = RateLimitsConfig.read(root.get_section("rate_limiting"))
     limits = LimitsConfig.read(root.get_section("limits"))
     caches = CachesConfig.read(root.get_section("caches"))
+    turn = TurnConfig.read(root.get_section("turn"))
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     position_log = root.get_bool("position_log", False)
     media_instance = root.get_str("media_instance", MAIN_PROCESS)
@@ -714,6 +741,7 @@ def read_homeserver_config(
         streams=streams,
         router=router,
         internal_tls=internal_tls,
+        turn=turn,
     )
 
 

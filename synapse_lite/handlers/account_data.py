@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import NotFoundError
-from synapse_lite.replication.http.writes import ADD_ACCOUNT_DATA, AccountDataWrite, StreamWritten
+from synapse_lite.replication.http.writes import (
+    ADD_ACCOUNT_DATA,
+    SET_ROOM_TAG,
+    AccountDataWrite,
+    StreamWritten,
+    TagWrite,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.notifier import Notifier
@@ -14,7 +20,8 @@ if TYPE_CHECKING:
 
 
 class AccountDataHandler:
-    """``GET/PUT /user/{userId}[/rooms/{roomId}]/account_data/{type}``."""
+    """``GET/PUT /user/{userId}[/rooms/{roomId}]/account_data/{type}`` and the
+    room tags (``m.tag``) of ``/user/{userId}/rooms/{roomId}/tags``."""
 
     def __init__(self, store: GenericWorkerStore, notifier: Notifier, calls: InternalCalls) -> None:
         self._store = store
@@ -52,3 +59,20 @@ class AccountDataHandler:
         if found is None:
             raise NotFoundError("Account data not found")
         return found
+
+    async def set_tag(
+        self, user_id: str, room_id: str, tag: str, content: dict[str, Any] | None
+    ) -> None:
+        """Add (``content``) or remove (None) a room tag, on the account_data writer."""
+        await self._calls.call(SET_ROOM_TAG, TagWrite(user_id, room_id, tag, content))
+
+    async def write_tag(self, write: TagWrite) -> StreamWritten:
+        """Serves :data:`SET_ROOM_TAG`: store it and wake the user's syncs."""
+        stream_id = await self._store.set_room_tag(
+            write.user_id, write.room_id, write.tag, write.content
+        )
+        self._notifier.notify(users=[write.user_id])
+        return StreamWritten(stream_id)
+
+    async def get_tags(self, user_id: str, room_id: str) -> dict[str, dict[str, Any]]:
+        return await self._store.get_tags_for_room(user_id, room_id)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from twisted.internet import defer
 
 from synapse_lite.api.content import check_content_size
-from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import AUTH_STATE_TYPES, RoomAuthState
@@ -121,11 +121,13 @@ class EventCreationHandler:
         content: dict[str, object],
         state_key: str | None = None,
         txn_id: str | None = None,
+        redacts: str | None = None,
     ) -> str:
         """Send an event for a client; returns its id. With ``txn_id`` the send
         is idempotent per (user, device, txn_id); a state event without one
         that repeats the current state's sender and content is not sent
-        again (its id is returned)."""
+        again (its id is returned). ``redacts``: the event an
+        ``m.room.redaction`` redacts."""
         check_content_size(content)
         if state_key is not None:
             # PUT /state has no transaction id: a client retrying it would
@@ -156,6 +158,7 @@ class EventCreationHandler:
                 content=content,
                 origin_server_ts=self._clock.time_msec(),
                 txn_key=txn_key,
+                redacts=redacts,
             )
             [(event_id, _)] = await self.send_events(room_id, [spec])
         except SynapseError:
@@ -234,6 +237,8 @@ class EventCreationHandler:
                 state = await self._load_auth_state(room_id, specs)
             for spec in specs:
                 state.check(spec)
+                if spec.type == "m.room.redaction":
+                    await self._check_redaction(room_id, spec, state)
                 state.apply_spec(spec)
             contents = [s.with_id(room_id) for s in specs]
             # Evaluated for the room's members before the batch, with the
@@ -252,6 +257,22 @@ class EventCreationHandler:
         targets = [e.state_key for e in events if e.type == "m.room.member" and e.state_key]
         self._notifier.notify(users=targets, rooms=[room_id])
         return events
+
+    async def _check_redaction(self, room_id: str, spec: EventSpec, state: RoomAuthState) -> None:
+        """A redaction names an event of its room (404 for an unknown event,
+        400 for one of another room); redacting
+        someone else's event needs the room's ``redact`` power level."""
+        if spec.redacts is None:
+            raise SynapseError(400, "A redaction must name the event it redacts", Codes.BAD_JSON)
+        target = await self._store.get_event(spec.redacts)
+        if target is None:
+            raise NotFoundError("Event not found")
+        if target.room_id != room_id:
+            raise SynapseError(400, "That event is in another room", Codes.INVALID_PARAM)
+        if target.sender != spec.sender:
+            needed = state.named_level("redact", 50)
+            if state.user_level(spec.sender) < needed:
+                raise AuthError(403, f"You need power level {needed} to redact others' events")
 
     async def _load_auth_state(self, room_id: str, specs: list[EventSpec]) -> RoomAuthState:
         state_ids = await self._store.get_current_state_ids(room_id)

@@ -17,6 +17,7 @@ from synapse_lite.api.content import check_content_size
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import (
     check_identifier_text,
+    check_room_alias,
     check_user_id,
     is_mine_id,
     new_room_id,
@@ -24,6 +25,7 @@ from synapse_lite.api.identifiers import (
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import check_power_levels_content
+from synapse_lite.handlers.profile import member_content, profile_of
 from synapse_lite.http.fields import get_bool, get_dict, get_list, get_optional_str
 from synapse_lite.storage.databases.main.room import choose_event_writer
 
@@ -93,8 +95,12 @@ class RoomCreationHandler:
         """Validate the request, build the initial events, persist them on the
         new room's writer; returns the room id."""
         user_id = requester.user_id
-        if body.get("room_alias_name") is not None:
-            raise SynapseError(400, "Room aliases are not supported", Codes.INVALID_PARAM)
+        alias_name = get_optional_str(body, "room_alias_name", max_length=200)
+        alias = None
+        if alias_name is not None:
+            alias = check_room_alias(f"#{alias_name}:{self._server_name}", self._server_name)
+            if await self._store.get_alias(alias) is not None:
+                raise SynapseError(400, "That room alias is taken", Codes.ROOM_IN_USE)
         visibility = get_optional_str(body, "visibility") or "private"
         if visibility not in ("public", "private"):
             raise SynapseError(400, "'visibility' must be public or private", Codes.INVALID_PARAM)
@@ -128,7 +134,11 @@ class RoomCreationHandler:
         creation_content.update({"creator": user_id, "room_version": ROOM_VERSION})
         specs = [
             state("m.room.create", creation_content),
-            state("m.room.member", {"membership": "join"}, user_id),
+            state(
+                "m.room.member",
+                member_content("join", await profile_of(self._store, user_id)),
+                user_id,
+            ),
             state("m.room.power_levels", power_levels),
             state("m.room.join_rules", {"join_rule": settings["join_rule"]}),
             state("m.room.history_visibility", {"history_visibility": settings["history"]}),
@@ -142,15 +152,28 @@ class RoomCreationHandler:
             specs.append(state("m.room.name", {"name": name}))
         if topic is not None:
             specs.append(state("m.room.topic", {"topic": topic}))
+        if alias is not None:
+            specs.append(state("m.room.canonical_alias", {"alias": alias}))
         for invitee in invitees:
-            content: dict[str, Any] = {"membership": "invite"}
+            content = member_content("invite", await profile_of(self._store, invitee))
             if is_direct:
                 content["is_direct"] = True
             specs.append(state("m.room.member", content, invitee))
 
         room_id = new_room_id(self._server_name)
         writer = choose_event_writer(room_id, self._event_writers())
-        await self._events.send_events(room_id, specs, new_room_writer=writer)
+        # The alias is claimed before the room exists, so that two rooms
+        # cannot both get it; it is given back if the room is not created.
+        if alias is not None and not await self._store.create_alias(alias, room_id, user_id):
+            raise SynapseError(400, "That room alias is taken", Codes.ROOM_IN_USE)
+        try:
+            await self._events.send_events(room_id, specs, new_room_writer=writer)
+        except Exception:
+            if alias is not None:
+                await self._store.delete_alias(alias)
+            raise
+        if visibility == "public":
+            await self._store.set_room_in_directory(room_id, True)
         return room_id
 
     async def _check_invitees(self, invite: list[Any], creator: str) -> list[str]:

@@ -9,6 +9,7 @@ from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseErro
 from synapse_lite.api.identifiers import is_mine_id
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
+from synapse_lite.handlers.profile import member_content, profile_of
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -67,6 +68,10 @@ class RoomMemberHandler:
             # Joining twice changes nothing: no new event.
             return current[1]
         content: dict[str, object] = {"membership": membership}
+        if membership in ("join", "invite"):
+            # The member list shows names: a join (or invite) carries the
+            # target's profile.
+            content = member_content(membership, await profile_of(self._store, target))
         if reason is not None:
             content["reason"] = reason
         spec = EventSpec(
@@ -77,4 +82,7 @@ class RoomMemberHandler:
             origin_server_ts=self._clock.time_msec(),
         )
         [(event_id, _)] = await self._events.send_events(room_id, [spec])
+        if membership in ("join", "invite"):
+            # Back in the room: it is not forgotten any more.
+            await self._store.unforget_room(target, room_id)
         return event_id

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.notifier import Notifier
     from synapse_lite.position_log import PositionLog
@@ -152,11 +153,13 @@ class SyncHandler:
         event_writers: Callable[[], Sequence[str]],
         position_log: PositionLog | None,
         sections: Mapping[str, SyncSection],
+        relations: RelationsHandler | None = None,
     ) -> None:
         """``streams``: this process's streams (their positions make the
         token); ``event_writers()``: the events writers known now;
         ``sections``: the parts of the response that streams other than the
-        built-in ones feed, by stream name."""
+        built-in ones feed, by stream name; ``relations``: adds the bundled
+        aggregations to timeline events."""
         self._store = store
         self._clock = clock
         self._config = config
@@ -171,6 +174,7 @@ class SyncHandler:
         self._sections = sections
         self._formatter = ClientEventFormatter(store)
         self._lazy_sent = LazyMembersSent()
+        self._relations = relations
         #: The streams whose positions follow the room key in tokens.
         self._token_streams = [
             name for name in config.streams.sync_token_streams() if name != "events"
@@ -600,6 +604,13 @@ class SyncHandler:
                     continue
                 if entry["timeline"]["events"] or entry["state"]["events"] or _is_limited(entry):
                     result[room_id] = entry
+        if self._relations is not None:
+            # One pass over every room's timeline: the user is joined to each,
+            # and the timelines are already what they may see.
+            await self._relations.add_bundles_to(
+                [e for entry in result.values() for e in entry["timeline"]["events"]],
+                requester.user_id,
+            )
         return result
 
     async def _timeline_events(
@@ -1006,7 +1017,14 @@ class SyncHandler:
                 if changed_rooms is None or (room_id, data_type) in changed_rooms:
                     room_data[room_id].append({"type": data_type, "content": content})
         if changed_rooms is None or any(t == TAG_DATA_TYPE for _, t in changed_rooms):
-            for room_id, tags in (await self._store.get_tags_for_user(user_id)).items():
+            all_tags = await self._store.get_tags_for_user(user_id)
+            if changed_rooms is not None:
+                # A room whose last tag was deleted has no rows left: it is
+                # sent with no tags, so clients drop the deleted one.
+                for room_id, data_type in changed_rooms:
+                    if data_type == TAG_DATA_TYPE:
+                        all_tags.setdefault(room_id, {})
+            for room_id, tags in all_tags.items():
                 if changed_rooms is None or (room_id, TAG_DATA_TYPE) in changed_rooms:
                     room_data[room_id].append({"type": TAG_DATA_TYPE, "content": {"tags": tags}})
         return global_data, room_data

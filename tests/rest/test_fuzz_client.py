@@ -48,7 +48,15 @@ _reactor = cast(Any, reactor)
 BODY_LIMIT = 4096
 
 #: Servlets that answer without an access token.
-UNAUTHENTICATED = {"versions", "register", "register_available", "login", "admin_register"}
+UNAUTHENTICATED = {
+    "versions",
+    "register",
+    "register_available",
+    "login",
+    "admin_register",
+    "profile",
+    "public_rooms",
+}
 #: Servlets that would end the fuzzing users' sessions if they succeeded:
 #: fuzzed only with tokens that must be refused.
 ENDS_SESSION = {"logout", "logout_all"}
@@ -90,7 +98,10 @@ BAD_ROOM_IDS = [
 #: Well-formed ids of rooms that do not exist: refused wherever the room must
 #: exist (room account data may name any room, as in the spec).
 UNKNOWN_ROOM_IDS = ["!nope:test.local", "!é:test.local", "!nope:other.example"]
-ANY_ROOM_SERVLETS = {"room_account_data"}
+ANY_ROOM_SERVLETS = {"room_account_data", "room_tags"}
+#: Servlets whose GET shows anyone what it shows its owner (a user's public
+#: profile): another user reading it is not refused.
+READABLE_BY_OTHERS = {"profile"}
 BAD_USER_IDS = [
     "x", "@", "@nobody:test.local", "@ALICE:test.local", "@alice:other.example", "!r:test.local",
     "@" + "a" * 300 + ":test.local", "@é:test.local", "%00", "@alice", "@:test.local",
@@ -303,7 +314,10 @@ class ClientFuzzTestCase(DatabaseTestCase):
                 values = valid_values()
                 if "room_id" in values:
                     values["room_id"] = self.private_room
-                yield make("other_user", bob, True, values=values, body=self.wrong_types_body(rng))
+                public = route.servlet in READABLE_BY_OTHERS and route.method == "GET"
+                yield make(
+                    "other_user", bob, not public, values=values, body=self.wrong_types_body(rng)
+                )
         bad_groups = [g for g in route.groups if self.bad_value(g, route, rng) is not None]
         if bad_groups:
             for _ in range(50):

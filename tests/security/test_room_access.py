@@ -11,6 +11,7 @@ tests/rest/test_sync.py (reading another user's account data).
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 from tests.harness.client_api import ThreeUsersTestCase
@@ -46,14 +47,22 @@ class RoomAccessTestCase(ThreeUsersTestCase):
         await self.assert_forbidden("GET", f"/rooms/{self.room}/joined_members")
 
     async def test_stranger_cannot_read_an_event(self) -> None:
-        """There is no route that reads one event by id: the only way to an
-        event is through the room reads above. The spec's
-        /rooms/{roomId}/event/{eventId} is not served to anyone."""
-        for who in (self.eve, self.bob):
-            code, answer = await who.request("GET", f"/rooms/{self.room}/event/{self.event_id}")
-            self.assertEqual((code, answer["errcode"]), (404, "M_UNRECOGNIZED"))
-        code, _ = await self.eve.request("GET", f"/rooms/{self.room}/context/{self.event_id}")
-        self.assertEqual(code, 404)
+        """``/event`` and ``/relations`` answer a stranger the spec's 404 (the
+        same as for an event that does not exist), ``/context`` and
+        ``/threads`` a 403 (as for the room's other reads); a member gets the
+        event."""
+        event = urllib.parse.quote(self.event_id, safe="")
+        paths = [
+            f"/rooms/{self.room}/event/{event}",
+            f"/_matrix/client/v1/rooms/{self.room}/relations/{event}",
+        ]
+        for path in paths:
+            code, answer = await self.eve.request("GET", path)
+            self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"), path)
+            code, _ = await self.bob.request("GET", path)
+            self.assertEqual(code, 200, f"a member's GET {path}")
+        await self.assert_forbidden("GET", f"/rooms/{self.room}/context/{event}")
+        await self.assert_forbidden("GET", f"/_matrix/client/v1/rooms/{self.room}/threads")
 
     async def test_stranger_cannot_send_to_the_room(self) -> None:
         before = await self.bob.ok("GET", f"/rooms/{self.room}/messages?dir=b&limit=100")

@@ -26,6 +26,7 @@ def _spec_to_json(spec: EventSpec) -> dict[str, Any]:
         "content": spec.content,
         "origin_server_ts": spec.origin_server_ts,
         "txn": list(spec.txn_key) if spec.txn_key else None,
+        "redacts": spec.redacts,
     }
 
 
@@ -48,6 +49,9 @@ def _spec_from_json(data: Any, server_name: str) -> EventSpec:
         if txn[0] != sender:
             raise SynapseError(400, "'txn' must be the sender's", Codes.BAD_JSON)
         txn_key = (txn[0], txn[1], txn[2])
+    redacts = data.get("redacts")
+    if redacts is not None:
+        check_identifier_text(redacts, "redacts")
     return EventSpec(
         type=check_identifier_text(data.get("type"), "type"),
         state_key=state_key,
@@ -55,6 +59,7 @@ def _spec_from_json(data: Any, server_name: str) -> EventSpec:
         content=content,
         origin_server_ts=get_int(data, "origin_server_ts"),
         txn_key=txn_key,
+        redacts=redacts,
     )
 
 

@@ -173,6 +173,66 @@ SET_PUSHER = InternalCall(
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class TagWrite:
+    """One room tag of a local user set (``content``) or removed (None)."""
+
+    user_id: str
+    room_id: str
+    tag: str
+    content: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "user_id": self.user_id,
+            "room_id": self.room_id,
+            "tag": self.tag,
+            "content": self.content,
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], server_name: str) -> TagWrite:
+        content = body.get("content")
+        if content is not None:
+            content = get_dict(body, "content")
+            check_tag_content(content)
+        return cls(
+            user_id=local_user(body, "user_id", server_name),
+            room_id=check_room_id(get_str(body, "room_id")),
+            tag=check_tag_name(body.get("tag")),
+            content=content,
+        )
+
+
+#: The longest tag name accepted (a tag is a key of the ``m.tag`` content).
+MAX_TAG_LENGTH = 255
+
+
+def check_tag_name(tag: object) -> str:
+    """A room tag name, or a 400."""
+    return check_identifier_text(tag, "tag", max_length=MAX_TAG_LENGTH)
+
+
+def check_tag_content(content: dict[str, Any]) -> None:
+    """A tag's content: a JSON object whose ``order``, when given, is a number
+    in [0, 1] (the spec's ordering key); a 400 otherwise."""
+    check_content_size(content)
+    order = content.get("order")
+    if "order" in content and (
+        isinstance(order, bool) or not isinstance(order, int | float) or not 0 <= order <= 1
+    ):
+        raise SynapseError(400, "'order' must be a number between 0 and 1", Codes.BAD_JSON)
+
+
+SET_ROOM_TAG = InternalCall(
+    "set_room_tag",
+    TagWrite,
+    StreamWritten,
+    served_by=writer_of("account_data"),
+    answer_position=_written_on("account_data"),
+)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class ReceiptWrite:
     """A receipt already checked by the sender (membership is read anywhere)."""
 

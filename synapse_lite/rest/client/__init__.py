@@ -14,24 +14,29 @@ from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client import (
     account,
     account_management,
+    directory,
     keys,
     openid,
+    profile,
     push_rules,
     reports,
     room,
     sync,
     user_data,
     versions,
+    voip,
 )
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.config.homeserver import TurnConfig
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.admin import AdminHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+    from synapse_lite.handlers.directory import DirectoryHandler
     from synapse_lite.handlers.e2e_keys import E2eKeysHandler
     from synapse_lite.handlers.filtering import FilteringHandler
     from synapse_lite.handlers.login import LoginHandler
@@ -39,9 +44,11 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.pagination import PaginationHandler
     from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.profile import ProfileHandler
     from synapse_lite.handlers.push_rules import PushRulesHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
+    from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.reports import ReportsHandler
     from synapse_lite.handlers.room import RoomCreationHandler
     from synapse_lite.handlers.room_keys import RoomKeysHandler
@@ -82,6 +89,11 @@ class ClientHandlers:
     admin: AdminHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler
+    turn: TurnConfig
+    profiles: ProfileHandler
+    directory: DirectoryHandler
+    relations: RelationsHandler
+    server_name: str
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -97,6 +109,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         reports,
         openid,
         push_rules,
+        profile,
+        directory,
+        voip,
     ]
     for module in modules:
         module.register_servlets(handlers, resource)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text, check_room_id, check_user_id
+from synapse_lite.api.identifiers import (
+    check_identifier_text,
+    check_room_alias,
+    check_room_id,
+    check_user_id,
+)
+from synapse_lite.handlers.filtering import EventFilter
 from synapse_lite.handlers.typing import check_typing_request
 from synapse_lite.http.fields import get_optional_str
 from synapse_lite.http.server import (
@@ -23,6 +30,8 @@ if TYPE_CHECKING:
 
 ROOM = "/rooms/(?P<room_id>[^/]+)"
 MEMBERSHIPS = ("join", "invite", "leave", "ban")
+#: The most events ``/context`` returns around its event.
+MAX_CONTEXT_LIMIT = 1000
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -37,7 +46,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def join(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         if room_id.startswith("#"):
-            raise SynapseError(404, "Room aliases are not supported", Codes.NOT_FOUND)
+            found = await handlers.store.get_alias(check_room_alias(room_id))
+            if found is None:
+                raise SynapseError(404, "Room alias not found", Codes.NOT_FOUND)
+            room_id = found[0]
         check_room_id(room_id)
         parse_json_object_from_request(request, allow_empty=True)
         await handlers.members.update_membership(requester, room_id, "join")
@@ -60,6 +72,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_room_id(room_id)
         check_identifier_text(event_type, "eventType")
         check_identifier_text(txn_id, "txnId")
+        if event_type == "m.room.redaction":
+            raise SynapseError(
+                400, "Send redactions with /rooms/{roomId}/redact", Codes.INVALID_PARAM
+            )
         content = parse_json_object_from_request(request)
         event_id = await handlers.events.send_client_event(
             requester, room_id, event_type, content, txn_id=txn_id
@@ -76,6 +92,19 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         event_id = await handlers.events.send_client_event(requester, room_id, event_type, content)
         return 200, {"event_id": event_id}
 
+    async def redact(request: Request, room_id: str, event_id: str, txn_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        check_identifier_text(txn_id, "txnId")
+        body = parse_json_object_from_request(request, allow_empty=True)
+        reason = get_optional_str(body, "reason", max_length=1024)
+        content: dict[str, object] = {} if reason is None else {"reason": reason}
+        redaction_id = await handlers.events.send_client_event(
+            requester, room_id, "m.room.redaction", content, txn_id=txn_id, redacts=event_id
+        )
+        return 200, {"event_id": redaction_id}
+
     async def put_state(
         request: Request, room_id: str, event_type: str, state_key: str = ""
     ) -> tuple[int, Any]:
@@ -84,6 +113,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_identifier_text(event_type, "eventType")
         check_identifier_text(state_key, "stateKey")
         content = parse_json_object_from_request(request)
+        if event_type == "m.room.canonical_alias" and state_key == "":
+            await handlers.directory.check_canonical_alias(room_id, content)
         event_id = await handlers.events.send_client_event(
             requester, room_id, event_type, content, state_key=state_key
         )
@@ -117,7 +148,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
         limit = query_int(request, "limit", 10, maximum=10_000)
         assert limit is not None
-        return 200, await handlers.pagination.get_messages(
+        page = await handlers.pagination.get_messages(
             requester,
             room_id,
             query_string(request, "from"),
@@ -125,6 +156,50 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             direction,
             limit,
         )
+        await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
+        return 200, page
+
+    async def get_event(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        event = await handlers.pagination.get_event(requester, room_id, event_id)
+        visibility = await handlers.pagination.room_visibility(requester, room_id)
+        [served] = await handlers.relations.serve([event], requester.user_id, visibility)
+        return 200, served
+
+    async def context(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        limit = query_int(request, "limit", 10, maximum=MAX_CONTEXT_LIMIT)
+        assert limit is not None
+        event_filter = None
+        raw_filter = query_string(request, "filter")
+        if raw_filter is not None:
+            try:
+                definition = json.loads(raw_filter)
+            except ValueError:
+                raise SynapseError(400, "'filter' must be JSON", Codes.NOT_JSON) from None
+            event_filter = EventFilter.parse(definition, "filter")
+        context = await handlers.pagination.get_context(
+            requester, room_id, event_id, limit, event_filter
+        )
+        served = [context["event"], *context["events_before"], *context["events_after"]]
+        await handlers.relations.add_bundles(room_id, served, requester.user_id)
+        return 200, context
+
+    async def forget(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        parse_json_object_from_request(request, allow_empty=True)
+        current = await handlers.store.get_membership_in_room(requester.user_id, room_id)
+        if current is None:
+            raise SynapseError(404, "You were never in this room", Codes.NOT_FOUND)
+        if current[0] in ("join", "invite"):
+            raise SynapseError(400, "Leave the room before forgetting it", Codes.UNKNOWN)
+        await handlers.store.forget_room(requester.user_id, room_id)
+        return 200, {}
 
     async def members(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -144,9 +219,19 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         events = await handlers.pagination.get_members(requester, room_id, "join", None)
-        return 200, {
-            "joined": {e.state_key: {"display_name": None, "avatar_url": None} for e in events}
-        }
+        joined: dict[str, dict[str, str]] = {}
+        for event in events:
+            # Unset fields are left out (the spec's schema has no nulls).
+            assert event.state_key is not None
+            joined[event.state_key] = {
+                key: value
+                for key, value in (
+                    ("display_name", event.content.get("displayname")),
+                    ("avatar_url", event.content.get("avatar_url")),
+                )
+                if isinstance(value, str)
+            }
+        return 200, {"joined": joined}
 
     async def joined_rooms(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -203,7 +288,64 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 await handlers.receipts.send_receipt(requester, room_id, key, event_id, None)
         return 200, {}
 
+    async def relations(
+        request: Request,
+        room_id: str,
+        event_id: str,
+        rel_type: str | None = None,
+        event_type: str | None = None,
+    ) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        for value, what in ((rel_type, "relType"), (event_type, "eventType")):
+            if value is not None:
+                check_identifier_text(value, what)
+        direction = query_string(request, "dir", "b")
+        if direction not in ("b", "f"):
+            raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
+        recurse = query_string(request, "recurse", "false")
+        if recurse not in ("true", "false"):
+            raise SynapseError(400, "'recurse' must be true or false", Codes.INVALID_PARAM)
+        limit = query_int(request, "limit", 50, maximum=10_000)
+        assert limit is not None
+        return 200, await handlers.relations.get_relations(
+            requester,
+            room_id,
+            event_id,
+            rel_type,
+            event_type,
+            query_string(request, "from"),
+            query_string(request, "to"),
+            limit,
+            direction,
+            recurse == "true",
+        )
+
+    async def threads(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        include = query_string(request, "include", "all")
+        if include not in ("all", "participated"):
+            raise SynapseError(400, "'include' must be all or participated", Codes.INVALID_PARAM)
+        limit = query_int(request, "limit", 50, maximum=10_000)
+        assert limit is not None
+        return 200, await handlers.relations.get_threads(
+            requester, room_id, include, query_string(request, "from"), limit
+        )
+
     register = resource.register_paths
+    v1_room = "/_matrix/client/v1/rooms/(?P<room_id>[^/]+)"
+    relations_path = v1_room + "/relations/(?P<event_id>[^/]+)"
+    register("GET", relations_path, relations, "relations")
+    register("GET", relations_path + "/(?P<rel_type>[^/]+)", relations, "relations")
+    register(
+        "GET",
+        relations_path + "/(?P<rel_type>[^/]+)/(?P<event_type>[^/]+)",
+        relations,
+        "relations",
+    )
+    register("GET", v1_room + "/threads", threads, "threads")
     register("POST", client_path("/createRoom"), create_room, "create_room")
     register("POST", client_path("/join/(?P<room_id>[^/]+)"), join, "join")
     register("POST", client_path(ROOM + "/join"), join, "join")
@@ -216,6 +358,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "send",
     )
     register("POST", client_path(ROOM + "/send/(?P<event_type>[^/]+)"), send_without_txn, "send")
+    register(
+        "PUT",
+        client_path(ROOM + "/redact/(?P<event_id>[^/]+)/(?P<txn_id>[^/]+)"),
+        redact,
+        "redact",
+    )
     state_path = ROOM + "/state/(?P<event_type>[^/]+)"
     register("PUT", client_path(state_path), put_state, "state")
     register("PUT", client_path(state_path + "/(?P<state_key>[^/]*)"), put_state, "state")
@@ -224,6 +372,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", client_path(ROOM + "/state"), get_state, "state")
     register("GET", client_path(ROOM + "/messages"), messages, "messages")
     register("GET", client_path(ROOM + "/members"), members, "members")
+    event_path = ROOM + "/event/(?P<event_id>[^/]+)"
+    register("GET", client_path(event_path), get_event, "room_event")
+    register("GET", client_path(ROOM + "/context/(?P<event_id>[^/]+)"), context, "context")
+    register("POST", client_path(ROOM + "/forget"), forget, "forget")
     register("GET", client_path(ROOM + "/joined_members"), joined_members, "joined_members")
     register("GET", client_path("/joined_rooms"), joined_rooms, "joined_rooms")
     register("PUT", client_path(ROOM + "/typing/(?P<user_id>[^/]+)"), typing, "typing")

@@ -13,6 +13,7 @@ from synapse_lite.handlers.ignored_users import IGNORED_USER_LIST, check_ignored
 from synapse_lite.handlers.presence import check_presence_state
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.replication.http.devices import MAX_DEVICES_PER_DELETE
+from synapse_lite.replication.http.writes import check_tag_content, check_tag_name
 from synapse_lite.rest.client._base import client_path
 
 if TYPE_CHECKING:
@@ -57,6 +58,27 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         if room_id is not None:
             check_room_id(room_id)
         return 200, await handlers.account_data.get_account_data(user_id, room_id, data_type)
+
+    async def get_tags(request: Request, user_id: str, room_id: str) -> tuple[int, Any]:
+        await own(request, user_id)
+        check_room_id(room_id)
+        return 200, {"tags": await handlers.account_data.get_tags(user_id, room_id)}
+
+    async def put_tag(request: Request, user_id: str, room_id: str, tag: str) -> tuple[int, Any]:
+        await own(request, user_id)
+        check_room_id(room_id)
+        check_tag_name(tag)
+        content = parse_json_object_from_request(request)
+        check_tag_content(content)
+        await handlers.account_data.set_tag(user_id, room_id, tag, content)
+        return 200, {}
+
+    async def delete_tag(request: Request, user_id: str, room_id: str, tag: str) -> tuple[int, Any]:
+        await own(request, user_id)
+        check_room_id(room_id)
+        check_tag_name(tag)
+        await handlers.account_data.set_tag(user_id, room_id, tag, None)
+        return 200, {}
 
     async def get_presence(request: Request, user_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -147,6 +169,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", global_data, get_account_data, "account_data")
     register("PUT", room_data, put_account_data, "room_account_data")
     register("GET", room_data, get_account_data, "room_account_data")
+    tags = user + "/rooms/(?P<room_id>[^/]+)/tags"
+    register("GET", client_path(tags), get_tags, "room_tags")
+    register("PUT", client_path(tags + "/(?P<tag>[^/]+)"), put_tag, "room_tags")
+    register("DELETE", client_path(tags + "/(?P<tag>[^/]+)"), delete_tag, "room_tags")
     presence = client_path("/presence/(?P<user_id>[^/]+)/status")
     register("GET", presence, get_presence, "presence")
     register("PUT", presence, put_presence, "presence")

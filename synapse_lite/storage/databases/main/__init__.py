@@ -20,10 +20,12 @@ from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.media import MediaRepositoryStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
+from synapse_lite.storage.databases.main.profile import ProfileWorkerStore
 from synapse_lite.storage.databases.main.push_rules import PushRulesWorkerStore
 from synapse_lite.storage.databases.main.pushers import PushersWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
+from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 
@@ -46,6 +48,8 @@ class GenericWorkerStore(
     ContentReportsWorkerStore,
     PushRulesWorkerStore,
     PushersWorkerStore,
+    ProfileWorkerStore,
+    RelationsWorkerStore,
 ):
     """The store of a worker process."""
 

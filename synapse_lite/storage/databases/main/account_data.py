@@ -86,7 +86,47 @@ class AccountDataWorkerStore(SQLBaseStore):
             "add_account_data_to_room", txn_func, idempotent=True
         )
 
+    async def set_room_tag(
+        self, user_id: str, room_id: str, tag: str, content: dict[str, Any] | None
+    ) -> int:
+        """Add (``content``) or remove (None) one tag of a room; returns the
+        stream id of the change, which appears on the stream as ``m.tag``."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            stream_id = self._account_data_id_gen.get_next_txn(txn)
+            if content is None:
+                txn.execute(
+                    "DELETE FROM room_tags WHERE user_id = ? AND room_id = ? AND tag = ?",
+                    (user_id, room_id, tag),
+                )
+            else:
+                txn.execute(
+                    "INSERT INTO room_tags (user_id, room_id, tag, content) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (user_id, room_id, tag) DO UPDATE SET"
+                    " content = EXCLUDED.content",
+                    (user_id, room_id, tag, json_encoder(content)),
+                )
+            txn.execute(
+                "INSERT INTO room_tags_revisions (user_id, room_id, stream_id, instance_name)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, room_id) DO UPDATE SET"
+                " stream_id = EXCLUDED.stream_id, instance_name = EXCLUDED.instance_name",
+                (user_id, room_id, stream_id, self._instance_name),
+            )
+            return stream_id
+
+        return await self.db_pool.runInteraction("set_room_tag", txn_func)
+
     # Reads
+
+    async def get_tags_for_room(self, user_id: str, room_id: str) -> dict[str, dict[str, Any]]:
+        """tag -> content, of one user's room."""
+        rows = await self.db_pool.select(
+            "get_tags_for_room",
+            "SELECT tag, content FROM room_tags WHERE user_id = ? AND room_id = ?",
+            user_id,
+            room_id,
+        )
+        return {tag: db_to_json(content) for tag, content in rows}
 
     async def get_global_account_data(self, user_id: str) -> dict[str, dict[str, Any]]:
         rows = await self.db_pool.select(

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from synapse_lite.events import Event, EventContent
+from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main.events_worker import EventsWorkerStore
@@ -176,6 +176,17 @@ class EventsStore(EventsWorkerStore):
         )
         for event in events:
             self._update_room_row_txn(txn, event)
+        relations = [(e, r) for e in events if (r := relation_of(e.content)) is not None]
+        if relations:
+            txn.execute_batch(
+                "INSERT INTO event_relations (event_id, relates_to_id, relation_type, room_id,"
+                " sender, type, stream_ordering) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (event_id) DO NOTHING",
+                [
+                    (e.event_id, parent, rel_type, e.room_id, e.sender, e.type, e.stream_ordering)
+                    for e, (parent, rel_type) in relations
+                ],
+            )
 
     def _insert_push_actions_txn(
         self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]

@@ -119,7 +119,10 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             fetched = await self.db_pool.runInteraction(
                 "get_events", self._get_events_txn, missing, read_only=True
             )
-            for event in fetched:
+            # Cached as served, redaction applied: a redaction arriving later
+            # drops the redacted event from every process's cache (its
+            # events-stream row names what it redacts).
+            for event in await self.with_redactions(fetched):
                 self._event_cache.set(event.event_id, event)
                 result[event.event_id] = event
         return result
@@ -134,6 +137,32 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             )
             events.extend(event_from_row(row) for row in txn.fetchall())
         return events
+
+    async def with_redactions(self, events: list[Event]) -> list[Event]:
+        """``events``, each redacted one pruned with ``redacted_because`` set
+        (the earliest redaction of it wins)."""
+        if not events:
+            return events
+        ids = [e.event_id for e in events]
+        by_target: dict[str, str] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            rows = await self.db_pool.select(
+                "get_redactions",
+                "SELECT redacts, event_id FROM events WHERE type = 'm.room.redaction'"
+                f" AND redacts IN ({marks}) ORDER BY stream_ordering DESC",
+                *chunk,
+            )
+            by_target.update({target: redaction for target, redaction in rows})
+        if not by_target:
+            return events
+        redactions = await self.get_events(list(by_target.values()))
+        result = []
+        for event in events:
+            redaction = redactions.get(by_target.get(event.event_id, ""))
+            result.append(event if redaction is None else event.redacted(redaction))
+        return result
 
     async def get_event_id_for_txn(self, user_id: str, device_id: str, txn_id: str) -> str | None:
         """The event an earlier send with this transaction id created, if any."""

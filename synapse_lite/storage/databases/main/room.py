@@ -89,7 +89,7 @@ class RoomWorkerStore(RoomMemberWorkerStore):
             event = event_from_row(row)
             assert event.state_key is not None
             latest[(event.type, event.state_key)] = event
-        return list(latest.values())
+        return await self.with_redactions(list(latest.values()))
 
     # Which writer persists a room's events
 

@@ -114,7 +114,7 @@ class StreamWorkerStore(EventsWorkerStore):
             f" ORDER BY stream_ordering {order} LIMIT ?"
         )
         rows = await self.db_pool.select("get_room_events_between", sql, *room_ids, *args, limit)
-        return [event_from_row(r) for r in rows]
+        return await self.with_redactions([event_from_row(r) for r in rows])
 
     async def get_membership_changes_in_rooms(
         self, room_ids: list[str], from_token: RoomStreamToken, to_token: RoomStreamToken
@@ -148,4 +148,4 @@ class StreamWorkerStore(EventsWorkerStore):
             room_id,
             *args,
         )
-        return [event_from_row(r) for r in rows]
+        return await self.with_redactions([event_from_row(r) for r in rows])

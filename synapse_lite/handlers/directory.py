@@ -1,0 +1,271 @@
+"""The room directory: aliases, the public room list and the user directory.
+
+Aliases and the directory setting are rows of their own, not streams: the
+process serving the request writes them and every process reads them (see
+``storage/databases/main/profile.py``). Only aliases of this server can be
+made here (no federation, and no squatting another server's names).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
+from synapse_lite.api.identifiers import check_room_alias
+from synapse_lite.events import Event, EventSpec
+from synapse_lite.handlers.auth import Requester
+from synapse_lite.handlers.event_auth import RoomAuthState
+from synapse_lite.handlers.profile import localpart
+from synapse_lite.handlers.visibility import load_room_visibility
+
+if TYPE_CHECKING:
+    from synapse_lite.clock import Clock
+    from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+#: The most rooms one ``/publicRooms`` page and users one search return.
+MAX_PUBLIC_ROOMS_PAGE = 500
+MAX_USER_SEARCH_LIMIT = 100
+
+BAD_ALIAS = "M_BAD_ALIAS"
+
+
+class DirectoryHandler:
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        server_name: str,
+        clock: Clock,
+        events: EventCreationHandler,
+    ) -> None:
+        self._store = store
+        self._server_name = server_name
+        self._clock = clock
+        self._events = events
+
+    async def _auth_state(self, room_id: str) -> RoomAuthState:
+        state_ids = await self._store.get_current_state_ids(room_id)
+        events = await self._store.get_events(list(state_ids.values()))
+        return RoomAuthState.from_events(room_id, events.values())
+
+    async def _check_can_edit(self, user_id: str, room_id: str, what: str) -> None:
+        """403 unless ``user_id`` is joined to the room with the power to set
+        its ``m.room.canonical_alias`` (the level that rules its aliases)."""
+        state = await self._auth_state(room_id)
+        if state.members.get(user_id) != "join":
+            raise AuthError(403, "You are not in this room")
+        if state.user_level(user_id) < state.required_level("m.room.canonical_alias", True):
+            raise AuthError(403, f"You do not have the power to change this room's {what}")
+
+    # Aliases
+
+    async def create_alias(self, requester: Requester, alias: str, room_id: str) -> None:
+        check_room_alias(alias, self._server_name)
+        if not await self._store.room_exists(room_id):
+            raise NotFoundError("Unknown room")
+        if requester.user_id not in await self._store.get_users_in_room(room_id):
+            raise AuthError(403, "You are not in this room")
+        if not await self._store.create_alias(alias, room_id, requester.user_id):
+            raise SynapseError(409, "That room alias already exists", Codes.UNKNOWN)
+
+    async def get_alias(self, alias: str) -> dict[str, Any]:
+        check_room_alias(alias)
+        found = await self._store.get_alias(alias)
+        if found is None:
+            raise NotFoundError("Room alias not found")
+        return {"room_id": found[0], "servers": [self._server_name]}
+
+    async def delete_alias(self, requester: Requester, alias: str) -> None:
+        """The alias's creator may delete it, and so may whoever can set the
+        room's canonical alias."""
+        check_room_alias(alias)
+        found = await self._store.get_alias(alias)
+        if found is None:
+            raise NotFoundError("Room alias not found")
+        room_id, creator = found
+        if requester.user_id != creator:
+            await self._check_can_edit(requester.user_id, room_id, "aliases")
+        await self._store.delete_alias(alias)
+        await self._drop_from_canonical_alias(requester, room_id, alias)
+
+    async def _drop_from_canonical_alias(
+        self, requester: Requester, room_id: str, alias: str
+    ) -> None:
+        """A deleted alias leaves the room's ``m.room.canonical_alias`` too (a
+        new event from the deleter, when they have the power to send it)."""
+        event_id = (await self._store.get_current_state_ids(room_id)).get(
+            ("m.room.canonical_alias", "")
+        )
+        event = await self._store.get_event(event_id) if event_id else None
+        if event is None:
+            return
+        content = dict(event.content)
+        alt = content.get("alt_aliases")
+        changed = False
+        if content.get("alias") == alias:
+            del content["alias"]
+            changed = True
+        if isinstance(alt, list) and alias in alt:
+            content["alt_aliases"] = [a for a in alt if a != alias]
+            changed = True
+        if not changed:
+            return
+        spec = EventSpec(
+            type="m.room.canonical_alias",
+            state_key="",
+            sender=requester.user_id,
+            content=content,
+            origin_server_ts=self._clock.time_msec(),
+        )
+        try:
+            await self._events.send_events(room_id, [spec])
+        except SynapseError:
+            # Not allowed to (no power, left the room): the alias is gone all
+            # the same; the stale canonical alias no longer resolves.
+            pass
+
+    async def get_room_aliases(self, requester: Requester, room_id: str) -> list[str]:
+        """The room's local aliases, for whoever may read the room now."""
+        if not await self._store.room_exists(room_id):
+            raise AuthError(403, "You are not in this room")
+        visibility = await load_room_visibility(self._store, requester.user_id, room_id)
+        joined = requester.user_id in await self._store.get_users_in_room(room_id)
+        if not joined and visibility.history_visibility != "world_readable":
+            raise AuthError(403, "You are not in this room")
+        return await self._store.get_aliases_for_room(room_id)
+
+    async def check_canonical_alias(self, room_id: str, content: dict[str, Any]) -> None:
+        """An ``m.room.canonical_alias`` may only name aliases that exist and
+        point to its room (400 ``M_BAD_ALIAS`` otherwise)."""
+        aliases: list[object] = []
+        if content.get("alias") is not None:
+            aliases.append(content["alias"])
+        alt = content.get("alt_aliases")
+        if alt is not None:
+            if not isinstance(alt, list):
+                raise SynapseError(400, "'alt_aliases' must be a list", Codes.BAD_JSON)
+            aliases.extend(alt)
+        for alias in aliases:
+            if not isinstance(alias, str):
+                raise SynapseError(400, "Aliases must be strings", Codes.BAD_JSON)
+            check_room_alias(alias)
+            found = await self._store.get_alias(alias)
+            if found is None or found[0] != room_id:
+                raise SynapseError(400, f"{alias[:255]} does not point to this room", BAD_ALIAS)
+
+    # The public room list
+
+    async def get_visibility(self, requester: Requester, room_id: str) -> str:
+        """Anyone may see that a listed room is listed; of an unlisted room,
+        only those who may read it learn that it exists (404 for others)."""
+        listed = await self._store.is_room_in_directory(room_id)
+        if listed is None:
+            raise NotFoundError("Unknown room")
+        if not listed:
+            visibility = await load_room_visibility(self._store, requester.user_id, room_id)
+            if not visibility.ever_member and visibility.history_visibility != "world_readable":
+                raise NotFoundError("Unknown room")
+        return "public" if listed else "private"
+
+    async def set_visibility(self, requester: Requester, room_id: str, visibility: str) -> None:
+        if not await self._store.room_exists(room_id):
+            raise NotFoundError("Unknown room")
+        await self._check_can_edit(requester.user_id, room_id, "directory listing")
+        await self._store.set_room_in_directory(room_id, visibility == "public")
+
+    async def public_rooms(
+        self, limit: int | None, since: str | None, search_term: str | None
+    ) -> dict[str, Any]:
+        """A page of the listed rooms (oldest first). ``since`` is the
+        ``next_batch``/``prev_batch`` of another page: ``o<offset>``."""
+        offset = 0
+        if since is not None:
+            if not since.startswith("o") or not since[1:].isdigit() or len(since) > 12:
+                raise SynapseError(400, "Unknown 'since' token", Codes.INVALID_PARAM)
+            offset = int(since[1:])
+        room_ids = await self._store.get_directory_room_ids()
+        entries = [await self._room_entry(room_id) for room_id in room_ids]
+        if search_term:
+            term = search_term.casefold()
+            entries = [
+                e
+                for e in entries
+                if any(
+                    term in str(e.get(k, "")).casefold()
+                    for k in ("name", "topic", "canonical_alias")
+                )
+            ]
+        size = MAX_PUBLIC_ROOMS_PAGE if limit is None else max(0, min(limit, MAX_PUBLIC_ROOMS_PAGE))
+        page = entries[offset : offset + size]
+        result: dict[str, Any] = {"chunk": page, "total_room_count_estimate": len(entries)}
+        if offset + size < len(entries):
+            result["next_batch"] = f"o{offset + size}"
+        if offset > 0:
+            result["prev_batch"] = f"o{max(0, offset - size)}"
+        return result
+
+    async def _room_entry(self, room_id: str) -> dict[str, Any]:
+        state_ids = await self._store.get_current_state_ids(room_id)
+        wanted = {
+            key: state_ids[(key, "")]
+            for key in (
+                "m.room.name",
+                "m.room.topic",
+                "m.room.canonical_alias",
+                "m.room.avatar",
+                "m.room.join_rules",
+                "m.room.history_visibility",
+                "m.room.guest_access",
+                "m.room.create",
+            )
+            if (key, "") in state_ids
+        }
+        events = await self._store.get_events(list(wanted.values()))
+
+        def field(event_type: str, key: str) -> Any:
+            event: Event | None = events.get(wanted.get(event_type, ""))
+            value = event.content.get(key) if event is not None else None
+            return value if isinstance(value, str) else None
+
+        joined = await self._store.get_users_in_room(room_id)
+        entry: dict[str, Any] = {
+            "room_id": room_id,
+            "num_joined_members": len(joined),
+            "world_readable": field("m.room.history_visibility", "history_visibility")
+            == "world_readable",
+            "guest_can_join": field("m.room.guest_access", "guest_access") == "can_join",
+            "join_rule": field("m.room.join_rules", "join_rule") or "invite",
+        }
+        for event_type, key, name in (
+            ("m.room.name", "name", "name"),
+            ("m.room.topic", "topic", "topic"),
+            ("m.room.canonical_alias", "alias", "canonical_alias"),
+            ("m.room.avatar", "url", "avatar_url"),
+            ("m.room.create", "type", "room_type"),
+        ):
+            value = field(event_type, key)
+            if value is not None:
+                entry[name] = value
+        return entry
+
+    # The user directory
+
+    async def search_users(self, requester: Requester, term: str, limit: int) -> dict[str, Any]:
+        """Users who share a room with the requester or are in a public room,
+        whose id or display name contains ``term`` (case-insensitively)."""
+        limit = max(0, min(limit, MAX_USER_SEARCH_LIMIT))
+        candidates = await self._store.get_users_visible_to(requester.user_id)
+        profiles = await self._store.get_profiles(sorted(candidates))
+        needle = term.casefold()
+        matches = []
+        for user_id in sorted(candidates):
+            profile = profiles.get(user_id) or {"displayname": localpart(user_id)}
+            name = profile.get("displayname")
+            if needle in user_id.casefold() or (name and needle in name.casefold()):
+                result = {"user_id": user_id}
+                if name:
+                    result["display_name"] = name
+                if profile.get("avatar_url"):
+                    result["avatar_url"] = str(profile["avatar_url"])
+                matches.append(result)
+        return {"results": matches[:limit], "limited": len(matches) > limit}

@@ -1,0 +1,124 @@
+"""The room directory (aliases, the public room list), the user directory, and
+``GET /thirdparty/protocols`` (no bridges here: ``{}``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.api.identifiers import check_room_alias, check_room_id
+from synapse_lite.http.fields import get_dict, get_optional_int, get_optional_str, get_str
+from synapse_lite.http.server import (
+    JsonResource,
+    parse_json_object_from_request,
+    query_int,
+    query_string,
+)
+from synapse_lite.rest.client._base import client_path
+
+if TYPE_CHECKING:
+    from synapse_lite.rest.client import ClientHandlers
+
+#: The longest ``generic_search_term`` and user search term accepted.
+MAX_SEARCH_TERM = 1000
+
+
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
+    auth = handlers.auth
+    directory = handlers.directory
+
+    def alias_of(raw: str) -> str:
+        # The path matcher has already decoded the segment ('#' is sent as %23).
+        return check_room_alias(raw)
+
+    async def put_alias(request: Request, room_alias: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        alias = alias_of(room_alias)
+        body = parse_json_object_from_request(request)
+        room_id = check_room_id(get_str(body, "room_id"))
+        await directory.create_alias(requester, alias, room_id)
+        return 200, {}
+
+    async def get_alias(request: Request, room_alias: str) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        return 200, await directory.get_alias(alias_of(room_alias))
+
+    async def delete_alias(request: Request, room_alias: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        await directory.delete_alias(requester, alias_of(room_alias))
+        return 200, {}
+
+    async def room_aliases(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        return 200, {"aliases": await directory.get_room_aliases(requester, room_id)}
+
+    async def get_listing(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        return 200, {"visibility": await directory.get_visibility(requester, room_id)}
+
+    async def put_listing(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        body = parse_json_object_from_request(request)
+        visibility = get_optional_str(body, "visibility") or "private"
+        if visibility not in ("public", "private"):
+            raise SynapseError(400, "'visibility' must be public or private", Codes.INVALID_PARAM)
+        await directory.set_visibility(requester, room_id, visibility)
+        return 200, {}
+
+    def check_server(server: str | None) -> None:
+        if server is not None and server != handlers.server_name:
+            raise SynapseError(
+                400, "Only this server's room directory is served", Codes.INVALID_PARAM
+            )
+
+    async def get_public_rooms(request: Request) -> tuple[int, Any]:
+        # No access token needed (the spec's GET is public; POST is not).
+        check_server(query_string(request, "server"))
+        limit = query_int(request, "limit", None, maximum=1_000_000)
+        return 200, await directory.public_rooms(limit, query_string(request, "since"), None)
+
+    async def post_public_rooms(request: Request) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        check_server(query_string(request, "server"))
+        body = parse_json_object_from_request(request, allow_empty=True)
+        limit = get_optional_int(body, "limit")
+        since = get_optional_str(body, "since", max_length=64)
+        search_filter = get_dict(body, "filter", {})
+        term = get_optional_str(search_filter, "generic_search_term", max_length=MAX_SEARCH_TERM)
+        return 200, await directory.public_rooms(limit, since, term)
+
+    async def search_users(request: Request) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object_from_request(request)
+        term = get_str(body, "search_term")
+        if len(term) > MAX_SEARCH_TERM or "\x00" in term:
+            raise SynapseError(400, "'search_term' is too long", Codes.INVALID_PARAM)
+        limit = get_optional_int(body, "limit")
+        return 200, await directory.search_users(requester, term, 10 if limit is None else limit)
+
+    async def thirdparty_protocols(request: Request) -> tuple[int, Any]:
+        # Protocols come from application services (bridges), which this
+        # server does not host.
+        await auth.get_user_by_req(request)
+        return 200, {}
+
+    register = resource.register_paths
+    alias_path = client_path("/directory/room/(?P<room_alias>[^/]+)")
+    register("PUT", alias_path, put_alias, "directory_alias")
+    register("GET", alias_path, get_alias, "directory_alias")
+    register("DELETE", alias_path, delete_alias, "directory_alias")
+    register("GET", client_path("/rooms/(?P<room_id>[^/]+)/aliases"), room_aliases, "room_aliases")
+    listing = client_path("/directory/list/room/(?P<room_id>[^/]+)")
+    register("GET", listing, get_listing, "directory_listing")
+    register("PUT", listing, put_listing, "directory_listing")
+    register("GET", client_path("/publicRooms"), get_public_rooms, "public_rooms")
+    register("POST", client_path("/publicRooms"), post_public_rooms, "public_rooms_search")
+    register("POST", client_path("/user_directory/search"), search_users, "user_directory")
+    register(
+        "GET", client_path("/thirdparty/protocols"), thirdparty_protocols, "thirdparty_protocols"
+    )

@@ -1,0 +1,173 @@
+"""Profiles, room aliases, the public room directory and forgotten rooms.
+
+None of these is a stream: whichever process serves the request writes the
+row, and every process reads the database (nothing here is cached, so there
+is nothing to invalidate across processes).
+"""
+
+from __future__ import annotations
+
+from synapse_lite.storage._base import SQLBaseStore
+from synapse_lite.storage.database import LoggingTransaction
+
+#: What a profile field is called in the API -> its column.
+PROFILE_COLUMNS = {"displayname": "displayname", "avatar_url": "avatar_url"}
+
+
+class ProfileWorkerStore(SQLBaseStore):
+    # Profiles
+
+    async def get_profile(self, user_id: str) -> dict[str, str | None] | None:
+        """``{"displayname", "avatar_url"}`` as stored; None when no row."""
+        rows = await self.db_pool.select(
+            "get_profile",
+            "SELECT displayname, avatar_url FROM profiles WHERE user_id = ?",
+            user_id,
+        )
+        if not rows:
+            return None
+        return {"displayname": rows[0][0], "avatar_url": rows[0][1]}
+
+    async def get_profiles(self, user_ids: list[str]) -> dict[str, dict[str, str | None]]:
+        """The stored profiles of ``user_ids`` (users without a row are left out)."""
+        result: dict[str, dict[str, str | None]] = {}
+        for start in range(0, len(user_ids), 500):
+            chunk = user_ids[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            rows = await self.db_pool.select(
+                "get_profiles",
+                f"SELECT user_id, displayname, avatar_url FROM profiles WHERE user_id IN ({marks})",
+                *chunk,
+            )
+            for user_id, name, avatar in rows:
+                result[user_id] = {"displayname": name, "avatar_url": avatar}
+        return result
+
+    async def set_profile_field(
+        self, user_id: str, field: str, value: str | None, default_name: str
+    ) -> None:
+        """Set one field; a user's first write also records ``default_name`` as
+        the display name (what they had until then)."""
+        column = PROFILE_COLUMNS[field]
+
+        def txn_func(txn: LoggingTransaction) -> None:
+            txn.execute(
+                "INSERT INTO profiles (user_id, displayname, avatar_url) VALUES (?, ?, NULL)"
+                " ON CONFLICT (user_id) DO NOTHING",
+                (user_id, default_name),
+            )
+            txn.execute(f"UPDATE profiles SET {column} = ? WHERE user_id = ?", (value, user_id))
+
+        await self.db_pool.runInteraction("set_profile_field", txn_func)
+
+    async def get_users_visible_to(self, user_id: str) -> set[str]:
+        """Users the user directory shows ``user_id``: the others joined to a
+        room ``user_id`` is joined to, and everyone joined to a public room
+        (join rule public, or history world readable)."""
+        rows = await self.db_pool.select(
+            "get_users_visible_to",
+            "SELECT DISTINCT m.state_key FROM current_state_events AS m"
+            " WHERE m.type = 'm.room.member' AND m.membership = 'join' AND ("
+            "  (m.state_key != ? AND m.room_id IN (SELECT room_id FROM current_state_events"
+            "   WHERE type = 'm.room.member' AND membership = 'join' AND state_key = ?))"
+            "  OR m.room_id IN (SELECT room_id FROM rooms WHERE is_public = ?)"
+            "  OR m.room_id IN (SELECT c.room_id FROM current_state_events AS c"
+            "   JOIN events AS e ON e.event_id = c.event_id"
+            "   WHERE c.type = 'm.room.history_visibility' AND c.state_key = ''"
+            # The content is JSON text: the value is matched with its quotes.
+            "   AND e.content LIKE ?))",
+            user_id,
+            user_id,
+            True,
+            '%"world_readable"%',
+        )
+        return {r[0] for r in rows}
+
+    # Room aliases
+
+    async def get_alias(self, room_alias: str) -> tuple[str, str] | None:
+        """``(room_id, creator)`` of an alias, or None."""
+        rows = await self.db_pool.select(
+            "get_alias",
+            "SELECT room_id, creator FROM room_aliases WHERE room_alias = ?",
+            room_alias,
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    async def create_alias(self, room_alias: str, room_id: str, creator: str) -> bool:
+        """Add an alias; False when it already exists."""
+
+        def txn_func(txn: LoggingTransaction) -> bool:
+            txn.execute(
+                "INSERT INTO room_aliases (room_alias, room_id, creator) VALUES (?, ?, ?)"
+                " ON CONFLICT (room_alias) DO NOTHING",
+                (room_alias, room_id, creator),
+            )
+            return txn.rowcount == 1
+
+        return await self.db_pool.runInteraction("create_alias", txn_func)
+
+    async def delete_alias(self, room_alias: str) -> None:
+        await self.db_pool.execute(
+            "delete_alias", "DELETE FROM room_aliases WHERE room_alias = ?", room_alias
+        )
+
+    async def get_aliases_for_room(self, room_id: str) -> list[str]:
+        rows = await self.db_pool.select(
+            "get_aliases_for_room",
+            "SELECT room_alias FROM room_aliases WHERE room_id = ? ORDER BY room_alias",
+            room_id,
+        )
+        return [r[0] for r in rows]
+
+    # The public room directory
+
+    async def set_room_in_directory(self, room_id: str, listed: bool) -> None:
+        await self.db_pool.execute(
+            "set_room_in_directory",
+            "UPDATE rooms SET in_directory = ? WHERE room_id = ?",
+            listed,
+            room_id,
+        )
+
+    async def is_room_in_directory(self, room_id: str) -> bool | None:
+        """Whether the room is listed; None for an unknown room."""
+        rows = await self.db_pool.select(
+            "is_room_in_directory", "SELECT in_directory FROM rooms WHERE room_id = ?", room_id
+        )
+        return bool(rows[0][0]) if rows else None
+
+    async def get_directory_room_ids(self) -> list[str]:
+        """Every listed room, oldest first (a stable order for paging)."""
+        rows = await self.db_pool.select(
+            "get_directory_room_ids",
+            "SELECT room_id FROM rooms WHERE in_directory = ? ORDER BY creation_ts, room_id",
+            True,
+        )
+        return [r[0] for r in rows]
+
+    # Forgotten rooms
+
+    async def forget_room(self, user_id: str, room_id: str) -> None:
+        await self.db_pool.execute(
+            "forget_room",
+            "INSERT INTO forgotten_rooms (user_id, room_id) VALUES (?, ?)"
+            " ON CONFLICT (user_id, room_id) DO NOTHING",
+            user_id,
+            room_id,
+        )
+
+    async def get_forgotten_rooms(self, user_id: str) -> set[str]:
+        rows = await self.db_pool.select(
+            "get_forgotten_rooms", "SELECT room_id FROM forgotten_rooms WHERE user_id = ?", user_id
+        )
+        return {r[0] for r in rows}
+
+    async def unforget_room(self, user_id: str, room_id: str) -> None:
+        """A user back in a room has not forgotten it any more."""
+        await self.db_pool.execute(
+            "unforget_room",
+            "DELETE FROM forgotten_rooms WHERE user_id = ? AND room_id = ?",
+            user_id,
+            room_id,
+        )

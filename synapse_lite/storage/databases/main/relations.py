@@ -1,0 +1,109 @@
+"""Relations between events (``event_relations``, written with each event by
+its room's writer): children of an event, thread summaries, edits, references.
+
+A redacted child no longer relates to anything (its ``m.relates_to`` is gone
+from what is served), so every read here leaves redacted children out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synapse_lite.storage._base import SQLBaseStore
+
+#: Leaves out relations whose child event was redacted.
+_NOT_REDACTED = (
+    "NOT EXISTS (SELECT 1 FROM events AS red WHERE red.redacts = er.event_id"
+    " AND red.type = 'm.room.redaction')"
+)
+
+
+def _marks(values: list[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+class RelationsWorkerStore(SQLBaseStore):
+    async def get_relation_children(
+        self,
+        room_id: str,
+        parent_ids: list[str],
+        rel_type: str | None,
+        event_type: str | None,
+        after: int | None,
+        upto: int | None,
+        limit: int,
+        newest_first: bool,
+    ) -> list[tuple[str, int]]:
+        """``(event_id, stream_ordering)`` of the children of ``parent_ids``
+        in ``(after, upto]`` (either bound open when None), at most ``limit``,
+        in stream order (newest first when ``newest_first``)."""
+        if not parent_ids:
+            return []
+        sql = (
+            "SELECT er.event_id, er.stream_ordering FROM event_relations AS er"
+            f" WHERE er.room_id = ? AND er.relates_to_id IN ({_marks(parent_ids)})"
+        )
+        args: list[Any] = [room_id, *parent_ids]
+        for clause, value in (
+            (" AND er.relation_type = ?", rel_type),
+            (" AND er.type = ?", event_type),
+            (" AND er.stream_ordering > ?", after),
+            (" AND er.stream_ordering <= ?", upto),
+        ):
+            if value is not None:
+                sql += clause
+                args.append(value)
+        order = "DESC" if newest_first else "ASC"
+        sql += f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering {order} LIMIT ?"
+        rows = await self.db_pool.select("get_relation_children", sql, *args, limit)
+        return [(r[0], int(r[1])) for r in rows]
+
+    async def get_aggregated_relations(
+        self, parent_ids: list[str]
+    ) -> list[tuple[str, str, str, str]]:
+        """``(parent id, event id, rel_type, sender)`` of every ``m.thread``,
+        ``m.replace`` and ``m.reference`` child of ``parent_ids``, oldest
+        first: what bundled aggregations are made of, in one query."""
+        result: list[tuple[str, str, str, str]] = []
+        for start in range(0, len(parent_ids), 500):
+            chunk = parent_ids[start : start + 500]
+            rows = await self.db_pool.select(
+                "get_aggregated_relations",
+                "SELECT er.relates_to_id, er.event_id, er.relation_type, er.sender"
+                " FROM event_relations AS er"
+                f" WHERE er.relates_to_id IN ({_marks(chunk)})"
+                " AND er.relation_type IN ('m.thread', 'm.replace', 'm.reference')"
+                f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering ASC",
+                *chunk,
+            )
+            result.extend((r[0], r[1], r[2], r[3]) for r in rows)
+        return result
+
+    async def get_thread_roots(
+        self, room_id: str, participant: str | None, before: int | None, limit: int
+    ) -> list[tuple[str, int]]:
+        """``(root event id, latest reply's stream ordering)`` of a room's
+        threads, most recently active first, only those active before
+        ``before`` (when given); with ``participant``, only threads that user
+        started or replied to."""
+        sql = (
+            "SELECT er.relates_to_id, MAX(er.stream_ordering) AS latest"
+            " FROM event_relations AS er"
+            f" WHERE er.room_id = ? AND er.relation_type = 'm.thread' AND {_NOT_REDACTED}"
+        )
+        args: list[Any] = [room_id]
+        if participant is not None:
+            sql += (
+                " AND (er.relates_to_id IN (SELECT p.relates_to_id FROM event_relations AS p"
+                "  WHERE p.room_id = ? AND p.relation_type = 'm.thread' AND p.sender = ?)"
+                " OR er.relates_to_id IN (SELECT e.event_id FROM events AS e"
+                "  WHERE e.room_id = ? AND e.sender = ?))"
+            )
+            args += [room_id, participant, room_id, participant]
+        sql += " GROUP BY er.relates_to_id"
+        if before is not None:
+            sql += " HAVING MAX(er.stream_ordering) < ?"
+            args.append(before)
+        sql += " ORDER BY latest DESC LIMIT ?"
+        rows = await self.db_pool.select("get_thread_roots", sql, *args, limit)
+        return [(r[0], int(r[1])) for r in rows]
