@@ -606,9 +606,16 @@ class SyncHandler:
                     result[room_id] = entry
         if self._relations is not None:
             # One pass over every room's timeline: the user is joined to each,
-            # and the timelines are already what they may see.
+            # and the timelines are already what they may see. Events that
+            # ``event_fields`` cut down to no ``event_id`` get no bundle: the
+            # client asked for fields that leave it nothing to relate them by.
             await self._relations.add_bundles_to(
-                [e for entry in result.values() for e in entry["timeline"]["events"]],
+                [
+                    e
+                    for entry in result.values()
+                    for e in entry["timeline"]["events"]
+                    if "event_id" in e
+                ],
                 requester.user_id,
             )
         return result
