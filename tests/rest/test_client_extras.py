@@ -47,8 +47,10 @@ class DiscoveryTestCase(ThreeUsersTestCase):
         method, path = required[-1]
         resource.register_paths(method, re.escape(path), servlet, "x")
         self.assertEqual(supported_versions(resource)[-1], "v1.6")
-        # Whatever this server claims, it routes.
+        # Whatever this server claims, it routes; with push rules, keys and
+        # threads served, that is every version up to v1.6.
         routes = await self.alice.ok("GET", "/_matrix/client/versions")
+        self.assertEqual(routes["versions"][-1], "v1.6")
         for version, added in VERSION_MODULES:
             if version in routes["versions"]:
                 for method, path in added:
