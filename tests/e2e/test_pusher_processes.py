@@ -12,6 +12,10 @@ notification in flight at the kill (same ``event_id``, which is how a
 gateway de-duplicates). A third pusher with nothing in flight at the kill
 gets no repeat at all.
 
+A second SIGKILL races the recording (sent the moment the gateway has answered
+one of a pusher's notifications): whichever side wins, each pusher repeats at
+most the notification last received before the kill, right after itself.
+
 Runs on the suite's engine (``SYNAPSE_LITE_TEST_DB``).
 """
 
@@ -22,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
@@ -62,6 +66,8 @@ class HoldingGateway(Resource):
         self.hold_at = dict(hold_at)
         self.received: dict[str, list[str]] = {}
         self.held: dict[str, Any] = {}
+        #: Called with (pushkey, how many received) after each answer.
+        self.after_answer: Callable[[str, int], None] = lambda pushkey, n: None
 
     def render_POST(self, request: Any) -> bytes | int:
         notification = json.loads(request.content.read())["notification"]
@@ -72,7 +78,10 @@ class HoldingGateway(Resource):
             del self.hold_at[pushkey]  # only once: the retry is answered
             self.held[pushkey] = request
             return NOT_DONE_YET
-        return b'{"rejected": []}'
+        request.write(b'{"rejected": []}')
+        request.finish()
+        self.after_answer(pushkey, len(seen))
+        return NOT_DONE_YET
 
     def release(self) -> None:
         """Answer the held requests (to a connection that is gone by now)."""
@@ -163,3 +172,39 @@ class PusherKilledMidDeliveryTestCase(unittest.TestCase):
             # De-duplicating by event_id, as a gateway can, gives each once.
             self.assertEqual(list(dict.fromkeys(received)), sent, pushkey)
         self.assertEqual(gateway.received["dave-key"], sent)
+
+        # Second kill, racing the recording: SIGKILL as soon as the gateway
+        # has answered one of dave's. Whether the position was recorded or
+        # not, at most the notification last received per pusher comes again.
+        first_round = {k: len(v) for k, v in gateway.received.items()}
+        killed: list[defer.Deferred[None]] = []
+        target = total + 2
+
+        def kill_after(pushkey: str, n: int) -> None:
+            if pushkey == "dave-key" and n == target and not killed:
+                killed.append(defer.ensureDeferred(servers.kill("pusher1")))
+
+        gateway.after_answer = kill_after
+        sent += [await alice.send(room, f"second round {i}") for i in range(4)]
+        await eventually(lambda: bool(killed), what="the second kill")
+        await killed[0]
+        last_at_kill = {k: v[-1] for k, v in gateway.received.items()}
+        sent += [await alice.send(room, f"while down again {i}") for i in range(2)]
+        await servers.start("pusher1")
+        await eventually(
+            lambda: all(
+                set(sent) <= set(gateway.received.get(k, []))
+                for k in ["bob-key", "carol-key", "dave-key"]
+            ),
+            what="every notification after the second restart",
+        )
+        await sleep(3)
+        for pushkey, received in gateway.received.items():
+            second = received[first_round[pushkey] :]
+            # Only adjacent repeats (same event_id twice in a row), only of
+            # the notification last received before the kill, at most once.
+            collapsed = [e for i, e in enumerate(second) if i == 0 or second[i - 1] != e]
+            repeats = [e for i, e in enumerate(second) if i > 0 and second[i - 1] == e]
+            self.assertLessEqual(len(repeats), 1, (pushkey, second))
+            self.assertLessEqual(set(repeats), {last_at_kill[pushkey]}, pushkey)
+            self.assertEqual(collapsed, sent[total:], pushkey)
