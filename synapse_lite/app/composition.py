@@ -361,16 +361,20 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         )
 
     if me in config.pusher_instances:
-        wiring.loops.append(
-            PusherDelivery(
-                store=store,
-                clock=clock,
-                calls=calls,
-                instance_name=me,
-                instances=config.pusher_instances,
-                reactor=reactor,
-            )
+        delivery = PusherDelivery(
+            store=store,
+            clock=clock,
+            calls=calls,
+            instance_name=me,
+            instances=config.pusher_instances,
+            reactor=reactor,
         )
+        wiring.loops.append(delivery)
+        # Woken by events persisted elsewhere (replication rows) and here
+        # (an events writer's own ids finishing poke the replication notifier).
+        wiring.row_hooks.append(("events", delivery.on_event_rows))
+        if me in config.stream_writers.events:
+            replication_notifier.add_replication_callback(delivery.wake)
 
     stalls = StallDetector(
         clock,

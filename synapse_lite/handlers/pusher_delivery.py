@@ -9,7 +9,14 @@ that fails (unreachable, slower than :data:`GATEWAY_TIMEOUT_SECONDS`, an
 error status) is retried after an exponentially growing pause, the same
 notification first; a gateway rejecting the pushkey gets the pusher removed
 (on the pushers writer). Sends never wait for any of this: delivery reads
-what the events writers stored, on its own loop.
+what the events writers stored, on its own loop, woken (:meth:`PusherDelivery.
+wake`) when events are persisted here or arrive over replication, and polling
+every :data:`POLL_SECONDS` besides (new pushers, retries after a pause).
+
+Delivery is at least once: the position is recorded after the gateway's
+answer, so an instance killed in between pushes that one notification again
+on restart (the Push Gateway API has no idempotency key; the notification's
+``event_id`` is what a gateway de-duplicates on). See docs/push.md.
 """
 
 from __future__ import annotations
@@ -35,8 +42,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: How often an instance looks for new notifications and pushers.
+#: How often an instance looks for new notifications and pushers without
+#: being woken.
 POLL_SECONDS = 1.0
+#: Wake-ups closer together than this are merged into one look (a busy
+#: events writer pokes many times a second).
+WAKE_GAP_SECONDS = 0.05
 GATEWAY_TIMEOUT_SECONDS = 10.0
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 600.0
@@ -84,6 +95,11 @@ class PusherDelivery:
         self._positions: dict[tuple[str, str, str], int] = {}
         #: Deliveries made (for tests and metrics).
         self.delivered = 0
+        #: Wake-ups so far: a delivery that saw this change while it ran
+        #: looks again when it ends (its rows were read before the new ones).
+        self._wakes = 0
+        self._wake_call: Any = None
+        self._last_look = 0.0
         # One connection per delivery: nothing stays open between polls.
         self._pool = HTTPConnectionPool(reactor, persistent=False)
 
@@ -98,8 +114,30 @@ class PusherDelivery:
         self._stopping = True  # deliveries under way end after their current one
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        if self._wake_call is not None and self._wake_call.active():
+            self._wake_call.cancel()
+        self._wake_call = None
+
+    def wake(self) -> None:
+        """New events may be stored: look for notifications soon, instead
+        of at the next poll. Cheap and safe to call spuriously."""
+        self._wakes += 1
+        if self._stopping or self._loop is None or self._wake_call is not None:
+            return
+        delay = max(0.0, self._last_look + WAKE_GAP_SECONDS - self._reactor.seconds())
+        self._wake_call = self._reactor.callLater(delay, self._woken)
+
+    def on_event_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
+        """Row hook of the events stream (rows persisted by another process)."""
+        if rows:
+            self.wake()
+
+    def _woken(self) -> None:
+        self._wake_call = None
+        self._tick()
 
     async def _tick_async(self) -> None:
+        self._last_look = self._reactor.seconds()
         now = self._clock.time()
         for pusher in await self._store.get_all_pushers():
             key = pusher.key
@@ -117,28 +155,33 @@ class PusherDelivery:
         return d
 
     async def _deliver_then_free(self, pusher: Pusher) -> None:
+        wakes = self._wakes
+        more = False
         try:
-            await self._deliver(pusher)
+            more = await self._deliver(pusher)
         except Exception:
             logger.exception("Delivery for a pusher failed")
             self._back_off(pusher.key)
         finally:
             self._busy.discard(pusher.key)
+        if more or (self._wakes != wakes and pusher.key not in self._backoff):
+            self.wake()
 
-    async def _deliver(self, pusher: Pusher) -> None:
+    async def _deliver(self, pusher: Pusher) -> bool:
         """Deliver what is waiting for one pusher, in order, stopping at the
-        first failure (retried later from the same notification)."""
+        first failure (retried later from the same notification). True if a
+        whole batch went out (there may be more waiting)."""
         position = max(pusher.last_stream_ordering, self._positions.get(pusher.key, 0))
         rows = await self._store.get_notifications(
             pusher.user_id, None, BATCH, False, after=position
         )
         for event_id, room_id, ordering, actions, highlight, _ in rows:
             if self._stopping:
-                return
+                return False
             outcome = await self._send(pusher, event_id, room_id, actions, highlight)
             if outcome == "failed":
                 self._back_off(pusher.key)
-                return
+                return False
             self._backoff.pop(pusher.key, None)
             self._positions[pusher.key] = ordering
             await self._store.set_pusher_position(pusher, ordering)
@@ -148,7 +191,8 @@ class PusherDelivery:
                 await self._calls.call(
                     SET_PUSHER, PusherSet(pusher.user_id, pusher.app_id, pusher.pushkey, None)
                 )
-                return
+                return False
+        return len(rows) >= BATCH
 
     def _back_off(self, key: tuple[str, str, str]) -> None:
         _, pause = self._backoff.get(key, (0.0, 0.0))

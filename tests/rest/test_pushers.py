@@ -270,3 +270,55 @@ class ShardedDeliveryTestCase(DatabaseTestCase):
         await deferLater(reactor, 0.3, lambda: None)
         expected = [f"m{i}" for i in range(5)]
         self.assertEqual(per_key(), {k: expected for k in keys})
+
+
+class WokenDeliveryTestCase(DatabaseTestCase):
+    """Delivery is woken by new events, not only by its poll: with the poll
+    an hour away, notifications still go out, on the events writer itself
+    (its own ids finishing) and on a pusher worker (replication rows), and
+    more than a batch at a time (a full batch looks again at once)."""
+
+    async def check_woken(self, **cluster: Any) -> None:
+        from twisted.internet import reactor
+
+        from synapse_lite.handlers import pusher_delivery
+
+        self.patch(pusher_delivery, "POLL_SECONDS", 3600.0)
+        self.patch(pusher_delivery, "BATCH", 2)
+        self.patch(pusher_delivery, "FIRST_BACKOFF_SECONDS", 0.01)
+        gateway = Gateway()
+        any_reactor: Any = reactor
+        port = any_reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = f"http://127.0.0.1:{port.getHost().port}/_matrix/push/v1/notify"
+        _, clients, _ = start_cluster(self, self.test_db, **cluster)
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room_id = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room_id}")
+        await bob.ok("POST", "/pushers/set", pusher(data={"url": url}))
+        # The pusher may be listed only after the first wake-up: no
+        # notification is older than it, so each send wakes delivery again.
+        for i in range(5):
+            await alice.send(room_id, f"message {i}")
+        await eventually(lambda: len(gateway.received) >= 5, timeout=10, what="five pushes")
+        bodies = [n["content"]["body"] for n in gateway.received]
+        self.assertEqual(bodies, [f"message {i}" for i in range(5)])
+
+        # A backlog of three batches (the gateway was down), woken once.
+        gateway.failing = True
+        for i in range(5, 11):
+            await alice.send(room_id, f"message {i}")
+        await deferLater(reactor, 0.2, lambda: None)
+        gateway.failing = False
+        await alice.send(room_id, "message 11")
+        await eventually(lambda: len(gateway.received) >= 12, timeout=10, what="the backlog")
+        bodies = [n["content"]["body"] for n in gateway.received]
+        self.assertEqual(bodies, [f"message {i}" for i in range(12)])
+
+    async def test_woken_on_the_events_writer(self) -> None:
+        await self.check_woken()
+
+    async def test_woken_on_a_pusher_worker(self) -> None:
+        await self.check_woken(workers=["pusher1"], pusher_instances=["pusher1"])
