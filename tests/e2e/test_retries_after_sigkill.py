@@ -83,6 +83,39 @@ class RetriesAfterSigkillTestCase(unittest.TestCase):
         sync = await self.sync_until(latest, lambda s: self.typing(s) != [])
         self.assertEqual(self.typing(sync), [[]])
 
+    async def test_message_and_state_retried_after_the_events_writer_restarts(self) -> None:
+        """``PUT /send/{type}/{txnId}`` and ``PUT /state/...`` answered, the
+        room's events writer SIGKILLed and restarted, the same requests again
+        (on the same process and on another): the same event ids, one event
+        each in the timeline."""
+        send = f"/rooms/{self.room}/send/m.room.message/retry-1"
+        message = {"msgtype": "m.text", "body": "once"}
+        topic = f"/rooms/{self.room}/state/m.room.topic"
+        first = (await self.alice.ok("PUT", send, message))["event_id"]
+        first_topic = (await self.alice.ok("PUT", topic, {"topic": "once"}))["event_id"]
+
+        await self.restart("persister1")
+        for client in (self.alice, self.alice_elsewhere):
+            self.assertEqual((await client.ok("PUT", send, message))["event_id"], first)
+            self.assertEqual(
+                (await client.ok("PUT", topic, {"topic": "once"}))["event_id"], first_topic
+            )
+        # A new transaction id after the restart is a new message.
+        await self.alice.ok("PUT", f"/rooms/{self.room}/send/m.room.message/retry-2", message)
+
+        sync = await self.sync_until(
+            self.since, lambda s: sum(e["type"] == "m.room.message" for e in self.timeline(s)) >= 2
+        )
+        timeline = self.timeline(sync)
+        self.assertEqual([e["event_id"] for e in timeline].count(first), 1)
+        self.assertEqual(
+            [e["content"].get("body") for e in timeline if e["type"] == "m.room.message"],
+            ["once", "once"],
+        )
+        self.assertEqual(
+            [e["event_id"] for e in timeline if e["type"] == "m.room.topic"], [first_topic]
+        )
+
     async def restart(self, name: str) -> None:
         await self.servers.kill(name)
         await self.servers.start(name)
