@@ -116,6 +116,36 @@ class RetriesAfterSigkillTestCase(unittest.TestCase):
             [e["event_id"] for e in timeline if e["type"] == "m.room.topic"], [first_topic]
         )
 
+    async def test_redaction_retried_after_the_events_writer_restarts(self) -> None:
+        """``PUT /redact/{eventId}/{txnId}`` answered, the events writer
+        SIGKILLed and restarted, the same request again (on the same process
+        and on another): the same redaction, once in the timeline. A txnId is
+        scoped to its endpoint: one used by a /send is a new redaction here."""
+        secret = await self.alice.send(self.room, "secret", txn_id="shared-txn")
+        other = await self.alice.send(self.room, "other")
+        redact = f"/rooms/{self.room}/redact/{secret}/redact-1"
+        first = (await self.alice.ok("PUT", redact, {"reason": "oops"}))["event_id"]
+
+        await self.restart("persister1")
+        for client in (self.alice, self.alice_elsewhere):
+            self.assertEqual(
+                (await client.ok("PUT", redact, {"reason": "oops"}))["event_id"], first
+            )
+        second = (await self.alice.ok("PUT", f"/rooms/{self.room}/redact/{other}/shared-txn", {}))[
+            "event_id"
+        ]
+        self.assertNotEqual(second, secret)
+
+        sync = await self.sync_until(
+            self.since,
+            lambda s: sum(e["type"] == "m.room.redaction" for e in self.timeline(s)) >= 2,
+        )
+        redactions = [e for e in self.timeline(sync) if e["type"] == "m.room.redaction"]
+        self.assertEqual([e["event_id"] for e in redactions], [first, second])
+        self.assertEqual([e.get("redacts") for e in redactions], [secret, other])
+        redacted = {e["event_id"]: e["content"] for e in self.timeline(sync)}
+        self.assertEqual((redacted[secret], redacted[other]), ({}, {}))
+
     async def restart(self, name: str) -> None:
         await self.servers.kill(name)
         await self.servers.start(name)
