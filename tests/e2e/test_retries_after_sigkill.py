@@ -53,8 +53,13 @@ class RetriesAfterSigkillTestCase(unittest.TestCase):
         self.bob = await ClientApi(self, self.servers.url("sync1")).register("bob")
         self.room = await self.alice.create_room(preset="public_chat")
         await self.bob.ok("POST", f"/rooms/{self.room}/join", {})
+        joined = (await self.bob.sync())["next_batch"]
         await self.alice.send(self.room, "before")
-        self.since = (await self.bob.sync())["next_batch"]
+        # A token after everything so far (a reader may lag the writer).
+        seen = await self.sync_until(
+            joined, lambda s: "before" in [e["content"].get("body") for e in self.timeline(s)]
+        )
+        self.since = seen["next_batch"]
 
     async def test_typing_retried_after_its_writer_restarts(self) -> None:
         """Typing lives in its writer's memory: the restart forgets it, the
