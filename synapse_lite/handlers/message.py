@@ -30,6 +30,7 @@ from synapse_lite.replication.http.send_events import (
 )
 from synapse_lite.storage.caches import LruCache
 from synapse_lite.storage.databases.main.events import DuplicateTransactionError
+from synapse_lite.storage.databases.main.events_worker import redaction_txn_id
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -140,7 +141,9 @@ class EventCreationHandler:
                 return unchanged
         txn_key = None
         if txn_id is not None:
-            txn_key = (requester.user_id, requester.device_id, txn_id)
+            # /redact and /send are two endpoints: their ids never meet.
+            stored = txn_id if redacts is None else redaction_txn_id(txn_id)
+            txn_key = (requester.user_id, requester.device_id, stored)
             seen, recent = self._recent_txns.get(txn_key)
             if seen and recent is not None:
                 return recent

@@ -578,6 +578,26 @@ class RedactionTestCase(ThreeUsersTestCase):
         redacted_join = await self.alice.ok("GET", f"/rooms/{room}/event/{q(join['event_id'])}")
         self.assertEqual(redacted_join["content"], {"membership": "join"})
 
+    async def test_a_txn_id_is_scoped_to_its_endpoint(self) -> None:
+        """The same txnId on /send and on /redact: two requests (the spec
+        scopes a transaction id to its endpoint); each event carries the id
+        its client sent in ``unsigned.transaction_id``."""
+        room = await self.alice.create_room()
+        message = await self.alice.send(room, "hello", txn_id="t1")
+        redaction = (await self.alice.ok("PUT", f"/rooms/{room}/redact/{q(message)}/t1", {}))[
+            "event_id"
+        ]
+        self.assertNotEqual(redaction, message)
+        again = await self.alice.ok("PUT", f"/rooms/{room}/redact/{q(message)}/t1", {})
+        self.assertEqual(again["event_id"], redaction)
+        resent = await self.alice.send(room, "hello", txn_id="t1")
+        self.assertEqual(resent, message)
+        timeline = (await self.alice.sync())["rooms"]["join"][room]["timeline"]["events"]
+        by_id = {e["event_id"]: e for e in timeline}
+        self.assertEqual(by_id[redaction]["unsigned"].get("transaction_id"), "t1")
+        self.assertEqual(by_id[message]["unsigned"].get("transaction_id"), "t1")
+        self.assertEqual(by_id[message]["content"], {})
+
     async def test_bad_redactions(self) -> None:
         room = await self.alice.create_room()
         other = await self.alice.create_room()

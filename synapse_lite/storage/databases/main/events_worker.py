@@ -52,6 +52,24 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
     )
 
 
+#: A transaction id is scoped to its endpoint (client-server API,
+#: "Transaction identifiers"): ``PUT /send/.../t1`` and ``PUT /redact/.../t1``
+#: are two requests. Both keep their ids in ``event_txn_ids``; a redaction's
+#: is stored behind this prefix (a control character no client puts in an id
+#: it means as text), so it never meets a /send's id of the same text.
+REDACTION_TXN_PREFIX = "\x1fredact\x1f"
+
+
+def redaction_txn_id(txn_id: str) -> str:
+    """How a redaction's transaction id is stored in ``event_txn_ids``."""
+    return REDACTION_TXN_PREFIX + txn_id
+
+
+def client_txn_id(stored: str) -> str:
+    """The transaction id the client sent, from its stored form."""
+    return stored.removeprefix(REDACTION_TXN_PREFIX)
+
+
 class EventsWorkerStore(CacheInvalidationWorkerStore):
     """Events by id, the events stream's positions and its update function."""
 
@@ -193,7 +211,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                 device_id,
                 *chunk,
             )
-            found.update((event_id, txn_id) for event_id, txn_id in rows)
+            found.update((event_id, client_txn_id(txn_id)) for event_id, txn_id in rows)
         return found
 
     def invalidate_event_cache(self, event_id: str) -> None:
