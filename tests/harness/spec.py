@@ -1,8 +1,9 @@
 """Responses checked against the Matrix spec's OpenAPI files.
 
 The spec is kept beside the repository (``../shared/matrix-spec``, see its
-SOURCE.md). :func:`response_schema` resolves a response's JSON schema (its
-``$ref``s followed across files); :func:`assert_spec_response` validates a
+SOURCE.md; :func:`_spec_root` says where else it is looked for).
+:func:`response_schema` resolves a response's JSON schema (its ``$ref``s
+followed across files); :func:`assert_spec_response` validates a
 body with it. Without the spec's files the check is skipped (a failure under
 ``CI=true``).
 """
@@ -18,14 +19,25 @@ from twisted.trial import unittest
 
 from tests.harness.services import ServiceMissing, in_ci
 
-SPEC_ROOT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "..",
-    "shared",
-    "matrix-spec",
-    "api",
-    "client-server",
-)
+
+def _spec_root() -> str:
+    """Where the spec's client-server API files are: ``$SYNAPSE_LITE_MATRIX_SPEC``
+    (the copy's top directory), else ``../shared/matrix-spec`` beside this
+    checkout, else the workplace's ``/work/shared/matrix-spec`` (a clone made
+    elsewhere, as CI makes one, has no ``../shared``)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    candidates = [
+        os.environ.get("SYNAPSE_LITE_MATRIX_SPEC", ""),
+        os.path.join(here, "..", "shared", "matrix-spec"),
+        "/work/shared/matrix-spec",
+    ]
+    for top in candidates:
+        if top and os.path.isdir(os.path.join(top, "api", "client-server")):
+            return os.path.normpath(os.path.join(top, "api", "client-server"))
+    return os.path.normpath(os.path.join(candidates[1], "api", "client-server"))
+
+
+SPEC_ROOT = _spec_root()
 
 _files: dict[str, Any] = {}
 
