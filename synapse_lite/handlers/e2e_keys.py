@@ -27,6 +27,7 @@ from synapse_lite.replication.http.e2e_keys import (
 from synapse_lite.storage.databases.main.end_to_end_keys import (
     KeyTriple,
     OneTimeKeyConflict,
+    OneTimeKeyLimit,
     public_key,
 )
 
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
 #: One-time keys one upload may carry (more: 413 M_TOO_LARGE). Clients upload
 #: about half of the 50 keys they keep, so this is far above any real client.
 MAX_ONE_TIME_KEYS_PER_UPLOAD = 1_000
+#: One-time keys a device may have stored, all algorithms together (an upload
+#: that would pass it: 400 M_TOO_LARGE, nothing stored). Clients keep about
+#: 50 on the server; this is five full uploads, so only a runaway client
+#: reaches it, and it bounds what one device can make the database hold.
+MAX_ONE_TIME_KEYS_PER_DEVICE = 5_000
 #: Fallback keys one upload may carry (one per algorithm).
 MAX_FALLBACK_KEYS_PER_UPLOAD = 10
 #: Users one query or claim may name, and devices per user in a claim.
@@ -210,11 +216,24 @@ class E2eKeysHandler:
         # A conflicting one-time key refuses the upload before anything else is stored.
         if one_time:
             try:
-                await self._store.add_one_time_keys(user_id, device_id, one_time)
+                await self._store.add_one_time_keys(
+                    user_id, device_id, one_time, MAX_ONE_TIME_KEYS_PER_DEVICE
+                )
             except OneTimeKeyConflict as e:
                 raise bad(
                     f"one_time_keys: {e.key_id} was already uploaded with other contents",
                     Codes.INVALID_PARAM,
+                ) from None
+            except OneTimeKeyLimit as e:
+                # 400, not 413: the request is within the per-upload limit; it is
+                # the device's stored total that would be too large. Claims
+                # free room, so the client can upload again later.
+                raise SynapseError(
+                    400,
+                    f"one_time_keys: the device has {e.stored} one-time keys stored and"
+                    f" {e.new} new ones would pass the limit of {e.max_stored}",
+                    Codes.TOO_LARGE,
+                    {"max_one_time_keys": e.max_stored},
                 ) from None
         if fallback:
             await self._store.set_fallback_keys(user_id, device_id, fallback)

@@ -9,6 +9,7 @@ from typing import Any
 
 from twisted.internet import defer
 
+from synapse_lite.handlers import e2e_keys
 from synapse_lite.handlers.e2e_keys import MAX_ONE_TIME_KEYS_PER_UPLOAD
 from synapse_lite.replication.http.devices import device_lists_writer_for
 from tests.harness.client_api import ClientApi, serve, start_cluster
@@ -186,6 +187,52 @@ class KeysTestCase(DatabaseTestCase):
         self.assertIn("signed_curve25519:k001", error["error"])
         counts = await self.alice.ok("POST", "/keys/upload", {})
         self.assertEqual(counts["one_time_key_counts"], {"signed_curve25519": 2})
+
+    async def test_stored_one_time_keys_per_device_are_capped(self) -> None:
+        """An upload that would take the device past its cap is refused
+        (400 M_TOO_LARGE, nothing of it stored); a repeat of stored keys is
+        not new; a claim makes room. (The cap is lowered for the test.)"""
+        self.assertGreaterEqual(e2e_keys.MAX_ONE_TIME_KEYS_PER_DEVICE, MAX_ONE_TIME_KEYS_PER_UPLOAD)
+        self.patch(e2e_keys, "MAX_ONE_TIME_KEYS_PER_DEVICE", 5)
+        await self.alice.ok("POST", "/keys/upload", {"one_time_keys": one_time_keys(3)})
+        status, error = await self.alice.request(
+            "POST", "/keys/upload", {"one_time_keys": one_time_keys(3, "n")}
+        )
+        self.assertEqual((status, error["errcode"]), (400, "M_TOO_LARGE"))
+        self.assertEqual(error["max_one_time_keys"], 5)
+        self.assertIn("3 one-time keys stored", error["error"])
+        counts = await self.alice.ok("POST", "/keys/upload", {})
+        self.assertEqual(counts["one_time_key_counts"], {"signed_curve25519": 3})
+        # Up to the cap exactly; the same keys again add nothing and are accepted.
+        both = {**one_time_keys(3), **one_time_keys(2, "n")}
+        counts = await self.alice.ok("POST", "/keys/upload", {"one_time_keys": both})
+        self.assertEqual(counts["one_time_key_counts"], {"signed_curve25519": 5})
+        counts = await self.alice.ok("POST", "/keys/upload", {"one_time_keys": both})
+        self.assertEqual(counts["one_time_key_counts"], {"signed_curve25519": 5})
+        status, error = await self.alice.request(
+            "POST", "/keys/upload", {"one_time_keys": one_time_keys(1, "m")}
+        )
+        self.assertEqual((status, error["errcode"]), (400, "M_TOO_LARGE"))
+        # Another device of the same user has its own cap.
+        login = await ClientApi(self, self.main_url).ok(
+            "POST",
+            "/login",
+            {
+                "type": "m.login.password",
+                "identifier": {"type": "m.id.user", "user": "alice"},
+                "password": "secret-pw",
+            },
+        )
+        other = ClientApi(self, self.main_url).as_user(login["access_token"])
+        await other.ok("POST", "/keys/upload", {"one_time_keys": one_time_keys(5)})
+        # A claim frees one place.
+        claim = {"one_time_keys": {self.alice.user_id: {self.alice.device_id: "signed_curve25519"}}}
+        claimed = await self.bob.ok("POST", "/keys/claim", claim)
+        self.assertEqual(len(claimed["one_time_keys"][self.alice.user_id][self.alice.device_id]), 1)
+        counts = await self.alice.ok(
+            "POST", "/keys/upload", {"one_time_keys": one_time_keys(1, "m")}
+        )
+        self.assertEqual(counts["one_time_key_counts"], {"signed_curve25519": 5})
 
     async def test_bad_queries_and_claims(self) -> None:
         for path, body in [

@@ -29,6 +29,16 @@ class OneTimeKeyConflict(Exception):
         self.key_id = key_id
 
 
+class OneTimeKeyLimit(Exception):
+    """An upload would take a device past its cap of stored one-time keys."""
+
+    def __init__(self, stored: int, new: int, max_stored: int) -> None:
+        super().__init__(stored, new, max_stored)
+        self.stored = stored
+        self.new = new
+        self.max_stored = max_stored
+
+
 class EndToEndKeyWorkerStore(DeviceWorkerStore):
     """E2E key reads and one-time key writes anywhere; identity and
     cross-signing key writes on the device_lists writer. (A deleted device's
@@ -123,13 +133,21 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
 
     # One-time and fallback keys
 
-    async def add_one_time_keys(self, user_id: str, device_id: str, keys: list[KeyTriple]) -> None:
+    async def add_one_time_keys(
+        self, user_id: str, device_id: str, keys: list[KeyTriple], max_stored: int
+    ) -> None:
         """Store one-time keys. A key id already stored with the same contents
         is ignored (a client retrying its upload); with other contents the
-        whole upload is refused with :class:`OneTimeKeyConflict`, nothing stored."""
+        whole upload is refused with :class:`OneTimeKeyConflict`, nothing stored.
+        When the new keys would take the device past ``max_stored`` keys (all
+        algorithms together) the upload is refused with
+        :class:`OneTimeKeyLimit`, nothing stored. The count is read in the
+        insert's transaction; on PostgreSQL two uploads of one device at the
+        same instant could each pass it (past the cap by one upload at most)."""
 
         def txn_func(txn: LoggingTransaction) -> None:
             now = self.clock.time_msec()
+            new: list[KeyTriple] = []
             for algorithm, key_id, key in keys:
                 txn.execute(
                     "SELECT key_json FROM e2e_one_time_keys_json WHERE user_id = ?"
@@ -141,6 +159,17 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                     if db_to_json(row[0]) != key:
                         raise OneTimeKeyConflict(f"{algorithm}:{key_id}")
                     continue
+                new.append((algorithm, key_id, key))
+            if not new:
+                return
+            txn.execute(
+                "SELECT COUNT(*) FROM e2e_one_time_keys_json WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
+            )
+            stored = int(txn.fetchone()[0])
+            if stored + len(new) > max_stored:
+                raise OneTimeKeyLimit(stored, len(new), max_stored)
+            for algorithm, key_id, key in new:
                 txn.execute(
                     "INSERT INTO e2e_one_time_keys_json"
                     " (user_id, device_id, algorithm, key_id, ts_added_ms, key_json)"

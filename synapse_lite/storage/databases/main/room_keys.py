@@ -59,7 +59,23 @@ class RoomKeysStore(SQLBaseStore):
     async def create_backup_version(
         self, user_id: str, algorithm: str, auth_data: dict[str, Any]
     ) -> int:
+        """A new version, numbered one above the user's highest (deleted
+        ones included: a number is never reused), which becomes current.
+
+        Safe when creations race (two clients, or two processes): on
+        PostgreSQL the transaction first takes a lock on the versions table
+        that only another creation waits for (reads and key uploads do not;
+        the table's writes only wait for a creation's few milliseconds). It
+        is taken before the transaction's first query, so the REPEATABLE READ
+        snapshot that reads the highest number is taken after the lock: it
+        sees every version committed before. On SQLite every read-write
+        transaction starts with ``BEGIN IMMEDIATE`` and so runs alone."""
+
         def txn_func(txn: LoggingTransaction) -> int:
+            if self.db_pool.engine.name == "postgres":
+                # LOCK is not a query: it does not fix the snapshot (see above).
+                # SHARE ROW EXCLUSIVE conflicts with itself and not with reads.
+                txn.execute("LOCK TABLE e2e_room_keys_versions IN SHARE ROW EXCLUSIVE MODE")
             txn.execute(
                 "SELECT COALESCE(MAX(version), 0) FROM e2e_room_keys_versions WHERE user_id = ?",
                 (user_id,),
