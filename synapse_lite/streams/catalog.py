@@ -93,7 +93,6 @@ def _wake_for_events(rows: Sequence[Any]) -> Wake:
 _UPSERTED = "upserted: a later update of the same key replaces the row and its id"
 _DELIVERED = "deleted once the device has received the message"
 _SENT = "deleted once the message was sent to the other server"
-_PUSHER_REMOVED = "replaced when the pusher is set again, deleted when it is removed"
 
 
 EVENTS = StreamDefinition(
@@ -411,7 +410,7 @@ PUSHERS = StreamDefinition(
     description="pushers added, changed or removed",
     codec=RowCodec(PushersStreamRow),
     writers=WriterRule("pushers"),
-    ids=IdSpace("pushers_sequence", (StreamTable("pushers", rows_removed=_PUSHER_REMOVED),)),
+    ids=IdSpace("pushers_sequence", (StreamTable("pushers", rows_removed=_UPSERTED),)),
     rows_from_store=lambda store: store.get_pushers_stream_updates,
 )
 
