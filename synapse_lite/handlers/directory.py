@@ -163,7 +163,7 @@ class DirectoryHandler:
             raise NotFoundError("Unknown room")
         if not listed:
             visibility = await load_room_visibility(self._store, requester.user_id, room_id)
-            if not visibility.ever_member and visibility.history_visibility != "world_readable":
+            if not visibility.may_read:
                 raise NotFoundError("Unknown room")
         return "public" if listed else "private"
 

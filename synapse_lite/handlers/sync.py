@@ -24,7 +24,7 @@ from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.client_events import ClientEventFormatter, format_event
 from synapse_lite.handlers.filtering import EventFilter, SyncFilter
 from synapse_lite.handlers.ignored_users import get_ignored_users, is_hidden, without_ignored
-from synapse_lite.handlers.visibility import get_history_visibility, load_room_visibility
+from synapse_lite.handlers.visibility import load_room_visibility, member_sees_everything
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS
 from synapse_lite.storage.databases.main.account_data import TAG_DATA_TYPE
 from synapse_lite.storage.databases.main.presence import UserPresenceState
@@ -690,10 +690,9 @@ class SyncHandler:
         entry whose every new event is an ignored user's message (the room
         is left out)."""
         limit = sync_filter.timeline_limit
-        visibility_name = await get_history_visibility(self._store, room_id)
-        if visibility_name not in ("shared", "world_readable"):
-            # Shared history shows a member all of it; otherwise the limit
-            # counts the events the user may see, read until it is reached.
+        if not await member_sees_everything(self._store, requester.user_id, room_id):
+            # History open to members shows a member all of it; otherwise the
+            # limit counts the events the user may see, read until it is reached.
             visibility = await load_room_visibility(self._store, requester.user_id, room_id)
             if not all(visibility.can_see(e) for e in newest_first):
                 # The room's state as of ``upper`` is a member's to see (they

@@ -72,6 +72,7 @@ class CacheInvalidationWorkerStore(SQLBaseStore):
         rooms of the members whose membership changed."""
         for name in (
             "get_current_state_ids",
+            "get_history_visibility_settings",
             "get_users_in_room",
             "get_room_summary",
             "get_push_room_members",

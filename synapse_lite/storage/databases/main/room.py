@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from synapse_lite.events import Event
+from synapse_lite.storage._base import db_to_json
 from synapse_lite.storage.caches import cached
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main.events_worker import EVENT_COLUMNS, event_from_row
@@ -64,6 +65,29 @@ class RoomWorkerStore(RoomMemberWorkerStore):
             room_id,
         )
         return {(r[0], r[1]): r[2] for r in rows}
+
+    @cached()
+    async def get_history_visibility_settings(
+        self, room_id: str
+    ) -> tuple[tuple[int, str | None], ...]:
+        """Every ``m.room.history_visibility`` event of a room, oldest first:
+        ``(stream_ordering, history_visibility)`` (None where the content has
+        no string there). A room's events are persisted in stream order by its
+        one writer, so the setting in force at an event is the last one
+        before it. Read through the partial index ``events_history_visibility``;
+        forgotten with the room's other state caches when its state changes."""
+        rows = await self.db_pool.select(
+            "get_history_visibility_settings",
+            "SELECT stream_ordering, content FROM events"
+            " WHERE room_id = ? AND type = 'm.room.history_visibility' AND state_key = ''"
+            " AND stream_ordering > 0 ORDER BY stream_ordering",
+            room_id,
+        )
+        settings = []
+        for position, content in rows:
+            value = db_to_json(content).get("history_visibility")
+            settings.append((int(position), value if isinstance(value, str) else None))
+        return tuple(settings)
 
     async def get_state_at(self, room_id: str, token: RoomStreamToken) -> list[Event]:
         """A room's state as of ``token``: the latest event of each (type,
