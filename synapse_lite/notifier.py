@@ -10,7 +10,7 @@ registers before it checks.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -27,8 +27,11 @@ logger = logging.getLogger(__name__)
 class _UserListeners:
     def __init__(self) -> None:
         self.waiting: list[defer.Deferred[None]] = []
-        self.rooms: set[str] = set()
-        #: /sync requests of this user currently waiting.
+        #: The rooms this user's waiting requests listen in, with how many of
+        #: them listen in each (a /sync and an /events peeking elsewhere
+        #: may wait together).
+        self.rooms: Counter[str] = Counter()
+        #: Requests of this user currently waiting.
         self.active = 0
 
     def wake(self) -> None:
@@ -39,7 +42,7 @@ class _UserListeners:
 
 
 class Notifier:
-    """Long-poll wake-ups for /sync on this process."""
+    """Long-poll wake-ups for /sync (and the deprecated /events) on this process."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
@@ -86,7 +89,8 @@ class Notifier:
         if listeners is None:
             listeners = self._users[user_id] = _UserListeners()
         listeners.active += 1
-        self._set_rooms(user_id, listeners, set(room_ids))
+        rooms = set(room_ids)
+        self._add_rooms(user_id, listeners, rooms)
         clock = self._clock
         deadline = clock.time() + timeout_ms / 1000
         woken: defer.Deferred[None] | None = None
@@ -107,17 +111,23 @@ class Notifier:
             if woken is not None and woken in listeners.waiting:
                 listeners.waiting.remove(woken)
             listeners.active -= 1
+            self._remove_rooms(user_id, listeners, rooms)
             if listeners.active == 0:
-                self._set_rooms(user_id, listeners, set())
                 self._users.pop(user_id, None)
 
-    def _set_rooms(self, user_id: str, listeners: _UserListeners, rooms: set[str]) -> None:
-        for room_id in listeners.rooms - rooms:
+    def _add_rooms(self, user_id: str, listeners: _UserListeners, rooms: set[str]) -> None:
+        for room_id in rooms:
+            listeners.rooms[room_id] += 1
+            self._room_users[room_id].add(user_id)
+
+    def _remove_rooms(self, user_id: str, listeners: _UserListeners, rooms: set[str]) -> None:
+        for room_id in rooms:
+            listeners.rooms[room_id] -= 1
+            if listeners.rooms[room_id] > 0:
+                continue
+            del listeners.rooms[room_id]
             members = self._room_users.get(room_id)
             if members is not None:
                 members.discard(user_id)
                 if not members:
                     del self._room_users[room_id]
-        for room_id in rooms - listeners.rooms:
-            self._room_users[room_id].add(user_id)
-        listeners.rooms = rooms

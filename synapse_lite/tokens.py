@@ -83,6 +83,22 @@ class RoomStreamToken:
             {n: max(self.get_position(n), other.get_position(n)) for n in names},
         )
 
+    def advanced_through(self, upper: RoomStreamToken, stream_id: int) -> RoomStreamToken:
+        """This token moved forward over every event of the window ``(self,
+        upper]`` at or below ``stream_id``, and no other: where to resume
+        after reading that window in stream order up to an event at
+        ``stream_id``. (Stream ids are unique across writers, so the events
+        of the window below it are exactly those read.)"""
+        names = {n for n, _ in self.instance_map} | {n for n, _ in upper.instance_map}
+
+        def moved(mine: int, theirs: int) -> int:
+            return max(mine, min(theirs, stream_id))
+
+        stream = moved(self.stream, upper.stream)
+        return RoomStreamToken.from_positions(
+            stream, {n: moved(self.get_position(n), upper.get_position(n)) for n in names}
+        )
+
     def contains(self, instance_name: str, stream_id: int) -> bool:
         """Whether a row (writer, id) is at or before this token."""
         return stream_id <= self.get_position(instance_name)

@@ -49,3 +49,24 @@ class NotifierTestCase(unittest.TestCase):
         # A finished waiter leaves nothing behind.
         self.assertEqual(self.notifier._users, {})
         self.assertEqual(dict(self.notifier._room_users), {})
+
+    def test_one_users_waiters_keep_their_own_rooms(self) -> None:
+        # A /sync in !r1 and an /events peeking into !r2, of one user: news
+        # in either room reaches them (they share the user's wake-up).
+        joined = self.wait("@a:x", ["!r1:x"])
+        peek = self.wait("@a:x", ["!r2:x"])
+        self.news["@a:x"] = True
+        self.notifier.wake(Wake(rooms=frozenset({"!r1:x"})))
+        self.assertTrue(self.successResultOf(joined))
+        self.assertTrue(self.successResultOf(peek))
+        # The first to end takes only its own rooms away.
+        self.news["@a:x"] = False
+        joined = self.wait("@a:x", ["!r1:x"], timeout_ms=1000)
+        peek = self.wait("@a:x", ["!r2:x"], timeout_ms=20_000)
+        self.clock.advance(1)
+        self.assertFalse(self.successResultOf(joined))
+        self.assertEqual(set(self.notifier._room_users), {"!r2:x"})
+        self.news["@a:x"] = True
+        self.notifier.wake(Wake(rooms=frozenset({"!r2:x"})))
+        self.assertTrue(self.successResultOf(peek))
+        self.assertEqual(dict(self.notifier._room_users), {})

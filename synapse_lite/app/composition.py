@@ -55,6 +55,7 @@ from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
 from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
+from synapse_lite.handlers.legacy_sync import LegacySyncHandler
 from synapse_lite.handlers.login import LoginHandler
 from synapse_lite.handlers.message import EventCreationHandler
 from synapse_lite.handlers.openid import OpenIdHandler
@@ -282,6 +283,20 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     members = RoomMemberHandler(store, clock, server_name, events)
     pagination = PaginationHandler(store, clock)
     relations = RelationsHandler(store, clock, pagination)
+    sync = SyncHandler(
+        store=store,
+        clock=clock,
+        config=config,
+        notifier=notifier,
+        typing=typing,
+        presence=presence,
+        streams=streams,
+        waiters=waiters,
+        event_writers=event_writers,
+        position_log=position_log,
+        sections={d.name: d.sync_section(store) for d in config.streams if d.sync_section},
+        relations=relations,
+    )
     handlers = ClientHandlers(
         clock=clock,
         store=store,
@@ -290,19 +305,16 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         login=LoginHandler(store, clock, config, devices),
         devices=devices,
         filtering=FilteringHandler(store),
-        sync=SyncHandler(
+        sync=sync,
+        legacy_sync=LegacySyncHandler(
             store=store,
             clock=clock,
-            config=config,
+            limits=config.limits,
+            sync=sync,
+            pagination=pagination,
             notifier=notifier,
             typing=typing,
             presence=presence,
-            streams=streams,
-            waiters=waiters,
-            event_writers=event_writers,
-            position_log=position_log,
-            sections={d.name: d.sync_section(store) for d in config.streams if d.sync_section},
-            relations=relations,
         ),
         events=events,
         room_creation=RoomCreationHandler(

@@ -297,6 +297,46 @@ class SyncHandler:
         if not all(ok for ok, _ in results):
             logger.info("Syncing from a token this process has not caught up with yet")
 
+    # The same tokens, for the deprecated event stream and initial syncs
+    # (handlers/legacy_sync.py): a /sync token works there and back.
+
+    async def parse_stream_token(self, value: str) -> StreamToken:
+        """A client's token (400 ``M_INVALID_PARAM`` if it is none of ours),
+        once this process has (briefly) waited to reach it."""
+        token = await self._parse_since(value)
+        await self._catch_up_to(token)
+        return token
+
+    def current_stream_token(self, since: StreamToken | None = None) -> StreamToken:
+        """Where a read now goes up to (never behind ``since``)."""
+        return self._current_token(since)
+
+    async def stream_token_string(self, token: StreamToken) -> str:
+        """``token`` as handed to the client (and to the position log)."""
+        self._log_token(token)
+        return await token.to_string(self._token_streams, self._store.get_id_for_instance)
+
+    async def receipt_events(
+        self, user_id: str, room_ids: list[str], since: StreamToken | None, now: StreamToken
+    ) -> dict[str, dict[str, Any]]:
+        """The ``m.receipt`` event of each room whose receipts changed in
+        ``(since, now]`` (every receipt when ``since`` is None), as /sync has them."""
+        return await self._receipts(user_id, room_ids, since, now)
+
+    async def account_data_events(
+        self, user_id: str, since: StreamToken | None, now: StreamToken
+    ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+        """Global and per-room account data that changed (all of it when
+        ``since`` is None), as /sync has them."""
+        return await self._account_data(user_id, since, now)
+
+    async def presence_events(
+        self, users: set[str], since: StreamToken | None, now: StreamToken, now_ms: int
+    ) -> list[dict[str, Any]]:
+        """Presence of ``users`` that changed in ``(since, now]`` (all of it
+        when ``since`` is None), as /sync has it."""
+        return await self._presence(users, since, now, now_ms, set())
+
     def _log_token(self, token: StreamToken) -> None:
         log = self._position_log
         if log is None:

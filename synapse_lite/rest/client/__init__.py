@@ -16,6 +16,7 @@ from synapse_lite.rest.client import (
     account_management,
     directory,
     keys,
+    legacy_sync,
     openid,
     profile,
     push_rules,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.directory import DirectoryHandler
     from synapse_lite.handlers.e2e_keys import E2eKeysHandler
     from synapse_lite.handlers.filtering import FilteringHandler
+    from synapse_lite.handlers.legacy_sync import LegacySyncHandler
     from synapse_lite.handlers.login import LoginHandler
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.handlers.openid import OpenIdHandler
@@ -72,6 +74,7 @@ class ClientHandlers:
     devices: DeviceHandler
     filtering: FilteringHandler
     sync: SyncHandler
+    legacy_sync: LegacySyncHandler
     events: EventCreationHandler
     room_creation: RoomCreationHandler
     members: RoomMemberHandler
@@ -104,6 +107,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         account_management,
         room,
         sync,
+        legacy_sync,
         user_data,
         keys,
         reports,

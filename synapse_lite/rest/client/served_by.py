@@ -62,6 +62,10 @@ MEDIA_PATH_PREFIXES = ("/_matrix/media/", "/_matrix/client/v1/media/")
 SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     # Reads: any process can answer from the database and its caches.
     "sync": READERS,
+    # The deprecated event stream and initial syncs: reads like /sync.
+    "events": READERS,
+    "initial_sync": READERS,
+    "room_initial_sync": READERS,
     "filter": READERS,
     "messages": READERS,
     "members": READERS,
