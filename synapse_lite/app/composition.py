@@ -257,7 +257,9 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     federation = _federation_for_role(
         config, me, reactor, clock, store, replication, replication_notifier, calls, wiring
     )
-    auth = AuthHandler(store, _client_ip_recorder(clock, main_store, replication))
+    auth = AuthHandler(
+        store, _client_ip_recorder(clock, main_store, replication), config.allow_guest_access
+    )
     media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
     devices = DeviceHandler(store, calls, config, notifier)
     push = PushActionsHandler(store) if me in config.stream_writers.events else None

@@ -198,6 +198,8 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
         f"registration_shared_secret: {_value(secrets.token_urlsafe(32))}",
         "# Whether anyone may register, without verification. Only for a private server.",
         f"enable_registration: {_value(options.enable_registration)}",
+        "# Whether guest accounts (POST /register?kind=guest) may be made and used.",
+        "allow_guest_access: false",
         "",
         *_router_lines(options.base_port, router_metrics_port, routed),
         "# The main process's HTTP listeners. Resources: client (the Matrix client API),",

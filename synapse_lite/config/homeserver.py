@@ -444,6 +444,8 @@ class HomeServerConfig:
     router: RouterConfig | None = None
     internal_tls: InternalTlsConfig = attr.ib(factory=InternalTlsConfig)
     turn: TurnConfig = attr.ib(factory=TurnConfig)
+    #: Whether guest accounts may be registered and used (docs/client-api.md#guests).
+    allow_guest_access: bool = False
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -584,6 +586,7 @@ def read_homeserver_config(
     secret = root.get_optional_str("worker_replication_secret")
     shared_secret = root.get_optional_str("registration_shared_secret")
     enable_registration = root.get_bool("enable_registration", False)
+    allow_guest_access = root.get_bool("allow_guest_access", False)
     listeners = tuple(
         ListenerConfig.read(s, base_dir) for s in root.get_list_of_sections("listeners", [])
     )
@@ -742,6 +745,7 @@ def read_homeserver_config(
         router=router,
         internal_tls=internal_tls,
         turn=turn,
+        allow_guest_access=allow_guest_access,
     )
 
 

@@ -23,6 +23,8 @@ from twisted.internet import threads
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import AuthError, Codes
+from synapse_lite.api.guest_access import guest_may_call
+from synapse_lite.http.server import matched_servlet
 
 if TYPE_CHECKING:
     from synapse_lite.handlers.client_ips import ClientIpRecorder
@@ -46,6 +48,9 @@ class Requester:
     user_id: str
     device_id: str
     token_hash: str
+    #: A guest account (``POST /register?kind=guest``): limited to what
+    #: ``api/guest_access.py`` allows.
+    is_guest: bool = False
 
 
 def hash_token(token: str) -> str:
@@ -117,19 +122,29 @@ class AuthHandler:
     """Turns a request's access token into a :class:`Requester`."""
 
     def __init__(
-        self, store: RegistrationWorkerStore, ip_recorder: ClientIpRecorder | None = None
+        self,
+        store: RegistrationWorkerStore,
+        ip_recorder: ClientIpRecorder | None = None,
+        allow_guest_access: bool = False,
     ) -> None:
+        """``allow_guest_access``: the config switch; off, guests' tokens are
+        refused everywhere."""
         self._store = store
         self._ip_recorder = ip_recorder
+        self._allow_guest_access = allow_guest_access
 
     async def get_user_by_req(self, request: Request) -> Requester:
-        """The requester, or a 401 (``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``)."""
+        """The requester, or a 401 (``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``);
+        a 403 ``M_GUEST_ACCESS_FORBIDDEN`` for a guest calling what guests
+        may not (``api/guest_access.py``)."""
         token = get_access_token_from_request(request)
         token_hash = hash_token(token)
         owner = await self._store.get_user_by_access_token(token_hash)
         if owner is None:
             raise UnknownTokenError()
-        requester = Requester(owner[0], owner[1], token_hash)
+        requester = Requester(owner[0], owner[1], token_hash, is_guest=owner[2])
+        if requester.is_guest:
+            self._check_guest(request)
         if self._ip_recorder is not None:
             address = request.getClientAddress()
             agents = request.requestHeaders.getRawHeaders(b"User-Agent") or [b""]
@@ -139,6 +154,18 @@ class AuthHandler:
                 agents[0].decode("utf-8", "replace"),
             )
         return requester
+
+    def _check_guest(self, request: Request) -> None:
+        if not self._allow_guest_access:
+            raise AuthError(403, "Guest access is disabled", Codes.GUEST_ACCESS_FORBIDDEN)
+        match = matched_servlet(request)
+        method = request.method.decode("ascii", errors="replace")
+        if match is None or not guest_may_call(match.name, method, match.path_args):
+            raise AuthError(
+                403,
+                "Guest accounts may not do this: register an account",
+                Codes.GUEST_ACCESS_FORBIDDEN,
+            )
 
 
 class UnknownTokenError(AuthError):

@@ -27,6 +27,7 @@ AUTH_STATE_TYPES = (
     "m.room.join_rules",
     "m.room.power_levels",
     "m.room.history_visibility",
+    "m.room.guest_access",
 )
 
 
@@ -59,6 +60,11 @@ class RoomAuthState:
         self.history_visibility = "shared"
         self.power_levels: dict[str, Any] | None = None
         self.members: dict[str, str] = {}
+        #: ``m.room.guest_access``: guests may join only with ``can_join``.
+        self.guest_access = "forbidden"
+        #: The guest accounts among the users the batch being checked is
+        #: about (filled in by the writer, which looks them up).
+        self.guests: frozenset[str] = frozenset()
         #: The create event is in the batch being checked (the creator's
         #: first join needs no invite).
         self.just_created = False
@@ -140,6 +146,8 @@ class RoomAuthState:
                 raise AuthError(403, "Cannot make another user join")
             if target_m == "ban":
                 raise AuthError(403, "You are banned from this room")
+            if target in self.guests and self.guest_access != "can_join":
+                raise AuthError(403, "Guests may not join this room", Codes.GUEST_ACCESS_FORBIDDEN)
             if self.just_created and sender == self.creator:
                 return
             if self.join_rule != "public" and target_m not in ("invite", "join"):
@@ -218,6 +226,9 @@ class RoomAuthState:
         elif event_type == "m.room.history_visibility" and state_key == "":
             value = content.get("history_visibility")
             self.history_visibility = value if isinstance(value, str) else "shared"
+        elif event_type == "m.room.guest_access" and state_key == "":
+            access = content.get("guest_access")
+            self.guest_access = access if isinstance(access, str) else "forbidden"
 
     def apply_spec(self, spec: EventSpec) -> None:
         self.apply(spec.type, spec.state_key, spec.sender, spec.content)

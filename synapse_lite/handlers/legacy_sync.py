@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.errors import AuthError, Codes
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.client_events import ClientEventFormatter
@@ -120,9 +121,16 @@ class LegacySyncHandler:
         """What happened after ``from_token`` (now, when None): room events in
         stream order, then typing, receipts, presence and (without
         ``room_id``) account data; waits up to ``timeout_ms`` for something.
-        With ``room_id``, that room's only, for anyone who may read it.
-        ``limit`` caps the room events: ``end`` then
+        With ``room_id``, that room's only, for anyone who may read it; a
+        guest must name one (the spec allows guests the stream "as used for
+        room previews"). ``limit`` caps the room events: ``end`` then
         resumes right after the last one."""
+        if room_id is None and requester.is_guest:
+            raise AuthError(
+                403,
+                "Guests may only stream a room's events (room_id)",
+                Codes.GUEST_ACCESS_FORBIDDEN,
+            )
         if room_id is not None:
             # 403 now for a room the requester may read nothing of.
             await self._pagination.room_visibility(requester, room_id)
@@ -140,9 +148,12 @@ class LegacySyncHandler:
         else:
             user_id = requester.user_id
             rooms = [room_id] if room_id else await self._store.get_rooms_for_user(user_id)
-            # Listening to the stream is being online, as with /sync.
-            async with self._presence.user_syncing(user_id, requester.device_id):
+            if requester.is_guest:
                 await self._notifier.wait_for_events(user_id, rooms, timeout_ms, check)
+            else:
+                # Listening to the stream is being online, as with /sync.
+                async with self._presence.user_syncing(user_id, requester.device_id):
+                    await self._notifier.wait_for_events(user_id, rooms, timeout_ms, check)
         chunk, end = found[0]
         start = from_token if from_token is not None else await self._string(since)
         return {"chunk": chunk, "start": start, "end": await self._string(end)}

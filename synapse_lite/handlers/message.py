@@ -59,6 +59,14 @@ class RoomMovedError(SynapseError):
         )
 
 
+def _revokes_guest_access(event: Event) -> bool:
+    return (
+        event.type == "m.room.guest_access"
+        and event.state_key == ""
+        and event.content.get("guest_access") != "can_join"
+    )
+
+
 class _RoomLocks:
     """One lock per room, held while an event is checked and persisted."""
 
@@ -238,6 +246,7 @@ class EventCreationHandler:
                 if writer != self._me:
                     raise RoomMovedError(room_id)
                 state = await self._load_auth_state(room_id, specs)
+                state.guests = await self._guests_joining(specs)
             for spec in specs:
                 state.check(spec)
                 if spec.type == "m.room.redaction":
@@ -259,7 +268,38 @@ class EventCreationHandler:
                 return [existing]
         targets = [e.state_key for e in events if e.type == "m.room.member" and e.state_key]
         self._notifier.notify(users=targets, rooms=[room_id])
+        if not create_room and any(_revokes_guest_access(e) for e in events):
+            await self._remove_guests(room_id)
         return events
+
+    async def _guests_joining(self, specs: list[EventSpec]) -> frozenset[str]:
+        """The guest accounts among those ``specs`` make join (a guest may
+        join only where ``m.room.guest_access`` is ``can_join``)."""
+        guests = set()
+        for spec in specs:
+            if spec.membership == "join" and spec.state_key:
+                user = await self._store.get_user(spec.state_key)
+                if user is not None and user["is_guest"]:
+                    guests.add(spec.state_key)
+        return frozenset(guests)
+
+    async def _remove_guests(self, room_id: str) -> None:
+        """Guest access was revoked: the spec has the server make every guest
+        in the room leave it (each guest's own leave, so no power is needed)."""
+        now = self._clock.time_msec()
+        specs = [
+            EventSpec(
+                type="m.room.member",
+                state_key=guest,
+                sender=guest,
+                content={"membership": "leave"},
+                origin_server_ts=now,
+            )
+            for guest in await self._store.get_guests_in_room(room_id)
+        ]
+        if specs:
+            await self.persist_as_writer(room_id, specs)
+            logger.info("Guest access revoked in %s: %d guests removed", room_id, len(specs))
 
     async def _check_redaction(self, room_id: str, spec: EventSpec, state: RoomAuthState) -> None:
         """A redaction names an event of its room (404 for an unknown event,

@@ -31,7 +31,7 @@ from synapse_lite.api.identifiers import (
     new_device_id,
     random_string,
 )
-from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, hash_password
+from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, hash_password, hash_token
 from synapse_lite.handlers.ratelimit import Ratelimiter
 from synapse_lite.http.fields import get_bool, get_optional_str, get_str
 from synapse_lite.storage.databases.main.registration import UserExistsError
@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NONCE_LIFETIME_MS = 60_000
+
+
+def _random_localpart() -> str:
+    """The localpart of a user who registers without choosing one (guests too)."""
+    return random_string(12, "0123456789abcdefghijklmnopqrstuvwxyz")
 
 
 class RegistrationHandler:
@@ -92,22 +97,63 @@ class RegistrationHandler:
         username = get_optional_str(body, "username", max_length=MAX_ID_LENGTH)
         password = get_optional_str(body, "password", max_length=MAX_PASSWORD_LENGTH)
         inhibit_login = get_bool(body, "inhibit_login", False)
+        guest_token = get_optional_str(body, "guest_access_token", max_length=512)
         device_id, display_name = self._device_fields(body)
-        user_id = (
-            await self.check_username(username)
-            if username is not None
-            else self.user_id_for(random_string(12, "0123456789abcdefghijklmnopqrstuvwxyz"))
-        )
+        if guest_token is not None:
+            user_id = await self._guest_to_upgrade(guest_token, username)
+        elif username is not None:
+            user_id = await self.check_username(username)
+        else:
+            user_id = self.user_id_for(_random_localpart())
         await self._ui_auth.check_dummy(body)
         password_hash = await hash_password(password) if password else None
-        try:
-            await self._store.register_user(user_id, password_hash)
-        except UserExistsError:
-            raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE) from None
-        logger.info("Registered %s", user_id)
+        if guest_token is not None:
+            if not await self._store.upgrade_guest(user_id, password_hash):
+                raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE)
+            logger.info("Upgraded guest %s to a full account", user_id)
+        else:
+            try:
+                await self._store.register_user(user_id, password_hash)
+            except UserExistsError:
+                raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE) from None
+            logger.info("Registered %s", user_id)
         if inhibit_login:
             return {"user_id": user_id, "home_server": self._server_name}
         return await self._login_response(user_id, device_id, display_name)
+
+    async def _guest_to_upgrade(self, guest_token: str, username: str | None) -> str:
+        """The guest account a registration with ``guest_access_token``
+        upgrades: the token's, which ``username`` must name (the spec asks
+        for the guest's localpart). 403 for anything else, so nobody takes
+        over another account."""
+        if username is None:
+            raise SynapseError(
+                400, "Upgrading a guest needs its localpart as 'username'", Codes.MISSING_PARAM
+            )
+        owner = await self._store.get_user_by_access_token(hash_token(guest_token))
+        if owner is None or not owner[2] or owner[0] != self.user_id_for(username.lower()):
+            raise SynapseError(
+                403, "guest_access_token is not that guest account's token", Codes.FORBIDDEN
+            )
+        return owner[0]
+
+    async def register_guest(self, client_ip: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /register?kind=guest``: a new guest account, logged in. Only
+        with ``allow_guest_access`` (``enable_registration`` is not needed:
+        a guest has no name or password to claim)."""
+        self._ratelimiter.ratelimit(client_ip)
+        if not self._config.allow_guest_access:
+            raise SynapseError(403, "Guest access is disabled", Codes.GUEST_ACCESS_FORBIDDEN)
+        device_id, display_name = self._device_fields(body)
+        for _ in range(3):
+            user_id = self.user_id_for(_random_localpart())
+            try:
+                await self._store.register_user(user_id, None, guest=True)
+            except UserExistsError:
+                continue
+            logger.info("Registered guest %s", user_id)
+            return await self._login_response(user_id, device_id, display_name)
+        raise SynapseError(500, "Could not pick a free guest user id", Codes.UNKNOWN)
 
     @staticmethod
     def _device_fields(body: dict[str, Any]) -> tuple[str, str | None]:

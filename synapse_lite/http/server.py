@@ -18,7 +18,7 @@ import logging
 import re
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import IO, Any
 
 import attr
@@ -295,6 +295,24 @@ def query_int(
     return number
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ServletMatch:
+    """The servlet a request was routed to, and its path parameters."""
+
+    name: str
+    path_args: Mapping[str, str]
+
+
+_SERVLET_MATCH = "_synapse_lite_servlet_match"
+
+
+def matched_servlet(request: Request) -> ServletMatch | None:
+    """What :class:`JsonResource` routed ``request`` to (None for a request
+    that did not come through one, as in some tests)."""
+    found = getattr(request, _SERVLET_MATCH, None)
+    return found if isinstance(found, ServletMatch) else None
+
+
 class StreamedResponse:
     """A servlet's answer that is not JSON: it writes the response itself
     (status, headers, body, ``finish``), e.g. a file streamed with a producer."""
@@ -373,6 +391,8 @@ class JsonResource(Resource):
                     if path_matched:
                         raise SynapseError(405, "Method not allowed", Codes.UNRECOGNIZED)
                     raise SynapseError(404, "Unrecognized request", Codes.UNRECOGNIZED)
+                # Who may call what is decided by servlet (guests: api/guest_access.py).
+                setattr(request, _SERVLET_MATCH, ServletMatch(servlet, kwargs))
                 code, body = await callback(request, **kwargs)
                 if isinstance(body, StreamedResponse):
                     await self._stream(request, body, method, servlet)

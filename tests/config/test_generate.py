@@ -74,6 +74,7 @@ class GenerateConfigTestCase(unittest.TestCase):
         self.assertIn("# Which process writes which stream", text)
         self.assertIn("docs/configuration.md", text)
         self.assertTrue(yaml.safe_load(text)["enable_registration"])
+        self.assertIs(yaml.safe_load(text)["allow_guest_access"], False)
 
     def test_command_refuses_to_overwrite(self) -> None:
         directory = tempfile.mkdtemp()

@@ -57,7 +57,10 @@ class LoadConfigTestCase(unittest.TestCase):
         self.assertEqual(config.replication.transport, "tcp")
         self.assertEqual(config.stream_writers.events, (MAIN_PROCESS,))
         self.assertFalse(config.enable_registration)
+        self.assertFalse(config.allow_guest_access)
         self.assertEqual(config.instance_names(), [MAIN_PROCESS])
+        guests = {"server_name": "example.org", "allow_guest_access": True}
+        self.assertTrue(load_config(write_config(self.dir, guests)).allow_guest_access)
 
     def test_sharded_config(self) -> None:
         config = load_config(write_config(self.dir, sharded_config()))
@@ -104,6 +107,7 @@ class LoadConfigTestCase(unittest.TestCase):
                 {
                     "server_name": 42,
                     "enable_registration": "yes",
+                    "allow_guest_access": 1,
                     "listeners": [{"port": "8008"}],
                     "stream_writers": {"typing": ["a", "b"]},
                 }
@@ -111,6 +115,7 @@ class LoadConfigTestCase(unittest.TestCase):
         )
         self.assertIn("server_name: must be a string, not a integer", problems)
         self.assertIn("enable_registration: must be true or false, not a string", problems)
+        self.assertIn("allow_guest_access: must be true or false, not a integer", problems)
         self.assertIn("listeners[0].port: must be an integer, not a string", problems)
         self.assertIn("stream_writers.typing: takes exactly one writer, not 2", problems)
 

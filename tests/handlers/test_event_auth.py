@@ -98,3 +98,25 @@ class EventAuthTestCase(unittest.TestCase):
         with self.assertRaises(SynapseError) as e:
             state.check(spec(ALICE, "m.room.power_levels", {"users": {BOB: "high"}}))
         self.assertEqual((e.exception.code, e.exception.errcode), (400, "M_BAD_JSON"))
+
+    def test_guests_join_only_where_guest_access_is_can_join(self) -> None:
+        state = self.room("public", "public_chat")
+        state.guests = frozenset({EVE})
+        self.assertFalse(self.allowed(state, member(EVE, EVE, "join")))
+        self.assertTrue(self.allowed(state, member(BOB, BOB, "join")))  # not a guest
+        self.assertTrue(
+            self.allowed(state, spec(ALICE, "m.room.guest_access", {"guest_access": "can_join"}))
+        )
+        self.assertTrue(self.allowed(state, member(EVE, EVE, "join")))
+        self.assertTrue(self.allowed(state, member(EVE, EVE, "leave")))
+        self.assertTrue(
+            self.allowed(state, spec(ALICE, "m.room.guest_access", {"guest_access": "forbidden"}))
+        )
+        with self.assertRaises(SynapseError) as e:
+            state.check(member(EVE, EVE, "join"))
+        self.assertEqual((e.exception.code, e.exception.errcode), (403, "M_GUEST_ACCESS_FORBIDDEN"))
+        # An invite does not let a guest past guest_access either.
+        invite_only = self.room()
+        invite_only.guests = frozenset({EVE})
+        self.assertTrue(self.allowed(invite_only, member(ALICE, EVE, "invite")))
+        self.assertFalse(self.allowed(invite_only, member(EVE, EVE, "join")))

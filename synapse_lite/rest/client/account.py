@@ -19,11 +19,11 @@ if TYPE_CHECKING:
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def register(request: Request) -> tuple[int, Any]:
         kind = query_string(request, "kind", "user")
+        if kind not in ("user", "guest"):
+            raise SynapseError(400, "'kind' must be user or guest", Codes.INVALID_PARAM)
+        body = parse_json_object_from_request(request, allow_empty=kind == "guest")
         if kind == "guest":
-            raise SynapseError(403, "Guest access is disabled", Codes.GUEST_ACCESS_FORBIDDEN)
-        if kind != "user":
-            raise SynapseError(400, "Unknown kind", Codes.INVALID_PARAM)
-        body = parse_json_object_from_request(request)
+            return 200, await handlers.registration.register_guest(client_ip(request), body)
         try:
             return 200, await handlers.registration.register(client_ip(request), body)
         except InteractiveAuthIncomplete as e:
@@ -58,7 +58,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         return 200, {
             "user_id": requester.user_id,
             "device_id": requester.device_id,
-            "is_guest": False,
+            "is_guest": requester.is_guest,
         }
 
     async def admin_nonce(request: Request) -> tuple[int, Any]:

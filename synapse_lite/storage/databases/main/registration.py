@@ -20,25 +20,48 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
     """Users, devices' access tokens, and looking a token up on every request."""
 
     async def register_user(
-        self, user_id: str, password_hash: str | None, admin: bool = False
+        self, user_id: str, password_hash: str | None, admin: bool = False, guest: bool = False
     ) -> None:
-        """Create a user; raises :class:`UserExistsError` if the id is taken."""
+        """Create a user (a guest account with ``guest``); raises
+        :class:`UserExistsError` if the id is taken."""
 
         def txn_func(txn: LoggingTransaction) -> None:
             txn.execute(
-                "INSERT INTO users (name, password_hash, creation_ts, admin) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (name) DO NOTHING",
-                (user_id, password_hash, self.clock.time_msec(), admin),
+                "INSERT INTO users (name, password_hash, creation_ts, admin, is_guest)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                (user_id, password_hash, self.clock.time_msec(), admin, guest),
             )
             if txn.rowcount == 0:
                 raise UserExistsError(user_id)
 
         await self.db_pool.runInteraction("register_user", txn_func)
 
+    async def upgrade_guest(self, user_id: str, password_hash: str | None) -> bool:
+        """Make a guest account a full one with this password, keeping its id;
+        False if ``user_id`` is not a guest (any more). Every process forgets
+        its cached token lookups of the user, which carry the guest flag."""
+
+        def txn_func(txn: LoggingTransaction) -> bool:
+            txn.execute(
+                "UPDATE users SET is_guest = FALSE, password_hash = ?"
+                " WHERE name = ? AND is_guest AND NOT deactivated",
+                (password_hash, user_id),
+            )
+            if txn.rowcount == 0:
+                return False
+            txn.execute("SELECT token_hash FROM access_tokens WHERE user_id = ?", (user_id,))
+            for (token_hash,) in txn.fetchall():
+                self.send_invalidation_txn(txn, "get_user_by_access_token", [token_hash])
+                txn.call_after(self.get_user_by_access_token.invalidate, token_hash)
+            return True
+
+        return await self.db_pool.runInteraction("upgrade_guest", txn_func)
+
     async def get_user(self, user_id: str) -> dict[str, Any] | None:
         rows = await self.db_pool.select(
             "get_user",
-            "SELECT name, password_hash, creation_ts, admin, deactivated FROM users WHERE name = ?",
+            "SELECT name, password_hash, creation_ts, admin, deactivated, is_guest"
+            " FROM users WHERE name = ?",
             user_id,
         )
         if not rows:
@@ -50,7 +73,20 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
             "creation_ts": int(r[2]),
             "admin": bool(r[3]),
             "deactivated": bool(r[4]),
+            "is_guest": bool(r[5]),
         }
+
+    async def get_guests_in_room(self, room_id: str) -> list[str]:
+        """The guest accounts joined to a room now, in user id order."""
+        rows = await self.db_pool.select(
+            "get_guests_in_room",
+            "SELECT c.state_key FROM current_state_events AS c"
+            " JOIN users AS u ON u.name = c.state_key"
+            " WHERE c.room_id = ? AND c.type = 'm.room.member' AND c.membership = 'join'"
+            " AND u.is_guest ORDER BY c.state_key",
+            room_id,
+        )
+        return [r[0] for r in rows]
 
     async def set_password_hash(self, user_id: str, password_hash: str) -> None:
         """Replace a user's password (any process: ``users`` is no stream's)."""
@@ -73,16 +109,16 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
         )
 
     @cached(max_entries=100_000)
-    async def get_user_by_access_token(self, token_hash: str) -> tuple[str, str] | None:
-        """``(user_id, device_id)`` owning a token, or None."""
+    async def get_user_by_access_token(self, token_hash: str) -> tuple[str, str, bool] | None:
+        """``(user_id, device_id, is_guest)`` owning a token, or None."""
         rows = await self.db_pool.select(
             "get_user_by_access_token",
-            "SELECT t.user_id, t.device_id FROM access_tokens AS t"
+            "SELECT t.user_id, t.device_id, u.is_guest FROM access_tokens AS t"
             " JOIN users AS u ON u.name = t.user_id"
             " WHERE t.token_hash = ? AND NOT u.deactivated",
             token_hash,
         )
-        return (rows[0][0], rows[0][1]) if rows else None
+        return (rows[0][0], rows[0][1], bool(rows[0][2])) if rows else None
 
     async def replace_access_tokens(
         self, user_id: str, device_id: str, token_hash: str, device_display_name: str | None
