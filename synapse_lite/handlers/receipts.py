@@ -56,7 +56,9 @@ class ReceiptsHandler:
         )
 
     async def write_receipt(self, receipt: ReceiptWrite) -> StreamWritten:
-        """Serves :data:`SEND_RECEIPT`: store a checked receipt and wake the room."""
+        """Serves :data:`SEND_RECEIPT`: store a checked receipt and wake the
+        room (a receipt that would move backwards is not stored: position 0,
+        nothing to wait for)."""
         stream_id = await self._store.insert_receipt(
             receipt.room_id,
             receipt.receipt_type,
@@ -65,5 +67,7 @@ class ReceiptsHandler:
             receipt.data,
             receipt.thread_id,
         )
+        if stream_id is None:
+            return StreamWritten(0)
         self._notifier.notify(rooms=[receipt.room_id])
         return StreamWritten(stream_id)

@@ -248,6 +248,7 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         receipt_id = await main.store.insert_receipt(
             "!room:test.local", "m.read", "@alice:test.local", "$event", {"ts": 1}
         )
+        assert receipt_id is not None
         await main.store.register_user("@alice:test.local", None)
         await main.store.replace_access_tokens("@alice:test.local", "DEV", "ab" * 32, None)
         await main.store.delete_devices("@alice:test.local", ["DEV"])

@@ -33,10 +33,22 @@ class ReceiptsWorkerStore(SQLBaseStore):
         event_id: str,
         data: dict[str, Any],
         thread_id: str | None = None,
-    ) -> int:
-        """Record a user's latest receipt in a room; returns its stream id."""
+    ) -> int | None:
+        """Record a user's latest receipt in a room; returns its stream id.
+        A receipt only moves forward: one for an event at or before the one
+        the user's receipt of that type is at already is ignored (None)."""
 
-        def txn_func(txn: LoggingTransaction) -> int:
+        def txn_func(txn: LoggingTransaction) -> int | None:
+            txn.execute(
+                "SELECT old.stream_ordering, new.stream_ordering FROM receipts_linearized AS r"
+                " JOIN events AS old ON old.event_id = r.event_id"
+                " JOIN events AS new ON new.event_id = ?"
+                " WHERE r.room_id = ? AND r.receipt_type = ? AND r.user_id = ?",
+                (event_id, room_id, receipt_type, user_id),
+            )
+            row = txn.fetchone()
+            if row is not None and int(row[1]) <= int(row[0]):
+                return None
             stream_id = self._receipts_id_gen.get_next_txn(txn)
             txn.execute(
                 "INSERT INTO receipts_linearized (stream_id, instance_name, room_id, receipt_type,"
