@@ -4,7 +4,7 @@
                            [--sytest-dir DIR] [--out DIR] [--base-port N] [tests/...pl ...]
 
 Writes a fresh config and data directory for the layout (open registration,
-the shared registration secret SyTest expects, rate limits off, the deprecated
+guest access on, the shared registration secret SyTest expects, rate limits off, the deprecated
 unauthenticated media endpoints on, a server name
 whose port nothing listens on so that SyTest's federation attempts are
 refused at once), starts it with ``synapse-lite run``, runs SyTest's Manual
@@ -29,7 +29,20 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-SHARED_SYTEST = os.path.join(REPO, "..", "shared", "sytest")
+
+
+def _shared_sytest() -> str:
+    """The runner scripts: ``../shared/sytest`` beside this checkout, else the
+    workplace's ``/work/shared/sytest`` (a worktree or clone made elsewhere
+    has no ``../shared``)."""
+    beside = os.path.join(REPO, "..", "shared", "sytest")
+    for candidate in (beside, "/work/shared/sytest"):
+        if os.path.exists(os.path.join(candidate, "run.sh")):
+            return candidate
+    return beside
+
+
+SHARED_SYTEST = _shared_sytest()
 #: A port nothing listens on: SyTest's federation requests fail at once.
 SERVER_NAME = "localhost:1"
 #: What SyTest signs its shared-secret registrations with.
@@ -68,6 +81,8 @@ def write_config(directory: str, layout: str, database: str, base_port: int) -> 
         config = yaml.safe_load(f)
     config["registration_shared_secret"] = REGISTRATION_SECRET
     config["rate_limiting"] = {"enabled": False}
+    # SyTest's guest tests register guests (POST /register?kind=guest).
+    config["allow_guest_access"] = True
     # SyTest predates authenticated media (Matrix 1.11): it reads
     # /_matrix/media/v3/config, one of the deprecated endpoints that are off
     # by default. An operator serving such clients turns them on.
