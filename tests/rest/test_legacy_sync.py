@@ -182,10 +182,11 @@ class LegacySyncTestCase(DatabaseTestCase):
     async def test_initial_sync(self) -> None:
         me = q(self.alice.user_id)
         joined = await self.alice.create_room(preset="public_chat", visibility="public")
-        for i in range(3):
-            await self.alice.send(joined, f"m{i}")
+        earlier = [await self.alice.send(joined, f"m{i}") for i in range(3)]
         last = await self.alice.send(joined, "m3")
         await self.alice.ok("POST", f"/rooms/{joined}/receipt/m.read/{q(last)}", {})
+        # A receipt only moves forward: one for an earlier event is ignored.
+        await self.alice.ok("POST", f"/rooms/{joined}/receipt/m.read/{q(earlier[0])}", {})
         await self.alice.ok("PUT", f"/user/{me}/rooms/{joined}/account_data/org.example.r", {})
         await self.alice.ok("PUT", f"/user/{me}/rooms/{joined}/tags/u.work", {"order": 1})
         await self.alice.ok("PUT", f"/user/{me}/account_data/org.example.g", {"g": 1})
@@ -219,6 +220,7 @@ class LegacySyncTestCase(DatabaseTestCase):
         self.assertEqual((invite["membership"], invite["inviter"]), ("invite", self.bob.user_id))
         self.assertEqual(invite["invite"]["state_key"], self.alice.user_id)
         [receipt] = [r for r in body["receipts"] if r["room_id"] == joined]
+        self.assertEqual(list(receipt["content"]), [last])
         self.assertIn(self.alice.user_id, receipt["content"][last]["m.read"])
         self.assertEqual(
             [(d["type"], d["content"]) for d in body["account_data"]], [("org.example.g", {"g": 1})]
