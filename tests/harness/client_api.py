@@ -22,6 +22,7 @@ from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.databases import TestDatabase
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 
 _reactor = cast(Any, reactor)
@@ -150,6 +151,16 @@ def start_cluster(
     for hs in servers.values():
         bus.join(hs)
     return servers, clients, bus
+
+
+async def caught_up(servers: dict[str, HomeServer], writer: str) -> None:
+    """Wait until every process has read the events ``writer`` wrote so far
+    (a read on any of them then sees them)."""
+    upto = servers[writer].store.get_room_max_token()
+    await eventually(
+        lambda: all(hs.store.get_room_max_token() == upto for hs in servers.values()),
+        what=f"every process caught up with {writer}",
+    )
 
 
 class ThreeUsersTestCase(DatabaseTestCase):

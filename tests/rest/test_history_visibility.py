@@ -10,8 +10,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from synapse_lite.server import HomeServer
-from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.client_api import ClientApi, caught_up, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 
@@ -55,13 +54,7 @@ class HistoryVisibilityTestCase(DatabaseTestCase):
         self.guest = ClientApi(self, clients["reader"].base_url).as_user(guest["access_token"])
 
     async def caught_up(self) -> None:
-        """Every process has read what the events writer wrote."""
-        servers: dict[str, HomeServer] = self.servers
-        writer = servers["writer"].store.get_room_max_token()
-        await eventually(
-            lambda: all(hs.store.get_room_max_token() == writer for hs in servers.values()),
-            what="every process caught up with the writer",
-        )
+        await caught_up(self.servers, "writer")
 
     async def room(self, setting: str) -> str:
         room = await self.alice.create_room(preset="public_chat")

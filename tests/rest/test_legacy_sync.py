@@ -13,8 +13,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from synapse_lite.server import HomeServer
-from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.client_api import ClientApi, caught_up, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
@@ -49,12 +48,7 @@ class LegacySyncTestCase(DatabaseTestCase):
         self.alice_on_writer = self.clients["writer"].as_user(self.alice.token)
 
     async def caught_up(self) -> None:
-        servers: dict[str, HomeServer] = self.servers
-        writer = servers["writer"].store.get_room_max_token()
-        await eventually(
-            lambda: all(hs.store.get_room_max_token() == writer for hs in servers.values()),
-            what="every process caught up with the writer",
-        )
+        await caught_up(self.servers, "writer")
 
     async def events(self, client: ClientApi, query: str) -> dict[str, Any]:
         answer: dict[str, Any] = await client.ok("GET", "/events?" + query)
