@@ -305,20 +305,22 @@ class LegacySyncHandler:
     ) -> dict[str, Any]:
         """One room as its reader may see it: a member's (or former member's,
         up to the leave), or anyone's for a world-readable room; 403 for
-        others."""
+        others. Presence and receipts (now) only for members and peekers."""
         user_id = requester.user_id
         visibility = await self._pagination.room_visibility(requester, room_id)
         now = self._now(None)
         now_ms = self._clock.time_msec()
         limit = DEFAULT_INITIAL_SYNC_LIMIT if limit is None else min(limit, MAX_LIMIT)
         room = await self._snapshot(requester, room_id, visibility, limit, now, now_ms)
-        departed = visibility.last_left_position is not None
-        if visibility.ever_member:
-            room["membership"] = visibility.history[-1][1]
+        membership = visibility.history[-1][1] if visibility.ever_member else None
+        if membership is not None:
+            room["membership"] = membership
             _, room_data = await self._sync.account_data_events(user_id, None, now)
             room["account_data"] = _tags_first(room_data.get(room_id, []))
-        if departed:
-            # What happened since the leave is not theirs to see.
+        if membership != "join" and not visibility.is_peeking:
+            # Who is online and who read what now is for those in the room
+            # (or reading it as anyone may): not for someone who left (it is
+            # from after the leave), nor for an invitee.
             room["presence"], room["receipts"] = [], []
             return room
         members = set(await self._store.get_users_in_room(room_id))

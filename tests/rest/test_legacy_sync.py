@@ -213,6 +213,11 @@ class LegacySyncTestCase(DatabaseTestCase):
         invite = rooms[invited]
         self.assertEqual((invite["membership"], invite["inviter"]), ("invite", self.bob.user_id))
         self.assertEqual(invite["invite"]["state_key"], self.alice.user_id)
+        # An invitee reads the room (as history visibility lets them), not
+        # who is online in it or what they read.
+        as_invitee = await self.alice.ok("GET", f"/rooms/{invited}/initialSync")
+        self.assertEqual(as_invitee["membership"], "invite")
+        self.assertEqual((as_invitee["presence"], as_invitee["receipts"]), ([], []))
         [receipt] = [r for r in body["receipts"] if r["room_id"] == joined]
         self.assertEqual(list(receipt["content"]), [last])
         self.assertIn(self.alice.user_id, receipt["content"][last]["m.read"])
