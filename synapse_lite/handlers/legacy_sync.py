@@ -282,7 +282,7 @@ class LegacySyncHandler:
             sharing |= await self._store.get_users_in_room(room_id)
         return {
             "rooms": rooms,
-            "presence": await self._presence_of(sharing, now, now_ms, user_id),
+            "presence": await self._presence_of(sharing, now, now_ms),
             "receipts": [{**receipt, "room_id": r} for r, receipt in sorted(receipts.items())],
             "account_data": [d for d in global_data if d["type"] not in _NOT_ACCOUNT_DATA],
             "end": await self._string(now),
@@ -325,7 +325,7 @@ class LegacySyncHandler:
             return room
         members = set(await self._store.get_users_in_room(room_id))
         receipts = await self._sync.receipt_events(user_id, [room_id], None, now)
-        room["presence"] = await self._presence_of(members, now, now_ms, user_id)
+        room["presence"] = await self._presence_of(members, now, now_ms)
         room["receipts"] = [{**r, "room_id": room_id} for r in receipts.values()]
         return room
 
@@ -363,16 +363,15 @@ class LegacySyncHandler:
     # Shared
 
     async def _presence_of(
-        self, users: set[str], now: StreamToken, now_ms: int, user_id: str
+        self, users: set[str], now: StreamToken, now_ms: int
     ) -> list[dict[str, Any]]:
-        """The presence of ``users`` now; the reader's own even if it was
-        never set (as a client expects to find itself)."""
+        """The presence of ``users`` now, ``offline`` for those who never had
+        any: a snapshot names everyone it is about."""
         events = await self._sync.presence_events(users, None, now, now_ms)
-        if user_id in users and not any(e["sender"] == user_id for e in events):
-            own = UserPresenceState.default(user_id)
-            events.append(
-                {"type": "m.presence", "sender": user_id, "content": own.to_client_content(now_ms)}
-            )
+        found = {e["sender"] for e in events}
+        for user in sorted(users - found):
+            content = UserPresenceState.default(user).to_client_content(now_ms)
+            events.append({"type": "m.presence", "sender": user, "content": content})
         return _v1_presence(events)
 
     async def _string(self, token: StreamToken) -> str:

@@ -224,8 +224,7 @@ class LegacySyncTestCase(DatabaseTestCase):
         self.assertEqual(
             [(d["type"], d["content"]) for d in body["account_data"]], [("org.example.g", {"g": 1})]
         )
-        mine = [p for p in body["presence"] if p["content"]["user_id"] == self.alice.user_id]
-        self.assertEqual(len(mine), 1)
+        self.assertEqual([p["content"]["user_id"] for p in body["presence"]], [self.alice.user_id])
         # archived: the left room too, as it was when Alice left.
         archived = await self.alice.ok("GET", "/initialSync?archived=true&limit=1")
         departed = {r["room_id"]: r for r in archived["rooms"]}[left]
@@ -237,6 +236,13 @@ class LegacySyncTestCase(DatabaseTestCase):
         )
         # The end token starts an event stream.
         await self.bob.ok("POST", f"/join/{joined}", {})
+        # Presence: everyone sharing a room, whether or not they ever had one.
+        await self.caught_up()
+        shared = await self.alice.ok("GET", "/initialSync?limit=0")
+        self.assertEqual(
+            {(p["content"]["user_id"], p["content"]["presence"]) for p in shared["presence"]},
+            {(self.alice.user_id, "offline"), (self.bob.user_id, "offline")},
+        )
         bob_id = await self.bob.send(joined, "after the snapshot")
         await self.caught_up()
         stream = await self.events(self.alice, f"timeout=0&from={body['end']}")
