@@ -275,13 +275,8 @@ class EventCreationHandler:
     async def _guests_joining(self, specs: list[EventSpec]) -> frozenset[str]:
         """The guest accounts among those ``specs`` make join (a guest may
         join only where ``m.room.guest_access`` is ``can_join``)."""
-        guests = set()
-        for spec in specs:
-            if spec.membership == "join" and spec.state_key:
-                user = await self._store.get_user(spec.state_key)
-                if user is not None and user["is_guest"]:
-                    guests.add(spec.state_key)
-        return frozenset(guests)
+        joining = {s.state_key for s in specs if s.membership == "join" and s.state_key}
+        return await self._store.get_guests_among(sorted(joining))
 
     async def _remove_guests(self, room_id: str) -> None:
         """Guest access was revoked: the spec has the server make every guest

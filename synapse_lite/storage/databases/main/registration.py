@@ -76,6 +76,18 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
             "is_guest": bool(r[5]),
         }
 
+    async def get_guests_among(self, user_ids: list[str]) -> frozenset[str]:
+        """Which of ``user_ids`` are guest accounts (one query)."""
+        if not user_ids:
+            return frozenset()
+        placeholders = ", ".join("?" for _ in user_ids)
+        rows = await self.db_pool.select(
+            "get_guests_among",
+            f"SELECT name FROM users WHERE is_guest AND name IN ({placeholders})",
+            *user_ids,
+        )
+        return frozenset(r[0] for r in rows)
+
     async def get_guests_in_room(self, room_id: str) -> list[str]:
         """The guest accounts joined to a room now, in user id order."""
         rows = await self.db_pool.select(
