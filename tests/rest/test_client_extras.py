@@ -561,7 +561,7 @@ class RedactionTestCase(ThreeUsersTestCase):
         because = event["unsigned"]["redacted_because"]
         self.assertEqual(
             (because["event_id"], because["redacts"], because["content"]),
-            (answer["event_id"], target, {"reason": "typo"}),
+            (answer["event_id"], target, {"reason": "typo", "redacts": target}),
         )
         page = await self.alice.ok("GET", f"/rooms/{room}/messages?dir=b&limit=10")
         [shown] = [e for e in page["chunk"] if e["event_id"] == target]
