@@ -147,8 +147,11 @@ def start_cluster(
         servers[name] = hs
         clients[name] = ClientApi(testcase, serve(testcase, hs))
     bus = LoopbackBus()
-    for hs in servers.values():
-        bus.join(hs)
+    endpoints = [bus.join(hs) for hs in servers.values()]
+    # Run before the processes stop (cleanups run last first): a process
+    # stopping must not be handed the others' commands after its database
+    # pool has closed.
+    testcase.addCleanup(lambda: [bus.leave(e) for e in endpoints if e in bus.endpoints])
     return servers, clients, bus
 
 

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.room import RoomCreationHandler
     from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
+    from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
@@ -74,6 +75,7 @@ class ClientHandlers:
     sync: SyncHandler
     events: EventCreationHandler
     room_creation: RoomCreationHandler
+    room_upgrade: RoomUpgradeHandler
     members: RoomMemberHandler
     pagination: PaginationHandler
     receipts: ReceiptsHandler

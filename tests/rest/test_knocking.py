@@ -1,0 +1,209 @@
+"""Knocking (``POST /knock/{roomIdOrAlias}``, the ``knock`` section of /sync)
+and restricted rooms (``allow`` conditions, ``join_authorised_via_users_server``
+filled in by the room's writer), over HTTP. On the monolith and on the default
+layout, the users on different processes and the rooms on both events
+writers."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.polling import eventually
+from tests.harness.server import DatabaseTestCase
+from tests.harness.spec import assert_spec_response
+
+
+def q(value: str | None) -> str:
+    assert value is not None
+    return urllib.parse.quote(value, safe="")
+
+
+class KnockingMixin:
+    workers: list[str] = []
+    stream_writers: dict[str, Any] = {}
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        testcase: Any = self
+        DatabaseTestCase.setUp(testcase)
+        _, clients, _ = start_cluster(
+            testcase, testcase.test_db, workers=self.workers, stream_writers=self.stream_writers
+        )
+        names = list(clients)
+        self.alice = await ClientApi(testcase, clients[names[0]].base_url).register("alice")
+        self.bob = await ClientApi(testcase, clients[names[-1]].base_url).register("bob")
+        self.eve = await ClientApi(testcase, clients[names[len(names) // 2]].base_url).register(
+            "eve"
+        )
+
+    async def member(self, room: str, user: ClientApi) -> dict[str, Any]:
+        return await self.alice.ok("GET", f"/rooms/{q(room)}/state/m.room.member/{q(user.user_id)}")
+
+    async def sync_until(self, user: ClientApi, check: Any, since: str | None = None) -> Any:
+        """``user``'s sync once ``check(sync)`` holds (a /sync reader may be
+        a moment behind the writer)."""
+        found: list[Any] = []
+
+        async def synced() -> bool:
+            sync = await user.sync(since=since)
+            found[:] = [sync]
+            return bool(check(sync))
+
+        await eventually(synced, what=f"{user.user_id}'s sync")
+        return found[0]
+
+    async def test_knock_and_be_let_in(self) -> None:
+        t: Any = self
+        room = await self.alice.create_room(
+            room_version="7", room_alias_name="door", name="Knock here"
+        )
+        await self.alice.ok(
+            "PUT", f"/rooms/{q(room)}/state/m.room.join_rules", {"join_rule": "knock"}
+        )
+        code, body = await self.bob.request("POST", f"/join/{q(room)}", {})
+        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        before = (await self.bob.sync())["next_batch"]
+        answer = await self.bob.ok(
+            "POST", f"/knock/{q('#door:test.local')}?server_name=test.local", {"reason": "hi"}
+        )
+        assert_spec_response(t, "knocking.yaml", "/knock/{roomIdOrAlias}", "POST", 200, answer)
+        t.assertEqual(answer, {"room_id": room})
+        knock = await self.member(room, self.bob)
+        t.assertEqual((knock["membership"], knock["reason"]), ("knock", "hi"))
+        t.assertEqual(knock["displayname"], "bob")
+
+        def knocking(sync: Any) -> Any:
+            return sync["rooms"]["knock"].get(room)
+
+        sync = await self.sync_until(self.bob, knocking, since=before)
+        assert_spec_response(t, "sync.yaml", "/sync", "GET", 200, sync)
+        stripped = {e["type"]: e for e in knocking(sync)["knock_state"]["events"]}
+        t.assertEqual(stripped["m.room.name"]["content"], {"name": "Knock here"})
+        t.assertEqual(stripped["m.room.join_rules"]["content"], {"join_rule": "knock"})
+        t.assertEqual(stripped["m.room.member"]["content"]["membership"], "knock")
+        t.assertNotIn(room, sync["rooms"]["join"])
+        # Nothing new: the knock is not repeated in the next incremental sync.
+        again = await self.bob.sync(since=sync["next_batch"])
+        t.assertNotIn(room, again["rooms"]["knock"])
+        # The room's members see the knock; one of them lets Bob in.
+        members = await self.alice.ok("GET", f"/rooms/{q(room)}/members?membership=knock")
+        t.assertEqual([e["state_key"] for e in members["chunk"]], [self.bob.user_id])
+        await self.alice.ok("POST", f"/rooms/{q(room)}/invite", {"user_id": self.bob.user_id})
+        invited = await self.sync_until(
+            self.bob, lambda s: room in s["rooms"]["invite"], since=sync["next_batch"]
+        )
+        t.assertNotIn(room, invited["rooms"]["knock"])
+        await self.bob.ok("POST", f"/join/{q(room)}", {})
+        t.assertEqual((await self.member(room, self.bob))["membership"], "join")
+
+    async def test_knocks_retracted_denied_and_refused(self) -> None:
+        t: Any = self
+        room = await self.alice.create_room(room_version="10")
+        # Not a room that takes knocks (invite only), nor a public one.
+        code, body = await self.bob.request("POST", f"/knock/{q(room)}", {})
+        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        public = await self.alice.create_room(room_version="10", preset="public_chat")
+        code, _ = await self.bob.request("POST", f"/knock/{q(public)}", {})
+        t.assertEqual(code, 403)
+        await self.alice.ok(
+            "PUT", f"/rooms/{q(room)}/state/m.room.join_rules", {"join_rule": "knock_restricted"}
+        )
+        await self.bob.ok("POST", f"/knock/{q(room)}", {})
+        await self.bob.ok("POST", f"/rooms/{q(room)}/leave", {})  # retracted
+        t.assertEqual((await self.member(room, self.bob))["membership"], "leave")
+        await self.bob.ok("POST", f"/knock/{q(room)}", {})
+        code, _ = await self.eve.request(
+            "POST", f"/rooms/{q(room)}/kick", {"user_id": self.bob.user_id}
+        )
+        t.assertEqual(code, 403)  # Eve is not in the room
+        await self.alice.ok("POST", f"/rooms/{q(room)}/kick", {"user_id": self.bob.user_id})
+        t.assertEqual((await self.member(room, self.bob))["membership"], "leave")  # denied
+        await self.bob.ok("POST", f"/knock/{q(room)}", {})
+        await self.alice.ok("POST", f"/rooms/{q(room)}/ban", {"user_id": self.bob.user_id})
+        code, body = await self.bob.request("POST", f"/knock/{q(room)}", {})
+        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        # Knocking needs version 7.
+        old = await self.alice.create_room(room_version="6")
+        code, body = await self.alice.request(
+            "PUT", f"/rooms/{q(old)}/state/m.room.join_rules", {"join_rule": "knock"}
+        )
+        t.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"))
+        # Unknown rooms and aliases; bad input.
+        for target in ("!nowhere:test.local", "#nowhere:test.local"):
+            code, body = await self.bob.request("POST", f"/knock/{q(target)}", {})
+            t.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+        for target, payload in (("nonsense", {}), (room, {"reason": 5}), (room, [])):
+            code, _ = await self.eve.request("POST", f"/knock/{q(target)}", payload)
+            t.assertEqual(code, 400, (target, payload))
+
+    async def test_restricted_rooms(self) -> None:
+        t: Any = self
+        space = await self.alice.create_room(room_version="9", preset="public_chat")
+        room = await self.alice.create_room(room_version="9")
+        rules = {
+            "join_rule": "restricted",
+            "allow": [{"type": "m.room_membership", "room_id": space}, {"type": "org.x"}],
+        }
+        await self.alice.ok("PUT", f"/rooms/{q(room)}/state/m.room.join_rules", rules)
+        code, body = await self.bob.request("POST", f"/join/{q(room)}", {})
+        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        await self.bob.ok("POST", f"/join/{q(space)}", {})
+        await self.bob.ok("POST", f"/join/{q(room)}", {})
+        joined = await self.member(room, self.bob)
+        t.assertEqual(
+            (joined["membership"], joined["join_authorised_via_users_server"]),
+            ("join", self.alice.user_id),
+        )
+        # A client's own choice of authoriser is not trusted: the writer
+        # checks the conditions itself.
+        code, _ = await self.eve.request(
+            "PUT",
+            f"/rooms/{q(room)}/state/m.room.member/{q(self.eve.user_id)}",
+            {"membership": "join", "join_authorised_via_users_server": self.alice.user_id},
+        )
+        t.assertEqual(code, 403)
+        # Leaving the allowed room does not matter once in; Bob cannot
+        # authorise (the invite level is 0 in a private room: he can).
+        await self.bob.ok("POST", f"/rooms/{q(space)}/leave", {})
+        t.assertEqual((await self.member(room, self.bob))["membership"], "join")
+        await self.eve.ok("POST", f"/join/{q(space)}", {})
+        await self.eve.ok("POST", f"/join/{q(room)}", {})
+        t.assertIn(
+            (await self.member(room, self.eve))["join_authorised_via_users_server"],
+            (self.alice.user_id, self.bob.user_id),
+        )
+        # Restricted rules need version 8; knock_restricted takes both ways in.
+        old = await self.alice.create_room(room_version="7")
+        code, _ = await self.alice.request("PUT", f"/rooms/{q(old)}/state/m.room.join_rules", rules)
+        t.assertEqual(code, 400)
+        both = await self.alice.create_room(room_version="10", preset="public_chat")
+        await self.alice.ok(
+            "PUT",
+            f"/rooms/{q(both)}/state/m.room.join_rules",
+            {**rules, "join_rule": "knock_restricted"},
+        )
+        await self.bob.ok("POST", f"/knock/{q(both)}", {})  # not in the space any more
+        await self.eve.ok("POST", f"/join/{q(both)}", {})  # in the space
+        t.assertEqual(
+            (await self.member(both, self.eve))["join_authorised_via_users_server"],
+            self.alice.user_id,
+        )
+        # No member who may invite: nobody can vouch for a join.
+        public_invite = await self.alice.create_room(room_version="10", preset="public_chat")
+        await self.alice.ok(
+            "PUT", f"/rooms/{q(public_invite)}/state/m.room.join_rules", rules | {"allow": []}
+        )
+        code, body = await self.eve.request("POST", f"/join/{q(public_invite)}", {})
+        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+
+
+class MonolithKnockingTestCase(KnockingMixin, DatabaseTestCase):
+    pass
+
+
+class DefaultLayoutKnockingTestCase(KnockingMixin, DatabaseTestCase):
+    """The default layout: a /sync reader and two events writers."""
+
+    workers = ["synchrotron1", "persister1", "persister2"]
+    stream_writers = {"events": ["persister1", "persister2"]}
