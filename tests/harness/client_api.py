@@ -22,7 +22,13 @@ from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.databases import TestDatabase
-from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
+from tests.harness.server import (
+    BusEndpoint,
+    DatabaseTestCase,
+    LoopbackBus,
+    make_config,
+    make_homeserver,
+)
 
 _reactor = cast(Any, reactor)
 
@@ -151,8 +157,14 @@ def start_cluster(
     # Run before the processes stop (cleanups run last first): a process
     # stopping must not be handed the others' commands after its database
     # pool has closed.
-    testcase.addCleanup(lambda: [bus.leave(e) for e in endpoints if e in bus.endpoints])
+    testcase.addCleanup(_leave_bus, bus, endpoints)
     return servers, clients, bus
+
+
+def _leave_bus(bus: LoopbackBus, endpoints: list[BusEndpoint]) -> None:
+    for endpoint in endpoints:
+        if endpoint in bus.endpoints:
+            bus.leave(endpoint)
 
 
 class ThreeUsersTestCase(DatabaseTestCase):

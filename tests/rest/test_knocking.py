@@ -20,22 +20,21 @@ def q(value: str | None) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-class KnockingMixin:
+class MonolithKnockingTestCase(DatabaseTestCase):
+    """On the monolith."""
+
     workers: list[str] = []
     stream_writers: dict[str, Any] = {}
 
     async def setUp(self) -> None:  # type: ignore[override]
-        testcase: Any = self
-        DatabaseTestCase.setUp(testcase)
+        super().setUp()
         _, clients, _ = start_cluster(
-            testcase, testcase.test_db, workers=self.workers, stream_writers=self.stream_writers
+            self, self.test_db, workers=self.workers, stream_writers=self.stream_writers
         )
         names = list(clients)
-        self.alice = await ClientApi(testcase, clients[names[0]].base_url).register("alice")
-        self.bob = await ClientApi(testcase, clients[names[-1]].base_url).register("bob")
-        self.eve = await ClientApi(testcase, clients[names[len(names) // 2]].base_url).register(
-            "eve"
-        )
+        self.alice = await ClientApi(self, clients[names[0]].base_url).register("alice")
+        self.bob = await ClientApi(self, clients[names[-1]].base_url).register("bob")
+        self.eve = await ClientApi(self, clients[names[len(names) // 2]].base_url).register("eve")
 
     async def member(self, room: str, user: ClientApi) -> dict[str, Any]:
         return await self.alice.ok("GET", f"/rooms/{q(room)}/state/m.room.member/{q(user.user_id)}")
@@ -54,7 +53,6 @@ class KnockingMixin:
         return found[0]
 
     async def test_knock_and_be_let_in(self) -> None:
-        t: Any = self
         room = await self.alice.create_room(
             room_version="7", room_alias_name="door", name="Knock here"
         )
@@ -62,83 +60,81 @@ class KnockingMixin:
             "PUT", f"/rooms/{q(room)}/state/m.room.join_rules", {"join_rule": "knock"}
         )
         code, body = await self.bob.request("POST", f"/join/{q(room)}", {})
-        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
         before = (await self.bob.sync())["next_batch"]
         answer = await self.bob.ok(
             "POST", f"/knock/{q('#door:test.local')}?server_name=test.local", {"reason": "hi"}
         )
-        assert_spec_response(t, "knocking.yaml", "/knock/{roomIdOrAlias}", "POST", 200, answer)
-        t.assertEqual(answer, {"room_id": room})
+        assert_spec_response(self, "knocking.yaml", "/knock/{roomIdOrAlias}", "POST", 200, answer)
+        self.assertEqual(answer, {"room_id": room})
         knock = await self.member(room, self.bob)
-        t.assertEqual((knock["membership"], knock["reason"]), ("knock", "hi"))
-        t.assertEqual(knock["displayname"], "bob")
+        self.assertEqual((knock["membership"], knock["reason"]), ("knock", "hi"))
+        self.assertEqual(knock["displayname"], "bob")
 
         def knocking(sync: Any) -> Any:
             return sync["rooms"]["knock"].get(room)
 
         sync = await self.sync_until(self.bob, knocking, since=before)
-        assert_spec_response(t, "sync.yaml", "/sync", "GET", 200, sync)
+        assert_spec_response(self, "sync.yaml", "/sync", "GET", 200, sync)
         stripped = {e["type"]: e for e in knocking(sync)["knock_state"]["events"]}
-        t.assertEqual(stripped["m.room.name"]["content"], {"name": "Knock here"})
-        t.assertEqual(stripped["m.room.join_rules"]["content"], {"join_rule": "knock"})
-        t.assertEqual(stripped["m.room.member"]["content"]["membership"], "knock")
-        t.assertNotIn(room, sync["rooms"]["join"])
+        self.assertEqual(stripped["m.room.name"]["content"], {"name": "Knock here"})
+        self.assertEqual(stripped["m.room.join_rules"]["content"], {"join_rule": "knock"})
+        self.assertEqual(stripped["m.room.member"]["content"]["membership"], "knock")
+        self.assertNotIn(room, sync["rooms"]["join"])
         # Nothing new: the knock is not repeated in the next incremental sync.
         again = await self.bob.sync(since=sync["next_batch"])
-        t.assertNotIn(room, again["rooms"]["knock"])
+        self.assertNotIn(room, again["rooms"]["knock"])
         # The room's members see the knock; one of them lets Bob in.
         members = await self.alice.ok("GET", f"/rooms/{q(room)}/members?membership=knock")
-        t.assertEqual([e["state_key"] for e in members["chunk"]], [self.bob.user_id])
+        self.assertEqual([e["state_key"] for e in members["chunk"]], [self.bob.user_id])
         await self.alice.ok("POST", f"/rooms/{q(room)}/invite", {"user_id": self.bob.user_id})
         invited = await self.sync_until(
             self.bob, lambda s: room in s["rooms"]["invite"], since=sync["next_batch"]
         )
-        t.assertNotIn(room, invited["rooms"]["knock"])
+        self.assertNotIn(room, invited["rooms"]["knock"])
         await self.bob.ok("POST", f"/join/{q(room)}", {})
-        t.assertEqual((await self.member(room, self.bob))["membership"], "join")
+        self.assertEqual((await self.member(room, self.bob))["membership"], "join")
 
     async def test_knocks_retracted_denied_and_refused(self) -> None:
-        t: Any = self
         room = await self.alice.create_room(room_version="10")
         # Not a room that takes knocks (invite only), nor a public one.
         code, body = await self.bob.request("POST", f"/knock/{q(room)}", {})
-        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
         public = await self.alice.create_room(room_version="10", preset="public_chat")
         code, _ = await self.bob.request("POST", f"/knock/{q(public)}", {})
-        t.assertEqual(code, 403)
+        self.assertEqual(code, 403)
         await self.alice.ok(
             "PUT", f"/rooms/{q(room)}/state/m.room.join_rules", {"join_rule": "knock_restricted"}
         )
         await self.bob.ok("POST", f"/knock/{q(room)}", {})
         await self.bob.ok("POST", f"/rooms/{q(room)}/leave", {})  # retracted
-        t.assertEqual((await self.member(room, self.bob))["membership"], "leave")
+        self.assertEqual((await self.member(room, self.bob))["membership"], "leave")
         await self.bob.ok("POST", f"/knock/{q(room)}", {})
         code, _ = await self.eve.request(
             "POST", f"/rooms/{q(room)}/kick", {"user_id": self.bob.user_id}
         )
-        t.assertEqual(code, 403)  # Eve is not in the room
+        self.assertEqual(code, 403)  # Eve is not in the room
         await self.alice.ok("POST", f"/rooms/{q(room)}/kick", {"user_id": self.bob.user_id})
-        t.assertEqual((await self.member(room, self.bob))["membership"], "leave")  # denied
+        self.assertEqual((await self.member(room, self.bob))["membership"], "leave")  # denied
         await self.bob.ok("POST", f"/knock/{q(room)}", {})
         await self.alice.ok("POST", f"/rooms/{q(room)}/ban", {"user_id": self.bob.user_id})
         code, body = await self.bob.request("POST", f"/knock/{q(room)}", {})
-        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
         # Knocking needs version 7.
         old = await self.alice.create_room(room_version="6")
         code, body = await self.alice.request(
             "PUT", f"/rooms/{q(old)}/state/m.room.join_rules", {"join_rule": "knock"}
         )
-        t.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"))
+        self.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"))
         # Unknown rooms and aliases; bad input.
         for target in ("!nowhere:test.local", "#nowhere:test.local"):
             code, body = await self.bob.request("POST", f"/knock/{q(target)}", {})
-            t.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+            self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
         for target, payload in (("nonsense", {}), (room, {"reason": 5}), (room, [])):
             code, _ = await self.eve.request("POST", f"/knock/{q(target)}", payload)
-            t.assertEqual(code, 400, (target, payload))
+            self.assertEqual(code, 400, (target, payload))
 
     async def test_restricted_rooms(self) -> None:
-        t: Any = self
         space = await self.alice.create_room(room_version="9", preset="public_chat")
         room = await self.alice.create_room(room_version="9")
         rules = {
@@ -147,11 +143,11 @@ class KnockingMixin:
         }
         await self.alice.ok("PUT", f"/rooms/{q(room)}/state/m.room.join_rules", rules)
         code, body = await self.bob.request("POST", f"/join/{q(room)}", {})
-        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
         await self.bob.ok("POST", f"/join/{q(space)}", {})
         await self.bob.ok("POST", f"/join/{q(room)}", {})
         joined = await self.member(room, self.bob)
-        t.assertEqual(
+        self.assertEqual(
             (joined["membership"], joined["join_authorised_via_users_server"]),
             ("join", self.alice.user_id),
         )
@@ -162,21 +158,21 @@ class KnockingMixin:
             f"/rooms/{q(room)}/state/m.room.member/{q(self.eve.user_id)}",
             {"membership": "join", "join_authorised_via_users_server": self.alice.user_id},
         )
-        t.assertEqual(code, 403)
+        self.assertEqual(code, 403)
         # Leaving the allowed room does not matter once in; Bob cannot
         # authorise (the invite level is 0 in a private room: he can).
         await self.bob.ok("POST", f"/rooms/{q(space)}/leave", {})
-        t.assertEqual((await self.member(room, self.bob))["membership"], "join")
+        self.assertEqual((await self.member(room, self.bob))["membership"], "join")
         await self.eve.ok("POST", f"/join/{q(space)}", {})
         await self.eve.ok("POST", f"/join/{q(room)}", {})
-        t.assertIn(
+        self.assertIn(
             (await self.member(room, self.eve))["join_authorised_via_users_server"],
             (self.alice.user_id, self.bob.user_id),
         )
         # Restricted rules need version 8; knock_restricted takes both ways in.
         old = await self.alice.create_room(room_version="7")
         code, _ = await self.alice.request("PUT", f"/rooms/{q(old)}/state/m.room.join_rules", rules)
-        t.assertEqual(code, 400)
+        self.assertEqual(code, 400)
         both = await self.alice.create_room(room_version="10", preset="public_chat")
         await self.alice.ok(
             "PUT",
@@ -185,7 +181,7 @@ class KnockingMixin:
         )
         await self.bob.ok("POST", f"/knock/{q(both)}", {})  # not in the space any more
         await self.eve.ok("POST", f"/join/{q(both)}", {})  # in the space
-        t.assertEqual(
+        self.assertEqual(
             (await self.member(both, self.eve))["join_authorised_via_users_server"],
             self.alice.user_id,
         )
@@ -195,14 +191,10 @@ class KnockingMixin:
             "PUT", f"/rooms/{q(public_invite)}/state/m.room.join_rules", rules | {"allow": []}
         )
         code, body = await self.eve.request("POST", f"/join/{q(public_invite)}", {})
-        t.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
 
 
-class MonolithKnockingTestCase(KnockingMixin, DatabaseTestCase):
-    pass
-
-
-class DefaultLayoutKnockingTestCase(KnockingMixin, DatabaseTestCase):
+class DefaultLayoutKnockingTestCase(MonolithKnockingTestCase):
     """The default layout: a /sync reader and two events writers."""
 
     workers = ["synchrotron1", "persister1", "persister2"]

@@ -21,19 +21,20 @@ def q(value: str | None) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-class RoomUpgradeMixin:
+class MonolithRoomUpgradeTestCase(DatabaseTestCase):
+    """On the monolith."""
+
     workers: list[str] = []
     stream_writers: dict[str, Any] = {}
 
     async def setUp(self) -> None:  # type: ignore[override]
-        testcase: Any = self
-        DatabaseTestCase.setUp(testcase)
+        super().setUp()
         _, clients, _ = start_cluster(
-            testcase, testcase.test_db, workers=self.workers, stream_writers=self.stream_writers
+            self, self.test_db, workers=self.workers, stream_writers=self.stream_writers
         )
         names = list(clients)
-        self.alice = await ClientApi(testcase, clients[names[0]].base_url).register("alice")
-        self.bob = await ClientApi(testcase, clients[names[-1]].base_url).register("bob")
+        self.alice = await ClientApi(self, clients[names[0]].base_url).register("alice")
+        self.bob = await ClientApi(self, clients[names[-1]].base_url).register("bob")
 
     async def upgrade(self, user: ClientApi, room: str, version: str = "11") -> str:
         answer = await user.ok("POST", f"/rooms/{q(room)}/upgrade", {"new_version": version})
@@ -46,7 +47,6 @@ class RoomUpgradeMixin:
         return await self.alice.ok("GET", f"/rooms/{q(room)}/state/{event_type}/{q(key)}")
 
     async def test_upgrade_replaces_the_room(self) -> None:
-        t: Any = self
         old = await self.alice.create_room(
             room_version="9",
             preset="public_chat",
@@ -81,18 +81,18 @@ class RoomUpgradeMixin:
         tombstone = await self.alice.ok(
             "GET", f"/rooms/{q(old)}/state/m.room.tombstone?format=event"
         )
-        t.assertEqual(tombstone["content"]["replacement_room"], new)
+        self.assertEqual(tombstone["content"]["replacement_room"], new)
         levels = await self.state(old, "m.room.power_levels")
-        t.assertEqual((levels["events_default"], levels["invite"]), (50, 50))
-        t.assertEqual(await self.state(old, "m.room.canonical_alias"), {})
+        self.assertEqual((levels["events_default"], levels["invite"]), (50, 50))
+        self.assertEqual(await self.state(old, "m.room.canonical_alias"), {})
         listing = await self.alice.ok("GET", f"/directory/list/room/{q(old)}")
-        t.assertEqual(listing, {"visibility": "private"})
+        self.assertEqual(listing, {"visibility": "private"})
         code, _ = await self.bob.request("PUT", f"/rooms/{q(old)}/send/m.room.message/t", {})
-        t.assertEqual(code, 403)
+        self.assertEqual(code, 403)
 
         # The new room: its version, predecessor, and the state carried over.
         create = await self.state(new, "m.room.create")
-        t.assertEqual(
+        self.assertEqual(
             create,
             {
                 "room_version": "11",
@@ -100,49 +100,48 @@ class RoomUpgradeMixin:
                 "predecessor": {"room_id": old, "event_id": tombstone["event_id"]},
             },
         )
-        t.assertEqual(await self.state(new, "m.room.name"), {"name": "Old"})
-        t.assertEqual(await self.state(new, "m.room.topic"), {"topic": "Things"})
-        t.assertEqual(
+        self.assertEqual(await self.state(new, "m.room.name"), {"name": "Old"})
+        self.assertEqual(await self.state(new, "m.room.topic"), {"topic": "Things"})
+        self.assertEqual(
             await self.state(new, "m.room.encryption"), {"algorithm": "m.megolm.v1.aes-sha2"}
         )
-        t.assertEqual(await self.state(new, "m.room.avatar"), {"url": "mxc://test.local/a"})
-        t.assertEqual(await self.state(new, "m.room.join_rules"), {"join_rule": "public"})
-        t.assertEqual(await self.state(new, "m.room.power_levels"), old_levels)
-        t.assertEqual(
+        self.assertEqual(await self.state(new, "m.room.avatar"), {"url": "mxc://test.local/a"})
+        self.assertEqual(await self.state(new, "m.room.join_rules"), {"join_rule": "public"})
+        self.assertEqual(await self.state(new, "m.room.power_levels"), old_levels)
+        self.assertEqual(
             await self.state(new, "m.room.member", "@spammer:elsewhere"),
             {"membership": "ban", "reason": "spam"},
         )
         code, _ = await self.alice.request(
             "GET", f"/rooms/{q(new)}/state/org.example.kept/"
         )  # only the transferable state
-        t.assertEqual(code, 404)
-        t.assertEqual(
+        self.assertEqual(code, 404)
+        self.assertEqual(
             await self.state(new, "m.room.canonical_alias"),
             {"alias": "#place:test.local", "alt_aliases": ["#second:test.local"]},
         )
         for alias in ("%23place:test.local", "%23second:test.local"):
             found = await self.bob.ok("GET", f"/directory/room/{alias}")
-            t.assertEqual(found["room_id"], new)
+            self.assertEqual(found["room_id"], new)
         listing = await self.alice.ok("GET", f"/directory/list/room/{q(new)}")
-        t.assertEqual(listing, {"visibility": "public"})
+        self.assertEqual(listing, {"visibility": "public"})
         rooms = await self.bob.ok("GET", "/publicRooms")
-        t.assertEqual([r["room_id"] for r in rooms["chunk"]], [new])
+        self.assertEqual([r["room_id"] for r in rooms["chunk"]], [new])
         # Bob is not in the new room until he joins it.
         members = await self.alice.ok("GET", f"/rooms/{q(new)}/joined_members")
-        t.assertEqual(list(members["joined"]), [self.alice.user_id])
+        self.assertEqual(list(members["joined"]), [self.alice.user_id])
         await self.bob.ok("POST", f"/join/{q(new)}", {})
 
     async def test_users_settings_follow_them(self) -> None:
-        t: Any = self
         old = await self.alice.create_room(preset="public_chat")
         await self.bob.ok("POST", f"/join/{q(old)}", {})
-        for user in (self.alice, self.bob):
+        for user, name in ((self.alice, "alice"), (self.bob, "bob")):
             me = q(user.user_id)
             await user.ok("PUT", f"/user/{me}/rooms/{q(old)}/tags/u.work", {"order": 0.5})
             await user.ok("PUT", f"/pushrules/global/room/{q(old)}", {"actions": ["dont_notify"]})
             await user.ok(
                 "PUT",
-                f"/pushrules/global/override/mine-{user.user_id[1:4]}",
+                f"/pushrules/global/override/mine-{name}",
                 {
                     "actions": ["notify"],
                     "conditions": [{"kind": "event_match", "key": "room_id", "pattern": old}],
@@ -163,11 +162,11 @@ class RoomUpgradeMixin:
 
         # The upgrader's at once; Bob's when he joins the new room.
         tags, rule, direct, _ = await settings_of(self.alice)
-        t.assertEqual(tags, {"tags": {"u.work": {"order": 0.5}}})
-        t.assertEqual((rule["rule_id"], rule["actions"]), (new, ["dont_notify"]))
-        t.assertEqual(direct, {"@x:test.local": [old, "!o:t", new]})
+        self.assertEqual(tags, {"tags": {"u.work": {"order": 0.5}}})
+        self.assertEqual((rule["rule_id"], rule["actions"]), (new, ["dont_notify"]))
+        self.assertEqual(direct, {"@x:test.local": [old, "!o:t", new]})
         code, _ = await self.bob.request("GET", f"/pushrules/global/room/{q(new)}")
-        t.assertEqual(code, 404)
+        self.assertEqual(code, 404)
         await self.bob.ok("POST", f"/join/{q(new)}", {})
 
         async def bob_has_them() -> bool:
@@ -176,9 +175,9 @@ class RoomUpgradeMixin:
 
         await eventually(bob_has_them, what="Bob's push rule for the new room")
         tags, rule, direct, override = await settings_of(self.bob)
-        t.assertEqual(tags, {"tags": {"u.work": {"order": 0.5}}})
-        t.assertEqual(rule["actions"], ["dont_notify"])
-        t.assertEqual(direct["@x:test.local"], [old, "!o:t", new])
+        self.assertEqual(tags, {"tags": {"u.work": {"order": 0.5}}})
+        self.assertEqual(rule["actions"], ["dont_notify"])
+        self.assertEqual(direct["@x:test.local"], [old, "!o:t", new])
         patterns = [
             c["pattern"]
             for r in override
@@ -186,10 +185,9 @@ class RoomUpgradeMixin:
             for c in r["conditions"]
             if c["key"] == "room_id"
         ]
-        t.assertEqual(patterns, [old])  # the rule id names no room: not copied over itself
+        self.assertEqual(patterns, [old])  # the rule id names no room: not copied over itself
 
     async def test_power_to_upgrade_and_bad_requests(self) -> None:
-        t: Any = self
         room = await self.alice.create_room(preset="public_chat")
         await self.bob.ok("POST", f"/join/{q(room)}", {})
         for body, status, errcode in (
@@ -198,39 +196,38 @@ class RoomUpgradeMixin:
             ({}, 400, "M_MISSING_PARAM"),
         ):
             code, answer = await self.alice.request("POST", f"/rooms/{q(room)}/upgrade", body)
-            t.assertEqual((code, answer["errcode"]), (status, errcode), body)
+            self.assertEqual((code, answer["errcode"]), (status, errcode), body)
         code, answer = await self.alice.request(
             "POST", "/rooms/!fail:unknown/upgrade", {"new_version": "2"}
         )
-        t.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"))
+        self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"))
         code, answer = await self.alice.request(
             "POST", "/rooms/nonsense/upgrade", {"new_version": "2"}
         )
-        t.assertEqual(code, 400)
+        self.assertEqual(code, 400)
         code, answer = await self.bob.request(
             "POST", f"/rooms/{q(room)}/upgrade", {"new_version": "2"}
         )
-        t.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"))
         other = await self.bob.create_room()
         code, answer = await self.alice.request(
             "POST", f"/rooms/{q(other)}/upgrade", {"new_version": "2"}
         )
-        t.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"))
+        self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"))
         # Nothing was written by the refusals.
         code, _ = await self.alice.request("GET", f"/rooms/{q(room)}/state/m.room.tombstone/")
-        t.assertEqual(code, 404)
+        self.assertEqual(code, 404)
         # A tombstone sent by hand may not point to its own room.
         code, _ = await self.alice.request(
             "PUT", f"/rooms/{q(room)}/state/m.room.tombstone", {"replacement_room": room}
         )
-        t.assertEqual(code, 400)
+        self.assertEqual(code, 400)
 
     async def test_a_moderator_upgrades(self) -> None:
         """A moderator allowed tombstones upgrades: the new room has the old
         power levels (the moderator lifted only while the room is set up),
         and the old room's power levels stay as they were, as a moderator
         may not change them."""
-        t: Any = self
         room = await self.alice.create_room(preset="public_chat", room_version="6")
         await self.bob.ok("POST", f"/join/{q(room)}", {})
         levels = await self.state(room, "m.room.power_levels")
@@ -240,14 +237,13 @@ class RoomUpgradeMixin:
         await self.alice.ok("PUT", f"/rooms/{q(room)}/state/m.room.power_levels", levels)
         new = await self.upgrade(self.bob, room, "10")
         new_levels = await self.bob.ok("GET", f"/rooms/{q(new)}/state/m.room.power_levels")
-        t.assertEqual(new_levels, {**levels, "users_default": 10})
-        t.assertEqual(await self.state(room, "m.room.power_levels"), levels)
+        self.assertEqual(new_levels, {**levels, "users_default": 10})
+        self.assertEqual(await self.state(room, "m.room.power_levels"), levels)
         timeline = await self.bob.ok("GET", f"/rooms/{q(new)}/messages?dir=b&limit=50")
         types = [e["type"] for e in timeline["chunk"]]
-        t.assertEqual(types.count("m.room.power_levels"), 2)
+        self.assertEqual(types.count("m.room.power_levels"), 2)
 
     async def test_join_rules_the_new_version_lacks(self) -> None:
-        t: Any = self
         room = await self.alice.create_room(room_version="10")
         await self.alice.ok(
             "PUT",
@@ -258,21 +254,17 @@ class RoomUpgradeMixin:
             },
         )
         new = await self.upgrade(self.alice, room, "8")
-        t.assertEqual(
+        self.assertEqual(
             await self.state(new, "m.room.join_rules"),
             {"join_rule": "restricted", "allow": [{"type": "m.room_membership", "room_id": room}]},
         )
         newer = await self.upgrade(self.alice, new, "1")
-        t.assertEqual(await self.state(newer, "m.room.join_rules"), {"join_rule": "invite"})
+        self.assertEqual(await self.state(newer, "m.room.join_rules"), {"join_rule": "invite"})
         create = await self.state(newer, "m.room.create")
-        t.assertEqual(create["creator"], self.alice.user_id)
+        self.assertEqual(create["creator"], self.alice.user_id)
 
 
-class MonolithRoomUpgradeTestCase(RoomUpgradeMixin, DatabaseTestCase):
-    pass
-
-
-class DefaultLayoutRoomUpgradeTestCase(RoomUpgradeMixin, DatabaseTestCase):
+class DefaultLayoutRoomUpgradeTestCase(MonolithRoomUpgradeTestCase):
     """The default layout, and the account data and push rules streams each
     on a writer of their own."""
 
