@@ -145,14 +145,10 @@ class RoomCreationHandler:
             check_content_size(content)
             return EventSpec(event_type, state_key, user_id, content, now)
 
-        specs = [
-            state("m.room.create", create_content(version, user_id, creation_content)),
-            state(
-                "m.room.member",
-                member_content("join", await profile_of(self._store, user_id)),
-                user_id,
-            ),
-            state("m.room.power_levels", power_levels),
+        check_content_size(creation_content)
+        check_content_size(power_levels)
+        specs = await self.founding_events(user_id, version, creation_content, power_levels, now)
+        specs += [
             state("m.room.join_rules", {"join_rule": settings["join_rule"]}),
             state("m.room.history_visibility", {"history_visibility": settings["history"]}),
             state("m.room.guest_access", {"guest_access": settings["guests"]}),
@@ -187,6 +183,34 @@ class RoomCreationHandler:
         if visibility == "public":
             await self._store.set_room_in_directory(room_id, True)
         return room_id
+
+    async def founding_events(
+        self,
+        creator: str,
+        version: RoomVersion,
+        creation_content: dict[str, Any],
+        power_levels: dict[str, Any],
+        now: int,
+    ) -> list[EventSpec]:
+        """The first events of every new room: its create event, the
+        creator's join (with their profile), its power levels."""
+        return [
+            EventSpec(
+                "m.room.create",
+                "",
+                creator,
+                create_content(version, creator, creation_content),
+                now,
+            ),
+            EventSpec(
+                "m.room.member",
+                creator,
+                creator,
+                member_content("join", await profile_of(self._store, creator)),
+                now,
+            ),
+            EventSpec("m.room.power_levels", "", creator, power_levels, now),
+        ]
 
     async def persist_new_room(self, room_id: str, specs: list[EventSpec]) -> None:
         """Have the writer a new room goes to persist its first events

@@ -38,8 +38,6 @@ from synapse_lite.handlers.event_auth import (
     RoomAuthState,
     parse_level,
 )
-from synapse_lite.handlers.profile import member_content, profile_of
-from synapse_lite.handlers.room import create_content
 from synapse_lite.replication.http.writes import PushRuleEdit
 
 if TYPE_CHECKING:
@@ -278,15 +276,7 @@ class RoomUpgradeHandler:
         needed = max([100, *single, *levels.get("events", {}).values()])
         users = dict(levels.get("users", {}))
         lifted = {**levels, "users": {**users, user_id: max(users.get(user_id, 0), needed)}}
-        specs = [
-            state("m.room.create", create_content(version, user_id, kept)),
-            state(
-                "m.room.member",
-                member_content("join", await profile_of(self._store, user_id)),
-                user_id,
-            ),
-            state("m.room.power_levels", lifted),
-        ]
+        specs = await self._room_creation.founding_events(user_id, version, kept, lifted, now)
         for event_type in TRANSFERRED_STATE:
             event = by_key.get((event_type, ""))
             if event is None or not event.content:
@@ -315,9 +305,7 @@ class RoomUpgradeHandler:
             except SynapseError as e:
                 if index < 3:  # the create event, the join, the power levels
                     raise
-                logger.warning(
-                    "Upgrade to %s: not copying %s (%s)", new_room, spec.type, e.msg
-                )
+                logger.warning("Upgrade to %s: not copying %s (%s)", new_room, spec.type, e.msg)
                 continue
             state.apply_spec(spec)
             kept.append(spec)

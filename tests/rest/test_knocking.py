@@ -6,35 +6,21 @@ writers."""
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
-from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.client_api import (
+    DEFAULT_LAYOUT_STREAM_WRITERS,
+    DEFAULT_LAYOUT_WORKERS,
+    ClientApi,
+    ThreeUsersTestCase,
+    q,
+)
 from tests.harness.polling import eventually
-from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
 
 
-def q(value: str | None) -> str:
-    assert value is not None
-    return urllib.parse.quote(value, safe="")
-
-
-class MonolithKnockingTestCase(DatabaseTestCase):
+class MonolithKnockingTestCase(ThreeUsersTestCase):
     """On the monolith."""
-
-    workers: list[str] = []
-    stream_writers: dict[str, Any] = {}
-
-    async def setUp(self) -> None:  # type: ignore[override]
-        super().setUp()
-        _, clients, _ = start_cluster(
-            self, self.test_db, workers=self.workers, stream_writers=self.stream_writers
-        )
-        names = list(clients)
-        self.alice = await ClientApi(self, clients[names[0]].base_url).register("alice")
-        self.bob = await ClientApi(self, clients[names[-1]].base_url).register("bob")
-        self.eve = await ClientApi(self, clients[names[len(names) // 2]].base_url).register("eve")
 
     async def member(self, room: str, user: ClientApi) -> dict[str, Any]:
         return await self.alice.ok("GET", f"/rooms/{q(room)}/state/m.room.member/{q(user.user_id)}")
@@ -197,5 +183,5 @@ class MonolithKnockingTestCase(DatabaseTestCase):
 class DefaultLayoutKnockingTestCase(MonolithKnockingTestCase):
     """The default layout: a /sync reader and two events writers."""
 
-    workers = ["synchrotron1", "persister1", "persister2"]
-    stream_writers = {"events": ["persister1", "persister2"]}
+    workers = DEFAULT_LAYOUT_WORKERS
+    stream_writers = DEFAULT_LAYOUT_STREAM_WRITERS

@@ -7,34 +7,21 @@ writers all differ from the process the users talk to)."""
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
-from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.client_api import (
+    DEFAULT_LAYOUT_STREAM_WRITERS,
+    DEFAULT_LAYOUT_WORKERS,
+    ClientApi,
+    ThreeUsersTestCase,
+    q,
+)
 from tests.harness.polling import eventually
-from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
 
 
-def q(value: str | None) -> str:
-    assert value is not None
-    return urllib.parse.quote(value, safe="")
-
-
-class MonolithRoomUpgradeTestCase(DatabaseTestCase):
+class MonolithRoomUpgradeTestCase(ThreeUsersTestCase):
     """On the monolith."""
-
-    workers: list[str] = []
-    stream_writers: dict[str, Any] = {}
-
-    async def setUp(self) -> None:  # type: ignore[override]
-        super().setUp()
-        _, clients, _ = start_cluster(
-            self, self.test_db, workers=self.workers, stream_writers=self.stream_writers
-        )
-        names = list(clients)
-        self.alice = await ClientApi(self, clients[names[0]].base_url).register("alice")
-        self.bob = await ClientApi(self, clients[names[-1]].base_url).register("bob")
 
     async def upgrade(self, user: ClientApi, room: str, version: str = "11") -> str:
         answer = await user.ok("POST", f"/rooms/{q(room)}/upgrade", {"new_version": version})
@@ -268,9 +255,9 @@ class DefaultLayoutRoomUpgradeTestCase(MonolithRoomUpgradeTestCase):
     """The default layout, and the account data and push rules streams each
     on a writer of their own."""
 
-    workers = ["synchrotron1", "persister1", "persister2", "stream_writer"]
+    workers = [*DEFAULT_LAYOUT_WORKERS, "stream_writer"]
     stream_writers = {
-        "events": ["persister1", "persister2"],
+        **DEFAULT_LAYOUT_STREAM_WRITERS,
         "account_data": ["stream_writer"],
         "push_rules": ["stream_writer"],
     }

@@ -6,12 +6,16 @@ process."""
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
-from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.client_api import (
+    DEFAULT_LAYOUT_STREAM_WRITERS,
+    DEFAULT_LAYOUT_WORKERS,
+    ClientApi,
+    ThreeUsersTestCase,
+    q,
+)
 from tests.harness.polling import eventually
-from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
 
 ALL_VERSIONS = [str(n) for n in range(1, 12)]
@@ -23,25 +27,8 @@ ID_FORMATS = {
 }
 
 
-def q(value: str | None) -> str:
-    assert value is not None
-    return urllib.parse.quote(value, safe="")
-
-
-class MonolithRoomVersionsTestCase(DatabaseTestCase):
+class MonolithRoomVersionsTestCase(ThreeUsersTestCase):
     """On the monolith."""
-
-    workers: list[str] = []
-    stream_writers: dict[str, Any] = {}
-
-    async def setUp(self) -> None:  # type: ignore[override]
-        super().setUp()
-        _, clients, _ = start_cluster(
-            self, self.test_db, workers=self.workers, stream_writers=self.stream_writers
-        )
-        names = list(clients)
-        self.alice = await ClientApi(self, clients[names[0]].base_url).register("alice")
-        self.bob = await ClientApi(self, clients[names[-1]].base_url).register("bob")
 
     async def timeline_of(self, user: ClientApi, room: str, until: str) -> list[dict[str, Any]]:
         """The room's timeline in ``user``'s initial sync, once it holds the
@@ -193,5 +180,5 @@ class MonolithRoomVersionsTestCase(DatabaseTestCase):
 class DefaultLayoutRoomVersionsTestCase(MonolithRoomVersionsTestCase):
     """The default layout: a /sync reader and two events writers."""
 
-    workers = ["synchrotron1", "persister1", "persister2"]
-    stream_writers = {"events": ["persister1", "persister2"]}
+    workers = DEFAULT_LAYOUT_WORKERS
+    stream_writers = DEFAULT_LAYOUT_STREAM_WRITERS
