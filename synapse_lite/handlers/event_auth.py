@@ -15,7 +15,7 @@ can use.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
@@ -386,40 +386,35 @@ class RoomAuthState:
         mine = self.user_level(spec.sender)
         old, new = self.power_levels, spec.content
 
-        def refuse() -> None:
-            raise AuthError(403, "You cannot change power levels above your own")
-
-        def level(value: Any) -> int | None:
-            return None if value is None else parse_level(value, version)
-
-        for key in LEVEL_DEFAULTS:
-            before, after = level(old.get(key)), level(new.get(key))
-            if before != after and (
-                (before is not None and before > mine) or (after is not None and after > mine)
-            ):
-                refuse()
-        maps = ["events", "notifications"] if version.notifications_power_levels else ["events"]
-        for key in maps:
-            old_map, new_map = old.get(key), new.get(key)
+        def changed(old_map: Any, new_map: Any) -> Iterator[tuple[str, int | None, int | None]]:
+            """(name, level before, level after) of each entry changed,
+            added or removed between two maps of levels."""
             old_map = old_map if isinstance(old_map, dict) else {}
             new_map = new_map if isinstance(new_map, dict) else {}
             for name in set(old_map) | set(new_map):
-                before, after = level(old_map.get(name)), level(new_map.get(name))
-                if before == after:
-                    continue
+                before, after = old_map.get(name), new_map.get(name)
+                before = None if before is None else parse_level(before, version)
+                after = None if after is None else parse_level(after, version)
+                if before != after:
+                    yield name, before, after
+
+        def single(levels: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in levels.items() if k in LEVEL_DEFAULTS}
+
+        maps = ["events", "notifications"] if version.notifications_power_levels else ["events"]
+        for old_map, new_map in [(single(old), single(new))] + [
+            (old.get(k), new.get(k)) for k in maps
+        ]:
+            for _, before, after in changed(old_map, new_map):
                 if (before is not None and before > mine) or (after is not None and after > mine):
-                    refuse()
-        old_users, new_users = old.get("users"), new.get("users")
-        old_users = old_users if isinstance(old_users, dict) else {}
-        new_users = new_users if isinstance(new_users, dict) else {}
-        for user in set(old_users) | set(new_users):
-            before, after = level(old_users.get(user)), level(new_users.get(user))
-            if before == after:
-                continue
-            if before is not None and user != spec.sender and before >= mine:
-                refuse()
-            if after is not None and after > mine:
-                refuse()
+                    raise AuthError(403, "You cannot change power levels above your own")
+        for user, before, after in changed(old.get("users"), new.get("users")):
+            if (before is not None and user != spec.sender and before >= mine) or (
+                after is not None and after > mine
+            ):
+                raise AuthError(
+                    403, "You cannot change a user at or above your level, nor raise one above it"
+                )
 
     # Applying an accepted event
 
