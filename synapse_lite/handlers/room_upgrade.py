@@ -124,7 +124,14 @@ class UpgradedRoomUserState:
 
     async def on_join(self, user_id: str, room_id: str) -> None:
         """``user_id`` joined ``room_id``: if it replaces a room they were in,
-        copy their settings of that room."""
+        copy their settings of that room. Best effort: the join is made, so
+        a writer that cannot be reached now is logged, not the join's error."""
+        try:
+            await self._on_join(user_id, room_id)
+        except SynapseError as e:
+            logger.warning("Settings of %s not carried into %s: %s", user_id, room_id, e)
+
+    async def _on_join(self, user_id: str, room_id: str) -> None:
         create_id = (await self._store.get_current_state_ids(room_id)).get(("m.room.create", ""))
         create = await self._store.get_event(create_id) if create_id else None
         predecessor = create.content.get("predecessor") if create else None
@@ -243,7 +250,11 @@ class RoomUpgradeHandler:
         if await self._store.is_room_in_directory(room_id):
             await self._store.set_room_in_directory(new_room, True)
             await self._store.set_room_in_directory(room_id, False)
-        await self._user_state.copy(user_id, room_id, new_room)
+        try:
+            await self._user_state.copy(user_id, room_id, new_room)
+        except SynapseError as e:
+            # The upgrade is made: the settings are a courtesy.
+            logger.warning("Settings of %s not carried into %s: %s", user_id, new_room, e)
         return new_room
 
     async def _new_room_events(
@@ -340,10 +351,11 @@ class RoomUpgradeHandler:
             )
 
     async def _send_if_allowed(self, room_id: str, spec: EventSpec) -> None:
+        """Send ``spec`` to the old room if the upgrader may. The new room
+        exists by now: a refusal (or a writer out of reach) leaves the old
+        room as it was, which the spec allows, and is logged."""
         try:
             await self._events.send_events(room_id, [spec])
         except SynapseError as e:
-            # A refusal from another process's writer is a SynapseError too.
-            if e.code != 403:
-                raise
-            logger.info("Upgrade of %s: not sending %s (%s)", room_id, spec.type, e.msg)
+            log = logger.info if e.code == 403 else logger.warning
+            log("Upgrade of %s: %s not sent (%s)", room_id, spec.type, e.msg)

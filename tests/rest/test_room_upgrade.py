@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from synapse_lite.api.errors import Codes, SynapseError
 from tests.harness.client_api import (
     DEFAULT_LAYOUT_STREAM_WRITERS,
     DEFAULT_LAYOUT_WORKERS,
@@ -173,6 +174,24 @@ class MonolithRoomUpgradeTestCase(ThreeUsersTestCase):
             if c["key"] == "room_id"
         ]
         self.assertEqual(patterns, [old])  # the rule id names no room: not copied over itself
+
+    async def test_settings_out_of_reach_do_not_fail_the_upgrade_or_join(self) -> None:
+        old = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{q(old)}", {})
+        for user in (self.alice, self.bob):
+            await user.ok("PUT", f"/pushrules/global/room/{q(old)}", {"actions": []})
+
+        async def out_of_reach(edit: Any) -> None:
+            raise SynapseError(503, "push_rules writer out of reach", Codes.UNKNOWN)
+
+        for hs in self.servers.values():
+            self.patch(hs.handlers.push_rules, "edit", out_of_reach)
+        new = await self.upgrade(self.alice, old, "10")
+        await self.bob.ok("POST", f"/join/{q(new)}", {})
+        members = await self.bob.ok("GET", f"/rooms/{q(new)}/joined_members")
+        self.assertEqual(set(members["joined"]), {self.alice.user_id, self.bob.user_id})
+        code, _ = await self.bob.request("GET", f"/pushrules/global/room/{q(new)}")
+        self.assertEqual(code, 404)
 
     async def test_power_to_upgrade_and_bad_requests(self) -> None:
         room = await self.alice.create_room(preset="public_chat")
