@@ -118,6 +118,18 @@ def check_join_rules_content(content: dict[str, Any], room_version: RoomVersion)
             )
 
 
+def _check_content_format(spec: EventSpec, room_version: RoomVersion) -> None:
+    """From version 6, content must be canonical JSON (400 ``M_BAD_JSON``)."""
+    if not room_version.strict_canonical_json:
+        return
+    try:
+        check_canonical(spec.content)
+    except CanonicalJsonError as e:
+        raise SynapseError(
+            400, f"Event content is not canonical JSON: {e}", Codes.BAD_JSON
+        ) from None
+
+
 def allowed_rooms(allow: Any) -> list[str]:
     """The rooms whose members a restricted join rule's ``allow`` admits."""
     if not isinstance(allow, list):
@@ -217,13 +229,7 @@ class RoomAuthState:
         if not self.exists:
             raise NotFoundError("Unknown room")
         version = self.version
-        if version.strict_canonical_json:
-            try:
-                check_canonical(spec.content)
-            except CanonicalJsonError as e:
-                raise SynapseError(
-                    400, f"Event content is not canonical JSON: {e}", Codes.BAD_JSON
-                ) from None
+        _check_content_format(spec, version)
         if spec.type == "m.room.member":
             self._check_membership(spec)
             return
@@ -253,6 +259,7 @@ class RoomAuthState:
         version = room_version_of_create(spec.content)
         if version is None:
             raise SynapseError(400, "Unknown room_version", "M_UNSUPPORTED_ROOM_VERSION")
+        _check_content_format(spec, version)
         if version.creator_in_create_content and not isinstance(spec.content.get("creator"), str):
             raise SynapseError(400, "m.room.create needs a 'creator'", Codes.BAD_JSON)
         if server_of(spec.sender) != server_of(self.room_id):

@@ -241,6 +241,12 @@ class MonolithRoomUpgradeTestCase(ThreeUsersTestCase):
         levels["events"]["m.room.tombstone"] = 50
         levels["users_default"] = "10"  # a string: version 6 reads it
         await self.alice.ok("PUT", f"/rooms/{q(room)}/state/m.room.power_levels", levels)
+
+        async def bob_sees_it() -> bool:
+            path = f"/rooms/{q(room)}/state/m.room.power_levels"
+            return bool((await self.bob.ok("GET", path)) == levels)
+
+        await eventually(bob_sees_it, what="the new power levels on Bob's process")
         new = await self.upgrade(self.bob, room, "10")
         new_levels = await self.bob.ok("GET", f"/rooms/{q(new)}/state/m.room.power_levels")
         self.assertEqual(new_levels, {**levels, "users_default": 10})

@@ -165,6 +165,12 @@ class MonolithRoomVersionsTestCase(ThreeUsersTestCase):
         self.assertEqual(code, 403)
 
     async def test_canonical_json_from_version_6(self) -> None:
+        for content in ({"x": 2**70}, {"x": 1.5}):
+            body = {"room_version": "6", "creation_content": content}
+            code, answer = await self.alice.request("POST", "/createRoom", body)
+            self.assertEqual((code, answer["errcode"]), (400, "M_BAD_JSON"))
+            body = {"room_version": "5", "creation_content": content}
+            await self.alice.ok("POST", "/createRoom", body)
         for version, code in (("5", 200), ("6", 400)):
             room = await self.alice.create_room(room_version=version)
             status, body = await self.alice.request(
