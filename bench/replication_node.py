@@ -23,7 +23,7 @@ from twisted.internet import defer, reactor, task
 from synapse_lite.app.composition import build_homeserver
 from synapse_lite.app.logs import setup_logging
 from synapse_lite.config.homeserver import load_config
-from synapse_lite.events import EventContent, new_event_id
+from synapse_lite.events import EventContent, random_event_id
 from synapse_lite.replication.tcp.commands import RdataCommand
 from synapse_lite.server import HomeServer
 from synapse_lite.streams.catalog import EventsStreamEventRow
@@ -31,7 +31,7 @@ from synapse_lite.streams.catalog import EventsStreamEventRow
 
 def event(room_id: str, index: int) -> EventContent:
     return EventContent(
-        event_id=new_event_id(),
+        event_id=random_event_id("bench.local"),
         room_id=room_id,
         type="m.room.message",
         state_key=None,

@@ -3,23 +3,63 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import os
 from typing import Any
 
 import attr
 
-
-def new_event_id() -> str:
-    """A fresh, unguessable event id."""
-    return "$" + base64.urlsafe_b64encode(os.urandom(18)).decode("ascii")
+from synapse_lite.api.room_versions import EventIdFormat, RoomVersion
+from synapse_lite.federation.crypto import canonical_json, encode_base64
 
 
-#: What a redaction keeps of an event's content, by event type (room version
-#: 10's redaction algorithm; every other type keeps nothing).
-REDACTION_KEPT_CONTENT: dict[str, tuple[str, ...]] = {
-    "m.room.member": ("membership", "join_authorised_via_users_server"),
+def random_event_id(server_name: str) -> str:
+    """An event id of room versions 1 and 2: random, with the server's name."""
+    return f"${base64.urlsafe_b64encode(os.urandom(18)).decode('ascii')}:{server_name}"
+
+
+def reference_hash_event_id(room_version: RoomVersion, pdu: dict[str, Any]) -> str:
+    """The event id of room versions 3 on: ``$`` and the event's reference
+    hash (the server-server spec's: SHA-256 of the canonical JSON of the
+    redacted event, with its content hash under ``hashes``), in the
+    version's base64 alphabet. ``pdu``: the event as its room's writer
+    builds it, without ``hashes``."""
+    strict = room_version.strict_canonical_json
+    content_hash = hashlib.sha256(_event_json(pdu, strict)).digest()
+    hashed = {**pdu, "hashes": {"sha256": encode_base64(content_hash)}}
+    reference = hashlib.sha256(_event_json(pruned_event(room_version, hashed), strict)).digest()
+    if room_version.event_ids is EventIdFormat.REFERENCE_HASH_BASE64:
+        return "$" + encode_base64(reference)
+    return "$" + base64.urlsafe_b64encode(reference).decode("ascii").rstrip("=")
+
+
+def _event_json(pdu: dict[str, Any], strict: bool) -> bytes:
+    """Canonical JSON of an event; before version 6 floats were not refused,
+    so they are encoded as JSON encodes them."""
+    if strict:
+        return canonical_json(pdu)
+    return json.dumps(pdu, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+
+
+#: Top-level keys of an event (server-server form) a redaction keeps: room
+#: versions 1-10, then 11 (which drops ``origin``, ``membership`` and
+#: ``prev_state``).
+_KEPT_EVENT_KEYS = frozenset(
+    (
+        "event_id", "type", "room_id", "sender", "state_key", "content", "hashes",
+        "signatures", "depth", "prev_events", "auth_events", "origin_server_ts",
+    )
+)  # fmt: skip
+_KEPT_EVENT_KEYS_BEFORE_V11 = _KEPT_EVENT_KEYS | {"origin", "membership", "prev_state"}
+
+#: Content keys a redaction keeps, by event type, in room version 1; every
+#: other type keeps nothing. :func:`kept_content_keys` applies what later
+#: versions changed.
+_KEPT_CONTENT_V1: dict[str, tuple[str, ...]] = {
+    "m.room.member": ("membership",),
     "m.room.create": ("creator",),
-    "m.room.join_rules": ("join_rule", "allow"),
+    "m.room.join_rules": ("join_rule",),
     "m.room.power_levels": (
         "ban",
         "events",
@@ -35,10 +75,48 @@ REDACTION_KEPT_CONTENT: dict[str, tuple[str, ...]] = {
 }
 
 
-def pruned_content(event_type: str, content: dict[str, Any]) -> dict[str, Any]:
-    """``content`` as a redaction leaves it."""
-    kept = REDACTION_KEPT_CONTENT.get(event_type, ())
-    return {k: v for k, v in content.items() if k in kept}
+def kept_content_keys(event_type: str, room_version: RoomVersion) -> tuple[str, ...] | None:
+    """The content keys a redaction keeps of an event of ``event_type`` in a
+    room of ``room_version`` (None: all of them)."""
+    if room_version.updated_redaction_rules and event_type == "m.room.create":
+        return None
+    kept = _KEPT_CONTENT_V1.get(event_type, ())
+    if event_type == "m.room.aliases" and not room_version.alias_events_special:
+        return ()
+    if event_type == "m.room.join_rules" and room_version.restricted_joins:
+        kept += ("allow",)
+    if event_type == "m.room.member" and room_version.redaction_keeps_join_authoriser:
+        kept += ("join_authorised_via_users_server",)
+    if room_version.updated_redaction_rules:
+        if event_type == "m.room.power_levels":
+            kept += ("invite",)
+        elif event_type == "m.room.redaction":
+            kept += ("redacts",)
+    return kept
+
+
+def pruned_content(
+    event_type: str, content: dict[str, Any], room_version: RoomVersion
+) -> dict[str, Any]:
+    """``content`` as the redaction algorithm of ``room_version`` leaves it."""
+    kept = kept_content_keys(event_type, room_version)
+    if kept is None:
+        return dict(content)
+    pruned = {k: v for k, v in content.items() if k in kept}
+    if room_version.updated_redaction_rules and event_type == "m.room.member":
+        # Version 11 keeps a third-party invite's signature, and only it.
+        invite = content.get("third_party_invite")
+        if isinstance(invite, dict) and "signed" in invite:
+            pruned["third_party_invite"] = {"signed": invite["signed"]}
+    return pruned
+
+
+def pruned_event(room_version: RoomVersion, pdu: dict[str, Any]) -> dict[str, Any]:
+    """An event (server-server form) as the redaction algorithm leaves it."""
+    kept = _KEPT_EVENT_KEYS if room_version.updated_redaction_rules else _KEPT_EVENT_KEYS_BEFORE_V11
+    pruned = {k: v for k, v in pdu.items() if k in kept}
+    pruned["content"] = pruned_content(pdu["type"], pdu.get("content", {}), room_version)
+    return pruned
 
 
 def relation_of(content: dict[str, Any]) -> tuple[str, str] | None:
@@ -112,21 +190,33 @@ class Event(_EventKind):
     #: The redaction that redacted this event (its content is then pruned).
     redacted_because: Event | None = attr.ib(default=None, hash=False)
 
-    def redacted(self, redaction: Event) -> Event:
-        """This event as ``redaction`` leaves it."""
+    def redacted(self, redaction: Event, room_version: RoomVersion) -> Event:
+        """This event as ``redaction`` leaves it, by the redaction algorithm
+        of its room's version (which keeps a redaction's top-level
+        ``redacts`` only from version 11, where its content keeps it too)."""
         return attr.evolve(
-            self, content=pruned_content(self.type, self.content), redacted_because=redaction
+            self,
+            content=pruned_content(self.type, self.content, room_version),
+            redacts=self.redacts if room_version.updated_redaction_rules else None,
+            redacted_because=redaction,
         )
 
     def to_client_dict(
         self, now_ms: int | None = None, include_room_id: bool = True
     ) -> dict[str, Any]:
         """The event as the Client-Server API shows it."""
+        content = self.content
+        if self.redacts is not None and "redacts" not in content:
+            # Room versions before 11 name the redacted event at the top
+            # level only; clients written for 11 read it from the content,
+            # so it is served in both places in every version (as the
+            # spec's version 11 asks of servers).
+            content = {**content, "redacts": self.redacts}
         data: dict[str, Any] = {
             "event_id": self.event_id,
             "type": self.type,
             "sender": self.sender,
-            "content": self.content,
+            "content": content,
             "origin_server_ts": self.origin_server_ts,
             "unsigned": {},
         }
@@ -159,15 +249,48 @@ class EventSpec(_EventKind):
     #: The event an ``m.room.redaction`` redacts.
     redacts: str | None = None
 
-    def with_id(self, room_id: str) -> EventContent:
-        """The event to persist, with a fresh id (given by the writer)."""
+    def to_persist(
+        self,
+        room_id: str,
+        room_version: RoomVersion,
+        server_name: str,
+        prev_event_id: str | None,
+        depth: int,
+    ) -> EventContent:
+        """The event to persist, in the shape and with the id its room's
+        version gives it. Made by the room's writer, which knows the room's
+        newest event (``prev_event_id``, None before the create event) and
+        the ``depth`` this event will have: with the rest of the event they
+        make the reference hash of versions 3 on, so no two events of a room
+        share an id."""
+        content = self.content
+        if self.redacts is not None and room_version.redacts_in_content:
+            content = {**content, "redacts": self.redacts}
+        if room_version.event_ids is EventIdFormat.SERVER_SUFFIXED:
+            event_id = random_event_id(server_name)
+        else:
+            pdu: dict[str, Any] = {
+                "room_id": room_id,
+                "type": self.type,
+                "sender": self.sender,
+                "content": content,
+                "origin_server_ts": self.origin_server_ts,
+                "depth": depth,
+                "prev_events": [] if prev_event_id is None else [prev_event_id],
+                "auth_events": [],
+            }
+            if self.state_key is not None:
+                pdu["state_key"] = self.state_key
+            if self.redacts is not None and not room_version.redacts_in_content:
+                pdu["redacts"] = self.redacts
+            event_id = reference_hash_event_id(room_version, pdu)
         return EventContent(
-            event_id=new_event_id(),
+            event_id=event_id,
             room_id=room_id,
             type=self.type,
             state_key=self.state_key,
             sender=self.sender,
-            content=self.content,
+            content=content,
             origin_server_ts=self.origin_server_ts,
             redacts=self.redacts,
             txn_key=self.txn_key,

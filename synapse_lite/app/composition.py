@@ -76,6 +76,7 @@ from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.room import RoomCreationHandler
 from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
+from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomUserState
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.typing import (
     TypingFollowerHandler,
@@ -282,7 +283,17 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     )
     e2e_keys = E2eKeysHandler(store, calls, config, notifier)
     ui_auth = InteractiveAuthHandler(store, clock, config)
-    members = RoomMemberHandler(store, clock, server_name, events)
+    account_data = AccountDataHandler(store, notifier, calls)
+    push_rules = PushRulesHandler(store, notifier, calls)
+    upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
+    members = RoomMemberHandler(store, clock, server_name, events, upgraded_rooms)
+    room_creation = RoomCreationHandler(
+        store=store,
+        clock=clock,
+        server_name=server_name,
+        events=events,
+        event_writers=event_writers,
+    )
     pagination = PaginationHandler(store, clock)
     relations = RelationsHandler(store, clock, pagination)
     sync = SyncHandler(
@@ -319,17 +330,19 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             presence=presence,
         ),
         events=events,
-        room_creation=RoomCreationHandler(
+        room_creation=room_creation,
+        room_upgrade=RoomUpgradeHandler(
             store=store,
             clock=clock,
             server_name=server_name,
             events=events,
-            event_writers=event_writers,
+            room_creation=room_creation,
+            user_state=upgraded_rooms,
         ),
         members=members,
         pagination=pagination,
         receipts=ReceiptsHandler(store, clock, notifier, calls),
-        account_data=AccountDataHandler(store, notifier, calls),
+        account_data=account_data,
         device_messages=device_messages,
         e2e_keys=e2e_keys,
         room_keys=RoomKeysHandler(store),
@@ -340,7 +353,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store),
         openid=OpenIdHandler(store, clock, server_name),
-        push_rules=PushRulesHandler(store, notifier, calls),
+        push_rules=push_rules,
         turn=config.turn,
         profiles=ProfileHandler(store, clock, server_name, events),
         directory=DirectoryHandler(store, server_name, clock, events),

@@ -61,7 +61,8 @@ def decode_base64(text: str) -> bytes:
         raise ValueError(f"not base64: {e}") from None
 
 
-def _check_canonical(value: Any, depth: int = 0) -> None:
+def check_canonical(value: Any, depth: int = 0) -> None:
+    """:class:`CanonicalJsonError` unless ``value`` can be canonical JSON."""
     if depth > 100:
         raise CanonicalJsonError("nested too deeply")
     if isinstance(value, bool) or value is None or isinstance(value, str):
@@ -76,18 +77,18 @@ def _check_canonical(value: Any, depth: int = 0) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CanonicalJsonError("object keys must be strings")
-            _check_canonical(item, depth + 1)
+            check_canonical(item, depth + 1)
         return
     if isinstance(value, (list, tuple)):
         for item in value:
-            _check_canonical(item, depth + 1)
+            check_canonical(item, depth + 1)
         return
     raise CanonicalJsonError(f"{type(value).__name__} is not JSON")
 
 
 def canonical_json(value: Any) -> bytes:
     """The canonical JSON encoding of ``value``; :class:`CanonicalJsonError` if none."""
-    _check_canonical(value)
+    check_canonical(value)
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode(
         "utf-8"
     )

@@ -15,13 +15,19 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+import attr
 from twisted.internet import defer
 
 from synapse_lite.api.content import check_content_size
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event, EventSpec
 from synapse_lite.handlers.auth import Requester
-from synapse_lite.handlers.event_auth import AUTH_STATE_TYPES, RoomAuthState
+from synapse_lite.handlers.event_auth import (
+    AUTH_STATE_TYPES,
+    RoomAuthState,
+    allowed_rooms,
+    server_of,
+)
 from synapse_lite.handlers.ratelimit import Ratelimiter
 from synapse_lite.replication.http.send_events import (
     SEND_EVENTS,
@@ -44,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 #: Client transaction ids remembered per process (a retry usually comes soon).
 RECENT_TXNS = 10_000
+#: Rooms whose newest event a writer remembers.
+ROOM_TIPS = 10_000
 
 
 class RoomMovedError(SynapseError):
@@ -115,7 +123,11 @@ class EventCreationHandler:
         self._notifier = notifier
         self._calls = calls
         self._event_writers = event_writers
+        self._server_name = config.server_name
         self._locks = _RoomLocks()
+        #: Each room's newest event and depth, on its writer: the next
+        #: event's id is made with them.
+        self._room_tips: LruCache[tuple[str, int]] = LruCache(ROOM_TIPS)
         limits = config.rate_limits
         self._ratelimiter = Ratelimiter(clock, limits.messages, limits.enabled)
         #: Transaction ids this process sent lately, so a client's retry here
@@ -239,6 +251,7 @@ class EventCreationHandler:
                 if await self._store.get_room(room_id) is not None:
                     raise SynapseError(400, "The room already exists", Codes.INVALID_PARAM)
                 state = RoomAuthState(room_id)
+                tip = None
             else:
                 writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
                 if writer is None:
@@ -247,12 +260,25 @@ class EventCreationHandler:
                     raise RoomMovedError(room_id)
                 state = await self._load_auth_state(room_id, specs)
                 state.guests = await self._guests_joining(specs)
+                tip = await self._room_tip(room_id)
+            checked = []
             for spec in specs:
+                if spec.membership == "join" and state.exists:
+                    spec = await self._authorise_restricted_join(room_id, spec, state)
                 state.check(spec)
                 if spec.type == "m.room.redaction":
                     await self._check_redaction(room_id, spec, state)
                 state.apply_spec(spec)
-            contents = [s.with_id(room_id) for s in specs]
+                checked.append(spec)
+            prev_event_id, depth = tip if tip is not None else (None, 0)
+            contents = []
+            for spec in checked:
+                depth += 1
+                content = spec.to_persist(
+                    room_id, state.version, self._server_name, prev_event_id, depth
+                )
+                contents.append(content)
+                prev_event_id = content.event_id
             # Evaluated for the room's members before the batch, with the
             # power levels as the batch leaves them.
             push_actions = (
@@ -266,6 +292,11 @@ class EventCreationHandler:
                 if existing is None:
                     raise
                 return [existing]
+            except Exception:
+                # Whether it was persisted is unknown: read the tip again.
+                self._room_tips.pop(room_id)
+                raise
+            self._room_tips.set(room_id, (events[-1].event_id, events[-1].depth))
         targets = [e.state_key for e in events if e.type == "m.room.member" and e.state_key]
         self._notifier.notify(users=targets, rooms=[room_id])
         if not create_room and any(_revokes_guest_access(e) for e in events):
@@ -295,6 +326,61 @@ class EventCreationHandler:
         if specs:
             await self.persist_as_writer(room_id, specs)
             logger.info("Guest access revoked in %s: %d guests removed", room_id, len(specs))
+
+    async def _room_tip(self, room_id: str) -> tuple[str, int] | None:
+        """The room's newest event and its depth, as this writer last
+        persisted it (the room's lock is held, and only its writer adds
+        events to a room), else from the database."""
+        found, tip = self._room_tips.get(room_id)
+        if found:
+            return tip
+        tip = await self._store.get_room_tip(room_id)
+        if tip is not None:
+            self._room_tips.set(room_id, tip)
+        return tip
+
+    async def _authorise_restricted_join(
+        self, room_id: str, spec: EventSpec, state: RoomAuthState
+    ) -> EventSpec:
+        """A join that only a restricted join rule can admit (the user is
+        neither invited nor joined) is vouched for by this server, as the
+        spec has the resident server do: when the user is joined to one of
+        the rooms of the rule's ``allow`` conditions, a member who may
+        invite is named in ``join_authorised_via_users_server`` (the auth
+        rules then check that member); otherwise 403. A name the client put
+        there is never trusted."""
+        version = state.version
+        content = dict(spec.content)
+        content.pop("join_authorised_via_users_server", None)
+        if state.join_rule not in version.restricted_rules or state.members.get(spec.sender) in (
+            "invite",
+            "join",
+            "ban",
+        ):
+            return spec if content == spec.content else attr.evolve(spec, content=content)
+        for allowed_room in allowed_rooms(state.join_rule_allow):
+            membership = await self._store.get_membership_in_room(spec.sender, allowed_room)
+            if membership is not None and membership[0] == "join":
+                break
+        else:
+            hint = " (or knock)" if state.join_rule in version.knock_rules else ""
+            raise AuthError(
+                403,
+                "You are not in any of the rooms whose members may join this room:"
+                f" ask for an invite{hint}",
+            )
+        members = await self._store.get_users_in_room(room_id)
+        for member in members:
+            state.members.setdefault(member, "join")
+        candidates = [
+            m for m in members if server_of(m) == self._server_name and state.can_invite(m)
+        ]
+        if not candidates:
+            raise AuthError(403, "No member of this room may authorise your join")
+        # The most powerful member, then by id: the same choice every time.
+        authoriser = min(candidates, key=lambda m: (-state.user_level(m), m))
+        content["join_authorised_via_users_server"] = authoriser
+        return attr.evolve(spec, content=content)
 
     async def _check_redaction(self, room_id: str, spec: EventSpec, state: RoomAuthState) -> None:
         """A redaction names an event of its room (404 for an unknown event,

@@ -22,6 +22,11 @@ from synapse_lite.api.identifiers import (
     is_mine_id,
     new_room_id,
 )
+from synapse_lite.api.room_versions import (
+    DEFAULT_ROOM_VERSION,
+    RoomVersion,
+    room_version_of_request,
+)
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import check_power_levels_content
@@ -34,7 +39,6 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
-ROOM_VERSION = "10"
 PRESETS = {
     "private_chat": {"join_rule": "invite", "history": "shared", "guests": "can_join"},
     "trusted_private_chat": {"join_rule": "invite", "history": "shared", "guests": "can_join"},
@@ -43,6 +47,18 @@ PRESETS = {
 #: Invitees in one createRoom (each is an event in the creating request).
 MAX_INVITES = 100
 MAX_INITIAL_STATE = 50
+
+
+def create_content(version: RoomVersion, creator: str, requested: dict[str, Any]) -> dict[str, Any]:
+    """The content of a new room's ``m.room.create``: what the client asked
+    for, with the version the server chose (whatever the client put there),
+    and the creator where the version names one (1-10; from 11 the sender is
+    the creator)."""
+    content = {k: v for k, v in requested.items() if k not in ("creator", "room_version")}
+    content["room_version"] = version.identifier
+    if version.creator_in_create_content:
+        content["creator"] = creator
+    return content
 
 
 def default_power_levels(creator: str, preset: str, invitees: list[str]) -> dict[str, Any]:
@@ -109,11 +125,9 @@ class RoomCreationHandler:
         )
         if preset not in PRESETS:
             raise SynapseError(400, f"Unknown preset {preset[:50]!r}", Codes.INVALID_PARAM)
-        version = get_optional_str(body, "room_version") or ROOM_VERSION
-        if version != ROOM_VERSION:
-            raise SynapseError(
-                400, f"Only room version {ROOM_VERSION} is supported", "M_UNSUPPORTED_ROOM_VERSION"
-            )
+        version = DEFAULT_ROOM_VERSION
+        if body.get("room_version") is not None:
+            version = room_version_of_request(body["room_version"], "room_version")
         name = get_optional_str(body, "name", max_length=255)
         topic = get_optional_str(body, "topic", max_length=4096)
         is_direct = get_bool(body, "is_direct", False)
@@ -123,7 +137,7 @@ class RoomCreationHandler:
         initial_state = self._parse_initial_state(get_list(body, "initial_state", []))
 
         power_levels = {**default_power_levels(user_id, preset, invitees), **overrides}
-        check_power_levels_content(power_levels)
+        check_power_levels_content(power_levels, version)
         settings = PRESETS[preset]
         now = self._clock.time_msec()
 
@@ -131,15 +145,10 @@ class RoomCreationHandler:
             check_content_size(content)
             return EventSpec(event_type, state_key, user_id, content, now)
 
-        creation_content.update({"creator": user_id, "room_version": ROOM_VERSION})
-        specs = [
-            state("m.room.create", creation_content),
-            state(
-                "m.room.member",
-                member_content("join", await profile_of(self._store, user_id)),
-                user_id,
-            ),
-            state("m.room.power_levels", power_levels),
+        check_content_size(creation_content)
+        check_content_size(power_levels)
+        specs = await self.founding_events(user_id, version, creation_content, power_levels, now)
+        specs += [
             state("m.room.join_rules", {"join_rule": settings["join_rule"]}),
             state("m.room.history_visibility", {"history_visibility": settings["history"]}),
             state("m.room.guest_access", {"guest_access": settings["guests"]}),
@@ -161,13 +170,12 @@ class RoomCreationHandler:
             specs.append(state("m.room.member", content, invitee))
 
         room_id = new_room_id(self._server_name)
-        writer = choose_event_writer(room_id, self._event_writers())
         # The alias is claimed before the room exists, so that two rooms
         # cannot both get it; it is given back if the room is not created.
         if alias is not None and not await self._store.create_alias(alias, room_id, user_id):
             raise SynapseError(400, "That room alias is taken", Codes.ROOM_IN_USE)
         try:
-            await self._events.send_events(room_id, specs, new_room_writer=writer)
+            await self.persist_new_room(room_id, specs)
         except Exception:
             if alias is not None:
                 await self._store.delete_alias(alias)
@@ -175,6 +183,40 @@ class RoomCreationHandler:
         if visibility == "public":
             await self._store.set_room_in_directory(room_id, True)
         return room_id
+
+    async def founding_events(
+        self,
+        creator: str,
+        version: RoomVersion,
+        creation_content: dict[str, Any],
+        power_levels: dict[str, Any],
+        now: int,
+    ) -> list[EventSpec]:
+        """The first events of every new room: its create event, the
+        creator's join (with their profile), its power levels."""
+        return [
+            EventSpec(
+                "m.room.create",
+                "",
+                creator,
+                create_content(version, creator, creation_content),
+                now,
+            ),
+            EventSpec(
+                "m.room.member",
+                creator,
+                creator,
+                member_content("join", await profile_of(self._store, creator)),
+                now,
+            ),
+            EventSpec("m.room.power_levels", "", creator, power_levels, now),
+        ]
+
+    async def persist_new_room(self, room_id: str, specs: list[EventSpec]) -> None:
+        """Have the writer a new room goes to persist its first events
+        (``specs``, the create event first) in one request."""
+        writer = choose_event_writer(room_id, self._event_writers())
+        await self._events.send_events(room_id, specs, new_room_writer=writer)
 
     async def _check_invitees(self, invite: list[Any], creator: str) -> list[str]:
         if len(invite) > MAX_INVITES:

@@ -1,5 +1,6 @@
-"""Joining, inviting, leaving and kicking: membership events, checked and
-persisted by the room's writer like any event."""
+"""Joining, knocking, inviting, leaving and kicking: membership events,
+checked and persisted by the room's writer like any event (which also vouches
+for joins a restricted join rule admits, see ``message.py``)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,20 @@ from synapse_lite.handlers.profile import member_content, profile_of
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.handlers.room_upgrade import UpgradedRoomUserState
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 #: action -> the membership it sets
-ACTIONS = {"join": "join", "invite": "invite", "leave": "leave", "kick": "leave", "ban": "ban"}
+ACTIONS = {
+    "join": "join",
+    "knock": "knock",
+    "invite": "invite",
+    "leave": "leave",
+    "kick": "leave",
+    "ban": "ban",
+}
+#: Actions a user takes on themself.
+SELF_ACTIONS = ("join", "knock", "leave")
 
 
 class RoomMemberHandler:
@@ -29,11 +40,15 @@ class RoomMemberHandler:
         clock: Clock,
         server_name: str,
         events: EventCreationHandler,
+        upgraded_rooms: UpgradedRoomUserState | None = None,
     ) -> None:
+        """``upgraded_rooms``: carries a user's settings into a room that
+        replaces one they were in, when they join it."""
         self._store = store
         self._clock = clock
         self._server_name = server_name
         self._events = events
+        self._upgraded_rooms = upgraded_rooms
 
     async def update_membership(
         self,
@@ -47,7 +62,7 @@ class RoomMemberHandler:
         returns the membership event's id."""
         user_id = requester.user_id
         membership = ACTIONS[action]
-        target = user_id if action in ("join", "leave") else target
+        target = user_id if action in SELF_ACTIONS else target
         assert target is not None
         if action == "invite" and target == user_id:
             # Whoever can ask is in the room already (or may not invite).
@@ -68,9 +83,9 @@ class RoomMemberHandler:
             # Joining twice changes nothing: no new event.
             return current[1]
         content: dict[str, object] = {"membership": membership}
-        if membership in ("join", "invite"):
-            # The member list shows names: a join (or invite) carries the
-            # target's profile.
+        if membership in ("join", "invite", "knock"):
+            # The member list shows names: a join (or invite, or knock)
+            # carries the target's profile.
             content = member_content(membership, await profile_of(self._store, target))
         if reason is not None:
             content["reason"] = reason
@@ -82,7 +97,9 @@ class RoomMemberHandler:
             origin_server_ts=self._clock.time_msec(),
         )
         [(event_id, _)] = await self._events.send_events(room_id, [spec])
-        if membership in ("join", "invite"):
+        if membership in ("join", "invite", "knock"):
             # Back in the room: it is not forgotten any more.
             await self._store.unforget_room(target, room_id)
+        if membership == "join" and self._upgraded_rooms is not None:
+            await self._upgraded_rooms.on_join(target, room_id)
         return event_id

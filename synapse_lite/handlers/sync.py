@@ -412,13 +412,11 @@ class SyncHandler:
                 entry["timeline"]["prev_batch"] = await self._store.room_token_to_string(
                     entry["timeline"]["prev_batch"]
                 )
-        invite = {
-            room_id: entry
-            for room_id, entry in (
-                await self._invited_rooms(memberships, since, now_ms, ignored)
-            ).items()
-            if sync_filter.allows_room(room_id)
-        }
+        invite: dict[str, Any] = {}
+        knock: dict[str, Any] = {}
+        for membership, section in (("invite", invite), ("knock", knock)):
+            rooms = await self._invited_rooms(memberships, since, ignored, membership)
+            section.update((r, e) for r, e in rooms.items() if sync_filter.allows_room(r))
         leave = await self._left_rooms(
             requester, memberships, since, full_state, sync_filter, now_ms, ignored
         )
@@ -441,7 +439,7 @@ class SyncHandler:
 
         extra = await self._sections_of(user_id, since, now)
         response: dict[str, Any] = {
-            "rooms": {"join": join, "invite": invite, "leave": leave},
+            "rooms": {"join": join, "invite": invite, "leave": leave, "knock": knock},
             "account_data": {"events": global_data},
             "to_device": {"events": to_device},
             "presence": {"events": presence},
@@ -454,6 +452,7 @@ class SyncHandler:
         empty = not (
             join
             or invite
+            or knock
             or leave
             or global_data
             or to_device
@@ -936,27 +935,31 @@ class SyncHandler:
         self,
         memberships: _Memberships,
         since: StreamToken | None,
-        now_ms: int,
         ignored: frozenset[str],
+        membership: str = "invite",
     ) -> dict[str, Any]:
-        """Invites new since ``since`` (all when None), but for those sent by
-        users ignored."""
-        invite: dict[str, Any] = {}
-        for room_id in memberships.rooms("invite"):
+        """Rooms the user is invited to (``membership`` invite: the
+        ``invite`` section, but for invites from users ignored) or knocking
+        on (knock: the ``knock`` section), new since ``since`` (all when
+        None), each with its stripped state and the membership event."""
+        section = "invite_state" if membership == "invite" else "knock_state"
+        rooms: dict[str, Any] = {}
+        for room_id in memberships.rooms(membership):
             if since is not None and (
-                room_id not in memberships.changed or memberships.at_since.get(room_id) == "invite"
+                room_id not in memberships.changed
+                or memberships.at_since.get(room_id) == membership
             ):
                 continue
             state_ids = await self._store.get_current_state_ids(room_id)
             wanted = [state_ids[(t, "")] for t in INVITE_STATE_TYPES if (t, "") in state_ids]
-            invite_id = memberships.now[room_id][2]
-            wanted.append(invite_id)
+            member_id = memberships.now[room_id][2]
+            wanted.append(member_id)
             events = await self._store.get_events(wanted)
-            invite_event = events.get(invite_id)
-            if invite_event is not None and invite_event.sender in ignored:
+            member_event = events.get(member_id)
+            if member_event is not None and member_event.sender in ignored:
                 continue
-            invite[room_id] = {
-                "invite_state": {
+            rooms[room_id] = {
+                section: {
                     "events": [
                         {
                             "type": e.type,
@@ -968,7 +971,7 @@ class SyncHandler:
                     ]
                 }
             }
-        return invite
+        return rooms
 
     async def _left_rooms(
         self,

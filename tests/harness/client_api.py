@@ -10,6 +10,7 @@ them on an in-memory replication bus.
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any, cast
 
 import treq
@@ -23,9 +24,21 @@ from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.databases import TestDatabase
 from tests.harness.polling import eventually
-from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
+from tests.harness.server import (
+    BusEndpoint,
+    DatabaseTestCase,
+    LoopbackBus,
+    make_config,
+    make_homeserver,
+)
 
 _reactor = cast(Any, reactor)
+
+
+def q(value: str | None) -> str:
+    """An id as one segment of a request path (percent-escaped)."""
+    assert value is not None
+    return urllib.parse.quote(value, safe="")
 
 
 class ClientApi:
@@ -148,8 +161,11 @@ def start_cluster(
         servers[name] = hs
         clients[name] = ClientApi(testcase, serve(testcase, hs))
     bus = LoopbackBus()
-    for hs in servers.values():
-        bus.join(hs)
+    endpoints = [bus.join(hs) for hs in servers.values()]
+    # Run before the processes stop (cleanups run last first): a process
+    # stopping must not be handed the others' commands after its database
+    # pool has closed.
+    testcase.addCleanup(_leave_bus, bus, endpoints)
     return servers, clients, bus
 
 
@@ -163,14 +179,35 @@ async def caught_up(servers: dict[str, HomeServer], writer: str) -> None:
     )
 
 
+def _leave_bus(bus: LoopbackBus, endpoints: list[BusEndpoint]) -> None:
+    for endpoint in endpoints:
+        if endpoint in bus.endpoints:
+            bus.leave(endpoint)
+
+
 class ThreeUsersTestCase(DatabaseTestCase):
-    """The main process alone, served over HTTP, with ``alice``, ``bob`` and
-    ``eve`` registered (``self.servers`` holds it)."""
+    """The main process alone (or with ``workers``), served over HTTP, with
+    ``alice``, ``bob`` and ``eve`` registered (``self.servers`` holds the
+    processes). With workers, each user talks to another process: alice to
+    the main process, bob to the last worker, eve to one in the middle, so
+    that their writes are forwarded to the writers that own them."""
+
+    workers: list[str] = []
+    stream_writers: dict[str, Any] = {}
 
     async def setUp(self) -> None:  # type: ignore[override]
         super().setUp()
-        self.servers, clients, _ = start_cluster(self, self.test_db)
-        base = clients["main"].base_url
-        self.alice = await ClientApi(self, base).register("alice")
-        self.bob = await ClientApi(self, base).register("bob")
-        self.eve = await ClientApi(self, base).register("eve")
+        self.servers, clients, _ = start_cluster(
+            self, self.test_db, workers=self.workers, stream_writers=self.stream_writers
+        )
+        names = list(clients)
+        self.alice = await ClientApi(self, clients[names[0]].base_url).register("alice")
+        self.bob = await ClientApi(self, clients[names[-1]].base_url).register("bob")
+        middle = clients[names[len(names) // 2]].base_url
+        self.eve = await ClientApi(self, middle).register("eve")
+
+
+#: The default layout's processes and events writers (besides main), for a
+#: ``ThreeUsersTestCase`` run through workers.
+DEFAULT_LAYOUT_WORKERS = ["synchrotron1", "persister1", "persister2"]
+DEFAULT_LAYOUT_STREAM_WRITERS = {"events": ["persister1", "persister2"]}

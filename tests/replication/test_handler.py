@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.internet import defer, reactor, task
 
-from synapse_lite.events import EventContent, new_event_id
+from synapse_lite.events import EventContent, random_event_id
 from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
@@ -20,7 +20,7 @@ _counter = itertools.count()
 
 def message(room_id: str = "!room:test.local", body: str = "hi") -> EventContent:
     return EventContent(
-        event_id=new_event_id(),
+        event_id=random_event_id("test.local"),
         room_id=room_id,
         type="m.room.message",
         state_key=None,
@@ -200,7 +200,7 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
         await read_up_to_now()
         self.assertEqual(read, [e.event_id for e in fast])
 
-        slow_event_id = new_event_id()
+        slow_event_id = random_event_id("test.local")
         await p1.store.db_pool.execute(
             "insert_slow",
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"

@@ -17,15 +17,10 @@ from typing import Any
 
 from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client.versions import VERSION_MODULES, supported_versions
-from tests.harness.client_api import ThreeUsersTestCase, start_cluster
+from tests.harness.client_api import ThreeUsersTestCase, q, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
-
-
-def q(value: str | None) -> str:
-    assert value is not None
-    return urllib.parse.quote(value, safe="")
 
 
 class DiscoveryTestCase(ThreeUsersTestCase):
@@ -561,7 +556,7 @@ class RedactionTestCase(ThreeUsersTestCase):
         because = event["unsigned"]["redacted_because"]
         self.assertEqual(
             (because["event_id"], because["redacts"], because["content"]),
-            (answer["event_id"], target, {"reason": "typo"}),
+            (answer["event_id"], target, {"reason": "typo", "redacts": target}),
         )
         page = await self.alice.ok("GET", f"/rooms/{room}/messages?dir=b&limit=10")
         [shown] = [e for e in page["chunk"] if e["event_id"] == target]

@@ -5,18 +5,12 @@ to a different process so that writes are forwarded to their owners."""
 
 from __future__ import annotations
 
-import urllib.parse
 import uuid
 from typing import Any
 
-from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.client_api import ClientApi, q, start_cluster
 from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
-
-
-def q(value: str | None) -> str:
-    assert value is not None
-    return urllib.parse.quote(value, safe="")
 
 
 class _Session:

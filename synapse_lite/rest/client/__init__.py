@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.room import RoomCreationHandler
     from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
+    from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
@@ -77,6 +78,7 @@ class ClientHandlers:
     legacy_sync: LegacySyncHandler
     events: EventCreationHandler
     room_creation: RoomCreationHandler
+    room_upgrade: RoomUpgradeHandler
     members: RoomMemberHandler
     pagination: PaginationHandler
     receipts: ReceiptsHandler

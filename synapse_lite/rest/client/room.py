@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
 
 ROOM = "/rooms/(?P<room_id>[^/]+)"
-MEMBERSHIPS = ("join", "invite", "leave", "ban")
+MEMBERSHIPS = ("join", "invite", "leave", "ban", "knock")
 #: The most events ``/context`` returns around its event.
 MAX_CONTEXT_LIMIT = 1000
 
@@ -43,17 +43,45 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         room_id = await handlers.room_creation.create_room(requester, body)
         return 200, {"room_id": room_id}
 
-    async def join(request: Request, room_id: str) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        if room_id.startswith("#"):
-            found = await handlers.store.get_alias(check_room_alias(room_id))
+    async def room_of(room_id_or_alias: str) -> str:
+        """The room an id or an alias names (404 for an unknown alias)."""
+        if room_id_or_alias.startswith("#"):
+            found = await handlers.store.get_alias(check_room_alias(room_id_or_alias))
             if found is None:
                 raise SynapseError(404, "Room alias not found", Codes.NOT_FOUND)
-            room_id = found[0]
-        check_room_id(room_id)
+            return found[0]
+        return check_room_id(room_id_or_alias)
+
+    async def join(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        room_id = await room_of(room_id)
         parse_json_object_from_request(request, allow_empty=True)
         await handlers.members.update_membership(requester, room_id, "join")
         return 200, {"room_id": room_id}
+
+    async def knock(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        room_id = await room_of(room_id)
+        # The servers to knock through (``server_name``, ``via`` from v1.12):
+        # every room we can knock on is ours (no federation), so they are
+        # read, to refuse what is not text, and not used.
+        for param in ("server_name", "via"):
+            query_string(request, param)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        reason = get_optional_str(body, "reason", max_length=1024)
+        await handlers.members.update_membership(requester, room_id, "knock", reason=reason)
+        return 200, {"room_id": room_id}
+
+    async def upgrade(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        check_room_id(room_id)
+        body = parse_json_object_from_request(request)
+        if "new_version" not in body:
+            raise SynapseError(400, "Missing 'new_version'", Codes.MISSING_PARAM)
+        new_room = await handlers.room_upgrade.upgrade_room(
+            requester, room_id, body["new_version"]
+        )
+        return 200, {"replacement_room": new_room}
 
     def membership_servlet(action: str) -> Any:
         async def servlet(request: Request, room_id: str) -> tuple[int, Any]:
@@ -349,6 +377,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("POST", client_path("/createRoom"), create_room, "create_room")
     register("POST", client_path("/join/(?P<room_id>[^/]+)"), join, "join")
     register("POST", client_path(ROOM + "/join"), join, "join")
+    register("POST", client_path("/knock/(?P<room_id>[^/]+)"), knock, "knock")
+    register("POST", client_path(ROOM + "/upgrade"), upgrade, "upgrade")
     for action in ("invite", "leave", "kick", "ban"):
         register("POST", client_path(f"{ROOM}/{action}"), membership_servlet(action), action)
     register(

@@ -109,6 +109,7 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "redact": ROOM_EVENTS_WRITER,
     "state": {"PUT": ROOM_EVENTS_WRITER, "GET": READERS},
     "join": ROOM_EVENTS_WRITER,
+    "knock": ROOM_EVENTS_WRITER,
     "invite": ROOM_EVENTS_WRITER,
     "leave": ROOM_EVENTS_WRITER,
     "kick": ROOM_EVENTS_WRITER,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
+from synapse_lite.api.room_versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS
 from synapse_lite.http.server import JsonResource
 
 if TYPE_CHECKING:
@@ -49,10 +50,6 @@ VERSION_MODULES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("v1.5", ()),
     ("v1.6", ()),
 )
-
-#: Room versions this server creates and checks events of.
-ROOM_VERSIONS = {"10": "stable"}
-DEFAULT_ROOM_VERSION = "10"
 
 
 def _routed(resource: JsonResource, method: str, path: str) -> bool:
@@ -91,8 +88,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 # No identity server: 3PIDs can be neither added nor removed.
                 "m.3pid_changes": {"enabled": False},
                 "m.room_versions": {
-                    "default": DEFAULT_ROOM_VERSION,
-                    "available": dict(ROOM_VERSIONS),
+                    "default": DEFAULT_ROOM_VERSION.identifier,
+                    "available": {v: "stable" for v in KNOWN_ROOM_VERSIONS},
                 },
             }
         }

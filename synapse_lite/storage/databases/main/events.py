@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
 from synapse_lite.storage.database import LoggingTransaction
@@ -228,7 +229,7 @@ class EventsStore(EventsWorkerStore):
                     event.room_id,
                     event.sender,
                     False,
-                    str(event.content.get("room_version", "10")),
+                    str(event.content.get("room_version", IMPLICIT_ROOM_VERSION.identifier)),
                     event.origin_server_ts,
                     # The writer persisting the create event owns the room.
                     self._instance_name,

@@ -6,9 +6,14 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.room_versions import (
+    IMPLICIT_ROOM_VERSION,
+    KNOWN_ROOM_VERSIONS,
+    RoomVersion,
+)
 from synapse_lite.events import Event
 from synapse_lite.storage._base import db_to_json, page_of_updates
-from synapse_lite.storage.caches import LruCache
+from synapse_lite.storage.caches import LruCache, cached
 from synapse_lite.storage.change_tracker import StreamChangeTracker
 from synapse_lite.storage.database import (
     DatabasePool,
@@ -179,8 +184,41 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         result = []
         for event in events:
             redaction = redactions.get(by_target.get(event.event_id, ""))
-            result.append(event if redaction is None else event.redacted(redaction))
+            if redaction is None:
+                result.append(event)
+            else:
+                version = await self.get_room_version(event.room_id)
+                result.append(event.redacted(redaction, version))
         return result
+
+    async def get_room_version(self, room_id: str) -> RoomVersion:
+        """The version of a room this server has (its create event's; a
+        version we do not know, which no room of ours has, reads as version
+        1, the spec's default, whose redaction algorithm keeps the least)."""
+        identifier = await self._get_room_version_id(room_id)
+        if identifier is None:
+            # Not cached as missing: the room may be created in a moment.
+            self._get_room_version_id.invalidate(room_id)
+            return IMPLICIT_ROOM_VERSION
+        return KNOWN_ROOM_VERSIONS.get(identifier, IMPLICIT_ROOM_VERSION)
+
+    @cached(max_entries=100_000)
+    async def _get_room_version_id(self, room_id: str) -> str | None:
+        # A room's version never changes: nothing invalidates this.
+        rows = await self.db_pool.select(
+            "get_room_version", "SELECT room_version FROM rooms WHERE room_id = ?", room_id
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def get_room_tip(self, room_id: str) -> tuple[str, int] | None:
+        """The room's newest event and its depth (None for no events)."""
+        rows = await self.db_pool.select(
+            "get_room_tip",
+            "SELECT event_id, topological_ordering FROM events WHERE room_id = ?"
+            " ORDER BY stream_ordering DESC LIMIT 1",
+            room_id,
+        )
+        return (rows[0][0], int(rows[0][1])) if rows else None
 
     async def get_event_id_for_txn(self, user_id: str, device_id: str, txn_id: str) -> str | None:
         """The event an earlier send with this transaction id created, if any."""

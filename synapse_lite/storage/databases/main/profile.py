@@ -112,6 +112,15 @@ class ProfileWorkerStore(SQLBaseStore):
             "delete_alias", "DELETE FROM room_aliases WHERE room_alias = ?", room_alias
         )
 
+    async def move_aliases(self, from_room: str, to_room: str) -> None:
+        """Point every alias of ``from_room`` at ``to_room`` (a room upgrade)."""
+        await self.db_pool.execute(
+            "move_aliases",
+            "UPDATE room_aliases SET room_id = ? WHERE room_id = ?",
+            to_room,
+            from_room,
+        )
+
     async def get_aliases_for_room(self, room_id: str) -> list[str]:
         rows = await self.db_pool.select(
             "get_aliases_for_room",
