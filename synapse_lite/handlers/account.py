@@ -51,7 +51,7 @@ class AccountHandler:
             raise SynapseError(400, "'new_password' must not be empty", Codes.INVALID_PARAM)
         logout_devices = get_bool(body, "logout_devices", True)
         user_id = requester.user_id
-        await self._ui_auth.check_password(user_id, body)
+        await self._ui_auth.check_password(user_id, body, "change password")
         await self._store.set_password_hash(user_id, await hash_password(new_password))
         logger.info("%s changed their password", user_id)
         if logout_devices:
@@ -69,7 +69,7 @@ class AccountHandler:
         get_optional_str(body, "id_server", max_length=255)
         get_bool(body, "erase", False)
         user_id = requester.user_id
-        await self._ui_auth.check_password(user_id, body)
+        await self._ui_auth.check_password(user_id, body, "deactivate account")
         for row in await self._store.get_local_memberships_with_positions(user_id):
             room_id, membership = row[0], row[1]
             if membership in _MEMBERSHIPS_LEFT:
