@@ -9,12 +9,75 @@ from typing import Any
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, is_valid_user_id
 
-#: The spec's limit on an event's size; content is most of it.
+#: The spec's limit on an event's size (the whole event); content, to-device
+#: messages and account data are held to it too.
 MAX_EVENT_CONTENT_BYTES = 65_536
+#: Room for the event id an event is given after it is checked (ids of room
+#: versions 4 and later are 44 characters; ours are shorter).
+_EVENT_ID_ALLOWANCE = "$" + "x" * 63
 #: Recipients (user, device) of one to-device request.
 MAX_TO_DEVICE_RECIPIENTS = 1_000
 #: Receipt types a client may send.
 RECEIPT_TYPES = ("m.read", "m.read.private")
+
+
+#: Canonical JSON's integers: the range a double holds exactly.
+CANONICAL_INT_RANGE = (-(2**53) + 1, 2**53 - 1)
+
+
+def check_canonical_json(value: object, where: str = "content") -> None:
+    """400 ``M_BAD_JSON`` unless ``value`` can be an event's content in
+    canonical JSON (what room versions 6 and later require of every event):
+    integers within +-(2**53 - 1) and no floats (NaN and Infinity are refused
+    when a request is parsed)."""
+    stack: list[tuple[object, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, bool) or item is None or isinstance(item, str):
+            continue
+        if isinstance(item, int):
+            low, high = CANONICAL_INT_RANGE
+            if not low <= item <= high:
+                raise SynapseError(
+                    400, f"'{path}': integers must be within +-(2**53 - 1)", Codes.BAD_JSON
+                )
+        elif isinstance(item, float):
+            raise SynapseError(400, f"'{path}': floats are not allowed", Codes.BAD_JSON)
+        elif isinstance(item, dict):
+            stack.extend((v, f"{path}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+
+
+def check_event(
+    room_id: str,
+    event_type: str,
+    state_key: str | None,
+    sender: str,
+    content: dict[str, object],
+    origin_server_ts: int,
+) -> None:
+    """An event about to be sent: 400 ``M_BAD_JSON`` unless its content is
+    canonical JSON, 413 ``M_TOO_LARGE`` when the event is larger than the
+    spec's 65,536 bytes, measured as canonical JSON of the event as it is
+    stored and served (with room for its id; we keep no federation fields
+    such as signatures to count)."""
+    check_canonical_json(content)
+    event: dict[str, object] = {
+        "content": content,
+        "event_id": _EVENT_ID_ALLOWANCE,
+        "origin_server_ts": origin_server_ts,
+        "room_id": room_id,
+        "sender": sender,
+        "type": event_type,
+    }
+    if state_key is not None:
+        event["state_key"] = state_key
+    encoded = json.dumps(event, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    if len(encoded.encode("utf-8")) > MAX_EVENT_CONTENT_BYTES:
+        raise SynapseError(
+            413, f"Event is too large: at most {MAX_EVENT_CONTENT_BYTES} bytes", Codes.TOO_LARGE
+        )
 
 
 def check_content_size(content: dict[str, object]) -> None:

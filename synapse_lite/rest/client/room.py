@@ -51,8 +51,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 raise SynapseError(404, "Room alias not found", Codes.NOT_FOUND)
             room_id = found[0]
         check_room_id(room_id)
-        parse_json_object_from_request(request, allow_empty=True)
-        await handlers.members.update_membership(requester, room_id, "join")
+        body = parse_json_object_from_request(request, allow_empty=True)
+        reason = get_optional_str(body, "reason", max_length=1024)
+        await handlers.members.update_membership(
+            requester, room_id, "join", reason=reason, join_content=body
+        )
         return 200, {"room_id": room_id}
 
     def membership_servlet(action: str) -> Any:
@@ -219,17 +222,18 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         events = await handlers.pagination.get_members(requester, room_id, "join", None)
-        joined: dict[str, dict[str, str]] = {}
+        joined: dict[str, dict[str, str | None]] = {}
         for event in events:
-            # Unset fields are left out (the spec's schema has no nulls).
+            # Both keys always, null when unset: clients (and SyTest) read
+            # them as the reference server gives them. The spec's schema
+            # types them as strings, with no word on unset ones.
             assert event.state_key is not None
             joined[event.state_key] = {
-                key: value
+                key: value if isinstance(value, str) else None
                 for key, value in (
                     ("display_name", event.content.get("displayname")),
                     ("avatar_url", event.content.get("avatar_url")),
                 )
-                if isinstance(value, str)
             }
         return 200, {"joined": joined}
 
@@ -349,7 +353,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("POST", client_path("/createRoom"), create_room, "create_room")
     register("POST", client_path("/join/(?P<room_id>[^/]+)"), join, "join")
     register("POST", client_path(ROOM + "/join"), join, "join")
-    for action in ("invite", "leave", "kick", "ban"):
+    for action in ("invite", "leave", "kick", "ban", "unban"):
         register("POST", client_path(f"{ROOM}/{action}"), membership_servlet(action), action)
     register(
         "PUT",
