@@ -27,8 +27,8 @@ class EventContentTestCase(ThreeUsersTestCase):
         for raw in (b'{"body": NaN}', b'{"body": Infinity}', b'{"body": -Infinity}'):
             code, _ = await self.alice.request("POST", send, raw=raw)
             self.assertEqual(code, 400, raw)
-        for value in (2**53 - 1, -(2**53) + 1, 0, True, None):
-            await self.alice.ok("POST", send, {"body": value})
+        for kept in (2**53 - 1, -(2**53) + 1, 0, True, None):
+            await self.alice.ok("POST", send, {"body": kept})
         code, body = await self.alice.request(
             "PUT", f"/rooms/{room}/state/org.example.state/k", {"n": 0.5}
         )
