@@ -240,6 +240,22 @@ def parse_filter(definition: Any) -> SyncFilter:
     )
 
 
+def parse_room_event_filter(param: str | None) -> EventFilter | None:
+    """The ``filter`` query parameter of ``/messages`` and ``/context``: a
+    ``RoomEventFilter`` as JSON (None when there is none)."""
+    if param is None:
+        return None
+    if len(param) > MAX_FILTER_BYTES:
+        raise SynapseError(400, "The filter is too large", Codes.TOO_LARGE)
+    try:
+        definition = json.loads(param)
+    except (ValueError, RecursionError):
+        raise SynapseError(400, "'filter' must be JSON", Codes.NOT_JSON) from None
+    if _depth(definition) > MAX_JSON_DEPTH:
+        raise _bad("The filter is nested too deeply")
+    return EventFilter.parse(definition, "filter")
+
+
 _UNESCAPED_DOT = re.compile(r"(?<!\\)\.")
 
 

@@ -716,6 +716,12 @@ class SyncHandler:
         raw = list(reversed(newest_first[:limit]))
         timeline = without_ignored(raw, ignored)
         prev_batch = _before(raw[0]) if raw else (since or upper)
+        if since is None and not limited:
+            # The whole of the room's history that passes the filter is in
+            # the timeline: there is nothing earlier to read. Paging back from
+            # the timeline's end then gives the client its events again (as
+            # the reference server does, and SyTest expects), not nothing.
+            prev_batch = upper
         complete = not limited and sync_filter.timeline.allows_all
         state = await self._state_block(
             requester, room_id, since, upper, raw, sync_filter, complete

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
@@ -14,7 +13,7 @@ from synapse_lite.api.identifiers import (
     check_room_id,
     check_user_id,
 )
-from synapse_lite.handlers.filtering import EventFilter
+from synapse_lite.handlers.filtering import parse_room_event_filter
 from synapse_lite.handlers.typing import check_typing_request
 from synapse_lite.http.fields import get_optional_str
 from synapse_lite.http.server import (
@@ -158,6 +157,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             query_string(request, "to"),
             direction,
             limit,
+            parse_room_event_filter(query_string(request, "filter")),
         )
         await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
         return 200, page
@@ -177,14 +177,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_identifier_text(event_id, "eventId")
         limit = query_int(request, "limit", 10, maximum=MAX_CONTEXT_LIMIT)
         assert limit is not None
-        event_filter = None
-        raw_filter = query_string(request, "filter")
-        if raw_filter is not None:
-            try:
-                definition = json.loads(raw_filter)
-            except ValueError:
-                raise SynapseError(400, "'filter' must be JSON", Codes.NOT_JSON) from None
-            event_filter = EventFilter.parse(definition, "filter")
+        event_filter = parse_room_event_filter(query_string(request, "filter"))
         context = await handlers.pagination.get_context(
             requester, room_id, event_id, limit, event_filter
         )
