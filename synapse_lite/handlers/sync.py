@@ -203,6 +203,7 @@ class SyncHandler:
         OPEN_SYNC_REQUESTS.inc()
         try:
             timeout_ms = min(timeout_ms, self._limits.max_sync_timeout_ms)
+            await self._presence_handler.apply_sync_presence(user_id, set_presence)
             if set_presence == "offline":
                 return await self._sync(requester, since_token, timeout_ms, full_state, sync_filter)
             async with self._presence_handler.user_syncing(user_id, requester.device_id):
@@ -872,15 +873,17 @@ class SyncHandler:
         sync_filter: SyncFilter,
     ) -> list[Event]:
         """Lazy-loading members: the member events the client needs to show
-        the timeline, and no others. In full: only the members of the
-        timeline's senders and the user's own. Incrementally: the member
-        changes since ``since`` (those are news) plus the members of the
-        timeline's senders this device was not sent yet (all of them, but
+        the timeline, and no others (the spec: only the members of the
+        senders of the events in the response). In full: those and the
+        user's own. Incrementally: the senders' members that changed since
+        ``since`` and those this device was not sent yet (all of them, but
         the user's own, with ``include_redundant_members``)."""
         senders = {e.sender for e in timeline}
         if since is None:
             senders.add(requester.user_id)
-            return [e for e in chosen if e.type != "m.room.member" or e.state_key in senders]
+        chosen = [e for e in chosen if e.type != "m.room.member" or e.state_key in senders]
+        if since is None:
+            return chosen
         have = {e.state_key for e in chosen if e.type == "m.room.member"}
         redundant = sync_filter.state.include_redundant_members
         wanted = {

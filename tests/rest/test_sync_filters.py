@@ -333,6 +333,29 @@ class LazyMembersTestCase(DatabaseTestCase):
         again = await self.alice.sync(since=later["next_batch"], filter=redundant)
         self.assertEqual(self.members(again), {self.bob.user_id})
 
+    async def test_a_gapped_sync_has_only_the_senders_members(self) -> None:
+        lazy = as_param({"room": {"state": {"lazy_load_members": True}, "timeline": {"limit": 3}}})
+        for i in range(3):
+            await self.bob.send(self.room, f"b{i}")
+        first = await self.alice.sync(filter=lazy)
+        self.assertEqual(self.members(first), {self.alice.user_id, self.bob.user_id})
+        dave = await ClientApi(self, self.bob.base_url).register("dave")
+        await dave.ok("POST", f"/join/{self.room}", {})
+        for i in range(2):
+            await dave.send(self.room, f"d{i}")
+        for i in range(5):
+            await self.carol.send(self.room, f"c{i}")
+        # Dave joined and spoke before the timeline's start: his membership
+        # is a state change, but not of a sender of the events shown.
+        later = await self.alice.sync(since=first["next_batch"], filter=lazy)
+        self.assertTrue(room_entry(later, self.room)["timeline"]["limited"])
+        self.assertEqual(self.members(later), {self.carol.user_id})
+        # Without lazy loading, the gap's state holds Dave's join.
+        plain = await self.alice.sync(
+            since=first["next_batch"], filter=as_param({"room": {"timeline": {"limit": 3}}})
+        )
+        self.assertEqual(self.members(plain), {dave.user_id})
+
     async def test_without_lazy_loading_all_members_and_no_summary(self) -> None:
         await self.bob.send(self.room, "b")
         result = await self.alice.sync(filter=as_param({"room": {"timeline": {"limit": 1}}}))
