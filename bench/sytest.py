@@ -29,7 +29,19 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-SHARED_SYTEST = os.path.join(REPO, "..", "shared", "sytest")
+#: The SyTest runner beside this checkout (``../shared/sytest``), else the
+#: workplace's (a worktree or clone made elsewhere has no ``../shared``).
+SHARED_SYTEST = next(
+    (
+        path
+        for path in (
+            os.path.join(REPO, "..", "shared", "sytest"),
+            "/work/shared/sytest",
+        )
+        if os.path.exists(os.path.join(path, "run.sh"))
+    ),
+    os.path.join(REPO, "..", "shared", "sytest"),
+)
 #: A port nothing listens on: SyTest's federation requests fail at once.
 SERVER_NAME = "localhost:1"
 #: What SyTest signs its shared-secret registrations with.

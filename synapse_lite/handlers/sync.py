@@ -873,17 +873,17 @@ class SyncHandler:
         sync_filter: SyncFilter,
     ) -> list[Event]:
         """Lazy-loading members: the member events the client needs to show
-        the timeline, and no others (the spec: only the members of the
-        senders of the events in the response). In full: those and the
-        user's own. Incrementally: the senders' members that changed since
-        ``since`` and those this device was not sent yet (all of them, but
-        the user's own, with ``include_redundant_members``)."""
+        the timeline, and no others. In full: only the members of the
+        timeline's senders and the user's own. Incrementally: the member
+        changes since ``since`` (those are news: a gap's joins and leaves
+        too, which the spec allows as redundant members and clients rely
+        on to keep their member lists) plus the members of the timeline's
+        senders this device was not sent yet (all of them, but the user's
+        own, with ``include_redundant_members``)."""
         senders = {e.sender for e in timeline}
         if since is None:
             senders.add(requester.user_id)
-        chosen = [e for e in chosen if e.type != "m.room.member" or e.state_key in senders]
-        if since is None:
-            return chosen
+            return [e for e in chosen if e.type != "m.room.member" or e.state_key in senders]
         have = {e.state_key for e in chosen if e.type == "m.room.member"}
         redundant = sync_filter.state.include_redundant_members
         wanted = {

@@ -333,7 +333,7 @@ class LazyMembersTestCase(DatabaseTestCase):
         again = await self.alice.sync(since=later["next_batch"], filter=redundant)
         self.assertEqual(self.members(again), {self.bob.user_id})
 
-    async def test_a_gapped_sync_has_only_the_senders_members(self) -> None:
+    async def test_a_gapped_sync_has_the_gaps_member_changes(self) -> None:
         lazy = as_param({"room": {"state": {"lazy_load_members": True}, "timeline": {"limit": 3}}})
         for i in range(3):
             await self.bob.send(self.room, f"b{i}")
@@ -345,16 +345,27 @@ class LazyMembersTestCase(DatabaseTestCase):
             await dave.send(self.room, f"d{i}")
         for i in range(5):
             await self.carol.send(self.room, f"c{i}")
-        # Dave joined and spoke before the timeline's start: his membership
-        # is a state change, but not of a sender of the events shown.
+        # Dave joined and spoke before the timeline's start: his join is a
+        # change in the gap, sent (the client keeps its member list with
+        # it); Carol is the sender of what is shown.
         later = await self.alice.sync(since=first["next_batch"], filter=lazy)
         self.assertTrue(room_entry(later, self.room)["timeline"]["limited"])
-        self.assertEqual(self.members(later), {self.carol.user_id})
-        # Without lazy loading, the gap's state holds Dave's join.
+        self.assertEqual(self.members(later), {self.carol.user_id, dave.user_id})
+        # Without lazy loading, the gap's state holds Dave's join only.
         plain = await self.alice.sync(
             since=first["next_batch"], filter=as_param({"room": {"timeline": {"limit": 3}}})
         )
         self.assertEqual(self.members(plain), {dave.user_id})
+        # Dave leaves in a gap: his leave is sent, Bob's unchanged member not.
+        await dave.ok("POST", f"/rooms/{self.room}/leave", {})
+        for i in range(5):
+            await self.carol.send(self.room, f"again {i}")
+        last = await self.alice.sync(since=later["next_batch"], filter=lazy)
+        state = room_entry(last, self.room)["state"]["events"]
+        self.assertEqual(
+            [(e["state_key"], e["content"]["membership"]) for e in state],
+            [(dave.user_id, "leave")],
+        )
 
     async def test_without_lazy_loading_all_members_and_no_summary(self) -> None:
         await self.bob.send(self.room, "b")
