@@ -112,6 +112,11 @@ class Event(_EventKind):
     #: The redaction that redacted this event (its content is then pruned).
     redacted_because: Event | None = attr.ib(default=None, hash=False)
 
+    def pruned(self) -> Event:
+        """This event with its content pruned as a redaction prunes it, with
+        no redaction to name (an erased user's event)."""
+        return attr.evolve(self, content=pruned_content(self.type, self.content))
+
     def redacted(self, redaction: Event) -> Event:
         """This event as ``redaction`` leaves it."""
         return attr.evolve(

@@ -192,6 +192,7 @@ class PaginationHandler:
             raise NotFoundError("Event not found")
         if event.stream_ordering <= 0 or not visibility.can_see(event):
             raise NotFoundError("Event not found")
+        [event] = await self._formatter.as_seen_by(requester.user_id, [event])
         return event
 
     async def get_context(
@@ -226,6 +227,8 @@ class PaginationHandler:
             else []
         )
         now_ms = self._clock.time_msec()
+        before = await self._formatter.as_seen_by(requester.user_id, before)
+        after = await self._formatter.as_seen_by(requester.user_id, after)
 
         def shown(events: list[Event]) -> list[dict[str, Any]]:
             dicts = [e.to_client_dict(now_ms) for e in visibility.filter(events)]
@@ -245,6 +248,7 @@ class PaginationHandler:
             state = await self._members_of_senders(senders, at)
         else:
             state = await self._store.get_state_at(room_id, at)
+        state = await self._formatter.as_seen_by(requester.user_id, state)
         return {
             "event": event.to_client_dict(now_ms),
             "events_before": events_before,
@@ -258,7 +262,8 @@ class PaginationHandler:
         """The room's state now, or when the requester left."""
         visibility = await self._visibility(requester, room_id)
         token = visibility.upper_bound(self._store.get_room_max_token())
-        return await self._store.get_state_at(room_id, token)
+        state = await self._store.get_state_at(room_id, token)
+        return await self._formatter.as_seen_by(requester.user_id, state)
 
     async def get_state_event(
         self, requester: Requester, room_id: str, event_type: str, state_key: str

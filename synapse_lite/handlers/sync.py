@@ -739,6 +739,7 @@ class SyncHandler:
         events = await self._formatter.format(
             requester, timeline, now_ms, include_room_id=False, event_fields=fields
         )
+        state = await self._formatter.as_seen_by(requester.user_id, state)
         summary: dict[str, Any] = {}
         if sync_filter.state.lazy_load_members and (
             since is None

@@ -77,16 +77,34 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
             user_id,
         )
 
-    async def deactivate_user(self, user_id: str) -> None:
+    async def deactivate_user(self, user_id: str, erased_at_position: int | None = None) -> None:
         """Mark a user deactivated and forget their password. The row stays,
         so the name is never registered again; their tokens stop working at
         once (the token lookup joins on ``NOT deactivated``), though the
-        caller still deletes them with the devices."""
-        await self.db_pool.execute(
-            "deactivate_user",
-            "UPDATE users SET deactivated = TRUE, password_hash = NULL WHERE name = ?",
+        caller still deletes them with the devices. ``erased_at_position``:
+        the user asked for erasure, as of that events stream position."""
+
+        def txn_func(txn: LoggingTransaction) -> None:
+            txn.execute(
+                "UPDATE users SET deactivated = TRUE, password_hash = NULL,"
+                " erased_at_position = COALESCE(erased_at_position, ?) WHERE name = ?",
+                (erased_at_position, user_id),
+            )
+            if erased_at_position is not None:
+                self.send_invalidation_txn(txn, "get_erasure_position", [user_id])
+                txn.call_after(self.get_erasure_position.invalidate, user_id)
+
+        await self.db_pool.runInteraction("deactivate_user", txn_func)
+
+    @cached(max_entries=100_000)
+    async def get_erasure_position(self, user_id: str) -> int | None:
+        """Where in the events stream ``user_id`` was erased (None: never)."""
+        rows = await self.db_pool.select(
+            "get_erasure_position",
+            "SELECT erased_at_position FROM users WHERE name = ?",
             user_id,
         )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
 
     @cached(max_entries=100_000)
     async def get_user_by_access_token(self, token_hash: str) -> tuple[str, str] | None:

@@ -12,6 +12,7 @@ ALTER TABLE ui_auth_sessions ADD COLUMN operation TEXT NOT NULL DEFAULT '';
 ALTER TABLE ui_auth_sessions ADD COLUMN params TEXT;
 ALTER TABLE ui_auth_sessions ADD COLUMN result TEXT;
 
--- Users who deactivated their account with "erase": their events are served
--- redacted to anyone who was not in the room when they were sent.
-ALTER TABLE users ADD COLUMN erased BOOLEAN NOT NULL DEFAULT FALSE;
+-- Users who deactivated their account with "erase": the events stream's
+-- position then (NULL: not erased). Their events are served redacted to
+-- anyone who could not see them by that position (the spec's erasure).
+ALTER TABLE users ADD COLUMN erased_at_position BIGINT;
