@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.api.errors import NO_IDENTITY_SERVER, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import (
     check_identifier_text,
     check_room_alias,
@@ -119,6 +119,11 @@ class RoomCreationHandler:
         topic = get_optional_str(body, "topic", max_length=4096)
         is_direct = get_bool(body, "is_direct", False)
         invitees = await self._check_invitees(get_list(body, "invite", []), user_id)
+        if get_list(body, "invite_3pid", []):
+            # Third-party invites go through an identity server: we use none.
+            raise SynapseError(
+                400, NO_IDENTITY_SERVER + ": invite by Matrix user id", Codes.SERVER_NOT_TRUSTED
+            )
         creation_content = dict(get_dict(body, "creation_content", {}))
         overrides = get_dict(body, "power_level_content_override", {})
         initial_state = self._parse_initial_state(get_list(body, "initial_state", []))

@@ -383,6 +383,10 @@ class SyncHandler:
         leave = await self._left_rooms(
             requester, memberships, since, full_state, sync_filter, now_ms, ignored
         )
+        for room_id, entry in leave.items():
+            # A left room carries the user's account data for it (the spec's
+            # LeftRoom), as changed since the token (all of it in full).
+            entry["account_data"]["events"] = room_data.get(room_id, [])
 
         to_device, to_device_key = await self._to_device(requester, since, now)
         now = now.with_positions(to_device=to_device_key)

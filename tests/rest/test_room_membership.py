@@ -157,3 +157,27 @@ class MembershipThroughWorkersTestCase(MembershipTestCase):
 
     workers = ["writer", "reader"]
     stream_writers = {"events": ["writer"]}
+
+
+class ThirdPartyInviteTestCase(DatabaseTestCase):
+    """Invites by email go through an identity server, which this server
+    does not use: refused, with nothing sent (docs/client-api.md)."""
+
+    async def test_refused(self) -> None:
+        _, clients, _ = start_cluster(self, self.test_db)
+        alice = await ClientApi(self, clients["main"].base_url).register("alice")
+        room = await alice.create_room(preset="private_chat")
+        before = [e["event_id"] for e in await alice.ok("GET", f"/rooms/{room}/state")]
+        threepid = {
+            "id_server": "id.example.org",
+            "id_access_token": "token",
+            "medium": "email",
+            "address": "lemurs@monkeyworld.org",
+        }
+        code, body = await alice.request("POST", f"/rooms/{room}/invite", threepid)
+        self.assertEqual((code, body["errcode"]), (400, "M_SERVER_NOT_TRUSTED"))
+        code, body = await alice.request("POST", "/createRoom", {"invite_3pid": [threepid]})
+        self.assertEqual((code, body["errcode"]), (400, "M_SERVER_NOT_TRUSTED"))
+        after = [e["event_id"] for e in await alice.ok("GET", f"/rooms/{room}/state")]
+        self.assertEqual(after, before)
+        self.assertEqual((await alice.ok("GET", "/joined_rooms"))["joined_rooms"], [room])

@@ -169,8 +169,16 @@ class SyncFilterTestCase(DatabaseTestCase):
         for i in range(10):
             await self.alice.send(room, f"filler {i}")
         await self.alice.send(room, "before")
+        await self.bob.ok(
+            "PUT", f"/user/{self.bob.user_id}/rooms/{room}/account_data/org.mine", {"k": 1}
+        )
+        since = (await self.bob.sync())["next_batch"]
         await self.bob.ok("POST", f"/rooms/{room}/leave", {})
         await self.alice.send(room, "after")
+        # Left since the token: the room's account data is for it (none
+        # changed since).
+        left = await self.bob.sync(since=since)
+        self.assertEqual(room_entry(left, room, "leave")["account_data"], {"events": []})
         plain = await self.bob.sync()
         self.assertEqual(plain["rooms"]["leave"], {})
         with_leave = await self.bob.sync(filter=as_param({"room": {"include_leave": True}}))
@@ -181,6 +189,9 @@ class SyncFilterTestCase(DatabaseTestCase):
         self.assertEqual(entry["timeline"]["events"][-1]["content"]["membership"], "leave")
         state_types = set(types_of(entry["state"]["events"]))
         self.assertIn("m.room.create", state_types)
+        self.assertEqual(
+            entry["account_data"]["events"], [{"type": "org.mine", "content": {"k": 1}}]
+        )
         incremental = await self.bob.sync(
             since=plain["next_batch"], filter=as_param({"room": {"include_leave": True}})
         )

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
-from synapse_lite.api.errors import AuthError, Codes, SynapseError
+from synapse_lite.api.errors import NO_IDENTITY_SERVER, AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import (
     check_identifier_text,
     check_room_alias,
@@ -62,6 +62,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             requester = await auth.get_user_by_req(request)
             check_room_id(room_id)
             body = parse_json_object_from_request(request, allow_empty=True)
+            if action == "invite" and "user_id" not in body and "medium" in body:
+                # The spec's third-party invite (by email through an identity
+                # server): we use no identity server.
+                raise SynapseError(
+                    400, NO_IDENTITY_SERVER + ": invite by Matrix user id", Codes.SERVER_NOT_TRUSTED
+                )
             target = None if action == "leave" else check_user_id(body.get("user_id"))
             reason = get_optional_str(body, "reason", max_length=1024)
             await handlers.members.update_membership(requester, room_id, action, target, reason)
