@@ -84,6 +84,9 @@ def write_config(directory: str, layout: str, database: str, base_port: int) -> 
     # /_matrix/media/v3/config, one of the deprecated endpoints that are off
     # by default. An operator serving such clients turns them on.
     config.setdefault("media", {})["legacy_unauthenticated_endpoints"] = True
+    # SyTest tests MSC2228 (self-destructing events), an unstable proposal
+    # that is off by default (docs/configuration.md).
+    config["experimental_features"] = {"msc2228_self_destructing_events": True}
     if database == "postgres":
         name = f"sytest_{os.getpid()}_{int(time.time())}"
         subprocess.run(

@@ -409,6 +409,25 @@ class TurnConfig:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class ExperimentalFeaturesConfig:
+    """Unstable Matrix proposals, each off unless switched on."""
+
+    #: MSC2228: an event whose content names ``org.matrix.self_destruct_after``
+    #: (a time in ms since the epoch) has its content pruned then.
+    msc2228_self_destructing_events: bool = False
+
+    @classmethod
+    def read(cls, section: Section) -> ExperimentalFeaturesConfig:
+        result = cls(
+            msc2228_self_destructing_events=section.get_bool(
+                "msc2228_self_destructing_events", False
+            ),
+        )
+        section.finish()
+        return result
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class HomeServerConfig:
     """Everything a process of this homeserver needs to know."""
 
@@ -444,6 +463,7 @@ class HomeServerConfig:
     router: RouterConfig | None = None
     internal_tls: InternalTlsConfig = attr.ib(factory=InternalTlsConfig)
     turn: TurnConfig = attr.ib(factory=TurnConfig)
+    experimental: ExperimentalFeaturesConfig = attr.ib(factory=ExperimentalFeaturesConfig)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -597,6 +617,7 @@ def read_homeserver_config(
     limits = LimitsConfig.read(root.get_section("limits"))
     caches = CachesConfig.read(root.get_section("caches"))
     turn = TurnConfig.read(root.get_section("turn"))
+    experimental = ExperimentalFeaturesConfig.read(root.get_section("experimental_features"))
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     position_log = root.get_bool("position_log", False)
     media_instance = root.get_str("media_instance", MAIN_PROCESS)
@@ -742,6 +763,7 @@ def read_homeserver_config(
         router=router,
         internal_tls=internal_tls,
         turn=turn,
+        experimental=experimental,
     )
 
 
