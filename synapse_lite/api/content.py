@@ -4,10 +4,12 @@ and the internal calls that carry the same data to a writer."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, is_valid_user_id
+from synapse_lite.events import EventSpec
 
 #: The spec's limit on an event's size (the whole event); content, to-device
 #: messages and account data are held to it too.
@@ -49,30 +51,28 @@ def check_canonical_json(value: object, where: str = "content") -> None:
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
 
 
-def check_event(
-    room_id: str,
-    event_type: str,
-    state_key: str | None,
-    sender: str,
-    content: dict[str, object],
-    origin_server_ts: int,
-) -> None:
-    """An event about to be sent: 400 ``M_BAD_JSON`` unless its content is
-    canonical JSON, 413 ``M_TOO_LARGE`` when the event is larger than the
-    spec's 65,536 bytes, measured as canonical JSON of the event as it is
-    stored and served (with room for its id; we keep no federation fields
-    such as signatures to count)."""
-    check_canonical_json(content)
+def check_events(room_id: str, specs: Iterable[EventSpec]) -> None:
+    """Events about to be sent to ``room_id``: 400 ``M_BAD_JSON`` unless each
+    one's content is canonical JSON, 413 ``M_TOO_LARGE`` when one is larger
+    than the spec's 65,536 bytes, measured as canonical JSON of the event as
+    it is stored and served (with room for its id; we keep no federation
+    fields such as signatures to count)."""
+    for spec in specs:
+        _check_event(room_id, spec)
+
+
+def _check_event(room_id: str, spec: EventSpec) -> None:
+    check_canonical_json(spec.content)
     event: dict[str, object] = {
-        "content": content,
+        "content": spec.content,
         "event_id": _EVENT_ID_ALLOWANCE,
-        "origin_server_ts": origin_server_ts,
+        "origin_server_ts": spec.origin_server_ts,
         "room_id": room_id,
-        "sender": sender,
-        "type": event_type,
+        "sender": spec.sender,
+        "type": spec.type,
     }
-    if state_key is not None:
-        event["state_key"] = state_key
+    if spec.state_key is not None:
+        event["state_key"] = spec.state_key
     encoded = json.dumps(event, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     if len(encoded.encode("utf-8")) > MAX_EVENT_CONTENT_BYTES:
         raise SynapseError(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 
-from synapse_lite.api.content import check_event
+from synapse_lite.api.content import check_events
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event, EventSpec
 from synapse_lite.handlers.auth import Requester
@@ -197,15 +197,7 @@ class EventCreationHandler:
         created (by these events) on that writer. Every event is checked
         here first (canonical content, size): each handler sends through
         this."""
-        for spec in specs:
-            check_event(
-                room_id,
-                spec.type,
-                spec.state_key,
-                spec.sender,
-                spec.content,
-                spec.origin_server_ts,
-            )
+        check_events(room_id, specs)
         request = EventsToPersist(room_id, specs, create_room=new_room_writer is not None)
         for attempt in (1, 2):
             writer = new_room_writer or await self._store.get_event_writer_for_room(

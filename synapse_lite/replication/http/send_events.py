@@ -6,7 +6,7 @@ from typing import Any
 
 import attr
 
-from synapse_lite.api.content import check_event
+from synapse_lite.api.content import check_events
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id
 from synapse_lite.events import EventSpec
@@ -86,15 +86,7 @@ class EventsToPersist:
             )
         room_id = check_room_id(get_str(body, "room_id"))
         specs = [_spec_from_json(e, server_name) for e in raw_events]
-        for spec in specs:
-            check_event(
-                room_id,
-                spec.type,
-                spec.state_key,
-                spec.sender,
-                spec.content,
-                spec.origin_server_ts,
-            )
+        check_events(room_id, specs)
         return cls(room_id=room_id, specs=specs, create_room=get_bool(body, "create_room", False))
 
 
