@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import urllib.parse
 
-from tests.harness.client_api import ThreeUsersTestCase
+from tests.harness.client_api import ClientApi, ThreeUsersTestCase, start_cluster
+from tests.harness.polling import eventually
+from tests.harness.server import DatabaseTestCase
 
 
 class StateEventReadTestCase(ThreeUsersTestCase):
@@ -162,3 +164,48 @@ class MessagesFilterTestCase(ThreeUsersTestCase):
         last = await self.alice.ok("GET", f"/rooms/{room}/messages?dir=b&from={page['end']}")
         self.assertEqual(last["chunk"], [])
         self.assertNotIn("end", last)
+
+
+class ReadsThroughWorkersTestCase(DatabaseTestCase):
+    """``/messages`` with a filter and lazy-loaded members, and ``/context``,
+    answer the same from the main process and a reader, the room's events
+    written by an events writer."""
+
+    async def test_same_answers_on_main_and_a_reader(self) -> None:
+        servers, clients, _ = start_cluster(
+            self, self.test_db, workers=["writer", "reader"], stream_writers={"events": ["writer"]}
+        )
+        await eventually(lambda: all(hs.replication.connected for hs in servers.values()))
+        alice = await ClientApi(self, clients["reader"].base_url).register("alice")
+        bob = await ClientApi(self, clients["main"].base_url).register("bob")
+        room = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room}", {})
+        sent = []
+        for i in range(4):
+            sent.append(await alice.send(room, f"a{i}"))
+            sent.append(await bob.send(room, f"b{i}"))
+        await eventually(
+            lambda: all(
+                hs.store.get_room_max_token() == servers["writer"].store.get_room_max_token()
+                for hs in servers.values()
+            ),
+            what="every process caught up with the writer",
+        )
+        flt = urllib.parse.quote(json.dumps({"senders": [bob.user_id], "lazy_load_members": True}))
+        answers = []
+        for client in (alice, clients["main"].as_user(alice.token)):
+            page = await client.ok("GET", f"/rooms/{room}/messages?dir=b&limit=3&filter={flt}")
+            context = await client.ok(
+                "GET", f"/rooms/{room}/context/{urllib.parse.quote(sent[3])}?limit=2&filter={flt}"
+            )
+            answers.append(
+                (
+                    [e["event_id"] for e in page["chunk"]],
+                    [e["state_key"] for e in page["state"]],
+                    page["end"],
+                    [e["state_key"] for e in context["state"]],
+                )
+            )
+        self.assertEqual(answers[0], answers[1])
+        self.assertEqual(answers[0][0], [sent[7], sent[5], sent[3]])
+        self.assertEqual(answers[0][1], [bob.user_id])
