@@ -29,20 +29,19 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-
-
-def _shared_sytest() -> str:
-    """The runner scripts: ``../shared/sytest`` beside this checkout, else the
-    workplace's ``/work/shared/sytest`` (a worktree or clone made elsewhere
-    has no ``../shared``)."""
-    beside = os.path.join(REPO, "..", "shared", "sytest")
-    for candidate in (beside, "/work/shared/sytest"):
-        if os.path.exists(os.path.join(candidate, "run.sh")):
-            return candidate
-    return beside
-
-
-SHARED_SYTEST = _shared_sytest()
+#: The SyTest runner beside this checkout (``../shared/sytest``), else the
+#: workplace's (a worktree or clone made elsewhere has no ``../shared``).
+SHARED_SYTEST = next(
+    (
+        path
+        for path in (
+            os.path.join(REPO, "..", "shared", "sytest"),
+            "/work/shared/sytest",
+        )
+        if os.path.exists(os.path.join(path, "run.sh"))
+    ),
+    os.path.join(REPO, "..", "shared", "sytest"),
+)
 #: A port nothing listens on: SyTest's federation requests fail at once.
 SERVER_NAME = "localhost:1"
 #: What SyTest signs its shared-secret registrations with.
@@ -87,6 +86,9 @@ def write_config(directory: str, layout: str, database: str, base_port: int) -> 
     # /_matrix/media/v3/config, one of the deprecated endpoints that are off
     # by default. An operator serving such clients turns them on.
     config.setdefault("media", {})["legacy_unauthenticated_endpoints"] = True
+    # SyTest tests MSC2228 (self-destructing events), an unstable proposal
+    # that is off by default (docs/configuration.md).
+    config["experimental_features"] = {"msc2228_self_destructing_events": True}
     if database == "postgres":
         name = f"sytest_{os.getpid()}_{int(time.time())}"
         subprocess.run(

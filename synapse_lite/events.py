@@ -190,6 +190,12 @@ class Event(_EventKind):
     #: The redaction that redacted this event (its content is then pruned).
     redacted_because: Event | None = attr.ib(default=None, hash=False)
 
+    def pruned(self, room_version: RoomVersion) -> Event:
+        """This event with its content pruned as a redaction prunes it (by
+        the redaction algorithm of its room's version), with no redaction to
+        name (an erased user's event)."""
+        return attr.evolve(self, content=pruned_content(self.type, self.content, room_version))
+
     def redacted(self, redaction: Event, room_version: RoomVersion) -> Event:
         """This event as ``redaction`` leaves it, by the redaction algorithm
         of its room's version (which keeps a redaction's top-level

@@ -32,6 +32,10 @@ class Codes:
     ROOM_IN_USE = "M_ROOM_IN_USE"
 
 
+#: Why a request that needs an identity server is refused (docs/client-api.md).
+NO_IDENTITY_SERVER = "This server does not use an identity server"
+
+
 class SynapseError(Exception):
     """An error with an HTTP status and a Matrix errcode, safe to show a client."""
 

@@ -53,6 +53,7 @@ from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
+from synapse_lite.handlers.event_expiry import EventExpiry
 from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.legacy_sync import LegacySyncHandler
@@ -402,6 +403,9 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         wiring.row_hooks.append(("events", delivery.on_event_rows))
         if me in config.stream_writers.events:
             replication_notifier.add_replication_callback(delivery.wake)
+
+    if is_main and config.experimental.msc2228_self_destructing_events:
+        wiring.loops.append(EventExpiry(store, clock))
 
     stalls = StallDetector(
         clock,

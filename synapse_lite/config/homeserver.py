@@ -409,6 +409,25 @@ class TurnConfig:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class ExperimentalFeaturesConfig:
+    """Unstable Matrix proposals, each off unless switched on."""
+
+    #: MSC2228: an event whose content names ``org.matrix.self_destruct_after``
+    #: (a time in ms since the epoch) has its content pruned then.
+    msc2228_self_destructing_events: bool = False
+
+    @classmethod
+    def read(cls, section: Section) -> ExperimentalFeaturesConfig:
+        result = cls(
+            msc2228_self_destructing_events=section.get_bool(
+                "msc2228_self_destructing_events", False
+            ),
+        )
+        section.finish()
+        return result
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class HomeServerConfig:
     """Everything a process of this homeserver needs to know."""
 
@@ -446,6 +465,7 @@ class HomeServerConfig:
     turn: TurnConfig = attr.ib(factory=TurnConfig)
     #: Whether guest accounts may be registered and used (docs/client-api.md#guests).
     allow_guest_access: bool = False
+    experimental: ExperimentalFeaturesConfig = attr.ib(factory=ExperimentalFeaturesConfig)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -600,6 +620,7 @@ def read_homeserver_config(
     limits = LimitsConfig.read(root.get_section("limits"))
     caches = CachesConfig.read(root.get_section("caches"))
     turn = TurnConfig.read(root.get_section("turn"))
+    experimental = ExperimentalFeaturesConfig.read(root.get_section("experimental_features"))
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     position_log = root.get_bool("position_log", False)
     media_instance = root.get_str("media_instance", MAIN_PROCESS)
@@ -746,6 +767,7 @@ def read_homeserver_config(
         internal_tls=internal_tls,
         turn=turn,
         allow_guest_access=allow_guest_access,
+        experimental=experimental,
     )
 
 

@@ -51,7 +51,7 @@ class AccountHandler:
             raise SynapseError(400, "'new_password' must not be empty", Codes.INVALID_PARAM)
         logout_devices = get_bool(body, "logout_devices", True)
         user_id = requester.user_id
-        await self._ui_auth.check_password(user_id, body)
+        await self._ui_auth.check_password(user_id, body, "change password")
         await self._store.set_password_hash(user_id, await hash_password(new_password))
         logger.info("%s changed their password", user_id)
         if logout_devices:
@@ -63,18 +63,22 @@ class AccountHandler:
 
     async def deactivate(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
         """Leave every room, then mark the user deactivated (their name is
-        never free again) and delete all their devices and tokens. Rooms are
+        never free again; with ``erase``, erased) and delete all their
+        devices and tokens. Rooms are
         left first so a writer that cannot be reached fails the request while
         the user can still retry it."""
         get_optional_str(body, "id_server", max_length=255)
-        get_bool(body, "erase", False)
+        erase = get_bool(body, "erase", False)
         user_id = requester.user_id
-        await self._ui_auth.check_password(user_id, body)
+        await self._ui_auth.check_password(user_id, body, "deactivate account")
         for row in await self._store.get_local_memberships_with_positions(user_id):
             room_id, membership = row[0], row[1]
             if membership in _MEMBERSHIPS_LEFT:
                 await self._members.update_membership(requester, room_id, "leave")
-        await self._store.deactivate_user(user_id)
+        # Erased as of now: whoever could see the user's events by now still
+        # does; who joins later is served them redacted (client_events.py).
+        erased_at = self._store.get_room_max_stream_ordering() if erase else None
+        await self._store.deactivate_user(user_id, erased_at)
         await self._devices.delete_devices(user_id, None)
         logger.info("%s deactivated their account", user_id)
         # We never bound a third-party identifier, so there is none to unbind.

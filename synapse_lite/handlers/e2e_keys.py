@@ -365,7 +365,7 @@ class E2eKeysHandler:
         ):
             return {}  # a repeat of the stored keys (a client retrying)
         if "master" in stored:
-            await ui_auth.check_password(requester.user_id, body)
+            await ui_auth.check_password(requester.user_id, body, "replace cross-signing keys")
         await self._calls.call(
             UPLOAD_CROSS_SIGNING_KEYS,
             CrossSigningUpload(user_id, uploaded),

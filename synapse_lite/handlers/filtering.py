@@ -240,6 +240,28 @@ def parse_filter(definition: Any) -> SyncFilter:
     )
 
 
+def _inline_filter(param: str) -> Any:
+    """A filter given as JSON in a query parameter, decoded (not yet
+    validated): 413 when too large, 400 ``M_NOT_JSON`` when not JSON."""
+    if len(param) > MAX_FILTER_BYTES:
+        raise SynapseError(400, "The filter is too large", Codes.TOO_LARGE)
+    try:
+        definition = json.loads(param)
+    except (ValueError, RecursionError):
+        raise SynapseError(400, "The filter is not JSON", Codes.NOT_JSON) from None
+    if _depth(definition) > MAX_JSON_DEPTH:
+        raise _bad("The filter is nested too deeply")
+    return definition
+
+
+def parse_room_event_filter(param: str | None) -> EventFilter | None:
+    """The ``filter`` query parameter of ``/messages`` and ``/context``: a
+    ``RoomEventFilter`` as JSON (None when there is none)."""
+    if param is None:
+        return None
+    return EventFilter.parse(_inline_filter(param), "filter")
+
+
 _UNESCAPED_DOT = re.compile(r"(?<!\\)\.")
 
 
@@ -292,11 +314,5 @@ class FilteringHandler:
         if param is None:
             return SyncFilter()
         if param.lstrip().startswith("{"):
-            if len(param) > MAX_FILTER_BYTES:
-                raise SynapseError(400, "The filter is too large", Codes.TOO_LARGE)
-            try:
-                definition = json.loads(param)
-            except (ValueError, RecursionError):
-                raise SynapseError(400, "The filter is not JSON", Codes.NOT_JSON) from None
-            return parse_filter(definition)
+            return parse_filter(_inline_filter(param))
         return parse_filter(await self.get_filter(user_id, param))

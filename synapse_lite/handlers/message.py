@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import attr
 from twisted.internet import defer
 
-from synapse_lite.api.content import check_content_size
+from synapse_lite.api.content import check_events
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event, EventSpec
 from synapse_lite.handlers.auth import Requester
@@ -149,7 +149,6 @@ class EventCreationHandler:
         that repeats the current state's sender and content is not sent
         again (its id is returned). ``redacts``: the event an
         ``m.room.redaction`` redacts."""
-        check_content_size(content)
         if state_key is not None:
             # PUT /state has no transaction id: a client retrying it would
             # send a second, identical state event; the same sender setting
@@ -215,7 +214,10 @@ class EventCreationHandler:
     ) -> list[tuple[str, int]]:
         """Persist events in a room on its writer; ``(event_id,
         stream_ordering)`` of each. ``new_room_writer``: the room is being
-        created (by these events) on that writer."""
+        created (by these events) on that writer. Every event is checked
+        here first (canonical content, size): each handler sends through
+        this."""
+        check_events(room_id, specs)
         request = EventsToPersist(room_id, specs, create_room=new_room_writer is not None)
         for attempt in (1, 2):
             writer = new_room_writer or await self._store.get_event_writer_for_room(

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 MAX_PAGE = 1000
+#: Events read per query while filling a filtered page, and the most pages
+#: one request reads (a filter that matches little answers a short page with
+#: an ``end`` to read on from, rather than reading a whole long room).
+SCAN_PAGE = 100
+MAX_SCAN_PAGES = 20
 
 
 class PaginationHandler:
@@ -66,38 +71,111 @@ class PaginationHandler:
         to_token: str | None,
         direction: str,
         limit: int,
+        event_filter: EventFilter | None = None,
     ) -> dict[str, Any]:
+        """A page of ``/messages``: up to ``limit`` events passing
+        ``event_filter`` (read until the page is full), ``end`` where the next
+        page starts (absent once the history in that direction is
+        exhausted), and with ``lazy_load_members`` the member events of the
+        chunk's senders in ``state``."""
         visibility = await self._visibility(requester, room_id)
         limit = max(0, min(limit, MAX_PAGE))
         current = self._store.get_room_max_token()
-        start = await self.parse_token(from_token) if from_token else current
+        if from_token:
+            start = await self.parse_token(from_token)
+        else:
+            # The spec: from the last visible event backwards, or from the
+            # first one forwards.
+            start = current if direction == "b" else RoomStreamToken(0)
         end_bound = await self.parse_token(to_token) if to_token else None
         now_ms = self._clock.time_msec()
+        keep = None
+        if event_filter is not None and not event_filter.allows_all:
+            keep = event_filter
+        next_token: RoomStreamToken | None
         if direction == "b":
             upper = visibility.upper_bound(start)
-            raw = await self._store.get_room_events_between(
-                [room_id], end_bound, upper, limit, newest_first=True
-            )
-            next_token = RoomStreamToken(raw[-1].stream_ordering - 1) if raw else None
+            raw, last, exhausted = await self._scan(room_id, end_bound, upper, limit, True, keep)
+            next_token = None
+            if last is not None and (raw or not exhausted):
+                next_token = RoomStreamToken(last.stream_ordering - 1)
         else:
             upper = visibility.upper_bound(end_bound or current)
-            raw = await self._store.get_room_events_between(
-                [room_id], start, upper, limit, newest_first=False
-            )
-            if len(raw) < limit:
+            raw, last, exhausted = await self._scan(room_id, start, upper, limit, False, keep)
+            if exhausted or last is None:
                 next_token = upper if raw else None
             else:
-                next_token = _advance(start, raw[-1])
+                next_token = _advance(start, last)
         ignored = await get_ignored_users(self._store, requester.user_id)
         shown = without_ignored(visibility.filter(raw), ignored)
+        state: list[Event] = []
+        if event_filter is not None and event_filter.lazy_load_members and shown:
+            newest = max(shown, key=lambda e: e.stream_ordering)
+            state = await self._members_of_senders(shown, RoomStreamToken(newest.stream_ordering))
         response: dict[str, Any] = {
             "chunk": await self._formatter.format(requester, shown, now_ms),
             "start": from_token or await self._store.room_token_to_string(start),
-            "state": [],
+            "state": await self._formatter.format(requester, state, now_ms),
         }
         if next_token is not None:
             response["end"] = await self._store.room_token_to_string(next_token)
         return response
+
+    async def _scan(
+        self,
+        room_id: str,
+        lower: RoomStreamToken | None,
+        upper: RoomStreamToken,
+        limit: int,
+        newest_first: bool,
+        event_filter: EventFilter | None,
+    ) -> tuple[list[Event], Event | None, bool]:
+        """Up to ``limit`` events of the room in ``(lower, upper]`` passing
+        ``event_filter`` (all when None), in reading order; the last event
+        read; whether the range was read to its end. A filter that matches
+        little is read in pages, at most :data:`MAX_SCAN_PAGES` of them: the
+        page may then come back short, with a token to read on from."""
+        if event_filter is None:
+            events = await self._store.get_room_events_between(
+                [room_id], lower, upper, limit, newest_first=newest_first
+            )
+            return events, events[-1] if events else None, len(events) < limit
+        page = max(limit, SCAN_PAGE)
+        found: list[Event] = []
+        last: Event | None = None
+        for _ in range(MAX_SCAN_PAGES):
+            if len(found) >= limit:
+                return found, last, False
+            events = await self._store.get_room_events_between(
+                [room_id], lower, upper, page, newest_first=newest_first
+            )
+            for event in events:
+                last = event
+                if event_filter.matches(event.type, event.sender, event.room_id, event.content):
+                    found.append(event)
+                    if len(found) >= limit:
+                        return found, last, False
+            if len(events) < page:
+                return found, last, True
+            assert last is not None
+            if newest_first:
+                upper = RoomStreamToken(last.stream_ordering - 1)
+            else:
+                lower = _advance(lower or RoomStreamToken(0), last)
+        return found, last, False
+
+    async def _members_of_senders(self, events: list[Event], at: RoomStreamToken) -> list[Event]:
+        """Lazy-loading members: the member events, as of ``at``, of the
+        senders of ``events`` (requests are not remembered: every sender's
+        member comes each time, which the spec allows)."""
+        if not events:
+            return []
+        senders = {e.sender for e in events}
+        return [
+            e
+            for e in await self._store.get_state_at(events[0].room_id, at)
+            if e.type == "m.room.member" and e.state_key in senders
+        ]
 
     async def get_event(self, requester: Requester, room_id: str, event_id: str) -> Event:
         """One event of the room the requester may see: 404 when it is not in
@@ -114,6 +192,7 @@ class PaginationHandler:
             raise NotFoundError("Event not found")
         if event.stream_ordering <= 0 or not visibility.can_see(event):
             raise NotFoundError("Event not found")
+        [event] = await self._formatter.as_seen_by(requester.user_id, [event])
         return event
 
     async def get_context(
@@ -148,6 +227,8 @@ class PaginationHandler:
             else []
         )
         now_ms = self._clock.time_msec()
+        before = await self._formatter.as_seen_by(requester.user_id, before)
+        after = await self._formatter.as_seen_by(requester.user_id, after)
 
         def shown(events: list[Event]) -> list[dict[str, Any]]:
             dicts = [e.to_client_dict(now_ms) for e in visibility.filter(events)]
@@ -159,11 +240,19 @@ class PaginationHandler:
             else RoomStreamToken(event.stream_ordering - 1)
         )
         end = RoomStreamToken(after[-1].stream_ordering) if after else at
-        state = await self._store.get_state_at(room_id, at)
+        events_before, events_after = shown(before), shown(after)
+        if event_filter is not None and event_filter.lazy_load_members:
+            # The members of the senders of what is shown, as of the event.
+            served = {e["event_id"] for e in (*events_before, *events_after)}
+            senders = [event, *(e for e in (*before, *after) if e.event_id in served)]
+            state = await self._members_of_senders(senders, at)
+        else:
+            state = await self._store.get_state_at(room_id, at)
+        state = await self._formatter.as_seen_by(requester.user_id, state)
         return {
             "event": event.to_client_dict(now_ms),
-            "events_before": shown(before),
-            "events_after": shown(after),
+            "events_before": events_before,
+            "events_after": events_after,
             "start": await self._store.room_token_to_string(start),
             "end": await self._store.room_token_to_string(end),
             "state": [e.to_client_dict(now_ms) for e in state],
@@ -173,7 +262,8 @@ class PaginationHandler:
         """The room's state now, or when the requester left."""
         visibility = await self._visibility(requester, room_id)
         token = visibility.upper_bound(self._store.get_room_max_token())
-        return await self._store.get_state_at(room_id, token)
+        state = await self._store.get_state_at(room_id, token)
+        return await self._formatter.as_seen_by(requester.user_id, state)
 
     async def get_state_event(
         self, requester: Requester, room_id: str, event_type: str, state_key: str

@@ -66,10 +66,16 @@ def check_presence_state(state: Any, status_msg: Any) -> None:
 class PresenceHandlerBase:
     """Reading presence; recording syncs is role-specific."""
 
+    #: Users remembered as marked idle by a sync here (bounded: cleared when
+    #: full, which at worst leaves a user idle until they set online).
+    MAX_IDLE_FROM_SYNC = 100_000
+
     def __init__(self, store: GenericWorkerStore, clock: Clock, calls: InternalCalls) -> None:
         self._store = store
         self._clock = clock
         self._calls = calls
+        #: Users a /sync on this process marked unavailable (set_presence).
+        self._idle_from_sync: set[str] = set()
 
     async def get_state(self, user_id: str) -> UserPresenceState:
         states = await self._store.get_presence_for_users([user_id])
@@ -83,6 +89,27 @@ class PresenceHandlerBase:
     async def user_syncing(self, user_id: str, device_id: str | None) -> AsyncIterator[None]:
         """Wrap a /sync request that counts towards the user being online."""
         yield
+
+    async def apply_sync_presence(self, user_id: str, set_presence: str) -> None:
+        """What a /sync's ``set_presence`` says beyond the user syncing (which
+        :meth:`user_syncing` records, marking an offline user online):
+        ``unavailable`` marks them idle (when they are not already);
+        ``online`` after a sync here marked them idle marks them online again.
+        An ``unavailable`` set with ``PUT /presence`` stays until the client
+        changes it (a sync does not undo it); ``offline`` changes nothing.
+        Through the presence writer, like any change."""
+        if set_presence == "unavailable":
+            current = await self.get_state(user_id)
+            if current.state != "unavailable":
+                await self.set_state(user_id, "unavailable", current.status_msg)
+            if len(self._idle_from_sync) >= self.MAX_IDLE_FROM_SYNC:
+                self._idle_from_sync.clear()
+            self._idle_from_sync.add(user_id)
+        elif set_presence == "online" and user_id in self._idle_from_sync:
+            self._idle_from_sync.discard(user_id)
+            current = await self.get_state(user_id)
+            if current.state == "unavailable":
+                await self.set_state(user_id, "online", current.status_msg)
 
     async def set_state(self, user_id: str, state: str, status_msg: str | None) -> None:
         """Set a user's presence, on the presence writer."""
@@ -174,7 +201,10 @@ class PresenceWriterHandler(PresenceHandlerBase):
         if user_id in self._active:
             return
         current = await self.get_state(user_id)
-        if current.state == "offline" or not current.currently_active:
+        # Offline users come online; an idle (unavailable) one stays idle.
+        if current.state == "offline" or (
+            current.state == "online" and not current.currently_active
+        ):
             now = self._clock.time_msec()
             await self._store_state(
                 attr.evolve(

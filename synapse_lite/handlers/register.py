@@ -19,6 +19,8 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Any
 
+import attr
+
 from synapse_lite.api.errors import (
     AuthError,
     Codes,
@@ -46,6 +48,72 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NONCE_LIFETIME_MS = 60_000
+#: The operation a registration's interactive-auth session authorises.
+REGISTER_OPERATION = "register"
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class _RegistrationParams:
+    """What a ``POST /register`` asks for, validated."""
+
+    username: str | None
+    password: str | None
+    #: The hash of a password given in an earlier round of the session.
+    password_hash: str | None
+    device_id: str | None
+    display_name: str | None
+    inhibit_login: bool | None
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> _RegistrationParams:
+        device_id = body.get("device_id")
+        if device_id is not None:
+            check_identifier_text(device_id, "device_id")
+        inhibit_login = body.get("inhibit_login")
+        if inhibit_login is not None:
+            inhibit_login = get_bool(body, "inhibit_login", False)
+        return cls(
+            username=get_optional_str(body, "username", max_length=MAX_ID_LENGTH),
+            password=get_optional_str(body, "password", max_length=MAX_PASSWORD_LENGTH),
+            password_hash=None,
+            device_id=device_id,
+            display_name=get_optional_str(body, "initial_device_display_name", max_length=512),
+            inhibit_login=inhibit_login,
+        )
+
+    def or_remembered(self, params: dict[str, Any]) -> _RegistrationParams:
+        """These, with what this request leaves out taken from ``params`` (a
+        session's first request, see :meth:`to_remember`)."""
+
+        def text(key: str) -> str | None:
+            value = params.get(key)
+            return value if isinstance(value, str) else None
+
+        remembered_login = params.get("inhibit_login")
+        return attr.evolve(
+            self,
+            username=self.username if self.username is not None else text("username"),
+            password_hash=None if self.password else text("password_hash"),
+            device_id=self.device_id if self.device_id is not None else text("device_id"),
+            display_name=(
+                self.display_name if self.display_name is not None else text("display_name")
+            ),
+            inhibit_login=(
+                self.inhibit_login if self.inhibit_login is not None else remembered_login is True
+            ),
+        )
+
+    async def to_remember(self) -> dict[str, Any]:
+        """What a session keeps of these: the password only as its hash."""
+        return {
+            "username": self.username,
+            "password_hash": (
+                await hash_password(self.password) if self.password else self.password_hash
+            ),
+            "device_id": self.device_id,
+            "display_name": self.display_name,
+            "inhibit_login": self.inhibit_login,
+        }
 
 
 def _random_localpart() -> str:
@@ -80,8 +148,9 @@ class RegistrationHandler:
         return user_id
 
     async def check_username(self, localpart: str) -> str:
-        """A free, valid user id for ``localpart`` (or 400 M_INVALID_USERNAME
-        / M_USER_IN_USE)."""
+        """A free, valid user id for ``localpart``, downcased (or 400
+        M_INVALID_USERNAME / M_USER_IN_USE)."""
+        localpart = localpart.lower()
         check_localpart(localpart)
         user_id = self.user_id_for(localpart)
         if await self._store.get_user(user_id) is not None:
@@ -90,23 +159,35 @@ class RegistrationHandler:
 
     async def register(self, client_ip: str, body: dict[str, Any]) -> dict[str, Any]:
         """Open registration; raises :class:`InteractiveAuthIncomplete` for the
-        401 round (``handlers/ui_auth.py``)."""
+        401 round (``handlers/ui_auth.py``). The session remembers the first
+        request's parameters (a later round may leave them out) and, once the
+        user is registered, who: repeating the last round logs that user in
+        again instead of registering another."""
         self._ratelimiter.ratelimit(client_ip)
         if not self._config.enable_registration:
             raise SynapseError(403, "Registration has been disabled", Codes.FORBIDDEN)
-        username = get_optional_str(body, "username", max_length=MAX_ID_LENGTH)
-        password = get_optional_str(body, "password", max_length=MAX_PASSWORD_LENGTH)
-        inhibit_login = get_bool(body, "inhibit_login", False)
+        asked = _RegistrationParams.from_body(body)
         guest_token = get_optional_str(body, "guest_access_token", max_length=512)
-        device_id, display_name = self._device_fields(body)
+        session = await self._ui_auth.session_of(body, REGISTER_OPERATION)
+        if session is not None and session.params is not None:
+            asked = asked.or_remembered(session.params)
+        if session is not None and session.result is not None:
+            # This session registered its user already: the same answer again.
+            await self._ui_auth.check_dummy(body, REGISTER_OPERATION)
+            return await self._registered(str(session.result["user_id"]), asked)
         if guest_token is not None:
-            user_id = await self._guest_to_upgrade(guest_token, username)
-        elif username is not None:
-            user_id = await self.check_username(username)
+            user_id = await self._guest_to_upgrade(guest_token, asked.username)
+        elif asked.username is not None:
+            user_id = await self.check_username(asked.username)
         else:
             user_id = self.user_id_for(_random_localpart())
-        await self._ui_auth.check_dummy(body)
-        password_hash = await hash_password(password) if password else None
+        remembered = None
+        if body.get("auth") is None:
+            remembered = await asked.to_remember()
+        session = await self._ui_auth.check_dummy(body, REGISTER_OPERATION, remembered)
+        password_hash = asked.password_hash
+        if asked.password:
+            password_hash = await hash_password(asked.password)
         if guest_token is not None:
             if not await self._store.upgrade_guest(user_id, password_hash):
                 raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE)
@@ -117,9 +198,18 @@ class RegistrationHandler:
             except UserExistsError:
                 raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE) from None
             logger.info("Registered %s", user_id)
-        if inhibit_login:
+        if session is not None:
+            await self._ui_auth.record_result(session, {"user_id": user_id})
+        return await self._registered(user_id, asked)
+
+    async def _registered(self, user_id: str, asked: _RegistrationParams) -> dict[str, Any]:
+        """The answer to a registration of ``user_id``: logged in on a new
+        device unless ``inhibit_login``."""
+        if asked.inhibit_login:
             return {"user_id": user_id, "home_server": self._server_name}
-        return await self._login_response(user_id, device_id, display_name)
+        return await self._login_response(
+            user_id, asked.device_id or new_device_id(), asked.display_name
+        )
 
     async def _guest_to_upgrade(self, guest_token: str, username: str | None) -> str:
         """The guest account a registration with ``guest_access_token``

@@ -5,7 +5,9 @@ them in one request.
 Presets (the spec's defaults): ``private_chat`` and ``trusted_private_chat``
 are invite-only with ``shared`` history and guests may join;
 ``trusted_private_chat`` also gives invitees the creator's power level;
-``public_chat`` is public with ``shared`` history and no guests.
+``public_chat`` is public with ``shared`` history and no guests (no
+``m.room.guest_access`` event: its absence forbids them). ``initial_state``
+overrides the preset's events.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.api.content import check_content_size
-from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
+from synapse_lite.api.errors import NO_IDENTITY_SERVER, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import (
     check_identifier_text,
     check_room_alias,
@@ -132,6 +133,11 @@ class RoomCreationHandler:
         topic = get_optional_str(body, "topic", max_length=4096)
         is_direct = get_bool(body, "is_direct", False)
         invitees = await self._check_invitees(get_list(body, "invite", []), user_id)
+        if get_list(body, "invite_3pid", []):
+            # Third-party invites go through an identity server: we use none.
+            raise SynapseError(
+                400, NO_IDENTITY_SERVER + ": invite by Matrix user id", Codes.SERVER_NOT_TRUSTED
+            )
         creation_content = dict(get_dict(body, "creation_content", {}))
         overrides = get_dict(body, "power_level_content_override", {})
         initial_state = self._parse_initial_state(get_list(body, "initial_state", []))
@@ -142,20 +148,22 @@ class RoomCreationHandler:
         now = self._clock.time_msec()
 
         def state(event_type: str, content: dict[str, Any], state_key: str = "") -> EventSpec:
-            check_content_size(content)
             return EventSpec(event_type, state_key, user_id, content, now)
 
-        check_content_size(creation_content)
-        check_content_size(power_levels)
         specs = await self.founding_events(user_id, version, creation_content, power_levels, now)
-        specs += [
-            state("m.room.join_rules", {"join_rule": settings["join_rule"]}),
-            state("m.room.history_visibility", {"history_visibility": settings["history"]}),
-            state("m.room.guest_access", {"guest_access": settings["guests"]}),
-        ]
         fixed = {(s.type, s.state_key) for s in specs}
+        # The preset's state, which initial_state overrides (the spec). No
+        # guest_access event for "forbidden": a room without one forbids.
+        preset_state = {
+            "m.room.join_rules": {"join_rule": settings["join_rule"]},
+            "m.room.history_visibility": {"history_visibility": settings["history"]},
+        }
+        if settings["guests"] != "forbidden":
+            preset_state["m.room.guest_access"] = {"guest_access": settings["guests"]}
+        given = {(t, key): content for t, key, content in initial_state}
+        specs += [state(t, given.pop((t, ""), content)) for t, content in preset_state.items()]
         specs += [
-            state(t, content, key) for t, key, content in initial_state if (t, key) not in fixed
+            state(t, content, key) for (t, key), content in given.items() if (t, key) not in fixed
         ]
         if name is not None:
             specs.append(state("m.room.name", {"name": name}))

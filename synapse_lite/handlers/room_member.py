@@ -4,13 +4,18 @@ for joins a restricted join rule admits, see ``message.py``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import is_mine_id
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
-from synapse_lite.handlers.profile import member_content, profile_of
+from synapse_lite.handlers.profile import (
+    PROFILE_FIELDS,
+    check_profile_value,
+    member_content,
+    profile_of,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -26,9 +31,13 @@ ACTIONS = {
     "leave": "leave",
     "kick": "leave",
     "ban": "ban",
+    "unban": "leave",
 }
 #: Actions a user takes on themself.
 SELF_ACTIONS = ("join", "knock", "leave")
+#: Keys of a join request's body that are the request's, not the member
+#: event's content.
+JOIN_REQUEST_KEYS = ("third_party_signed", "membership")
 
 
 class RoomMemberHandler:
@@ -57,9 +66,12 @@ class RoomMemberHandler:
         action: str,
         target: str | None = None,
         reason: str | None = None,
+        join_content: dict[str, Any] | None = None,
     ) -> str:
         """Apply ``action`` to ``target`` (the requester for join and leave);
-        returns the membership event's id."""
+        returns the membership event's id. ``join_content``: what a join
+        request's body adds to the member event's content (per-room
+        ``displayname`` and ``avatar_url`` too; not ``membership``)."""
         user_id = requester.user_id
         membership = ACTIONS[action]
         target = user_id if action in SELF_ACTIONS else target
@@ -79,14 +91,33 @@ class RoomMemberHandler:
         if not await self._store.room_exists(room_id):
             raise NotFoundError("Unknown room")
         current = await self._store.get_membership_in_room(target, room_id)
+        current_membership = current[0] if current is not None else None
         if action == "join" and current is not None and current[0] == "join":
             # Joining twice changes nothing: no new event.
             return current[1]
-        content: dict[str, object] = {"membership": membership}
+        # Both set "leave": a kick is of a member (a banned user is unbanned,
+        # not kicked), an unban of a banned user.
+        if action == "kick" and current_membership not in ("join", "invite", "knock"):
+            state = "banned: unban them instead" if current_membership == "ban" else "not in it"
+            raise AuthError(403, f"Cannot kick {target} from the room: they are {state}")
+        if action == "unban" and current_membership != "ban":
+            raise AuthError(403, f"{target} is not banned from the room")
+        content: dict[str, Any] = {"membership": membership}
         if membership in ("join", "invite", "knock"):
             # The member list shows names: a join (or invite, or knock)
             # carries the target's profile.
             content = member_content(membership, await profile_of(self._store, target))
+        if action == "join" and join_content:
+            # Extra keys are the client's to add (the spec leaves them to the
+            # server; the reference server keeps them too).
+            extra = {k: v for k, v in join_content.items() if k not in JOIN_REQUEST_KEYS}
+            content = {**extra, **content}
+            for field in PROFILE_FIELDS:
+                if field in join_content:
+                    value = check_profile_value(field, join_content[field])
+                    content.pop(field, None)
+                    if value:
+                        content[field] = value
         if reason is not None:
             content["reason"] = reason
         spec = EventSpec(

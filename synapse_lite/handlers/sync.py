@@ -203,6 +203,7 @@ class SyncHandler:
         OPEN_SYNC_REQUESTS.inc()
         try:
             timeout_ms = min(timeout_ms, self._limits.max_sync_timeout_ms)
+            await self._presence_handler.apply_sync_presence(user_id, set_presence)
             if set_presence == "offline":
                 return await self._sync(requester, since_token, timeout_ms, full_state, sync_filter)
             async with self._presence_handler.user_syncing(user_id, requester.device_id):
@@ -420,6 +421,10 @@ class SyncHandler:
         leave = await self._left_rooms(
             requester, memberships, since, full_state, sync_filter, now_ms, ignored
         )
+        for room_id, entry in leave.items():
+            # A left room carries the user's account data for it (the spec's
+            # LeftRoom), as changed since the token (all of it in full).
+            entry["account_data"]["events"] = room_data.get(room_id, [])
 
         to_device, to_device_key = await self._to_device(requester, since, now)
         now = now.with_positions(to_device=to_device_key)
@@ -754,6 +759,12 @@ class SyncHandler:
         raw = list(reversed(newest_first[:limit]))
         timeline = without_ignored(raw, ignored)
         prev_batch = _before(raw[0]) if raw else (since or upper)
+        if since is None and not limited:
+            # The whole of the room's history that passes the filter is in
+            # the timeline: there is nothing earlier to read. Paging back from
+            # the timeline's end then gives the client its events again (as
+            # the reference server does, and SyTest expects), not nothing.
+            prev_batch = upper
         complete = not limited and sync_filter.timeline.allows_all
         state = await self._state_block(
             requester, room_id, since, upper, raw, sync_filter, complete
@@ -770,6 +781,7 @@ class SyncHandler:
         events = await self._formatter.format(
             requester, timeline, now_ms, include_room_id=False, event_fields=fields
         )
+        state = await self._formatter.as_seen_by(requester.user_id, state)
         summary: dict[str, Any] = {}
         if sync_filter.state.lazy_load_members and (
             since is None
@@ -906,9 +918,11 @@ class SyncHandler:
         """Lazy-loading members: the member events the client needs to show
         the timeline, and no others. In full: only the members of the
         timeline's senders and the user's own. Incrementally: the member
-        changes since ``since`` (those are news) plus the members of the
-        timeline's senders this device was not sent yet (all of them, but
-        the user's own, with ``include_redundant_members``)."""
+        changes since ``since`` (those are news: a gap's joins and leaves
+        too, which the spec allows as redundant members and clients rely
+        on to keep their member lists) plus the members of the timeline's
+        senders this device was not sent yet (all of them, but the user's
+        own, with ``include_redundant_members``)."""
         senders = {e.sender for e in timeline}
         if since is None:
             senders.add(requester.user_id)

@@ -257,6 +257,62 @@ class WorkersTestCase(DatabaseTestCase):
             await task.deferLater(reactor, 0.01, lambda: None)
         self.assertEqual(states[-1], "offline")
 
+    async def test_presence_set_from_sync_on_another_process(self) -> None:
+        room = (await self.rooms_on_both_writers())[0]
+        assert self.bob.user_id is not None
+        bob = self.bob.user_id
+        main = self.servers["main"]
+
+        async def bob_is(state: str) -> bool:
+            return (await main.presence.get_state(bob)).state == state
+
+        async def alice_sees_bob(state: str) -> None:
+            async def seen() -> bool:
+                result = await self.alice.sync()
+                found = [e for e in result["presence"]["events"] if e["sender"] == bob]
+                return bool(found) and found[0]["content"]["presence"] == state
+
+            await eventually(seen, what=f"alice seeing bob {state}")
+
+        await self.bob_on_sync1.sync(set_presence="unavailable")
+        await eventually(lambda: bob_is("unavailable"))
+        await alice_sees_bob("unavailable")
+        self.assertIn(room, (await self.alice.sync())["rooms"]["join"])
+        # Back from idle: a sync without set_presence marks him online.
+        await self.bob_on_sync1.sync()
+        await eventually(lambda: bob_is("online"))
+        await alice_sees_bob("online")
+        # An unavailable he set himself stays through his syncs.
+        await self.bob_on_sync1.ok(
+            "PUT", f"/presence/{bob}/status", {"presence": "unavailable", "status_msg": "away"}
+        )
+        await self.bob_on_sync1.sync()
+        await self.bob_on_sync1.sync()
+        state = await main.presence.get_state(bob)
+        self.assertEqual((state.state, state.status_msg), ("unavailable", "away"))
+
+    async def test_presence_left_out_by_the_filter_does_not_end_a_long_poll(self) -> None:
+        room = (await self.rooms_on_both_writers())[0]
+        no_presence = urllib.parse.quote(json.dumps({"presence": {"not_types": ["m.presence"]}}))
+        first = await self.bob_on_sync1.sync(filter=no_presence)
+        sync1 = self.servers["sync1"]
+        presence_before = sync1.streams["presence"].positions.sync_position()
+        waiting = defer.ensureDeferred(
+            self.bob_on_sync1.sync(since=first["next_batch"], timeout=10_000, filter=no_presence)
+        )
+        await self.alice.ok(
+            "PUT", f"/presence/{self.alice.user_id}/status", {"presence": "unavailable"}
+        )
+        # The change has reached sync1 (and woken the long-poll, which found
+        # nothing it may answer) before the message is sent.
+        await eventually(
+            lambda: sync1.streams["presence"].positions.sync_position() > presence_before
+        )
+        await self.alice.send(room, "after the presence change")
+        result = await waiting
+        self.assertEqual(bodies(result, room), ["after the presence change"])
+        self.assertEqual(result["presence"]["events"], [])
+
     async def test_clear_user_sync_when_a_sync_process_stops(self) -> None:
         main, sync1 = self.servers["main"].presence, self.servers["sync1"].presence
         assert isinstance(main, PresenceWriterHandler)

@@ -51,7 +51,6 @@ class AccountTestCase(DatabaseTestCase):
 
     async def test_username_rules(self) -> None:
         for username, errcode in [
-            ("Upper", "M_INVALID_USERNAME"),
             ("with space", "M_INVALID_USERNAME"),
             ("_reserved", "M_INVALID_USERNAME"),
             ("ünïcode", "M_INVALID_USERNAME"),
@@ -72,6 +71,11 @@ class AccountTestCase(DatabaseTestCase):
         self.assertEqual((code, body["errcode"]), (400, "M_USER_IN_USE"))
         code, body = await self.api.request("GET", "/register/available?username=erin", token=None)
         self.assertEqual(body["errcode"], "M_USER_IN_USE")
+        # Capitals are downcased: "Erin" is "erin", taken.
+        code, body = await self.api.request("GET", "/register/available?username=Erin", token=None)
+        self.assertEqual(body["errcode"], "M_USER_IN_USE")
+        upper = await ClientApi(self, self.api.base_url).register("Frank-UPPER")
+        self.assertEqual(upper.user_id, "@frank-upper:test.local")
 
     async def test_guest_registration_is_refused(self) -> None:
         code, body = await self.api.request("POST", "/register?kind=guest", {}, token=None)
@@ -189,3 +193,136 @@ class RegistrationSettingsTestCase(DatabaseTestCase):
         self.assertEqual(codes, [403, 403, 429, 429])
         self.assertEqual(body["errcode"], "M_LIMIT_EXCEEDED")
         self.assertGreater(body["retry_after_ms"], 0)
+
+
+class RegistrationSessionTestCase(DatabaseTestCase):
+    """A registration's interactive-auth session remembers its first
+    request's parameters and, once done, its user: the last round repeated
+    answers the same user. A session authorises only the operation it was
+    begun for. Rounds on two processes (the session is in the database)."""
+
+    workers: list[str] = ["reader"]
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.servers, self.clients, _ = start_cluster(self, self.test_db, workers=self.workers)
+        self.first = self.clients["main"]
+        self.then = self.clients[self.workers[-1]] if self.workers else self.first
+
+    async def begin(self, body: dict[str, object]) -> str:
+        code, answer = await self.first.request("POST", "/register", body, token=None)
+        self.assertEqual(code, 401, answer)
+        return str(answer["session"])
+
+    async def complete(self, session: str, **body: object) -> dict[str, object]:
+        code, answer = await self.then.request(
+            "POST",
+            "/register",
+            {**body, "auth": {"type": "m.login.dummy", "session": session}},
+            token=None,
+        )
+        self.assertEqual(code, 200, answer)
+        return dict(answer)
+
+    async def test_repeating_the_last_round_answers_the_same_user(self) -> None:
+        session = await self.begin({"password": "pw-pw-pw"})
+        first = await self.complete(session, password="pw-pw-pw")
+        again = await self.complete(session, password="pw-pw-pw")
+        self.assertEqual(again["user_id"], first["user_id"])
+        for answer in (first, again):
+            whoami = await self.then.as_user(str(answer["access_token"])).ok(
+                "GET", "/account/whoami"
+            )
+            self.assertEqual(whoami["user_id"], first["user_id"])
+        named = await self.begin({"username": "gina", "password": "pw-pw-pw"})
+        done = await self.complete(named, username="gina", password="pw-pw-pw")
+        repeated = await self.complete(named, username="gina", password="pw-pw-pw")
+        self.assertEqual((done["user_id"], repeated["user_id"]), ("@gina:test.local",) * 2)
+        # Without the session, the name is taken.
+        code, answer = await self.then.request(
+            "POST", "/register", {"username": "gina", "auth": {"type": "m.login.dummy"}}, token=None
+        )
+        self.assertEqual((code, answer["errcode"]), (400, "M_USER_IN_USE"))
+
+    async def test_the_first_requests_parameters_are_remembered(self) -> None:
+        session = await self.begin(
+            {
+                "username": "hal",
+                "password": "pw-pw-pw",
+                "device_id": "XYZZY",
+                "initial_device_display_name": "hal's phone",
+            }
+        )
+        answer = await self.complete(session)
+        self.assertEqual((answer["user_id"], answer["device_id"]), ("@hal:test.local", "XYZZY"))
+        hal = self.then.as_user(str(answer["access_token"]))
+        device = await hal.ok("GET", "/devices/XYZZY")
+        self.assertEqual(device["display_name"], "hal's phone")
+        # The password of the first round is the account's.
+        login = await self.then.ok(
+            "POST",
+            "/login",
+            {
+                "type": "m.login.password",
+                "identifier": {"type": "m.id.user", "user": "hal"},
+                "password": "pw-pw-pw",
+            },
+        )
+        self.assertEqual(login["user_id"], "@hal:test.local")
+        rows = await self.servers["main"].store.db_pool.select(
+            "t", "SELECT params FROM ui_auth_sessions WHERE session_id = ?", session
+        )
+        self.assertNotIn("pw-pw-pw", rows[0][0])  # only its hash is kept
+
+    async def test_inhibit_login_is_remembered(self) -> None:
+        session = await self.begin({"username": "ida", "password": "pw", "inhibit_login": True})
+        answer = await self.complete(session)
+        self.assertEqual(answer["user_id"], "@ida:test.local")
+        self.assertNotIn("access_token", answer)
+        self.assertNotIn("device_id", answer)
+        code, answer = await self.first.request(
+            "POST",
+            "/register",
+            {"inhibit_login": "yes", "auth": {"type": "m.login.dummy"}},
+            token=None,
+        )
+        self.assertEqual((code, answer["errcode"]), (400, "M_BAD_JSON"))
+
+    async def test_a_session_authorises_only_its_operation(self) -> None:
+        kim = await ClientApi(self, self.first.base_url).register("kim")
+        for device in ("ONE", "TWO"):
+            await self.first.ok(
+                "POST",
+                "/login",
+                {
+                    "type": "m.login.password",
+                    "identifier": {"type": "m.id.user", "user": "kim"},
+                    "password": "secret-pw",
+                    "device_id": device,
+                },
+            )
+        code, answer = await kim.request("DELETE", "/devices/ONE", {})
+        self.assertEqual(code, 401)
+        proof = {
+            "type": "m.login.password",
+            "identifier": {"type": "m.id.user", "user": "kim"},
+            "password": "secret-pw",
+            "session": answer["session"],
+        }
+        on_then = self.then.as_user(kim.token)
+        code, refused = await on_then.request("DELETE", "/devices/TWO", {"auth": proof})
+        self.assertEqual((code, refused["errcode"]), (403, "M_FORBIDDEN"))
+        await on_then.ok("GET", "/devices/TWO")  # still there
+        # Nor another kind of request: a registration session cannot delete.
+        session = await self.begin({})
+        code, refused = await on_then.request(
+            "DELETE", "/devices/TWO", {"auth": {**proof, "session": session}}
+        )
+        self.assertEqual((code, refused["errcode"]), (403, "M_FORBIDDEN"))
+        await on_then.ok("DELETE", "/devices/ONE", {"auth": proof})
+        code, _ = await on_then.request("GET", "/devices/ONE")
+        self.assertEqual(code, 404)
+
+
+class RegistrationSessionOneProcessTestCase(RegistrationSessionTestCase):
+    workers: list[str] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
 
@@ -150,6 +151,8 @@ class AccountManagementTestCase(DatabaseTestCase):
             "t", "SELECT COUNT(*) FROM devices WHERE user_id = ?", self.alice.user_id
         )
         self.assertEqual(rows[0][0], 0)
+        # Deactivated without "erase": not erased.
+        self.assertIsNone(await self.servers["main"].store.get_erasure_position(self.alice.user_id))
         # The name is never free again.
         code, body = await self.bob.request(
             "POST",
@@ -158,6 +161,61 @@ class AccountManagementTestCase(DatabaseTestCase):
             token=None,
         )
         self.assertEqual((code, body["errcode"]), (400, "M_USER_IN_USE"))
+
+    async def test_erasure_keeps_events_for_those_who_could_see_them(self) -> None:
+        """The spec: whoever joins after the erasure is served redacted
+        copies of the erased user's events; whoever had visibility on them
+        before keeps seeing them."""
+        base = self.clients[self.entry].base_url
+        carol = await ClientApi(self, base).register("carol")
+        dave = await ClientApi(self, base).register("dave")
+        room = await self.alice.create_room(preset="public_chat", name="Alice's room")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        message = await self.alice.send(room, "body1")
+        await carol.ok("POST", f"/join/{room}", {})  # after the message, before the erasure
+        # The main process has looked alice up (not erased) before: the
+        # erasure must reach its cache (caches stream) for the last check.
+        on_main = self.clients["main"]
+        await on_main.as_user(self.bob.token).sync()
+        await self.alice.ok(
+            "POST",
+            "/account/deactivate",
+            {"auth": password_auth("alice", PASSWORD), "erase": True},
+        )
+        await dave.ok("POST", f"/join/{room}", {})
+
+        async def seen_by(client: ClientApi) -> list[Any]:
+            sync = await client.sync(filter='{"room":{"timeline":{"limit":50}}}')
+            timeline = sync["rooms"]["join"][room]["timeline"]["events"]
+            page = await client.ok("GET", f"/rooms/{room}/messages?dir=b&limit=50")
+            event = await client.ok("GET", f"/rooms/{room}/event/{message}")
+            context = await client.ok("GET", f"/rooms/{room}/context/{message}")
+            name = await client.ok("GET", f"/rooms/{room}/state/m.room.name")
+            return [
+                next(e["content"] for e in timeline if e["event_id"] == message),
+                next(e["content"] for e in page["chunk"] if e["event_id"] == message),
+                event["content"],
+                context["event"]["content"],
+                name,
+            ]
+
+        for client in (self.bob, carol):
+            self.assertEqual(
+                await seen_by(client),
+                [{"msgtype": "m.text", "body": "body1"}] * 4 + [{"name": "Alice's room"}],
+            )
+        self.assertEqual(await seen_by(dave), [{}] * 5)
+        dave_on_main = on_main.as_user(dave.token)
+
+        async def redacted_on_main() -> bool:
+            event = await dave_on_main.ok("GET", f"/rooms/{room}/event/{message}")
+            return bool(event["content"] == {})
+
+        await eventually(redacted_on_main, what="the erasure on the main process")
+        rows = await self.servers["main"].store.db_pool.select(
+            "t", "SELECT name FROM users WHERE erased_at_position IS NOT NULL"
+        )
+        self.assertEqual(rows, [(self.alice.user_id,)])
 
     async def test_capabilities(self) -> None:
         body = await self.alice.ok("GET", "/capabilities")

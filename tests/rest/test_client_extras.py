@@ -218,15 +218,19 @@ class ProfileTestCase(ThreeUsersTestCase):
         room = await self.alice.create_room(preset="public_chat")
         await self.bob.ok("POST", f"/join/{room}", {})
         members = await self.alice.ok("GET", f"/rooms/{room}/joined_members")
-        assert_spec_response(
-            self, "rooms.yaml", "/rooms/{roomId}/joined_members", "GET", 200, members
-        )
         self.assertEqual(
             members["joined"],
             {
-                self.alice.user_id: {"display_name": "alice"},
-                self.bob.user_id: {"display_name": "Bobby"},
+                self.alice.user_id: {"display_name": "alice", "avatar_url": None},
+                self.bob.user_id: {"display_name": "Bobby", "avatar_url": None},
             },
+        )
+        # Unset fields are null (docs/client-api.md), which the spec's schema
+        # does not describe: the rest of the answer is checked against it.
+        for member in members["joined"].values():
+            del member["avatar_url"]
+        assert_spec_response(
+            self, "rooms.yaml", "/rooms/{roomId}/joined_members", "GET", 200, members
         )
 
 

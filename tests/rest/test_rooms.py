@@ -29,6 +29,33 @@ class RoomsTestCase(ThreeUsersTestCase):
             members = await self.alice.ok("GET", f"/rooms/{room}/members")
             memberships = {e["state_key"]: e["content"]["membership"] for e in members["chunk"]}
             self.assertEqual(memberships, {self.alice.user_id: "join", self.bob.user_id: "invite"})
+            # Guests are forbidden by the absence of an m.room.guest_access.
+            code, guests = await self.alice.request(
+                "GET", f"/rooms/{room}/state/m.room.guest_access"
+            )
+            if preset == "public_chat":
+                self.assertEqual(code, 404)
+            else:
+                self.assertEqual(guests, {"guest_access": "can_join"})
+
+    async def test_initial_state_overrides_the_preset(self) -> None:
+        room = await self.alice.create_room(
+            preset="public_chat",
+            initial_state=[
+                {"type": "m.room.history_visibility", "content": {"history_visibility": "joined"}},
+                {"type": "m.room.guest_access", "content": {"guest_access": "can_join"}},
+                {"type": "org.example.x", "state_key": "k", "content": {"v": 1}},
+            ],
+        )
+        for event_type, content in (
+            ("m.room.history_visibility", {"history_visibility": "joined"}),
+            ("m.room.guest_access", {"guest_access": "can_join"}),
+            ("m.room.join_rules", {"join_rule": "public"}),
+            ("org.example.x/k", {"v": 1}),
+        ):
+            self.assertEqual(
+                await self.alice.ok("GET", f"/rooms/{room}/state/{event_type}"), content
+            )
 
     async def test_join_rules(self) -> None:
         private = await self.alice.create_room(preset="private_chat")

@@ -125,6 +125,13 @@ class SyncTestCase(DatabaseTestCase):
         self.assertIn(room, invited["rooms"]["invite"])
         states = invited["rooms"]["invite"][room]["invite_state"]["events"]
         self.assertIn("m.room.member", [e["type"] for e in states])
+        # The invite itself, from whoever created the room with it (SYN-205).
+        invite = next(
+            e for e in states if e["type"] == "m.room.member" and e["state_key"] == self.bob.user_id
+        )
+        self.assertEqual(
+            (invite["sender"], invite["content"]["membership"]), (self.alice.user_id, "invite")
+        )
         await self.bob.ok("POST", f"/join/{room}", {})
         joined = await self.bob.sync(since=invited["next_batch"])
         self.assertIn(room, joined["rooms"]["join"])

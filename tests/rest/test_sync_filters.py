@@ -169,8 +169,16 @@ class SyncFilterTestCase(DatabaseTestCase):
         for i in range(10):
             await self.alice.send(room, f"filler {i}")
         await self.alice.send(room, "before")
+        await self.bob.ok(
+            "PUT", f"/user/{self.bob.user_id}/rooms/{room}/account_data/org.mine", {"k": 1}
+        )
+        since = (await self.bob.sync())["next_batch"]
         await self.bob.ok("POST", f"/rooms/{room}/leave", {})
         await self.alice.send(room, "after")
+        # Left since the token: the room's account data is for it (none
+        # changed since).
+        left = await self.bob.sync(since=since)
+        self.assertEqual(room_entry(left, room, "leave")["account_data"], {"events": []})
         plain = await self.bob.sync()
         self.assertEqual(plain["rooms"]["leave"], {})
         with_leave = await self.bob.sync(filter=as_param({"room": {"include_leave": True}}))
@@ -181,6 +189,9 @@ class SyncFilterTestCase(DatabaseTestCase):
         self.assertEqual(entry["timeline"]["events"][-1]["content"]["membership"], "leave")
         state_types = set(types_of(entry["state"]["events"]))
         self.assertIn("m.room.create", state_types)
+        self.assertEqual(
+            entry["account_data"]["events"], [{"type": "org.mine", "content": {"k": 1}}]
+        )
         incremental = await self.bob.sync(
             since=plain["next_batch"], filter=as_param({"room": {"include_leave": True}})
         )
@@ -224,6 +235,9 @@ class SyncFilterTestCase(DatabaseTestCase):
             [(e.get("state_key"), e["content"].get("membership")) for e in timeline],
         )
         self.assertFalse([e for e in timeline if "away" in e["content"].get("body", "")])
+        # Every event Bob may see, within the limit of 10: the creation and
+        # the first state (history was shared then), his joins and leave, the
+        # visibility change, Carol's join.
         self.assertEqual(len(timeline), 10)
 
     async def test_ephemeral_and_room_account_data_filters(self) -> None:
@@ -330,6 +344,40 @@ class LazyMembersTestCase(DatabaseTestCase):
         await self.bob.send(self.room, "once more")
         again = await self.alice.sync(since=later["next_batch"], filter=redundant)
         self.assertEqual(self.members(again), {self.bob.user_id})
+
+    async def test_a_gapped_sync_has_the_gaps_member_changes(self) -> None:
+        lazy = as_param({"room": {"state": {"lazy_load_members": True}, "timeline": {"limit": 3}}})
+        for i in range(3):
+            await self.bob.send(self.room, f"b{i}")
+        first = await self.alice.sync(filter=lazy)
+        self.assertEqual(self.members(first), {self.alice.user_id, self.bob.user_id})
+        dave = await ClientApi(self, self.bob.base_url).register("dave")
+        await dave.ok("POST", f"/join/{self.room}", {})
+        for i in range(2):
+            await dave.send(self.room, f"d{i}")
+        for i in range(5):
+            await self.carol.send(self.room, f"c{i}")
+        # Dave joined and spoke before the timeline's start: his join is a
+        # change in the gap, sent (the client keeps its member list with
+        # it); Carol is the sender of what is shown.
+        later = await self.alice.sync(since=first["next_batch"], filter=lazy)
+        self.assertTrue(room_entry(later, self.room)["timeline"]["limited"])
+        self.assertEqual(self.members(later), {self.carol.user_id, dave.user_id})
+        # Without lazy loading, the gap's state holds Dave's join only.
+        plain = await self.alice.sync(
+            since=first["next_batch"], filter=as_param({"room": {"timeline": {"limit": 3}}})
+        )
+        self.assertEqual(self.members(plain), {dave.user_id})
+        # Dave leaves in a gap: his leave is sent, Bob's unchanged member not.
+        await dave.ok("POST", f"/rooms/{self.room}/leave", {})
+        for i in range(5):
+            await self.carol.send(self.room, f"again {i}")
+        last = await self.alice.sync(since=later["next_batch"], filter=lazy)
+        state = room_entry(last, self.room)["state"]["events"]
+        self.assertEqual(
+            [(e["state_key"], e["content"]["membership"]) for e in state],
+            [(dave.user_id, "leave")],
+        )
 
     async def test_without_lazy_loading_all_members_and_no_summary(self) -> None:
         await self.bob.send(self.room, "b")

@@ -6,7 +6,7 @@ from typing import Any
 
 import attr
 
-from synapse_lite.api.content import check_content_size
+from synapse_lite.api.content import check_events
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id
 from synapse_lite.events import EventSpec
@@ -40,7 +40,6 @@ def _spec_from_json(data: Any, server_name: str) -> EventSpec:
     if state_key is not None:
         check_identifier_text(state_key, "state_key")
     content = get_dict(data, "content")
-    check_content_size(content)
     txn = data.get("txn")
     txn_key = None
     if txn is not None:
@@ -85,11 +84,10 @@ class EventsToPersist:
             raise SynapseError(
                 400, f"'events' must hold 1 to {MAX_EVENTS_PER_REQUEST} events", Codes.BAD_JSON
             )
-        return cls(
-            room_id=check_room_id(get_str(body, "room_id")),
-            specs=[_spec_from_json(e, server_name) for e in raw_events],
-            create_room=get_bool(body, "create_room", False),
-        )
+        room_id = check_room_id(get_str(body, "room_id"))
+        specs = [_spec_from_json(e, server_name) for e in raw_events]
+        check_events(room_id, specs)
+        return cls(room_id=room_id, specs=specs, create_room=get_bool(body, "create_room", False))
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
-from synapse_lite.api.errors import Codes, InteractiveAuthIncomplete, SynapseError
+from synapse_lite.api.errors import (
+    NO_IDENTITY_SERVER,
+    Codes,
+    InteractiveAuthIncomplete,
+    SynapseError,
+)
 from synapse_lite.http.fields import get_optional_str, get_str
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.rest.client._base import client_path
@@ -22,7 +27,6 @@ if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
 
 _MEDIA = ("email", "msisdn")
-_NO_IDENTITY_SERVER = "This server does not use an identity server"
 
 
 def _check_threepid(body: dict[str, Any]) -> None:
@@ -73,14 +77,14 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request)
         if not isinstance(body.get("three_pid_creds"), dict):
             raise SynapseError(400, "'three_pid_creds' must be an object", Codes.BAD_JSON)
-        raise SynapseError(403, _NO_IDENTITY_SERVER, Codes.THREEPID_AUTH_FAILED)
+        raise SynapseError(403, NO_IDENTITY_SERVER, Codes.THREEPID_AUTH_FAILED)
 
     async def bind_threepid(request: Request) -> tuple[int, Any]:
         await handlers.auth.get_user_by_req(request)
         body = parse_json_object_from_request(request)
         for field in ("client_secret", "id_server", "id_access_token", "sid"):
             get_str(body, field, max_length=255)
-        raise SynapseError(400, _NO_IDENTITY_SERVER, Codes.SERVER_NOT_TRUSTED)
+        raise SynapseError(400, NO_IDENTITY_SERVER, Codes.SERVER_NOT_TRUSTED)
 
     async def remove_threepid(request: Request) -> tuple[int, Any]:
         # Used by both /3pid/delete and /3pid/unbind: the user has no 3PID,

@@ -114,6 +114,7 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "leave": ROOM_EVENTS_WRITER,
     "kick": ROOM_EVENTS_WRITER,
     "ban": ROOM_EVENTS_WRITER,
+    "unban": ROOM_EVENTS_WRITER,
     # Each to the writer of its stream (reads too: the writer is current).
     "typing": writer_of("typing"),
     "receipt": writer_of("receipts"),

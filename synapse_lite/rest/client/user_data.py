@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
@@ -124,7 +125,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         body = parse_json_object_from_request(request, allow_empty=True)
         await handlers.devices.get_device(requester.user_id, device_id)  # 404 first
-        await handlers.ui_auth.check_password(requester.user_id, body)
+        await handlers.ui_auth.check_password(requester.user_id, body, f"delete device {device_id}")
         await handlers.devices.delete_devices(requester.user_id, [device_id])
         return 200, {}
 
@@ -144,7 +145,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             )
         for device_id in device_ids:
             check_identifier_text(device_id, "devices")
-        await handlers.ui_auth.check_password(requester.user_id, body)
+        await handlers.ui_auth.check_password(
+            requester.user_id, body, f"delete devices {json.dumps(sorted(set(device_ids)))}"
+        )
         await handlers.devices.delete_devices(requester.user_id, device_ids)
         return 200, {}
 

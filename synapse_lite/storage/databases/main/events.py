@@ -18,7 +18,10 @@ from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
 from synapse_lite.storage.database import LoggingTransaction
-from synapse_lite.storage.databases.main.events_worker import EventsWorkerStore
+from synapse_lite.storage.databases.main.events_worker import (
+    EventsWorkerStore,
+    self_destruct_after,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,12 @@ class EventsStore(EventsWorkerStore):
             )
             if content.txn_key is not None:
                 self._record_txn_id_txn(txn, content.txn_key, event)
+            expiry = self_destruct_after(event.content) if self._self_destructing else None
+            if expiry is not None:
+                txn.execute(
+                    "INSERT INTO event_expiry (event_id, expiry_ts) VALUES (?, ?)",
+                    (event.event_id, expiry),
+                )
             if event.is_state:
                 state_changed.add(room_id)
                 if event.type == "m.room.member" and event.state_key is not None:

@@ -11,8 +11,8 @@ from synapse_lite.api.room_versions import (
     KNOWN_ROOM_VERSIONS,
     RoomVersion,
 )
-from synapse_lite.events import Event
-from synapse_lite.storage._base import db_to_json, page_of_updates
+from synapse_lite.events import Event, pruned_content
+from synapse_lite.storage._base import db_to_json, json_encoder, page_of_updates
 from synapse_lite.storage.caches import LruCache, cached
 from synapse_lite.storage.change_tracker import StreamChangeTracker
 from synapse_lite.storage.database import (
@@ -75,6 +75,21 @@ def client_txn_id(stored: str) -> str:
     return stored.removeprefix(REDACTION_TXN_PREFIX)
 
 
+#: MSC2228's content key: when (ms since the epoch) the event's content goes.
+SELF_DESTRUCT_AFTER = "org.matrix.self_destruct_after"
+#: The name other processes' event caches are invalidated by (caches stream).
+EVENT_CACHE = "get_event"
+
+
+def self_destruct_after(content: dict[str, Any]) -> int | None:
+    """The expiry an event's content asks for (MSC2228), if it is an integer
+    time; anything else asks for nothing."""
+    value = content.get(SELF_DESTRUCT_AFTER)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
 class EventsWorkerStore(CacheInvalidationWorkerStore):
     """Events by id, the events stream's positions and its update function."""
 
@@ -84,6 +99,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         super().__init__(database, db_conn, hs)
         self._stream_id_gen = hs.id_generators.of("events")
         self._event_cache: LruCache[Event] = LruCache(hs.config.caches.event_cache_entries)
+        self._self_destructing = hs.config.experimental.msc2228_self_destructing_events
         #: Rooms with new events, and users with new memberships, by position.
         self.room_changes = StreamChangeTracker(self.get_room_max_token)
         self.membership_changes = StreamChangeTracker(self.get_room_max_token)
@@ -254,6 +270,54 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
 
     def invalidate_event_cache(self, event_id: str) -> None:
         self._event_cache.pop(event_id)
+
+    def invalidate_cache_by_name(self, name: str, keys: list[Any] | None) -> None:
+        # The event cache is no cached method: other processes name it so.
+        if name == EVENT_CACHE:
+            if keys is None:
+                self._event_cache.clear()
+            else:
+                self.invalidate_event_cache(keys[0])
+            return
+        super().invalidate_cache_by_name(name, keys)
+
+    # Self-destructing events (MSC2228)
+
+    async def get_events_due_to_expire(self, now_ms: int, limit: int) -> list[str]:
+        """Events whose content is due to be pruned by ``now_ms``, oldest first."""
+        rows = await self.db_pool.select(
+            "get_events_due_to_expire",
+            "SELECT event_id FROM event_expiry WHERE expiry_ts <= ? ORDER BY expiry_ts LIMIT ?",
+            now_ms,
+            limit,
+        )
+        return [r[0] for r in rows]
+
+    async def expire_event(self, event_id: str) -> None:
+        """Prune an event's stored content as a redaction prunes it and forget
+        its expiry, here and (caches stream) in every process's event cache.
+        Not a write to the events stream: the event keeps its position, and
+        any one process may do it."""
+
+        def txn_func(txn: LoggingTransaction) -> None:
+            txn.execute(
+                "SELECT e.type, e.content, r.room_version FROM events AS e"
+                " LEFT JOIN rooms AS r USING (room_id) WHERE e.event_id = ?",
+                (event_id,),
+            )
+            row = txn.fetchone()
+            if row is not None:
+                version = KNOWN_ROOM_VERSIONS.get(str(row[2]), IMPLICIT_ROOM_VERSION)
+                pruned = pruned_content(row[0], db_to_json(row[1]), version)
+                txn.execute(
+                    "UPDATE events SET content = ? WHERE event_id = ?",
+                    (json_encoder(pruned), event_id),
+                )
+            txn.execute("DELETE FROM event_expiry WHERE event_id = ?", (event_id,))
+            self.send_invalidation_txn(txn, EVENT_CACHE, [event_id])
+            txn.call_after(self.invalidate_event_cache, event_id)
+
+        await self.db_pool.runInteraction("expire_event", txn_func)
 
     # The events stream's update functions
 

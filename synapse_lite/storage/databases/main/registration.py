@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attr
+
 from synapse_lite.storage._base import db_to_json, json_encoder
 from synapse_lite.storage.caches import cached
 from synapse_lite.storage.database import LoggingTransaction
@@ -14,6 +16,20 @@ from synapse_lite.storage.databases.main.devices import DeviceWorkerStore
 
 class UserExistsError(Exception):
     """The user id is taken."""
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class UiAuthSession:
+    """A user-interactive auth session (a row of ``ui_auth_sessions``)."""
+
+    session_id: str
+    #: What the session may authorise, as the handler that began it named it.
+    operation: str
+    completed_stages: tuple[str, ...]
+    #: Parameters of the first request that later rounds may leave out.
+    params: dict[str, Any] | None
+    #: What the completed operation produced (None: not completed yet).
+    result: dict[str, Any] | None
 
 
 class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
@@ -109,16 +125,34 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
             user_id,
         )
 
-    async def deactivate_user(self, user_id: str) -> None:
+    async def deactivate_user(self, user_id: str, erased_at_position: int | None = None) -> None:
         """Mark a user deactivated and forget their password. The row stays,
         so the name is never registered again; their tokens stop working at
         once (the token lookup joins on ``NOT deactivated``), though the
-        caller still deletes them with the devices."""
-        await self.db_pool.execute(
-            "deactivate_user",
-            "UPDATE users SET deactivated = TRUE, password_hash = NULL WHERE name = ?",
+        caller still deletes them with the devices. ``erased_at_position``:
+        the user asked for erasure, as of that events stream position."""
+
+        def txn_func(txn: LoggingTransaction) -> None:
+            txn.execute(
+                "UPDATE users SET deactivated = TRUE, password_hash = NULL,"
+                " erased_at_position = COALESCE(erased_at_position, ?) WHERE name = ?",
+                (erased_at_position, user_id),
+            )
+            if erased_at_position is not None:
+                self.send_invalidation_txn(txn, "get_erasure_position", [user_id])
+                txn.call_after(self.get_erasure_position.invalidate, user_id)
+
+        await self.db_pool.runInteraction("deactivate_user", txn_func)
+
+    @cached(max_entries=100_000)
+    async def get_erasure_position(self, user_id: str) -> int | None:
+        """Where in the events stream ``user_id`` was erased (None: never)."""
+        rows = await self.db_pool.select(
+            "get_erasure_position",
+            "SELECT erased_at_position FROM users WHERE name = ?",
             user_id,
         )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
 
     @cached(max_entries=100_000)
     async def get_user_by_access_token(self, token_hash: str) -> tuple[str, str, bool] | None:
@@ -199,24 +233,50 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
 
     # User-interactive auth sessions (shared by every process through the table)
 
-    async def create_ui_auth_session(self, session_id: str) -> None:
+    async def create_ui_auth_session(
+        self, session_id: str, operation: str, params: dict[str, Any] | None
+    ) -> None:
+        """A new session for ``operation``, remembering ``params`` (see
+        :class:`UiAuthSession`)."""
         await self.db_pool.execute(
             "create_ui_auth_session",
-            "INSERT INTO ui_auth_sessions (session_id, creation_ts, completed_stages)"
-            " VALUES (?, ?, ?)",
+            "INSERT INTO ui_auth_sessions"
+            " (session_id, creation_ts, completed_stages, operation, params)"
+            " VALUES (?, ?, ?, ?, ?)",
             session_id,
             self.clock.time_msec(),
             json_encoder([]),
+            operation,
+            None if params is None else json_encoder(params),
         )
 
-    async def get_ui_auth_session(self, session_id: str) -> list[str] | None:
-        """The completed stages of a session, or None if there is no such session."""
+    async def get_ui_auth_session(self, session_id: str) -> UiAuthSession | None:
+        """The session, or None if there is no such session."""
         rows = await self.db_pool.select(
             "get_ui_auth_session",
-            "SELECT completed_stages FROM ui_auth_sessions WHERE session_id = ?",
+            "SELECT completed_stages, operation, params, result FROM ui_auth_sessions"
+            " WHERE session_id = ?",
             session_id,
         )
-        return list(db_to_json(rows[0][0])) if rows else None
+        if not rows:
+            return None
+        stages, operation, params, result = rows[0]
+        return UiAuthSession(
+            session_id=session_id,
+            operation=operation,
+            completed_stages=tuple(db_to_json(stages)),
+            params=None if params is None else db_to_json(params),
+            result=None if result is None else db_to_json(result),
+        )
+
+    async def set_ui_auth_session_result(self, session_id: str, result: dict[str, Any]) -> None:
+        """Record what the session's completed operation produced."""
+        await self.db_pool.execute(
+            "set_ui_auth_session_result",
+            "UPDATE ui_auth_sessions SET result = ? WHERE session_id = ?",
+            json_encoder(result),
+            session_id,
+        )
 
     async def delete_old_ui_auth_sessions(self, older_than_ms: int) -> None:
         await self.db_pool.execute(
