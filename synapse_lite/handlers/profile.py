@@ -11,6 +11,7 @@ the background: a user in many rooms does not wait for all of them.
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -36,6 +37,10 @@ def localpart(user_id: str) -> str:
     return user_id[1:].split(":", 1)[0]
 
 
+#: An RFC 3986 scheme and its colon.
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
 def check_profile_value(field: str, value: object) -> str | None:
     """A new value for ``field`` (None clears it), or a 400."""
     if value is None:
@@ -46,8 +51,12 @@ def check_profile_value(field: str, value: object) -> str | None:
         raise SynapseError(400, f"'{field}' is too long", Codes.BAD_JSON)
     if "\x00" in value:
         raise SynapseError(400, f"'{field}' must not contain NUL", Codes.BAD_JSON)
-    if field == "avatar_url" and value and not value.startswith("mxc://"):
-        raise SynapseError(400, "'avatar_url' must be an mxc:// URI", Codes.BAD_JSON)
+    if field == "avatar_url" and value and not _URI_SCHEME.match(value):
+        # The spec's format is a URI (clients show mxc:// ones; others they
+        # may link to or ignore): a scheme is required, not mxc.
+        raise SynapseError(
+            400, "'avatar_url' must be a URI, e.g. mxc://server/media_id", Codes.BAD_JSON
+        )
     return value
 
 

@@ -5,8 +5,9 @@ them in one request.
 Presets (the spec's defaults): ``private_chat`` and ``trusted_private_chat``
 are invite-only with ``shared`` history and guests may join;
 ``trusted_private_chat`` also gives invitees the creator's power level;
-``public_chat`` is public with ``shared`` history and no guests (no
-``m.room.guest_access`` event: its absence forbids them). ``initial_state``
+``public_chat`` is public with ``shared`` history and no guests (an
+``m.room.guest_access`` of ``forbidden``, as the spec's preset table has it,
+so that an upgrade carries the setting over explicitly). ``initial_state``
 overrides the preset's events.
 """
 
@@ -152,14 +153,12 @@ class RoomCreationHandler:
 
         specs = await self.founding_events(user_id, version, creation_content, power_levels, now)
         fixed = {(s.type, s.state_key) for s in specs}
-        # The preset's state, which initial_state overrides (the spec). No
-        # guest_access event for "forbidden": a room without one forbids.
+        # The preset's state, which initial_state overrides (the spec).
         preset_state = {
             "m.room.join_rules": {"join_rule": settings["join_rule"]},
             "m.room.history_visibility": {"history_visibility": settings["history"]},
+            "m.room.guest_access": {"guest_access": settings["guests"]},
         }
-        if settings["guests"] != "forbidden":
-            preset_state["m.room.guest_access"] = {"guest_access": settings["guests"]}
         given = {(t, key): content for t, key, content in initial_state}
         specs += [state(t, given.pop((t, ""), content)) for t, content in preset_state.items()]
         specs += [

@@ -197,10 +197,16 @@ class ProfileTestCase(ThreeUsersTestCase):
         for field, value in [
             ("displayname", 5),
             ("displayname", "x" * 300),
-            ("avatar_url", "http://example.com/a.png"),
+            ("avatar_url", "not a uri"),
+            ("avatar_url", "/relative/a.png"),
         ]:
             code, body = await self.alice.request("PUT", f"/profile/{me}/{field}", {field: value})
             self.assertEqual((code, body["errcode"]), (400, "M_BAD_JSON"), (field, value))
+        # Any URI (the spec's format), not only mxc: clients choose what to show.
+        await self.alice.ok(
+            "PUT", f"/profile/{me}/avatar_url", {"avatar_url": "https://example.com/a.png"}
+        )
+        await self.alice.ok("PUT", f"/profile/{me}/avatar_url", {"avatar_url": None})
         code, body = await self.alice.request("PUT", f"/profile/{me}/displayname", {})
         self.assertEqual((code, body["errcode"]), (400, "M_MISSING_PARAM"))
         code, body = await self.alice.request("PUT", f"/profile/{me}/status", {"status": "x"})
