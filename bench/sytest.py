@@ -38,7 +38,9 @@ REGISTRATION_SECRET = "reg_secret"
 BASE_PORT = 28408
 
 
-def write_config(directory: str, layout: str, database: str, base_port: int) -> str:
+def write_config(
+    directory: str, layout: str, database: str, base_port: int, sytest_dir: str
+) -> str:
     """Generate the layout's config, then set what SyTest needs."""
     path = os.path.join(directory, "homeserver.yaml")
     subprocess.run(
@@ -72,6 +74,9 @@ def write_config(directory: str, layout: str, database: str, base_port: int) -> 
     # /_matrix/media/v3/config, one of the deprecated endpoints that are off
     # by default. An operator serving such clients turns them on.
     config.setdefault("media", {})["legacy_unauthenticated_endpoints"] = True
+    # SyTest's push gateway serves HTTPS with a certificate of SyTest's own
+    # CA: trusted for push gateways, besides the system's CAs.
+    config["push"] = {"gateway_ca_paths": [os.path.join(sytest_dir, "keys", "ca.crt")]}
     if database == "postgres":
         name = f"sytest_{os.getpid()}_{int(time.time())}"
         subprocess.run(
@@ -122,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     directory = tempfile.mkdtemp(prefix=f"sytest_{args.layout}_")
     out = args.out or os.path.join(directory, "results")
-    config = write_config(directory, args.layout, args.database, args.base_port)
+    config = write_config(
+        directory, args.layout, args.database, args.base_port, os.path.abspath(args.sytest_dir)
+    )
     base_url = f"http://127.0.0.1:{args.base_port}"
     log = open(os.path.join(directory, "server.log"), "w")
     server = subprocess.Popen(

@@ -84,6 +84,7 @@ from synapse_lite.handlers.typing import (
 from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
 from synapse_lite.http.forwarded import router_proof
 from synapse_lite.http.server import JsonResource
+from synapse_lite.http.tls import https_policy_trusting
 from synapse_lite.media.paths import MediaFilePaths
 from synapse_lite.media.repository import MediaRepository
 from synapse_lite.media.servlets import MediaElsewhere, MediaServlets
@@ -92,7 +93,12 @@ from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
 from synapse_lite.replication.claims import PeerClaims
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
-from synapse_lite.replication.http.devices import DELETE_DEVICES, REGISTER_DEVICE, RENAME_DEVICE
+from synapse_lite.replication.http.devices import (
+    DELETE_DEVICES,
+    REGISTER_DEVICE,
+    REMOVE_DEVICE_PUSHERS,
+    RENAME_DEVICE,
+)
 from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_CROSS_SIGNING_KEYS,
     UPLOAD_DEVICE_KEYS,
@@ -339,6 +345,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         (ADD_ACCOUNT_DATA, handlers.account_data.write_account_data),
         (EDIT_PUSH_RULES, handlers.push_rules.write_edit),
         (SET_PUSHER, handlers.push_rules.write_pusher),
+        (REMOVE_DEVICE_PUSHERS, handlers.push_rules.remove_device_pushers),
         (SET_ROOM_TAG, handlers.account_data.write_tag),
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
@@ -368,12 +375,15 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             instance_name=me,
             instances=config.pusher_instances,
             reactor=reactor,
+            tls_policy=https_policy_trusting(config.push.gateway_ca_paths),
         )
         wiring.loops.append(delivery)
-        # Woken by events persisted elsewhere (replication rows) and here
-        # (an events writer's own ids finishing poke the replication notifier).
-        wiring.row_hooks.append(("events", delivery.on_event_rows))
-        if me in config.stream_writers.events:
+        # Woken by events (new notifications) and read receipts (badge
+        # updates) written elsewhere (replication rows) and here (a writer's
+        # own ids finishing poke the replication notifier).
+        wiring.row_hooks.append(("events", delivery.on_rows))
+        wiring.row_hooks.append(("receipts", delivery.on_rows))
+        if me in config.stream_writers.events or me in config.stream_writers.writers_of("receipts"):
             replication_notifier.add_replication_callback(delivery.wake)
 
     stalls = StallDetector(

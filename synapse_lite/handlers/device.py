@@ -18,6 +18,7 @@ from synapse_lite.replication.http.calls import EmptyBody
 from synapse_lite.replication.http.devices import (
     DELETE_DEVICES,
     REGISTER_DEVICE,
+    REMOVE_DEVICE_PUSHERS,
     RENAME_DEVICE,
     DeviceLogin,
     DeviceRename,
@@ -87,10 +88,14 @@ class DeviceHandler:
         return EmptyBody()
 
     async def delete_devices(self, user_id: str, device_ids: list[str] | None) -> list[str]:
-        """Log devices out (all the user's devices when None); returns the
-        hashes of the tokens revoked. Forgotten here at once: a logged-out
-        client's next request to this process fails even before the caches
-        stream brings the news."""
+        """Log devices out (all the user's devices when None) and remove the
+        pushers their tokens set; returns the hashes of the tokens revoked.
+        Forgotten here at once: a logged-out client's next request to this
+        process fails even before the caches stream brings the news."""
+        # Pushers first: if the devices' deletion then fails, the client's
+        # retry (its token still works) deletes them; the other way round a
+        # failure would leave pushers of a device nobody can log out again.
+        await self._calls.call(REMOVE_DEVICE_PUSHERS, DevicesLogout(user_id, device_ids))
         answer = await self._calls.call(
             DELETE_DEVICES, DevicesLogout(user_id, device_ids), instance=self.writer_for(user_id)
         )

@@ -1,5 +1,7 @@
 """TLS between the processes of one homeserver (replication and internal HTTP,
-and the router relaying to them), for deployments across machines.
+and the router relaying to them), for deployments across machines; and the
+trust used towards push gateways (the system's CAs plus ``push.
+gateway_ca_paths``).
 
 A listener with ``tls_certificate_path``/``tls_private_key_path`` serves TLS
 with them; whoever connects to it checks the certificate against the CA in
@@ -12,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from cryptography import x509
+from OpenSSL import crypto
 from twisted.internet import ssl
+from twisted.internet._sslverify import IOpenSSLTrustRoot
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.endpoints import (
     HostnameEndpoint,
@@ -21,8 +26,12 @@ from twisted.internet.endpoints import (
     wrapClientTLS,
 )
 from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.web.client import BrowserLikePolicyForHTTPS
+from twisted.web.iweb import IPolicyForHTTPS
+from zope.interface import implementer
 
 from synapse_lite.config.homeserver import TlsFiles
+from synapse_lite.config.push import read_pem_certificates
 
 
 class TlsSetupError(Exception):
@@ -89,3 +98,28 @@ class InternalTlsClient:
         if tls:
             endpoint = wrapClientTLS(self.options_for(host), endpoint)
         return endpoint
+
+
+@implementer(IOpenSSLTrustRoot)
+class SystemAndExtraTrustRoot:
+    """The system's trusted CAs plus some of the operator's: a certificate
+    chaining to either is accepted (``ssl.trustRootFromCertificates`` would
+    trust only the given ones)."""
+
+    def __init__(self, extra: list[x509.Certificate]) -> None:
+        self._extra = [crypto.X509.from_cryptography(c) for c in extra]
+
+    def _addCACertsToContext(self, context: Any) -> None:
+        context.set_default_verify_paths()
+        store = context.get_cert_store()
+        for certificate in self._extra:
+            store.add_cert(certificate)
+
+
+def https_policy_trusting(ca_paths: tuple[str, ...]) -> IPolicyForHTTPS:
+    """What an ``Agent`` checks HTTPS servers with: the system's CAs, and
+    those in ``ca_paths`` (PEM files, checked when the config was loaded)."""
+    if not ca_paths:
+        return BrowserLikePolicyForHTTPS()
+    extra = [c for path in ca_paths for c in read_pem_certificates(path)]
+    return BrowserLikePolicyForHTTPS(trustRoot=SystemAndExtraTrustRoot(extra))

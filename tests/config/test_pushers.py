@@ -45,3 +45,43 @@ class PusherInstancesTestCase(unittest.TestCase):
         self.assertEqual(owners, [owner_of(k, list(instances)) for k in keys])
         # Spread over every instance.
         self.assertEqual(set(owners), set(instances))
+
+
+class GatewayCaPathsTestCase(unittest.TestCase):
+    """``push.gateway_ca_paths``: PEM files read at load, relative to the
+    config file; a missing file or one without a certificate stops the load
+    with the key path."""
+
+    def load(self, directory: str, **changes: Any) -> Any:
+        data = sharded_config()
+        data.update(changes)
+        return load_config(write_config(directory, data))
+
+    def test_default_and_relative_paths(self) -> None:
+        from tests.harness.tls import TestCA
+
+        directory = tempfile.mkdtemp()
+        self.assertEqual(self.load(directory).push.gateway_ca_paths, ())
+        ca = TestCA(directory)
+        config = self.load(directory, push={"gateway_ca_paths": ["ca.pem"]})
+        self.assertEqual(config.push.gateway_ca_paths, (ca.ca_path,))
+        # One file may be given as a string.
+        config = self.load(directory, push={"gateway_ca_paths": "ca.pem"})
+        self.assertEqual(config.push.gateway_ca_paths, (ca.ca_path,))
+
+    def test_unusable_files_are_refused_with_the_key(self) -> None:
+        directory = tempfile.mkdtemp()
+        with open(f"{directory}/notes.txt", "w") as f:
+            f.write("not a certificate\n")
+        for value, reason in [
+            (["missing.pem"], "push.gateway_ca_paths[0]: cannot read"),
+            (["notes.txt"], "push.gateway_ca_paths[0]: " + f"{directory}/notes.txt holds no PEM"),
+            ([5], "push.gateway_ca_paths[0]: must be a string"),
+            ({"a": 1}, "push.gateway_ca_paths: must be a list of strings"),
+        ]:
+            with self.assertRaises(ConfigError) as raised:
+                self.load(directory, push={"gateway_ca_paths": value})
+            self.assertIn(reason, str(raised.exception))
+        with self.assertRaises(ConfigError) as raised:
+            self.load(directory, push={"gateway_ca": "x"})
+        self.assertIn("push.gateway_ca: is not a known setting here", str(raised.exception))
