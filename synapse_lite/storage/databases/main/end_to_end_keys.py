@@ -343,9 +343,11 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
 
     async def add_cross_signing_signatures(self, signer: str, signatures: list[list[str]]) -> None:
         """Store signatures by ``signer`` (``[target user, target device or
-        public key, signing key id, signature]``), announced as one change of
-        the signer's devices (their other devices fetch the keys again). On
-        the signer's device_lists writer only."""
+        public key, signing key id, signature]``). Signatures of the signer's
+        own keys are one change of the signer's devices (everyone sharing a
+        room fetches them again); a signature of another user's master key
+        is a change of that user's keys told to the signer alone (only they
+        are shown it). On the signer's device_lists writer only."""
 
         def txn_func(txn: LoggingTransaction) -> None:
             for target_user, target_id, key_id, signature in signatures:
@@ -360,7 +362,15 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                     " VALUES (?, ?, ?, ?, ?)",
                     (signer, key_id, target_user, target_id, signature),
                 )
-            self.add_device_changes_txn(txn, signer, sorted({s[1] for s in signatures}))
+            own = sorted({s[1] for s in signatures if s[0] == signer})
+            if own:
+                self.add_device_changes_txn(txn, signer, own)
+            others: dict[str, set[str]] = {}
+            for target_user, target_id, _, _ in signatures:
+                if target_user != signer:
+                    others.setdefault(target_user, set()).add(target_id)
+            for target_user, target_ids in sorted(others.items()):
+                self.add_device_changes_txn(txn, target_user, sorted(target_ids), signer)
 
         await self.db_pool.runInteraction("add_cross_signing_signatures", txn_func)
 
