@@ -68,6 +68,7 @@ from synapse_lite.handlers.profile import ProfileHandler
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.pusher_delivery import PusherDelivery
+from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.relations import RelationsHandler
@@ -337,6 +338,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         profiles=ProfileHandler(store, clock, server_name, events),
         directory=DirectoryHandler(store, server_name, clock, events),
         relations=relations,
+        search=SearchHandler(store, clock, pagination),
         server_name=server_name,
     )
     if me in config.stream_writers.events:

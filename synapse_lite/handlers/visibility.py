@@ -71,6 +71,26 @@ class RoomVisibility:
             return any(m == "join" and pos >= event.stream_ordering for pos, m in self.history)
         return False
 
+    def visible_ranges(self) -> list[tuple[int | None, int | None]]:
+        """Where :meth:`can_see` shows the room's events, as half-open ranges
+        of stream orderings ``[start, end)`` (None: unbounded), sorted and
+        disjoint: the same rule for a query over many events at once (full
+        text search). The user's own membership events, which they always
+        see, are not counted in (nothing searched is one)."""
+        if self.history_visibility == "world_readable":
+            return [(None, None)]
+        allowed = {"join", "invite"} if self.history_visibility == "invited" else {"join"}
+        ranges: list[tuple[int | None, int | None]] = []
+        for index, (position, membership) in enumerate(self.history):
+            if membership in allowed:
+                end = self.history[index + 1][0] if index + 1 < len(self.history) else None
+                ranges.append((position, end))
+        joins = [position for position, membership in self.history if membership == "join"]
+        if self.history_visibility == "shared" and joins:
+            # Everything up to their last join (joined after it was sent).
+            ranges.append((None, max(joins) + 1))
+        return _merged(ranges)
+
     def filter(self, events: Iterable[Event]) -> list[Event]:
         return [e for e in events if self.can_see(e)]
 
@@ -78,6 +98,22 @@ class RoomVisibility:
         """403 unless the user was ever in the room (or it is world readable)."""
         if not self.ever_member and self.history_visibility != "world_readable":
             raise AuthError(403, "You are not in this room")
+
+
+def _merged(ranges: list[tuple[int | None, int | None]]) -> list[tuple[int | None, int | None]]:
+    """Overlapping or touching ranges joined, in order."""
+    low = -(2**63)
+    high = 2**63
+    spans = sorted(
+        (low if start is None else start, high if end is None else end) for start, end in ranges
+    )
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        elif start < end:
+            merged.append([start, end])
+    return [(None if s == low else s, None if e == high else e) for s, e in merged]
 
 
 async def get_history_visibility(store: GenericWorkerStore, room_id: str) -> str:

@@ -21,6 +21,7 @@ from synapse_lite.rest.client import (
     push_rules,
     reports,
     room,
+    search,
     sync,
     user_data,
     versions,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.room import RoomCreationHandler
     from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
+    from synapse_lite.handlers.search import SearchHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
@@ -93,6 +95,7 @@ class ClientHandlers:
     profiles: ProfileHandler
     directory: DirectoryHandler
     relations: RelationsHandler
+    search: SearchHandler
     server_name: str
 
 
@@ -103,6 +106,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         account,
         account_management,
         room,
+        search,
         sync,
         user_data,
         keys,

@@ -87,6 +87,8 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "context": READERS,
     "relations": READERS,
     "threads": READERS,
+    # The search index is in the shared database, filled by the events writers.
+    "search": READERS,
     # Not streams: any process writes the rows (profiles also send member
     # events, each through its room's writer).
     "profile": READERS,

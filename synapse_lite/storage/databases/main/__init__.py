@@ -28,6 +28,7 @@ from synapse_lite.storage.databases.main.registration import RegistrationWorkerS
 from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
+from synapse_lite.storage.databases.main.search import SearchWorkerStore
 
 
 class GenericWorkerStore(
@@ -50,6 +51,7 @@ class GenericWorkerStore(
     PushersWorkerStore,
     ProfileWorkerStore,
     RelationsWorkerStore,
+    SearchWorkerStore,
 ):
     """The store of a worker process."""
 
