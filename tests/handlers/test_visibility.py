@@ -4,6 +4,8 @@ and every history visibility (what full-text search relies on)."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial import unittest
@@ -52,7 +54,7 @@ class VisibleRangesTestCase(unittest.TestCase):
         view = RoomVisibility("@me:test", visibility, history)
         ranges = view.visible_ranges()
         # Sorted and disjoint.
-        for (_, end), (start, _) in zip(ranges, ranges[1:], strict=False):
+        for (_, end), (start, _) in itertools.pairwise(ranges):
             assert end is not None and start is not None and end < start, ranges
         for position in range(0, 70):
             self.assertEqual(
