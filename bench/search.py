@@ -26,30 +26,21 @@ from typing import Any
 
 from twisted.internet import defer, task
 
+from bench.in_process import with_main_process
 from bench.scenarios import percentile
-from synapse_lite.app.composition import build_homeserver
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.storage.databases.main import events as events_store
-from tests.harness.databases import create_test_database
-from tests.harness.server import make_config
 
 WORDS = [f"word{i:02d}" for i in range(100)]
 USER = "@searcher:test.local"
 
 
 async def _run(reactor: Any, args: argparse.Namespace) -> None:
-    test_db = create_test_database(args.engine)
-    try:
-        config = make_config(test_db, rate_limiting={"enabled": False}, enable_registration=True)
-        hs = build_homeserver(config, "main", reactor)
-        hs.loops.startService()
-        try:
-            await _measure(hs, args)
-        finally:
-            await hs.service.stopService()
-    finally:
-        test_db.drop()
+    async def measure(hs: Any) -> None:
+        await _measure(hs, args)
+
+    await with_main_process(reactor, args.engine, measure)
 
 
 async def _persist(hs: Any, room_id: str, first: int, count: int) -> None:
@@ -123,13 +114,13 @@ async def _measure(hs: Any, args: argparse.Namespace) -> None:
     try:
         for round_number in range(args.rounds):
             for indexed in (True, False) if round_number % 2 == 0 else (False, True):
-                events_store.index_events_txn = real_index if indexed else _no_index  # type: ignore[assignment]
+                events_store.index_events_txn = real_index if indexed else _no_index
                 started = time.perf_counter()
                 await _persist(hs, room_id, next_n, per_round)
                 rates[indexed].append(per_round / (time.perf_counter() - started))
                 next_n += per_round
     finally:
-        events_store.index_events_txn = real_index  # type: ignore[assignment]
+        events_store.index_events_txn = real_index
     on = sum(rates[True]) / len(rates[True])
     off = sum(rates[False]) / len(rates[False])
     print(
