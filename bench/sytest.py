@@ -75,8 +75,8 @@ def write_config(
     # by default. An operator serving such clients turns them on.
     config.setdefault("media", {})["legacy_unauthenticated_endpoints"] = True
     # SyTest's push gateway serves HTTPS with a certificate of SyTest's own
-    # CA: trusted for push gateways, besides the system's CAs.
-    config["push"] = {"gateway_ca_paths": [os.path.join(sytest_dir, "keys", "ca.crt")]}
+    # CA: trusted besides the system's CAs.
+    config["outbound_requests"] = {"extra_ca_paths": [os.path.join(sytest_dir, "keys", "ca.crt")]}
     if database == "postgres":
         name = f"sytest_{os.getpid()}_{int(time.time())}"
         subprocess.run(

@@ -68,7 +68,6 @@ from synapse_lite.handlers.profile import ProfileHandler
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.pusher_delivery import PusherDelivery
-from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.relations import RelationsHandler
@@ -76,6 +75,7 @@ from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.room import RoomCreationHandler
 from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
+from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.typing import (
     TypingFollowerHandler,
@@ -377,7 +377,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             instance_name=me,
             instances=config.pusher_instances,
             reactor=reactor,
-            tls_policy=https_policy_trusting(config.push.gateway_ca_paths),
+            tls_policy=https_policy_trusting(config.outbound_requests.extra_ca_paths),
         )
         wiring.loops.append(delivery)
         # Woken by events (new notifications) and read receipts (badge

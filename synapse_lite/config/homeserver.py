@@ -15,7 +15,7 @@ import attr
 
 from synapse_lite.config.federation import FederationConfig
 from synapse_lite.config.media import MediaConfig
-from synapse_lite.config.push import PushConfig
+from synapse_lite.config.outbound import OutboundRequestsConfig
 from synapse_lite.config.validation import (
     REQUIRED,
     ConfigError,
@@ -445,7 +445,7 @@ class HomeServerConfig:
     router: RouterConfig | None = None
     internal_tls: InternalTlsConfig = attr.ib(factory=InternalTlsConfig)
     turn: TurnConfig = attr.ib(factory=TurnConfig)
-    push: PushConfig = attr.ib(factory=PushConfig)
+    outbound_requests: OutboundRequestsConfig = attr.ib(factory=OutboundRequestsConfig)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -599,7 +599,7 @@ def read_homeserver_config(
     limits = LimitsConfig.read(root.get_section("limits"))
     caches = CachesConfig.read(root.get_section("caches"))
     turn = TurnConfig.read(root.get_section("turn"))
-    push = PushConfig.read(root.get_section("push"), base_dir)
+    outbound_requests = OutboundRequestsConfig.read(root.get_section("outbound_requests"), base_dir)
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     position_log = root.get_bool("position_log", False)
     media_instance = root.get_str("media_instance", MAIN_PROCESS)
@@ -745,7 +745,7 @@ def read_homeserver_config(
         router=router,
         internal_tls=internal_tls,
         turn=turn,
-        push=push,
+        outbound_requests=outbound_requests,
     )
 
 

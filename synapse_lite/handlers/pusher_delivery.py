@@ -108,7 +108,7 @@ class PusherDelivery:
         # One connection per delivery: nothing stays open between polls.
         self._pool = HTTPConnectionPool(reactor, persistent=False)
         #: Gateways' certificates are checked with ``tls_policy`` (the
-        #: system's CAs and ``push.gateway_ca_paths``).
+        #: system's CAs and ``outbound_requests.extra_ca_paths``).
         self._agent = Agent(reactor, contextFactory=tls_policy, pool=self._pool)
         #: The receipts stream position up to which read receipts have been
         #: looked at for badge updates (older ones are not this process's

@@ -1,7 +1,7 @@
 """TLS between the processes of one homeserver (replication and internal HTTP,
 and the router relaying to them), for deployments across machines; and the
-trust used towards push gateways (the system's CAs plus ``push.
-gateway_ca_paths``).
+trust used towards servers users name (the system's CAs plus
+``outbound_requests.extra_ca_paths``).
 
 A listener with ``tls_certificate_path``/``tls_private_key_path`` serves TLS
 with them; whoever connects to it checks the certificate against the CA in
@@ -31,7 +31,7 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from synapse_lite.config.homeserver import TlsFiles
-from synapse_lite.config.push import read_pem_certificates
+from synapse_lite.config.outbound import read_pem_certificates
 
 
 class TlsSetupError(Exception):

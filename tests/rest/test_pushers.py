@@ -445,7 +445,7 @@ def reactor_any() -> Any:
 
 class HttpsGatewayTestCase(DatabaseTestCase):
     """A gateway serving HTTPS with a certificate of a private CA is reached
-    when ``push.gateway_ca_paths`` names that CA, and never otherwise
+    when ``outbound_requests.extra_ca_paths`` names that CA, and never otherwise
     (verification stays on)."""
 
     async def deliveries(self, trust: bool) -> tuple[Gateway, ClientApi, str]:
@@ -465,7 +465,8 @@ class HttpsGatewayTestCase(DatabaseTestCase):
         port = reactor_any().listenSSL(0, Site(gateway), options, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         url = f"https://localhost:{port.getHost().port}/_matrix/push/v1/notify"
-        extra: dict[str, Any] = {"push": {"gateway_ca_paths": [ca.ca_path]}} if trust else {}
+        trusted = {"outbound_requests": {"extra_ca_paths": [ca.ca_path]}}
+        extra: dict[str, Any] = trusted if trust else {}
         _, clients, _ = start_cluster(self, self.test_db, **extra)
         base = clients["main"].base_url
         alice = await ClientApi(self, base).register("alice")
