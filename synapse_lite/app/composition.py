@@ -85,11 +85,13 @@ from synapse_lite.handlers.typing import (
 from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
 from synapse_lite.http.forwarded import router_proof
 from synapse_lite.http.server import JsonResource
+from synapse_lite.http.outbound import OutboundHttpClient
 from synapse_lite.http.tls import https_policy_trusting
 from synapse_lite.media.paths import MediaFilePaths
 from synapse_lite.media.repository import MediaRepository
 from synapse_lite.media.servlets import MediaElsewhere, MediaServlets
 from synapse_lite.media.storage import MediaStorage, make_storage_provider
+from synapse_lite.media.url_preview import UrlPreviewer
 from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
 from synapse_lite.replication.claims import PeerClaims
@@ -636,7 +638,15 @@ def _media_for_role(
         rate_limits_enabled=config.rate_limits.enabled,
     )
     wiring.loops.append(repository)
-    return repository, MediaServlets(repository, auth)
+    previewer = None
+    if media_config.url_previews:
+        outbound = OutboundHttpClient(
+            reactor,
+            config.outbound_requests,
+            https_policy_trusting(config.outbound_requests.extra_ca_paths),
+        )
+        previewer = UrlPreviewer(repository, outbound)
+    return repository, MediaServlets(repository, auth, previewer)
 
 
 def _load_database(
