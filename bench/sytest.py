@@ -74,12 +74,14 @@ def write_config(
     # /_matrix/media/v3/config, one of the deprecated endpoints that are off
     # by default. An operator serving such clients turns them on.
     config.setdefault("media", {})["legacy_unauthenticated_endpoints"] = True
-    # SyTest's push gateway, identity server and pages to preview are served
-    # over HTTPS with certificates of SyTest's own CA (trusted besides the
-    # system's CAs), on this host: the loopback address is allowed to the
-    # users SyTest makes (a real server refuses it: it is this host).
+    # SyTest's push gateway and pages to preview are served over HTTPS with
+    # certificates of SyTest's own CA, its identity server with a
+    # self-signed one: both trusted besides the system's CAs. They are on
+    # this host: the loopback address is allowed for the users SyTest makes
+    # (a real server refuses it: it is this host).
+    keys = os.path.join(sytest_dir, "keys")
     config["outbound_requests"] = {
-        "extra_ca_paths": [os.path.join(sytest_dir, "keys", "ca.crt")],
+        "extra_ca_paths": [os.path.join(keys, "ca.crt"), os.path.join(keys, "tls-selfsigned.crt")],
         "ip_range_allowlist": ["127.0.0.0/8", "::1/128"],
     }
     config["media"]["url_previews"] = True

@@ -55,6 +55,7 @@ from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
 from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
+from synapse_lite.handlers.identity import IdentityHandler
 from synapse_lite.handlers.login import LoginHandler
 from synapse_lite.handlers.message import EventCreationHandler
 from synapse_lite.handlers.openid import OpenIdHandler
@@ -84,8 +85,8 @@ from synapse_lite.handlers.typing import (
 )
 from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
 from synapse_lite.http.forwarded import router_proof
-from synapse_lite.http.server import JsonResource
 from synapse_lite.http.outbound import OutboundHttpClient
+from synapse_lite.http.server import JsonResource
 from synapse_lite.http.tls import https_policy_trusting
 from synapse_lite.media.paths import MediaFilePaths
 from synapse_lite.media.repository import MediaRepository
@@ -266,7 +267,15 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         config, me, reactor, clock, store, replication, replication_notifier, calls, wiring
     )
     auth = AuthHandler(store, _client_ip_recorder(clock, main_store, replication))
-    media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
+    # Requests to servers users name (identity servers, pages to preview).
+    outbound = OutboundHttpClient(
+        reactor,
+        config.outbound_requests,
+        https_policy_trusting(config.outbound_requests.extra_ca_paths),
+    )
+    media, media_endpoints = _media_for_role(
+        config, me, store, clock, reactor, auth, outbound, wiring
+    )
     devices = DeviceHandler(store, calls, config, notifier)
     push = PushActionsHandler(store) if me in config.stream_writers.events else None
     events = EventCreationHandler(
@@ -291,6 +300,12 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     members = RoomMemberHandler(store, clock, server_name, events)
     pagination = PaginationHandler(store, clock)
     relations = RelationsHandler(store, clock, pagination)
+    identity = IdentityHandler(
+        store,
+        outbound,
+        lambda: load_or_create_signing_key(config.data_dir, create=False),
+        server_name,
+    )
     handlers = ClientHandlers(
         clock=clock,
         store=store,
@@ -331,7 +346,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         ui_auth=ui_auth,
         typing=typing,
         presence=presence,
-        account=AccountHandler(store, ui_auth, devices, members),
+        account=AccountHandler(store, ui_auth, devices, members, identity),
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store),
         openid=OpenIdHandler(store, clock, server_name),
@@ -341,6 +356,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         directory=DirectoryHandler(store, server_name, clock, events),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
+        identity=identity,
         server_name=server_name,
     )
     if me in config.stream_writers.events:
@@ -611,6 +627,7 @@ def _media_for_role(
     clock: Clock,
     reactor: Any,
     auth: AuthHandler,
+    outbound: OutboundHttpClient,
     wiring: _Wiring,
 ) -> tuple[MediaRepository | None, MediaEndpoints]:
     """The media instance serves the media repository; every other process
@@ -638,14 +655,7 @@ def _media_for_role(
         rate_limits_enabled=config.rate_limits.enabled,
     )
     wiring.loops.append(repository)
-    previewer = None
-    if media_config.url_previews:
-        outbound = OutboundHttpClient(
-            reactor,
-            config.outbound_requests,
-            https_policy_trusting(config.outbound_requests.extra_ca_paths),
-        )
-        previewer = UrlPreviewer(repository, outbound)
+    previewer = UrlPreviewer(repository, outbound) if media_config.url_previews else None
     return repository, MediaServlets(repository, auth, previewer)
 
 

@@ -51,8 +51,10 @@ class TestCA:
         with open(self.ca_path, "wb") as f:
             f.write(self._certificate.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str, hosts: list[str]) -> tuple[str, str]:
-        """``(certificate path, key path)`` for ``hosts`` (names or IP addresses)."""
+    def issue(self, name: str, hosts: list[str], alt_names: bool = True) -> tuple[str, str]:
+        """``(certificate path, key path)`` for ``hosts`` (names or IP
+        addresses); without ``alt_names``, a legacy certificate naming its
+        one host in its subject CN only."""
         key = _key()
         names: list[x509.GeneralName] = []
         for host in hosts:
@@ -61,17 +63,22 @@ class TestCA:
             except ValueError:
                 names.append(x509.DNSName(host))
         now = datetime.datetime.now(datetime.UTC)
-        certificate = (
+        builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .subject_name(
+                x509.Name(
+                    [x509.NameAttribute(NameOID.COMMON_NAME, name if alt_names else hosts[0])]
+                )
+            )
             .issuer_name(self._certificate.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .sign(self._key, hashes.SHA256())
         )
+        if alt_names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        certificate = builder.sign(self._key, hashes.SHA256())
         certificate_path = os.path.join(self.directory, f"{name}.pem")
         key_path = os.path.join(self.directory, f"{name}.key")
         with open(certificate_path, "wb") as f:

@@ -213,6 +213,42 @@ class OutboundClientTestCase(unittest.TestCase):
         self.assertFalse(raised.exception.denied)
 
 
+class LegacyCommonNameTestCase(unittest.TestCase):
+    """A certificate without subjectAltName is accepted only when issued by
+    one of the operator's CAs, and only for the host in its CN."""
+
+    async def test_only_for_the_operators_ca_and_the_named_host(self) -> None:
+        import ipaddress
+
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        ca = TestCA(directory)
+        certificate, key = ca.issue("legacy", ["localhost"], alt_names=False)
+        with open(certificate, "rb") as f, open(key, "rb") as k:
+            options = ssl.PrivateCertificate.loadPEM(k.read() + f.read()).options()
+        port = serve(self, Pages(), tls=options)
+        loopback = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+        config = OutboundRequestsConfig(extra_ca_paths=(ca.ca_path,), ip_range_allowlist=loopback)
+        client = OutboundHttpClient(_reactor, config, https_policy_trusting(config.extra_ca_paths))
+        answer = await client.request("GET", f"https://localhost:{port}/plain.html")
+        self.assertEqual(answer.code, 200)
+        # The same certificate for another name (the address): refused.
+        with self.assertRaises(OutboundRequestError):
+            await client.request("GET", f"https://127.0.0.1:{port}/plain.html")
+        # Issued by a CA the operator does not name: refused.
+        other_directory = os.path.join(directory, "other")
+        os.makedirs(other_directory)
+        other = TestCA(other_directory, "another CA")
+        config = OutboundRequestsConfig(
+            extra_ca_paths=(other.ca_path,), ip_range_allowlist=loopback
+        )
+        stranger = OutboundHttpClient(
+            _reactor, config, https_policy_trusting(config.extra_ca_paths)
+        )
+        with self.assertRaises(OutboundRequestError):
+            await stranger.request("GET", f"https://localhost:{port}/plain.html")
+
+
 class PagePropertiesTestCase(unittest.TestCase):
     def test_charset_and_first_values(self) -> None:
         html = (

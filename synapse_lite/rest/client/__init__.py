@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.directory import DirectoryHandler
     from synapse_lite.handlers.e2e_keys import E2eKeysHandler
     from synapse_lite.handlers.filtering import FilteringHandler
+    from synapse_lite.handlers.identity import IdentityHandler
     from synapse_lite.handlers.login import LoginHandler
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.handlers.openid import OpenIdHandler
@@ -96,6 +97,7 @@ class ClientHandlers:
     directory: DirectoryHandler
     relations: RelationsHandler
     search: SearchHandler
+    identity: IdentityHandler
     server_name: str
 
 

@@ -76,6 +76,9 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     # devices through the main process, so main saves a forward.
     "account_password": MAIN,
     "account_deactivate": MAIN,
+    # Unbinding at identity servers is signed with the server's key, which
+    # the main process made.
+    "threepid_bindings": MAIN,
     # Plain tables, no stream: any process reads and writes them.
     "report_event": READERS,
     "report_room": READERS,

@@ -29,6 +29,7 @@ from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 from synapse_lite.storage.databases.main.search import SearchWorkerStore
+from synapse_lite.storage.databases.main.threepid_bindings import ThreepidBindingsWorkerStore
 
 
 class GenericWorkerStore(
@@ -52,6 +53,7 @@ class GenericWorkerStore(
     ProfileWorkerStore,
     RelationsWorkerStore,
     SearchWorkerStore,
+    ThreepidBindingsWorkerStore,
 ):
     """The store of a worker process."""
 
