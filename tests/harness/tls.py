@@ -6,11 +6,13 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from twisted.internet import ssl
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -85,3 +87,10 @@ class TestCA:
             f.write(certificate.public_bytes(serialization.Encoding.PEM))
         _write_key(key, key_path)
         return certificate_path, key_path
+
+    def server_options(self, name: str, hosts: list[str], alt_names: bool = True) -> Any:
+        """What ``reactor.listenSSL`` serves a certificate for ``hosts`` with
+        (see :meth:`issue`)."""
+        certificate, key = self.issue(name, hosts, alt_names)
+        with open(certificate, "rb") as c, open(key, "rb") as k:
+            return ssl.PrivateCertificate.loadPEM(k.read() + c.read()).options()

@@ -11,7 +11,7 @@ import os
 import urllib.parse
 from typing import Any, cast
 
-from twisted.internet import reactor, ssl
+from twisted.internet import reactor
 from twisted.trial import unittest
 from twisted.web.resource import Resource
 from twisted.web.server import Site
@@ -200,9 +200,7 @@ class OutboundClientTestCase(unittest.TestCase):
         directory = os.path.abspath(self.mktemp())
         os.makedirs(directory)
         ca = TestCA(directory)
-        certificate, key = ca.issue("site", ["localhost"])
-        with open(certificate, "rb") as f, open(key, "rb") as k:
-            options = ssl.PrivateCertificate.loadPEM(k.read() + f.read()).options()
+        options = ca.server_options("site", ["localhost"])
         port = serve(self, Pages(), tls=options)
         url = f"https://localhost:{port}/plain.html"
         loopback = [ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("::1/128")]
@@ -223,9 +221,7 @@ class LegacyCommonNameTestCase(unittest.TestCase):
         directory = os.path.abspath(self.mktemp())
         os.makedirs(directory)
         ca = TestCA(directory)
-        certificate, key = ca.issue("legacy", ["localhost"], alt_names=False)
-        with open(certificate, "rb") as f, open(key, "rb") as k:
-            options = ssl.PrivateCertificate.loadPEM(k.read() + f.read()).options()
+        options = ca.server_options("legacy", ["localhost"], alt_names=False)
         port = serve(self, Pages(), tls=options)
         loopback = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
         config = OutboundRequestsConfig(extra_ca_paths=(ca.ca_path,), ip_range_allowlist=loopback)

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, cast
 
-from twisted.internet import reactor, ssl
+from twisted.internet import reactor
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -80,9 +80,7 @@ class IdentityTestCase(DatabaseTestCase):
         directory = os.path.abspath(self.mktemp())
         os.makedirs(directory)
         ca = TestCA(directory)
-        certificate, key = ca.issue("identity", ["localhost"])
-        with open(certificate, "rb") as f, open(key, "rb") as k:
-            options = ssl.PrivateCertificate.loadPEM(k.read() + f.read()).options()
+        options = ca.server_options("identity", ["localhost"])
         self.identity = IdentityServer()
         port = _reactor.listenSSL(0, Site(self.identity), options, interface="127.0.0.1")
         self.addCleanup(port.stopListening)

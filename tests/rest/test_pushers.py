@@ -449,7 +449,6 @@ class HttpsGatewayTestCase(DatabaseTestCase):
     (verification stays on)."""
 
     async def deliveries(self, trust: bool) -> tuple[Gateway, ClientApi, str]:
-        from twisted.internet import ssl
 
         from synapse_lite.handlers import pusher_delivery
         from tests.harness.tls import TestCA
@@ -458,9 +457,7 @@ class HttpsGatewayTestCase(DatabaseTestCase):
         directory = os.path.abspath(self.mktemp())
         os.makedirs(directory)
         ca = TestCA(directory)
-        certificate, key = ca.issue("gateway", ["localhost"])
-        with open(certificate, "rb") as f, open(key, "rb") as k:
-            options = ssl.PrivateCertificate.loadPEM(k.read() + f.read()).options()
+        options = ca.server_options("gateway", ["localhost"])
         gateway = Gateway()
         port = reactor_any().listenSSL(0, Site(gateway), options, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
