@@ -158,7 +158,9 @@ class PusherDelivery:
             if owner_of(key, self._instances) != self._me:
                 continue
             if pusher.user_id in readers:
-                defer.ensureDeferred(self._send_badge(pusher))
+                defer.ensureDeferred(self._send_badge(pusher)).addErrback(
+                    lambda f: logger.warning("Badge update failed: %s", f.value)
+                )
             if key in self._busy:
                 continue
             retry_at, _ = self._backoff.get(key, (0.0, 0.0))
