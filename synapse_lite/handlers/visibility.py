@@ -76,19 +76,24 @@ class RoomVisibility:
         of stream orderings ``[start, end)`` (None: unbounded), sorted and
         disjoint: the same rule for a query over many events at once (full
         text search). The user's own membership events, which they always
-        see, are not counted in (nothing searched is one)."""
-        if self.history_visibility == "world_readable":
-            return [(None, None)]
-        allowed = {"join", "invite"} if self.history_visibility == "invited" else {"join"}
-        ranges: list[tuple[int | None, int | None]] = []
-        for index, (position, membership) in enumerate(self.history):
-            if membership in allowed:
-                end = self.history[index + 1][0] if index + 1 < len(self.history) else None
-                ranges.append((position, end))
-        joins = [position for position, membership in self.history if membership == "join"]
-        if self.history_visibility == "shared" and joins:
-            # Everything up to their last join (joined after it was sent).
-            ranges.append((None, max(joins) + 1))
+        see, are left out (nothing searched is one).
+
+        Derived from :meth:`can_see` itself, so the two cannot drift apart:
+        its answer for an ordinary event can only change at the positions
+        where something it reads changes (the user's membership events) or
+        just after them, so asking it once per stretch between those
+        positions gives every range."""
+        cuts = sorted({p + offset for p, _ in self.history for offset in (0, 1)})
+        if not cuts:
+            return [(None, None)] if self.can_see(_probe(self.user_id, 0)) else []
+        stretches: list[tuple[int | None, int | None]] = [(None, cuts[0])]
+        stretches += [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+        stretches.append((cuts[-1], None))
+        ranges = []
+        for start, end in stretches:
+            probe = start if start is not None else cuts[0] - 1
+            if self.can_see(_probe(self.user_id, probe)):
+                ranges.append((start, end))
         return _merged(ranges)
 
     def filter(self, events: Iterable[Event]) -> list[Event]:
@@ -100,20 +105,31 @@ class RoomVisibility:
             raise AuthError(403, "You are not in this room")
 
 
-def _merged(ranges: list[tuple[int | None, int | None]]) -> list[tuple[int | None, int | None]]:
-    """Overlapping or touching ranges joined, in order."""
-    low = -(2**63)
-    high = 2**63
-    spans = sorted(
-        (low if start is None else start, high if end is None else end) for start, end in ranges
+def _probe(user_id: str, position: int) -> Event:
+    """An ordinary event (not the user's membership) at ``position``."""
+    return Event(
+        event_id="$probe",
+        room_id="",
+        type="m.room.message",
+        state_key=None,
+        sender=user_id,
+        content={},
+        origin_server_ts=0,
+        stream_ordering=position,
+        depth=0,
+        instance_name="",
     )
-    merged: list[list[int]] = []
-    for start, end in spans:
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        elif start < end:
-            merged.append([start, end])
-    return [(None if s == low else s, None if e == high else e) for s, e in merged]
+
+
+def _merged(ranges: list[tuple[int | None, int | None]]) -> list[tuple[int | None, int | None]]:
+    """Touching ranges (given sorted and disjoint) joined."""
+    merged: list[tuple[int | None, int | None]] = []
+    for start, end in ranges:
+        if merged and merged[-1][1] is not None and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 async def get_history_visibility(store: GenericWorkerStore, room_id: str) -> str:
