@@ -26,7 +26,7 @@ from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.handlers.client_events import ClientEventFormatter
 from synapse_lite.handlers.filtering import EventFilter
 from synapse_lite.handlers.ignored_users import get_ignored_users
-from synapse_lite.handlers.visibility import RoomVisibility, get_history_visibility
+from synapse_lite.handlers.visibility import RoomVisibility, load_room_visibility
 from synapse_lite.storage.databases.main.search import (
     SEARCHED_KEYS,
     SearchHit,
@@ -297,15 +297,13 @@ class SearchHandler:
     ) -> dict[str, RoomVisibility]:
         """The user's view of every room they have been in that the filter
         allows (one room for a room group's next page)."""
-        histories = await self._store.get_membership_histories(user_id)
         views = {}
-        for room_id, history in histories.items():
+        for room_id in await self._store.get_rooms_ever_in(user_id):
             if not event_filter.allows_room(room_id):
                 continue
             if only_room is not None and room_id != only_room:
                 continue
-            visibility = await get_history_visibility(self._store, room_id)
-            views[room_id] = RoomVisibility(user_id, visibility, tuple(history))
+            views[room_id] = await load_room_visibility(self._store, user_id, room_id)
         return views
 
     async def _context(

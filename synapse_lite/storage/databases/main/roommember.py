@@ -129,19 +129,15 @@ class RoomMemberWorkerStore(StreamWorkerStore):
         )
         return [(int(r[0]), r[1]) for r in rows]
 
-    async def get_membership_histories(self, user_id: str) -> dict[str, list[tuple[int, str]]]:
-        """:meth:`get_membership_history` of every room the user has ever had
-        a membership in, by room (one query)."""
+    async def get_rooms_ever_in(self, user_id: str) -> list[str]:
+        """Every room the user has ever had a membership in (invited, joined,
+        left...), sorted."""
         rows = await self.db_pool.select(
-            "get_membership_histories",
-            "SELECT room_id, stream_ordering, membership FROM room_memberships"
-            " WHERE user_id = ? ORDER BY stream_ordering ASC",
+            "get_rooms_ever_in",
+            "SELECT DISTINCT room_id FROM room_memberships WHERE user_id = ? ORDER BY room_id",
             user_id,
         )
-        histories: dict[str, list[tuple[int, str]]] = {}
-        for room_id, position, membership in rows:
-            histories.setdefault(room_id, []).append((int(position), membership))
-        return histories
+        return [r[0] for r in rows]
 
     async def get_member_content_at(
         self, room_id: str, user_id: str, position: int
