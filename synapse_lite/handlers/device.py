@@ -26,6 +26,7 @@ from synapse_lite.replication.http.devices import (
     TokensRevoked,
     device_lists_writer_for,
 )
+from synapse_lite.replication.http.writes import StreamWritten
 
 if TYPE_CHECKING:
     from synapse_lite.config.homeserver import HomeServerConfig
@@ -118,14 +119,15 @@ class DeviceHandler:
             instance=self.writer_for(user_id),
         )
 
-    async def rename_device_here(self, rename: DeviceRename) -> EmptyBody:
+    async def rename_device_here(self, rename: DeviceRename) -> StreamWritten:
         """Serves :data:`RENAME_DEVICE` (on the user's device_lists writer)."""
-        if not await self._store.set_device_display_name(
+        written = await self._store.set_device_display_name(
             rename.user_id, rename.device_id, rename.display_name
-        ):
+        )
+        if written is None:
             raise NotFoundError("No such device")
         await wake_for_device_change(self._store, self._notifier, rename.user_id)
-        return EmptyBody()
+        return StreamWritten(written)
 
     async def get_devices(self, user_id: str) -> list[dict[str, Any]]:
         return [_client_device(d) for d in await self._store.get_devices_by_user(user_id)]

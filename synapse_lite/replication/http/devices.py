@@ -137,4 +137,11 @@ class DeviceRename:
 
 
 #: Served by the user's device_lists writer; a 404 for an unknown device.
-RENAME_DEVICE = InternalCall("rename_device", DeviceRename, EmptyBody, idempotent=True)
+#: Answers where the rename was written, so a forwarding process waits for it.
+RENAME_DEVICE = InternalCall(
+    "rename_device",
+    DeviceRename,
+    StreamWritten,
+    idempotent=True,
+    answer_position=written_on("device_lists"),
+)

@@ -81,19 +81,19 @@ class DeviceWorkerStore(SQLBaseStore):
 
     async def set_device_display_name(
         self, user_id: str, device_id: str, display_name: str | None
-    ) -> bool:
+    ) -> int | None:
         """Rename a device, announced on the device_lists stream. Returns
-        whether it exists. On the device_lists writer only."""
+        the stream id written, None when there is no such device. On the
+        device_lists writer only."""
 
-        def txn_func(txn: LoggingTransaction) -> bool:
+        def txn_func(txn: LoggingTransaction) -> int | None:
             txn.execute(
                 "UPDATE devices SET display_name = ? WHERE user_id = ? AND device_id = ?",
                 (display_name, user_id, device_id),
             )
             if txn.rowcount == 0:
-                return False
-            self.add_device_change_txn(txn, user_id, device_id)
-            return True
+                return None
+            return self.add_device_change_txn(txn, user_id, device_id)
 
         return await self.db_pool.runInteraction("set_device_display_name", txn_func)
 
