@@ -50,7 +50,9 @@ REGISTRATION_SECRET = "reg_secret"
 BASE_PORT = 28408
 
 
-def write_config(directory: str, layout: str, database: str, base_port: int) -> str:
+def write_config(
+    directory: str, layout: str, database: str, base_port: int, sytest_dir: str
+) -> str:
     """Generate the layout's config, then set what SyTest needs."""
     path = os.path.join(directory, "homeserver.yaml")
     subprocess.run(
@@ -89,6 +91,17 @@ def write_config(directory: str, layout: str, database: str, base_port: int) -> 
     # SyTest tests MSC2228 (self-destructing events), an unstable proposal
     # that is off by default (docs/configuration.md).
     config["experimental_features"] = {"msc2228_self_destructing_events": True}
+    # SyTest's push gateway and pages to preview are served over HTTPS with
+    # certificates of SyTest's own CA, its identity server with a
+    # self-signed one: both trusted besides the system's CAs. They are on
+    # this host: the loopback address is allowed for the users SyTest makes
+    # (a real server refuses it: it is this host).
+    keys = os.path.join(sytest_dir, "keys")
+    config["outbound_requests"] = {
+        "extra_ca_paths": [os.path.join(keys, "ca.crt"), os.path.join(keys, "tls-selfsigned.crt")],
+        "ip_range_allowlist": ["127.0.0.0/8", "::1/128"],
+    }
+    config["media"]["url_previews"] = True
     if database == "postgres":
         name = f"sytest_{os.getpid()}_{int(time.time())}"
         subprocess.run(
@@ -139,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     directory = tempfile.mkdtemp(prefix=f"sytest_{args.layout}_")
     out = args.out or os.path.join(directory, "results")
-    config = write_config(directory, args.layout, args.database, args.base_port)
+    config = write_config(
+        directory, args.layout, args.database, args.base_port, os.path.abspath(args.sytest_dir)
+    )
     base_url = f"http://127.0.0.1:{args.base_port}"
     log = open(os.path.join(directory, "server.log"), "w")
     server = subprocess.Popen(

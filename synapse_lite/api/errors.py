@@ -32,8 +32,8 @@ class Codes:
     ROOM_IN_USE = "M_ROOM_IN_USE"
 
 
-#: Why a request that needs an identity server is refused (docs/client-api.md).
-NO_IDENTITY_SERVER = "This server does not use an identity server"
+#: Why a third-party (email) invite is refused (docs/client-api.md).
+THIRD_PARTY_INVITES_REFUSED = "This server does not send third-party invites"
 
 
 class SynapseError(Exception):

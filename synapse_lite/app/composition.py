@@ -56,6 +56,7 @@ from synapse_lite.handlers.e2e_keys import E2eKeysHandler
 from synapse_lite.handlers.event_expiry import EventExpiry
 from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
+from synapse_lite.handlers.identity import IdentityHandler
 from synapse_lite.handlers.legacy_sync import LegacySyncHandler
 from synapse_lite.handlers.login import LoginHandler
 from synapse_lite.handlers.message import EventCreationHandler
@@ -78,6 +79,7 @@ from synapse_lite.handlers.room import RoomCreationHandler
 from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomUserState
+from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.typing import (
     TypingFollowerHandler,
@@ -86,16 +88,24 @@ from synapse_lite.handlers.typing import (
 )
 from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
 from synapse_lite.http.forwarded import router_proof
+from synapse_lite.http.outbound import OutboundHttpClient
 from synapse_lite.http.server import JsonResource
+from synapse_lite.http.tls import https_policy_trusting
 from synapse_lite.media.paths import MediaFilePaths
 from synapse_lite.media.repository import MediaRepository
 from synapse_lite.media.servlets import MediaElsewhere, MediaServlets
 from synapse_lite.media.storage import MediaStorage, make_storage_provider
+from synapse_lite.media.url_preview import UrlPreviewer
 from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
 from synapse_lite.replication.claims import PeerClaims
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
-from synapse_lite.replication.http.devices import DELETE_DEVICES, REGISTER_DEVICE, RENAME_DEVICE
+from synapse_lite.replication.http.devices import (
+    DELETE_DEVICES,
+    REGISTER_DEVICE,
+    REMOVE_DEVICE_PUSHERS,
+    RENAME_DEVICE,
+)
 from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_CROSS_SIGNING_KEYS,
     UPLOAD_DEVICE_KEYS,
@@ -262,7 +272,15 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     auth = AuthHandler(
         store, _client_ip_recorder(clock, main_store, replication), config.allow_guest_access
     )
-    media, media_endpoints = _media_for_role(config, me, store, clock, reactor, auth, wiring)
+    # Requests to servers users name (identity servers, pages to preview).
+    outbound = OutboundHttpClient(
+        reactor,
+        config.outbound_requests,
+        https_policy_trusting(config.outbound_requests.extra_ca_paths),
+    )
+    media, media_endpoints = _media_for_role(
+        config, me, store, clock, reactor, auth, outbound, wiring
+    )
     devices = DeviceHandler(store, calls, config, notifier)
     push = PushActionsHandler(store) if me in config.stream_writers.events else None
     events = EventCreationHandler(
@@ -297,6 +315,12 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     )
     pagination = PaginationHandler(store, clock)
     relations = RelationsHandler(store, clock, pagination)
+    identity = IdentityHandler(
+        store,
+        outbound,
+        lambda: load_or_create_signing_key(config.data_dir, create=False),
+        server_name,
+    )
     sync = SyncHandler(
         store=store,
         clock=clock,
@@ -350,7 +374,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         ui_auth=ui_auth,
         typing=typing,
         presence=presence,
-        account=AccountHandler(store, ui_auth, devices, members),
+        account=AccountHandler(store, ui_auth, devices, members, identity),
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store),
         openid=OpenIdHandler(store, clock, server_name),
@@ -359,6 +383,8 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         profiles=ProfileHandler(store, clock, server_name, events),
         directory=DirectoryHandler(store, server_name, clock, events),
         relations=relations,
+        search=SearchHandler(store, clock, pagination),
+        identity=identity,
         server_name=server_name,
     )
     if me in config.stream_writers.events:
@@ -367,6 +393,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         (ADD_ACCOUNT_DATA, handlers.account_data.write_account_data),
         (EDIT_PUSH_RULES, handlers.push_rules.write_edit),
         (SET_PUSHER, handlers.push_rules.write_pusher),
+        (REMOVE_DEVICE_PUSHERS, handlers.push_rules.remove_device_pushers),
         (SET_ROOM_TAG, handlers.account_data.write_tag),
         (SEND_RECEIPT, handlers.receipts.write_receipt),
         (SEND_TO_DEVICE, device_messages.write_messages),
@@ -396,12 +423,15 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             instance_name=me,
             instances=config.pusher_instances,
             reactor=reactor,
+            tls_policy=https_policy_trusting(config.outbound_requests.extra_ca_paths),
         )
         wiring.loops.append(delivery)
-        # Woken by events persisted elsewhere (replication rows) and here
-        # (an events writer's own ids finishing poke the replication notifier).
-        wiring.row_hooks.append(("events", delivery.on_event_rows))
-        if me in config.stream_writers.events:
+        # Woken by events (new notifications) and read receipts (badge
+        # updates) written elsewhere (replication rows) and here (a writer's
+        # own ids finishing poke the replication notifier).
+        wiring.row_hooks.append(("events", delivery.on_rows))
+        wiring.row_hooks.append(("receipts", delivery.on_rows))
+        if me in config.stream_writers.events or me in config.stream_writers.writers_of("receipts"):
             replication_notifier.add_replication_callback(delivery.wake)
 
     if is_main and config.experimental.msc2228_self_destructing_events:
@@ -628,6 +658,7 @@ def _media_for_role(
     clock: Clock,
     reactor: Any,
     auth: AuthHandler,
+    outbound: OutboundHttpClient,
     wiring: _Wiring,
 ) -> tuple[MediaRepository | None, MediaEndpoints]:
     """The media instance serves the media repository; every other process
@@ -655,7 +686,8 @@ def _media_for_role(
         rate_limits_enabled=config.rate_limits.enabled,
     )
     wiring.loops.append(repository)
-    return repository, MediaServlets(repository, auth)
+    previewer = UrlPreviewer(repository, outbound) if media_config.url_previews else None
+    return repository, MediaServlets(repository, auth, previewer)
 
 
 def _load_database(

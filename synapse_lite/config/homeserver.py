@@ -15,6 +15,7 @@ import attr
 
 from synapse_lite.config.federation import FederationConfig
 from synapse_lite.config.media import MediaConfig
+from synapse_lite.config.outbound import OutboundRequestsConfig
 from synapse_lite.config.validation import (
     REQUIRED,
     ConfigError,
@@ -466,6 +467,7 @@ class HomeServerConfig:
     #: Whether guest accounts may be registered and used (docs/client-api.md#guests).
     allow_guest_access: bool = False
     experimental: ExperimentalFeaturesConfig = attr.ib(factory=ExperimentalFeaturesConfig)
+    outbound_requests: OutboundRequestsConfig = attr.ib(factory=OutboundRequestsConfig)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -621,6 +623,7 @@ def read_homeserver_config(
     caches = CachesConfig.read(root.get_section("caches"))
     turn = TurnConfig.read(root.get_section("turn"))
     experimental = ExperimentalFeaturesConfig.read(root.get_section("experimental_features"))
+    outbound_requests = OutboundRequestsConfig.read(root.get_section("outbound_requests"), base_dir)
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     position_log = root.get_bool("position_log", False)
     media_instance = root.get_str("media_instance", MAIN_PROCESS)
@@ -768,6 +771,7 @@ def read_homeserver_config(
         turn=turn,
         allow_guest_access=allow_guest_access,
         experimental=experimental,
+        outbound_requests=outbound_requests,
     )
 
 

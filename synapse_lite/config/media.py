@@ -100,6 +100,9 @@ class MediaConfig:
     #: The longest a download waits for content not yet uploaded (``timeout_ms``).
     max_download_wait_ms: int = 60_000
     storage_providers: tuple[StorageProviderConfig, ...] = ()
+    #: Serve URL previews (``preview_url``): this server then fetches pages
+    #: users name (``outbound_requests`` says from where not).
+    url_previews: bool = False
 
     @classmethod
     def read(cls, section: Section, data_dir: str, base_dir: str) -> MediaConfig:
@@ -137,6 +140,7 @@ class MediaConfig:
                 StorageProviderConfig.read(s, base_dir)
                 for s in section.get_list_of_sections("storage_providers", [])
             ),
+            url_previews=section.get_bool("url_previews", False),
         )
         section.finish()
         return result

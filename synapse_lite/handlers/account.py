@@ -17,6 +17,7 @@ from synapse_lite.http.fields import get_bool, get_optional_str, get_str
 
 if TYPE_CHECKING:
     from synapse_lite.handlers.device import DeviceHandler
+    from synapse_lite.handlers.identity import IdentityHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -37,11 +38,13 @@ class AccountHandler:
         ui_auth: InteractiveAuthHandler,
         devices: DeviceHandler,
         members: RoomMemberHandler,
+        identity: IdentityHandler,
     ) -> None:
         self._store = store
         self._ui_auth = ui_auth
         self._devices = devices
         self._members = members
+        self._identity = identity
 
     async def change_password(self, requester: Requester, body: dict[str, Any]) -> None:
         """Set ``new_password``; every other device is logged out unless
@@ -67,7 +70,7 @@ class AccountHandler:
         devices and tokens. Rooms are
         left first so a writer that cannot be reached fails the request while
         the user can still retry it."""
-        get_optional_str(body, "id_server", max_length=255)
+        id_server = get_optional_str(body, "id_server", max_length=255)
         erase = get_bool(body, "erase", False)
         user_id = requester.user_id
         await self._ui_auth.check_password(user_id, body, "deactivate account")
@@ -81,5 +84,7 @@ class AccountHandler:
         await self._store.deactivate_user(user_id, erased_at)
         await self._devices.delete_devices(user_id, None)
         logger.info("%s deactivated their account", user_id)
-        # We never bound a third-party identifier, so there is none to unbind.
-        return {"id_server_unbind_result": "no-support"}
+        # After the account is gone: an identity server that cannot be
+        # reached makes the result "no-support", never a failure.
+        unbound = await self._identity.unbind_all(user_id, id_server)
+        return {"id_server_unbind_result": unbound}

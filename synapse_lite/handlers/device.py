@@ -18,6 +18,7 @@ from synapse_lite.replication.http.calls import EmptyBody
 from synapse_lite.replication.http.devices import (
     DELETE_DEVICES,
     REGISTER_DEVICE,
+    REMOVE_DEVICE_PUSHERS,
     RENAME_DEVICE,
     DeviceLogin,
     DeviceRename,
@@ -25,6 +26,7 @@ from synapse_lite.replication.http.devices import (
     TokensRevoked,
     device_lists_writer_for,
 )
+from synapse_lite.replication.http.writes import StreamWritten
 
 if TYPE_CHECKING:
     from synapse_lite.config.homeserver import HomeServerConfig
@@ -87,10 +89,14 @@ class DeviceHandler:
         return EmptyBody()
 
     async def delete_devices(self, user_id: str, device_ids: list[str] | None) -> list[str]:
-        """Log devices out (all the user's devices when None); returns the
-        hashes of the tokens revoked. Forgotten here at once: a logged-out
-        client's next request to this process fails even before the caches
-        stream brings the news."""
+        """Log devices out (all the user's devices when None) and remove the
+        pushers their tokens set; returns the hashes of the tokens revoked.
+        Forgotten here at once: a logged-out client's next request to this
+        process fails even before the caches stream brings the news."""
+        # Pushers first: if the devices' deletion then fails, the client's
+        # retry (its token still works) deletes them; the other way round a
+        # failure would leave pushers of a device nobody can log out again.
+        await self._calls.call(REMOVE_DEVICE_PUSHERS, DevicesLogout(user_id, device_ids))
         answer = await self._calls.call(
             DELETE_DEVICES, DevicesLogout(user_id, device_ids), instance=self.writer_for(user_id)
         )
@@ -113,14 +119,15 @@ class DeviceHandler:
             instance=self.writer_for(user_id),
         )
 
-    async def rename_device_here(self, rename: DeviceRename) -> EmptyBody:
+    async def rename_device_here(self, rename: DeviceRename) -> StreamWritten:
         """Serves :data:`RENAME_DEVICE` (on the user's device_lists writer)."""
-        if not await self._store.set_device_display_name(
+        written = await self._store.set_device_display_name(
             rename.user_id, rename.device_id, rename.display_name
-        ):
+        )
+        if written is None:
             raise NotFoundError("No such device")
         await wake_for_device_change(self._store, self._notifier, rename.user_id)
-        return EmptyBody()
+        return StreamWritten(written)
 
     async def get_devices(self, user_id: str) -> list[dict[str, Any]]:
         return [_client_device(d) for d in await self._store.get_devices_by_user(user_id)]

@@ -89,6 +89,12 @@ class EventFilter:
             return False
         return self.rooms is None or room_id in self.rooms
 
+    def allows_type(self, event_type: str) -> bool:
+        """Whether ``types`` and ``not_types`` let events of this type pass."""
+        if any(fnmatch.fnmatchcase(event_type, t) for t in self.not_types):
+            return False
+        return self.types is None or any(fnmatch.fnmatchcase(event_type, t) for t in self.types)
+
     def matches(
         self,
         event_type: str,
@@ -98,11 +104,7 @@ class EventFilter:
     ) -> bool:
         """Whether an event with these fields passes (``room_id`` None: not a
         room event, the room lists do not apply)."""
-        if any(fnmatch.fnmatchcase(event_type, t) for t in self.not_types):
-            return False
-        if self.types is not None and not any(
-            fnmatch.fnmatchcase(event_type, t) for t in self.types
-        ):
+        if not self.allows_type(event_type):
             return False
         if sender in self.not_senders:
             return False

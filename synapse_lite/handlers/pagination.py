@@ -213,33 +213,18 @@ class PaginationHandler:
         event = await self.get_event(requester, room_id, event_id)
         limit = max(0, min(limit, MAX_PAGE))
         before_limit = limit // 2
-        after_limit = limit - before_limit
-        at = RoomStreamToken(event.stream_ordering)
-        before = await self._store.get_room_events_between(
-            [room_id], None, RoomStreamToken(event.stream_ordering - 1), before_limit
-        )
-        upper = visibility.upper_bound(self._store.get_room_max_token())
-        after = (
-            await self._store.get_room_events_between(
-                [room_id], at, upper, after_limit, newest_first=False
-            )
-            if after_limit
-            else []
+        before, after, start, end = await self.events_around(
+            visibility, event, before_limit, limit - before_limit
         )
         now_ms = self._clock.time_msec()
         before = await self._formatter.as_seen_by(requester.user_id, before)
         after = await self._formatter.as_seen_by(requester.user_id, after)
 
         def shown(events: list[Event]) -> list[dict[str, Any]]:
-            dicts = [e.to_client_dict(now_ms) for e in visibility.filter(events)]
+            dicts = [e.to_client_dict(now_ms) for e in events]
             return [d for d in dicts if event_filter is None or event_filter.allows(d)]
 
-        start = (
-            RoomStreamToken(before[-1].stream_ordering - 1)
-            if before
-            else RoomStreamToken(event.stream_ordering - 1)
-        )
-        end = RoomStreamToken(after[-1].stream_ordering) if after else at
+        at = RoomStreamToken(event.stream_ordering)
         events_before, events_after = shown(before), shown(after)
         if event_filter is not None and event_filter.lazy_load_members:
             # The members of the senders of what is shown, as of the event.
@@ -257,6 +242,39 @@ class PaginationHandler:
             "end": await self._store.room_token_to_string(end),
             "state": [e.to_client_dict(now_ms) for e in state],
         }
+
+    async def events_around(
+        self, visibility: RoomVisibility, event: Event, before_limit: int, after_limit: int
+    ) -> tuple[list[Event], list[Event], RoomStreamToken, RoomStreamToken]:
+        """Up to ``before_limit`` events of the room just before ``event``
+        (newest first) and ``after_limit`` just after it (oldest first), of
+        those the reader may see, with the tokens where they start and end
+        (``/context``, and the context of search results). Not yet as the
+        reader sees them: ``ClientEventFormatter.as_seen_by`` does that."""
+        room_id = event.room_id
+        at = RoomStreamToken(event.stream_ordering)
+        before = (
+            await self._store.get_room_events_between(
+                [room_id], None, RoomStreamToken(event.stream_ordering - 1), before_limit
+            )
+            if before_limit
+            else []
+        )
+        upper = visibility.upper_bound(self._store.get_room_max_token())
+        after = (
+            await self._store.get_room_events_between(
+                [room_id], at, upper, after_limit, newest_first=False
+            )
+            if after_limit
+            else []
+        )
+        start = (
+            RoomStreamToken(before[-1].stream_ordering - 1)
+            if before
+            else RoomStreamToken(event.stream_ordering - 1)
+        )
+        end = RoomStreamToken(after[-1].stream_ordering) if after else at
+        return visibility.filter(before), visibility.filter(after), start, end
 
     async def get_state(self, requester: Requester, room_id: str) -> list[Event]:
         """The room's state now, or when the requester left."""

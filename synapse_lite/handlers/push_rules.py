@@ -10,6 +10,7 @@ from twisted.internet import defer
 
 from synapse_lite.push.pushers import PusherSet
 from synapse_lite.push.rules import UserPushRules, check_kind, check_rule_id
+from synapse_lite.replication.http.devices import DevicesLogout
 from synapse_lite.replication.http.writes import (
     EDIT_PUSH_RULES,
     SET_PUSHER,
@@ -62,6 +63,11 @@ class PushRulesHandler:
                 {
                     "actions": actions,
                     "event": event.to_client_dict(now_ms, include_room_id=True),
+                    # Rules are global since profiles went from the spec: no
+                    # rule has a tag. Present (SyTest, and clients of the
+                    # reference server, expect the key), and a string as the
+                    # spec's schema says.
+                    "profile_tag": "",
                     "read": ordering <= read.get(room_id, 0),
                     "room_id": room_id,
                     "ts": ts,
@@ -102,7 +108,7 @@ class PushRulesHandler:
         self._notifier.notify(users=[user_id])
         return StreamWritten(stream_id)
 
-    # Pushers (on the pushers stream; delivery to gateways is not built yet)
+    # Pushers (on the pushers stream; delivered by ``pusher_delivery``)
 
     async def get_pushers(self, user_id: str) -> list[dict[str, Any]]:
         return await self._store.get_pushers_for_user(user_id)
@@ -113,3 +119,9 @@ class PushRulesHandler:
     async def write_pusher(self, pusher: PusherSet) -> StreamWritten:
         """Serves :data:`SET_PUSHER` on the pushers writer."""
         return StreamWritten(await self._store.set_pusher(pusher))
+
+    async def remove_device_pushers(self, logout: DevicesLogout) -> StreamWritten:
+        """Serves :data:`REMOVE_DEVICE_PUSHERS` on the pushers writer."""
+        return StreamWritten(
+            await self._store.delete_pushers_of_devices(logout.user_id, logout.device_ids)
+        )

@@ -12,6 +12,8 @@ notification first; a gateway rejecting the pushkey gets the pusher removed
 what the events writers stored, on its own loop, woken (:meth:`PusherDelivery.
 wake`) when events are persisted here or arrive over replication, and polling
 every :data:`POLL_SECONDS` besides (new pushers, retries after a pause).
+A user's read receipt sends their pushers' gateways a notification with only
+the new ``counts`` (the spec's badge update), once, not retried.
 
 Delivery is at least once: the position is recorded after the gateway's
 answer, so an instance killed in between pushes that one notification again
@@ -29,13 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import treq
 from twisted.internet import defer, task
-from twisted.web.client import HTTPConnectionPool
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IPolicyForHTTPS
 
 from synapse_lite.push.pushers import PusherSet
 from synapse_lite.replication.http.writes import SET_PUSHER
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.events import Event
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
     from synapse_lite.storage.databases.main.pushers import Pusher
@@ -77,6 +81,7 @@ class PusherDelivery:
         instance_name: str,
         instances: Sequence[str],
         reactor: Any,
+        tls_policy: IPolicyForHTTPS,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -102,6 +107,13 @@ class PusherDelivery:
         self._last_look = 0.0
         # One connection per delivery: nothing stays open between polls.
         self._pool = HTTPConnectionPool(reactor, persistent=False)
+        #: Gateways' certificates are checked with ``tls_policy`` (the
+        #: system's CAs and ``outbound_requests.extra_ca_paths``).
+        self._agent = Agent(reactor, contextFactory=tls_policy, pool=self._pool)
+        #: The receipts stream position up to which read receipts have been
+        #: looked at for badge updates (older ones are not this process's
+        #: business: it was not running, or the pushers did not exist).
+        self._receipts_seen = store.get_receipts_position()
 
     def start(self) -> None:
         self._loop = task.LoopingCall(self._tick)
@@ -127,8 +139,9 @@ class PusherDelivery:
         delay = max(0.0, self._last_look + WAKE_GAP_SECONDS - self._reactor.seconds())
         self._wake_call = self._reactor.callLater(delay, self._woken)
 
-    def on_event_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
-        """Row hook of the events stream (rows persisted by another process)."""
+    def on_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
+        """Row hook of the events and receipts streams (rows written by
+        another process)."""
         if rows:
             self.wake()
 
@@ -139,15 +152,30 @@ class PusherDelivery:
     async def _tick_async(self) -> None:
         self._last_look = self._reactor.seconds()
         now = self._clock.time()
+        readers = await self._readers_since_last_look()
         for pusher in await self._store.get_all_pushers():
             key = pusher.key
-            if owner_of(key, self._instances) != self._me or key in self._busy:
+            if owner_of(key, self._instances) != self._me:
+                continue
+            if pusher.user_id in readers:
+                defer.ensureDeferred(self._send_badge(pusher)).addErrback(
+                    lambda f: logger.warning("Badge update failed: %s", f.value)
+                )
+            if key in self._busy:
                 continue
             retry_at, _ = self._backoff.get(key, (0.0, 0.0))
             if retry_at > now:
                 continue
             self._busy.add(key)
             defer.ensureDeferred(self._deliver_then_free(pusher))
+
+    async def _readers_since_last_look(self) -> set[str]:
+        """Users whose read receipts moved since the last look."""
+        position = self._store.get_receipts_position()
+        if position <= self._receipts_seen:
+            return set()
+        since, self._receipts_seen = self._receipts_seen, position
+        return await self._store.get_readers_between(since, position)
 
     def _tick(self) -> defer.Deferred[None]:
         d = defer.ensureDeferred(self._tick_async())
@@ -209,8 +237,6 @@ class PusherDelivery:
     ) -> str:
         """``"delivered"``, ``"rejected"`` (the gateway refused the pushkey) or
         ``"failed"`` (try again later)."""
-        event = await self._store.get_event(event_id)
-        data = {k: v for k, v in pusher.data.items() if k != "url"}
         tweaks = {
             a["set_tweak"]: a.get("value", True)
             for a in actions
@@ -220,17 +246,72 @@ class PusherDelivery:
             "event_id": event_id,
             "room_id": room_id,
             "prio": "high" if highlight else "low",
-            "devices": [
-                {
-                    "app_id": pusher.app_id,
-                    "pushkey": pusher.pushkey,
-                    "data": data,
-                    "tweaks": tweaks,
-                }
-            ],
+            "counts": await self._counts(pusher.user_id),
+            "devices": [_device(pusher, tweaks)],
         }
-        if event is not None and data.get("format") != "event_id_only":
-            notification.update(type=event.type, sender=event.sender, content=event.content)
+        if pusher.data.get("format") != "event_id_only":
+            event = await self._store.get_event(event_id)
+            if event is not None:
+                notification.update(await self._describe(pusher.user_id, event))
+        return await self._post(pusher, notification)
+
+    async def _send_badge(self, pusher: Pusher) -> None:
+        """Tell the gateway the user's new unread count (after a read
+        receipt): once, never retried; a later notification carries it too."""
+        notification = {
+            "prio": "low",
+            "counts": await self._counts(pusher.user_id),
+            "devices": [_device(pusher, {})],
+        }
+        await self._post(pusher, notification)
+
+    async def _counts(self, user_id: str) -> dict[str, int]:
+        """The spec's ``counts``: the user's unread notifications over every
+        room they are joined to (the count /sync gives per room)."""
+        rooms = await self._store.get_rooms_for_user(user_id)
+        counts = await self._store.get_unread_counts(
+            user_id, sorted(rooms), self._store.get_room_max_stream_ordering()
+        )
+        return {"unread": sum(notifications for notifications, _ in counts.values())}
+
+    async def _describe(self, user_id: str, event: Event) -> dict[str, Any]:
+        """What the full format adds about the event and its room: type,
+        sender and content; the sender's display name, the room's name
+        and canonical alias as they are now; for a membership event whether
+        it is about the user. ``id`` repeats ``event_id`` (the field's name
+        in the Push Gateway API before r0; the reference server and SyTest
+        still use it)."""
+        fields: dict[str, Any] = {
+            "id": event.event_id,
+            "type": event.type,
+            "sender": event.sender,
+            "content": event.content,
+        }
+        state = await self._store.get_current_state_ids(event.room_id)
+        wanted = {
+            "sender_display_name": (("m.room.member", event.sender), "displayname"),
+            "room_name": (("m.room.name", ""), "name"),
+            "room_alias": (("m.room.canonical_alias", ""), "alias"),
+        }
+        found = await self._store.get_events(
+            [state[key] for key, _ in wanted.values() if key in state]
+        )
+        for field, (key, content_key) in wanted.items():
+            state_event = found.get(state.get(key, ""))
+            value = state_event.content.get(content_key) if state_event else None
+            if isinstance(value, str) and value:
+                fields[field] = value
+        # A room without a name is named by its alias, as clients show it.
+        if "room_name" not in fields and "room_alias" in fields:
+            fields["room_name"] = fields["room_alias"]
+        if event.type == "m.room.member":
+            fields["user_is_target"] = event.state_key == user_id
+            fields["membership"] = event.content.get("membership")
+        return fields
+
+    async def _post(self, pusher: Pusher, notification: dict[str, Any]) -> str:
+        """POST one notification to the pusher's gateway: ``"delivered"``,
+        ``"rejected"`` (the gateway refused the pushkey) or ``"failed"``."""
         try:
             response = await treq.post(
                 pusher.data["url"],
@@ -238,7 +319,7 @@ class PusherDelivery:
                 headers=_JSON_HEADERS,
                 timeout=GATEWAY_TIMEOUT_SECONDS,
                 reactor=self._reactor,
-                pool=self._pool,
+                agent=self._agent,
             )
             body = await treq.content(response)
         except Exception as e:  # a gateway down or slow: retried, never fatal
@@ -255,3 +336,15 @@ class PusherDelivery:
         if isinstance(rejected, list) and pusher.pushkey in rejected:
             return "rejected"
         return "delivered"
+
+
+def _device(pusher: Pusher, tweaks: dict[str, Any]) -> dict[str, Any]:
+    """The pusher as the Push Gateway API's ``devices`` entry (its data
+    without ``url``, which is for us)."""
+    return {
+        "app_id": pusher.app_id,
+        "pushkey": pusher.pushkey,
+        "pushkey_ts": pusher.pushkey_ts // 1000,
+        "data": {k: v for k, v in pusher.data.items() if k != "url"},
+        "tweaks": tweaks,
+    }

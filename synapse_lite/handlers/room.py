@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.api.errors import NO_IDENTITY_SERVER, Codes, NotFoundError, SynapseError
+from synapse_lite.api.errors import THIRD_PARTY_INVITES_REFUSED, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import (
     check_identifier_text,
     check_room_alias,
@@ -135,9 +135,11 @@ class RoomCreationHandler:
         is_direct = get_bool(body, "is_direct", False)
         invitees = await self._check_invitees(get_list(body, "invite", []), user_id)
         if get_list(body, "invite_3pid", []):
-            # Third-party invites go through an identity server: we use none.
+            # Third-party invites are not built (docs/client-api.md).
             raise SynapseError(
-                400, NO_IDENTITY_SERVER + ": invite by Matrix user id", Codes.SERVER_NOT_TRUSTED
+                400,
+                THIRD_PARTY_INVITES_REFUSED + ": invite by Matrix user id",
+                Codes.SERVER_NOT_TRUSTED,
             )
         creation_content = dict(get_dict(body, "creation_content", {}))
         overrides = get_dict(body, "power_level_content_override", {})

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text, check_room_id
+from synapse_lite.api.identifiers import check_identifier_text
 from synapse_lite.storage.databases.main.room_keys import BackedUpKey, BackupVersion
 
 if TYPE_CHECKING:
@@ -32,6 +32,17 @@ def parse_version(version: str | None) -> int:
     return int(version)
 
 
+def check_backup_room_id(room_id: object, where: str) -> str:
+    """The room a backed-up key is for: ``!`` and an opaque id. The server
+    never looks the room up (it need not be one it knows), and since room
+    version 12 a room id may have no ``:server`` part: only the sigil is
+    required."""
+    text = check_identifier_text(room_id, where)
+    if not text.startswith("!") or len(text) < 2:
+        raise SynapseError(400, f"{where}: {text[:300]!r} is not a room id", Codes.INVALID_PARAM)
+    return text
+
+
 def check_key(value: object, where: str) -> BackedUpKey:
     if not isinstance(value, dict):
         raise _bad(f"{where} must be an object")
@@ -42,8 +53,10 @@ def check_key(value: object, where: str) -> BackedUpKey:
             raise _bad(f"{where}.{name} must be a non-negative integer")
     if not isinstance(verified, bool):
         raise _bad(f"{where}.is_verified must be true or false")
-    if not isinstance(data, dict):
-        raise _bad(f"{where}.session_data must be an object")
+    if data is None:
+        # Algorithm-dependent: an object for the spec's algorithm (checked
+        # once the version's algorithm is known), opaque otherwise.
+        raise _bad(f"{where}.session_data is required")
     return BackedUpKey(first, forwarded, verified, data)  # type: ignore[arg-type]
 
 
@@ -57,12 +70,25 @@ def check_sessions(value: object, room_id: str, where: str) -> list[tuple[str, s
     return keys
 
 
-def check_version_body(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+#: The backup algorithm the spec defines (its ``auth_data`` is an object
+#: with the backup's ``public_key``).
+CURVE25519_BACKUP = "m.megolm_backup.v1.curve25519-aes-sha2"
+
+
+def check_version_body(body: dict[str, Any]) -> tuple[str, Any]:
+    """``(algorithm, auth_data)`` of a version. ``auth_data`` is
+    "algorithm-dependent data": for the spec's algorithm an object with a
+    ``public_key``; for any other it is opaque, any JSON value but null (it
+    is required), kept as given (SyTest's backups use a string)."""
     algorithm, auth_data = body.get("algorithm"), body.get("auth_data")
     if not isinstance(algorithm, str) or not algorithm or len(algorithm) > 255:
         raise _bad("'algorithm' must be a non-empty string")
-    if not isinstance(auth_data, dict):
-        raise _bad("'auth_data' must be an object")
+    if auth_data is None:
+        raise SynapseError(400, "'auth_data' is required", Codes.MISSING_PARAM)
+    if algorithm == CURVE25519_BACKUP and (
+        not isinstance(auth_data, dict) or not isinstance(auth_data.get("public_key"), str)
+    ):
+        raise _bad(f"{CURVE25519_BACKUP}: 'auth_data' must be an object with a 'public_key' string")
     return algorithm, auth_data
 
 
@@ -91,7 +117,10 @@ class RoomKeysHandler:
     async def update_version(self, user_id: str, version: str, body: dict[str, Any]) -> None:
         number = parse_version(version)
         algorithm, auth_data = check_version_body(body)
-        if "version" in body and body["version"] != version:
+        # The spec's version is a string; a client sending back the number it
+        # read (SyTest does) names the same version.
+        named = body.get("version", version)
+        if isinstance(named, bool) or not isinstance(named, (str, int)) or str(named) != version:
             raise SynapseError(
                 400, "'version' in the body must match the path", Codes.INVALID_PARAM
             )
@@ -122,7 +151,7 @@ class RoomKeysHandler:
         version: another is ``403 M_WRONG_ROOM_KEYS_VERSION``."""
         number = parse_version(version)
         if room_id is not None:
-            check_room_id(room_id)
+            check_backup_room_id(room_id, "roomId")
         if session_id is not None:
             check_identifier_text(session_id, "sessionId")
             assert room_id is not None
@@ -135,7 +164,7 @@ class RoomKeysHandler:
                 raise _bad("'rooms' must be an object of room id to sessions")
             keys = []
             for room, sessions in rooms.items():
-                check_room_id(room)
+                check_backup_room_id(room, "rooms")
                 keys += check_sessions(sessions, room, f"rooms.{room}")
                 if len(keys) > MAX_KEYS_PER_UPLOAD:
                     break
@@ -143,6 +172,10 @@ class RoomKeysHandler:
             raise SynapseError(
                 413, f"At most {MAX_KEYS_PER_UPLOAD} keys per upload", Codes.TOO_LARGE
             )
+        if any(not isinstance(k.session_data, dict) for _, _, k in keys):
+            version_row = await self._store.get_backup_version(user_id, number)
+            if version_row is not None and version_row.algorithm == CURVE25519_BACKUP:
+                raise _bad(f"{CURVE25519_BACKUP}: each key's 'session_data' must be an object")
         after = await self._store.put_room_keys(user_id, number, keys)
         if after is None:
             current = await self._store.get_backup_version(user_id, None)

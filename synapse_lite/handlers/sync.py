@@ -486,7 +486,7 @@ class SyncHandler:
         left: set[str] = set()
         if since.get("device_lists") < now.get("device_lists"):
             changed = await self._store.get_users_whose_devices_changed(
-                since.get("device_lists"), now.get("device_lists")
+                since.get("device_lists"), now.get("device_lists"), user_id
             )
             changed &= sharing
         if since.room_key != now.room_key:

@@ -137,6 +137,33 @@ class RoomVisibility:
             return self._allowed(understood(value if isinstance(value, str) else None), position)
         return False
 
+    def visible_ranges(self) -> list[tuple[int | None, int | None]]:
+        """Where :meth:`can_see` shows the room's events, as half-open ranges
+        of stream orderings ``[start, end)`` (None: unbounded), sorted and
+        disjoint: the same rule for a query over many events at once (full
+        text search). The user's own membership events, which they always
+        see, are left out (nothing searched is one).
+
+        Derived from :meth:`can_see` itself, so the two cannot drift apart:
+        its answer for an ordinary event can only change at the positions
+        where something it reads changes (the user's membership events and
+        the room's history visibility settings) or just after them, so
+        asking it once per stretch between those positions gives every
+        range."""
+        changes = [p for p, _ in self.history] + [p for p, _ in self.settings]
+        cuts = sorted({p + offset for p in changes for offset in (0, 1)})
+        if not cuts:
+            return [(None, None)] if self.can_see(_probe(self.user_id, 0)) else []
+        stretches: list[tuple[int | None, int | None]] = [(None, cuts[0])]
+        stretches += [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+        stretches.append((cuts[-1], None))
+        ranges = []
+        for start, end in stretches:
+            probe = start if start is not None else cuts[0] - 1
+            if self.can_see(_probe(self.user_id, probe)):
+                ranges.append((start, end))
+        return _merged(ranges)
+
     def filter(self, events: Iterable[Event]) -> list[Event]:
         return [e for e in events if self.can_see(e)]
 
@@ -144,6 +171,33 @@ class RoomVisibility:
         """403 unless the user may read something of the room (:attr:`may_read`)."""
         if not self.may_read:
             raise AuthError(403, "You are not in this room")
+
+
+def _probe(user_id: str, position: int) -> Event:
+    """An ordinary event (not the user's membership) at ``position``."""
+    return Event(
+        event_id="$probe",
+        room_id="",
+        type="m.room.message",
+        state_key=None,
+        sender=user_id,
+        content={},
+        origin_server_ts=0,
+        stream_ordering=position,
+        depth=0,
+        instance_name="",
+    )
+
+
+def _merged(ranges: list[tuple[int | None, int | None]]) -> list[tuple[int | None, int | None]]:
+    """Touching ranges (given sorted and disjoint) joined."""
+    merged: list[tuple[int | None, int | None]] = []
+    for start, end in ranges:
+        if merged and merged[-1][1] is not None and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 async def load_room_visibility(

@@ -10,7 +10,9 @@ Served by the media instance (``media_instance``):
   ``.../thumbnail/...`` and ``.../config`` (authenticated);
 * the deprecated unauthenticated ``/_matrix/media/v3/download``,
   ``thumbnail`` and ``config``, only with
-  ``media.legacy_unauthenticated_endpoints``.
+  ``media.legacy_unauthenticated_endpoints``;
+* ``GET .../preview_url`` (both prefixes, with an access token), with
+  ``media.url_previews`` (``url_preview.py``).
 
 Downloads are streamed from the file with a producer (no file is read into
 memory) with the safety headers of ``docs/media.md``.
@@ -41,6 +43,7 @@ from synapse_lite.media.storage import MediaStorage
 if TYPE_CHECKING:
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.media.repository import MediaRepository
+    from synapse_lite.media.url_preview import UrlPreviewer
 
 LEGACY_PREFIX = "/_matrix/media/(?:r0|v3)"
 CLIENT_MEDIA_PREFIX = "/_matrix/client/v1/media"
@@ -180,10 +183,13 @@ class FileResponse(StreamedResponse):
 class MediaServlets:
     """The media endpoints of the media instance."""
 
-    def __init__(self, repository: MediaRepository, auth: AuthHandler) -> None:
+    def __init__(
+        self, repository: MediaRepository, auth: AuthHandler, previewer: UrlPreviewer | None
+    ) -> None:
         self._repository = repository
         self._auth = auth
         self._config = repository.config
+        self._previewer = previewer
 
     def upload_routes(self) -> list[UploadRoute]:
         """Upload bodies go into the store's ``tmp/``, up to the upload limit."""
@@ -241,6 +247,9 @@ class MediaServlets:
             )
             r("GET", prefix + "/thumbnail" + _SERVER_AND_ID, thumbnail, "media_thumbnail" + tag)
             r("GET", prefix + "/config", config, "media_config" + tag)
+        # The deprecated path of previews always needed an access token too.
+        for prefix in (CLIENT_MEDIA_PREFIX, LEGACY_PREFIX):
+            r("GET", prefix + "/preview_url", self.preview_url, "media_preview_url")
 
     async def _check_access(self, request: Request, authenticated: bool) -> None:
         if authenticated:
@@ -334,6 +343,17 @@ class MediaServlets:
         extension = path.rsplit(".", 1)[-1]
         disposition = f'inline; filename="thumbnail.{extension}"'.encode("ascii")
         return 200, FileResponse(path, info.media_type, disposition)
+
+    async def preview_url(self, request: Request) -> tuple[int, Any]:
+        requester = await self._auth.get_user_by_req(request)
+        if self._previewer is None:
+            raise SynapseError(
+                404, "URL previews are turned off on this server", Codes.UNRECOGNIZED
+            )
+        query_int(request, "ts", None, minimum=0)  # a preference we may ignore
+        self._repository.check_upload_rate(requester.user_id)
+        url = query_string(request, "url")
+        return 200, await self._previewer.preview(requester.user_id, url or "")
 
     async def config(self, request: Request, authenticated: bool) -> tuple[int, Any]:
         await self._check_access(request, authenticated)

@@ -63,6 +63,8 @@ class PusherSet:
     lang: str = ""
     data: dict[str, Any] = attr.ib(factory=dict)
     append: bool = False
+    #: The device whose access token set it (deleting the device deletes it).
+    device_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return attr.asdict(self)
@@ -73,10 +75,15 @@ class PusherSet:
         user_id = body.get("user_id")
         if not isinstance(user_id, str) or not user_id.endswith(":" + server_name):
             raise SynapseError(400, "'user_id' must be a local user id", Codes.BAD_JSON)
-        return cls.from_client(user_id, body)
+        device_id = body.get("device_id")
+        if device_id is not None:
+            device_id = _text(body, "device_id")
+        return cls.from_client(user_id, body, device_id)
 
     @classmethod
-    def from_client(cls, user_id: str, body: dict[str, Any]) -> PusherSet:
+    def from_client(
+        cls, user_id: str, body: dict[str, Any], device_id: str | None = None
+    ) -> PusherSet:
         app_id = _text(body, "app_id", MAX_APP_ID)
         pushkey = _text(body, "pushkey", MAX_PUSHKEY_BYTES)
         if len(pushkey.encode("utf-8")) > MAX_PUSHKEY_BYTES:
@@ -87,7 +94,7 @@ class PusherSet:
             raise SynapseError(400, "Missing 'kind'", Codes.MISSING_PARAM)
         kind = body["kind"]
         if kind is None:
-            return cls(user_id, app_id, pushkey, None)
+            return cls(user_id, app_id, pushkey, None, device_id=device_id)
         if kind != "http":
             raise SynapseError(
                 400,
@@ -103,10 +110,10 @@ class PusherSet:
             )
         check_content_size(data)
         check_gateway_url(data.get("url"))
-        if data.get("format") not in (None, "event_id_only"):
-            raise SynapseError(
-                400, "'data.format' may only be 'event_id_only'", Codes.INVALID_PARAM
-            )
+        # The spec defines one format, event_id_only; any other string is
+        # kept (a client's, or a newer spec's) and gets the full format.
+        if "format" in data and not isinstance(data["format"], str):
+            raise SynapseError(400, "'data.format' must be a string", Codes.INVALID_PARAM)
         profile_tag = body.get("profile_tag")
         if profile_tag is not None:
             profile_tag = _text(body, "profile_tag")
@@ -124,4 +131,5 @@ class PusherSet:
             lang=_text(body, "lang", 64),
             data=data,
             append=append,
+            device_id=device_id,
         )

@@ -6,7 +6,10 @@ version in ``schema_version``. Workers only check: a worker that finds another
 version refuses to start and says which process to start or upgrade.
 
 Delta files live in ``schema/deltas`` and are named ``NNNN_description.sql``;
-``NNNN`` is the schema version the file brings the database to.
+``NNNN`` is the schema version the file brings the database to. Where the
+engines need different SQL (full-text search: SQLite's FTS5, PostgreSQL's
+tsvector), a version is a pair of files instead, ``NNNN_description.sqlite.sql``
+and ``NNNN_description.postgres.sql``, and each engine runs its own.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ SCHEMA_DIR = os.path.join(os.path.dirname(__file__), "schema")
 #: The version ``full.sql`` creates.
 FULL_SCHEMA_VERSION = 1
 
-_DELTA_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+_DELTA_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+(?:\.(sqlite|postgres))?\.sql$")
+#: The engines a version's pair of engine-specific files is for.
+_ENGINES = ("sqlite", "postgres")
 _CREATE_SEQUENCE = re.compile(r"^CREATE\s+SEQUENCE\s+([a-z_][a-z0-9_]*)$", re.IGNORECASE)
 
 
@@ -47,23 +52,35 @@ class DeltaFile:
     path: str
 
 
-def list_deltas(schema_dir: str = SCHEMA_DIR) -> list[DeltaFile]:
-    """The delta files in version order; two files for one version is an error."""
+def list_deltas(schema_dir: str = SCHEMA_DIR, engine: str = "sqlite") -> list[DeltaFile]:
+    """The delta files ``engine`` runs, in version order: each version's one
+    file, or its file for ``engine`` when it is a pair. Two files for one
+    version (other than a pair), or half a pair, is an error."""
     delta_dir = os.path.join(schema_dir, "deltas")
-    deltas: dict[int, DeltaFile] = {}
+    found: dict[int, dict[str | None, str]] = {}
     if os.path.isdir(delta_dir):
         for name in sorted(os.listdir(delta_dir)):
             match = _DELTA_NAME.match(name)
             if not match:
                 continue
-            version = int(match.group(1))
-            if version in deltas:
+            version, variant = int(match.group(1)), match.group(2)
+            files = found.setdefault(version, {})
+            if variant in files or (files and (variant is None) != (None in files)):
                 raise SchemaVersionError(
                     f"two schema deltas for version {version}: "
-                    f"{deltas[version].path} and {os.path.join(delta_dir, name)}"
+                    f"{next(iter(files.values()))} and {os.path.join(delta_dir, name)}"
                 )
-            deltas[version] = DeltaFile(version, os.path.join(delta_dir, name))
-    return [deltas[v] for v in sorted(deltas)]
+            files[variant] = os.path.join(delta_dir, name)
+    deltas = []
+    for version in sorted(found):
+        files = found[version]
+        if None not in files and set(files) != set(_ENGINES):
+            raise SchemaVersionError(
+                f"schema delta {version} has a file for {', '.join(sorted(map(str, files)))}"
+                f" only: an engine-specific version needs one for each of {', '.join(_ENGINES)}"
+            )
+        deltas.append(DeltaFile(version, files.get(None) or files[engine]))
+    return deltas
 
 
 def code_schema_version(schema_dir: str = SCHEMA_DIR) -> int:
@@ -159,7 +176,7 @@ def prepare_database(
             )
             current = FULL_SCHEMA_VERSION
         recorded = current
-        for delta in list_deltas(schema_dir):
+        for delta in list_deltas(schema_dir, engine.name):
             if delta.version <= current:
                 continue
             logger.info("Applying schema delta %s", os.path.basename(delta.path))

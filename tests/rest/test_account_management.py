@@ -248,9 +248,15 @@ class AccountManagementTestCase(DatabaseTestCase):
                 403,
                 "M_THREEPID_AUTH_FAILED",
             ),
+            # An identity server on a private address (refused by default).
             (
                 "/account/3pid/bind",
-                {"client_secret": "s", "sid": "1", "id_server": "i", "id_access_token": "t"},
+                {
+                    "client_secret": "s",
+                    "sid": "1",
+                    "id_server": "127.0.0.1:1",
+                    "id_access_token": "t",
+                },
                 400,
                 "M_SERVER_NOT_TRUSTED",
             ),

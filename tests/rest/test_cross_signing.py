@@ -159,6 +159,91 @@ class CrossSigningTestCase(DatabaseTestCase):
         )
 
 
+class CrossSigningDeviceListsTestCase(DatabaseTestCase):
+    """Who /sync tells of a cross-signing change: a user-signing key only its
+    owner (others are never shown it), a signature of another user's master
+    key only the signer (alone shown it); master and self-signing keys
+    everyone sharing a room. Read on a worker; the unstable paths of
+    MSC1756 (older clients, SyTest) work as the v3 ones."""
+
+    async def test_who_is_told(self) -> None:
+        _, clients, _ = start_cluster(self, self.test_db, workers=["reader"])
+        main = clients["main"].base_url
+        alice = await ClientApi(self, main).register("alice")
+        bob = await ClientApi(self, main).register("bob")
+        carol = await ClientApi(self, main).register("carol")
+        room_id = await alice.create_room(preset="public_chat")
+        for other in (bob, carol):
+            await other.ok("POST", f"/join/{room_id}")
+        readers = {
+            c: ClientApi(self, clients["reader"].base_url).as_user(c.token)
+            for c in (alice, bob, carol)
+        }
+        since = {c: (await readers[c].sync())["next_batch"] for c in readers}
+
+        async def changed(client: ClientApi) -> list[str]:
+            # The reader catches up with the writer before answering: poll.
+            async def sync() -> Any:
+                body = await readers[client].sync(since=since[client])
+                since[client] = body["next_batch"]
+                return body
+
+            found: set[str] = set()
+            for _ in range(20):
+                found |= set((await sync()).get("device_lists", {}).get("changed", []))
+                if found:
+                    break
+            return sorted(found)
+
+        unstable = "/_matrix/client/unstable/keys/device_signing/upload"
+        keys = keys_of(alice)
+        await alice.ok("POST", unstable, {"master_key": keys["master_key"]})
+        await bob.ok("POST", unstable, {"master_key": keys_of(bob, "BOBM")["master_key"]})
+        self.assertEqual(await changed(carol), sorted([alice.user_id, bob.user_id]))
+        since[alice] = (await readers[alice].sync())["next_batch"]
+        since[bob] = (await readers[bob].sync())["next_batch"]
+
+        # The user-signing key: alice is told, bob is not.
+        body = {"user_signing_key": keys["user_signing_key"]}
+        status, challenge = await alice.request("POST", unstable, body)
+        self.assertEqual(status, 401)
+        body["auth"] = password_auth(alice, challenge["session"])
+        await alice.ok("POST", unstable, body)
+        self.assertEqual(await changed(alice), [alice.user_id])
+        marker = await alice.send(room_id, "after the key")
+        self.assertNotIn(alice.user_id, await self.changed_until(readers[bob], since, bob, marker))
+
+        # Alice signs bob's master key: alice is told bob changed; carol is not.
+        bob_master = cross_key(bob.user_id or "", "master", "BOBM")
+        bob_master["signatures"] = {alice.user_id: {"ed25519:USKMASTER": "bob-sig"}}
+        answer = await alice.ok(
+            "POST",
+            "/_matrix/client/unstable/keys/signatures/upload",
+            {bob.user_id: {"BOBM": bob_master}},
+        )
+        self.assertEqual(answer["failures"], {})
+        self.assertEqual(await changed(alice), [bob.user_id])
+        marker = await alice.send(room_id, "after the signature")
+        self.assertNotIn(
+            bob.user_id, await self.changed_until(readers[carol], since, carol, marker)
+        )
+
+    async def changed_until(
+        self, reader: ClientApi, since: dict[ClientApi, str], client: ClientApi, event_id: str
+    ) -> set[str]:
+        """Everything ``device_lists.changed`` says until the sync that has
+        ``event_id`` (sent after the change: the change is in the window)."""
+        found: set[str] = set()
+        for _ in range(50):
+            body = await reader.sync(since=since[client])
+            since[client] = body["next_batch"]
+            found |= set(body.get("device_lists", {}).get("changed", []))
+            timelines = body.get("rooms", {}).get("join", {}).values()
+            if any(e["event_id"] == event_id for t in timelines for e in t["timeline"]["events"]):
+                return found
+        self.fail(f"{event_id} never reached the reader")
+
+
 class DevicesTestCase(DatabaseTestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         super().setUp()

@@ -82,6 +82,44 @@ class KeyBackupTestCase(DatabaseTestCase):
         # A deleted version's number is not handed out again.
         self.assertNotIn(await self.new_version(self.alice), (first, second))
 
+    async def test_auth_data_is_opaque_but_for_the_specs_algorithm(self) -> None:
+        """auth_data and session_data are "algorithm-dependent": objects for
+        the spec's algorithm, anything (but absent or null) otherwise. The
+        version named by the client as a number names the same version."""
+        created = await self.alice.ok(
+            "POST", "/room_keys/version", {"algorithm": "org.example.v1", "auth_data": "opaque"}
+        )
+        version = created["version"]
+        self.assertEqual((await self.alice.ok("GET", "/room_keys/version"))["auth_data"], "opaque")
+        await self.alice.ok(
+            "PUT",
+            f"/room_keys/version/{version}",
+            {"algorithm": "org.example.v1", "auth_data": ["changed"], "version": int(version)},
+        )
+        current = await self.alice.ok("GET", f"/room_keys/version/{version}")
+        self.assertEqual(current["auth_data"], ["changed"])
+        # Its keys' session_data is as opaque; a room id needs no server part.
+        opaque_key = {**key(3, 0, False, "x"), "session_data": "opaque"}
+        await self.alice.ok("PUT", f"/room_keys/keys/!abcd/1234?version={version}", opaque_key)
+        stored = await self.alice.ok("GET", f"/room_keys/keys/!abcd/1234?version={version}")
+        self.assertEqual(stored["session_data"], "opaque")
+        for body, errcode in [
+            ({"algorithm": ALGORITHM, "auth_data": "opaque"}, "M_BAD_JSON"),
+            ({"algorithm": ALGORITHM, "auth_data": {"public_key": 5}}, "M_BAD_JSON"),
+            ({"algorithm": "org.example.v1", "auth_data": None}, "M_MISSING_PARAM"),
+            ({"algorithm": "org.example.v1"}, "M_MISSING_PARAM"),
+        ]:
+            status, error = await self.alice.request("POST", "/room_keys/version", body)
+            self.assertEqual((status, error["errcode"]), (400, errcode), body)
+
+    async def test_more_than_ten_versions(self) -> None:
+        # Numbers, not text: the eleventh is above the ninth and current.
+        versions = [await self.new_version(self.alice) for _ in range(11)]
+        self.assertEqual([int(v) for v in versions], sorted(int(v) for v in versions))
+        self.assertEqual(len(set(versions)), 11)
+        current = await self.alice.ok("GET", "/room_keys/version")
+        self.assertEqual(current["version"], versions[-1])
+
     async def test_keys_replace_if_better_with_etag_and_count(self) -> None:
         version = await self.new_version(self.alice)
         room, other_room = "!room:test.local", "!other:test.local"

@@ -208,6 +208,21 @@ class PushRulesApiTestCase(DatabaseTestCase):
                 400,
                 "M_INVALID_PARAM",
             ),
+            # Paths short of a rule or past one (SyTest's 61push/80torture).
+            ("PUT", "/pushrules/", {}, 400, "M_INVALID_PARAM"),
+            ("PUT", base, {}, 400, "M_INVALID_PARAM"),
+            ("PUT", base + "/room", {}, 400, "M_INVALID_PARAM"),
+            ("PUT", base + "/room/", {}, 400, "M_INVALID_PARAM"),
+            ("DELETE", base + "/room/", None, 400, "M_INVALID_PARAM"),
+            ("PUT", base + "/nonsense/", {}, 400, "M_INVALID_PARAM"),
+            ("PUT", base + "/override/.m.rule.master/x", {}, 400, "M_INVALID_PARAM"),
+            ("GET", base + "/override/.m.rule.master/x", None, 400, "M_INVALID_PARAM"),
+            ("DELETE", base + "/override/.m.rule.master/enabled", None, 405, "M_UNRECOGNIZED"),
+            ("GET", base, None, 400, "M_INVALID_PARAM"),
+            ("GET", base + "/room", None, 400, "M_INVALID_PARAM"),
+            ("GET", "/pushrules/device", None, 400, "M_INVALID_PARAM"),
+            # The ruleset is at /pushrules/ (with its slash) only.
+            ("GET", "/pushrules", None, 404, "M_UNRECOGNIZED"),
         ]
         for method, path, body, status, errcode in cases:
             code, answer = await self.alice.request(method, path, body)

@@ -4,6 +4,7 @@ input, and the pushers stream written by a worker."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from twisted.internet.task import deferLater
@@ -90,7 +91,7 @@ class PushersApiTestCase(DatabaseTestCase):
             ),
             (pusher(data={"url": "not a url"}), "M_INVALID_PARAM"),
             (pusher(data={}), "M_INVALID_PARAM"),
-            (pusher(data={"url": URL, "format": "full"}), "M_INVALID_PARAM"),
+            (pusher(data={"url": URL, "format": 5}), "M_INVALID_PARAM"),
             (pusher(data="x"), "M_INVALID_PARAM"),
             (pusher(append="yes"), "M_INVALID_PARAM"),
             (pusher(profile_tag=5), "M_INVALID_PARAM"),
@@ -322,3 +323,214 @@ class WokenDeliveryTestCase(DatabaseTestCase):
 
     async def test_woken_on_a_pusher_worker(self) -> None:
         await self.check_woken(workers=["pusher1"], pusher_instances=["pusher1"])
+
+
+async def gateway_url(testcase: DatabaseTestCase, gateway: Gateway) -> str:
+    from twisted.internet import reactor
+
+    any_reactor: Any = reactor
+    port = any_reactor.listenTCP(0, Site(gateway), interface="127.0.0.1")
+    testcase.addCleanup(port.stopListening)
+    return f"http://127.0.0.1:{port.getHost().port}/_matrix/push/v1/notify"
+
+
+class NotificationContentTestCase(DatabaseTestCase):
+    """What a gateway is told (the Push Gateway API's ``notification``): the
+    event, its room's name and alias, the sender's name, whether a
+    membership event is about the user, the unread count over every room;
+    a read receipt sends the new count alone; ``event_id_only`` sends ids."""
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        super().setUp()
+        from synapse_lite.handlers import pusher_delivery
+
+        self.patch(pusher_delivery, "POLL_SECONDS", 0.05)
+        self.gateway = Gateway()
+        self.url = await gateway_url(self, self.gateway)
+        _, clients, _ = start_cluster(self, self.test_db)
+        base = clients["main"].base_url
+        self.alice = await ClientApi(self, base).register("alice")
+        self.bob = await ClientApi(self, base).register("bob")
+
+    async def next_push(self, count: int) -> dict[str, Any]:
+        await eventually(lambda: len(self.gateway.received) >= count, what=f"push {count}")
+        return self.gateway.received[count - 1]
+
+    async def test_full_format(self) -> None:
+        await self.bob.ok("POST", "/pushers/set", pusher(data={"url": self.url, "custom": 1}))
+        [listed] = (await self.bob.ok("GET", "/pushers"))["pushers"]
+        room_id = await self.alice.create_room(preset="private_chat")
+        await self.alice.ok("POST", f"/rooms/{room_id}/invite", {"user_id": self.bob.user_id})
+        invite = await self.next_push(1)
+        self.assertEqual(
+            (invite["type"], invite["membership"], invite["user_is_target"]),
+            ("m.room.member", "invite", True),
+        )
+        self.assertEqual((invite["room_id"], invite["sender"]), (room_id, self.alice.user_id))
+        self.assertEqual(invite["id"], invite["event_id"])
+        self.assertEqual(invite["counts"], {"unread": 0})  # not joined: counted from the join
+        [device] = invite["devices"]
+        self.assertEqual((device["app_id"], device["pushkey"]), (listed["app_id"], "key1"))
+        self.assertEqual(device["data"], {"custom": 1})  # without the url
+        self.assertGreater(device["pushkey_ts"], 1_600_000_000)
+        self.assertLess(device["pushkey_ts"], 100_000_000_000)  # seconds, not ms
+
+        await self.bob.ok("POST", f"/join/{room_id}")
+        first = await self.alice.send(room_id, "no name yet")
+        pushed = await self.next_push(2)
+        self.assertEqual(pushed["event_id"], first)
+        self.assertNotIn("room_name", pushed)
+        self.assertEqual(pushed["sender_display_name"], "alice")
+        # The message, and the invite (a notification of bob's own, unread).
+        self.assertEqual(pushed["counts"], {"unread": 2})
+
+        alias = "#named:test.local"
+        await self.alice.ok("PUT", "/directory/room/%23named:test.local", {"room_id": room_id})
+        await self.alice.ok(
+            "PUT", f"/rooms/{room_id}/state/m.room.canonical_alias", {"alias": alias}
+        )
+        await self.alice.send(room_id, "an alias")
+        pushed = await self.next_push(3)
+        self.assertEqual((pushed["room_name"], pushed["room_alias"]), (alias, alias))
+        self.assertEqual(pushed["counts"], {"unread": 3})
+
+        await self.alice.ok("PUT", f"/rooms/{room_id}/state/m.room.name", {"name": "Garden"})
+        last = await self.alice.send(room_id, "a name")
+        pushed = await self.next_push(4)
+        self.assertEqual((pushed["room_name"], pushed["room_alias"]), ("Garden", alias))
+        self.assertEqual(pushed["content"], {"msgtype": "m.text", "body": "a name"})
+
+        # Bob reads: the gateway hears the new count alone.
+        await self.bob.ok("POST", f"/rooms/{room_id}/receipt/m.read/{last}", {})
+        badge = await self.next_push(5)
+        self.assertEqual(badge["counts"], {"unread": 0})
+        self.assertNotIn("event_id", badge)
+        self.assertEqual(badge["devices"][0]["pushkey"], "key1")
+        # Once: nothing more without a new receipt.
+        await deferLater(reactor_any(), 0.3, lambda: None)
+        self.assertEqual(len(self.gateway.received), 5)
+
+    async def test_event_id_only(self) -> None:
+        await self.bob.ok(
+            "POST",
+            "/pushers/set",
+            pusher(data={"url": self.url, "format": "event_id_only"}),
+        )
+        room_id = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room_id}")
+        event_id = await self.alice.send(room_id, "secret words")
+        pushed = await self.next_push(1)
+        self.assertEqual(set(pushed), {"event_id", "room_id", "counts", "prio", "devices"})
+        self.assertEqual((pushed["event_id"], pushed["room_id"]), (event_id, room_id))
+
+    async def test_unknown_format_is_kept_and_gets_the_full_format(self) -> None:
+        # The spec defines event_id_only only; another string is the client's.
+        await self.bob.ok(
+            "POST", "/pushers/set", pusher(data={"url": self.url, "format": "id_event_only"})
+        )
+        [listed] = (await self.bob.ok("GET", "/pushers"))["pushers"]
+        self.assertEqual(listed["data"]["format"], "id_event_only")
+        room_id = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room_id}")
+        await self.alice.send(room_id, "hello")
+        pushed = await self.next_push(1)
+        self.assertEqual(pushed["content"]["body"], "hello")
+
+
+def reactor_any() -> Any:
+    from twisted.internet import reactor
+
+    return reactor
+
+
+class HttpsGatewayTestCase(DatabaseTestCase):
+    """A gateway serving HTTPS with a certificate of a private CA is reached
+    when ``outbound_requests.extra_ca_paths`` names that CA, and never otherwise
+    (verification stays on)."""
+
+    async def deliveries(self, trust: bool) -> tuple[Gateway, ClientApi, str]:
+
+        from synapse_lite.handlers import pusher_delivery
+        from tests.harness.tls import TestCA
+
+        self.patch(pusher_delivery, "POLL_SECONDS", 0.05)
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        ca = TestCA(directory)
+        options = ca.server_options("gateway", ["localhost"])
+        gateway = Gateway()
+        port = reactor_any().listenSSL(0, Site(gateway), options, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = f"https://localhost:{port.getHost().port}/_matrix/push/v1/notify"
+        trusted = {"outbound_requests": {"extra_ca_paths": [ca.ca_path]}}
+        extra: dict[str, Any] = trusted if trust else {}
+        _, clients, _ = start_cluster(self, self.test_db, **extra)
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room_id = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room_id}")
+        await bob.ok("POST", "/pushers/set", pusher(data={"url": url}))
+        await alice.send(room_id, "over TLS")
+        return gateway, alice, room_id
+
+    async def test_trusted_ca(self) -> None:
+        gateway, _, _ = await self.deliveries(trust=True)
+        await eventually(lambda: len(gateway.received) >= 1, what="a push over TLS")
+        self.assertEqual(gateway.received[0]["content"]["body"], "over TLS")
+
+    async def test_untrusted_ca(self) -> None:
+        gateway, _, _ = await self.deliveries(trust=False)
+        await deferLater(reactor_any(), 1.0, lambda: None)
+        self.assertEqual(gateway.received, [])
+
+
+class DevicePushersTestCase(DatabaseTestCase):
+    """A pusher belongs to the device whose token set it: logging the device
+    out (or a password change logging the other devices out) removes it;
+    the requesting device's pushers stay. The same with the pushers stream
+    written by a worker."""
+
+    async def check(self, **cluster: Any) -> None:
+        _, clients, _ = start_cluster(self, self.test_db, **cluster)
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+
+        async def another_device() -> ClientApi:
+            login = {"type": "m.login.password", "user": "alice", "password": "secret-pw"}
+            code, body = await alice.request("POST", "/login", login, token=None)
+            self.assertEqual(code, 200, body)
+            return alice.as_user(body["access_token"])
+
+        phone, tablet = await another_device(), await another_device()
+        await phone.ok("POST", "/pushers/set", pusher("phone"))
+        await tablet.ok("POST", "/pushers/set", pusher("tablet"))
+        await alice.ok("POST", "/pushers/set", pusher("laptop"))
+
+        async def pushkeys() -> list[str]:
+            return sorted(p["pushkey"] for p in (await alice.ok("GET", "/pushers"))["pushers"])
+
+        self.assertEqual(await pushkeys(), ["laptop", "phone", "tablet"])
+        await tablet.ok("POST", "/logout", {})
+        self.assertEqual(await pushkeys(), ["laptop", "phone"])
+        await alice.ok(
+            "POST",
+            "/account/password",
+            {
+                "new_password": "new-pw",
+                "auth": {
+                    "type": "m.login.password",
+                    "identifier": {"type": "m.id.user", "user": "alice"},
+                    "password": "secret-pw",
+                },
+            },
+        )
+        self.assertEqual(await pushkeys(), ["laptop"])
+        code, _ = await phone.request("GET", "/pushers")
+        self.assertEqual(code, 401)
+
+    async def test_monolith(self) -> None:
+        await self.check()
+
+    async def test_pushers_written_by_a_worker(self) -> None:
+        await self.check(workers=["writer1"], stream_writers={"pushers": "writer1"})

@@ -57,5 +57,5 @@ class DeviceListsUpdatesTestCase(DatabaseTestCase):
                 + [(ids[3], "D5")]
             ),
         )
-        changed = await store.get_users_whose_devices_changed(ids[1], ids[2])
+        changed = await store.get_users_whose_devices_changed(ids[1], ids[2], "@b:test.local")
         self.assertEqual(changed, {"@a:test.local"})

@@ -15,6 +15,7 @@ from synapse_lite.storage.prepare_database import (
     SchemaVersionError,
     code_schema_version,
     get_schema_version,
+    list_deltas,
     prepare_database,
     split_statements,
 )
@@ -85,3 +86,42 @@ class PrepareDatabaseTestCase(unittest.TestCase):
         self.assertEqual(
             list(split_statements(sql)), ["CREATE TABLE a (x INT)", "CREATE INDEX b ON a (x)"]
         )
+
+    def schema_copy(self) -> tuple[str, str]:
+        schema_dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, schema_dir)
+        shutil.copytree(SCHEMA_DIR, schema_dir, dirs_exist_ok=True)
+        return schema_dir, os.path.join(schema_dir, "deltas")
+
+    def test_engine_specific_pair(self) -> None:
+        """A version may be a pair of files, one per engine; each engine runs
+        its own."""
+        schema_dir, deltas = self.schema_copy()
+        version = code_schema_version() + 1
+        for engine in ("sqlite", "postgres"):
+            with open(os.path.join(deltas, f"{version:04d}_pair.{engine}.sql"), "w") as f:
+                f.write(f"CREATE TABLE pair_{engine} (x INTEGER);\n")
+        self.assertEqual(self.prepare(is_main=True, schema_dir=schema_dir), version)
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                txn.execute(f"SELECT COUNT(*) FROM pair_{self.engine.name}")
+                self.assertEqual(txn.fetchone()[0], 0)
+        finally:
+            conn.close()
+        self.assertTrue(list_deltas(schema_dir, "sqlite")[-1].path.endswith(".sqlite.sql"))
+        self.assertTrue(list_deltas(schema_dir, "postgres")[-1].path.endswith(".postgres.sql"))
+
+    def test_half_a_pair_or_a_pair_and_a_plain_file_is_refused(self) -> None:
+        version = code_schema_version() + 1
+        for names in (
+            [f"{version:04d}_half.sqlite.sql"],
+            [f"{version:04d}_both.sql", f"{version:04d}_both.postgres.sql"],
+        ):
+            schema_dir, deltas = self.schema_copy()
+            for name in names:
+                with open(os.path.join(deltas, name), "w") as f:
+                    f.write("CREATE TABLE x (x INTEGER);\n")
+            with self.assertRaises(SchemaVersionError) as cm:
+                list_deltas(schema_dir)
+            self.assertIn(str(version), str(cm.exception))

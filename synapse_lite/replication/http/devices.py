@@ -18,7 +18,7 @@ from synapse_lite.api.identifiers import check_identifier_text
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.http.fields import get_optional_str, get_str
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
-from synapse_lite.replication.http.writes import local_user
+from synapse_lite.replication.http.writes import StreamWritten, local_user, writer_of, written_on
 
 _TOKEN_HASH = re.compile(r"[0-9a-f]{64}")
 #: Devices one logout may name.
@@ -104,6 +104,17 @@ class TokensRevoked:
 #: Served by the user's device_lists writer.
 DELETE_DEVICES = InternalCall("delete_devices", DevicesLogout, TokensRevoked)
 
+#: The pushers set with the tokens of devices being logged out, removed on
+#: the pushers writer (before the devices go: a retry still finds them).
+REMOVE_DEVICE_PUSHERS = InternalCall(
+    "remove_device_pushers",
+    DevicesLogout,
+    StreamWritten,
+    served_by=writer_of("pushers"),
+    answer_position=written_on("pushers"),
+    idempotent=True,
+)
+
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class DeviceRename:
@@ -126,4 +137,11 @@ class DeviceRename:
 
 
 #: Served by the user's device_lists writer; a 404 for an unknown device.
-RENAME_DEVICE = InternalCall("rename_device", DeviceRename, EmptyBody, idempotent=True)
+#: Answers where the rename was written, so a forwarding process waits for it.
+RENAME_DEVICE = InternalCall(
+    "rename_device",
+    DeviceRename,
+    StreamWritten,
+    idempotent=True,
+    answer_position=written_on("device_lists"),
+)

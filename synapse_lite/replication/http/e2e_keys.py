@@ -10,6 +10,7 @@ import attr
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text
+from synapse_lite.http.fields import get_optional_int
 from synapse_lite.replication.http.calls import InternalCall
 from synapse_lite.replication.http.writes import local_user
 
@@ -39,16 +40,27 @@ class DeviceKeysUpload:
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class KeysChanged:
-    """Whether the keys changed (and so a device_lists row was written)."""
+    """The device_lists stream id the change was written at (None: nothing
+    changed): a caller on another process waits until it has seen the writer
+    reach it, so the client's next read there shows the change."""
 
-    changed: bool
+    stream_id: int | None
+
+    @property
+    def changed(self) -> bool:
+        return self.stream_id is not None
 
     def to_json(self) -> dict[str, Any]:
-        return {"changed": self.changed}
+        return {"stream_id": self.stream_id}
 
     @classmethod
     def from_json(cls, body: dict[str, Any], server_name: str) -> KeysChanged:
-        return cls(bool(body.get("changed")))
+        return cls(get_optional_int(body, "stream_id"))
+
+
+def device_lists_position(answer: KeysChanged) -> tuple[str, int] | None:
+    """``answer_position`` of the calls that change device lists."""
+    return None if answer.stream_id is None else ("device_lists", answer.stream_id)
 
 
 UPLOAD_DEVICE_KEYS = InternalCall(
@@ -57,6 +69,7 @@ UPLOAD_DEVICE_KEYS = InternalCall(
     KeysChanged,
     # Storing the same keys twice changes nothing the second time.
     idempotent=True,
+    answer_position=device_lists_position,
 )
 
 
@@ -86,7 +99,11 @@ class CrossSigningUpload:
 
 
 UPLOAD_CROSS_SIGNING_KEYS = InternalCall(
-    "upload_cross_signing_keys", CrossSigningUpload, KeysChanged, idempotent=True
+    "upload_cross_signing_keys",
+    CrossSigningUpload,
+    KeysChanged,
+    idempotent=True,
+    answer_position=device_lists_position,
 )
 
 
@@ -113,5 +130,9 @@ class SignaturesUpload:
 
 
 UPLOAD_SIGNATURES = InternalCall(
-    "upload_signatures", SignaturesUpload, KeysChanged, idempotent=True
+    "upload_signatures",
+    SignaturesUpload,
+    KeysChanged,
+    idempotent=True,
+    answer_position=device_lists_position,
 )

@@ -68,7 +68,7 @@ class StreamWritten:
         return cls(get_int(body, "stream_id"))
 
 
-def _written_on(stream_name: str) -> Any:
+def written_on(stream_name: str) -> Any:
     def answer_position(answer: StreamWritten) -> tuple[str, int]:
         return stream_name, answer.stream_id
 
@@ -112,7 +112,7 @@ ADD_ACCOUNT_DATA = InternalCall(
     AccountDataWrite,
     StreamWritten,
     served_by=writer_of("account_data"),
-    answer_position=_written_on("account_data"),
+    answer_position=written_on("account_data"),
 )
 
 
@@ -159,7 +159,7 @@ EDIT_PUSH_RULES = InternalCall(
     PushRuleEdit,
     StreamWritten,
     served_by=writer_of("push_rules"),
-    answer_position=_written_on("push_rules"),
+    answer_position=written_on("push_rules"),
 )
 
 
@@ -168,7 +168,7 @@ SET_PUSHER = InternalCall(
     PusherSet,
     StreamWritten,
     served_by=writer_of("pushers"),
-    answer_position=_written_on("pushers"),
+    answer_position=written_on("pushers"),
 )
 
 
@@ -228,7 +228,7 @@ SET_ROOM_TAG = InternalCall(
     TagWrite,
     StreamWritten,
     served_by=writer_of("account_data"),
-    answer_position=_written_on("account_data"),
+    answer_position=written_on("account_data"),
 )
 
 
@@ -268,7 +268,7 @@ SEND_RECEIPT = InternalCall(
     ReceiptWrite,
     StreamWritten,
     served_by=writer_of("receipts"),
-    answer_position=_written_on("receipts"),
+    answer_position=written_on("receipts"),
 )
 
 
@@ -307,7 +307,7 @@ SEND_TO_DEVICE = InternalCall(
     ToDeviceSend,
     StreamWritten,
     served_by=writer_of("to_device"),
-    answer_position=_written_on("to_device"),
+    answer_position=written_on("to_device"),
 )
 
 
@@ -360,7 +360,7 @@ RECEIVE_REMOTE_TO_DEVICE = InternalCall(
     RemoteToDeviceReceive,
     StreamWritten,
     served_by=writer_of("to_device"),
-    answer_position=_written_on("to_device"),
+    answer_position=written_on("to_device"),
 )
 
 

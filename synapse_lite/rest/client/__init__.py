@@ -22,6 +22,7 @@ from synapse_lite.rest.client import (
     push_rules,
     reports,
     room,
+    search,
     sync,
     user_data,
     versions,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.directory import DirectoryHandler
     from synapse_lite.handlers.e2e_keys import E2eKeysHandler
     from synapse_lite.handlers.filtering import FilteringHandler
+    from synapse_lite.handlers.identity import IdentityHandler
     from synapse_lite.handlers.legacy_sync import LegacySyncHandler
     from synapse_lite.handlers.login import LoginHandler
     from synapse_lite.handlers.message import EventCreationHandler
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler
+    from synapse_lite.handlers.search import SearchHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
@@ -98,6 +101,8 @@ class ClientHandlers:
     profiles: ProfileHandler
     directory: DirectoryHandler
     relations: RelationsHandler
+    search: SearchHandler
+    identity: IdentityHandler
     server_name: str
 
 
@@ -108,6 +113,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         account,
         account_management,
         room,
+        search,
         sync,
         legacy_sync,
         user_data,

@@ -12,6 +12,12 @@ def client_path(pattern: str) -> str:
     return CLIENT_PREFIX + pattern
 
 
+def unstable_client_path(pattern: str) -> str:
+    """The ``unstable`` path of an endpoint that was served there before a
+    spec version took it in (clients written then still call it)."""
+    return "/_matrix/client/unstable" + pattern
+
+
 def client_ip(request: Request) -> str:
     """The address rate limits before login are keyed on."""
     address = request.getClientAddress()

@@ -1,10 +1,10 @@
 """Account management: the password, deactivation, and third-party
 identifiers (3PIDs).
 
-We validate no email addresses or phone numbers and talk to no identity
-server, so the 3PID endpoints say so with the spec's error codes: a user has
-no 3PIDs, adding or binding one is refused, removing one (there is none) has
-nothing to unbind.
+We validate no email addresses or phone numbers ourselves, so a user has no
+3PIDs of this server's and adding one is refused with the spec's error
+codes. Binding a 3PID at an identity server the client names, and unbinding
+it, is done there (``handlers/identity.py``).
 """
 
 from __future__ import annotations
@@ -13,28 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
-from synapse_lite.api.errors import (
-    NO_IDENTITY_SERVER,
-    Codes,
-    InteractiveAuthIncomplete,
-    SynapseError,
-)
-from synapse_lite.http.fields import get_optional_str, get_str
+from synapse_lite.api.errors import Codes, InteractiveAuthIncomplete, SynapseError
+from synapse_lite.http.fields import get_str
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
-from synapse_lite.rest.client._base import client_path
+from synapse_lite.rest.client._base import client_path, unstable_client_path
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
 
-_MEDIA = ("email", "msisdn")
-
-
-def _check_threepid(body: dict[str, Any]) -> None:
-    medium = get_str(body, "medium", max_length=16)
-    if medium not in _MEDIA:
-        raise SynapseError(400, "'medium' must be 'email' or 'msisdn'", Codes.INVALID_PARAM)
-    get_str(body, "address", max_length=512)
-    get_optional_str(body, "id_server", max_length=255)
+_NOT_ADDED = "This server adds no third-party identifiers to accounts (it validates none)"
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -77,21 +64,20 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request)
         if not isinstance(body.get("three_pid_creds"), dict):
             raise SynapseError(400, "'three_pid_creds' must be an object", Codes.BAD_JSON)
-        raise SynapseError(403, NO_IDENTITY_SERVER, Codes.THREEPID_AUTH_FAILED)
+        raise SynapseError(403, _NOT_ADDED, Codes.THREEPID_AUTH_FAILED)
 
     async def bind_threepid(request: Request) -> tuple[int, Any]:
-        await handlers.auth.get_user_by_req(request)
-        body = parse_json_object_from_request(request)
-        for field in ("client_secret", "id_server", "id_access_token", "sid"):
-            get_str(body, field, max_length=255)
-        raise SynapseError(400, NO_IDENTITY_SERVER, Codes.SERVER_NOT_TRUSTED)
+        requester = await handlers.auth.get_user_by_req(request)
+        await handlers.identity.bind(requester, parse_json_object_from_request(request))
+        return 200, {}
 
     async def remove_threepid(request: Request) -> tuple[int, Any]:
-        # Used by both /3pid/delete and /3pid/unbind: the user has no 3PID,
-        # so removing one changes nothing and there was no binding to undo.
-        await handlers.auth.get_user_by_req(request)
-        _check_threepid(parse_json_object_from_request(request))
-        return 200, {"id_server_unbind_result": "no-support"}
+        # /3pid/delete and /3pid/unbind: the user has no 3PID of ours to
+        # delete, so both unbind it at the identity servers it is bound at.
+        requester = await handlers.auth.get_user_by_req(request)
+        body = parse_json_object_from_request(request)
+        unbound = await handlers.identity.unbind(requester.user_id, body)
+        return 200, {"id_server_unbind_result": unbound}
 
     def request_token(medium: str) -> Any:
         async def servlet(request: Request) -> tuple[int, Any]:
@@ -114,11 +100,18 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     resource.register_paths("GET", client_path("/account/3pid"), get_threepids, "threepids")
     resource.register_paths("POST", client_path("/account/3pid"), post_threepids, "threepids")
     resource.register_paths("POST", client_path("/account/3pid/add"), add_threepid, "threepids")
-    resource.register_paths("POST", client_path("/account/3pid/bind"), bind_threepid, "threepids")
-    for action in ("delete", "unbind"):
+    # Binding needs the main process (it signs requests to identity servers);
+    # /bind and /unbind are also on the unstable paths of MSC2290's clients.
+    for prefixed in (client_path, unstable_client_path):
         resource.register_paths(
-            "POST", client_path(f"/account/3pid/{action}"), remove_threepid, "threepids"
+            "POST", prefixed("/account/3pid/bind"), bind_threepid, "threepid_bindings"
         )
+        resource.register_paths(
+            "POST", prefixed("/account/3pid/unbind"), remove_threepid, "threepid_bindings"
+        )
+    resource.register_paths(
+        "POST", client_path("/account/3pid/delete"), remove_threepid, "threepid_bindings"
+    )
     for medium, what in (("email", "email addresses"), ("msisdn", "phone numbers")):
         resource.register_paths(
             "POST",

@@ -9,7 +9,7 @@ from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request, query_string
-from synapse_lite.rest.client._base import client_path
+from synapse_lite.rest.client._base import client_path, unstable_client_path
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
@@ -115,8 +115,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("POST", client_path("/keys/query"), query, "keys_query")
     register("POST", client_path("/keys/claim"), claim, "keys_claim")
     register("GET", client_path("/keys/changes"), changes, "keys_changes")
-    register("POST", client_path("/keys/device_signing/upload"), device_signing, "keys_signing")
-    register("POST", client_path("/keys/signatures/upload"), signatures, "keys_signing")
+    # Cross-signing came into Matrix 1.1 from MSC1756, whose clients (and
+    # SyTest) use its unstable paths.
+    for prefixed in (client_path, unstable_client_path):
+        register("POST", prefixed("/keys/device_signing/upload"), device_signing, "keys_signing")
+        register("POST", prefixed("/keys/signatures/upload"), signatures, "keys_signing")
     register("GET", client_path("/room_keys/version"), current_version, "room_keys")
     register("POST", client_path("/room_keys/version"), create_version, "room_keys")
     version_path = client_path("/room_keys/version/(?P<version>[^/]+)")

@@ -119,20 +119,48 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def set_pusher(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         body = parse_json_object_from_request(request)
-        await push_rules.set_pusher(PusherSet.from_client(requester.user_id, body))
+        await push_rules.set_pusher(
+            PusherSet.from_client(requester.user_id, body, requester.device_id)
+        )
         return 200, {}
+
+    async def incomplete_path(request: Request, **parts: str) -> tuple[int, Any]:
+        """A /pushrules path missing a part (or naming an attribute that is
+        not ``enabled`` or ``actions``): 400, saying what the path lacks.
+        Only ``GET /pushrules/`` (with its slash) is the whole ruleset."""
+        await auth.get_user_by_req(request)
+        if "scope" in parts:
+            check_scope(parts["scope"])
+        if "kind" in parts:
+            check_kind(parts["kind"])
+        if "attribute" in parts:
+            raise SynapseError(
+                400,
+                f"Unknown push rule attribute {parts['attribute']!r}: 'enabled' or 'actions'",
+                Codes.INVALID_PARAM,
+            )
+        if request.method == b"GET":
+            raise SynapseError(
+                400,
+                "Paths to a push rule scope or kind end with '/': /pushrules/global/{kind}/",
+                Codes.INVALID_PARAM,
+            )
+        raise SynapseError(
+            400, "Push rules are at /pushrules/global/{kind}/{ruleId}", Codes.INVALID_PARAM
+        )
 
     register = resource.register_paths
     register("GET", client_path("/notifications"), get_notifications, "notifications")
     register("GET", client_path("/pushers"), get_pushers, "pushers")
     register("POST", client_path("/pushers/set"), set_pusher, "pushers")
     scope = "/pushrules/(?P<scope>[^/]+)"
-    rule = client_path(scope + "/(?P<kind>[^/]+)/(?P<rule_id>[^/]+)")
-    # The spec's paths end in a slash; some clients leave it out of the first.
+    kind = scope + "/(?P<kind>[^/]+)"
+    rule = client_path(kind + "/(?P<rule_id>[^/]+)")
+    # The spec's paths to the whole ruleset, a scope and a kind end in a
+    # slash; without it they are not these reads (SyTest checks so too).
     register("GET", client_path("/pushrules/"), get_all, "push_rules")
-    register("GET", client_path("/pushrules"), get_all, "push_rules")
     register("GET", client_path(scope + "/"), get_scope, "push_rules")
-    register("GET", client_path(scope + "/(?P<kind>[^/]+)/"), get_kind, "push_rules")
+    register("GET", client_path(kind + "/"), get_kind, "push_rules")
     register("GET", rule, get_rule, "push_rules")
     register("PUT", rule, put_rule, "push_rules")
     register("DELETE", rule, delete_rule, "push_rules")
@@ -140,3 +168,14 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         get_attribute, put_attribute = attribute_servlets(field)
         register("GET", rule + "/" + field, get_attribute, "push_rules")
         register("PUT", rule + "/" + field, put_attribute, "push_rules")
+    # Paths short of a rule, or past one: 400 naming what is wrong (matched
+    # after the paths above, so only what they leave).
+    for method in ("GET", "PUT", "DELETE"):
+        if method != "GET":
+            register(method, client_path("/pushrules/"), incomplete_path, "push_rules")
+            register(method, client_path(scope + "/"), incomplete_path, "push_rules")
+            register(method, client_path(kind + "/"), incomplete_path, "push_rules")
+        register(method, client_path(scope), incomplete_path, "push_rules")
+        register(method, client_path(kind), incomplete_path, "push_rules")
+        if method != "DELETE":
+            register(method, rule + "/(?P<attribute>[^/]+)", incomplete_path, "push_rules")

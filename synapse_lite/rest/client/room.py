@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
-from synapse_lite.api.errors import NO_IDENTITY_SERVER, AuthError, Codes, SynapseError
+from synapse_lite.api.errors import THIRD_PARTY_INVITES_REFUSED, AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import (
     check_identifier_text,
     check_room_alias,
@@ -92,9 +92,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             body = parse_json_object_from_request(request, allow_empty=True)
             if action == "invite" and "user_id" not in body and "medium" in body:
                 # The spec's third-party invite (by email through an identity
-                # server): we use no identity server.
+                # server): not built (docs/client-api.md).
                 raise SynapseError(
-                    400, NO_IDENTITY_SERVER + ": invite by Matrix user id", Codes.SERVER_NOT_TRUSTED
+                    400,
+                    THIRD_PARTY_INVITES_REFUSED + ": invite by Matrix user id",
+                    Codes.SERVER_NOT_TRUSTED,
                 )
             target = None if action == "leave" else check_user_id(body.get("user_id"))
             reason = get_optional_str(body, "reason", max_length=1024)

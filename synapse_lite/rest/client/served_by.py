@@ -80,6 +80,9 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     # devices through the main process, so main saves a forward.
     "account_password": MAIN,
     "account_deactivate": MAIN,
+    # Unbinding at identity servers is signed with the server's key, which
+    # the main process made.
+    "threepid_bindings": MAIN,
     # Plain tables, no stream: any process reads and writes them.
     "report_event": READERS,
     "report_room": READERS,
@@ -91,6 +94,8 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "context": READERS,
     "relations": READERS,
     "threads": READERS,
+    # The search index is in the shared database, filled by the events writers.
+    "search": READERS,
     # Not streams: any process writes the rows (profiles also send member
     # events, each through its room's writer).
     "profile": READERS,

@@ -28,6 +28,8 @@ from synapse_lite.storage.databases.main.registration import RegistrationWorkerS
 from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
+from synapse_lite.storage.databases.main.search import SearchWorkerStore
+from synapse_lite.storage.databases.main.threepid_bindings import ThreepidBindingsWorkerStore
 
 
 class GenericWorkerStore(
@@ -50,6 +52,8 @@ class GenericWorkerStore(
     PushersWorkerStore,
     ProfileWorkerStore,
     RelationsWorkerStore,
+    SearchWorkerStore,
+    ThreepidBindingsWorkerStore,
 ):
     """The store of a worker process."""
 

@@ -81,19 +81,19 @@ class DeviceWorkerStore(SQLBaseStore):
 
     async def set_device_display_name(
         self, user_id: str, device_id: str, display_name: str | None
-    ) -> bool:
+    ) -> int | None:
         """Rename a device, announced on the device_lists stream. Returns
-        whether it exists. On the device_lists writer only."""
+        the stream id written, None when there is no such device. On the
+        device_lists writer only."""
 
-        def txn_func(txn: LoggingTransaction) -> bool:
+        def txn_func(txn: LoggingTransaction) -> int | None:
             txn.execute(
                 "UPDATE devices SET display_name = ? WHERE user_id = ? AND device_id = ?",
                 (display_name, user_id, device_id),
             )
             if txn.rowcount == 0:
-                return False
-            self.add_device_change_txn(txn, user_id, device_id)
-            return True
+                return None
+            return self.add_device_change_txn(txn, user_id, device_id)
 
         return await self.db_pool.runInteraction("set_device_display_name", txn_func)
 
@@ -117,31 +117,45 @@ class DeviceWorkerStore(SQLBaseStore):
         return self.add_device_changes_txn(txn, user_id, [device_id])
 
     def add_device_changes_txn(
-        self, txn: LoggingTransaction, user_id: str, device_ids: list[str]
+        self,
+        txn: LoggingTransaction,
+        user_id: str,
+        device_ids: list[str],
+        visible_to: str | None = None,
     ) -> int:
         """Record one change of ``user_id``'s devices, touching ``device_ids``
-        (one device_lists id, on a row for each). Returns the id."""
+        (one device_lists id, on a row for each), told to ``visible_to``
+        only when given. Returns the id."""
         stream_id = self._device_list_id_gen.get_next_txn(txn)
         for device_id in device_ids:
             txn.execute(
-                "INSERT INTO device_lists_stream (stream_id, user_id, device_id, instance_name)"
-                " VALUES (?, ?, ?, ?)",
-                (stream_id, user_id, device_id, self._instance_name),
+                "INSERT INTO device_lists_stream"
+                " (stream_id, user_id, device_id, instance_name, visible_to)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (stream_id, user_id, device_id, self._instance_name, visible_to),
             )
         return stream_id
 
-    async def get_users_whose_devices_changed(self, from_id: int, to_id: int) -> set[str]:
+    async def get_users_whose_devices_changed(
+        self, from_id: int, to_id: int, viewer: str
+    ) -> set[str]:
         """Users with a device_lists change in ``(from_id, to_id]`` (devices or
-        device keys, or cross-signing keys)."""
+        device keys, or cross-signing keys) that ``viewer`` is told of: a
+        user-signing key is its owner's business only, and so is a change
+        made for one user (``visible_to``)."""
         rows = await self.db_pool.select(
             "get_users_whose_devices_changed",
             "SELECT user_id FROM device_lists_stream WHERE stream_id > ? AND stream_id <= ?"
+            " AND (visible_to IS NULL OR visible_to = ?)"
             " UNION SELECT user_id FROM e2e_cross_signing_keys"
-            " WHERE stream_id > ? AND stream_id <= ?",
+            " WHERE stream_id > ? AND stream_id <= ?"
+            " AND (keytype != 'user_signing' OR user_id = ?)",
             from_id,
             to_id,
+            viewer,
             from_id,
             to_id,
+            viewer,
         )
         return {r[0] for r in rows}
 

@@ -103,12 +103,14 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                 continue
             keys.setdefault("signatures", {}).setdefault(signer, {})[key_id] = signature
 
-    async def set_device_keys(self, user_id: str, device_id: str, keys: dict[str, Any]) -> bool:
+    async def set_device_keys(
+        self, user_id: str, device_id: str, keys: dict[str, Any]
+    ) -> int | None:
         """Store a device's identity keys; a change (not a repeat of the same
-        keys) is announced on the device_lists stream. Returns whether they
-        changed. On the device_lists writer only."""
+        keys) is announced on the device_lists stream. Returns the stream id
+        written, None when nothing changed. On the device_lists writer only."""
 
-        def txn_func(txn: LoggingTransaction) -> bool:
+        def txn_func(txn: LoggingTransaction) -> int | None:
             encoded = json_encoder(keys)
             txn.execute(
                 "SELECT key_json FROM e2e_device_keys_json WHERE user_id = ? AND device_id = ?",
@@ -116,7 +118,7 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
             )
             row = txn.fetchone()
             if row is not None and db_to_json(row[0]) == keys:
-                return False
+                return None
             txn.execute(
                 "DELETE FROM e2e_device_keys_json WHERE user_id = ? AND device_id = ?",
                 (user_id, device_id),
@@ -126,8 +128,7 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                 " VALUES (?, ?, ?, ?)",
                 (user_id, device_id, self.clock.time_msec(), encoded),
             )
-            self.add_device_change_txn(txn, user_id, device_id)
-            return True
+            return self.add_device_change_txn(txn, user_id, device_id)
 
         return await self.db_pool.runInteraction("set_device_keys", txn_func)
 
@@ -341,13 +342,17 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
 
         return await self.db_pool.runInteraction("set_cross_signing_keys", txn_func)
 
-    async def add_cross_signing_signatures(self, signer: str, signatures: list[list[str]]) -> None:
+    async def add_cross_signing_signatures(self, signer: str, signatures: list[list[str]]) -> int:
         """Store signatures by ``signer`` (``[target user, target device or
-        public key, signing key id, signature]``), announced as one change of
-        the signer's devices (their other devices fetch the keys again). On
-        the signer's device_lists writer only."""
+        public key, signing key id, signature]``). Signatures of the signer's
+        own keys are one change of the signer's devices (everyone sharing a
+        room fetches them again); a signature of another user's master key
+        is a change of that user's keys told to the signer alone (only they
+        are shown it). Returns the last stream id written. On the signer's
+        device_lists writer only."""
 
-        def txn_func(txn: LoggingTransaction) -> None:
+        def txn_func(txn: LoggingTransaction) -> int:
+            last = 0
             for target_user, target_id, key_id, signature in signatures:
                 txn.execute(
                     "DELETE FROM e2e_cross_signing_signatures WHERE user_id = ? AND key_id = ?"
@@ -360,9 +365,18 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                     " VALUES (?, ?, ?, ?, ?)",
                     (signer, key_id, target_user, target_id, signature),
                 )
-            self.add_device_changes_txn(txn, signer, sorted({s[1] for s in signatures}))
+            own = sorted({s[1] for s in signatures if s[0] == signer})
+            if own:
+                last = self.add_device_changes_txn(txn, signer, own)
+            others: dict[str, set[str]] = {}
+            for target_user, target_id, _, _ in signatures:
+                if target_user != signer:
+                    others.setdefault(target_user, set()).add(target_id)
+            for target_user, target_ids in sorted(others.items()):
+                last = self.add_device_changes_txn(txn, target_user, sorted(target_ids), signer)
+            return last
 
-        await self.db_pool.runInteraction("add_cross_signing_signatures", txn_func)
+        return await self.db_pool.runInteraction("add_cross_signing_signatures", txn_func)
 
 
 def public_key(key: dict[str, Any]) -> str:

@@ -3,8 +3,9 @@
 Everything an event changes is written in the one transaction that takes its
 stream id: the event, the room's current state and its delta stream, memberships
 (``room_memberships`` and, for local users, ``local_current_membership``), the
-client's transaction id, the push actions of the users it notifies, and the
-batched cache invalidation for other processes.
+client's transaction id, the push actions of the users it notifies, its
+full-text search entry (``search.py``), and the batched cache invalidation for
+other processes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from synapse_lite.storage.databases.main.events_worker import (
     EventsWorkerStore,
     self_destruct_after,
 )
+from synapse_lite.storage.databases.main.search import index_events_txn
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +121,7 @@ class EventsStore(EventsWorkerStore):
             persisted.append(event)
         self._insert_events_txn(txn, persisted, push_actions)
         self._insert_push_actions_txn(txn, persisted, push_actions)
+        index_events_txn(txn, persisted)
         # Other processes learn of state changes from this transaction's rows
         # on the events stream (no caches-stream rows needed).
         for room_id in sorted(state_changed):

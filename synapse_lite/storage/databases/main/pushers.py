@@ -30,6 +30,8 @@ class Pusher:
     pushkey: str
     data: dict[str, Any]
     last_stream_ordering: int
+    #: When the pushkey was last set, in ms (gateways get it as ``pushkey_ts``).
+    pushkey_ts: int = 0
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -72,14 +74,15 @@ class PushersWorkerStore(SQLBaseStore):
             txn.execute(
                 "INSERT INTO pushers (user_id, app_id, pushkey, kind, app_display_name,"
                 " device_display_name, profile_tag, lang, data, deleted, stream_id,"
-                " instance_name, last_stream_ordering)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " instance_name, last_stream_ordering, device_id, pushkey_ts)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (app_id, pushkey, user_id) DO UPDATE SET kind = EXCLUDED.kind,"
                 " app_display_name = EXCLUDED.app_display_name,"
                 " device_display_name = EXCLUDED.device_display_name,"
                 " profile_tag = EXCLUDED.profile_tag, lang = EXCLUDED.lang,"
                 " data = EXCLUDED.data, deleted = EXCLUDED.deleted,"
                 " stream_id = EXCLUDED.stream_id, instance_name = EXCLUDED.instance_name,"
+                " device_id = EXCLUDED.device_id, pushkey_ts = EXCLUDED.pushkey_ts,"
                 " last_stream_ordering = CASE WHEN pushers.deleted"
                 " THEN EXCLUDED.last_stream_ordering ELSE pushers.last_stream_ordering END",
                 (
@@ -96,11 +99,34 @@ class PushersWorkerStore(SQLBaseStore):
                     stream_id,
                     self._instance_name,
                     now,
+                    pusher.device_id,
+                    self.clock.time_msec(),
                 ),
             )
             return stream_id
 
         return await self.db_pool.runInteraction("set_pusher", txn_func)
+
+    async def delete_pushers_of_devices(self, user_id: str, device_ids: list[str] | None) -> int:
+        """Remove the pushers set with the access tokens of ``device_ids``
+        (every pusher of the user when None); returns the last stream id
+        written (the current one when there were none)."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            last = self._pushers_id_gen.persisted_upto_position()
+            sql = "SELECT app_id, pushkey FROM pushers WHERE user_id = ? AND deleted = ?"
+            args: list[Any] = [user_id, False]
+            if device_ids is not None:
+                if not device_ids:
+                    return last
+                sql += f" AND device_id IN ({', '.join('?' for _ in device_ids)})"
+                args += device_ids
+            txn.execute(sql, args)
+            for app_id, pushkey in txn.fetchall():
+                last = max(last, self._delete_txn(txn, app_id, pushkey, user_id))
+            return last
+
+        return await self.db_pool.runInteraction("delete_pushers_of_devices", txn_func)
 
     def _delete_txn(self, txn: LoggingTransaction, app_id: str, pushkey: str, user_id: str) -> int:
         """Mark one pusher removed under a new stream id (0: there was none)."""
@@ -149,11 +175,11 @@ class PushersWorkerStore(SQLBaseStore):
         """Every pusher not removed (what the pusher instances deliver for)."""
         rows = await self.db_pool.select(
             "get_all_pushers",
-            "SELECT user_id, app_id, pushkey, data, last_stream_ordering FROM pushers"
-            " WHERE deleted = ? ORDER BY stream_id",
+            "SELECT user_id, app_id, pushkey, data, last_stream_ordering, pushkey_ts"
+            " FROM pushers WHERE deleted = ? ORDER BY stream_id",
             False,
         )
-        return [Pusher(r[0], r[1], r[2], db_to_json(r[3]), int(r[4])) for r in rows]
+        return [Pusher(r[0], r[1], r[2], db_to_json(r[3]), int(r[4]), int(r[5])) for r in rows]
 
     async def set_pusher_position(self, pusher: Pusher, position: int) -> None:
         """Record that ``pusher`` has delivered up to ``position`` (not a

@@ -92,6 +92,22 @@ class ReceiptsWorkerStore(SQLBaseStore):
         )
         return [(r[0], r[1], r[2], r[3], db_to_json(r[4])) for r in rows]
 
+    def get_receipts_position(self) -> int:
+        """Where every receipt up to is stored (this process's view)."""
+        return self._receipts_id_gen.persisted_upto_position()
+
+    async def get_readers_between(self, from_id: int, to_id: int) -> set[str]:
+        """Users who moved a read receipt (``m.read`` or private) with a
+        stream id in ``(from_id, to_id]``."""
+        rows = await self.db_pool.select(
+            "get_readers_between",
+            "SELECT DISTINCT user_id FROM receipts_linearized WHERE ? < stream_id"
+            " AND stream_id <= ? AND receipt_type IN ('m.read', 'm.read.private')",
+            from_id,
+            to_id,
+        )
+        return {r[0] for r in rows}
+
     async def get_all_updated_receipts(
         self, instance_name: str, last_id: int, current_id: int, limit: int
     ) -> tuple[list[tuple[int, ReceiptsStreamRow]], int, bool]:

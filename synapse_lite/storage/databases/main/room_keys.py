@@ -19,7 +19,8 @@ class BackedUpKey:
     first_message_index: int
     forwarded_count: int
     is_verified: bool
-    session_data: dict[str, Any]
+    #: An object for the spec's algorithm; opaque (any JSON value) otherwise.
+    session_data: Any
 
     def is_better_than(self, other: BackedUpKey) -> bool:
         """The spec's rule for replacing a stored key: a verified key beats an
@@ -39,7 +40,8 @@ class BackedUpKey:
 class BackupVersion:
     version: int
     algorithm: str
-    auth_data: dict[str, Any]
+    #: Opaque but for the spec's algorithm (an object): any JSON value.
+    auth_data: Any
     etag: int
     count: int
 
@@ -56,9 +58,7 @@ class BackupVersion:
 class RoomKeysStore(SQLBaseStore):
     """Backup versions and their keys (any process)."""
 
-    async def create_backup_version(
-        self, user_id: str, algorithm: str, auth_data: dict[str, Any]
-    ) -> int:
+    async def create_backup_version(self, user_id: str, algorithm: str, auth_data: Any) -> int:
         """A new version, numbered one above the user's highest (deleted
         ones included: a number is never reused), which becomes current.
 
@@ -123,9 +123,7 @@ class RoomKeysStore(SQLBaseStore):
             "get_backup_version", self._version_txn, user_id, version, read_only=True
         )
 
-    async def update_backup_auth_data(
-        self, user_id: str, version: int, auth_data: dict[str, Any]
-    ) -> bool:
+    async def update_backup_auth_data(self, user_id: str, version: int, auth_data: Any) -> bool:
         rows = await self.db_pool.execute(
             "update_backup_auth_data",
             "UPDATE e2e_room_keys_versions SET auth_data = ?"

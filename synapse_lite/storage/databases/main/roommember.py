@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from synapse_lite.storage._base import db_to_json
 from synapse_lite.storage.caches import cached
 from synapse_lite.storage.databases.main.stream import StreamWorkerStore
 from synapse_lite.tokens import RoomStreamToken
@@ -125,3 +128,29 @@ class RoomMemberWorkerStore(StreamWorkerStore):
             room_id,
         )
         return [(int(r[0]), r[1]) for r in rows]
+
+    async def get_rooms_ever_in(self, user_id: str) -> list[str]:
+        """Every room the user has ever had a membership in (invited, joined,
+        left...), sorted."""
+        rows = await self.db_pool.select(
+            "get_rooms_ever_in",
+            "SELECT DISTINCT room_id FROM room_memberships WHERE user_id = ? ORDER BY room_id",
+            user_id,
+        )
+        return [r[0] for r in rows]
+
+    async def get_member_content_at(
+        self, room_id: str, user_id: str, position: int
+    ) -> dict[str, Any] | None:
+        """The content of the user's membership event in force in the room at
+        stream ordering ``position`` (their profile there then), or None."""
+        rows = await self.db_pool.select(
+            "get_member_content_at",
+            "SELECT e.content FROM room_memberships AS m JOIN events AS e"
+            " ON e.event_id = m.event_id WHERE m.room_id = ? AND m.user_id = ?"
+            " AND m.stream_ordering <= ? ORDER BY m.stream_ordering DESC LIMIT 1",
+            room_id,
+            user_id,
+            position,
+        )
+        return db_to_json(rows[0][0]) if rows else None
