@@ -1,14 +1,19 @@
 """A fresh, empty database for each test, on the engine the run is for.
 
 ``SYNAPSE_LITE_TEST_DB`` picks the engine: ``sqlite`` (the default) or
-``postgres``. CI runs the whole suite once with each.
+``postgres``. CI runs the whole suite on SQLite, then on PostgreSQL the test
+modules that asked for the run's engine during the SQLite run
+(``SYNAPSE_LITE_ENGINE_USERS``): a module that never asks cannot behave
+differently on the other engine.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import sys
 import tempfile
+import unittest
 from typing import Any
 
 import attr
@@ -19,12 +24,38 @@ from tests.harness.services import postgres_args, require_postgres, require_pyth
 _counter = itertools.count()
 
 
+#: When set, a file to which every test module that asks for the run's engine
+#: appends its dotted name (one per line, repeats allowed): what CI's
+#: PostgreSQL pass runs.
+ENGINE_USERS_ENV = "SYNAPSE_LITE_ENGINE_USERS"
+
+
 def test_engine_name() -> str:
     """The engine this test run uses."""
     name = os.environ.get("SYNAPSE_LITE_TEST_DB", "sqlite")
     if name not in ("sqlite", "postgres"):
         raise ValueError(f"SYNAPSE_LITE_TEST_DB must be 'sqlite' or 'postgres', not {name!r}")
+    _record_engine_user()
     return name
+
+
+def _record_engine_user() -> None:
+    """Append the asking test's module to ``ENGINE_USERS_ENV``'s file, if set.
+
+    The test is the nearest frame whose ``self`` is a test case (its class's
+    module, so a harness base class's ``setUp`` counts for the subclass)."""
+    path = os.environ.get(ENGINE_USERS_ENV)
+    if not path:
+        return
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, unittest.TestCase):
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(type(candidate).__module__ + "\n")
+            return
+        frame = frame.f_back
+    raise RuntimeError(f"{ENGINE_USERS_ENV}: the engine was asked for outside a test case")
 
 
 @attr.s(slots=True, auto_attribs=True)
