@@ -5,13 +5,19 @@ main process and a worker. On SQLite and PostgreSQL (``SYNAPSE_LITE_TEST_DB``)."
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import urllib.parse
 from typing import Any
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
-from synapse_lite.events import content_hashes, pruned_event, reference_hash_event_id
-from synapse_lite.federation.crypto import load_or_create_signing_key, verify_signed_json
+from synapse_lite.events import content_hashes, pruned_event
+from synapse_lite.federation.crypto import (
+    canonical_json,
+    load_or_create_signing_key,
+    verify_signed_json,
+)
 from synapse_lite.server import HomeServer
 from tests.harness.client_api import ClientApi, caught_up, start_cluster
 from tests.harness.server import DatabaseTestCase
@@ -40,26 +46,29 @@ class EventFormatTestCase(DatabaseTestCase):
         self.alice = await ClientApi(self, self.main).register("alice")
         self.on_reader = ClientApi(self, clients["reader"].base_url).as_user(self.alice.token)
 
-    def assert_is_our_pdu(self, hs: HomeServer, pdu: dict[str, Any], version_id: str) -> None:
-        """``pdu`` hashes to its event id (from version 3) and carries the
-        server's verifiable signature over its redacted form."""
-        version = KNOWN_ROOM_VERSIONS[version_id]
+    def assert_is_our_pdu(
+        self, hs: HomeServer, pdu: dict[str, Any], version_id: str, whole: bool = True
+    ) -> None:
+        """``pdu`` carries the server's verifiable signature over its
+        redacted form, from version 4 its reference hash is its event id,
+        and when served ``whole`` (not pruned) its ``hashes`` are of it."""
         self.assertTrue(PDU_KEYS <= set(pdu), sorted(PDU_KEYS - set(pdu)))
         self.assertEqual(set(pdu["unsigned"]), {"age"})
         key = load_or_create_signing_key(hs.config.data_dir, create=False)
-        verify_signed_json(
-            signed_form(pdu, version_id),
-            hs.config.server_name,
-            key.key_id,
-            key.verify_key_base64,
-        )
-        if version_id not in ("1", "2"):
-            hashed = {
-                k: v
-                for k, v in pdu.items()
-                if k not in ("event_id", "hashes", "signatures", "unsigned")
-            }
-            self.assertEqual(reference_hash_event_id(version, hashed), pdu["event_id"])
+        form = signed_form(pdu, version_id)
+        verify_signed_json(form, hs.config.server_name, key.key_id, key.verify_key_base64)
+        if version_id not in ("1", "2", "3"):
+            unsigned_form = {k: v for k, v in form.items() if k != "signatures"}
+            reference = hashlib.sha256(canonical_json(unsigned_form)).digest()
+            encoded = base64.urlsafe_b64encode(reference).decode().rstrip("=")
+            self.assertEqual("$" + encoded, pdu["event_id"])
+        if whole:
+            # The event id is part of the event in versions 1 and 2 only.
+            dropped = ("unsigned",) if version_id in ("1", "2") else ("event_id", "unsigned")
+            unhashed = {k: v for k, v in pdu.items() if k not in dropped}
+            self.assertEqual(
+                pdu["hashes"], content_hashes(KNOWN_ROOM_VERSIONS[version_id], unhashed)
+            )
 
     async def test_sync_timeline_and_state_in_federation_format(self) -> None:
         room = await self.alice.create_room()
@@ -87,6 +96,9 @@ class EventFormatTestCase(DatabaseTestCase):
         page = await self.alice.ok(
             "GET", f"/rooms/{room}/messages?dir=b&limit=2&filter={as_param(FEDERATION)}"
         )
+        assert_spec_response(
+            self, "message_pagination.yaml", "/rooms/{roomId}/messages", "GET", 200, page
+        )
         newest, before = page["chunk"]
         self.assertEqual(newest["prev_events"], [before["event_id"]])
         self.assertEqual(newest["depth"], before["depth"] + 1)
@@ -112,21 +124,57 @@ class EventFormatTestCase(DatabaseTestCase):
         after = await self.alice.ok(
             "GET", f"/rooms/{room}/context/{event_id}?filter={as_param(FEDERATION)}"
         )
+        assert_spec_response(
+            self, "event_context.yaml", "/rooms/{roomId}/context/{eventId}", "GET", 200, after
+        )
         self.assertEqual(after["event"]["content"], {})
-        self.assertEqual(after["event"]["hashes"], before["event"]["hashes"])
-        self.assertEqual(after["event"]["signatures"], before["event"]["signatures"])
+        # The hashes are the original's (of the content as sent).
         self.assertEqual(signed_form(before["event"], "11"), signed_form(after["event"], "11"))
-        # The original's hash is of the content as sent.
-        version = KNOWN_ROOM_VERSIONS["11"]
-        original = {k: v for k, v in before["event"].items() if k not in ("event_id", "unsigned")}
-        self.assertEqual(before["event"]["hashes"], content_hashes(version, original))
         self.assert_is_our_pdu(self.servers["main"], before["event"], "11")
+        self.assert_is_our_pdu(self.servers["main"], after["event"], "11", whole=False)
         # Version 11 keeps ``redacts`` in the content only.
         redaction = after["events_after"][0]
         self.assertEqual(redaction["type"], "m.room.redaction")
         self.assertEqual(redaction["content"]["redacts"], event_id)
         self.assertNotIn("redacts", redaction)
         self.assert_is_our_pdu(self.servers["main"], redaction, "11")
+
+    async def test_erased_and_left(self) -> None:
+        """An erased user's event, to who joined after the erasure: pruned,
+        its original's hashes and signature kept. A left room's timeline in
+        the format too."""
+        room = await self.alice.create_room(preset="public_chat")
+        bob = await ClientApi(self, self.main).register("bob", "bob-pw")
+        await bob.ok("POST", f"/join/{room}", {})
+        message = await bob.send(room, "forget me")
+        auth = {
+            "type": "m.login.password",
+            "identifier": {"type": "m.id.user", "user": "bob"},
+            "password": "bob-pw",
+        }
+        await bob.ok("POST", "/account/deactivate", {"auth": auth, "erase": True})
+        carol = await ClientApi(self, self.main).register("carol")
+        await carol.ok("POST", f"/join/{room}", {})
+        path = f"/rooms/{room}/context/{message}?filter={as_param(FEDERATION)}"
+        seen = (await self.alice.ok("GET", path))["event"]
+        pruned = (await carol.ok("GET", path))["event"]
+        self.assertEqual(seen["content"]["body"], "forget me")
+        self.assertEqual(pruned["content"], {})
+        self.assertEqual(signed_form(seen, "10"), signed_form(pruned, "10"))
+        self.assert_is_our_pdu(self.servers["main"], seen, "10")
+        self.assert_is_our_pdu(self.servers["main"], pruned, "10", whole=False)
+        # Carol leaves: the left room's timeline, up to her leave, as PDUs.
+        await carol.ok("POST", f"/rooms/{room}/leave", {})
+        flt = as_param({**FEDERATION, "room": {"include_leave": True}})
+        left = (await carol.sync(filter=flt))["rooms"]["leave"][room]
+        leave = left["timeline"]["events"][-1]
+        self.assertEqual(
+            (leave["type"], leave["content"]), ("m.room.member", {"membership": "leave"})
+        )
+        for event in left["timeline"]["events"] + left["state"]["events"]:
+            # Bob's events are pruned for Carol: only their hashes differ.
+            whole = event["sender"] != bob.user_id
+            self.assert_is_our_pdu(self.servers["main"], event, "10", whole=whole)
 
     async def test_room_version_1_pdus(self) -> None:
         room = await self.alice.create_room(room_version="1")
