@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import attr
 
+from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.events import Event, content_hashes, pruned_event
-from synapse_lite.federation.crypto import SigningKey, sign_json
+from synapse_lite.federation.crypto import SigningKey, SigningKeyFileError, sign_json
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.filtering import CLIENT_FORMAT, EventFormat, only_fields
 from synapse_lite.handlers.visibility import RoomVisibility, load_room_visibility
@@ -49,8 +50,18 @@ class PduSigner:
         self._key: SigningKey | None = None
 
     def signatures(self, redacted_pdu: dict[str, Any]) -> dict[str, Any]:
+        """Our ``signatures`` of an event (its redacted form); a 503 when
+        this process cannot read the key (``data_dir/signing.key`` is on the
+        main process's host only, unless copied: docs/client-api.md)."""
         if self._key is None:
-            self._key = self._load_key()
+            try:
+                self._key = self._load_key()
+            except SigningKeyFileError as e:
+                raise SynapseError(
+                    503,
+                    f"This process cannot sign events in the federation format: {e}",
+                    Codes.UNKNOWN,
+                ) from None
         signed = sign_json(redacted_pdu, self.server_name, self._key)
         signatures: dict[str, Any] = signed["signatures"]
         return signatures
