@@ -26,12 +26,20 @@ def reference_hash_event_id(room_version: RoomVersion, pdu: dict[str, Any]) -> s
     version's base64 alphabet. ``pdu``: the event as its room's writer
     builds it, without ``hashes``."""
     strict = room_version.strict_canonical_json
-    content_hash = hashlib.sha256(_event_json(pdu, strict)).digest()
-    hashed = {**pdu, "hashes": {"sha256": encode_base64(content_hash)}}
+    hashed = {**pdu, "hashes": content_hashes(room_version, pdu)}
     reference = hashlib.sha256(_event_json(pruned_event(room_version, hashed), strict)).digest()
     if room_version.event_ids is EventIdFormat.REFERENCE_HASH_BASE64:
         return "$" + encode_base64(reference)
     return "$" + base64.urlsafe_b64encode(reference).decode("ascii").rstrip("=")
+
+
+def content_hashes(room_version: RoomVersion, pdu: dict[str, Any]) -> dict[str, str]:
+    """The ``hashes`` of an event (server-server form): SHA-256 of the
+    canonical JSON of ``pdu`` without ``unsigned``, ``signatures`` and
+    ``hashes``, in unpadded base64."""
+    unhashed = {k: v for k, v in pdu.items() if k not in ("unsigned", "signatures", "hashes")}
+    digest = hashlib.sha256(_event_json(unhashed, room_version.strict_canonical_json)).digest()
+    return {"sha256": encode_base64(digest)}
 
 
 def _event_json(pdu: dict[str, Any], strict: bool) -> bytes:
@@ -133,6 +141,52 @@ def relation_of(content: dict[str, Any]) -> tuple[str, str] | None:
     return parent, rel_type
 
 
+def event_pdu(
+    room_version: RoomVersion,
+    event_id: str | None,
+    *,
+    room_id: str,
+    kind: _EventKind,
+    sender: str,
+    content: dict[str, Any],
+    origin_server_ts: int,
+    depth: int,
+    prev_event_id: str | None,
+    redacts: str | None,
+) -> dict[str, Any]:
+    """An event in the server-server form this server gives it, without
+    ``hashes`` and ``signatures``: what a room's writer hashes into the
+    event id from version 3 (so the id is the reference hash of the result,
+    hashes added), and what ``event_format: federation`` serves.
+
+    Our rooms do not federate: an event names the room's newest event before
+    it in ``prev_events`` (the rooms are linear) and no ``auth_events`` (the
+    writer authorises against the room's current state, and records no
+    auth chain). Versions 1 and 2 name ``event_id`` in the event and pair
+    each previous event with its hashes, which we do not keep (an empty
+    object); ``origin`` is not set (the sender's server is ours).
+    """
+    prev_events: list[Any] = [] if prev_event_id is None else [prev_event_id]
+    pdu: dict[str, Any] = {
+        "room_id": room_id,
+        "type": kind.type,
+        "sender": sender,
+        "content": content,
+        "origin_server_ts": origin_server_ts,
+        "depth": depth,
+        "prev_events": prev_events,
+        "auth_events": [],
+    }
+    if room_version.event_ids is EventIdFormat.SERVER_SUFFIXED:
+        pdu["event_id"] = event_id
+        pdu["prev_events"] = [[e, {}] for e in prev_events]
+    if kind.state_key is not None:
+        pdu["state_key"] = kind.state_key
+    if redacts is not None and not room_version.redacts_in_content:
+        pdu["redacts"] = redacts
+    return pdu
+
+
 class _EventKind:
     """What an event's type and state key say about it (for every stage of an
     event: requested, about to be persisted, persisted)."""
@@ -207,6 +261,22 @@ class Event(_EventKind):
             redacted_because=redaction,
         )
 
+    def to_pdu(self, room_version: RoomVersion, prev_event_id: str | None) -> dict[str, Any]:
+        """The event as :func:`event_pdu` gives it (``prev_event_id``: the
+        event it follows in its room)."""
+        return event_pdu(
+            room_version,
+            self.event_id,
+            room_id=self.room_id,
+            kind=self,
+            sender=self.sender,
+            content=self.content,
+            origin_server_ts=self.origin_server_ts,
+            depth=self.depth,
+            prev_event_id=prev_event_id,
+            redacts=self.redacts,
+        )
+
     def to_client_dict(
         self, now_ms: int | None = None, include_room_id: bool = True
     ) -> dict[str, Any]:
@@ -275,20 +345,18 @@ class EventSpec(_EventKind):
         if room_version.event_ids is EventIdFormat.SERVER_SUFFIXED:
             event_id = random_event_id(server_name)
         else:
-            pdu: dict[str, Any] = {
-                "room_id": room_id,
-                "type": self.type,
-                "sender": self.sender,
-                "content": content,
-                "origin_server_ts": self.origin_server_ts,
-                "depth": depth,
-                "prev_events": [] if prev_event_id is None else [prev_event_id],
-                "auth_events": [],
-            }
-            if self.state_key is not None:
-                pdu["state_key"] = self.state_key
-            if self.redacts is not None and not room_version.redacts_in_content:
-                pdu["redacts"] = self.redacts
+            pdu = event_pdu(
+                room_version,
+                None,
+                room_id=room_id,
+                kind=self,
+                sender=self.sender,
+                content=content,
+                origin_server_ts=self.origin_server_ts,
+                depth=depth,
+                prev_event_id=prev_event_id,
+                redacts=self.redacts,
+            )
             event_id = reference_hash_event_id(room_version, pdu)
         return EventContent(
             event_id=event_id,

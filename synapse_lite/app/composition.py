@@ -37,7 +37,7 @@ from synapse_lite.app.services import CallbackService, Loop, LoopsService, Proce
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
 from synapse_lite.federation.client import FederationClient
-from synapse_lite.federation.crypto import load_or_create_signing_key
+from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler
 from synapse_lite.federation.keyring import Keyring
 from synapse_lite.federation.outbox import OutboxConsumer
@@ -48,6 +48,7 @@ from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
 from synapse_lite.handlers.auth import AuthHandler
+from synapse_lite.handlers.client_events import ClientEventFormatter, PduSigner
 from synapse_lite.handlers.client_ips import ClientIpRecorder
 from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
@@ -313,14 +314,16 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         events=events,
         event_writers=event_writers,
     )
-    pagination = PaginationHandler(store, clock)
+
+    def signing_key() -> SigningKey:
+        return load_or_create_signing_key(config.data_dir, create=False)
+
+    # One formatter for /sync, /messages and /context: the filters'
+    # ``event_format: federation`` signs with the server's key.
+    formatter = ClientEventFormatter(store, PduSigner(server_name, signing_key))
+    pagination = PaginationHandler(store, clock, formatter)
     relations = RelationsHandler(store, clock, pagination)
-    identity = IdentityHandler(
-        store,
-        outbound,
-        lambda: load_or_create_signing_key(config.data_dir, create=False),
-        server_name,
-    )
+    identity = IdentityHandler(store, outbound, signing_key, server_name)
     sync = SyncHandler(
         store=store,
         clock=clock,
@@ -333,6 +336,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         event_writers=event_writers,
         position_log=position_log,
         sections={d.name: d.sync_section(store) for d in config.streams if d.sync_section},
+        formatter=formatter,
         relations=relations,
     )
     handlers = ClientHandlers(

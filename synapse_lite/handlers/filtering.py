@@ -6,17 +6,17 @@ values below; /sync then only asks them questions. Every part of the spec's
 ``rooms``/``not_rooms``, ``include_leave`` and the ``timeline``, ``state``,
 ``ephemeral`` and ``account_data`` event filters (``types``, ``not_types``,
 ``senders``, ``not_senders``, ``rooms``, ``not_rooms``, ``contains_url``,
-``limit``; a ``*`` in a type matches any run of characters), plus
-``event_fields``. ``lazy_load_members`` and ``include_redundant_members`` are
-validated (booleans) and stored; ``event_format: federation`` is accepted and
-answered in the client format (docs/client-api.md says why).
+``limit``; a ``*`` in a type matches any run of characters), plus how
+events are served (:class:`EventFormat`: ``event_format``, ``event_fields``),
+which ``/messages`` and ``/context`` also read from their filter.
+``lazy_load_members`` and ``include_redundant_members`` are validated
+(booleans) and stored.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
-import re
 from typing import TYPE_CHECKING, Any
 
 import attr
@@ -173,6 +173,37 @@ class EventFilter:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class EventFormat:
+    """How room events are served: the spec's ``event_format`` and
+    ``event_fields`` (the default: the client format, every field)."""
+
+    #: ``event_format: federation``: the event as federation has it (its PDU).
+    federation: bool = False
+    #: ``event_fields``: the dot-separated paths to keep (None: all of them).
+    fields: tuple[str, ...] | None = None
+
+    @classmethod
+    def parse(cls, definition: dict[str, Any]) -> EventFormat:
+        """The ``event_format`` and ``event_fields`` of a filter object (or a
+        400 ``M_BAD_JSON`` naming the key)."""
+        fields = definition.get("event_fields")
+        if fields is not None and (
+            not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)
+        ):
+            raise _bad("'event_fields' must be a list of strings")
+        event_format = definition.get("event_format", "client")
+        if event_format not in EVENT_FORMATS:
+            raise _bad("'event_format' must be 'client' or 'federation'")
+        return cls(
+            federation=event_format == "federation",
+            fields=None if fields is None else tuple(fields),
+        )
+
+
+CLIENT_FORMAT = EventFormat()
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class SyncFilter:
     """What a filter changes about /sync."""
 
@@ -185,9 +216,7 @@ class SyncFilter:
     #: ``room.rooms`` / ``room.not_rooms``: which rooms appear at all.
     rooms: EventFilter = attr.ib(factory=EventFilter)
     include_leave: bool = False
-    #: Dot-separated paths of the event fields to keep (None: all of them).
-    event_fields: tuple[str, ...] | None = None
-    event_format: str = "client"
+    event_format: EventFormat = CLIENT_FORMAT
 
     @property
     def timeline_limit(self) -> int:
@@ -220,14 +249,6 @@ def parse_filter(definition: Any) -> SyncFilter:
     include_leave = room.get("include_leave", False)
     if not isinstance(include_leave, bool):
         raise _bad("'room.include_leave' must be true or false")
-    fields = definition.get("event_fields")
-    if fields is not None and (
-        not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)
-    ):
-        raise _bad("'event_fields' must be a list of strings")
-    event_format = definition.get("event_format", "client")
-    if event_format not in EVENT_FORMATS:
-        raise _bad("'event_format' must be 'client' or 'federation'")
     return SyncFilter(
         timeline=EventFilter.parse(room.get("timeline"), "room.timeline"),
         state=EventFilter.parse(room.get("state"), "room.state"),
@@ -237,8 +258,7 @@ def parse_filter(definition: Any) -> SyncFilter:
         account_data=EventFilter.parse(definition.get("account_data"), "account_data"),
         rooms=EventFilter.parse({k: room[k] for k in ("rooms", "not_rooms") if k in room}, "room"),
         include_leave=include_leave,
-        event_fields=None if fields is None else tuple(fields),
-        event_format=event_format,
+        event_format=EventFormat.parse(definition),
     )
 
 
@@ -256,20 +276,41 @@ def _inline_filter(param: str) -> Any:
     return definition
 
 
-def parse_room_event_filter(param: str | None) -> EventFilter | None:
+def parse_room_event_filter(param: str | None) -> tuple[EventFilter | None, EventFormat]:
     """The ``filter`` query parameter of ``/messages`` and ``/context``: a
-    ``RoomEventFilter`` as JSON (None when there is none)."""
+    ``RoomEventFilter`` as JSON (None when there is none), and the
+    ``event_format`` and ``event_fields`` it may hold as a ``Filter`` does
+    (the spec's ``RoomEventFilter`` has neither; they are honoured rather
+    than ignored, as the reference server honours ``event_format``)."""
     if param is None:
-        return None
-    return EventFilter.parse(_inline_filter(param), "filter")
+        return None, CLIENT_FORMAT
+    definition = _inline_filter(param)
+    event_filter = EventFilter.parse(definition, "filter")
+    return event_filter, EventFormat.parse(definition)
 
 
-_UNESCAPED_DOT = re.compile(r"(?<!\\)\.")
-
-
-def _field_path(field: str) -> list[str]:
-    """``content.m\\.relates_to`` -> ["content", "m.relates_to"]."""
-    return [part.replace("\\.", ".") for part in _UNESCAPED_DOT.split(field)]
+def field_path(field: str) -> list[str]:
+    """The keys a dot-separated property path names (the spec's appendix):
+    ``\\.`` is a literal dot, ``\\\\`` a literal backslash, and a backslash
+    before anything else is itself (``content.m\\.relates_to`` ->
+    ``["content", "m.relates_to"]``)."""
+    parts: list[str] = []
+    current: list[str] = []
+    i = 0
+    while i < len(field):
+        char = field[i]
+        if char == "\\" and i + 1 < len(field) and field[i + 1] in ".\\":
+            current.append(field[i + 1])
+            i += 2
+            continue
+        if char == ".":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+        i += 1
+    parts.append("".join(current))
+    return parts
 
 
 def only_fields(event: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
@@ -277,7 +318,7 @@ def only_fields(event: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any
     to a missing key, or through a non-object, is skipped)."""
     kept: dict[str, Any] = {}
     for field in fields:
-        path = _field_path(field)
+        path = field_path(field)
         source: Any = event
         for key in path:
             if not isinstance(source, dict) or key not in source:

@@ -15,7 +15,7 @@ from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.client_events import ClientEventFormatter
-from synapse_lite.handlers.filtering import EventFilter
+from synapse_lite.handlers.filtering import CLIENT_FORMAT, EventFilter, EventFormat
 from synapse_lite.handlers.ignored_users import get_ignored_users, without_ignored
 from synapse_lite.handlers.visibility import RoomVisibility, load_room_visibility
 from synapse_lite.tokens import InvalidToken, RoomStreamToken
@@ -35,10 +35,12 @@ MAX_SCAN_PAGES = 20
 class PaginationHandler:
     """``/messages``, ``/state``, ``/members``."""
 
-    def __init__(self, store: GenericWorkerStore, clock: Clock) -> None:
+    def __init__(
+        self, store: GenericWorkerStore, clock: Clock, formatter: ClientEventFormatter
+    ) -> None:
         self._store = store
         self._clock = clock
-        self._formatter = ClientEventFormatter(store)
+        self._formatter = formatter
 
     async def parse_token(self, value: str) -> RoomStreamToken:
         """A room token, or the room part of a sync token; else a 400."""
@@ -72,12 +74,13 @@ class PaginationHandler:
         direction: str,
         limit: int,
         event_filter: EventFilter | None = None,
+        event_format: EventFormat = CLIENT_FORMAT,
     ) -> dict[str, Any]:
         """A page of ``/messages``: up to ``limit`` events passing
         ``event_filter`` (read until the page is full), ``end`` where the next
         page starts (absent once the history in that direction is
         exhausted), and with ``lazy_load_members`` the member events of the
-        chunk's senders in ``state``."""
+        chunk's senders in ``state``; every event in ``event_format``."""
         visibility = await self._visibility(requester, room_id)
         limit = max(0, min(limit, MAX_PAGE))
         current = self._store.get_room_max_token()
@@ -113,9 +116,13 @@ class PaginationHandler:
             newest = max(shown, key=lambda e: e.stream_ordering)
             state = await self._members_of_senders(shown, RoomStreamToken(newest.stream_ordering))
         response: dict[str, Any] = {
-            "chunk": await self._formatter.format(requester, shown, now_ms),
+            "chunk": await self._formatter.format(
+                requester, shown, now_ms, event_format=event_format
+            ),
             "start": from_token or await self._store.room_token_to_string(start),
-            "state": await self._formatter.format(requester, state, now_ms),
+            "state": await self._formatter.format(
+                requester, state, now_ms, event_format=event_format
+            ),
         }
         if next_token is not None:
             response["end"] = await self._store.room_token_to_string(next_token)
@@ -202,10 +209,12 @@ class PaginationHandler:
         event_id: str,
         limit: int,
         event_filter: EventFilter | None,
+        event_format: EventFormat = CLIENT_FORMAT,
     ) -> dict[str, Any]:
         """``/context``: the event, up to ``limit`` events around it (half
-        before, the rest after, each side only what the requester may see)
-        and the room's state at the event."""
+        before, the rest after, each side only what the requester may see
+        and ``event_filter`` lets through) and the room's state at the
+        event; every event in ``event_format``."""
         # 403 for a room the requester may read nothing of (what the reference
         # server and SyTest expect of /context; the spec lists no errors here),
         # then 404 for an event they may not see.
@@ -219,28 +228,25 @@ class PaginationHandler:
         now_ms = self._clock.time_msec()
         before = await self._formatter.as_seen_by(requester.user_id, before)
         after = await self._formatter.as_seen_by(requester.user_id, after)
-
-        def shown(events: list[Event]) -> list[dict[str, Any]]:
-            dicts = [e.to_client_dict(now_ms) for e in events]
-            return [d for d in dicts if event_filter is None or event_filter.allows(d)]
-
+        if event_filter is not None:
+            before = [e for e in before if event_filter.allows(e.to_client_dict())]
+            after = [e for e in after if event_filter.allows(e.to_client_dict())]
         at = RoomStreamToken(event.stream_ordering)
-        events_before, events_after = shown(before), shown(after)
         if event_filter is not None and event_filter.lazy_load_members:
             # The members of the senders of what is shown, as of the event.
-            served = {e["event_id"] for e in (*events_before, *events_after)}
-            senders = [event, *(e for e in (*before, *after) if e.event_id in served)]
-            state = await self._members_of_senders(senders, at)
+            state = await self._members_of_senders([event, *before, *after], at)
         else:
             state = await self._store.get_state_at(room_id, at)
         state = await self._formatter.as_seen_by(requester.user_id, state)
+        render = self._formatter.render
+        [served] = await render([event], now_ms, event_format)
         return {
-            "event": event.to_client_dict(now_ms),
-            "events_before": events_before,
-            "events_after": events_after,
+            "event": served,
+            "events_before": await render(before, now_ms, event_format),
+            "events_after": await render(after, now_ms, event_format),
             "start": await self._store.room_token_to_string(start),
             "end": await self._store.room_token_to_string(end),
-            "state": [e.to_client_dict(now_ms) for e in state],
+            "state": await render(state, now_ms, event_format),
         }
 
     async def events_around(

@@ -57,7 +57,9 @@ class RelationsHandler:
 
     async def add_bundles(self, room_id: str, dicts: list[dict[str, Any]], user_id: str) -> None:
         """Add the bundled aggregations to events of ``room_id`` already shaped
-        for a client (``/messages``, ``/context``)."""
+        for a client (``/messages``, ``/context``); events that a filter's
+        ``event_fields`` cut down to no ``event_id`` get none."""
+        dicts = [d for d in dicts if "event_id" in d]
         if not dicts:
             return
         events = await self._store.get_events([d["event_id"] for d in dicts])

@@ -21,7 +21,7 @@ from twisted.internet import defer
 from synapse_lite.api.errors import Codes, LimitExceededError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
-from synapse_lite.handlers.client_events import ClientEventFormatter, format_event
+from synapse_lite.handlers.client_events import ClientEventFormatter
 from synapse_lite.handlers.filtering import EventFilter, SyncFilter
 from synapse_lite.handlers.ignored_users import get_ignored_users, is_hidden, without_ignored
 from synapse_lite.handlers.visibility import load_room_visibility, member_sees_everything
@@ -153,12 +153,14 @@ class SyncHandler:
         event_writers: Callable[[], Sequence[str]],
         position_log: PositionLog | None,
         sections: Mapping[str, SyncSection],
+        formatter: ClientEventFormatter,
         relations: RelationsHandler | None = None,
     ) -> None:
         """``streams``: this process's streams (their positions make the
         token); ``event_writers()``: the events writers known now;
         ``sections``: the parts of the response that streams other than the
-        built-in ones feed, by stream name; ``relations``: adds the bundled
+        built-in ones feed, by stream name; ``formatter``: serves the room
+        events; ``relations``: adds the bundled
         aggregations to timeline events."""
         self._store = store
         self._clock = clock
@@ -172,7 +174,7 @@ class SyncHandler:
         self._event_writers = event_writers
         self._position_log = position_log
         self._sections = sections
-        self._formatter = ClientEventFormatter(store)
+        self._formatter = formatter
         self._lazy_sent = LazyMembersSent()
         self._relations = relations
         #: The streams whose positions follow the room key in tokens.
@@ -648,11 +650,12 @@ class SyncHandler:
                     continue
                 if entry["timeline"]["events"] or entry["state"]["events"] or _is_limited(entry):
                     result[room_id] = entry
-        if self._relations is not None:
+        if self._relations is not None and not sync_filter.event_format.federation:
             # One pass over every room's timeline: the user is joined to each,
             # and the timelines are already what they may see. Events that
             # ``event_fields`` cut down to no ``event_id`` get no bundle: the
             # client asked for fields that leave it nothing to relate them by.
+            # Federation's ``unsigned`` holds no bundles.
             await self._relations.add_bundles_to(
                 [
                     e
@@ -777,11 +780,14 @@ class SyncHandler:
             and any(is_hidden(e, ignored) for e in raw)
         ):
             return None
-        fields = sync_filter.event_fields
+        event_format = sync_filter.event_format
         events = await self._formatter.format(
-            requester, timeline, now_ms, include_room_id=False, event_fields=fields
+            requester, timeline, now_ms, include_room_id=False, event_format=event_format
         )
         state = await self._formatter.as_seen_by(requester.user_id, state)
+        state_events = await self._formatter.render(
+            state, now_ms, event_format, include_room_id=False
+        )
         summary: dict[str, Any] = {}
         if sync_filter.state.lazy_load_members and (
             since is None
@@ -791,11 +797,7 @@ class SyncHandler:
             summary = await self._summary(requester.user_id, room_id, upper)
         return {
             "timeline": {"events": events, "limited": limited, "prev_batch": prev_batch},
-            "state": {
-                "events": [
-                    format_event(e, now_ms, {}, include_room_id=False, fields=fields) for e in state
-                ]
-            },
+            "state": {"events": state_events},
             "ephemeral": {"events": []},
             "account_data": {"events": []},
             "unread_notifications": {},

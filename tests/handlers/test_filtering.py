@@ -7,11 +7,15 @@ from twisted.trial import unittest
 
 from synapse_lite.api.errors import SynapseError
 from synapse_lite.handlers.filtering import (
+    CLIENT_FORMAT,
     DEFAULT_TIMELINE_LIMIT,
     MAX_TIMELINE_LIMIT,
     EventFilter,
+    EventFormat,
+    field_path,
     only_fields,
     parse_filter,
+    parse_room_event_filter,
 )
 
 
@@ -83,7 +87,21 @@ class EventFilterTestCase(unittest.TestCase):
         self.assertFalse(f.allows_room("!gone:x"))
         self.assertTrue(f.allows_room("!here:x"))
         self.assertTrue(f.include_leave)
-        self.assertEqual(f.event_fields, ("content.body",))
+        self.assertEqual(f.event_format, EventFormat(federation=True, fields=("content.body",)))
+        self.assertEqual(parse_filter({}).event_format, CLIENT_FORMAT)
+
+    def test_room_event_filter_carries_the_format(self) -> None:
+        event_filter, event_format = parse_room_event_filter(
+            '{"types": ["m.room.message"], "event_format": "federation", "event_fields": ["type"]}'
+        )
+        assert event_filter is not None
+        self.assertEqual(event_filter.types, ("m.room.message",))
+        self.assertEqual(event_format, EventFormat(federation=True, fields=("type",)))
+        self.assertEqual(parse_room_event_filter(None), (None, CLIENT_FORMAT))
+        for bad in ('{"event_format": "xml"}', '{"event_fields": [1]}'):
+            with self.assertRaises(SynapseError) as caught:
+                parse_room_event_filter(bad)
+            self.assertEqual((caught.exception.code, caught.exception.errcode), (400, "M_BAD_JSON"))
 
 
 class OnlyFieldsTestCase(unittest.TestCase):
@@ -102,3 +120,15 @@ class OnlyFieldsTestCase(unittest.TestCase):
         )
         self.assertEqual(only_fields(event, ("type.sub",)), {})
         self.assertEqual(only_fields(event, ()), {})
+
+    def test_escapes(self) -> None:
+        # The spec's appendix: ``\.`` a literal dot, ``\\`` a literal
+        # backslash, a backslash before anything else is itself.
+        self.assertEqual(field_path("content.m\\.relates_to"), ["content", "m.relates_to"])
+        self.assertEqual(field_path("a\\\\.b"), ["a\\", "b"])
+        self.assertEqual(field_path("a\\\\\\.b"), ["a\\.b"])
+        self.assertEqual(field_path("a\\xb"), ["a\\xb"])
+        self.assertEqual(field_path("a."), ["a", ""])
+        event = {"content": {"a\\": {"b": 1}, "a.b": 2}}
+        self.assertEqual(only_fields(event, ("content.a\\\\.b",)), {"content": {"a\\": {"b": 1}}})
+        self.assertEqual(only_fields(event, ("content.a\\.b",)), {"content": {"a.b": 2}})

@@ -80,9 +80,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request)
         if "new_version" not in body:
             raise SynapseError(400, "Missing 'new_version'", Codes.MISSING_PARAM)
-        new_room = await handlers.room_upgrade.upgrade_room(
-            requester, room_id, body["new_version"]
-        )
+        new_room = await handlers.room_upgrade.upgrade_room(requester, room_id, body["new_version"])
         return 200, {"replacement_room": new_room}
 
     def membership_servlet(action: str) -> Any:
@@ -186,6 +184,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
         limit = query_int(request, "limit", 10, maximum=10_000)
         assert limit is not None
+        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
         page = await handlers.pagination.get_messages(
             requester,
             room_id,
@@ -193,9 +192,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             query_string(request, "to"),
             direction,
             limit,
-            parse_room_event_filter(query_string(request, "filter")),
+            event_filter,
+            event_format,
         )
-        await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
+        if not event_format.federation:  # federation's ``unsigned`` holds no bundles
+            await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
         return 200, page
 
     async def get_event(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
@@ -213,12 +214,13 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_identifier_text(event_id, "eventId")
         limit = query_int(request, "limit", 10, maximum=MAX_CONTEXT_LIMIT)
         assert limit is not None
-        event_filter = parse_room_event_filter(query_string(request, "filter"))
+        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
         context = await handlers.pagination.get_context(
-            requester, room_id, event_id, limit, event_filter
+            requester, room_id, event_id, limit, event_filter, event_format
         )
-        served = [context["event"], *context["events_before"], *context["events_after"]]
-        await handlers.relations.add_bundles(room_id, served, requester.user_id)
+        if not event_format.federation:
+            served = [context["event"], *context["events_before"], *context["events_after"]]
+            await handlers.relations.add_bundles(room_id, served, requester.user_id)
         return 200, context
 
     async def forget(request: Request, room_id: str) -> tuple[int, Any]:

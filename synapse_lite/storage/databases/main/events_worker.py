@@ -177,6 +177,33 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             events.extend(event_from_row(row) for row in txn.fetchall())
         return events
 
+    async def get_events_as_stored(self, event_ids: Sequence[str]) -> dict[str, Event]:
+        """The events found among ``event_ids`` as they were persisted, a
+        redaction not applied (for their content hashes; never cached)."""
+        events = await self.db_pool.runInteraction(
+            "get_events_as_stored", self._get_events_txn, list(event_ids), read_only=True
+        )
+        return {e.event_id: e for e in events}
+
+    async def get_prev_event_ids(self, events: Sequence[Event]) -> dict[str, str | None]:
+        """The event each of ``events`` follows in its room: the room's newest
+        event when its writer persisted it, which its ``prev_events`` (and
+        its event id, from version 3) name; None for a room's first event."""
+
+        def txn(txn: LoggingTransaction) -> dict[str, str | None]:
+            found: dict[str, str | None] = {}
+            for event in events:
+                txn.execute(
+                    "SELECT event_id FROM events WHERE room_id = ? AND stream_ordering < ?"
+                    " ORDER BY stream_ordering DESC LIMIT 1",
+                    (event.room_id, event.stream_ordering),
+                )
+                row = txn.fetchone()
+                found[event.event_id] = row[0] if row else None
+            return found
+
+        return await self.db_pool.runInteraction("get_prev_event_ids", txn, read_only=True)
+
     async def with_redactions(self, events: list[Event]) -> list[Event]:
         """``events``, each redacted one pruned with ``redacted_because`` set
         (the earliest redaction of it wins)."""
