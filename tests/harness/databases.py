@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import unittest
+from types import FrameType
 from typing import Any
 
 import attr
@@ -47,7 +48,7 @@ def _record_engine_user() -> None:
     path = os.environ.get(ENGINE_USERS_ENV)
     if not path:
         return
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, unittest.TestCase):
