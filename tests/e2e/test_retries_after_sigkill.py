@@ -89,10 +89,10 @@ class RetriesAfterSigkillTestCase(unittest.TestCase):
         self.assertEqual(self.typing(sync), [[]])
 
     async def test_typing_after_a_restart_reaches_a_reader_not_polling(self) -> None:
-        """The typing writer's serial starts again from zero when it restarts:
-        a reader whose token holds serial N from the previous run (and who was
-        not long-polling when followers reset) is shown nothing until the new
-        run's serial passes N, so changes meanwhile are never delivered."""
+        """A reader whose token holds a position of the typing writer's
+        previous run (and who was not long-polling when followers reset) is
+        shown the new run's changes at once: positions carry the writer's run,
+        and a token of another run gets the whole current state."""
         alice, bob = self.alice.user_id, self.bob.user_id
         await self.alice.ok("PUT", f"/rooms/{self.room}/typing/{alice}", {"typing": True})
         await self.alice.ok("PUT", f"/rooms/{self.room}/typing/{alice}", {"typing": False})
@@ -107,10 +107,6 @@ class RetriesAfterSigkillTestCase(unittest.TestCase):
         # ...a token of the writer's previous run is shown them too.
         sync = await self.bob.sync(since=seen["next_batch"])
         self.assertEqual(self.typing(sync), [both])
-
-    test_typing_after_a_restart_reaches_a_reader_not_polling.todo = (  # type: ignore[attr-defined]
-        "known defect: typing tokens carry no run of the writer (docs/reliability.md)"
-    )
 
     async def test_message_and_state_retried_after_the_events_writer_restarts(self) -> None:
         """``PUT /send/{type}/{txnId}`` and ``PUT /state/...`` answered, the
