@@ -93,12 +93,20 @@ def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) ->
         & F.col("position").between(-LARGEST_VALUE, LARGEST_VALUE)
     )
     valid = F.col("_corrupt_record").isNull() & F.col("stream").isNotNull()
-    parsed = raw.withColumn(
-        "status",
-        F.when(valid & finished_ok, "finished")
-        .when(valid & position_ok, "position")
-        .otherwise("malformed"),
-    ).localCheckpoint(eager=True)  # read once: the stats and both kinds use it
+    parsed = (
+        raw.withColumn(
+            "status",
+            F.when(valid & finished_ok, "finished")
+            .when(valid & position_ok, "position")
+            .otherwise("malformed"),
+        )
+        # Made positive here, each under its own kind's condition, before the
+        # checkpoint: no later filter can be pushed below it onto a line whose
+        # value would overflow when negated.
+        .withColumn("id", F.when(F.col("status") == "finished", F.abs("id")))
+        .withColumn("position", F.when(F.col("status") == "position", F.abs("position")))
+        .localCheckpoint(eager=True)  # read once: the stats and both kinds use it
+    )
     # Per kind, stream and (finished records) writer: few rows, one job. A
     # malformed line's fields may be anything: they make no groups of their own.
     valid_stream = F.when(F.col("status") != "malformed", F.col("stream"))
@@ -107,16 +115,14 @@ def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) ->
         "status", valid_stream.alias("stream"), finished_writer.alias("writer")
     ).agg(
         F.count(F.lit(1)).alias("n"),
-        # Only valid records' values: a malformed one may not even negate.
+        # Only valid records' values (a malformed line's are null by now).
         F.max(
             F.when(
                 F.col("status") != "malformed",
-                F.greatest(
-                    F.abs(F.coalesce("id", F.lit(0))), F.abs(F.coalesce("position", F.lit(0)))
-                ),
+                F.greatest(F.coalesce("id", F.lit(0)), F.coalesce("position", F.lit(0))),
             )
         ).alias("largest"),
-        F.min(F.when(F.col("status") == "finished", F.abs("id"))).alias("first_finished"),
+        F.min("id").alias("first_finished"),
     )
     counts: dict[str, int] = {}
     largest = 0
@@ -132,12 +138,12 @@ def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) ->
                 first_finished[(row["stream"], row["writer"])] = int(row["first_finished"])
     audited = F.col("stream").isin(stream_names)
     finished = parsed.filter((F.col("status") == "finished") & audited).select(
-        "stream", "writer", F.abs("id").alias("id"), "ts", "committed"
+        "stream", "writer", "id", "ts", "committed"
     )
     positions = parsed.filter((F.col("status") == "position") & audited).select(
         "stream",
         "writer",
-        F.abs("position").alias("position"),
+        "position",
         "ts",
         F.coalesce("process", F.lit("?")).alias("process"),
         F.coalesce("purpose", F.lit("")).alias("purpose"),
