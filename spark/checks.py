@@ -135,16 +135,6 @@ def per_writer(words: Any) -> Any:
     )
 
 
-def ids_per_stream(frames: Frames) -> Any:
-    """One row per (stream, bucket, id) with the first instance (by name) that
-    used it; for the position-log checks."""
-    from pyspark.sql import functions as F
-
-    return frames.rows.groupBy("stream", "bucket", "id").agg(
-        F.min("instance").alias("first_instance")
-    )
-
-
 def duplicate_ids(frames: Frames, marked: Any) -> Any:
     """An id on two rows of tables whose rows each have their own id, or used
     by two instances at all (the seed notes' account-data bug). Reads only

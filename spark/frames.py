@@ -12,6 +12,7 @@ are worked out on the driver from block totals: :mod:`spark.gaps`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attr
@@ -162,14 +163,19 @@ def build_frames(
     )
 
 
-def per_stream(values: dict[str, int]) -> Any:
-    """A column: ``values[stream]`` for the row's stream (a CASE over the few
-    streams, cheaper per row than a join)."""
+def per_stream(values: Mapping[str, int] | Mapping[tuple[str, str], int]) -> Any:
+    """A column: ``values[stream]`` for the row's stream, or, keyed by pairs,
+    ``values[(stream, writer)]`` (a CASE over the few streams and writers,
+    cheaper per row than a join, and no Spark job to build it); null for
+    others."""
     from pyspark.sql import functions as F
 
     result: Any = None
-    for name, value in values.items():
-        condition = F.col("stream") == name
+    for key, value in values.items():
+        if isinstance(key, tuple):
+            condition = (F.col("stream") == key[0]) & (F.col("writer") == key[1])
+        else:
+            condition = F.col("stream") == key
         result = (
             F.when(condition, F.lit(value))
             if result is None

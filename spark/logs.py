@@ -51,6 +51,18 @@ class PositionLogs:
     malformed: int
     largest_value: int
     streams: tuple[str, ...]
+    #: The first (smallest) id each writer logged as finished, per stream:
+    #: ids below it were allocated before logging started and are not judged.
+    #: Few entries (streams times writers), so the checks use it as a literal
+    #: rather than joining a frame.
+    first_finished: dict[tuple[str, str], int] = attr.ib(factory=dict)
+
+    def first_finished_of_stream(self) -> dict[str, int]:
+        """The first id logged as finished per stream, by any writer."""
+        firsts: dict[str, int] = {}
+        for (stream, _), first in self.first_finished.items():
+            firsts[stream] = min(first, firsts.get(stream, first))
+        return firsts
 
 
 def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) -> PositionLogs:
@@ -81,50 +93,70 @@ def load_position_logs(spark: Any, paths: list[str], stream_names: list[str]) ->
         & F.col("position").between(-LARGEST_VALUE, LARGEST_VALUE)
     )
     valid = F.col("_corrupt_record").isNull() & F.col("stream").isNotNull()
-    parsed = raw.withColumn(
-        "status",
-        F.when(valid & finished_ok, "finished")
-        .when(valid & position_ok, "position")
-        .otherwise("malformed"),
-    ).localCheckpoint(eager=True)  # read once: the stats and both kinds use it
-    stats = parsed.groupBy("status").agg(
+    parsed = (
+        raw.withColumn(
+            "status",
+            F.when(valid & finished_ok, "finished")
+            .when(valid & position_ok, "position")
+            .otherwise("malformed"),
+        )
+        # Made positive here, each under its own kind's condition, before the
+        # checkpoint: no later filter can be pushed below it onto a line whose
+        # value would overflow when negated.
+        .withColumn("id", F.when(F.col("status") == "finished", F.abs("id")))
+        .withColumn("position", F.when(F.col("status") == "position", F.abs("position")))
+        .localCheckpoint(eager=True)  # read once: the stats and both kinds use it
+    )
+    # Per kind, stream and (finished records) writer: few rows, one job. A
+    # malformed line's fields may be anything: they make no groups of their own.
+    valid_stream = F.when(F.col("status") != "malformed", F.col("stream"))
+    finished_writer = F.when(F.col("status") == "finished", F.col("writer"))
+    stats = parsed.groupBy(
+        "status", valid_stream.alias("stream"), finished_writer.alias("writer")
+    ).agg(
         F.count(F.lit(1)).alias("n"),
-        # Only valid records' values: a malformed one may not even negate.
+        # Only valid records' values (a malformed line's are null by now).
         F.max(
             F.when(
                 F.col("status") != "malformed",
-                F.greatest(
-                    F.abs(F.coalesce("id", F.lit(0))), F.abs(F.coalesce("position", F.lit(0)))
-                ),
+                F.greatest(F.coalesce("id", F.lit(0)), F.coalesce("position", F.lit(0))),
             )
         ).alias("largest"),
-        F.collect_set("stream").alias("streams"),
+        F.min("id").alias("first_finished"),
     )
-    counts = {row["status"]: row for row in stats.collect()}
+    counts: dict[str, int] = {}
+    largest = 0
+    streams: set[str] = set()
+    first_finished: dict[tuple[str, str], int] = {}
+    for row in stats.collect():
+        status = row["status"]
+        counts[status] = counts.get(status, 0) + int(row["n"])
+        largest = max(largest, int(row["largest"] or 0))
+        if status != "malformed" and row["stream"] in stream_names:
+            streams.add(row["stream"])
+            if status == "finished":
+                first_finished[(row["stream"], row["writer"])] = int(row["first_finished"])
     audited = F.col("stream").isin(stream_names)
     finished = parsed.filter((F.col("status") == "finished") & audited).select(
-        "stream", "writer", F.abs("id").alias("id"), "ts", "committed"
+        "stream", "writer", "id", "ts", "committed"
     )
     positions = parsed.filter((F.col("status") == "position") & audited).select(
         "stream",
         "writer",
-        F.abs("position").alias("position"),
+        "position",
         "ts",
         F.coalesce("process", F.lit("?")).alias("process"),
         F.coalesce("purpose", F.lit("")).alias("purpose"),
     )
-    streams: set[str] = set()
-    for status in ("finished", "position"):
-        if status in counts:
-            streams.update(s for s in counts[status]["streams"] if s in stream_names)
     return PositionLogs(
         paths=tuple(paths),
         finished=finished,
         positions=positions,
-        records=sum(int(r["n"]) for r in counts.values()),
-        malformed=int(counts["malformed"]["n"]) if "malformed" in counts else 0,
-        largest_value=max((int(r["largest"] or 0) for r in counts.values()), default=0),
+        records=sum(counts.values()),
+        malformed=counts.get("malformed", 0),
+        largest_value=largest,
         streams=tuple(sorted(streams)),
+        first_finished=first_finished,
     )
 
 

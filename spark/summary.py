@@ -294,18 +294,9 @@ def collect_results(
     persisted: dict[str, int] = {}
     if logs is not None and logs.streams:
         with progress.step("checked the position logs"):
-            per_id = checks.ids_per_stream(frames).localCheckpoint(eager=True)
-            outcomes = log_checks.logged_outcomes(per_id, logs).localCheckpoint(eager=True)
-            logged = log_checks.outcome_counts(outcomes)
-            found += functools.reduce(
-                DataFrame.unionByName,
-                [
-                    log_checks.positions_before_finish(spark, frames, per_id, logs),
-                    log_checks.outcome_faults(frames, catalog, outcomes, live),
-                    log_checks.positions_ahead_of_sequence(frames, logs, live),
-                ],
-            ).collect()
-            persisted = log_checks.persisted_upto(per_id, frames.streams, logs)
+            checked = log_checks.check_logs(spark, frames, catalog, logs, live)
+            found += checked.found
+            logged, persisted = checked.logged, checked.persisted
 
     # Only a fault the totals show sends Spark back to the rows, for details.
     details = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from twisted.internet import defer, task
@@ -39,3 +39,27 @@ class Clock:
     def timeout(self, d: defer.Deferred[Any], seconds: float) -> defer.Deferred[Any]:
         """Fail ``d`` with ``defer.TimeoutError`` unless it fires within ``seconds``."""
         return d.addTimeout(seconds, self._reactor)
+
+
+class PeriodicTask:
+    """Background work run every ``interval`` seconds, the first time after
+    one interval; each run (awaited) finishes before the next starts. A
+    process's loop (``start``/``stop``, see ``app/services.py``). ``run``
+    should not raise: a failure ends the loop."""
+
+    def __init__(
+        self, clock: Clock, interval: float, run: Callable[[], Coroutine[Any, Any, object]]
+    ) -> None:
+        self._clock = clock
+        self._interval = interval
+        self._run = run
+        self._loop: task.LoopingCall | None = None
+
+    def start(self) -> None:
+        self._loop = self._clock.looping_call(
+            lambda: defer.ensureDeferred(self._run()), self._interval
+        )
+
+    def stop(self) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()

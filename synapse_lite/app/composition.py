@@ -50,6 +50,7 @@ from synapse_lite.handlers.admin import AdminHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.client_events import ClientEventFormatter, PduSigner
 from synapse_lite.handlers.client_ips import ClientIpRecorder
+from synapse_lite.handlers.client_transactions import ClientTransactionExpiry
 from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.directory import DirectoryHandler
@@ -161,6 +162,7 @@ from synapse_lite.server import HomeServer
 from synapse_lite.storage._base import StoreContext
 from synapse_lite.storage.database import DatabasePool, make_startup_connection
 from synapse_lite.storage.databases.main import DataStore, GenericWorkerStore
+from synapse_lite.storage.databases.main.stream_runs import take_next_stream_run_txn
 from synapse_lite.storage.engines import create_engine
 from synapse_lite.storage.id_generators.stalls import StallDetector
 from synapse_lite.storage.prepare_database import prepare_database
@@ -235,7 +237,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     wiring = _Wiring()
 
     # 1. The database.
-    pool, id_generators, store, main_store, directory = _load_database(
+    pool, id_generators, store, main_store, directory, typing_run = _load_database(
         config, me, reactor, clock, replication_notifier, position_log
     )
 
@@ -264,7 +266,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     server_name = config.server_name
     event_writers = directory.event_writers
     typing = _typing_for_role(
-        config, me, store, clock, notifier, replication_notifier, calls, wiring
+        config, me, typing_run, store, clock, notifier, replication_notifier, calls, wiring
     )
     presence = _presence_for_role(config, me, store, clock, notifier, calls, replication, wiring)
     federation = _federation_for_role(
@@ -440,6 +442,8 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
 
     if is_main and config.experimental.msc2228_self_destructing_events:
         wiring.loops.append(EventExpiry(store, clock))
+    if is_main:
+        wiring.loops.append(ClientTransactionExpiry(store, clock))
 
     stalls = StallDetector(
         clock,
@@ -591,6 +595,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
 def _typing_for_role(
     config: HomeServerConfig,
     me: str,
+    run: int | None,
     store: GenericWorkerStore,
     clock: Clock,
     notifier: Notifier,
@@ -599,10 +604,13 @@ def _typing_for_role(
     wiring: _Wiring,
 ) -> TypingHandlerBase:
     """The typing writer keeps the stream in memory and serves changes; any
-    other process mirrors its rows and forwards changes to it."""
+    other process mirrors its rows and forwards changes to it. ``run``: the
+    writer's run number, taken at startup (None elsewhere)."""
     writer = config.stream_writers.single("typing")
     if writer == me:
+        assert run is not None
         handler = TypingWriterHandler(
+            run=run,
             store=store,
             clock=clock,
             notifier=notifier,
@@ -702,11 +710,17 @@ def _load_database(
     replication_notifier: ReplicationNotifier,
     position_log: PositionLog | None,
 ) -> tuple[
-    DatabasePool, StreamIdGenerators, GenericWorkerStore, DataStore | None, InstanceDirectory
+    DatabasePool,
+    StreamIdGenerators,
+    GenericWorkerStore,
+    DataStore | None,
+    InstanceDirectory,
+    int | None,
 ]:
     """Check (main: create or upgrade) the schema, then load every ID generator,
     the store (the main process's, with its main-only parts, is also returned
-    as such) and the instance directory from one startup connection."""
+    as such) and the instance directory from one startup connection; the
+    typing writer also takes its run number there (None on other processes)."""
     start = time.monotonic()
     db_config = config.database
     engine = create_engine(db_config.engine, db_config.args)
@@ -735,6 +749,11 @@ def _load_database(
         directory = InstanceDirectory(config, me, store)
         with db_conn.transaction("instances_at_startup") as txn:
             directory.load_at_startup(txn)
+        typing_run = None
+        if config.stream_writers.single("typing") == me:
+            with db_conn.transaction("typing_run") as txn:
+                typing_run = take_next_stream_run_txn(txn, "typing")
+            logger.info("Typing stream: run %d", typing_run)
     except BaseException:
         if pool is not None:
             pool.close()
@@ -742,7 +761,7 @@ def _load_database(
     finally:
         db_conn.close()
     logger.info("Loaded the database in %.3f s", time.monotonic() - start)
-    return pool, id_generators, store, main_store, directory
+    return pool, id_generators, store, main_store, directory, typing_run
 
 
 class _Federation:

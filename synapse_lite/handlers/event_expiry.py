@@ -13,12 +13,11 @@ serves the pruned event.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from twisted.internet import defer
+from synapse_lite.clock import Clock, PeriodicTask
 
 if TYPE_CHECKING:
-    from synapse_lite.clock import Clock
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
@@ -29,23 +28,12 @@ CHECK_INTERVAL_SECONDS = 1.0
 BATCH = 100
 
 
-class EventExpiry:
+class EventExpiry(PeriodicTask):
     """The main process's loop pruning events whose time has come."""
 
     def __init__(self, store: GenericWorkerStore, clock: Clock) -> None:
+        super().__init__(clock, CHECK_INTERVAL_SECONDS, self.expire_due)
         self._store = store
-        self._clock = clock
-        self._loop: Any = None
-
-    def start(self) -> None:
-        # The looping call waits for each run (a Deferred) before the next.
-        self._loop = self._clock.looping_call(
-            lambda: defer.ensureDeferred(self.expire_due()), CHECK_INTERVAL_SECONDS
-        )
-
-    def stop(self) -> None:
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
 
     async def expire_due(self) -> int:
         """Prune the events due now; how many were. Never raises: the loop

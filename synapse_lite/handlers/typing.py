@@ -2,8 +2,16 @@
 
 The writer owns the data and the stream's token: ``_latest_room_serial`` goes up
 by one per change, so ``current_token`` is always a token it handed out. Other
-processes follow the writer's rows; when the writer restarts, its serial starts
-again from zero and followers notice a token below theirs and reset.
+processes follow the writer's rows.
+
+A restart of the writer forgets everything, so a position must say which run
+of the writer it belongs to: each start takes the next run number from the
+database (``stream_runs``) and counts from ``run * RUN_SPAN``, so
+:func:`typing_run` of any position names its run. A follower whose position is
+of another run resets; a /sync token of another run (or of no run: tokens
+handed out before runs existed hold small serials, run 0) is answered with the
+whole current state, every room the client is in included, so typing the
+restart forgot is cleared too.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from synapse_lite.replication.http.calls import EmptyBody
 from synapse_lite.replication.http.writes import SET_TYPING, TypingChange
 from synapse_lite.streams.catalog import TypingStreamRow
 from synapse_lite.streams.definition import Updates
+from synapse_lite.tokens import MAX_TOKEN_POSITION
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -31,12 +40,23 @@ logger = logging.getLogger(__name__)
 MAX_TYPING_TIMEOUT_MS = 120_000
 DEFAULT_TYPING_TIMEOUT_MS = 30_000
 
+#: Positions each run of the typing writer may use: ``[run * RUN_SPAN,
+#: (run + 1) * RUN_SPAN)``. A million runs fit in a token's 18 digits
+#: (:data:`~synapse_lite.tokens.MAX_TOKEN_POSITION`), and a run may make a
+#: trillion changes (a thousand a second for 31 years).
+RUN_SPAN = 10**12
+
+
+def typing_run(position: int) -> int:
+    """The run of the typing writer a typing position belongs to."""
+    return position // RUN_SPAN
+
 
 class TypingHandlerBase:
     """Who is typing where, as of which serial."""
 
-    def __init__(self) -> None:
-        self._latest_room_serial = 0
+    def __init__(self, start: int = 0) -> None:
+        self._latest_room_serial = start
         self._room_serials: dict[str, int] = {}
         self._room_typing: dict[str, set[str]] = {}
 
@@ -46,17 +66,26 @@ class TypingHandlerBase:
     def get_typing_for_rooms(
         self, room_ids: list[str], since_token: int | None
     ) -> tuple[dict[str, list[str]], int]:
-        """Typing users of rooms that changed after ``since_token`` (every room
-        when it is None, or ahead of us because the writer restarted), and the
-        token to resume from."""
+        """Typing users of rooms that changed after ``since_token``, and the
+        token to resume from. When it is None: every room anyone typed in.
+        When it is of another run of the writer than ours (or ahead of us):
+        every room in ``room_ids``, those nobody types in now as empty lists,
+        since the client may still show typing the writer's restart forgot."""
         current = self._latest_room_serial
-        reset = since_token is None or since_token > current
+        if since_token is None:
+            return {
+                room_id: sorted(self._room_typing.get(room_id, ()))
+                for room_id in room_ids
+                if room_id in self._room_serials
+            }, current
+        if since_token > current or typing_run(since_token) != typing_run(current):
+            return {
+                room_id: sorted(self._room_typing.get(room_id, ())) for room_id in room_ids
+            }, current
         result = {}
         for room_id in room_ids:
             serial = self._room_serials.get(room_id)
-            if serial is None:
-                continue
-            if reset or serial > since_token:  # type: ignore[operator]
+            if serial is not None and serial > since_token:
                 result[room_id] = sorted(self._room_typing.get(room_id, ()))
         return result, current
 
@@ -67,24 +96,28 @@ class TypingHandlerBase:
         raise NotImplementedError
 
     def _reset(self) -> None:
-        self._latest_room_serial = 0
         self._room_serials.clear()
         self._room_typing.clear()
 
 
 class TypingWriterHandler(TypingHandlerBase):
-    """The process that writes the typing stream (serves :data:`SET_TYPING`)."""
+    """The process that writes the typing stream (serves :data:`SET_TYPING`).
+    ``run``: this start's run number (see the module docstring)."""
 
     def __init__(
         self,
         *,
+        run: int,
         store: GenericWorkerStore,
         clock: Clock,
         notifier: Notifier,
         replication_notifier: ReplicationNotifier,
         calls: InternalCalls,
     ) -> None:
-        super().__init__()
+        if not 0 < run < MAX_TOKEN_POSITION // RUN_SPAN:
+            raise ValueError(f"typing writer run {run} does not fit in a token")
+        super().__init__(run * RUN_SPAN)
+        self._run_end = (run + 1) * RUN_SPAN - 1
         self._store = store
         self._clock = clock
         self._notifier = notifier
@@ -141,6 +174,9 @@ class TypingWriterHandler(TypingHandlerBase):
                     self._changed(room_id)
 
     def _changed(self, room_id: str) -> None:
+        if self._latest_room_serial >= self._run_end:
+            # A trillion changes in one run: restarting the writer starts a new run.
+            raise RuntimeError("the typing writer's run is full; restart it")
         self._latest_room_serial += 1
         self._room_serials[room_id] = self._latest_room_serial
         self._notifier.notify(rooms=[room_id])
@@ -149,9 +185,11 @@ class TypingWriterHandler(TypingHandlerBase):
     async def get_all_typing_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int
     ) -> tuple[Updates, int, bool]:
-        """The typing stream's update function. A ``last_id`` ahead of us means
-        the asker saw our previous run: it gets every room's current state."""
-        if last_id > self._latest_room_serial:
+        """The typing stream's update function. A ``last_id`` of another run
+        (or ahead of us) means the asker saw a previous run: it gets every
+        room's current state."""
+        current = self._latest_room_serial
+        if last_id > current or typing_run(last_id) != typing_run(current):
             last_id = 0
         changed = sorted(
             (serial, room_id)
@@ -178,11 +216,14 @@ class TypingFollowerHandler(TypingHandlerBase):
 
     def on_rows(self, writer: str, token: int, rows: Sequence[TypingStreamRow]) -> None:
         """Take the writer's rows (or bare position) before the stream advances."""
-        if token < self._latest_room_serial:
+        latest = self._latest_room_serial
+        if token < latest or typing_run(token) != typing_run(latest):
             logger.info(
-                "The typing writer restarted (serial %d < %d): resetting",
+                "The typing writer restarted (position %d, run %d; ours %d, run %d): resetting",
                 token,
-                self._latest_room_serial,
+                typing_run(token),
+                latest,
+                typing_run(latest),
             )
             self._reset()
         for row in rows:

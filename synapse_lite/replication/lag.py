@@ -43,7 +43,7 @@ class ReplicationLag:
             self._newest[key] = position
             self._export(key)
         elif position > newest or stream.positions.can_reset:
-            # A stream kept in a writer's memory starts again from 0 with it.
+            # A stream kept in a writer's memory starts afresh with it.
             self._newest[key] = position
         if position > self._received(key) and key not in self._behind_since:
             self._behind_since[key] = self._clock.time()

@@ -28,8 +28,9 @@ TARGET_ROW_COUNT = 100
 class StreamPositions(Protocol):
     """Where one process is on one stream."""
 
-    #: True when positions may go backwards (a memory stream restarts from 0
-    #: with its writer); followers then reset rather than skip.
+    #: True when a restart of the writer starts its positions afresh (a
+    #: memory stream: typing counts in a new run, federation from 0), so they
+    #: may go backwards or jump; followers then reset rather than skip.
     can_reset: bool
 
     def writer_position(self, writer: str) -> int:

@@ -159,7 +159,7 @@ class TypingStreamRow:
 
 TYPING = StreamDefinition(
     name="typing",
-    description="who is typing in which room (the writer's memory; restarts from 0)",
+    description="who is typing in which room (the writer's memory; a new run at each start)",
     codec=RowCodec(TypingStreamRow),
     writers=WriterRule("typing"),
     in_sync_token=True,

@@ -11,6 +11,11 @@ writes and how each retry is made safe is in docs/reliability.md.
 The two helpers run inside the writer's transaction: first
 :func:`claim_client_transaction_txn` (which answers a repeat), then the write,
 then :func:`record_client_transaction_txn` with its stream id.
+
+Ids are not kept forever: the main process deletes those older than
+:data:`CLIENT_TXN_LIFETIME_MS` (``handlers/client_transactions.py``), and a
+device's ids go with the device. A retry later than that, or from a device
+deleted meanwhile (its access token is gone too), is a new write.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from synapse_lite.storage.database import LoggingTransaction
 
 #: ``(user_id, device_id or None, txn_id)`` as the client sent it.
 TxnKey = tuple[str, str | None, str]
+
+#: How long a transaction id is remembered (a day: clients retry within
+#: seconds or minutes of the first attempt).
+CLIENT_TXN_LIFETIME_MS = 24 * 60 * 60 * 1000
 
 
 def claim_client_transaction_txn(
@@ -62,4 +71,26 @@ def record_client_transaction_txn(
         "UPDATE client_transactions SET stream_id = ?"
         " WHERE user_id = ? AND device_id = ? AND kind = ? AND txn_id = ?",
         (stream_id, user_id, device_id or "", kind, txn_id),
+    )
+
+
+def prune_client_transactions_txn(txn: LoggingTransaction, before_ms: int, limit: int) -> int:
+    """Delete up to ``limit`` ids recorded before ``before_ms`` (oldest
+    first); how many were."""
+    txn.execute(
+        "DELETE FROM client_transactions WHERE (user_id, device_id, kind, txn_id) IN ("
+        " SELECT user_id, device_id, kind, txn_id FROM client_transactions"
+        " WHERE inserted_ts < ? ORDER BY inserted_ts LIMIT ?)",
+        (before_ms, limit),
+    )
+    return txn.rowcount
+
+
+def delete_device_client_transactions_txn(
+    txn: LoggingTransaction, user_id: str, device_id: str
+) -> None:
+    """Forget the ids of a device being deleted (in the transaction deleting it)."""
+    txn.execute(
+        "DELETE FROM client_transactions WHERE user_id = ? AND device_id = ?",
+        (user_id, device_id),
     )

@@ -10,6 +10,9 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
+from synapse_lite.storage.databases.main.client_transactions import (
+    delete_device_client_transactions_txn,
+)
 from synapse_lite.streams.catalog import DeviceListsStreamRow
 
 if TYPE_CHECKING:
@@ -63,6 +66,8 @@ class DeviceWorkerStore(SQLBaseStore):
         """Delete a device and its keys, recording the change on the
         device_lists stream. Returns whether it existed. On the user's
         device_lists writer only."""
+        # Its client transaction ids too: nobody can retry with them any more.
+        delete_device_client_transactions_txn(txn, user_id, device_id)
         txn.execute("DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id))
         if txn.rowcount == 0:
             return False
