@@ -87,6 +87,7 @@ from synapse_lite.handlers.typing import (
     TypingFollowerHandler,
     TypingHandlerBase,
     TypingWriterHandler,
+    starts_typing_run,
 )
 from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
 from synapse_lite.http.forwarded import router_proof
@@ -620,14 +621,14 @@ def _typing_for_role(
         wiring.served.append((SET_TYPING, handler.apply_typing))
         wiring.loops.append(handler)
         wiring.memory_streams["typing"] = (
-            MemoryPositions(handler.get_current_token),
+            MemoryPositions(handler.get_current_token, starts_typing_run),
             handler.get_all_typing_updates,
         )
         return handler
     follower = TypingFollowerHandler(calls)
     wiring.row_hooks.append(("typing", follower.on_rows))
     wiring.memory_streams["typing"] = (
-        MemoryPositions(follower.get_current_token),
+        MemoryPositions(follower.get_current_token, starts_typing_run),
         rows_from_writer(calls, config.streams["typing"], writer),
     )
     return follower

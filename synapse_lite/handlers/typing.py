@@ -52,6 +52,11 @@ def typing_run(position: int) -> int:
     return position // RUN_SPAN
 
 
+def starts_typing_run(position: int) -> bool:
+    """Whether a run of the typing writer begins at ``position``."""
+    return position % RUN_SPAN == 0
+
+
 class TypingHandlerBase:
     """Who is typing where, as of which serial."""
 

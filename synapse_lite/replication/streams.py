@@ -33,6 +33,12 @@ class StreamPositions(Protocol):
     #: may go backwards or jump; followers then reset rather than skip.
     can_reset: bool
 
+    def starts_run(self, position: int) -> bool:
+        """Whether a run of the writer begins at ``position`` (nothing of that
+        run lies before it): a follower of another run that is told a
+        writer is there needs no rows to be current, only a reset."""
+        ...
+
     def writer_position(self, writer: str) -> int:
         """``writer`` has no rows this process has not seen at or below it
         (for this process: may run ahead of its last write while it is idle)."""
@@ -71,6 +77,10 @@ class IdGeneratorPositions:
     """The positions of a database stream, from its ID generator."""
 
     can_reset = False
+
+    def starts_run(self, position: int) -> bool:
+        # One run for ever: positions only grow.
+        return False
 
     def __init__(self, id_gen: MultiWriterIdGenerator, positive: bool, local_instance: str) -> None:
         self.id_gen = id_gen
@@ -119,8 +129,18 @@ class MemoryPositions:
 
     can_reset = True
 
-    def __init__(self, current: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        current: Callable[[], int],
+        starts_run: Callable[[int], bool] = lambda position: position == 0,
+    ) -> None:
+        """``starts_run``: whether a run of the writer begins at a position
+        (by default runs start from 0)."""
         self._current = current
+        self._starts_run = starts_run
+
+    def starts_run(self, position: int) -> bool:
+        return self._starts_run(position)
 
     def writer_position(self, writer: str) -> int:
         return self._current()

@@ -228,9 +228,7 @@ class ReplicationCommandHandler:
     ) -> None:
         key = (cmd.stream_name, cmd.instance_name)
         line = f"RDATA {cmd.stream_name} {cmd.instance_name} {cmd.token}"
-        if not await self.claims.believe(
-            stream, cmd.instance_name, cmd.token, sender, line
-        ):
+        if not await self.claims.believe(stream, cmd.instance_name, cmd.token, sender, line):
             # Rows held for this token go too: they are kept only up to what
             # the sequence allows.
             self._pending_batches.pop(key, None)
@@ -324,7 +322,11 @@ class ReplicationCommandHandler:
     @staticmethod
     def _needs_catch_up(stream: Stream, current: int, prev: int, new: int) -> bool:
         if stream.positions.can_reset:
-            # Streams kept in a writer's memory restart from 0 with the writer.
+            # Streams kept in a writer's memory start afresh with the writer:
+            # outside (prev, new] we read the writer's current state, unless
+            # the writer has done nothing yet in its run (the row hook resets).
+            if prev == new and stream.positions.starts_run(new):
+                return False
             return not (prev <= current <= new)
         # Positions only grow: we miss rows only if we are behind prev.
         return current < prev

@@ -25,6 +25,10 @@ class FakePositions:
         self.allocated: int | None = None
         self.sequence_reads = 0
 
+    def starts_run(self, position: int) -> bool:
+        # A resetting stream's runs start at multiples of 100 here.
+        return self.can_reset and position % 100 == 0
+
     def writer_position(self, writer: str) -> int:
         if writer == self._local:
             return self.local_write

@@ -123,6 +123,21 @@ class CommandHandlerTestCase(unittest.TestCase):
         self.assertEqual(typing[-2:], [(2, 1), (2, 0)])
         self.assertEqual(self.typing_rows.calls[-1][1:3], (40, 2))
 
+    def test_a_writer_at_the_start_of_a_new_run_is_not_read(self) -> None:
+        self.command(PositionCommand("typing", "tw", 0, 0))
+        self.typing_positions.received["tw"] = 40
+        # A new run at 200 with nothing done yet: the follower resets (its
+        # row hook sees the new run) without asking the writer for rows.
+        self.command(PositionCommand("typing", "tw", 200, 200))
+        typing = [(t, len(r)) for s, _, t, r in self.receiver.applied if s == "typing"]
+        self.assertEqual(typing[-1], (200, 0))
+        self.assertEqual(self.typing_rows.calls, [])
+        # Once the run has done something, a follower outside it reads it.
+        self.typing_positions.received["tw"] = 40
+        self.typing_rows.add("tw", 201, TypingStreamRow("!r:x", ["@a:x"]))
+        self.command(PositionCommand("typing", "tw", 201, 201))
+        self.assertEqual(self.typing_rows.calls[-1][1:3], (40, 201))
+
     def test_own_echoes_unknown_streams_and_bad_rows(self) -> None:
         self.command(PositionCommand("receipts", "me", 0, 9))
         self.command(RdataCommand("receipts", "me", 9, wire(receipt(9))))
