@@ -1,0 +1,326 @@
+"""What every process pays per event: ``python -m bench.follow_cost``.
+
+Starts the monolith and the default layout (generate-config's configs, as
+``synapse-lite run`` runs them; ``--layout sharded`` adds that one) on a fresh
+database each, and for each rate of sends (40, 200 and 1,000 events/s by
+default, or as far as the machine goes) sends messages open-loop at that rate
+for ``--seconds``, with no /sync client anywhere, sampling every process's
+user+system CPU time from ``/proc/<pid>/stat`` before and after. Sends go
+straight to the room's events writer, as the router routes them, and every
+room used is on ``persister1``, so each process has one role:
+
+* ``persister1``: writer of the rooms (persists every event, sends RDATA);
+* ``persister2`` (and the sharded layout's other persisters): an events
+  writer following another writer's events;
+* ``synchrotron1``, ``media1``: pure followers (a /sync worker with no clients);
+* ``main``: follows, and relays every worker's commands to the others (TCP).
+
+Prints CPU milliseconds per event for every process, the whole cluster's CPU
+per event as a ratio to the monolith's at the same rate (both measured in this
+run), the projected ceiling for 2, 4, 8 and 16 events writers (docs/scaling.md
+explains the model), the replication latency from a writer's commit to a
+follower's position (``bench/replication.py``'s TCP measurement, p50/p99) and
+the /sync wake-up through a worker (send to the writer, long-poll parked on
+``synchrotron1``), with the load average: the machine is shared, so the
+ratios measured in one run are the figures that matter.
+
+CPU of the database server and of this client is not counted (the processes
+of the homeserver only). Targets (issue 18): a pure follower <= 0.3 ms per
+event at 200 events/s; the default layout's cluster <= 1.3x the monolith's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import aiohttp
+
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if SOURCE_ROOT not in sys.path:
+    sys.path.insert(0, SOURCE_ROOT)
+
+from bench.cluster import Cluster  # noqa: E402
+from bench.scenarios import Client, User, measure_wakeup, percentile  # noqa: E402
+
+TARGET_FOLLOWER_MS = 0.3
+TARGET_CLUSTER_RATIO = 1.3
+TARGET_REPLICATION_P50_MS = 1.0
+TARGET_WAKEUP_P50_MS = 10.0
+#: The reference's operators' figure: ~25% of a core at 40 events/s per worker.
+REFERENCE_FOLLOWER_MS = 6.0
+#: The writer every room of the benchmark lives on.
+WRITER = "persister1"
+#: Sends in flight at most; beyond that the machine has reached its limit.
+MAX_IN_FLIGHT = 64
+
+
+def role(layout: str, name: str) -> str:
+    if layout == "monolith":
+        return "everything"
+    if name == WRITER:
+        return "writer of the rooms"
+    if name.startswith("persister"):
+        return "events writer, following"
+    if name == "main":
+        return "main: relays, follows"
+    if name == "router":
+        return "router (unused: sends go to the writer)"
+    return "pure follower"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def load_note() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{os.cpu_count()} cores, load average {one:.1f} (1 min) / {five:.1f} (5 min)"
+
+
+async def setup(client: Client, cluster: Cluster, rooms: int) -> tuple[list[User], list[str]]:
+    """Two users, and ``rooms`` rooms all on :data:`WRITER` (any room on the monolith)."""
+    main = cluster.url("main")
+    people = [await client.register(main, f"user{i}") for i in range(2)]
+    chosen: list[str] = []
+    for i in range(rooms * 8):
+        created = await client.call(
+            "POST", main, "/createRoom", people[0], {"preset": "public_chat", "name": f"r{i}"}
+        )
+        room = created["room_id"]
+        if cluster.layout == "monolith" or cluster.room_writers().get(room) == WRITER:
+            await client.call("POST", main, f"/join/{room}", people[1], {})
+            chosen.append(room)
+            if len(chosen) == rooms:
+                return people, chosen
+    raise RuntimeError(f"no {rooms} rooms landed on {WRITER}")
+
+
+async def send_at_rate(
+    client: Client, base: str, people: list[User], rooms: list[str], rate: float, seconds: float
+) -> tuple[int, float]:
+    """Open-loop sends at ``rate`` per second for ``seconds``: (sent, elapsed)."""
+    total = int(rate * seconds)
+    in_flight: set[asyncio.Task[str]] = set()
+    sent = 0
+    start = time.perf_counter()
+    for n in range(total):
+        delay = start + n / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        while len(in_flight) >= MAX_IN_FLIGHT:
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            in_flight -= done
+            sent += sum(1 for d in done if not d.exception())
+        task = asyncio.create_task(
+            client.send(base, people[n % 2], rooms[n % len(rooms)], f"follow {n}")
+        )
+        in_flight.add(task)
+    if in_flight:
+        done, _ = await asyncio.wait(in_flight)
+        sent += sum(1 for d in done if not d.exception())
+    return sent, time.perf_counter() - start
+
+
+async def measure_layout(layout: str, args: argparse.Namespace) -> dict[str, Any]:
+    cluster = Cluster(layout, args.engine)
+    results: dict[str, Any] = {"rates": {}, "names": [], "layout": layout}
+    try:
+        cluster.start()
+        results["names"] = list(cluster.processes)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            client = Client(session)
+            people, rooms = await setup(client, cluster, args.rooms)
+            base = cluster.url("main" if layout == "monolith" else WRITER)
+            await send_at_rate(client, base, people, rooms, 50, 1.0)  # warm up
+            await asyncio.sleep(1.0)
+            before, idle_start = cluster.cpu_seconds(), time.perf_counter()
+            await asyncio.sleep(args.idle)
+            idle_elapsed = time.perf_counter() - idle_start
+            results["idle_ms_per_s"] = {
+                n: (t - before[n]) * 1000 / idle_elapsed for n, t in cluster.cpu_seconds().items()
+            }
+            for rate in args.rates:
+                before = cluster.cpu_seconds()
+                sent, elapsed = await send_at_rate(client, base, people, rooms, rate, args.seconds)
+                await asyncio.sleep(0.5)  # let the followers finish
+                cpu = {n: t - before[n] for n, t in cluster.cpu_seconds().items()}
+                results["rates"][rate] = {
+                    "sent": sent,
+                    "achieved": sent / elapsed,
+                    "ms_per_event": {n: c * 1000 / max(sent, 1) for n, c in cpu.items()},
+                    "load": os.getloadavg()[0],
+                }
+            if layout != "monolith" and "synchrotron1" in cluster.ports:
+                wakeups = await measure_wakeup(
+                    client, base, cluster.url("synchrotron1"), people[1], people[0], rooms[0],
+                    args.wakeups, False,
+                )  # fmt: skip
+                results["wakeup"] = (percentile(wakeups, 0.5), percentile(wakeups, 0.99))
+    finally:
+        cluster.stop()
+    return results
+
+
+def projection(default: dict[str, float]) -> dict[str, float]:
+    """The model of docs/scaling.md, from the default layout's per-event CPU:
+    per-event costs of each process with N events writers and one /sync
+    worker; returns {"writer": w, "follower": f, "relay": r per receiver}."""
+    follower = default["synchrotron1"]
+    receivers = len([n for n in default if n not in ("main", WRITER, "router")])
+    return {
+        "writer": default[WRITER],
+        "writer_follows": default["persister2"],
+        "follower": follower,
+        "relay": max(0.0, default["main"] - follower) / max(receivers, 1),
+    }
+
+
+def ceilings(model: dict[str, float], writers: int) -> tuple[float, str]:
+    """Events/s at which the busiest process of a layout with ``writers``
+    events writers (plus main, a /sync worker and the media worker)
+    saturates one core, and which process that is."""
+    per_event = {
+        "each writer": model["writer"] / writers
+        + model["writer_follows"] * (writers - 1) / writers,
+        "main": model["follower"] + model["relay"] * (writers + 1),
+        "a /sync worker": model["follower"],
+    }
+    busiest = max(per_event, key=lambda k: per_event[k])
+    return 1000.0 / per_event[busiest], busiest
+
+
+def replication_latency(engine: str, events: int) -> tuple[float, float]:
+    from bench.replication import run_transport
+
+    result = run_transport("tcp", engine, events)
+    return result["p50_ms"], result["p99_ms"]
+
+
+def report(
+    results: dict[str, dict[str, Any]], extra: dict[str, Any], args: argparse.Namespace
+) -> None:
+    print()
+    print(
+        f"## Follow cost, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.engine},"
+        f" {load_note()}; sends straight to the room's writer for {args.seconds:.0f} s per rate,"
+        f" no /sync clients ({platform.python_implementation()} {platform.python_version()})"
+    )
+    mono = results.get("monolith")
+    for layout, r in results.items():
+        print()
+        print(f"### {layout}: CPU ms per event (idle ms of CPU per second in brackets)")
+        header = f"  {'process':<14}{'role':<41}" + "".join(
+            f"{f'{rate:g}/s':>10}" for rate in r["rates"]
+        )
+        print(header)
+        for name in r["names"]:
+            cells = "".join(f"{x['ms_per_event'][name]:>10.3f}" for x in r["rates"].values())
+            idle = r["idle_ms_per_s"][name]
+            print(f"  {name:<14}{role(layout, name) + f' [{idle:.1f}]':<41}{cells}")
+        totals = {rate: sum(x["ms_per_event"].values()) for rate, x in r["rates"].items()}
+        print(f"  {'cluster':<14}{'all processes':<41}" + "".join(
+            f"{t:>10.3f}" for t in totals.values()
+        ))  # fmt: skip
+        print(f"  {'achieved':<14}{'events/s sent':<41}" + "".join(
+            f"{x['achieved']:>10.1f}" for x in r["rates"].values()
+        ))  # fmt: skip
+        print(f"  {'load':<14}{'1-min load average after':<41}" + "".join(
+            f"{x['load']:>10.1f}" for x in r["rates"].values()
+        ))  # fmt: skip
+        if mono is not None and layout != "monolith":
+            ratios = [
+                totals[rate] / sum(mono["rates"][rate]["ms_per_event"].values())
+                for rate in r["rates"]
+                if rate in mono["rates"]
+            ]
+            print(f"  {'vs monolith':<14}{'cluster CPU / monolith CPU':<41}" + "".join(
+                f"{q:>10.2f}" for q in ratios
+            ))  # fmt: skip
+    default = results.get("default")
+    if default is None or not default["rates"]:
+        return
+    rate = 200 if 200 in default["rates"] else next(iter(default["rates"]))
+    per_event = default["rates"][rate]["ms_per_event"]
+    model = projection(per_event)
+    print()
+    print(
+        f"### Projected ceiling (from the default layout at {rate:g}/s: writer"
+        f" {model['writer']:.3f} ms, writer following {model['writer_follows']:.3f} ms,"
+        f" follower {model['follower']:.3f} ms, main's relay {model['relay']:.3f} ms"
+        f" per receiver, per event; one core per process; database not modelled)"
+    )
+    if mono is not None and rate in mono["rates"]:
+        mono_ms = mono["rates"][rate]["ms_per_event"]["main"]
+        print(f"  monolith: {1000 / mono_ms:,.0f} events/s (main {mono_ms:.3f} ms per event)")
+    for writers in (2, 4, 8, 16):
+        events, busiest = ceilings(model, writers)
+        print(f"  {writers:>2} events writers: {events:,.0f} events/s (busiest: {busiest})")
+    print()
+    print("### Targets")
+    follower = per_event["synchrotron1"]
+    print(
+        f"  pure follower at {rate:g}/s: {follower:.3f} ms per event (target <="
+        f" {TARGET_FOLLOWER_MS}; reference's reported ~{REFERENCE_FOLLOWER_MS} ms:"
+        f" {REFERENCE_FOLLOWER_MS / max(follower, 1e-9):.0f}x less)"
+        f" {'PASS' if follower <= TARGET_FOLLOWER_MS else 'FAIL'}"
+    )
+    if mono is not None and rate in mono["rates"]:
+        ratio = sum(per_event.values()) / sum(mono["rates"][rate]["ms_per_event"].values())
+        print(
+            f"  default cluster CPU per event / monolith's at {rate:g}/s: {ratio:.2f}"
+            f" (target <= {TARGET_CLUSTER_RATIO}) {verdict(ratio <= TARGET_CLUSTER_RATIO)}"
+        )
+    if "wakeup" in default:
+        p50, p99 = default["wakeup"]
+        print(
+            f"  /sync wake-up through synchrotron1: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+            f" (target p50 <= {TARGET_WAKEUP_P50_MS:g}) {verdict(p50 <= TARGET_WAKEUP_P50_MS)}"
+        )
+    if "replication" in extra:
+        p50, p99 = extra["replication"]
+        print(
+            f"  replication latency, commit -> follower position (TCP, via main): p50"
+            f" {p50:.2f} ms, p99 {p99:.2f} ms (target p50 <= {TARGET_REPLICATION_P50_MS:g},"
+            f" quiet machine) {verdict(p50 <= TARGET_REPLICATION_P50_MS)}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.follow_cost", description=__doc__)
+    parser.add_argument("--engine", choices=("sqlite", "postgres"), default="postgres")
+    parser.add_argument(
+        "--layout", dest="layouts", action="append",
+        choices=("monolith", "default", "sharded"), help="repeatable; default: monolith, default",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rate", dest="rates", action="append", type=float, help="events/s; repeatable"
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="of sends per rate")
+    parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU sampled")
+    parser.add_argument("--rooms", type=int, default=4)
+    parser.add_argument("--wakeups", type=int, default=30)
+    parser.add_argument(
+        "--replication-events", type=int, default=2000,
+        help="throughput events of the replication latency run (0: skip it)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    args.layouts = args.layouts or ["monolith", "default"]
+    args.rates = args.rates or [40.0, 200.0, 1000.0]
+    results: dict[str, Any] = {}
+    for layout in args.layouts:
+        results[layout] = asyncio.run(measure_layout(layout, args))
+    extra: dict[str, Any] = {}
+    if args.replication_events:
+        extra["replication"] = replication_latency(args.engine, args.replication_events)
+    report(results, extra, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
