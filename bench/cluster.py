@@ -108,6 +108,8 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
         self.database = _create_database(engine, self.dir)
         self.ports: dict[str, int] = {}
+        #: Processes to run under cProfile (bench/profiled_process.py): name -> stats file.
+        self.profiled: dict[str, str] = {}
         if layout in GENERATED:
             self._generated(layout)
             return
@@ -184,6 +186,9 @@ class Cluster:
         for name in self.names:
             app = {"main": "homeserver", "router": "router"}.get(name, "generic_worker")
             args = [sys.executable, "-m", f"synapse_lite.app.{app}", "-c", self.config_path]
+            if name in self.profiled:
+                wrapper = os.path.join(SOURCE_ROOT, "bench", "profiled_process.py")
+                args[1:1] = [wrapper, self.profiled[name]]
             if app == "generic_worker":
                 args += ["--worker-name", name]
             log = open(os.path.join(self.dir, f"{name}.log"), "wb")

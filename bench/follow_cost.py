@@ -129,6 +129,8 @@ async def send_at_rate(
 
 async def measure_layout(layout: str, args: argparse.Namespace) -> dict[str, Any]:
     cluster = Cluster(layout, args.engine)
+    for name in args.profile or ():
+        cluster.profiled[name] = os.path.abspath(f"{layout}-{name}.prof")
     results: dict[str, Any] = {"rates": {}, "names": [], "layout": layout}
     try:
         cluster.start()
@@ -301,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rate", dest="rates", action="append", type=float, help="events/s; repeatable"
     )
+    parser.add_argument(
+        "--profile", action="append", metavar="NAME",
+        help="run this process under cProfile, stats to ./LAYOUT-NAME.prof; repeatable",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0, help="of sends per rate")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU sampled")
     parser.add_argument("--rooms", type=int, default=4)
