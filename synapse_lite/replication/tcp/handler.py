@@ -228,9 +228,7 @@ class ReplicationCommandHandler:
     ) -> None:
         key = (cmd.stream_name, cmd.instance_name)
         line = f"RDATA {cmd.stream_name} {cmd.instance_name} {cmd.token}"
-        if not await self.claims.believe(
-            stream, cmd.instance_name, cmd.token, sender, line
-        ):
+        if not await self.claims.believe(stream, cmd.instance_name, cmd.token, sender, line):
             # Rows held for this token go too: they are kept only up to what
             # the sequence allows.
             self._pending_batches.pop(key, None)
