@@ -438,7 +438,12 @@ class MultiWriterIdGenerator:
         def txn_func(txn: LoggingTransaction) -> int:
             return self._sequence.get_max_allocated(txn)
 
-        return await self._db.runInteraction("read_max_allocated", txn_func, read_only=True)
+        # One statement, so autocommit: no BEGIN and COMMIT round trips. Every
+        # follower runs this for each new position it is told of (issue 20's
+        # check), so it is on the replication latency path (issue 18).
+        return await self._db.runInteraction(
+            "read_max_allocated", txn_func, read_only=True, db_autocommit=True
+        )
 
     def _update_gauges(self) -> None:
         """Holds _lock."""
