@@ -108,6 +108,9 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
         self.database = _create_database(engine, self.dir)
         self.ports: dict[str, int] = {}
+        #: Where the processes import synapse_lite from (another checkout
+        #: measures a baseline in the same run).
+        self.source_root = SOURCE_ROOT
         #: Processes to run under cProfile (bench/profiled_process.py): name -> stats file.
         self.profiled: dict[str, str] = {}
         if layout in GENERATED:
@@ -182,7 +185,7 @@ class Cluster:
         return f"http://127.0.0.1:{self.ports[name]}"
 
     def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=SOURCE_ROOT)
+        env = dict(os.environ, PYTHONPATH=self.source_root)
         for name in self.names:
             app = {"main": "homeserver", "router": "router"}.get(name, "generic_worker")
             args = [sys.executable, "-m", f"synapse_lite.app.{app}", "-c", self.config_path]

@@ -61,7 +61,7 @@ MAX_IN_FLIGHT = 64
 
 
 def role(layout: str, name: str) -> str:
-    if layout == "monolith":
+    if layout.startswith("monolith"):
         return "everything"
     if name == WRITER:
         return "writer of the rooms"
@@ -127,8 +127,13 @@ async def send_at_rate(
     return sent, time.perf_counter() - start
 
 
-async def measure_layout(layout: str, args: argparse.Namespace) -> dict[str, Any]:
+async def measure_layout(
+    layout: str, args: argparse.Namespace, source: str | None = None
+) -> dict[str, Any]:
+    """``source``: a checkout whose code the processes run (None: this one)."""
     cluster = Cluster(layout, args.engine)
+    if source is not None:
+        cluster.source_root = os.path.abspath(source)
     for name in args.profile or ():
         cluster.profiled[name] = os.path.abspath(f"{layout}-{name}.prof")
     results: dict[str, Any] = {"rates": {}, "names": [], "layout": layout}
@@ -213,46 +218,59 @@ def report(
         f" {load_note()}; sends straight to the room's writer for {args.seconds:.0f} s per rate,"
         f" no /sync clients ({platform.python_implementation()} {platform.python_version()})"
     )
-    mono = results.get("monolith")
     for layout, r in results.items():
-        print()
-        print(f"### {layout}: CPU ms per event (idle ms of CPU per second in brackets)")
-        header = f"  {'process':<14}{'role':<41}" + "".join(
-            f"{f'{rate:g}/s':>10}" for rate in r["rates"]
+        print_layout(layout, r, monolith_of(results, layout))
+    for key in ("default", "default@baseline"):
+        if results.get(key, {}).get("rates"):
+            print_targets(key, results[key], monolith_of(results, key))
+    if "replication" in extra:
+        p50, p99 = extra["replication"]
+        print(
+            f"  replication latency, commit -> follower position (TCP, via main): p50"
+            f" {p50:.2f} ms, p99 {p99:.2f} ms (target p50 <= {TARGET_REPLICATION_P50_MS:g},"
+            f" quiet machine) {verdict(p50 <= TARGET_REPLICATION_P50_MS)}"
         )
-        print(header)
-        for name in r["names"]:
-            cells = "".join(f"{x['ms_per_event'][name]:>10.3f}" for x in r["rates"].values())
-            idle = r["idle_ms_per_s"][name]
-            print(f"  {name:<14}{role(layout, name) + f' [{idle:.1f}]':<41}{cells}")
-        totals = {rate: sum(x["ms_per_event"].values()) for rate, x in r["rates"].items()}
-        print(f"  {'cluster':<14}{'all processes':<41}" + "".join(
-            f"{t:>10.3f}" for t in totals.values()
-        ))  # fmt: skip
-        print(f"  {'achieved':<14}{'events/s sent':<41}" + "".join(
-            f"{x['achieved']:>10.1f}" for x in r["rates"].values()
-        ))  # fmt: skip
-        print(f"  {'load':<14}{'1-min load average after':<41}" + "".join(
-            f"{x['load']:>10.1f}" for x in r["rates"].values()
-        ))  # fmt: skip
-        if mono is not None and layout != "monolith":
-            ratios = [
-                totals[rate] / sum(mono["rates"][rate]["ms_per_event"].values())
-                for rate in r["rates"]
-                if rate in mono["rates"]
-            ]
-            print(f"  {'vs monolith':<14}{'cluster CPU / monolith CPU':<41}" + "".join(
-                f"{q:>10.2f}" for q in ratios
-            ))  # fmt: skip
-    default = results.get("default")
-    if default is None or not default["rates"]:
-        return
+
+
+def monolith_of(results: dict[str, dict[str, Any]], layout: str) -> dict[str, Any] | None:
+    """The monolith measured with the same code as ``layout`` (``X@baseline``:
+    the baseline's), else this code's."""
+    _, at, suffix = layout.partition("@")
+    return results.get(f"monolith{at}{suffix}") or results.get("monolith")
+
+
+def print_layout(layout: str, r: dict[str, Any], mono: dict[str, Any] | None) -> None:
+    print()
+    print(f"### {layout}: CPU ms per event (idle ms of CPU per second in brackets)")
+    print(f"  {'process':<14}{'role':<41}" + "".join(f"{f'{rate:g}/s':>10}" for rate in r["rates"]))
+    for name in r["names"]:
+        cells = "".join(f"{x['ms_per_event'][name]:>10.3f}" for x in r["rates"].values())
+        idle = r["idle_ms_per_s"][name]
+        print(f"  {name:<14}{role(layout, name) + f' [{idle:.1f}]':<41}{cells}")
+    totals = {rate: sum(x["ms_per_event"].values()) for rate, x in r["rates"].items()}
+    rows: list[tuple[str, str, list[str]]] = [
+        ("cluster", "all processes", [f"{t:>10.3f}" for t in totals.values()]),
+        ("achieved", "events/s sent", [f"{x['achieved']:>10.1f}" for x in r["rates"].values()]),
+        ("load", "1-min load average after", [f"{x['load']:>10.1f}" for x in r["rates"].values()]),
+    ]
+    if mono is not None and not layout.startswith("monolith"):
+        ratios = [
+            totals[rate] / sum(mono["rates"][rate]["ms_per_event"].values())
+            for rate in r["rates"]
+            if rate in mono["rates"]
+        ]
+        rows.append(("vs monolith", "cluster CPU / monolith CPU", [f"{q:>10.2f}" for q in ratios]))
+    for name, what, cells in rows:
+        print(f"  {name:<14}{what:<41}" + "".join(cells))
+
+
+def print_targets(key: str, default: dict[str, Any], mono: dict[str, Any] | None) -> None:
     rate = 200 if 200 in default["rates"] else next(iter(default["rates"]))
     per_event = default["rates"][rate]["ms_per_event"]
     model = projection(per_event)
     print()
     print(
-        f"### Projected ceiling (from the default layout at {rate:g}/s: writer"
+        f"### {key}: projected ceiling (from {rate:g}/s: writer"
         f" {model['writer']:.3f} ms, writer following {model['writer_follows']:.3f} ms,"
         f" follower {model['follower']:.3f} ms, main's relay {model['relay']:.3f} ms"
         f" per receiver, per event; one core per process; database not modelled)"
@@ -263,19 +281,18 @@ def report(
     for writers in (2, 4, 8, 16):
         events, busiest = ceilings(model, writers)
         print(f"  {writers:>2} events writers: {events:,.0f} events/s (busiest: {busiest})")
-    print()
-    print("### Targets")
+    print(f"### {key}: targets")
     follower = per_event["synchrotron1"]
     print(
         f"  pure follower at {rate:g}/s: {follower:.3f} ms per event (target <="
         f" {TARGET_FOLLOWER_MS}; reference's reported ~{REFERENCE_FOLLOWER_MS} ms:"
         f" {REFERENCE_FOLLOWER_MS / max(follower, 1e-9):.0f}x less)"
-        f" {'PASS' if follower <= TARGET_FOLLOWER_MS else 'FAIL'}"
+        f" {verdict(follower <= TARGET_FOLLOWER_MS)}"
     )
     if mono is not None and rate in mono["rates"]:
         ratio = sum(per_event.values()) / sum(mono["rates"][rate]["ms_per_event"].values())
         print(
-            f"  default cluster CPU per event / monolith's at {rate:g}/s: {ratio:.2f}"
+            f"  cluster CPU per event / monolith's at {rate:g}/s: {ratio:.2f}"
             f" (target <= {TARGET_CLUSTER_RATIO}) {verdict(ratio <= TARGET_CLUSTER_RATIO)}"
         )
     if "wakeup" in default:
@@ -283,13 +300,6 @@ def report(
         print(
             f"  /sync wake-up through synchrotron1: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
             f" (target p50 <= {TARGET_WAKEUP_P50_MS:g}) {verdict(p50 <= TARGET_WAKEUP_P50_MS)}"
-        )
-    if "replication" in extra:
-        p50, p99 = extra["replication"]
-        print(
-            f"  replication latency, commit -> follower position (TCP, via main): p50"
-            f" {p50:.2f} ms, p99 {p99:.2f} ms (target p50 <= {TARGET_REPLICATION_P50_MS:g},"
-            f" quiet machine) {verdict(p50 <= TARGET_REPLICATION_P50_MS)}"
         )
 
 
@@ -307,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="append", metavar="NAME",
         help="run this process under cProfile, stats to ./LAYOUT-NAME.prof; repeatable",
     )  # fmt: skip
+    parser.add_argument(
+        "--baseline", metavar="DIR",
+        help="also run each layout with the code of this checkout (e.g. main), in the same run",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0, help="of sends per rate")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU sampled")
     parser.add_argument("--rooms", type=int, default=4)
@@ -321,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for layout in args.layouts:
         results[layout] = asyncio.run(measure_layout(layout, args))
+        if args.baseline:
+            results[f"{layout}@baseline"] = asyncio.run(measure_layout(layout, args, args.baseline))
     extra: dict[str, Any] = {}
     if args.replication_events:
         extra["replication"] = replication_latency(args.engine, args.replication_events)
