@@ -260,8 +260,8 @@ def print_layout(layout: str, r: dict[str, Any], mono: dict[str, Any] | None) ->
             if rate in mono["rates"]
         ]
         rows.append(("vs monolith", "cluster CPU / monolith CPU", [f"{q:>10.2f}" for q in ratios]))
-    for name, what, cells in rows:
-        print(f"  {name:<14}{what:<41}" + "".join(cells))
+    for name, what, values in rows:
+        print(f"  {name:<14}{what:<41}" + "".join(values))
 
 
 def print_targets(key: str, default: dict[str, Any], mono: dict[str, Any] | None) -> None:
