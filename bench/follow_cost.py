@@ -37,6 +37,7 @@ import os
 import platform
 import sys
 import time
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -72,6 +73,28 @@ def role(layout: str, name: str) -> str:
     if name == "router":
         return "router (unused: sends go to the writer)"
     return "pure follower"
+
+
+SEQUENCE_READS = 'synapse_lite_db_transaction_seconds_count{desc="read_max_allocated"}'
+
+
+def sequence_reads(cluster: Cluster) -> dict[str, float]:
+    """Each process's reads of a stream's sequence so far (the check of a
+    peer's claimed position), from its /metrics; processes without metrics
+    are left out."""
+    counts = {}
+    for name in cluster.processes:
+        try:
+            with urllib.request.urlopen(cluster.url(name) + "/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            continue
+        counts[name] = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(SEQUENCE_READS)
+        )
+    return counts
 
 
 def verdict(ok: bool) -> str:
@@ -153,14 +176,21 @@ async def measure_layout(
                 n: (t - before[n]) * 1000 / idle_elapsed for n, t in cluster.cpu_seconds().items()
             }
             for rate in args.rates:
+                reads_before = sequence_reads(cluster)
                 before = cluster.cpu_seconds()
                 sent, elapsed = await send_at_rate(client, base, people, rooms, rate, args.seconds)
                 await asyncio.sleep(0.5)  # let the followers finish
                 cpu = {n: t - before[n] for n, t in cluster.cpu_seconds().items()}
+                reads = {
+                    n: (c - reads_before[n]) / max(sent, 1)
+                    for n, c in sequence_reads(cluster).items()
+                    if n in reads_before
+                }
                 results["rates"][rate] = {
                     "sent": sent,
                     "achieved": sent / elapsed,
                     "ms_per_event": {n: c * 1000 / max(sent, 1) for n, c in cpu.items()},
+                    "reads_per_event": reads,
                     "load": os.getloadavg()[0],
                 }
             if layout != "monolith" and "synchrotron1" in cluster.ports:
@@ -263,6 +293,12 @@ def print_layout(layout: str, r: dict[str, Any], mono: dict[str, Any] | None) ->
             if rate in mono["rates"]
         ]
         rows.append(("vs monolith", "cluster CPU / monolith CPU", [f"{q:>10.2f}" for q in ratios]))
+    if "synchrotron1" in r["names"]:
+        reads = [x.get("reads_per_event", {}).get("synchrotron1") for x in r["rates"].values()]
+        rows.append((
+            "seq. reads", "synchrotron1's sequence reads per event",
+            [f"{q:>10.2f}" if q is not None else f"{'-':>10}" for q in reads],
+        ))  # fmt: skip
     for name, what, values in rows:
         print(f"  {name:<14}{what:<41}" + "".join(values))
 
