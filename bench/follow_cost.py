@@ -209,7 +209,9 @@ def projection(default: dict[str, float]) -> dict[str, float]:
     per-event costs of each process with N events writers and one /sync
     worker; returns {"writer": w, "follower": f, "relay": r per receiver}."""
     follower = default["synchrotron1"]
-    receivers = len([n for n in default if n not in ("main", WRITER, "router")])
+    # Over TCP the main process relays the writer's lines to every other
+    # connection: the other workers and the router.
+    receivers = len([n for n in default if n not in ("main", WRITER)])
     return {
         "writer": default[WRITER],
         "writer_follows": default["persister2"],
@@ -220,12 +222,12 @@ def projection(default: dict[str, float]) -> dict[str, float]:
 
 def ceilings(model: dict[str, float], writers: int) -> tuple[float, str]:
     """Events/s at which the busiest process of a layout with ``writers``
-    events writers (plus main, a /sync worker and the media worker)
+    events writers (plus main, a /sync worker, the media worker and the router)
     saturates one core, and which process that is."""
     per_event = {
         "each writer": model["writer"] / writers
         + model["writer_follows"] * (writers - 1) / writers,
-        "main": model["follower"] + model["relay"] * (writers + 1),
+        "main": model["follower"] + model["relay"] * (writers + 2),
         "a /sync worker": model["follower"],
     }
     busiest = max(per_event, key=lambda k: per_event[k])
