@@ -277,11 +277,11 @@ def monolith_of(results: dict[str, dict[str, Any]], layout: str) -> dict[str, An
 def print_layout(layout: str, r: dict[str, Any], mono: dict[str, Any] | None) -> None:
     print()
     print(f"### {layout}: CPU ms per event (idle ms of CPU per second in brackets)")
-    print(f"  {'process':<14}{'role':<41}" + "".join(f"{f'{rate:g}/s':>10}" for rate in r["rates"]))
+    print(f"  {'process':<16}{'role':<41}" + "".join(f"{f'{rate:g}/s':>10}" for rate in r["rates"]))
     for name in r["names"]:
         cells = "".join(f"{x['ms_per_event'][name]:>10.3f}" for x in r["rates"].values())
         idle = r["idle_ms_per_s"][name]
-        print(f"  {name:<14}{role(layout, name) + f' [{idle:.1f}]':<41}{cells}")
+        print(f"  {name:<16}{role(layout, name) + f' [{idle:.1f}]':<41}{cells}")
     totals = {rate: sum(x["ms_per_event"].values()) for rate, x in r["rates"].items()}
     rows: list[tuple[str, str, list[str]]] = [
         ("cluster", "all processes", [f"{t:>10.3f}" for t in totals.values()]),
@@ -302,7 +302,7 @@ def print_layout(layout: str, r: dict[str, Any], mono: dict[str, Any] | None) ->
             [f"{q:>10.2f}" if q is not None else f"{'-':>10}" for q in reads],
         ))  # fmt: skip
     for name, what, values in rows:
-        print(f"  {name:<14}{what:<41}" + "".join(values))
+        print(f"  {name:<16}{what:<41}" + "".join(values))
 
 
 def print_targets(key: str, default: dict[str, Any], mono: dict[str, Any] | None) -> None:
