@@ -1,6 +1,7 @@
 """The rows an events writer keeps from commit to send (``CommittedRows``):
-what it answers from memory, when it sends the caller to the database, and
-that the rows it sends are those the database holds."""
+what it answers from memory, when it sends the caller to the database (an id
+without recorded rows, however it was taken), and that the rows it sends are
+those the database holds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from twisted.trial import unittest
 
 from synapse_lite.events import Event, EventContent, random_event_id
 from synapse_lite.replication.tcp.commands import RdataCommand
+from synapse_lite.server import HomeServer
 from synapse_lite.storage.databases.main import events as events_store
 from synapse_lite.storage.databases.main.events import CommittedRows, stream_rows_of
 from synapse_lite.storage.databases.main.events_worker import EventsWorkerStore
@@ -31,6 +33,18 @@ def event(stream_id: int, state_key: str | None = None) -> Event:
         stream_ordering=stream_id,
         depth=stream_id,
         instance_name="me",
+    )
+
+
+def content(state_key: str | None) -> EventContent:
+    return EventContent(
+        event_id=random_event_id("test.local"),
+        room_id="!room:test.local",
+        type="m.room.topic" if state_key is not None else "m.room.message",
+        state_key=state_key,
+        sender="@alice:test.local",
+        content={"topic": "t"} if state_key is not None else {"body": "b"},
+        origin_server_ts=1,
     )
 
 
@@ -78,7 +92,7 @@ class CommittedRowsTestCase(unittest.TestCase):
 
 
 class SentRowsTestCase(DatabaseTestCase):
-    async def test_the_writer_sends_what_the_database_holds_without_reading_it(self) -> None:
+    async def start(self) -> tuple[HomeServer, HomeServer, LoopbackBus]:
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
         config = make_config(
             self.test_db, workers=["persister1"], stream_writers={"events": ["persister1"]}
@@ -89,6 +103,34 @@ class SentRowsTestCase(DatabaseTestCase):
         bus.join(main)
         bus.join(p1)
         await eventually(lambda: main.replication.connected and p1.replication.connected)
+        return main, p1, bus
+
+    async def test_an_id_taken_outside_persist_events_is_read_from_the_database(self) -> None:
+        main, p1, bus = await self.start()
+        allocation = p1.store._stream_id_gen.get_next()
+        stream_id = await allocation.__aenter__()
+        await p1.store.db_pool.execute(
+            "insert_by_hand",
+            "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
+            " sender, origin_server_ts, content, instance_name)"
+            " VALUES (?, 1, '$by-hand', '!room:test.local', 'm.room.message', '@a:test.local',"
+            " 1, '{}', 'persister1')",
+            stream_id,
+        )
+        await allocation.__aexit__(None, None, None)
+        [persisted] = await p1.store.persist_events([content(None)])
+        await main.waiters.wait_for_stream_position(
+            "persister1", "events", persisted.stream_ordering, timeout=5
+        )
+        sent = [
+            BUILTIN_STREAMS["events"].parse_row(c.row).event_id
+            for _, c in bus.published
+            if isinstance(c, RdataCommand) and c.stream_name == "events"
+        ]
+        self.assertEqual(sent, ["$by-hand", persisted.event_id])
+
+    async def test_the_writer_sends_what_the_database_holds_without_reading_it(self) -> None:
+        main, p1, bus = await self.start()
         reads: list[str] = []
         real = p1.store.db_pool.runInteraction
 
@@ -97,17 +139,6 @@ class SentRowsTestCase(DatabaseTestCase):
             return await real(desc, *args, **kwargs)
 
         self.patch(p1.store.db_pool, "runInteraction", counting)
-
-        def content(state_key: str | None) -> EventContent:
-            return EventContent(
-                event_id=random_event_id("test.local"),
-                room_id="!room:test.local",
-                type="m.room.topic" if state_key is not None else "m.room.message",
-                state_key=state_key,
-                sender="@alice:test.local",
-                content={"topic": "t"} if state_key is not None else {"body": "b"},
-                origin_server_ts=1,
-            )
 
         persisted = await p1.store.persist_events([content(None), content(""), content(None)])
         last = persisted[-1].stream_ordering

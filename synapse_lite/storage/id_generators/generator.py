@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -106,6 +106,7 @@ class MultiWriterIdGenerator:
         # measurable share of a follower's CPU (issue 18).
         self._persisted_gauge = STREAM_PERSISTED_UPTO.labels(stream_name)
         self._position_gauges: dict[str, Gauge] = {}
+        self._allocation_listeners: list[Callable[[list[int]], None]] = []
 
         #: Rows read at startup after the stored positions (diagnostics: it must
         #: not grow with the size of the stream's tables).
@@ -237,7 +238,16 @@ class MultiWriterIdGenerator:
         finally:
             with self._lock:
                 self._model.end_fetch(marker)
+        for listener in self._allocation_listeners:
+            listener([i * self._factor for i in ids])
         return ids
+
+    def on_allocation(self, listener: Callable[[list[int]], None]) -> None:
+        """Call ``listener(ids)`` with every id this process allocates (on
+        the stream's scale), on a database thread, before any of them can
+        finish: whoever keeps rows by id learns of ids it will not see rows
+        for (``CommittedRows``)."""
+        self._allocation_listeners.append(listener)
 
     def get_next(self) -> _IdAllocation[int]:
         """Allocate one id: ``async with id_gen.get_next() as stream_id: ...``.

@@ -46,13 +46,15 @@ class CommittedRows:
     until its streamer has sent them, so that sending a new event costs no
     query (issue 18: reading them back was a query per RDATA batch).
 
-    Contract: an id's rows are recorded at commit, before the id is marked
-    finished (so before any position covers it). :meth:`rows` answers only
-    when it holds every row of every id this process allocated in the range:
-    an id allocated by a transaction that failed, or forgotten after
-    :data:`MAX_COMMITTED_IDS`, makes it answer None and the caller reads the
-    database, which is always right. Allocation happens on a database
-    thread, the rest on the reactor: hence the lock.
+    Contract: the ID generator reports every id this process allocates
+    (:meth:`allocated`), and ``persist_events`` records an id's rows at commit
+    (:meth:`committed`), both before the id is marked finished (so before any
+    position covers it). :meth:`rows` answers only when it holds every row of
+    every id this process allocated in the range: an id without recorded rows
+    (its transaction failed, or something other than ``persist_events`` took
+    it), or ids forgotten after :data:`MAX_COMMITTED_IDS`, make it answer None
+    and the caller reads the database, which is always right. Allocation
+    happens on a database thread, the rest on the reactor: hence the lock.
     """
 
     def __init__(self) -> None:
@@ -142,6 +144,10 @@ class EventsStore(EventsWorkerStore):
         super().__init__(database, db_conn, hs)
         # Kept only where a streamer sends them (a layout with workers).
         self._committed_rows = CommittedRows() if hs.config.workers else None
+        if self._committed_rows is not None:
+            # Every id, whoever takes it: one taken outside persist_events has
+            # no rows here and sends the streamer to the database.
+            self._stream_id_gen.on_allocation(self._committed_rows.allocated)
 
     async def get_events_stream_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int
@@ -188,8 +194,6 @@ class EventsStore(EventsWorkerStore):
         # they finish and the positions covering these events become visible.
         txn.call_after(self._record_persisted_positions, persisted)
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
-        if self._committed_rows is not None:
-            self._committed_rows.allocated(stream_ids)
         depths: dict[str, int] = {}
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
