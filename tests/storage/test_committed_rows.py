@@ -21,22 +21,8 @@ from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config, make_homeserver
 
 
-def event(stream_id: int, state_key: str | None = None) -> Event:
-    return Event(
-        event_id=f"$e{stream_id}",
-        room_id="!r:x",
-        type="m.room.topic" if state_key is not None else "m.room.message",
-        state_key=state_key,
-        sender="@a:x",
-        content={"topic": "t"} if state_key is not None else {"body": "b"},
-        origin_server_ts=1,
-        stream_ordering=stream_id,
-        depth=stream_id,
-        instance_name="me",
-    )
-
-
 def content(state_key: str | None) -> EventContent:
+    """A message, or with ``state_key`` a topic (a state event)."""
     return EventContent(
         event_id=random_event_id("test.local"),
         room_id="!room:test.local",
@@ -46,6 +32,16 @@ def content(state_key: str | None) -> EventContent:
         content={"topic": "t"} if state_key is not None else {"body": "b"},
         origin_server_ts=1,
     )
+
+
+def event(stream_id: int, state_key: str | None = None) -> Event:
+    """``content(state_key)`` as persisted with ``stream_id``."""
+    c = content(state_key)
+    return Event(
+        event_id=f"$e{stream_id}", room_id=c.room_id, type=c.type, state_key=c.state_key,
+        sender=c.sender, content=c.content, origin_server_ts=c.origin_server_ts,
+        stream_ordering=stream_id, depth=stream_id, instance_name="me",
+    )  # fmt: skip
 
 
 class CommittedRowsTestCase(unittest.TestCase):
