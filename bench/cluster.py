@@ -3,9 +3,10 @@ a temporary directory, one OS process per instance, and their resident memory.
 
 Layouts: ``single`` (the main process alone) and ``split`` (main, a /sync
 worker, two persisters, a typing writer), configs of the benchmark's own; and
-``default``, the config ``synapse-lite generate-config`` writes for the default
-layout (the router in front of main, ``synchrotron1`` and two persisters), as
-``synapse-lite run`` would run it, on free ports and the benchmark's database.
+``default`` (and ``monolith``, ``sharded``), the config ``synapse-lite
+generate-config`` writes for that layout (for ``default``: the router in front
+of main, ``synchrotron1`` and two persisters), as ``synapse-lite run`` would
+run it, on free ports and the benchmark's database.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ WRITERS: dict[str, dict[str, Any]] = {
 }
 #: Where each layout's clients send events and long-poll /sync.
 SEND_TO = {"single": ["main"], "split": ["persister1", "persister2"], "default": ["router"]}
+#: Layouts whose config is generate-config's.
+GENERATED = ("monolith", "default", "sharded")
 SYNC_ON = {"single": "main", "split": "sync1", "default": "router"}
 
 
@@ -105,8 +108,13 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
         self.database = _create_database(engine, self.dir)
         self.ports: dict[str, int] = {}
-        if layout == "default":
-            self._generated_default()
+        #: Where the processes import synapse_lite from (another checkout
+        #: measures a baseline in the same run).
+        self.source_root = SOURCE_ROOT
+        #: Processes to run under cProfile (bench/profiled_process.py): name -> stats file.
+        self.profiled: dict[str, str] = {}
+        if layout in GENERATED:
+            self._generated(layout)
             return
         workers = LAYOUTS[layout]
         transport = "redis" if workers and engine == "postgres" and _redis_running() else "tcp"
@@ -145,13 +153,14 @@ class Cluster:
             yaml.safe_dump(config, f)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
-    def _generated_default(self) -> None:
-        """The README's layout: generate-config's default, with the router,
-        TCP replication, and the benchmark's database, logging and limits."""
+    def _generated(self, layout: str) -> None:
+        """A layout as generate-config writes it (``default``: the README's),
+        with the router when it has one, TCP replication, and the benchmark's
+        database, logging and limits."""
         from synapse_lite.config.generate import GenerateOptions, generate_config
 
         text = generate_config(
-            GenerateOptions(layout="default", base_port=free_port_block(8)),
+            GenerateOptions(layout=layout, base_port=free_port_block(12)),
             os.path.join(self.dir, "data"),
         )["homeserver.yaml"]
         config: dict[str, Any] = yaml.safe_load(text)
@@ -162,21 +171,27 @@ class Cluster:
             rate_limiting={"enabled": False},
         )
         self.transport = "tcp"
-        self.ports["router"] = config["router"]["listeners"][0]["port"]
         self.ports["main"] = config["listeners"][0]["port"]
-        for name, worker in config["workers"].items():
+        workers = config.get("workers") or {}
+        for name, worker in workers.items():
             self.ports[name] = worker["listeners"][0]["port"]
-        self.names = ["main", *config["workers"], "router"]
+        self.names = ["main", *workers]
+        if "router" in config:
+            self.ports["router"] = config["router"]["listeners"][0]["port"]
+            self.names.append("router")
         self._write(config)
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
 
     def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=SOURCE_ROOT)
+        env = dict(os.environ, PYTHONPATH=self.source_root)
         for name in self.names:
             app = {"main": "homeserver", "router": "router"}.get(name, "generic_worker")
             args = [sys.executable, "-m", f"synapse_lite.app.{app}", "-c", self.config_path]
+            if name in self.profiled:
+                wrapper = os.path.join(SOURCE_ROOT, "bench", "profiled_process.py")
+                args[1:1] = [wrapper, self.profiled[name]]
             if app == "generic_worker":
                 args += ["--worker-name", name]
             log = open(os.path.join(self.dir, f"{name}.log"), "wb")

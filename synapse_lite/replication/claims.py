@@ -138,6 +138,16 @@ class PeerClaims:
                 return False
         return True
 
+    def believed_at_once(self, stream: Stream, writer: str, token: int | None) -> bool:
+        """True when :meth:`believe` would say yes without reading anything
+        (a configured writer, a token at or below what the sequence was read
+        at): the common case, which a follower meets for most rows. False
+        means only "ask :meth:`believe`"."""
+        writers = self._writers_of(stream.name)
+        return (writers is None or writer in writers) and (
+            token is None or token <= self._allocated.get(stream.name, 0)
+        )
+
     async def believe(
         self, stream: Stream, writer: str, token: int | None, sender: str, line: str
     ) -> bool:

@@ -93,7 +93,7 @@ class IdGeneratorPositions:
 
     def received_position(self, writer: str) -> int:
         if writer != self._me:
-            own = self.id_gen.known_writer_positions().get(writer)
+            own = self.id_gen.known_writer_position(writer)
             if own is not None:
                 return self._factor * own
         return self.writer_position(writer)

@@ -212,6 +212,15 @@ class ReplicationCommandHandler:
         except InvalidRow as e:
             logger.warning("Dropping RDATA from %s: %s", connection.describe(), e)
             return
+        if (
+            cmd.stream_name not in self._queue_running
+            and not self._queues[cmd.stream_name]
+            and self.claims.believed_at_once(stream, cmd.instance_name, cmd.token)
+        ):
+            # Nothing of this stream ahead of it and nothing to read: applied
+            # now, without a coroutine and a Deferred per row (issue 18).
+            self._apply_rdata(connection, cmd, stream, row)
+            return
         # Described now: over Redis the one connection names the sender of
         # the message being handed over only while it is.
         self._enqueue(
@@ -233,6 +242,13 @@ class ReplicationCommandHandler:
             # the sequence allows.
             self._pending_batches.pop(key, None)
             return
+        self._apply_rdata(connection, cmd, stream, row)
+
+    def _apply_rdata(
+        self, connection: ReplicationConnection, cmd: RdataCommand, stream: Stream, row: Any
+    ) -> None:
+        """A believed RDATA, in its stream's order."""
+        key = (cmd.stream_name, cmd.instance_name)
         if cmd.token is not None:
             self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.token)
         if key not in self._positions_seen.get(connection, ()):

@@ -44,6 +44,7 @@ from synapse_lite.metrics import (
     REPLICATION_BAD_LINES,
     REPLICATION_COMMANDS_IN,
     REPLICATION_COMMANDS_OUT,
+    count_command,
 )
 from synapse_lite.replication.tcp.commands import (
     DATA_COMMANDS,
@@ -175,7 +176,7 @@ class ReplicationProtocol(LineOnlyReceiver):
     def _write(self, name: str, line: bytes) -> None:
         self._transport.write(line + b"\n")
         self._last_sent = self._clock.seconds()
-        REPLICATION_COMMANDS_OUT.labels(name).inc()
+        count_command(REPLICATION_COMMANDS_OUT, name)
 
     def _write_now(self, cmd: Command) -> None:
         """Write a connection-level command past the queue and the state."""
@@ -303,7 +304,7 @@ class ReplicationProtocol(LineOnlyReceiver):
         except CommandParseError as e:
             self._refuse_line(line, f"failed to parse line: {e}")
             return
-        REPLICATION_COMMANDS_IN.labels(cmd.NAME).inc()
+        count_command(REPLICATION_COMMANDS_IN, cmd.NAME)
         self._last_received = self._clock.seconds()
         if type(cmd) not in self.VALID_INBOUND:
             logger.warning("%s sent %s, which it may not send: closing", self.describe(), cmd.NAME)

@@ -73,6 +73,7 @@ from synapse_lite.metrics import (
     REPLICATION_COMMANDS_DROPPED,
     REPLICATION_COMMANDS_IN,
     REPLICATION_COMMANDS_OUT,
+    count_command,
 )
 from synapse_lite.replication.claims import WRONG_SENDER, RefusalLog, shorten
 from synapse_lite.replication.tcp.commands import (
@@ -308,7 +309,7 @@ class RedisReplicationBus:
     def _acknowledged(self, proto: PublisherConnection, name: str) -> None:
         if proto.unacked:
             proto.unacked.popleft()
-        REPLICATION_COMMANDS_OUT.labels(name).inc()
+        count_command(REPLICATION_COMMANDS_OUT, name)
 
     def _publish_failed(self, failure: Failure, proto: PublisherConnection) -> None:
         if failure.check(txredisapi.ConnectionError):
@@ -457,7 +458,7 @@ class RedisReplicationBus:
         except CommandParseError as e:
             self._refuse(data, str(e))
             return
-        REPLICATION_COMMANDS_IN.labels(cmd.NAME).inc()
+        count_command(REPLICATION_COMMANDS_IN, cmd.NAME)
         if type(cmd) not in DATA_COMMANDS:
             self._refuse(data, f"{cmd.NAME} is not used over Redis")
             return

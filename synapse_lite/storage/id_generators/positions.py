@@ -182,6 +182,10 @@ class StreamPositions:
     def known_writer_positions(self) -> dict[str, int]:
         return dict(self._positions)
 
+    def known_writer_position(self, writer: str) -> int | None:
+        """One writer's entry of :meth:`known_writer_positions` (None: not known)."""
+        return self._positions.get(writer)
+
     def unfinished_ids(self) -> list[int]:
         """This process's allocated ids not finished yet, smallest first."""
         return sorted(self._unfinished)

@@ -11,21 +11,119 @@ other processes.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
-from synapse_lite.storage.database import LoggingTransaction
+from synapse_lite.storage.database import (
+    DatabasePool,
+    LoggingDatabaseConnection,
+    LoggingTransaction,
+)
 from synapse_lite.storage.databases.main.events_worker import (
     EventsWorkerStore,
     self_destruct_after,
 )
 from synapse_lite.storage.databases.main.search import index_events_txn
+from synapse_lite.streams.catalog import EventsStreamCurrentStateRow, EventsStreamEventRow
+
+if TYPE_CHECKING:
+    from synapse_lite.storage._base import StoreContext
 
 logger = logging.getLogger(__name__)
+
+#: Ids whose rows a writer keeps for its streamer at most; beyond, it forgets
+#: them all and reads them back from the database (nobody was sending them).
+MAX_COMMITTED_IDS = 10_000
+
+
+class CommittedRows:
+    """The events stream rows this writer committed, kept from the commit
+    until its streamer has sent them, so that sending a new event costs no
+    query (issue 18: reading them back was a query per RDATA batch).
+
+    Contract: the ID generator reports every id this process allocates
+    (:meth:`allocated`), and ``persist_events`` records an id's rows at commit
+    (:meth:`committed`), both before the id is marked finished (so before any
+    position covers it). :meth:`rows` answers only when it holds every row of
+    every id this process allocated in the range: an id without recorded rows
+    (its transaction failed, or something other than ``persist_events`` took
+    it), or ids forgotten after :data:`MAX_COMMITTED_IDS`, make it answer None
+    and the caller reads the database, which is always right. Allocation
+    happens on a database thread, the rest on the reactor: hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Allocated ids whose rows are not recorded (in flight, or failed).
+        self._unrecorded: set[int] = set()
+        self._rows: dict[int, list[Any]] = {}
+        #: Ids at or below it may have been forgotten.
+        self._forgotten_upto = 0
+
+    def allocated(self, stream_ids: Iterable[int]) -> None:
+        with self._lock:
+            self._unrecorded.update(stream_ids)
+
+    def committed(self, events: Iterable[Event]) -> None:
+        with self._lock:
+            for event in events:
+                stream_id = event.stream_ordering
+                self._unrecorded.discard(stream_id)
+                self._rows[stream_id] = stream_rows_of(event)
+            if len(self._rows) + len(self._unrecorded) > MAX_COMMITTED_IDS:
+                self._forgotten_upto = max(self._rows.keys() | self._unrecorded)
+                self._rows.clear()
+                self._unrecorded.clear()
+
+    def rows(self, after: int, upto: int) -> list[tuple[int, Any]] | None:
+        """This process's rows in ``(after, upto]``, oldest first, or None
+        if they are not all here. Forgets the ids at or below ``after``
+        (sent: the streamer asks from its last sent position)."""
+        with self._lock:
+            if after > self._forgotten_upto:
+                # Ids of ours at or below the streamer's position are finished:
+                # sent, or (unrecorded) failed.
+                for stream_id in [i for i in self._rows if i <= after]:
+                    del self._rows[stream_id]
+                self._unrecorded = {i for i in self._unrecorded if i > after}
+                self._forgotten_upto = after
+            if after < self._forgotten_upto or any(i <= upto for i in self._unrecorded):
+                return None
+            ids = sorted(i for i in self._rows if i <= upto)
+            return [(i, row) for i in ids for row in self._rows[i]]
+
+
+def stream_rows_of(event: Event) -> list[Any]:
+    """What the events stream carries for a newly persisted event: its row,
+    then its current-state row (as ``get_events_stream_updates`` reads them)."""
+    rows: list[Any] = [
+        EventsStreamEventRow(
+            event_id=event.event_id,
+            room_id=event.room_id,
+            type=event.type,
+            state_key=event.state_key,
+            redacts=event.redacts,
+            relates_to=None,
+            membership=event.membership,
+            rejected=False,
+            outlier=bool(event.outlier),
+        )
+    ]
+    if event.state_key is not None:
+        rows.append(
+            EventsStreamCurrentStateRow(
+                room_id=event.room_id,
+                type=event.type,
+                state_key=event.state_key,
+                event_id=event.event_id,
+            )
+        )
+    return rows
 
 
 class DuplicateTransactionError(Exception):
@@ -39,6 +137,28 @@ class DuplicateTransactionError(Exception):
 class EventsStore(EventsWorkerStore):
     """Writes events. Only an events writer may call these (the ID generator
     refuses anyone else)."""
+
+    def __init__(
+        self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
+    ) -> None:
+        super().__init__(database, db_conn, hs)
+        # Kept only where a streamer sends them (a layout with workers).
+        self._committed_rows = CommittedRows() if hs.config.workers else None
+        if self._committed_rows is not None:
+            # Every id, whoever takes it: one taken outside persist_events has
+            # no rows here and sends the streamer to the database.
+            self._stream_id_gen.on_allocation(self._committed_rows.allocated)
+
+    async def get_events_stream_updates(
+        self, instance_name: str, last_id: int, current_id: int, limit: int
+    ) -> tuple[list[tuple[int, Any]], int, bool]:
+        """As the worker store's, from memory when the rows are this
+        process's and all still here (see :class:`CommittedRows`)."""
+        if instance_name == self._instance_name and self._committed_rows is not None:
+            rows = self._committed_rows.rows(last_id, current_id)
+            if rows is not None:
+                return rows, current_id, False
+        return await super().get_events_stream_updates(instance_name, last_id, current_id, limit)
 
     async def persist_events(
         self,
@@ -129,6 +249,8 @@ class EventsStore(EventsWorkerStore):
         return persisted
 
     def _record_persisted_positions(self, persisted: list[Event]) -> None:
+        if self._committed_rows is not None:
+            self._committed_rows.committed(persisted)
         for event in persisted:
             self.record_event_position(
                 event.room_id, event.type, event.state_key, event.instance_name,
