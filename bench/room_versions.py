@@ -23,29 +23,20 @@ from typing import Any
 
 from twisted.internet import defer, task
 
+from bench.in_process import with_main_process
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
-from synapse_lite.app.composition import build_homeserver
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
-from tests.harness.databases import create_test_database
-from tests.harness.server import make_config
 
 VERSIONS = ("1", "10", "11")
 SENDER = "@member0:test.local"
 
 
 async def _run(reactor: Any, args: argparse.Namespace) -> None:
-    test_db = create_test_database(args.engine)
-    try:
-        config = make_config(test_db, rate_limiting={"enabled": False})
-        hs = build_homeserver(config, "main", reactor)
-        hs.loops.startService()
-        try:
-            await _measure(hs, args)
-        finally:
-            await hs.service.stopService()
-    finally:
-        test_db.drop()
+    async def measure(hs: Any) -> None:
+        await _measure(hs, args)
+
+    await with_main_process(reactor, args.engine, measure)
 
 
 def _message(clock: Any, label: str) -> EventSpec:

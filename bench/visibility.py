@@ -32,13 +32,11 @@ from typing import Any
 
 from twisted.internet import defer, task
 
-from synapse_lite.app.composition import build_homeserver
+from bench.in_process import with_main_process
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.visibility import load_room_visibility, member_sees_everything
 from synapse_lite.tokens import RoomStreamToken
-from tests.harness.databases import create_test_database
-from tests.harness.server import make_config
 
 ALICE, BOB = "@alice:test.local", "@bob:test.local"
 INDEX = (
@@ -48,17 +46,10 @@ INDEX = (
 
 
 async def _run(reactor: Any, args: argparse.Namespace) -> None:
-    test_db = create_test_database(args.engine)
-    try:
-        config = make_config(test_db, rate_limiting={"enabled": False})
-        hs = build_homeserver(config, "main", reactor)
-        hs.loops.startService()
-        try:
-            await _measure(hs, args)
-        finally:
-            await hs.service.stopService()
-    finally:
-        test_db.drop()
+    async def measure(hs: Any) -> None:
+        await _measure(hs, args)
+
+    await with_main_process(reactor, args.engine, measure)
 
 
 async def _timed(rounds: int, action: Callable[[], Awaitable[object]]) -> float:
