@@ -27,6 +27,13 @@ Which *connection* a claim may come from is the transport's business (over
 TCP the main process accepts claims for W only on W's connection; see
 ``tcp_server.py``).
 
+Over TCP the sequence is read once for everybody: the main process checks each
+claim (:meth:`PeerClaims.check`) before relaying it, in the order received, so
+a worker's connection to it *vouches* for the claims it carries and the
+worker reads no sequence (issue 18: that read was the largest share of what a
+follower paid per event). The other checks still run everywhere: they cost no
+I/O. Over Redis every process checks for itself.
+
 A refused claim changes nothing: it is logged (at most one line per reason per
 :data:`REFUSAL_LOG_INTERVAL_SECONDS`, with the number not logged since) and
 counted in ``synapse_lite_replication_claims_refused_total``.
@@ -37,9 +44,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 
+from twisted.internet import defer
+
 from synapse_lite.clock import Clock
 from synapse_lite.metrics import REPLICATION_CLAIMS_REFUSED
 from synapse_lite.replication.streams import Stream
+from synapse_lite.replication.tcp.commands import Command, PositionCommand, RdataCommand
 from synapse_lite.tokens import MAX_TOKEN_POSITION
 
 logger = logging.getLogger(__name__)
@@ -65,6 +75,13 @@ WRONG_SENDER = "wrong_sender"
 WritersOf = Callable[[str], Collection[str] | None]
 #: Look a writer up again (read the instances table); True if it now is one.
 WriterLookup = Callable[[str, str], Awaitable[bool]]
+
+
+def claim_line(cmd: RdataCommand | PositionCommand) -> str:
+    """How a claim is named in log lines (an RDATA's row left out)."""
+    if isinstance(cmd, RdataCommand):
+        return f"RDATA {cmd.stream_name} {cmd.instance_name} {cmd.token}"
+    return f"POSITION {cmd.stream_name} {cmd.instance_name} {cmd.prev_token} {cmd.new_token}"
 
 
 def shorten(value: str, limit: int = 80) -> str:
@@ -119,8 +136,12 @@ class PeerClaims:
         self._writers_of = writers_of
         self._look_up_writer = look_up_writer
         self.refusals = RefusalLog(clock.time)
-        #: Per stream, the largest value read from its sequence so far.
+        #: Per stream, the largest value read from its sequence (or vouched
+        #: for by the main process) so far.
         self._allocated: dict[str, int] = {}
+        #: Per stream with a sequence read under way, who waits for it: a
+        #: burst of claims arriving meanwhile shares that read.
+        self._reading: dict[str, list[defer.Deferred[None]]] = {}
         self._looked_up: dict[tuple[str, str], float] = {}
 
     def stream(self, stream_name: str, writer: str, sender: str, line: str) -> Stream | None:
@@ -138,32 +159,58 @@ class PeerClaims:
                 return False
         return True
 
-    def believed_at_once(self, stream: Stream, writer: str, token: int | None) -> bool:
+    def believed_at_once(
+        self, stream: Stream, writer: str, token: int | None, vouched: bool = False
+    ) -> bool:
         """True when :meth:`believe` would say yes without reading anything
         (a configured writer, a token at or below what the sequence was read
-        at): the common case, which a follower meets for most rows. False
-        means only "ask :meth:`believe`"."""
+        at, or vouched for): the common case, which a follower meets for most
+        rows. False means only "ask :meth:`believe`"."""
         writers = self._writers_of(stream.name)
         return (writers is None or writer in writers) and (
-            token is None or token <= self._allocated.get(stream.name, 0)
+            vouched or token is None or token <= self._allocated.get(stream.name, 0)
         )
 
     async def believe(
-        self, stream: Stream, writer: str, token: int | None, sender: str, line: str
+        self,
+        stream: Stream,
+        writer: str,
+        token: int | None,
+        sender: str,
+        line: str,
+        vouched: bool = False,
     ) -> bool:
         """Whether ``writer`` may write ``stream`` and ``token`` (None: a row
-        of a batch, no position yet) was really allocated. Refusals are logged
-        and counted here."""
+        of a batch, no position yet) was really allocated. ``vouched``: the
+        connection's peer has already checked the token against the sequence
+        (the main process over TCP); it is taken as read. Refusals are logged
+        and counted here. A failed sequence read raises."""
         if not await self._is_writer(stream.name, writer):
             self.refusals.refuse(UNKNOWN_WRITER, stream.name, sender, shorten(line, 200))
             return False
         if token is None or token <= self._allocated.get(stream.name, 0):
             return True
-        allocated = await stream.positions.max_allocated()
-        if allocated is None:
+        if vouched:
+            self._allocated[stream.name] = token
             return True
-        self._allocated[stream.name] = max(self._allocated.get(stream.name, 0), allocated)
-        if token <= allocated:
+        while stream.name in self._reading:
+            # Another claim's read is under way: it may cover this one too.
+            waiter: defer.Deferred[None] = defer.Deferred()
+            self._reading[stream.name].append(waiter)
+            await waiter
+            if token <= self._allocated.get(stream.name, 0):
+                return True
+        self._reading[stream.name] = []
+        try:
+            allocated = await stream.positions.max_allocated()
+            if allocated is not None:
+                self._allocated[stream.name] = max(self._allocated.get(stream.name, 0), allocated)
+        finally:
+            # Woken with what was read known (or, if the read failed, to read
+            # again themselves).
+            for waiter in self._reading.pop(stream.name):
+                waiter.callback(None)
+        if allocated is None or token <= allocated:
             return True
         self.refusals.refuse(
             NOT_ALLOCATED,
@@ -173,6 +220,27 @@ class PeerClaims:
             f" {allocated}",
         )
         return False
+
+    def check(self, cmd: Command, sender: str) -> bool | defer.Deferred[bool]:
+        """Every check of an RDATA or POSITION, for the main process to run
+        before relaying it: True or False when that needs no I/O, else a
+        Deferred with the answer (it fails if the sequence cannot be read).
+        Any other command: True."""
+        if isinstance(cmd, RdataCommand):
+            tokens: tuple[int | None, ...] = (cmd.token,)
+            token = cmd.token
+        elif isinstance(cmd, PositionCommand):
+            tokens = (cmd.prev_token, cmd.new_token)
+            token = cmd.new_token
+        else:
+            return True
+        line = claim_line(cmd)
+        stream = self.stream(cmd.stream_name, cmd.instance_name, sender, line)
+        if stream is None or not self.in_range(cmd.stream_name, sender, line, *tokens):
+            return False
+        if self.believed_at_once(stream, cmd.instance_name, token):
+            return True
+        return defer.ensureDeferred(self.believe(stream, cmd.instance_name, token, sender, line))
 
     async def _is_writer(self, stream: str, writer: str) -> bool:
         writers = self._writers_of(stream)

@@ -82,6 +82,7 @@ class ReplicationTransport:
                 self._handler,
                 self._reactor,
                 deployment_id=self._deployment_id,
+                check_claim=self._handler.claims.check,
             )
             if replication.tcp_tls is not None:
                 self._listening_port = self._reactor.listenSSL(

@@ -88,6 +88,9 @@ class LoopbackConnection:
     ``to_line``/``parse_command_from_line`` and arrive on a later reactor turn,
     like on a socket."""
 
+    # Point to point: nobody in between checks claims for us.
+    vouches_for_claims = False
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.peer: LoopbackConnection | None = None
@@ -130,6 +133,8 @@ def connect_loopback(a: HomeServer, b: HomeServer) -> LoopbackConnection:
 
 class BusEndpoint:
     """One process's connection to an in-memory bus (like Redis pub/sub)."""
+
+    vouches_for_claims = False
 
     def __init__(self, bus: LoopbackBus, hs: HomeServer) -> None:
         self.bus = bus

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import REGISTRY
-from twisted.internet import task
+from twisted.internet import defer, task
 from twisted.trial import unittest
 
 from synapse_lite.clock import Clock
@@ -16,7 +16,12 @@ from synapse_lite.replication.claims import (
     WRITER_LOOKUP_INTERVAL_SECONDS,
     PeerClaims,
 )
-from synapse_lite.replication.tcp.commands import Command, PositionCommand, RdataCommand
+from synapse_lite.replication.tcp.commands import (
+    Command,
+    PositionCommand,
+    RdataCommand,
+    ReplicateCommand,
+)
 from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
 from synapse_lite.streams.catalog import BUILTIN_STREAMS, ReceiptsStreamRow
 from synapse_lite.tokens import MAX_TOKEN_POSITION
@@ -170,3 +175,70 @@ class ClaimsTestCase(unittest.TestCase):
             self.command(PositionCommand("receipts", name, 0, 1))
         self.assertNotIn(name, logs.output[0])
         self.assertIn("chars)", logs.output[0])
+
+    def test_a_connection_that_vouches_needs_no_sequence_read(self) -> None:
+        """A TCP worker's connection to the main process: the main process
+        checked the sequence; the other checks still apply."""
+        main = RecordingConnection("main", vouches_for_claims=True)
+        self.handler.new_connection(main)
+        self.handler.on_command(main, PositionCommand("receipts", "w1", 0, 1010))
+        self.handler.on_command(main, RdataCommand("receipts", "w1", 1011, receipt(1011)))
+        self.assertEqual(self.positions.received, {"w1": 1011})
+        self.assertEqual(self.positions.sequence_reads, 0)
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            self.handler.on_command(main, PositionCommand("receipts", "nobody", 0, 3))
+            self.clock.advance(REFUSAL_LOG_INTERVAL_SECONDS)
+            self.handler.on_command(
+                main, PositionCommand("receipts", "w1", 0, MAX_TOKEN_POSITION + 1)
+            )
+        self.assertIn("unknown_writer", logs.output[0])
+        self.assertIn("out_of_range", logs.output[1])
+        self.assertEqual(self.positions.received, {"w1": 1011})
+
+    def test_claims_arriving_during_a_sequence_read_share_it(self) -> None:
+        reads: list[defer.Deferred[int | None]] = []
+
+        async def max_allocated() -> int | None:
+            read: defer.Deferred[int | None] = defer.Deferred()
+            reads.append(read)
+            return await read
+
+        self.positions.max_allocated = max_allocated  # type: ignore[method-assign]
+        first = self.handler.claims.check(PositionCommand("receipts", "w1", 0, 20), "w1")
+        second = self.handler.claims.check(PositionCommand("receipts", "w1", 20, 21), "w1")
+        third = self.handler.claims.check(PositionCommand("receipts", "w1", 21, 30), "w1")
+        assert isinstance(first, defer.Deferred) and isinstance(second, defer.Deferred)
+        assert isinstance(third, defer.Deferred)
+        self.assertEqual(len(reads), 1)
+        reads[0].callback(25)
+        self.assertTrue(self.successResultOf(first))
+        self.assertTrue(self.successResultOf(second))
+        # Beyond what that read saw: read again (and refused if still beyond).
+        self.assertEqual(len(reads), 2)
+        with self.assertLogs(LOGGER, "WARNING"):
+            reads[1].callback(25)
+        self.assertFalse(self.successResultOf(third))
+        # Believed at once now, without a Deferred.
+        self.assertIs(
+            self.handler.claims.check(PositionCommand("receipts", "w1", 0, 25), "w1"), True
+        )
+        self.assertIs(self.handler.claims.check(ReplicateCommand(), "w1"), True)
+
+    def test_a_failed_sequence_read_fails_every_claim_waiting_for_it(self) -> None:
+        reads: list[defer.Deferred[int | None]] = []
+
+        async def max_allocated() -> int | None:
+            read: defer.Deferred[int | None] = defer.Deferred()
+            reads.append(read)
+            return await read
+
+        self.positions.max_allocated = max_allocated  # type: ignore[method-assign]
+        first = self.handler.claims.check(PositionCommand("receipts", "w1", 0, 20), "w1")
+        second = self.handler.claims.check(PositionCommand("receipts", "w1", 0, 21), "w1")
+        assert isinstance(first, defer.Deferred) and isinstance(second, defer.Deferred)
+        reads[0].errback(RuntimeError("database unreachable"))
+        self.failureResultOf(first, RuntimeError)
+        # The waiter reads again itself.
+        self.assertEqual(len(reads), 2)
+        reads[1].callback(21)
+        self.assertTrue(self.successResultOf(second))

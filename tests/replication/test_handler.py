@@ -266,6 +266,8 @@ class ReplicationHandlerTestCase(DatabaseTestCase):
 class _FakeConnection:
     """A connection we hand commands through ourselves."""
 
+    vouches_for_claims = False
+
     def send_command(self, cmd: Any) -> None:
         pass
 

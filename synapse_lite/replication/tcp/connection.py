@@ -51,6 +51,11 @@ class ReplicationConnection(Protocol):
     ``send_command`` reaches the processes behind this connection only.
     """
 
+    #: Whether the peer has checked every RDATA and POSITION it sends against
+    #: the stream's sequence (a TCP worker's connection to the main process,
+    #: which relays only claims it believes): the receiver need not read it.
+    vouches_for_claims: bool
+
     def send_command(self, cmd: Command) -> None:
         """Queue a command for sending; never blocks, never raises for a closed
         connection (the command is dropped and logged)."""

@@ -8,7 +8,9 @@ and writer):
   before it moves anything (``replication/claims.py``): an unknown stream, a
   writer that does not write the stream, a token no /sync token could carry,
   or a token the stream's sequence never handed out is refused, logged and
-  counted, and our view stays as it was.
+  counted, and our view stays as it was. The last is taken as checked on a
+  connection that vouches for its claims (a TCP worker's, to the main
+  process, which checked them before relaying).
 * RDATA before the first POSITION from that writer on that connection is
   dropped: the POSITION's catch-up will read it.
 * RDATA at or below what we have already received from that writer is dropped.
@@ -34,7 +36,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.clock import Clock
-from synapse_lite.replication.claims import PeerClaims
+from synapse_lite.replication.claims import PeerClaims, claim_line
 from synapse_lite.replication.lag import ReplicationLag
 from synapse_lite.replication.streams import Stream
 from synapse_lite.replication.tcp.commands import (
@@ -68,10 +70,6 @@ def batch_updates(updates: Updates) -> Iterable[tuple[int, list[Any]]]:
         batch.append(row)
     if token is not None:
         yield token, batch
-
-
-def _position_line(cmd: PositionCommand) -> str:
-    return f"POSITION {cmd.stream_name} {cmd.instance_name} {cmd.prev_token} {cmd.new_token}"
 
 
 class ReplicationCommandHandler:
@@ -203,7 +201,7 @@ class ReplicationCommandHandler:
         if cmd.instance_name == self._me:
             return  # our own echo (Redis)
         sender = connection.describe()
-        line = f"RDATA {cmd.stream_name} {cmd.instance_name} {cmd.token}"
+        line = claim_line(cmd)
         stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
         if stream is None or not self.claims.in_range(cmd.stream_name, sender, line, cmd.token):
             return
@@ -215,7 +213,9 @@ class ReplicationCommandHandler:
         if (
             cmd.stream_name not in self._queue_running
             and not self._queues[cmd.stream_name]
-            and self.claims.believed_at_once(stream, cmd.instance_name, cmd.token)
+            and self.claims.believed_at_once(
+                stream, cmd.instance_name, cmd.token, connection.vouches_for_claims
+            )
         ):
             # Nothing of this stream ahead of it and nothing to read: applied
             # now, without a coroutine and a Deferred per row (issue 18).
@@ -236,8 +236,14 @@ class ReplicationCommandHandler:
         sender: str,
     ) -> None:
         key = (cmd.stream_name, cmd.instance_name)
-        line = f"RDATA {cmd.stream_name} {cmd.instance_name} {cmd.token}"
-        if not await self.claims.believe(stream, cmd.instance_name, cmd.token, sender, line):
+        if not await self.claims.believe(
+            stream,
+            cmd.instance_name,
+            cmd.token,
+            sender,
+            claim_line(cmd),
+            connection.vouches_for_claims,
+        ):
             # Rows held for this token go too: they are kept only up to what
             # the sequence allows.
             self._pending_batches.pop(key, None)
@@ -275,7 +281,7 @@ class ReplicationCommandHandler:
         if cmd.instance_name == self._me:
             return
         sender = connection.describe()
-        line = _position_line(cmd)
+        line = claim_line(cmd)
         stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
         if stream is None or not self.claims.in_range(
             cmd.stream_name, sender, line, cmd.prev_token, cmd.new_token
@@ -306,7 +312,12 @@ class ReplicationCommandHandler:
         if connection not in self._positions_seen or self._can_discard(connection, stream, cmd):
             return
         if not await self.claims.believe(
-            stream, cmd.instance_name, cmd.new_token, sender, _position_line(cmd)
+            stream,
+            cmd.instance_name,
+            cmd.new_token,
+            sender,
+            claim_line(cmd),
+            connection.vouches_for_claims,
         ):
             return
         self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.new_token)

@@ -112,6 +112,9 @@ class ReplicationProtocol(LineOnlyReceiver):
     #: Commands the peer may send to this end.
     VALID_INBOUND: ClassVar[frozenset[type[Command]]]
 
+    #: See ``ReplicationConnection``: only the main process's end vouches.
+    vouches_for_claims = False
+
     def __init__(self, receiver: ReplicationCommandReceiver, clock: ReactorTime) -> None:
         self._receiver = receiver
         self._clock = clock

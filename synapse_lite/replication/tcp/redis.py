@@ -124,6 +124,9 @@ class RedisReplicationBus:
     Call :meth:`start` once; :meth:`stop` (returns a Deferred) at shutdown.
     """
 
+    #: Anyone able to publish on the channel reaches us unchecked.
+    vouches_for_claims = False
+
     def __init__(
         self,
         *,

@@ -79,6 +79,9 @@ class ClientReplicationProtocol(ReplicationProtocol):
         }
     )
 
+    #: The main process relays only claims it has checked (``tcp_server.py``).
+    vouches_for_claims = True
+
     def __init__(self, factory: ReplicationClientFactory) -> None:
         super().__init__(factory.receiver, factory.timer)
         self.factory = factory

@@ -15,6 +15,17 @@ what (see ``connection.py``):
   receiver, so the TCP star behaves like a bus. An RDATA or POSITION naming a
   writer other than the connection's NAME is neither relayed nor handed on:
   only a writer speaks for itself (logged, counted as ``wrong_sender``).
+* Checking before relaying: every RDATA and POSITION is first checked as a
+  claim (``claims.py``); one refused is neither relayed nor handed on, so
+  workers can take what the main process relays as checked and need not read
+  the stream's sequence themselves (``vouches_for_claims`` on their end). A
+  check that must read the database holds back every command received after
+  it, from any worker, until it is answered: commands are relayed and handed
+  on in the order received, which the processes rely on (a new events
+  writer's first POSITION reaches everyone before anything that could give it
+  a room). A check that fails (the database is unreachable) is retried every
+  :data:`CHECK_RETRY_SECONDS`, holding the queue meanwhile: nothing is lost or
+  reordered.
 
 Handshake: the server sends ``SERVER <server_name>`` at once. With a secret
 configured, the worker's first command must be ``AUTH <secret>`` (compared in
@@ -28,8 +39,12 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import attr
+from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ServerFactory
 
@@ -62,6 +77,24 @@ logger = logging.getLogger(__name__)
 
 #: How long a worker has to authenticate before it is disconnected.
 AUTH_TIMEOUT_SECONDS = PING_TIMEOUT_SECONDS
+
+#: Delay before checking a claim again after its check failed.
+CHECK_RETRY_SECONDS = 1.0
+
+#: Checks a claim from a sender (described) before it is relayed: True or False
+#: at once, or a Deferred answer (``PeerClaims.check``).
+ClaimCheck = Callable[[Command, str], bool | defer.Deferred[bool]]
+
+
+@attr.s(slots=True, auto_attribs=True)
+class _HeldCommand:
+    """A received data command waiting for its turn to be relayed."""
+
+    sender: ServerReplicationProtocol
+    cmd: Command
+    line: bytes
+    #: None while its check is under way.
+    believed: bool | None
 
 
 class ServerReplicationProtocol(ReplicationProtocol):
@@ -151,7 +184,10 @@ class ServerReplicationProtocol(ReplicationProtocol):
                 f" on the connection of {self.peer_name or 'a process that sent no NAME'}",
             )
             return
-        self.factory.relay(self, cmd.NAME, line)
+        self.factory.check_and_relay(self, cmd, line)
+
+    def deliver(self, cmd: Command) -> None:
+        """Hand a command received on this connection to the receiver."""
         self._deliver(cmd)
 
     def _on_established(self) -> None:
@@ -179,9 +215,14 @@ class ReplicationServerFactory(ServerFactory):
         receiver: ReplicationCommandReceiver,
         clock: ReactorTime,
         deployment_id: str | None = None,
+        check_claim: ClaimCheck | None = None,
     ) -> None:
         """``deployment_id``: the database's, sent in SERVER; a worker naming
-        another in its NAME is refused and reported (None: not checked)."""
+        another in its NAME is refused and reported (None: not checked).
+        ``check_claim``: how RDATA and POSITION are checked before they are
+        relayed (None: relayed unchecked, for tests of the transport alone;
+        workers take relayed claims as checked, so a real main process always
+        passes one)."""
         if secret == "":
             raise ValueError("the replication secret must be non-empty, or None for none")
         command_line(ServerCommand(server_name))  # a name that can go on the wire
@@ -196,6 +237,10 @@ class ReplicationServerFactory(ServerFactory):
         self._connections: list[ServerReplicationProtocol] = []
         #: Every connection not yet lost, authenticated or not.
         self.open_protocols: set[ServerReplicationProtocol] = set()
+        self._check_claim = check_claim
+        #: Received commands behind a check under way, in the order received.
+        self._held: deque[_HeldCommand] = deque()
+        self._retry_call: IDelayedCall | None = None
 
     def buildProtocol(self, addr: object) -> ServerReplicationProtocol:
         return ServerReplicationProtocol(self)
@@ -236,6 +281,70 @@ class ReplicationServerFactory(ServerFactory):
 
     # -- relaying ----------------------------------------------------------------------
 
+    def check_and_relay(self, sender: ServerReplicationProtocol, cmd: Command, line: bytes) -> None:
+        """Check a data command from ``sender``, then relay it and hand it to
+        the receiver, after every command received before it (see the
+        module docstring)."""
+        believed = self._check(sender, cmd)
+        if not self._held and believed is True:
+            self._pass_on(sender, cmd, line)
+            return
+        if believed is False:
+            return
+        if isinstance(believed, defer.Deferred):
+            held = _HeldCommand(sender, cmd, line, None)
+            self._held.append(held)
+            self._await_check(held, believed)
+        else:
+            self._held.append(_HeldCommand(sender, cmd, line, True))
+
+    def _check(
+        self, sender: ServerReplicationProtocol, cmd: Command
+    ) -> bool | defer.Deferred[bool]:
+        if self._check_claim is None:
+            return True
+        try:
+            return self._check_claim(cmd, sender.describe())
+        except Exception as e:
+            return defer.fail(e)
+
+    def _await_check(self, held: _HeldCommand, answer: defer.Deferred[bool]) -> None:
+        def answered(believed: bool) -> None:
+            held.believed = believed
+            self._release()
+
+        def failed(failure: object) -> None:
+            logger.warning(
+                "Checking %s from %s failed (%s); holding it and every command received"
+                " after it, checking again in %.0f s",
+                held.cmd.NAME,
+                held.sender.describe(),
+                getattr(failure, "value", failure),
+                CHECK_RETRY_SECONDS,
+            )
+            self._retry_call = self.clock.callLater(CHECK_RETRY_SECONDS, retry)
+
+        def retry() -> None:
+            self._retry_call = None
+            again = self._check(held.sender, held.cmd)
+            if isinstance(again, defer.Deferred):
+                self._await_check(held, again)
+            else:
+                answered(again)
+
+        answer.addCallbacks(answered, failed)
+
+    def _release(self) -> None:
+        """Pass on the held commands whose turn has come."""
+        while self._held and self._held[0].believed is not None:
+            held = self._held.popleft()
+            if held.believed:
+                self._pass_on(held.sender, held.cmd, held.line)
+
+    def _pass_on(self, sender: ServerReplicationProtocol, cmd: Command, line: bytes) -> None:
+        self.relay(sender, cmd.NAME, line)
+        sender.deliver(cmd)
+
     def relay(self, sender: ServerReplicationProtocol, name: str, line: bytes) -> None:
         """Pass a data command from ``sender`` on to every other worker.
 
@@ -248,6 +357,10 @@ class ReplicationServerFactory(ServerFactory):
                 conn.send_encoded(name, line)
 
     def close_all(self) -> None:
-        """Close every connection, authenticated or not yet (for shutdown)."""
+        """Close every connection, authenticated or not yet, and drop what
+        waits to be relayed (for shutdown)."""
+        cancel_call(self._retry_call)
+        self._retry_call = None
+        self._held.clear()
         for conn in list(self.open_protocols):
             conn.close()

@@ -107,8 +107,11 @@ def fake_stream(
 class RecordingConnection:
     """A connection that keeps what is sent on it, through the wire format."""
 
-    def __init__(self, name: str = "peer") -> None:
+    def __init__(self, name: str = "peer", vouches_for_claims: bool = False) -> None:
+        """``vouches_for_claims``: act as a TCP worker's connection to the
+        main process (its claims are taken as checked)."""
         self.name = name
+        self.vouches_for_claims = vouches_for_claims
         self.sent: list[Command] = []
 
     def send_command(self, cmd: Command) -> None:

@@ -10,6 +10,7 @@ import itertools
 from typing import Any
 
 from prometheus_client import REGISTRY
+from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
@@ -22,6 +23,7 @@ from synapse_lite.replication.tcp.commands import (
     Command,
     CommandEncodeError,
     PositionCommand,
+    RdataCommand,
     RemoteServerUpCommand,
     ReplicateCommand,
     UserSyncCommand,
@@ -39,6 +41,7 @@ from synapse_lite.replication.tcp.tcp_client import (
     ReplicationClientFactory,
 )
 from synapse_lite.replication.tcp.tcp_server import (
+    CHECK_RETRY_SECONDS,
     ReplicationServerFactory,
     ServerReplicationProtocol,
 )
@@ -96,6 +99,92 @@ class ServerTestCase(unittest.TestCase):
             feed(proto, f"NAME {name}")
         lines(transport)
         return proto, transport
+
+
+class CheckedRelayTestCase(ServerTestCase):
+    """The main process checks each claim before relaying it, and relays and
+    hands on in the order received, whatever waits for a check."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        #: What the check answers, per (stream, token); a Deferred is answered
+        #: by the test. Unlisted commands are believed at once.
+        self.answers: dict[tuple[str, int | None], bool | defer.Deferred[bool]] = {}
+        self.checked: list[tuple[Command, str]] = []
+
+        def check(cmd: Command, sender: str) -> bool | defer.Deferred[bool]:
+            self.checked.append((cmd, sender))
+            if isinstance(cmd, PositionCommand):
+                return self.answers.get((cmd.stream_name, cmd.new_token), True)
+            if isinstance(cmd, RdataCommand):
+                return self.answers.get((cmd.stream_name, cmd.token), True)
+            return True
+
+        self.factory = ReplicationServerFactory(
+            "hs.test", None, self.receiver, self.clock, check_claim=check
+        )
+        self.w1, _ = self.connect_authenticated("w1")
+        self.w2, _ = self.connect_authenticated("w2")
+        _, self.follower = self.connect_authenticated("sync")
+        self.receiver.commands.clear()
+
+    def test_a_refused_claim_is_neither_relayed_nor_handed_on(self) -> None:
+        self.answers[("events", 7)] = False
+        feed(self.w1, "POSITION events w1 0 7", "POSITION events w1 0 5")
+        self.assertEqual(lines(self.follower), ["POSITION events w1 0 5"])
+        self.assertEqual(self.receiver.commands, [PositionCommand("events", "w1", 0, 5)])
+        self.assertEqual(self.checked[0][1], "w1 (10.1.2.3:40001)")
+
+    def test_commands_behind_a_check_wait_for_it_in_order(self) -> None:
+        answer: defer.Deferred[bool] = defer.Deferred()
+        self.answers[("events", 9)] = answer
+        feed(self.w1, "POSITION events w1 0 9")
+        # Another writer's claim and a command that is no claim, received after.
+        feed(self.w2, "POSITION receipts w2 0 3", "USER_SYNC w2 @u:hs DEV start 100")
+        self.assertEqual(lines(self.follower), [])
+        self.assertEqual(self.receiver.commands, [])
+        answer.callback(True)
+        self.assertEqual(
+            lines(self.follower),
+            [
+                "POSITION events w1 0 9",
+                "POSITION receipts w2 0 3",
+                "USER_SYNC w2 @u:hs DEV start 100",
+            ],
+        )
+        self.assertEqual(
+            [type(c).__name__ for c in self.receiver.commands],
+            ["PositionCommand", "PositionCommand", "UserSyncCommand"],
+        )
+
+    def test_a_claim_refused_after_its_check_releases_the_rest(self) -> None:
+        answer: defer.Deferred[bool] = defer.Deferred()
+        self.answers[("events", 9)] = answer
+        feed(self.w1, "POSITION events w1 0 9", "POSITION events w1 0 4")
+        answer.callback(False)
+        self.assertEqual(lines(self.follower), ["POSITION events w1 0 4"])
+
+    def test_a_failed_check_is_retried_and_holds_the_queue(self) -> None:
+        self.answers[("events", 9)] = defer.fail(RuntimeError("database unreachable"))
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            feed(self.w1, "POSITION events w1 0 9")
+        self.assertIn("database unreachable", logs.output[0])
+        feed(self.w2, "POSITION receipts w2 0 3")
+        self.assertEqual(lines(self.follower), [])
+        self.answers[("events", 9)] = True
+        self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(
+            lines(self.follower), ["POSITION events w1 0 9", "POSITION receipts w2 0 3"]
+        )
+
+    def test_shutdown_drops_what_waits(self) -> None:
+        self.answers[("events", 9)] = defer.fail(RuntimeError("database unreachable"))
+        with self.assertLogs(LOGGER, "WARNING"):
+            feed(self.w1, "POSITION events w1 0 9")
+        self.factory.close_all()
+        checks = len(self.checked)
+        self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(len(self.checked), checks)
 
 
 class ServerWithoutSecretTestCase(ServerTestCase):
