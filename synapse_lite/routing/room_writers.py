@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 #: Rooms whose writer is kept (least recently used beyond it are forgotten).
 MAX_ROOMS = 100_000
 
+#: The router acts on the caches stream alone (writer changes and room
+#: assignments); the other streams' lines are skipped unparsed.
+FOLLOWED_STREAMS = ("caches",)
+
 
 class RoomWriters:
     """Room id -> events writer, read from the database and kept current."""
@@ -141,6 +145,7 @@ class ReplicationFollower:
                 instance_name=ROUTER_PROCESS,
                 receiver=self._receiver,
                 reactor=self._reactor,
+                followed_streams=FOLLOWED_STREAMS,
             )
             bus.start()
             self._transport = bus
@@ -151,6 +156,7 @@ class ReplicationFollower:
             config.worker_replication_secret,
             self._receiver,
             self._reactor,
+            followed_streams=FOLLOWED_STREAMS,
         )
         connect_replication(config, self._reactor, client)
         self._transport = client

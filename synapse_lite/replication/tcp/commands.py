@@ -66,6 +66,7 @@ __all__ = [
     "ServerCommand",
     "UserIpCommand",
     "UserSyncCommand",
+    "claim_stream",
     "command_line",
     "parse_command_from_line",
 ]
@@ -471,6 +472,17 @@ COMMAND_MAP: Mapping[str, type[Command]] = {
 #: Prefix of the message of a CommandParseError that comes from a bug in a
 #: parser rather than from a bad line (tests check that none does).
 INTERNAL_ERROR_PREFIX = "internal error while parsing"
+
+
+def claim_stream(line: bytes) -> bytes | None:
+    """The stream an RDATA or POSITION line is about, read without parsing the
+    line (None: another command). Lets a process that follows a few streams
+    skip the others' rows before decoding them; a line it does not skip is
+    still parsed and checked in full."""
+    if line.startswith(b"RDATA ") or line.startswith(b"POSITION "):
+        fields = line.split(b" ", 2)
+        return fields[1] if len(fields) == 3 else None
+    return None
 
 
 def parse_command_from_line(line: str) -> Command:

@@ -54,6 +54,7 @@ from synapse_lite.replication.tcp.commands import (
     CommandParseError,
     ErrorCommand,
     PingCommand,
+    claim_stream,
     command_line,
     parse_command_from_line,
 )
@@ -114,6 +115,10 @@ class ReplicationProtocol(LineOnlyReceiver):
 
     #: See ``ReplicationConnection``: only the main process's end vouches.
     vouches_for_claims = False
+
+    #: The streams whose RDATA and POSITION this end acts on; the others'
+    #: are skipped unparsed (None: every stream).
+    followed_streams: frozenset[bytes] | None = None
 
     def __init__(self, receiver: ReplicationCommandReceiver, clock: ReactorTime) -> None:
         self._receiver = receiver
@@ -297,6 +302,8 @@ class ReplicationProtocol(LineOnlyReceiver):
             return
         if not line.strip():
             return
+        if self.followed_streams is not None and self._skip_unfollowed(line):
+            return
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
@@ -314,6 +321,14 @@ class ReplicationProtocol(LineOnlyReceiver):
             self.send_error_and_close(f"invalid command: {cmd.NAME}")
             return
         self._handle_command(cmd, line)
+
+    def _skip_unfollowed(self, line: bytes) -> bool:
+        stream = claim_stream(line)
+        if stream is None or stream in cast(frozenset[bytes], self.followed_streams):
+            return False
+        count_command(REPLICATION_COMMANDS_IN, "RDATA" if line[0] == ord("R") else "POSITION")
+        self._last_received = self._clock.seconds()
+        return True
 
     def lineLengthExceeded(self, line: bytes) -> None:
         if self._state is not ConnectionState.CLOSED:

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, cast
 
 import txredisapi
@@ -85,6 +85,7 @@ from synapse_lite.replication.tcp.commands import (
     PositionCommand,
     RdataCommand,
     ReplicateCommand,
+    claim_stream,
     command_line,
     parse_command_from_line,
 )
@@ -141,15 +142,23 @@ class RedisReplicationBus:
         initial_delay: float = 0.2,
         max_delay: float = 10.0,
         deployment_id: str = "none",
+        followed_streams: Collection[str] | None = None,
     ) -> None:
         """``deployment_id``: the database's (one word); processes with
-        another one on the channel are refused."""
+        another one on the channel are refused. ``followed_streams``: the only
+        streams whose RDATA and POSITION reach ``receiver`` (the others are
+        skipped unparsed); None: all."""
         self.channel = channel_prefix + server_name
         self.instance_name = instance_name
         self._own_name = instance_name.encode("utf-8")
         self.deployment_id = deployment_id
         self._envelope = f"@{deployment_id} {instance_name} ".encode()
         self._deployment = deployment_id.encode("utf-8")
+        self._followed = (
+            None
+            if followed_streams is None
+            else frozenset(name.encode("utf-8") for name in followed_streams)
+        )
         #: Other deployments heard: id -> (a sender's name, when last heard).
         self._foreign: dict[str, tuple[str, float]] = {}
         self._foreign_logged: dict[str, float] = {}
@@ -453,6 +462,13 @@ class RedisReplicationBus:
             return
         if sender == self._own_name and self._is_own_echo(data):
             return
+        if self._followed is not None:
+            stream = claim_stream(data)
+            if stream is not None and stream not in self._followed:
+                count_command(
+                    REPLICATION_COMMANDS_IN, "RDATA" if data[0] == ord("R") else "POSITION"
+                )
+                return
         try:
             cmd = parse_command_from_line(data.decode("utf-8"))
         except UnicodeDecodeError:

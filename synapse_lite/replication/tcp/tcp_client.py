@@ -25,6 +25,7 @@ connection, which it shows by its first PING (it pings only after AUTH).
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, cast
 
 from twisted.internet.interfaces import IConnector
@@ -86,6 +87,7 @@ class ClientReplicationProtocol(ReplicationProtocol):
         super().__init__(factory.receiver, factory.timer)
         self.factory = factory
         self.peer_name = factory.server_name
+        self.followed_streams = factory.followed_streams
         self._server_verified = False
         self._accepted = False
 
@@ -157,10 +159,13 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         initial_delay: float = 0.2,
         max_delay: int = 10,
         deployment_id: str | None = None,
+        followed_streams: Collection[str] | None = None,
     ) -> None:
         """Raises CommandEncodeError for a name or secret that cannot be sent.
         ``deployment_id``: the database's, sent in NAME; a main process naming
-        another in SERVER is refused and reported (None: not checked)."""
+        another in SERVER is refused and reported (None: not checked).
+        ``followed_streams``: the only streams whose RDATA and POSITION reach
+        ``receiver`` (the others are skipped unparsed); None: all."""
         # Refuse at startup what could never go on the wire (a name with a
         # space, a secret with a newline) rather than on every connection.
         command_line(ServerCommand(server_name))
@@ -171,6 +176,11 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         self.client_name = client_name
         self.secret = secret
         self.deployment_id = deployment_id
+        self.followed_streams = (
+            None
+            if followed_streams is None
+            else frozenset(name.encode("utf-8") for name in followed_streams)
+        )
         self.foreign = ForeignTraffic(clock.seconds, f"the replication connection to {server_name}")
         self.receiver = receiver
         #: Our clock, typed; ReconnectingClientFactory schedules retries on

@@ -427,6 +427,46 @@ class ClientTestCase(unittest.TestCase):
         self.assertEqual(lines(transport), [])
         self.assertEqual(self.receiver.commands, [parse_command_from_line(x) for x in data_lines])
 
+    def test_lines_of_streams_not_followed_are_skipped_unparsed(self) -> None:
+        """The router follows the caches stream alone: the others' rows are not
+        decoded (not even a malformed one), and they still count as traffic."""
+        factory = ReplicationClientFactory(
+            "hs.test", "router", None, self.receiver, self.clock, followed_streams=["caches"]
+        )
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9093))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        feed(proto, "SERVER hs.test", "PING 1")
+        lines(transport)
+        before = metric("synapse_lite_replication_commands_received_total", {"command": "RDATA"})
+        caches = 'RDATA caches main 3 ["f", ["k"], 1]'
+        feed(
+            proto,
+            RDATA_LINE,
+            "RDATA events w1 6 [not json",
+            "POSITION events w1 5 6",
+            caches,
+            "POSITION caches main 2 3",
+            "REMOTE_SERVER_UP other.example",
+        )
+        self.assertEqual(
+            self.receiver.commands,
+            [
+                parse_command_from_line(caches),
+                PositionCommand("caches", "main", 2, 3),
+                RemoteServerUpCommand("other.example"),
+            ],
+        )
+        self.assertEqual(proto.state, ConnectionState.ESTABLISHED)
+        self.assertEqual(
+            metric("synapse_lite_replication_commands_received_total", {"command": "RDATA"}),
+            before + 3,
+        )
+        # A malformed line of a followed stream is still refused.
+        with self.assertLogs(LOGGER, "WARNING"):
+            feed(proto, "RDATA caches main 4 [not json")
+        self.assertEqual(proto.state, ConnectionState.CLOSED)
+
     def test_wrong_remote(self) -> None:
         _, proto, transport = self.connect()
         lines(transport)

@@ -52,7 +52,10 @@ class RedisBusTestCase(unittest.TestCase):
         self.server_name = f"test-{uuid.uuid4().hex}.example"
 
     def make_bus(
-        self, instance_name: str, deployment_id: str = "dep1"
+        self,
+        instance_name: str,
+        deployment_id: str = "dep1",
+        followed_streams: list[str] | None = None,
     ) -> tuple[RedisReplicationBus, RecordingReceiver]:
         receiver = RecordingReceiver()
         bus = RedisReplicationBus.from_config(
@@ -64,15 +67,19 @@ class RedisBusTestCase(unittest.TestCase):
             initial_delay=0.05,
             max_delay=0.5,
             deployment_id=deployment_id,
+            followed_streams=followed_streams,
         )
         bus.start()
         self.addCleanup(bus.stop)
         return bus, receiver
 
     async def started_bus(
-        self, instance_name: str, deployment_id: str = "dep1"
+        self,
+        instance_name: str,
+        deployment_id: str = "dep1",
+        followed_streams: list[str] | None = None,
     ) -> tuple[RedisReplicationBus, RecordingReceiver]:
-        bus, receiver = self.make_bus(instance_name, deployment_id)
+        bus, receiver = self.make_bus(instance_name, deployment_id, followed_streams)
         await wait_until(
             lambda: bool(receiver.connections("new")) and bus.publisher_connected,
             what=f"{instance_name} to subscribe and connect",
@@ -130,6 +137,26 @@ class RedisBusTestCase(unittest.TestCase):
         self.assertNotIn(cmd, a_receiver.commands)
         self.assertIn(("command", a, other), a_receiver.events)
         self.assertEqual(a_receiver.connections("new"), [a])
+
+    async def test_lines_of_streams_not_followed_are_skipped_unparsed(self) -> None:
+        bus, receiver = await self.started_bus("router", followed_streams=["caches"])
+        raw = await self.raw_redis()
+        envelope = b"@dep1 main "
+        for message in [
+            b"RDATA events main 6 [not json",
+            b"POSITION events main 5 6",
+            b'RDATA caches main 3 ["f", ["k"], 1]',
+            b"REMOTE_SERVER_UP ok.example",
+        ]:
+            await raw.publish(bus.channel, envelope + message)
+        await wait_until(
+            lambda: RemoteServerUpCommand("ok.example") in receiver.commands,
+            what="the last message",
+        )
+        self.assertEqual(
+            [type(c).__name__ for c in receiver.commands if not isinstance(c, ReplicateCommand)],
+            ["RdataCommand", "RemoteServerUpCommand"],
+        )
 
     async def test_bad_messages_are_logged_and_dropped(self) -> None:
         bus, receiver = await self.started_bus("worker1")
