@@ -108,6 +108,8 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
         self.database = _create_database(engine, self.dir)
         self.ports: dict[str, int] = {}
+        #: Where a process serves /metrics when not on its client port.
+        self.metrics_ports: dict[str, int] = {}
         #: Where the processes import synapse_lite from (another checkout
         #: measures a baseline in the same run).
         self.source_root = SOURCE_ROOT
@@ -175,6 +177,13 @@ class Cluster:
         workers = config.get("workers") or {}
         for name, worker in workers.items():
             self.ports[name] = worker["listeners"][0]["port"]
+        for name, listeners in [
+            ("main", config["listeners"]),
+            *((n, w["listeners"]) for n, w in workers.items()),
+        ]:
+            for listener in listeners:
+                if "metrics" in listener.get("resources", ()):
+                    self.metrics_ports[name] = listener["port"]
         self.names = ["main", *workers]
         if "router" in config:
             self.ports["router"] = config["router"]["listeners"][0]["port"]
@@ -183,6 +192,10 @@ class Cluster:
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
+
+    def metrics_url(self, name: str) -> str:
+        """Where ``name`` serves /metrics (its own listener, or its client port)."""
+        return f"http://127.0.0.1:{self.metrics_ports.get(name, self.ports[name])}/metrics"
 
     def start(self) -> None:
         env = dict(os.environ, PYTHONPATH=self.source_root)

@@ -195,9 +195,11 @@ async def measure_wakeup(
     room: str,
     rounds: int,
     typing: bool,
+    send_ms: list[float] | None = None,
 ) -> list[float]:
     """Milliseconds from the sender's request (a message, or a typing change)
-    to the receiver's parked /sync returning it."""
+    to the receiver's parked /sync returning it; ``send_ms`` gets, per round,
+    how long the sender's request itself took to be answered."""
     since = (await client.sync(sync_base, receiver, None, 0))["next_batch"]
     results = []
     for i in range(rounds):
@@ -215,6 +217,8 @@ async def measure_wakeup(
             want: Any = [sender.user_id] if i % 2 == 0 else []
         else:
             want = await client.send(send_base, sender, room, f"ping {i}")
+        if send_ms is not None:
+            send_ms.append((time.perf_counter() - start) * 1000)
         while True:
             result = await poll
             since = result["next_batch"]
