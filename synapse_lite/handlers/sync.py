@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attr
@@ -111,6 +111,27 @@ class _Memberships:
 
     def rooms(self, membership: str) -> list[str]:
         return sorted(r for r, row in self.now.items() if row[1] == membership)
+
+
+class _EarlyReads:
+    """Reads a /sync starts before it needs them, so that they overlap the
+    others; :meth:`settle` once done (a read never awaited, because the /sync
+    failed first, must not log its failure as unhandled)."""
+
+    def __init__(
+        self,
+        *,
+        ignored: Coroutine[Any, Any, frozenset[str]],
+        one_time_keys: Coroutine[Any, Any, dict[str, int]],
+        fallback_types: Coroutine[Any, Any, list[str]],
+    ) -> None:
+        self.ignored = defer.ensureDeferred(ignored)
+        self.one_time_keys = defer.ensureDeferred(one_time_keys)
+        self.fallback_types = defer.ensureDeferred(fallback_types)
+
+    def settle(self) -> None:
+        for read in (self.ignored, self.one_time_keys, self.fallback_types):
+            read.addErrback(lambda _: None)
 
 
 def _filter_room_events(
@@ -373,7 +394,34 @@ class SyncHandler:
         """The response for (since, now], ``now`` and whether it is empty."""
         now = self._current_token(since)
         user_id = requester.user_id
+        device_id = requester.device_id
         now_ms = self._clock.time_msec()
+        # Reads that depend on nothing computed below start now and run beside
+        # the others on the database threads: each is a round trip a woken
+        # /sync would otherwise wait for in turn (issue 18's wake-up latency).
+        early = _EarlyReads(
+            ignored=get_ignored_users(self._store, user_id),
+            one_time_keys=self._store.count_one_time_keys(user_id, device_id),
+            fallback_types=self._store.get_unused_fallback_key_types(user_id, device_id),
+        )
+        try:
+            return await self._compute_with(
+                requester, since, full_state, sync_filter, now, now_ms, early
+            )
+        finally:
+            early.settle()
+
+    async def _compute_with(
+        self,
+        requester: Requester,
+        since: StreamToken | None,
+        full_state: bool,
+        sync_filter: SyncFilter,
+        now: StreamToken,
+        now_ms: int,
+        early: _EarlyReads,
+    ) -> tuple[dict[str, Any], StreamToken, bool]:
+        user_id = requester.user_id
         memberships = await self._memberships(user_id, since, now.room_key)
         joined = [r for r in memberships.rooms("join") if sync_filter.allows_room(r)]
 
@@ -392,7 +440,7 @@ class SyncHandler:
         global_data, room_data = await self._account_data(user_id, since, now)
         global_data = [d for d in global_data if sync_filter.account_data.matches(d["type"], "")]
         _filter_room_events(room_data, sync_filter.room_account_data)
-        ignored = await get_ignored_users(self._store, user_id)
+        ignored = await early.ignored
         join = await self._joined_rooms(
             requester, joined, memberships, since, now, full_state, sync_filter, now_ms, ignored
         )
@@ -440,9 +488,8 @@ class SyncHandler:
         changed_devices, left_devices = await self._device_lists(
             user_id, memberships, joined, sharing, since, now
         )
-        device_id = requester.device_id
-        one_time_keys = await self._store.count_one_time_keys(user_id, device_id)
-        fallback_types = await self._store.get_unused_fallback_key_types(user_id, device_id)
+        one_time_keys = await early.one_time_keys
+        fallback_types = await early.fallback_types
 
         extra = await self._sections_of(user_id, since, now)
         response: dict[str, Any] = {

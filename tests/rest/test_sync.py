@@ -4,6 +4,7 @@ to-device messages and presence."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 import urllib.parse
@@ -254,3 +255,35 @@ class SyncTestCase(DatabaseTestCase):
         full = await self.bob.sync(since=initial["next_batch"], full_state="true")
         state = full["rooms"]["join"][room]["state"]["events"]
         self.assertIn(("m.room.topic", ""), {(e["type"], e["state_key"]) for e in state})
+
+
+class SyncReadFailureTestCase(DatabaseTestCase):
+    """The reads a /sync starts early (ignored users, key counts) overlap the
+    others; when the /sync fails before it needs them and they fail too, the
+    client gets a 500 and nothing is left unhandled."""
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        super().setUp()
+        self.servers, clients, _ = start_cluster(self, self.test_db)
+        self.bob = await ClientApi(self, clients["main"].base_url).register("bob")
+
+    async def test_a_failing_sync_settles_its_early_reads(self) -> None:
+        hs = self.servers["main"]
+        failing_read: defer.Deferred[None] = defer.Deferred()
+
+        async def count_one_time_keys(user_id: str, device_id: str) -> dict[str, int]:
+            await failing_read
+            return {}
+
+        async def memberships(*args: Any) -> Any:
+            raise RuntimeError("the memberships read failed")
+
+        self.patch(hs.store, "count_one_time_keys", count_one_time_keys)
+        self.patch(hs.handlers.sync, "_memberships", memberships)
+        code, body = await self.bob.request("GET", "/sync")
+        self.assertEqual(code, 500, body)
+        # The early read fails after the response: consumed, never reported
+        # as an unhandled error (which Twisted logs when the Deferred goes).
+        failing_read.errback(RuntimeError("the key count read failed"))
+        gc.collect()
+        self.assertEqual(self.flushLoggedErrors(RuntimeError), [])
