@@ -46,6 +46,7 @@ SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if SOURCE_ROOT not in sys.path:
     sys.path.insert(0, SOURCE_ROOT)
 
+from bench import reference_follow  # noqa: E402
 from bench.cluster import Cluster  # noqa: E402
 from bench.scenarios import Client, User, measure_wakeup, percentile  # noqa: E402
 
@@ -55,6 +56,9 @@ TARGET_REPLICATION_P50_MS = 1.0
 TARGET_WAKEUP_P50_MS = 10.0
 #: The reference's operators' figure: ~25% of a core at 40 events/s per worker.
 REFERENCE_FOLLOWER_MS = 6.0
+#: The reference's worker in ``--reference`` runs, and where its database goes.
+REFERENCE_WORKER = reference_follow.WORKER
+REFERENCE_ADMIN_DATABASE = {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"}
 #: The writer every room of the benchmark lives on.
 WRITER = "persister1"
 #: Sends in flight at most; beyond that the machine has reached its limit.
@@ -264,6 +268,8 @@ def report(
     for key in ("default", "default@baseline"):
         if results.get(key, {}).get("rates"):
             print_targets(key, results[key], monolith_of(results, key))
+    if "reference" in extra:
+        print_reference(extra["reference"], results.get("default"))
     if "replication" in extra:
         p50, p99, read_back = extra["replication"]
         print(
@@ -271,6 +277,25 @@ def report(
             f" {p50:.2f} ms, p99 {p99:.2f} ms (target p50 <= {TARGET_REPLICATION_P50_MS:g},"
             f" quiet machine) {verdict(p50 <= TARGET_REPLICATION_P50_MS)}; the writer's"
             f" getting of its new rows: p50 {read_back:.3f} ms"
+        )
+
+
+def print_reference(reference: dict[float, dict[str, Any]], default: dict[str, Any] | None) -> None:
+    """The reference's worker, measured in this run (bench/reference_follow.py)."""
+    print("### the reference homeserver, same machine and client (main + one worker, Redis)")
+    for rate, r in reference.items():
+        ms = r["ms_per_event"]
+        ours = (default or {}).get("rates", {}).get(rate, {}).get("ms_per_event", {})
+        ours_note = ""
+        if "synchrotron1" in ours:
+            ours_note = (
+                f"; ours {ours['synchrotron1']:.3f} ms"
+                f" ({ms[REFERENCE_WORKER] / max(ours['synchrotron1'], 1e-9):.1f}x less)"
+            )
+        print(
+            f"  {rate:g}/s asked, {r['achieved']:.1f}/s achieved: its worker (pure follower)"
+            f" {ms[REFERENCE_WORKER]:.3f} ms per event{ours_note}; its main process"
+            f" {ms['main']:.3f} ms"
         )
 
 
@@ -385,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rooms", type=int, default=4)
     parser.add_argument("--wakeups", type=int, default=30)
     parser.add_argument(
+        "--reference", metavar="PYTHON",
+        help="also measure the reference homeserver's worker, installed in this Python's venv",
+    )  # fmt: skip
+    parser.add_argument(
         "--replication-events", type=int, default=2000,
         help="throughput events of the replication latency run (0: skip it)",
     )  # fmt: skip
@@ -397,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             results[f"{layout}@baseline"] = asyncio.run(measure_layout(layout, args, args.baseline))
     extra: dict[str, Any] = {}
+    if args.reference:
+        extra["reference"] = asyncio.run(
+            reference_follow.measure(
+                args.reference, REFERENCE_ADMIN_DATABASE, args.rates, args.seconds
+            )
+        )
     if args.replication_events:
         extra["replication"] = replication_latency(args.engine, args.replication_events)
     report(results, extra, args)

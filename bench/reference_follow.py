@@ -1,0 +1,273 @@
+"""The reference homeserver's follower cost, measured beside ours.
+
+Issue 18 compares a pure follower of ours with the reference homeserver's
+workers, whose operators report ~6 ms of CPU per event per worker. This
+module measures it here instead: the reference's main process and one
+``generic_worker`` with no clients (a pure follower, as ``synchrotron1`` is in
+``follow_cost.py``), replicating over Redis as the reference requires for
+workers, on a fresh PostgreSQL database, sent messages at the same rates and
+with the same client as ours. The reference is not part of this repository:
+pass the Python of a virtualenv where it is installed
+(``python3 -m venv /work/ref && /work/ref/bin/pip install
+'matrix-synapse[postgres,redis]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from typing import Any
+
+import aiohttp
+import yaml
+
+from bench.cluster import free_port
+from bench.scenarios import Client, User
+
+#: The reference's worker, as its docs configure a pure /sync follower.
+WORKER = "sync1"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU of a process so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ReferenceCluster:
+    """The reference's main process and one worker on a fresh database."""
+
+    def __init__(self, python: str, database: dict[str, Any]) -> None:
+        """``database``: psycopg2 connection arguments of a PostgreSQL server
+        where a scratch database may be created."""
+        self.python = python
+        self.dir = tempfile.mkdtemp(prefix="synapse_lite_bench_reference_")
+        self.db_name = f"bench_ref_{uuid.uuid4().hex[:8]}"
+        self.admin = database
+        self.client_port, self.replication_port, self.worker_port = (
+            free_port(),
+            free_port(),
+            free_port(),
+        )
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _create_database(self) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(**self.admin)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            # The reference refuses a database whose collation is not C.
+            cur.execute(
+                f"CREATE DATABASE {self.db_name} ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
+                " TEMPLATE template0"
+            )
+        conn.close()
+
+    def _drop_database(self) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(**self.admin)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)")
+        conn.close()
+
+    def _write_config(self) -> tuple[str, str]:
+        log_config = os.path.join(self.dir, "log.yaml")
+        with open(log_config, "w") as f:
+            # WARNING, as our processes run in follow_cost.py.
+            yaml.safe_dump(
+                {
+                    "version": 1,
+                    "formatters": {"p": {"format": "%(asctime)s %(name)s %(message)s"}},
+                    "handlers": {"h": {"class": "logging.StreamHandler", "formatter": "p"}},
+                    "root": {"level": "WARNING", "handlers": ["h"]},
+                    "disable_existing_loggers": False,
+                },
+                f,
+            )
+        limit = {"per_second": 100_000, "burst_count": 100_000}
+        config = {
+            "server_name": "ref.test",
+            "pid_file": os.path.join(self.dir, "homeserver.pid"),
+            "report_stats": False,
+            "signing_key_path": os.path.join(self.dir, "signing.key"),
+            "media_store_path": os.path.join(self.dir, "media"),
+            "log_config": log_config,
+            "database": {
+                "name": "psycopg2",
+                "args": {
+                    "user": self.admin.get("user", "postgres"),
+                    "host": self.admin.get("host", "127.0.0.1"),
+                    "port": self.admin.get("port", 5432),
+                    "database": self.db_name,
+                    "cp_min": 1,
+                    "cp_max": 5,
+                },
+            },
+            "listeners": [
+                {
+                    "port": self.client_port,
+                    "bind_addresses": ["127.0.0.1"],
+                    "type": "http",
+                    "resources": [{"names": ["client"], "compress": False}],
+                },
+                {
+                    "port": self.replication_port,
+                    "bind_addresses": ["127.0.0.1"],
+                    "type": "http",
+                    "resources": [{"names": ["replication"]}],
+                },
+            ],
+            "instance_map": {"main": {"host": "127.0.0.1", "port": self.replication_port}},
+            "redis": {"enabled": True, "host": "127.0.0.1", "port": 6379},
+            "enable_registration": True,
+            "enable_registration_without_verification": True,
+            "registration_shared_secret": "bench",
+            "macaroon_secret_key": "bench-macaroon",
+            "form_secret": "bench-form",
+            "trusted_key_servers": [],
+            "suppress_key_server_warning": True,
+            "rc_message": limit,
+            "rc_registration": limit,
+            "rc_joins": {"local": limit, "remote": limit},
+            "rc_login": {"address": limit, "account": limit, "failed_attempts": limit},
+            "presence": {"enabled": False},
+        }
+        main_config = os.path.join(self.dir, "homeserver.yaml")
+        with open(main_config, "w") as f:
+            yaml.safe_dump(config, f)
+        worker_config = os.path.join(self.dir, f"{WORKER}.yaml")
+        with open(worker_config, "w") as f:
+            yaml.safe_dump(
+                {
+                    "worker_app": "synapse.app.generic_worker",
+                    "worker_name": WORKER,
+                    "worker_listeners": [
+                        {
+                            "type": "http",
+                            "port": self.worker_port,
+                            "bind_addresses": ["127.0.0.1"],
+                            "resources": [{"names": ["client"]}],
+                        }
+                    ],
+                    "worker_log_config": log_config,
+                },
+                f,
+            )
+        return main_config, worker_config
+
+    def start(self) -> None:
+        self._create_database()
+        main_config, worker_config = self._write_config()
+        subprocess.run(
+            [self.python, "-m", "synapse.app.homeserver", "-c", main_config, "--generate-keys"],
+            check=True,
+            cwd=self.dir,
+            capture_output=True,
+        )
+        self._start("main", ["synapse.app.homeserver", "-c", main_config], self.client_port)
+        self._start(
+            WORKER,
+            ["synapse.app.generic_worker", "-c", main_config, "-c", worker_config],
+            self.worker_port,
+        )
+
+    def _start(self, name: str, args: list[str], port: int) -> None:
+        log = open(os.path.join(self.dir, f"{name}.log"), "wb")
+        self.processes[name] = subprocess.Popen(
+            [self.python, "-m", *args], cwd=self.dir, stdout=log, stderr=subprocess.STDOUT
+        )
+        url = f"http://127.0.0.1:{port}/_matrix/client/versions"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.processes[name].poll() is not None:
+                raise RuntimeError(f"the reference's {name} exited: see {self.dir}/{name}.log")
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"the reference's {name} did not start: see {self.dir}/{name}.log")
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def cpu_seconds(self) -> dict[str, float]:
+        return {name: cpu_seconds(p.pid) for name, p in self.processes.items()}
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        try:
+            self._drop_database()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def measure(
+    python: str, database: dict[str, Any], rates: list[float], seconds: float
+) -> dict[float, dict[str, Any]]:
+    """Per rate: ``{"achieved": events/s, "ms_per_event": {process: CPU ms}}``
+    of the reference's main process (the rooms' writer) and its worker."""
+    # Imported here: follow_cost imports this module.
+    from bench.follow_cost import send_at_rate
+
+    cluster = ReferenceCluster(python, database)
+    results: dict[float, dict[str, Any]] = {}
+    try:
+        cluster.start()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            client = Client(session)
+            base = cluster.url()
+            people: list[User] = [await client.register(base, f"user{i}") for i in range(2)]
+            rooms = []
+            for _ in range(4):
+                created = await client.call(
+                    "POST", base, "/createRoom", people[0], {"preset": "public_chat"}
+                )
+                await client.call("POST", base, f"/join/{created['room_id']}", people[1], {})
+                rooms.append(created["room_id"])
+            await send_at_rate(client, base, people, rooms, 50, 1.0)  # warm up
+            await asyncio.sleep(1.0)
+            for rate in rates:
+                before = cluster.cpu_seconds()
+                sent, elapsed = await send_at_rate(client, base, people, rooms, rate, seconds)
+                await asyncio.sleep(0.5)
+                after = cluster.cpu_seconds()
+                results[rate] = {
+                    "achieved": sent / elapsed,
+                    "ms_per_event": {
+                        n: (after[n] - before[n]) * 1000 / max(sent, 1) for n in after
+                    },
+                }
+    finally:
+        cluster.stop()
+    return results
+
+
+def main() -> None:
+    """``python -m bench.reference_follow PYTHON``: the figures alone (in a
+    whole run, ``python -m bench.follow_cost --reference PYTHON``)."""
+    admin = {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"}
+    for rate, r in asyncio.run(measure(sys.argv[1], admin, [40, 200], 10)).items():
+        ms = ", ".join(f"{n} {v:.3f}" for n, v in r["ms_per_event"].items())
+        print(f"{rate:g}/s asked, {r['achieved']:.1f}/s achieved: CPU ms per event: {ms}")
+
+
+if __name__ == "__main__":
+    main()
