@@ -54,6 +54,31 @@ GENERATED = ("monolith", "default", "sharded")
 SYNC_ON = {"single": "main", "split": "sync1", "default": "router"}
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def database_server_cpu_seconds() -> float:
+    """CPU time so far of every PostgreSQL server process on this machine
+    (its backends, one per connection, are pooled and outlive a measurement;
+    other users of the server are counted too)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                if f.read().strip() != "postgres":
+                    continue
+            total += process_cpu_seconds(int(entry))
+        except OSError:
+            continue  # gone meanwhile
+    return total
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -254,13 +279,7 @@ class Cluster:
 
     def cpu_seconds(self) -> dict[str, float]:
         """User plus system CPU time of each process so far, from /proc."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        result = {}
-        for name, process in self.processes.items():
-            with open(f"/proc/{process.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            result[name] = (int(fields[11]) + int(fields[12])) / ticks
-        return result
+        return {name: process_cpu_seconds(p.pid) for name, p in self.processes.items()}
 
     def stop(self, keep: bool = False) -> None:
         for process in reversed(list(self.processes.values())):

@@ -47,7 +47,7 @@ if SOURCE_ROOT not in sys.path:
     sys.path.insert(0, SOURCE_ROOT)
 
 from bench import reference_follow  # noqa: E402
-from bench.cluster import Cluster  # noqa: E402
+from bench.cluster import Cluster, database_server_cpu_seconds  # noqa: E402
 from bench.scenarios import Client, User, measure_wakeup, percentile  # noqa: E402
 
 TARGET_FOLLOWER_MS = 0.3
@@ -182,9 +182,11 @@ async def measure_layout(
             for rate in args.rates:
                 reads_before = sequence_reads(cluster)
                 before = cluster.cpu_seconds()
+                database_before = database_server_cpu_seconds()
                 sent, elapsed = await send_at_rate(client, base, people, rooms, rate, args.seconds)
                 await asyncio.sleep(0.5)  # let the followers finish
                 cpu = {n: t - before[n] for n, t in cluster.cpu_seconds().items()}
+                database_cpu = database_server_cpu_seconds() - database_before
                 reads = {
                     n: (c - reads_before[n]) / max(sent, 1)
                     for n, c in sequence_reads(cluster).items()
@@ -195,6 +197,7 @@ async def measure_layout(
                     "achieved": sent / elapsed,
                     "ms_per_event": {n: c * 1000 / max(sent, 1) for n, c in cpu.items()},
                     "reads_per_event": reads,
+                    "database_ms_per_event": database_cpu * 1000 / max(sent, 1),
                     "load": os.getloadavg()[0],
                 }
             sync_process = "synchrotron1" if "synchrotron1" in cluster.ports else "main"
@@ -317,6 +320,11 @@ def print_layout(layout: str, r: dict[str, Any], mono: dict[str, Any] | None) ->
     totals = {rate: sum(x["ms_per_event"].values()) for rate, x in r["rates"].items()}
     rows: list[tuple[str, str, list[str]]] = [
         ("cluster", "all processes", [f"{t:>10.3f}" for t in totals.values()]),
+        (
+            "database",
+            "the PostgreSQL server (not in cluster)",
+            [f"{x.get('database_ms_per_event', 0.0):>10.3f}" for x in r["rates"].values()],
+        ),
         ("achieved", "events/s sent", [f"{x['achieved']:>10.1f}" for x in r["rates"].values()]),
         ("load", "1-min load average after", [f"{x['load']:>10.1f}" for x in r["rates"].values()]),
     ]

@@ -28,18 +28,11 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bench.cluster import free_port
+from bench.cluster import free_port, process_cpu_seconds
 from bench.scenarios import Client, User
 
 #: The reference's worker, as its docs configure a pure /sync follower.
 WORKER = "sync1"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process so far (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class ReferenceCluster:
@@ -203,7 +196,7 @@ class ReferenceCluster:
         return f"http://127.0.0.1:{self.client_port}"
 
     def cpu_seconds(self) -> dict[str, float]:
-        return {name: cpu_seconds(p.pid) for name, p in self.processes.items()}
+        return {name: process_cpu_seconds(p.pid) for name, p in self.processes.items()}
 
     def stop(self) -> None:
         for process in self.processes.values():
