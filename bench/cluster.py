@@ -61,6 +61,17 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process in turn, then wait for all (20 s each, then SIGKILL)."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def database_server_cpu_seconds() -> float:
     """CPU time so far of every PostgreSQL server process on this machine
     (its backends, one per connection, are pooled and outlive a measurement;
@@ -282,13 +293,7 @@ class Cluster:
         return {name: process_cpu_seconds(p.pid) for name, p in self.processes.items()}
 
     def stop(self, keep: bool = False) -> None:
-        for process in reversed(list(self.processes.values())):
-            process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(list(reversed(list(self.processes.values()))))
         _drop_database(self.database)
         if not keep:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bench.cluster import free_port, process_cpu_seconds
+from bench.cluster import free_port, process_cpu_seconds, stop_processes
 from bench.scenarios import Client, User
 
 #: The reference's worker, as its docs configure a pure /sync follower.
@@ -199,13 +199,7 @@ class ReferenceCluster:
         return {name: process_cpu_seconds(p.pid) for name, p in self.processes.items()}
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(list(self.processes.values()))
         try:
             self._drop_database()
         finally:

@@ -195,7 +195,8 @@ class ClaimsTestCase(unittest.TestCase):
         self.assertIn("out_of_range", logs.output[1])
         self.assertEqual(self.positions.received, {"w1": 1011})
 
-    def test_claims_arriving_during_a_sequence_read_share_it(self) -> None:
+    def controlled_sequence_reads(self) -> list[defer.Deferred[int | None]]:
+        """Make each sequence read wait for the test: the Deferreds, in order."""
         reads: list[defer.Deferred[int | None]] = []
 
         async def max_allocated() -> int | None:
@@ -204,6 +205,10 @@ class ClaimsTestCase(unittest.TestCase):
             return await read
 
         self.positions.max_allocated = max_allocated  # type: ignore[method-assign]
+        return reads
+
+    def test_claims_arriving_during_a_sequence_read_share_it(self) -> None:
+        reads = self.controlled_sequence_reads()
         first = self.handler.claims.check(PositionCommand("receipts", "w1", 0, 20), "w1")
         second = self.handler.claims.check(PositionCommand("receipts", "w1", 20, 21), "w1")
         third = self.handler.claims.check(PositionCommand("receipts", "w1", 21, 30), "w1")
@@ -225,14 +230,7 @@ class ClaimsTestCase(unittest.TestCase):
         self.assertIs(self.handler.claims.check(ReplicateCommand(), "w1"), True)
 
     def test_a_failed_sequence_read_fails_every_claim_waiting_for_it(self) -> None:
-        reads: list[defer.Deferred[int | None]] = []
-
-        async def max_allocated() -> int | None:
-            read: defer.Deferred[int | None] = defer.Deferred()
-            reads.append(read)
-            return await read
-
-        self.positions.max_allocated = max_allocated  # type: ignore[method-assign]
+        reads = self.controlled_sequence_reads()
         first = self.handler.claims.check(PositionCommand("receipts", "w1", 0, 20), "w1")
         second = self.handler.claims.check(PositionCommand("receipts", "w1", 0, 21), "w1")
         assert isinstance(first, defer.Deferred) and isinstance(second, defer.Deferred)
