@@ -28,7 +28,7 @@ from twisted.trial import unittest
 
 from synapse_lite.replication.tcp.commands import CommandParseError, parse_command_from_line
 from synapse_lite.storage.database import make_startup_connection
-from tests.harness.databases import TestDatabase, create_test_database
+from tests.harness.databases import TestDatabase, create_test_database, test_engine_name
 from tests.harness.processes import SOURCE_ROOT, free_port
 from tests.harness.services import redis_address, require_redis
 
@@ -299,6 +299,14 @@ def publish_to_redis(server: HostileServer, lines: list[bytes]) -> None:
             replies += chunk
 
 
+def parser_share() -> int:
+    """How many of the generated lines to send, as a divisor: all of them on
+    SQLite; a quarter on PostgreSQL, where the parser meets the same lines
+    (it never touches the database) and only the claim checks differ, which
+    the lies below exercise in full on both engines."""
+    return 1 if test_engine_name() == "sqlite" else 4
+
+
 def fuzz_settings(examples: int) -> settings:
     return settings(
         max_examples=examples,
@@ -347,7 +355,7 @@ class HostileLinesTestCase(unittest.TestCase):
         before = server.positions()
         sent = 0
 
-        @fuzz_settings(2000)
+        @fuzz_settings(2000 // parser_share())
         @given(lines=st.lists(hostile_line, min_size=1, max_size=10))
         def fuzz(lines: list[bytes]) -> None:
             nonlocal sent
@@ -360,7 +368,7 @@ class HostileLinesTestCase(unittest.TestCase):
                 self.assertTrue(closed, f"connection kept open after {lines!r}")
 
         fuzz()
-        self.assertGreaterEqual(sent, 10_000)
+        self.assertGreaterEqual(sent, 10_000 // parser_share())
 
         # The lies again, told on connections named after the writers they
         # claim for (the sequence, not the sender check, must stop these).
@@ -379,7 +387,7 @@ class HostileLinesTestCase(unittest.TestCase):
         deployment = server.deployment_id()
         sent = 0
 
-        @fuzz_settings(1000)
+        @fuzz_settings(1000 // parser_share())
         @given(lines=st.lists(hostile_line, min_size=10, max_size=20))
         def fuzz(lines: list[bytes]) -> None:
             nonlocal sent
@@ -393,5 +401,5 @@ class HostileLinesTestCase(unittest.TestCase):
             sent += len(lines)
 
         fuzz()
-        self.assertGreaterEqual(sent, 10_000)
+        self.assertGreaterEqual(sent, 10_000 // parser_share())
         self.check_survivors(server, before)
