@@ -135,7 +135,6 @@ from synapse_lite.replication.http.writes import (
 from synapse_lite.replication.instance_directory import EVENTS_WRITER_STREAMS, InstanceDirectory
 from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.replication.streams import (
-    IdGeneratorPositions,
     MemoryPositions,
     Stream,
     StreamPositions,
@@ -457,9 +456,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
     for definition in config.streams:
         if definition.ids is not None:
             assert definition.rows_from_store is not None, definition.name
-            positions: StreamPositions = IdGeneratorPositions(
-                id_generators.of(definition), definition.ids.positive, me
-            )
+            positions: StreamPositions = id_generators.of(definition)
             update_function = definition.rows_from_store(store)
         else:
             positions, update_function = wiring.memory_streams[definition.name]
@@ -538,7 +535,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
             await federation.client.close()
 
     async def flush_positions() -> None:
-        await id_generators.flush_positions()
+        await id_generators.flush_stream_positions()
         await clock.timeout(defer.ensureDeferred(streamer.send_pending()), 2.0)
 
     loops_service = LoopsService([streamer, *wiring.loops])

@@ -74,18 +74,60 @@ class StreamTable:
     rows_removed: str = ""
 
 
+#: A comparison of positions, as the same comparison of stored ids of a
+#: stream that counts down.
+_MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "="}
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class IdSpace:
-    """Where a stream's ids come from and where they are stored."""
+    """Where a stream's ids come from and where they are stored.
+
+    **Stored ids and positions.** A *position* counts up from 1 on every
+    stream: the sequence hands out positions, and positions are what the ID
+    generator, its position model, the stream views, replication (RDATA and
+    POSITION tokens), /sync tokens, metrics, stall reports and the audit
+    speak. A *stored id* is what the database holds: the id columns of the
+    stream's tables, ``stream_positions.stream_id``, and the ids the generator
+    hands a writer to put in its rows. They are equal, except on a stream
+    that counts down (``positive`` False: backfill, whose events sort before
+    the room's known history), whose stored ids are the negated positions
+    (-1, -2, ...). The methods below are the only place that sign is
+    flipped; everything crossing between the database and memory goes
+    through them.
+    """
 
     sequence_name: str
     tables: tuple[StreamTable, ...]
-    #: False for a stream counting down from -1 (backfill). On the wire and in
-    #: tokens its positions are negated, so they grow like every other stream's.
+    #: False for a stream whose stored ids count down from -1 (backfill).
     positive: bool = True
 
-    def id_generator_tables(self) -> list[tuple[str, str, str]]:
-        return [(t.table, t.instance_column, t.id_column) for t in self.tables]
+    def position(self, stored_id: int) -> int:
+        """The position of a stored id (or of a stored position)."""
+        return stored_id if self.positive else -stored_id
+
+    def stored_id(self, position: int) -> int:
+        """What the database holds for ``position``."""
+        return position if self.positive else -position
+
+    def position_sql(self, column: str) -> str:
+        """SQL for the position of ``column``'s stored id."""
+        return column if self.positive else f"-{column}"
+
+    def newest_position_sql(self, column: str) -> str:
+        """SQL for the largest position among ``column``'s stored ids, as an
+        aggregate the column's index answers (not ``MAX(-column)``)."""
+        return f"MAX({column})" if self.positive else f"-MIN({column})"
+
+    def position_condition(self, column: str, comparison: str, other: str = "?") -> str:
+        """SQL comparing the position of ``column`` with that of ``other``
+        (``comparison``: ``<``, ``<=``, ``>``, ``>=`` or ``=``, on positions).
+        ``other`` is a stored id: pass ``stored_id(position)`` for a ``?``."""
+        return f"{column} {comparison if self.positive else _MIRRORED[comparison]} {other}"
+
+    def position_order_sql(self, column: str) -> str:
+        """SQL ordering by ``column``'s position, smallest first."""
+        return column if self.positive else f"{column} DESC"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

@@ -209,7 +209,7 @@ class AddedStreamTestCase(DatabaseTestCase):
         from spark.runner import AuditOptions, run_audit
         from tests.spark.session import shared_spark
 
-        await writer.id_generators.flush_positions()
+        await writer.id_generators.flush_stream_positions()
         report = run_audit(
             AuditOptions(writer.config.config_files[0], partitions=1, streams=streams),
             Progress(None),

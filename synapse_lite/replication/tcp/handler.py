@@ -407,7 +407,7 @@ class ReplicationCommandHandler:
 
         async def work() -> None:
             try:
-                final = await positions.stopped_writer_position(writer)
+                final = await positions.read_stopped_writer_position(writer)
                 current = positions.received_position(writer)
                 if current < final:
                     await self._catch_up(stream, writer, current, final)
