@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attr
 
+from synapse_lite.codec.rows import RowCodec
+
 if TYPE_CHECKING:
     from synapse_lite.storage.databases.main import GenericWorkerStore
-
-RowT = TypeVar("RowT")
 
 #: ``[(token, row), ...]`` in token order; rows sharing a token were written
 #: under one id and are processed together.
@@ -36,10 +36,6 @@ Updates = list[tuple[int, Any]]
 #: ``limit``. When ``limited``, ``upto`` is how far the returned rows reach and
 #: the caller asks again from there.
 UpdateFunction = Callable[[str, int, int, int], Awaitable[tuple[Updates, int, bool]]]
-
-
-class InvalidRow(ValueError):
-    """A row received over replication does not fit the stream's row type."""
 
 
 class CatchUp(enum.Enum):
@@ -188,52 +184,6 @@ def wake_users(rows: Sequence[Any]) -> Wake:
 def wake_everyone(rows: Sequence[Any]) -> Wake:
     """Rows whose readers we cannot cheaply name (presence, device lists)."""
     return Wake(everyone=True)
-
-
-class RowCodec(Generic[RowT]):
-    """How rows of one type travel: the wire form is the JSON list of the
-    row's attrs fields, in declaration order, checked by the type's validators."""
-
-    def __init__(self, row_type: type[RowT]) -> None:
-        self.row_type = row_type
-        self._field_names = tuple(f.name for f in attr.fields(row_type))  # type: ignore[arg-type]
-
-    def encode(self, row: RowT) -> list[Any]:
-        return [getattr(row, name) for name in self._field_names]
-
-    def decode(self, wire: Any, stream_name: str) -> RowT:
-        """The row from its wire form; :class:`InvalidRow` if it does not fit."""
-        if not isinstance(wire, list):
-            raise InvalidRow(f"a {stream_name} row must be a JSON list, not {type(wire).__name__}")
-        if len(wire) != len(self._field_names):
-            raise InvalidRow(
-                f"a {stream_name} row has {len(self._field_names)} fields, not {len(wire)}"
-            )
-        try:
-            return self.row_type(*wire)
-        except (TypeError, ValueError) as e:
-            raise InvalidRow(f"bad {stream_name} row: {e}") from None
-
-
-class TaggedRowCodec(RowCodec[Any]):
-    """Rows of several types on one stream: ``[tag, [fields...]]`` on the wire,
-    the tag being the type's ``TypeId``."""
-
-    def __init__(self, row_types: Iterable[type[Any]]) -> None:
-        self._codecs: dict[str, RowCodec[Any]] = {t.TypeId: RowCodec(t) for t in row_types}
-        self._tags: dict[type[Any], str] = {c.row_type: tag for tag, c in self._codecs.items()}
-
-    def encode(self, row: Any) -> list[Any]:
-        tag = self._tags[type(row)]
-        return [tag, self._codecs[tag].encode(row)]
-
-    def decode(self, wire: Any, stream_name: str) -> Any:
-        if not isinstance(wire, list) or len(wire) != 2 or not isinstance(wire[0], str):
-            raise InvalidRow(f"a {stream_name} row must be [type, [fields...]]")
-        codec = self._codecs.get(wire[0])
-        if codec is None:
-            raise InvalidRow(f"unknown {stream_name} row type {wire[0]!r}")
-        return codec.decode(wire[1], stream_name)
 
 
 class SyncSection(Protocol):

@@ -36,6 +36,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.clock import Clock
+from synapse_lite.codec.rows import InvalidRow
 from synapse_lite.replication.claims import PeerClaims, claim_line
 from synapse_lite.replication.lag import ReplicationLag
 from synapse_lite.replication.streams import Stream
@@ -47,7 +48,7 @@ from synapse_lite.replication.tcp.commands import (
 )
 from synapse_lite.replication.tcp.connection import ReplicationBus, ReplicationConnection
 from synapse_lite.replication.tcp.receiver import ReplicationReceiver
-from synapse_lite.streams.definition import InvalidRow, Updates
+from synapse_lite.streams.definition import Updates
 
 logger = logging.getLogger(__name__)
 
