@@ -289,7 +289,7 @@ DEVICE_LISTS = StreamDefinition(
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class BackfillStreamRow:
-    """A backfilled event (tokens are positive on the wire)."""
+    """A backfilled event (its token is a position: positive, like every stream's)."""
 
     event_id: str = attr.ib(metadata=wire(_str))
     room_id: str = attr.ib(metadata=wire(_str))
@@ -301,7 +301,7 @@ class BackfillStreamRow:
 
 BACKFILL = StreamDefinition(
     name="backfill",
-    description="backfilled events (ids count down from -1; negated on the wire)",
+    description="backfilled events (stored ids count down from -1; positions count up)",
     codec=RowCodec(BackfillStreamRow),
     writers=WriterRule("events", several=True),
     ids=IdSpace(

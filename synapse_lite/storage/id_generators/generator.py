@@ -13,11 +13,11 @@ finishing happen on database threads.
 
 The generator is also the database stream's view for replication
 (:class:`~synapse_lite.replication.streams.StreamPositions`): the same verbs,
-the same positions. Every position it takes or answers is a position,
-counting up; only what goes to or comes from the database (rows' ids,
+the same positions. What it takes and answers about positions counts up on
+every stream; what goes to or comes from the database (rows' ids,
 ``stream_positions``, the ids handed to writers for their rows) is a stored
 id, converted by the stream's :class:`~synapse_lite.streams.definition.IdSpace`
-(backfill's stored ids count down from -1).
+only (backfill's stored ids count down from -1).
 """
 
 from __future__ import annotations
