@@ -35,8 +35,14 @@ class ObjectCodec(Generic[T]):
             (f.name, f.key, f.kind) for f in fields if f.kind is not None
         )
         self._check = getattr(cls, "check_decoded", None)
+        #: Keys and attributes of a type whose kinds all keep their values.
+        self._as_is: tuple[tuple[str, str], ...] | None = None
+        if all(kind.encodes_as_is for _, _, kind in self.fields):
+            self._as_is = tuple((key, name) for name, key, _ in self.fields)
 
     def encode(self, value: T) -> dict[str, Any]:
+        if self._as_is is not None:
+            return {key: getattr(value, name) for key, name in self._as_is}
         return {key: kind.encode(getattr(value, name)) for name, key, kind in self.fields}
 
     def decode(self, body: Mapping[str, Any], context: DecodeContext) -> T:
@@ -98,14 +104,22 @@ class Nested(FieldKind):
     def __init__(self, cls: type[Any], not_an_object: str) -> None:
         self.cls = cls
         self._not_an_object = not_an_object
+        self._codec: ObjectCodec[Any] | None = None
+
+    @property
+    def codec(self) -> ObjectCodec[Any]:
+        # Built on first use: the type may be declared after the kind.
+        if self._codec is None:
+            self._codec = object_codec(self.cls)
+        return self._codec
 
     def decode(self, value: Any, key: str, context: DecodeContext) -> Any:
         if not isinstance(value, dict):
             raise SynapseError(400, self._not_an_object, Codes.BAD_JSON)
-        return object_codec(self.cls).decode(value, context)
+        return self.codec.decode(value, context)
 
     def encode(self, value: Any) -> Any:
-        return encode_object(value)
+        return self.codec.encode(value)
 
     def example(self, context: DecodeContext) -> Any:
         return example_of(self.cls, context)
