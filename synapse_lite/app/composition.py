@@ -132,7 +132,7 @@ from synapse_lite.replication.http.writes import (
     SET_ROOM_TAG,
     SET_TYPING,
 )
-from synapse_lite.replication.instance_directory import EVENTS_WRITER_STREAMS, InstanceDirectory
+from synapse_lite.replication.instance_directory import InstanceDirectory
 from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.replication.streams import (
     IdGeneratorPositions,
@@ -199,22 +199,21 @@ def _peer_claims(
     """Who may claim positions of which stream: its configured writers; the
     events writers as the instances table has them now; for a stream any
     process writes, any process the config or the table knows."""
-    definitions = {d.name: d for d in config.streams}
+    writers = config.writers
 
     def writers_of(stream_name: str) -> Collection[str] | None:
-        if stream_name in EVENTS_WRITER_STREAMS:
-            return (*config.stream_writers.events, *directory.event_writers())
-        definition = definitions.get(stream_name)
+        definition = config.streams.get(stream_name)
         if definition is None:
             return ()
-        configured = config.writers_of_stream(definition)
-        return configured or config.instance_names()
+        if definition.writers.follows_instances:
+            return (*writers.writers(stream_name), *directory.event_writers())
+        return writers.writers(stream_name) or config.instance_names()
 
     async def look_up_writer(stream_name: str, writer: str) -> bool:
-        definition = definitions.get(stream_name)
+        definition = config.streams.get(stream_name)
         if definition is None:
             return False
-        if stream_name in EVENTS_WRITER_STREAMS:
+        if definition.writers.follows_instances:
             await directory.refresh()
             return writer in directory.event_writers()
         if definition.writers.any_process:
@@ -286,7 +285,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         config, me, store, clock, reactor, auth, outbound, wiring
     )
     devices = DeviceHandler(store, calls, config, notifier)
-    push = PushActionsHandler(store) if me in config.stream_writers.events else None
+    push = PushActionsHandler(store) if config.writers.writes(me, "events") else None
     events = EventCreationHandler(
         push=push,
         store=store,
@@ -315,6 +314,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         clock=clock,
         server_name=server_name,
         events=events,
+        writers=config.writers,
         event_writers=event_writers,
     )
 
@@ -394,7 +394,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         identity=identity,
         server_name=server_name,
     )
-    if me in config.stream_writers.events:
+    if config.writers.writes(me, "events"):
         wiring.served.append((SEND_EVENTS, events.persist_events))
     wiring.served += [
         (ADD_ACCOUNT_DATA, handlers.account_data.write_account_data),
@@ -406,7 +406,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         (SEND_TO_DEVICE, device_messages.write_messages),
         (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),
     ]
-    if me in config.writers_of_stream(config.streams["device_lists"]):
+    if config.writers.writes(me, "device_lists"):
         wiring.served += [
             (REGISTER_DEVICE, devices.store_device_and_token),
             (DELETE_DEVICES, devices.logout_devices),
@@ -438,7 +438,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         # own ids finishing poke the replication notifier).
         wiring.row_hooks.append(("events", delivery.on_rows))
         wiring.row_hooks.append(("receipts", delivery.on_rows))
-        if me in config.stream_writers.events or me in config.stream_writers.writers_of("receipts"):
+        if config.writers.writes(me, "events") or config.writers.writes(me, "receipts"):
             replication_notifier.add_replication_callback(delivery.wake)
 
     if is_main and config.experimental.msc2228_self_destructing_events:
@@ -468,7 +468,7 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         instance_name=me,
         clock=clock,
         handler=replication,
-        streams=[streams[name] for name in config.streams_written_by(me)],
+        streams=[streams[name] for name in config.writers.streams_written_by(me)],
         position_log=position_log,
     )
     replication_notifier.add_replication_callback(streamer.on_notifier_poke)
@@ -607,7 +607,7 @@ def _typing_for_role(
     """The typing writer keeps the stream in memory and serves changes; any
     other process mirrors its rows and forwards changes to it. ``run``: the
     writer's run number, taken at startup (None elsewhere)."""
-    writer = config.stream_writers.single("typing")
+    writer = config.writers.single("typing")
     if writer == me:
         assert run is not None
         handler = TypingWriterHandler(
@@ -646,7 +646,7 @@ def _presence_for_role(
 ) -> PresenceHandlerBase:
     """The presence writer decides online and offline from who is syncing
     (USER_SYNC); any other process tells it."""
-    if config.stream_writers.single("presence") == me:
+    if config.writers.single("presence") == me:
         writer = PresenceWriterHandler(store=store, clock=clock, calls=calls, notifier=notifier)
         wiring.served.append((SET_PRESENCE, writer.apply_state))
         wiring.command_hooks.append((UserSyncCommand, writer.on_user_sync))
@@ -751,7 +751,7 @@ def _load_database(
         with db_conn.transaction("instances_at_startup") as txn:
             directory.load_at_startup(txn)
         typing_run = None
-        if config.stream_writers.single("typing") == me:
+        if config.writers.single("typing") == me:
             with db_conn.transaction("typing_run") as txn:
                 typing_run = take_next_stream_run_txn(txn, "typing")
             logger.info("Typing stream: run %d", typing_run)
@@ -854,7 +854,7 @@ def _federation_for_role(
         outbox = queue
     if outbox is not None:
         replication_notifier.add_replication_callback(outbox.release_held)
-        if is_main and config.stream_writers.single("to_device") != MAIN_PROCESS:
+        if is_main and config.writers.single("to_device") != MAIN_PROCESS:
             # Messages another process queued for other servers.
             wiring.row_hooks.append(("to_device", outbox.on_to_device_rows))
     return _Federation(client, keyring, outbox)

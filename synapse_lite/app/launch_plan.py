@@ -129,7 +129,7 @@ def plan_processes(config: HomeServerConfig, for_running: bool = True) -> list[P
                     " to know the port",
                 )
             )
-        streams = tuple(config.streams_written_by(name))
+        streams = tuple(config.writers.streams_written_by(name))
         argv: tuple[str, ...]
         if name == MAIN_PROCESS:
             tier = TIER_MAIN

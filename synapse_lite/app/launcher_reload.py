@@ -58,8 +58,8 @@ async def _reload(launcher: Launcher) -> None:
             name
             for name in going
             if name != MAIN_PROCESS
-            and name in old_config.stream_writers.events
-            and name not in config.stream_writers.events
+            and name in old_config.writers.writers("events")
+            and name not in config.writers.writers("events")
         ]
     if not going and not coming:
         logger.info("Reloaded %s: no process changed", path)

@@ -23,7 +23,6 @@ on restart (the Push Gateway API has no idempotency key; the notification's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ from twisted.web.iweb import IPolicyForHTTPS
 
 from synapse_lite.push.pushers import PusherSet
 from synapse_lite.replication.http.writes import SET_PUSHER
+from synapse_lite.streams.definition import ShardKey, StableHash
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -62,11 +62,15 @@ BATCH = 20
 _JSON_HEADERS: dict[bytes | str, list[bytes | str]] = {"Content-Type": ["application/json"]}
 
 
+#: Which of ``pusher_instances`` delivers a pusher's notifications: the
+#: stable hash of the pusher's key, over the instances in config order.
+PUSHER_SHARD = StableHash(ShardKey.PUSHER, sorted_instances=False)
+
+
 def owner_of(pusher_key: tuple[str, str, str], instances: Sequence[str]) -> str:
     """The pusher instance delivering for a pusher (stable across restarts
     and processes)."""
-    digest = hashlib.sha256("\0".join(pusher_key).encode("utf-8")).digest()
-    return instances[int.from_bytes(digest[:8], "big") % len(instances)]
+    return PUSHER_SHARD.pick("\0".join(pusher_key), instances)
 
 
 class PusherDelivery:

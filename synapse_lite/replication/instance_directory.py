@@ -42,10 +42,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Streams whose writers are the events writers.
-EVENTS_WRITER_STREAMS = ("events", "backfill")
-
-
 class InstanceDirectory:
     """This process's running view of ``instances`` over its config."""
 
@@ -56,7 +52,7 @@ class InstanceDirectory:
         self._me = instance_name
         self._store = store
         self._records: dict[str, InstanceRecord] = {}
-        self._event_writers: tuple[str, ...] = self._config.stream_writers.events
+        self._event_writers: tuple[str, ...] = self._config.writers.writers("events")
         #: Writers retired before this process started that its config still lists.
         self._retired_at_startup: list[str] = []
         #: Writers the main process's config dropped since its last run.
@@ -74,7 +70,7 @@ class InstanceDirectory:
     def load_at_startup(self, txn: LoggingTransaction) -> None:
         """Record this process and read the table (on the startup connection)."""
         me = self._me
-        writers = self._config.stream_writers.events
+        writers = self._config.writers.writers("events")
         self.deployment_id = InstancesWorkerStore.load_or_create_deployment_id_txn(txn)
         InstancesWorkerStore.record_instance_txn(
             txn, me, self._config.instance_map.get(me), me in writers
@@ -147,7 +143,7 @@ class InstanceDirectory:
     def _apply(self, records: list[InstanceRecord]) -> list[str]:
         """Take a new copy of the table; returns the events writers it removed."""
         self._records = {r.instance_name: r for r in records}
-        writers = list(self._config.stream_writers.events)
+        writers = list(self._config.writers.writers("events"))
         for record in records:
             name = record.instance_name
             if record.writes_events and name not in writers:
@@ -156,7 +152,7 @@ class InstanceDirectory:
                 writers.remove(name)
         if not writers:
             logger.error("The instances table lists no events writer; using the config's")
-            writers = list(self._config.stream_writers.events)
+            writers = list(self._config.writers.writers("events"))
         previous = self._event_writers
         self._event_writers = tuple(writers)
         added = [w for w in writers if w not in previous]
@@ -173,7 +169,7 @@ class InstanceDirectory:
     def _forget_writer(self, writer: str) -> None:
         if self._handler is None or writer == self._me:
             return
-        for stream_name in EVENTS_WRITER_STREAMS:
+        for stream_name in self._config.writers.following_instances():
             self._handler.forget_writer(stream_name, writer)
 
     def _refresh_in_background(self, why: str) -> None:

@@ -25,7 +25,7 @@ from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
 from synapse_lite.replication.transports import connect_replication
 from synapse_lite.storage.database import DatabasePool
 from synapse_lite.storage.databases.main.instances import INSTANCES_CACHE_NAME
-from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE, choose_event_writer
+from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE
 from synapse_lite.storage.engines import create_engine
 from synapse_lite.streams.definition import InvalidRow
 
@@ -80,7 +80,7 @@ class RoomWriters:
         writer = rows[0][0]
         if writer is None:
             # A room from before writers were recorded: the stable hash.
-            writer = choose_event_writer(room_id, self._config.stream_writers.events)
+            writer = self._config.writers.writer_for("events", room_id)
         if generation == self._generation:
             self._writers[room_id] = writer
             if len(self._writers) > MAX_ROOMS:
