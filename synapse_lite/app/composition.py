@@ -285,7 +285,8 @@ def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any)
         config, me, store, clock, reactor, auth, outbound, wiring
     )
     devices = DeviceHandler(store, calls, config, notifier)
-    push = PushActionsHandler(store) if config.writers.writes(me, "events") else None
+    writes_events = config.writers.writes(me, "events")
+    push = PushActionsHandler(store, config.server_name) if writes_events else None
     events = EventCreationHandler(
         push=push,
         store=store,

@@ -14,9 +14,8 @@ import logging
 
 from synapse_lite.app.admin_client import AdminRequestError, retire_events_writer
 from synapse_lite.app.child_process import ProcessFailedToStart
-from synapse_lite.app.launch_plan import plan_processes, settings_shared_by_all
+from synapse_lite.app.launch_plan import only_these, plan_processes, settings_shared_by_all
 from synapse_lite.app.launcher import Launcher
-from synapse_lite.app.run import only_these
 from synapse_lite.config.homeserver import MAIN_PROCESS, load_config
 from synapse_lite.config.validation import ConfigError
 
