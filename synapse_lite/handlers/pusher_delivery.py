@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.events import Event
     from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
     from synapse_lite.storage.databases.main.pushers import Pusher
 
@@ -86,7 +87,11 @@ class PusherDelivery:
         instances: Sequence[str],
         reactor: Any,
         tls_policy: IPolicyForHTTPS,
+        local_writes: ReplicationNotifier | None = None,
     ) -> None:
+        """``local_writes``: poked when this process's ids finish, where it
+        writes events or receipts (new notifications, badge updates); rows
+        written elsewhere wake it through :meth:`on_rows`."""
         self._store = store
         self._clock = clock
         self._calls = calls
@@ -118,6 +123,8 @@ class PusherDelivery:
         #: looked at for badge updates (older ones are not this process's
         #: business: it was not running, or the pushers did not exist).
         self._receipts_seen = store.get_receipts_position()
+        if local_writes is not None:
+            local_writes.add_replication_callback(self.wake)
 
     def start(self) -> None:
         self._loop = task.LoopingCall(self._tick)

@@ -23,7 +23,7 @@ See docs/workers.md, "Adding and removing events writers".
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -37,10 +37,10 @@ from synapse_lite.storage.databases.main.instances import (
 )
 
 if TYPE_CHECKING:
-    from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
+
 
 class InstanceDirectory:
     """This process's running view of ``instances`` over its config."""
@@ -61,7 +61,8 @@ class InstanceDirectory:
         #: writer the table does not list is not looked up on every row.
         self._looked_up: set[str] = set()
         self._refresh_lock = defer.DeferredLock()
-        self._handler: ReplicationCommandHandler | None = None
+        #: Told of each writer retired (the command handler, once built).
+        self._forget: Callable[[str], None] | None = None
         #: The deployment this database belongs to (read at startup).
         self.deployment_id = ""
 
@@ -88,11 +89,15 @@ class InstanceDirectory:
                 writer,
             )
 
-    def attach(self, handler: ReplicationCommandHandler) -> None:
-        """Follow changes arriving over replication (once the handler exists)."""
-        self._handler = handler
-        handler.receiver.add_row_hook("events", self.on_events_rows)
-        handler.receiver.add_row_hook("caches", self.on_caches_rows)
+    def follow_retirements(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget(writer)`` for each events writer retired: at once for
+        those retired before this process started that its config still
+        lists, later as the table changes. The main process also announces
+        the writers its config dropped, for processes still running with the
+        old config. (Called by the command handler as it is built; the
+        table's changes arrive through :meth:`on_events_rows` and
+        :meth:`on_caches_rows`, row hooks of the receiver.)"""
+        self._forget = forget
         for writer in self._retired_at_startup:
             self._forget_writer(writer)
         if self._dropped_by_config:
@@ -167,10 +172,9 @@ class InstanceDirectory:
         return removed
 
     def _forget_writer(self, writer: str) -> None:
-        if self._handler is None or writer == self._me:
+        if self._forget is None or writer == self._me:
             return
-        for stream_name in self._config.writers.following_instances():
-            self._handler.forget_writer(stream_name, writer)
+        self._forget(writer)
 
     def _refresh_in_background(self, why: str) -> None:
         logger.info("Reading the instances table again: %s", why)

@@ -22,7 +22,7 @@ from synapse_lite.config.homeserver import ROUTER_PROCESS, HomeServerConfig
 from synapse_lite.replication.tcp.commands import Command, RdataCommand
 from synapse_lite.replication.tcp.connection import ReplicationConnection
 from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
-from synapse_lite.replication.transports import connect_replication
+from synapse_lite.replication.transports import replication_endpoint
 from synapse_lite.storage.database import DatabasePool
 from synapse_lite.storage.databases.main.instances import INSTANCES_CACHE_NAME
 from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE
@@ -158,7 +158,7 @@ class ReplicationFollower:
             self._reactor,
             followed_streams=FOLLOWED_STREAMS,
         )
-        connect_replication(config, self._reactor, client)
+        client.connect(replication_endpoint(config, self._reactor))
         self._transport = client
 
     async def stop(self) -> None:

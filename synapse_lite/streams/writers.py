@@ -127,10 +127,6 @@ class WritersDirectory:
         in catalog order."""
         return [name for name in self._writers if self.writes(instance, name)]
 
-    def following_instances(self) -> list[str]:
-        """The streams whose writers are added and retired at run time."""
-        return [d.name for d in self._catalog if d.writers.follows_instances]
-
     def server_of(self, served_by: ServedBy) -> str:
         """The one process serving a declaration of the main process or of a
         single-writer stream's writer."""
