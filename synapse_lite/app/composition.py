@@ -736,7 +736,6 @@ def _handlers(
         formatter=formatter,
         relations=relations,
     )
-    receipts = ReceiptsHandler(store, clock, notifier, calls)
     client = ClientHandlers(
         clock=clock,
         store=store,
@@ -768,7 +767,7 @@ def _handlers(
         ),
         members=members,
         pagination=pagination,
-        receipts=receipts,
+        receipts=ReceiptsHandler(store, clock, notifier, calls),
         account_data=account_data,
         device_messages=device_messages,
         e2e_keys=e2e_keys,
@@ -789,29 +788,6 @@ def _handlers(
         identity=identity,
         server_name=server_name,
     )
-    writes: list[tuple[InternalCall[Any, Any], Any]] = []
-    if role.writes_events:
-        writes.append((SEND_EVENTS, events.persist_events))
-    writes += [
-        (ADD_ACCOUNT_DATA, account_data.write_account_data),
-        (EDIT_PUSH_RULES, push_rules.write_edit),
-        (SET_PUSHER, push_rules.write_pusher),
-        (REMOVE_DEVICE_PUSHERS, push_rules.remove_device_pushers),
-        (SET_ROOM_TAG, account_data.write_tag),
-        (SEND_RECEIPT, receipts.write_receipt),
-        (SEND_TO_DEVICE, device_messages.write_messages),
-        (RECEIVE_REMOTE_TO_DEVICE, device_messages.write_remote_messages),
-    ]
-    if role.writes_device_lists:
-        writes += [
-            (REGISTER_DEVICE, devices.store_device_and_token),
-            (DELETE_DEVICES, devices.logout_devices),
-            (RENAME_DEVICE, devices.rename_device_here),
-            (UPLOAD_DEVICE_KEYS, e2e_keys.store_device_keys),
-            (UPLOAD_CROSS_SIGNING_KEYS, e2e_keys.store_cross_signing_keys),
-            (UPLOAD_SIGNATURES, e2e_keys.store_signatures),
-        ]
-    writes.append((GET_STREAM_UPDATES, _stream_updates_server(me, streams.streams)))
     stalls = StallDetector(
         clock,
         me,
@@ -825,7 +801,7 @@ def _handlers(
         + presence_hooks
         + federation.hooks
         + media_hooks
-        + Hooks(served=tuple(writes))
+        + _writes_served(role, client, streams.streams)
         + _main_duties(config, role, clock, database, reactor)
         + _pushers_for_role(config, role, clock, database, calls, reactor)
         + Hooks(loops=(stalls,))
@@ -854,6 +830,36 @@ def _handlers(
         stalls=stalls,
         hooks=hooks,
     )
+
+
+def _writes_served(role: Role, client: ClientHandlers, streams: dict[str, Stream]) -> Hooks:
+    """The internal calls the client handlers serve: a stream's writes where
+    this process writes it (``calls.serve`` keeps those this process serves),
+    and every stream's rows written here."""
+    writes: list[tuple[InternalCall[Any, Any], Any]] = []
+    if role.writes_events:
+        writes.append((SEND_EVENTS, client.events.persist_events))
+    writes += [
+        (ADD_ACCOUNT_DATA, client.account_data.write_account_data),
+        (EDIT_PUSH_RULES, client.push_rules.write_edit),
+        (SET_PUSHER, client.push_rules.write_pusher),
+        (REMOVE_DEVICE_PUSHERS, client.push_rules.remove_device_pushers),
+        (SET_ROOM_TAG, client.account_data.write_tag),
+        (SEND_RECEIPT, client.receipts.write_receipt),
+        (SEND_TO_DEVICE, client.device_messages.write_messages),
+        (RECEIVE_REMOTE_TO_DEVICE, client.device_messages.write_remote_messages),
+    ]
+    if role.writes_device_lists:
+        writes += [
+            (REGISTER_DEVICE, client.devices.store_device_and_token),
+            (DELETE_DEVICES, client.devices.logout_devices),
+            (RENAME_DEVICE, client.devices.rename_device_here),
+            (UPLOAD_DEVICE_KEYS, client.e2e_keys.store_device_keys),
+            (UPLOAD_CROSS_SIGNING_KEYS, client.e2e_keys.store_cross_signing_keys),
+            (UPLOAD_SIGNATURES, client.e2e_keys.store_signatures),
+        ]
+    writes.append((GET_STREAM_UPDATES, _stream_updates_server(role.name, streams)))
+    return Hooks(served=tuple(writes))
 
 
 def _presence_for_role(
