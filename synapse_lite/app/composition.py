@@ -1,13 +1,13 @@
 """The composition root: builds one process for its role, explicitly.
 
-This is the one place that knows which classes a role uses (a typing writer
-or a follower, a presence writer or a follower, a federation sender, the
-queue feeding one, or neither; the media repository or a refusal of media
-paths) and the order things are built in. :class:`Role` decides, once, what
-the config makes of the process (from its writers directory,
-``config.writers``); then :func:`build_homeserver` runs the stages, each a
-function returning a frozen record of what it built, each given only the
-records of the stages before it:
+This module and ``roles.py`` are the one place that knows which classes a
+role uses (a typing writer or a follower, a presence writer or a follower, a
+federation sender, the queue feeding one, or neither; the media repository
+or a refusal of media paths: one function each in ``roles.py``) and the
+order things are built in. ``Role.of`` decides, once, what the config makes of the process (from
+its writers directory, ``config.writers``); then :func:`build_homeserver`
+runs the stages, each a function returning a frozen record of what it built,
+each given only the records of the stages before it:
 
 1. :class:`Database`: the schema checked (created or upgraded by the main
    process), every stream's ID generator, the store and the instances table
@@ -40,7 +40,6 @@ stops the process (``app/services.py``).
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
@@ -50,30 +49,34 @@ from twisted.internet import defer
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.app.listeners import ListenerResources, ListenersService, MediaEndpoints
-from synapse_lite.app.services import CallbackService, Loop, LoopsService, ProcessService
+from synapse_lite.app.roles import (
+    Federation,
+    Hooks,
+    Role,
+    client_ip_recorder,
+    federation_for_role,
+    main_duties,
+    media_for_role,
+    presence_for_role,
+    pushers_for_role,
+    typing_for_role,
+)
+from synapse_lite.app.services import CallbackService, LoopsService, ProcessService
 from synapse_lite.clock import Clock
-from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
-from synapse_lite.federation.client import FederationClient
+from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler
-from synapse_lite.federation.keyring import Keyring
-from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
-from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.federation.server import register_federation_servlets
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.client_events import ClientEventFormatter, PduSigner
-from synapse_lite.handlers.client_ips import ClientIpRecorder
-from synapse_lite.handlers.client_transactions import ClientTransactionExpiry
 from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
-from synapse_lite.handlers.event_expiry import EventExpiry
-from synapse_lite.handlers.events_writers import EventsWriterRetirement
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.identity import IdentityHandler
 from synapse_lite.handlers.legacy_sync import LegacySyncHandler
@@ -82,14 +85,11 @@ from synapse_lite.handlers.message import EventCreationHandler
 from synapse_lite.handlers.openid import OpenIdHandler
 from synapse_lite.handlers.pagination import PaginationHandler
 from synapse_lite.handlers.presence import (
-    PresenceFollowerHandler,
     PresenceHandlerBase,
-    PresenceWriterHandler,
 )
 from synapse_lite.handlers.profile import ProfileHandler
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
-from synapse_lite.handlers.pusher_delivery import PusherDelivery
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.relations import RelationsHandler
@@ -110,11 +110,7 @@ from synapse_lite.http.forwarded import router_proof
 from synapse_lite.http.outbound import OutboundHttpClient
 from synapse_lite.http.server import JsonResource
 from synapse_lite.http.tls import https_policy_trusting
-from synapse_lite.media.paths import MediaFilePaths
 from synapse_lite.media.repository import MediaRepository
-from synapse_lite.media.servlets import MediaElsewhere, MediaServlets
-from synapse_lite.media.storage import MediaStorage, make_storage_provider
-from synapse_lite.media.url_preview import UrlPreviewer
 from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
 from synapse_lite.replication.claims import PeerClaims
@@ -130,7 +126,6 @@ from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_DEVICE_KEYS,
     UPLOAD_SIGNATURES,
 )
-from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER
 from synapse_lite.replication.http.send_events import SEND_EVENTS
 from synapse_lite.replication.http.stream_updates import (
     GET_STREAM_UPDATES,
@@ -143,10 +138,8 @@ from synapse_lite.replication.http.writes import (
     RECEIVE_REMOTE_TO_DEVICE,
     SEND_RECEIPT,
     SEND_TO_DEVICE,
-    SET_PRESENCE,
     SET_PUSHER,
     SET_ROOM_TAG,
-    SET_TYPING,
 )
 from synapse_lite.replication.instance_directory import InstanceDirectory
 from synapse_lite.replication.notifier import ReplicationNotifier
@@ -156,22 +149,12 @@ from synapse_lite.replication.streams import (
     Stream,
     StreamPositions,
     no_rows,
-    rows_from_writer,
-)
-from synapse_lite.replication.tcp.commands import (
-    ClearUserSyncCommand,
-    Command,
-    FederationAckCommand,
-    RemoteServerUpCommand,
-    UserIpCommand,
-    UserSyncCommand,
 )
 from synapse_lite.replication.tcp.connection import OutgoingCommands
 from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
 from synapse_lite.replication.tcp.receiver import (
     PositionWaiters,
     ReplicationReceiver,
-    RowHook,
 )
 from synapse_lite.replication.tcp.streamer import ReplicationStreamer
 from synapse_lite.replication.transports import ReplicationTransport
@@ -185,62 +168,8 @@ from synapse_lite.storage.engines import create_engine
 from synapse_lite.storage.id_generators.stalls import StallDetector
 from synapse_lite.storage.prepare_database import prepare_database
 from synapse_lite.storage.stream_ids import StreamIdGenerators
-from synapse_lite.streams.definition import UpdateFunction
 
 logger = logging.getLogger(__name__)
-
-
-# What this process is
-
-
-@attr.s(slots=True, frozen=True, auto_attribs=True)
-class Role:
-    """What the config makes of one process: decided once, here, from the
-    config's writers directory and settings; the stages read it and never
-    ask the config again who does what."""
-
-    name: str
-    is_main: bool
-    writes_events: bool
-    writes_device_lists: bool
-    writes_receipts: bool
-    #: The typing writer (it keeps the typing stream in memory).
-    writes_typing: bool
-    #: The presence writer (it decides online and offline).
-    writes_presence: bool
-    #: The federation sender (``federation_sender``).
-    sends_federation: bool
-    #: It serves the federation or key APIs (a listener with those resources).
-    serves_federation: bool
-    #: It delivers notifications to push gateways (``pusher_instances``).
-    delivers_pushes: bool
-    #: The media instance (``media_instance``).
-    serves_media: bool
-
-    @classmethod
-    def of(cls, config: HomeServerConfig, name: str) -> Role:
-        writers = config.writers
-        return cls(
-            name=name,
-            is_main=name == MAIN_PROCESS,
-            writes_events=writers.writes(name, "events"),
-            writes_device_lists=writers.writes(name, "device_lists"),
-            writes_receipts=writers.writes(name, "receipts"),
-            writes_typing=writers.single("typing") == name,
-            writes_presence=writers.single("presence") == name,
-            sends_federation=config.federation_sender == name,
-            serves_federation=any(
-                {"federation", "keys"} & set(listener.resources)
-                for listener in config.listeners_of(name)
-            ),
-            delivers_pushes=name in config.pusher_instances,
-            serves_media=config.media_instance == name,
-        )
-
-    @property
-    def takes_part_in_federation(self) -> bool:
-        """Whether it needs the signing key and a federation client."""
-        return self.is_main or self.sends_federation or self.serves_federation
 
 
 def build_homeserver(config: HomeServerConfig, instance_name: str, reactor: Any) -> HomeServer:
@@ -448,44 +377,6 @@ def _transport(
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
-class Hooks:
-    """What a role's components serve, take and run, handed by the stage
-    that builds them to the ones that need it (in the order built)."""
-
-    #: Internal calls this process serves.
-    served: tuple[tuple[InternalCall[Any, Any], Any], ...] = ()
-    #: ``(stream name, hook)``: handlers taking a stream's rows.
-    row_hooks: tuple[tuple[str, RowHook], ...] = ()
-    #: ``(command class, hook)``: handlers taking a command.
-    command_hooks: tuple[tuple[type[Command], Callable[[Any], object]], ...] = ()
-    loops: tuple[Loop, ...] = ()
-
-    def __add__(self, other: Hooks) -> Hooks:
-        return Hooks(
-            served=self.served + other.served,
-            row_hooks=self.row_hooks + other.row_hooks,
-            command_hooks=self.command_hooks + other.command_hooks,
-            loops=self.loops + other.loops,
-        )
-
-
-NO_HOOKS = Hooks()
-
-
-@attr.s(slots=True, frozen=True, auto_attribs=True)
-class Federation:
-    """The federation parts of a process (each None where the role has none)."""
-
-    client: FederationClient | None = None
-    keyring: Keyring | None = None
-    #: The sender, or the main process's queue feeding a sender worker.
-    outbox: OutboxConsumer | None = None
-    #: The federation stream's rows as this process reads them (None: none).
-    rows: UpdateFunction | None = None
-    hooks: Hooks = NO_HOOKS
-
-
-@attr.s(slots=True, frozen=True, auto_attribs=True)
 class Streams:
     """This process's view of every stream, the components owning the streams
     kept in memory (typing, federation), and the /sync notifier they wake."""
@@ -507,11 +398,27 @@ def _streams(
     transport: Transport,
 ) -> Streams:
     notifier = Notifier(clock)
-    typing, typing_rows, typing_hooks = _typing_for_role(
-        config, role, clock, database, positions.memory["typing"], notifier, transport.calls
+    store, local_writes = database.store, database.replication_notifier
+    typing, typing_rows, typing_hooks = typing_for_role(
+        role,
+        config,
+        clock,
+        store,
+        positions.memory["typing"],
+        notifier,
+        local_writes,
+        transport.calls,
     )
-    federation = _federation_for_role(
-        config, role, reactor, clock, database, positions.memory["federation"], transport
+    federation = federation_for_role(
+        role,
+        config,
+        reactor,
+        clock,
+        store,
+        positions.memory["federation"],
+        local_writes,
+        transport.calls,
+        transport.outgoing,
     )
     memory_rows = {"typing": typing_rows, "federation": federation.rows}
     streams: dict[str, Stream] = {}
@@ -530,103 +437,6 @@ def _streams(
         federation=federation,
         notifier=notifier,
     )
-
-
-def _typing_for_role(
-    config: HomeServerConfig,
-    role: Role,
-    clock: Clock,
-    database: Database,
-    positions: MemoryPositions,
-    notifier: Notifier,
-    calls: InternalCalls,
-) -> tuple[TypingHandlerBase, UpdateFunction, Hooks]:
-    """The typing writer keeps the stream in memory and serves changes; any
-    other process mirrors its rows and forwards changes to it."""
-    if role.writes_typing:
-        writer = TypingWriterHandler(
-            positions=positions,
-            store=database.store,
-            clock=clock,
-            notifier=notifier,
-            replication_notifier=database.replication_notifier,
-        )
-        hooks = Hooks(served=((SET_TYPING, writer.apply_typing),), loops=(writer,))
-        return writer, writer.get_all_typing_updates, hooks
-    follower = TypingFollowerHandler(positions, calls)
-    rows = rows_from_writer(calls, config.streams["typing"], config.writers.single("typing"))
-    return follower, rows, Hooks(row_hooks=(("typing", follower.on_rows),))
-
-
-def _federation_for_role(
-    config: HomeServerConfig,
-    role: Role,
-    reactor: Any,
-    clock: Clock,
-    database: Database,
-    positions: MemoryPositions,
-    transport: Transport,
-) -> Federation:
-    """The sender on the configured sender; the queue feeding a sender worker
-    on the main process; the key and keyring where federation is served. The
-    main process creates the signing key on its first start; the others read
-    it (a missing key fails here, clearly)."""
-    if not role.takes_part_in_federation:
-        return Federation()
-    store = database.store
-    signing_key = load_or_create_signing_key(config.data_dir, create=role.is_main)
-    logger.info("Signing key %s", signing_key.key_id)
-    client = FederationClient(config.federation, reactor, signing_key, config.server_name)
-    keyring = None
-    if role.serves_federation:
-        keyring = Keyring(
-            store=store,
-            clock=clock,
-            config=config.federation,
-            client=client,
-            signing_key=signing_key,
-            server_name=config.server_name,
-        )
-    outbox: OutboxConsumer | None = None
-    rows: UpdateFunction | None = None
-    hooks = NO_HOOKS
-    if role.sends_federation:
-        sender = FederationSender(
-            store=store,
-            clock=clock,
-            server_name=config.server_name,
-            instance_name=role.name,
-            client=client,
-            config=config.federation,
-            send_command=None if role.is_main else transport.outgoing.send_command,
-            positions=positions,
-            replication_notifier=database.replication_notifier,
-        )
-        hooks = Hooks(
-            loops=(sender,),
-            command_hooks=(
-                (RemoteServerUpCommand, lambda cmd: sender.on_remote_server_up(cmd.server_name)),
-            ),
-        )
-        if not role.is_main:
-            # The main process's queue owns the stream; it tells this worker.
-            hooks += Hooks(row_hooks=(("federation", sender.process_federation_rows),))
-            rows = rows_from_writer(transport.calls, config.streams["federation"], MAIN_PROCESS)
-        outbox = sender
-    elif role.is_main:
-        queue = FederationRemoteSendQueue(
-            store=store,
-            clock=clock,
-            positions=positions,
-            replication_notifier=database.replication_notifier,
-        )
-        hooks = Hooks(loops=(queue,), command_hooks=((FederationAckCommand, queue.federation_ack),))
-        rows = queue.get_replication_rows
-        outbox = queue
-    if outbox is not None and role.is_main and config.writers.single("to_device") != MAIN_PROCESS:
-        # Messages another process queued for other servers.
-        hooks += Hooks(row_hooks=(("to_device", outbox.on_to_device_rows),))
-    return Federation(client=client, keyring=keyring, outbox=outbox, rows=rows, hooks=hooks)
 
 
 # 5. Handlers
@@ -665,9 +475,13 @@ def _handlers(
     federation = streams.federation
     server_name = config.server_name
     event_writers = database.instances.event_writers
-    presence, presence_hooks = _presence_for_role(role, store, clock, notifier, transport)
+    presence, presence_hooks = presence_for_role(
+        role, store, clock, notifier, calls, transport.outgoing
+    )
     auth = AuthHandler(
-        store, _client_ip_recorder(clock, database.main_store, transport), config.allow_guest_access
+        store,
+        client_ip_recorder(clock, database.main_store, transport.outgoing),
+        config.allow_guest_access,
     )
     # Requests to servers users name (identity servers, pages to preview).
     outbound = OutboundHttpClient(
@@ -675,8 +489,8 @@ def _handlers(
         config.outbound_requests,
         https_policy_trusting(config.outbound_requests.extra_ca_paths),
     )
-    media, media_endpoints, media_hooks = _media_for_role(
-        config, role, store, clock, reactor, auth, outbound
+    media, media_endpoints, media_hooks = media_for_role(
+        role, config, store, clock, reactor, auth, outbound
     )
     devices = DeviceHandler(store, calls, config, notifier)
     push = PushActionsHandler(store, server_name) if role.writes_events else None
@@ -802,8 +616,10 @@ def _handlers(
         + federation.hooks
         + media_hooks
         + _writes_served(role, client, streams.streams)
-        + _main_duties(config, role, clock, database, reactor)
-        + _pushers_for_role(config, role, clock, database, calls, reactor)
+        + main_duties(role, config, clock, database.main_store, database.instances, reactor)
+        + pushers_for_role(
+            role, config, clock, store, calls, database.replication_notifier, reactor
+        )
         + Hooks(loops=(stalls,))
     )
     inbound = None
@@ -860,121 +676,6 @@ def _writes_served(role: Role, client: ClientHandlers, streams: dict[str, Stream
         ]
     writes.append((GET_STREAM_UPDATES, _stream_updates_server(role.name, streams)))
     return Hooks(served=tuple(writes))
-
-
-def _presence_for_role(
-    role: Role, store: GenericWorkerStore, clock: Clock, notifier: Notifier, transport: Transport
-) -> tuple[PresenceHandlerBase, Hooks]:
-    """The presence writer decides online and offline from who is syncing
-    (USER_SYNC); any other process tells it."""
-    calls = transport.calls
-    if role.writes_presence:
-        writer = PresenceWriterHandler(store=store, clock=clock, calls=calls, notifier=notifier)
-        return writer, Hooks(
-            served=((SET_PRESENCE, writer.apply_state),),
-            command_hooks=(
-                (UserSyncCommand, writer.on_user_sync),
-                (ClearUserSyncCommand, writer.on_clear_user_sync),
-            ),
-            loops=(writer,),
-        )
-    follower = PresenceFollowerHandler(
-        store=store,
-        clock=clock,
-        calls=calls,
-        send_command=transport.outgoing.send_command,
-        instance_id=secrets.token_hex(8),
-    )
-    return follower, Hooks(loops=(follower,))
-
-
-def _media_for_role(
-    config: HomeServerConfig,
-    role: Role,
-    store: GenericWorkerStore,
-    clock: Clock,
-    reactor: Any,
-    auth: AuthHandler,
-    outbound: OutboundHttpClient,
-) -> tuple[MediaRepository | None, MediaEndpoints, Hooks]:
-    """The media instance serves the media repository; every other process
-    answers media paths with an error naming it."""
-    if not role.serves_media:
-        media_url = None
-        for listener in config.listeners_of(config.media_instance):
-            if "client" in listener.resources:
-                media_url = f"http://{listener.bind_address}:{listener.port}"
-                break
-        return None, MediaElsewhere(role.name, config.media_instance, media_url), NO_HOOKS
-    media_config = config.media
-    storage = MediaStorage(
-        MediaFilePaths(media_config.store_path),
-        [make_storage_provider(p) for p in media_config.storage_providers],
-        reactor,
-    )
-    repository = MediaRepository(
-        store=store,
-        storage=storage,
-        clock=clock,
-        reactor=reactor,
-        config=media_config,
-        server_name=config.server_name,
-        rate_limits_enabled=config.rate_limits.enabled,
-    )
-    previewer = UrlPreviewer(repository, outbound) if media_config.url_previews else None
-    return repository, MediaServlets(repository, auth, previewer), Hooks(loops=(repository,))
-
-
-def _main_duties(
-    config: HomeServerConfig, role: Role, clock: Clock, database: Database, reactor: Any
-) -> Hooks:
-    """What the main process alone does: record client addresses (USER_IP),
-    retire events writers, expire events and transaction ids."""
-    main_store = database.main_store
-    if main_store is None:
-        return NO_HOOKS
-    store = database.store
-    loops: tuple[Loop, ...] = ()
-    if config.experimental.msc2228_self_destructing_events:
-        loops += (EventExpiry(store, clock),)
-    loops += (ClientTransactionExpiry(store, clock),)
-    retirement = EventsWriterRetirement(store, database.instances, reactor)
-    return Hooks(
-        served=((RETIRE_EVENTS_WRITER, retirement.retire),),
-        command_hooks=((UserIpCommand, lambda cmd: _record_user_ip(main_store, cmd)),),
-        loops=loops,
-    )
-
-
-def _pushers_for_role(
-    config: HomeServerConfig,
-    role: Role,
-    clock: Clock,
-    database: Database,
-    calls: InternalCalls,
-    reactor: Any,
-) -> Hooks:
-    """A pusher instance delivers its pushers' notifications, woken by events
-    (new notifications) and read receipts (badge updates) written elsewhere
-    (replication rows) and here (this process's ids finishing)."""
-    if not role.delivers_pushes:
-        return NO_HOOKS
-    delivery = PusherDelivery(
-        store=database.store,
-        clock=clock,
-        calls=calls,
-        instance_name=role.name,
-        instances=config.pusher_instances,
-        reactor=reactor,
-        tls_policy=https_policy_trusting(config.outbound_requests.extra_ca_paths),
-        local_writes=(
-            database.replication_notifier if role.writes_events or role.writes_receipts else None
-        ),
-    )
-    return Hooks(
-        row_hooks=(("events", delivery.on_rows), ("receipts", delivery.on_rows)),
-        loops=(delivery,),
-    )
 
 
 # 6. Replication
@@ -1196,27 +897,6 @@ def _stream_updates_server(
         return StreamUpdates([(t, encode(r)) for t, r in updates], upto, limited)
 
     return stream_updates
-
-
-def _client_ip_recorder(
-    clock: Clock, main_store: DataStore | None, transport: Transport
-) -> ClientIpRecorder:
-    """Requests' addresses: recorded here on the main process, sent to it
-    (USER_IP) from the others."""
-    if main_store is not None:
-        recorder = main_store
-        return ClientIpRecorder(clock, lambda cmd: _record_user_ip(recorder, cmd))
-    return ClientIpRecorder(clock, transport.outgoing.send_command)
-
-
-def _record_user_ip(store: DataStore, cmd: UserIpCommand) -> None:
-    """USER_IP reaches the main process, which records it."""
-    d = defer.ensureDeferred(
-        store.insert_client_ip(
-            cmd.user_id, cmd.device_id or "", cmd.ip, cmd.user_agent, cmd.last_seen
-        )
-    )
-    d.addErrback(lambda f: logger.warning("Recording a client IP failed: %s", f.value))
 
 
 def _reassign_rooms(store: GenericWorkerStore, instances: InstanceDirectory) -> None:
