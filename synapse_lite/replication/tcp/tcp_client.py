@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.internet import ClientService
 from twisted.internet import defer
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.protocol import Factory
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from synapse_lite.replication.claims import ForeignTraffic
 from synapse_lite.replication.tcp.commands import (
@@ -202,7 +204,9 @@ class ReplicationClientFactory(Factory):
     def connect(self, endpoint: IStreamClientEndpoint) -> None:
         """Connect to the main process through ``endpoint``, and reconnect
         whenever the connection is lost or cannot be made, until :meth:`stop`."""
-        self._service = reconnecting_service(endpoint, self, self.timer, self.backoff)
+        self._service = reconnecting_service(
+            _ReportedFailures(endpoint, self.server_name), self, self.timer, self.backoff
+        )
         self._service.startService()
 
     def buildProtocol(self, addr: object) -> ClientReplicationProtocol:
@@ -240,3 +244,25 @@ class ReplicationClientFactory(Factory):
     def describe(self) -> str:
         state = "connected" if self.current_connection is not None else "disconnected"
         return f"replication client {self.client_name} -> {self.server_name} ({state})"
+
+
+@implementer(IStreamClientEndpoint)
+class _ReportedFailures:
+    """An endpoint whose failed connection attempts are logged with their
+    reason (``ClientService`` logs only that it will retry)."""
+
+    def __init__(self, endpoint: IStreamClientEndpoint, server_name: str) -> None:
+        self._endpoint = endpoint
+        self._server_name = server_name
+
+    def connect(self, factory: Any) -> defer.Deferred[Any]:
+        def report(failure: Failure) -> Failure:
+            logger.info(
+                "could not connect to replication server %s: %s; retrying",
+                self._server_name,
+                failure.getErrorMessage(),
+            )
+            return failure
+
+        connecting: defer.Deferred[Any] = self._endpoint.connect(factory)
+        return connecting.addErrback(report)

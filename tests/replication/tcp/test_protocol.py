@@ -573,6 +573,17 @@ class ClientTestCase(unittest.TestCase):
         factory.send_command(ReplicateCommand())  # dropped, no error
         self.assertEqual(lines(transport), [])
 
+    def test_a_refused_attempt_is_logged_with_its_reason(self) -> None:
+        factory = ReplicationClientFactory("hs.test", "w1", None, self.receiver, self.clock)
+        endpoint = ScriptedEndpoint(self.clock)
+        with self.assertLogs("synapse_lite.replication.tcp.tcp_client", "INFO") as logs:
+            factory.connect(cast(Any, endpoint))
+            endpoint.refuse()
+        self.assertIn("could not connect to replication server hs.test", logs.output[0])
+        self.assertIn("refused", logs.output[0])
+        self.successResultOf(factory.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
     def test_backoff_grows_and_resets_when_accepted(self) -> None:
         """Through ClientService on the test's clock: refused attempts wait
         0.2, 0.4, 0.8, ... up to max_delay; a connection the main process
