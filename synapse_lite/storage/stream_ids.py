@@ -46,7 +46,7 @@ class StreamIdGenerators:
                 stream_name=definition.name,
                 instance_name=instance_name,
                 ids=definition.ids,
-                writers=list(config.writers_of_stream(definition)),
+                writers=list(config.writers.writers(definition.name)),
                 prune_removed_writers=instance_name == MAIN_PROCESS,
                 position_log=position_log,
             )

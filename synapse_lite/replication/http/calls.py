@@ -44,6 +44,7 @@ from synapse_lite.codec.objects import decode_object, encode_object
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.http.tls import InternalTlsClient
 from synapse_lite.metrics import INTERNAL_CALL_SECONDS, INTERNAL_CALLS
+from synapse_lite.streams.writers import ServedBy
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -78,9 +79,10 @@ class InternalCall(Generic[Req, Resp]):
     #: The request and response types (attrs classes with field kinds).
     request: type[Req]
     response: type[Resp]
-    #: Which process serves it, from the config; None: the caller names it
-    #: (e.g. a room's events writer, read from the database).
-    served_by: Callable[[HomeServerConfig], str] | None = None
+    #: Which process serves it (the main process, or a stream's writer: see
+    #: ``config.writers``); None: the caller names it (a room's events writer,
+    #: a user's device-lists writer).
+    served_by: ServedBy | None = None
     #: Safe to send twice: retried after a broken connection or a timeout,
     #: not only after a refused connection.
     idempotent: bool = False
@@ -159,7 +161,7 @@ class InternalCalls:
     def server_of(self, call: InternalCall[Any, Any]) -> str:
         if call.served_by is None:
             raise ValueError(f"the internal call {call.name!r} needs an instance to call")
-        return call.served_by(self._config)
+        return self._config.writers.server_of(call.served_by)
 
     async def call(
         self, call: InternalCall[Req, Resp], request: Req, instance: str | None = None

@@ -36,20 +36,10 @@ from synapse_lite.codec.kinds import (
     is_local_user,
     wire,
 )
-from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.http.fields import int_value
 from synapse_lite.push.pushers import PusherSet
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
-
-
-def writer_of(stream_key: str) -> Any:
-    """``served_by`` for a stream with one writer, from ``stream_writers``."""
-
-    def served_by(config: HomeServerConfig) -> str:
-        [writer] = config.stream_writers.writers_of(stream_key)
-        return writer
-
-    return served_by
+from synapse_lite.streams.writers import writer_of
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
