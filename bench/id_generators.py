@@ -48,6 +48,7 @@ from synapse_lite.storage.database import (  # noqa: E402
 from synapse_lite.storage.engines import BaseDatabaseEngine  # noqa: E402
 from synapse_lite.storage.id_generators import MultiWriterIdGenerator  # noqa: E402
 from synapse_lite.storage.prepare_database import prepare_database  # noqa: E402
+from synapse_lite.streams.definition import IdSpace, StreamTable  # noqa: E402
 from tests.harness.databases import TestDatabase, create_test_database  # noqa: E402
 
 INSTANCE = "writer1"
@@ -57,52 +58,48 @@ REPETITIONS = 3
 STARTUP_TARGET = 1.5
 WRITE_TARGET = 0.6
 
+
+def _ids(sequence: str, *tables: tuple[str, str], positive: bool = True) -> IdSpace:
+    """An id space over ``(table, id_column)`` pairs (instance column ``instance_name``)."""
+    return IdSpace(sequence, tuple(StreamTable(t, id_column=c) for t, c in tables), positive)
+
+
 #: Every stream of schema/full.sql: name -> generator arguments.
 STREAMS: dict[str, dict[str, Any]] = {
     "events": {
-        "tables": [
-            ("events", "instance_name", "stream_ordering"),
-            ("current_state_delta_stream", "instance_name", "stream_id"),
-        ],
-        "sequence_name": "events_stream_seq",
+        "ids": _ids(
+            "events_stream_seq",
+            ("events", "stream_ordering"),
+            ("current_state_delta_stream", "stream_id"),
+        ),
     },
     "backfill": {
-        "tables": [("events", "instance_name", "stream_ordering")],
-        "sequence_name": "events_backfill_stream_seq",
-        "positive": False,
+        "ids": _ids("events_backfill_stream_seq", ("events", "stream_ordering"), positive=False),
     },
     "caches": {
-        "tables": [("cache_invalidation_stream_by_instance", "instance_name", "stream_id")],
-        "sequence_name": "cache_invalidation_stream_seq",
+        "ids": _ids(
+            "cache_invalidation_stream_seq", ("cache_invalidation_stream_by_instance", "stream_id")
+        ),
         "writers": [],
     },
-    "receipts": {
-        "tables": [("receipts_linearized", "instance_name", "stream_id")],
-        "sequence_name": "receipts_sequence",
-    },
+    "receipts": {"ids": _ids("receipts_sequence", ("receipts_linearized", "stream_id"))},
     "account_data": {
-        "tables": [
-            ("account_data", "instance_name", "stream_id"),
-            ("room_account_data", "instance_name", "stream_id"),
-            ("room_tags_revisions", "instance_name", "stream_id"),
-        ],
-        "sequence_name": "account_data_sequence",
+        "ids": _ids(
+            "account_data_sequence",
+            ("account_data", "stream_id"),
+            ("room_account_data", "stream_id"),
+            ("room_tags_revisions", "stream_id"),
+        ),
     },
     "to_device": {
-        "tables": [
-            ("device_inbox", "instance_name", "stream_id"),
-            ("device_federation_outbox", "instance_name", "stream_id"),
-        ],
-        "sequence_name": "device_inbox_sequence",
+        "ids": _ids(
+            "device_inbox_sequence",
+            ("device_inbox", "stream_id"),
+            ("device_federation_outbox", "stream_id"),
+        ),
     },
-    "presence": {
-        "tables": [("presence_stream", "instance_name", "stream_id")],
-        "sequence_name": "presence_stream_sequence",
-    },
-    "device_lists": {
-        "tables": [("device_lists_stream", "instance_name", "stream_id")],
-        "sequence_name": "device_lists_sequence",
-    },
+    "presence": {"ids": _ids("presence_stream_sequence", ("presence_stream", "stream_id"))},
+    "device_lists": {"ids": _ids("device_lists_sequence", ("device_lists_stream", "stream_id"))},
 }
 
 
@@ -284,8 +281,7 @@ class GeneratorLoop:
                 notifier=ReplicationNotifier(),
                 stream_name="bench",
                 instance_name=INSTANCE,
-                tables=[("bench_stream", "instance_name", "stream_id")],
-                sequence_name="bench_seq",
+                ids=_ids("bench_seq", ("bench_stream", "stream_id")),
                 writers=[INSTANCE],
             )
         finally:

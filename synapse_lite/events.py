@@ -10,7 +10,18 @@ from typing import Any
 
 import attr
 
+from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.room_versions import EventIdFormat, RoomVersion
+from synapse_lite.codec.kinds import (
+    Custom,
+    DecodeContext,
+    Identifier,
+    Int,
+    JsonObject,
+    LocalUserId,
+    Nullable,
+    wire,
+)
 from synapse_lite.federation.crypto import canonical_json, encode_base64
 
 
@@ -311,19 +322,41 @@ class Event(_EventKind):
         return data
 
 
+def _decode_txn_key(txn: Any, context: DecodeContext) -> tuple[str, str, str] | None:
+    if txn is None:
+        return None
+    if not (isinstance(txn, list) and len(txn) == 3 and all(isinstance(t, str) for t in txn)):
+        raise SynapseError(400, "'txn' must be [user, device, txn_id]", Codes.BAD_JSON)
+    return (txn[0], txn[1], txn[2])
+
+
+_TXN_KEY = Custom(
+    _decode_txn_key,
+    example=lambda context: (f"@alice:{context.local_server()}", "DEV", "txn1"),
+    encode=lambda txn_key: None if txn_key is None else list(txn_key),
+)
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class EventSpec(_EventKind):
-    """What a client asks to send, before its room's writer gives it an id."""
+    """What a client asks to send, before its room's writer gives it an id.
 
-    type: str
-    state_key: str | None
-    sender: str
-    content: dict[str, Any] = attr.ib(hash=False)
-    origin_server_ts: int
+    Its fields' kinds are how it travels to the room's writer
+    (``replication/http/send_events.py``)."""
+
+    type: str = attr.ib(metadata=wire(Identifier()))
+    state_key: str | None = attr.ib(metadata=wire(Nullable(Identifier())))
+    sender: str = attr.ib(metadata=wire(LocalUserId()))
+    content: dict[str, Any] = attr.ib(hash=False, metadata=wire(JsonObject()))
+    origin_server_ts: int = attr.ib(metadata=wire(Int()))
     #: (user_id, device_id, txn_id) of an idempotent client send.
-    txn_key: tuple[str, str, str] | None = None
+    txn_key: tuple[str, str, str] | None = attr.ib(default=None, metadata=wire(_TXN_KEY, key="txn"))
     #: The event an ``m.room.redaction`` redacts.
-    redacts: str | None = None
+    redacts: str | None = attr.ib(default=None, metadata=wire(Nullable(Identifier())))
+
+    def check_decoded(self) -> None:
+        if self.txn_key is not None and self.txn_key[0] != self.sender:
+            raise SynapseError(400, "'txn' must be the sender's", Codes.BAD_JSON)
 
     def to_persist(
         self,

@@ -6,12 +6,13 @@ checks that no position was announced or handed to a client before every id it
 covers had finished. Lines:
 
 * ``{"kind": "finished", "ts", "process", "stream", "writer", "id", "committed"}``
+  (``id`` as stored: backfill's count down from -1)
 * ``{"kind": "position", "ts", "process", "stream", "writer", "position", "purpose"}``
   where ``purpose`` says what the position was for (``announce``, ``rdata``,
   ``sync``, ``pagination`` ...). ``writer`` is :data:`STREAM_WIDE` for the
-  stream's persisted-up-to position (``get_current_token``), which covers the
-  ids of every writer; otherwise the position is that writer's and covers only
-  its ids.
+  stream's persisted-up-to position (``persisted_upto_position()``), which
+  covers the ids of every writer; otherwise the position is that writer's and
+  covers only its ids. Positions count up on every stream.
 """
 
 from __future__ import annotations

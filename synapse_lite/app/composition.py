@@ -144,7 +144,6 @@ from synapse_lite.replication.http.writes import (
 from synapse_lite.replication.instance_directory import InstanceDirectory
 from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.replication.streams import (
-    IdGeneratorPositions,
     MemoryPositions,
     Stream,
     StreamPositions,
@@ -335,9 +334,7 @@ def _positions(config: HomeServerConfig, role: Role, database: Database, clock: 
     of: dict[str, StreamPositions] = {}
     for definition in config.streams:
         if definition.ids is not None:
-            of[definition.name] = IdGeneratorPositions(
-                database.id_generators.of(definition), definition.ids.positive, role.name
-            )
+            of[definition.name] = database.id_generators.of(definition)
         else:
             of[definition.name] = memory[definition.name]
     return Positions(of=of, memory=memory, waiters=PositionWaiters(clock, role.name, of))
@@ -848,7 +845,7 @@ def _lifecycle(
             await federation.client.close()
 
     async def flush_positions() -> None:
-        await database.id_generators.flush_positions()
+        await database.id_generators.flush_stream_positions()
         await clock.timeout(defer.ensureDeferred(replication.streamer.send_pending()), 2.0)
 
     media = handlers.media

@@ -283,7 +283,8 @@ class SyncHandler:
         ahead of the writer's new count)."""
         room_key = self._store.get_room_max_token()
         positions = {
-            name: self._streams[name].positions.sync_position() for name in self._token_streams
+            name: self._streams[name].positions.persisted_upto_position()
+            for name in self._token_streams
         }
         if since is None:
             return StreamToken(room_key, positions)
@@ -307,7 +308,7 @@ class SyncHandler:
             if stream.positions.can_reset or len(writers) != 1:
                 continue
             wanted = since.get(name)
-            if wanted > stream.positions.sync_position():
+            if wanted > stream.positions.persisted_upto_position():
                 waits.append(self._waiters.wait_for_stream_position(writers[0], name, wanted))
         if not waits:
             return

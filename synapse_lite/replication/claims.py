@@ -202,7 +202,7 @@ class PeerClaims:
                 return True
         self._reading[stream.name] = []
         try:
-            allocated = await stream.positions.max_allocated()
+            allocated = await stream.positions.read_max_allocated()
             if allocated is not None:
                 self._allocated[stream.name] = max(self._allocated.get(stream.name, 0), allocated)
         finally:

@@ -1,10 +1,11 @@
 """A stream as one process sees it: its definition, its positions, how it reads rows.
 
 The composition root builds one :class:`Stream` per definition. Positions come
-from the stream's ID generator (database streams) or from the component that
-owns the stream's data in memory (typing, federation), behind one interface,
-:class:`StreamPositions`; every position here is on the wire's scale (the
-backfill stream's negative ids are negated).
+from the stream's ID generator (database streams: the generator itself is
+the view) or from the component that owns the stream's data in memory
+(typing, federation, :class:`MemoryPositions`), behind one interface,
+:class:`StreamPositions`. Every position here counts up, on every stream
+(backfill's stored ids count down; only its ``IdSpace`` converts).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from synapse_lite.streams.definition import StreamDefinition, UpdateFunction, Up
 
 if TYPE_CHECKING:
     from synapse_lite.replication.http.calls import InternalCalls
-    from synapse_lite.storage.id_generators import MultiWriterIdGenerator
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,9 @@ TARGET_ROW_COUNT = 100
 
 
 class StreamPositions(Protocol):
-    """Where one process is on one stream."""
+    """Where one process is on one stream. The verbs and readers are those of
+    the ID generator and its position model
+    (``storage/id_generators/``), which implement them for database streams."""
 
     #: True when a restart of the writer starts its positions afresh (a
     #: memory stream: typing counts in a new run, federation from 0), so they
@@ -51,75 +53,26 @@ class StreamPositions(Protocol):
         """The newest position this process wrote (no idle jump): what the
         streamer compares with what it last sent."""
 
-    def sync_position(self) -> int:
+    def persisted_upto_position(self) -> int:
         """The position /sync hands out: every row at or below it, by any
         writer, is visible here."""
 
-    def on_position(self, writer: str, position: int) -> None:
+    def advance_writer(self, writer: str, position: int) -> None:
         """A POSITION from ``writer``: it has nothing unsent at or below it."""
 
-    def on_row(self, writer: str, position: int) -> None:
-        """Rows of ``writer`` at ``position`` arrived: that id is finished."""
+    def advance_past_row(self, writer: str, row_id: int) -> None:
+        """Rows of ``writer`` at ``row_id`` arrived: that id is finished."""
 
-    async def stopped_writer_position(self, writer: str) -> int:
+    async def read_stopped_writer_position(self, writer: str) -> int:
         """The position of the last row of a writer that has stopped for good."""
 
     def forget_writer(self, writer: str) -> None:
         """Stop tracking a writer that has stopped for good (its rows read)."""
 
-    async def max_allocated(self) -> int | None:
+    async def read_max_allocated(self) -> int | None:
         """The largest position anyone can truthfully claim now (the stream's
         sequence, read from the database), or None when nothing outside the
         writer's memory bounds it."""
-
-
-class IdGeneratorPositions:
-    """The positions of a database stream, from its ID generator."""
-
-    can_reset = False
-
-    def starts_run(self, position: int) -> bool:
-        # One run for ever: positions only grow.
-        return False
-
-    def __init__(self, id_gen: MultiWriterIdGenerator, positive: bool, local_instance: str) -> None:
-        self.id_gen = id_gen
-        # Negative streams count down; on the wire they count up.
-        self._factor = 1 if positive else -1
-        self._me = local_instance
-
-    def writer_position(self, writer: str) -> int:
-        return self._factor * self.id_gen.writer_position(writer)
-
-    def received_position(self, writer: str) -> int:
-        if writer != self._me:
-            own = self.id_gen.known_writer_position(writer)
-            if own is not None:
-                return self._factor * own
-        return self.writer_position(writer)
-
-    def newest_local_write(self) -> int:
-        return self._factor * self.id_gen.newest_local_write()
-
-    def sync_position(self) -> int:
-        return self._factor * self.id_gen.persisted_upto_position()
-
-    def on_position(self, writer: str, position: int) -> None:
-        self.id_gen.advance_writer(writer, self._factor * position)
-
-    def on_row(self, writer: str, position: int) -> None:
-        self.id_gen.advance_past_row(writer, self._factor * position)
-
-    async def stopped_writer_position(self, writer: str) -> int:
-        """The position of the last row of a writer that has stopped for good."""
-        return self._factor * await self.id_gen.read_stopped_writer_position(writer)
-
-    def forget_writer(self, writer: str) -> None:
-        self.id_gen.remove_writer(writer)
-
-    async def max_allocated(self) -> int | None:
-        # Internal ids are positive and grow, like the wire's.
-        return await self.id_gen.read_max_allocated()
 
 
 class MemoryPositions:
@@ -153,22 +106,22 @@ class MemoryPositions:
     def newest_local_write(self) -> int:
         return self.current
 
-    def sync_position(self) -> int:
+    def persisted_upto_position(self) -> int:
         return self.current
 
-    def on_position(self, writer: str, position: int) -> None:
+    def advance_writer(self, writer: str, position: int) -> None:
         pass
 
-    def on_row(self, writer: str, position: int) -> None:
+    def advance_past_row(self, writer: str, row_id: int) -> None:
         pass
 
-    async def stopped_writer_position(self, writer: str) -> int:
+    async def read_stopped_writer_position(self, writer: str) -> int:
         return self.current
 
     def forget_writer(self, writer: str) -> None:
         pass
 
-    async def max_allocated(self) -> int | None:
+    async def read_max_allocated(self) -> int | None:
         return None
 
 

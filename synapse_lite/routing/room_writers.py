@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from synapse_lite.codec.rows import InvalidRow
 from synapse_lite.config.homeserver import ROUTER_PROCESS, HomeServerConfig
 from synapse_lite.replication.tcp.commands import Command, RdataCommand
 from synapse_lite.replication.tcp.connection import ReplicationConnection
@@ -27,7 +28,6 @@ from synapse_lite.storage.database import DatabasePool
 from synapse_lite.storage.databases.main.instances import INSTANCES_CACHE_NAME
 from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE
 from synapse_lite.storage.engines import create_engine
-from synapse_lite.streams.definition import InvalidRow
 
 logger = logging.getLogger(__name__)
 

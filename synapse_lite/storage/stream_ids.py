@@ -45,10 +45,8 @@ class StreamIdGenerators:
                 notifier=notifier,
                 stream_name=definition.name,
                 instance_name=instance_name,
-                tables=definition.ids.id_generator_tables(),
-                sequence_name=definition.ids.sequence_name,
+                ids=definition.ids,
                 writers=list(config.writers.writers(definition.name)),
-                positive=definition.ids.positive,
                 prune_removed_writers=instance_name == MAIN_PROCESS,
                 position_log=position_log,
             )
@@ -61,7 +59,7 @@ class StreamIdGenerators:
     def __iter__(self) -> Iterator[MultiWriterIdGenerator]:
         return iter(self._generators.values())
 
-    async def flush_positions(self) -> None:
+    async def flush_stream_positions(self) -> None:
         """Record every pending ``stream_positions`` update now (shutdown)."""
         for generator in self._generators.values():
             await generator.flush_stream_positions()

@@ -14,15 +14,15 @@ from typing import Any, ClassVar
 
 import attr
 
+from synapse_lite.codec.kinds import Nullable, OfType, Strings, wire
+from synapse_lite.codec.rows import RowCodec, TaggedRowCodec
 from synapse_lite.streams.definition import (
     IdSpace,
-    RowCodec,
     ShardKey,
     StableHash,
     StreamCatalog,
     StreamDefinition,
     StreamTable,
-    TaggedRowCodec,
     Wake,
     WriterRule,
     wake_everyone,
@@ -30,21 +30,14 @@ from synapse_lite.streams.definition import (
     wake_users,
 )
 
-_str = attr.validators.instance_of(str)
-_opt_str = attr.validators.optional(attr.validators.instance_of(str))
-_int = attr.validators.instance_of(int)
-_bool = attr.validators.instance_of(bool)
-_dict = attr.validators.instance_of(dict)
-
-
-def _str_list(instance: object, attribute: attr.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"{attribute.name} must be a list of strings")
-
-
-def _opt_list(instance: object, attribute: attr.Attribute[Any], value: Any) -> None:
-    if value is not None and not isinstance(value, list):
-        raise TypeError(f"{attribute.name} must be a list or null")
+# The kinds of the rows' fields: plain JSON types (``codec/kinds.py``).
+_str = OfType(str)
+_opt_str = Nullable(OfType(str))
+_int = OfType(int)
+_bool = OfType(bool)
+_dict = OfType(dict)
+_str_list = Strings()
+_opt_list = Nullable(OfType(list))
 
 
 # events: new events and the current-state changes they make
@@ -56,15 +49,15 @@ class EventsStreamEventRow:
 
     TypeId: ClassVar[str] = "ev"
 
-    event_id: str = attr.ib(validator=_str)
-    room_id: str = attr.ib(validator=_str)
-    type: str = attr.ib(validator=_str)
-    state_key: str | None = attr.ib(validator=_opt_str)
-    redacts: str | None = attr.ib(validator=_opt_str)
-    relates_to: str | None = attr.ib(validator=_opt_str)
-    membership: str | None = attr.ib(validator=_opt_str)
-    rejected: bool = attr.ib(validator=_bool)
-    outlier: bool = attr.ib(validator=_bool)
+    event_id: str = attr.ib(metadata=wire(_str))
+    room_id: str = attr.ib(metadata=wire(_str))
+    type: str = attr.ib(metadata=wire(_str))
+    state_key: str | None = attr.ib(metadata=wire(_opt_str))
+    redacts: str | None = attr.ib(metadata=wire(_opt_str))
+    relates_to: str | None = attr.ib(metadata=wire(_opt_str))
+    membership: str | None = attr.ib(metadata=wire(_opt_str))
+    rejected: bool = attr.ib(metadata=wire(_bool))
+    outlier: bool = attr.ib(metadata=wire(_bool))
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -73,10 +66,10 @@ class EventsStreamCurrentStateRow:
 
     TypeId: ClassVar[str] = "state"
 
-    room_id: str = attr.ib(validator=_str)
-    type: str = attr.ib(validator=_str)
-    state_key: str = attr.ib(validator=_str)
-    event_id: str | None = attr.ib(validator=_opt_str)
+    room_id: str = attr.ib(metadata=wire(_str))
+    type: str = attr.ib(metadata=wire(_str))
+    state_key: str = attr.ib(metadata=wire(_str))
+    event_id: str | None = attr.ib(metadata=wire(_opt_str))
 
 
 def _wake_for_events(rows: Sequence[Any]) -> Wake:
@@ -133,13 +126,13 @@ EVENTS = StreamDefinition(
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class PresenceStreamRow:
-    user_id: str = attr.ib(validator=_str)
-    state: str = attr.ib(validator=_str)
-    last_active_ts: int = attr.ib(validator=_int)
-    last_federation_update_ts: int = attr.ib(validator=_int)
-    last_user_sync_ts: int = attr.ib(validator=_int)
-    status_msg: str | None = attr.ib(validator=_opt_str)
-    currently_active: bool = attr.ib(validator=_bool)
+    user_id: str = attr.ib(metadata=wire(_str))
+    state: str = attr.ib(metadata=wire(_str))
+    last_active_ts: int = attr.ib(metadata=wire(_int))
+    last_federation_update_ts: int = attr.ib(metadata=wire(_int))
+    last_user_sync_ts: int = attr.ib(metadata=wire(_int))
+    status_msg: str | None = attr.ib(metadata=wire(_opt_str))
+    currently_active: bool = attr.ib(metadata=wire(_bool))
 
 
 PRESENCE = StreamDefinition(
@@ -163,8 +156,8 @@ PRESENCE = StreamDefinition(
 class TypingStreamRow:
     """Everyone typing in a room now; replaces the previous list."""
 
-    room_id: str = attr.ib(validator=_str)
-    user_ids: list[str] = attr.ib(validator=_str_list)
+    room_id: str = attr.ib(metadata=wire(_str))
+    user_ids: list[str] = attr.ib(metadata=wire(_str_list))
 
 
 TYPING = StreamDefinition(
@@ -182,12 +175,12 @@ TYPING = StreamDefinition(
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class ReceiptsStreamRow:
-    room_id: str = attr.ib(validator=_str)
-    receipt_type: str = attr.ib(validator=_str)
-    user_id: str = attr.ib(validator=_str)
-    event_id: str = attr.ib(validator=_str)
-    thread_id: str | None = attr.ib(validator=_opt_str)
-    data: dict[str, Any] = attr.ib(validator=_dict)
+    room_id: str = attr.ib(metadata=wire(_str))
+    receipt_type: str = attr.ib(metadata=wire(_str))
+    user_id: str = attr.ib(metadata=wire(_str))
+    event_id: str = attr.ib(metadata=wire(_str))
+    thread_id: str | None = attr.ib(metadata=wire(_opt_str))
+    data: dict[str, Any] = attr.ib(metadata=wire(_dict))
 
 
 RECEIPTS = StreamDefinition(
@@ -209,9 +202,9 @@ RECEIPTS = StreamDefinition(
 class AccountDataStreamRow:
     """Account data changed: global when ``room_id`` is null; tags are ``m.tag``."""
 
-    user_id: str = attr.ib(validator=_str)
-    room_id: str | None = attr.ib(validator=_opt_str)
-    data_type: str = attr.ib(validator=_str)
+    user_id: str = attr.ib(metadata=wire(_str))
+    room_id: str | None = attr.ib(metadata=wire(_opt_str))
+    data_type: str = attr.ib(metadata=wire(_str))
 
 
 ACCOUNT_DATA = StreamDefinition(
@@ -240,7 +233,7 @@ ACCOUNT_DATA = StreamDefinition(
 class ToDeviceStreamRow:
     """Messages were queued for a local user (``@...``), or for a remote server."""
 
-    entity: str = attr.ib(validator=_str)
+    entity: str = attr.ib(metadata=wire(_str))
 
 
 def _wake_for_to_device(rows: Sequence[Any]) -> Wake:
@@ -276,8 +269,8 @@ class DeviceListsStreamRow:
     user's cross-signing keys, the key's type (``master``, ``self_signing``,
     ``user_signing``)."""
 
-    user_id: str = attr.ib(validator=_str)
-    device_id: str = attr.ib(validator=_str)
+    user_id: str = attr.ib(metadata=wire(_str))
+    device_id: str = attr.ib(metadata=wire(_str))
 
 
 DEVICE_LISTS = StreamDefinition(
@@ -308,19 +301,19 @@ DEVICE_LISTS = StreamDefinition(
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class BackfillStreamRow:
-    """A backfilled event (tokens are positive on the wire)."""
+    """A backfilled event (its token is a position: positive, like every stream's)."""
 
-    event_id: str = attr.ib(validator=_str)
-    room_id: str = attr.ib(validator=_str)
-    type: str = attr.ib(validator=_str)
-    state_key: str | None = attr.ib(validator=_opt_str)
-    redacts: str | None = attr.ib(validator=_opt_str)
-    relates_to: str | None = attr.ib(validator=_opt_str)
+    event_id: str = attr.ib(metadata=wire(_str))
+    room_id: str = attr.ib(metadata=wire(_str))
+    type: str = attr.ib(metadata=wire(_str))
+    state_key: str | None = attr.ib(metadata=wire(_opt_str))
+    redacts: str | None = attr.ib(metadata=wire(_opt_str))
+    relates_to: str | None = attr.ib(metadata=wire(_opt_str))
 
 
 BACKFILL = StreamDefinition(
     name="backfill",
-    description="backfilled events (ids count down from -1; negated on the wire)",
+    description="backfilled events (stored ids count down from -1; positions count up)",
     codec=RowCodec(BackfillStreamRow),
     writers=EVENTS_WRITERS,
     ids=IdSpace(
@@ -340,9 +333,9 @@ BACKFILL = StreamDefinition(
 class CachesStreamRow:
     """Invalidate ``keys`` (all of it when null) of the cache ``cache_func``."""
 
-    cache_func: str = attr.ib(validator=_str)
-    keys: list[Any] | None = attr.ib(validator=_opt_list)
-    invalidation_ts: int = attr.ib(validator=_int)
+    cache_func: str = attr.ib(metadata=wire(_str))
+    keys: list[Any] | None = attr.ib(metadata=wire(_opt_list))
+    invalidation_ts: int = attr.ib(metadata=wire(_int))
 
 
 CACHES = StreamDefinition(
@@ -365,8 +358,8 @@ CACHES = StreamDefinition(
 class FederationStreamRow:
     """A queued item for the federation sender: its kind and its data."""
 
-    type: str = attr.ib(validator=_str)
-    data: Any
+    type: str = attr.ib(metadata=wire(_str))
+    data: dict[str, Any] = attr.ib(metadata=wire(_dict))
 
 
 FEDERATION = StreamDefinition(
@@ -384,7 +377,7 @@ FEDERATION = StreamDefinition(
 class PushRulesStreamRow:
     """``user_id``'s push rules changed."""
 
-    user_id: str = attr.ib(validator=_str)
+    user_id: str = attr.ib(metadata=wire(_str))
 
 
 PUSH_RULES = StreamDefinition(
@@ -411,10 +404,10 @@ PUSH_RULES = StreamDefinition(
 class PushersStreamRow:
     """A pusher was added, changed or (``deleted``) removed."""
 
-    user_id: str = attr.ib(validator=_str)
-    app_id: str = attr.ib(validator=_str)
-    pushkey: str = attr.ib(validator=_str)
-    deleted: bool = attr.ib(validator=_bool)
+    user_id: str = attr.ib(metadata=wire(_str))
+    app_id: str = attr.ib(metadata=wire(_str))
+    pushkey: str = attr.ib(metadata=wire(_str))
+    deleted: bool = attr.ib(metadata=wire(_bool))
 
 
 PUSHERS = StreamDefinition(

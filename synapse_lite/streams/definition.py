@@ -20,14 +20,14 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attr
 
+from synapse_lite.codec.rows import RowCodec
+
 if TYPE_CHECKING:
     from synapse_lite.storage.databases.main import GenericWorkerStore
-
-RowT = TypeVar("RowT")
 
 #: ``[(token, row), ...]`` in token order; rows sharing a token were written
 #: under one id and are processed together.
@@ -37,10 +37,6 @@ Updates = list[tuple[int, Any]]
 #: ``limit``. When ``limited``, ``upto`` is how far the returned rows reach and
 #: the caller asks again from there.
 UpdateFunction = Callable[[str, int, int, int], Awaitable[tuple[Updates, int, bool]]]
-
-
-class InvalidRow(ValueError):
-    """A row received over replication does not fit the stream's row type."""
 
 
 class CatchUp(enum.Enum):
@@ -75,18 +71,60 @@ class StreamTable:
     rows_removed: str = ""
 
 
+#: A comparison of positions, as the same comparison of stored ids of a
+#: stream that counts down.
+_MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "="}
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class IdSpace:
-    """Where a stream's ids come from and where they are stored."""
+    """Where a stream's ids come from and where they are stored.
+
+    **Stored ids and positions.** A *position* counts up from 1 on every
+    stream: the sequence hands out positions, and positions are what the ID
+    generator, its position model, the stream views, replication (RDATA and
+    POSITION tokens), /sync tokens, metrics, stall reports and the audit
+    speak. A *stored id* is what the database holds: the id columns of the
+    stream's tables, ``stream_positions.stream_id``, and the ids the generator
+    hands a writer to put in its rows. They are equal, except on a stream
+    that counts down (``positive`` False: backfill, whose events sort before
+    the room's known history), whose stored ids are the negated positions
+    (-1, -2, ...). The methods below are the only place that sign is
+    flipped; everything crossing between the database and memory goes
+    through them.
+    """
 
     sequence_name: str
     tables: tuple[StreamTable, ...]
-    #: False for a stream counting down from -1 (backfill). On the wire and in
-    #: tokens its positions are negated, so they grow like every other stream's.
+    #: False for a stream whose stored ids count down from -1 (backfill).
     positive: bool = True
 
-    def id_generator_tables(self) -> list[tuple[str, str, str]]:
-        return [(t.table, t.instance_column, t.id_column) for t in self.tables]
+    def position(self, stored_id: int) -> int:
+        """The position of a stored id (or of a stored position)."""
+        return stored_id if self.positive else -stored_id
+
+    def stored_id(self, position: int) -> int:
+        """What the database holds for ``position``."""
+        return position if self.positive else -position
+
+    def position_sql(self, column: str) -> str:
+        """SQL for the position of ``column``'s stored id."""
+        return column if self.positive else f"-{column}"
+
+    def newest_position_sql(self, column: str) -> str:
+        """SQL for the largest position among ``column``'s stored ids, as an
+        aggregate the column's index answers (not ``MAX(-column)``)."""
+        return f"MAX({column})" if self.positive else f"-MIN({column})"
+
+    def position_condition(self, column: str, comparison: str, other: str = "?") -> str:
+        """SQL comparing the position of ``column`` with that of ``other``
+        (``comparison``: ``<``, ``<=``, ``>``, ``>=`` or ``=``, on positions).
+        ``other`` is a stored id: pass ``stored_id(position)`` for a ``?``."""
+        return f"{column} {comparison if self.positive else _MIRRORED[comparison]} {other}"
+
+    def position_order_sql(self, column: str) -> str:
+        """SQL ordering by ``column``'s position, smallest first."""
+        return column if self.positive else f"{column} DESC"
 
 
 class ShardKey(enum.Enum):
@@ -203,52 +241,6 @@ def wake_users(rows: Sequence[Any]) -> Wake:
 def wake_everyone(rows: Sequence[Any]) -> Wake:
     """Rows whose readers we cannot cheaply name (presence, device lists)."""
     return Wake(everyone=True)
-
-
-class RowCodec(Generic[RowT]):
-    """How rows of one type travel: the wire form is the JSON list of the
-    row's attrs fields, in declaration order, checked by the type's validators."""
-
-    def __init__(self, row_type: type[RowT]) -> None:
-        self.row_type = row_type
-        self._field_names = tuple(f.name for f in attr.fields(row_type))  # type: ignore[arg-type]
-
-    def encode(self, row: RowT) -> list[Any]:
-        return [getattr(row, name) for name in self._field_names]
-
-    def decode(self, wire: Any, stream_name: str) -> RowT:
-        """The row from its wire form; :class:`InvalidRow` if it does not fit."""
-        if not isinstance(wire, list):
-            raise InvalidRow(f"a {stream_name} row must be a JSON list, not {type(wire).__name__}")
-        if len(wire) != len(self._field_names):
-            raise InvalidRow(
-                f"a {stream_name} row has {len(self._field_names)} fields, not {len(wire)}"
-            )
-        try:
-            return self.row_type(*wire)
-        except (TypeError, ValueError) as e:
-            raise InvalidRow(f"bad {stream_name} row: {e}") from None
-
-
-class TaggedRowCodec(RowCodec[Any]):
-    """Rows of several types on one stream: ``[tag, [fields...]]`` on the wire,
-    the tag being the type's ``TypeId``."""
-
-    def __init__(self, row_types: Iterable[type[Any]]) -> None:
-        self._codecs: dict[str, RowCodec[Any]] = {t.TypeId: RowCodec(t) for t in row_types}
-        self._tags: dict[type[Any], str] = {c.row_type: tag for tag, c in self._codecs.items()}
-
-    def encode(self, row: Any) -> list[Any]:
-        tag = self._tags[type(row)]
-        return [tag, self._codecs[tag].encode(row)]
-
-    def decode(self, wire: Any, stream_name: str) -> Any:
-        if not isinstance(wire, list) or len(wire) != 2 or not isinstance(wire[0], str):
-            raise InvalidRow(f"a {stream_name} row must be [type, [fields...]]")
-        codec = self._codecs.get(wire[0])
-        if codec is None:
-            raise InvalidRow(f"unknown {stream_name} row type {wire[0]!r}")
-        return codec.decode(wire[1], stream_name)
 
 
 class SyncSection(Protocol):

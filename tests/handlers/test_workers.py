@@ -296,7 +296,7 @@ class WorkersTestCase(DatabaseTestCase):
         no_presence = urllib.parse.quote(json.dumps({"presence": {"not_types": ["m.presence"]}}))
         first = await self.bob_on_sync1.sync(filter=no_presence)
         sync1 = self.servers["sync1"]
-        presence_before = sync1.streams["presence"].positions.sync_position()
+        presence_before = sync1.streams["presence"].positions.persisted_upto_position()
         waiting = defer.ensureDeferred(
             self.bob_on_sync1.sync(since=first["next_batch"], timeout=10_000, filter=no_presence)
         )
@@ -306,7 +306,7 @@ class WorkersTestCase(DatabaseTestCase):
         # The change has reached sync1 (and woken the long-poll, which found
         # nothing it may answer) before the message is sent.
         await eventually(
-            lambda: sync1.streams["presence"].positions.sync_position() > presence_before
+            lambda: sync1.streams["presence"].positions.persisted_upto_position() > presence_before
         )
         await self.alice.send(room, "after the presence change")
         result = await waiting

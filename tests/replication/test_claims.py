@@ -199,12 +199,12 @@ class ClaimsTestCase(unittest.TestCase):
         """Make each sequence read wait for the test: the Deferreds, in order."""
         reads: list[defer.Deferred[int | None]] = []
 
-        async def max_allocated() -> int | None:
+        async def read_max_allocated() -> int | None:
             read: defer.Deferred[int | None] = defer.Deferred()
             reads.append(read)
             return await read
 
-        self.positions.max_allocated = max_allocated  # type: ignore[method-assign]
+        self.positions.read_max_allocated = read_max_allocated  # type: ignore[method-assign]
         return reads
 
     def test_claims_arriving_during_a_sequence_read_share_it(self) -> None:

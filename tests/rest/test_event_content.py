@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 from synapse_lite.api.errors import SynapseError
+from synapse_lite.codec.kinds import DecodeContext
+from synapse_lite.codec.objects import decode_object
 from synapse_lite.replication.http.send_events import EventsToPersist
 from tests.harness.client_api import ClientApi, ThreeUsersTestCase, start_cluster
 from tests.harness.polling import eventually
@@ -71,8 +73,10 @@ class EventContentTestCase(ThreeUsersTestCase):
             "origin_server_ts": 1,
         }
         with self.assertRaises(SynapseError) as caught:
-            EventsToPersist.from_json(
-                {"room_id": "!r:test.local", "events": [event]}, "test.local"
+            decode_object(
+                EventsToPersist,
+                {"room_id": "!r:test.local", "events": [event]},
+                DecodeContext("test.local"),
             )
         self.assertEqual(caught.exception.code, 413)
 

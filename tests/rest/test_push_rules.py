@@ -294,7 +294,7 @@ class PushRulesWorkersTestCase(DatabaseTestCase):
 
         await eventually(main_sees_it, what="main to see the rule disabled")
         writer_position = servers["writer1"].streams["push_rules"].positions
-        self.assertGreater(writer_position.sync_position(), 0)
+        self.assertGreater(writer_position.persisted_upto_position(), 0)
 
         # The offline audit reads the stream's table like every other's, from
         # the catalog, and finds nothing wrong.
@@ -303,7 +303,7 @@ class PushRulesWorkersTestCase(DatabaseTestCase):
         from tests.spark.session import shared_spark
 
         writer = servers["writer1"]
-        await writer.id_generators.flush_positions()
+        await writer.id_generators.flush_stream_positions()
         report = run_audit(
             AuditOptions(writer.config.config_files[0], partitions=1),
             Progress(None),

@@ -114,7 +114,7 @@ class PushersWorkersTestCase(DatabaseTestCase):
         # Through main, which forwards to the writer.
         await alice.ok("POST", "/pushers/set", pusher())
         writer_stream = servers["writer1"].streams["pushers"].positions
-        position = writer_stream.sync_position()
+        position = writer_stream.persisted_upto_position()
         self.assertGreater(position, 0)
         main_stream = servers["main"].streams["pushers"].positions
 

@@ -46,8 +46,7 @@ class Process:
                 notifier=ReplicationNotifier(),
                 stream_name=EVENTS.name,
                 instance_name=name,
-                tables=EVENTS_IDS.id_generator_tables(),
-                sequence_name=EVENTS_IDS.sequence_name,
+                ids=EVENTS_IDS,
                 writers=WRITERS,
                 position_log=self.log,
             )

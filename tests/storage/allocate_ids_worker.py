@@ -29,6 +29,7 @@ from synapse_lite.storage.database import (
 )
 from synapse_lite.storage.engines import create_engine
 from synapse_lite.storage.id_generators import MultiWriterIdGenerator
+from synapse_lite.streams.definition import IdSpace, StreamTable
 
 #: Concurrent allocation loops in the process (and database threads).
 LANES = 4
@@ -73,8 +74,7 @@ async def run(reactor: IReactorCore, config: dict[str, Any]) -> None:
             notifier=ReplicationNotifier(),
             stream_name="test_stream",
             instance_name=instance,
-            tables=[("foobar", "instance_name", "stream_id")],
-            sequence_name="foobar_seq",
+            ids=IdSpace("foobar_seq", (StreamTable("foobar"),)),
             writers=config["writers"],
         )
     finally:

@@ -21,6 +21,7 @@ from synapse_lite.storage.database import (
 from synapse_lite.storage.id_generators import MultiWriterIdGenerator
 from synapse_lite.storage.id_generators import generator as id_generators
 from synapse_lite.storage.prepare_database import prepare_database
+from synapse_lite.streams.definition import IdSpace, StreamTable
 from tests.harness.databases import create_test_database
 
 
@@ -65,10 +66,12 @@ class IdGeneratorTestCase(unittest.TestCase):
                 notifier=self.notifier,
                 stream_name="test_stream",
                 instance_name=instance_name,
-                tables=[(t, "instance_name", "stream_id") for t in self.tables],
-                sequence_name="foobar_seq",
+                ids=IdSpace(
+                    "foobar_seq",
+                    tuple(StreamTable(t) for t in self.tables),
+                    positive=self.positive,
+                ),
                 writers=writers if writers is not None else [instance_name],
-                positive=self.positive,
                 **kwargs,
             )
         finally:
@@ -535,17 +538,17 @@ class MultiWriterTestCase(IdGeneratorTestCase):
         self.assertEqual(worker.persisted_upto_position(), 5)
 
         self.assertEqual(await worker.read_stopped_writer_position("second"), 5)
-        worker.remove_writer("second")
+        worker.forget_writer("second")
         self.assertEqual(worker.known_writer_positions(), {"first": 9})
         self.assertEqual(worker.persisted_upto_position(), 9)
         self.assertEqual(worker.writer_position("second"), 9)
-        worker.remove_writer("second")  # twice: nothing more to do
+        worker.forget_writer("second")  # twice: nothing more to do
 
         # second comes back later and is tracked again.
         worker.advance_writer("second", 10)
         self.assertEqual(worker.known_writer_positions(), {"first": 9, "second": 10})
         with self.assertRaises(ValueError):
-            first.remove_writer("first")
+            first.forget_writer("first")
 
     async def test_stopped_writer_position_includes_unrecorded_rows(self) -> None:
         """second crashed after writing 4-5 but before recording them."""
@@ -580,6 +583,10 @@ class MultiWriterTestCase(IdGeneratorTestCase):
 
 
 class BackwardsTestCase(IdGeneratorTestCase):
+    """A stream whose stored ids count down (backfill): the ids handed out and
+    the rows and ``stream_positions`` hold -1, -2, ...; every position the
+    generator reports counts up, like every other stream's."""
+
     positive = False
 
     async def test_single_instance(self) -> None:
@@ -591,9 +598,9 @@ class BackwardsTestCase(IdGeneratorTestCase):
                 "INSERT INTO foobar (stream_id, instance_name) VALUES (?, 'master')",
                 stream_id,
             )
-        self.assertEqual(id_gen.known_writer_positions(), {"master": -1})
-        self.assertEqual(id_gen.writer_position("master"), -1)
-        self.assertEqual(id_gen.persisted_upto_position(), -1)
+        self.assertEqual(id_gen.known_writer_positions(), {"master": 1})
+        self.assertEqual(id_gen.writer_position("master"), 1)
+        self.assertEqual(id_gen.persisted_upto_position(), 1)
 
         async with id_gen.get_next_mult(3) as ids:
             self.assertEqual(ids, [-2, -3, -4])
@@ -603,41 +610,44 @@ class BackwardsTestCase(IdGeneratorTestCase):
                     "INSERT INTO foobar (stream_id, instance_name) VALUES (?, 'master')",
                     stream_id,
                 )
-        self.assertEqual(id_gen.known_writer_positions(), {"master": -4})
+        self.assertEqual(id_gen.known_writer_positions(), {"master": 4})
         await id_gen.flush_stream_positions()
         self.assertEqual(await self.stored_positions(), {"master": -4})
 
         reloaded = self.make_id_gen()
-        self.assertEqual(reloaded.known_writer_positions(), {"master": -4})
-        self.assertEqual(reloaded.persisted_upto_position(), -4)
+        self.assertEqual(reloaded.known_writer_positions(), {"master": 4})
+        self.assertEqual(reloaded.persisted_upto_position(), 4)
 
     async def test_multiple_instance(self) -> None:
         first = self.make_id_gen("first", writers=["first", "second"])
         second = self.make_id_gen("second", writers=["first", "second"])
-        await self.write_row_with(first, "first")
+        self.assertEqual(await self.write_row_with(first, "first"), -1)
         first_pos = first.writer_position("first")
         second.advance_writer("first", first_pos)
-        self.assertEqual(first.known_writer_positions(), {"first": -1, "second": 0})
-        self.assertEqual(second.known_writer_positions(), {"first": -1, "second": 0})
-        self.assertEqual(second.writer_position("second"), -1)  # idle
+        self.assertEqual(first.known_writer_positions(), {"first": 1, "second": 0})
+        self.assertEqual(second.known_writer_positions(), {"first": 1, "second": 0})
+        self.assertEqual(second.writer_position("second"), 1)  # idle
 
-        await self.write_row_with(second, "second")
+        self.assertEqual(await self.write_row_with(second, "second"), -2)
         first.advance_writer("second", second.writer_position("second"))
-        self.assertEqual(first.known_writer_positions(), {"first": -1, "second": -2})
-        self.assertEqual(second.known_writer_positions(), {"first": -1, "second": -2})
-        self.assertEqual(first.persisted_upto_position(), -2)
-        self.assertEqual(second.persisted_upto_position(), -2)
+        self.assertEqual(first.known_writer_positions(), {"first": 1, "second": 2})
+        self.assertEqual(second.known_writer_positions(), {"first": 1, "second": 2})
+        self.assertEqual(first.persisted_upto_position(), 2)
+        self.assertEqual(second.persisted_upto_position(), 2)
+        await first.flush_stream_positions()
+        await second.flush_stream_positions()
+        self.assertEqual(await self.stored_positions(), {"first": -1, "second": -2})
 
     def test_load_from_rows(self) -> None:
         self.insert_rows("master", 5, update_stream_table=False)
         worker = self.make_id_gen("worker", writers=["master"])
-        self.assertEqual(worker.persisted_upto_position(), -5)
+        self.assertEqual(worker.persisted_upto_position(), 5)
 
     async def test_stopped_writer_position(self) -> None:
         self.insert_rows("second", 2)  # -1, -2, recorded
         self.insert_rows("second", 1, update_stream_table=False)  # -3
         worker = self.make_id_gen("worker", writers=["second"])
-        self.assertEqual(await worker.read_stopped_writer_position("second"), -3)
+        self.assertEqual(await worker.read_stopped_writer_position("second"), 3)
 
 
 class MultiTableTestCase(IdGeneratorTestCase):

@@ -2,7 +2,7 @@
 
 Three writers (``first``, ``second``, ``third``) of one stream share one
 database, and a ``reader`` generator (not a writer) learns only through
-:meth:`~MultiWriterIdGenerator.advance`. Hypothesis draws a list of operations:
+:meth:`~MultiWriterIdGenerator.advance_writer`. Hypothesis draws a list of operations:
 
 * ``Allocate``: ``get_next``/``get_next_mult(2)`` with the ``async with`` block
   kept open, or ``get_next_txn`` inside a transaction kept open on a database
@@ -16,7 +16,7 @@ database, and a ``reader`` generator (not a writer) learns only through
   after committing or failing its in-flight work, or as after a crash (its
   in-flight ids abandoned without rows);
 * ``Replicate``: advance other generators (or one) with a writer's (or every
-  writer's) ``get_current_token_for_writer``;
+  writer's) ``writer_position``;
 * ``Replay``: deliver an earlier announcement again, late (a replication
   message seen twice or out of order must change nothing);
 * ``Pause``: let the reactor turn (pending ``stream_positions`` writes run). It
@@ -29,22 +29,22 @@ list is runnable and shrinks well; an operation the state rules out is skipped.
 **Checked after every operation**, on every live generator (writers and reader):
 
 1. persisted-up-to never decreases (for one generator object), and neither
-   does ``get_current_token_for_writer`` of any writer;
+   does ``writer_position`` of any writer;
 2. persisted-up-to is below every id allocated and unfinished anywhere;
-3. the position of a writer (``get_positions`` and
-   ``get_current_token_for_writer``, as seen by any generator) is below every
+3. the position of a writer (``known_writer_positions`` and
+   ``writer_position``, as seen by any generator) is below every
    id that writer has unfinished; another writer's token is never below the
    generator's persisted-up-to (a writer's token for itself may lag its own
-   persisted-up-to until its next write or ``advance``, so that is not
+   persisted-up-to until its next write or ``advance_writer``, so that is not
    asserted);
-4. a writer's own ``get_positions()[writer]`` is exactly
+4. a writer's own ``known_writer_positions()[writer]`` is exactly
    ``max(S0, largest id it finished below its smallest unfinished id)``, where
    S0 is the sequence's last value when its generator was built and "finished"
    means committed, failed or cancelled since then.
 
 **At a restart** of writer W (nothing in flight at W): the new generator
 reports W at exactly the sequence's last value, and not below the old
-generator's ``get_current_token_for_writer(W)``: a restart never moves a
+generator's ``writer_position(W)``: a restart never moves a
 writer's announced position back, whatever other writers have in flight
 (including the sequence's last id).
 
@@ -52,8 +52,8 @@ writer's announced position back, whatever other writers have in flight
 generator's pending ``stream_positions`` write is flushed, and every writer's
 token is replicated to every other generator until nothing changes. Then, with
 S the sequence's last value: every generator's persisted-up-to is S and so is
-its ``get_current_token_for_writer`` of every writer; each writer's
-``get_positions()[writer]`` is ``max(S0, largest id it committed, failed or
+its ``writer_position`` of every writer; each writer's
+``known_writer_positions()[writer]`` is ``max(S0, largest id it committed, failed or
 cancelled)`` (point 4 with nothing unfinished); the table holds exactly the
 committed rows, with their writer's name. Generators built afresh from the
 database reproduce the live ones: a writer at S at once, and a reader, once

@@ -15,12 +15,13 @@ import attr
 from prometheus_client import REGISTRY
 from twisted.internet import defer
 
+from synapse_lite.codec.kinds import OfType, wire
+from synapse_lite.codec.rows import RowCodec
 from synapse_lite.storage.database import DatabasePool, LoggingTransaction
 from synapse_lite.storage.id_generators import MultiWriterIdGenerator
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
 from synapse_lite.streams.definition import (
     IdSpace,
-    RowCodec,
     StreamDefinition,
     StreamTable,
     Updates,
@@ -31,9 +32,6 @@ from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, make_homeserver
 
-_str = attr.validators.instance_of(str)
-
-
 # The definition.
 
 
@@ -41,8 +39,8 @@ _str = attr.validators.instance_of(str)
 class NoteRow:
     """A note was written for ``user_id``."""
 
-    user_id: str = attr.ib(validator=_str)
-    text: str = attr.ib(validator=_str)
+    user_id: str = attr.ib(metadata=wire(OfType(str)))
+    text: str = attr.ib(metadata=wire(OfType(str)))
 
 
 class NoteQueries:
@@ -209,7 +207,7 @@ class AddedStreamTestCase(DatabaseTestCase):
         from spark.runner import AuditOptions, run_audit
         from tests.spark.session import shared_spark
 
-        await writer.id_generators.flush_positions()
+        await writer.id_generators.flush_stream_positions()
         report = run_audit(
             AuditOptions(writer.config.config_files[0], partitions=1, streams=streams),
             Progress(None),

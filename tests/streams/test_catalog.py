@@ -10,14 +10,14 @@ from typing import Any
 import attr
 from twisted.trial import unittest
 
+from synapse_lite.codec.kinds import wire_fields
+from synapse_lite.codec.rows import InvalidRow, RowCodec, TaggedRowCodec
 from synapse_lite.config.homeserver import read_homeserver_config
 from synapse_lite.config.validation import ConfigError
 from synapse_lite.streams import catalog
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
 from synapse_lite.streams.definition import (
     CatchUp,
-    InvalidRow,
-    RowCodec,
     StreamCatalog,
     StreamDefinition,
     WriterRule,
@@ -70,6 +70,33 @@ class CatalogTestCase(unittest.TestCase):
                 wire = definition.encode_row(row)
                 self.assertIsInstance(wire, list)
                 self.assertEqual(definition.parse_row(wire), row, name)
+
+    def test_every_row_field_declares_its_kind(self) -> None:
+        """Rows travel by the same field kinds as internal-call bodies; a
+        value of another JSON type is refused naming the field, or is one
+        the kind takes (null for an optional field; a bool is an int)."""
+        for name, rows in SAMPLE_ROWS.items():
+            definition = BUILTIN_STREAMS[name]
+            self.assertEqual(
+                sorted(t.__name__ for t in definition.codec.row_types),
+                sorted({type(r).__name__ for r in rows}),
+            )
+            for row in rows:
+                wire = definition.encode_row(row)
+                fields = wire[1] if isinstance(definition.codec, TaggedRowCodec) else wire
+                for index, declared in enumerate(wire_fields(type(row))):
+                    self.assertIsNotNone(declared.kind, f"{name}: {declared.name}")
+                    refused = 0
+                    for value in (None, True, 3, "text", ["x"], {"k": 1}):
+                        changed = list(fields)
+                        changed[index] = value
+                        wrong = [wire[0], changed] if fields is not wire else changed
+                        try:
+                            definition.parse_row(wrong)
+                        except InvalidRow as e:
+                            self.assertIn(f"'{declared.key}'", str(e))
+                            refused += 1
+                    self.assertGreater(refused, 0, f"{name}: {declared.name} takes anything")
 
     def test_rows_that_do_not_fit_are_refused_with_the_reason(self) -> None:
         receipts = BUILTIN_STREAMS["receipts"]

@@ -1,9 +1,13 @@
 """Requests between processes that need an answer: declared once, typed at both ends.
 
 An :class:`InternalCall` declares one internal endpoint: its name (the URL is
-``/_synapse/replication/<name>``), its request and response types (each with
-its JSON codec, ``to_json`` and ``from_json``, side by side) and which process
-serves it. :class:`InternalCalls` is the one place that
+``/_synapse/replication/<name>``), its request and response types and which
+process serves it. The types are frozen attrs classes whose fields declare
+their kinds; they travel as JSON objects through the codec that also carries
+stream rows (``synapse_lite/codec/``), which checks every field as strictly
+as the client API does (a caller holding the secret is still not trusted
+with bad data) and refuses a bad body with a 400 naming the field.
+:class:`InternalCalls` is the one place that
 
 * runs a call here when this process serves it (no HTTP, no JSON),
 * otherwise POSTs it to the serving process with the shared secret, retrying a
@@ -35,6 +39,8 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.codec.kinds import DecodeContext
+from synapse_lite.codec.objects import decode_object, encode_object
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.http.tls import InternalTlsClient
 from synapse_lite.metrics import INTERNAL_CALL_SECONDS, INTERNAL_CALLS
@@ -61,22 +67,8 @@ FORWARDED_WRITE_WAIT_SECONDS = 5.0
 CONNECT_ATTEMPTS = 3
 
 
-class CallBody(Protocol):
-    """A request or response type: an attrs class with its JSON codec."""
-
-    def to_json(self) -> dict[str, Any]: ...
-
-
-Req = TypeVar("Req", bound=CallBody)
-Resp = TypeVar("Resp", bound=CallBody)
-
-
-class BodyDecoder(Protocol[Req]):  # type: ignore[misc]
-    """``from_json(body, server_name)``: validate every field as strictly as
-    the client API does (a caller holding the secret is still not trusted with
-    bad data), raising a 400 :class:`SynapseError` naming the field."""
-
-    def from_json(self, body: dict[str, Any], server_name: str) -> Req: ...
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -84,8 +76,9 @@ class InternalCall(Generic[Req, Resp]):
     """One internal endpoint, declared once."""
 
     name: str
-    request: BodyDecoder[Req]
-    response: BodyDecoder[Resp]
+    #: The request and response types (attrs classes with field kinds).
+    request: type[Req]
+    response: type[Resp]
     #: Which process serves it (the main process, or a stream's writer: see
     #: ``config.writers``); None: the caller names it (a room's events writer,
     #: a user's device-lists writer).
@@ -101,13 +94,6 @@ class InternalCall(Generic[Req, Resp]):
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class EmptyBody:
     """A request or answer with nothing in it."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> EmptyBody:
-        return cls()
 
 
 class InstanceLocations(Protocol):
@@ -154,6 +140,7 @@ class InternalCalls:
         self._clock = clock
         self._locations = locations
         self._secret = config.worker_replication_secret
+        self._decoding = DecodeContext(config.server_name)
         self._handlers: dict[str, tuple[InternalCall[Any, Any], Handler]] = {}
         self._waiter = waiter
         self._http = _InternalHttp(reactor, InternalTlsClient(config.internal_tls.ca_path))
@@ -189,7 +176,7 @@ class InternalCalls:
             return await served[1](request)
         started = time.monotonic()
         try:
-            body = await self._post(target, call, request.to_json())
+            body = await self._post(target, call, encode_object(request))
         except CallFailed as e:
             INTERNAL_CALLS.labels(call.name, target, "unreachable").inc()
             logger.warning("Internal call %s to %s failed: %s", call.name, target, e)
@@ -205,7 +192,7 @@ class InternalCalls:
             INTERNAL_CALL_SECONDS.labels(call.name).observe(time.monotonic() - started)
         INTERNAL_CALLS.labels(call.name, target, "ok").inc()
         try:
-            answer = call.response.from_json(body, self._config.server_name)
+            answer = decode_object(call.response, body, self._decoding)
         except SynapseError as e:
             logger.warning("%s answered %s with a bad body: %s", target, call.name, e.msg)
             raise SynapseError(502, f"{target} gave a bad answer", Codes.UNKNOWN) from None
@@ -289,8 +276,8 @@ class InternalCalls:
         async def servlet(request: Request) -> tuple[int, Any]:
             self._check_secret(request)
             body = parse_json_object_from_request(request, allow_empty=True)
-            answer = await handler(call.request.from_json(body, self._config.server_name))
-            return 200, answer.to_json()
+            answer = await handler(decode_object(call.request, body, self._decoding))
+            return 200, encode_object(answer)
 
         return servlet
 

@@ -15,9 +15,19 @@ import attr
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text
-from synapse_lite.http.fields import get_optional_str, get_str
+from synapse_lite.codec.kinds import (
+    Checked,
+    Custom,
+    DecodeContext,
+    Identifier,
+    LocalUserId,
+    Nullable,
+    Str,
+    Strings,
+    wire,
+)
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
-from synapse_lite.replication.http.writes import StreamWritten, local_user, written_on
+from synapse_lite.replication.http.writes import StreamWritten, written_on
 from synapse_lite.streams.writers import writer_of
 
 _TOKEN_HASH = re.compile(r"[0-9a-f]{64}")
@@ -25,71 +35,50 @@ _TOKEN_HASH = re.compile(r"[0-9a-f]{64}")
 MAX_DEVICES_PER_DELETE = 1_000
 
 
+def _check_token_hash(token_hash: str, context: DecodeContext) -> None:
+    if not _TOKEN_HASH.fullmatch(token_hash):
+        raise SynapseError(400, "'token_hash' must be a SHA-256 hex digest", Codes.BAD_JSON)
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class DeviceLogin:
     """Log ``device_id`` in with a new token (only its hash travels)."""
 
-    user_id: str
-    device_id: str
-    display_name: str | None
-    token_hash: str
-
-    def to_json(self) -> dict[str, Any]:
-        return attr.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> DeviceLogin:
-        token_hash = get_str(body, "token_hash")
-        if not _TOKEN_HASH.fullmatch(token_hash):
-            raise SynapseError(400, "'token_hash' must be a SHA-256 hex digest", Codes.BAD_JSON)
-        return cls(
-            user_id=local_user(body, "user_id", server_name),
-            device_id=check_identifier_text(body.get("device_id"), "device_id"),
-            display_name=get_optional_str(body, "display_name", max_length=512),
-            token_hash=token_hash,
-        )
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    device_id: str = attr.ib(metadata=wire(Identifier()))
+    display_name: str | None = attr.ib(metadata=wire(Nullable(Str(max_length=512))))
+    token_hash: str = attr.ib(metadata=wire(Checked(Str(), _check_token_hash, example="0" * 64)))
 
 
 #: Served by the user's device_lists writer, named by the caller.
 REGISTER_DEVICE = InternalCall("register_device", DeviceLogin, EmptyBody)
 
 
+def _decode_device_ids(device_ids: Any, context: DecodeContext) -> list[str] | None:
+    if device_ids is None:
+        return None
+    if not isinstance(device_ids, list) or len(device_ids) > MAX_DEVICES_PER_DELETE:
+        raise SynapseError(400, "'device_ids' must be a list or null", Codes.BAD_JSON)
+    for device_id in device_ids:
+        check_identifier_text(device_id, "device_ids")
+    return device_ids
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class DevicesLogout:
     """Log devices out (every device of the user when ``device_ids`` is None)."""
 
-    user_id: str
-    device_ids: list[str] | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"user_id": self.user_id, "device_ids": self.device_ids}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> DevicesLogout:
-        device_ids = body.get("device_ids")
-        if device_ids is not None:
-            if not isinstance(device_ids, list) or len(device_ids) > MAX_DEVICES_PER_DELETE:
-                raise SynapseError(400, "'device_ids' must be a list or null", Codes.BAD_JSON)
-            for device_id in device_ids:
-                check_identifier_text(device_id, "device_ids")
-        return cls(local_user(body, "user_id", server_name), device_ids)
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    device_ids: list[str] | None = attr.ib(
+        metadata=wire(Custom(_decode_device_ids, example=lambda context: ["DEV1", "DEV2"]))
+    )
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class TokensRevoked:
     """The hashes of the tokens a logout revoked, so the caller forgets them at once."""
 
-    token_hashes: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"token_hashes": self.token_hashes}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> TokensRevoked:
-        hashes = body.get("token_hashes")
-        if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
-            raise SynapseError(400, "'token_hashes' must be a list of strings", Codes.BAD_JSON)
-        return cls(hashes)
+    token_hashes: list[str] = attr.ib(metadata=wire(Strings()))
 
 
 #: Served by the user's device_lists writer.
@@ -111,20 +100,9 @@ REMOVE_DEVICE_PUSHERS = InternalCall(
 class DeviceRename:
     """Set a device's display name."""
 
-    user_id: str
-    device_id: str
-    display_name: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return attr.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> DeviceRename:
-        return cls(
-            user_id=local_user(body, "user_id", server_name),
-            device_id=check_identifier_text(body.get("device_id"), "device_id"),
-            display_name=get_optional_str(body, "display_name", max_length=512),
-        )
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    device_id: str = attr.ib(metadata=wire(Identifier()))
+    display_name: str | None = attr.ib(metadata=wire(Nullable(Str(max_length=512))))
 
 
 #: Served by the user's device_lists writer; a 404 for an unknown device.

@@ -9,33 +9,35 @@ from typing import Any
 import attr
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text
-from synapse_lite.http.fields import get_optional_int
+from synapse_lite.codec.kinds import (
+    Custom,
+    DecodeContext,
+    Identifier,
+    Int,
+    LocalUserId,
+    Nullable,
+    wire,
+)
 from synapse_lite.replication.http.calls import InternalCall
-from synapse_lite.replication.http.writes import local_user
+
+
+def _decode_device_keys(keys: Any, context: DecodeContext) -> dict[str, Any]:
+    if not isinstance(keys, dict):
+        raise SynapseError(400, "'keys' must be an object", Codes.BAD_JSON)
+    return keys
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class DeviceKeysUpload:
     """Store a device's identity keys (already checked by the caller)."""
 
-    user_id: str
-    device_id: str
-    keys: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"user_id": self.user_id, "device_id": self.device_id, "keys": self.keys}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> DeviceKeysUpload:
-        keys = body.get("keys")
-        if not isinstance(keys, dict):
-            raise SynapseError(400, "'keys' must be an object", Codes.BAD_JSON)
-        return cls(
-            user_id=local_user(body, "user_id", server_name),
-            device_id=check_identifier_text(body.get("device_id"), "device_id"),
-            keys=keys,
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    device_id: str = attr.ib(metadata=wire(Identifier()))
+    keys: dict[str, Any] = attr.ib(
+        metadata=wire(
+            Custom(_decode_device_keys, example=lambda context: {"algorithms": ["m.olm.v1"]})
         )
+    )
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -44,18 +46,11 @@ class KeysChanged:
     changed): a caller on another process waits until it has seen the writer
     reach it, so the client's next read there shows the change."""
 
-    stream_id: int | None
+    stream_id: int | None = attr.ib(metadata=wire(Nullable(Int())))
 
     @property
     def changed(self) -> bool:
         return self.stream_id is not None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"stream_id": self.stream_id}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> KeysChanged:
-        return cls(get_optional_int(body, "stream_id"))
 
 
 def device_lists_position(answer: KeysChanged) -> tuple[str, int] | None:
@@ -76,26 +71,26 @@ UPLOAD_DEVICE_KEYS = InternalCall(
 _KEY_TYPES = ("master", "self_signing", "user_signing")
 
 
+def _decode_cross_signing_keys(keys: Any, context: DecodeContext) -> dict[str, dict[str, Any]]:
+    if (
+        not isinstance(keys, dict)
+        or not keys
+        or not all(k in _KEY_TYPES and isinstance(v, dict) for k, v in keys.items())
+    ):
+        raise SynapseError(400, "'keys' must map key types to keys", Codes.BAD_JSON)
+    return keys
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class CrossSigningUpload:
     """Replace some of a user's cross-signing keys (by type; already checked)."""
 
-    user_id: str
-    keys: dict[str, dict[str, Any]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"user_id": self.user_id, "keys": self.keys}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> CrossSigningUpload:
-        keys = body.get("keys")
-        if (
-            not isinstance(keys, dict)
-            or not keys
-            or not all(k in _KEY_TYPES and isinstance(v, dict) for k, v in keys.items())
-        ):
-            raise SynapseError(400, "'keys' must map key types to keys", Codes.BAD_JSON)
-        return cls(local_user(body, "user_id", server_name), keys)
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    keys: dict[str, dict[str, Any]] = attr.ib(
+        metadata=wire(
+            Custom(_decode_cross_signing_keys, example=lambda context: {"master": {"keys": {}}})
+        )
+    )
 
 
 UPLOAD_CROSS_SIGNING_KEYS = InternalCall(
@@ -107,26 +102,28 @@ UPLOAD_CROSS_SIGNING_KEYS = InternalCall(
 )
 
 
+def _decode_signatures(signatures: Any, context: DecodeContext) -> list[list[str]]:
+    if not isinstance(signatures, list) or not all(
+        isinstance(s, list) and len(s) == 4 and all(isinstance(p, str) for p in s)
+        for s in signatures
+    ):
+        raise SynapseError(400, "'signatures' must be a list of 4 strings each", Codes.BAD_JSON)
+    return signatures
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class SignaturesUpload:
     """Signatures by ``user_id``: ``[target user, target device or public
     key, signing key id, signature]`` each (already checked)."""
 
-    user_id: str
-    signatures: list[list[str]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"user_id": self.user_id, "signatures": self.signatures}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> SignaturesUpload:
-        signatures = body.get("signatures")
-        if not isinstance(signatures, list) or not all(
-            isinstance(s, list) and len(s) == 4 and all(isinstance(p, str) for p in s)
-            for s in signatures
-        ):
-            raise SynapseError(400, "'signatures' must be a list of 4 strings each", Codes.BAD_JSON)
-        return cls(local_user(body, "user_id", server_name), signatures)
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    signatures: list[list[str]] = attr.ib(
+        metadata=wire(
+            Custom(
+                _decode_signatures, example=lambda context: [["@a:x", "DEV", "ed25519:K", "sig"]]
+            )
+        )
+    )
 
 
 UPLOAD_SIGNATURES = InternalCall(

@@ -7,7 +7,8 @@ from typing import Any
 import attr
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.http.fields import get_bool, get_int, get_list, get_str
+from synapse_lite.codec.kinds import Bool, Custom, DecodeContext, Int, Str, wire
+from synapse_lite.http.fields import list_value
 from synapse_lite.replication.http.calls import InternalCall
 from synapse_lite.streams.writers import MAIN
 
@@ -16,14 +17,14 @@ from synapse_lite.streams.writers import MAIN
 class WriterToRetire:
     """A stopped events writer that is to write events no more."""
 
-    instance_name: str
+    instance_name: str = attr.ib(metadata=wire(Str(max_length=255)))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"instance_name": self.instance_name}
 
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> WriterToRetire:
-        return cls(get_str(body, "instance_name", max_length=255))
+def _decode_writers(writers: Any, context: DecodeContext) -> list[str]:
+    writers = list_value(writers, "events_writers")
+    if not all(isinstance(w, str) for w in writers):
+        raise SynapseError(400, "'events_writers' must be names", Codes.BAD_JSON)
+    return writers
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -31,19 +32,11 @@ class WriterRetired:
     """``retired`` is false if it was not a writer (any more), in which case
     the announcement was only repeated."""
 
-    retired: bool
-    events_writers: list[str]
-    rooms_moved: int
-
-    def to_json(self) -> dict[str, Any]:
-        return attr.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> WriterRetired:
-        writers = get_list(body, "events_writers")
-        if not all(isinstance(w, str) for w in writers):
-            raise SynapseError(400, "'events_writers' must be names", Codes.BAD_JSON)
-        return cls(get_bool(body, "retired", False), writers, get_int(body, "rooms_moved"))
+    retired: bool = attr.ib(metadata=wire(Bool(False)))
+    events_writers: list[str] = attr.ib(
+        metadata=wire(Custom(_decode_writers, example=lambda context: ["persister1", "persister2"]))
+    )
+    rooms_moved: int = attr.ib(metadata=wire(Int()))
 
 
 RETIRE_EVENTS_WRITER = InternalCall(

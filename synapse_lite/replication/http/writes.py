@@ -2,9 +2,10 @@
 to-device messages (sent by local users, or received from other servers),
 typing and presence.
 
-Each request type validates every field as strictly as the client API does.
-Stream writes answer the stream id they were written at, so a caller on
-another process waits for it (see ``calls.py``).
+Each request type's fields declare their kinds, which check them as strictly
+as the client API does (``synapse_lite/codec/``). Stream writes answer the
+stream id they were written at, so a caller on another process waits for it
+(see ``calls.py``).
 """
 
 from __future__ import annotations
@@ -19,43 +20,33 @@ from synapse_lite.api.content import (
     check_to_device_messages,
 )
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text, check_room_id, is_valid_user_id
-from synapse_lite.http.fields import (
-    get_bool,
-    get_dict,
-    get_int,
-    get_optional_int,
-    get_optional_str,
-    get_str,
+from synapse_lite.api.identifiers import check_identifier_text, is_valid_user_id
+from synapse_lite.codec.kinds import (
+    Bool,
+    Checked,
+    Custom,
+    DecodeContext,
+    Identifier,
+    Int,
+    JsonObject,
+    LocalUserId,
+    Nullable,
+    RoomId,
+    Str,
+    is_local_user,
+    wire,
 )
+from synapse_lite.http.fields import int_value
 from synapse_lite.push.pushers import PusherSet
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
 from synapse_lite.streams.writers import writer_of
-
-
-def is_local_user(user_id: object, server_name: str) -> bool:
-    return is_valid_user_id(user_id) and str(user_id).endswith(":" + server_name)
-
-
-def local_user(body: dict[str, Any], name: str, server_name: str) -> str:
-    user_id = get_str(body, name)
-    if not is_local_user(user_id, server_name):
-        raise SynapseError(400, f"'{name}' must be a local user id", Codes.BAD_JSON)
-    return user_id
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class StreamWritten:
     """The answer to a stream write: where it was written."""
 
-    stream_id: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"stream_id": self.stream_id}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> StreamWritten:
-        return cls(get_int(body, "stream_id"))
+    stream_id: int = attr.ib(metadata=wire(Int()))
 
 
 def written_on(stream_name: str) -> Any:
@@ -69,32 +60,12 @@ def written_on(stream_name: str) -> Any:
 class AccountDataWrite:
     """Global (``room_id`` None) or per-room account data of a local user."""
 
-    user_id: str
-    room_id: str | None
-    data_type: str
-    content: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "user_id": self.user_id,
-            "room_id": self.room_id,
-            "type": self.data_type,
-            "content": self.content,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> AccountDataWrite:
-        room_id = get_optional_str(body, "room_id")
-        if room_id is not None:
-            check_room_id(room_id)
-        content = get_dict(body, "content")
-        check_content_size(content)
-        return cls(
-            user_id=local_user(body, "user_id", server_name),
-            room_id=room_id,
-            data_type=check_identifier_text(body.get("type"), "type"),
-            content=content,
-        )
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    room_id: str | None = attr.ib(metadata=wire(Nullable(RoomId())))
+    data_type: str = attr.ib(metadata=wire(Identifier(), key="type"))
+    content: dict[str, Any] = attr.ib(
+        metadata=wire(JsonObject(lambda content, _: check_content_size(content)))
+    )
 
 
 ADD_ACCOUNT_DATA = InternalCall(
@@ -110,6 +81,11 @@ ADD_ACCOUNT_DATA = InternalCall(
 PUSH_RULE_OPS = ("put", "delete", "enabled", "actions")
 
 
+def _check_push_rule_op(op: str, context: DecodeContext) -> None:
+    if op not in PUSH_RULE_OPS:
+        raise SynapseError(400, f"Unknown push rule edit {op!r}", Codes.BAD_JSON)
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class PushRuleEdit:
     """One edit of a local user's push rules: ``put`` (``body`` is the rule,
@@ -117,31 +93,13 @@ class PushRuleEdit:
     or ``actions`` (``body["value"]``). The rule's content is checked by the
     writer, which refuses it without storing anything."""
 
-    user_id: str
-    op: str
-    kind: str
-    rule_id: str
-    body: dict[str, Any]
-    before: str | None = None
-    after: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return attr.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> PushRuleEdit:
-        op = get_str(body, "op")
-        if op not in PUSH_RULE_OPS:
-            raise SynapseError(400, f"Unknown push rule edit {op!r}", Codes.BAD_JSON)
-        return cls(
-            user_id=local_user(body, "user_id", server_name),
-            op=op,
-            kind=get_str(body, "kind"),
-            rule_id=get_str(body, "rule_id"),
-            body=get_dict(body, "body"),
-            before=get_optional_str(body, "before"),
-            after=get_optional_str(body, "after"),
-        )
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    op: str = attr.ib(metadata=wire(Checked(Str(), _check_push_rule_op, example="put")))
+    kind: str = attr.ib(metadata=wire(Str()))
+    rule_id: str = attr.ib(metadata=wire(Str()))
+    body: dict[str, Any] = attr.ib(metadata=wire(JsonObject()))
+    before: str | None = attr.ib(default=None, metadata=wire(Nullable(Str())))
+    after: str | None = attr.ib(default=None, metadata=wire(Nullable(Str())))
 
 
 EDIT_PUSH_RULES = InternalCall(
@@ -160,37 +118,6 @@ SET_PUSHER = InternalCall(
     served_by=writer_of("pushers"),
     answer_position=written_on("pushers"),
 )
-
-
-@attr.s(slots=True, frozen=True, auto_attribs=True)
-class TagWrite:
-    """One room tag of a local user set (``content``) or removed (None)."""
-
-    user_id: str
-    room_id: str
-    tag: str
-    content: dict[str, Any] | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "user_id": self.user_id,
-            "room_id": self.room_id,
-            "tag": self.tag,
-            "content": self.content,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> TagWrite:
-        content = body.get("content")
-        if content is not None:
-            content = get_dict(body, "content")
-            check_tag_content(content)
-        return cls(
-            user_id=local_user(body, "user_id", server_name),
-            room_id=check_room_id(get_str(body, "room_id")),
-            tag=check_tag_name(body.get("tag")),
-            content=content,
-        )
 
 
 #: The longest tag name accepted (a tag is a key of the ``m.tag`` content).
@@ -213,6 +140,18 @@ def check_tag_content(content: dict[str, Any]) -> None:
         raise SynapseError(400, "'order' must be a number between 0 and 1", Codes.BAD_JSON)
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class TagWrite:
+    """One room tag of a local user set (``content``) or removed (None)."""
+
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    room_id: str = attr.ib(metadata=wire(RoomId()))
+    tag: str = attr.ib(metadata=wire(Identifier(max_length=MAX_TAG_LENGTH)))
+    content: dict[str, Any] | None = attr.ib(
+        metadata=wire(Nullable(JsonObject(lambda content, _: check_tag_content(content))))
+    )
+
+
 SET_ROOM_TAG = InternalCall(
     "set_room_tag",
     TagWrite,
@@ -222,35 +161,29 @@ SET_ROOM_TAG = InternalCall(
 )
 
 
+def _check_receipt_type(receipt_type: str, context: DecodeContext) -> None:
+    if receipt_type not in RECEIPT_TYPES:
+        raise SynapseError(400, "Unsupported receipt type", Codes.INVALID_PARAM)
+
+
+def _check_receipt_data(data: dict[str, Any]) -> None:
+    int_value(data.get("ts"), "ts")
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class ReceiptWrite:
     """A receipt already checked by the sender (membership is read anywhere)."""
 
-    room_id: str
-    receipt_type: str
-    user_id: str
-    event_id: str
-    thread_id: str | None
-    data: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return attr.asdict(self)
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> ReceiptWrite:
-        data = get_dict(body, "data")
-        get_int(data, "ts")
-        receipt_type = get_str(body, "receipt_type")
-        if receipt_type not in RECEIPT_TYPES:
-            raise SynapseError(400, "Unsupported receipt type", Codes.INVALID_PARAM)
-        return cls(
-            room_id=check_room_id(get_str(body, "room_id")),
-            receipt_type=receipt_type,
-            user_id=local_user(body, "user_id", server_name),
-            event_id=check_identifier_text(body.get("event_id"), "event_id"),
-            thread_id=get_optional_str(body, "thread_id", max_length=255),
-            data=data,
-        )
+    room_id: str = attr.ib(metadata=wire(RoomId()))
+    receipt_type: str = attr.ib(
+        metadata=wire(Checked(Str(), _check_receipt_type, example="m.read"))
+    )
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    event_id: str = attr.ib(metadata=wire(Identifier()))
+    thread_id: str | None = attr.ib(metadata=wire(Nullable(Str(max_length=255))))
+    data: dict[str, Any] = attr.ib(
+        metadata=wire(JsonObject(lambda data, _: _check_receipt_data(data), example={"ts": 1}))
+    )
 
 
 SEND_RECEIPT = InternalCall(
@@ -266,30 +199,18 @@ SEND_RECEIPT = InternalCall(
 class ToDeviceSend:
     """A local device's to-device send, idempotent per (sender, device, txn_id)."""
 
-    sender: str
-    sender_device: str
-    event_type: str
-    txn_id: str
-    messages: dict[str, dict[str, dict[str, Any]]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sender": self.sender,
-            "sender_device": self.sender_device,
-            "type": self.event_type,
-            "txn_id": self.txn_id,
-            "messages": self.messages,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> ToDeviceSend:
-        return cls(
-            sender=local_user(body, "sender", server_name),
-            sender_device=check_identifier_text(body.get("sender_device"), "sender_device"),
-            event_type=check_identifier_text(body.get("type"), "type"),
-            txn_id=check_identifier_text(body.get("txn_id"), "txn_id"),
-            messages=check_to_device_messages(body.get("messages")),
+    sender: str = attr.ib(metadata=wire(LocalUserId()))
+    sender_device: str = attr.ib(metadata=wire(Identifier()))
+    event_type: str = attr.ib(metadata=wire(Identifier(), key="type"))
+    txn_id: str = attr.ib(metadata=wire(Identifier()))
+    messages: dict[str, dict[str, dict[str, Any]]] = attr.ib(
+        metadata=wire(
+            Custom(
+                lambda messages, _: check_to_device_messages(messages),
+                example=lambda context: {f"@bob:{context.server_name}": {"DEV": {"body": "hi"}}},
+            )
         )
+    )
 
 
 SEND_TO_DEVICE = InternalCall(
@@ -301,48 +222,36 @@ SEND_TO_DEVICE = InternalCall(
 )
 
 
+def _check_remote_user(user_id: str, context: DecodeContext) -> None:
+    if not is_valid_user_id(user_id) or is_local_user(user_id, context.local_server()):
+        raise SynapseError(400, "'sender' must be a remote user id", Codes.BAD_JSON)
+
+
+def _check_remote_to_device_messages(messages: dict[str, Any], context: DecodeContext) -> None:
+    """``{local user: {device: content}}``."""
+    for user_id, devices in messages.items():
+        if not is_local_user(user_id, context.local_server()):
+            raise SynapseError(400, "recipients must be local users", Codes.BAD_JSON)
+        if not isinstance(devices, dict) or not all(isinstance(c, dict) for c in devices.values()):
+            raise SynapseError(400, "each message must be an object", Codes.BAD_JSON)
+        for device_id in devices:
+            check_identifier_text(device_id, "device_id")
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class RemoteToDeviceReceive:
     """A to-device EDU from ``origin`` for local users, stored at most once
     per ``(origin, message_id)``."""
 
-    origin: str
-    sender: str
-    event_type: str
-    message_id: str
-    messages: dict[str, dict[str, dict[str, Any]]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "origin": self.origin,
-            "sender": self.sender,
-            "type": self.event_type,
-            "message_id": self.message_id,
-            "messages": self.messages,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> RemoteToDeviceReceive:
-        sender = get_str(body, "sender")
-        if not is_valid_user_id(sender) or is_local_user(sender, server_name):
-            raise SynapseError(400, "'sender' must be a remote user id", Codes.BAD_JSON)
-        messages = get_dict(body, "messages")
-        for user_id, devices in messages.items():
-            if not is_local_user(user_id, server_name):
-                raise SynapseError(400, "recipients must be local users", Codes.BAD_JSON)
-            if not isinstance(devices, dict) or not all(
-                isinstance(c, dict) for c in devices.values()
-            ):
-                raise SynapseError(400, "each message must be an object", Codes.BAD_JSON)
-            for device_id in devices:
-                check_identifier_text(device_id, "device_id")
-        return cls(
-            origin=check_identifier_text(body.get("origin"), "origin"),
-            sender=sender,
-            event_type=check_identifier_text(body.get("type"), "type"),
-            message_id=check_identifier_text(body.get("message_id"), "message_id"),
-            messages=messages,
-        )
+    origin: str = attr.ib(metadata=wire(Identifier()))
+    sender: str = attr.ib(
+        metadata=wire(Checked(Str(), _check_remote_user, example="@bob:elsewhere.example"))
+    )
+    event_type: str = attr.ib(metadata=wire(Identifier(), key="type"))
+    message_id: str = attr.ib(metadata=wire(Identifier()))
+    messages: dict[str, dict[str, dict[str, Any]]] = attr.ib(
+        metadata=wire(JsonObject(_check_remote_to_device_messages))
+    )
 
 
 RECEIVE_REMOTE_TO_DEVICE = InternalCall(
@@ -358,30 +267,11 @@ RECEIVE_REMOTE_TO_DEVICE = InternalCall(
 class TypingChange:
     """``requester`` says ``user_id`` is (or stopped) typing in a room."""
 
-    requester: str
-    user_id: str
-    room_id: str
-    typing: bool
-    timeout_ms: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "requester": self.requester,
-            "user_id": self.user_id,
-            "room_id": self.room_id,
-            "typing": self.typing,
-            "timeout": self.timeout_ms,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> TypingChange:
-        return cls(
-            requester=local_user(body, "requester", server_name),
-            user_id=local_user(body, "user_id", server_name),
-            room_id=check_room_id(get_str(body, "room_id")),
-            typing=get_bool(body, "typing", False),
-            timeout_ms=get_optional_int(body, "timeout"),
-        )
+    requester: str = attr.ib(metadata=wire(LocalUserId()))
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    room_id: str = attr.ib(metadata=wire(RoomId()))
+    typing: bool = attr.ib(metadata=wire(Bool(False)))
+    timeout_ms: int | None = attr.ib(metadata=wire(Nullable(Int()), key="timeout"))
 
 
 SET_TYPING = InternalCall(
@@ -398,20 +288,9 @@ SET_TYPING = InternalCall(
 class PresenceChange:
     """A user sets their presence (checked by the presence writer)."""
 
-    user_id: str
-    presence: str
-    status_msg: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"user_id": self.user_id, "presence": self.presence, "status_msg": self.status_msg}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> PresenceChange:
-        return cls(
-            user_id=local_user(body, "user_id", server_name),
-            presence=get_str(body, "presence", max_length=64),
-            status_msg=get_optional_str(body, "status_msg"),
-        )
+    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    presence: str = attr.ib(metadata=wire(Str(max_length=64)))
+    status_msg: str | None = attr.ib(metadata=wire(Nullable(Str())))
 
 
 SET_PRESENCE = InternalCall(

@@ -36,6 +36,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.clock import Clock
+from synapse_lite.codec.rows import InvalidRow
 from synapse_lite.replication.claims import PeerClaims, claim_line
 from synapse_lite.replication.lag import ReplicationLag
 from synapse_lite.replication.streams import Stream
@@ -51,7 +52,7 @@ from synapse_lite.replication.tcp.connection import (
     ReplicationConnection,
 )
 from synapse_lite.replication.tcp.receiver import ReplicationReceiver
-from synapse_lite.streams.definition import InvalidRow, Updates
+from synapse_lite.streams.definition import Updates
 
 logger = logging.getLogger(__name__)
 
@@ -431,7 +432,7 @@ class ReplicationCommandHandler:
 
         async def work() -> None:
             try:
-                final = await positions.stopped_writer_position(writer)
+                final = await positions.read_stopped_writer_position(writer)
                 current = positions.received_position(writer)
                 if current < final:
                     await self._catch_up(stream, writer, current, final)

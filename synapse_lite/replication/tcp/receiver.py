@@ -133,10 +133,10 @@ class ReplicationReceiver:
             except Exception:
                 logger.exception("Handling %s rows from %s failed", stream_name, writer)
         if rows:
-            stream.positions.on_row(writer, token)
+            stream.positions.advance_past_row(writer, token)
             wake = definition.wake(rows)
             if wake.anyone:
                 self._notifier.wake(wake)
         else:
-            stream.positions.on_position(writer, token)
+            stream.positions.advance_writer(writer, token)
         self._waiters.release(stream_name, writer)

@@ -1,7 +1,7 @@
 """Stream id allocation, for one or many writers, over the database.
 
 The arithmetic of positions (a writer's position, persisted-up-to, what a
-POSITION or an RDATA row does) is :class:`~.positions.StreamPositions`; this
+POSITION or an RDATA row does) is :class:`~.positions.PositionModel`; this
 shell feeds it. It loads positions once, synchronously, from the startup
 connection (the ``stream_positions`` table, the sequence, and only the rows at
 or after the smallest stored position; nothing is loaded lazily afterwards),
@@ -11,8 +11,13 @@ transaction ends, records this writer's position in ``stream_positions``
 and to the position log. It holds a lock around the model: allocation and
 finishing happen on database threads.
 
-Ids are shown positive; a negative stream such as backfill hands out -1, -2,
-... and every public value here is negated (the model works in positive ids).
+The generator is also the database stream's view for replication
+(:class:`~synapse_lite.replication.streams.StreamPositions`): the same verbs,
+the same positions. What it takes and answers about positions counts up on
+every stream; what goes to or comes from the database (rows' ids,
+``stream_positions``, the ids handed to writers for their rows) is a stored
+id, converted by the stream's :class:`~synapse_lite.streams.definition.IdSpace`
+only (backfill's stored ids count down from -1).
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
-from synapse_lite.storage.id_generators.positions import StreamPositions
+from synapse_lite.storage.id_generators.positions import PositionModel
 from synapse_lite.storage.id_generators.sequence import SequenceGenerator
+from synapse_lite.streams.definition import IdSpace
 
 if TYPE_CHECKING:
     from synapse_lite.position_log import PositionLog
@@ -62,12 +68,10 @@ class MultiWriterIdGenerator:
         notifier: poked (on the reactor thread) whenever ids finish.
         stream_name: the stream's name, as in ``stream_positions``.
         instance_name: the name of this process.
-        tables: ``(table, instance_column, id_column)`` of every table whose rows
-            carry this stream's ids.
-        sequence_name: the sequence the ids come from.
+        ids: the sequence the ids come from, the tables whose rows carry them,
+            and how stored ids relate to positions.
         writers: the instances allowed to write. Empty means any process may
             write and nothing is kept in ``stream_positions`` (the caches stream).
-        positive: False for a stream counting down from -1.
         prune_removed_writers: delete ``stream_positions`` rows of instances that
             are no longer writers (done by the main process).
         position_log: where finished ids are recorded for the offline audit.
@@ -81,10 +85,8 @@ class MultiWriterIdGenerator:
         notifier: ReplicationNotifier,
         stream_name: str,
         instance_name: str,
-        tables: Sequence[tuple[str, str, str]],
-        sequence_name: str,
+        ids: IdSpace,
         writers: Sequence[str],
-        positive: bool = True,
         prune_removed_writers: bool = True,
         position_log: PositionLog | None = None,
     ) -> None:
@@ -92,16 +94,14 @@ class MultiWriterIdGenerator:
         self._notifier = notifier
         self.stream_name = stream_name
         self._instance_name = instance_name
-        self._tables = list(tables)
+        self._id_space = ids
         self._writers = list(writers)
-        self._positive = positive
-        self._factor = 1 if positive else -1
         self._position_log = position_log
-        self._sequence = SequenceGenerator(db.engine, sequence_name)
+        self._sequence = SequenceGenerator(db.engine, ids.sequence_name)
 
         self._lock = threading.Lock()
-        #: Guarded by _lock; positive ids.
-        self._model = StreamPositions(instance_name)
+        #: Guarded by _lock.
+        self._model = PositionModel(instance_name)
         # The metrics' children, looked up once: a label lookup per row was a
         # measurable share of a follower's CPU (issue 18).
         self._persisted_gauge = STREAM_PERSISTED_UPTO.labels(stream_name)
@@ -114,13 +114,9 @@ class MultiWriterIdGenerator:
         self._positions_write_call: IDelayedCall | None = None
         self._positions_write_running: defer.Deferred[None] | None = None
 
-        for table, _, id_column in self._tables:
+        for table in ids.tables:
             self._sequence.check_consistency(
-                db_conn,
-                table,
-                id_column,
-                stream_name=stream_name if self._writers else None,
-                positive=positive,
+                db_conn, ids, table, stream_name=stream_name if self._writers else None
             )
         self._load_current_ids(db_conn, prune_removed_writers)
         with self._lock:
@@ -159,7 +155,7 @@ class MultiWriterIdGenerator:
                 )
                 for instance, stream_id in txn.fetchall():
                     if instance in self._writers:
-                        positions[instance] = int(stream_id) * self._factor
+                        positions[instance] = self._id_space.position(int(stream_id))
 
                 if self._instance_name in self._writers:
                     # A writer starting up has nothing in flight: everything it
@@ -171,11 +167,9 @@ class MultiWriterIdGenerator:
                 # No stored positions at all: the only whole-table aggregate,
                 # a MAX on the indexed id column.
                 persisted_upto = 0
-                for table, _, id_column in self._tables:
-                    if self._positive:
-                        txn.execute(f"SELECT MAX({id_column}) FROM {table}")
-                    else:
-                        txn.execute(f"SELECT -MIN({id_column}) FROM {table}")
+                for table in self._id_space.tables:
+                    newest = self._id_space.newest_position_sql(table.id_column)
+                    txn.execute(f"SELECT {newest} FROM {table.table}")
                     row = txn.fetchone()
                     if row and row[0] is not None:
                         persisted_upto = max(persisted_upto, int(row[0]))
@@ -183,21 +177,13 @@ class MultiWriterIdGenerator:
                 persisted_upto = min_position
                 # Rows written after the last stored positions (positions are
                 # recorded after the rows, so they may lag).
-                for table, instance_column, id_column in self._tables:
-                    if self._positive:
-                        txn.execute(
-                            f"SELECT {instance_column}, {id_column} FROM {table}"
-                            f" WHERE {id_column} >= ?",
-                            (min_position,),
-                        )
-                        rows.extend((r[0], int(r[1])) for r in txn.fetchall())
-                    else:
-                        txn.execute(
-                            f"SELECT {instance_column}, {id_column} FROM {table}"
-                            f" WHERE {id_column} <= ?",
-                            (-min_position,),
-                        )
-                        rows.extend((r[0], -int(r[1])) for r in txn.fetchall())
+                for table in self._id_space.tables:
+                    txn.execute(
+                        f"SELECT {table.instance_column}, {table.id_column} FROM {table.table}"
+                        f" WHERE {self._id_space.position_condition(table.id_column, '>=')}",
+                        (self._id_space.stored_id(min_position),),
+                    )
+                    rows.extend((r[0], self._id_space.position(int(r[1]))) for r in txn.fetchall())
                 self.startup_rows_read = len(rows)
 
             with self._lock:
@@ -212,7 +198,7 @@ class MultiWriterIdGenerator:
                 # while we have ids in flight must not take us for a writer that
                 # has never written, and put us at its persisted-up-to.
                 own = self._model.known_writer_positions()[self._instance_name]
-                self._upsert_position_txn(txn, own * self._factor)
+                self._upsert_position_txn(txn, own)
 
     # Allocation
 
@@ -239,20 +225,21 @@ class MultiWriterIdGenerator:
             with self._lock:
                 self._model.end_fetch(marker)
         for listener in self._allocation_listeners:
-            listener([i * self._factor for i in ids])
+            listener(ids)
         return ids
 
     def on_allocation(self, listener: Callable[[list[int]], None]) -> None:
-        """Call ``listener(ids)`` with every id this process allocates (on
-        the stream's scale), on a database thread, before any of them can
-        finish: whoever keeps rows by id learns of ids it will not see rows
-        for (``CommittedRows``)."""
+        """Call ``listener(positions)`` with every id this process allocates
+        (as positions), on a database thread, before any of them can finish:
+        whoever keeps rows by position learns of ids it will not see rows for
+        (``CommittedRows``)."""
         self._allocation_listeners.append(listener)
 
     def get_next(self) -> _IdAllocation[int]:
         """Allocate one id: ``async with id_gen.get_next() as stream_id: ...``.
 
-        The id finishes when the block exits; positions move only then.
+        The id is a stored id (for the rows' id column). It finishes when the
+        block exits; positions move only then.
         """
         self._check_writer()
         return _IdAllocation(self, 1, single=True)
@@ -263,7 +250,7 @@ class MultiWriterIdGenerator:
         return _IdAllocation(self, n, single=False)
 
     def get_next_txn(self, txn: LoggingTransaction) -> int:
-        """Allocate one id inside the caller's transaction.
+        """Allocate one id (a stored id) inside the caller's transaction.
 
         The id finishes when the transaction commits or fails; the rows using it
         must be written in this same transaction.
@@ -276,10 +263,10 @@ class MultiWriterIdGenerator:
         ids = self._load_next_mult_id_txn(txn, n)
         txn.call_after(self._finish, ids, True)
         txn.call_on_exception(self._finish, ids, False)
-        return [i * self._factor for i in ids]
+        return [self._id_space.stored_id(i) for i in ids]
 
     def _finish(self, ids: list[int], committed: bool) -> None:
-        """Mark ids finished and tell whoever needs to know. Any thread."""
+        """Mark ids (positions) finished and tell whoever needs to know. Any thread."""
         self._mark_ids_as_finished(ids, committed)
         reactor = self._db.reactor
         if threadable.isInIOThread():
@@ -298,7 +285,7 @@ class MultiWriterIdGenerator:
             # position logged ahead of the ids it covers finishing.
             for i in ids:
                 self._position_log.id_finished(
-                    self.stream_name, self._instance_name, i * self._factor, committed
+                    self.stream_name, self._instance_name, self._id_space.stored_id(i), committed
                 )
         with self._lock:
             self._model.finish(ids)
@@ -306,11 +293,18 @@ class MultiWriterIdGenerator:
 
     # Reading positions
 
+    #: Positions only grow, in one run for ever (the stream view's contract:
+    #: a follower never resets a database stream).
+    can_reset = False
+
+    def starts_run(self, position: int) -> bool:
+        return False
+
     def persisted_upto_position(self) -> int:
         """Every id up to it, by any writer, has finished: safe as a lower
-        bound for readers of the whole stream."""
+        bound for readers of the whole stream (what /sync hands out)."""
         with self._lock:
-            return self._model.persisted_upto * self._factor
+            return self._model.persisted_upto_position()
 
     def writer_position(self, instance_name: str) -> int:
         """The position of one writer: it has no unseen rows at or below it.
@@ -320,7 +314,14 @@ class MultiWriterIdGenerator:
         reported at least at persisted-up-to.
         """
         with self._lock:
-            return self._model.writer_position(instance_name) * self._factor
+            return self._model.writer_position(instance_name)
+
+    def received_position(self, instance_name: str) -> int:
+        """How far this process has received a writer's rows (see
+        :meth:`PositionModel.received_position`); what a follower asks for
+        every row, so without copying every writer's position."""
+        with self._lock:
+            return self._model.received_position(instance_name)
 
     def newest_local_write(self) -> int:
         """The largest id this process has finished writing (no idle jump).
@@ -332,48 +333,42 @@ class MultiWriterIdGenerator:
         before a position covering them is announced.
         """
         with self._lock:
-            return self._model.newest_local_write() * self._factor
+            return self._model.newest_local_write()
 
     def known_writer_positions(self) -> dict[str, int]:
         """The known position of each writer."""
         with self._lock:
-            positions = self._model.known_writer_positions()
-        return {name: pos * self._factor for name, pos in positions.items()}
-
-    def known_writer_position(self, instance_name: str) -> int | None:
-        """One writer's known position (None: not known); what a follower
-        asks for every row, so without copying every writer's."""
-        with self._lock:
-            position = self._model.known_writer_position(instance_name)
-        return None if position is None else position * self._factor
+            return self._model.known_writer_positions()
 
     def snapshot(self) -> PositionsSnapshot:
         """Persisted-up-to, every known writer's position and this process's
-        unfinished ids, at one instant (internal ids: positive, growing)."""
+        unfinished ids, at one instant."""
         with self._lock:
             return PositionsSnapshot(
-                self._model.persisted_upto,
+                self._model.persisted_upto_position(),
                 self._model.known_writer_positions(),
                 self._model.unfinished_ids(),
-                self._factor,
+                self._id_space,
             )
 
+    # Learning of other writers (replication)
+
     def advance_writer(self, instance_name: str, position: int) -> None:
-        """Record a writer's position learned over replication (RDATA or
-        POSITION): it has no unfinished ids at or below it. Only
+        """Record a writer's position learned over replication (POSITION):
+        it has no unfinished ids at or below it. Only
         :meth:`advance_past_row` says an id is finished."""
         with self._lock:
-            self._model.on_position(instance_name, position * self._factor)
+            self._model.advance_writer(instance_name, position)
             self._update_gauges()
 
     def advance_past_row(self, instance_name: str, row_id: int) -> None:
-        """A row with ``row_id`` written by ``instance_name`` arrived: the writer
-        is at least there, and that id is finished."""
+        """Rows at position ``row_id`` written by ``instance_name`` arrived
+        (RDATA): the writer is at least there, and that id is finished."""
         with self._lock:
-            self._model.on_row(instance_name, row_id * self._factor)
+            self._model.advance_past_row(instance_name, row_id)
             self._update_gauges()
 
-    def remove_writer(self, instance_name: str) -> None:
+    def forget_writer(self, instance_name: str) -> None:
         """Stop tracking a writer taken off the stream while this process runs,
         so its last position no longer holds persisted-up-to back.
 
@@ -384,9 +379,9 @@ class MultiWriterIdGenerator:
         only says whether *this* process may write.
         """
         with self._lock:
-            removed = self._model.remove_writer(instance_name)
+            forgotten = self._model.forget_writer(instance_name)
             self._update_gauges()
-        if not removed:
+        if not forgotten:
             return
         with self._lock:
             self._position_gauges.pop(instance_name, None)
@@ -401,10 +396,13 @@ class MultiWriterIdGenerator:
             self.persisted_upto_position(),
         )
 
+    # Reading the database
+
     async def read_stopped_writer_position(self, instance_name: str) -> int:
         """The position of a writer that has stopped: the larger of its stored
         position and its newest row above that (positions are stored after the
         rows, so after a crash the stored one can lag)."""
+        ids = self._id_space
 
         def txn_func(txn: LoggingTransaction) -> int:
             txn.execute(
@@ -413,37 +411,29 @@ class MultiWriterIdGenerator:
                 (self.stream_name, instance_name),
             )
             row = txn.fetchone()
-            # Internal (positive) ids from here on. A writer with no stored
-            # position has written nothing below persisted-up-to.
-            stored = row[0] if row else self.persisted_upto_position()
-            position = int(stored) * self._factor
-            for table, instance_column, id_column in self._tables:
-                if self._positive:
-                    txn.execute(
-                        f"SELECT MAX({id_column}) FROM {table}"
-                        f" WHERE {instance_column} = ? AND {id_column} > ?",
-                        (instance_name, position),
-                    )
-                else:
-                    txn.execute(
-                        f"SELECT -MIN({id_column}) FROM {table}"
-                        f" WHERE {instance_column} = ? AND {id_column} < ?",
-                        (instance_name, -position),
-                    )
+            # A writer with no stored position has written nothing below
+            # persisted-up-to.
+            position = ids.position(int(row[0])) if row else self.persisted_upto_position()
+            for table in ids.tables:
+                txn.execute(
+                    f"SELECT {ids.newest_position_sql(table.id_column)} FROM {table.table}"
+                    f" WHERE {table.instance_column} = ?"
+                    f" AND {ids.position_condition(table.id_column, '>')}",
+                    (instance_name, ids.stored_id(position)),
+                )
                 newest = txn.fetchone()
                 if newest and newest[0] is not None:
                     position = max(position, int(newest[0]))
-            return position * self._factor
+            return position
 
         return await self._db.runInteraction(
-            "get_stopped_writer_position", txn_func, read_only=True
+            "read_stopped_writer_position", txn_func, read_only=True
         )
 
     async def read_max_allocated(self) -> int:
-        """The largest id the stream's sequence has handed out to anyone,
-        read now (positive, internal scale: a negative stream's ids are
-        counted away from zero). One query; what a follower checks a peer's
-        claimed position against."""
+        """The largest position the stream's sequence has handed out to
+        anyone, read now. One query; what a follower checks a peer's claimed
+        position against."""
 
         def txn_func(txn: LoggingTransaction) -> int:
             return self._sequence.get_max_allocated(txn)
@@ -457,7 +447,7 @@ class MultiWriterIdGenerator:
 
     def _update_gauges(self) -> None:
         """Holds _lock."""
-        self._persisted_gauge.set(self._model.persisted_upto)
+        self._persisted_gauge.set(self._model.persisted_upto_position())
         for name, pos in self._model.known_writer_positions().items():
             gauge = self._position_gauges.get(name)
             if gauge is None:
@@ -510,15 +500,16 @@ class MultiWriterIdGenerator:
             )
 
     def _upsert_position_txn(self, txn: LoggingTransaction, position: int) -> None:
-        # Only ever forwards (away from zero for negative streams).
-        comparison = "<" if self._positive else ">"
+        # Only ever forwards.
+        forwards = self._id_space.position_condition(
+            "stream_positions.stream_id", "<", "EXCLUDED.stream_id"
+        )
         txn.execute(
             "INSERT INTO stream_positions (stream_name, instance_name, stream_id)"
             " VALUES (?, ?, ?)"
             " ON CONFLICT (stream_name, instance_name) DO UPDATE"
-            " SET stream_id = EXCLUDED.stream_id"
-            f" WHERE stream_positions.stream_id {comparison} EXCLUDED.stream_id",
-            (self.stream_name, self._instance_name, position),
+            f" SET stream_id = EXCLUDED.stream_id WHERE {forwards}",
+            (self.stream_name, self._instance_name, self._id_space.stored_id(position)),
         )
 
     async def flush_stream_positions(self) -> None:
@@ -534,13 +525,13 @@ class MultiWriterIdGenerator:
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class PositionsSnapshot:
-    """See :meth:`MultiWriterIdGenerator.snapshot`. Ids are internal (a
-    negative stream's are negated): multiply by ``factor`` to show them."""
+    """See :meth:`MultiWriterIdGenerator.snapshot`: positions, and the
+    stream's ``id_space`` to show them as the database stores them."""
 
     persisted_upto: int
     positions: dict[str, int]
     unfinished: list[int]
-    factor: int
+    id_space: IdSpace
 
 
 class _IdAllocation(Generic[T]):
@@ -587,10 +578,10 @@ class _IdAllocation(Generic[T]):
 
         fetch.addCallbacks(fetched, failed)
         self._ids = await result
-        factor = id_gen._factor
+        stored = [id_gen._id_space.stored_id(i) for i in self._ids]
         if self._single:
-            return self._ids[0] * factor  # type: ignore[return-value]
-        return [i * factor for i in self._ids]  # type: ignore[return-value]
+            return stored[0]  # type: ignore[return-value]
+        return stored  # type: ignore[return-value]
 
     async def __aexit__(
         self,

@@ -1,7 +1,9 @@
 """Stream positions as pure arithmetic: no database, no reactor, no threads.
 
-One :class:`StreamPositions` per stream per process holds what this process
-knows of the stream's writers, in internal (positive) ids:
+One :class:`PositionModel` per stream per process holds what this process
+knows of the stream's writers, in positions (which count up on every stream:
+see :class:`~synapse_lite.streams.definition.IdSpace` for a stream whose
+stored ids count down):
 
 * **allocated, in-flight and finished ids of this process.** An id is
   allocated when the sequence hands it out; it *finishes* when its transaction
@@ -9,8 +11,8 @@ knows of the stream's writers, in internal (positive) ids:
   its ids are unknown, but they will be above the largest id seen when the
   fetch began: every id above that is unsafe until the fetch lands.
 * **a writer's position**: the largest id P such that every id it allocated up
-  to P has finished. A POSITION from a writer sets it (it only grows); so does
-  an RDATA row, which also says its id is finished. A writer with nothing in
+  to P has finished. A POSITION from a writer advances it (it only grows);
+  so does an RDATA row, which also says its id is finished. A writer with nothing in
   flight here is as far along as the largest id anyone has allocated (it can
   only ever write above it), so this process reports itself there when idle.
 * **persisted-up-to**: the largest id below which every id allocated by any
@@ -29,8 +31,13 @@ import heapq
 from collections.abc import Iterable, Mapping
 
 
-class StreamPositions:
-    """One process's knowledge of one stream's positions (see module docstring)."""
+class PositionModel:
+    """One process's knowledge of one stream's positions (see module docstring).
+
+    The verbs are those of every layer above it (the generator, the stream
+    views): ``advance_writer``, ``advance_past_row``, ``forget_writer``, and
+    the readers ``writer_position``, ``received_position``,
+    ``persisted_upto_position``, ``newest_local_write``."""
 
     def __init__(self, instance_name: str) -> None:
         self.instance_name = instance_name
@@ -132,7 +139,7 @@ class StreamPositions:
 
     # Other writers
 
-    def on_position(self, writer: str, position: int) -> None:
+    def advance_writer(self, writer: str, position: int) -> None:
         """``writer`` has nothing unfinished at or below ``position`` (a
         POSITION, or an RDATA token). Not an id: it may be another writer's,
         still in flight (a restarted writer starts at the sequence head)."""
@@ -140,13 +147,13 @@ class StreamPositions:
         self._max_seen_allocated = max(self._max_seen_allocated, position)
         self._recompute()
 
-    def on_row(self, writer: str, row_id: int) -> None:
+    def advance_past_row(self, writer: str, row_id: int) -> None:
         """A row of ``writer`` with ``row_id`` arrived: it is there, and that
         id is finished."""
-        self.on_position(writer, row_id)
+        self.advance_writer(writer, row_id)
         self._note_finished(row_id)
 
-    def remove_writer(self, writer: str) -> bool:
+    def forget_writer(self, writer: str) -> bool:
         """Stop tracking a writer that has stopped for good (its rows already
         seen), so its last position no longer holds persisted-up-to back.
         False if it was not tracked."""
@@ -159,8 +166,8 @@ class StreamPositions:
 
     # Reading
 
-    @property
-    def persisted_upto(self) -> int:
+    def persisted_upto_position(self) -> int:
+        """Every id up to it, by any writer, has finished."""
         return self._persisted_upto
 
     def writer_position(self, writer: str) -> int:
@@ -182,9 +189,16 @@ class StreamPositions:
     def known_writer_positions(self) -> dict[str, int]:
         return dict(self._positions)
 
-    def known_writer_position(self, writer: str) -> int | None:
-        """One writer's entry of :meth:`known_writer_positions` (None: not known)."""
-        return self._positions.get(writer)
+    def received_position(self, writer: str) -> int:
+        """How far this process has received ``writer``'s rows: its known
+        position (what its POSITIONs and rows said); for this process, or a
+        writer not heard of, :meth:`writer_position`. Never above
+        :meth:`writer_position`, which an idle writer's jump may lift."""
+        if writer != self.instance_name:
+            known = self._positions.get(writer)
+            if known is not None:
+                return known
+        return self.writer_position(writer)
 
     def unfinished_ids(self) -> list[int]:
         """This process's allocated ids not finished yet, smallest first."""

@@ -6,6 +6,7 @@ import logging
 
 from synapse_lite.storage.database import LoggingDatabaseConnection, LoggingTransaction
 from synapse_lite.storage.engines import BaseDatabaseEngine
+from synapse_lite.streams.definition import IdSpace, StreamTable
 
 logger = logging.getLogger(__name__)
 
@@ -38,24 +39,23 @@ class SequenceGenerator:
     def check_consistency(
         self,
         db_conn: LoggingDatabaseConnection,
-        table: str,
-        id_column: str,
+        ids: IdSpace,
+        stream_table: StreamTable,
         stream_name: str | None,
-        positive: bool = True,
     ) -> None:
         """Repair a sequence left behind its table, and positions ahead of it.
 
-        A table id above the sequence (rows inserted around it, or a restored
-        backup) would make the sequence hand out an id twice: the sequence is
-        moved forward with a warning. A ``stream_positions`` row above the
-        sequence (after the table check, so above every row) claims ids nobody
-        allocated: it is set back to the sequence, logged as an error.
+        The sequence hands out positions; ``ids`` converts the stored ids of
+        ``stream_table`` and ``stream_positions`` to compare. A table id above the
+        sequence (rows inserted around it, or a restored backup) would make
+        the sequence hand out an id twice: the sequence is moved forward with
+        a warning. A ``stream_positions`` row above the sequence (after the
+        table check, so above every row) claims ids nobody allocated: it is
+        set back to the sequence, logged as an error.
         """
+        table, id_column = stream_table.table, stream_table.id_column
         with db_conn.transaction(f"sequence.check_consistency({self.sequence_name})") as txn:
-            if positive:
-                txn.execute(f"SELECT MAX({id_column}) FROM {table}")
-            else:
-                txn.execute(f"SELECT -MIN({id_column}) FROM {table}")
+            txn.execute(f"SELECT {ids.newest_position_sql(id_column)} FROM {table}")
             row = txn.fetchone()
             table_max = max(int(row[0]) if row and row[0] is not None else 0, 0)
             last_value = self.get_max_allocated(txn)
@@ -66,22 +66,17 @@ class SequenceGenerator:
                     last_value,
                     table,
                     id_column,
-                    table_max * (1 if positive else -1),
+                    ids.stored_id(table_max),
                 )
                 self._engine.sequence_set_at_least(txn.raw_cursor, self.sequence_name, table_max)
                 last_value = table_max
             if stream_name is None:
                 return
-            if positive:
-                txn.execute(
-                    "SELECT MAX(stream_id) FROM stream_positions WHERE stream_name = ?",
-                    (stream_name,),
-                )
-            else:
-                txn.execute(
-                    "SELECT -MIN(stream_id) FROM stream_positions WHERE stream_name = ?",
-                    (stream_name,),
-                )
+            txn.execute(
+                f"SELECT {ids.newest_position_sql('stream_id')} FROM stream_positions"
+                " WHERE stream_name = ?",
+                (stream_name,),
+            )
             row = txn.fetchone()
             positions_max = int(row[0]) if row and row[0] is not None else 0
             if positions_max > last_value:
@@ -91,12 +86,10 @@ class SequenceGenerator:
                 # Refusing to start would make it permanent; setting it back
                 # to the sequence loses nothing, because every row's id came
                 # from the sequence and so lies at or below it.
-                sign = 1 if positive else -1
-                comparison = ">" if positive else "<"
                 txn.execute(
                     "UPDATE stream_positions SET stream_id = ?"
-                    f" WHERE stream_name = ? AND stream_id {comparison} ?",
-                    (last_value * sign, stream_name, last_value * sign),
+                    f" WHERE stream_name = ? AND {ids.position_condition('stream_id', '>')}",
+                    (ids.stored_id(last_value), stream_name, ids.stored_id(last_value)),
                 )
                 logger.error(
                     "REPAIRED: stream_positions said stream %r reached %d, but its sequence %s"
@@ -104,9 +97,9 @@ class SequenceGenerator:
                     " recorded a position nobody allocated (a false replication claim, a"
                     " restored backup or a reset sequence): check the replication logs.",
                     stream_name,
-                    positions_max * sign,
+                    ids.stored_id(positions_max),
                     self.sequence_name,
                     last_value,
                     txn.rowcount,
-                    last_value * sign,
+                    ids.stored_id(last_value),
                 )

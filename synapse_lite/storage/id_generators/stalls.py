@@ -131,12 +131,13 @@ class StallDetector:
         still = now - watch.moved_at
         if still < self._threshold:
             return []
-        factor = snapshot.factor
-        shown_upto = snapshot.persisted_upto * factor
+        # Shown as the database stores them, where an operator looks.
+        shown = snapshot.id_space.stored_id
+        shown_upto = shown(snapshot.persisted_upto)
         since = watch.unfinished_since
         old = sorted(i for i, first in since.items() if now - first >= self._threshold)
         if old:
-            ids = ", ".join(str(i * factor) for i in old[:10]) + (" ..." if len(old) > 10 else "")
+            ids = ", ".join(str(shown(i)) for i in old[:10]) + (" ..." if len(old) > 10 else "")
             return [
                 Stall(
                     name,
@@ -163,8 +164,8 @@ class StallDetector:
                 writer,
                 still,
                 f"stream {name}: persisted-up-to stuck at {shown_upto} for {still:.0f} s, held"
-                f" back by {writer} (at {snapshot.positions[writer] * factor}; others are up to"
-                f" {newest * factor}): is it frozen, or gone without being retired?",
+                f" back by {writer} (at {shown(snapshot.positions[writer])}; others are up to"
+                f" {shown(newest)}): is it frozen, or gone without being retired?",
             )
             for writer in holding
         ]

@@ -12,8 +12,8 @@ from twisted.trial import unittest
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.clock import Clock
+from synapse_lite.codec.kinds import Int, Str, wire
 from synapse_lite.config.homeserver import InstanceLocation, read_homeserver_config
-from synapse_lite.http.fields import get_int, get_str
 from synapse_lite.http.server import make_site
 from synapse_lite.replication.http import calls as calls_module
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
@@ -24,26 +24,12 @@ _reactor = cast(Any, reactor)
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class Echo:
-    text: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"text": self.text}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> Echo:
-        return cls(get_str(body, "text", max_length=20))
+    text: str = attr.ib(metadata=wire(Str(max_length=20)))
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class Written:
-    stream_id: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"stream_id": self.stream_id}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any], server_name: str) -> Written:
-        return cls(get_int(body, "stream_id"))
+    stream_id: int = attr.ib(metadata=wire(Int()))
 
 
 ECHO = InternalCall("test_echo", Echo, Echo, served_by=writer_of("typing"))

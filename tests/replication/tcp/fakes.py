@@ -40,27 +40,27 @@ class FakePositions:
     def newest_local_write(self) -> int:
         return self.local_write
 
-    def sync_position(self) -> int:
+    def persisted_upto_position(self) -> int:
         return min([self.local_write, *self.received.values()])
 
-    def on_position(self, writer: str, position: int) -> None:
+    def advance_writer(self, writer: str, position: int) -> None:
         self.calls.append(("position", writer, position))
         if self.can_reset:
             self.received[writer] = position
         else:
             self.received[writer] = max(self.received.get(writer, 0), position)
 
-    def on_row(self, writer: str, position: int) -> None:
+    def advance_past_row(self, writer: str, position: int) -> None:
         self.calls.append(("row", writer, position))
         self.received[writer] = max(self.received.get(writer, 0), position)
 
-    async def stopped_writer_position(self, writer: str) -> int:
+    async def read_stopped_writer_position(self, writer: str) -> int:
         return self.received.get(writer, 0)
 
     def forget_writer(self, writer: str) -> None:
         self.received.pop(writer, None)
 
-    async def max_allocated(self) -> int | None:
+    async def read_max_allocated(self) -> int | None:
         self.sequence_reads += 1
         return self.allocated
 
@@ -135,6 +135,6 @@ class RecordingReceiver:
         self.applied.append((stream_name, writer, token, list(rows)))
         positions = self.streams[stream_name].positions
         if rows:
-            positions.on_row(writer, token)
+            positions.advance_past_row(writer, token)
         else:
-            positions.on_position(writer, token)
+            positions.advance_writer(writer, token)

@@ -60,13 +60,13 @@ class ReceiverTestCase(unittest.TestCase):
         self.receiver = ReplicationReceiver(
             cast(Any, _Store(self.log)), streams, cast(Any, _Notifier(self.log)), self.waiters
         )
-        original = self.positions.on_row
+        original = self.positions.advance_past_row
 
-        def logged_on_row(writer: str, position: int) -> None:
+        def logged_advance_past_row(writer: str, position: int) -> None:
             self.log.append(f"advance {position}")
             original(writer, position)
 
-        self.positions.on_row = logged_on_row  # type: ignore[method-assign]
+        self.positions.advance_past_row = logged_advance_past_row  # type: ignore[method-assign]
         self.receiver.add_row_hook(
             "events", lambda writer, token, rows: self.log.append(f"hook {token}")
         )

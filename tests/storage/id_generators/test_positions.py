@@ -11,20 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial import unittest
 
-from synapse_lite.storage.id_generators.positions import StreamPositions
+from synapse_lite.storage.id_generators.positions import PositionModel
 
 WRITERS = ("first", "second", "third")
 
 
-def model(
-    name: str, positions: dict[str, int], persisted: int, writers: Any = ()
-) -> StreamPositions:
-    m = StreamPositions(name)
+def model(name: str, positions: dict[str, int], persisted: int, writers: Any = ()) -> PositionModel:
+    m = PositionModel(name)
     m.load(positions, persisted, writers=writers)
     return m
 
 
-def allocate(m: StreamPositions, ids: list[int]) -> None:
+def allocate(m: PositionModel, ids: list[int]) -> None:
     marker = m.begin_fetch()
     m.fetched(ids)
     m.end_fetch(marker)
@@ -44,49 +42,49 @@ class ScenarioTestCase(unittest.TestCase):
 
     def test_get_persisted_upto_position(self) -> None:
         m = model("reader", {"first": 3, "second": 5}, 3)
-        seen = [m.persisted_upto]
+        seen = [m.persisted_upto_position()]
         for writer, position in (("first", 6), ("second", 7), ("second", 9), ("first", 8)):
-            m.on_position(writer, position)
-            seen.append(m.persisted_upto)
+            m.advance_writer(writer, position)
+            seen.append(m.persisted_upto_position())
         # first at 6 holds the stream back until it reaches 8.
         self.assertEqual(seen, [3, 5, 6, 6, 8])
-        m.on_row("first", 8)
-        m.on_position("first", 11)
-        m.on_position("second", 15)
-        self.assertEqual(m.persisted_upto, 11)
+        m.advance_past_row("first", 8)
+        m.advance_writer("first", 11)
+        m.advance_writer("second", 15)
+        self.assertEqual(m.persisted_upto_position(), 11)
 
     def test_rows_run_persisted_up_to_over_a_gap_filled_late(self) -> None:
         m = model("reader", {"first": 7, "second": 7}, 7)
-        m.on_row("second", 9)  # 8 is first's, still unseen
-        self.assertEqual(m.persisted_upto, 7)
-        m.on_row("first", 8)
-        self.assertEqual(m.persisted_upto, 9)
+        m.advance_past_row("second", 9)  # 8 is first's, still unseen
+        self.assertEqual(m.persisted_upto_position(), 7)
+        m.advance_past_row("first", 8)
+        self.assertEqual(m.persisted_upto_position(), 9)
 
     def test_a_position_is_not_an_id(self) -> None:
         """A POSITION says nothing of that id finishing (it may be another
         writer's, in flight); an RDATA row does."""
         m = model("reader", {"first": 5, "second": 5}, 5)
-        m.on_position("first", 7)
-        self.assertEqual(m.persisted_upto, 5)  # second may have 6 or 7 in flight
-        m.on_row("second", 6)
-        m.on_row("second", 7)
-        self.assertEqual(m.persisted_upto, 7)
+        m.advance_writer("first", 7)
+        self.assertEqual(m.persisted_upto_position(), 5)  # second may have 6 or 7 in flight
+        m.advance_past_row("second", 6)
+        m.advance_past_row("second", 7)
+        self.assertEqual(m.persisted_upto_position(), 7)
 
     def test_current_token_gap(self) -> None:
         """An idle writer jumps to the largest id it has seen allocated; one
         with a write in flight does not."""
         second = model("second", {"first": 7, "second": 7, "third": 7}, 7, WRITERS)
-        second.on_position("first", 9)
+        second.advance_writer("first", 9)
         self.assertEqual(
             (second.writer_position("first"), second.writer_position("second")), (9, 9)
         )
-        self.assertEqual(second.persisted_upto, 7)  # third lags
+        self.assertEqual(second.persisted_upto_position(), 7)  # third lags
         allocate(second, [12])
-        second.on_position("first", 11)
+        second.advance_writer("first", 11)
         self.assertEqual(second.writer_position("second"), 9)
         second.finish([12])
         self.assertEqual(second.writer_position("second"), 12)
-        self.assertEqual(second.persisted_upto, 7)
+        self.assertEqual(second.persisted_upto_position(), 7)
 
     def test_an_id_in_a_fetch_under_way_holds_the_position(self) -> None:
         m = model("first", {"first": 5, "second": 5}, 5, ["first", "second"])
@@ -102,11 +100,11 @@ class ScenarioTestCase(unittest.TestCase):
 
     def test_removed_writer_no_longer_holds_the_stream_back(self) -> None:
         m = model("reader", {"first": 3, "second": 9}, 3)
-        self.assertTrue(m.remove_writer("first"))
-        self.assertEqual(m.persisted_upto, 9)
-        self.assertFalse(m.remove_writer("first"))
+        self.assertTrue(m.forget_writer("first"))
+        self.assertEqual(m.persisted_upto_position(), 9)
+        self.assertFalse(m.forget_writer("first"))
         with self.assertRaises(ValueError):
-            m.remove_writer("reader")
+            m.forget_writer("reader")
 
     def test_new_writer_starts_at_persisted_upto(self) -> None:
         m = model("third", {"first": 3, "second": 7}, 3, ["first", "second", "third"])
@@ -114,10 +112,10 @@ class ScenarioTestCase(unittest.TestCase):
         self.assertEqual(m.writer_position("fourth"), 3)
 
     def test_loaded_rows_after_the_stored_positions(self) -> None:
-        m = StreamPositions("first")
+        m = PositionModel("first")
         m.load({"first": 3, "second": 3}, 3, [("second", 5), ("first", 4), ("second", 6)])
         self.assertEqual(m.known_writer_positions()["first"], 4)
-        self.assertEqual(m.persisted_upto, 6)
+        self.assertEqual(m.persisted_upto_position(), 6)
 
 
 # The property test.
@@ -155,13 +153,13 @@ class _World:
         self.fetches: list[list[int]] = [[] for _ in WRITERS]  # markers of open fetches
         self.delivered: list[dict[int, set[int]]] = [dict() for _ in range(4)]
         self.high: list[tuple[int, dict[str, int]]] = [(0, {}) for _ in range(4)]
-        self.models: list[StreamPositions] = [
-            self._fresh(name, writes=True) for name in WRITERS
-        ] + [self._fresh("reader", writes=False)]
+        self.models: list[PositionModel] = [self._fresh(name, writes=True) for name in WRITERS] + [
+            self._fresh("reader", writes=False)
+        ]
 
-    def _fresh(self, name: str, writes: bool) -> StreamPositions:
+    def _fresh(self, name: str, writes: bool) -> PositionModel:
         """A process starting: what the generator's loading reads."""
-        m = StreamPositions(name)
+        m = PositionModel(name)
         positions = dict(self.stored)
         if writes:
             positions[name] = self.sequence  # a starting writer has nothing in flight
@@ -213,7 +211,7 @@ class _World:
             own = me.known_writer_positions()[WRITERS[w]]
             self.stored[WRITERS[w]] = max(self.stored.get(WRITERS[w], 0), own)
         elif op.kind == "announce" and op.target != w:
-            self.models[op.target].on_position(WRITERS[w], me.writer_position(WRITERS[w]))
+            self.models[op.target].advance_writer(WRITERS[w], me.writer_position(WRITERS[w]))
         elif op.kind == "row" and op.target != w:
             # RDATA: this writer's committed rows up to its position, in order.
             position = me.writer_position(WRITERS[w])
@@ -221,7 +219,7 @@ class _World:
             for i in sorted(self.committed[w]):
                 if i <= position and i not in seen:
                     seen.add(i)
-                    self.models[op.target].on_row(WRITERS[w], i)
+                    self.models[op.target].advance_past_row(WRITERS[w], i)
         elif op.kind == "restart" and not self.in_flight[w] and not self.fetches[w]:
             before = me.writer_position(WRITERS[w])
             self.models[w] = self._fresh(WRITERS[w], writes=True)
@@ -233,13 +231,15 @@ class _World:
     def check(self) -> None:
         for index, m in enumerate(self.models):
             upto, writer_positions = self.high[index]
-            assert m.persisted_upto >= upto, "persisted-up-to went back"
+            assert m.persisted_upto_position() >= upto, "persisted-up-to went back"
             now = {name: m.writer_position(name) for name in WRITERS}
             for name, position in writer_positions.items():
                 assert now[name] >= position, f"{name}'s position went back"
-            self.high[index] = (m.persisted_upto, now)
+            self.high[index] = (m.persisted_upto_position(), now)
             for unfinished in self.unfinished():
-                assert m.persisted_upto < unfinished, "persisted-up-to passed an unfinished id"
+                assert m.persisted_upto_position() < unfinished, (
+                    "persisted-up-to passed an unfinished id"
+                )
             for w, name in enumerate(WRITERS):
                 for unfinished in self.unfinished(w):
                     assert m.known_writer_positions().get(name, 0) < unfinished, (
@@ -260,7 +260,10 @@ class _World:
                     self.run(Op("row", w, target, 0, True))
                     self.run(Op("announce", w, target, 0, True))
         for m in self.models:
-            assert m.persisted_upto == self.sequence, (m.instance_name, m.persisted_upto)
+            assert m.persisted_upto_position() == self.sequence, (
+                m.instance_name,
+                m.persisted_upto_position(),
+            )
             for name in WRITERS:
                 assert m.writer_position(name) == self.sequence
 

@@ -15,21 +15,22 @@ from twisted.web.test.requesthelper import DummyRequest
 from synapse_lite.app.listeners import HealthResource
 from synapse_lite.clock import Clock
 from synapse_lite.storage.id_generators.generator import PositionsSnapshot
-from synapse_lite.storage.id_generators.positions import StreamPositions
+from synapse_lite.storage.id_generators.positions import PositionModel
 from synapse_lite.storage.id_generators.stalls import StallDetector
+from synapse_lite.streams.definition import IdSpace
 
 
 class FakeGenerator:
-    def __init__(self, name: str, factor: int = 1) -> None:
+    def __init__(self, name: str, positive: bool = True) -> None:
         self.stream_name = name
         self.persisted_upto = 10
         self.positions: dict[str, int] = {"me": 10}
         self.unfinished: list[int] = []
-        self.factor = factor
+        self.id_space = IdSpace(f"{name}_seq", (), positive=positive)
 
     def snapshot(self) -> PositionsSnapshot:
         return PositionsSnapshot(
-            self.persisted_upto, dict(self.positions), list(self.unfinished), self.factor
+            self.persisted_upto, dict(self.positions), list(self.unfinished), self.id_space
         )
 
 
@@ -103,7 +104,7 @@ class StallDetectorTestCase(unittest.TestCase):
         self.assertEqual(detector.check(), [])
 
     def test_negative_streams_show_their_ids(self) -> None:
-        backfill = FakeGenerator("backfill", factor=-1)
+        backfill = FakeGenerator("backfill", positive=False)
         detector = self.detector((backfill, True))
         backfill.unfinished = [11]
         detector.check()
@@ -127,7 +128,7 @@ class StallDetectorTestCase(unittest.TestCase):
 
 class UnfinishedIdsTestCase(unittest.TestCase):
     def test_model_reports_its_unfinished_ids(self) -> None:
-        model = StreamPositions("me")
+        model = PositionModel("me")
         model.load({"me": 7}, 7, writers=["me"])
         marker = model.begin_fetch()
         model.fetched([8, 9, 10])

@@ -22,6 +22,7 @@ from synapse_lite.storage.database import (
 )
 from synapse_lite.storage.databases.main.cache import CacheInvalidationWorkerStore
 from synapse_lite.streams.catalog import (
+    BACKFILL,
     BackfillStreamRow,
     EventsStreamCurrentStateRow,
     EventsStreamEventRow,
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from synapse_lite.storage._base import StoreContext
 
 logger = logging.getLogger(__name__)
+
+assert BACKFILL.ids is not None
+_BACKFILL_IDS = BACKFILL.ids
 
 EVENT_COLUMNS = (
     "event_id, room_id, type, state_key, sender, content, origin_server_ts,"
@@ -421,15 +425,18 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
     async def get_backfill_stream_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int
     ) -> tuple[list[tuple[int, BackfillStreamRow]], int, bool]:
-        """The backfill stream's update function (positions positive, as on
-        the wire: the negation of the events' stream orderings)."""
+        """The backfill stream's update function (in positions, like every
+        update function; the events' stream orderings are the stored ids)."""
+        ids = _BACKFILL_IDS
 
         def txn_func(txn: LoggingTransaction) -> list[tuple[Any, ...]]:
             txn.execute(
-                "SELECT -stream_ordering, event_id, room_id, type, state_key, redacts FROM events"
-                " WHERE ? < -stream_ordering AND -stream_ordering <= ? AND instance_name = ?"
-                " ORDER BY stream_ordering DESC LIMIT ?",
-                (last_id, current_id, instance_name, limit),
+                f"SELECT {ids.position_sql('stream_ordering')},"
+                " event_id, room_id, type, state_key, redacts FROM events"
+                f" WHERE {ids.position_condition('stream_ordering', '>')}"
+                f" AND {ids.position_condition('stream_ordering', '<=')} AND instance_name = ?"
+                f" ORDER BY {ids.position_order_sql('stream_ordering')} LIMIT ?",
+                (ids.stored_id(last_id), ids.stored_id(current_id), instance_name, limit),
             )
             return [tuple(r) for r in txn.fetchall()]
 
