@@ -24,6 +24,8 @@ use constant LAYOUT_PORTS => 12;
 
 # How long the launcher may take until the whole layout answers /health (it
 # starts the processes tier by tier; the router, when there is one, last).
+# SyTest's own limit on starting a homeserver, 60 s times TIMEOUT_FACTOR,
+# usually comes first.
 use constant START_SECONDS => 120;
 
 sub _init
