@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from spark.progress import Progress
 from spark.report import error_json, print_text, report_json, write_json
 from spark.runner import AuditError, AuditOptions, run_audit
-from synapse_lite.app.audit_command import add_arguments
+from synapse_lite.app.audit_arguments import add_arguments
 
 
 def options_from_args(args: argparse.Namespace) -> AuditOptions:

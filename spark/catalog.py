@@ -68,7 +68,7 @@ def build_catalog(config: HomeServerConfig) -> AuditCatalog:
     streams = []
     for definition in config.streams.with_ids():
         assert definition.ids is not None
-        configured = config.writers_of_stream(definition)
+        configured = config.writers.writers(definition.name)
         streams.append(
             AuditedStream(
                 name=definition.name,

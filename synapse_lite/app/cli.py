@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="json (the table), or a configuration for nginx or haproxy (default: json)",
     )
 
-    from synapse_lite.app.audit_command import add_arguments as add_audit_arguments
+    from synapse_lite.app.audit_arguments import add_arguments as add_audit_arguments
 
     audit = commands.add_parser(
         "audit",

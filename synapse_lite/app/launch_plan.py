@@ -129,7 +129,7 @@ def plan_processes(config: HomeServerConfig, for_running: bool = True) -> list[P
                     " to know the port",
                 )
             )
-        streams = tuple(config.streams_written_by(name))
+        streams = tuple(config.writers.streams_written_by(name))
         argv: tuple[str, ...]
         if name == MAIN_PROCESS:
             tier = TIER_MAIN
@@ -213,3 +213,18 @@ def settings_shared_by_all(config: HomeServerConfig) -> tuple[object, ...]:
         config.log_level,
         config.position_log,
     )
+
+
+def only_these(specs: list[ProcessSpec], only: tuple[str, ...] | None) -> list[ProcessSpec]:
+    """The specs of the processes named in ``only`` (all when None): the
+    processes of one machine when a homeserver spans several."""
+    if only is None:
+        return specs
+    known = {spec.name for spec in specs}
+    unknown = [name for name in only if name not in known]
+    if unknown:
+        raise ValueError(
+            f"--only names {', '.join(unknown)}, not a process of this config"
+            f" (its processes: {', '.join(sorted(known))})"
+        )
+    return [spec for spec in specs if spec.name in only]

@@ -14,9 +14,8 @@ import logging
 
 from synapse_lite.app.admin_client import AdminRequestError, retire_events_writer
 from synapse_lite.app.child_process import ProcessFailedToStart
-from synapse_lite.app.launch_plan import plan_processes, settings_shared_by_all
+from synapse_lite.app.launch_plan import only_these, plan_processes, settings_shared_by_all
 from synapse_lite.app.launcher import Launcher
-from synapse_lite.app.run import only_these
 from synapse_lite.config.homeserver import MAIN_PROCESS, load_config
 from synapse_lite.config.validation import ConfigError
 
@@ -58,8 +57,8 @@ async def _reload(launcher: Launcher) -> None:
             name
             for name in going
             if name != MAIN_PROCESS
-            and name in old_config.stream_writers.events
-            and name not in config.stream_writers.events
+            and name in old_config.writers.writers("events")
+            and name not in config.writers.writers("events")
         ]
     if not going and not coming:
         logger.info("Reloaded %s: no process changed", path)

@@ -23,8 +23,8 @@ from twisted.web.server import Request
 
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import ListenerConfig
+from synapse_lite.endpoints import describe_listener, listen
 from synapse_lite.http.server import JsonResource, ServingSite, UploadRoute, make_site
-from synapse_lite.http.tls import server_tls_options
 from synapse_lite.rest.client import ClientHandlers, register_servlets
 
 logger = logging.getLogger(__name__)
@@ -150,25 +150,14 @@ class ListenersService(Service):
                 self.resources.upload_routes(listener.resources),
                 self._router_proof,
             )
-            if listener.tls is not None:
-                port = self._reactor.listenSSL(
-                    listener.port,
-                    site,
-                    server_tls_options(listener.tls),
-                    interface=listener.bind_address,
-                )
-            else:
-                port = self._reactor.listenTCP(
-                    listener.port, site, interface=listener.bind_address
-                )
+            port = listen(
+                self._reactor, listener.port, listener.bind_address, listener.tls, site
+            )
             self.sites.append(site)
             self.ports.append(port)
             logger.info(
-                "Listening on %s:%d (%s%s)",
-                listener.bind_address,
-                port.getHost().port,
-                ", ".join(listener.resources),
-                "; TLS" if listener.tls is not None else "",
+                "Listening on %s",
+                describe_listener(port, listener.bind_address, listener.resources, listener.tls),
             )
 
     def stopService(self) -> defer.Deferred[None]:

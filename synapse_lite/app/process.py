@@ -99,7 +99,7 @@ def run_process(argv: list[str], worker: bool) -> int:
     setup_logging(name, config.log_level)
     logger.info("Read the config (%s) in %.3f s", ", ".join(config.config_files), read_seconds)
     start = time.monotonic()
-    logger.info("Starting %s (writes %s)", name, ", ".join(config.streams_written_by(name)))
+    logger.info("Starting %s (writes %s)", name, ", ".join(config.writers.streams_written_by(name)))
     try:
         hs = build_homeserver(config, name, reactor)
     except (SchemaVersionError, IncorrectDatabaseSetup, SigningKeyFileError) as e:

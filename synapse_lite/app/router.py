@@ -29,8 +29,9 @@ from synapse_lite.app.services import CallbackService, ProcessService
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import ROUTER_PROCESS, HomeServerConfig, load_config
 from synapse_lite.config.validation import ConfigError
+from synapse_lite.endpoints import describe_listener, listen
 from synapse_lite.http.forwarded import router_proof
-from synapse_lite.http.tls import InternalTlsClient, TlsSetupError, server_tls_options
+from synapse_lite.http.tls import InternalTlsClient, TlsSetupError
 from synapse_lite.routing.backends import HealthChecks, backends_of
 from synapse_lite.routing.relay import Relay
 from synapse_lite.routing.room_writers import ReplicationFollower, RoomWriters
@@ -92,24 +93,13 @@ class RouterProcess:
         assert self.config.router is not None
         for listener in self.config.router.listeners:
             factory = self.relay.factory(listener.resources, listener.tls is not None)
-            if listener.tls is not None:
-                port = self.reactor.listenSSL(
-                    listener.port,
-                    factory,
-                    server_tls_options(listener.tls),
-                    interface=listener.bind_address,
-                )
-            else:
-                port = self.reactor.listenTCP(
-                    listener.port, factory, interface=listener.bind_address
-                )
+            port = listen(
+                self.reactor, listener.port, listener.bind_address, listener.tls, factory
+            )
             self.ports.append(port)
             logger.info(
-                "Listening on %s:%d (%s%s)",
-                listener.bind_address,
-                port.getHost().port,
-                ", ".join(listener.resources),
-                "; TLS" if listener.tls is not None else "",
+                "Listening on %s",
+                describe_listener(port, listener.bind_address, listener.resources, listener.tls),
             )
 
     async def _drain(self) -> None:

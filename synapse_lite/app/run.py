@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from synapse_lite.app.launch_plan import ProcessSpec, plan_processes
+from synapse_lite.app.launch_plan import ProcessSpec, only_these, plan_processes
 from synapse_lite.app.pid_files import (
     LAUNCHER,
     pid_file_path,
@@ -71,21 +71,6 @@ def _in_use(host: str, port: int) -> bool:
             # process's to report when it starts.
             return e.errno == errno.EADDRINUSE
     return False
-
-
-def only_these(specs: list[ProcessSpec], only: tuple[str, ...] | None) -> list[ProcessSpec]:
-    """The specs of the processes named in ``only`` (all when None): the
-    processes of one machine when a homeserver spans several."""
-    if only is None:
-        return specs
-    known = {spec.name for spec in specs}
-    unknown = [name for name in only if name not in known]
-    if unknown:
-        raise ValueError(
-            f"--only names {', '.join(unknown)}, not a process of this config"
-            f" (its processes: {', '.join(sorted(known))})"
-        )
-    return [spec for spec in specs if spec.name in only]
 
 
 def run(

@@ -24,7 +24,8 @@ from synapse_lite.config.validation import (
     load_yaml_file,
 )
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
-from synapse_lite.streams.definition import StreamCatalog, StreamDefinition
+from synapse_lite.streams.definition import StreamCatalog
+from synapse_lite.streams.writers import WritersDirectory
 
 #: The instance name of the main process.
 MAIN_PROCESS = "main"
@@ -299,14 +300,9 @@ class StreamWriters:
         process when the key was not given)."""
         return self.by_key.get(key, (MAIN_PROCESS,))
 
-    def single(self, key: str) -> str:
-        """The one writer of a key that takes one."""
-        [writer] = self.writers_of(key)
-        return writer
-
-    @property
-    def events(self) -> tuple[str, ...]:
-        return self.writers_of("events")
+    def directory(self, streams: StreamCatalog) -> WritersDirectory:
+        """Who writes each stream, by stream name (``streams/writers.py``)."""
+        return WritersDirectory(streams, self.by_key, MAIN_PROCESS)
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -460,6 +456,14 @@ class HomeServerConfig:
     pusher_instances: tuple[str, ...] = (MAIN_PROCESS,)
     #: The streams this deployment runs (their definitions).
     streams: StreamCatalog = attr.ib(default=BUILTIN_STREAMS, hash=False)
+    #: Who writes each of them (built from ``stream_writers`` and ``streams``).
+    writers: WritersDirectory = attr.ib(
+        default=attr.Factory(
+            lambda self: self.stream_writers.directory(self.streams), takes_self=True
+        ),
+        hash=False,
+        init=False,
+    )
     #: The router in front of the processes, if there is one.
     router: RouterConfig | None = None
     internal_tls: InternalTlsConfig = attr.ib(factory=InternalTlsConfig)
@@ -477,23 +481,6 @@ class HomeServerConfig:
         if instance_name == MAIN_PROCESS:
             return self.listeners
         return self.workers[instance_name].listeners
-
-    def writers_of_stream(self, definition: StreamDefinition) -> tuple[str, ...]:
-        """Who writes a stream; empty when every process may."""
-        rule = definition.writers
-        if rule.any_process:
-            return ()
-        if rule.config_key is None:
-            return (MAIN_PROCESS,)
-        return self.stream_writers.writers_of(rule.config_key)
-
-    def streams_written_by(self, instance_name: str) -> list[str]:
-        """The streams ``instance_name`` writes (and so announces over replication)."""
-        return [
-            d.name
-            for d in self.streams
-            if not self.writers_of_stream(d) or instance_name in self.writers_of_stream(d)
-        ]
 
     def http_address(self, instance_name: str, resource: str) -> InstanceLocation | None:
         """Where another process (the router, say) reaches ``instance_name``'s

@@ -32,9 +32,9 @@ def metrics_job(config: HomeServerConfig, name: str) -> str:
         return "router"
     if name == MAIN_PROCESS:
         return "main"
-    if name in config.stream_writers.events:
+    if name in config.writers.writers("events"):
         return "events_writer"
-    if config.streams_written_by(name) != ["caches"]:
+    if config.writers.streams_written_by(name) != ["caches"]:
         return "stream_writer"
     if name == config.federation_sender:
         return "federation_sender"

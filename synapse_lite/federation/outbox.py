@@ -17,7 +17,10 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from synapse_lite.replication.notifier import ReplicationNotifier
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +28,15 @@ logger = logging.getLogger(__name__)
 class OutboxConsumer:
     """Base of the components told about queued EDUs."""
 
-    def __init__(self, to_device_position: Callable[[], int]) -> None:
-        """``to_device_position()``: this process's position on to_device.
-        The composition root calls :meth:`release_held` whenever ids finish."""
+    def __init__(
+        self, to_device_position: Callable[[], int], local_writes: ReplicationNotifier
+    ) -> None:
+        """``to_device_position()``: this process's position on to_device;
+        ``local_writes``: poked whenever this process's ids finish (then
+        :meth:`release_held` runs)."""
         self._to_device_position = to_device_position
         self._held: list[tuple[int, str]] = []
+        local_writes.add_replication_callback(self.release_held)
 
     def send_device_messages(self, destination: str, upto_stream_id: int) -> None:
         """EDUs for ``destination`` are queued up to ``upto_stream_id``."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from twisted.internet import defer
 
 from synapse_lite.federation.outbox import OutboxConsumer
+from synapse_lite.replication.streams import MemoryPositions
 from synapse_lite.replication.tcp.commands import FederationAckCommand
 from synapse_lite.streams.catalog import FederationStreamRow
 from synapse_lite.streams.definition import Updates
@@ -49,12 +50,14 @@ class FederationRemoteSendQueue(OutboxConsumer):
         *,
         store: GenericWorkerStore,
         clock: Clock,
+        positions: MemoryPositions,
         replication_notifier: ReplicationNotifier,
     ) -> None:
-        super().__init__(store.get_to_device_stream_token)
+        """``positions``: the stream's counter, from :meth:`positions`."""
+        super().__init__(store.get_to_device_stream_token, replication_notifier)
         self._store = store
         self._replication_notifier = replication_notifier
-        self._position = clock.time_msec()
+        self._positions = positions
         #: destination -> (token, to_device stream id)
         self._items: dict[str, tuple[int, int]] = {}
 
@@ -73,19 +76,25 @@ class FederationRemoteSendQueue(OutboxConsumer):
     def stop(self) -> None:
         pass
 
+    @staticmethod
+    def positions(clock: Clock) -> MemoryPositions:
+        """The stream's counter, starting at the clock's milliseconds (see
+        the module docstring)."""
+        return MemoryPositions(clock.time_msec())
+
     def get_current_token(self) -> int:
-        return self._position
+        return self._positions.current
 
     def send_device_messages(self, destination: str, upto_stream_id: int) -> None:
         previous = self._items.get(destination)
         upto = max(upto_stream_id, previous[1]) if previous else upto_stream_id
-        self._position += 1
-        self._items[destination] = (self._position, upto)
+        self._positions.current += 1
+        self._items[destination] = (self._positions.current, upto)
         self._replication_notifier.notify_replication()
 
     def federation_ack(self, cmd: FederationAckCommand) -> None:
         """The sender has taken every item up to ``cmd.token``."""
-        if cmd.token > self._position:
+        if cmd.token > self._positions.current:
             # An ack from before this process restarted: it says nothing
             # about this run's items.
             return
@@ -100,7 +109,7 @@ class FederationRemoteSendQueue(OutboxConsumer):
         self, instance_name: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[Updates, int, bool]:
         """The stream's update function: items in ``(from_token, upto_token]``."""
-        if from_token > self._position:
+        if from_token > self._positions.current:
             from_token = 0  # the asker saw a previous run of this process
         items = sorted(
             (token, destination, stream_id)

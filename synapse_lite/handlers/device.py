@@ -2,7 +2,7 @@
 
 Creating, renaming or deleting a device writes the device_lists stream, so
 those requests go to the user's device_lists writer
-(:func:`device_lists_writer_for`) over internal HTTP. The access token is
+(``config.writers.writer_for``) over internal HTTP. The access token is
 generated where the client's request arrived: only its hash travels and is
 stored.
 """
@@ -24,7 +24,6 @@ from synapse_lite.replication.http.devices import (
     DeviceRename,
     DevicesLogout,
     TokensRevoked,
-    device_lists_writer_for,
 )
 from synapse_lite.replication.http.writes import StreamWritten
 
@@ -63,7 +62,7 @@ class DeviceHandler:
 
     def writer_for(self, user_id: str) -> str:
         """The device_lists writer of ``user_id``'s device changes."""
-        return device_lists_writer_for(self._config, user_id)
+        return self._config.writers.writer_for("device_lists", user_id)
 
     async def create_device_and_token(
         self, user_id: str, device_id: str, display_name: str | None

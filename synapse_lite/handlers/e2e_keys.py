@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import is_mine_id, is_valid_user_id
 from synapse_lite.handlers.device import wake_for_device_change
-from synapse_lite.replication.http.devices import device_lists_writer_for
 from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_CROSS_SIGNING_KEYS,
     UPLOAD_DEVICE_KEYS,
@@ -241,7 +240,7 @@ class E2eKeysHandler:
             await self._calls.call(
                 UPLOAD_DEVICE_KEYS,
                 DeviceKeysUpload(user_id, device_id, device_keys),
-                instance=device_lists_writer_for(self._config, user_id),
+                instance=self._config.writers.writer_for("device_lists", user_id),
             )
         counts = await self._store.count_one_time_keys(user_id, device_id)
         return {"one_time_key_counts": {"signed_curve25519": 0, **counts}}
@@ -369,7 +368,7 @@ class E2eKeysHandler:
         await self._calls.call(
             UPLOAD_CROSS_SIGNING_KEYS,
             CrossSigningUpload(user_id, uploaded),
-            instance=device_lists_writer_for(self._config, user_id),
+            instance=self._config.writers.writer_for("device_lists", user_id),
         )
         return {}
 
@@ -435,7 +434,7 @@ class E2eKeysHandler:
             await self._calls.call(
                 UPLOAD_SIGNATURES,
                 SignaturesUpload(signer, signatures),
-                instance=device_lists_writer_for(self._config, signer),
+                instance=self._config.writers.writer_for("device_lists", signer),
             )
         return {"failures": failures}
 

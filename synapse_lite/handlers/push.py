@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import attr
 
+from synapse_lite.api.identifiers import is_mine_id
 from synapse_lite.push.evaluator import (
     CompiledRule,
     DefaultRulesEvaluator,
@@ -61,8 +62,9 @@ class PushActionsHandler:
     room's state.
     """
 
-    def __init__(self, store: GenericWorkerStore) -> None:
+    def __init__(self, store: GenericWorkerStore, server_name: str) -> None:
         self._store = store
+        self._server_name = server_name
         self._compiled: LruCache[list[CompiledRule] | None] = LruCache(COMPILED_RULES_CACHE_SIZE)
         self._defaults = DefaultRulesEvaluator(
             compile_ruleset(UserPushRules().ruleset("@template:invalid"))
@@ -151,7 +153,7 @@ class PushActionsHandler:
                 content.type == "m.room.member"
                 and invitee
                 and content.content.get("membership") == "invite"
-                and self._store.hs.is_mine_id(invitee)
+                and is_mine_id(invitee, self._server_name)
             ):
                 # An invite notifies its (local, not yet joined) target.
                 found, invitee_rules = self._compiled.get(invitee)
@@ -185,7 +187,7 @@ class PushActionsHandler:
         defaults: list[tuple[str, str | None]] = []
         own_rules: dict[str, tuple[str | None, list[CompiledRule]]] = {}
         for user_id, display_name in members:
-            if not self._store.hs.is_mine_id(user_id):
+            if not is_mine_id(user_id, self._server_name):
                 continue
             found, rules = self._compiled.get(user_id)
             if not found:

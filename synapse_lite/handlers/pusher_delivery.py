@@ -23,7 +23,6 @@ on restart (the Push Gateway API has no idempotency key; the notification's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -36,11 +35,13 @@ from twisted.web.iweb import IPolicyForHTTPS
 
 from synapse_lite.push.pushers import PusherSet
 from synapse_lite.replication.http.writes import SET_PUSHER
+from synapse_lite.streams.definition import ShardKey, StableHash
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.events import Event
     from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
     from synapse_lite.storage.databases.main.pushers import Pusher
 
@@ -62,11 +63,15 @@ BATCH = 20
 _JSON_HEADERS: dict[bytes | str, list[bytes | str]] = {"Content-Type": ["application/json"]}
 
 
+#: Which of ``pusher_instances`` delivers a pusher's notifications: the
+#: stable hash of the pusher's key, over the instances in config order.
+PUSHER_SHARD = StableHash(ShardKey.PUSHER, sorted_instances=False)
+
+
 def owner_of(pusher_key: tuple[str, str, str], instances: Sequence[str]) -> str:
     """The pusher instance delivering for a pusher (stable across restarts
     and processes)."""
-    digest = hashlib.sha256("\0".join(pusher_key).encode("utf-8")).digest()
-    return instances[int.from_bytes(digest[:8], "big") % len(instances)]
+    return PUSHER_SHARD.pick("\0".join(pusher_key), instances)
 
 
 class PusherDelivery:
@@ -82,7 +87,11 @@ class PusherDelivery:
         instances: Sequence[str],
         reactor: Any,
         tls_policy: IPolicyForHTTPS,
+        local_writes: ReplicationNotifier | None = None,
     ) -> None:
+        """``local_writes``: poked when this process's ids finish, where it
+        writes events or receipts (new notifications, badge updates); rows
+        written elsewhere wake it through :meth:`on_rows`."""
         self._store = store
         self._clock = clock
         self._calls = calls
@@ -114,6 +123,8 @@ class PusherDelivery:
         #: looked at for badge updates (older ones are not this process's
         #: business: it was not running, or the pushers did not exist).
         self._receipts_seen = store.get_receipts_position()
+        if local_writes is not None:
+            local_writes.add_replication_callback(self.wake)
 
     def start(self) -> None:
         self._loop = task.LoopingCall(self._tick)

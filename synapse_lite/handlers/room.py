@@ -34,12 +34,12 @@ from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import check_power_levels_content
 from synapse_lite.handlers.profile import member_content, profile_of
 from synapse_lite.http.fields import get_bool, get_dict, get_list, get_optional_str
-from synapse_lite.storage.databases.main.room import choose_event_writer
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.streams.writers import WritersDirectory
 
 PRESETS = {
     "private_chat": {"join_rule": "invite", "history": "shared", "guests": "can_join"},
@@ -100,13 +100,17 @@ class RoomCreationHandler:
         clock: Clock,
         server_name: str,
         events: EventCreationHandler,
+        writers: WritersDirectory,
         event_writers: Callable[[], Sequence[str]],
     ) -> None:
-        """``event_writers()``: the events writers this process knows of now."""
+        """``event_writers()``: the events writers this process knows of now
+        (a new room goes to one of them by the events stream's rule in
+        ``writers``)."""
         self._store = store
         self._clock = clock
         self._server_name = server_name
         self._events = events
+        self._writers = writers
         self._event_writers = event_writers
 
     async def create_room(self, requester: Requester, body: dict[str, Any]) -> str:
@@ -224,7 +228,7 @@ class RoomCreationHandler:
     async def persist_new_room(self, room_id: str, specs: list[EventSpec]) -> None:
         """Have the writer a new room goes to persist its first events
         (``specs``, the create event first) in one request."""
-        writer = choose_event_writer(room_id, self._event_writers())
+        writer = self._writers.writer_for("events", room_id, among=self._event_writers())
         await self._events.send_events(room_id, specs, new_room_writer=writer)
 
     async def _check_invitees(self, invite: list[Any], creator: str) -> list[str]:

@@ -303,7 +303,7 @@ class SyncHandler:
                 waits.append(self._waiters.wait_for_stream_position(writer, "events", position))
         for name in self._token_streams:
             stream = self._streams[name]
-            writers = self._config.writers_of_stream(stream.definition)
+            writers = self._config.writers.writers(name)
             if stream.positions.can_reset or len(writers) != 1:
                 continue
             wanted = since.get(name)

@@ -1,8 +1,10 @@
 """Typing notifications: a stream kept in the typing writer's memory.
 
-The writer owns the data and the stream's token: ``_latest_room_serial`` goes up
-by one per change, so ``current_token`` is always a token it handed out. Other
-processes follow the writer's rows.
+The writer owns the data and the stream's token: its counter (the stream's
+:class:`~synapse_lite.replication.streams.MemoryPositions`, which it is built
+with) goes up by one per change, so the stream's position is always a token
+it handed out. Other processes follow the writer's rows, moving their copy's
+counter as the rows arrive.
 
 A restart of the writer forgets everything, so a position must say which run
 of the writer it belongs to: each start takes the next run number from the
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.replication.http.calls import EmptyBody
 from synapse_lite.replication.http.writes import SET_TYPING, TypingChange
+from synapse_lite.replication.streams import MemoryPositions
 from synapse_lite.streams.catalog import TypingStreamRow
 from synapse_lite.streams.definition import Updates
 from synapse_lite.tokens import MAX_TOKEN_POSITION
@@ -58,15 +61,16 @@ def starts_typing_run(position: int) -> bool:
 
 
 class TypingHandlerBase:
-    """Who is typing where, as of which serial."""
+    """Who is typing where, as of which serial (``positions.current``, the
+    typing stream's position, moved here alone)."""
 
-    def __init__(self, start: int = 0) -> None:
-        self._latest_room_serial = start
+    def __init__(self, positions: MemoryPositions) -> None:
+        self._positions = positions
         self._room_serials: dict[str, int] = {}
         self._room_typing: dict[str, set[str]] = {}
 
     def get_current_token(self) -> int:
-        return self._latest_room_serial
+        return self._positions.current
 
     def get_typing_for_rooms(
         self, room_ids: list[str], since_token: int | None
@@ -76,7 +80,7 @@ class TypingHandlerBase:
         When it is of another run of the writer than ours (or ahead of us):
         every room in ``room_ids``, those nobody types in now as empty lists,
         since the client may still show typing the writer's restart forgot."""
-        current = self._latest_room_serial
+        current = self._positions.current
         if since_token is None:
             return {
                 room_id: sorted(self._room_typing.get(room_id, ()))
@@ -106,28 +110,33 @@ class TypingHandlerBase:
 
 
 class TypingWriterHandler(TypingHandlerBase):
-    """The process that writes the typing stream (serves :data:`SET_TYPING`).
-    ``run``: this start's run number (see the module docstring)."""
+    """The process that writes the typing stream (serves :data:`SET_TYPING`),
+    counting in ``positions``, made by :meth:`positions` for this start's
+    run (see the module docstring)."""
+
+    @staticmethod
+    def positions(run: int) -> MemoryPositions:
+        """The typing stream's position on the writer: from the start of
+        ``run`` (this start's run number)."""
+        if not 0 < run < MAX_TOKEN_POSITION // RUN_SPAN:
+            raise ValueError(f"typing writer run {run} does not fit in a token")
+        return MemoryPositions(run * RUN_SPAN, starts_typing_run)
 
     def __init__(
         self,
         *,
-        run: int,
+        positions: MemoryPositions,
         store: GenericWorkerStore,
         clock: Clock,
         notifier: Notifier,
         replication_notifier: ReplicationNotifier,
-        calls: InternalCalls,
     ) -> None:
-        if not 0 < run < MAX_TOKEN_POSITION // RUN_SPAN:
-            raise ValueError(f"typing writer run {run} does not fit in a token")
-        super().__init__(run * RUN_SPAN)
-        self._run_end = (run + 1) * RUN_SPAN - 1
+        super().__init__(positions)
+        self._run_end = (typing_run(positions.current) + 1) * RUN_SPAN - 1
         self._store = store
         self._clock = clock
         self._notifier = notifier
         self._replication_notifier = replication_notifier
-        self._calls = calls
         self._expiry: dict[tuple[str, str], int] = {}
         self._expiry_loop: Any = None
 
@@ -141,9 +150,8 @@ class TypingWriterHandler(TypingHandlerBase):
     async def set_typing(
         self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None
     ) -> None:
-        await self._calls.call(
-            SET_TYPING, TypingChange(requester, target_user, room_id, typing, timeout_ms)
-        )
+        # The writer applies its own changes (what SET_TYPING does here).
+        await self.apply_typing(TypingChange(requester, target_user, room_id, typing, timeout_ms))
 
     async def apply_typing(self, change: TypingChange) -> EmptyBody:
         """Mark a user typing (for ``timeout_ms``) or not, in a room they are in."""
@@ -179,11 +187,12 @@ class TypingWriterHandler(TypingHandlerBase):
                     self._changed(room_id)
 
     def _changed(self, room_id: str) -> None:
-        if self._latest_room_serial >= self._run_end:
+        positions = self._positions
+        if positions.current >= self._run_end:
             # A trillion changes in one run: restarting the writer starts a new run.
             raise RuntimeError("the typing writer's run is full; restart it")
-        self._latest_room_serial += 1
-        self._room_serials[room_id] = self._latest_room_serial
+        positions.current += 1
+        self._room_serials[room_id] = positions.current
         self._notifier.notify(rooms=[room_id])
         self._replication_notifier.notify_replication()
 
@@ -193,7 +202,7 @@ class TypingWriterHandler(TypingHandlerBase):
         """The typing stream's update function. A ``last_id`` of another run
         (or ahead of us) means the asker saw a previous run: it gets every
         room's current state."""
-        current = self._latest_room_serial
+        current = self._positions.current
         if last_id > current or typing_run(last_id) != typing_run(current):
             last_id = 0
         changed = sorted(
@@ -215,13 +224,18 @@ class TypingWriterHandler(TypingHandlerBase):
 class TypingFollowerHandler(TypingHandlerBase):
     """Any other process: mirrors the writer's rows and forwards changes to it."""
 
-    def __init__(self, calls: InternalCalls) -> None:
-        super().__init__()
+    @staticmethod
+    def positions() -> MemoryPositions:
+        """A follower's copy of the writer's position (0 until rows arrive)."""
+        return MemoryPositions(0, starts_typing_run)
+
+    def __init__(self, positions: MemoryPositions, calls: InternalCalls) -> None:
+        super().__init__(positions)
         self._calls = calls
 
     def on_rows(self, writer: str, token: int, rows: Sequence[TypingStreamRow]) -> None:
         """Take the writer's rows (or bare position) before the stream advances."""
-        latest = self._latest_room_serial
+        latest = self._positions.current
         if token < latest or typing_run(token) != typing_run(latest):
             logger.info(
                 "The typing writer restarted (position %d, run %d; ours %d, run %d): resetting",
@@ -234,7 +248,7 @@ class TypingFollowerHandler(TypingHandlerBase):
         for row in rows:
             self._room_typing[row.room_id] = set(row.user_ids)
             self._room_serials[row.room_id] = token
-        self._latest_room_serial = token
+        self._positions.current = token
 
     async def set_typing(
         self, requester: str, target_user: str, room_id: str, typing: bool, timeout_ms: int | None

@@ -74,7 +74,6 @@ class InternalTlsClient:
     certificates must chain to ``ca_path`` and name the address connected to."""
 
     def __init__(self, ca_path: str | None) -> None:
-        self._ca_path = ca_path
         self._trust_root: Any = None
         if ca_path is not None:
             try:

@@ -23,7 +23,7 @@ See docs/workers.md, "Adding and removing events writers".
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -37,13 +37,9 @@ from synapse_lite.storage.databases.main.instances import (
 )
 
 if TYPE_CHECKING:
-    from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
-
-#: Streams whose writers are the events writers.
-EVENTS_WRITER_STREAMS = ("events", "backfill")
 
 
 class InstanceDirectory:
@@ -56,7 +52,7 @@ class InstanceDirectory:
         self._me = instance_name
         self._store = store
         self._records: dict[str, InstanceRecord] = {}
-        self._event_writers: tuple[str, ...] = self._config.stream_writers.events
+        self._event_writers: tuple[str, ...] = self._config.writers.writers("events")
         #: Writers retired before this process started that its config still lists.
         self._retired_at_startup: list[str] = []
         #: Writers the main process's config dropped since its last run.
@@ -65,7 +61,8 @@ class InstanceDirectory:
         #: writer the table does not list is not looked up on every row.
         self._looked_up: set[str] = set()
         self._refresh_lock = defer.DeferredLock()
-        self._handler: ReplicationCommandHandler | None = None
+        #: Told of each writer retired (the command handler, once built).
+        self._forget: Callable[[str], None] | None = None
         #: The deployment this database belongs to (read at startup).
         self.deployment_id = ""
 
@@ -74,7 +71,7 @@ class InstanceDirectory:
     def load_at_startup(self, txn: LoggingTransaction) -> None:
         """Record this process and read the table (on the startup connection)."""
         me = self._me
-        writers = self._config.stream_writers.events
+        writers = self._config.writers.writers("events")
         self.deployment_id = InstancesWorkerStore.load_or_create_deployment_id_txn(txn)
         InstancesWorkerStore.record_instance_txn(
             txn, me, self._config.instance_map.get(me), me in writers
@@ -92,11 +89,15 @@ class InstanceDirectory:
                 writer,
             )
 
-    def attach(self, handler: ReplicationCommandHandler) -> None:
-        """Follow changes arriving over replication (once the handler exists)."""
-        self._handler = handler
-        handler.receiver.add_row_hook("events", self.on_events_rows)
-        handler.receiver.add_row_hook("caches", self.on_caches_rows)
+    def follow_retirements(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget(writer)`` for each events writer retired: at once for
+        those retired before this process started that its config still
+        lists, later as the table changes. The main process also announces
+        the writers its config dropped, for processes still running with the
+        old config. (Called by the command handler as it is built; the
+        table's changes arrive through :meth:`on_events_rows` and
+        :meth:`on_caches_rows`, row hooks of the receiver.)"""
+        self._forget = forget
         for writer in self._retired_at_startup:
             self._forget_writer(writer)
         if self._dropped_by_config:
@@ -147,7 +148,7 @@ class InstanceDirectory:
     def _apply(self, records: list[InstanceRecord]) -> list[str]:
         """Take a new copy of the table; returns the events writers it removed."""
         self._records = {r.instance_name: r for r in records}
-        writers = list(self._config.stream_writers.events)
+        writers = list(self._config.writers.writers("events"))
         for record in records:
             name = record.instance_name
             if record.writes_events and name not in writers:
@@ -156,7 +157,7 @@ class InstanceDirectory:
                 writers.remove(name)
         if not writers:
             logger.error("The instances table lists no events writer; using the config's")
-            writers = list(self._config.stream_writers.events)
+            writers = list(self._config.writers.writers("events"))
         previous = self._event_writers
         self._event_writers = tuple(writers)
         added = [w for w in writers if w not in previous]
@@ -171,10 +172,9 @@ class InstanceDirectory:
         return removed
 
     def _forget_writer(self, writer: str) -> None:
-        if self._handler is None or writer == self._me:
+        if self._forget is None or writer == self._me:
             return
-        for stream_name in EVENTS_WRITER_STREAMS:
-            self._handler.forget_writer(stream_name, writer)
+        self._forget(writer)
 
     def _refresh_in_background(self, why: str) -> None:
         logger.info("Reading the instances table again: %s", why)

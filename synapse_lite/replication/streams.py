@@ -123,36 +123,38 @@ class IdGeneratorPositions:
 
 
 class MemoryPositions:
-    """The position of a stream kept in its writer's memory: the counter of the
-    component that owns the rows (the writer's, or a follower's copy, which its
-    row hook has already moved when the receiver gets here)."""
+    """The position of a stream kept in memory (typing, federation): a counter
+    that only the component owning the rows moves -- the writer as it hands
+    out positions, a follower's copy as its row hook takes the writer's rows
+    (before the receiver gets here) -- so it is always a position that
+    component really reached. The component is built with its counter
+    (``TypingWriterHandler.positions(run)``, ...); the stream reads it."""
 
     can_reset = True
 
     def __init__(
-        self,
-        current: Callable[[], int],
-        starts_run: Callable[[int], bool] = lambda position: position == 0,
+        self, start: int = 0, starts_run: Callable[[int], bool] = lambda position: position == 0
     ) -> None:
         """``starts_run``: whether a run of the writer begins at a position
         (by default runs start from 0)."""
-        self._current = current
+        #: The position: moved by the owning component alone.
+        self.current = start
         self._starts_run = starts_run
 
     def starts_run(self, position: int) -> bool:
         return self._starts_run(position)
 
     def writer_position(self, writer: str) -> int:
-        return self._current()
+        return self.current
 
     def received_position(self, writer: str) -> int:
-        return self._current()
+        return self.current
 
     def newest_local_write(self) -> int:
-        return self._current()
+        return self.current
 
     def sync_position(self) -> int:
-        return self._current()
+        return self.current
 
     def on_position(self, writer: str, position: int) -> None:
         pass
@@ -161,7 +163,7 @@ class MemoryPositions:
         pass
 
     async def stopped_writer_position(self, writer: str) -> int:
-        return self._current()
+        return self.current
 
     def forget_writer(self, writer: str) -> None:
         pass

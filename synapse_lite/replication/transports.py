@@ -14,8 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from twisted.internet.interfaces import IStreamClientEndpoint
+
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
-from synapse_lite.http.tls import InternalTlsClient, server_tls_options
+from synapse_lite.endpoints import listen
+from synapse_lite.http.tls import InternalTlsClient
 from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
 from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
 from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
@@ -23,15 +26,14 @@ from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
 logger = logging.getLogger(__name__)
 
 
-def connect_replication(config: HomeServerConfig, reactor: Any, client: Any) -> None:
-    """Connect a TCP replication client factory to the main process (with
-    TLS, checked against ``internal_tls.ca_path``, when its listener has it)."""
+def replication_endpoint(config: HomeServerConfig, reactor: Any) -> IStreamClientEndpoint:
+    """Where workers (and the router) connect for TCP replication: the main
+    process's listener, with TLS checked against ``internal_tls.ca_path``
+    when it has TLS."""
     replication = config.replication
-    if replication.tcp_tls is not None:
-        options = InternalTlsClient(config.internal_tls.ca_path).options_for(replication.tcp_host)
-        reactor.connectSSL(replication.tcp_host, replication.tcp_port, client, options)
-    else:
-        reactor.connectTCP(replication.tcp_host, replication.tcp_port, client)
+    return InternalTlsClient(config.internal_tls.ca_path).endpoint(
+        reactor, replication.tcp_host, replication.tcp_port, replication.tcp_tls is not None
+    )
 
 
 class ReplicationTransport:
@@ -84,17 +86,13 @@ class ReplicationTransport:
                 deployment_id=self._deployment_id,
                 check_claim=self._handler.claims.check,
             )
-            if replication.tcp_tls is not None:
-                self._listening_port = self._reactor.listenSSL(
-                    replication.tcp_port,
-                    server,
-                    server_tls_options(replication.tcp_tls),
-                    interface=replication.tcp_host,
-                )
-            else:
-                self._listening_port = self._reactor.listenTCP(
-                    replication.tcp_port, server, interface=replication.tcp_host
-                )
+            self._listening_port = listen(
+                self._reactor,
+                replication.tcp_port,
+                replication.tcp_host,
+                replication.tcp_tls,
+                server,
+            )
             self._transport = server
             logger.info(
                 "Replication listener on %s:%d%s",
@@ -111,7 +109,7 @@ class ReplicationTransport:
                 self._reactor,
                 deployment_id=self._deployment_id,
             )
-            connect_replication(config, self._reactor, client)
+            client.connect(replication_endpoint(config, self._reactor))
             self._transport = client
             logger.info(
                 "Replicating over TCP with the main process at %s:%d%s",

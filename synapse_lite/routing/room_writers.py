@@ -22,10 +22,10 @@ from synapse_lite.config.homeserver import ROUTER_PROCESS, HomeServerConfig
 from synapse_lite.replication.tcp.commands import Command, RdataCommand
 from synapse_lite.replication.tcp.connection import ReplicationConnection
 from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
-from synapse_lite.replication.transports import connect_replication
+from synapse_lite.replication.transports import replication_endpoint
 from synapse_lite.storage.database import DatabasePool
 from synapse_lite.storage.databases.main.instances import INSTANCES_CACHE_NAME
-from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE, choose_event_writer
+from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE
 from synapse_lite.storage.engines import create_engine
 from synapse_lite.streams.definition import InvalidRow
 
@@ -80,7 +80,7 @@ class RoomWriters:
         writer = rows[0][0]
         if writer is None:
             # A room from before writers were recorded: the stable hash.
-            writer = choose_event_writer(room_id, self._config.stream_writers.events)
+            writer = self._config.writers.writer_for("events", room_id)
         if generation == self._generation:
             self._writers[room_id] = writer
             if len(self._writers) > MAX_ROOMS:
@@ -158,7 +158,7 @@ class ReplicationFollower:
             self._reactor,
             followed_streams=FOLLOWED_STREAMS,
         )
-        connect_replication(config, self._reactor, client)
+        client.connect(replication_endpoint(config, self._reactor))
         self._transport = client
 
     async def stop(self) -> None:

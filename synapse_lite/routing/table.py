@@ -19,15 +19,13 @@ import attr
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
 from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client import ClientHandlers, register_servlets
-from synapse_lite.rest.client.served_by import (
+from synapse_lite.rest.client.served_by import MEDIA, MEDIA_PATH_PREFIXES, served_by
+from synapse_lite.streams.writers import (
     MAIN,
-    MEDIA,
-    MEDIA_PATH_PREFIXES,
     READERS_ROLE,
     ROOM_EVENTS_WRITER_ROLE,
     STREAM_WRITER_ROLE,
     ServedBy,
-    served_by,
 )
 
 #: Paths the router never relays: internal calls between processes.
@@ -207,12 +205,13 @@ class _Resolver:
                 [
                     n
                     for n in config.workers
-                    if config.streams_written_by(n) == ["caches"] and n != config.media_instance
+                    if config.writers.streams_written_by(n) == ["caches"]
+                    and n != config.media_instance
                 ],
             )
             return (readers, BALANCE_USER) if readers else (main, BALANCE_SINGLE)
         if declared.role == ROOM_EVENTS_WRITER_ROLE:
-            writers = _with_client_api(config, config.stream_writers.events)
+            writers = _with_client_api(config, config.writers.writers("events"))
             # Rooms of a writer without a client listener go to main (which forwards).
             if writers and writers != main:
                 return writers, BALANCE_ROOM
@@ -224,7 +223,7 @@ class _Resolver:
                     f"servlet {servlet!r} is declared to go to the writer of stream"
                     f" {declared.stream!r}, which is not a stream of the catalog"
                 )
-            writers = config.writers_of_stream(config.streams[declared.stream])
+            writers = config.writers.writers(declared.stream)
             served = _with_client_api(config, writers[:1])
             return (served or main), BALANCE_SINGLE
         if declared.role == MEDIA.role:

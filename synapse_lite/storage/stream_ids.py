@@ -47,7 +47,7 @@ class StreamIdGenerators:
                 instance_name=instance_name,
                 tables=definition.ids.id_generator_tables(),
                 sequence_name=definition.ids.sequence_name,
-                writers=list(config.writers_of_stream(definition)),
+                writers=list(config.writers.writers(definition.name)),
                 positive=definition.ids.positive,
                 prune_removed_writers=instance_name == MAIN_PROCESS,
                 position_log=position_log,

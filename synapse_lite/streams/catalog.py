@@ -17,6 +17,8 @@ import attr
 from synapse_lite.streams.definition import (
     IdSpace,
     RowCodec,
+    ShardKey,
+    StableHash,
     StreamCatalog,
     StreamDefinition,
     StreamTable,
@@ -95,11 +97,19 @@ _DELIVERED = "deleted once the device has received the message"
 _SENT = "deleted once the message was sent to the other server"
 
 
+#: The events writers (of the events and backfill streams): each room's is
+#: chosen when it is created and stored with it; writers are added and
+#: retired at run time (docs/workers.md, "Adding and removing events writers").
+EVENTS_WRITERS = WriterRule(
+    "events", several=True, shard=StableHash(ShardKey.ROOM), follows_instances=True
+)
+
+
 EVENTS = StreamDefinition(
     name="events",
     description="new events and the current-state changes they make",
     codec=TaggedRowCodec([EventsStreamEventRow, EventsStreamCurrentStateRow]),
-    writers=WriterRule("events", several=True),
+    writers=EVENTS_WRITERS,
     ids=IdSpace(
         "events_stream_seq",
         # A state change carries the id of the event that made it; one event
@@ -275,7 +285,9 @@ DEVICE_LISTS = StreamDefinition(
     description="devices added, renamed or removed; device and cross-signing keys changed",
     codec=RowCodec(DeviceListsStreamRow),
     # Each user's changes on one of them (a hash of the user id).
-    writers=WriterRule("device_lists", several=True),
+    writers=WriterRule(
+        "device_lists", several=True, shard=StableHash(ShardKey.USER, sorted_instances=False)
+    ),
     ids=IdSpace(
         "device_lists_sequence",
         # One id per user's change, on a row for each device it touches; a
@@ -310,7 +322,7 @@ BACKFILL = StreamDefinition(
     name="backfill",
     description="backfilled events (ids count down from -1; negated on the wire)",
     codec=RowCodec(BackfillStreamRow),
-    writers=WriterRule("events", several=True),
+    writers=EVENTS_WRITERS,
     ids=IdSpace(
         "events_backfill_stream_seq",
         (StreamTable("events", id_column="stream_ordering"),),

@@ -18,6 +18,7 @@ built from the definition by the composition root (``app/composition.py``).
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -88,20 +89,73 @@ class IdSpace:
         return [(t.table, t.instance_column, t.id_column) for t in self.tables]
 
 
+class ShardKey(enum.Enum):
+    """What a stream with several writers is divided by: each key is written
+    by one writer, always the same one, so one key's writes keep their order."""
+
+    #: A room's events: the writer chosen when the room is created is stored
+    #: with the room (``rooms.event_writer``) and read back, never recomputed.
+    ROOM = "room"
+    #: A user's changes (device lists).
+    USER = "user"
+    #: What is sent to one other server (federation senders).
+    DESTINATION = "destination"
+    #: What is sent to one application service.
+    SERVICE = "service"
+    #: A pusher's notifications (``pusher_instances``).
+    PUSHER = "pusher"
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class StableHash:
+    """Which one of several instances handles a key: the first 8 bytes of the
+    key's SHA-256, big-endian, modulo the number of instances.
+
+    The same for every process and across restarts (unlike Python's
+    ``hash``), so whoever computes it over the same instances agrees.
+    ``sorted_instances``: count over the instances sorted by name, so the
+    order they are listed in does not matter (new shardings do this); False
+    counts in the order configured (device lists and pushers were sharded so
+    first, and keep it: changing it would move users and pushers to another
+    instance on upgrade).
+    """
+
+    key: ShardKey
+    sorted_instances: bool = True
+
+    def pick(self, key: str, instances: Sequence[str]) -> str:
+        """The instance of ``instances`` handling ``key``."""
+        if not instances:
+            raise ValueError(f"no instances to choose from for {self.key.value} {key!r}")
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+        ordered = sorted(instances) if self.sorted_instances else instances
+        return ordered[int.from_bytes(digest[:8], "big") % len(instances)]
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class WriterRule:
     """Who may write a stream.
 
     ``config_key``: the ``stream_writers`` entry naming its writers (the main
     process when not configured); ``None``: always the main process.
-    ``several``: the entry may list more than one writer.
+    ``several``: the entry may list more than one writer; ``shard`` then
+    says which of them writes a given key.
     ``any_process``: every process may write, and no position is kept in
     ``stream_positions`` (after a restart there is nothing to recover).
+    ``follows_instances``: writers are added and retired while processes
+    run, through the ``instances`` table (``replication/instance_directory.py``);
+    the config names the writers at startup.
     """
 
     config_key: str | None = None
     several: bool = False
     any_process: bool = False
+    shard: StableHash | None = None
+    follows_instances: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.several and self.shard is None:
+            raise ValueError(f"stream_writers.{self.config_key}: several writers need a shard")
 
     def describe(self) -> str:
         """Who writes, in the words of ``docs/workers.md``'s table."""
@@ -109,7 +163,10 @@ class WriterRule:
             return "any process"
         if self.config_key is None:
             return "main"
-        return f"`stream_writers.{self.config_key}`: " + ("one or more" if self.several else "one")
+        if not self.several:
+            return f"`stream_writers.{self.config_key}`: one"
+        assert self.shard is not None
+        return f"`stream_writers.{self.config_key}`: one or more, one per {self.shard.key.value}"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

@@ -124,8 +124,7 @@ class OnlySomeProcessesTestCase(unittest.TestCase):
     """`run --only`: the processes of one machine."""
 
     def test_only_these(self) -> None:
-        from synapse_lite.app.launch_plan import plan_processes
-        from synapse_lite.app.run import only_these
+        from synapse_lite.app.launch_plan import only_these, plan_processes
         from synapse_lite.config.homeserver import load_config
 
         specs = plan_processes(load_config(generated_config(temp_dir())))

@@ -59,9 +59,11 @@ class GenerateConfigTestCase(unittest.TestCase):
         path = os.path.join(directory, "homeserver.yaml")
         write_config(GenerateOptions(layout="sharded"), path, directory)
         config = load_config(path)
-        self.assertEqual(config.stream_writers.events, ("persister1", "persister2", "persister3"))
-        self.assertEqual(config.stream_writers.single("typing"), "stream_writer1")
-        self.assertEqual(config.stream_writers.single("presence"), "stream_writer1")
+        self.assertEqual(
+            config.writers.writers("events"), ("persister1", "persister2", "persister3")
+        )
+        self.assertEqual(config.writers.single("typing"), "stream_writer1")
+        self.assertEqual(config.writers.single("presence"), "stream_writer1")
         self.assertFalse(config.enable_registration)
         self.assertNotEqual(config.worker_replication_secret, config.registration_shared_secret)
 

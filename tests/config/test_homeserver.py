@@ -55,7 +55,7 @@ class LoadConfigTestCase(unittest.TestCase):
             config.database.args["path"], os.path.join(self.dir, "data", "homeserver.db")
         )
         self.assertEqual(config.replication.transport, "tcp")
-        self.assertEqual(config.stream_writers.events, (MAIN_PROCESS,))
+        self.assertEqual(config.writers.writers("events"), (MAIN_PROCESS,))
         self.assertFalse(config.enable_registration)
         self.assertFalse(config.allow_guest_access)
         self.assertEqual(config.instance_names(), [MAIN_PROCESS])
@@ -64,8 +64,8 @@ class LoadConfigTestCase(unittest.TestCase):
 
     def test_sharded_config(self) -> None:
         config = load_config(write_config(self.dir, sharded_config()))
-        self.assertEqual(config.stream_writers.events, ("persister1", "persister2"))
-        self.assertEqual(config.stream_writers.single("typing"), "persister1")
+        self.assertEqual(config.writers.writers("events"), ("persister1", "persister2"))
+        self.assertEqual(config.writers.single("typing"), "persister1")
         self.assertEqual(config.location_of("persister2").base_url, "http://127.0.0.1:8012")
         self.assertEqual(config.location_of(MAIN_PROCESS).port, 8008)
         self.assertEqual(

@@ -36,9 +36,11 @@ class SendQueueTest(unittest.TestCase):
         self.replication_notifier = ReplicationNotifier()
         self.pokes = 0
         self.replication_notifier.add_replication_callback(self._poke)
+        clock = Clock(reactor)
         self.queue = FederationRemoteSendQueue(
             store=_NoStore(),  # type: ignore[arg-type]
-            clock=Clock(reactor),
+            clock=clock,
+            positions=FederationRemoteSendQueue.positions(clock),
             replication_notifier=self.replication_notifier,
         )
         # Tokens start at the clock's milliseconds: above any previous run's.

@@ -43,12 +43,11 @@ class _Quiet:
 def writer(run: int) -> TypingWriterHandler:
     quiet = cast(Any, _Quiet())
     return TypingWriterHandler(
-        run=run,
+        positions=TypingWriterHandler.positions(run),
         store=cast(Any, _Members()),
         clock=quiet,
         notifier=quiet,
         replication_notifier=quiet,
-        calls=quiet,
     )
 
 
@@ -117,7 +116,7 @@ class TypingRunsTestCase(unittest.TestCase):
         """Run 1 showed Alice typing in OTHER_ROOM; run 2 (which forgot it)
         sends a row for ROOM at a higher position: the follower drops
         OTHER_ROOM rather than keep showing Alice typing there forever."""
-        follower = TypingFollowerHandler(cast(Any, None))
+        follower = TypingFollowerHandler(TypingFollowerHandler.positions(), cast(Any, None))
         follower.on_rows("typer", RUN_SPAN + 1, [TypingStreamRow(OTHER_ROOM, [ALICE])])
         follower.on_rows("typer", 2 * RUN_SPAN + 1, [TypingStreamRow(ROOM, [BOB])])
         typing, token = follower.get_typing_for_rooms([ROOM, OTHER_ROOM], None)

@@ -16,7 +16,7 @@ from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.handlers import presence as presence_module
 from synapse_lite.handlers.presence import PresenceFollowerHandler, PresenceWriterHandler
 from synapse_lite.replication.http import calls as internal_calls
-from synapse_lite.storage.databases.main.room import choose_event_writer
+from synapse_lite.streams.catalog import EVENTS_WRITERS
 from tests.harness.client_api import ClientApi, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
@@ -330,6 +330,12 @@ class WorkersTestCase(DatabaseTestCase):
         sync1.end_of_syncs()  # what sync1 does when it stops: CLEAR_USER_SYNC
         await eventually(lambda: not syncing_on_sync1())
         self.assertIn(self.bob.user_id, main._last_sync_end)
+
+
+def choose_event_writer(room_id: str, writers: list[str]) -> str:
+    """The events writer a new room goes to (the events stream's rule)."""
+    assert EVENTS_WRITERS.shard is not None
+    return EVENTS_WRITERS.shard.pick(room_id, writers)
 
 
 class RoomWriterTestCase(DatabaseTestCase):

@@ -27,7 +27,7 @@ from synapse_lite.replication.http.calls import InternalCalls
 from synapse_lite.replication.tcp.commands import PositionCommand
 from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
 from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
-from synapse_lite.replication.transports import connect_replication
+from synapse_lite.replication.transports import replication_endpoint
 from tests.harness.tls import TestCA
 from tests.replication.http.test_calls import ECHO, Echo, _Locations, _Waiter
 from tests.replication.tcp.recording_receiver import RecordingReceiver, wait_until
@@ -53,6 +53,7 @@ def config_with(
         "internal_tls": {"ca_path": ca_path},
         "listeners": [{"port": 1, "resources": ["replication"]}],
         "workers": {"writer": {"listeners": [{"port": 2, "resources": ["replication"]}]}},
+        "stream_writers": {"typing": "writer"},
     }
     return read_homeserver_config(data, os.path.join(directory, "homeserver.yaml"))
 
@@ -80,7 +81,7 @@ class TlsTestCase(unittest.TestCase):
         client = ReplicationClientFactory(
             "hs.test", "writer", SECRET, receiver, _reactor, initial_delay=0.05, max_delay=1
         )
-        connect_replication(config, _reactor, client)
+        client.connect(replication_endpoint(config, _reactor))
         self.addCleanup(client.stop)
         return client, receiver
 
@@ -98,7 +99,7 @@ class TlsTestCase(unittest.TestCase):
         server, port = self.listen_replication(TlsFiles(*stranger.issue("main", ["127.0.0.1"])))
         config = config_with(self.directory, self.ca.ca_path, port, self.files)
         client, receiver = self.connect_worker(config)
-        await wait_until(lambda: client.retries >= 2, what="refused connections")
+        await wait_until(lambda: client.connections_made >= 2, what="refused connections")
         # The handshake failed before anything (the secret first) went out.
         self.assertEqual(server.connections, ())
         self.assertEqual(receiver.commands, [])

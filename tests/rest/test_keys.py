@@ -11,7 +11,6 @@ from twisted.internet import defer
 
 from synapse_lite.handlers import e2e_keys
 from synapse_lite.handlers.e2e_keys import MAX_ONE_TIME_KEYS_PER_UPLOAD
-from synapse_lite.replication.http.devices import device_lists_writer_for
 from tests.harness.client_api import ClientApi, serve, start_cluster
 from tests.harness.server import DatabaseTestCase, make_homeserver
 from tests.harness.spec import assert_spec_response
@@ -336,7 +335,7 @@ class DeviceListWritersTestCase(DatabaseTestCase):
         names: dict[str, str] = {}
         for i in range(50):
             user_id = f"@user{i}:{config.server_name}"
-            names.setdefault(device_lists_writer_for(config, user_id), f"user{i}")
+            names.setdefault(config.writers.writer_for("device_lists", user_id), f"user{i}")
         self.assertEqual(set(names), {"dl1", "dl2"})
         reader_url = clients["reader"].base_url
         alice = await ClientApi(self, reader_url).register(names["dl1"])

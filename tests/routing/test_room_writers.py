@@ -12,7 +12,7 @@ from twisted.trial import unittest
 from synapse_lite.replication.tcp.commands import RdataCommand
 from synapse_lite.routing.room_writers import RoomWriters
 from synapse_lite.storage.database import DatabasePool
-from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE, choose_event_writer
+from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE
 from tests.routing.test_relay import RoomsInTheDatabase, _config
 
 
@@ -51,7 +51,7 @@ class RoomWritersTestCase(unittest.TestCase):
         # A room from before writers were recorded: the stable hash.
         self.assertEqual(
             await self.writers.writer_of("!old:t"),
-            choose_event_writer("!old:t", self.config.stream_writers.events),
+            self.config.writers.writer_for("events", "!old:t"),
         )
 
     async def test_forgotten_when_replication_says_it_moved(self) -> None:

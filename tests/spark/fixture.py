@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from twisted.trial import unittest
 
-from synapse_lite.app.audit_command import add_arguments
+from synapse_lite.app.audit_arguments import add_arguments
 from synapse_lite.storage.database import make_startup_connection
 from synapse_lite.storage.prepare_database import prepare_database
 from synapse_lite.streams.catalog import BUILTIN_STREAMS

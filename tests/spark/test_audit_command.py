@@ -17,6 +17,7 @@ from twisted.trial import unittest
 
 from spark.catalog import build_catalog
 from synapse_lite.app import audit_command
+from synapse_lite.app.audit_arguments import add_arguments
 from synapse_lite.config.homeserver import load_config
 from synapse_lite.storage.database import make_startup_connection
 from tests.spark.fixture import AuditFixture
@@ -25,7 +26,7 @@ from tests.spark.session import DEBIAN_JDBC_JAR, jdbc_jar
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    audit_command.add_arguments(parser)
+    add_arguments(parser)
     return parser.parse_args(list(argv))
 
 

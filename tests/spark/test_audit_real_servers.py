@@ -15,7 +15,7 @@ from typing import Any
 
 from twisted.internet import defer, reactor
 
-from synapse_lite.app.audit_command import add_arguments
+from synapse_lite.app.audit_arguments import add_arguments
 from synapse_lite.app.composition import build_homeserver
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.database import make_startup_connection

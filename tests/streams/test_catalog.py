@@ -134,8 +134,8 @@ class CatalogTestCase(unittest.TestCase):
         config = read_homeserver_config(
             data, "/tmp/x.yaml", StreamCatalog([*BUILTIN_STREAMS, extra])
         )
-        self.assertEqual(config.stream_writers.writers_of("extra"), ("w1",))
-        self.assertEqual(config.streams_written_by("w1"), ["caches", "extra"])
+        self.assertEqual(config.writers.writers("extra"), ("w1",))
+        self.assertEqual(config.writers.streams_written_by("w1"), ["caches", "extra"])
         with self.assertRaises(ConfigError) as cm:
             read_homeserver_config(data, "/tmp/x.yaml")
         self.assertIn("extra", str(cm.exception))

@@ -29,12 +29,14 @@ from twisted.internet import defer
 from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.send_queue import DEVICE_MESSAGES
 from synapse_lite.federation.sender.destination import DestinationQueue
+from synapse_lite.replication.streams import MemoryPositions
 from synapse_lite.replication.tcp.commands import Command, FederationAckCommand
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.config.federation import FederationConfig
     from synapse_lite.federation.client import FederationClient
+    from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
@@ -55,10 +57,14 @@ class FederationSender(OutboxConsumer):
         client: FederationClient,
         config: FederationConfig,
         send_command: Callable[[Command], None] | None,
+        positions: MemoryPositions,
+        replication_notifier: ReplicationNotifier,
     ) -> None:
         """``send_command``: replication's way out, on a sender worker (for
-        FEDERATION_ACK); None on the main process, which needs no acks."""
-        super().__init__(store.get_to_device_stream_token)
+        FEDERATION_ACK); None on the main process, which needs no acks.
+        ``positions``: the federation stream's position here, which a sender
+        worker moves as it takes the main process's rows."""
+        super().__init__(store.get_to_device_stream_token, replication_notifier)
         self._store = store
         self._clock = clock
         self._server_name = server_name
@@ -67,7 +73,7 @@ class FederationSender(OutboxConsumer):
         self._config = config
         self._send_command = send_command
         self._queues: dict[str, DestinationQueue] = {}
-        self._position = 0
+        self._positions = positions
         self._acked = 0
         self._rescan_loop: Any = None
 
@@ -125,15 +131,15 @@ class FederationSender(OutboxConsumer):
     # The federation stream (sender worker)
 
     def get_current_token(self) -> int:
-        return self._position
+        return self._positions.current
 
     def process_federation_rows(self, instance_name: str, token: int, rows: Sequence[Any]) -> None:
         """Take the queue's rows (or bare position) before the stream advances."""
-        if token < self._position:
+        if token < self._positions.current:
             logger.info(
                 "The federation stream went back from %d to %d (the main process restarted"
                 " with its clock behind): rescanning the outbox",
-                self._position,
+                self._positions.current,
                 token,
             )
             self._acked = 0
@@ -149,11 +155,12 @@ class FederationSender(OutboxConsumer):
                 self.send_device_messages(data["destination"], data["stream_id"])
             else:
                 logger.warning("Ignoring a federation stream row %r", row)
-        self._position = token
+        self._positions.current = token
 
     def on_transaction_sent(self, destination: str) -> None:
         """Tell the main process's queue it may drop what we have taken."""
-        if self._send_command is None or self._position <= self._acked:
+        position = self._positions.current
+        if self._send_command is None or position <= self._acked:
             return
-        self._acked = self._position
-        self._send_command(FederationAckCommand(self._instance_name, self._position))
+        self._acked = position
+        self._send_command(FederationAckCommand(self._instance_name, position))

@@ -38,6 +38,7 @@ from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.http.tls import InternalTlsClient
 from synapse_lite.metrics import INTERNAL_CALL_SECONDS, INTERNAL_CALLS
+from synapse_lite.streams.writers import ServedBy
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -85,9 +86,10 @@ class InternalCall(Generic[Req, Resp]):
     name: str
     request: BodyDecoder[Req]
     response: BodyDecoder[Resp]
-    #: Which process serves it, from the config; None: the caller names it
-    #: (e.g. a room's events writer, read from the database).
-    served_by: Callable[[HomeServerConfig], str] | None = None
+    #: Which process serves it (the main process, or a stream's writer: see
+    #: ``config.writers``); None: the caller names it (a room's events writer,
+    #: a user's device-lists writer).
+    served_by: ServedBy | None = None
     #: Safe to send twice: retried after a broken connection or a timeout,
     #: not only after a refused connection.
     idempotent: bool = False
@@ -172,7 +174,7 @@ class InternalCalls:
     def server_of(self, call: InternalCall[Any, Any]) -> str:
         if call.served_by is None:
             raise ValueError(f"the internal call {call.name!r} needs an instance to call")
-        return call.served_by(self._config)
+        return self._config.writers.server_of(call.served_by)
 
     async def call(
         self, call: InternalCall[Req, Resp], request: Req, instance: str | None = None

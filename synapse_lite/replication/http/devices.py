@@ -1,13 +1,13 @@
 """Devices and access tokens, written by a writer of the device_lists stream.
 
 ``stream_writers.device_lists`` may name several writers; each user's device
-changes are always written by the same one (:func:`device_lists_writer_for`),
-so one user's changes keep their order. The calls here are sent to that
+changes are always written by the same one (the stream's per-user rule,
+``config.writers.writer_for("device_lists", user_id)``), so one user's
+changes keep their order. The calls here are sent to that
 writer by the caller (``instance=``)."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
@@ -15,23 +15,14 @@ import attr
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text
-from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.http.fields import get_optional_str, get_str
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
-from synapse_lite.replication.http.writes import StreamWritten, local_user, writer_of, written_on
+from synapse_lite.replication.http.writes import StreamWritten, local_user, written_on
+from synapse_lite.streams.writers import writer_of
 
 _TOKEN_HASH = re.compile(r"[0-9a-f]{64}")
 #: Devices one logout may name.
 MAX_DEVICES_PER_DELETE = 1_000
-
-
-def device_lists_writer_for(config: HomeServerConfig, user_id: str) -> str:
-    """The device_lists writer that writes ``user_id``'s device changes: one
-    of ``stream_writers.device_lists`` by a hash of the user id (stable
-    across processes and restarts while the list stays the same)."""
-    writers = config.stream_writers.writers_of("device_lists")
-    digest = hashlib.sha256(user_id.encode("utf-8")).digest()
-    return writers[int.from_bytes(digest[:8], "big") % len(writers)]
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -59,7 +50,7 @@ class DeviceLogin:
         )
 
 
-#: Served by the user's device_lists writer (``instance=device_lists_writer_for(...)``).
+#: Served by the user's device_lists writer, named by the caller.
 REGISTER_DEVICE = InternalCall("register_device", DeviceLogin, EmptyBody)
 
 

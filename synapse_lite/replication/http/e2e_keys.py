@@ -1,6 +1,6 @@
 """Key writes that announce a change on the device_lists stream, so run on the
-user's device_lists writer (``instance=device_lists_writer_for(...)``, see
-``devices.py``): a device's identity keys."""
+user's device_lists writer (``config.writers.writer_for("device_lists",
+user_id)``, see ``devices.py``): a device's identity keys."""
 
 from __future__ import annotations
 

@@ -7,13 +7,9 @@ from typing import Any
 import attr
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
 from synapse_lite.http.fields import get_bool, get_int, get_list, get_str
 from synapse_lite.replication.http.calls import InternalCall
-
-
-def _main_process(config: HomeServerConfig) -> str:
-    return MAIN_PROCESS
+from synapse_lite.streams.writers import MAIN
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -51,5 +47,5 @@ class WriterRetired:
 
 
 RETIRE_EVENTS_WRITER = InternalCall(
-    "retire_events_writer", WriterToRetire, WriterRetired, served_by=_main_process
+    "retire_events_writer", WriterToRetire, WriterRetired, served_by=MAIN
 )

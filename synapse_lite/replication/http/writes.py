@@ -20,7 +20,6 @@ from synapse_lite.api.content import (
 )
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id, is_valid_user_id
-from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.http.fields import (
     get_bool,
     get_dict,
@@ -31,6 +30,7 @@ from synapse_lite.http.fields import (
 )
 from synapse_lite.push.pushers import PusherSet
 from synapse_lite.replication.http.calls import EmptyBody, InternalCall
+from synapse_lite.streams.writers import writer_of
 
 
 def is_local_user(user_id: object, server_name: str) -> bool:
@@ -42,16 +42,6 @@ def local_user(body: dict[str, Any], name: str, server_name: str) -> str:
     if not is_local_user(user_id, server_name):
         raise SynapseError(400, f"'{name}' must be a local user id", Codes.BAD_JSON)
     return user_id
-
-
-def writer_of(stream_key: str) -> Any:
-    """``served_by`` for a stream with one writer, from ``stream_writers``."""
-
-    def served_by(config: HomeServerConfig) -> str:
-        [writer] = config.stream_writers.writers_of(stream_key)
-        return writer
-
-    return served_by
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

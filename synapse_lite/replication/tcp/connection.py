@@ -39,10 +39,13 @@ Redis nobody answers for it otherwise.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from synapse_lite.replication.tcp.commands import Command
+
+logger = logging.getLogger(__name__)
 
 
 class ReplicationConnection(Protocol):
@@ -92,3 +95,43 @@ class ReplicationCommandReceiver(Protocol):
 
     def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
         """A data command arrived on ``connection``. Must not raise."""
+
+
+class OutgoingCommands:
+    """This process's commands to every other process: what its components
+    (presence, the federation sender, the client-IP recorder, ...) send
+    through. Built before them, and before the command handler, which tells
+    it which connections are up; the transport gives it the bus when it
+    starts. Sent through the bus when there is one, else on each connection
+    (the in-memory links of tests); dropped, with a debug log, while no
+    connection is up (positions are announced again on reconnection)."""
+
+    def __init__(self) -> None:
+        self._bus: ReplicationBus | None = None
+        self._connections: list[ReplicationConnection] = []
+
+    def set_bus(self, bus: ReplicationBus | None) -> None:
+        """The transport's way out, when it starts (None: each connection)."""
+        self._bus = bus
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._connections)
+
+    def connection_up(self, connection: ReplicationConnection) -> None:
+        self._connections.append(connection)
+
+    def connection_down(self, connection: ReplicationConnection) -> None:
+        if connection in self._connections:
+            self._connections.remove(connection)
+
+    def send_command(self, cmd: Command) -> None:
+        """Send to every other process (see the class docstring)."""
+        if not self._connections:
+            logger.debug("Not connected: dropping %s", type(cmd).__name__)
+            return
+        if self._bus is not None:
+            self._bus.send_command(cmd)
+            return
+        for connection in list(self._connections):
+            connection.send_command(cmd)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
@@ -45,7 +45,11 @@ from synapse_lite.replication.tcp.commands import (
     RdataCommand,
     ReplicateCommand,
 )
-from synapse_lite.replication.tcp.connection import ReplicationBus, ReplicationConnection
+from synapse_lite.replication.tcp.connection import (
+    OutgoingCommands,
+    ReplicationBus,
+    ReplicationConnection,
+)
 from synapse_lite.replication.tcp.receiver import ReplicationReceiver
 from synapse_lite.streams.definition import InvalidRow, Updates
 
@@ -55,6 +59,14 @@ logger = logging.getLogger(__name__)
 CATCH_UP_RETRY_SECONDS = 1.0
 
 StreamKey = tuple[str, str]  # (stream name, writer instance)
+
+
+class RetiredWriters(Protocol):
+    """Where writers retired for good are announced (the instance directory)."""
+
+    def follow_retirements(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget(writer)`` for every writer retired: at once for those
+        retired before this process started, later as they are retired."""
 
 
 def batch_updates(updates: Updates) -> Iterable[tuple[int, list[Any]]]:
@@ -83,16 +95,27 @@ class ReplicationCommandHandler:
         streams: Mapping[str, Stream],
         receiver: ReplicationReceiver,
         claims: PeerClaims | None = None,
+        outgoing: OutgoingCommands | None = None,
+        greetings: Iterable[Callable[[], list[Command]]] = (),
+        command_hooks: Iterable[tuple[type[Command], Callable[[Any], object]]] = (),
+        retired_writers: RetiredWriters | None = None,
     ) -> None:
         """``claims``: how peers' positions are checked (None: every writer
-        name is accepted; tokens are still checked against range and sequence)."""
+        name is accepted; tokens are still checked against range and sequence).
+        ``outgoing``: this process's way out, shared with the components that
+        send commands (a new one when None). ``greetings``: commands sent on
+        every new connection (the presence follower re-sends its users'
+        USER_SYNC). ``command_hooks``: ``(command class, hook)``, the role
+        handlers taking the commands that are not stream data.
+        ``retired_writers``: tells of writers retired for good (the instance
+        directory): each is forgotten on every stream whose writers follow
+        the ``instances`` table, after its last rows are read."""
         self._me = instance_name
         self._clock = clock
         self.streams = streams
         self.receiver = receiver
-        self._greetings: list[Callable[[], list[Command]]] = []
-        self._bus: ReplicationBus | None = None
-        self._connections: list[ReplicationConnection] = []
+        self.outgoing = outgoing if outgoing is not None else OutgoingCommands()
+        self._greetings: list[Callable[[], list[Command]]] = list(greetings)
         self._positions_seen: dict[ReplicationConnection, set[StreamKey]] = {}
         self._pending_batches: dict[StreamKey, list[Any]] = {}
         self._queues: dict[str, deque[Callable[[], Awaitable[None]]]] = defaultdict(deque)
@@ -100,19 +123,23 @@ class ReplicationCommandHandler:
         self._on_connect: list[Callable[[], None]] = []
         #: Commands that a role-specific handler consumes, by command class.
         self._command_hooks: dict[type[Command], list[Callable[[Any], object]]] = defaultdict(list)
+        for command_type, hook in command_hooks:
+            self._command_hooks[command_type].append(hook)
         self._retry_calls: set[IDelayedCall] = set()
         self._stopped = False
         self.lag = ReplicationLag(clock, streams)
         self.claims = claims or PeerClaims(clock, streams, lambda stream: None)
+        if retired_writers is not None:
+            retired_writers.follow_retirements(self._forget_retired_writer)
 
     def set_bus(self, bus: ReplicationBus | None) -> None:
         """The transport's way out to every other process (None: send on each
         announced connection, as the in-memory test links do)."""
-        self._bus = bus
+        self.outgoing.set_bus(bus)
 
     def add_connection_greeting(self, greeting: Callable[[], list[Command]]) -> None:
-        """Send ``greeting()``'s commands on every new connection (the presence
-        follower re-sends its users' USER_SYNC)."""
+        """Also send ``greeting()``'s commands on every new connection (for
+        tests; the composition root passes ``greetings``)."""
         self._greetings.append(greeting)
 
     def on_new_connection(self, callback: Callable[[], None]) -> None:
@@ -121,32 +148,25 @@ class ReplicationCommandHandler:
         self._on_connect.append(callback)
 
     def add_command_hook(self, command_type: type[Command], hook: Callable[[Any], object]) -> None:
-        """Hand every received command of ``command_type`` to ``hook``."""
+        """Also hand every received command of ``command_type`` to ``hook``
+        (for tests; the composition root passes ``command_hooks``)."""
         self._command_hooks[command_type].append(hook)
 
     # Sending
 
     @property
     def connected(self) -> bool:
-        return bool(self._connections)
+        return self.outgoing.connected
 
     def send_command(self, cmd: Command) -> None:
-        """Send to every other process (dropped, with a debug log, when
-        disconnected: positions are re-announced on reconnection)."""
-        if not self._connections:
-            logger.debug("Not connected: dropping %s", type(cmd).__name__)
-            return
-        if self._bus is not None:
-            self._bus.send_command(cmd)
-            return
-        for connection in list(self._connections):
-            connection.send_command(cmd)
+        """Send to every other process (:class:`OutgoingCommands`)."""
+        self.outgoing.send_command(cmd)
 
     # Connections (the ReplicationCommandReceiver contract)
 
     def new_connection(self, connection: ReplicationConnection) -> None:
         logger.info("Replication connection %s is up", connection.describe())
-        self._connections.append(connection)
+        self.outgoing.connection_up(connection)
         self._positions_seen[connection] = set()
         for greeting in self._greetings:
             for cmd in greeting():
@@ -156,8 +176,7 @@ class ReplicationCommandHandler:
 
     def lost_connection(self, connection: ReplicationConnection) -> None:
         logger.info("Replication connection %s is down", connection.describe())
-        if connection in self._connections:
-            self._connections.remove(connection)
+        self.outgoing.connection_down(connection)
         self._positions_seen.pop(connection, None)
 
     def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
@@ -393,6 +412,11 @@ class ReplicationCommandHandler:
         self._retry_calls.clear()
 
     # Writers leaving
+
+    def _forget_retired_writer(self, writer: str) -> None:
+        for stream in self.streams.values():
+            if stream.definition.writers.follows_instances:
+                self.forget_writer(stream.name, writer)
 
     def forget_writer(self, stream_name: str, writer: str) -> None:
         """Stop tracking a writer that has stopped for good (an events writer

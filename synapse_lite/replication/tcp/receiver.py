@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 
 from synapse_lite.clock import Clock
-from synapse_lite.replication.streams import Stream
+from synapse_lite.replication.streams import Stream, StreamPositions
 
 if TYPE_CHECKING:
     from synapse_lite.notifier import Notifier
@@ -38,12 +38,18 @@ RowHook = Callable[[str, int, Sequence[Any]], None]
 class PositionWaiters:
     """Callers waiting until this process has received a writer's rows up to a
     position (read-your-writes after a forwarded write, /sync tokens from a
-    process further along)."""
+    process further along).
 
-    def __init__(self, clock: Clock, instance_name: str, streams: Mapping[str, Stream]) -> None:
+    ``positions``: every stream's positions on this process, by stream name
+    (built before the streams themselves, so the internal calls, which wait
+    here, can be built before the components owning memory streams)."""
+
+    def __init__(
+        self, clock: Clock, instance_name: str, positions: Mapping[str, StreamPositions]
+    ) -> None:
         self._clock = clock
         self._me = instance_name
-        self._streams = streams
+        self._positions = positions
         self._waiting: dict[tuple[str, str], list[tuple[int, defer.Deferred[None]]]] = defaultdict(
             list
         )
@@ -60,7 +66,7 @@ class PositionWaiters:
         this process). Raises ``defer.TimeoutError`` after ``timeout`` seconds."""
         if instance_name == self._me:
             return
-        if position <= self._streams[stream_name].positions.received_position(instance_name):
+        if position <= self._positions[stream_name].received_position(instance_name):
             return
         d: defer.Deferred[None] = defer.Deferred()
         self._waiting[(stream_name, instance_name)].append((position, d))
@@ -72,7 +78,7 @@ class PositionWaiters:
         waiting = self._waiting.get(key)
         if not waiting:
             return
-        received = self._streams[stream_name].positions.received_position(instance_name)
+        received = self._positions[stream_name].received_position(instance_name)
         still = []
         for position, d in waiting:
             if d.called:
@@ -96,16 +102,23 @@ class ReplicationReceiver:
         streams: Mapping[str, Stream],
         notifier: Notifier,
         waiters: PositionWaiters,
+        row_hooks: Iterable[tuple[str, RowHook]] = (),
     ) -> None:
+        """``row_hooks``: ``(stream name, hook)``, the role handlers taking a
+        stream's rows: each gets every batch of rows (or bare position, with
+        no rows) of its stream, after cache invalidation and before the
+        position advances."""
         self._store = store
         self._streams = streams
         self._notifier = notifier
         self._waiters = waiters
         self._row_hooks: dict[str, list[RowHook]] = defaultdict(list)
+        for stream_name, hook in row_hooks:
+            self._row_hooks[stream_name].append(hook)
 
     def add_row_hook(self, stream_name: str, hook: RowHook) -> None:
-        """Hand every batch of rows (or bare position, with no rows) of a stream
-        to ``hook``, after cache invalidation and before the position advances."""
+        """Also hand a stream's rows to ``hook`` (for tests and benchmarks
+        watching rows arrive; the composition root passes ``row_hooks``)."""
         self._row_hooks[stream_name].append(hook)
 
     def on_rows(self, stream_name: str, writer: str, token: int, rows: Sequence[Any]) -> None:

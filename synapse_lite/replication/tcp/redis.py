@@ -90,6 +90,7 @@ from synapse_lite.replication.tcp.commands import (
     parse_command_from_line,
 )
 from synapse_lite.replication.tcp.reactor_time import ReactorTime, cancel_call
+from synapse_lite.replication.tcp.reconnect import Backoff, reconnecting_service
 from synapse_lite.replication.tcp.redis_connections import (
     KEEPALIVE_TIMEOUT_SECONDS,
     ConnectionFactory,
@@ -97,7 +98,6 @@ from synapse_lite.replication.tcp.redis_connections import (
     PublisherConnection,
     SubscriberConnection,
     client_name,
-    connection_service,
     set_client_name,
 )
 
@@ -184,19 +184,17 @@ class RedisReplicationBus:
         self._stop_waiters: list[Deferred[None]] | None = None
         self._stop_complete = False
 
-        self._subscriber_service = connection_service(
-            endpoint,
-            ConnectionFactory(self, "subscriber", SubscriberConnection),
-            clock,
-            initial_delay,
-            max_delay,
+        subscribers = ConnectionFactory(
+            self, "subscriber", SubscriberConnection, Backoff(initial_delay, max_delay)
         )
-        self._publisher_service = connection_service(
-            endpoint,
-            ConnectionFactory(self, "publisher", PublisherConnection),
-            clock,
-            initial_delay,
-            max_delay,
+        self._subscriber_service = reconnecting_service(
+            endpoint, subscribers, clock, subscribers.backoff
+        )
+        publishers = ConnectionFactory(
+            self, "publisher", PublisherConnection, Backoff(initial_delay, max_delay)
+        )
+        self._publisher_service = reconnecting_service(
+            endpoint, publishers, clock, publishers.backoff
         )
 
     @classmethod

@@ -8,11 +8,10 @@ module keeps its connections up and reports what the bus needs to know:
   what messages arrive, and when they are lost. They work in bytes, without
   txredisapi's conversion of number-looking replies, so the bus sees each
   message exactly as published.
-* :func:`connection_service` keeps one of them connected with a
-  ``ClientService``: exponential backoff from ``initial_delay`` to
-  ``max_delay``, jittered, reset once a connection is usable. Connections lost
-  before they were usable (Redis refusing AUTH, say) count as failures, so a
-  misconfigured password does not become a tight reconnect loop.
+* :class:`ConnectionFactory` builds them for the transports' ``ClientService``
+  (``reconnect.py``), resetting its backoff once a connection is usable:
+  connections lost before (Redis refusing AUTH, say) count as failures, so
+  a misconfigured password does not become a tight reconnect loop.
 * :class:`Keepalive` PINGs a connection every KEEPALIVE_INTERVAL_SECONDS and
   aborts it if Redis does not answer within KEEPALIVE_TIMEOUT_SECONDS, so a
   half-open connection (Redis host gone) is noticed.
@@ -26,19 +25,18 @@ drops, runs its timers on the global reactor, and gives no hook for
 from __future__ import annotations
 
 import logging
-import random
 import re
 from collections import deque
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import txredisapi
-from twisted.application.internet import ClientService
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
+from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Factory, connectionDone
 from twisted.python.failure import Failure
 
 from synapse_lite.replication.tcp.reactor_time import ReactorTime, cancel_call
+from synapse_lite.replication.tcp.reconnect import Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -185,13 +183,19 @@ class ConnectionFactory(Factory):
     noisy = False
     isLazy = False
 
-    def __init__(self, owner: ConnectionOwner, role: str, protocol_class: type[Any]) -> None:
+    def __init__(
+        self,
+        owner: ConnectionOwner,
+        role: str,
+        protocol_class: type[Any],
+        backoff: Backoff,
+    ) -> None:
         self.owner = owner
         self.role = role
         self.protocol_class = protocol_class
-        #: Connections in a row lost before they became usable (refused AUTH,
-        #: ...): these count as failures for the backoff.
-        self.unusable_in_a_row = 0
+        #: Reset once a connection is usable: connections lost before (refused
+        #: AUTH, ...) count as failures.
+        self.backoff = backoff
 
     def buildProtocol(self, addr: object) -> Any:
         # Bytes in and out: we decode (and refuse bad UTF-8) ourselves, and
@@ -201,12 +205,11 @@ class ConnectionFactory(Factory):
         )
         proto.factory = self
         proto.owner = self.owner
-        self.unusable_in_a_row += 1
         proto.whenConnected().addCallback(self._usable)
         return proto
 
     def _usable(self, proto: object) -> None:
-        self.unusable_in_a_row = 0
+        self.backoff.accepted()
 
     def stopTrying(self) -> None:
         # Called by txredisapi when AUTH or SELECT fails. We keep retrying,
@@ -221,26 +224,6 @@ def client_name(channel: str, instance_name: str, role: str) -> str:
     """The name a connection gives itself in Redis's CLIENT LIST."""
     # Redis client names may not contain spaces or odd characters.
     return re.sub(r"[^A-Za-z0-9_.:/-]", "_", f"{channel}:{instance_name}:{role}")
-
-
-def connection_service(
-    endpoint: IStreamClientEndpoint,
-    factory: ConnectionFactory,
-    clock: ReactorTime,
-    initial_delay: float,
-    max_delay: float,
-) -> ClientService:
-    """A ClientService keeping one connection of ``factory`` up."""
-
-    def retry_delay(attempt: int) -> float:
-        failures = max(attempt, factory.unusable_in_a_row)
-        delay = min(initial_delay * 2 ** min(failures - 1, 30), max_delay)
-        return delay * random.uniform(0.8, 1.2)
-
-    # zope interfaces and our structural ReactorTime defeat mypy here.
-    return ClientService(
-        endpoint, cast(Any, factory), retryPolicy=retry_delay, clock=cast(Any, clock)
-    )
 
 
 async def set_client_name(proto: txredisapi.BaseRedisProtocol, name: str) -> None:

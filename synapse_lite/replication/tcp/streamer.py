@@ -29,6 +29,7 @@ from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
 
 if TYPE_CHECKING:
     from synapse_lite.position_log import PositionLog
+    from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,10 @@ class ReplicationStreamer:
         handler: ReplicationCommandHandler,
         streams: Sequence[Stream],
         position_log: PositionLog | None,
+        local_writes: ReplicationNotifier | None = None,
     ) -> None:
+        """``local_writes``: poked when this process's ids finish (each poke
+        sends what is new); announcements follow every new connection."""
         self._me = instance_name
         self._clock = clock
         self._handler = handler
@@ -59,6 +63,8 @@ class ReplicationStreamer:
         self._should_announce_positions = True
         self._loop: task.LoopingCall | None = None
         handler.on_new_connection(self.announce)
+        if local_writes is not None:
+            local_writes.add_replication_callback(self.on_notifier_poke)
 
     @property
     def sourced_stream_names(self) -> list[str]:

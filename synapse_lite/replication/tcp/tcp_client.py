@@ -17,7 +17,9 @@ Handshake, in order: ``AUTH <secret>`` (if a secret is configured), ``NAME
 with the expected name, or the worker answers ``ERROR Wrong remote`` and closes
 before acting on anything else it sent.
 
-Reconnecting backs off exponentially from ``initial_delay`` to ``max_delay``
+:meth:`ReplicationClientFactory.connect` keeps the connection up through a
+``ClientService`` (``reconnect.py``, the policy the Redis transport uses):
+reconnecting backs off exponentially from ``initial_delay`` to ``max_delay``
 (jittered); the backoff resets once the main process has accepted the
 connection, which it shows by its first PING (it pings only after AUTH).
 """
@@ -26,11 +28,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from twisted.internet.interfaces import IConnector
-from twisted.internet.protocol import ReconnectingClientFactory
+from twisted.application.internet import ClientService
+from twisted.internet import defer
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from synapse_lite.replication.claims import ForeignTraffic
 from synapse_lite.replication.tcp.commands import (
@@ -52,6 +57,7 @@ from synapse_lite.replication.tcp.commands import (
 )
 from synapse_lite.replication.tcp.protocol import ReplicationProtocol
 from synapse_lite.replication.tcp.reactor_time import ReactorTime
+from synapse_lite.replication.tcp.reconnect import Backoff, reconnecting_service
 
 if TYPE_CHECKING:
     from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
@@ -136,13 +142,15 @@ class ClientReplicationProtocol(ReplicationProtocol):
     def _on_lost(self) -> None:
         if self.factory.current_connection is self:
             self.factory.current_connection = None
+        if not self.factory.stopping:
+            logger.info("lost replication server %s; reconnecting", self.factory.server_name)
 
 
-class ReplicationClientFactory(ReconnectingClientFactory):
+class ReplicationClientFactory(Factory):
     """Keeps a worker connected to the main process; the worker's ReplicationBus.
 
-    Connect it with ``reactor.connectTCP(host, port, factory)``; stop it with
-    :meth:`stop`.
+    Start it with :meth:`connect` (an endpoint to the main process's
+    replication listener); stop it with :meth:`stop`.
     """
 
     # We log connection attempts ourselves, at INFO.
@@ -183,17 +191,26 @@ class ReplicationClientFactory(ReconnectingClientFactory):
         )
         self.foreign = ForeignTraffic(clock.seconds, f"the replication connection to {server_name}")
         self.receiver = receiver
-        #: Our clock, typed; ReconnectingClientFactory schedules retries on
-        #: self.clock, which Twisted types as a full reactor.
         self.timer = clock
-        self.clock = cast(Any, clock)
-        self.initialDelay = initial_delay
-        self.delay = initial_delay
-        self.maxDelay = max_delay
+        #: Reset when the main process accepts a connection (its first PING).
+        self.backoff = Backoff(initial_delay, max_delay)
+        #: Connections made so far (each tried by the handshake).
+        self.connections_made = 0
+        self._service: ClientService | None = None
+        self.stopping = False
         #: The established connection, if any.
         self.current_connection: ClientReplicationProtocol | None = None
 
+    def connect(self, endpoint: IStreamClientEndpoint) -> None:
+        """Connect to the main process through ``endpoint``, and reconnect
+        whenever the connection is lost or cannot be made, until :meth:`stop`."""
+        self._service = reconnecting_service(
+            _ReportedFailures(endpoint, self.server_name), self, self.timer, self.backoff
+        )
+        self._service.startService()
+
     def buildProtocol(self, addr: object) -> ClientReplicationProtocol:
+        self.connections_made += 1
         return ClientReplicationProtocol(self)
 
     def problems(self) -> list[str]:
@@ -202,27 +219,18 @@ class ReplicationClientFactory(ReconnectingClientFactory):
 
     def connection_accepted(self) -> None:
         """The main process accepted a connection: back off from scratch next time."""
-        if self.continueTrying:
-            self.resetDelay()
+        self.backoff.accepted()
 
-    def clientConnectionFailed(self, connector: IConnector, reason: Failure) -> None:
-        logger.info(
-            "could not connect to replication server %s: %s; retrying",
-            self.server_name,
-            reason.getErrorMessage(),
-        )
-        super().clientConnectionFailed(connector, reason)
-
-    def clientConnectionLost(self, connector: IConnector, reason: Failure) -> None:
-        if self.continueTrying:
-            logger.info("lost replication server %s; reconnecting", self.server_name)
-        super().clientConnectionLost(connector, reason)
-
-    def stop(self) -> None:
+    def stop(self) -> defer.Deferred[None]:
         """Stop reconnecting and close the current connection, if any."""
-        self.stopTrying()
+        self.stopping = True
         if self.current_connection is not None:
             self.current_connection.close()
+        service, self._service = self._service, None
+        if service is None or not service.running:
+            return defer.succeed(None)
+        stopped: defer.Deferred[None] = service.stopService()
+        return stopped
 
     # -- ReplicationBus ----------------------------------------------------------------
 
@@ -236,3 +244,25 @@ class ReplicationClientFactory(ReconnectingClientFactory):
     def describe(self) -> str:
         state = "connected" if self.current_connection is not None else "disconnected"
         return f"replication client {self.client_name} -> {self.server_name} ({state})"
+
+
+@implementer(IStreamClientEndpoint)
+class _ReportedFailures:
+    """An endpoint whose failed connection attempts are logged with their
+    reason (``ClientService`` logs only that it will retry)."""
+
+    def __init__(self, endpoint: IStreamClientEndpoint, server_name: str) -> None:
+        self._endpoint = endpoint
+        self._server_name = server_name
+
+    def connect(self, factory: Any) -> defer.Deferred[Any]:
+        def report(failure: Failure) -> Failure:
+            logger.info(
+                "could not connect to replication server %s: %s; retrying",
+                self._server_name,
+                failure.getErrorMessage(),
+            )
+            return failure
+
+        connecting: defer.Deferred[Any] = self._endpoint.connect(factory)
+        return connecting.addErrback(report)

@@ -1,9 +1,11 @@
 """Which process serves each client servlet, declared by servlet name.
 
-The routing table (``synapse_lite/routing/table.py``) turns these
-declarations into instances with the config and the stream catalog: a
-stream's writer is whoever ``stream_writers`` names for it, a room's events
-writer is the one stored with the room. A servlet not listed here is served
+The declarations (:class:`~synapse_lite.streams.writers.ServedBy`, shared
+with the internal calls) name roles; the routing table
+(``synapse_lite/routing/table.py``) turns them into instances with the
+config's writers directory (``config.writers``): a stream's writer is whoever
+the directory names for it, a room's events writer is the one stored with the
+room. A servlet not listed here is served
 by the main process, so a new servlet works before it is declared; declare it
 when another process should serve it. ``docs/routing.md`` explains the roles.
 """
@@ -12,47 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import attr
+from synapse_lite.streams.writers import (
+    MAIN,
+    MEDIA_ROLE,
+    READERS_ROLE,
+    ROOM_EVENTS_WRITER_ROLE,
+    ServedBy,
+    writer_of,
+)
 
-#: Roles a servlet can be served by.
-MAIN_ROLE = "main"
-READERS_ROLE = "readers"
-ROOM_EVENTS_WRITER_ROLE = "room_events_writer"
-STREAM_WRITER_ROLE = "stream_writer"
-MEDIA_ROLE = "media"
-
-
-@attr.s(slots=True, frozen=True, auto_attribs=True)
-class ServedBy:
-    """Who serves a servlet.
-
-    * ``main``: the main process;
-    * ``readers``: the workers that write no stream (the main process when
-      there are none), each user always on the same one (a hash of the user
-      id), so one user's long-polls and caches stay together;
-    * ``room_events_writer``: the events writer of the room in the path;
-    * ``stream_writer``: the writer of ``stream`` (a stream of the catalog);
-    * ``media``: the media instance (``media_instance``; main by default).
-    """
-
-    role: str
-    stream: str | None = None
-
-    @property
-    def name(self) -> str:
-        """The role as one word (``stream_writer:typing``)."""
-        return self.role if self.stream is None else f"{self.role}:{self.stream}"
-
-
-MAIN = ServedBy(MAIN_ROLE)
 READERS = ServedBy(READERS_ROLE)
 ROOM_EVENTS_WRITER = ServedBy(ROOM_EVENTS_WRITER_ROLE)
 MEDIA = ServedBy(MEDIA_ROLE)
-
-
-def writer_of(stream: str) -> ServedBy:
-    """The writer of ``stream`` (its ``stream_writers`` entry)."""
-    return ServedBy(STREAM_WRITER_ROLE, stream)
 
 
 #: Paths served by the media instance, whatever their servlet.

@@ -17,6 +17,7 @@ from synapse_lite.http.fields import get_int, get_str
 from synapse_lite.http.server import make_site
 from synapse_lite.replication.http import calls as calls_module
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
+from synapse_lite.streams.writers import writer_of
 
 _reactor = cast(Any, reactor)
 
@@ -45,7 +46,7 @@ class Written:
         return cls(get_int(body, "stream_id"))
 
 
-ECHO = InternalCall("test_echo", Echo, Echo, served_by=lambda config: "writer")
+ECHO = InternalCall("test_echo", Echo, Echo, served_by=writer_of("typing"))
 ECHO_IDEMPOTENT = InternalCall("test_echo_again", Echo, Echo, idempotent=True)
 WRITE = InternalCall(
     "test_write", Echo, Written, answer_position=lambda a: ("receipts", a.stream_id)
@@ -82,6 +83,7 @@ def _config() -> Any:
         "worker_replication_secret": "secret",
         "listeners": [{"port": 1, "resources": ["replication"]}],
         "workers": {"writer": {"listeners": [{"port": 2, "resources": ["replication"]}]}},
+        "stream_writers": {"typing": "writer"},
     }
     return read_homeserver_config(data, "/tmp/calls-test.yaml")
 

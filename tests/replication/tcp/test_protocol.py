@@ -6,18 +6,18 @@ input, and the promise that lost_connection follows each new_connection once.
 
 from __future__ import annotations
 
-import itertools
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import REGISTRY
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
-from twisted.internet.error import ConnectionDone
+from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial import unittest
 
+from synapse_lite.replication.tcp import reconnect
 from synapse_lite.replication.tcp.commands import (
     MAX_LINE_LENGTH,
     Command,
@@ -70,6 +70,45 @@ def lose(proto: ReplicationProtocol) -> None:
 
 def metric(name: str, labels: dict[str, str]) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class ScriptedEndpoint:
+    """A client endpoint whose connection attempts the test answers, one at a
+    time, on a ``task.Clock``: refused, or made on a ``StringTransport``."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.pending: list[tuple[Any, defer.Deferred[Any]]] = []
+        #: Seconds waited before each attempt after the first.
+        self.waits: list[float] = []
+        self._last_attempt: float | None = None
+
+    def connect(self, factory: Any) -> defer.Deferred[Any]:
+        now = self.clock.seconds()
+        if self._last_attempt is not None:
+            self.waits.append(round(now - self._last_attempt, 3))
+        self._last_attempt = now
+        d: defer.Deferred[Any] = defer.Deferred()
+        self.pending.append((factory, d))
+        return d
+
+    def refuse(self) -> None:
+        _, d = self.pending.pop(0)
+        d.errback(Failure(ConnectionRefusedError()))
+
+    def accept(self) -> tuple[Any, StringTransport]:
+        factory, d = self.pending.pop(0)
+        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9093))
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        d.callback(proto)
+        self._last_attempt = None
+        return proto, transport
+
+    def next_attempt_in(self) -> float:
+        [call] = self.clock.getDelayedCalls()
+        delay: float = round(call.getTime() - self.clock.seconds(), 3)
+        return delay
 
 
 class ServerTestCase(unittest.TestCase):
@@ -534,38 +573,52 @@ class ClientTestCase(unittest.TestCase):
         factory.send_command(ReplicateCommand())  # dropped, no error
         self.assertEqual(lines(transport), [])
 
-    def test_backoff_grows_and_resets_when_accepted(self) -> None:
+    def test_a_refused_attempt_is_logged_with_its_reason(self) -> None:
         factory = ReplicationClientFactory("hs.test", "w1", None, self.receiver, self.clock)
-        factory.jitter = 0
-        connects: list[int] = []
+        endpoint = ScriptedEndpoint(self.clock)
+        with self.assertLogs("synapse_lite.replication.tcp.tcp_client", "INFO") as logs:
+            factory.connect(cast(Any, endpoint))
+            endpoint.refuse()
+        self.assertIn("could not connect to replication server hs.test", logs.output[0])
+        self.assertIn("refused", logs.output[0])
+        self.successResultOf(factory.stop())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
-        class Connector:
-            def connect(self) -> None:
-                connects.append(1)
-
-            def stopConnecting(self) -> None:
-                pass
-
-        delays = []
-        for _ in range(5):
-            factory.clientConnectionFailed(Connector(), Failure(ConnectionDone()))  # type: ignore[arg-type]
-            call: Any = self.clock.getDelayedCalls()[-1]
-            delays.append(round(call.getTime() - self.clock.seconds(), 3))
-            self.clock.advance(call.getTime() - self.clock.seconds())
-        self.assertEqual(len(connects), 5)
-        self.assertEqual(delays[0], 0.2)
-        self.assertTrue(all(a < b for a, b in itertools.pairwise(delays[:4])))
-        self.assertEqual(delays[-1], 10)
-        # The first PING from the server says it accepted us.
-        proto = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 9093))
-        transport = StringTransport()
-        proto.makeConnection(transport)
+    def test_backoff_grows_and_resets_when_accepted(self) -> None:
+        """Through ClientService on the test's clock: refused attempts wait
+        0.2, 0.4, 0.8, ... up to max_delay; a connection the main process
+        closes before accepting it (no PING) counts as one more failure; once
+        a connection is accepted, the next wait starts from 0.2 again."""
+        self.patch(reconnect.random, "uniform", lambda low, high: 1.0)
+        factory = ReplicationClientFactory(
+            "hs.test", "w1", None, self.receiver, self.clock, initial_delay=0.2, max_delay=3
+        )
+        endpoint = ScriptedEndpoint(self.clock)
+        factory.connect(cast(Any, endpoint))
+        for _ in range(6):
+            endpoint.refuse()
+            self.clock.advance(endpoint.next_attempt_in())
+        self.assertEqual(endpoint.waits, [0.2, 0.4, 0.8, 1.6, 3, 3])
+        # Made, then closed before the main process accepted it: a failure.
+        proto, transport = endpoint.accept()
         feed(proto, "SERVER hs.test")
-        self.assertEqual(factory.delay, 10)
-        feed(proto, "PING 1")
-        self.assertEqual(factory.delay, 0.2)
-        factory.stop()
+        lose(proto)
+        self.assertEqual(endpoint.next_attempt_in(), 3)
+        self.clock.advance(3)
+        proto, transport = endpoint.accept()
+        feed(proto, "SERVER hs.test", "PING 1")  # accepted
+        self.assertIs(factory.current_connection, proto._protocol)
+        lose(proto)
+        self.assertIsNone(factory.current_connection)
+        self.assertEqual(endpoint.next_attempt_in(), 0.2)
+        self.clock.advance(0.2)
+        proto, transport = endpoint.accept()
+        stopped = factory.stop()
         self.assertTrue(transport.disconnecting)
+        lose(proto)
+        self.successResultOf(stopped)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(endpoint.pending, [])
 
 
 class LifecycleTestCase(unittest.TestCase):

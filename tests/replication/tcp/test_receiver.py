@@ -54,7 +54,9 @@ class ReceiverTestCase(unittest.TestCase):
         self.events, self.positions, _ = fake_stream(BUILTIN_STREAMS["events"])
         self.receipts, _, _ = fake_stream(BUILTIN_STREAMS["receipts"])
         streams = {"events": self.events, "receipts": self.receipts}
-        self.waiters = PositionWaiters(Clock(self.clock), "me", streams)
+        self.waiters = PositionWaiters(
+            Clock(self.clock), "me", {name: s.positions for name, s in streams.items()}
+        )
         self.receiver = ReplicationReceiver(
             cast(Any, _Store(self.log)), streams, cast(Any, _Notifier(self.log)), self.waiters
         )

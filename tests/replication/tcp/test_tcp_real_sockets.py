@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet import reactor as _reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.trial import unittest
 
 from synapse_lite.replication.tcp.commands import (
@@ -50,11 +51,10 @@ class RealSocketTestCase(unittest.TestCase):
         factory = ReplicationClientFactory(
             "hs.test", name, secret, receiver, reactor, initial_delay=0.05, max_delay=1
         )
-        connector = reactor.connectTCP("127.0.0.1", self.port.getHost().port, factory)
+        factory.connect(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port))
 
         async def stop() -> None:
-            factory.stop()
-            connector.disconnect()
+            await factory.stop()
             await wait_until(
                 lambda: factory.current_connection is None, what=f"{name} to disconnect"
             )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -19,19 +18,6 @@ logger = logging.getLogger(__name__)
 
 #: The cache other processes invalidate when a room moves to another writer.
 EVENT_WRITER_CACHE = "get_event_writer_for_room"
-
-
-def choose_event_writer(room_id: str, writers: Sequence[str]) -> str:
-    """The events writer a new room goes to: a hash of its id over ``writers``.
-
-    Stable across processes and restarts (unlike Python's ``hash``), so whoever
-    computes it for the same writer list gets the same answer; once chosen the
-    writer is stored with the room and read back, never recomputed.
-    """
-    if not writers:
-        raise ValueError("no events writers configured")
-    digest = hashlib.sha256(room_id.encode("utf-8")).digest()
-    return sorted(writers)[int.from_bytes(digest[:8], "big") % len(writers)]
 
 
 class RoomWorkerStore(RoomMemberWorkerStore):
@@ -145,7 +131,7 @@ class RoomWorkerStore(RoomMemberWorkerStore):
             self._get_event_writer_for_room.invalidate(room_id)
             return None
         if writer is None:
-            return choose_event_writer(room_id, writers)
+            return self.hs.config.writers.writer_for("events", room_id, among=writers)
         return writer
 
     def invalidate_event_writer(self, room_id: str | None) -> None:
@@ -168,7 +154,10 @@ class RoomWorkerStore(RoomMemberWorkerStore):
                 f" OR event_writer NOT IN ({placeholders})",
                 tuple(writers),
             )
-            moves = [(r[0], choose_event_writer(r[0], writers)) for r in txn.fetchall()]
+            moves = [
+                (r[0], self.hs.config.writers.writer_for("events", r[0], among=writers))
+                for r in txn.fetchall()
+            ]
             txn.execute_batch(
                 "UPDATE rooms SET event_writer = ? WHERE room_id = ?",
                 [(writer, room_id) for room_id, writer in moves],

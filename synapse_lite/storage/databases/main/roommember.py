@@ -42,17 +42,6 @@ class RoomMemberWorkerStore(StreamWorkerStore):
         )
         return frozenset(r[0] for r in rows)
 
-    async def get_current_memberships(self, room_id: str) -> list[tuple[str, str]]:
-        """``(user_id, membership)`` of every member event in the room's
-        current state, in user id order."""
-        rows = await self.db_pool.select(
-            "get_current_memberships",
-            "SELECT state_key, membership FROM current_state_events"
-            " WHERE room_id = ? AND type = 'm.room.member' ORDER BY state_key",
-            room_id,
-        )
-        return [(r[0], r[1]) for r in rows]
-
     async def get_membership_in_room(self, user_id: str, room_id: str) -> tuple[str, str] | None:
         """A user's current membership of a room and the event that set it."""
         rows = await self.db_pool.select(

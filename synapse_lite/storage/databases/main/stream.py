@@ -35,7 +35,7 @@ class StreamWorkerStore(EventsWorkerStore):
         self._instance_ids: dict[str, int] = {}
         self._instance_names: dict[int, str] = {}
         with db_conn.transaction("load_stream_instance_ids") as txn:
-            for writer in hs.config.stream_writers.events:
+            for writer in hs.config.writers.writers("events"):
                 self._ensure_instance_id_txn(txn, writer)
             txn.execute("SELECT instance_id, instance_name FROM stream_instance_ids")
             for instance_id, name in txn.fetchall():
