@@ -96,12 +96,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _create_database(engine: str, directory: str) -> dict[str, Any]:
+def create_database(engine: str, directory: str, name: str | None = None) -> dict[str, Any]:
+    """A fresh database: a file in ``directory`` (SQLite), or a PostgreSQL
+    database on 127.0.0.1 called ``name`` (by default one per process),
+    dropped first if it exists. Its ``database`` config section."""
     if engine == "sqlite":
         return {"engine": "sqlite", "args": {"path": os.path.join(directory, "bench.db")}}
     import psycopg2
 
-    name = f"synapse_lite_bench_{os.getpid()}"
+    name = name or f"synapse_lite_bench_{os.getpid()}"
     conn = psycopg2.connect(host="127.0.0.1", user="postgres", dbname="postgres")
     conn.autocommit = True
     with conn.cursor() as cur:
@@ -115,7 +118,8 @@ def _create_database(engine: str, directory: str) -> dict[str, Any]:
     }
 
 
-def _drop_database(database: dict[str, Any]) -> None:
+def drop_database(database: dict[str, Any]) -> None:
+    """Drop a PostgreSQL database :func:`create_database` made (SQLite: nothing)."""
     if database["engine"] != "postgres":
         return
     import psycopg2
@@ -142,7 +146,7 @@ class Cluster:
         """``extra``: top-level config settings added to the layout's."""
         self.layout = layout
         self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
-        self.database = _create_database(engine, self.dir)
+        self.database = create_database(engine, self.dir)
         self.ports: dict[str, int] = {}
         #: Where a process serves /metrics when not on its client port.
         self.metrics_ports: dict[str, int] = {}
@@ -294,6 +298,6 @@ class Cluster:
 
     def stop(self, keep: bool = False) -> None:
         stop_processes(list(reversed(list(self.processes.values()))))
-        _drop_database(self.database)
+        drop_database(self.database)
         if not keep:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -6,6 +6,11 @@ served at. Without an entry a server name ``host[:port]`` means
 not implemented. HTTPS uses Twisted's TLS with certificate verification, which
 needs ``pip install 'twisted[tls]'``. The mapping is how loopback tests (and
 private deployments) reach servers over plain HTTP.
+
+Certificates of other servers are checked against the system's CAs, and
+``extra_ca_paths`` adds CAs of the operator's: a private federation whose
+servers' certificates come from its own CA (or a test suite's, as SyTest's)
+is reached over HTTPS with verification on.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import urllib.parse
 
 import attr
 
+from synapse_lite.config.outbound import read_ca_paths
 from synapse_lite.config.validation import Section
 
 
@@ -49,9 +55,12 @@ class FederationConfig:
     #: How long the key document we publish says our key is valid.
     key_validity_seconds: float = 86400.0
     retry: RetryConfig = attr.ib(factory=RetryConfig)
+    #: PEM files of CA certificates trusted for other servers' certificates,
+    #: besides the system's (absolute paths).
+    extra_ca_paths: tuple[str, ...] = ()
 
     @classmethod
-    def read(cls, section: Section) -> FederationConfig:
+    def read(cls, section: Section, base_dir: str = "") -> FederationConfig:
         destinations: dict[str, str] = {}
         mapping = section.get_section("destinations")
         for name in mapping.keys():
@@ -68,6 +77,7 @@ class FederationConfig:
             request_timeout_seconds=section.get_float("request_timeout_seconds", 30.0, minimum=0.1),
             key_validity_seconds=section.get_float("key_validity_seconds", 86400.0, minimum=60.0),
             retry=RetryConfig.read(section.get_section("retry")),
+            extra_ca_paths=read_ca_paths(section, "extra_ca_paths", base_dir),
         )
         section.finish()
         return result

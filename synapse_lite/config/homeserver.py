@@ -604,7 +604,7 @@ def read_homeserver_config(
     internal_tls = InternalTlsConfig.read(root.get_section("internal_tls"), base_dir)
     writers = StreamWriters.read(root.get_section("stream_writers"), streams)
     federation_sender = root.get_str("federation_sender", MAIN_PROCESS)
-    federation = FederationConfig.read(root.get_section("federation"))
+    federation = FederationConfig.read(root.get_section("federation"), base_dir)
     rate_limits = RateLimitsConfig.read(root.get_section("rate_limiting"))
     limits = LimitsConfig.read(root.get_section("limits"))
     caches = CachesConfig.read(root.get_section("caches"))
@@ -703,7 +703,9 @@ def read_homeserver_config(
             " passes on (X-Forwarded-For) only when it proves it knows this secret",
             "worker_replication_secret",
         )
-    _check_internal_tls(root, internal_tls, replication, listeners_by_instance, explicit_map)
+    _check_internal_tls(
+        root, internal_tls, replication, listeners_by_instance, explicit_map, router is not None
+    )
 
     ports: dict[tuple[str, int], str] = {}
 
@@ -768,16 +770,19 @@ def _check_internal_tls(
     replication: ReplicationConfig,
     listeners_by_instance: dict[str, Sequence[ListenerConfig]],
     explicit_map: dict[str, InstanceLocation],
+    routed: bool,
 ) -> None:
     """Processes that talk to a TLS listener of another (replication, internal
     HTTP, the router relaying to a client listener) must be able to check its
-    certificate: ``internal_tls.ca_path`` is then required."""
+    certificate: ``internal_tls.ca_path`` is then required. A TLS listener
+    no other process calls (a monolith's client and federation port, served
+    to the outside world with a public certificate) needs no such CA."""
     if internal_tls.ca_path is not None:
         return
     uses_tls = [
         f"{name}'s listener on port {listener.port}"
         for name, listeners in listeners_by_instance.items()
-        for listener in listeners
+        for listener in _called_by_other_processes(listeners, routed)
         if listener.tls is not None
     ]
     if replication.tcp_tls is not None:
@@ -789,6 +794,22 @@ def _check_internal_tls(
             " the CA that signed their certificates, so that each can check the others'",
             "internal_tls.ca_path",
         )
+
+
+def _called_by_other_processes(
+    listeners: Sequence[ListenerConfig], routed: bool
+) -> list[ListenerConfig]:
+    """The listeners of one process that the others call: those serving
+    ``replication`` (internal HTTP), and with a router the first serving
+    ``client`` and the first serving ``health`` (where it relays requests
+    and checks health: :meth:`HomeServerConfig.http_address`)."""
+    called = [listener for listener in listeners if "replication" in listener.resources]
+    if routed:
+        for resource in ("client", "health"):
+            first = next((lst for lst in listeners if resource in lst.resources), None)
+            if first is not None and first not in called:
+                called.append(first)
+    return called
 
 
 def load_config(path: str) -> HomeServerConfig:

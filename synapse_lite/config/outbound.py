@@ -86,16 +86,8 @@ class OutboundRequestsConfig:
 
     @classmethod
     def read(cls, section: Section, base_dir: str) -> OutboundRequestsConfig:
-        paths: list[str] = []
-        values = section.get_str_list("extra_ca_paths", [], allow_single=True)
-        for index, value in enumerate(values):
-            path = os.path.join(base_dir, value)
-            problem = _pem_certificates_problem(path)
-            if problem is not None:
-                section.problem(problem, f"extra_ca_paths[{index}]")
-            paths.append(path)
         result = cls(
-            extra_ca_paths=tuple(paths),
+            extra_ca_paths=read_ca_paths(section, "extra_ca_paths", base_dir),
             ip_range_denylist=_networks(
                 section, "ip_range_denylist", list(DEFAULT_IP_RANGE_DENYLIST)
             ),
@@ -103,6 +95,20 @@ class OutboundRequestsConfig:
         )
         section.finish()
         return result
+
+
+def read_ca_paths(section: Section, key: str, base_dir: str) -> tuple[str, ...]:
+    """A list of PEM files of CA certificates (one may be given as a string),
+    relative to ``base_dir``: each read and parsed now, a problem recorded
+    for each that cannot be used."""
+    paths: list[str] = []
+    for index, value in enumerate(section.get_str_list(key, [], allow_single=True)):
+        path = os.path.join(base_dir, value)
+        problem = _pem_certificates_problem(path)
+        if problem is not None:
+            section.problem(problem, f"{key}[{index}]")
+        paths.append(path)
+    return tuple(paths)
 
 
 def _networks(section: Section, key: str, default: list[str]) -> tuple[IpNetwork, ...]:

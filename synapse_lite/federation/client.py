@@ -1,7 +1,9 @@
 """HTTP requests to other homeservers (treq), signed with ``X-Matrix``.
 
 Where a server is reached is :meth:`FederationConfig.base_url`: an explicit
-``federation.destinations`` entry, else ``https://host:port``.
+``federation.destinations`` entry, else ``https://host:port``. Their
+certificates must chain to the system's CAs or to ``federation.extra_ca_paths``
+and name the host.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from twisted.internet import defer
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from synapse_lite.federation.auth import sign_request
+from synapse_lite.http.tls import https_policy_trusting
 
 if TYPE_CHECKING:
     from synapse_lite.config.federation import FederationConfig
@@ -54,7 +57,8 @@ class FederationClient:
         # A request that failed on a reused connection must not be resent
         # behind our back: the sender decides about retries.
         self._pool.retryAutomatically = False
-        self._http = HTTPClient(Agent(reactor, pool=self._pool))
+        policy = https_policy_trusting(config.extra_ca_paths)
+        self._http = HTTPClient(Agent(reactor, contextFactory=policy, pool=self._pool))
 
     def close(self) -> defer.Deferred[None]:
         return self._pool.closeCachedConnections()

@@ -1,7 +1,8 @@
 """TLS between the processes of one homeserver (replication and internal HTTP,
 and the router relaying to them), for deployments across machines; and the
 trust used towards servers users name (the system's CAs plus
-``outbound_requests.extra_ca_paths``).
+``outbound_requests.extra_ca_paths``) and towards other homeservers (the
+system's CAs plus ``federation.extra_ca_paths``).
 
 A listener with ``tls_certificate_path``/``tls_private_key_path`` serves TLS
 with them; whoever connects to it checks the certificate against the CA in
@@ -125,10 +126,11 @@ class SystemAndExtraTrustRoot:
 
 
 @implementer(IPolicyForHTTPS)
-class UserNamedServersPolicy:
-    """How HTTPS certificates of servers users name are checked (push
-    gateways, identity servers, pages to preview): chained to the system's
-    CAs or the operator's (``outbound_requests.extra_ca_paths``), and naming
+class OperatorTrustPolicy:
+    """How HTTPS certificates of servers users name (push gateways, identity
+    servers, pages to preview) and of other homeservers are checked: chained
+    to the system's CAs or the operator's (``outbound_requests.extra_ca_paths``,
+    ``federation.extra_ca_paths``), and naming
     the host in their subjectAltName. One allowance: a certificate that has
     no subjectAltName at all and is one of the operator's CA certificates
     (a self-signed certificate the operator trusts directly) or is issued
@@ -149,7 +151,7 @@ class UserNamedServersPolicy:
 
 @implementer(IOpenSSLClientConnectionCreator)
 class _OperatorCnCreator:
-    """Twisted's client connection, with :class:`UserNamedServersPolicy`'s
+    """Twisted's client connection, with :class:`OperatorTrustPolicy`'s
     check of the server certificate's identity in place of Twisted's."""
 
     def __init__(self, options: Any, host: str, extra: list[x509.Certificate]) -> None:
@@ -202,10 +204,11 @@ def _operator_names(leaf: x509.Certificate, extra: list[x509.Certificate], host:
 
 
 def https_policy_trusting(ca_paths: tuple[str, ...]) -> IPolicyForHTTPS:
-    """What an ``Agent`` checks HTTPS servers users name with: the system's
-    CAs, and those in ``ca_paths`` (PEM files, checked when the config was
-    loaded), as :class:`UserNamedServersPolicy` says."""
+    """What an ``Agent`` checks HTTPS servers with (those users name, other
+    homeservers): the system's CAs, and those in ``ca_paths`` (PEM files,
+    checked when the config was loaded), as :class:`OperatorTrustPolicy`
+    says."""
     if not ca_paths:
         return BrowserLikePolicyForHTTPS()
     extra = [c for path in ca_paths for c in read_pem_certificates(path)]
-    return UserNamedServersPolicy(extra)
+    return OperatorTrustPolicy(extra)

@@ -9,6 +9,7 @@ from twisted.trial import unittest
 from synapse_lite.config.homeserver import load_config
 from synapse_lite.config.validation import ConfigError
 from tests.config.test_homeserver import write_config
+from tests.harness.tls import TestCA
 
 
 class FederationConfigTestCase(unittest.TestCase):
@@ -55,3 +56,14 @@ class FederationConfigTestCase(unittest.TestCase):
             "federation.request_timeout_seconds: must be a number",
         ):
             self.assertIn(key, text)
+
+    def test_extra_ca_paths(self) -> None:
+        """CAs trusted for other servers' certificates besides the system's:
+        read at load, relative to the config file, a bad one named."""
+        self.assertEqual(self.load({}).federation.extra_ca_paths, ())  # type: ignore[attr-defined]
+        ca = TestCA(self.dir)
+        loaded = self.load({"extra_ca_paths": ["ca.pem"]})
+        self.assertEqual(loaded.federation.extra_ca_paths, (ca.ca_path,))  # type: ignore[attr-defined]
+        with self.assertRaises(ConfigError) as cm:
+            self.load({"extra_ca_paths": "missing.pem"})
+        self.assertIn("federation.extra_ca_paths[0]: cannot read", str(cm.exception))

@@ -269,3 +269,46 @@ class RouterConfigTestCase(unittest.TestCase):
             problems,
         )
         self.assertIn(f"internal_tls.ca_path: cannot read {self.dir}/nowhere/ca.pem", problems)
+
+    def test_internal_ca_only_for_listeners_other_processes_call(self) -> None:
+        """A TLS listener that no other process calls (a monolith's client
+        and federation port, or a second client port of the main process
+        behind a router) needs no ``internal_tls.ca_path``; one the router
+        relays to, or one serving replication, does."""
+        for name in ("cert.pem", "key.pem"):
+            with open(os.path.join(self.dir, name), "w") as f:
+                f.write("checked when the listener starts\n")
+        tls = {"tls_certificate_path": "cert.pem", "tls_private_key_path": "key.pem"}
+        monolith = {
+            "server_name": "example.org",
+            "listeners": [
+                {"port": 8448, "resources": ["client", "federation", "keys"], **tls},
+                {"port": 8008, "resources": ["health", "metrics"]},
+            ],
+        }
+        load_config(write_config(self.dir, monolith))
+
+        routed = self.routed()
+        routed["listeners"].append({"port": 8448, "resources": ["federation", "keys"], **tls})
+        load_config(write_config(self.dir, routed))
+        routed["listeners"].append({"port": 8449, "resources": ["client"], **tls})
+        load_config(write_config(self.dir, routed))
+
+        relayed_to = self.routed()
+        relayed_to["listeners"][0].update(tls)
+        problems = self.problems(relayed_to)
+        self.assertIn(
+            "internal_tls.ca_path: is required when the processes use TLS between them (main's"
+            " listener on port"
+            " 8008): the CA that signed their certificates, so that each can check the others'",
+            problems,
+        )
+        replication = sharded_config()
+        replication["workers"]["persister1"]["listeners"][0].update(tls)
+        self.assertIn(
+            "internal_tls.ca_path: is required when the processes use TLS between them"
+            " (persister1's listener on"
+            " port 8011): the CA that signed their certificates, so that each can check the"
+            " others'",
+            self.problems(replication),
+        )
