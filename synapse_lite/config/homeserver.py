@@ -13,6 +13,8 @@ from typing import Any
 
 import attr
 
+from synapse_lite.appservice.registration import ApplicationServices
+from synapse_lite.config.appservices import read_app_services
 from synapse_lite.config.federation import FederationConfig
 from synapse_lite.config.media import MediaConfig
 from synapse_lite.config.outbound import OutboundRequestsConfig
@@ -472,6 +474,8 @@ class HomeServerConfig:
     allow_guest_access: bool = False
     experimental: ExperimentalFeaturesConfig = attr.ib(factory=ExperimentalFeaturesConfig)
     outbound_requests: OutboundRequestsConfig = attr.ib(factory=OutboundRequestsConfig)
+    #: The application services registered (``app_service_config_files``).
+    app_services: ApplicationServices = attr.ib(factory=ApplicationServices, hash=False)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -618,6 +622,13 @@ def read_homeserver_config(
     pusher_instances = tuple(
         root.get_str_list("pusher_instances", [MAIN_PROCESS], allow_single=True)
     )
+    app_services = ApplicationServices()
+    app_service_files = root.get_str_list("app_service_config_files", [])
+    if app_service_files and isinstance(server_name, str) and server_name:
+        try:
+            app_services = read_app_services(app_service_files, base_dir, server_name)
+        except ConfigError as e:
+            root.problems.extend(e.problems)
 
     explicit_map: dict[str, InstanceLocation] = {}
     map_section = root.get_section("instance_map")
@@ -761,6 +772,7 @@ def read_homeserver_config(
         allow_guest_access=allow_guest_access,
         experimental=experimental,
         outbound_requests=outbound_requests,
+        app_services=app_services,
     )
 
 
