@@ -479,6 +479,7 @@ def _handlers(
         store,
         client_ip_recorder(clock, database.main_store, transport.outgoing),
         config.allow_guest_access,
+        config.app_services,
     )
     # Requests to servers users name (identity servers, pages to preview).
     outbound = OutboundHttpClient(

@@ -172,7 +172,8 @@ class EventCreationHandler:
         # Only a refused send looks the id up, so that a retry of a send that
         # succeeded still gets its event after a rate limit or a leave.
         try:
-            self._ratelimiter.ratelimit(requester.user_id)
+            if requester.is_rate_limited:
+                self._ratelimiter.ratelimit(requester.user_id)
             spec = EventSpec(
                 type=event_type,
                 state_key=state_key,
