@@ -53,6 +53,7 @@ from synapse_lite.app.roles import (
     Federation,
     Hooks,
     Role,
+    app_services_for_role,
     client_ip_recorder,
     federation_for_role,
     main_duties,
@@ -62,6 +63,7 @@ from synapse_lite.app.roles import (
     typing_for_role,
 )
 from synapse_lite.app.services import CallbackService, LoopsService, ProcessService
+from synapse_lite.appservice.api import ApplicationServiceApi
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
@@ -481,6 +483,13 @@ def _handlers(
         config.allow_guest_access,
         config.app_services,
     )
+    # Requests to application services (transactions, queries, pings).
+    app_service_api = ApplicationServiceApi(
+        reactor, https_policy_trusting(config.outbound_requests.extra_ca_paths)
+    )
+    _app_service_sender, app_service_hooks = app_services_for_role(
+        role, config, clock, store, app_service_api, database.replication_notifier, reactor
+    )
     # Requests to servers users name (identity servers, pages to preview).
     outbound = OutboundHttpClient(
         reactor,
@@ -618,6 +627,7 @@ def _handlers(
         + pushers_for_role(
             role, config, clock, store, calls, database.replication_notifier, reactor
         )
+        + app_service_hooks
         + Hooks(loops=(stalls,))
     )
     inbound = None

@@ -25,6 +25,8 @@ from twisted.internet import defer
 
 from synapse_lite.app.listeners import MediaEndpoints
 from synapse_lite.app.services import Loop
+from synapse_lite.appservice.api import ApplicationServiceApi
+from synapse_lite.appservice.sender import ApplicationServiceSender
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
 from synapse_lite.federation.client import FederationClient
@@ -417,3 +419,29 @@ def record_user_ip(store: DataStore, cmd: UserIpCommand) -> None:
         )
     )
     d.addErrback(lambda f: logger.warning("Recording a client IP failed: %s", f.value))
+
+
+def app_services_for_role(
+    role: Role,
+    config: HomeServerConfig,
+    clock: Clock,
+    store: GenericWorkerStore,
+    api: ApplicationServiceApi,
+    local_writes: ReplicationNotifier,
+    reactor: Any,
+) -> tuple[ApplicationServiceSender | None, Hooks]:
+    """The main process sends every application service its transactions
+    (docs/application-services.md#which-process-sends), woken by events
+    persisted elsewhere (replication rows) and here (ids finishing)."""
+    if not role.is_main or not config.app_services:
+        return None, NO_HOOKS
+    sender = ApplicationServiceSender(
+        store=store,
+        clock=clock,
+        reactor=reactor,
+        api=api,
+        services=list(config.app_services),
+        server_name=config.server_name,
+        local_writes=local_writes if role.writes_events else None,
+    )
+    return sender, Hooks(row_hooks=(("events", sender.on_rows),), loops=(sender,))

@@ -12,7 +12,7 @@ import yaml
 SERVER_NAME = "test.local"
 
 
-def irc_registration(url: str | None = "http://127.0.0.1:1", **changes: Any) -> dict[str, Any]:
+def irc_registration(url: str | None = None, **changes: Any) -> dict[str, Any]:
     """A service holding ``@_irc_*`` and ``@irc-*`` exclusively and ``#_irc_*`` aliases."""
     data: dict[str, Any] = {
         "id": "irc",
