@@ -64,6 +64,7 @@ from synapse_lite.app.roles import (
 )
 from synapse_lite.app.services import CallbackService, LoopsService, ProcessService
 from synapse_lite.appservice.api import ApplicationServiceApi
+from synapse_lite.appservice.queries import AppServiceQueries
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
@@ -487,8 +488,14 @@ def _handlers(
     app_service_api = ApplicationServiceApi(
         reactor, https_policy_trusting(config.outbound_requests.extra_ca_paths)
     )
-    _app_service_sender, app_service_hooks = app_services_for_role(
+    app_service_sender, app_service_hooks = app_services_for_role(
         role, config, clock, store, app_service_api, database.replication_notifier, reactor
+    )
+    app_service_queries = AppServiceQueries(
+        config.app_services,
+        app_service_api,
+        store,
+        app_service_sender.retry_now if app_service_sender is not None else None,
     )
     # Requests to servers users name (identity servers, pages to preview).
     outbound = OutboundHttpClient(
@@ -523,8 +530,11 @@ def _handlers(
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
-    members = RoomMemberHandler(store, clock, server_name, events, upgraded_rooms)
+    members = RoomMemberHandler(
+        store, clock, server_name, events, upgraded_rooms, app_service_queries
+    )
     room_creation = RoomCreationHandler(
+        app_service_queries=app_service_queries,
         store=store,
         clock=clock,
         server_name=server_name,
@@ -602,12 +612,13 @@ def _handlers(
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
-        profiles=ProfileHandler(store, clock, server_name, events),
-        directory=DirectoryHandler(store, server_name, clock, events),
+        profiles=ProfileHandler(store, clock, server_name, events, app_service_queries),
+        directory=DirectoryHandler(store, server_name, clock, events, app_service_queries),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
         identity=identity,
         server_name=server_name,
+        app_service_queries=app_service_queries,
     )
     stalls = StallDetector(
         clock,

@@ -45,10 +45,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def room_of(room_id_or_alias: str) -> str:
         """The room an id or an alias names (404 for an unknown alias)."""
         if room_id_or_alias.startswith("#"):
-            found = await handlers.store.get_alias(check_room_alias(room_id_or_alias))
-            if found is None:
+            room_id = await handlers.directory.room_for_alias(check_room_alias(room_id_or_alias))
+            if room_id is None:
                 raise SynapseError(404, "Room alias not found", Codes.NOT_FOUND)
-            return found[0]
+            return room_id
         return check_room_id(room_id_or_alias)
 
     async def join(request: Request, room_id: str) -> tuple[int, Any]:
