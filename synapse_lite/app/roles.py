@@ -26,7 +26,7 @@ from twisted.internet import defer
 from synapse_lite.app.listeners import MediaEndpoints
 from synapse_lite.app.services import Loop
 from synapse_lite.appservice.api import ApplicationServiceApi
-from synapse_lite.appservice.sender import ApplicationServiceSender
+from synapse_lite.appservice.sender import ApplicationServiceSender, sender_of
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
 from synapse_lite.federation.client import FederationClient
@@ -112,6 +112,8 @@ class Role:
     delivers_pushes: bool
     #: The media instance (``media_instance``).
     serves_media: bool
+    #: It sends to application services (``appservice_instances``).
+    sends_to_app_services: bool = False
 
     @classmethod
     def of(cls, config: HomeServerConfig, name: str) -> Role:
@@ -131,6 +133,7 @@ class Role:
             ),
             delivers_pushes=name in config.pusher_instances,
             serves_media=config.media_instance == name,
+            sends_to_app_services=name in config.appservice_instances,
         )
 
     @property
@@ -430,17 +433,23 @@ def app_services_for_role(
     local_writes: ReplicationNotifier,
     reactor: Any,
 ) -> tuple[ApplicationServiceSender | None, Hooks]:
-    """The main process sends every application service its transactions
-    (docs/application-services.md#which-process-sends), woken by events
-    persisted elsewhere (replication rows) and here (ids finishing)."""
-    if not role.is_main or not config.app_services:
+    """Each of ``appservice_instances`` sends their transactions to the
+    services it owns (docs/application-services.md#which-process-sends),
+    woken by events persisted elsewhere (replication rows) and here (ids
+    finishing)."""
+    owned = [
+        service
+        for service in config.app_services
+        if sender_of(service.id, config.appservice_instances) == role.name
+    ]
+    if not role.sends_to_app_services or not owned:
         return None, NO_HOOKS
     sender = ApplicationServiceSender(
         store=store,
         clock=clock,
         reactor=reactor,
         api=api,
-        services=list(config.app_services),
+        services=owned,
         server_name=config.server_name,
         local_writes=local_writes if role.writes_events else None,
     )

@@ -25,7 +25,9 @@ class Namespace:
     service alone when ``exclusive``."""
 
     exclusive: bool
-    regex: re.Pattern[str] = attr.ib(eq=False)
+    #: Compared by its pattern (compiled patterns compare by identity), so a
+    #: changed registration is seen as changed.
+    regex: re.Pattern[str] = attr.ib(eq=attr.cmp_using(eq=lambda a, b: a.pattern == b.pattern))
 
     def matches(self, value: str) -> bool:
         return self.regex.fullmatch(value) is not None
@@ -54,8 +56,9 @@ class ApplicationService:
     protocols: tuple[str, ...] = ()
     #: Whether transactions carry typing, receipts and presence (MSC2409).
     receive_ephemeral: bool = False
-    #: The file it was read from (named in errors and logs).
-    source: str = ""
+    #: The file it was read from (named in errors and logs; not compared:
+    #: the same registration read from elsewhere is the same).
+    source: str = attr.ib(default="", eq=False)
 
     def is_user_in_namespace(self, user_id: str) -> bool:
         """Whether the service may act as ``user_id``: its sender, or a user

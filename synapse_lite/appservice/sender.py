@@ -38,6 +38,7 @@ from synapse_lite.storage.databases.main.appservice import (
     AppServiceProgress,
     PendingTransaction,
 )
+from synapse_lite.streams.definition import ShardKey, StableHash
 
 if TYPE_CHECKING:
     from synapse_lite.appservice.api import ApplicationServiceApi
@@ -57,6 +58,18 @@ MAX_BACKOFF_SECONDS = 300.0
 BATCH = 100
 #: Ephemeral items kept per service while it is unreachable.
 MAX_EPHEMERAL = 1000
+
+
+#: Which of ``appservice_instances`` sends to a service: the stable hash of
+#: its id over the instances sorted by name (the writers directory's rule
+#: type, as for events writers).
+APP_SERVICE_SHARD = StableHash(ShardKey.SERVICE)
+
+
+def sender_of(service_id: str, instances: Sequence[str]) -> str:
+    """The instance sending to ``service_id`` (the same in every process
+    and across restarts)."""
+    return APP_SERVICE_SHARD.pick(service_id, instances)
 
 
 class ApplicationServiceSender:

@@ -168,3 +168,29 @@ class ExclusivityTestCase(unittest.TestCase):
         self.assertTrue(services.may_claim_alias("#_irc_r:test", None))
         self.assertEqual(services.exclusive_owner_of_user("@_irc_q:test"), irc)
         self.assertIsNone(services.exclusive_owner_of_user("@_slack_q:test"))
+
+
+class AppServiceInstancesTestCase(unittest.TestCase):
+    def test_default_and_bad_names(self) -> None:
+        self.assertEqual(load_with(registration()).appservice_instances, ("main",))
+        for value, reason in [
+            (["nobody"], "'nobody' is not the main process or a declared worker"),
+            (["main", "main"], "must name one or more processes, each once"),
+        ]:
+            with self.assertRaises(ConfigError) as raised:
+                load_config(
+                    write_config(
+                        tempfile.mkdtemp(),
+                        {"server_name": "test", "appservice_instances": value},
+                    )
+                )
+            self.assertIn(f"appservice_instances: {reason}", str(raised.exception))
+
+    def test_a_changed_regex_is_a_changed_registration(self) -> None:
+        first = load_with(registration()).app_services
+        same = load_with(registration()).app_services
+        changed = load_with(
+            registration(namespaces={"users": [{"exclusive": True, "regex": "@_other_.*"}]})
+        ).app_services
+        self.assertEqual(first, same)
+        self.assertNotEqual(first, changed)
