@@ -132,12 +132,16 @@ class ApplicationServiceApi:
             d.cancel()
 
 
-def _passing(function: Any, argument: Any) -> Any:
-    def call(result: Any) -> Any:
-        function(argument)
+def track_until_done(under_way: set[defer.Deferred[Any]], d: defer.Deferred[Any]) -> None:
+    """Keep ``d`` in ``under_way`` until it fires (what a stop cancels or
+    waits for)."""
+    under_way.add(d)
+
+    def done(result: Any) -> Any:
+        under_way.discard(d)
         return result
 
-    return call
+    d.addBoth(done)
 
 
 def _segment(value: str) -> str:

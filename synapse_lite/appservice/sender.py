@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer, task
 
+from synapse_lite.appservice.api import track_until_done
 from synapse_lite.appservice.interest import event_concerns_service
 from synapse_lite.storage.databases.main.appservice import (
     AppServiceProgress,
@@ -95,6 +96,8 @@ class ApplicationServiceSender:
         self._server_name = server_name
         self._progress: dict[str, AppServiceProgress] = {}
         self._busy: set[str] = set()
+        #: The sends under way (one per busy service).
+        self._runs: set[defer.Deferred[None]] = set()
         #: Service id -> (next attempt time, current pause) while it fails.
         self._backoff: dict[str, tuple[float, float]] = {}
         self._ephemeral: dict[str, list[dict[str, Any]]] = {s.id: [] for s in self._services}
@@ -119,7 +122,10 @@ class ApplicationServiceSender:
             lambda f: logger.error("Application service loop stopped: %s", f.getTraceback())
         )
 
-    def stop(self) -> None:
+    def stop(self) -> defer.Deferred[None]:
+        """Stop looking, cancel the requests under way; fires when every
+        service's send has ended (a transaction under way stays recorded,
+        sent again at the next start)."""
         self._stopping = True
         if self._loop is not None and self._loop.running:
             self._loop.stop()
@@ -127,6 +133,8 @@ class ApplicationServiceSender:
             self._wake_call.cancel()
         self._wake_call = None
         self._api.stop()
+        runs = list(self._runs)
+        return defer.DeferredList(runs, consumeErrors=True).addCallback(lambda _: None)
 
     def wake(self) -> None:
         """New events may be stored: look soon. Cheap, safe to call spuriously."""
@@ -166,7 +174,8 @@ class ApplicationServiceSender:
             if service.id in self._busy or retry_at > now:
                 continue
             self._busy.add(service.id)
-            defer.ensureDeferred(self._run(service))
+            run = defer.ensureDeferred(self._run(service))
+            track_until_done(self._runs, run)
         return defer.succeed(None)
 
     async def _run(self, service: ApplicationService) -> None:
