@@ -451,6 +451,8 @@ def app_services_for_role(
         api=api,
         services=owned,
         server_name=config.server_name,
-        local_writes=local_writes if role.writes_events else None,
+        local_writes=local_writes if role.writes_events or role.writes_receipts else None,
     )
-    return sender, Hooks(row_hooks=(("events", sender.on_rows),), loops=(sender,))
+    return sender, Hooks(
+        row_hooks=(("events", sender.on_rows), ("receipts", sender.on_rows)), loops=(sender,)
+    )

@@ -101,6 +101,10 @@ class ApplicationServiceSender:
         #: Service id -> (next attempt time, current pause) while it fails.
         self._backoff: dict[str, tuple[float, float]] = {}
         self._ephemeral: dict[str, list[dict[str, Any]]] = {s.id: [] for s in self._services}
+        self._wants_ephemeral = any(s.receive_ephemeral for s in self._services)
+        #: The receipts stream position up to which receipts were looked at.
+        self._receipts_seen = store.get_receipts_position()
+        self._collecting = False
         self._loop: task.LoopingCall | None = None
         self._wake_call: Any = None
         self._stopping = False
@@ -143,19 +147,47 @@ class ApplicationServiceSender:
         self._wake_call = self._reactor.callLater(WAKE_GAP_SECONDS, self._woken)
 
     def on_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
-        """Row hook of the events stream (events persisted elsewhere)."""
+        """Row hook of the events and receipts streams (rows written
+        elsewhere)."""
         if rows:
             self.wake()
 
-    def add_ephemeral(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """``(room_id, EDU)`` pairs (typing, receipts) for the services with
-        ``receive_ephemeral`` whose users are in the room (checked when sent)."""
+    async def _collect_receipts(self) -> None:
+        """Queue the receipts stored since the last look for the services
+        with ``receive_ephemeral`` whose rooms they are in (private
+        receipts are nobody else's business: never sent)."""
+        position = self._store.get_receipts_position()
+        if position <= self._receipts_seen:
+            return
+        rows = await self._store.get_receipts_between(self._receipts_seen, position, BATCH)
+        self._receipts_seen = rows[-1][0] if len(rows) == BATCH else position
+        aliases: dict[str, list[str]] = {}
         for service in self._services:
-            if service.receive_ephemeral:
-                queue = self._ephemeral[service.id]
-                queue.extend({"room_id": room_id, **edu} for room_id, edu in items)
-                del queue[:-MAX_EPHEMERAL]
-        self.wake()
+            if not service.receive_ephemeral:
+                continue
+            queue = self._ephemeral[service.id]
+            for _, row in rows:
+                if row.receipt_type == "m.read.private":
+                    continue
+                concerns = event_concerns_service(
+                    service,
+                    self._server_name,
+                    room_id=row.room_id,
+                    sender=row.user_id,
+                    event_type="m.receipt",
+                    state_key=None,
+                    joined_members=await self._store.get_users_in_room(row.room_id),
+                    room_aliases=await self._aliases(service, row.room_id, aliases),
+                )
+                if concerns:
+                    queue.append(
+                        {
+                            "type": "m.receipt",
+                            "room_id": row.room_id,
+                            "content": {row.event_id: {row.receipt_type: {row.user_id: row.data}}},
+                        }
+                    )
+            del queue[:-MAX_EPHEMERAL]
 
     def retry_now(self, service_id: str) -> None:
         """The service answered a ping: send what is waiting without
@@ -168,6 +200,17 @@ class ApplicationServiceSender:
         self._tick()
 
     def _tick(self) -> defer.Deferred[None]:
+        d = defer.ensureDeferred(self._tick_async())
+        d.addErrback(lambda f: logger.warning("Application service poll failed: %s", f.value))
+        return d
+
+    async def _tick_async(self) -> None:
+        if self._wants_ephemeral and not self._collecting:
+            self._collecting = True
+            try:
+                await self._collect_receipts()
+            finally:
+                self._collecting = False
         now = self._clock.time()
         for service in self._services:
             retry_at, _ = self._backoff.get(service.id, (0.0, 0.0))
@@ -176,7 +219,6 @@ class ApplicationServiceSender:
             self._busy.add(service.id)
             run = defer.ensureDeferred(self._run(service))
             track_until_done(self._runs, run)
-        return defer.succeed(None)
 
     async def _run(self, service: ApplicationService) -> None:
         try:
@@ -259,11 +301,6 @@ class ApplicationServiceSender:
         self, service: ApplicationService, event: Event, aliases: dict[str, list[str]]
     ) -> bool:
         """``aliases``: rooms' aliases read so far in this batch."""
-        room_aliases: list[str] = []
-        if service.aliases:
-            if event.room_id not in aliases:
-                aliases[event.room_id] = await self._store.get_aliases_for_room(event.room_id)
-            room_aliases = aliases[event.room_id]
         return event_concerns_service(
             service,
             self._server_name,
@@ -272,8 +309,19 @@ class ApplicationServiceSender:
             event_type=event.type,
             state_key=event.state_key,
             joined_members=await self._store.get_users_in_room(event.room_id),
-            room_aliases=room_aliases,
+            room_aliases=await self._aliases(service, event.room_id, aliases),
         )
+
+    async def _aliases(
+        self, service: ApplicationService, room_id: str, known: dict[str, list[str]]
+    ) -> list[str]:
+        """The room's aliases if the service has alias namespaces (read once
+        per batch: ``known``), else none (they cannot matter)."""
+        if not service.aliases:
+            return []
+        if room_id not in known:
+            known[room_id] = await self._store.get_aliases_for_room(room_id)
+        return known[room_id]
 
     def _back_off(self, service_id: str) -> None:
         _, pause = self._backoff.get(service_id, (0.0, 0.0))

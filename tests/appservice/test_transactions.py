@@ -29,7 +29,9 @@ class TransactionsTestCase(DatabaseTestCase):
         self.servers, clients, self.bus = start_cluster(
             self,
             self.test_db,
-            app_service_config_files=write_registrations(irc_registration(url)),
+            app_service_config_files=write_registrations(
+                irc_registration(url, receive_ephemeral=True)
+            ),
         )
         self.api = clients["main"]
 
@@ -104,3 +106,18 @@ class TransactionsTestCase(DatabaseTestCase):
         self.assertEqual(self.service.bodies(), ["before", "during", "while down", "after"])
         ids = [int(t) for t in self.service.processed]
         self.assertEqual(ids, list(range(1, len(ids) + 1)))
+
+    async def test_receipts_in_the_service_rooms_arrive_as_ephemeral(self) -> None:
+        alice, room_id = await self.bridged_room()
+        event_id = await alice.send(room_id, "read me")
+        other = await ClientApi(self, self.api.base_url).register("carol")
+        elsewhere = await other.create_room()
+        other_event = await other.send(elsewhere, "not the bridge's")
+        await other.ok("POST", f"/rooms/{elsewhere}/receipt/m.read/{other_event}", {})
+        await alice.ok("POST", f"/rooms/{room_id}/receipt/m.read.private/{event_id}", {})
+        await alice.ok("POST", f"/rooms/{room_id}/receipt/m.read/{event_id}", {})
+        await eventually(lambda: self.service.ephemeral, what="the receipt")
+        [receipt] = self.service.ephemeral
+        self.assertEqual(receipt["type"], "m.receipt")
+        self.assertEqual(receipt["room_id"], room_id)
+        self.assertIn("@alice:test.local", receipt["content"][event_id]["m.read"])

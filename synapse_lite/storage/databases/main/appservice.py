@@ -14,6 +14,7 @@ from synapse_lite.storage.databases.main.events_worker import (
     EventsWorkerStore,
     event_from_row,
 )
+from synapse_lite.streams.catalog import ReceiptsStreamRow
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -91,6 +92,25 @@ class ApplicationServiceWorkerStore(EventsWorkerStore, SQLBaseStore):
             last_txn_id,
             as_id,
         )
+
+    async def get_receipts_between(
+        self, after: int, upto: int, limit: int
+    ) -> list[tuple[int, ReceiptsStreamRow]]:
+        """Receipts of every writer with a stream id in ``(after, upto]``,
+        oldest first, at most ``limit``."""
+        rows = await self.db_pool.select(
+            "get_receipts_between",
+            "SELECT stream_id, room_id, receipt_type, user_id, event_id, thread_id, data"
+            " FROM receipts_linearized WHERE ? < stream_id AND stream_id <= ?"
+            " ORDER BY stream_id ASC LIMIT ?",
+            after,
+            upto,
+            limit,
+        )
+        return [
+            (int(r[0]), ReceiptsStreamRow(r[1], r[2], r[3], r[4], r[5], db_to_json(r[6])))
+            for r in rows
+        ]
 
     async def get_stream_events_between(self, after: int, upto: int, limit: int) -> list[Event]:
         """Events of the stream (no outliers, no backfill) in ``(after, upto]``,
