@@ -125,3 +125,25 @@ class AppServiceClientApiTestCase(DatabaseTestCase):
             )
             codes.append(code)
         self.assertIn(429, codes)
+
+    async def test_timestamp_massaging(self) -> None:
+        room_id = await self.service.create_room()
+        sent = await self.service.ok(
+            "PUT",
+            f"/rooms/{room_id}/send/m.room.message/ts1?ts=1234567890",
+            {"msgtype": "m.text", "body": "from the past"},
+        )
+        event = await self.service.ok("GET", f"/rooms/{room_id}/event/{sent['event_id']}")
+        self.assertEqual(event["origin_server_ts"], 1234567890)
+        code, body = await self.service.request(
+            "PUT", f"/rooms/{room_id}/state/m.room.topic/?ts=soon", {"topic": "x"}
+        )
+        self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
+        # Ignored from ordinary users.
+        alice = await self.api.register("alice")
+        room = await alice.create_room()
+        sent = await alice.ok(
+            "PUT", f"/rooms/{room}/send/m.room.message/a?ts=5", {"msgtype": "m.text", "body": "x"}
+        )
+        event = await alice.ok("GET", f"/rooms/{room}/event/{sent['event_id']}")
+        self.assertNotEqual(event["origin_server_ts"], 5)
