@@ -147,3 +147,27 @@ class AppServiceClientApiTestCase(DatabaseTestCase):
         )
         event = await alice.ok("GET", f"/rooms/{room}/event/{sent['event_id']}")
         self.assertNotEqual(event["origin_server_ts"], 5)
+
+    async def test_device_management_without_login(self) -> None:
+        await self.register_as_service("_irc_dora")
+        as_dora = "?user_id=@_irc_dora:test.local"
+        code, _ = await self.service.request(
+            "PUT", f"/devices/BRIDGEDEV{as_dora}", {"display_name": "bridge"}
+        )
+        self.assertEqual(code, 201)
+        code, _ = await self.service.request(
+            "PUT", f"/devices/BRIDGEDEV{as_dora}", {"display_name": "renamed"}
+        )
+        self.assertEqual(code, 200)
+        devices = await self.service.ok("GET", f"/devices{as_dora}")
+        self.assertEqual(
+            [(d["device_id"], d["display_name"]) for d in devices["devices"]],
+            [("BRIDGEDEV", "renamed")],
+        )
+        # Deleted without interactive auth.
+        await self.service.ok("DELETE", f"/devices/BRIDGEDEV{as_dora}", {})
+        self.assertEqual((await self.service.ok("GET", f"/devices{as_dora}"))["devices"], [])
+        # An ordinary user still cannot make a device this way.
+        alice = await self.api.register("alice")
+        code, _ = await alice.request("PUT", "/devices/NEWDEV", {})
+        self.assertEqual(code, 404)
