@@ -12,8 +12,10 @@ again. Services holding the namespace exclusively are asked first.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +91,35 @@ class AppServiceQueries:
                 if await self._store.get_user(user_id) is not None:
                     return True
         return False
+
+    async def protocols(self, only: str | None = None) -> dict[str, Any]:
+        """``GET /thirdparty/protocols`` (or ``/protocol/{only}``): each
+        protocol the services list, described by the first service that
+        answers ``GET /_matrix/app/v1/thirdparty/protocol/{protocol}`` with
+        an object; the ``instances`` of every service answering are merged.
+        A service that fails or answers garbage is left out."""
+        found: dict[str, dict[str, Any]] = {}
+        for service in self._services:
+            if service.url is None:
+                continue
+            for protocol in service.protocols:
+                if only is not None and protocol != only:
+                    continue
+                answer = await self._api.request(
+                    service, "GET", "/thirdparty/protocol/" + urllib.parse.quote(protocol, safe="")
+                )
+                try:
+                    described = json.loads(answer.body) if answer.ok else None
+                except ValueError:
+                    described = None
+                if not isinstance(described, dict):
+                    continue
+                instances = described.get("instances")
+                if protocol in found and isinstance(instances, list):
+                    found[protocol].setdefault("instances", []).extend(instances)
+                else:
+                    found.setdefault(protocol, described)
+        return found
 
     async def ping(self, service: ApplicationService, transaction_id: str | None) -> dict[str, Any]:
         """``POST /_matrix/client/v1/appservice/{id}/ping``: the homeserver

@@ -34,6 +34,8 @@ class FakeApplicationService(Resource):
         #: Queries received: ("users" | "rooms", id).
         self.queries: list[tuple[str, str]] = []
         self.pings: list[Any] = []
+        #: Protocol -> its description (``/thirdparty/protocol/{protocol}``).
+        self.protocols: dict[str, Any] = {}
         #: Called with (kind, id) on a query before answering (may return a
         #: Deferred: the answer waits for it).
         self.on_query: Any = None
@@ -81,6 +83,12 @@ class FakeApplicationService(Resource):
                 return b"{}"
             request.setResponseCode(404)
             return b'{"errcode": "M_NOT_FOUND"}'
+        if kind == "thirdparty" and rest.startswith("protocol/"):
+            described = self.protocols.get(rest[len("protocol/") :])
+            if described is None:
+                request.setResponseCode(404)
+                return b'{"errcode": "M_NOT_FOUND"}'
+            return json.dumps(described).encode()
         if kind == "ping" and request.method == b"POST":
             self.pings.append(json.loads(request.content.read() or b"{}"))  # type: ignore[union-attr]
             if self.mode != "ok":

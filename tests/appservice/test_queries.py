@@ -31,7 +31,9 @@ class QueriesTestCase(DatabaseTestCase):
         _, clients, _ = start_cluster(
             self,
             self.test_db,
-            app_service_config_files=write_registrations(irc_registration(url), silent),
+            app_service_config_files=write_registrations(
+                irc_registration(url, protocols=["irc", "gone"]), silent
+            ),
         )
         self.api = clients["main"]
         self.bridge = self.api.as_user(AS_TOKEN)
@@ -148,3 +150,19 @@ class QueriesTestCase(DatabaseTestCase):
             lambda: any(e["room_id"] == room_id for e in self.service.events),
             what="the waiting transaction",
         )
+
+    async def test_thirdparty_protocols_come_from_the_services(self) -> None:
+        irc = {
+            "user_fields": ["network", "nickname"],
+            "location_fields": ["network", "channel"],
+            "icon": "mxc://example.org/irc",
+            "field_types": {},
+            "instances": [{"network_id": "libera", "desc": "Libera", "fields": {}}],
+        }
+        self.service.protocols = {"irc": irc}
+        alice = await ClientApi(self, self.api.base_url).register("alice")
+        # "gone" is listed but its service does not describe it: left out.
+        self.assertEqual(await alice.ok("GET", "/thirdparty/protocols"), {"irc": irc})
+        self.assertEqual(await alice.ok("GET", "/thirdparty/protocol/irc"), irc)
+        code, body = await alice.request("GET", "/thirdparty/protocol/gone")
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
