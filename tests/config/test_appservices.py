@@ -37,8 +37,10 @@ def registration(**changes: Any) -> dict[str, Any]:
     return data
 
 
-def load_with(*registrations: dict[str, Any]) -> HomeServerConfig:
-    directory = tempfile.mkdtemp()
+def load_with(*registrations: dict[str, Any], directory: str | None = None) -> HomeServerConfig:
+    """A config naming ``registrations`` (written in ``directory``, a new
+    one by default)."""
+    directory = directory or tempfile.mkdtemp()
     names = []
     for i, data in enumerate(registrations):
         name = f"as{i}.yaml"
@@ -194,3 +196,15 @@ class AppServiceInstancesTestCase(unittest.TestCase):
         ).app_services
         self.assertEqual(first, same)
         self.assertNotEqual(first, changed)
+
+
+class ReloadTestCase(unittest.TestCase):
+    def test_a_changed_registration_or_instances_restart_every_process(self) -> None:
+        from synapse_lite.app.launch_plan import settings_shared_by_all
+
+        directory = tempfile.mkdtemp()
+        before = load_with(registration(), directory=directory)
+        again = load_with(registration(), directory=directory)
+        self.assertEqual(settings_shared_by_all(before), settings_shared_by_all(again))
+        changed = load_with(registration(url="http://127.0.0.1:7777"), directory=directory)
+        self.assertNotEqual(settings_shared_by_all(before), settings_shared_by_all(changed))
