@@ -489,7 +489,14 @@ def _handlers(
         reactor, https_policy_trusting(config.outbound_requests.extra_ca_paths)
     )
     app_service_sender, app_service_hooks = app_services_for_role(
-        role, config, clock, store, app_service_api, database.replication_notifier, reactor
+        role,
+        config,
+        clock,
+        store,
+        app_service_api,
+        database.replication_notifier,
+        reactor,
+        typing,
     )
     app_service_queries = AppServiceQueries(
         config.app_services,

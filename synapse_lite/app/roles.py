@@ -432,6 +432,7 @@ def app_services_for_role(
     api: ApplicationServiceApi,
     local_writes: ReplicationNotifier,
     reactor: Any,
+    typing: TypingHandlerBase,
 ) -> tuple[ApplicationServiceSender | None, Hooks]:
     """Each of ``appservice_instances`` sends their transactions to the
     services it owns (docs/application-services.md#which-process-sends),
@@ -451,8 +452,12 @@ def app_services_for_role(
         api=api,
         services=owned,
         server_name=config.server_name,
-        local_writes=local_writes if role.writes_events or role.writes_receipts else None,
+        local_writes=(
+            local_writes
+            if role.writes_events or role.writes_receipts or role.writes_typing
+            else None
+        ),
+        typing=typing,
     )
-    return sender, Hooks(
-        row_hooks=(("events", sender.on_rows), ("receipts", sender.on_rows)), loops=(sender,)
-    )
+    row_hooks = tuple((stream, sender.on_rows) for stream in ("events", "receipts", "typing"))
+    return sender, Hooks(row_hooks=row_hooks, loops=(sender,))

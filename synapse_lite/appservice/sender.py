@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from synapse_lite.appservice.registration import ApplicationService
     from synapse_lite.clock import Clock
     from synapse_lite.events import Event
+    from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
@@ -86,8 +87,12 @@ class ApplicationServiceSender:
         services: Sequence[ApplicationService],
         server_name: str,
         local_writes: ReplicationNotifier | None = None,
+        typing: TypingHandlerBase | None = None,
     ) -> None:
-        """``services``: those this process sends to (with a ``url``)."""
+        """``services``: those this process sends to (with a ``url``);
+        ``typing``: this process's view of who types where."""
+        self._typing = typing
+        self._typing_seen = typing.get_current_token() if typing is not None else 0
         self._store = store
         self._clock = clock
         self._reactor = reactor
@@ -152,41 +157,47 @@ class ApplicationServiceSender:
         if rows:
             self.wake()
 
-    async def _collect_receipts(self) -> None:
-        """Queue the receipts stored since the last look for the services
-        with ``receive_ephemeral`` whose rooms they are in (private
-        receipts are nobody else's business: never sent)."""
+    async def _collect_ephemeral(self) -> None:
+        """Queue, for the services with ``receive_ephemeral``, the receipts
+        stored and the typing changes since the last look, of the rooms that
+        concern them (private receipts are nobody else's business: never
+        sent)."""
+        edus: list[tuple[str, str, dict[str, Any]]] = []  # (room, user, EDU)
         position = self._store.get_receipts_position()
-        if position <= self._receipts_seen:
-            return
-        rows = await self._store.get_receipts_between(self._receipts_seen, position, BATCH)
-        self._receipts_seen = rows[-1][0] if len(rows) == BATCH else position
+        if position > self._receipts_seen:
+            rows = await self._store.get_receipts_between(self._receipts_seen, position, BATCH)
+            self._receipts_seen = rows[-1][0] if len(rows) == BATCH else position
+            for _, row in rows:
+                if row.receipt_type != "m.read.private":
+                    content = {row.event_id: {row.receipt_type: {row.user_id: row.data}}}
+                    edus.append(
+                        (row.room_id, row.user_id, {"type": "m.receipt", "content": content})
+                    )
+        if self._typing is not None:
+            typing, self._typing_seen = self._typing.get_typing_for_rooms(
+                self._typing.rooms_seen(), self._typing_seen
+            )
+            for room_id, user_ids in typing.items():
+                typing_edu: dict[str, Any] = {"type": "m.typing", "content": {"user_ids": user_ids}}
+                edus.append((room_id, user_ids[0] if user_ids else "", typing_edu))
         aliases: dict[str, list[str]] = {}
         for service in self._services:
             if not service.receive_ephemeral:
                 continue
             queue = self._ephemeral[service.id]
-            for _, row in rows:
-                if row.receipt_type == "m.read.private":
-                    continue
+            for room_id, user_id, edu in edus:
                 concerns = event_concerns_service(
                     service,
                     self._server_name,
-                    room_id=row.room_id,
-                    sender=row.user_id,
-                    event_type="m.receipt",
+                    room_id=room_id,
+                    sender=user_id,
+                    event_type=edu["type"],
                     state_key=None,
-                    joined_members=await self._store.get_users_in_room(row.room_id),
-                    room_aliases=await self._aliases(service, row.room_id, aliases),
+                    joined_members=await self._store.get_users_in_room(room_id),
+                    room_aliases=await self._aliases(service, room_id, aliases),
                 )
                 if concerns:
-                    queue.append(
-                        {
-                            "type": "m.receipt",
-                            "room_id": row.room_id,
-                            "content": {row.event_id: {row.receipt_type: {row.user_id: row.data}}},
-                        }
-                    )
+                    queue.append({"room_id": room_id, **edu})
             del queue[:-MAX_EPHEMERAL]
 
     def retry_now(self, service_id: str) -> None:
@@ -208,7 +219,7 @@ class ApplicationServiceSender:
         if self._wants_ephemeral and not self._collecting:
             self._collecting = True
             try:
-                await self._collect_receipts()
+                await self._collect_ephemeral()
             finally:
                 self._collecting = False
         now = self._clock.time()

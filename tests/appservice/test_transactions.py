@@ -121,3 +121,16 @@ class TransactionsTestCase(DatabaseTestCase):
         self.assertEqual(receipt["type"], "m.receipt")
         self.assertEqual(receipt["room_id"], room_id)
         self.assertIn("@alice:test.local", receipt["content"][event_id]["m.read"])
+
+    async def test_typing_in_the_service_rooms_arrives_as_ephemeral(self) -> None:
+        alice, room_id = await self.bridged_room()
+        await alice.ok(
+            "PUT", f"/rooms/{room_id}/typing/@alice:test.local", {"typing": True, "timeout": 30000}
+        )
+        await eventually(
+            lambda: any(e["type"] == "m.typing" for e in self.service.ephemeral),
+            what="typing",
+        )
+        [typing] = [e for e in self.service.ephemeral if e["type"] == "m.typing"]
+        self.assertEqual(typing["room_id"], room_id)
+        self.assertEqual(typing["content"]["user_ids"], ["@alice:test.local"])
