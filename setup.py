@@ -21,6 +21,8 @@ EXTRAS = {
         "hypothesis>=6.90",
         "jsonschema>=4.0",
         "matrix-nio>=0.24",
+        # A bridge framework, for the application service end-to-end test.
+        "mautrix>=0.20",
         "mypy>=1.8,<2.5",
         "mypy-zope>=1.0",
         "ruff>=0.4",

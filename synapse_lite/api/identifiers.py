@@ -84,8 +84,10 @@ def check_user_id(user_id: object, what: str = "user_id") -> str:
     return user_id
 
 
-def check_localpart(localpart: str) -> None:
-    """A new user's localpart, or a 400 ``M_INVALID_USERNAME``."""
+def check_localpart(localpart: str, reserved_allowed: bool = False) -> None:
+    """A new user's localpart, or a 400 ``M_INVALID_USERNAME``. A leading
+    ``_`` is kept for application services' users (``reserved_allowed``):
+    the spec asks bridges to name theirs so."""
     if not localpart:
         raise SynapseError(400, "User ID cannot be empty", Codes.INVALID_USERNAME)
     if not LOCALPART_ALLOWED.fullmatch(localpart):
@@ -94,7 +96,7 @@ def check_localpart(localpart: str) -> None:
             "User ID can only contain characters a-z, 0-9, or '=_-./+'",
             Codes.INVALID_USERNAME,
         )
-    if localpart.startswith("_"):
+    if localpart.startswith("_") and not reserved_allowed:
         raise SynapseError(400, "User ID may not begin with '_'", Codes.INVALID_USERNAME)
 
 

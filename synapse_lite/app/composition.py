@@ -53,6 +53,7 @@ from synapse_lite.app.roles import (
     Federation,
     Hooks,
     Role,
+    app_services_for_role,
     client_ip_recorder,
     federation_for_role,
     main_duties,
@@ -62,6 +63,8 @@ from synapse_lite.app.roles import (
     typing_for_role,
 )
 from synapse_lite.app.services import CallbackService, LoopsService, ProcessService
+from synapse_lite.appservice.api import ApplicationServiceApi
+from synapse_lite.appservice.queries import AppServiceQueries
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
@@ -479,6 +482,27 @@ def _handlers(
         store,
         client_ip_recorder(clock, database.main_store, transport.outgoing),
         config.allow_guest_access,
+        config.app_services,
+    )
+    # Requests to application services (transactions, queries, pings).
+    app_service_api = ApplicationServiceApi(
+        reactor, https_policy_trusting(config.outbound_requests.extra_ca_paths)
+    )
+    app_service_sender, app_service_hooks = app_services_for_role(
+        role,
+        config,
+        clock,
+        store,
+        app_service_api,
+        database.replication_notifier,
+        reactor,
+        typing,
+    )
+    app_service_queries = AppServiceQueries(
+        config.app_services,
+        app_service_api,
+        store,
+        app_service_sender.retry_now if app_service_sender is not None else None,
     )
     # Requests to servers users name (identity servers, pages to preview).
     outbound = OutboundHttpClient(
@@ -513,8 +537,11 @@ def _handlers(
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
-    members = RoomMemberHandler(store, clock, server_name, events, upgraded_rooms)
+    members = RoomMemberHandler(
+        store, clock, server_name, events, upgraded_rooms, app_service_queries
+    )
     room_creation = RoomCreationHandler(
+        app_service_queries=app_service_queries,
         store=store,
         clock=clock,
         server_name=server_name,
@@ -592,12 +619,13 @@ def _handlers(
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
-        profiles=ProfileHandler(store, clock, server_name, events),
-        directory=DirectoryHandler(store, server_name, clock, events),
+        profiles=ProfileHandler(store, clock, server_name, events, app_service_queries),
+        directory=DirectoryHandler(store, server_name, clock, events, app_service_queries),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
         identity=identity,
         server_name=server_name,
+        app_service_queries=app_service_queries,
     )
     stalls = StallDetector(
         clock,
@@ -617,6 +645,7 @@ def _handlers(
         + pushers_for_role(
             role, config, clock, store, calls, database.replication_notifier, reactor
         )
+        + app_service_hooks
         + Hooks(loops=(stalls,))
     )
     inbound = None

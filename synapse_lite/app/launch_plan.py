@@ -208,6 +208,10 @@ def settings_shared_by_all(config: HomeServerConfig) -> tuple[object, ...]:
         # Every process answers media paths by it (served, or refused naming it).
         config.media_instance,
         config.pusher_instances,
+        # Which process sends to which service, and the services themselves
+        # (a changed registration file is picked up by `reload`).
+        config.appservice_instances,
+        config.app_services,
         config.rate_limits,
         config.limits,
         config.log_level,

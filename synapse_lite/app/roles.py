@@ -25,6 +25,8 @@ from twisted.internet import defer
 
 from synapse_lite.app.listeners import MediaEndpoints
 from synapse_lite.app.services import Loop
+from synapse_lite.appservice.api import ApplicationServiceApi
+from synapse_lite.appservice.sender import ApplicationServiceSender, sender_of
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
 from synapse_lite.federation.client import FederationClient
@@ -110,6 +112,8 @@ class Role:
     delivers_pushes: bool
     #: The media instance (``media_instance``).
     serves_media: bool
+    #: It sends to application services (``appservice_instances``).
+    sends_to_app_services: bool = False
 
     @classmethod
     def of(cls, config: HomeServerConfig, name: str) -> Role:
@@ -129,6 +133,7 @@ class Role:
             ),
             delivers_pushes=name in config.pusher_instances,
             serves_media=config.media_instance == name,
+            sends_to_app_services=name in config.appservice_instances,
         )
 
     @property
@@ -417,3 +422,42 @@ def record_user_ip(store: DataStore, cmd: UserIpCommand) -> None:
         )
     )
     d.addErrback(lambda f: logger.warning("Recording a client IP failed: %s", f.value))
+
+
+def app_services_for_role(
+    role: Role,
+    config: HomeServerConfig,
+    clock: Clock,
+    store: GenericWorkerStore,
+    api: ApplicationServiceApi,
+    local_writes: ReplicationNotifier,
+    reactor: Any,
+    typing: TypingHandlerBase,
+) -> tuple[ApplicationServiceSender | None, Hooks]:
+    """Each of ``appservice_instances`` sends their transactions to the
+    services it owns (docs/application-services.md#which-process-sends),
+    woken by events persisted elsewhere (replication rows) and here (ids
+    finishing)."""
+    owned = [
+        service
+        for service in config.app_services
+        if sender_of(service.id, config.appservice_instances) == role.name
+    ]
+    if not role.sends_to_app_services or not owned:
+        return None, NO_HOOKS
+    sender = ApplicationServiceSender(
+        store=store,
+        clock=clock,
+        reactor=reactor,
+        api=api,
+        services=owned,
+        server_name=config.server_name,
+        local_writes=(
+            local_writes
+            if role.writes_events or role.writes_receipts or role.writes_typing
+            else None
+        ),
+        typing=typing,
+    )
+    row_hooks = tuple((stream, sender.on_rows) for stream in ("events", "receipts", "typing"))
+    return sender, Hooks(row_hooks=row_hooks, loops=(sender,))

@@ -82,11 +82,13 @@ class CallbackService(Service):
 
 
 class Loop(Protocol):
-    """A component with background work (a looping call, timers)."""
+    """A component with background work (a looping call, timers). ``stop``
+    may return a Deferred: the work under way ending (the process waits for
+    it, up to :data:`STOP_STEP_SECONDS` for all loops)."""
 
     def start(self) -> None: ...
 
-    def stop(self) -> None: ...
+    def stop(self) -> defer.Deferred[None] | None: ...
 
 
 class LoopsService(Service):
@@ -101,10 +103,17 @@ class LoopsService(Service):
         for loop in self._loops:
             loop.start()
 
-    def stopService(self) -> None:
+    def stopService(self) -> defer.Deferred[None] | None:
         super().stopService()
+        ending: list[defer.Deferred[None]] = []
         for loop in reversed(self._loops):
             try:
-                loop.stop()
+                result = loop.stop()
             except Exception:
                 logger.exception("Stopping %r failed", loop)
+                continue
+            if result is not None:
+                ending.append(result)
+        if not ending:
+            return None
+        return defer.DeferredList(ending, consumeErrors=True).addCallback(lambda _: None)

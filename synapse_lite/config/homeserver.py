@@ -13,6 +13,8 @@ from typing import Any
 
 import attr
 
+from synapse_lite.appservice.registration import ApplicationServices
+from synapse_lite.config.appservices import read_app_services
 from synapse_lite.config.federation import FederationConfig
 from synapse_lite.config.media import MediaConfig
 from synapse_lite.config.outbound import OutboundRequestsConfig
@@ -454,6 +456,9 @@ class HomeServerConfig:
     #: The processes delivering notifications to push gateways; each pusher
     #: is owned by exactly one (a stable hash of it).
     pusher_instances: tuple[str, ...] = (MAIN_PROCESS,)
+    #: The processes sending to application services; each service is sent
+    #: to by exactly one (a stable hash of its id: ``appservice/sender.py``).
+    appservice_instances: tuple[str, ...] = (MAIN_PROCESS,)
     #: The streams this deployment runs (their definitions).
     streams: StreamCatalog = attr.ib(default=BUILTIN_STREAMS, hash=False)
     #: Who writes each of them (built from ``stream_writers`` and ``streams``).
@@ -472,6 +477,8 @@ class HomeServerConfig:
     allow_guest_access: bool = False
     experimental: ExperimentalFeaturesConfig = attr.ib(factory=ExperimentalFeaturesConfig)
     outbound_requests: OutboundRequestsConfig = attr.ib(factory=OutboundRequestsConfig)
+    #: The application services registered (``app_service_config_files``).
+    app_services: ApplicationServices = attr.ib(factory=ApplicationServices, hash=False)
 
     def instance_names(self) -> list[str]:
         """The main process, then every worker in config order."""
@@ -618,6 +625,16 @@ def read_homeserver_config(
     pusher_instances = tuple(
         root.get_str_list("pusher_instances", [MAIN_PROCESS], allow_single=True)
     )
+    appservice_instances = tuple(
+        root.get_str_list("appservice_instances", [MAIN_PROCESS], allow_single=True)
+    )
+    app_services = ApplicationServices()
+    app_service_files = root.get_str_list("app_service_config_files", [])
+    if app_service_files and isinstance(server_name, str) and server_name:
+        try:
+            app_services = read_app_services(app_service_files, base_dir, server_name)
+        except ConfigError as e:
+            root.problems.extend(e.problems)
 
     explicit_map: dict[str, InstanceLocation] = {}
     map_section = root.get_section("instance_map")
@@ -658,13 +675,15 @@ def read_homeserver_config(
             f"{federation_sender!r} is not the main process or a declared worker",
             "federation_sender",
         )
-    for name in pusher_instances:
-        if name not in known:
-            root.problem(
-                f"{name!r} is not the main process or a declared worker", "pusher_instances"
-            )
-    if len(set(pusher_instances)) != len(pusher_instances) or not pusher_instances:
-        root.problem("must name one or more processes, each once", "pusher_instances")
+    for key, instances in (
+        ("pusher_instances", pusher_instances),
+        ("appservice_instances", appservice_instances),
+    ):
+        for name in instances:
+            if name not in known:
+                root.problem(f"{name!r} is not the main process or a declared worker", key)
+        if len(set(instances)) != len(instances) or not instances:
+            root.problem("must name one or more processes, each once", key)
     if media_instance not in known:
         root.problem(
             f"{media_instance!r} is not the main process or a declared worker", "media_instance"
@@ -754,6 +773,7 @@ def read_homeserver_config(
         media_instance=media_instance,
         media=media,
         pusher_instances=pusher_instances,
+        appservice_instances=appservice_instances,
         streams=streams,
         router=router,
         internal_tls=internal_tls,
@@ -761,6 +781,7 @@ def read_homeserver_config(
         allow_guest_access=allow_guest_access,
         experimental=experimental,
         outbound_requests=outbound_requests,
+        app_services=app_services,
     )
 
 

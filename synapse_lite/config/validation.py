@@ -276,6 +276,11 @@ class Section:
             for i, item in enumerate(value)
         ]
 
+    def accept(self, *keys: str) -> None:
+        """Count ``keys`` as read without reading them: settings other
+        software writes into a shared file that this one ignores."""
+        self._read.update(keys)
+
     def finish(self) -> None:
         """Report keys nobody asked for (typos, misplaced keys)."""
         for key in self.data:

@@ -27,6 +27,7 @@ from synapse_lite.api.guest_access import guest_may_call
 from synapse_lite.http.server import matched_servlet
 
 if TYPE_CHECKING:
+    from synapse_lite.appservice.registration import ApplicationService, ApplicationServices
     from synapse_lite.handlers.client_ips import ClientIpRecorder
     from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
 
@@ -51,6 +52,19 @@ class Requester:
     #: A guest account (``POST /register?kind=guest``): limited to what
     #: ``api/guest_access.py`` allows.
     is_guest: bool = False
+    #: The application service making the request with its ``as_token``
+    #: (``user_id`` is then its sender or a user it masquerades as, and
+    #: ``device_id`` is empty unless the request named one).
+    app_service: ApplicationService | None = None
+
+    @property
+    def is_rate_limited(self) -> bool:
+        """Whether request rate limits apply: not to an application
+        service's sender, nor to its users when it is not ``rate_limited``."""
+        service = self.app_service
+        if service is None:
+            return True
+        return service.rate_limited and self.user_id != service.sender
 
 
 def hash_token(token: str) -> str:
@@ -126,12 +140,21 @@ class AuthHandler:
         store: RegistrationWorkerStore,
         ip_recorder: ClientIpRecorder | None = None,
         allow_guest_access: bool = False,
+        app_services: ApplicationServices | None = None,
     ) -> None:
         """``allow_guest_access``: the config switch; off, guests' tokens are
-        refused everywhere."""
+        refused everywhere. ``app_services``: whose ``as_token`` is accepted."""
         self._store = store
         self._ip_recorder = ip_recorder
         self._allow_guest_access = allow_guest_access
+        #: Services by the hash of their ``as_token``: found by the same
+        #: hash lookup as a user's token, never by comparing secrets.
+        self._services_by_token_hash = {
+            hash_token(service.as_token): service for service in app_services or ()
+        }
+        #: Users application services have been seen to act as, registered
+        #: (an account is never removed, so the answer stays true).
+        self._known_service_users: set[str] = set()
 
     async def get_user_by_req(self, request: Request) -> Requester:
         """The requester, or a 401 (``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``);
@@ -139,6 +162,9 @@ class AuthHandler:
         may not (``api/guest_access.py``)."""
         token = get_access_token_from_request(request)
         token_hash = hash_token(token)
+        service = self._services_by_token_hash.get(token_hash)
+        if service is not None:
+            return await self._service_requester(request, service, token_hash)
         owner = await self._store.get_user_by_access_token(token_hash)
         if owner is None:
             raise UnknownTokenError()
@@ -155,6 +181,45 @@ class AuthHandler:
             )
         return requester
 
+    def app_service_of(self, request: Request) -> ApplicationService:
+        """The service whose ``as_token`` the request carries (for the
+        endpoints reading it themselves: ``/register`` and ``/login`` with
+        ``m.login.application_service``); a 401 ``M_MISSING_TOKEN`` or
+        ``M_UNKNOWN_TOKEN`` otherwise."""
+        token_hash = hash_token(get_access_token_from_request(request))
+        service = self._services_by_token_hash.get(token_hash)
+        if service is None:
+            raise UnknownTokenError()
+        return service
+
+    async def _service_requester(
+        self, request: Request, service: ApplicationService, token_hash: str
+    ) -> Requester:
+        """Identity assertion: the service acts as ``?user_id=`` (its
+        sender without one), a registered user in its namespaces (403
+        ``M_EXCLUSIVE`` outside them, 403 ``M_FORBIDDEN`` for a user not
+        registered), with ``?device_id=`` one of that user's devices (400
+        ``M_UNKNOWN_DEVICE`` otherwise)."""
+        user_id = _query_arg(request, "user_id") or service.sender
+        if not service.is_user_in_namespace(user_id):
+            raise AuthError(
+                403,
+                f"Application service {service.id!r} cannot act as {user_id}: it is not in"
+                " its user namespaces",
+                Codes.EXCLUSIVE,
+            )
+        if user_id != service.sender and user_id not in self._known_service_users:
+            user = await self._store.get_user(user_id)
+            if user is None or user["deactivated"]:
+                raise AuthError(
+                    403, "Application service has not registered this user", Codes.FORBIDDEN
+                )
+            self._known_service_users.add(user_id)
+        device_id = _query_arg(request, "device_id") or ""
+        if device_id and await self._store.get_device(user_id, device_id) is None:
+            raise AuthError(400, f"{user_id} has no device {device_id}", Codes.UNKNOWN_DEVICE)
+        return Requester(user_id, device_id, token_hash, app_service=service)
+
     def _check_guest(self, request: Request) -> None:
         if not self._allow_guest_access:
             raise AuthError(403, "Guest access is disabled", Codes.GUEST_ACCESS_FORBIDDEN)
@@ -166,6 +231,16 @@ class AuthHandler:
                 "Guest accounts may not do this: register an account",
                 Codes.GUEST_ACCESS_FORBIDDEN,
             )
+
+
+def _query_arg(request: Request, name: str) -> str | None:
+    values = (request.args or {}).get(name.encode("ascii"))
+    if not values:
+        return None
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise AuthError(400, f"'{name}' is not UTF-8", Codes.INVALID_PARAM) from None
 
 
 class UnknownTokenError(AuthError):

@@ -19,6 +19,7 @@ from synapse_lite.handlers.profile import localpart
 from synapse_lite.handlers.visibility import load_room_visibility
 
 if TYPE_CHECKING:
+    from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -37,7 +38,11 @@ class DirectoryHandler:
         server_name: str,
         clock: Clock,
         events: EventCreationHandler,
+        app_service_queries: AppServiceQueries,
     ) -> None:
+        """``app_service_queries``: asks application services about aliases
+        nobody has yet."""
+        self._app_service_queries = app_service_queries
         self._store = store
         self._server_name = server_name
         self._clock = clock
@@ -61,6 +66,7 @@ class DirectoryHandler:
 
     async def create_alias(self, requester: Requester, alias: str, room_id: str) -> None:
         check_room_alias(alias, self._server_name)
+        self._app_service_queries.check_alias_claim(alias, requester.app_service)
         if not await self._store.room_exists(room_id):
             raise NotFoundError("Unknown room")
         if requester.user_id not in await self._store.get_users_in_room(room_id):
@@ -70,10 +76,15 @@ class DirectoryHandler:
 
     async def get_alias(self, alias: str) -> dict[str, Any]:
         check_room_alias(alias)
-        found = await self._store.get_alias(alias)
-        if found is None:
+        room_id = await self.room_for_alias(alias)
+        if room_id is None:
             raise NotFoundError("Room alias not found")
-        return {"room_id": found[0], "servers": [self._server_name]}
+        return {"room_id": room_id, "servers": [self._server_name]}
+
+    async def room_for_alias(self, alias: str) -> str | None:
+        """The room ``alias`` names (an application service whose namespace
+        covers an unknown alias is asked), or None."""
+        return await self._app_service_queries.room_for_alias(alias)
 
     async def delete_alias(self, requester: Requester, alias: str) -> None:
         """The alias's creator may delete it, and so may whoever can set the

@@ -143,8 +143,10 @@ class EventCreationHandler:
         state_key: str | None = None,
         txn_id: str | None = None,
         redacts: str | None = None,
+        origin_server_ts: int | None = None,
     ) -> str:
-        """Send an event for a client; returns its id. With ``txn_id`` the send
+        """Send an event for a client; returns its id. ``origin_server_ts``:
+        the time an application service gave (``?ts=``), else now. With ``txn_id`` the send
         is idempotent per (user, device, txn_id); a state event without one
         that repeats the current state's sender and content is not sent
         again (its id is returned). ``redacts``: the event an
@@ -172,13 +174,16 @@ class EventCreationHandler:
         # Only a refused send looks the id up, so that a retry of a send that
         # succeeded still gets its event after a rate limit or a leave.
         try:
-            self._ratelimiter.ratelimit(requester.user_id)
+            if requester.is_rate_limited:
+                self._ratelimiter.ratelimit(requester.user_id)
             spec = EventSpec(
                 type=event_type,
                 state_key=state_key,
                 sender=requester.user_id,
                 content=content,
-                origin_server_ts=self._clock.time_msec(),
+                origin_server_ts=(
+                    self._clock.time_msec() if origin_server_ts is None else origin_server_ts
+                ),
                 txn_key=txn_key,
                 redacts=redacts,
             )

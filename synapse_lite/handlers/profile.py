@@ -22,6 +22,7 @@ from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 
 if TYPE_CHECKING:
+    from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -86,7 +87,11 @@ class ProfileHandler:
         clock: Clock,
         server_name: str,
         events: EventCreationHandler,
+        app_service_queries: AppServiceQueries,
     ) -> None:
+        """``app_service_queries``: asks application services about users
+        nobody has yet."""
+        self._app_service_queries = app_service_queries
         self._store = store
         self._clock = clock
         self._server_name = server_name
@@ -96,10 +101,9 @@ class ProfileHandler:
 
     async def get_profile(self, user_id: str) -> dict[str, str | None]:
         """404 for a user this server does not have (there is no federation)."""
-        if (
-            not is_mine_id(user_id, self._server_name)
-            or await self._store.get_user(user_id) is None
-        ):
+        if not is_mine_id(user_id, self._server_name):
+            raise NotFoundError("Profile not found")
+        if not await self._app_service_queries.user_exists(user_id):
             raise NotFoundError("Profile not found")
         return await profile_of(self._store, user_id)
 

@@ -39,6 +39,7 @@ from synapse_lite.http.fields import get_bool, get_optional_str, get_str
 from synapse_lite.storage.databases.main.registration import UserExistsError
 
 if TYPE_CHECKING:
+    from synapse_lite.appservice.registration import ApplicationService
     from synapse_lite.clock import Clock
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.device import DeviceHandler
@@ -147,12 +148,23 @@ class RegistrationHandler:
             raise SynapseError(400, "User ID is too long", Codes.INVALID_USERNAME)
         return user_id
 
-    async def check_username(self, localpart: str) -> str:
+    async def check_username(
+        self, localpart: str, app_service: ApplicationService | None = None
+    ) -> str:
         """A free, valid user id for ``localpart``, downcased (or 400
-        M_INVALID_USERNAME / M_USER_IN_USE)."""
+        M_INVALID_USERNAME / M_USER_IN_USE; M_EXCLUSIVE inside a namespace an
+        application service holds exclusively, or, for ``app_service``,
+        outside its own namespaces)."""
         localpart = localpart.lower()
-        check_localpart(localpart)
+        check_localpart(localpart, reserved_allowed=app_service is not None)
         user_id = self.user_id_for(localpart)
+        if not self._config.app_services.may_claim_user(user_id, app_service):
+            why = (
+                "is outside this application service's namespaces"
+                if app_service is not None and not app_service.is_user_in_namespace(user_id)
+                else "is reserved by an application service"
+            )
+            raise SynapseError(400, f"{user_id} {why}", Codes.EXCLUSIVE)
         if await self._store.get_user(user_id) is not None:
             raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE)
         return user_id
@@ -200,6 +212,24 @@ class RegistrationHandler:
             logger.info("Registered %s", user_id)
         if session is not None:
             await self._ui_auth.record_result(session, {"user_id": user_id})
+        return await self._registered(user_id, asked)
+
+    async def register_app_service_user(
+        self, app_service: ApplicationService, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``type: m.login.application_service``: a passwordless user in the
+        service's namespaces (or its sender), without interactive auth,
+        registration switch or rate limit; logged in unless
+        ``inhibit_login``."""
+        asked = _RegistrationParams.from_body(body)
+        if asked.username is None:
+            raise SynapseError(400, "'username' is required", Codes.MISSING_PARAM)
+        user_id = await self.check_username(asked.username, app_service)
+        try:
+            await self._store.register_user(user_id, None)
+        except UserExistsError:
+            raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE) from None
+        logger.info("Application service %r registered %s", app_service.id, user_id)
         return await self._registered(user_id, asked)
 
     async def _registered(self, user_id: str, asked: _RegistrationParams) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from synapse_lite.handlers.profile import member_content, profile_of
 from synapse_lite.http.fields import get_bool, get_dict, get_list, get_optional_str
 
 if TYPE_CHECKING:
+    from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -102,6 +103,7 @@ class RoomCreationHandler:
         events: EventCreationHandler,
         writers: WritersDirectory,
         event_writers: Callable[[], Sequence[str]],
+        app_service_queries: AppServiceQueries,
     ) -> None:
         """``event_writers()``: the events writers this process knows of now
         (a new room goes to one of them by the events stream's rule in
@@ -112,6 +114,7 @@ class RoomCreationHandler:
         self._events = events
         self._writers = writers
         self._event_writers = event_writers
+        self._app_service_queries = app_service_queries
 
     async def create_room(self, requester: Requester, body: dict[str, Any]) -> str:
         """Validate the request, build the initial events, persist them on the
@@ -121,6 +124,7 @@ class RoomCreationHandler:
         alias = None
         if alias_name is not None:
             alias = check_room_alias(f"#{alias_name}:{self._server_name}", self._server_name)
+            self._app_service_queries.check_alias_claim(alias, requester.app_service)
             if await self._store.get_alias(alias) is not None:
                 raise SynapseError(400, "That room alias is taken", Codes.ROOM_IN_USE)
         visibility = get_optional_str(body, "visibility") or "private"

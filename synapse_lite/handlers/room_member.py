@@ -18,6 +18,7 @@ from synapse_lite.handlers.profile import (
 )
 
 if TYPE_CHECKING:
+    from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.handlers.room_upgrade import UpgradedRoomUserState
@@ -49,16 +50,18 @@ class RoomMemberHandler:
         clock: Clock,
         server_name: str,
         events: EventCreationHandler,
-        upgraded_rooms: UpgradedRoomUserState | None = None,
+        upgraded_rooms: UpgradedRoomUserState | None,
+        app_service_queries: AppServiceQueries,
     ) -> None:
         """``upgraded_rooms``: carries a user's settings into a room that
-        replaces one they were in, when they join it."""
+        replaces one they were in, when they join it. ``app_service_queries``:
+        asks application services about invited users nobody has yet."""
+        self._app_service_queries = app_service_queries
         self._store = store
         self._clock = clock
         self._server_name = server_name
         self._events = events
         self._upgraded_rooms = upgraded_rooms
-
     async def update_membership(
         self,
         requester: Requester,
@@ -86,7 +89,7 @@ class RoomMemberHandler:
                 raise SynapseError(
                     400, "Federation is not supported: invite local users", Codes.INVALID_PARAM
                 )
-            if await self._store.get_user(target) is None:
+            if not await self._app_service_queries.user_exists(target):
                 raise NotFoundError(f"Unknown user {target}")
         if not await self._store.room_exists(room_id):
             raise NotFoundError("Unknown room")

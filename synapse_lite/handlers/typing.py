@@ -72,6 +72,11 @@ class TypingHandlerBase:
     def get_current_token(self) -> int:
         return self._positions.current
 
+    def rooms_seen(self) -> list[str]:
+        """Every room whose typing changed since this process started
+        following (what :meth:`get_typing_for_rooms` can say anything of)."""
+        return list(self._room_serials)
+
     def get_typing_for_rooms(
         self, room_ids: list[str], since_token: int | None
     ) -> tuple[dict[str, list[str]], int]:

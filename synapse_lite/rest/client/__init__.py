@@ -14,6 +14,7 @@ from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client import (
     account,
     account_management,
+    appservice,
     directory,
     keys,
     legacy_sync,
@@ -30,6 +31,7 @@ from synapse_lite.rest.client import (
 )
 
 if TYPE_CHECKING:
+    from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
     from synapse_lite.config.homeserver import TurnConfig
     from synapse_lite.handlers.account import AccountHandler
@@ -104,6 +106,7 @@ class ClientHandlers:
     search: SearchHandler
     identity: IdentityHandler
     server_name: str
+    app_service_queries: AppServiceQueries
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -124,6 +127,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         profile,
         directory,
         voip,
+        appservice,
     ]
     for module in modules:
         module.register_servlets(handlers, resource)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, InteractiveAuthIncomplete, SynapseError
-from synapse_lite.handlers.login import LOGIN_FLOWS
+from synapse_lite.handlers.login import APP_SERVICE_LOGIN, LOGIN_FLOWS
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request, query_string
 from synapse_lite.rest.client._base import client_ip, client_path
 
@@ -22,6 +22,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         if kind not in ("user", "guest"):
             raise SynapseError(400, "'kind' must be user or guest", Codes.INVALID_PARAM)
         body = parse_json_object_from_request(request, allow_empty=kind == "guest")
+        if body.get("type") == APP_SERVICE_LOGIN:
+            service = handlers.auth.app_service_of(request)
+            return 200, await handlers.registration.register_app_service_user(service, body)
         if kind == "guest":
             return 200, await handlers.registration.register_guest(client_ip(request), body)
         try:
@@ -41,7 +44,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def login(request: Request) -> tuple[int, Any]:
         body = parse_json_object_from_request(request)
-        return 200, await handlers.login.login(client_ip(request), body)
+        service = None
+        if body.get("type") == APP_SERVICE_LOGIN:
+            service = handlers.auth.app_service_of(request)
+        return 200, await handlers.login.login(client_ip(request), body, service)
 
     async def logout(request: Request) -> tuple[int, Any]:
         requester = await handlers.auth.get_user_by_req(request)
@@ -55,11 +61,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def whoami(request: Request) -> tuple[int, Any]:
         requester = await handlers.auth.get_user_by_req(request)
-        return 200, {
-            "user_id": requester.user_id,
-            "device_id": requester.device_id,
-            "is_guest": requester.is_guest,
-        }
+        answer: dict[str, Any] = {"user_id": requester.user_id, "is_guest": requester.is_guest}
+        if requester.device_id:  # an application service may act without one
+            answer["device_id"] = requester.device_id
+        return 200, answer
 
     async def admin_nonce(request: Request) -> tuple[int, Any]:
         return 200, {"nonce": handlers.registration.new_nonce()}

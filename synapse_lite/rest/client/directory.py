@@ -1,5 +1,6 @@
 """The room directory (aliases, the public room list), the user directory, and
-``GET /thirdparty/protocols`` (no bridges here: ``{}``)."""
+``GET /thirdparty/protocols`` and ``/protocol/{protocol}``, answered from
+the application services' protocols (``appservice/queries.py``)."""
 
 from __future__ import annotations
 
@@ -102,10 +103,15 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         return 200, await directory.search_users(requester, term, 10 if limit is None else limit)
 
     async def thirdparty_protocols(request: Request) -> tuple[int, Any]:
-        # Protocols come from application services (bridges), which this
-        # server does not host.
         await auth.get_user_by_req(request)
-        return 200, {}
+        return 200, await handlers.app_service_queries.protocols()
+
+    async def thirdparty_protocol(request: Request, protocol: str) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        found = await handlers.app_service_queries.protocols(only=protocol)
+        if protocol not in found:
+            raise SynapseError(404, "No application service offers this protocol", Codes.NOT_FOUND)
+        return 200, found[protocol]
 
     register = resource.register_paths
     alias_path = client_path("/directory/room/(?P<room_alias>[^/]+)")
@@ -121,4 +127,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("POST", client_path("/user_directory/search"), search_users, "user_directory")
     register(
         "GET", client_path("/thirdparty/protocols"), thirdparty_protocols, "thirdparty_protocols"
+    )
+    register(
+        "GET",
+        client_path("/thirdparty/protocol/(?P<protocol>[^/]+)"),
+        thirdparty_protocol,
+        "thirdparty_protocols",
     )

@@ -25,12 +25,25 @@ from synapse_lite.http.server import (
 from synapse_lite.rest.client._base import client_path
 
 if TYPE_CHECKING:
+    from synapse_lite.handlers.auth import Requester
     from synapse_lite.rest.client import ClientHandlers
 
 ROOM = "/rooms/(?P<room_id>[^/]+)"
 MEMBERSHIPS = ("join", "invite", "leave", "ban", "knock")
 #: The most events ``/context`` returns around its event.
 MAX_CONTEXT_LIMIT = 1000
+
+
+def service_timestamp(request: Request, requester: Requester) -> int | None:
+    """An application service's ``?ts=`` (timestamp massaging, on sends and
+    state), or None; ignored from anyone else, as the spec reserves it to
+    services. 400 ``M_INVALID_PARAM`` for a value no event could carry."""
+    raw = query_string(request, "ts")
+    if raw is None or requester.app_service is None:
+        return None
+    if not raw.isdigit() or int(raw) >= 2**53:
+        raise SynapseError(400, "'ts' must be a time in ms since the epoch", Codes.INVALID_PARAM)
+    return int(raw)
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -45,10 +58,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def room_of(room_id_or_alias: str) -> str:
         """The room an id or an alias names (404 for an unknown alias)."""
         if room_id_or_alias.startswith("#"):
-            found = await handlers.store.get_alias(check_room_alias(room_id_or_alias))
-            if found is None:
+            room_id = await handlers.directory.room_for_alias(check_room_alias(room_id_or_alias))
+            if room_id is None:
                 raise SynapseError(404, "Room alias not found", Codes.NOT_FOUND)
-            return found[0]
+            return room_id
         return check_room_id(room_id_or_alias)
 
     async def join(request: Request, room_id: str) -> tuple[int, Any]:
@@ -114,7 +127,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             )
         content = parse_json_object_from_request(request)
         event_id = await handlers.events.send_client_event(
-            requester, room_id, event_type, content, txn_id=txn_id
+            requester,
+            room_id,
+            event_type,
+            content,
+            txn_id=txn_id,
+            origin_server_ts=service_timestamp(request, requester),
         )
         return 200, {"event_id": event_id}
 
@@ -152,7 +170,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         if event_type == "m.room.canonical_alias" and state_key == "":
             await handlers.directory.check_canonical_alias(room_id, content)
         event_id = await handlers.events.send_client_event(
-            requester, room_id, event_type, content, state_key=state_key
+            requester,
+            room_id,
+            event_type,
+            content,
+            state_key=state_key,
+            origin_server_ts=service_timestamp(request, requester),
         )
         return 200, {"event_id": event_id}
 

@@ -118,6 +118,15 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             raise SynapseError(
                 400, "'display_name' must be a string of at most 512 characters", Codes.BAD_JSON
             )
+        if requester.app_service is not None:
+            check_identifier_text(device_id, "deviceId")
+            if await handlers.store.get_device(requester.user_id, device_id) is None:
+                # A service manages its users' devices without logging in
+                # (spec v1.17): the device is made, with a token nobody holds.
+                await handlers.devices.create_device_and_token(
+                    requester.user_id, device_id, display_name
+                )
+                return 201, {}
         await handlers.devices.rename_device(requester.user_id, device_id, display_name)
         return 200, {}
 
@@ -125,7 +134,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         body = parse_json_object_from_request(request, allow_empty=True)
         await handlers.devices.get_device(requester.user_id, device_id)  # 404 first
-        await handlers.ui_auth.check_password(requester.user_id, body, f"delete device {device_id}")
+        if requester.app_service is None:  # services delete without interactive auth
+            await handlers.ui_auth.check_password(
+                requester.user_id, body, f"delete device {device_id}"
+            )
         await handlers.devices.delete_devices(requester.user_id, [device_id])
         return 200, {}
 
@@ -145,9 +157,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             )
         for device_id in device_ids:
             check_identifier_text(device_id, "devices")
-        await handlers.ui_auth.check_password(
-            requester.user_id, body, f"delete devices {json.dumps(sorted(set(device_ids)))}"
-        )
+        if requester.app_service is None:  # services delete without interactive auth
+            await handlers.ui_auth.check_password(
+                requester.user_id, body, f"delete devices {json.dumps(sorted(set(device_ids)))}"
+            )
         await handlers.devices.delete_devices(requester.user_id, device_ids)
         return 200, {}
 

@@ -1,0 +1,173 @@
+"""The client API called by an application service with its ``as_token``:
+identity assertion, registering its users, logging in as them, exclusive
+namespaces, and rate limits."""
+
+from __future__ import annotations
+
+from tests.appservice.registrations import irc_registration, write_registrations
+from tests.harness.client_api import start_cluster
+from tests.harness.server import DatabaseTestCase
+
+AS_TOKEN = "irc-as-token"
+
+
+class AppServiceClientApiTestCase(DatabaseTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.servers, self.clients, _ = start_cluster(
+            self,
+            self.test_db,
+            enable_registration=True,
+            app_service_config_files=write_registrations(irc_registration()),
+            rate_limiting={"messages": {"per_second": 0.001, "burst": 2}},
+        )
+        self.api = self.clients["main"]
+        self.service = self.api.as_user(AS_TOKEN)
+
+    async def register_as_service(self, username: str) -> tuple[int, dict]:
+        return await self.service.request(
+            "POST",
+            "/register",
+            {"type": "m.login.application_service", "username": username, "inhibit_login": True},
+        )
+
+    async def test_sender_and_asserted_user(self) -> None:
+        whoami = await self.service.ok("GET", "/account/whoami")
+        self.assertEqual(whoami["user_id"], "@_irc_bot:test.local")
+        self.assertNotIn("device_id", whoami)
+        code, body = await self.register_as_service("_irc_alice")
+        self.assertEqual((code, body["user_id"]), (200, "@_irc_alice:test.local"))
+        self.assertNotIn("access_token", body)
+        whoami = await self.service.ok("GET", "/account/whoami?user_id=@_irc_alice:test.local")
+        self.assertEqual(whoami["user_id"], "@_irc_alice:test.local")
+
+    async def test_assertion_outside_the_namespace_or_unregistered(self) -> None:
+        await self.api.register("bob")
+        code, body = await self.service.request("GET", "/account/whoami?user_id=@bob:test.local")
+        self.assertEqual((code, body["errcode"]), (403, "M_EXCLUSIVE"))
+        code, body = await self.service.request(
+            "GET", "/account/whoami?user_id=@_irc_nobody:test.local"
+        )
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        code, body = await self.api.as_user("no-such-token").request("GET", "/account/whoami")
+        self.assertEqual((code, body["errcode"]), (401, "M_UNKNOWN_TOKEN"))
+
+    async def test_device_masquerading(self) -> None:
+        await self.register_as_service("_irc_carol")
+        code, login = await self.service.request(
+            "POST",
+            "/login",
+            {
+                "type": "m.login.application_service",
+                "identifier": {"type": "m.id.user", "user": "_irc_carol"},
+                "device_id": "CAROLDEV",
+            },
+        )
+        self.assertEqual(code, 200, login)
+        self.assertEqual(login["user_id"], "@_irc_carol:test.local")
+        whoami = await self.service.ok(
+            "GET", "/account/whoami?user_id=@_irc_carol:test.local&device_id=CAROLDEV"
+        )
+        self.assertEqual(whoami["device_id"], "CAROLDEV")
+        code, body = await self.service.request(
+            "GET", "/account/whoami?user_id=@_irc_carol:test.local&device_id=NOPE"
+        )
+        self.assertEqual((code, body["errcode"]), (400, "M_UNKNOWN_DEVICE"))
+
+    async def test_login_outside_the_namespace_and_without_the_token(self) -> None:
+        await self.api.register("dave")
+        body = {
+            "type": "m.login.application_service",
+            "identifier": {"type": "m.id.user", "user": "dave"},
+        }
+        code, answer = await self.service.request("POST", "/login", body)
+        self.assertEqual((code, answer["errcode"]), (403, "M_EXCLUSIVE"))
+        code, answer = await self.api.request("POST", "/login", body, token=None)
+        self.assertEqual((code, answer["errcode"]), (401, "M_MISSING_TOKEN"))
+
+    async def test_exclusive_namespace_refused_to_others(self) -> None:
+        code, body = await self.api.request(
+            "POST",
+            "/register",
+            {"username": "irc-mallory", "password": "pw-pw-pw", "auth": {"type": "m.login.dummy"}},
+            token=None,
+        )
+        self.assertEqual((code, body["errcode"]), (400, "M_EXCLUSIVE"))
+        code, body = await self.api.request(
+            "GET", "/register/available?username=irc-mallory", token=None
+        )
+        self.assertEqual((code, body["errcode"]), (400, "M_EXCLUSIVE"))
+        code, body = await self.register_as_service("irc-mallory")
+        self.assertEqual(code, 200, body)
+        # A name without the underscore rule: the sender's namespace is exclusive too.
+        code, body = await self.register_as_service("someone_else")
+        self.assertEqual((code, body["errcode"]), (400, "M_EXCLUSIVE"))
+        code, body = await self.api.as_user("bad").request(
+            "POST", "/register", {"type": "m.login.application_service", "username": "_irc_x"}
+        )
+        self.assertEqual((code, body["errcode"]), (401, "M_UNKNOWN_TOKEN"))
+
+    async def test_unlimited_service_is_not_rate_limited(self) -> None:
+        room_id = await self.service.create_room()
+        for i in range(6):
+            await self.service.ok(
+                "PUT",
+                f"/rooms/{room_id}/send/m.room.message/t{i}",
+                {"msgtype": "m.text", "body": str(i)},
+            )
+        # An ordinary user hits the limit of 2 at once.
+        alice = await self.api.register("alice")
+        room = await alice.create_room()
+        codes = []
+        for i in range(4):
+            code, _ = await alice.request(
+                "PUT", f"/rooms/{room}/send/m.room.message/a{i}", {"msgtype": "m.text", "body": "x"}
+            )
+            codes.append(code)
+        self.assertIn(429, codes)
+
+    async def test_timestamp_massaging(self) -> None:
+        room_id = await self.service.create_room()
+        sent = await self.service.ok(
+            "PUT",
+            f"/rooms/{room_id}/send/m.room.message/ts1?ts=1234567890",
+            {"msgtype": "m.text", "body": "from the past"},
+        )
+        event = await self.service.ok("GET", f"/rooms/{room_id}/event/{sent['event_id']}")
+        self.assertEqual(event["origin_server_ts"], 1234567890)
+        code, body = await self.service.request(
+            "PUT", f"/rooms/{room_id}/state/m.room.topic/?ts=soon", {"topic": "x"}
+        )
+        self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
+        # Ignored from ordinary users.
+        alice = await self.api.register("alice")
+        room = await alice.create_room()
+        sent = await alice.ok(
+            "PUT", f"/rooms/{room}/send/m.room.message/a?ts=5", {"msgtype": "m.text", "body": "x"}
+        )
+        event = await alice.ok("GET", f"/rooms/{room}/event/{sent['event_id']}")
+        self.assertNotEqual(event["origin_server_ts"], 5)
+
+    async def test_device_management_without_login(self) -> None:
+        await self.register_as_service("_irc_dora")
+        as_dora = "?user_id=@_irc_dora:test.local"
+        code, _ = await self.service.request(
+            "PUT", f"/devices/BRIDGEDEV{as_dora}", {"display_name": "bridge"}
+        )
+        self.assertEqual(code, 201)
+        code, _ = await self.service.request(
+            "PUT", f"/devices/BRIDGEDEV{as_dora}", {"display_name": "renamed"}
+        )
+        self.assertEqual(code, 200)
+        devices = await self.service.ok("GET", f"/devices{as_dora}")
+        self.assertEqual(
+            [(d["device_id"], d["display_name"]) for d in devices["devices"]],
+            [("BRIDGEDEV", "renamed")],
+        )
+        # Deleted without interactive auth.
+        await self.service.ok("DELETE", f"/devices/BRIDGEDEV{as_dora}", {})
+        self.assertEqual((await self.service.ok("GET", f"/devices{as_dora}"))["devices"], [])
+        # An ordinary user still cannot make a device this way.
+        alice = await self.api.register("alice")
+        code, _ = await alice.request("PUT", "/devices/NEWDEV", {})
+        self.assertEqual(code, 404)

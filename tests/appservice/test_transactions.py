@@ -1,0 +1,136 @@
+"""Transactions to an application service, on a real socket: the events
+that concern it, in order, retried with the same id while it fails, and
+neither lost nor repeated over a restart of the homeserver."""
+
+from __future__ import annotations
+
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+
+from synapse_lite.appservice import sender as sender_module
+from tests.appservice.fake_service import FakeApplicationService
+from tests.appservice.registrations import irc_registration, write_registrations
+from tests.harness.client_api import ClientApi, serve, start_cluster
+from tests.harness.polling import eventually
+from tests.harness.server import DatabaseTestCase, make_homeserver
+
+AS_TOKEN = "irc-as-token"
+
+
+class TransactionsTestCase(DatabaseTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.patch(sender_module, "POLL_SECONDS", 0.05)
+        self.patch(sender_module, "FIRST_BACKOFF_SECONDS", 0.05)
+        self.patch(sender_module, "MAX_BACKOFF_SECONDS", 0.2)
+        self.service = FakeApplicationService()
+        url = self.service.listen()
+        self.addCleanup(self.service.port.stopListening)
+        self.servers, clients, self.bus = start_cluster(
+            self,
+            self.test_db,
+            app_service_config_files=write_registrations(
+                irc_registration(url, receive_ephemeral=True)
+            ),
+        )
+        self.api = clients["main"]
+
+    async def bridged_room(self) -> tuple[ClientApi, str]:
+        """Alice's public room, joined by the service's user ``_irc_bob``."""
+        bridge = self.api.as_user(AS_TOKEN)
+        await bridge.ok(
+            "POST",
+            "/register",
+            {"type": "m.login.application_service", "username": "_irc_bob", "inhibit_login": True},
+        )
+        alice = await ClientApi(self, self.api.base_url).register("alice")
+        room_id = await alice.create_room(preset="public_chat")
+        await bridge.ok("POST", f"/join/{room_id}?user_id=@_irc_bob:test.local", {})
+        return alice, room_id
+
+    async def test_events_that_concern_the_service_arrive_in_order(self) -> None:
+        other = await ClientApi(self, self.api.base_url).register("carol")
+        unrelated = await other.create_room()
+        await other.send(unrelated, "not for the bridge")
+        alice, room_id = await self.bridged_room()
+        for i in range(5):
+            await alice.send(room_id, f"m{i}")
+        await eventually(lambda: len(self.service.bodies()) >= 5, what="five messages")
+        self.assertEqual(self.service.bodies(), [f"m{i}" for i in range(5)])
+        join = [e for e in self.service.events if e["type"] == "m.room.member"]
+        self.assertEqual(join[0]["state_key"], "@_irc_bob:test.local")
+        self.assertEqual(join[0]["room_id"], room_id)
+        # Transaction ids count up from 1, each used once when all goes well.
+        self.assertEqual(
+            self.service.attempts, [str(i + 1) for i in range(len(self.service.attempts))]
+        )
+
+    async def test_a_failing_service_gets_the_same_transaction_again(self) -> None:
+        alice, room_id = await self.bridged_room()
+        await eventually(lambda: self.service.events, what="the join")
+        self.service.mode = "lost_ack"
+        await alice.send(room_id, "once")
+        await eventually(
+            lambda: len(self.service.attempts) >= len(self.service.processed) + 2,
+            what="retries",
+        )
+        self.service.mode = "error"
+        await alice.send(room_id, "twice")
+        await deferLater(reactor, 0.2, lambda: None)
+        self.service.mode = "ok"
+        await eventually(lambda: "twice" in self.service.bodies(), what="the second message")
+        self.assertEqual(self.service.bodies(), ["once", "twice"])
+        # The lost acknowledgement made the same id come again.
+        retried = [t for t in set(self.service.attempts) if self.service.attempts.count(t) > 1]
+        self.assertTrue(retried)
+
+    async def test_nothing_lost_or_repeated_over_a_restart(self) -> None:
+        alice, room_id = await self.bridged_room()
+        await alice.send(room_id, "before")
+        await eventually(lambda: "before" in self.service.bodies(), what="the first message")
+        self.service.mode = "lost_ack"
+        await alice.send(room_id, "during")
+        await eventually(lambda: "during" in self.service.bodies(), what="the lost answer")
+        self.service.mode = "error"
+        await alice.send(room_id, "while down")
+        await deferLater(reactor, 0.1, lambda: None)
+        main = self.servers["main"]
+        self.bus.leave(next(e for e in self.bus.endpoints if e.hs is main))
+        await main.service.stopService()
+        self.service.mode = "ok"
+        restarted = make_homeserver(self, main.config, "main")
+        self.bus.join(restarted)
+        alice_again = ClientApi(self, serve(self, restarted)).as_user(alice.token)
+        await alice_again.send(room_id, "after")
+        await eventually(lambda: "after" in self.service.bodies(), timeout=10, what="all")
+        self.assertEqual(self.service.bodies(), ["before", "during", "while down", "after"])
+        ids = [int(t) for t in self.service.processed]
+        self.assertEqual(ids, list(range(1, len(ids) + 1)))
+
+    async def test_receipts_in_the_service_rooms_arrive_as_ephemeral(self) -> None:
+        alice, room_id = await self.bridged_room()
+        event_id = await alice.send(room_id, "read me")
+        other = await ClientApi(self, self.api.base_url).register("carol")
+        elsewhere = await other.create_room()
+        other_event = await other.send(elsewhere, "not the bridge's")
+        await other.ok("POST", f"/rooms/{elsewhere}/receipt/m.read/{other_event}", {})
+        await alice.ok("POST", f"/rooms/{room_id}/receipt/m.read.private/{event_id}", {})
+        await alice.ok("POST", f"/rooms/{room_id}/receipt/m.read/{event_id}", {})
+        await eventually(lambda: self.service.ephemeral, what="the receipt")
+        [receipt] = self.service.ephemeral
+        self.assertEqual(receipt["type"], "m.receipt")
+        self.assertEqual(receipt["room_id"], room_id)
+        self.assertIn("@alice:test.local", receipt["content"][event_id]["m.read"])
+
+    async def test_typing_in_the_service_rooms_arrives_as_ephemeral(self) -> None:
+        alice, room_id = await self.bridged_room()
+        await alice.ok(
+            "PUT", f"/rooms/{room_id}/typing/@alice:test.local", {"typing": True, "timeout": 30000}
+        )
+        await eventually(
+            lambda: any(e["type"] == "m.typing" for e in self.service.ephemeral),
+            what="typing",
+        )
+        [typing] = [e for e in self.service.ephemeral if e["type"] == "m.typing"]
+        self.assertEqual(typing["room_id"], room_id)
+        self.assertEqual(typing["content"]["user_ids"], ["@alice:test.local"])
