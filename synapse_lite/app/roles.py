@@ -435,7 +435,7 @@ def app_services_for_role(
     typing: TypingHandlerBase,
 ) -> tuple[ApplicationServiceSender | None, Hooks]:
     """Each of ``appservice_instances`` sends their transactions to the
-    services it owns (docs/application-services.md#which-process-sends),
+    services it owns (docs/appservices.md#which-process-sends),
     woken by events persisted elsewhere (replication rows) and here (ids
     finishing)."""
     owned = [

@@ -1,3 +1,3 @@
 """Application services (bridges and bots): their registrations, their
 requests to the client API, and what the homeserver sends them.
-docs/application-services.md describes the whole."""
+docs/appservices.md describes the whole."""

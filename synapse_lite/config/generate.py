@@ -274,7 +274,7 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
         "# Application services (bridges, bots): one registration file each, in the",
         "# format bridges generate (id, url, as_token, hs_token, sender_localpart,",
         "# namespaces, rate_limited, protocols, receive_ephemeral). Relative paths",
-        "# are relative to this file. See docs/application-services.md.",
+        "# are relative to this file. See docs/appservices.md.",
         "# app_service_config_files:",
         "#   - bridges/irc-registration.yaml",
         "# The processes sending them transactions, each service by one of them",

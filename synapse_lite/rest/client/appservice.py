@@ -1,5 +1,5 @@
 """``POST /_matrix/client/v1/appservice/{appserviceId}/ping``: a service
-checks that the homeserver can reach it (docs/application-services.md)."""
+checks that the homeserver can reach it (docs/appservices.md)."""
 
 from __future__ import annotations
 
