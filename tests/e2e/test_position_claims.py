@@ -72,6 +72,9 @@ def lies(events_head: int) -> list[str]:
         f"POSITION presence writer1 0 {2**63 - 1}",
         f"POSITION to_device writer1 0 {MAX_TOKEN_POSITION}",
         f"POSITION receipts writer1 0 {far}",
+        # Typing of an older run (10^12 is run 1; every process starts at
+        # its writer's run, 1 or more): taken for a restart until issue 34.
+        "POSITION typing writer1 0 5",
     ]
 
 
@@ -145,6 +148,10 @@ class PositionClaimsTestCase(unittest.TestCase):
                 self.assertLess(position, MAX_TOKEN_POSITION, (name, stream, writer))
                 if stream == "events":
                     self.assertLessEqual(position, head, (name, stream, writer))
+                if stream == "typing":
+                    # Not reset by the lower position.
+                    was_typing = before[name].get((stream, writer), 0)
+                    self.assertGreaterEqual(position, was_typing, (name, stream, writer))
                 # Real traffic meanwhile moves positions by a few, a lie by 1000.
                 was = before[name].get((stream, writer), 0)
                 self.assertLess(position, was + 500, (name, stream, writer))

@@ -340,6 +340,10 @@ class ReplicationCommandHandler:
             connection.vouches_for_claims,
         ):
             return
+        if not self.claims.not_backwards(
+            stream, cmd.instance_name, cmd.new_token, sender, claim_line(cmd)
+        ):
+            return
         self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.new_token)
         key = (cmd.stream_name, cmd.instance_name)
         for seen in self._positions_seen.values():
