@@ -71,6 +71,9 @@ OUT_OF_RANGE = "out_of_range"
 NOT_ALLOCATED = "not_allocated"
 WRONG_SENDER = "wrong_sender"
 WENT_BACKWARDS = "went_backwards"
+#: A replication connection naming an instance that another live connection
+#: (or the listening process) has: refused before it can claim anything.
+DUPLICATE_NAME = "duplicate_name"
 
 #: Writers of a stream, by name; None: any name (tests without a config).
 WritersOf = Callable[[str], Collection[str] | None]

@@ -129,6 +129,13 @@ class PositionClaimsTestCase(unittest.TestCase):
             send_over_tcp(port, "writer1", lines)
             # Not anyone's connection: every claim is the wrong sender's.
             send_over_tcp(port, "intruder", lines)
+            # Issue 34: a second connection naming a live writer, with one
+            # harmless POSITION at the writer's real position, made the main
+            # process drop every row of the real writer (each send to its
+            # rooms then waited 5 s). Refused now at NAME.
+            for writer in ("persister1", "persister2"):
+                real = (await self.positions("main")).get(("events", writer), 0)
+                send_over_tcp(port, writer, [f"POSITION events {writer} {real} {real}"])
         else:
             channel = config["replication"]["redis"]["channel_prefix"] + "test.local"
             # Bare (refused for naming no sender), then as this deployment's
@@ -172,8 +179,11 @@ class PositionClaimsTestCase(unittest.TestCase):
             self.assertEqual(health["status"], "degraded", health)
             self.assertIn("deployment otherdeployment", health["reasons"][0])
 
-        # A later message reaches an incremental /sync (the token parses).
+        # A later message reaches an incremental /sync (the token parses),
+        # and its send did not wait for the forwarded-write timeout (5 s).
+        started = time.monotonic()
         await alice.send(room, "after")
+        self.assertLess(time.monotonic() - started, 4.0)
         await self.sync_until(bob, since, lambda s: "after" in self.bodies(s, room))
 
         # A to-device send answered 200, its writer SIGKILLed and restarted,
