@@ -63,6 +63,7 @@ def redis_bus(
         reactor=reactor,
         deployment_id=deployment_id,
         followed_streams=followed_streams,
+        secret=config.worker_replication_secret,
     )
 
 

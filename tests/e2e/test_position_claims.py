@@ -25,6 +25,7 @@ import treq
 from twisted.internet import reactor, task
 from twisted.trial import unittest
 
+from synapse_lite.replication.tcp.redis import mac_key, signed_message
 from synapse_lite.storage.database import make_startup_connection
 from synapse_lite.tokens import MAX_TOKEN_POSITION
 from tests.harness.client_api import ClientApi
@@ -86,12 +87,13 @@ def send_over_tcp(port: int, name: str, lines: list[str]) -> None:
         time.sleep(0.5)
 
 
-def publish_on_redis(channel: str, lines: list[str]) -> None:
+def publish_on_redis(channel: str, lines: list[str] | list[bytes]) -> None:
     """PUBLISH each line, speaking RESP on a plain socket."""
     host, port = redis_address()
     with socket.create_connection((host, port), timeout=5) as s:
         for line in lines:
-            parts = [b"PUBLISH", channel.encode(), line.encode()]
+            data = line.encode() if isinstance(line, str) else line
+            parts = [b"PUBLISH", channel.encode(), data]
             command = b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
             s.sendall(command)
             s.recv(64)
@@ -138,13 +140,22 @@ class PositionClaimsTestCase(unittest.TestCase):
                 send_over_tcp(port, writer, [f"POSITION events {writer} {real} {real}"])
         else:
             channel = config["replication"]["redis"]["channel_prefix"] + "test.local"
-            # Bare (refused for naming no sender), then as this deployment's
-            # processes publish (anyone subscribed can read the envelope),
-            # each in the name of the writer it claims for.
+            # Bare (refused for naming no sender); in the envelope but not
+            # signed (refused: bad MAC, issue 34); then signed with the
+            # secret, as a holder of it would, each in the name of the writer
+            # it claims for (refused by the claim checks).
             deployment = self.deployment_id()
             publish_on_redis(channel, lines)
             publish_on_redis(
-                channel, [f"@{deployment} {line.split(' ')[2]} {line}" for line in lines]
+                channel, [f"@{deployment} {line.split(' ')[2]} 00 {line}" for line in lines]
+            )
+            key = mac_key(SECRET)
+            publish_on_redis(
+                channel,
+                [
+                    signed_message(key, deployment, line.split(" ")[2], line.encode())
+                    for line in lines
+                ],
             )
         await sleep(2)
 

@@ -31,6 +31,7 @@ from synapse_lite.replication.tcp.commands import (
     NameCommand,
     parse_command_from_line,
 )
+from synapse_lite.replication.tcp.redis import mac_key, message_mac
 from synapse_lite.storage.database import make_startup_connection
 from tests.harness.databases import TestDatabase, create_test_database, test_engine_name
 from tests.harness.processes import SOURCE_ROOT, free_port
@@ -280,11 +281,13 @@ def send_over_tcp(
 
 
 def in_envelope(deployment: bytes, line: bytes) -> bytes:
-    """``line`` as a process of the deployment would publish it, sent in the
-    name of the writer it claims for (or of ``fuzzer``)."""
+    """``line`` as a process of the deployment would publish it (signed with
+    the secret), sent in the name of the writer it claims for (or of
+    ``fuzzer``)."""
     fields = line.split(b" ", 3)
     sender = fields[2] if fields[0] in (b"RDATA", b"POSITION") and len(fields) > 2 else b""
-    return b"@" + deployment + b" " + (sender or b"fuzzer") + b" " + line
+    head = b"@" + deployment + b" " + (sender or b"fuzzer") + b" "
+    return head + message_mac(mac_key(SECRET), head + line) + b" " + line
 
 
 def publish_to_redis(server: HostileServer, lines: list[bytes]) -> None:

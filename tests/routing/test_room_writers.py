@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import attrs
 from prometheus_client import REGISTRY
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from synapse_lite.config.homeserver import RedisConfig
@@ -21,7 +21,7 @@ from synapse_lite.storage.database import DatabasePool
 from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE
 from tests.harness.services import redis_address, require_redis
 from tests.replication.tcp.recording_receiver import RecordingReceiver, wait_until
-from tests.routing.test_relay import RoomsInTheDatabase, _config
+from tests.routing.test_relay import SECRET, RoomsInTheDatabase, _config
 
 
 class SlowDatabase(RoomsInTheDatabase):
@@ -111,6 +111,18 @@ class DeploymentInTheDatabase(RoomsInTheDatabase):
         return self.deployment
 
 
+class CountedRoomWriters(RoomWriters):
+    """Also keeps the connections it was told of."""
+
+    def __init__(self, config: Any, pool: DatabasePool) -> None:
+        super().__init__(config, pool)
+        self.connections: list[Any] = []
+
+    def new_connection(self, connection: Any) -> None:
+        self.connections.append(connection)
+        super().new_connection(connection)
+
+
 class RouterOnRedisTestCase(unittest.TestCase):
     """The router on a Redis layout names the deployment like every other
     process, so it hears the main process announce a room's new writer."""
@@ -126,7 +138,7 @@ class RouterOnRedisTestCase(unittest.TestCase):
         )
         database = DeploymentInTheDatabase({"!a:t": "writer1"}, "dep42")
         database.failures = 1  # the router retries until the database answers
-        writers = RoomWriters(config, cast(DatabasePool, database))
+        writers = CountedRoomWriters(config, cast(DatabasePool, database))
         follower = ReplicationFollower(config, writers, reactor)
         self.patch(room_writers_module, "DEPLOYMENT_RETRY_SECONDS", 0.01)
         follower.start()
@@ -139,20 +151,18 @@ class RouterOnRedisTestCase(unittest.TestCase):
             receiver=RecordingReceiver(),
             reactor=reactor,
             deployment_id="dep42",
+            secret=SECRET,
         )
         main.start()
         self.addCleanup(main.stop)
         await wait_until(lambda: main.publisher_connected, what="main to connect")
+        await wait_until(lambda: bool(writers.connections), what="the router to subscribe")
         refused_before = _foreign_refusals()
 
         await writers.writer_of("!a:t")
-        # Until the router has subscribed, publish the change repeatedly.
-        for _ in range(500):
-            main.send_command(caches_row(EVENT_WRITER_CACHE, ["!a:t"]))
-            await task.deferLater(reactor, 0.02, lambda: None)
-            if not writers.cached("!a:t")[0]:
-                break
-        self.assertFalse(writers.cached("!a:t")[0], "the router missed the writer change")
+        self.assertTrue(writers.cached("!a:t")[0])
+        main.send_command(caches_row(EVENT_WRITER_CACHE, ["!a:t"]))
+        await wait_until(lambda: not writers.cached("!a:t")[0], what="the writer change")
         # Nobody took anyone for another deployment.
         self.assertEqual(main.problems(), [])
         self.assertEqual(_foreign_refusals(), refused_before)
