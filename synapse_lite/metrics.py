@@ -95,7 +95,8 @@ REPLICATION_COMMANDS_DROPPED = Counter(
 REPLICATION_CLAIMS_REFUSED = Counter(
     "synapse_lite_replication_claims_refused_total",
     "POSITION and RDATA claims from peers that were not believed, by stream and reason"
-    " (unknown_stream, unknown_writer, out_of_range, not_allocated, wrong_sender)",
+    " (unknown_stream, unknown_writer, out_of_range, not_allocated, wrong_sender,"
+    " went_backwards, duplicate_name, bad_mac)",
     ["stream", "reason"],
 )
 HTTP_REQUESTS = Counter(

@@ -9,11 +9,14 @@ counter as the rows arrive.
 A restart of the writer forgets everything, so a position must say which run
 of the writer it belongs to: each start takes the next run number from the
 database (``stream_runs``) and counts from ``run * RUN_SPAN``, so
-:func:`typing_run` of any position names its run. A follower whose position is
-of another run resets; a /sync token of another run (or of no run: tokens
-handed out before runs existed hold small serials, run 0) is answered with the
-whole current state, every room the client is in included, so typing the
-restart forgot is cleared too.
+:func:`typing_run` of any position names its run. Each run begins above every
+position of the runs before it, so positions only grow: a follower told of a
+higher run resets; one told of a lower position (of its run or an older one)
+refuses it as a false claim (``went_backwards``; a restart never goes back).
+A /sync token of another run (or of no run: tokens handed out before runs
+existed hold small serials, run 0) is answered with the whole current state,
+every room the client is in included, so typing the restart forgot is cleared
+too.
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ class TypingWriterHandler(TypingHandlerBase):
         ``run`` (this start's run number)."""
         if not 0 < run < MAX_TOKEN_POSITION // RUN_SPAN:
             raise ValueError(f"typing writer run {run} does not fit in a token")
-        return MemoryPositions(run * RUN_SPAN, starts_typing_run)
+        return MemoryPositions(run * RUN_SPAN, starts_typing_run, lower_position_is_false=True)
 
     def __init__(
         self,
@@ -232,16 +235,29 @@ class TypingFollowerHandler(TypingHandlerBase):
     @staticmethod
     def positions() -> MemoryPositions:
         """A follower's copy of the writer's position (0 until rows arrive)."""
-        return MemoryPositions(0, starts_typing_run)
+        return MemoryPositions(0, starts_typing_run, lower_position_is_false=True)
 
     def __init__(self, positions: MemoryPositions, calls: InternalCalls) -> None:
         super().__init__(positions)
         self._calls = calls
 
     def on_rows(self, writer: str, token: int, rows: Sequence[TypingStreamRow]) -> None:
-        """Take the writer's rows (or bare position) before the stream advances."""
+        """Take the writer's rows (or bare position) before the stream advances.
+
+        Positions only grow (each run starts above the last): a higher run
+        is the writer's restart, and resets what we keep; a lower position,
+        of this run or an older one, is a false claim (the command handler
+        refuses those before they get here) and moves nothing."""
         latest = self._positions.current
-        if token < latest or typing_run(token) != typing_run(latest):
+        if token < latest:
+            logger.warning(
+                "Ignoring typing position %d of %s: below ours, %d (runs only grow)",
+                token,
+                writer,
+                latest,
+            )
+            return
+        if typing_run(token) != typing_run(latest):
             logger.info(
                 "The typing writer restarted (position %d, run %d; ours %d, run %d): resetting",
                 token,

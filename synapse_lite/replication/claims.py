@@ -70,6 +70,10 @@ UNKNOWN_WRITER = "unknown_writer"
 OUT_OF_RANGE = "out_of_range"
 NOT_ALLOCATED = "not_allocated"
 WRONG_SENDER = "wrong_sender"
+WENT_BACKWARDS = "went_backwards"
+#: A replication connection naming an instance that another live connection
+#: (or the listening process) has: refused before it can claim anything.
+DUPLICATE_NAME = "duplicate_name"
 
 #: Writers of a stream, by name; None: any name (tests without a config).
 WritersOf = Callable[[str], Collection[str] | None]
@@ -159,6 +163,25 @@ class PeerClaims:
                 return False
         return True
 
+    def not_backwards(
+        self, stream: Stream, writer: str, token: int, sender: str, line: str
+    ) -> bool:
+        """False (refused, counted) when ``token`` lies below what this process
+        received from ``writer`` on a stream where that can only be false
+        (``lower_position_is_false``: typing, whose runs begin above each
+        other); a lower position of a database stream is merely old."""
+        positions = stream.positions
+        if positions.lower_position_is_false and token < positions.received_position(writer):
+            self.refusals.refuse(
+                WENT_BACKWARDS,
+                stream.name,
+                sender,
+                f"{shorten(line, 200)}: below {positions.received_position(writer)}, and"
+                f" {stream.name} positions of {shorten(writer)} only grow",
+            )
+            return False
+        return True
+
     def believed_at_once(
         self, stream: Stream, writer: str, token: int | None, vouched: bool = False
     ) -> bool:
@@ -237,6 +260,10 @@ class PeerClaims:
         line = claim_line(cmd)
         stream = self.stream(cmd.stream_name, cmd.instance_name, sender, line)
         if stream is None or not self.in_range(cmd.stream_name, sender, line, *tokens):
+            return False
+        if isinstance(cmd, PositionCommand) and not self.not_backwards(
+            stream, cmd.instance_name, cmd.new_token, sender, line
+        ):
             return False
         if self.believed_at_once(stream, cmd.instance_name, token):
             return True

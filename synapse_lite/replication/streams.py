@@ -35,6 +35,13 @@ class StreamPositions(Protocol):
     #: may go backwards or jump; followers then reset rather than skip.
     can_reset: bool
 
+    #: True when every restart of the writer begins above all its earlier
+    #: positions (typing: a run number that only grows, in the position's
+    #: high digits), so that even on a stream that resets, a POSITION below
+    #: what this process received from the writer can only be false: it is
+    #: refused (``went_backwards``), never taken for a restart.
+    lower_position_is_false: bool
+
     def starts_run(self, position: int) -> bool:
         """Whether a run of the writer begins at ``position`` (nothing of that
         run lies before it): a follower of another run that is told a
@@ -86,13 +93,18 @@ class MemoryPositions:
     can_reset = True
 
     def __init__(
-        self, start: int = 0, starts_run: Callable[[int], bool] = lambda position: position == 0
+        self,
+        start: int = 0,
+        starts_run: Callable[[int], bool] = lambda position: position == 0,
+        lower_position_is_false: bool = False,
     ) -> None:
         """``starts_run``: whether a run of the writer begins at a position
-        (by default runs start from 0)."""
+        (by default runs start from 0). ``lower_position_is_false``: see
+        :class:`StreamPositions` (the writer's runs begin above each other)."""
         #: The position: moved by the owning component alone.
         self.current = start
         self._starts_run = starts_run
+        self.lower_position_is_false = lower_position_is_false
 
     def starts_run(self, position: int) -> bool:
         return self._starts_run(position)

@@ -12,7 +12,8 @@ reaches every other process, encoded once.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.interfaces import IStreamClientEndpoint
 
@@ -22,6 +23,10 @@ from synapse_lite.http.tls import InternalTlsClient
 from synapse_lite.replication.tcp.handler import ReplicationCommandHandler
 from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
 from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
+
+if TYPE_CHECKING:
+    from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
+    from synapse_lite.replication.tcp.redis import RedisReplicationBus
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +38,32 @@ def replication_endpoint(config: HomeServerConfig, reactor: Any) -> IStreamClien
     replication = config.replication
     return InternalTlsClient(config.internal_tls.ca_path).endpoint(
         reactor, replication.tcp_host, replication.tcp_port, replication.tcp_tls is not None
+    )
+
+
+def redis_bus(
+    config: HomeServerConfig,
+    instance_name: str,
+    receiver: ReplicationCommandReceiver,
+    reactor: Any,
+    deployment_id: str,
+    followed_streams: Collection[str] | None = None,
+) -> RedisReplicationBus:
+    """The Redis bus of one process (every process's, the router's
+    included): on the configured Redis, naming the deployment in every
+    message. ``followed_streams``: see :class:`RedisReplicationBus`."""
+    # Imported here: txredisapi is an optional dependency.
+    from synapse_lite.replication.tcp.redis import RedisReplicationBus
+
+    return RedisReplicationBus.from_config(
+        config.replication.redis,
+        server_name=config.server_name,
+        instance_name=instance_name,
+        receiver=receiver,
+        reactor=reactor,
+        deployment_id=deployment_id,
+        followed_streams=followed_streams,
+        secret=config.worker_replication_secret,
     )
 
 
@@ -61,17 +92,7 @@ class ReplicationTransport:
         config = self._config
         replication = config.replication
         if replication.transport == "redis":
-            # Imported here: txredisapi is an optional dependency.
-            from synapse_lite.replication.tcp.redis import RedisReplicationBus
-
-            bus = RedisReplicationBus.from_config(
-                replication.redis,
-                server_name=config.server_name,
-                instance_name=self._me,
-                receiver=self._handler,
-                reactor=self._reactor,
-                deployment_id=self._deployment_id,
-            )
+            bus = redis_bus(config, self._me, self._handler, self._reactor, self._deployment_id)
             bus.start()
             self._transport = bus
             logger.info(

@@ -18,14 +18,20 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import deferLater
+
 from synapse_lite.codec.rows import InvalidRow
 from synapse_lite.config.homeserver import ROUTER_PROCESS, HomeServerConfig
 from synapse_lite.replication.tcp.commands import Command, RdataCommand
 from synapse_lite.replication.tcp.connection import ReplicationConnection
 from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
-from synapse_lite.replication.transports import replication_endpoint
+from synapse_lite.replication.transports import redis_bus, replication_endpoint
 from synapse_lite.storage.database import DatabasePool
-from synapse_lite.storage.databases.main.instances import INSTANCES_CACHE_NAME
+from synapse_lite.storage.databases.main.instances import (
+    INSTANCES_CACHE_NAME,
+    InstancesWorkerStore,
+)
 from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE
 from synapse_lite.storage.engines import create_engine
 
@@ -33,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 #: Rooms whose writer is kept (least recently used beyond it are forgotten).
 MAX_ROOMS = 100_000
+
+#: Between attempts to read the deployment id (the database may not be up).
+DEPLOYMENT_RETRY_SECONDS = 1.0
 
 #: The router acts on the caches stream alone (writer changes and room
 #: assignments); the other streams' lines are skipped unparsed.
@@ -95,6 +104,15 @@ class RoomWriters:
         else:
             self._writers.pop(room_id, None)
 
+    async def deployment_id(self) -> str:
+        """The deployment's id, as stored in the database (every replication
+        message on Redis names it); "none" without a database."""
+        if self._pool is None:
+            return "none"
+        return await self._pool.runInteraction(
+            "router_deployment_id", InstancesWorkerStore.load_or_create_deployment_id_txn
+        )
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
@@ -126,25 +144,37 @@ class RoomWriters:
 
 class ReplicationFollower:
     """The router's replication connection (TCP to the main process, or Redis),
-    delivering commands to :class:`RoomWriters`."""
+    delivering commands to :class:`RoomWriters`.
+
+    It names the deployment as every other process does (read from the
+    database first, retried until the database answers): without it, on
+    Redis every process would refuse the router's traffic and the router
+    everyone's, so it would never hear that a room's writer changed."""
 
     def __init__(self, config: HomeServerConfig, receiver: RoomWriters, reactor: Any) -> None:
         self._config = config
         self._receiver = receiver
         self._reactor = reactor
         self._transport: Any = None
+        self._stopped = False
+        self._starting: Deferred[None] | None = None
+        self._retry: Deferred[None] | None = None
 
     def start(self) -> None:
+        self._starting = Deferred.fromCoroutine(self._start())
+
+    async def _start(self) -> None:
+        deployment_id = await self._read_deployment_id()
+        if deployment_id is None:
+            return  # stopped meanwhile
         config = self._config
         if config.replication.transport == "redis":
-            from synapse_lite.replication.tcp.redis import RedisReplicationBus
-
-            bus = RedisReplicationBus.from_config(
-                config.replication.redis,
-                server_name=config.server_name,
-                instance_name=ROUTER_PROCESS,
-                receiver=self._receiver,
-                reactor=self._reactor,
+            bus = redis_bus(
+                config,
+                ROUTER_PROCESS,
+                self._receiver,
+                self._reactor,
+                deployment_id,
                 followed_streams=FOLLOWED_STREAMS,
             )
             bus.start()
@@ -156,12 +186,37 @@ class ReplicationFollower:
             config.worker_replication_secret,
             self._receiver,
             self._reactor,
+            deployment_id=deployment_id,
             followed_streams=FOLLOWED_STREAMS,
         )
         client.connect(replication_endpoint(config, self._reactor))
         self._transport = client
 
+    async def _read_deployment_id(self) -> str | None:
+        while not self._stopped:
+            try:
+                return await self._receiver.deployment_id()
+            except Exception as e:
+                logger.warning(
+                    "Cannot read the deployment id yet (%s); retrying in %g s",
+                    e,
+                    DEPLOYMENT_RETRY_SECONDS,
+                )
+            self._retry = deferLater(self._reactor, DEPLOYMENT_RETRY_SECONDS, lambda: None)
+            try:
+                await self._retry
+            except CancelledError:
+                return None
+            finally:
+                self._retry = None
+        return None
+
     async def stop(self) -> None:
+        self._stopped = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._starting is not None:
+            await self._starting
         transport, self._transport = self._transport, None
         if transport is not None:
             result = transport.stop()

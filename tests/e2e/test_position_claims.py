@@ -25,6 +25,7 @@ import treq
 from twisted.internet import reactor, task
 from twisted.trial import unittest
 
+from synapse_lite.replication.tcp.redis import mac_key, signed_message
 from synapse_lite.storage.database import make_startup_connection
 from synapse_lite.tokens import MAX_TOKEN_POSITION
 from tests.harness.client_api import ClientApi
@@ -72,6 +73,9 @@ def lies(events_head: int) -> list[str]:
         f"POSITION presence writer1 0 {2**63 - 1}",
         f"POSITION to_device writer1 0 {MAX_TOKEN_POSITION}",
         f"POSITION receipts writer1 0 {far}",
+        # Typing of an older run (10^12 is run 1; every process starts at
+        # its writer's run, 1 or more): taken for a restart until issue 34.
+        "POSITION typing writer1 0 5",
     ]
 
 
@@ -83,12 +87,13 @@ def send_over_tcp(port: int, name: str, lines: list[str]) -> None:
         time.sleep(0.5)
 
 
-def publish_on_redis(channel: str, lines: list[str]) -> None:
+def publish_on_redis(channel: str, lines: list[str] | list[bytes]) -> None:
     """PUBLISH each line, speaking RESP on a plain socket."""
     host, port = redis_address()
     with socket.create_connection((host, port), timeout=5) as s:
         for line in lines:
-            parts = [b"PUBLISH", channel.encode(), line.encode()]
+            data = line.encode() if isinstance(line, str) else line
+            parts = [b"PUBLISH", channel.encode(), data]
             command = b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
             s.sendall(command)
             s.recv(64)
@@ -126,15 +131,31 @@ class PositionClaimsTestCase(unittest.TestCase):
             send_over_tcp(port, "writer1", lines)
             # Not anyone's connection: every claim is the wrong sender's.
             send_over_tcp(port, "intruder", lines)
+            # Issue 34: a second connection naming a live writer, with one
+            # harmless POSITION at the writer's real position, made the main
+            # process drop every row of the real writer (each send to its
+            # rooms then waited 5 s). Refused now at NAME.
+            for writer in ("persister1", "persister2"):
+                real = (await self.positions("main")).get(("events", writer), 0)
+                send_over_tcp(port, writer, [f"POSITION events {writer} {real} {real}"])
         else:
             channel = config["replication"]["redis"]["channel_prefix"] + "test.local"
-            # Bare (refused for naming no sender), then as this deployment's
-            # processes publish (anyone subscribed can read the envelope),
-            # each in the name of the writer it claims for.
+            # Bare (refused for naming no sender); in the envelope but not
+            # signed (refused: bad MAC, issue 34); then signed with the
+            # secret, as a holder of it would, each in the name of the writer
+            # it claims for (refused by the claim checks).
             deployment = self.deployment_id()
             publish_on_redis(channel, lines)
             publish_on_redis(
-                channel, [f"@{deployment} {line.split(' ')[2]} {line}" for line in lines]
+                channel, [f"@{deployment} {line.split(' ')[2]} 00 {line}" for line in lines]
+            )
+            key = mac_key(SECRET)
+            publish_on_redis(
+                channel,
+                [
+                    signed_message(key, deployment, line.split(" ")[2], line.encode())
+                    for line in lines
+                ],
             )
         await sleep(2)
 
@@ -145,6 +166,10 @@ class PositionClaimsTestCase(unittest.TestCase):
                 self.assertLess(position, MAX_TOKEN_POSITION, (name, stream, writer))
                 if stream == "events":
                     self.assertLessEqual(position, head, (name, stream, writer))
+                if stream == "typing":
+                    # Not reset by the lower position.
+                    was_typing = before[name].get((stream, writer), 0)
+                    self.assertGreaterEqual(position, was_typing, (name, stream, writer))
                 # Real traffic meanwhile moves positions by a few, a lie by 1000.
                 was = before[name].get((stream, writer), 0)
                 self.assertLess(position, was + 500, (name, stream, writer))
@@ -165,8 +190,11 @@ class PositionClaimsTestCase(unittest.TestCase):
             self.assertEqual(health["status"], "degraded", health)
             self.assertIn("deployment otherdeployment", health["reasons"][0])
 
-        # A later message reaches an incremental /sync (the token parses).
+        # A later message reaches an incremental /sync (the token parses),
+        # and its send did not wait for the forwarded-write timeout (5 s).
+        started = time.monotonic()
         await alice.send(room, "after")
+        self.assertLess(time.monotonic() - started, 4.0)
         await self.sync_until(bob, since, lambda s: "after" in self.bodies(s, room))
 
         # A to-device send answered 200, its writer SIGKILLed and restarted,

@@ -127,6 +127,22 @@ class TypingRunsTestCase(unittest.TestCase):
         typing, _ = follower.get_typing_for_rooms([ROOM, OTHER_ROOM], None)
         self.assertEqual(typing, {ROOM: [BOB], OTHER_ROOM: [ALICE]})
 
+    def test_a_lower_position_of_the_same_or_an_older_run_moves_nothing(self) -> None:
+        """Issue 34: a row hook told of a lower position (which the command
+        handler refuses before it gets here) keeps who is typing and its
+        position; only a higher run is a restart."""
+        follower = TypingFollowerHandler(TypingFollowerHandler.positions(), cast(Any, None))
+        follower.on_rows("typer", 2 * RUN_SPAN + 3, [TypingStreamRow(ROOM, [ALICE])])
+        with self.assertLogs("synapse_lite.handlers.typing", "WARNING"):
+            follower.on_rows("typer", 5, [])
+            follower.on_rows("typer", RUN_SPAN + 9, [TypingStreamRow(ROOM, [])])
+            follower.on_rows("typer", 2 * RUN_SPAN + 1, [])
+        self.assertEqual(
+            follower.get_typing_for_rooms([ROOM], None), ({ROOM: [ALICE]}, 2 * RUN_SPAN + 3)
+        )
+        self.assertTrue(follower._positions.lower_position_is_false)
+        self.assertTrue(TypingWriterHandler.positions(1).lower_position_is_false)
+
     def test_a_run_that_does_not_fit_in_a_token_is_refused(self) -> None:
         with self.assertRaises(ValueError):
             writer(10**6)

@@ -145,6 +145,30 @@ class ClaimsTestCase(unittest.TestCase):
             self.command(PositionCommand("receipts", "phantom", 0, 1))
         self.assertEqual(len(self.lookups), 2)
 
+    def test_a_typing_position_below_ours_is_refused_not_taken_for_a_restart(self) -> None:
+        """Issue 34: one ``POSITION typing <writer> 0 5`` made every follower
+        reset typing and drop its position. Runs begin above each other (here
+        at multiples of 100), so a lower position, of an older run or of the
+        current one, is refused and counted; a higher run still resets."""
+        self.typing_positions.lower_position_is_false = True
+        self.command(PositionCommand("typing", "tw", 100, 105))
+        self.assertEqual(self.typing_positions.received, {"tw": 105})
+        applied = list(self.receiver.applied)
+        before = refused("typing", "went_backwards")
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            self.command(PositionCommand("typing", "tw", 0, 5))  # an older run
+            self.command(PositionCommand("typing", "tw", 100, 102))  # lower, same run
+            self.command(PositionCommand("typing", "tw", 100, 100))  # a "restart" at 100
+        self.assertEqual(refused("typing", "went_backwards"), before + 3)
+        self.assertIn("(went_backwards): POSITION typing tw 0 5: below 105", logs.output[0])
+        self.assertEqual(self.receiver.applied, applied)
+        self.assertEqual(self.typing_positions.received, {"tw": 105})
+        # The same position again is no claim against anything; a new run is.
+        self.command(PositionCommand("typing", "tw", 105, 105))
+        self.command(PositionCommand("typing", "tw", 200, 200))
+        self.assertEqual(self.typing_positions.received, {"tw": 200})
+        self.assertEqual(refused("typing", "went_backwards"), before + 3)
+
     def test_positions_no_token_could_carry_are_refused(self) -> None:
         """Even on a stream with no sequence to check against (typing)."""
         before = refused("typing", "out_of_range")

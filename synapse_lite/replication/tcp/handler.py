@@ -340,9 +340,18 @@ class ReplicationCommandHandler:
             connection.vouches_for_claims,
         ):
             return
+        if not self.claims.not_backwards(
+            stream, cmd.instance_name, cmd.new_token, sender, claim_line(cmd)
+        ):
+            return
         self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.new_token)
         key = (cmd.stream_name, cmd.instance_name)
-        for seen in self._positions_seen.values():
+        # This connection's bookkeeping alone: a POSITION on one connection
+        # says nothing of the rows another carries (issue 34: a second
+        # connection naming a live writer made every row of the real one be
+        # dropped as arriving "before its POSITION").
+        seen = self._positions_seen.get(connection)
+        if seen is not None:
             seen.discard(key)
         self._pending_batches.pop(key, None)
 

@@ -32,9 +32,17 @@ Two connections, because a subscribed connection can run nothing but
   gap, the first thing it hears from us is the re-announced POSITIONs, from
   which it catches up.
 
-Every message names its sender: ``@<deployment id> <instance name> <line>``,
-the deployment id being the one stored in the database (``deployment``
-table). A message without that envelope is refused like a bad line. A message
+Every message names its sender and is signed:
+``@<deployment id> <instance name> <MAC> <line>``, the deployment id being
+the one stored in the database (``deployment`` table), the MAC
+:func:`message_mac`: HMAC-SHA256, keyed by :func:`mac_key` of the
+replication secret, over ``@<deployment id> <instance name> <line>``, cut to
+16 bytes, in hex. Redis cannot tell who published a message; the MAC makes
+only holders of the secret able to speak on the channel at all, as on TCP
+(issue 34). A message without that envelope is refused like a bad line; one
+whose MAC does not match is refused, counted
+(``synapse_lite_replication_claims_refused_total``, ``reason="bad_mac"``) and
+logged at most once per 10 s. A message
 of another deployment (a second homeserver with the same server name and no
 channel prefix on the same Redis) is dropped, logged at most once a minute per
 deployment, counted (``synapse_lite_replication_claims_refused_total``,
@@ -56,6 +64,7 @@ Both connections are kept up, with backoff and keepalive PINGs, by
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections import deque
 from collections.abc import Callable, Collection
@@ -115,8 +124,31 @@ MAX_PENDING_COMMANDS = 10_000
 FOREIGN_MEMORY_SECONDS = 300.0
 #: At most one log line per foreign deployment in this many seconds.
 FOREIGN_LOG_INTERVAL_SECONDS = 60.0
-#: The longest envelope accepted (``@`` id, space, instance name, space).
-MAX_ENVELOPE_LENGTH = 400
+#: The longest envelope accepted (``@`` id, space, instance name, space, MAC, space).
+MAX_ENVELOPE_LENGTH = 440
+#: Bytes of the HMAC-SHA256 kept (sent as twice as many hex digits).
+MAC_BYTES = 16
+#: A refusal reason: a message whose MAC is missing or wrong.
+BAD_MAC = "bad_mac"
+
+
+def mac_key(secret: str | None) -> bytes:
+    """The key Redis messages are signed with: derived from the replication
+    secret (so the secret itself never signs anything else's way). Without a
+    secret (a lone main process, no workers) the key is public: messages are
+    then checked for integrity only."""
+    return hmac.digest((secret or "").encode("utf-8"), b"synapse_lite redis replication", "sha256")
+
+
+def message_mac(key: bytes, sender_and_line: bytes) -> bytes:
+    """The MAC of ``@<deployment> <sender> <line>`` (as hex digits)."""
+    return hmac.digest(key, sender_and_line, "sha256")[:MAC_BYTES].hex().encode("ascii")
+
+
+def signed_message(key: bytes, deployment_id: str, sender: str, line: bytes) -> bytes:
+    """A message as a process of ``deployment_id`` publishes it."""
+    head = f"@{deployment_id} {sender} ".encode()
+    return head + message_mac(key, head + line) + b" " + line
 
 
 class RedisReplicationBus:
@@ -143,9 +175,11 @@ class RedisReplicationBus:
         max_delay: float = 10.0,
         deployment_id: str = "none",
         followed_streams: Collection[str] | None = None,
+        secret: str | None = None,
     ) -> None:
         """``deployment_id``: the database's (one word); processes with
-        another one on the channel are refused. ``followed_streams``: the only
+        another one on the channel are refused. ``secret``: the replication
+        secret, which signs every message (see the module docstring). ``followed_streams``: the only
         streams whose RDATA and POSITION reach ``receiver`` (the others are
         skipped unparsed); None: all."""
         self.channel = channel_prefix + server_name
@@ -153,6 +187,7 @@ class RedisReplicationBus:
         self._own_name = instance_name.encode("utf-8")
         self.deployment_id = deployment_id
         self._envelope = f"@{deployment_id} {instance_name} ".encode()
+        self._mac_key = mac_key(secret)
         self._deployment = deployment_id.encode("utf-8")
         self._followed = (
             None
@@ -290,7 +325,9 @@ class RedisReplicationBus:
             REPLICATION_COMMANDS_DROPPED.labels("redis", reason).inc()
             return
         try:
-            line = self._envelope + command_line(cmd).encode("utf-8")
+            body = command_line(cmd).encode("utf-8")
+            mac = message_mac(self._mac_key, self._envelope + body)
+            line = self._envelope + mac + b" " + body
         except CommandEncodeError as e:
             logger.error("not publishing %s: %s", cmd.NAME, e)
             REPLICATION_COMMANDS_DROPPED.labels("redis", "unencodable").inc()
@@ -454,10 +491,11 @@ class RedisReplicationBus:
         opened = self._open_envelope(data)
         if opened is None:
             return
-        sender, data = opened
+        sender, mac, head, data = opened
         if len(data) > MAX_LINE_LENGTH:
             self._refuse(data, f"over {MAX_LINE_LENGTH} bytes")
             return
+        # Skipped unchecked, as they would be checked: neither does anything.
         if sender == self._own_name and self._is_own_echo(data):
             return
         if self._followed is not None:
@@ -467,6 +505,16 @@ class RedisReplicationBus:
                     REPLICATION_COMMANDS_IN, "RDATA" if data[0] == ord("R") else "POSITION"
                 )
                 return
+        if not hmac.compare_digest(mac, message_mac(self._mac_key, head + data)):
+            name = shorten(sender.decode("utf-8", "replace"))
+            self._refusals.refuse(
+                BAD_MAC,
+                "unknown",
+                f"{name} on {self.channel}",
+                f"a message whose MAC does not match (signed without the replication secret?):"
+                f" {shorten(data.decode('utf-8', 'replace'), 120)}",
+            )
+            return
         try:
             cmd = parse_command_from_line(data.decode("utf-8"))
         except UnicodeDecodeError:
@@ -503,18 +551,19 @@ class RedisReplicationBus:
         skip parsing its JSON (a writer hears every row it publishes)."""
         return data.startswith(b"RDATA ") or data.startswith(b"POSITION ")
 
-    def _open_envelope(self, data: bytes) -> tuple[bytes, bytes] | None:
-        """``(sender, line)`` of a message of this deployment; None (refused,
-        or another deployment's, noted) otherwise."""
-        fields = data.split(b" ", 2)
-        if len(fields) != 3 or not fields[0].startswith(b"@") or not fields[1]:
-            self._refuse(data, "no sender (@<deployment> <instance> before the command)")
+    def _open_envelope(self, data: bytes) -> tuple[bytes, bytes, bytes, bytes] | None:
+        """``(sender, MAC, signed head, line)`` of a message of this
+        deployment (the MAC not yet checked); None (refused, or another
+        deployment's, noted) otherwise."""
+        fields = data.split(b" ", 3)
+        if len(fields) != 4 or not fields[0].startswith(b"@") or not fields[1]:
+            self._refuse(data, "no sender (@<deployment> <instance> <MAC> before the command)")
             return None
-        deployment, sender, line = fields[0][1:], fields[1], fields[2]
+        deployment, sender, mac, line = fields[0][1:], fields[1], fields[2], fields[3]
         if deployment != self._deployment:
             self._foreign_message(deployment, sender)
             return None
-        return sender, line
+        return sender, mac, fields[0] + b" " + sender + b" ", line
 
     def _foreign_message(self, deployment: bytes, sender: bytes) -> None:
         ident = shorten(deployment.decode("utf-8", "replace"), 40)

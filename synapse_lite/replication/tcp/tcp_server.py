@@ -27,6 +27,16 @@ what (see ``connection.py``):
   :data:`CHECK_RETRY_SECONDS`, holding the queue meanwhile: nothing is lost or
   reordered.
 
+One live connection per instance name (a decision, issue 34): a ``NAME``
+taken by a live connection, or the listening process's own name, is refused
+(``ERROR instance name <n> is taken``, closed, logged at ERROR, counted as
+``duplicate_name``), and a connection may not rename itself. The connection
+already there keeps the name: refusing the newcomer cannot cut off a working
+writer (replacing the old one would let any holder of the secret, or a
+worker started twice, keep knocking the real writer off), and a restarted
+worker whose old connection is half-open gets in once the keepalive drops
+that one (:data:`PING_TIMEOUT_SECONDS`), its client retrying meanwhile.
+
 Handshake: the server sends ``SERVER <server_name>`` at once. With a secret
 configured, the worker's first command must be ``AUTH <secret>`` (compared in
 constant time); anything else first, a wrong secret, or no AUTH within
@@ -48,7 +58,15 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ServerFactory
 
-from synapse_lite.replication.claims import WRONG_SENDER, ForeignTraffic, RefusalLog, shorten
+from synapse_lite.config.homeserver import MAIN_PROCESS
+from synapse_lite.metrics import REPLICATION_CLAIMS_REFUSED
+from synapse_lite.replication.claims import (
+    DUPLICATE_NAME,
+    WRONG_SENDER,
+    ForeignTraffic,
+    RefusalLog,
+    shorten,
+)
 from synapse_lite.replication.tcp.commands import (
     AuthCommand,
     ClearUserSyncCommand,
@@ -162,11 +180,23 @@ class ServerReplicationProtocol(ReplicationProtocol):
     def _handle_handshake_command(self, cmd: Command) -> None:
         if isinstance(cmd, NameCommand):
             logger.info("replication connection %s is %s", self.describe(), cmd.client_name)
-            self.peer_name = cmd.client_name
+            if self.peer_name is not None:
+                if cmd.client_name != self.peer_name:
+                    # Renamed, it would speak for another writer with the
+                    # first one's bookkeeping. (The same NAME again: harmless.)
+                    self.factory.refuse_name(
+                        self, cmd.client_name, f"the connection is named {self.peer_name}"
+                    )
+                return
             ours = self.factory.deployment_id
             if cmd.deployment is not None and ours is not None and cmd.deployment != ours:
+                self.peer_name = cmd.client_name
                 self.factory.foreign.heard(cmd.deployment, self.describe())
                 self.send_error_and_close("another deployment")
+                return
+            if not self.factory.claim_name(self, cmd.client_name):
+                return
+            self.peer_name = cmd.client_name
         elif isinstance(cmd, AuthCommand):
             # A worker configured with a secret the listener does not need, or
             # a repeated AUTH: nothing to check, nothing to refuse.
@@ -197,6 +227,7 @@ class ServerReplicationProtocol(ReplicationProtocol):
         cancel_call(self._auth_call)
         self.factory.open_protocols.discard(self)
         self.factory.remove_connection(self)
+        self.factory.release_name(self)
 
 
 class ReplicationServerFactory(ServerFactory):
@@ -216,13 +247,15 @@ class ReplicationServerFactory(ServerFactory):
         clock: ReactorTime,
         deployment_id: str | None = None,
         check_claim: ClaimCheck | None = None,
+        instance_name: str = MAIN_PROCESS,
     ) -> None:
         """``deployment_id``: the database's, sent in SERVER; a worker naming
         another in its NAME is refused and reported (None: not checked).
         ``check_claim``: how RDATA and POSITION are checked before they are
         relayed (None: relayed unchecked, for tests of the transport alone;
         workers take relayed claims as checked, so a real main process always
-        passes one)."""
+        passes one). ``instance_name``: the listening process's own, which
+        no connection may take."""
         if secret == "":
             raise ValueError("the replication secret must be non-empty, or None for none")
         command_line(ServerCommand(server_name))  # a name that can go on the wire
@@ -241,6 +274,9 @@ class ReplicationServerFactory(ServerFactory):
         #: Received commands behind a check under way, in the order received.
         self._held: deque[_HeldCommand] = deque()
         self._retry_call: IDelayedCall | None = None
+        self.instance_name = instance_name
+        #: Instance name -> the one live connection that carries it.
+        self._named: dict[str, ServerReplicationProtocol] = {}
 
     def buildProtocol(self, addr: object) -> ServerReplicationProtocol:
         return ServerReplicationProtocol(self)
@@ -256,6 +292,41 @@ class ReplicationServerFactory(ServerFactory):
     def remove_connection(self, conn: ServerReplicationProtocol) -> None:
         if conn in self._connections:
             self._connections.remove(conn)
+
+    # -- one live connection per instance name ----------------------------------------
+
+    def claim_name(self, conn: ServerReplicationProtocol, name: str) -> bool:
+        """Give ``name`` to ``conn``, unless this process has it or another
+        live connection does: then ``conn`` is refused (ERROR, closed, logged,
+        counted) and False returned. The first connection keeps the name
+        until it is lost (see the module docstring: refused, not replaced)."""
+        if name == self.instance_name:
+            self.refuse_name(conn, name, "the name of the process it connects to")
+            return False
+        holder = self._named.get(name)
+        if holder is not None and holder is not conn:
+            self.refuse_name(conn, name, f"already connected from {holder.describe()}")
+            return False
+        self._named[name] = conn
+        return True
+
+    def refuse_name(self, conn: ServerReplicationProtocol, name: str, why: str) -> None:
+        REPLICATION_CLAIMS_REFUSED.labels("unknown", DUPLICATE_NAME).inc()
+        logger.error(
+            "Refusing replication connection %s naming itself %s: %s. Is a worker started"
+            " twice, or a worker's old connection not yet closed (it is dropped after %.0f s"
+            " of silence)?",
+            conn.describe(),
+            shorten(name),
+            why,
+            PING_TIMEOUT_SECONDS,
+        )
+        conn.send_error_and_close(f"instance name {shorten(name)} is taken")
+
+    def release_name(self, conn: ServerReplicationProtocol) -> None:
+        """``conn`` is lost: its name is free again."""
+        if conn.peer_name is not None and self._named.get(conn.peer_name) is conn:
+            del self._named[conn.peer_name]
 
     # -- ReplicationBus ----------------------------------------------------------------
 

@@ -296,6 +296,9 @@ class MultiWriterIdGenerator:
     #: Positions only grow, in one run for ever (the stream view's contract:
     #: a follower never resets a database stream).
     can_reset = False
+    #: A lower POSITION is an old one (a repeat after a reconnection): not
+    #: refused, only discarded as nothing new.
+    lower_position_is_false = False
 
     def starts_run(self, position: int) -> bool:
         return False

@@ -14,8 +14,11 @@ from synapse_lite.streams.definition import StreamDefinition, Updates
 class FakePositions:
     """Positions kept in a dict; ``can_reset`` as the test wants."""
 
-    def __init__(self, local: str, can_reset: bool = False) -> None:
+    def __init__(
+        self, local: str, can_reset: bool = False, lower_position_is_false: bool = False
+    ) -> None:
         self.can_reset = can_reset
+        self.lower_position_is_false = lower_position_is_false
         self._local = local
         self.received: dict[str, int] = {}
         self.local_write = 0

@@ -72,6 +72,21 @@ class CommandHandlerTestCase(unittest.TestCase):
         self.command(RdataCommand("receipts", "w1", 2, wire(receipt(2))))
         self.assertEqual(len(self.receiver.applied), before)
 
+    def test_a_position_on_another_connection_does_not_stall_a_writer(self) -> None:
+        """Issue 34: a second connection for w1 (an impostor, a worker started
+        twice, a reconnection overlapping the old connection) sending one
+        POSITION made every later row on w1's own connection be dropped as
+        "before its POSITION". Each connection keeps its own bookkeeping."""
+        self.command(PositionCommand("receipts", "w1", 0, 3))
+        other = RecordingConnection("w1 again")
+        self.handler.new_connection(other)
+        self.handler.on_command(other, PositionCommand("receipts", "w1", 3, 3))
+        self.command(RdataCommand("receipts", "w1", 4, wire(receipt(4))))
+        self.assertEqual(self.applied()[-1], (4, 1))
+        self.handler.lost_connection(other)
+        self.command(RdataCommand("receipts", "w1", 5, wire(receipt(5))))
+        self.assertEqual(self.applied()[-1], (5, 1))
+
     def test_a_batch_waits_for_the_row_with_its_token(self) -> None:
         self.command(PositionCommand("receipts", "w1", 0, 0))
         self.command(RdataCommand("receipts", "w1", None, wire(receipt(1))))

@@ -306,6 +306,56 @@ class ServerWithoutSecretTestCase(ServerTestCase):
         self.assertEqual(lines(tb), ["POSITION events w2 0 4"])
         self.assertEqual(self.receiver.commands, [PositionCommand("events", "w2", 0, 4)])
 
+    def test_a_name_held_by_a_live_connection_is_refused(self) -> None:
+        """Issue 34: one live connection per instance name. A second NAME w1
+        (an impostor with the secret, w1 started twice, w1 back while its old
+        connection lingers) is refused; the first keeps speaking for w1, and
+        once it is lost the name is free again. Nobody takes the listening
+        process's own name, and a connection cannot rename itself."""
+        real, real_transport = self.connect_authenticated("w1")
+        _, tb = self.connect_authenticated("w2")
+        before = metric(
+            "synapse_lite_replication_claims_refused_total",
+            {"stream": "unknown", "reason": "duplicate_name"},
+        )
+        impostor, it = self.connect_authenticated()
+        with self.assertLogs("synapse_lite.replication.tcp.tcp_server", "ERROR") as logs:
+            feed(impostor, "NAME w1", "POSITION events w1 0 1000")
+        self.assertIn(
+            "naming itself w1: already connected from w1 (10.1.2.3:40001)", logs.output[0]
+        )
+        self.assertIn("ERROR instance name w1 is taken", lines(it))
+        self.assertTrue(it.disconnecting)
+        self.assertEqual(lines(tb), [])
+        lose(impostor)
+        feed(real, "POSITION events w1 0 4")
+        self.assertEqual(lines(tb), ["POSITION events w1 0 4"])
+        self.assertEqual(self.receiver.commands, [PositionCommand("events", "w1", 0, 4)])
+        self.assertFalse(real_transport.disconnecting)
+
+        for name in ("main", "w2"):
+            other, ot = self.connect_authenticated()
+            with self.assertLogs("synapse_lite.replication.tcp.tcp_server", "ERROR"):
+                feed(other, f"NAME {name}")
+            self.assertTrue(ot.disconnecting, name)
+        feed(real, "NAME w1")  # the same name again: harmless
+        self.assertFalse(real_transport.disconnecting)
+        with self.assertLogs("synapse_lite.replication.tcp.tcp_server", "ERROR"):
+            feed(real, "NAME w3")
+        self.assertTrue(real_transport.disconnecting)
+        self.assertEqual(
+            metric(
+                "synapse_lite_replication_claims_refused_total",
+                {"stream": "unknown", "reason": "duplicate_name"},
+            ),
+            before + 4,
+        )
+        # The real w1 is gone: its restart gets the name.
+        lose(real)
+        again, at = self.connect_authenticated("w1")
+        self.assertFalse(at.disconnecting)
+        self.assertEqual(again.peer_name, "w1")
+
     def test_connection_commands_are_not_relayed(self) -> None:
         a, _ = self.connect_authenticated()
         _, tb = self.connect_authenticated()

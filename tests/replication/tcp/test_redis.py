@@ -28,11 +28,19 @@ from synapse_lite.replication.tcp.commands import (
     RemoteServerUpCommand,
     ReplicateCommand,
 )
-from synapse_lite.replication.tcp.redis import RedisReplicationBus
+from synapse_lite.replication.tcp.redis import RedisReplicationBus, mac_key, signed_message
 from tests.harness.services import redis_address, require_redis
 from tests.replication.tcp.recording_receiver import RecordingReceiver, wait_until
 
 LOGGER = "synapse_lite.replication.tcp.redis"
+SECRET = "redis-test-secret"
+
+
+def signed(sender: str, line: bytes, secret: str = SECRET, deployment: str = "dep1") -> bytes:
+    """``line`` as a process of ``deployment`` holding ``secret`` publishes it."""
+    return signed_message(mac_key(secret), deployment, sender, line)
+
+
 # The reactor's zope interfaces defeat mypy.
 any_reactor: Any = reactor
 
@@ -42,6 +50,10 @@ def bad_lines() -> float:
         "synapse_lite_replication_bad_lines_total", {"transport": "redis"}
     )
     return value or 0.0
+
+
+def metric_value(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 class RedisBusTestCase(unittest.TestCase):
@@ -68,6 +80,7 @@ class RedisBusTestCase(unittest.TestCase):
             max_delay=0.5,
             deployment_id=deployment_id,
             followed_streams=followed_streams,
+            secret=SECRET,
         )
         bus.start()
         self.addCleanup(bus.stop)
@@ -141,14 +154,13 @@ class RedisBusTestCase(unittest.TestCase):
     async def test_lines_of_streams_not_followed_are_skipped_unparsed(self) -> None:
         bus, receiver = await self.started_bus("router", followed_streams=["caches"])
         raw = await self.raw_redis()
-        envelope = b"@dep1 main "
         for message in [
             b"RDATA events main 6 [not json",
             b"POSITION events main 5 6",
             b'RDATA caches main 3 ["f", ["k"], 1]',
             b"REMOTE_SERVER_UP ok.example",
         ]:
-            await raw.publish(bus.channel, envelope + message)
+            await raw.publish(bus.channel, signed("main", message))
         await wait_until(
             lambda: RemoteServerUpCommand("ok.example") in receiver.commands,
             what="the last message",
@@ -161,14 +173,13 @@ class RedisBusTestCase(unittest.TestCase):
     async def test_bad_messages_are_logged_and_dropped(self) -> None:
         bus, receiver = await self.started_bus("worker1")
         raw = await self.raw_redis()
-        envelope = b"@dep1 worker2 "
         bad = [
-            envelope + b"garbage",
-            envelope + b"\xff\xfe not UTF-8",
-            envelope + b"REMOTE_SERVER_UP " + b"x" * MAX_LINE_LENGTH,
-            envelope + b"POSITION events w 1 1e3",
-            envelope + b"RDATA events w 1 [" + b"[" * 5000,
-            envelope + b"PING 12345",
+            signed("worker2", b"garbage"),
+            signed("worker2", b"\xff\xfe not UTF-8"),
+            signed("worker2", b"REMOTE_SERVER_UP " + b"x" * MAX_LINE_LENGTH),
+            signed("worker2", b"POSITION events w 1 1e3"),
+            signed("worker2", b"RDATA events w 1 [" + b"[" * 5000),
+            signed("worker2", b"PING 12345"),
             b"",
             # No sender: refused before it is parsed.
             b"REMOTE_SERVER_UP bare.example",
@@ -177,7 +188,7 @@ class RedisBusTestCase(unittest.TestCase):
         with self.assertLogs(LOGGER, "WARNING") as logs:
             for message in bad:
                 await raw.publish(bus.channel, message)
-            await raw.publish(bus.channel, envelope + b"REMOTE_SERVER_UP ok.example")
+            await raw.publish(bus.channel, signed("worker2", b"REMOTE_SERVER_UP ok.example"))
             await wait_until(
                 lambda: RemoteServerUpCommand("ok.example") in receiver.commands,
                 what="the good message",
@@ -215,12 +226,45 @@ class RedisBusTestCase(unittest.TestCase):
         )
         self.assertIn("deployment depA", b.problems()[0])
 
+    async def test_a_message_without_a_valid_mac_moves_nothing(self) -> None:
+        """Issue 34: Redis cannot tell who published, so every message is
+        signed with the replication secret. Unsigned (the envelope before
+        issue 34), signed with another secret, or altered after signing:
+        refused and counted, never handed on."""
+        a, a_receiver = await self.started_bus("worker1")
+        raw = await self.raw_redis()
+        good = signed("worker2", b"POSITION events worker2 0 5")
+        before = metric_value(
+            "synapse_lite_replication_claims_refused_total",
+            {"stream": "unknown", "reason": "bad_mac"},
+        )
+        with self.assertLogs("synapse_lite.replication.claims", "WARNING") as logs:
+            await raw.publish(a.channel, b"@dep1 worker2 POSITION events worker2 0 7")
+            await raw.publish(a.channel, signed("worker2", b"POSITION events worker2 0 8", "x"))
+            await raw.publish(a.channel, good.replace(b" 0 5", b" 0 9"))
+            await raw.publish(a.channel, good.replace(b"worker2 ", b"worker3 ", 1))
+            await raw.publish(a.channel, good)
+            await wait_until(
+                lambda: PositionCommand("events", "worker2", 0, 5) in a_receiver.commands,
+                what="the signed message",
+            )
+        self.assertIn("(bad_mac): a message whose MAC does not match", logs.output[0])
+        positions = [c for c in a_receiver.commands if isinstance(c, PositionCommand)]
+        self.assertEqual(positions, [PositionCommand("events", "worker2", 0, 5)])
+        self.assertEqual(
+            metric_value(
+                "synapse_lite_replication_claims_refused_total",
+                {"stream": "unknown", "reason": "bad_mac"},
+            ),
+            before + 4,
+        )
+
     async def test_claims_for_another_writer_are_dropped(self) -> None:
         a, a_receiver = await self.started_bus("worker1")
         raw = await self.raw_redis()
         with self.assertLogs("synapse_lite.replication.claims", "WARNING") as logs:
-            await raw.publish(a.channel, b"@dep1 worker2 POSITION events persister1 0 5")
-            await raw.publish(a.channel, b"@dep1 worker2 POSITION events worker2 0 5")
+            await raw.publish(a.channel, signed("worker2", b"POSITION events persister1 0 5"))
+            await raw.publish(a.channel, signed("worker2", b"POSITION events worker2 0 5"))
             await wait_until(
                 lambda: PositionCommand("events", "worker2", 0, 5) in a_receiver.commands,
                 what="worker2's own claim",
