@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from synapse_lite.api.room_versions import RoomVersion, StateResolution
 from synapse_lite.event_graph.authorisation import (
@@ -330,6 +330,24 @@ class _IterativeAuth:
         return state
 
 
+class _StateEvents(Mapping[StateKey, Pdu]):
+    """A state of event ids read as events, without copying it (the rules
+    read a handful of its keys)."""
+
+    def __init__(self, state: Mapping[StateKey, str], events: Mapping[str, Pdu]) -> None:
+        self._state = state
+        self._events = events
+
+    def __getitem__(self, key: StateKey) -> Pdu:
+        return self._events[self._state[key]]
+
+    def __iter__(self) -> Iterator[StateKey]:
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+
 def _sha1(event_id: str) -> bytes:
     return hashlib.sha1(event_id.encode("utf-8")).digest()
 
@@ -356,9 +374,8 @@ def resolve_state_v1(
         raise MissingEventsError(missing)
 
     def allowed(event_id: str) -> bool:
-        state = {k: events[v] for k, v in resolved.items()}
         try:
-            authorise(room_version, events[event_id], state)
+            authorise(room_version, events[event_id], _StateEvents(resolved, events))
         except EventAuthError:
             return False
         return True
