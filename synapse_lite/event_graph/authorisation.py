@@ -175,8 +175,10 @@ def creators(room_version: RoomVersion, create: Pdu) -> frozenset[str]:
         return frozenset((creator,)) if isinstance(creator, str) else frozenset()
     if not room_version.hashed_room_ids:
         return frozenset((create.sender,))
-    additional = create.content.get("additional_creators", [])
-    return frozenset((create.sender, *additional))
+    additional = create.content.get("additional_creators")
+    if not isinstance(additional, list):
+        additional = []
+    return frozenset((create.sender, *(u for u in additional if isinstance(u, str))))
 
 
 def _check_create(room_version: RoomVersion, event: Pdu) -> None:

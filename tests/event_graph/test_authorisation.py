@@ -516,6 +516,14 @@ class ThirdPartyInvites(unittest.TestCase):
             self.assertRaises(EventAuthError, check, room, by_other)
 
 
+#: Content keys the rules read, and some they do not.
+KEYS = [
+    "membership", "users", "users_default", "events", "notifications", "ban", "kick",
+    "invite", "state_default", "join_rule", "third_party_invite", "signed", "mxid", "token",
+    "signatures", "join_authorised_via_users_server", "room_version", "creator",
+    "additional_creators", "m.federate", "other",
+]  # fmt: skip
+
 USERS = st.sampled_from([ALICE, BOB, CAROL, EVE])
 
 
@@ -599,3 +607,40 @@ class Properties(unittest.TestCase):
                 self.assertTrue(allowed, needed)
             except EventAuthError:
                 self.assertFalse(allowed, needed)
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**60), 2**60)
+    | st.text(max_size=5)
+    | st.sampled_from(
+        [ALICE, BOB, "join", "invite", "leave", "ban", "knock", "public", "restricted"]
+    ),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.sampled_from(KEYS), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+class HostileContent(unittest.TestCase):
+    @settings(max_examples=150, deadline=None)
+    @given(
+        version=st.sampled_from(ALL),
+        event_type=st.sampled_from(
+            ["m.room.member", "m.room.power_levels", "m.room.join_rules", "m.room.create"]
+        ),
+        content=st.dictionaries(st.sampled_from(KEYS), JSON, max_size=5),
+        state_key=st.sampled_from([None, "", ALICE, CAROL]),
+    )
+    def test_any_content_is_allowed_or_refused_with_a_reason(
+        self, version: str, event_type: str, content: dict[str, Any], state_key: str | None
+    ) -> None:
+        room = joined(version)
+        event = room.add(event_type, BOB, content, state_key=state_key)
+        try:
+            check(room, event)
+        except EventAuthError as e:
+            self.assertTrue(e.reason)
