@@ -18,6 +18,7 @@ from synapse_lite.event_graph.hashing import (
     verify_event_signature,
 )
 from synapse_lite.event_graph.pdu import Pdu, PduFormatError
+from synapse_lite.events import pruned_event
 from synapse_lite.federation.crypto import SignatureError, SigningKey, decode_base64
 
 V = SPEC_ROOM_VERSIONS
@@ -164,3 +165,28 @@ class EventIds(unittest.TestCase):
             V["11"], self._event(type="m.room.redaction", content={"redacts": "$x"}), "$e"
         )
         self.assertEqual(v11.redacts, "$x")
+
+
+class Redaction(unittest.TestCase):
+    """The redaction algorithm per version (``events.pruned_event``), as
+    hashes and signatures see it, version 12 included."""
+
+    def test_per_version(self) -> None:
+        create = {**MINIMAL_EVENT, "type": "m.room.create", "state_key": "",
+                  "content": {"creator": "@a:domain", "other": 1}}  # fmt: skip
+        levels = {**MINIMAL_EVENT, "type": "m.room.power_levels", "state_key": "",
+                  "content": {"invite": 50, "ban": 50, "other": 1}}  # fmt: skip
+        for version, create_kept, levels_kept, origin_kept in [
+            ("1", {"creator"}, {"ban"}, True),
+            ("10", {"creator"}, {"ban"}, True),
+            ("11", {"creator", "other"}, {"ban", "invite"}, False),
+            ("12", {"creator", "other"}, {"ban", "invite"}, False),
+        ]:
+            v = V[version]
+            self.assertEqual(set(pruned_event(v, create)["content"]), create_kept, version)
+            self.assertEqual(set(pruned_event(v, levels)["content"]), levels_kept, version)
+            self.assertEqual("origin" in pruned_event(v, create), origin_kept, version)
+            # What redaction drops is outside the signature.
+            signed = sign_event(v, levels, "domain", SPEC_KEY)
+            stripped = {**signed, "content": {"ban": 50, "invite": 50}}
+            verify_event_signature(v, stripped, "domain", "ed25519:1", SPEC_KEY.verify_key_base64)
