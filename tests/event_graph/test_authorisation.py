@@ -644,3 +644,47 @@ class HostileContent(unittest.TestCase):
             check(room, event)
         except EventAuthError as e:
             self.assertTrue(e.reason)
+
+
+class SelectionMatchesTheRules(unittest.TestCase):
+    @settings(max_examples=60, deadline=None)
+    @given(
+        version=st.sampled_from(ALL),
+        steps=st.lists(
+            st.tuples(
+                st.sampled_from(["topic", "levels", "rule", "join", "invite", "leave", "ban"]),
+                USERS,
+                USERS,
+                st.integers(0, 100),
+            ),
+            max_size=12,
+        ),
+    )
+    def test_auth_events_decide_as_the_state_they_were_selected_from(
+        self, version: str, steps: list[tuple[str, str, str, int]]
+    ) -> None:
+        """The rules read only the keys the selection cites: an event is
+        allowed by its auth events exactly when it is by the whole state
+        they were selected from."""
+        room = joined(version)
+        for action, sender, target, level in steps:
+            if action == "topic":
+                event = room.add("m.room.topic", sender, {"topic": "t"}, state_key="")
+            elif action == "levels":
+                event = power_levels(room, sender, {target: level})
+            elif action == "rule":
+                rule = ["public", "invite", "knock", "restricted"][level % 4]
+                event = room.add("m.room.join_rules", sender, {"join_rule": rule}, state_key="")
+            else:
+                event = room.member(target, action, sender=sender)
+            state = room.state(event.prev_event_ids[0])
+            auth = [room.events[e] for e in event.auth_event_ids]
+            by_auth = auth_events_state(room.version, event, auth, create=room.create)
+            outcomes: list[str | None] = []
+            for chosen in (state, by_auth):
+                try:
+                    authorise(room.version, event, chosen)
+                    outcomes.append(None)
+                except EventAuthError as e:
+                    outcomes.append(e.reason)
+            self.assertEqual(outcomes[0], outcomes[1], (action, sender, target))
