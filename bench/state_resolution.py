@@ -10,7 +10,9 @@ as rooms of version 1 (the original algorithm: the baseline), 10 (v2) and
 median is printed), at the full size and at a tenth of the members, so the
 figures say what resolution grows with. Prints events/s (the branches'
 events resolved per second) and each against version 1 in the same run,
-and the auth difference alone (the part a storage index replaces).
+and the auth difference alone: walking the auth chains, and from the auth
+chain index (``event_graph/auth_chain_index.py``, the same answer, checked),
+with their ratio and how fast the index is built.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import attr
 
 from synapse_lite.api.room_versions import SPEC_ROOM_VERSIONS, RoomVersion
+from synapse_lite.event_graph.auth_chain_index import AuthChainIndex
 from synapse_lite.event_graph.authorisation import select_auth_event_ids
 from synapse_lite.event_graph.pdu import Pdu, StateKey, room_id_of_create
 from synapse_lite.event_graph.state_resolution import auth_difference, resolve_state
@@ -138,7 +141,10 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print("members  side  version  resolve ms  events/s  of v1  auth difference ms (events)")
+    print(
+        "members  side  version  resolve ms  events/s  of v1  auth difference ms (events)"
+        "  indexed ms  walked/indexed  index build events/s"
+    )
     for members in (args.members // 10, args.members):
         baseline = None
         for identifier in ("1", "10", "12"):
@@ -152,9 +158,20 @@ def main() -> None:
                 args.rounds, functools.partial(auth_difference, sides, events)
             )
             diff = auth_difference(sides, events)
+            index = AuthChainIndex()
+            started = time.perf_counter()
+            for event_id in sorted(events):  # ids are in creation order
+                index.add(events[event_id])
+            build_rate = len(events) / (time.perf_counter() - started)
+            assert index.auth_difference(sides) == diff
+            indexed_seconds = _median_seconds(
+                args.rounds, functools.partial(index.auth_difference, sides)
+            )
             print(
                 f"{members:7d}  {args.side:4d}  {identifier:>7}  {seconds * 1000:10.1f}"
                 f"  {rate:8.0f}  {rate / baseline:5.2f}  {diff_seconds * 1000:8.1f} ({len(diff)})"
+                f"  {indexed_seconds * 1000:10.1f}  {diff_seconds / indexed_seconds:14.2f}"
+                f"  {build_rate:10.0f}"
             )
 
 
