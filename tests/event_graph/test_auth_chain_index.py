@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from twisted.trial import unittest
 
 from synapse_lite.event_graph.auth_chain_index import AuthChainIndex
-from synapse_lite.event_graph.state_resolution import auth_chain, auth_difference
+from synapse_lite.event_graph.state_resolution import auth_chain, auth_difference, resolve_state
 from tests.event_graph.rooms import ALICE, BOB
 from tests.event_graph.test_state_resolution import STEPS, V2_VERSIONS, random_room, start
 
@@ -54,3 +54,9 @@ class AgreesWithWalking(unittest.TestCase):
         sets = [room.state_after[t.event_id] for t in tips]
         self.assertEqual(index.auth_difference(sets), auth_difference(sets, room.events))
         self.assertEqual(index.auth_difference(sets[:2]), auth_difference(sets[:2], room.events))
+        self.assertEqual(
+            resolve_state(
+                room.version, sets, room.events, auth_difference_of=index.auth_difference
+            ),
+            resolve_state(room.version, sets, room.events),
+        )
