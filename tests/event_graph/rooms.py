@@ -21,7 +21,15 @@ EVE = "@eve:e"
 class Room:
     """A room graph being built: ``events`` by id, and the state after each."""
 
-    def __init__(self, version: str = "10", creator: str = ALICE, **create_content: Any) -> None:
+    def __init__(
+        self,
+        version: str = "10",
+        creator: str = ALICE,
+        named_creator: str | None = None,
+        **create_content: Any,
+    ) -> None:
+        """``creator`` sends the create event; before version 11 its
+        content names ``named_creator`` (default: ``creator``)."""
         self.version: RoomVersion = SPEC_ROOM_VERSIONS[version]
         self.events: dict[str, Pdu] = {}
         self.state_after: dict[str, dict[StateKey, str]] = {}
@@ -29,7 +37,7 @@ class Room:
         self.room_id = "!room:a"
         content: dict[str, Any] = {"room_version": version, **create_content}
         if self.version.creator_in_create_content:
-            content.setdefault("creator", creator)
+            content.setdefault("creator", named_creator or creator)
         self.create = self.add("m.room.create", creator, content, state_key="", prev=[])
         if self.version.hashed_room_ids:
             self.room_id = "!" + self.create.event_id[1:]

@@ -165,6 +165,56 @@ CASES: list[Case] = [
         ),
         None,
     ),
+    (
+        "join right after create by content.creator (1-10)",
+        ALL[:10],
+        lambda v: (r := Room(v, named_creator=BOB), r.member(BOB, "join")),
+        None,
+    ),
+    (
+        "join right after create by its sender, not content.creator (1-10)",
+        ALL[:10],
+        lambda v: (r := Room(v, named_creator=BOB), r.member(ALICE, "join")),
+        "invite only",
+    ),
+    (
+        "join right after create by its sender (11 on)",
+        ALL[10:],
+        lambda v: (r := Room(v, named_creator=BOB), r.member(ALICE, "join")),
+        None,
+    ),
+    (
+        "restricted join authorised by a non-member",
+        ALL[7:],
+        lambda v: (r := ruled(v, "restricted"), restricted_join(r, EVE)),
+        "joined authoriser",
+    ),
+    (
+        "knock by a banned user",
+        ALL[6:],
+        lambda v: (
+            r := ruled(v, "knock"),
+            r.member(CAROL, "ban", sender=ALICE),
+            r.member(CAROL, "knock"),
+        )[::2],
+        "cannot knock from ban",
+    ),
+    (
+        "knock for another",
+        ALL[6:],
+        lambda v: (r := ruled(v, "knock"), r.member(CAROL, "knock", sender=BOB)),
+        "only for themselves",
+    ),
+    (
+        "leave after a knock (7 on)",
+        ALL[6:],
+        lambda v: (
+            r := ruled(v, "knock"),
+            r.member(CAROL, "knock"),
+            r.member(CAROL, "leave"),
+        )[::2],
+        None,
+    ),
     ("invite", ALL, lambda v: (r := joined(v), r.member(CAROL, "invite", sender=BOB)), None),
     (
         "invite by a non-member",
