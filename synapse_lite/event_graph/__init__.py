@@ -11,4 +11,8 @@ storage and a room's writer call (see docs/event-graph.md):
   cites, and the spec's authorisation rules of room versions 1 to 12.
 * :mod:`~synapse_lite.event_graph.state_resolution`: state resolution v1 and
   v2 (with version 12's changes).
+* :mod:`~synapse_lite.event_graph.auth_chain_index`: auth chains and auth
+  differences from chain positions (a chain cover index).
+* :mod:`~synapse_lite.event_graph.graph`: a new event's parents and depth,
+  the forward extremities and the state after it.
 """

@@ -10,6 +10,7 @@ import attr
 
 from synapse_lite.api.room_versions import SPEC_ROOM_VERSIONS, RoomVersion
 from synapse_lite.event_graph.authorisation import select_auth_event_ids
+from synapse_lite.event_graph.graph import state_after
 from synapse_lite.event_graph.pdu import Pdu, StateKey
 
 ALICE = "@alice:a"
@@ -78,10 +79,7 @@ class Room:
             event, auth_event_ids=tuple(select_auth_event_ids(self.version, event, state))
         )
         self.events[event.event_id] = event
-        after = dict(state)
-        if event.state_pair is not None:
-            after[event.state_pair] = event.event_id
-        self.state_after[event.event_id] = after
+        self.state_after[event.event_id] = state_after(event, state)
         return event
 
     def member(self, user: str, membership: str, sender: str | None = None, **kw: Any) -> Pdu:
