@@ -358,8 +358,10 @@ def resolve_state_v1(
     """Version 1's algorithm: conflicts of power levels, join rules and
     members (in that order) by ascending depth, each applied while the
     rules allow; other conflicts by the highest depth (then lowest SHA-1 of
-    the id) that the rules allow (the lowest depth when none is allowed, as
-    the reference homeserver does; the spec leaves that case open)."""
+    the id) that the rules allow (the lowest depth when none is allowed).
+    Where the spec is open (the state each key of a kind is checked
+    against; no allowed event) this reads it as the reference homeserver
+    does, see docs/event-graph.md."""
     resolved: dict[StateKey, str] = {}
     conflicted: dict[StateKey, set[str]] = {}
     for key in set().union(*(s.keys() for s in state_sets)):
@@ -373,26 +375,32 @@ def resolve_state_v1(
     if missing:
         raise MissingEventsError(missing)
 
-    def allowed(event_id: str) -> bool:
+    def allowed(event_id: str, state: Mapping[StateKey, str]) -> bool:
         try:
-            authorise(room_version, events[event_id], _StateEvents(resolved, events))
+            authorise(room_version, events[event_id], _StateEvents(state, events))
         except EventAuthError:
             return False
         return True
 
     auth_kinds = ("m.room.power_levels", "m.room.join_rules", "m.room.member")
     for kind in auth_kinds:
-        for key in sorted(k for k in conflicted if k[0] == kind):
+        # Each key of a kind is resolved against the state as it was before
+        # the kind's pass (a key's result is not seen by the other keys of
+        # its kind), so the order of the keys does not matter.
+        before = dict(resolved)
+        for key in (k for k in conflicted if k[0] == kind):
             ordered = sorted(
                 conflicted[key],
                 key=lambda e: (events[e].depth, tuple(-b for b in _sha1(e))),
             )
-            resolved[key] = ordered[0]
+            state = dict(before)
+            state[key] = ordered[0]
             for event_id in ordered[1:]:
-                if not allowed(event_id):
+                if not allowed(event_id, state):
                     break
-                resolved[key] = event_id
-    for key in sorted(k for k in conflicted if k[0] not in auth_kinds):
+                state[key] = event_id
+            resolved[key] = state[key]
+    for key in (k for k in conflicted if k[0] not in auth_kinds):
         ordered = sorted(conflicted[key], key=lambda e: (-events[e].depth, _sha1(e)))
-        resolved[key] = next((e for e in ordered if allowed(e)), ordered[-1])
+        resolved[key] = next((e for e in ordered if allowed(e, resolved)), ordered[-1])
     return resolved

@@ -121,6 +121,23 @@ class KnownConflicts(unittest.TestCase):
         first = max((by_alice, by_bob), key=lambda e: hashlib.sha1(e.event_id.encode()).digest())
         self.assertEqual(resolve(room, by_alice, by_bob)[POWER], first.event_id)
 
+    def test_v1_member_conflicts_do_not_see_each_other(self) -> None:
+        """Each member key is resolved against the state before the members'
+        pass, as the reference homeserver does (so the keys' order cannot
+        matter): Bob's rejoin, resolved in the same pass, does not let his
+        kick of Carol through."""
+        room = start("1")
+        base = levels(room, ALICE, {BOB: 50})
+        left = room.member(BOB, "leave", prev=[base.event_id])
+        rejoined = room.member(BOB, "join", prev=[left.event_id])
+        kick = room.member(CAROL, "leave", sender=BOB, prev=[base.event_id])
+        state = resolve(room, rejoined, kick)
+        self.assertEqual(state[("m.room.member", BOB)], rejoined.event_id)
+        self.assertEqual(
+            state[("m.room.member", CAROL)],
+            room.state_after[base.event_id][("m.room.member", CAROL)],
+        )
+
     def test_missing_events_are_named(self) -> None:
         room = start("10")
         a = room.add("m.room.topic", ALICE, {"topic": "a"}, state_key="")
