@@ -17,6 +17,7 @@ than the creator have 0, so only the creator's events pass either way).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
@@ -37,6 +38,15 @@ INFINITE_POWER = float("inf")
 #: Power level properties holding one level each, with their defaults when
 #: a power levels event leaves them out.
 _NAMED_LEVELS = LEVEL_DEFAULTS
+
+
+def power_level(value: Any, room_version: RoomVersion) -> int | None:
+    """A power level as the room's version reads it: an integer; before
+    version 10 a string of one; in versions 1-5 (no strict canonical JSON)
+    also a finite float, truncated at the decimal point. None otherwise."""
+    if isinstance(value, float) and not room_version.strict_canonical_json:
+        return int(value) if math.isfinite(value) else None
+    return parse_level(value, room_version)
 
 
 class EventAuthError(Exception):
@@ -220,7 +230,7 @@ class _PowerLevels:
         self.creators = creators(room_version, create)
 
     def _parse(self, value: Any, default: int) -> int:
-        level = parse_level(value, self.room_version)
+        level = power_level(value, self.room_version)
         return default if level is None else level
 
     def of_user(self, user_id: str) -> float:
@@ -378,7 +388,7 @@ def _check_power_levels(
     content = event.content
 
     def level(value: Any) -> int | None:
-        return parse_level(value, room_version)
+        return power_level(value, room_version)
 
     maps = ("events", "notifications") if room_version.notifications_power_levels else ("events",)
     if room_version.integer_power_levels:

@@ -53,7 +53,7 @@ def restricted_join(room: Room, authoriser: str) -> Pdu:
     return room.member(CAROL, "join", content={"join_authorised_via_users_server": authoriser})
 
 
-def power_levels(room: Room, sender: str, users: dict[str, int] | None = None, **named: Any) -> Pdu:
+def power_levels(room: Room, sender: str, users: dict[str, Any] | None = None, **named: Any) -> Pdu:
     """A power levels event giving ``users`` (and Alice 100 before version
     12, where creators are never listed) and the ``named`` levels."""
     levels = {**_v12_admin(room), **(users or {})}
@@ -389,6 +389,30 @@ CASES: list[Case] = [
             ),
         ),
         None,
+    ),
+    (
+        "float power levels, truncated (1-5)",
+        ALL[:5],
+        lambda v: (
+            r := joined(v, {BOB: 50}),
+            power_levels(r, BOB, {BOB: 50.9, CAROL: 50.57}),
+        ),
+        None,
+    ),
+    (
+        "float power levels above the sender's once truncated (1-5)",
+        ALL[:5],
+        lambda v: (
+            r := joined(v, {BOB: 50}),
+            power_levels(r, BOB, {BOB: 50, CAROL: 51.2}),
+        ),
+        "above its own",
+    ),
+    (
+        "float power levels (6 on)",
+        ALL[5:],
+        lambda v: (r := joined(v, {BOB: 50}), power_levels(r, BOB, {BOB: 50, CAROL: 10.5})),
+        "integers",
     ),
     (
         "string power levels (10 on)",
