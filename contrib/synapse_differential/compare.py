@@ -9,13 +9,15 @@ valid and invalid, by ``tests/event_graph/rooms.py``), then compares
   auth rules are its own);
 * ``auth``: our ``authorise`` with Synapse's
   ``check_state_dependent_auth_rules`` for every event against the state
-  before it.
+  before it;
+* ``hashing``: the event id (versions 3 on), content hash and signature of
+  every event, by ``event_graph/hashing.py`` and by Synapse.
 
 Run from the repository's root with the Python of a virtual environment
 that has ``matrix-synapse`` (not a dependency of synapse_lite)::
 
     PYTHONPATH=. /path/to/synapse-venv/bin/python contrib/synapse_differential/compare.py \\
-        [--cases 300] [--seed 1] [--versions 1,2,10,11,12] [--check state,auth]
+        [--cases 300] [--seed 1] [--versions 1,2,10,11,12] [--check state,auth,hashing]
 
 Prints, per version and check, the cases and differences (the first few in
 full); exits 1 if any differ.
@@ -24,15 +26,18 @@ full); exits 1 if any differ.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import sys
 from collections.abc import Coroutine
 from typing import Any
 
 import synapse.event_auth  # first: Synapse's modules import each other in this order
+from signedjson.key import decode_signing_key_base64
 from synapse.api.errors import AuthError as SynapseAuthError
 from synapse.api.errors import SynapseError
 from synapse.api.room_versions import KNOWN_ROOM_VERSIONS as SYNAPSE_VERSIONS
+from synapse.crypto.event_signing import compute_content_hash, compute_event_signature
 from synapse.events import make_event_from_dict
 from synapse.state import v1 as synapse_v1
 from synapse.state import v2 as synapse_v2
@@ -43,10 +48,17 @@ from synapse_lite.event_graph.authorisation import (
     auth_types_for_event,
     authorise,
 )
+from synapse_lite.event_graph.hashing import content_hash, event_id_of, sign_event
 from synapse_lite.event_graph.state_resolution import (
     auth_difference,
     conflicted_subgraph,
     resolve_state,
+)
+from synapse_lite.federation.crypto import (
+    CanonicalJsonError,
+    SigningKey,
+    decode_base64,
+    encode_base64,
 )
 from tests.event_graph.rooms import ALICE, BOB, CAROL, EVE, Room
 
@@ -115,9 +127,13 @@ def random_room(
     return room, tips
 
 
-def synapse_events(room: Room) -> tuple[dict[str, str], dict[str, Any]]:
+def synapse_events(
+    room: Room, hashing_differences: list[str] | None = None
+) -> tuple[dict[str, str], dict[str, Any]]:
     """Synapse's events for ours (ids: ours in versions 1-2, reference
-    hashes from 3, so mapped), in creation order."""
+    hashes from 3, so mapped), in creation order. With
+    ``hashing_differences``, also compares the event ids (3 on), content
+    hashes and signatures both compute for each event."""
     version = SYNAPSE_VERSIONS[room.version.identifier]
     ids: dict[str, str] = {}
     events: dict[str, Any] = {}
@@ -139,11 +155,40 @@ def synapse_events(room: Room) -> tuple[dict[str, str], dict[str, Any]]:
         if hashed_create:
             del data["room_id"]
         event = make_event_from_dict(data, version)
+        if hashing_differences is not None:
+            hashing_differences += compare_hashing(room.version, version, data, event.event_id)
         if hashed_create:
             room_id = "!" + event.event_id[1:]
         ids[our_id] = event.event_id
         events[event.event_id] = event
     return ids, events
+
+
+#: One signing key for both sides: ed25519 signatures are deterministic.
+_SEED = "YJDBA9Xnr2sVqXD9Vj7XVUnmFZcZrlw8Md7kMW+3XA1"
+
+
+def compare_hashing(ours: Any, theirs: Any, data: dict[str, Any], their_id: str) -> list[str]:
+    """Event id, content hash and signature of one event, by both (none
+    for an event canonical JSON refuses: floats from version 6)."""
+    try:
+        event_id_of(ours, data)
+    except CanonicalJsonError:
+        return []
+    differences = []
+    if theirs.event_format != 1 and event_id_of(ours, data) != their_id:
+        differences.append(f"event id of {data['type']}: {event_id_of(ours, data)} {their_id}")
+    _, digest = compute_content_hash(dict(data), hashlib.sha256)
+    if content_hash(ours, data) != encode_base64(digest):
+        differences.append(f"content hash of {data['type']}")
+    key = SigningKey("1", decode_base64(_SEED))
+    their_key = decode_signing_key_base64("ed25519", "1", _SEED)
+    signed = sign_event(ours, data, "domain", key)
+    their_hashed = {**data, "hashes": {"sha256": encode_base64(digest)}}
+    their_signature = compute_event_signature(theirs, their_hashed, "domain", their_key)
+    if signed["signatures"]["domain"] != their_signature["domain"]:
+        differences.append(f"signature of {data['type']}")
+    return differences
 
 
 def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -256,7 +301,7 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=300)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--versions", default=",".join(str(n) for n in range(1, 13)))
-    parser.add_argument("--check", default="state,auth")
+    parser.add_argument("--check", default="state,auth,hashing")
     args = parser.parse_args()
     failed = False
     for version in args.versions.split(","):
@@ -269,6 +314,8 @@ def main() -> None:
                 if check == "state":
                     difference = compare_state(room, tips)
                     differences += [difference] if difference else []
+                elif check == "hashing":
+                    synapse_events(room, differences)
                 else:
                     differences += compare_auth(room)
             print(f"version {version:>2} {check:5}: {args.cases} rooms, {len(differences)} differ")
