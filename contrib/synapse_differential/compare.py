@@ -172,9 +172,12 @@ def compare_hashing(ours: Any, theirs: Any, data: dict[str, Any], their_id: str)
     """Event id, content hash and signature of one event, by both (none
     for an event canonical JSON refuses: floats from version 6)."""
     try:
-        event_id_of(ours, data)
+        return _compare_hashing(ours, theirs, data, their_id)
     except CanonicalJsonError:
         return []
+
+
+def _compare_hashing(ours: Any, theirs: Any, data: dict[str, Any], their_id: str) -> list[str]:
     differences = []
     if theirs.event_format != 1 and event_id_of(ours, data) != their_id:
         differences.append(f"event id of {data['type']}: {event_id_of(ours, data)} {their_id}")

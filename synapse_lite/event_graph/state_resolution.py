@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections import ChainMap
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from synapse_lite.api.room_versions import RoomVersion, StateResolution
@@ -387,19 +388,21 @@ def resolve_state_v1(
         # Each key of a kind is resolved against the state as it was before
         # the kind's pass (a key's result is not seen by the other keys of
         # its kind), so the order of the keys does not matter.
+        # (The key's candidate is laid over that state, not copied into it:
+        # a room's state can hold 100,000 members.)
         before = dict(resolved)
         for key in (k for k in conflicted if k[0] == kind):
             ordered = sorted(
                 conflicted[key],
                 key=lambda e: (events[e].depth, tuple(-b for b in _sha1(e))),
             )
-            state = dict(before)
-            state[key] = ordered[0]
+            candidate = {key: ordered[0]}
+            state = ChainMap(candidate, before)
             for event_id in ordered[1:]:
                 if not allowed(event_id, state):
                     break
-                state[key] = event_id
-            resolved[key] = state[key]
+                candidate[key] = event_id
+            resolved[key] = candidate[key]
     for key in (k for k in conflicted if k[0] not in auth_kinds):
         ordered = sorted(conflicted[key], key=lambda e: (-events[e].depth, _sha1(e)))
         resolved[key] = next((e for e in ordered if allowed(e, resolved)), ordered[-1])
