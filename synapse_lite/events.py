@@ -38,7 +38,9 @@ def reference_hash_event_id(room_version: RoomVersion, pdu: dict[str, Any]) -> s
     builds it, without ``hashes``."""
     strict = room_version.strict_canonical_json
     hashed = {**pdu, "hashes": content_hashes(room_version, pdu)}
-    reference = hashlib.sha256(_event_json(pruned_event(room_version, hashed), strict)).digest()
+    reference = hashlib.sha256(
+        event_canonical_json(pruned_event(room_version, hashed), strict)
+    ).digest()
     if room_version.event_ids is EventIdFormat.REFERENCE_HASH_BASE64:
         return "$" + encode_base64(reference)
     return "$" + base64.urlsafe_b64encode(reference).decode("ascii").rstrip("=")
@@ -49,11 +51,13 @@ def content_hashes(room_version: RoomVersion, pdu: dict[str, Any]) -> dict[str, 
     canonical JSON of ``pdu`` without ``unsigned``, ``signatures`` and
     ``hashes``, in unpadded base64."""
     unhashed = {k: v for k, v in pdu.items() if k not in ("unsigned", "signatures", "hashes")}
-    digest = hashlib.sha256(_event_json(unhashed, room_version.strict_canonical_json)).digest()
+    digest = hashlib.sha256(
+        event_canonical_json(unhashed, room_version.strict_canonical_json)
+    ).digest()
     return {"sha256": encode_base64(digest)}
 
 
-def _event_json(pdu: dict[str, Any], strict: bool) -> bytes:
+def event_canonical_json(pdu: dict[str, Any], strict: bool) -> bytes:
     """Canonical JSON of an event; before version 6 floats were not refused,
     so they are encoded as JSON encodes them."""
     if strict:

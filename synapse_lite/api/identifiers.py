@@ -127,3 +127,8 @@ def new_device_id() -> str:
 def is_mine_id(user_id: str, server_name: str) -> bool:
     """Whether a (syntactically valid) user id belongs to ``server_name``."""
     return user_id.startswith("@") and user_id.endswith(":" + server_name)
+
+
+def server_of(identifier: str) -> str:
+    """The server part of a user, room or event id ("" when it has none)."""
+    return identifier.split(":", 1)[1] if ":" in identifier else ""

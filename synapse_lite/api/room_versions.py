@@ -1,12 +1,12 @@
-"""The room versions this server creates and checks events of (the spec's
-room versions 1 to 11), and what differs between them.
+"""The spec's room versions 1 to 12 as data, and the ones this server
+creates and serves (1 to 11: version 12's room ids are derived from the
+create event, which room creation does not do yet; see docs/event-graph.md).
 
 A room's version is fixed by its ``m.room.create`` event and never changes;
 everything version-dependent (event ids, authorisation rules, the redaction
-algorithm, the shape of ``m.room.create`` and ``m.room.redaction``) reads the
-:class:`RoomVersion` of its room from here, so one table says what each
-version does. Algorithms only a federating server needs (state resolution,
-signing key validity) do not apply to us and are not listed.
+algorithm, state resolution, the shape of ``m.room.create`` and
+``m.room.redaction``) reads the :class:`RoomVersion` of its room from here,
+so one table says what each version does.
 """
 
 from __future__ import annotations
@@ -30,6 +30,19 @@ class EventIdFormat(enum.Enum):
     REFERENCE_HASH_BASE64 = "reference_hash_base64"
     #: ``$`` and the reference hash in URL-safe unpadded base64 (version 4 on).
     REFERENCE_HASH_URL_SAFE = "reference_hash_url_safe"
+
+
+class StateResolution(enum.Enum):
+    """Which state resolution algorithm a version uses (``event_graph/state_resolution.py``)."""
+
+    #: The original algorithm (version 1).
+    V1 = "v1"
+    #: State resolution v2 (versions 2-11).
+    V2 = "v2"
+    #: v2 with version 12's changes: iterative auth checks of the power
+    #: events start from an empty state, and the full conflicted set adds
+    #: the conflicted state subgraph.
+    V2_1 = "v2.1"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -67,6 +80,19 @@ class RoomVersion:
     creator_in_create_content: bool
     #: ``m.room.redaction`` names the redacted event in its content (11 on).
     redacts_in_content: bool
+    #: The state resolution algorithm of the version.
+    state_resolution: StateResolution
+    #: Redactions have an authorisation rule of their own: the redact level,
+    #: or the same server as the redacted event (versions 1 and 2).
+    redaction_auth_rule: bool
+    #: Signatures are checked against keys valid at the event's
+    #: ``origin_server_ts`` (version 5 on).
+    enforce_key_validity: bool
+    #: Version 12: the room id is the create event's id with ``!`` for ``$``
+    #: (the create event has no ``room_id`` and is never an auth event);
+    #: the create event's sender and ``additional_creators`` are the room's
+    #: creators, with a power level above any number, never in ``users``.
+    hashed_room_ids: bool
 
     @property
     def join_rules(self) -> tuple[str, ...]:
@@ -120,13 +146,30 @@ def _version(identifier: str, number: int) -> RoomVersion:
         updated_redaction_rules=number >= 11,
         creator_in_create_content=number <= 10,
         redacts_in_content=number >= 11,
+        state_resolution=(
+            StateResolution.V1
+            if number == 1
+            else StateResolution.V2
+            if number <= 11
+            else StateResolution.V2_1
+        ),
+        redaction_auth_rule=number <= 2,
+        enforce_key_validity=number >= 5,
+        hashed_room_ids=number >= 12,
     )
 
 
-#: Every version this server serves, by identifier, all stable.
-KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {str(n): _version(str(n), n) for n in range(1, 12)}
+#: Every version the spec defines (all stable), by identifier: what the
+#: pure event graph core (``event_graph/``) checks and resolves.
+SPEC_ROOM_VERSIONS: dict[str, RoomVersion] = {str(n): _version(str(n), n) for n in range(1, 13)}
+#: Every version this server creates rooms of and serves, by identifier.
+KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = {
+    k: v for k, v in SPEC_ROOM_VERSIONS.items() if not v.hashed_room_ids
+}
 #: What ``createRoom`` makes without ``room_version``: the spec (v1.6 on,
-#: the versions we claim) recommends version 10.
+#: the versions we claim) recommends version 10. (The spec copy's v1.16
+#: recommends 12; the default moves there with room creation that derives
+#: the room id from the create event, see docs/event-graph.md.)
 DEFAULT_ROOM_VERSION = KNOWN_ROOM_VERSIONS["10"]
 #: A create event without ``room_version`` is of version 1 (the spec's default).
 IMPLICIT_ROOM_VERSION = KNOWN_ROOM_VERSIONS["1"]

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
-from synapse_lite.api.identifiers import is_valid_room_id, is_valid_user_id
+from synapse_lite.api.identifiers import is_valid_room_id, is_valid_user_id, server_of
 from synapse_lite.api.room_versions import RoomVersion, room_version_of_create
 from synapse_lite.events import Event, EventSpec
 from synapse_lite.federation.crypto import CanonicalJsonError, check_canonical
@@ -142,11 +142,6 @@ def allowed_rooms(allow: Any) -> list[str]:
         and c.get("type") == "m.room_membership"
         and isinstance(c.get("room_id"), str)
     ]
-
-
-def server_of(identifier: str) -> str:
-    """The server part of a user or room id."""
-    return identifier.split(":", 1)[1] if ":" in identifier else ""
 
 
 class RoomAuthState:
