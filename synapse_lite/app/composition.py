@@ -71,6 +71,7 @@ from synapse_lite.federation.server import register_federation_servlets
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
+from synapse_lite.handlers.admin_users import AdminUsersHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.client_events import ClientEventFormatter, PduSigner
 from synapse_lite.handlers.device import DeviceHandler
@@ -547,6 +548,8 @@ def _handlers(
         formatter=formatter,
         relations=relations,
     )
+    account = AccountHandler(store, ui_auth, devices, members, identity)
+    profiles = ProfileHandler(store, clock, server_name, events)
     client = ClientHandlers(
         clock=clock,
         store=store,
@@ -586,13 +589,14 @@ def _handlers(
         ui_auth=ui_auth,
         typing=typing,
         presence=presence,
-        account=AccountHandler(store, ui_auth, devices, members, identity),
+        account=account,
         reports=ReportsHandler(store, server_name),
-        admin=AdminHandler(store),
+        admin=AdminHandler(store, auth),
+        admin_users=AdminUsersHandler(store, server_name, devices, account, profiles),
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
-        profiles=ProfileHandler(store, clock, server_name, events),
+        profiles=profiles,
         directory=DirectoryHandler(store, server_name, clock, events),
         relations=relations,
         search=SearchHandler(store, clock, pagination),

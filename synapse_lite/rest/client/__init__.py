@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attr
 
 from synapse_lite.http.server import JsonResource
+from synapse_lite.rest import admin as admin_api
 from synapse_lite.rest.client import (
     account,
     account_management,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.admin import AdminHandler
+    from synapse_lite.handlers.admin_users import AdminUsersHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
@@ -95,6 +97,7 @@ class ClientHandlers:
     account: AccountHandler
     reports: ReportsHandler
     admin: AdminHandler
+    admin_users: AdminUsersHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler
     turn: TurnConfig
@@ -107,7 +110,7 @@ class ClientHandlers:
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
-    """Serve every client endpoint on ``resource``."""
+    """Serve every client endpoint, and the admin API, on ``resource``."""
     modules: list[Any] = [
         versions,
         account,
@@ -127,3 +130,4 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     ]
     for module in modules:
         module.register_servlets(handlers, resource)
+    admin_api.register_servlets(handlers, resource)

@@ -10,6 +10,7 @@ writers; ``ClientIpStore`` only by the main process.
 from __future__ import annotations
 
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
+from synapse_lite.storage.databases.main.admin import AdminWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
 from synapse_lite.storage.databases.main.content_reports import ContentReportsWorkerStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
@@ -54,6 +55,7 @@ class GenericWorkerStore(
     RelationsWorkerStore,
     SearchWorkerStore,
     ThreepidBindingsWorkerStore,
+    AdminWorkerStore,
 ):
     """The store of a worker process."""
 

@@ -1,0 +1,111 @@
+"""The admin API's users: ``/v2/users`` and ``/v3/users`` (listing),
+``/v2/users/{userId}`` (read, create, change), ``/v1/users/{userId}/admin``,
+``/v1/deactivate/{userId}``, ``/v1/reset_password/{userId}`` and
+``/v1/whois/{userId}``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.http.fields import bool_value, get_bool
+from synapse_lite.http.server import (
+    JsonResource,
+    parse_json_object_from_request,
+    query_int,
+    query_string,
+)
+from synapse_lite.rest.admin._base import (
+    MAX_PAGE,
+    admin_path,
+    query_bool,
+    query_choice,
+    query_descending,
+)
+from synapse_lite.storage.databases.main.admin import USER_ORDERINGS, UserQuery
+
+if TYPE_CHECKING:
+    from synapse_lite.rest.client import ClientHandlers
+
+USER = "/(?P<user_id>[^/]+)"
+
+
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
+    admin = handlers.admin
+    users = handlers.admin_users
+
+    async def list_users(request: Request, flags_as_ints: bool) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        offset = query_int(request, "from", 0)
+        limit = query_int(request, "limit", 100, minimum=1, maximum=MAX_PAGE)
+        assert offset is not None and limit is not None
+        query = UserQuery(
+            user_id=query_string(request, "user_id"),
+            name=query_string(request, "name"),
+            guests=bool(query_bool(request, "guests", True)),
+            deactivated=bool(query_bool(request, "deactivated", False)),
+            admins=query_bool(request, "admins", None),
+            order_by=query_choice(request, "order_by", list(USER_ORDERINGS), "name"),
+            descending=query_descending(request),
+        )
+        return 200, await users.list_users(query, offset, limit, flags_as_ints)
+
+    async def get_user(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.get_user(user_id)
+
+    async def put_user(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        return await users.put_user(requester, user_id, body)
+
+    async def get_admin(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, {"admin": await users.is_admin(user_id)}
+
+    async def put_admin(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        value = bool_value(body.get("admin"), "admin")
+        await users.set_admin(requester, user_id, value)
+        return 200, {}
+
+    async def deactivate(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        erase = get_bool(body, "erase", False)
+        result = await users.deactivate(requester, user_id, erase)
+        return 200, {"id_server_unbind_result": result}
+
+    async def reset_password(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        await users.reset_password(requester, user_id, body)
+        return 200, {}
+
+    async def whois(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        users.check_local(user_id)
+        return 200, await admin.whois(requester, user_id)
+
+    async def list_users_v2(request: Request) -> tuple[int, Any]:
+        return await list_users(request, flags_as_ints=True)
+
+    async def list_users_v3(request: Request) -> tuple[int, Any]:
+        return await list_users(request, flags_as_ints=False)
+
+    resource.register_paths("GET", admin_path("v2", "/users"), list_users_v2, "admin_users")
+    resource.register_paths("GET", admin_path("v3", "/users"), list_users_v3, "admin_users")
+    resource.register_paths("GET", admin_path("v2", "/users" + USER), get_user, "admin_user")
+    resource.register_paths("PUT", admin_path("v2", "/users" + USER), put_user, "admin_user")
+    user_admin = admin_path("v1", "/users" + USER + "/admin")
+    resource.register_paths("GET", user_admin, get_admin, "admin_user_admin")
+    resource.register_paths("PUT", user_admin, put_admin, "admin_user_admin")
+    resource.register_paths(
+        "POST", admin_path("v1", "/deactivate" + USER), deactivate, "admin_deactivate"
+    )
+    resource.register_paths(
+        "POST", admin_path("v1", "/reset_password" + USER), reset_password, "admin_reset_password"
+    )
+    resource.register_paths("GET", admin_path("v1", "/whois" + USER), whois, "admin_whois_v1")

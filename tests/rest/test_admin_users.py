@@ -1,0 +1,207 @@
+"""The admin API's users (``/_synapse/admin/v{1,2,3}/users...``, deactivate,
+reset_password, whois) and who may call it: on one process and in the
+default layout (each request to another process)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.harness.client_api import (
+    DEFAULT_LAYOUT_STREAM_WRITERS,
+    DEFAULT_LAYOUT_WORKERS,
+    ClientApi,
+    ThreeUsersTestCase,
+    q,
+)
+
+ADMIN = "/_synapse/admin"
+
+
+class AdminUsersTestCase(ThreeUsersTestCase):
+    async def setUp(self) -> None:  # type: ignore[override]
+        await super().setUp()
+        await self.servers["main"].store.db_pool.execute(
+            "t", "UPDATE users SET admin = TRUE WHERE name = ?", self.alice.user_id
+        )
+
+    async def admin_ok(self, method: str, path: str, body: Any = None) -> Any:
+        return await self.alice.ok(method, ADMIN + path, body)
+
+    async def test_server_version_needs_no_token(self) -> None:
+        code, body = await self.bob.request("GET", ADMIN + "/v1/server_version", token=None)
+        self.assertEqual(code, 200)
+        self.assertTrue(body["server_version"].startswith("synapse_lite "))
+
+    async def test_only_admins(self) -> None:
+        bob = q(self.bob.user_id)
+        for method, path, body in [
+            ("GET", "/v2/users", None),
+            ("GET", f"/v2/users/{bob}", None),
+            ("PUT", f"/v2/users/{bob}", {"admin": True}),
+            ("GET", f"/v1/users/{bob}/admin", None),
+            ("PUT", f"/v1/users/{bob}/admin", {"admin": True}),
+            ("POST", f"/v1/deactivate/{bob}", {}),
+            ("POST", f"/v1/reset_password/{bob}", {"new_password": "x"}),
+            ("GET", f"/v1/whois/{bob}", None),
+        ]:
+            code, answer = await self.bob.request(method, ADMIN + path, body)
+            self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"), path)
+            code, answer = await self.bob.request(method, ADMIN + path, body, token=None)
+            self.assertEqual((code, answer["errcode"]), (401, "M_MISSING_TOKEN"), path)
+        self.assertEqual(await self.admin_ok("GET", f"/v1/users/{bob}/admin"), {"admin": False})
+
+    async def test_grant_admin(self) -> None:
+        bob = q(self.bob.user_id)
+        await self.admin_ok("PUT", f"/v1/users/{bob}/admin", {"admin": True})
+        self.assertEqual(await self.admin_ok("GET", f"/v1/users/{bob}/admin"), {"admin": True})
+        # Bob is an admin now: he may list users.
+        await self.bob.ok("GET", ADMIN + "/v2/users")
+        code, body = await self.alice.request(
+            "PUT", ADMIN + f"/v1/users/{q(self.alice.user_id)}/admin", {"admin": False}
+        )
+        self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
+        for path, body, code, errcode in [
+            (f"/v1/users/{bob}/admin", {}, 400, "M_BAD_JSON"),
+            (f"/v1/users/{bob}/admin", {"admin": "yes"}, 400, "M_BAD_JSON"),
+            ("/v1/users/@nobody:test.local/admin", {"admin": True}, 404, "M_NOT_FOUND"),
+            ("/v1/users/@someone:elsewhere/admin", {"admin": True}, 400, "M_INVALID_PARAM"),
+            ("/v1/users/nobody/admin", {"admin": True}, 400, "M_INVALID_PARAM"),
+        ]:
+            got, answer = await self.alice.request("PUT", ADMIN + path, body)
+            self.assertEqual((got, answer.get("errcode")), (code, errcode), (path, body))
+
+    async def test_list_users(self) -> None:
+        body = await self.admin_ok("GET", "/v2/users")
+        self.assertEqual(body["total"], 3)
+        self.assertNotIn("next_token", body)
+        names = [u["name"] for u in body["users"]]
+        self.assertEqual(names, sorted([self.alice.user_id, self.bob.user_id, self.eve.user_id]))
+        first = body["users"][0]
+        self.assertEqual((first["admin"], first["is_guest"], first["deactivated"]), (1, 0, 0))
+        self.assertEqual(first["displayname"], "alice")
+        v3 = await self.admin_ok("GET", "/v3/users?limit=2&dir=b")
+        self.assertEqual([u["name"] for u in v3["users"]], names[::-1][:2])
+        self.assertIs(v3["users"][0]["admin"], False)
+        self.assertEqual(v3["next_token"], "2")
+        rest = await self.admin_ok("GET", "/v3/users?limit=2&dir=b&from=2")
+        self.assertEqual([u["name"] for u in rest["users"]], names[:1])
+        found = await self.admin_ok("GET", "/v2/users?name=EV")
+        self.assertEqual([u["name"] for u in found["users"]], [self.eve.user_id])
+        admins = await self.admin_ok("GET", "/v2/users?admins=true")
+        self.assertEqual([u["name"] for u in admins["users"]], [self.alice.user_id])
+        await self.admin_ok("POST", f"/v1/deactivate/{q(self.eve.user_id)}", {})
+        active = await self.admin_ok("GET", "/v2/users")
+        self.assertEqual(active["total"], 2)
+        every = await self.admin_ok("GET", "/v2/users?deactivated=true&order_by=deactivated&dir=b")
+        self.assertEqual(every["users"][0]["name"], self.eve.user_id)
+        by_name = await self.admin_ok("GET", "/v2/users?order_by=displayname")
+        self.assertEqual(by_name["users"][0]["displayname"], "alice")
+        for query in [
+            "order_by=password",
+            "dir=up",
+            "guests=maybe",
+            "limit=0",
+            "limit=x",
+            "from=-1",
+        ]:
+            code, answer = await self.alice.request("GET", ADMIN + "/v2/users?" + query)
+            self.assertEqual((code, answer["errcode"]), (400, "M_INVALID_PARAM"), query)
+
+    async def test_create_and_modify_user(self) -> None:
+        path = ADMIN + "/v2/users/" + q("@carol:test.local")
+        code, body = await self.alice.request(
+            "PUT", path, {"password": "carol-pw", "displayname": "Carol", "admin": False}
+        )
+        self.assertEqual(code, 201, body)
+        self.assertEqual((body["name"], body["displayname"]), ("@carol:test.local", "Carol"))
+        self.assertEqual(body["threepids"], [])
+        carol = ClientApi(self, self.alice.base_url)
+        login = await carol.ok(
+            "POST",
+            "/login",
+            {
+                "type": "m.login.password",
+                "identifier": {"type": "m.id.user", "user": "carol"},
+                "password": "carol-pw",
+            },
+        )
+        carol.token = login["access_token"]
+        # Changed: a new password logs her devices out.
+        code, body = await self.alice.request(
+            "PUT", path, {"password": "new-pw", "displayname": "Caroline", "admin": True}
+        )
+        self.assertEqual(code, 200, body)
+        self.assertEqual((body["displayname"], body["admin"]), ("Caroline", True))
+        code, _ = await carol.request("GET", "/account/whoami")
+        self.assertEqual(code, 401)
+        # Deactivated, then back with a new password.
+        body = await self.admin_ok("PUT", path[len(ADMIN) :], {"deactivated": True})
+        self.assertIs(body["deactivated"], True)
+        code, answer = await self.alice.request("PUT", path, {"deactivated": False})
+        self.assertEqual((code, answer["errcode"]), (400, "M_MISSING_PARAM"))
+        body = await self.admin_ok(
+            "PUT", path[len(ADMIN) :], {"deactivated": False, "password": "back-pw"}
+        )
+        self.assertIs(body["deactivated"], False)
+        for target, content, code, errcode in [
+            ("@Upper:test.local", {}, 400, "M_INVALID_USERNAME"),
+            ("@new:test.local", {"deactivated": True}, 400, "M_INVALID_PARAM"),
+            ("@new:test.local", {"threepids": [{"medium": "email"}]}, 400, "M_INVALID_PARAM"),
+            ("@new:test.local", {"password": 5}, 400, "M_BAD_JSON"),
+            ("@new:elsewhere", {}, 400, "M_INVALID_PARAM"),
+        ]:
+            got, answer = await self.alice.request("PUT", ADMIN + "/v2/users/" + q(target), content)
+            self.assertEqual((got, answer.get("errcode")), (code, errcode), (target, content))
+        code, answer = await self.alice.request("GET", ADMIN + "/v2/users/@new:test.local")
+        self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"))
+
+    async def test_deactivate_and_erase(self) -> None:
+        room = await self.eve.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{room}", {})
+        body = await self.admin_ok("POST", f"/v1/deactivate/{q(self.bob.user_id)}", {"erase": True})
+        # Nothing was bound: no identity server was asked.
+        self.assertEqual(body, {"id_server_unbind_result": "no-support"})
+        code, _ = await self.bob.request("GET", "/account/whoami")
+        self.assertEqual(code, 401)
+        user = await self.admin_ok("GET", f"/v2/users/{q(self.bob.user_id)}")
+        self.assertEqual((user["deactivated"], user["erased"]), (True, True))
+        members = await self.eve.ok("GET", f"/rooms/{room}/joined_members")
+        self.assertNotIn(self.bob.user_id, members["joined"])
+        code, answer = await self.alice.request(
+            "POST", ADMIN + "/v1/deactivate/@nobody:test.local", {}
+        )
+        self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"))
+
+    async def test_reset_password(self) -> None:
+        bob = q(self.bob.user_id)
+        await self.admin_ok("POST", f"/v1/reset_password/{bob}", {"new_password": "pw2"})
+        code, _ = await self.bob.request("GET", "/account/whoami")
+        self.assertEqual(code, 401)
+        login = await self.bob.request(
+            "POST",
+            "/login",
+            {
+                "type": "m.login.password",
+                "identifier": {"type": "m.id.user", "user": "bob"},
+                "password": "pw2",
+            },
+        )
+        self.assertEqual(login[0], 200)
+        for content, errcode in [
+            ({}, "M_MISSING_PARAM"),
+            ({"new_password": ""}, "M_INVALID_PARAM"),
+        ]:
+            code, answer = await self.alice.request(
+                "POST", ADMIN + f"/v1/reset_password/{bob}", content
+            )
+            self.assertEqual((code, answer["errcode"]), (400, errcode), content)
+
+    async def test_whois(self) -> None:
+        body = await self.admin_ok("GET", f"/v1/whois/{q(self.bob.user_id)}")
+        self.assertEqual(body["user_id"], self.bob.user_id)
+        self.assertIn(self.bob.device_id, body["devices"])
+
+
+class AdminUsersDefaultLayoutTestCase(AdminUsersTestCase):
+    workers = DEFAULT_LAYOUT_WORKERS
+    stream_writers = DEFAULT_LAYOUT_STREAM_WRITERS
