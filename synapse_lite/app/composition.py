@@ -71,6 +71,7 @@ from synapse_lite.federation.server import register_federation_servlets
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
+from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
 from synapse_lite.handlers.admin_users import AdminUsersHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.client_events import ClientEventFormatter, PduSigner
@@ -593,6 +594,7 @@ def _handlers(
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store, auth),
         admin_users=AdminUsersHandler(store, server_name, devices, account, profiles),
+        admin_rooms=AdminRoomsHandler(store, clock, server_name, formatter),
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.admin import AdminHandler
+    from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
     from synapse_lite.handlers.admin_users import AdminUsersHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
@@ -98,6 +99,7 @@ class ClientHandlers:
     reports: ReportsHandler
     admin: AdminHandler
     admin_users: AdminUsersHandler
+    admin_rooms: AdminRoomsHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler
     turn: TurnConfig

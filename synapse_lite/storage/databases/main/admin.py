@@ -1,5 +1,6 @@
 """What the admin API reads and changes that no other store offers: users
-listed with filters and paging, a user's admin flag, reactivation.
+listed with filters and paging, a user's admin flag, reactivation, every
+room's id.
 
 ``users`` is no stream's table: any process may write these rows.
 """
@@ -146,3 +147,7 @@ class AdminWorkerStore(SQLBaseStore):
         await self.db_pool.execute(
             "reactivate_user", "UPDATE users SET deactivated = FALSE WHERE name = ?", user_id
         )
+
+    async def get_all_room_ids(self) -> list[str]:
+        rows = await self.db_pool.select("get_all_room_ids", "SELECT room_id FROM rooms")
+        return [r[0] for r in rows]

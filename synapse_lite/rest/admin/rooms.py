@@ -1,0 +1,62 @@
+"""The admin API's rooms: ``GET /v1/rooms``, ``/v1/rooms/{roomId}``,
+``/members`` and ``/state``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.handlers.admin_rooms import ROOM_ORDERINGS
+from synapse_lite.http.server import JsonResource, query_int, query_string
+from synapse_lite.rest.admin._base import (
+    MAX_PAGE,
+    admin_path,
+    query_bool,
+    query_choice,
+    query_descending,
+)
+
+if TYPE_CHECKING:
+    from synapse_lite.rest.client import ClientHandlers
+
+ROOM = "/rooms/(?P<room_id>[^/]+)"
+
+
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
+    admin = handlers.admin
+    rooms = handlers.admin_rooms
+
+    async def list_rooms(request: Request) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        offset = query_int(request, "from", 0)
+        limit = query_int(request, "limit", 100, minimum=1, maximum=MAX_PAGE)
+        assert offset is not None and limit is not None
+        return 200, await rooms.list_rooms(
+            offset,
+            limit,
+            order_by=query_choice(request, "order_by", ROOM_ORDERINGS, "name"),
+            descending=query_descending(request),
+            search_term=query_string(request, "search_term"),
+            public_rooms=query_bool(request, "public_rooms", None),
+            empty_rooms=query_bool(request, "empty_rooms", None),
+        )
+
+    async def get_room(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await rooms.get_room(room_id)
+
+    async def get_members(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await rooms.get_members(room_id)
+
+    async def get_state(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await rooms.get_state(room_id)
+
+    resource.register_paths("GET", admin_path("v1", "/rooms"), list_rooms, "admin_rooms")
+    resource.register_paths("GET", admin_path("v1", ROOM), get_room, "admin_room")
+    resource.register_paths(
+        "GET", admin_path("v1", ROOM + "/members"), get_members, "admin_room_members"
+    )
+    resource.register_paths("GET", admin_path("v1", ROOM + "/state"), get_state, "admin_room_state")
