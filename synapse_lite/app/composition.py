@@ -97,6 +97,7 @@ from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.relations import RelationsHandler
 from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.room import RoomCreationHandler
+from synapse_lite.handlers.room_deletion import RoomDeletionHandler
 from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomUserState
@@ -550,6 +551,7 @@ def _handlers(
         relations=relations,
     )
     account = AccountHandler(store, ui_auth, devices, members, identity)
+    room_deletion = RoomDeletionHandler(store, members, server_name)
     profiles = ProfileHandler(store, clock, server_name, events)
     client = ClientHandlers(
         clock=clock,
@@ -595,6 +597,7 @@ def _handlers(
         admin=AdminHandler(store, auth),
         admin_users=AdminUsersHandler(store, server_name, devices, account, profiles),
         admin_rooms=AdminRoomsHandler(store, clock, server_name, formatter),
+        room_deletion=room_deletion,
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
@@ -624,6 +627,8 @@ def _handlers(
             role, config, clock, store, calls, database.replication_notifier, reactor
         )
         + Hooks(loops=(stalls,))
+        # The main process resumes the room deletions a restart interrupted.
+        + (Hooks(loops=(room_deletion,)) if role.is_main else Hooks())
     )
     inbound = None
     if federation.keyring is not None:

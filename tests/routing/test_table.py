@@ -113,6 +113,8 @@ class TableTestCase(unittest.TestCase):
                 ("GET", "/_synapse/admin/v2/users"),
                 ("PUT", "/_synapse/admin/v2/users/@a:hs"),
                 ("GET", "/_synapse/admin/v1/server_version"),
+                ("DELETE", "/_synapse/admin/v2/rooms/!r:hs"),
+                ("GET", "/_synapse/admin/v2/rooms/delete_status/abc"),
             ]:
                 found, _ = table.match(method, path)
                 self.assertEqual(found.instances, ("main",), (layout, path))

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.reports import ReportsHandler
     from synapse_lite.handlers.room import RoomCreationHandler
+    from synapse_lite.handlers.room_deletion import RoomDeletionHandler
     from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler
@@ -100,6 +101,7 @@ class ClientHandlers:
     admin: AdminHandler
     admin_users: AdminUsersHandler
     admin_rooms: AdminRoomsHandler
+    room_deletion: RoomDeletionHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler
     turn: TurnConfig

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
 from synapse_lite.storage.databases.main.admin import AdminWorkerStore
+from synapse_lite.storage.databases.main.admin_tasks import AdminTasksWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
 from synapse_lite.storage.databases.main.content_reports import ContentReportsWorkerStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
@@ -56,6 +57,7 @@ class GenericWorkerStore(
     SearchWorkerStore,
     ThreepidBindingsWorkerStore,
     AdminWorkerStore,
+    AdminTasksWorkerStore,
 ):
     """The store of a worker process."""
 
