@@ -89,20 +89,22 @@ class AdminRoomDeletionTestCase(ThreeUsersTestCase):
 
     async def test_errors(self) -> None:
         room = q(self.room)
-        for method, path, content, code, errcode in [
+        refused: list[tuple[str, str, Any, int, str]] = [
             ("DELETE", f"/v2/rooms/{room}", {}, 403, "M_FORBIDDEN"),
             ("GET", f"/v2/rooms/{room}/delete_status", None, 403, "M_FORBIDDEN"),
-        ]:
+        ]
+        for method, path, content, code, errcode in refused:
             got, answer = await self.bob.request(method, ADMIN + path, content)
             self.assertEqual((got, answer["errcode"]), (code, errcode), path)
-        for method, path, content, code, errcode in [
+        refused = [
             ("DELETE", "/v2/rooms/!nope:test.local", {}, 404, "M_NOT_FOUND"),
             ("DELETE", "/v2/rooms/not-a-room", {}, 400, "M_INVALID_PARAM"),
             ("DELETE", f"/v2/rooms/{room}", {"block": "yes"}, 400, "M_BAD_JSON"),
             ("DELETE", f"/v2/rooms/{room}", {"new_room_user_id": "@a:x"}, 400, "M_INVALID_PARAM"),
             ("GET", f"/v2/rooms/{room}/delete_status", None, 404, "M_NOT_FOUND"),
             ("GET", "/v2/rooms/delete_status/nope", None, 404, "M_NOT_FOUND"),
-        ]:
+        ]
+        for method, path, content, code, errcode in refused:
             got, answer = await self.alice.request(method, ADMIN + path, content)
             self.assertEqual((got, answer["errcode"]), (code, errcode), (path, content))
 
