@@ -71,6 +71,7 @@ from synapse_lite.federation.server import register_federation_servlets
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
+from synapse_lite.handlers.admin_reports import AdminReportsHandler
 from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
 from synapse_lite.handlers.admin_users import AdminUsersHandler
 from synapse_lite.handlers.auth import AuthHandler
@@ -552,6 +553,7 @@ def _handlers(
     )
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
+    admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
     profiles = ProfileHandler(store, clock, server_name, events)
     client = ClientHandlers(
         clock=clock,
@@ -596,7 +598,8 @@ def _handlers(
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store, auth),
         admin_users=AdminUsersHandler(store, server_name, devices, account, profiles),
-        admin_rooms=AdminRoomsHandler(store, clock, server_name, formatter),
+        admin_rooms=admin_rooms,
+        admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),
         room_deletion=room_deletion,
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,

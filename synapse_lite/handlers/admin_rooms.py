@@ -75,7 +75,7 @@ class AdminRoomsHandler:
         self._server_name = server_name
         self._formatter = formatter
 
-    async def _summary(self, room_id: str) -> dict[str, Any] | None:
+    async def summary(self, room_id: str) -> dict[str, Any] | None:
         room = await self._store.get_room(room_id)
         if room is None:
             return None
@@ -109,7 +109,7 @@ class AdminRoomsHandler:
 
     async def _existing_summary(self, room_id: str) -> dict[str, Any]:
         check_room_id(room_id)
-        summary = await self._summary(room_id)
+        summary = await self.summary(room_id)
         if summary is None:
             raise NotFoundError("Room not found")
         return summary
@@ -126,7 +126,7 @@ class AdminRoomsHandler:
     ) -> dict[str, Any]:
         summaries = []
         for room_id in await self._store.get_all_room_ids():
-            summary = await self._summary(room_id)
+            summary = await self.summary(room_id)
             if summary is not None:
                 summaries.append(summary)
         if search_term:

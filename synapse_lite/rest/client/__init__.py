@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.admin import AdminHandler
+    from synapse_lite.handlers.admin_reports import AdminReportsHandler
     from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
     from synapse_lite.handlers.admin_users import AdminUsersHandler
     from synapse_lite.handlers.auth import AuthHandler
@@ -102,6 +103,7 @@ class ClientHandlers:
     admin_users: AdminUsersHandler
     admin_rooms: AdminRoomsHandler
     room_deletion: RoomDeletionHandler
+    admin_reports: AdminReportsHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler
     turn: TurnConfig
