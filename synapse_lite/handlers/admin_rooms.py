@@ -10,6 +10,7 @@ engines.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import NotFoundError
@@ -18,8 +19,11 @@ from synapse_lite.handlers.filtering import CLIENT_FORMAT
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.handlers.auth import Requester
     from synapse_lite.handlers.client_events import ClientEventFormatter
     from synapse_lite.storage.databases.main import GenericWorkerStore
+
+logger = logging.getLogger(__name__)
 
 #: The state a summary reads: ``(type, state_key)`` -> (summary field, content key).
 _SUMMARY_STATE = {
@@ -172,3 +176,21 @@ class AdminRoomsHandler:
         ordered = [events[i] for i in sorted(state_ids.values()) if i in events]
         now = self._clock.time_msec()
         return {"state": await self._formatter.render(ordered, now, CLIENT_FORMAT)}
+
+    async def get_block(self, room_id: str) -> dict[str, Any]:
+        """Whether the room is blocked, and by whom (any valid room id: a
+        room this server never saw may be blocked ahead)."""
+        check_room_id(room_id)
+        blocker = await self._store.get_room_blocker(room_id)
+        if blocker is None:
+            return {"block": False}
+        return {"block": True, "user_id": blocker}
+
+    async def set_block(self, admin: Requester, room_id: str, block: bool) -> dict[str, Any]:
+        check_room_id(room_id)
+        if block:
+            await self._store.block_room(room_id, admin.user_id)
+        else:
+            await self._store.unblock_room(room_id)
+        logger.info("admin %s set block=%s on %s", admin.user_id, block, room_id)
+        return {"block": block}

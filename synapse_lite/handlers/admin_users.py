@@ -215,3 +215,54 @@ class AdminUsersHandler:
         result = await self._account.deactivate_account(user_id, erase, None)
         logger.info("admin %s deactivated %s (erase=%s)", admin.user_id, user_id, erase)
         return result
+
+    # A user's rooms and devices
+
+    async def joined_rooms(self, user_id: str) -> dict[str, Any]:
+        await self._existing(user_id)
+        rooms = sorted(await self._store.get_rooms_for_user(user_id))
+        return {"joined_rooms": rooms, "total": len(rooms)}
+
+    async def memberships(self, user_id: str) -> dict[str, Any]:
+        """Every room the user has a membership in now, with it."""
+        await self._existing(user_id)
+        rows = await self._store.get_local_memberships_with_positions(user_id)
+        return {"memberships": {row[0]: row[1] for row in rows}}
+
+    async def _with_last_seen(self, user_id: str, devices: list[dict[str, Any]]) -> None:
+        seen: dict[str, tuple[str | None, str | None, int | None]] = {}
+        for row in await self._store.get_user_ips(user_id):
+            seen.setdefault(row[0], row[1:])  # most recent first
+        for device in devices:
+            found = seen.get(device["device_id"], (None, None, None))
+            device.update(
+                user_id=user_id,
+                last_seen_ip=found[0],
+                last_seen_user_agent=found[1],
+                last_seen_ts=found[2],
+            )
+
+    async def devices(self, user_id: str) -> dict[str, Any]:
+        await self._existing(user_id)
+        devices = await self._devices.get_devices(user_id)
+        await self._with_last_seen(user_id, devices)
+        return {"devices": devices, "total": len(devices)}
+
+    async def device(self, user_id: str, device_id: str) -> dict[str, Any]:
+        await self._existing(user_id)
+        device = await self._devices.get_device(user_id, device_id)
+        await self._with_last_seen(user_id, [device])
+        return device
+
+    async def rename_device(
+        self, admin: Requester, user_id: str, device_id: str, display_name: str | None
+    ) -> None:
+        await self._existing(user_id)
+        await self._devices.rename_device(user_id, device_id, display_name)
+        logger.info("admin %s renamed the device %s of %s", admin.user_id, device_id, user_id)
+
+    async def delete_devices(self, admin: Requester, user_id: str, device_ids: list[str]) -> None:
+        """Log the devices out (those the user does not have are ignored)."""
+        await self._existing(user_id)
+        await self._devices.delete_devices(user_id, device_ids)
+        logger.info("admin %s deleted the devices %s of %s", admin.user_id, device_ids, user_id)

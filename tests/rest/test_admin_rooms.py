@@ -87,6 +87,24 @@ class AdminRoomsTestCase(ThreeUsersTestCase):
             got, answer = await self.alice.request("GET", ADMIN + path)
             self.assertEqual((got, answer["errcode"]), (code, errcode), path)
 
+    async def test_block(self) -> None:
+        square = await self.eve.create_room(preset="public_chat")
+        path = ADMIN + f"/v1/rooms/{q(square)}/block"
+        self.assertEqual(await self.alice.ok("GET", path), {"block": False})
+        self.assertEqual(await self.alice.ok("PUT", path, {"block": True}), {"block": True})
+        self.assertEqual(
+            await self.alice.ok("GET", path), {"block": True, "user_id": self.alice.user_id}
+        )
+        code, answer = await self.bob.request("POST", f"/join/{square}", {})
+        self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"))
+        await self.alice.ok("PUT", path, {"block": False})
+        await self.bob.ok("POST", f"/join/{square}", {})
+        for content, code, errcode in [({}, 400, "M_BAD_JSON"), ({"block": 1}, 400, "M_BAD_JSON")]:
+            got, answer = await self.alice.request("PUT", path, content)
+            self.assertEqual((got, answer["errcode"]), (code, errcode), content)
+        got, answer = await self.bob.request("PUT", path, {"block": True})
+        self.assertEqual((got, answer["errcode"]), (403, "M_FORBIDDEN"))
+
 
 class AdminRoomsDefaultLayoutTestCase(AdminRoomsTestCase):
     workers = DEFAULT_LAYOUT_WORKERS

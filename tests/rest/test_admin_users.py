@@ -13,6 +13,7 @@ from tests.harness.client_api import (
     ThreeUsersTestCase,
     q,
 )
+from tests.harness.polling import eventually
 
 ADMIN = "/_synapse/admin"
 
@@ -200,6 +201,69 @@ class AdminUsersTestCase(ThreeUsersTestCase):
         body = await self.admin_ok("GET", f"/v1/whois/{q(self.bob.user_id)}")
         self.assertEqual(body["user_id"], self.bob.user_id)
         self.assertIn(self.bob.device_id, body["devices"])
+
+    async def test_rooms_and_memberships(self) -> None:
+        bob = q(self.bob.user_id)
+        joined = await self.bob.create_room()
+        invited = await self.eve.create_room()
+        await self.eve.ok("POST", f"/rooms/{invited}/invite", {"user_id": self.bob.user_id})
+        body = await self.admin_ok("GET", f"/v1/users/{bob}/joined_rooms")
+        self.assertEqual(body, {"joined_rooms": [joined], "total": 1})
+        body = await self.admin_ok("GET", f"/v1/users/{bob}/memberships")
+        self.assertEqual(body, {"memberships": {joined: "join", invited: "invite"}})
+        code, answer = await self.alice.request(
+            "GET", ADMIN + "/v1/users/@nobody:test.local/joined_rooms"
+        )
+        self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"))
+
+    async def test_devices(self) -> None:
+        bob = q(self.bob.user_id)
+        device = self.bob.device_id
+        await self.bob.ok("GET", "/account/whoami")  # seen from an address
+
+        async def seen() -> bool:
+            listed = await self.admin_ok("GET", f"/v2/users/{bob}/devices")
+            return bool(listed["devices"][0]["last_seen_ip"])
+
+        await eventually(seen, what="bob's device seen")
+        body = await self.admin_ok("GET", f"/v2/users/{bob}/devices")
+        self.assertEqual(body["total"], 1)
+        self.assertEqual(body["devices"][0]["device_id"], device)
+        self.assertEqual(body["devices"][0]["user_id"], self.bob.user_id)
+        await self.admin_ok("PUT", f"/v2/users/{bob}/devices/{device}", {"display_name": "old"})
+        one = await self.admin_ok("GET", f"/v2/users/{bob}/devices/{device}")
+        self.assertEqual(one["display_name"], "old")
+        await self.admin_ok("DELETE", f"/v2/users/{bob}/devices/{device}")
+        code, _ = await self.bob.request("GET", "/account/whoami")
+        self.assertEqual(code, 401)
+        self.assertEqual((await self.admin_ok("GET", f"/v2/users/{bob}/devices"))["total"], 0)
+        eve = q(self.eve.user_id)
+        await self.admin_ok(
+            "POST", f"/v2/users/{eve}/delete_devices", {"devices": ["X", self.eve.device_id]}
+        )
+        code, _ = await self.eve.request("GET", "/account/whoami")
+        self.assertEqual(code, 401)
+        for method, path, content, code, errcode in [
+            ("GET", f"/v2/users/{bob}/devices/NOPE", None, 404, "M_NOT_FOUND"),
+            ("PUT", f"/v2/users/{bob}/devices/NOPE", {}, 404, "M_NOT_FOUND"),
+            ("POST", f"/v2/users/{eve}/delete_devices", {"devices": "X"}, 400, "M_BAD_JSON"),
+            ("GET", "/v2/users/@nobody:test.local/devices", None, 404, "M_NOT_FOUND"),
+        ]:
+            got, answer = await self.alice.request(method, ADMIN + path, content)
+            self.assertEqual((got, answer["errcode"]), (code, errcode), path)
+
+    async def test_username_available(self) -> None:
+        body = await self.admin_ok("GET", "/v1/username_available?username=frank")
+        self.assertEqual(body, {"available": True})
+        for query, errcode in [
+            ("username=bob", "M_USER_IN_USE"),
+            ("username=b%20b", "M_INVALID_USERNAME"),
+            ("", "M_MISSING_PARAM"),
+        ]:
+            code, answer = await self.alice.request(
+                "GET", ADMIN + "/v1/username_available?" + query
+            )
+            self.assertEqual((code, answer["errcode"]), (400, errcode), query)
 
 
 class AdminUsersDefaultLayoutTestCase(AdminUsersTestCase):

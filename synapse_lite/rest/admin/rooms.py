@@ -11,6 +11,7 @@ from twisted.web.server import Request
 
 from synapse_lite.handlers.admin_rooms import ROOM_ORDERINGS
 from synapse_lite.handlers.room_deletion import shutdown_json
+from synapse_lite.http.fields import bool_value
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
@@ -94,6 +95,21 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     )
     resource.register_paths("DELETE", admin_path("v1", ROOM), delete_room_v1, "admin_room")
     resource.register_paths("DELETE", admin_path("v2", ROOM), delete_room_v2, "admin_room")
+
+    async def get_block(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await rooms.get_block(room_id)
+
+    async def put_block(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        return 200, await rooms.set_block(
+            requester, room_id, bool_value(body.get("block"), "block")
+        )
+
+    block = admin_path("v1", ROOM + "/block")
+    resource.register_paths("GET", block, get_block, "admin_room_block")
+    resource.register_paths("PUT", block, put_block, "admin_room_block")
     resource.register_paths("GET", admin_path("v1", "/rooms"), list_rooms, "admin_rooms")
     resource.register_paths("GET", admin_path("v1", ROOM), get_room, "admin_room")
     resource.register_paths(

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
-from synapse_lite.http.fields import bool_value, get_bool
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.api.identifiers import check_identifier_text
+from synapse_lite.http.fields import bool_value, get_bool, get_list, get_optional_str, str_value
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
@@ -109,3 +111,63 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "POST", admin_path("v1", "/reset_password" + USER), reset_password, "admin_reset_password"
     )
     resource.register_paths("GET", admin_path("v1", "/whois" + USER), whois, "admin_whois_v1")
+
+    async def joined_rooms(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.joined_rooms(user_id)
+
+    async def memberships(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.memberships(user_id)
+
+    async def list_devices(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.devices(user_id)
+
+    async def get_device(request: Request, user_id: str, device_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        check_identifier_text(device_id, "deviceId")
+        return 200, await users.device(user_id, device_id)
+
+    async def put_device(request: Request, user_id: str, device_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        check_identifier_text(device_id, "deviceId")
+        body = parse_json_object_from_request(request)
+        name = get_optional_str(body, "display_name", max_length=256)
+        await users.rename_device(requester, user_id, device_id, name)
+        return 200, {}
+
+    async def delete_device(request: Request, user_id: str, device_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        check_identifier_text(device_id, "deviceId")
+        await users.delete_devices(requester, user_id, [device_id])
+        return 200, {}
+
+    async def delete_devices(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        device_ids = [str_value(d, "devices") for d in get_list(body, "devices")]
+        await users.delete_devices(requester, user_id, device_ids)
+        return 200, {}
+
+    async def username_available(request: Request) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        username = query_string(request, "username")
+        if username is None:
+            raise SynapseError(400, "Missing 'username'", Codes.MISSING_PARAM)
+        await handlers.registration.check_username(username)
+        return 200, {"available": True}
+
+    def user_path(version: str, tail: str) -> str:
+        return admin_path(version, "/users" + USER + tail)
+
+    device = "/devices/(?P<device_id>[^/]+)"
+    register = resource.register_paths
+    register("GET", user_path("v1", "/joined_rooms"), joined_rooms, "admin_user_joined_rooms")
+    register("GET", user_path("v1", "/memberships"), memberships, "admin_user_memberships")
+    register("GET", user_path("v2", "/devices"), list_devices, "admin_user_devices")
+    register("GET", user_path("v2", device), get_device, "admin_user_device")
+    register("PUT", user_path("v2", device), put_device, "admin_user_device")
+    register("DELETE", user_path("v2", device), delete_device, "admin_user_device")
+    register("POST", user_path("v2", "/delete_devices"), delete_devices, "admin_delete_devices")
+    register("GET", admin_path("v1", "/username_available"), username_available, "admin_username")

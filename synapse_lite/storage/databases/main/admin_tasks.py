@@ -124,10 +124,19 @@ class AdminTasksWorkerStore(SQLBaseStore):
         )
 
     async def is_room_blocked(self, room_id: str) -> bool:
+        return await self.get_room_blocker(room_id) is not None
+
+    async def get_room_blocker(self, room_id: str) -> str | None:
+        """The admin who blocked the room; None if it is not blocked."""
         rows = await self.db_pool.select(
-            "is_room_blocked", "SELECT 1 FROM blocked_rooms WHERE room_id = ?", room_id
+            "get_room_blocker", "SELECT user_id FROM blocked_rooms WHERE room_id = ?", room_id
         )
-        return bool(rows)
+        return rows[0][0] if rows else None
+
+    async def unblock_room(self, room_id: str) -> None:
+        await self.db_pool.execute(
+            "unblock_room", "DELETE FROM blocked_rooms WHERE room_id = ?", room_id
+        )
 
     # Purging a room
 
