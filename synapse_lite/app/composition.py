@@ -597,7 +597,7 @@ def _handlers(
         account=account,
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store, auth),
-        admin_users=AdminUsersHandler(store, server_name, devices, account, profiles),
+        admin_users=AdminUsersHandler(store, server_name, devices, account, profiles, members),
         admin_rooms=admin_rooms,
         admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),
         room_deletion=room_deletion,

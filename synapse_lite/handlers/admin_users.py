@@ -12,7 +12,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
-from synapse_lite.api.identifiers import check_localpart, check_user_id, is_mine_id
+from synapse_lite.api.identifiers import (
+    check_localpart,
+    check_room_alias,
+    check_room_id,
+    check_user_id,
+    is_mine_id,
+)
 from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, Requester, hash_password
 from synapse_lite.http.fields import get_bool, get_list, get_optional_str, get_str
 from synapse_lite.storage.databases.main.admin import AdminUserRow, UserQuery
@@ -21,6 +27,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.device import DeviceHandler
     from synapse_lite.handlers.profile import ProfileHandler
+    from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
@@ -69,12 +76,14 @@ class AdminUsersHandler:
         devices: DeviceHandler,
         account: AccountHandler,
         profiles: ProfileHandler,
+        members: RoomMemberHandler,
     ) -> None:
         self._store = store
         self._server_name = server_name
         self._devices = devices
         self._account = account
         self._profiles = profiles
+        self._members = members
 
     def check_local(self, user_id: str) -> str:
         """A valid user id of this server, or a 400."""
@@ -266,3 +275,73 @@ class AdminUsersHandler:
         await self._existing(user_id)
         await self._devices.delete_devices(user_id, device_ids)
         logger.info("admin %s deleted the devices %s of %s", admin.user_id, device_ids, user_id)
+
+    async def pushers(self, user_id: str) -> dict[str, Any]:
+        await self._existing(user_id)
+        pushers = await self._store.get_pushers_for_user(user_id)
+        for pusher in pushers:
+            pusher["user_name"] = user_id
+        return {"pushers": pushers, "total": len(pushers)}
+
+    async def media(
+        self, user_id: str, offset: int, limit: int, order_by: str, descending: bool
+    ) -> dict[str, Any]:
+        """The media the user uploaded. This server keeps no access times
+        and no quarantine: ``last_access_ts`` and ``quarantined_by`` are null."""
+        await self._existing(user_id)
+        rows, total = await self._store.list_user_media(
+            user_id, offset, limit, order_by, descending
+        )
+        media = [
+            {
+                "media_id": media_id,
+                "media_type": media_type,
+                "media_length": media_length,
+                "upload_name": upload_name,
+                "created_ts": int(created_ts),
+                "last_access_ts": None,
+                "quarantined_by": None,
+                "safe_from_quarantine": False,
+            }
+            for media_id, media_type, media_length, upload_name, created_ts in rows
+        ]
+        result: dict[str, Any] = {"media": media, "total": total}
+        if offset + len(rows) < total:
+            result["next_token"] = offset + len(rows)
+        return result
+
+    async def media_statistics(
+        self, offset: int, limit: int, order_by: str, descending: bool, search_term: str | None
+    ) -> dict[str, Any]:
+        rows, total = await self._store.media_statistics(
+            offset, limit, order_by, descending, search_term
+        )
+        users = [
+            {
+                "user_id": user_id,
+                "displayname": displayname,
+                "media_count": int(count),
+                "media_length": int(length),
+            }
+            for user_id, displayname, count, length in rows
+        ]
+        result: dict[str, Any] = {"users": users, "total": total}
+        if offset + len(rows) < total:
+            result["next_token"] = offset + len(rows)
+        return result
+
+    async def join(self, admin: Requester, room: str, body: dict[str, Any]) -> str:
+        """``POST /v1/join/{roomIdOrAlias}``: the local ``user_id`` joins the
+        room (as they could themself: a room they may not join is a 403)."""
+        user_id = get_str(body, "user_id")
+        await self._existing(user_id)
+        if room.startswith("#"):
+            found = await self._store.get_alias(check_room_alias(room))
+            if found is None:
+                raise NotFoundError("Room alias not found")
+            room_id = found[0]
+        else:
+            room_id = check_room_id(room)
+        await self._members.update_membership(Requester(user_id, "", ""), room_id, "join")
+        logger.info("admin %s joined %s to %s", admin.user_id, user_id, room_id)
+        return room_id

@@ -28,6 +28,10 @@ class AdminUsersTestCase(ThreeUsersTestCase):
     async def admin_ok(self, method: str, path: str, body: Any = None) -> Any:
         return await self.alice.ok(method, ADMIN + path, body)
 
+    async def logged_out(self, client: ClientApi) -> bool:
+        code, _ = await client.request("GET", "/account/whoami")
+        return code == 401
+
     async def test_server_version_needs_no_token(self) -> None:
         code, body = await self.bob.request("GET", ADMIN + "/v1/server_version", token=None)
         self.assertEqual(code, 200)
@@ -133,8 +137,7 @@ class AdminUsersTestCase(ThreeUsersTestCase):
         )
         self.assertEqual(code, 200, body)
         self.assertEqual((body["displayname"], body["admin"]), ("Caroline", True))
-        code, _ = await carol.request("GET", "/account/whoami")
-        self.assertEqual(code, 401)
+        await eventually(lambda: self.logged_out(carol), what="logged out")
         # Deactivated, then back with a new password.
         body = await self.admin_ok("PUT", path[len(ADMIN) :], {"deactivated": True})
         self.assertIs(body["deactivated"], True)
@@ -162,8 +165,7 @@ class AdminUsersTestCase(ThreeUsersTestCase):
         body = await self.admin_ok("POST", f"/v1/deactivate/{q(self.bob.user_id)}", {"erase": True})
         # Nothing was bound: no identity server was asked.
         self.assertEqual(body, {"id_server_unbind_result": "no-support"})
-        code, _ = await self.bob.request("GET", "/account/whoami")
-        self.assertEqual(code, 401)
+        await eventually(lambda: self.logged_out(self.bob), what="logged out")
         user = await self.admin_ok("GET", f"/v2/users/{q(self.bob.user_id)}")
         self.assertEqual((user["deactivated"], user["erased"]), (True, True))
         members = await self.eve.ok("GET", f"/rooms/{room}/joined_members")
@@ -176,8 +178,7 @@ class AdminUsersTestCase(ThreeUsersTestCase):
     async def test_reset_password(self) -> None:
         bob = q(self.bob.user_id)
         await self.admin_ok("POST", f"/v1/reset_password/{bob}", {"new_password": "pw2"})
-        code, _ = await self.bob.request("GET", "/account/whoami")
-        self.assertEqual(code, 401)
+        await eventually(lambda: self.logged_out(self.bob), what="logged out")
         login = await self.bob.request(
             "POST",
             "/login",
@@ -234,15 +235,14 @@ class AdminUsersTestCase(ThreeUsersTestCase):
         one = await self.admin_ok("GET", f"/v2/users/{bob}/devices/{device}")
         self.assertEqual(one["display_name"], "old")
         await self.admin_ok("DELETE", f"/v2/users/{bob}/devices/{device}")
-        code, _ = await self.bob.request("GET", "/account/whoami")
-        self.assertEqual(code, 401)
+        # Another process forgets the token when the caches stream tells it.
+        await eventually(lambda: self.logged_out(self.bob), what="bob logged out")
         self.assertEqual((await self.admin_ok("GET", f"/v2/users/{bob}/devices"))["total"], 0)
         eve = q(self.eve.user_id)
         await self.admin_ok(
             "POST", f"/v2/users/{eve}/delete_devices", {"devices": ["X", self.eve.device_id]}
         )
-        code, _ = await self.eve.request("GET", "/account/whoami")
-        self.assertEqual(code, 401)
+        await eventually(lambda: self.logged_out(self.eve), what="eve logged out")
         for method, path, content, code, errcode in [
             ("GET", f"/v2/users/{bob}/devices/NOPE", None, 404, "M_NOT_FOUND"),
             ("PUT", f"/v2/users/{bob}/devices/NOPE", {}, 404, "M_NOT_FOUND"),
@@ -264,6 +264,85 @@ class AdminUsersTestCase(ThreeUsersTestCase):
                 "GET", ADMIN + "/v1/username_available?" + query
             )
             self.assertEqual((code, answer["errcode"]), (400, errcode), query)
+
+    async def test_pushers(self) -> None:
+        pusher = {
+            "app_id": "org.example.app",
+            "pushkey": "key1",
+            "kind": "http",
+            "app_display_name": "App",
+            "device_display_name": "Phone",
+            "lang": "en",
+            "data": {"url": "https://push.example.org/_matrix/push/v1/notify"},
+        }
+        await self.bob.ok("POST", "/pushers/set", pusher)
+        bob = q(self.bob.user_id)
+
+        async def listed() -> bool:
+            body = await self.admin_ok("GET", f"/v1/users/{bob}/pushers")
+            return body["total"] == 1
+
+        await eventually(listed, what="bob's pusher listed")
+        body = await self.admin_ok("GET", f"/v1/users/{bob}/pushers")
+        self.assertEqual(
+            (body["pushers"][0]["pushkey"], body["pushers"][0]["user_name"]),
+            ("key1", self.bob.user_id),
+        )
+
+    async def test_media_and_statistics(self) -> None:
+        store = self.servers["main"].store
+        for media_id, user, length, created in [
+            ("m1", self.bob.user_id, 10, 3),
+            ("m2", self.bob.user_id, 30, 1),
+            ("m3", self.eve.user_id, 5, 2),
+        ]:
+            await store.db_pool.execute(
+                "t",
+                "INSERT INTO local_media (media_id, user_id, created_ts, media_type,"
+                " media_length, upload_name, uploaded_ts) VALUES (?, ?, ?, 'text/plain', ?, ?, ?)",
+                media_id,
+                user,
+                created,
+                length,
+                media_id + ".txt",
+                created,
+            )
+        bob = q(self.bob.user_id)
+        body = await self.admin_ok("GET", f"/v1/users/{bob}/media")
+        self.assertEqual(([m["media_id"] for m in body["media"]], body["total"]), (["m2", "m1"], 2))
+        body = await self.admin_ok(
+            "GET", f"/v1/users/{bob}/media?order_by=media_length&dir=b&limit=1"
+        )
+        self.assertEqual(([m["media_id"] for m in body["media"]], body["next_token"]), (["m2"], 1))
+        stats = await self.admin_ok("GET", "/v1/statistics/users/media?order_by=media_length&dir=b")
+        self.assertEqual(
+            [(u["user_id"], u["media_count"], u["media_length"]) for u in stats["users"]],
+            [(self.bob.user_id, 2, 40), (self.eve.user_id, 1, 5)],
+        )
+        found = await self.admin_ok("GET", "/v1/statistics/users/media?search_term=EVE")
+        self.assertEqual([u["user_id"] for u in found["users"]], [self.eve.user_id])
+        for path in [f"/v1/users/{bob}/media?order_by=size", "/v1/statistics/users/media?dir=x"]:
+            code, answer = await self.alice.request("GET", ADMIN + path)
+            self.assertEqual((code, answer["errcode"]), (400, "M_INVALID_PARAM"), path)
+
+    async def test_join(self) -> None:
+        room = await self.alice.create_room(preset="public_chat", room_alias_name="hall")
+        body = await self.admin_ok(
+            "POST", "/v1/join/" + q("#hall:test.local"), {"user_id": self.bob.user_id}
+        )
+        self.assertEqual(body, {"room_id": room})
+        rooms = await self.admin_ok("GET", f"/v1/users/{q(self.bob.user_id)}/joined_rooms")
+        self.assertEqual(rooms["joined_rooms"], [room])
+        private = await self.alice.create_room()
+        for target, content, code, errcode in [
+            (private, {"user_id": self.bob.user_id}, 403, "M_FORBIDDEN"),
+            ("#nope:test.local", {"user_id": self.bob.user_id}, 404, "M_NOT_FOUND"),
+            (room, {"user_id": "@nobody:test.local"}, 404, "M_NOT_FOUND"),
+            (room, {}, 400, "M_MISSING_PARAM"),
+            ("nonsense", {"user_id": self.bob.user_id}, 400, "M_INVALID_PARAM"),
+        ]:
+            got, answer = await self.alice.request("POST", ADMIN + "/v1/join/" + q(target), content)
+            self.assertEqual((got, answer.get("errcode")), (code, errcode), (target, content))
 
 
 class AdminUsersDefaultLayoutTestCase(AdminUsersTestCase):

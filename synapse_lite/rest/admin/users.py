@@ -25,7 +25,12 @@ from synapse_lite.rest.admin._base import (
     query_choice,
     query_descending,
 )
-from synapse_lite.storage.databases.main.admin import USER_ORDERINGS, UserQuery
+from synapse_lite.storage.databases.main.admin import (
+    MEDIA_ORDERINGS,
+    STATISTICS_ORDERINGS,
+    USER_ORDERINGS,
+    UserQuery,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
@@ -158,6 +163,35 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await handlers.registration.check_username(username)
         return 200, {"available": True}
 
+    async def pushers(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.pushers(user_id)
+
+    def page(request: Request) -> tuple[int, int]:
+        offset = query_int(request, "from", 0)
+        limit = query_int(request, "limit", 100, minimum=1, maximum=MAX_PAGE)
+        assert offset is not None and limit is not None
+        return offset, limit
+
+    async def user_media(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        offset, limit = page(request)
+        order_by = query_choice(request, "order_by", list(MEDIA_ORDERINGS), "created_ts")
+        return 200, await users.media(user_id, offset, limit, order_by, query_descending(request))
+
+    async def media_statistics(request: Request) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        offset, limit = page(request)
+        order_by = query_choice(request, "order_by", list(STATISTICS_ORDERINGS), "user_id")
+        return 200, await users.media_statistics(
+            offset, limit, order_by, query_descending(request), query_string(request, "search_term")
+        )
+
+    async def join(request: Request, room: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        return 200, {"room_id": await users.join(requester, room, body)}
+
     def user_path(version: str, tail: str) -> str:
         return admin_path(version, "/users" + USER + tail)
 
@@ -171,3 +205,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("DELETE", user_path("v2", device), delete_device, "admin_user_device")
     register("POST", user_path("v2", "/delete_devices"), delete_devices, "admin_delete_devices")
     register("GET", admin_path("v1", "/username_available"), username_available, "admin_username")
+    register("GET", user_path("v1", "/pushers"), pushers, "admin_user_pushers")
+    register("GET", user_path("v1", "/media"), user_media, "admin_user_media")
+    register(
+        "GET", admin_path("v1", "/statistics/users/media"), media_statistics, "admin_media_stats"
+    )
+    register("POST", admin_path("v1", "/join/(?P<room>[^/]+)"), join, "admin_join")

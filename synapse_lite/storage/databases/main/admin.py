@@ -1,6 +1,6 @@
 """What the admin API reads and changes that no other store offers: users
 listed with filters and paging, a user's admin flag, reactivation, every
-room's id.
+room's id, a user's uploads and who uploaded how much.
 
 ``users`` is no stream's table: any process may write these rows.
 """
@@ -31,6 +31,27 @@ USER_ORDERINGS = {
     "user_type": "u.name",
     "shadow_banned": "u.name",
     "locked": "u.name",
+}
+
+#: ``order_by`` of ``GET /v1/users/{userId}/media``. This server keeps no
+#: access times nor quarantine: those orders sort by creation.
+MEDIA_ORDERINGS = {
+    "media_id": "media_id",
+    "upload_name": "COALESCE(upload_name, '')",
+    "created_ts": "created_ts",
+    "last_access_ts": "created_ts",
+    "media_length": "COALESCE(media_length, 0)",
+    "media_type": "COALESCE(media_type, '')",
+    "quarantined_by": "created_ts",
+    "safe_from_quarantine": "created_ts",
+}
+
+#: ``order_by`` of ``GET /v1/statistics/users/media``.
+STATISTICS_ORDERINGS = {
+    "user_id": "user_id",
+    "displayname": "COALESCE(displayname, '')",
+    "media_length": "media_length",
+    "media_count": "media_count",
 }
 
 _USER_COLUMNS = (
@@ -151,3 +172,60 @@ class AdminWorkerStore(SQLBaseStore):
     async def get_all_room_ids(self) -> list[str]:
         rows = await self.db_pool.select("get_all_room_ids", "SELECT room_id FROM rooms")
         return [r[0] for r in rows]
+
+    async def list_user_media(
+        self, user_id: str, offset: int, limit: int, order_by: str, descending: bool
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """One page of the media ``user_id`` uploaded: ``(media_id,
+        media_type, media_length, upload_name, created_ts)`` rows, and how many."""
+        direction = "DESC" if descending else "ASC"
+        order = f"{MEDIA_ORDERINGS[order_by]} {direction}, media_id {direction}"
+        rows = await self.db_pool.select(
+            "list_user_media",
+            "SELECT media_id, media_type, media_length, upload_name, created_ts"
+            " FROM local_media WHERE user_id = ? AND uploaded_ts IS NOT NULL"
+            f" ORDER BY {order} LIMIT ? OFFSET ?",
+            user_id,
+            limit,
+            offset,
+        )
+        count = await self.db_pool.select(
+            "count_user_media",
+            "SELECT COUNT(*) FROM local_media WHERE user_id = ? AND uploaded_ts IS NOT NULL",
+            user_id,
+        )
+        return [tuple(r) for r in rows], int(count[0][0])
+
+    async def media_statistics(
+        self, offset: int, limit: int, order_by: str, descending: bool, search_term: str | None
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """One page of ``(user_id, displayname, media_count, media_length)``
+        of the users who uploaded media, and how many such users there are."""
+        where = "m.uploaded_ts IS NOT NULL"
+        args: list[Any] = []
+        if search_term is not None:
+            where += (
+                " AND (LOWER(m.user_id) LIKE ? ESCAPE '\\'"
+                " OR LOWER(p.displayname) LIKE ? ESCAPE '\\')"
+            )
+            args += [like_pattern(search_term)] * 2
+        direction = "DESC" if descending else "ASC"
+        grouped = (
+            "SELECT m.user_id AS user_id, MAX(p.displayname) AS displayname,"
+            " COUNT(*) AS media_count, SUM(COALESCE(m.media_length, 0)) AS media_length"
+            " FROM local_media AS m LEFT JOIN profiles AS p ON p.user_id = m.user_id"
+            f" WHERE {where} GROUP BY m.user_id"
+        )
+        rows = await self.db_pool.select(
+            "media_statistics",
+            f"SELECT user_id, displayname, media_count, media_length FROM ({grouped}) AS g"
+            f" ORDER BY {STATISTICS_ORDERINGS[order_by]} {direction}, user_id {direction}"
+            " LIMIT ? OFFSET ?",
+            *args,
+            limit,
+            offset,
+        )
+        count = await self.db_pool.select(
+            "count_media_statistics", f"SELECT COUNT(*) FROM ({grouped}) AS g", *args
+        )
+        return [tuple(r) for r in rows], int(count[0][0])
