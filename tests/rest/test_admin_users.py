@@ -4,7 +4,11 @@ default layout (each request to another process)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+
+import treq
+from twisted.internet import reactor
+from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.client_api import (
     DEFAULT_LAYOUT_STREAM_WRITERS,
@@ -36,6 +40,22 @@ class AdminUsersTestCase(ThreeUsersTestCase):
         code, body = await self.bob.request("GET", ADMIN + "/v1/server_version", token=None)
         self.assertEqual(code, 200)
         self.assertTrue(body["server_version"].startswith("synapse_lite "))
+
+    async def test_cors_preflight(self) -> None:
+        # A browser UI on another origin asks first, without a token.
+        origin: dict[bytes | str, list[bytes | str]] = {"Origin": ["https://admin.example.org"]}
+        response = await treq.request(
+            "OPTIONS",
+            self.alice.base_url + ADMIN + "/v2/users",
+            headers=origin,
+            pool=HTTPConnectionPool(reactor, persistent=False),
+            reactor=cast(Any, reactor),
+        )
+        await treq.content(response)
+        self.assertEqual(response.code, 200)
+        headers = response.headers
+        self.assertEqual(headers.getRawHeaders("Access-Control-Allow-Origin"), ["*"])
+        self.assertIn("Authorization", headers.getRawHeaders("Access-Control-Allow-Headers")[0])
 
     async def test_only_admins(self) -> None:
         bob = q(self.bob.user_id)
