@@ -74,6 +74,9 @@ from synapse_lite.federation.server import register_federation_servlets
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
+from synapse_lite.handlers.admin_reports import AdminReportsHandler
+from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
+from synapse_lite.handlers.admin_users import AdminUsersHandler
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.client_events import ClientEventFormatter, PduSigner
 from synapse_lite.handlers.device import DeviceHandler
@@ -98,6 +101,7 @@ from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.relations import RelationsHandler
 from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.room import RoomCreationHandler
+from synapse_lite.handlers.room_deletion import RoomDeletionHandler
 from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomUserState
@@ -574,6 +578,10 @@ def _handlers(
         formatter=formatter,
         relations=relations,
     )
+    account = AccountHandler(store, ui_auth, devices, members, identity)
+    room_deletion = RoomDeletionHandler(store, members, server_name)
+    admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
+    profiles = ProfileHandler(store, clock, server_name, events, app_service_queries)
     client = ClientHandlers(
         clock=clock,
         store=store,
@@ -613,13 +621,17 @@ def _handlers(
         ui_auth=ui_auth,
         typing=typing,
         presence=presence,
-        account=AccountHandler(store, ui_auth, devices, members, identity),
+        account=account,
         reports=ReportsHandler(store, server_name),
-        admin=AdminHandler(store),
+        admin=AdminHandler(store, auth),
+        admin_users=AdminUsersHandler(store, server_name, devices, account, profiles, members),
+        admin_rooms=admin_rooms,
+        admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),
+        room_deletion=room_deletion,
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
-        profiles=ProfileHandler(store, clock, server_name, events, app_service_queries),
+        profiles=profiles,
         directory=DirectoryHandler(store, server_name, clock, events, app_service_queries),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
@@ -647,6 +659,8 @@ def _handlers(
         )
         + app_service_hooks
         + Hooks(loops=(stalls,))
+        # The main process resumes the room deletions a restart interrupted.
+        + (Hooks(loops=(room_deletion,)) if role.is_main else Hooks())
     )
     inbound = None
     if federation.keyring is not None:

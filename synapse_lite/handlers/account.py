@@ -74,17 +74,23 @@ class AccountHandler:
         erase = get_bool(body, "erase", False)
         user_id = requester.user_id
         await self._ui_auth.check_password(user_id, body, "deactivate account")
+        unbound = await self.deactivate_account(user_id, erase, id_server)
+        logger.info("%s deactivated their account", user_id)
+        return {"id_server_unbind_result": unbound}
+
+    async def deactivate_account(self, user_id: str, erase: bool, id_server: str | None) -> str:
+        """Deactivate ``user_id`` (see :meth:`deactivate`; the admin API's
+        deactivation too); returns the identity servers' unbind result."""
+        as_user = Requester(user_id, "", "")
         for row in await self._store.get_local_memberships_with_positions(user_id):
             room_id, membership = row[0], row[1]
             if membership in _MEMBERSHIPS_LEFT:
-                await self._members.update_membership(requester, room_id, "leave")
+                await self._members.update_membership(as_user, room_id, "leave")
         # Erased as of now: whoever could see the user's events by now still
         # does; who joins later is served them redacted (client_events.py).
         erased_at = self._store.get_room_max_stream_ordering() if erase else None
         await self._store.deactivate_user(user_id, erased_at)
         await self._devices.delete_devices(user_id, None)
-        logger.info("%s deactivated their account", user_id)
         # After the account is gone: an identity server that cannot be
         # reached makes the result "no-support", never a failure.
-        unbound = await self._identity.unbind_all(user_id, id_server)
-        return {"id_server_unbind_result": unbound}
+        return await self._identity.unbind_all(user_id, id_server)

@@ -1,31 +1,51 @@
-"""The client API's admin corner: ``GET /admin/whois/{userId}``."""
+"""Who is a server admin, and the client API's admin corner: ``GET
+/admin/whois/{userId}`` (also the admin API's ``/_synapse/admin/v1/whois``).
+
+A server admin is a user whose ``users.admin`` is set: by shared-secret
+registration with ``admin: true``, or by another admin through the admin API
+(``PUT /_synapse/admin/v1/users/{userId}/admin``, ``PUT /v2/users/{userId}``).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from twisted.web.server import Request
+
 from synapse_lite.api.errors import AuthError, NotFoundError
 from synapse_lite.handlers.auth import Requester
 
 if TYPE_CHECKING:
+    from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
 class AdminHandler:
     """Who is connected from where, for admins and for the users themselves."""
 
-    def __init__(self, store: GenericWorkerStore) -> None:
+    def __init__(self, store: GenericWorkerStore, auth: AuthHandler) -> None:
         self._store = store
+        self._auth = auth
+
+    async def is_server_admin(self, user_id: str) -> bool:
+        user = await self._store.get_user(user_id)
+        return user is not None and bool(user["admin"])
+
+    async def get_admin_by_req(self, request: Request) -> Requester:
+        """The requester of an admin API call: 401 without a valid token, 403
+        ``M_FORBIDDEN`` unless a server admin."""
+        requester = await self._auth.get_user_by_req(request)
+        if not await self.is_server_admin(requester.user_id):
+            raise AuthError(403, "You are not a server admin")
+        return requester
 
     async def whois(self, requester: Requester, user_id: str) -> dict[str, Any]:
         """Each device of ``user_id`` with the addresses and user agents it
         was seen with (``user_ips``, recorded by the main process from every
         process's requests; most recent first). One session per device: we
         do not tell a device's successive logins apart."""
-        if requester.user_id != user_id:
-            me = await self._store.get_user(requester.user_id)
-            if me is None or not me["admin"]:
-                raise AuthError(403, "You are not a server admin")
+        if requester.user_id != user_id and not await self.is_server_admin(requester.user_id):
+            raise AuthError(403, "You are not a server admin")
         if await self._store.get_user(user_id) is None:
             raise NotFoundError("Unknown user")
         connections: dict[str, list[dict[str, Any]]] = {

@@ -93,6 +93,9 @@ class RoomMemberHandler:
                 raise NotFoundError(f"Unknown user {target}")
         if not await self._store.room_exists(room_id):
             raise NotFoundError("Unknown room")
+        if action in ("join", "knock", "invite") and await self._store.is_room_blocked(room_id):
+            # An admin blocked it (the admin API's room deletion).
+            raise AuthError(403, "This room has been blocked on this server")
         current = await self._store.get_membership_in_room(target, room_id)
         current_membership = current[0] if current is not None else None
         if action == "join" and current is not None and current[0] == "join":

@@ -54,6 +54,7 @@ UNAUTHENTICATED = {
     "register_available",
     "login",
     "admin_register",
+    "admin_server_version",
     "profile",
     "public_rooms",
 }

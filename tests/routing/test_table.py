@@ -100,6 +100,25 @@ class TableTestCase(unittest.TestCase):
         self.assertEqual(route("GET", "/_matrix/media/v3/download/hs/abc")[0], "media")
         self.assertEqual(route("GET", "/anything/else")[0], "main")
 
+    def test_admin_api_goes_to_main(self) -> None:
+        # docs/admin-api.md: every admin call is the main process's, reads too.
+        admin = {
+            servlet for _, pattern, servlet in client_servlets() if "_synapse/admin" in pattern
+        }
+        self.assertIn("admin_users", admin)
+        self.assertFalse(admin & set(served_by.SERVED_BY), "admin servlets are main's")
+        for layout in ("default", "sharded"):
+            table = RoutingTable.build(layout_config(layout))
+            for method, path in [
+                ("GET", "/_synapse/admin/v2/users"),
+                ("PUT", "/_synapse/admin/v2/users/@a:hs"),
+                ("GET", "/_synapse/admin/v1/server_version"),
+                ("DELETE", "/_synapse/admin/v2/rooms/!r:hs"),
+                ("GET", "/_synapse/admin/v2/rooms/delete_status/abc"),
+            ]:
+                found, _ = table.match(method, path)
+                self.assertEqual(found.instances, ("main",), (layout, path))
+
     def test_sharded_layout_sends_streams_to_their_writer(self) -> None:
         table = RoutingTable.build(layout_config("sharded"))
         found, _ = table.match("PUT", "/_matrix/client/v3/sendToDevice/m.x/1")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attr
 
 from synapse_lite.http.server import JsonResource
+from synapse_lite.rest import admin as admin_api
 from synapse_lite.rest.client import (
     account,
     account_management,
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.admin import AdminHandler
+    from synapse_lite.handlers.admin_reports import AdminReportsHandler
+    from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
+    from synapse_lite.handlers.admin_users import AdminUsersHandler
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.handlers.device import DeviceHandler
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.reports import ReportsHandler
     from synapse_lite.handlers.room import RoomCreationHandler
+    from synapse_lite.handlers.room_deletion import RoomDeletionHandler
     from synapse_lite.handlers.room_keys import RoomKeysHandler
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler
@@ -97,6 +102,10 @@ class ClientHandlers:
     account: AccountHandler
     reports: ReportsHandler
     admin: AdminHandler
+    admin_users: AdminUsersHandler
+    admin_rooms: AdminRoomsHandler
+    room_deletion: RoomDeletionHandler
+    admin_reports: AdminReportsHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler
     turn: TurnConfig
@@ -110,7 +119,7 @@ class ClientHandlers:
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
-    """Serve every client endpoint on ``resource``."""
+    """Serve every client endpoint, and the admin API, on ``resource``."""
     modules: list[Any] = [
         versions,
         account,
@@ -131,3 +140,4 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     ]
     for module in modules:
         module.register_servlets(handlers, resource)
+    admin_api.register_servlets(handlers, resource)

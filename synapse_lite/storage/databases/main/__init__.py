@@ -10,6 +10,8 @@ writers; ``ClientIpStore`` only by the main process.
 from __future__ import annotations
 
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
+from synapse_lite.storage.databases.main.admin import AdminWorkerStore
+from synapse_lite.storage.databases.main.admin_tasks import AdminTasksWorkerStore
 from synapse_lite.storage.databases.main.appservice import ApplicationServiceWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
 from synapse_lite.storage.databases.main.content_reports import ContentReportsWorkerStore
@@ -56,6 +58,8 @@ class GenericWorkerStore(
     SearchWorkerStore,
     ThreepidBindingsWorkerStore,
     ApplicationServiceWorkerStore,
+    AdminWorkerStore,
+    AdminTasksWorkerStore,
 ):
     """The store of a worker process."""
 

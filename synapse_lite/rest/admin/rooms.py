@@ -1,0 +1,118 @@
+"""The admin API's rooms: ``GET /v1/rooms``, ``/v1/rooms/{roomId}``,
+``/members`` and ``/state``; deleting a room (``DELETE /v1/rooms/{roomId}``,
+which waits for the job, and ``DELETE /v2/rooms/{roomId}``, which answers
+its id) and the deletions' status."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.server import Request
+
+from synapse_lite.handlers.admin_rooms import ROOM_ORDERINGS
+from synapse_lite.handlers.room_deletion import shutdown_json
+from synapse_lite.http.fields import bool_value
+from synapse_lite.http.server import (
+    JsonResource,
+    parse_json_object_from_request,
+    query_int,
+    query_string,
+)
+from synapse_lite.rest.admin._base import (
+    MAX_PAGE,
+    admin_path,
+    query_bool,
+    query_choice,
+    query_descending,
+)
+
+if TYPE_CHECKING:
+    from synapse_lite.rest.client import ClientHandlers
+
+ROOM = "/rooms/(?P<room_id>[^/]+)"
+
+
+def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
+    admin = handlers.admin
+    rooms = handlers.admin_rooms
+
+    async def list_rooms(request: Request) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        offset = query_int(request, "from", 0)
+        limit = query_int(request, "limit", 100, minimum=1, maximum=MAX_PAGE)
+        assert offset is not None and limit is not None
+        return 200, await rooms.list_rooms(
+            offset,
+            limit,
+            order_by=query_choice(request, "order_by", ROOM_ORDERINGS, "name"),
+            descending=query_descending(request),
+            search_term=query_string(request, "search_term"),
+            public_rooms=query_bool(request, "public_rooms", None),
+            empty_rooms=query_bool(request, "empty_rooms", None),
+        )
+
+    async def get_room(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await rooms.get_room(room_id)
+
+    async def get_members(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await rooms.get_members(room_id)
+
+    async def get_state(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await rooms.get_state(room_id)
+
+    deletion = handlers.room_deletion
+
+    async def delete_room_v1(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        task = await deletion.wait(await deletion.schedule(requester, room_id, body))
+        return 200, shutdown_json(task)
+
+    async def delete_room_v2(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        return 200, {"delete_id": await deletion.schedule(requester, room_id, body)}
+
+    async def room_delete_status(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await deletion.status_of_room(room_id)
+
+    async def delete_status(request: Request, delete_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await deletion.status_by_id(delete_id)
+
+    resource.register_paths(
+        "GET",
+        admin_path("v2", "/rooms/delete_status/(?P<delete_id>[^/]+)"),
+        delete_status,
+        "admin_delete_status",
+    )
+    resource.register_paths(
+        "GET", admin_path("v2", ROOM + "/delete_status"), room_delete_status, "admin_delete_status"
+    )
+    resource.register_paths("DELETE", admin_path("v1", ROOM), delete_room_v1, "admin_room")
+    resource.register_paths("DELETE", admin_path("v2", ROOM), delete_room_v2, "admin_room")
+
+    async def get_block(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await rooms.get_block(room_id)
+
+    async def put_block(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        return 200, await rooms.set_block(
+            requester, room_id, bool_value(body.get("block"), "block")
+        )
+
+    block = admin_path("v1", ROOM + "/block")
+    resource.register_paths("GET", block, get_block, "admin_room_block")
+    resource.register_paths("PUT", block, put_block, "admin_room_block")
+    resource.register_paths("GET", admin_path("v1", "/rooms"), list_rooms, "admin_rooms")
+    resource.register_paths("GET", admin_path("v1", ROOM), get_room, "admin_room")
+    resource.register_paths(
+        "GET", admin_path("v1", ROOM + "/members"), get_members, "admin_room_members"
+    )
+    resource.register_paths("GET", admin_path("v1", ROOM + "/state"), get_state, "admin_room_state")

@@ -1,0 +1,182 @@
+"""The admin API's long jobs (``admin_tasks``), blocked rooms
+(``blocked_rooms``) and what a room purge removes. Plain tables no stream
+owns: any process reads them; the process running a job writes its row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attr
+
+from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
+
+#: A job not begun yet / under way / done / given up.
+SCHEDULED = "scheduled"
+ACTIVE = "active"
+COMPLETE = "complete"
+FAILED = "failed"
+UNFINISHED = (SCHEDULED, ACTIVE)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class AdminTask:
+    """A row of ``admin_tasks``."""
+
+    task_id: str
+    action: str
+    resource_id: str
+    params: dict[str, Any]
+    status: str
+    result: dict[str, Any]
+    error: str | None
+    created_ts: int
+
+
+_TASK_COLUMNS = "task_id, action, resource_id, params, status, result, error, created_ts"
+
+
+def _task(r: tuple[Any, ...]) -> AdminTask:
+    return AdminTask(
+        task_id=r[0],
+        action=r[1],
+        resource_id=r[2],
+        params=db_to_json(r[3]),
+        status=r[4],
+        result=db_to_json(r[5]),
+        error=r[6],
+        created_ts=int(r[7]),
+    )
+
+
+class AdminTasksWorkerStore(SQLBaseStore):
+    """Recording and reading the admin API's jobs; blocking rooms."""
+
+    async def insert_admin_task(
+        self, task_id: str, action: str, resource_id: str, params: dict[str, Any]
+    ) -> None:
+        now = self.clock.time_msec()
+        await self.db_pool.execute(
+            "insert_admin_task",
+            f"INSERT INTO admin_tasks ({_TASK_COLUMNS}, updated_ts)"
+            " VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+            task_id,
+            action,
+            resource_id,
+            json_encoder(params),
+            SCHEDULED,
+            json_encoder({}),
+            now,
+            now,
+        )
+
+    async def update_admin_task(
+        self, task_id: str, status: str, result: dict[str, Any], error: str | None = None
+    ) -> None:
+        await self.db_pool.execute(
+            "update_admin_task",
+            "UPDATE admin_tasks SET status = ?, result = ?, error = ?, updated_ts = ?"
+            " WHERE task_id = ?",
+            status,
+            json_encoder(result),
+            error,
+            self.clock.time_msec(),
+            task_id,
+        )
+
+    async def get_admin_task(self, task_id: str) -> AdminTask | None:
+        rows = await self.db_pool.select(
+            "get_admin_task", f"SELECT {_TASK_COLUMNS} FROM admin_tasks WHERE task_id = ?", task_id
+        )
+        return _task(rows[0]) if rows else None
+
+    async def get_admin_tasks_for(self, action: str, resource_id: str) -> list[AdminTask]:
+        """The jobs of ``action`` on ``resource_id``, oldest first."""
+        rows = await self.db_pool.select(
+            "get_admin_tasks_for",
+            f"SELECT {_TASK_COLUMNS} FROM admin_tasks WHERE action = ? AND resource_id = ?"
+            " ORDER BY created_ts, task_id",
+            action,
+            resource_id,
+        )
+        return [_task(r) for r in rows]
+
+    async def get_unfinished_admin_tasks(self, action: str) -> list[AdminTask]:
+        """The jobs of ``action`` not complete nor failed, oldest first."""
+        rows = await self.db_pool.select(
+            "get_unfinished_admin_tasks",
+            f"SELECT {_TASK_COLUMNS} FROM admin_tasks WHERE action = ? AND status IN (?, ?)"
+            " ORDER BY created_ts, task_id",
+            action,
+            *UNFINISHED,
+        )
+        return [_task(r) for r in rows]
+
+    # Blocked rooms
+
+    async def block_room(self, room_id: str, user_id: str) -> None:
+        """Block ``room_id`` (``user_id``: the admin); blocking twice keeps the first."""
+        await self.db_pool.execute(
+            "block_room",
+            "INSERT INTO blocked_rooms (room_id, user_id) VALUES (?, ?)"
+            " ON CONFLICT (room_id) DO NOTHING",
+            room_id,
+            user_id,
+        )
+
+    async def is_room_blocked(self, room_id: str) -> bool:
+        return await self.get_room_blocker(room_id) is not None
+
+    async def get_room_blocker(self, room_id: str) -> str | None:
+        """The admin who blocked the room; None if it is not blocked."""
+        rows = await self.db_pool.select(
+            "get_room_blocker", "SELECT user_id FROM blocked_rooms WHERE room_id = ?", room_id
+        )
+        return rows[0][0] if rows else None
+
+    async def unblock_room(self, room_id: str) -> None:
+        await self.db_pool.execute(
+            "unblock_room", "DELETE FROM blocked_rooms WHERE room_id = ?", room_id
+        )
+
+    # Purging a room
+
+    async def get_room_event_ids_after(
+        self, room_id: str, after: int | None, limit: int
+    ) -> list[tuple[int, str]]:
+        """``(stream_ordering, event_id)`` of the room's events past ``after``
+        (from the first when None), in stream order, at most ``limit``."""
+        if after is None:
+            rows = await self.db_pool.select(
+                "get_room_event_ids_after",
+                "SELECT stream_ordering, event_id FROM events WHERE room_id = ?"
+                " ORDER BY stream_ordering LIMIT ?",
+                room_id,
+                limit,
+            )
+        else:
+            rows = await self.db_pool.select(
+                "get_room_event_ids_after",
+                "SELECT stream_ordering, event_id FROM events WHERE room_id = ?"
+                " AND stream_ordering > ? ORDER BY stream_ordering LIMIT ?",
+                room_id,
+                after,
+                limit,
+            )
+        return [(int(r[0]), r[1]) for r in rows]
+
+    async def delete_room_search_rows(self, room_id: str) -> None:
+        """Forget the room's events in the search index (``event_search``)."""
+        await self.db_pool.execute(
+            "delete_room_search_rows", "DELETE FROM event_search WHERE room_id = ?", room_id
+        )
+
+    async def get_members_to_remove(self, room_id: str) -> list[str]:
+        """Who is joined to, invited to or knocking on the room now, sorted."""
+        rows = await self.db_pool.select(
+            "get_members_to_remove",
+            "SELECT state_key FROM current_state_events WHERE room_id = ?"
+            " AND type = 'm.room.member' AND membership IN ('join', 'invite', 'knock')"
+            " ORDER BY state_key",
+            room_id,
+        )
+        return [r[0] for r in rows]
