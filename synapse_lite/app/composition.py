@@ -549,7 +549,6 @@ def _handlers(
     )
     client = ClientHandlers(
         clock=clock,
-        store=store,
         auth=auth,
         registration=RegistrationHandler(store, clock, config, devices, ui_auth),
         login=LoginHandler(store, clock, config, devices),

@@ -68,12 +68,17 @@ class DirectoryHandler:
         if not await self._store.create_alias(alias, room_id, requester.user_id):
             raise SynapseError(409, "That room alias already exists", Codes.UNKNOWN)
 
-    async def get_alias(self, alias: str) -> dict[str, Any]:
+    async def resolve_alias(self, alias: str) -> str:
+        """The room ``alias`` names (400 for a malformed alias, 404 for an
+        unknown one)."""
         check_room_alias(alias)
         found = await self._store.get_alias(alias)
         if found is None:
             raise NotFoundError("Room alias not found")
-        return {"room_id": found[0], "servers": [self._server_name]}
+        return found[0]
+
+    async def get_alias(self, alias: str) -> dict[str, Any]:
+        return {"room_id": await self.resolve_alias(alias), "servers": [self._server_name]}
 
     async def delete_alias(self, requester: Requester, alias: str) -> None:
         """The alias's creator may delete it, and so may whoever can set the

@@ -59,6 +59,32 @@ class RoomMemberHandler:
         self._events = events
         self._upgraded_rooms = upgraded_rooms
 
+    # Reads of the servlets (they go through handlers, not to the store).
+
+    async def joined_rooms(self, user_id: str) -> frozenset[str]:
+        """The rooms a local user is joined to now."""
+        return await self._store.get_rooms_for_user(user_id)
+
+    async def share_a_room(self, user_id: str, other_user_id: str) -> bool:
+        """Whether two local users are joined to a room together now."""
+        mine = await self._store.get_rooms_for_user(user_id)
+        return bool(mine & await self._store.get_rooms_for_user(other_user_id))
+
+    async def check_joined(self, user_id: str, room_id: str) -> None:
+        """403 unless ``user_id`` is joined to the room now."""
+        if user_id not in await self._store.get_users_in_room(room_id):
+            raise AuthError(403, "You are not in this room")
+
+    async def forget(self, user_id: str, room_id: str) -> None:
+        """``POST /rooms/{roomId}/forget``: 404 for a room the user was never
+        in, 400 while they are still joined or invited."""
+        current = await self._store.get_membership_in_room(user_id, room_id)
+        if current is None:
+            raise SynapseError(404, "You were never in this room", Codes.NOT_FOUND)
+        if current[0] in ("join", "invite"):
+            raise SynapseError(400, "Leave the room before forgetting it", Codes.UNKNOWN)
+        await self._store.forget_room(user_id, room_id)
+
     async def update_membership(
         self,
         requester: Requester,
