@@ -4,7 +4,7 @@ for joins a restricted join rule admits, see ``message.py``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import is_mine_id
@@ -12,6 +12,7 @@ from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.profile import (
     PROFILE_FIELDS,
+    ProfileReader,
     check_profile_value,
     member_content,
     profile_of,
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.handlers.room_upgrade import UpgradedRoomUserState
-    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 #: action -> the membership it sets
 ACTIONS = {
@@ -40,12 +40,32 @@ SELF_ACTIONS = ("join", "knock", "leave")
 JOIN_REQUEST_KEYS = ("third_party_signed", "membership")
 
 
+class RoomMemberStore(ProfileReader, Protocol):
+    """The store reads of :class:`RoomMemberHandler`."""
+
+    async def forget_room(self, user_id: str, room_id: str) -> None: ...
+
+    async def get_membership_in_room(
+        self, user_id: str, room_id: str
+    ) -> tuple[str, str] | None: ...
+
+    async def get_rooms_for_user(self, user_id: str) -> frozenset[str]: ...
+
+    async def get_user(self, user_id: str) -> dict[str, Any] | None: ...
+
+    async def get_users_in_room(self, room_id: str) -> frozenset[str]: ...
+
+    async def room_exists(self, room_id: str) -> bool: ...
+
+    async def unforget_room(self, user_id: str, room_id: str) -> None: ...
+
+
 class RoomMemberHandler:
     """Membership changes requested by clients."""
 
     def __init__(
         self,
-        store: GenericWorkerStore,
+        store: RoomMemberStore,
         clock: Clock,
         server_name: str,
         events: EventCreationHandler,
