@@ -31,6 +31,7 @@ from synapse_lite.handlers.sync_sections.request import (
     SyncResponse,
     SyncSection,
     load_memberships,
+    run_sections,
     users_sharing_rooms,
 )
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS
@@ -298,14 +299,13 @@ class SyncHandler:
         full_state: bool,
         sync_filter: SyncFilter,
     ) -> tuple[dict[str, Any], StreamToken, bool]:
-        """The response for (since, now], ``now`` and whether it is empty:
-        the sections in order, the independent ones started first so that
-        their reads overlap the others' (each is a round trip a woken /sync
-        would otherwise wait for in turn: issue 18's wake-up latency)."""
+        """The response for (since, now], ``now`` and whether it is empty.
+        Reads that depend on nothing else (ignored users, the independent
+        sections) run beside the others: each is a round trip a woken /sync
+        would otherwise wait for in turn (issue 18's wake-up latency)."""
         now = self._current_token(since)
         user_id = requester.user_id
         ignored = defer.ensureDeferred(get_ignored_users(self._store, user_id))
-        started: list[defer.Deferred[Any]] = [ignored]
         try:
             memberships = await load_memberships(self._store, user_id, since, now.room_key)
             request = SyncRequest(
@@ -320,19 +320,11 @@ class SyncHandler:
                 ignored=ignored,
             )
             response = SyncResponse(now)
-            for section in self._in_order:
-                if section.independent:
-                    started.append(defer.ensureDeferred(section.add_to(request, response)))
-            for section in self._in_order:
-                if not section.independent:
-                    await section.add_to(request, response)
-            for read in started[1:]:
-                await read
+            await run_sections(self._in_order, request, response)
         finally:
-            # A read never awaited, because the /sync failed first, must not
-            # log its failure as unhandled.
-            for read in started:
-                read.addErrback(lambda _: None)
+            # Never awaited when the /sync failed first: its failure must not
+            # be logged as unhandled.
+            ignored.addErrback(lambda _: None)
         return response.body, response.now, not response.news
 
     async def device_list_changes(

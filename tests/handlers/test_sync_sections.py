@@ -3,6 +3,7 @@ store Protocol names (no database, no homeserver)."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from twisted.internet import defer
@@ -15,7 +16,13 @@ from synapse_lite.handlers.sync_sections.device_lists import DeviceListsSection
 from synapse_lite.handlers.sync_sections.e2e_keys import E2EKeysSection
 from synapse_lite.handlers.sync_sections.ephemeral import EphemeralSection
 from synapse_lite.handlers.sync_sections.presence import PresenceSection
-from synapse_lite.handlers.sync_sections.request import Memberships, SyncRequest, SyncResponse
+from synapse_lite.handlers.sync_sections.request import (
+    Memberships,
+    SyncRequest,
+    SyncResponse,
+    SyncSection,
+    run_sections,
+)
 from synapse_lite.handlers.sync_sections.rooms import RoomsSection
 from synapse_lite.handlers.sync_sections.stream_parts import StreamPartSection
 from synapse_lite.handlers.sync_sections.to_device import TO_DEVICE_LIMIT, ToDeviceSection
@@ -331,3 +338,66 @@ class StreamPartSectionTests(unittest.TestCase):
         self.assertEqual(part.asked, [(ALICE, 4, 6)])
         self.assertEqual(moved.body, {"org.example.notes": {"notes": ["n"]}})
         self.assertTrue(moved.news)
+
+
+class Recording:
+    """A section recording when it starts and ends, in a shared log."""
+
+    def __init__(
+        self, name: str, log: list[str], independent: bool = False, wait: Any = None
+    ) -> None:
+        self.name, self.log, self.independent, self.wait = name, log, independent, wait
+
+    async def add_to(self, request: SyncRequest, response: SyncResponse) -> None:
+        self.log.append(f"{self.name} starts, seeing {sorted(response.body)}")
+        if self.wait is not None:
+            await self.wait
+        response.put(self.name, True, news=False)
+        self.log.append(f"{self.name} ends")
+
+
+class FailingSection:
+    independent = False
+
+    async def add_to(self, request: SyncRequest, response: SyncResponse) -> None:
+        raise RuntimeError("the section failed")
+
+
+class RunSectionsTests(unittest.TestCase):
+    async def test_independent_sections_start_first_and_the_others_run_in_order(self) -> None:
+        log: list[str] = []
+        keys_read: defer.Deferred[None] = defer.Deferred()
+        sections = [
+            Recording("a", log),
+            Recording("keys", log, independent=True, wait=keys_read),
+            Recording("b", log),
+        ]
+        running = defer.ensureDeferred(run_sections(sections, request(None), SyncResponse(token())))
+        self.assertEqual(
+            log,
+            [
+                "keys starts, seeing []",
+                "a starts, seeing []",
+                "a ends",
+                "b starts, seeing ['a']",
+                "b ends",
+            ],
+        )
+        self.assertNoResult(running)  # waits for the independent section
+        keys_read.callback(None)
+        self.successResultOf(running)
+        self.assertEqual(log[-1], "keys ends")
+
+    def test_a_failure_leaves_no_running_read_unhandled(self) -> None:
+        keys_read: defer.Deferred[None] = defer.Deferred()
+        sections: list[SyncSection] = [
+            Recording("keys", [], independent=True, wait=keys_read),
+            FailingSection(),
+        ]
+        running = defer.ensureDeferred(run_sections(sections, request(None), SyncResponse(token())))
+        self.failureResultOf(running, RuntimeError)
+        # The independent section's read fails after the sync has: consumed.
+        keys_read.errback(RuntimeError("the key count read failed"))
+        del running, sections, keys_read
+        gc.collect()
+        self.assertEqual(self.flushLoggedErrors(RuntimeError), [])
