@@ -564,6 +564,7 @@ def _handlers(
             notifier=notifier,
             typing=typing,
             presence=presence,
+            formatter=formatter,
         ),
         events=events,
         room_creation=room_creation,

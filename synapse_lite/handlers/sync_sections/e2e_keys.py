@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from twisted.internet import defer
+
 from synapse_lite.handlers.sync_sections.request import SyncRequest, SyncResponse
 
 
@@ -26,10 +28,17 @@ class E2EKeysSection:
 
     async def add_to(self, request: SyncRequest, response: SyncResponse) -> None:
         user_id, device_id = request.user_id, request.requester.device_id
-        one_time_keys = await self._store.count_one_time_keys(user_id, device_id)
+        # Both reads at once; the second is consumed even when the first fails.
+        fallback = defer.ensureDeferred(
+            self._store.get_unused_fallback_key_types(user_id, device_id)
+        )
+        try:
+            one_time_keys = await self._store.count_one_time_keys(user_id, device_id)
+            fallback_types = await fallback
+        finally:
+            fallback.addErrback(lambda _: None)
         # signed_curve25519 always: clients read a missing count as "unknown".
         response.put(
             "device_one_time_keys_count", {"signed_curve25519": 0, **one_time_keys}, news=False
         )
-        fallback_types = await self._store.get_unused_fallback_key_types(user_id, device_id)
         response.put("device_unused_fallback_key_types", fallback_types, news=False)
