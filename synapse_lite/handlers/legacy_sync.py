@@ -29,6 +29,7 @@ from synapse_lite.handlers.ignored_users import (
     without_ignored,
 )
 from synapse_lite.handlers.sync_sections.request import MembershipStore
+from synapse_lite.handlers.sync_sections.rooms import RoomTimelineStore
 from synapse_lite.handlers.visibility import (
     RoomVisibility,
     VisibilityStore,
@@ -77,25 +78,14 @@ def _with_room(room_id: str, events: Sequence[dict[str, Any]]) -> list[dict[str,
     return [{**e, "room_id": room_id} for e in events]
 
 
-class LegacySyncStore(MembershipStore, VisibilityStore, IgnoredUsersStore, Protocol):
+class LegacySyncStore(
+    MembershipStore, RoomTimelineStore, VisibilityStore, IgnoredUsersStore, Protocol
+):
     """The store reads of :class:`LegacySyncHandler`."""
 
     async def get_event(self, event_id: str) -> Event | None: ...
 
-    async def get_room_events_between(
-        self,
-        room_ids: list[str],
-        from_token: RoomStreamToken | None,
-        to_token: RoomStreamToken,
-        limit: int,
-        newest_first: bool = True,
-    ) -> list[Event]: ...
-
-    async def get_state_at(self, room_id: str, token: RoomStreamToken) -> list[Event]: ...
-
     async def is_room_in_directory(self, room_id: str) -> bool | None: ...
-
-    async def room_token_to_string(self, token: RoomStreamToken) -> str: ...
 
 
 class LegacySyncHandler:

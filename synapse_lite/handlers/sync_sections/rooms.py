@@ -44,11 +44,9 @@ INVITE_STATE_TYPES = (
 )
 
 
-class RoomsStore(VisibilityStore, Protocol):
-    """The store reads of the rooms section."""
-
-    @property
-    def room_changes(self) -> StreamChangeTracker: ...
+class RoomTimelineStore(Protocol):
+    """The reads of a room's events and state up to a token (the rooms
+    section's, and the legacy event stream's)."""
 
     async def get_room_events_between(
         self,
@@ -61,6 +59,15 @@ class RoomsStore(VisibilityStore, Protocol):
 
     async def get_state_at(self, room_id: str, token: RoomStreamToken) -> list[Event]: ...
 
+    async def room_token_to_string(self, token: RoomStreamToken) -> str: ...
+
+
+class RoomsStore(RoomTimelineStore, VisibilityStore, Protocol):
+    """The store reads of the rooms section."""
+
+    @property
+    def room_changes(self) -> StreamChangeTracker: ...
+
     async def get_state_events_between(
         self, room_id: str, from_token: RoomStreamToken, to_token: RoomStreamToken
     ) -> list[Event]: ...
@@ -72,8 +79,6 @@ class RoomsStore(VisibilityStore, Protocol):
     async def get_unread_counts(
         self, user_id: str, room_ids: list[str], upto: int
     ) -> dict[str, tuple[int, int]]: ...
-
-    async def room_token_to_string(self, token: RoomStreamToken) -> str: ...
 
 
 class LazyMembersSent:
