@@ -107,6 +107,8 @@ from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomUserState
 from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.sync import SyncHandler
+from synapse_lite.handlers.sync_sections.builtin import BuiltInSections
+from synapse_lite.handlers.sync_sections.stream_parts import stream_part_sections
 from synapse_lite.handlers.typing import (
     TypingFollowerHandler,
     TypingHandlerBase,
@@ -568,15 +570,13 @@ def _handlers(
         clock=clock,
         config=config,
         notifier=notifier,
-        typing=typing,
         presence=presence,
         streams=streams.streams,
         waiters=positions.waiters,
         event_writers=event_writers,
         position_log=database.position_log,
-        sections={d.name: d.sync_section(store) for d in config.streams if d.sync_section},
-        formatter=formatter,
-        relations=relations,
+        sections=BuiltInSections.build(store, typing, formatter, relations),
+        stream_sections=stream_part_sections(config.streams, store),
     )
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
@@ -584,7 +584,6 @@ def _handlers(
     profiles = ProfileHandler(store, clock, server_name, events, app_service_queries)
     client = ClientHandlers(
         clock=clock,
-        store=store,
         auth=auth,
         registration=RegistrationHandler(store, clock, config, devices, ui_auth),
         login=LoginHandler(store, clock, config, devices),
@@ -600,6 +599,7 @@ def _handlers(
             notifier=notifier,
             typing=typing,
             presence=presence,
+            formatter=formatter,
         ),
         events=events,
         room_creation=room_creation,

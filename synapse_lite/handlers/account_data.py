@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.api.errors import NotFoundError
 from synapse_lite.replication.http.writes import (
@@ -16,14 +16,37 @@ from synapse_lite.replication.http.writes import (
 if TYPE_CHECKING:
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
-    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+
+class AccountDataHandlerStore(Protocol):
+    """The store reads of :class:`AccountDataHandler`."""
+
+    async def add_account_data_for_user(
+        self, user_id: str, data_type: str, content: dict[str, Any]
+    ) -> int: ...
+
+    async def add_account_data_to_room(
+        self, user_id: str, room_id: str, data_type: str, content: dict[str, Any]
+    ) -> int: ...
+
+    async def get_global_account_data(self, user_id: str) -> dict[str, dict[str, Any]]: ...
+
+    async def get_room_account_data(self, user_id: str) -> dict[str, dict[str, dict[str, Any]]]: ...
+
+    async def get_tags_for_room(self, user_id: str, room_id: str) -> dict[str, dict[str, Any]]: ...
+
+    async def set_room_tag(
+        self, user_id: str, room_id: str, tag: str, content: dict[str, Any] | None
+    ) -> int: ...
 
 
 class AccountDataHandler:
     """``GET/PUT /user/{userId}[/rooms/{roomId}]/account_data/{type}`` and the
     room tags (``m.tag``) of ``/user/{userId}/rooms/{roomId}/tags``."""
 
-    def __init__(self, store: GenericWorkerStore, notifier: Notifier, calls: InternalCalls) -> None:
+    def __init__(
+        self, store: AccountDataHandlerStore, notifier: Notifier, calls: InternalCalls
+    ) -> None:
         self._store = store
         self._notifier = notifier
         self._calls = calls

@@ -13,7 +13,7 @@ holds across restarts of every process. Messages from other servers arrive throu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.api.content import check_to_device_messages
 from synapse_lite.api.errors import Codes, SynapseError
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from synapse_lite.federation.outbox import OutboxConsumer
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
-    from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.storage.databases.main.client_transactions import TxnKey
 
 
 def check_remote_messages(messages: Any, is_mine: Any) -> None:
@@ -50,13 +50,35 @@ def check_remote_messages(messages: Any, is_mine: Any) -> None:
             ) from None
 
 
+class DeviceMessageStore(Protocol):
+    """The store reads of :class:`DeviceMessageHandler`."""
+
+    async def add_messages_to_device_inbox(
+        self,
+        local_messages: dict[str, dict[str, dict[str, Any]]],
+        remote_messages: dict[str, dict[str, Any]],
+        txn_key: TxnKey | None = None,
+    ) -> tuple[int, bool]: ...
+
+    async def add_remote_messages_to_device_inbox(
+        self,
+        origin: str,
+        message_id: str,
+        local_messages: dict[str, dict[str, dict[str, Any]]],
+    ) -> int | None: ...
+
+    async def get_device_ids(self, user_id: str) -> list[str]: ...
+
+    def get_to_device_stream_token(self) -> int: ...
+
+
 class DeviceMessageHandler:
     """``PUT /sendToDevice/{eventType}/{txnId}``."""
 
     def __init__(
         self,
         *,
-        store: GenericWorkerStore,
+        store: DeviceMessageStore,
         server_name: str,
         notifier: Notifier,
         calls: InternalCalls,

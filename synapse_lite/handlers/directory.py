@@ -74,12 +74,17 @@ class DirectoryHandler:
         if not await self._store.create_alias(alias, room_id, requester.user_id):
             raise SynapseError(409, "That room alias already exists", Codes.UNKNOWN)
 
-    async def get_alias(self, alias: str) -> dict[str, Any]:
+    async def resolve_alias(self, alias: str) -> str:
+        """The room ``alias`` names (400 for a malformed alias, 404 for an
+        unknown one)."""
         check_room_alias(alias)
         room_id = await self.room_for_alias(alias)
         if room_id is None:
             raise NotFoundError("Room alias not found")
-        return {"room_id": room_id, "servers": [self._server_name]}
+        return room_id
+
+    async def get_alias(self, alias: str) -> dict[str, Any]:
+        return {"room_id": await self.resolve_alias(alias), "servers": [self._server_name]}
 
     async def room_for_alias(self, alias: str) -> str | None:
         """The room ``alias`` names (an application service whose namespace

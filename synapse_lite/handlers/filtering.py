@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attr
 
@@ -25,7 +25,7 @@ from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.http.server import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
-    from synapse_lite.storage.databases.main import GenericWorkerStore
+    pass
 
 DEFAULT_TIMELINE_LIMIT = 10
 MAX_TIMELINE_LIMIT = 500
@@ -332,10 +332,18 @@ def only_fields(event: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any
     return kept
 
 
+class FilterStore(Protocol):
+    """The store reads of :class:`FilteringHandler`."""
+
+    async def add_user_filter(self, user_id: str, filter_json: dict[str, Any]) -> int: ...
+
+    async def get_user_filter(self, user_id: str, filter_id: int) -> dict[str, Any] | None: ...
+
+
 class FilteringHandler:
     """Storing and reading filters."""
 
-    def __init__(self, store: GenericWorkerStore) -> None:
+    def __init__(self, store: FilterStore) -> None:
         self._store = store
 
     async def add_filter(self, user_id: str, definition: dict[str, Any]) -> int:

@@ -10,14 +10,11 @@ request, so every process applies the latest one the stream has brought.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import is_valid_user_id
 from synapse_lite.events import Event
-
-if TYPE_CHECKING:
-    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 IGNORED_USER_LIST = "m.ignored_user_list"
 #: Users one list may name (the content's size limit applies too).
@@ -41,7 +38,13 @@ def check_ignored_user_list(user_id: str, content: dict[str, Any]) -> None:
             raise SynapseError(400, "You cannot ignore yourself", Codes.INVALID_PARAM)
 
 
-async def get_ignored_users(store: GenericWorkerStore, user_id: str) -> frozenset[str]:
+class IgnoredUsersStore(Protocol):
+    async def get_global_account_data_of_type(
+        self, user_id: str, data_type: str
+    ) -> dict[str, Any] | None: ...
+
+
+async def get_ignored_users(store: IgnoredUsersStore, user_id: str) -> frozenset[str]:
     """Who ``user_id`` ignores (none when the list is missing or malformed)."""
     content = await store.get_global_account_data_of_type(user_id, IGNORED_USER_LIST)
     ignored = content.get("ignored_users") if content else None

@@ -17,15 +17,22 @@ event goes through ``visibility.py``; events carry ``room_id`` and the v1
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.api.errors import AuthError, Codes
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.client_events import ClientEventFormatter
-from synapse_lite.handlers.ignored_users import get_ignored_users, without_ignored
+from synapse_lite.handlers.ignored_users import (
+    IgnoredUsersStore,
+    get_ignored_users,
+    without_ignored,
+)
+from synapse_lite.handlers.sync_sections.request import MembershipStore
+from synapse_lite.handlers.sync_sections.rooms import RoomTimelineStore
 from synapse_lite.handlers.visibility import (
     RoomVisibility,
+    VisibilityStore,
     load_room_visibility,
     member_sees_everything,
 )
@@ -41,7 +48,6 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.notifier import Notifier
-    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 #: Messages per room in an initial sync when the client names no limit.
 DEFAULT_INITIAL_SYNC_LIMIT = 10
@@ -72,13 +78,23 @@ def _with_room(room_id: str, events: Sequence[dict[str, Any]]) -> list[dict[str,
     return [{**e, "room_id": room_id} for e in events]
 
 
+class LegacySyncStore(
+    MembershipStore, RoomTimelineStore, VisibilityStore, IgnoredUsersStore, Protocol
+):
+    """The store reads of :class:`LegacySyncHandler`."""
+
+    async def get_event(self, event_id: str) -> Event | None: ...
+
+    async def is_room_in_directory(self, room_id: str) -> bool | None: ...
+
+
 class LegacySyncHandler:
     """``GET /events``, ``GET /initialSync``, ``GET /rooms/{roomId}/initialSync``."""
 
     def __init__(
         self,
         *,
-        store: GenericWorkerStore,
+        store: LegacySyncStore,
         clock: Clock,
         limits: LimitsConfig,
         sync: SyncHandler,
@@ -86,7 +102,9 @@ class LegacySyncHandler:
         notifier: Notifier,
         typing: TypingHandlerBase,
         presence: PresenceHandlerBase,
+        formatter: ClientEventFormatter,
     ) -> None:
+        """``formatter``: serves the events (the client format only)."""
         self._store = store
         self._clock = clock
         self._limits = limits
@@ -95,7 +113,7 @@ class LegacySyncHandler:
         self._notifier = notifier
         self._typing = typing
         self._presence = presence
-        self._formatter = ClientEventFormatter(store)
+        self._formatter = formatter
 
     # Tokens
 

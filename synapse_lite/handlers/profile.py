@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet import defer
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
-    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +60,11 @@ def check_profile_value(field: str, value: object) -> str | None:
     return value
 
 
-async def profile_of(store: GenericWorkerStore, user_id: str) -> dict[str, str | None]:
+class ProfileReader(Protocol):
+    async def get_profile(self, user_id: str) -> dict[str, str | None] | None: ...
+
+
+async def profile_of(store: ProfileReader, user_id: str) -> dict[str, str | None]:
     """A local user's profile (the defaults when they never set one)."""
     stored = await store.get_profile(user_id)
     if stored is None:
@@ -78,12 +81,28 @@ def member_content(membership: str, profile: dict[str, str | None]) -> dict[str,
     return content
 
 
+class ProfileHandlerStore(ProfileReader, Protocol):
+    """The store reads of :class:`ProfileHandler`."""
+
+    async def get_membership_in_room(
+        self, user_id: str, room_id: str
+    ) -> tuple[str, str] | None: ...
+
+    async def get_rooms_for_user(self, user_id: str) -> frozenset[str]: ...
+
+    async def get_user(self, user_id: str) -> dict[str, Any] | None: ...
+
+    async def set_profile_field(
+        self, user_id: str, field: str, value: str | None, default_name: str
+    ) -> None: ...
+
+
 class ProfileHandler:
     """``GET /profile/{userId}[/{field}]``, ``PUT /profile/{userId}/{field}``."""
 
     def __init__(
         self,
-        store: GenericWorkerStore,
+        store: ProfileHandlerStore,
         clock: Clock,
         server_name: str,
         events: EventCreationHandler,

@@ -4,7 +4,8 @@ notifications, and pushers (written by the pushers writer)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet import defer
 
@@ -19,16 +20,50 @@ from synapse_lite.replication.http.writes import (
 )
 
 if TYPE_CHECKING:
+    from synapse_lite.events import Event
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
-    from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.storage.databases.main.push_rules import NotificationRow
+
+
+class PushRulesHandlerStore(Protocol):
+    """The store reads of :class:`PushRulesHandler`."""
+
+    async def delete_pushers_of_devices(
+        self, user_id: str, device_ids: list[str] | None
+    ) -> int: ...
+
+    async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]: ...
+
+    async def get_notifications(
+        self,
+        user_id: str,
+        before: int | None,
+        limit: int,
+        only_highlight: bool,
+        after: int | None = None,
+    ) -> list[NotificationRow]: ...
+
+    async def get_push_rules_doc(self, user_id: str) -> UserPushRules: ...
+
+    async def get_pushers_for_user(self, user_id: str) -> list[dict[str, Any]]: ...
+
+    async def get_read_positions(self, user_id: str, room_ids: list[str]) -> dict[str, int]: ...
+
+    async def set_pusher(self, pusher: PusherSet) -> int: ...
+
+    async def update_push_rules(
+        self, user_id: str, edit: Callable[[UserPushRules], None]
+    ) -> int: ...
 
 
 class PushRulesHandler:
     """``/pushrules/...``: the ruleset a user sees, and edits carried to the
     push_rules writer, which applies them one at a time per user."""
 
-    def __init__(self, store: GenericWorkerStore, notifier: Notifier, calls: InternalCalls) -> None:
+    def __init__(
+        self, store: PushRulesHandlerStore, notifier: Notifier, calls: InternalCalls
+    ) -> None:
         self._store = store
         self._notifier = notifier
         self._calls = calls

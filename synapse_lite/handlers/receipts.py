@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.api.content import RECEIPT_TYPES
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
@@ -11,9 +11,27 @@ from synapse_lite.replication.http.writes import SEND_RECEIPT, ReceiptWrite, Str
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.events import Event
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
-    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+
+class ReceiptsHandlerStore(Protocol):
+    """The store reads of :class:`ReceiptsHandler`."""
+
+    async def get_event(self, event_id: str) -> Event | None: ...
+
+    async def get_users_in_room(self, room_id: str) -> frozenset[str]: ...
+
+    async def insert_receipt(
+        self,
+        room_id: str,
+        receipt_type: str,
+        user_id: str,
+        event_id: str,
+        data: dict[str, Any],
+        thread_id: str | None = None,
+    ) -> int | None: ...
 
 
 class ReceiptsHandler:
@@ -21,7 +39,7 @@ class ReceiptsHandler:
 
     def __init__(
         self,
-        store: GenericWorkerStore,
+        store: ReceiptsHandlerStore,
         clock: Clock,
         notifier: Notifier,
         calls: InternalCalls,

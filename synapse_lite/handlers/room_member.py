@@ -4,7 +4,7 @@ for joins a restricted join rule admits, see ``message.py``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import is_mine_id
@@ -12,6 +12,7 @@ from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.profile import (
     PROFILE_FIELDS,
+    ProfileReader,
     check_profile_value,
     member_content,
     profile_of,
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.handlers.room_upgrade import UpgradedRoomUserState
-    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 #: action -> the membership it sets
 ACTIONS = {
@@ -41,12 +41,32 @@ SELF_ACTIONS = ("join", "knock", "leave")
 JOIN_REQUEST_KEYS = ("third_party_signed", "membership")
 
 
+class RoomMemberStore(ProfileReader, Protocol):
+    """The store reads of :class:`RoomMemberHandler`."""
+
+    async def forget_room(self, user_id: str, room_id: str) -> None: ...
+
+    async def get_membership_in_room(
+        self, user_id: str, room_id: str
+    ) -> tuple[str, str] | None: ...
+
+    async def get_rooms_for_user(self, user_id: str) -> frozenset[str]: ...
+
+    async def get_user(self, user_id: str) -> dict[str, Any] | None: ...
+
+    async def get_users_in_room(self, room_id: str) -> frozenset[str]: ...
+
+    async def room_exists(self, room_id: str) -> bool: ...
+
+    async def unforget_room(self, user_id: str, room_id: str) -> None: ...
+
+
 class RoomMemberHandler:
     """Membership changes requested by clients."""
 
     def __init__(
         self,
-        store: GenericWorkerStore,
+        store: RoomMemberStore,
         clock: Clock,
         server_name: str,
         events: EventCreationHandler,
@@ -62,6 +82,33 @@ class RoomMemberHandler:
         self._server_name = server_name
         self._events = events
         self._upgraded_rooms = upgraded_rooms
+
+    # Reads of the servlets (they go through handlers, not to the store).
+
+    async def joined_rooms(self, user_id: str) -> frozenset[str]:
+        """The rooms a local user is joined to now."""
+        return await self._store.get_rooms_for_user(user_id)
+
+    async def share_a_room(self, user_id: str, other_user_id: str) -> bool:
+        """Whether two local users are joined to a room together now."""
+        mine = await self._store.get_rooms_for_user(user_id)
+        return bool(mine & await self._store.get_rooms_for_user(other_user_id))
+
+    async def check_joined(self, user_id: str, room_id: str) -> None:
+        """403 unless ``user_id`` is joined to the room now."""
+        if user_id not in await self._store.get_users_in_room(room_id):
+            raise AuthError(403, "You are not in this room")
+
+    async def forget(self, user_id: str, room_id: str) -> None:
+        """``POST /rooms/{roomId}/forget``: 404 for a room the user was never
+        in, 400 while they are still joined or invited."""
+        current = await self._store.get_membership_in_room(user_id, room_id)
+        if current is None:
+            raise SynapseError(404, "You were never in this room", Codes.NOT_FOUND)
+        if current[0] in ("join", "invite"):
+            raise SynapseError(400, "Leave the room before forgetting it", Codes.UNKNOWN)
+        await self._store.forget_room(user_id, room_id)
+
     async def update_membership(
         self,
         requester: Requester,

@@ -34,16 +34,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attr
 
 from synapse_lite.api.errors import AuthError
 from synapse_lite.events import Event
 from synapse_lite.tokens import RoomStreamToken
-
-if TYPE_CHECKING:
-    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 #: The values the spec defines; anything else reads as the default.
 HISTORY_VISIBILITIES = ("world_readable", "shared", "invited", "joined")
@@ -200,15 +197,27 @@ def _merged(ranges: list[tuple[int | None, int | None]]) -> list[tuple[int | Non
     return merged
 
 
+class VisibilityStore(Protocol):
+    """The store reads the visibility rules make."""
+
+    async def get_membership_history(self, user_id: str, room_id: str) -> list[tuple[int, str]]: ...
+
+    async def get_history_visibility_settings(
+        self, room_id: str
+    ) -> tuple[tuple[int, str | None], ...]: ...
+
+    async def get_rooms_for_user(self, user_id: str) -> frozenset[str]: ...
+
+
 async def load_room_visibility(
-    store: GenericWorkerStore, user_id: str, room_id: str
+    store: VisibilityStore, user_id: str, room_id: str
 ) -> RoomVisibility:
     history = await store.get_membership_history(user_id, room_id)
     settings = await store.get_history_visibility_settings(room_id)
     return RoomVisibility(user_id, settings, tuple(history))
 
 
-async def member_sees_everything(store: GenericWorkerStore, user_id: str, room_id: str) -> bool:
+async def member_sees_everything(store: VisibilityStore, user_id: str, room_id: str) -> bool:
     """Whether ``user_id``, if joined to the room now, sees every event of it
     up to now: its history was never ``invited`` or ``joined``, so each event
     is ``world_readable`` or ``shared`` with someone who joined after it.

@@ -243,10 +243,11 @@ def wake_everyone(rows: Sequence[Any]) -> Wake:
     return Wake(everyone=True)
 
 
-class SyncSection(Protocol):
-    """A top-level part of the /sync response that one stream feeds (the
-    built-in streams' parts are written out in ``handlers/sync.py``; a stream
-    added later brings its own)."""
+class StreamSyncPart(Protocol):
+    """A top-level part of the /sync response that a stream added later
+    feeds (the built-in parts are the sections of
+    ``handlers/sync_sections/``; the sync handler runs each such part as a
+    section, :class:`~synapse_lite.handlers.sync_sections.stream_parts.StreamPartSection`)."""
 
     #: The key of the part in the /sync response.
     key: str
@@ -284,7 +285,7 @@ class StreamDefinition:
     invalidate: Invalidation | None = None
     #: The part of /sync this stream feeds, when it is not one of the
     #: built-in parts (needs ``in_sync_token``).
-    sync_section: Callable[[GenericWorkerStore], SyncSection] | None = None
+    sync_section: Callable[[GenericWorkerStore], StreamSyncPart] | None = None
 
     @property
     def catch_up(self) -> CatchUp:

@@ -797,7 +797,7 @@ LAZY_LOADING = urllib.parse.quote(json.dumps({"room": {"state": {"lazy_load_memb
 
 
 class SyncSummaryTestCase(ThreeUsersTestCase):
-    """The room summary, sent with lazy-loading members (handlers/sync.py)."""
+    """The room summary, sent with lazy-loading members (handlers/sync_sections/rooms.py)."""
 
     async def test_summary_counts_and_heroes(self) -> None:
         room = await self.alice.create_room(preset="private_chat", invite=[self.eve.user_id])

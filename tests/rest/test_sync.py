@@ -275,11 +275,13 @@ class SyncReadFailureTestCase(DatabaseTestCase):
             await failing_read
             return {}
 
-        async def memberships(*args: Any) -> Any:
-            raise RuntimeError("the memberships read failed")
+        async def unread_counts(*args: Any) -> Any:
+            raise RuntimeError("the unread counts read failed")
 
         self.patch(hs.store, "count_one_time_keys", count_one_time_keys)
-        self.patch(hs.handlers.sync, "_memberships", memberships)
+        # A read of the rooms section, which runs while the key counts
+        # (an independent section) are still being read.
+        self.patch(hs.store, "get_unread_counts", unread_counts)
         code, body = await self.bob.request("GET", "/sync")
         self.assertEqual(code, 500, body)
         # The early read fails after the response: consumed, never reported

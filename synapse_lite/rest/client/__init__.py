@@ -69,7 +69,6 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
-    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True, kw_only=True)
@@ -78,7 +77,6 @@ class ClientHandlers:
     the composition root (``app/composition.py``)."""
 
     clock: Clock
-    store: GenericWorkerStore
     auth: AuthHandler
     registration: RegistrationHandler
     login: LoginHandler

@@ -9,7 +9,6 @@ from twisted.web.server import Request
 from synapse_lite.api.errors import THIRD_PARTY_INVITES_REFUSED, AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import (
     check_identifier_text,
-    check_room_alias,
     check_room_id,
     check_user_id,
 )
@@ -58,10 +57,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def room_of(room_id_or_alias: str) -> str:
         """The room an id or an alias names (404 for an unknown alias)."""
         if room_id_or_alias.startswith("#"):
-            room_id = await handlers.directory.room_for_alias(check_room_alias(room_id_or_alias))
-            if room_id is None:
-                raise SynapseError(404, "Room alias not found", Codes.NOT_FOUND)
-            return room_id
+            return await handlers.directory.resolve_alias(room_id_or_alias)
         return check_room_id(room_id_or_alias)
 
     async def join(request: Request, room_id: str) -> tuple[int, Any]:
@@ -250,12 +246,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         parse_json_object_from_request(request, allow_empty=True)
-        current = await handlers.store.get_membership_in_room(requester.user_id, room_id)
-        if current is None:
-            raise SynapseError(404, "You were never in this room", Codes.NOT_FOUND)
-        if current[0] in ("join", "invite"):
-            raise SynapseError(400, "Leave the room before forgetting it", Codes.UNKNOWN)
-        await handlers.store.forget_room(requester.user_id, room_id)
+        await handlers.members.forget(requester.user_id, room_id)
         return 200, {}
 
     async def members(request: Request, room_id: str) -> tuple[int, Any]:
@@ -293,7 +284,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def joined_rooms(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        rooms = await handlers.store.get_rooms_for_user(requester.user_id)
+        rooms = await handlers.members.joined_rooms(requester.user_id)
         return 200, {"joined_rooms": sorted(rooms)}
 
     async def typing(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
@@ -322,8 +313,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         return 200, {}
 
     async def read_marker(requester: Any, room_id: str, event_id: str) -> None:
-        if requester.user_id not in await handlers.store.get_users_in_room(room_id):
-            raise AuthError(403, "You are not in this room")
+        await handlers.members.check_joined(requester.user_id, room_id)
         await handlers.account_data.set_account_data(
             requester.user_id, room_id, "m.fully_read", {"event_id": event_id}
         )
@@ -334,8 +324,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request)
         # Checked up front: a body with no marker in it would otherwise get a
         # 200 from a room the user is not in.
-        if requester.user_id not in await handlers.store.get_users_in_room(room_id):
-            raise AuthError(403, "You are not in this room")
+        await handlers.members.check_joined(requester.user_id, room_id)
         for key in ("m.fully_read", "m.read", "m.read.private"):
             event_id = get_optional_str(body, key, max_length=255)
             if event_id is None:

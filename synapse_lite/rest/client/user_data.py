@@ -85,9 +85,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         check_user_id(user_id)
         if user_id != requester.user_id:
-            mine = await handlers.store.get_rooms_for_user(requester.user_id)
-            theirs = await handlers.store.get_rooms_for_user(user_id)
-            if not mine & theirs:
+            if not await handlers.members.share_a_room(requester.user_id, user_id):
                 raise AuthError(403, "You do not share a room with this user")
         state = await handlers.presence.get_state(user_id)
         return 200, state.to_client_content(handlers.clock.time_msec())
