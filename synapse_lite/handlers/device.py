@@ -131,6 +131,10 @@ class DeviceHandler:
     async def get_devices(self, user_id: str) -> list[dict[str, Any]]:
         return [_client_device(d) for d in await self._store.get_devices_by_user(user_id)]
 
+    async def has_device(self, user_id: str, device_id: str) -> bool:
+        """Whether ``user_id`` has a device ``device_id`` now."""
+        return await self._store.get_device(user_id, device_id) is not None
+
     async def get_device(self, user_id: str, device_id: str) -> dict[str, Any]:
         device = await self._store.get_device(user_id, device_id)
         if device is None:

@@ -118,7 +118,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             )
         if requester.app_service is not None:
             check_identifier_text(device_id, "deviceId")
-            if await handlers.store.get_device(requester.user_id, device_id) is None:
+            if not await handlers.devices.has_device(requester.user_id, device_id):
                 # A service manages its users' devices without logging in
                 # (spec v1.17): the device is made, with a token nobody holds.
                 await handlers.devices.create_device_and_token(
