@@ -57,6 +57,11 @@ STREAM_STALLED_SECONDS = Gauge(
     " (0: not stalled)",
     ["stream", "writer"],
 )
+REVOCATIONS_UNCONFIRMED = Counter(
+    "synapse_lite_revocations_unconfirmed_total",
+    "Revocations answered before a process confirmed it had applied them",
+    ["instance"],
+)
 REPLICATION_COMMANDS_IN = Counter(
     "synapse_lite_replication_commands_received_total",
     "Replication commands received, by command name",

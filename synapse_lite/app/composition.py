@@ -100,6 +100,7 @@ from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.relations import RelationsHandler
 from synapse_lite.handlers.reports import ReportsHandler
+from synapse_lite.handlers.revocation import CACHES_APPLIED, RevocationBarrier
 from synapse_lite.handlers.room import RoomCreationHandler
 from synapse_lite.handlers.room_deletion import RoomDeletionHandler
 from synapse_lite.handlers.room_keys import RoomKeysHandler
@@ -519,7 +520,16 @@ def _handlers(
     media, media_endpoints, media_hooks = media_for_role(
         role, config, store, clock, reactor, auth, outbound
     )
-    devices = DeviceHandler(store, calls, config, notifier)
+    # Every process answers a revoking writer once it has forgotten the tokens.
+    revocations = RevocationBarrier(
+        me=me,
+        clock=clock,
+        calls=calls,
+        waiters=positions.waiters,
+        caches=positions.of["caches"],
+        processes=config.instance_names,
+    )
+    devices = DeviceHandler(store, calls, config, notifier, revocations)
     push = PushActionsHandler(store, server_name) if role.writes_events else None
     events = EventCreationHandler(
         push=push,
@@ -658,7 +668,7 @@ def _handlers(
             role, config, clock, store, calls, database.replication_notifier, reactor
         )
         + app_service_hooks
-        + Hooks(loops=(stalls,))
+        + Hooks(loops=(stalls,), served=((CACHES_APPLIED, revocations.apply_here),))
         # The main process resumes the room deletions a restart interrupted.
         + (Hooks(loops=(room_deletion,)) if role.is_main else Hooks())
     )

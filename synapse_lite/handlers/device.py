@@ -29,6 +29,7 @@ from synapse_lite.replication.http.writes import StreamWritten
 
 if TYPE_CHECKING:
     from synapse_lite.config.homeserver import HomeServerConfig
+    from synapse_lite.handlers.revocation import RevocationBarrier
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -54,11 +55,13 @@ class DeviceHandler:
         calls: InternalCalls,
         config: HomeServerConfig,
         notifier: Notifier,
+        revocations: RevocationBarrier,
     ) -> None:
         self._store = store
         self._calls = calls
         self._config = config
         self._notifier = notifier
+        self._revocations = revocations
 
     def writer_for(self, user_id: str) -> str:
         """The device_lists writer of ``user_id``'s device changes."""
@@ -104,8 +107,12 @@ class DeviceHandler:
         return answer.token_hashes
 
     async def logout_devices(self, logout: DevicesLogout) -> TokensRevoked:
-        """Serves :data:`DELETE_DEVICES` (on the user's device_lists writer)."""
+        """Serves :data:`DELETE_DEVICES` (on the user's device_lists writer).
+        Answers once every process has forgotten the revoked tokens, or one
+        that could not confirm it in time was logged (``handlers/revocation.py``)."""
         deleted, hashes = await self._store.delete_devices(logout.user_id, logout.device_ids)
+        if hashes:
+            await self._revocations.applied_everywhere()
         if deleted:
             await wake_for_device_change(self._store, self._notifier, logout.user_id)
         return TokensRevoked(hashes)
