@@ -454,10 +454,15 @@ def app_services_for_role(
         server_name=config.server_name,
         local_writes=(
             local_writes
-            if role.writes_events or role.writes_receipts or role.writes_typing
+            if role.writes_events
+            or role.writes_receipts
+            or role.writes_typing
+            or role.writes_presence
             else None
         ),
         typing=typing,
     )
-    row_hooks = tuple((stream, sender.on_rows) for stream in ("events", "receipts", "typing"))
+    row_hooks = tuple(
+        (stream, sender.on_rows) for stream in ("events", "receipts", "typing", "presence")
+    )
     return sender, Hooks(row_hooks=row_hooks, loops=(sender,))

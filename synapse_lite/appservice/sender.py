@@ -20,7 +20,7 @@ A restart finds a recorded transaction and sends exactly it again, so an
 event is never lost, and never delivered twice to a service that (as the
 spec requires) ignores a transaction id it has already processed. A slow or
 failing service only delays itself: each service's sends run on their own.
-Ephemeral data (typing, receipts) of the services with
+Ephemeral data (typing, receipts, presence) of the services with
 ``receive_ephemeral`` is carried by the next transaction, best effort: it
 is kept in memory, not across restarts (it is stale by then).
 """
@@ -34,7 +34,10 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import defer, task
 
 from synapse_lite.appservice.api import track_until_done
-from synapse_lite.appservice.interest import event_concerns_service
+from synapse_lite.appservice.interest import (
+    event_concerns_service,
+    presence_concerns_service,
+)
 from synapse_lite.storage.databases.main.appservice import (
     AppServiceProgress,
     PendingTransaction,
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.storage.databases.main.presence import UserPresenceState
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +113,8 @@ class ApplicationServiceSender:
         self._wants_ephemeral = any(s.receive_ephemeral for s in self._services)
         #: The receipts stream position up to which receipts were looked at.
         self._receipts_seen = store.get_receipts_position()
+        #: Likewise for presence.
+        self._presence_seen = store.get_presence_position()
         self._collecting = False
         self._loop: task.LoopingCall | None = None
         self._wake_call: Any = None
@@ -161,7 +167,7 @@ class ApplicationServiceSender:
         """Queue, for the services with ``receive_ephemeral``, the receipts
         stored and the typing changes since the last look, of the rooms that
         concern them (private receipts are nobody else's business: never
-        sent)."""
+        sent), and the presence changes of users that concern them."""
         edus: list[tuple[str, str, dict[str, Any]]] = []  # (room, user, EDU)
         position = self._store.get_receipts_position()
         if position > self._receipts_seen:
@@ -180,11 +186,23 @@ class ApplicationServiceSender:
             for room_id, user_ids in typing.items():
                 typing_edu: dict[str, Any] = {"type": "m.typing", "content": {"user_ids": user_ids}}
                 edus.append((room_id, user_ids[0] if user_ids else "", typing_edu))
+        presence = await self._presence_changes()
         aliases: dict[str, list[str]] = {}
         for service in self._services:
             if not service.receive_ephemeral:
                 continue
             queue = self._ephemeral[service.id]
+            for state, shared_rooms in presence:
+                if presence_concerns_service(
+                    service,
+                    self._server_name,
+                    user_id=state.user_id,
+                    members_of_shared_rooms=shared_rooms,
+                ):
+                    content = state.to_client_content(self._clock.time_msec())
+                    queue.append(
+                        {"type": "m.presence", "sender": state.user_id, "content": content}
+                    )
             for room_id, user_id, edu in edus:
                 concerns = event_concerns_service(
                     service,
@@ -199,6 +217,23 @@ class ApplicationServiceSender:
                 if concerns:
                     queue.append({"room_id": room_id, **edu})
             del queue[:-MAX_EPHEMERAL]
+
+    async def _presence_changes(
+        self,
+    ) -> list[tuple[UserPresenceState, list[frozenset[str]]]]:
+        """The presence changes since the last look, each with the members
+        of the rooms its user is joined to (who may see it)."""
+        position = self._store.get_presence_position()
+        if position <= self._presence_seen:
+            return []
+        rows = await self._store.get_presence_between(self._presence_seen, position, BATCH)
+        self._presence_seen = rows[-1][0] if len(rows) == BATCH else position
+        changes = []
+        for _, state in rows:
+            rooms = await self._store.get_rooms_for_user(state.user_id)
+            members = [await self._store.get_users_in_room(room_id) for room_id in sorted(rooms)]
+            changes.append((state, members))
+        return changes
 
     def retry_now(self, service_id: str) -> None:
         """The service answered a ping: send what is waiting without

@@ -134,3 +134,22 @@ class TransactionsTestCase(DatabaseTestCase):
         [typing] = [e for e in self.service.ephemeral if e["type"] == "m.typing"]
         self.assertEqual(typing["room_id"], room_id)
         self.assertEqual(typing["content"]["user_ids"], ["@alice:test.local"])
+
+    async def test_presence_of_users_sharing_a_room_arrives_as_ephemeral(self) -> None:
+        alice, _ = await self.bridged_room()
+        carol = await ClientApi(self, self.api.base_url).register("carol")
+        await carol.ok("PUT", "/presence/@carol:test.local/status", {"presence": "online"})
+        await alice.ok(
+            "PUT",
+            "/presence/@alice:test.local/status",
+            {"presence": "unavailable", "status_msg": "away"},
+        )
+        await eventually(
+            lambda: any(e["type"] == "m.presence" for e in self.service.ephemeral),
+            what="presence",
+        )
+        [presence] = [e for e in self.service.ephemeral if e["type"] == "m.presence"]
+        self.assertEqual(presence["sender"], "@alice:test.local")
+        self.assertEqual(presence["content"]["presence"], "unavailable")
+        self.assertEqual(presence["content"]["status_msg"], "away")
+        self.assertNotIn("room_id", presence)
