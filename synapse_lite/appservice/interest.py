@@ -9,8 +9,9 @@ when a local user of the service is joined to the room (the spec: "is a
 joined member of the room where the event occurred"). User namespaces only
 ever cover local users: a remote user matching one is ignored.
 
-A user's presence (MSC2409, no room) concerns a service when the user is
-one of its users or shares a room with one of them.
+What a user does outside rooms (presence, MSC2409; device list changes,
+MSC3202) concerns a service when the user is one of its users or shares a
+room with one of them.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def event_concerns_service(
     return any(ours(member) for member in joined_members)
 
 
-def presence_concerns_service(
+def user_concerns_service(
     service: ApplicationService,
     server_name: str,
     *,

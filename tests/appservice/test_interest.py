@@ -6,7 +6,7 @@ import re
 
 from twisted.trial import unittest
 
-from synapse_lite.appservice.interest import event_concerns_service, presence_concerns_service
+from synapse_lite.appservice.interest import event_concerns_service, user_concerns_service
 from synapse_lite.appservice.registration import ApplicationService, Namespace
 
 SERVICE = ApplicationService(
@@ -60,7 +60,7 @@ class InterestTestCase(unittest.TestCase):
 
     def test_presence(self) -> None:
         def sees(user_id: str, *rooms: list[str]) -> bool:
-            return presence_concerns_service(
+            return user_concerns_service(
                 SERVICE, "hs", user_id=user_id, members_of_shared_rooms=rooms
             )
 
