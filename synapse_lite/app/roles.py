@@ -454,10 +454,25 @@ def app_services_for_role(
         server_name=config.server_name,
         local_writes=(
             local_writes
-            if role.writes_events or role.writes_receipts or role.writes_typing
+            if role.writes_events
+            or role.writes_receipts
+            or role.writes_typing
+            or role.writes_presence
+            or role.writes_device_lists
+            or config.writers.single("to_device") == role.name
             else None
         ),
         typing=typing,
     )
-    row_hooks = tuple((stream, sender.on_rows) for stream in ("events", "receipts", "typing"))
+    row_hooks = tuple(
+        (stream, sender.on_rows)
+        for stream in (
+            "events",
+            "receipts",
+            "typing",
+            "presence",
+            "to_device",
+            "device_lists",
+        )
+    )
     return sender, Hooks(row_hooks=row_hooks, loops=(sender,))

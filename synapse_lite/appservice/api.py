@@ -98,9 +98,11 @@ class ApplicationServiceApi:
         txn_id: int,
         events: list[dict[str, Any]],
         ephemeral: list[dict[str, Any]] | None,
+        extensions: dict[str, Any] | None = None,
     ) -> bool:
-        """``PUT /transactions/{txnId}``: whether the service acknowledged it."""
-        body: dict[str, Any] = {"events": events}
+        """``PUT /transactions/{txnId}``: whether the service acknowledged it.
+        ``extensions``: the unstable fields (to-device, MSC3202), as named."""
+        body: dict[str, Any] = {"events": events, **(extensions or {})}
         if ephemeral is not None:
             body["ephemeral"] = ephemeral
             # The unstable name (MSC2409) bridges still read.

@@ -8,6 +8,10 @@ namespace, when one of the room's aliases matches an aliases namespace, or
 when a local user of the service is joined to the room (the spec: "is a
 joined member of the room where the event occurred"). User namespaces only
 ever cover local users: a remote user matching one is ignored.
+
+What a user does outside rooms (presence, MSC2409; device list changes,
+MSC3202) concerns a service when the user is one of its users or shares a
+room with one of them.
 """
 
 from __future__ import annotations
@@ -44,3 +48,19 @@ def event_concerns_service(
     if any(service.is_alias_in_namespace(alias) for alias in room_aliases):
         return True
     return any(ours(member) for member in joined_members)
+
+
+def user_concerns_service(
+    service: ApplicationService,
+    server_name: str,
+    *,
+    user_id: str,
+    members_of_shared_rooms: Iterable[Iterable[str]],
+) -> bool:
+    """``members_of_shared_rooms``: the joined members of each room
+    ``user_id`` is joined to."""
+
+    def ours(member: str) -> bool:
+        return is_local(member, server_name) and service.is_user_in_namespace(member)
+
+    return ours(user_id) or any(any(ours(m) for m in room) for room in members_of_shared_rooms)

@@ -96,7 +96,8 @@ class AppServiceQueries:
         """``GET /thirdparty/protocols`` (or ``/protocol/{only}``): each
         protocol the services list, described by the first service that
         answers ``GET /_matrix/app/v1/thirdparty/protocol/{protocol}`` with
-        an object; the ``instances`` of every service answering are merged.
+        an object; the ``instances`` of every service answering are merged,
+        each given its ``instance_id`` (``_name_instances``).
         A service that fails or answers garbage is left out."""
         found: dict[str, dict[str, Any]] = {}
         for service in self._services:
@@ -115,6 +116,8 @@ class AppServiceQueries:
                 if not isinstance(described, dict):
                     continue
                 instances = described.get("instances")
+                if isinstance(instances, list):
+                    _name_instances(service, instances)
                 if protocol in found and isinstance(instances, list):
                     found[protocol].setdefault("instances", []).extend(instances)
                 else:
@@ -152,3 +155,13 @@ class AppServiceQueries:
         if self._on_ping_answered is not None:
             self._on_ping_answered(service.id)
         return {"duration_ms": duration_ms}
+
+
+def _name_instances(service: ApplicationService, instances: list[Any]) -> None:
+    """Give each instance with a ``network_id`` the ``instance_id``
+    ``<as_id>|<network_id>``: the id ``/publicRooms`` takes as
+    ``third_party_instance_id`` for the rooms the service published under
+    that network (``PUT /directory/list/appservice/{networkId}/{roomId}``)."""
+    for instance in instances:
+        if isinstance(instance, dict) and isinstance(instance.get("network_id"), str):
+            instance["instance_id"] = f"{service.id}|{instance['network_id']}"

@@ -56,6 +56,9 @@ class ApplicationService:
     protocols: tuple[str, ...] = ()
     #: Whether transactions carry typing, receipts and presence (MSC2409).
     receive_ephemeral: bool = False
+    #: Whether transactions carry device list changes and one-time key
+    #: counts of its users' devices (``org.matrix.msc3202``).
+    msc3202: bool = False
     #: The file it was read from (named in errors and logs; not compared:
     #: the same registration read from elsewhere is the same).
     source: str = attr.ib(default="", eq=False)

@@ -20,7 +20,7 @@ A restart finds a recorded transaction and sends exactly it again, so an
 event is never lost, and never delivered twice to a service that (as the
 spec requires) ignores a transaction id it has already processed. A slow or
 failing service only delays itself: each service's sends run on their own.
-Ephemeral data (typing, receipts) of the services with
+Ephemeral data (typing, receipts, presence) of the services with
 ``receive_ephemeral`` is carried by the next transaction, best effort: it
 is kept in memory, not across restarts (it is stale by then).
 """
@@ -34,7 +34,11 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import defer, task
 
 from synapse_lite.appservice.api import track_until_done
-from synapse_lite.appservice.interest import event_concerns_service
+from synapse_lite.appservice.interest import (
+    event_concerns_service,
+    is_local,
+    user_concerns_service,
+)
 from synapse_lite.storage.databases.main.appservice import (
     AppServiceProgress,
     PendingTransaction,
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.storage.databases.main.presence import UserPresenceState
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +65,13 @@ MAX_BACKOFF_SECONDS = 300.0
 BATCH = 100
 #: Ephemeral items kept per service while it is unreachable.
 MAX_EPHEMERAL = 1000
+
+#: The transaction fields of the unstable extensions (the names the
+#: reference homeserver and the bridges use; no stable names yet).
+TO_DEVICE_FIELD = "de.sorunome.msc2409.to_device"
+DEVICE_LISTS_FIELD = "org.matrix.msc3202.device_lists"
+OTK_COUNTS_FIELD = "org.matrix.msc3202.device_one_time_keys_count"
+FALLBACK_KEYS_FIELD = "org.matrix.msc3202.device_unused_fallback_key_types"
 
 
 #: Which of ``appservice_instances`` sends to a service: the stable hash of
@@ -106,9 +118,17 @@ class ApplicationServiceSender:
         #: Service id -> (next attempt time, current pause) while it fails.
         self._backoff: dict[str, tuple[float, float]] = {}
         self._ephemeral: dict[str, list[dict[str, Any]]] = {s.id: [] for s in self._services}
-        self._wants_ephemeral = any(s.receive_ephemeral for s in self._services)
+        #: To-device messages (MSC2409's unstable extension) waiting, and
+        #: (MSC3202) users whose device lists changed, per service.
+        self._to_device: dict[str, list[dict[str, Any]]] = {s.id: [] for s in self._services}
+        self._devices_changed: dict[str, set[str]] = {s.id: set() for s in self._services}
+        self._wants_ephemeral = any(s.receive_ephemeral or s.msc3202 for s in self._services)
         #: The receipts stream position up to which receipts were looked at.
         self._receipts_seen = store.get_receipts_position()
+        #: Likewise for presence.
+        self._presence_seen = store.get_presence_position()
+        self._to_device_seen = store.get_to_device_stream_token()
+        self._device_lists_seen = store.get_device_lists_position()
         self._collecting = False
         self._loop: task.LoopingCall | None = None
         self._wake_call: Any = None
@@ -161,7 +181,7 @@ class ApplicationServiceSender:
         """Queue, for the services with ``receive_ephemeral``, the receipts
         stored and the typing changes since the last look, of the rooms that
         concern them (private receipts are nobody else's business: never
-        sent)."""
+        sent), and the presence changes of users that concern them."""
         edus: list[tuple[str, str, dict[str, Any]]] = []  # (room, user, EDU)
         position = self._store.get_receipts_position()
         if position > self._receipts_seen:
@@ -180,11 +200,23 @@ class ApplicationServiceSender:
             for room_id, user_ids in typing.items():
                 typing_edu: dict[str, Any] = {"type": "m.typing", "content": {"user_ids": user_ids}}
                 edus.append((room_id, user_ids[0] if user_ids else "", typing_edu))
+        presence = await self._presence_changes()
         aliases: dict[str, list[str]] = {}
         for service in self._services:
             if not service.receive_ephemeral:
                 continue
             queue = self._ephemeral[service.id]
+            for state, shared_rooms in presence:
+                if user_concerns_service(
+                    service,
+                    self._server_name,
+                    user_id=state.user_id,
+                    members_of_shared_rooms=shared_rooms,
+                ):
+                    content = state.to_client_content(self._clock.time_msec())
+                    queue.append(
+                        {"type": "m.presence", "sender": state.user_id, "content": content}
+                    )
             for room_id, user_id, edu in edus:
                 concerns = event_concerns_service(
                     service,
@@ -199,6 +231,66 @@ class ApplicationServiceSender:
                 if concerns:
                     queue.append({"room_id": room_id, **edu})
             del queue[:-MAX_EPHEMERAL]
+        await self._collect_to_device()
+        await self._collect_device_list_changes()
+
+    async def _collect_to_device(self) -> None:
+        """Queue the to-device messages of the services' local users (for
+        those with ``receive_ephemeral``)."""
+        position = self._store.get_to_device_stream_token()
+        if position <= self._to_device_seen:
+            return
+        rows = await self._store.get_device_messages_between(self._to_device_seen, position, BATCH)
+        self._to_device_seen = rows[-1][0] if len(rows) == BATCH else position
+        for service in self._services:
+            if not service.receive_ephemeral:
+                continue
+            queue = self._to_device[service.id]
+            for _, user_id, device_id, message in rows:
+                if is_local(user_id, self._server_name) and service.is_user_in_namespace(user_id):
+                    queue.append({**message, "to_user_id": user_id, "to_device_id": device_id})
+            del queue[:-MAX_EPHEMERAL]
+
+    async def _collect_device_list_changes(self) -> None:
+        """Note, for the services with ``org.matrix.msc3202``, the users
+        whose device lists changed that are theirs or share a room with
+        theirs."""
+        if not any(s.msc3202 for s in self._services):
+            return
+        position = self._store.get_device_lists_position()
+        if position <= self._device_lists_seen:
+            return
+        since, self._device_lists_seen = self._device_lists_seen, position
+        for service in self._services:
+            if not service.msc3202:
+                continue
+            changed = await self._store.get_users_whose_devices_changed(
+                since, position, service.sender
+            )
+            for user_id in sorted(changed):
+                rooms = await self._store.get_rooms_for_user(user_id)
+                members = [await self._store.get_users_in_room(r) for r in sorted(rooms)]
+                if user_concerns_service(
+                    service, self._server_name, user_id=user_id, members_of_shared_rooms=members
+                ):
+                    self._devices_changed[service.id].add(user_id)
+
+    async def _presence_changes(
+        self,
+    ) -> list[tuple[UserPresenceState, list[frozenset[str]]]]:
+        """The presence changes since the last look, each with the members
+        of the rooms its user is joined to (who may see it)."""
+        position = self._store.get_presence_position()
+        if position <= self._presence_seen:
+            return []
+        rows = await self._store.get_presence_between(self._presence_seen, position, BATCH)
+        self._presence_seen = rows[-1][0] if len(rows) == BATCH else position
+        changes = []
+        for _, state in rows:
+            rooms = await self._store.get_rooms_for_user(state.user_id)
+            members = [await self._store.get_users_in_room(room_id) for room_id in sorted(rooms)]
+            changes.append((state, members))
+        return changes
 
     def retry_now(self, service_id: str) -> None:
         """The service answered a ping: send what is waiting without
@@ -262,10 +354,18 @@ class ApplicationServiceSender:
             if event_id in events
         ]
         ephemeral = None
+        extensions: dict[str, Any] = {}
+        to_device = list(self._to_device[service.id])
+        devices_changed = set(self._devices_changed[service.id])
         if service.receive_ephemeral:
             ephemeral = list(self._ephemeral[service.id])
+            extensions[TO_DEVICE_FIELD] = to_device
+        if service.msc3202:
+            extensions.update(
+                await self._msc3202_fields(service, formatted, to_device, devices_changed)
+            )
         acknowledged = await self._api.push_transaction(
-            service, pending.txn_id, formatted, ephemeral
+            service, pending.txn_id, formatted, ephemeral, extensions
         )
         if self._stopping:
             return False  # recorded as pending: sent again after the restart
@@ -274,6 +374,8 @@ class ApplicationServiceSender:
             return False
         if ephemeral:
             del self._ephemeral[service.id][: len(ephemeral)]
+        del self._to_device[service.id][: len(to_device)]
+        self._devices_changed[service.id] -= devices_changed
         await self._store.set_app_service_position(service.id, pending.upto, pending.txn_id)
         self._progress[service.id] = AppServiceProgress(pending.upto, pending.txn_id)
         self._backoff.pop(service.id, None)
@@ -286,7 +388,11 @@ class ApplicationServiceSender:
         """The next transaction, recorded; None when nothing waits (the
         position is moved past events that do not concern the service)."""
         upto = self._store.get_room_max_stream_ordering()
-        has_ephemeral = bool(self._ephemeral.get(service.id))
+        has_ephemeral = bool(
+            self._ephemeral.get(service.id)
+            or self._to_device.get(service.id)
+            or self._devices_changed.get(service.id)
+        )
         if upto <= progress.position and not has_ephemeral:
             return None
         rows = await self._store.get_stream_events_between(progress.position, upto, BATCH)
@@ -307,6 +413,36 @@ class ApplicationServiceSender:
             progress.position, progress.last_txn_id, pending
         )
         return pending
+
+    async def _msc3202_fields(
+        self,
+        service: ApplicationService,
+        events: list[dict[str, Any]],
+        to_device: list[dict[str, Any]],
+        devices_changed: set[str],
+    ) -> dict[str, Any]:
+        """MSC3202's fields: the device lists changed, and the one-time key
+        counts and unused fallback key types of every device of the
+        service's users appearing in the transaction (senders of its events,
+        receivers of its to-device messages)."""
+        appearing = {e.get("sender") for e in events} | {m["to_user_id"] for m in to_device}
+        counts: dict[str, dict[str, dict[str, int]]] = {}
+        fallback: dict[str, dict[str, list[str]]] = {}
+        for user_id in sorted(u for u in appearing if isinstance(u, str)):
+            if not (is_local(user_id, self._server_name) and service.is_user_in_namespace(user_id)):
+                continue
+            for device_id in await self._store.get_device_ids(user_id):
+                counts.setdefault(user_id, {})[device_id] = await self._store.count_one_time_keys(
+                    user_id, device_id
+                )
+                fallback.setdefault(user_id, {})[
+                    device_id
+                ] = await self._store.get_unused_fallback_key_types(user_id, device_id)
+        return {
+            DEVICE_LISTS_FIELD: {"changed": sorted(devices_changed), "left": []},
+            OTK_COUNTS_FIELD: counts,
+            FALLBACK_KEYS_FIELD: fallback,
+        }
 
     async def _concerns(
         self, service: ApplicationService, event: Event, aliases: dict[str, list[str]]

@@ -32,7 +32,6 @@ from synapse_lite.config.validation import (
 _ACCEPTED_KEYS = (
     "push_ephemeral",
     "de.sorunome.msc2409.push_ephemeral",
-    "org.matrix.msc3202",
     "io.element.msc4190",
     "org.matrix.msc4190",
 )
@@ -89,6 +88,7 @@ def read_registration(
     if "receive_ephemeral" not in section.data:
         # The unstable name bridges wrote before the spec's.
         receive_ephemeral = section.get_bool("de.sorunome.msc2409.push_ephemeral", False)
+    msc3202 = section.get_bool("org.matrix.msc3202", False)
     section.accept(*_ACCEPTED_KEYS)
     for key, token in (("as_token", as_token), ("hs_token", hs_token)):
         if isinstance(token, str) and not token.strip():
@@ -110,6 +110,7 @@ def read_registration(
             rate_limited=rate_limited,
             protocols=tuple(protocols or ()),
             receive_ephemeral=receive_ephemeral,
+            msc3202=msc3202,
             source=path,
         ),
         [],

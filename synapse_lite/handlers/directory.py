@@ -20,6 +20,7 @@ from synapse_lite.handlers.visibility import load_room_visibility
 
 if TYPE_CHECKING:
     from synapse_lite.appservice.queries import AppServiceQueries
+    from synapse_lite.appservice.registration import ApplicationService
     from synapse_lite.clock import Clock
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -29,6 +30,9 @@ MAX_PUBLIC_ROOMS_PAGE = 500
 MAX_USER_SEARCH_LIMIT = 100
 
 BAD_ALIAS = "M_BAD_ALIAS"
+
+#: The longest network id an application service may publish rooms under.
+MAX_NETWORK_ID = 255
 
 
 class DirectoryHandler:
@@ -189,17 +193,60 @@ class DirectoryHandler:
         await self._check_can_edit(requester.user_id, room_id, "directory listing")
         await self._store.set_room_in_directory(room_id, visibility == "public")
 
+    async def set_appservice_visibility(
+        self, service: ApplicationService, network_id: str, room_id: str, visibility: str
+    ) -> None:
+        """Publish (``public``) or withdraw ``room_id`` in the list of the
+        service's network ``network_id``. Any network id is accepted (the
+        service names its own networks; see docs/appservices.md), the room
+        must exist."""
+        if not network_id or len(network_id) > MAX_NETWORK_ID or "|" in network_id:
+            raise SynapseError(400, "Bad network id", Codes.INVALID_PARAM)
+        if not await self._store.room_exists(room_id):
+            raise NotFoundError("Unknown room")
+        await self._store.set_room_in_appservice_list(
+            service.id, network_id, room_id, visibility == "public"
+        )
+
     async def public_rooms(
-        self, limit: int | None, since: str | None, search_term: str | None
+        self,
+        limit: int | None,
+        since: str | None,
+        search_term: str | None,
+        *,
+        instance_id: str | None = None,
+        all_networks: bool = False,
     ) -> dict[str, Any]:
         """A page of the listed rooms (oldest first). ``since`` is the
-        ``next_batch``/``prev_batch`` of another page: ``o<offset>``."""
+        ``next_batch``/``prev_batch`` of another page: ``o<offset>``.
+        Without ``instance_id``: the server's own list, plus with
+        ``all_networks`` every application service's lists; with it
+        (``<as_id>|<network_id>``, as ``/thirdparty/protocols`` names the
+        instances) that network's list only."""
         offset = 0
         if since is not None:
             if not since.startswith("o") or not since[1:].isdigit() or len(since) > 12:
                 raise SynapseError(400, "Unknown 'since' token", Codes.INVALID_PARAM)
             offset = int(since[1:])
-        room_ids = await self._store.get_directory_room_ids()
+        if instance_id is not None:
+            if all_networks:
+                raise SynapseError(
+                    400,
+                    "'third_party_instance_id' cannot be used with 'include_all_networks'",
+                    Codes.INVALID_PARAM,
+                )
+            service_id, bar, network_id = instance_id.partition("|")
+            if not bar:
+                raise SynapseError(400, "Unknown 'third_party_instance_id'", Codes.INVALID_PARAM)
+            room_ids = await self._store.get_appservice_list_room_ids((service_id, network_id))
+        else:
+            room_ids = await self._store.get_directory_room_ids()
+            if all_networks:
+                seen = set(room_ids)
+                for room_id in await self._store.get_appservice_list_room_ids(None):
+                    if room_id not in seen:
+                        seen.add(room_id)
+                        room_ids.append(room_id)
         entries = [await self._room_entry(room_id) for room_id in room_ids]
         if search_term:
             term = search_term.casefold()

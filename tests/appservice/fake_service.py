@@ -25,6 +25,8 @@ class FakeApplicationService(Resource):
         #: Transaction ids processed, and the events they carried, once each.
         self.processed: dict[str, list[dict[str, Any]]] = {}
         self.ephemeral: list[dict[str, Any]] = []
+        #: Every transaction's body, in arrival order (the first of each id).
+        self.transactions: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         #: "ok"; "error": 500 without processing; "lost_ack": processed,
         #: then 500 (as if the answer was lost).
@@ -108,6 +110,7 @@ class FakeApplicationService(Resource):
             self.processed[txn_id] = body["events"]
             self.events.extend(body["events"])
             self.ephemeral.extend(body.get("ephemeral", []))
+            self.transactions.append(body)
         if self.mode == "lost_ack":
             request.setResponseCode(500)
             return b'{"errcode": "M_UNKNOWN"}'

@@ -171,3 +171,55 @@ class AppServiceClientApiTestCase(DatabaseTestCase):
         alice = await self.api.register("alice")
         code, _ = await alice.request("PUT", "/devices/NEWDEV", {})
         self.assertEqual(code, 404)
+
+    async def test_network_room_lists(self) -> None:
+        """``PUT /directory/list/appservice/{networkId}/{roomId}``: the room is
+        in that network's list only, seen through ``third_party_instance_id``
+        ``<as_id>|<network_id>`` and ``include_all_networks``."""
+        alice = await self.api.register("alice")
+        room_id = await alice.create_room(preset="public_chat", name="Bridged")
+        listing = f"/directory/list/appservice/libera/{room_id}"
+        await self.service.ok("PUT", listing, {"visibility": "public"})
+
+        async def listed(body: dict) -> list[str]:
+            page = await alice.ok("POST", "/publicRooms", body)
+            return [entry["room_id"] for entry in page["chunk"]]
+
+        self.assertEqual(await listed({}), [])
+        self.assertEqual(await listed({"third_party_instance_id": "irc|libera"}), [room_id])
+        self.assertEqual(await listed({"third_party_instance_id": "irc|oftc"}), [])
+        self.assertEqual(await listed({"include_all_networks": True}), [room_id])
+        # Also in the server's own list: still once with all networks.
+        await alice.ok("PUT", f"/directory/list/room/{room_id}", {"visibility": "public"})
+        self.assertEqual(await listed({"include_all_networks": True}), [room_id])
+        await alice.ok("PUT", f"/directory/list/room/{room_id}", {"visibility": "private"})
+        await self.service.ok("PUT", listing, {"visibility": "private"})
+        self.assertEqual(await listed({"third_party_instance_id": "irc|libera"}), [])
+        await self.service.ok("PUT", listing, {"visibility": "public"})
+        await self.service.ok("DELETE", listing)
+        self.assertEqual(await listed({"include_all_networks": True}), [])
+
+    async def test_network_room_list_errors(self) -> None:
+        alice = await self.api.register("alice")
+        room_id = await alice.create_room()
+        listing = f"/directory/list/appservice/libera/{room_id}"
+        code, body = await alice.request("PUT", listing, {"visibility": "public"})
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        code, body = await self.service.request("PUT", listing, {"visibility": "shown"})
+        self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
+        code, body = await self.service.request("PUT", listing, {})
+        self.assertEqual((code, body["errcode"]), (400, "M_MISSING_PARAM"))
+        code, body = await self.service.request(
+            "PUT", "/directory/list/appservice/libera/!nowhere:test.local", {"visibility": "public"}
+        )
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+        code, body = await alice.request(
+            "POST", "/publicRooms", {"third_party_instance_id": "libera"}
+        )
+        self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
+        code, body = await alice.request(
+            "POST",
+            "/publicRooms",
+            {"third_party_instance_id": "irc|libera", "include_all_networks": True},
+        )
+        self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))

@@ -6,7 +6,7 @@ import re
 
 from twisted.trial import unittest
 
-from synapse_lite.appservice.interest import event_concerns_service
+from synapse_lite.appservice.interest import event_concerns_service, user_concerns_service
 from synapse_lite.appservice.registration import ApplicationService, Namespace
 
 SERVICE = ApplicationService(
@@ -57,3 +57,17 @@ class InterestTestCase(unittest.TestCase):
         self.assertTrue(concerns(room_id="!bridged1:hs"))
         self.assertTrue(concerns(room_aliases=["#other:hs", "#_irc_chan:hs"]))
         self.assertFalse(concerns(room_aliases=["#other:hs"]))
+
+    def test_presence(self) -> None:
+        def sees(user_id: str, *rooms: list[str]) -> bool:
+            return user_concerns_service(
+                SERVICE, "hs", user_id=user_id, members_of_shared_rooms=rooms
+            )
+
+        self.assertTrue(sees("@_irc_bob:hs"))
+        self.assertFalse(sees("@alice:hs"))
+        self.assertFalse(sees("@alice:hs", ["@alice:hs", "@carol:hs"]))
+        self.assertTrue(sees("@alice:hs", ["@carol:hs"], ["@alice:hs", "@_irc_bob:hs"]))
+        # A remote user in the namespace shares nothing with the service.
+        self.assertFalse(sees("@alice:hs", ["@alice:hs", "@_irc_bob:elsewhere"]))
+        self.assertFalse(sees("@_irc_bob:elsewhere"))

@@ -12,6 +12,7 @@ from typing import Any
 
 from twisted.internet import protocol, reactor
 
+from synapse_lite.appservice.sender import ApplicationServiceSender
 from tests.appservice.registrations import irc_registration, write_registrations
 from tests.harness.client_api import ClientApi, q, start_cluster
 from tests.harness.polling import eventually
@@ -71,13 +72,30 @@ class MautrixBridgeTestCase(DatabaseTestCase):
         skip = "mautrix is not installed (pip install mautrix)"
 
     async def test_bridge_round_trip(self) -> None:
+        await self.round_trip()
+
+    async def test_bridge_round_trip_sent_by_a_worker(self) -> None:
+        """The same with the transactions sent by a worker of its own
+        (``appservice_instances: [as1]``), the bridge talking to the main
+        process."""
+        servers = await self.round_trip(workers=["as1"], appservice_instances=["as1"])
+        senders = [
+            name
+            for name, server in servers.items()
+            if any(isinstance(loop, ApplicationServiceSender) for loop in server.loops._loops)
+        ]
+        self.assertEqual(senders, ["as1"])
+
+    async def round_trip(self, workers: list[str] = [], **config: Any) -> dict[str, Any]:  # noqa: B006
         port = free_port()
-        _, clients, _ = start_cluster(
+        servers, clients, _ = start_cluster(
             self,
             self.test_db,
+            workers=workers,
             app_service_config_files=write_registrations(
                 irc_registration(f"http://127.0.0.1:{port}")
             ),
+            **config,
         )
         base = clients["main"].base_url
         bridge = BridgeProcess()
@@ -129,3 +147,4 @@ class MautrixBridgeTestCase(DatabaseTestCase):
         await alice.ok("GET", "/profile/" + q("@_irc_ghost:test.local"))
         self.assertEqual(bridge.seen("made_user"), ["@_irc_ghost:test.local"])
         self.assertEqual(bridge.seen("error"), [])
+        return servers

@@ -4,6 +4,8 @@ aliases, and pings."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 
@@ -152,7 +154,7 @@ class QueriesTestCase(DatabaseTestCase):
         )
 
     async def test_thirdparty_protocols_come_from_the_services(self) -> None:
-        irc = {
+        irc: dict[str, Any] = {
             "user_fields": ["network", "nickname"],
             "location_fields": ["network", "channel"],
             "icon": "mxc://example.org/irc",
@@ -162,7 +164,9 @@ class QueriesTestCase(DatabaseTestCase):
         self.service.protocols = {"irc": irc}
         alice = await ClientApi(self, self.api.base_url).register("alice")
         # "gone" is listed but its service does not describe it: left out.
-        self.assertEqual(await alice.ok("GET", "/thirdparty/protocols"), {"irc": irc})
-        self.assertEqual(await alice.ok("GET", "/thirdparty/protocol/irc"), irc)
+        # Each instance is named for /publicRooms' third_party_instance_id.
+        named = {**irc, "instances": [{**irc["instances"][0], "instance_id": "irc|libera"}]}
+        self.assertEqual(await alice.ok("GET", "/thirdparty/protocols"), {"irc": named})
+        self.assertEqual(await alice.ok("GET", "/thirdparty/protocol/irc"), named)
         code, body = await alice.request("GET", "/thirdparty/protocol/gone")
         self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))

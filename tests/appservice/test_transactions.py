@@ -4,15 +4,30 @@ neither lost nor repeated over a restart of the homeserver."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from synapse_lite.appservice import sender as sender_module
+from synapse_lite.appservice.sender import (
+    DEVICE_LISTS_FIELD as DEVICE_LISTS,
+)
+from synapse_lite.appservice.sender import (
+    FALLBACK_KEYS_FIELD as FALLBACK_KEYS,
+)
+from synapse_lite.appservice.sender import (
+    OTK_COUNTS_FIELD as OTK_COUNTS,
+)
+from synapse_lite.appservice.sender import (
+    TO_DEVICE_FIELD as TO_DEVICE,
+)
 from tests.appservice.fake_service import FakeApplicationService
 from tests.appservice.registrations import irc_registration, write_registrations
 from tests.harness.client_api import ClientApi, serve, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, make_homeserver
+from tests.rest.test_keys import device_keys, one_time_keys
 
 AS_TOKEN = "irc-as-token"
 
@@ -30,7 +45,7 @@ class TransactionsTestCase(DatabaseTestCase):
             self,
             self.test_db,
             app_service_config_files=write_registrations(
-                irc_registration(url, receive_ephemeral=True)
+                irc_registration(url, receive_ephemeral=True, **{"org.matrix.msc3202": True})
             ),
         )
         self.api = clients["main"]
@@ -137,3 +152,91 @@ class TransactionsTestCase(DatabaseTestCase):
         [typing] = [e for e in self.service.ephemeral if e["type"] == "m.typing"]
         self.assertEqual(typing["room_id"], room_id)
         self.assertEqual(typing["content"]["user_ids"], ["@alice:test.local"])
+
+    async def test_presence_of_users_sharing_a_room_arrives_as_ephemeral(self) -> None:
+        alice, _ = await self.bridged_room()
+        carol = await ClientApi(self, self.api.base_url).register("carol")
+        await carol.ok("PUT", "/presence/@carol:test.local/status", {"presence": "online"})
+        await alice.ok(
+            "PUT",
+            "/presence/@alice:test.local/status",
+            {"presence": "unavailable", "status_msg": "away"},
+        )
+        await eventually(
+            lambda: any(e["type"] == "m.presence" for e in self.service.ephemeral),
+            what="presence",
+        )
+        [presence] = [e for e in self.service.ephemeral if e["type"] == "m.presence"]
+        self.assertEqual(presence["sender"], "@alice:test.local")
+        self.assertEqual(presence["content"]["presence"], "unavailable")
+        self.assertEqual(presence["content"]["status_msg"], "away")
+        self.assertNotIn("room_id", presence)
+
+    def field(self, name: str) -> list[Any]:
+        """Every value of ``name`` in the transactions received so far."""
+        return [t[name] for t in self.service.transactions if name in t]
+
+    async def bob_device(self) -> ClientApi:
+        """``_irc_bob`` (joined by ``bridged_room``) logged in as ``BOBDEV``."""
+        bridge = self.api.as_user(AS_TOKEN)
+        await bridge.ok(
+            "POST",
+            "/login",
+            {
+                "type": "m.login.application_service",
+                "identifier": {"type": "m.id.user", "user": "_irc_bob"},
+                "device_id": "BOBDEV",
+            },
+        )
+        return bridge
+
+    async def test_to_device_messages_of_the_service_users_arrive(self) -> None:
+        alice, _ = await self.bridged_room()
+        await self.bob_device()
+        messages = {
+            "@_irc_bob:test.local": {"BOBDEV": {"ask": 1}},
+            "@alice:test.local": {"*": {"ask": 2}},
+        }
+        await alice.ok("PUT", "/sendToDevice/m.room_key_request/t1", {"messages": messages})
+        await eventually(lambda: any(self.field(TO_DEVICE)), what="the to-device message")
+        [message] = [m for batch in self.field(TO_DEVICE) for m in batch]
+        self.assertEqual(
+            message,
+            {
+                "type": "m.room_key_request",
+                "sender": "@alice:test.local",
+                "content": {"ask": 1},
+                "to_user_id": "@_irc_bob:test.local",
+                "to_device_id": "BOBDEV",
+            },
+        )
+
+    async def test_msc3202_device_lists_and_key_counts(self) -> None:
+        alice, room_id = await self.bridged_room()
+        bridge = await self.bob_device()
+        bob = "user_id=@_irc_bob:test.local&device_id=BOBDEV"
+        await bridge.ok("POST", f"/keys/upload?{bob}", {"one_time_keys": one_time_keys(3)})
+        await alice.ok("POST", "/keys/upload", {"device_keys": device_keys(alice)})
+        await eventually(
+            lambda: any("@alice:test.local" in d["changed"] for d in self.field(DEVICE_LISTS)),
+            what="alice's device list change",
+        )
+        await bridge.ok(
+            "PUT",
+            f"/rooms/{room_id}/send/m.room.message/b1?{bob}",
+            {"msgtype": "m.text", "body": "from bob"},
+        )
+        await eventually(lambda: "from bob" in self.service.bodies(), what="bob's message")
+        [carrying] = [
+            t
+            for t in self.service.transactions
+            if any(e["content"].get("body") == "from bob" for e in t["events"])
+        ]
+        self.assertEqual(
+            carrying[OTK_COUNTS], {"@_irc_bob:test.local": {"BOBDEV": {"signed_curve25519": 3}}}
+        )
+        self.assertEqual(carrying[FALLBACK_KEYS], {"@_irc_bob:test.local": {"BOBDEV": []}})
+        # Alice's own events carry no counts: she is not the service's.
+        self.assertTrue(
+            all("@alice:test.local" not in t[OTK_COUNTS] for t in self.service.transactions)
+        )

@@ -81,7 +81,15 @@ class RegistrationFilesTestCase(unittest.TestCase):
         [service] = load_with(data).app_services
         self.assertTrue(service.rate_limited)
         self.assertFalse(service.receive_ephemeral)
+        self.assertFalse(service.msc3202)
         self.assertEqual(service.protocols, ())
+
+    def test_msc3202_opt_in(self) -> None:
+        [service] = load_with(registration(**{"org.matrix.msc3202": True})).app_services
+        self.assertTrue(service.msc3202)
+        with self.assertRaises(ConfigError) as raised:
+            load_with(registration(**{"org.matrix.msc3202": "yes"}))
+        self.assertIn("org.matrix.msc3202", str(raised.exception))
 
     def test_null_url_means_no_traffic(self) -> None:
         [service] = load_with(registration(url=None)).app_services

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
-from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import check_room_alias, check_room_id
-from synapse_lite.http.fields import get_dict, get_optional_int, get_optional_str, get_str
+from synapse_lite.http.fields import get_bool, get_dict, get_optional_int, get_optional_str, get_str
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
@@ -65,11 +65,44 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         body = parse_json_object_from_request(request)
+        await directory.set_visibility(requester, room_id, listing_visibility(body))
+        return 200, {}
+
+    def listing_visibility(body: dict[str, Any]) -> str:
         visibility = get_optional_str(body, "visibility") or "private"
         if visibility not in ("public", "private"):
             raise SynapseError(400, "'visibility' must be public or private", Codes.INVALID_PARAM)
-        await directory.set_visibility(requester, room_id, visibility)
+        return visibility
+
+    async def set_appservice_listing(
+        request: Request, network_id: str, room_id: str, visibility: str
+    ) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        if requester.app_service is None:
+            raise AuthError(
+                403,
+                "Only an application service (with its as_token) may publish rooms"
+                " in a network's room list",
+            )
+        check_room_id(room_id)
+        await directory.set_appservice_visibility(
+            requester.app_service, network_id, room_id, visibility
+        )
         return 200, {}
+
+    async def put_appservice_listing(
+        request: Request, network_id: str, room_id: str
+    ) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request)
+        if "visibility" not in body:
+            raise SynapseError(400, "'visibility' is required", Codes.MISSING_PARAM)
+        return await set_appservice_listing(request, network_id, room_id, listing_visibility(body))
+
+    async def delete_appservice_listing(
+        request: Request, network_id: str, room_id: str
+    ) -> tuple[int, Any]:
+        # Not in the spec; the reference homeserver has it and SyTest uses it.
+        return await set_appservice_listing(request, network_id, room_id, "private")
 
     def check_server(server: str | None) -> None:
         if server is not None and server != handlers.server_name:
@@ -91,7 +124,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         since = get_optional_str(body, "since", max_length=64)
         search_filter = get_dict(body, "filter", {})
         term = get_optional_str(search_filter, "generic_search_term", max_length=MAX_SEARCH_TERM)
-        return 200, await directory.public_rooms(limit, since, term)
+        instance_id = get_optional_str(body, "third_party_instance_id", max_length=512)
+        all_networks = get_bool(body, "include_all_networks", False)
+        return 200, await directory.public_rooms(
+            limit, since, term, instance_id=instance_id, all_networks=all_networks
+        )
 
     async def search_users(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -122,6 +159,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     listing = client_path("/directory/list/room/(?P<room_id>[^/]+)")
     register("GET", listing, get_listing, "directory_listing")
     register("PUT", listing, put_listing, "directory_listing")
+    as_listing = client_path("/directory/list/appservice/(?P<network_id>[^/]+)/(?P<room_id>[^/]+)")
+    register("PUT", as_listing, put_appservice_listing, "directory_appservice_listing")
+    register("DELETE", as_listing, delete_appservice_listing, "directory_appservice_listing")
     register("GET", client_path("/publicRooms"), get_public_rooms, "public_rooms")
     register("POST", client_path("/publicRooms"), post_public_rooms, "public_rooms_search")
     register("POST", client_path("/user_directory/search"), search_users, "user_directory")

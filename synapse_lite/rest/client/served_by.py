@@ -77,6 +77,7 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "directory_alias": READERS,
     "room_aliases": READERS,
     "directory_listing": READERS,
+    "directory_appservice_listing": READERS,
     "public_rooms": READERS,
     "public_rooms_search": READERS,
     "user_directory": READERS,

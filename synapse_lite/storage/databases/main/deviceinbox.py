@@ -157,6 +157,21 @@ class DeviceInboxWorkerStore(SQLBaseStore):
         upto = int(rows[-1][0]) if len(rows) >= limit else to_id
         return messages, upto
 
+    async def get_device_messages_between(
+        self, from_id: int, to_id: int, limit: int
+    ) -> list[tuple[int, str, str, dict[str, Any]]]:
+        """Every local device's messages in ``(from_id, to_id]``, oldest
+        first, at most ``limit``: ``(stream id, user, device, message)``."""
+        rows = await self.db_pool.select(
+            "get_device_messages_between",
+            "SELECT stream_id, user_id, device_id, message_json FROM device_inbox"
+            " WHERE stream_id > ? AND stream_id <= ? ORDER BY stream_id ASC LIMIT ?",
+            from_id,
+            to_id,
+            limit,
+        )
+        return [(int(r[0]), r[1], r[2], db_to_json(r[3])) for r in rows]
+
     async def delete_messages_for_device(self, user_id: str, device_id: str, up_to_id: int) -> int:
         """Delete delivered messages (the client has acknowledged ``up_to_id``)."""
 

@@ -28,6 +28,10 @@ class DeviceWorkerStore(SQLBaseStore):
         super().__init__(database, db_conn, hs)
         self._device_list_id_gen = hs.id_generators.of("device_lists")
 
+    def get_device_lists_position(self) -> int:
+        """Where every device list change up to is stored (this process's view)."""
+        return self._device_list_id_gen.persisted_upto_position()
+
     async def get_devices_by_user(self, user_id: str) -> list[dict[str, Any]]:
         rows = await self.db_pool.select(
             "get_devices_by_user",

@@ -134,6 +134,26 @@ class PresenceWorkerStore(SQLBaseStore):
         )
         return [_state_from_row(r) for r in rows]
 
+    def get_presence_position(self) -> int:
+        """Where every presence change up to is stored (this process's view)."""
+        return self._presence_id_gen.persisted_upto_position()
+
+    async def get_presence_between(
+        self, from_id: int, to_id: int, limit: int
+    ) -> list[tuple[int, UserPresenceState]]:
+        """Users whose latest presence was set in ``(from_id, to_id]``, in
+        stream order, at most ``limit`` (an earlier change of a user set
+        again since is not seen: only the latest counts)."""
+        rows = await self.db_pool.select(
+            "get_presence_between",
+            f"SELECT stream_id, {_COLUMNS} FROM presence_stream"
+            " WHERE ? < stream_id AND stream_id <= ? ORDER BY stream_id ASC LIMIT ?",
+            from_id,
+            to_id,
+            limit,
+        )
+        return [(int(r[0]), _state_from_row(r[1:])) for r in rows]
+
     async def get_all_presence_updates(
         self, instance_name: str, last_id: int, current_id: int, limit: int
     ) -> tuple[list[tuple[int, PresenceStreamRow]], int, bool]:

@@ -155,6 +155,49 @@ class ProfileWorkerStore(SQLBaseStore):
         )
         return [r[0] for r in rows]
 
+    async def set_room_in_appservice_list(
+        self, appservice_id: str, network_id: str, room_id: str, listed: bool
+    ) -> None:
+        """Publish (or withdraw) ``room_id`` in the list of one network of
+        one application service; idempotent both ways."""
+        if listed:
+            await self.db_pool.execute(
+                "set_room_in_appservice_list",
+                "INSERT INTO appservice_room_list (appservice_id, network_id, room_id)"
+                " VALUES (?, ?, ?)"
+                " ON CONFLICT (appservice_id, network_id, room_id) DO NOTHING",
+                appservice_id,
+                network_id,
+                room_id,
+            )
+        else:
+            await self.db_pool.execute(
+                "set_room_in_appservice_list",
+                "DELETE FROM appservice_room_list"
+                " WHERE appservice_id = ? AND network_id = ? AND room_id = ?",
+                appservice_id,
+                network_id,
+                room_id,
+            )
+
+    async def get_appservice_list_room_ids(self, network: tuple[str, str] | None) -> list[str]:
+        """The rooms published by application services, oldest first:
+        those of ``network`` (an ``(appservice_id, network_id)``) only, or of
+        every network of every service when it is None."""
+        where: str = ""
+        args: tuple[str, ...] = ()
+        if network is not None:
+            where, args = " WHERE l.appservice_id = ? AND l.network_id = ?", network
+        rows = await self.db_pool.select(
+            "get_appservice_list_room_ids",
+            "SELECT DISTINCT r.room_id, r.creation_ts FROM appservice_room_list AS l"
+            " JOIN rooms AS r ON r.room_id = l.room_id"
+            + where
+            + " ORDER BY r.creation_ts, r.room_id",
+            *args,
+        )
+        return [r[0] for r in rows]
+
     # Forgotten rooms
 
     async def forget_room(self, user_id: str, room_id: str) -> None:
