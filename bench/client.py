@@ -325,18 +325,53 @@ def main(argv: list[str] | None = None) -> int:
         help="send each room's messages to its events writer (split layout)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the layouts' directories")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a checkout of other code (e.g. `git archive main`): each layout runs with it"
+        " right after this code's run, columns '@baseline', and the ratios are printed",
+    )
     args = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
+    sources: list[tuple[str | None, str]] = [(None, "")]
+    if args.baseline:
+        sources.append((os.path.abspath(args.baseline), BASELINE))
     for layout in args.layouts.split(","):
-        cluster = Cluster(layout, args.engine)
-        started = time.monotonic()
-        try:
-            cluster.start()
-            print(f"{layout}: started in {time.monotonic() - started:.1f} s ({cluster.dir})")
-            results.update(asyncio.run(run_layout(cluster, args)))
-        finally:
-            cluster.stop(keep=args.keep)
-    return 0 if report(results, args) else 1
+        for source, suffix in sources:
+            cluster = Cluster(layout, args.engine)
+            if source is not None:
+                cluster.source_root = source
+            started = time.monotonic()
+            try:
+                cluster.start()
+                took = time.monotonic() - started
+                print(f"{layout}{suffix}: started in {took:.1f} s ({cluster.dir})")
+                columns = asyncio.run(run_layout(cluster, args))
+                results.update({name + suffix: value for name, value in columns.items()})
+            finally:
+                cluster.stop(keep=args.keep)
+    ok = report(results, args)
+    if args.baseline:
+        print_ratios(results)
+    return 0 if ok else 1
+
+
+#: The suffix of the columns measured with ``--baseline``'s code.
+BASELINE = "@baseline"
+
+
+def print_ratios(results: dict[str, dict[str, Any]]) -> None:
+    """This code's send figures over the baseline's, measured in the same run."""
+    print()
+    for name, ours in results.items():
+        theirs = results.get(name + BASELINE)
+        if theirs is None:
+            continue
+        sent, delivered = (ours[k] / theirs[k] for k in ("sent", "delivered"))
+        print(
+            f"{name}: this / baseline events/s sent {sent:.2f}, delivered {delivered:.2f};"
+            f" send p50 {ours['send_p50']:.1f} / {theirs['send_p50']:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

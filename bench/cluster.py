@@ -248,7 +248,11 @@ class Cluster:
             if app == "generic_worker":
                 args += ["--worker-name", name]
             log = open(os.path.join(self.dir, f"{name}.log"), "wb")
-            self.processes[name] = subprocess.Popen(args, stdout=log, stderr=log, env=env)
+            # Run from the source root too: ``-m`` puts the working directory
+            # first on sys.path, ahead of PYTHONPATH (a baseline checkout).
+            self.processes[name] = subprocess.Popen(
+                args, stdout=log, stderr=log, env=env, cwd=self.source_root
+            )
             self._wait_healthy(name)
 
     def _wait_healthy(self, name: str, timeout: float = 60.0) -> None:

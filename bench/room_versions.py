@@ -81,7 +81,7 @@ async def _measure(hs: Any, args: argparse.Namespace) -> None:
         room_version = KNOWN_ROOM_VERSIONS[version]
         started = time.process_time()
         for depth in range(args.ids):
-            spec.to_persist(rooms[version], room_version, "test.local", "$prev", depth)
+            spec.to_persist(rooms[version], room_version, "test.local", ["$prev"], depth)
         per_id = (time.process_time() - started) / args.ids * 1e6
         print(f"  version {version:>2}: {per_id:6.1f} us")
 

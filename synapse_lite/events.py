@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import attr
@@ -166,7 +167,8 @@ def event_pdu(
     content: dict[str, Any],
     origin_server_ts: int,
     depth: int,
-    prev_event_id: str | None,
+    prev_event_ids: Sequence[str],
+    auth_event_ids: Sequence[str],
     redacts: str | None,
 ) -> dict[str, Any]:
     """An event in the server-server form this server gives it, without
@@ -174,14 +176,16 @@ def event_pdu(
     event id from version 3 (so the id is the reference hash of the result,
     hashes added), and what ``event_format: federation`` serves.
 
-    Our rooms do not federate: an event names the room's newest event before
-    it in ``prev_events`` (the rooms are linear) and no ``auth_events`` (the
-    writer authorises against the room's current state, and records no
-    auth chain). Versions 1 and 2 name ``event_id`` in the event and pair
-    each previous event with its hashes, which we do not keep (an empty
-    object); ``origin`` is not set (the sender's server is ours).
+    ``prev_event_ids``: the room's forward extremities when the event was
+    made (docs/event-graph.md); ``auth_event_ids``: the events the spec's
+    auth event selection picks from the state before it (none for events
+    persisted before the rooms became graphs, whose ids hash none).
+    Versions 1 and 2 name ``event_id`` in the event and pair each previous
+    and auth event with its hashes, which we do not keep (an empty object);
+    ``origin`` is not set (the sender's server is ours).
     """
-    prev_events: list[Any] = [] if prev_event_id is None else [prev_event_id]
+    prev_events: list[Any] = list(prev_event_ids)
+    auth_events: list[Any] = list(auth_event_ids)
     pdu: dict[str, Any] = {
         "room_id": room_id,
         "type": kind.type,
@@ -190,11 +194,12 @@ def event_pdu(
         "origin_server_ts": origin_server_ts,
         "depth": depth,
         "prev_events": prev_events,
-        "auth_events": [],
+        "auth_events": auth_events,
     }
     if room_version.event_ids is EventIdFormat.SERVER_SUFFIXED:
         pdu["event_id"] = event_id
         pdu["prev_events"] = [[e, {}] for e in prev_events]
+        pdu["auth_events"] = [[e, {}] for e in auth_events]
     if kind.state_key is not None:
         pdu["state_key"] = kind.state_key
     if redacts is not None and not room_version.redacts_in_content:
@@ -238,6 +243,12 @@ class EventContent(_EventKind):
     redacts: str | None = None
     #: (user_id, device_id, txn_id) of an idempotent client send.
     txn_key: tuple[str, str, str] | None = None
+    #: Its place in the room's graph: its parents (the room's forward
+    #: extremities when it was made), 1 + the deepest parent's depth, and
+    #: the events that authorise it.
+    prev_event_ids: tuple[str, ...] = ()
+    depth: int = 1
+    auth_event_ids: tuple[str, ...] = ()
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -276,9 +287,14 @@ class Event(_EventKind):
             redacted_because=redaction,
         )
 
-    def to_pdu(self, room_version: RoomVersion, prev_event_id: str | None) -> dict[str, Any]:
-        """The event as :func:`event_pdu` gives it (``prev_event_id``: the
-        event it follows in its room)."""
+    def to_pdu(
+        self,
+        room_version: RoomVersion,
+        prev_event_ids: Sequence[str],
+        auth_event_ids: Sequence[str],
+    ) -> dict[str, Any]:
+        """The event as :func:`event_pdu` gives it (with its stored
+        ``prev_events`` and ``auth_events``)."""
         return event_pdu(
             room_version,
             self.event_id,
@@ -288,7 +304,8 @@ class Event(_EventKind):
             content=self.content,
             origin_server_ts=self.origin_server_ts,
             depth=self.depth,
-            prev_event_id=prev_event_id,
+            prev_event_ids=prev_event_ids,
+            auth_event_ids=auth_event_ids,
             redacts=self.redacts,
         )
 
@@ -367,15 +384,16 @@ class EventSpec(_EventKind):
         room_id: str,
         room_version: RoomVersion,
         server_name: str,
-        prev_event_id: str | None,
+        prev_event_ids: Sequence[str],
         depth: int,
+        auth_event_ids: Sequence[str] = (),
     ) -> EventContent:
         """The event to persist, in the shape and with the id its room's
         version gives it. Made by the room's writer, which knows the room's
-        newest event (``prev_event_id``, None before the create event) and
-        the ``depth`` this event will have: with the rest of the event they
-        make the reference hash of versions 3 on, so no two events of a room
-        share an id."""
+        forward extremities (``prev_event_ids``, none before the create
+        event), the ``depth`` this event will have and its auth events:
+        with the rest of the event they make the reference hash of versions
+        3 on, so no two events of a room share an id."""
         content = self.content
         if self.redacts is not None and room_version.redacts_in_content:
             content = {**content, "redacts": self.redacts}
@@ -391,7 +409,8 @@ class EventSpec(_EventKind):
                 content=content,
                 origin_server_ts=self.origin_server_ts,
                 depth=depth,
-                prev_event_id=prev_event_id,
+                prev_event_ids=prev_event_ids,
+                auth_event_ids=auth_event_ids,
                 redacts=self.redacts,
             )
             event_id = reference_hash_event_id(room_version, pdu)
@@ -405,4 +424,7 @@ class EventSpec(_EventKind):
             origin_server_ts=self.origin_server_ts,
             redacts=self.redacts,
             txn_key=self.txn_key,
+            prev_event_ids=tuple(prev_event_ids),
+            depth=depth,
+            auth_event_ids=tuple(auth_event_ids),
         )

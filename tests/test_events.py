@@ -125,20 +125,20 @@ class EventIdsTestCase(unittest.TestCase):
 
     def test_formats(self) -> None:
         for version in ("1", "2"):
-            content = self.spec().to_persist("!r:hs", V[version], "hs", None, 1)
+            content = self.spec().to_persist("!r:hs", V[version], "hs", (), 1)
             self.assertRegex(content.event_id, r"^\$[A-Za-z0-9_-]+:hs$")
         for version, alphabet in (
             ("3", "A-Za-z0-9+/"),
             ("4", "A-Za-z0-9_-"),
             ("11", "A-Za-z0-9_-"),
         ):
-            content = self.spec().to_persist("!r:hs", V[version], "hs", "$prev", 2)
+            content = self.spec().to_persist("!r:hs", V[version], "hs", ["$prev"], 2)
             self.assertRegex(content.event_id, rf"^\$[{alphabet}]{{43}}$")
 
     def test_the_reference_hash(self) -> None:
         """The id is the SHA-256 of the redacted event's canonical JSON, with
         the content hash: recomputed here from the spec's definition."""
-        content = self.spec("secret").to_persist("!r:hs", V["10"], "hs", "$prev", 7)
+        content = self.spec("secret").to_persist("!r:hs", V["10"], "hs", ["$prev"], 7)
         pdu: dict[str, Any] = {
             "room_id": "!r:hs",
             "type": "m.room.message",
@@ -163,18 +163,18 @@ class EventIdsTestCase(unittest.TestCase):
     def test_ids_differ_with_content_and_position(self) -> None:
         version = V["10"]
         ids = {
-            self.spec("a").to_persist("!r:hs", version, "hs", "$p", 2).event_id,
-            self.spec("b").to_persist("!r:hs", version, "hs", "$p", 2).event_id,
-            self.spec("a").to_persist("!r:hs", version, "hs", "$q", 2).event_id,
-            self.spec("a").to_persist("!s:hs", version, "hs", "$p", 2).event_id,
+            self.spec("a").to_persist("!r:hs", version, "hs", ["$p"], 2).event_id,
+            self.spec("b").to_persist("!r:hs", version, "hs", ["$p"], 2).event_id,
+            self.spec("a").to_persist("!r:hs", version, "hs", ["$q"], 2).event_id,
+            self.spec("a").to_persist("!s:hs", version, "hs", ["$p"], 2).event_id,
         }
         self.assertEqual(len(ids), 4)
         # Versions before 6 hash what they accepted (floats) as JSON has it.
         old = EventSpec("m.room.message", None, "@a:hs", {"n": 1.5}, 1)
-        self.assertTrue(re.match(r"^\$", old.to_persist("!r:hs", V["5"], "hs", None, 1).event_id))
+        self.assertTrue(re.match(r"^\$", old.to_persist("!r:hs", V["5"], "hs", (), 1).event_id))
 
     def test_redactions_of_version_11_carry_redacts_in_content(self) -> None:
         for version, in_content in (("10", False), ("11", True)):
-            persisted = self.spec(redacts="$t").to_persist("!r:hs", V[version], "hs", None, 1)
+            persisted = self.spec(redacts="$t").to_persist("!r:hs", V[version], "hs", (), 1)
             self.assertEqual(persisted.redacts, "$t")
             self.assertEqual("redacts" in persisted.content, in_content)

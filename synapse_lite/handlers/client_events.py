@@ -168,7 +168,7 @@ class ClientEventFormatter:
         assert self._signer is not None, "this formatter serves the client format only"
         if not events:
             return []
-        prev_ids = await self._store.get_prev_event_ids(events)
+        edges = await self._store.get_event_edges([e.event_id for e in events])
         # The events as persisted: those served pruned (redacted, or an
         # erased user's) keep the hashes of their original content.
         originals = await self._store.get_events_as_stored([e.event_id for e in events])
@@ -176,7 +176,8 @@ class ClientEventFormatter:
         for event in events:
             version = await self._store.get_room_version(event.room_id)
             stored = originals.get(event.event_id, event)
-            pdu = stored.to_pdu(version, prev_ids.get(event.event_id))
+            prev_ids, auth_ids = edges[event.event_id]
+            pdu = stored.to_pdu(version, prev_ids, auth_ids)
             pdu["hashes"] = content_hashes(version, pdu)
             pdu["signatures"] = self._signer.signatures(pruned_event(version, pdu))
             if stored.content != event.content:

@@ -11,16 +11,21 @@ own view of the events stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import ChainMap
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import attr
 from twisted.internet import defer
 
 from synapse_lite.api.content import check_events
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
-from synapse_lite.events import Event, EventSpec
+from synapse_lite.api.room_versions import RoomVersion
+from synapse_lite.event_graph.authorisation import select_auth_event_ids
+from synapse_lite.event_graph.graph import depth_of_new_event, prev_events_for_new_event
+from synapse_lite.event_graph.pdu import Pdu, StateKey
+from synapse_lite.events import Event, EventContent, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import (
     AUTH_STATE_TYPES,
@@ -50,8 +55,8 @@ logger = logging.getLogger(__name__)
 
 #: Client transaction ids remembered per process (a retry usually comes soon).
 RECENT_TXNS = 10_000
-#: Rooms whose newest event a writer remembers.
-ROOM_TIPS = 10_000
+#: Rooms whose forward extremities a writer remembers.
+ROOM_EXTREMITIES = 10_000
 
 
 class RoomMovedError(SynapseError):
@@ -99,6 +104,55 @@ class _RoomLocks:
                 self._locks[room_id] = (lock, users - 1)
 
 
+def place_in_graph(
+    room_id: str,
+    room_version: RoomVersion,
+    server_name: str,
+    specs: Sequence[EventSpec],
+    extremities: Mapping[str, int],
+    state_ids: Mapping[StateKey, str],
+) -> list[EventContent]:
+    """The events a writer persists for ``specs`` (checked, in order), each
+    placed in the room's graph: the first names the room's forward
+    extremities (event id -> depth) as parents (the core's choice: the
+    10 deepest), each later one the event before it; depth 1 + the deepest
+    parent; auth events selected by the spec's rules from the state before
+    it (``state_ids``: the room's current state, then each state event of
+    the batch)."""
+    added: dict[StateKey, str] = {}
+    # A ChainMap writes only to its first map: the cached state is only read.
+    state = ChainMap(added, cast("MutableMapping[StateKey, str]", state_ids))
+    parents = prev_events_for_new_event(extremities)
+    depth = depth_of_new_event(extremities[p] for p in parents)
+    contents = []
+    for spec in specs:
+        auth_ids = select_auth_event_ids(room_version, spec_as_pdu(room_id, spec, depth), state)
+        content = spec.to_persist(room_id, room_version, server_name, parents, depth, auth_ids)
+        contents.append(content)
+        if spec.state_key is not None:
+            added[(spec.type, spec.state_key)] = content.event_id
+        parents, depth = [content.event_id], depth_of_new_event([depth])
+    return contents
+
+
+def spec_as_pdu(room_id: str, spec: EventSpec, depth: int) -> Pdu:
+    """What the core's rules read of an event about to be made (no id or
+    edges yet)."""
+    return Pdu(
+        event_id="",
+        room_id=room_id,
+        type=spec.type,
+        state_key=spec.state_key,
+        sender=spec.sender,
+        content=spec.content,
+        prev_event_ids=(),
+        auth_event_ids=(),
+        depth=depth,
+        origin_server_ts=spec.origin_server_ts,
+        redacts=spec.redacts,
+    )
+
+
 class EventCreationHandler:
     """Sends events: builds them here, persists them on the room's writer."""
 
@@ -125,9 +179,10 @@ class EventCreationHandler:
         self._event_writers = event_writers
         self._server_name = config.server_name
         self._locks = _RoomLocks()
-        #: Each room's newest event and depth, on its writer: the next
-        #: event's id is made with them.
-        self._room_tips: LruCache[tuple[str, int]] = LruCache(ROOM_TIPS)
+        #: Each room's forward extremities (event id -> depth), on its
+        #: writer: the next event names them as its parents (so a send
+        #: reads no extra row), and its id is made with them.
+        self._room_extremities: LruCache[dict[str, int]] = LruCache(ROOM_EXTREMITIES)
         limits = config.rate_limits
         self._ratelimiter = Ratelimiter(clock, limits.messages, limits.enabled)
         #: Transaction ids this process sent lately, so a client's retry here
@@ -258,16 +313,17 @@ class EventCreationHandler:
                 if await self._store.get_room(room_id) is not None:
                     raise SynapseError(400, "The room already exists", Codes.INVALID_PARAM)
                 state = RoomAuthState(room_id)
-                tip = None
+                state_ids: Mapping[StateKey, str] = {}
+                extremities: dict[str, int] = {}
             else:
                 writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
                 if writer is None:
                     raise NotFoundError("Unknown room")
                 if writer != self._me:
                     raise RoomMovedError(room_id)
-                state = await self._load_auth_state(room_id, specs)
+                state, state_ids = await self._load_auth_state(room_id, specs)
                 state.guests = await self._guests_joining(specs)
-                tip = await self._room_tip(room_id)
+                extremities = await self._forward_extremities(room_id)
             checked = []
             for spec in specs:
                 if spec.membership == "join" and state.exists:
@@ -277,15 +333,9 @@ class EventCreationHandler:
                     await self._check_redaction(room_id, spec, state)
                 state.apply_spec(spec)
                 checked.append(spec)
-            prev_event_id, depth = tip if tip is not None else (None, 0)
-            contents = []
-            for spec in checked:
-                depth += 1
-                content = spec.to_persist(
-                    room_id, state.version, self._server_name, prev_event_id, depth
-                )
-                contents.append(content)
-                prev_event_id = content.event_id
+            contents = place_in_graph(
+                room_id, state.version, self._server_name, checked, extremities, state_ids
+            )
             # Evaluated for the room's members before the batch, with the
             # power levels as the batch leaves them.
             push_actions = (
@@ -300,10 +350,11 @@ class EventCreationHandler:
                     raise
                 return [existing]
             except Exception:
-                # Whether it was persisted is unknown: read the tip again.
-                self._room_tips.pop(room_id)
+                # Whether it was persisted is unknown: read them again.
+                self._room_extremities.pop(room_id)
                 raise
-            self._room_tips.set(room_id, (events[-1].event_id, events[-1].depth))
+            # A batch is a line: its last event is the room's one extremity.
+            self._room_extremities.set(room_id, {events[-1].event_id: events[-1].depth})
         targets = [e.state_key for e in events if e.type == "m.room.member" and e.state_key]
         self._notifier.notify(users=targets, rooms=[room_id])
         if not create_room and any(_revokes_guest_access(e) for e in events):
@@ -334,17 +385,16 @@ class EventCreationHandler:
             await self.persist_as_writer(room_id, specs)
             logger.info("Guest access revoked in %s: %d guests removed", room_id, len(specs))
 
-    async def _room_tip(self, room_id: str) -> tuple[str, int] | None:
-        """The room's newest event and its depth, as this writer last
-        persisted it (the room's lock is held, and only its writer adds
-        events to a room), else from the database."""
-        found, tip = self._room_tips.get(room_id)
-        if found:
-            return tip
-        tip = await self._store.get_room_tip(room_id)
-        if tip is not None:
-            self._room_tips.set(room_id, tip)
-        return tip
+    async def _forward_extremities(self, room_id: str) -> dict[str, int]:
+        """The room's forward extremities and their depths, as this writer
+        last persisted them (the room's lock is held, and only its writer
+        adds events to a room), else from the database."""
+        found, extremities = self._room_extremities.get(room_id)
+        if found and extremities is not None:
+            return extremities
+        extremities = await self._store.get_forward_extremities(room_id)
+        self._room_extremities.set(room_id, extremities)
+        return extremities
 
     async def _authorise_restricted_join(
         self, room_id: str, spec: EventSpec, state: RoomAuthState
@@ -405,7 +455,11 @@ class EventCreationHandler:
             if state.user_level(spec.sender) < needed:
                 raise AuthError(403, f"You need power level {needed} to redact others' events")
 
-    async def _load_auth_state(self, room_id: str, specs: list[EventSpec]) -> RoomAuthState:
+    async def _load_auth_state(
+        self, room_id: str, specs: list[EventSpec]
+    ) -> tuple[RoomAuthState, Mapping[StateKey, str]]:
+        """What the rules need of the room's current state, and the ids of
+        that state (its auth events are selected from them)."""
         state_ids = await self._store.get_current_state_ids(room_id)
         users = {s.sender for s in specs} | {
             s.state_key for s in specs if s.type == "m.room.member" and s.state_key
@@ -415,4 +469,4 @@ class EventCreationHandler:
             state_ids[("m.room.member", u)] for u in users if ("m.room.member", u) in state_ids
         ]
         events = await self._store.get_events(wanted)
-        return RoomAuthState.from_events(room_id, events.values())
+        return RoomAuthState.from_events(room_id, events.values()), state_ids

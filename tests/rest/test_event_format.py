@@ -92,6 +92,10 @@ class EventFormatTestCase(DatabaseTestCase):
         self.assertEqual((create["prev_events"], create["depth"]), ([], 1))
         for event in state.values():
             self.assert_is_our_pdu(self.servers["main"], event, "10")
+        # The spec's auth event selection for a message: create, power
+        # levels, the sender's membership.
+        chosen = ("m.room.create", "m.room.power_levels", "m.room.member")
+        self.assertEqual(message["auth_events"], sorted(state[t]["event_id"] for t in chosen))
         # Each event names the one before it; depths count up.
         page = await self.alice.ok(
             "GET", f"/rooms/{room}/messages?dir=b&limit=2&filter={as_param(FEDERATION)}"
@@ -184,8 +188,37 @@ class EventFormatTestCase(DatabaseTestCase):
         )
         newest, before = page["chunk"]
         self.assertEqual(newest["prev_events"], [[before["event_id"], {}]])
+        self.assertEqual(len(newest["auth_events"]), 3)
+        self.assertTrue(all(pair[1] == {} for pair in newest["auth_events"]))
         for event in page["chunk"]:
             self.assert_is_our_pdu(self.servers["main"], event, "1")
+
+    async def test_concurrent_branches_merge_on_the_next_event(self) -> None:
+        """Two forward extremities (forced: the room's first message made
+        one again, as a concurrent branch ending there would) are both the
+        next event's parents, and only it remains an extremity."""
+        hs = self.servers["main"]
+        room = await self.alice.create_room()
+        first = await self.alice.send(room, "branch one")
+        second = await self.alice.send(room, "branch two")
+        await hs.store.db_pool.execute(
+            "force_extremity",
+            "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
+            room,
+            first,
+        )
+        hs.handlers.events._room_extremities.pop(room)  # as after a restart
+        self.assertEqual(set(await hs.store.get_forward_extremities(room)), {first, second})
+        merge = await self.alice.send(room, "merge")
+        page = await self.alice.ok(
+            "GET", f"/rooms/{room}/messages?dir=b&limit=2&filter={as_param(FEDERATION)}"
+        )
+        newest, before = page["chunk"]
+        self.assertEqual(newest["event_id"], merge)
+        self.assertEqual(newest["prev_events"], sorted([first, second]))
+        self.assertEqual(newest["depth"], before["depth"] + 1)
+        self.assert_is_our_pdu(hs, newest, "10")
+        self.assertEqual(list(await hs.store.get_forward_extremities(room)), [merge])
 
     async def test_event_fields_in_messages_and_context(self) -> None:
         room = await self.alice.create_room()

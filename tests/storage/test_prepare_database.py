@@ -125,3 +125,41 @@ class PrepareDatabaseTestCase(unittest.TestCase):
             with self.assertRaises(SchemaVersionError) as cm:
                 list_deltas(schema_dir)
             self.assertIn(str(version), str(cm.exception))
+
+    def test_upgrade_to_the_event_graph_turns_linear_rooms_into_graphs(self) -> None:
+        """Delta 0080 on a database of the previous release: each event's
+        parent is the room's event before it, the newest its extremity."""
+        old_schema = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, old_schema)
+        shutil.copytree(SCHEMA_DIR, old_schema, dirs_exist_ok=True)
+        os.unlink(os.path.join(old_schema, "deltas", "0080_event_graph.sql"))
+        self.assertEqual(self.prepare(is_main=True, schema_dir=old_schema), 70)
+        # Two rooms written interleaved, as the previous release did.
+        rows = [(1, "!a", "$a1"), (2, "!b", "$b1"), (3, "!a", "$a2"), (4, "!a", "$a3")]
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                for depth, (stream, room, event_id) in enumerate(rows, start=1):
+                    txn.execute(
+                        "INSERT INTO events (stream_ordering, topological_ordering, event_id,"
+                        " room_id, type, sender, origin_server_ts, content, instance_name)"
+                        " VALUES (?, ?, ?, ?, 'm.room.message', '@u:x', 0, '{}', 'master')",
+                        (stream, depth, event_id, room),
+                    )
+        finally:
+            conn.close()
+        self.assertEqual(self.prepare(is_main=True), code_schema_version())
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                txn.execute("SELECT event_id, prev_event_id FROM event_edges")
+                edges = sorted(txn.fetchall())
+                txn.execute("SELECT room_id, event_id FROM event_forward_extremities")
+                extremities = sorted(txn.fetchall())
+                txn.execute("SELECT COUNT(*) FROM event_auth_edges")
+                auth_edges = txn.fetchone()
+        finally:
+            conn.close()
+        self.assertEqual([tuple(e) for e in edges], [("$a2", "$a1"), ("$a3", "$a2")])
+        self.assertEqual([tuple(e) for e in extremities], [("!a", "$a3"), ("!b", "$b1")])
+        self.assertEqual(auth_edges[0], 0)

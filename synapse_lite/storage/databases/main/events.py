@@ -194,23 +194,10 @@ class EventsStore(EventsWorkerStore):
         # they finish and the positions covering these events become visible.
         txn.call_after(self._record_persisted_positions, persisted)
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
-        depths: dict[str, int] = {}
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
-            if room_id not in depths:
-                # The room's newest event has its greatest depth; reading it
-                # through the (room_id, stream_ordering) index costs the same
-                # however long the room is.
-                txn.execute(
-                    "SELECT topological_ordering FROM events WHERE room_id = ?"
-                    " ORDER BY stream_ordering DESC LIMIT 1",
-                    (room_id,),
-                )
-                row = txn.fetchone()
-                depths[room_id] = int(row[0]) if row and row[0] is not None else 0
-            depths[room_id] += 1
             event = Event(
                 event_id=content.event_id,
                 room_id=room_id,
@@ -220,7 +207,7 @@ class EventsStore(EventsWorkerStore):
                 content=content.content,
                 origin_server_ts=content.origin_server_ts,
                 stream_ordering=stream_id,
-                depth=depths[room_id],
+                depth=content.depth,
                 instance_name=self._instance_name,
                 redacts=content.redacts,
             )
@@ -240,6 +227,7 @@ class EventsStore(EventsWorkerStore):
             txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             persisted.append(event)
         self._insert_events_txn(txn, persisted, push_actions)
+        self._insert_graph_txn(txn, events)
         self._insert_push_actions_txn(txn, persisted, push_actions)
         index_events_txn(txn, persisted)
         # Other processes learn of state changes from this transaction's rows
@@ -322,6 +310,31 @@ class EventsStore(EventsWorkerStore):
                     for e, (parent, rel_type) in relations
                 ],
             )
+
+    def _insert_graph_txn(self, txn: LoggingTransaction, events: list[EventContent]) -> None:
+        """The events' edges, and the rooms' forward extremities after them:
+        their parents stop being extremities, and each event no later
+        event of the batch names becomes one."""
+        edges = [(e.event_id, prev) for e in events for prev in e.prev_event_ids]
+        if edges:
+            txn.execute_batch(
+                "INSERT INTO event_edges (event_id, prev_event_id) VALUES (?, ?)", edges
+            )
+        auth_edges = [(e.event_id, auth) for e in events for auth in e.auth_event_ids]
+        if auth_edges:
+            txn.execute_batch(
+                "INSERT INTO event_auth_edges (event_id, auth_id) VALUES (?, ?)", auth_edges
+            )
+        parents = {prev for e in events for prev in e.prev_event_ids}
+        if parents:
+            txn.execute_batch(
+                "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
+                sorted({(e.room_id, prev) for e in events for prev in e.prev_event_ids}),
+            )
+        txn.execute_batch(
+            "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
+            [(e.room_id, e.event_id) for e in events if e.event_id not in parents],
+        )
 
     def _insert_push_actions_txn(
         self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]

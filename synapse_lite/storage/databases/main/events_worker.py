@@ -189,24 +189,33 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         )
         return {e.event_id: e for e in events}
 
-    async def get_prev_event_ids(self, events: Sequence[Event]) -> dict[str, str | None]:
-        """The event each of ``events`` follows in its room: the room's newest
-        event when its writer persisted it, which its ``prev_events`` (and
-        its event id, from version 3) name; None for a room's first event."""
+    async def get_event_edges(
+        self, event_ids: Sequence[str]
+    ) -> dict[str, tuple[list[str], list[str]]]:
+        """The ``prev_events`` and ``auth_events`` of each of ``event_ids``
+        (sorted; both empty for an event with none, such as a create event)."""
 
-        def txn(txn: LoggingTransaction) -> dict[str, str | None]:
-            found: dict[str, str | None] = {}
-            for event in events:
-                txn.execute(
-                    "SELECT event_id FROM events WHERE room_id = ? AND stream_ordering < ?"
-                    " ORDER BY stream_ordering DESC LIMIT 1",
-                    (event.room_id, event.stream_ordering),
-                )
-                row = txn.fetchone()
-                found[event.event_id] = row[0] if row else None
+        def txn(txn: LoggingTransaction) -> dict[str, tuple[list[str], list[str]]]:
+            found: dict[str, tuple[list[str], list[str]]] = {e: ([], []) for e in event_ids}
+            for start in range(0, len(event_ids), 500):
+                chunk = list(event_ids[start : start + 500])
+                marks = ", ".join("?" for _ in chunk)
+                for table, column, side in (
+                    ("event_edges", "prev_event_id", 0),
+                    ("event_auth_edges", "auth_id", 1),
+                ):
+                    txn.execute(
+                        f"SELECT event_id, {column} FROM {table} WHERE event_id IN ({marks})",
+                        chunk,
+                    )
+                    for event_id, other in txn.fetchall():
+                        found[event_id][side].append(other)
+            for prevs, auths in found.values():
+                prevs.sort()
+                auths.sort()
             return found
 
-        return await self.db_pool.runInteraction("get_prev_event_ids", txn, read_only=True)
+        return await self.db_pool.runInteraction("get_event_edges", txn, read_only=True)
 
     async def with_redactions(self, events: list[Event]) -> list[Event]:
         """``events``, each redacted one pruned with ``redacted_because`` set
@@ -257,15 +266,16 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         )
         return str(rows[0][0]) if rows else None
 
-    async def get_room_tip(self, room_id: str) -> tuple[str, int] | None:
-        """The room's newest event and its depth (None for no events)."""
+    async def get_forward_extremities(self, room_id: str) -> dict[str, int]:
+        """The room's forward extremities (its events with no children yet),
+        each with its depth."""
         rows = await self.db_pool.select(
-            "get_room_tip",
-            "SELECT event_id, topological_ordering FROM events WHERE room_id = ?"
-            " ORDER BY stream_ordering DESC LIMIT 1",
+            "get_forward_extremities",
+            "SELECT x.event_id, e.topological_ordering FROM event_forward_extremities AS x"
+            " JOIN events AS e ON e.event_id = x.event_id WHERE x.room_id = ?",
             room_id,
         )
-        return (rows[0][0], int(rows[0][1])) if rows else None
+        return {str(event_id): int(depth) for event_id, depth in rows}
 
     async def get_event_id_for_txn(self, user_id: str, device_id: str, txn_id: str) -> str | None:
         """The event an earlier send with this transaction id created, if any."""
