@@ -19,6 +19,7 @@ from synapse_lite.federation.crypto import (
     verify_signed_json,
 )
 from synapse_lite.server import HomeServer
+from synapse_lite.storage.database import LoggingTransaction
 from tests.harness.client_api import ClientApi, caught_up, start_cluster
 from tests.harness.server import DatabaseTestCase
 from tests.harness.spec import assert_spec_response
@@ -219,6 +220,41 @@ class EventFormatTestCase(DatabaseTestCase):
         self.assertEqual(newest["depth"], before["depth"] + 1)
         self.assert_is_our_pdu(hs, newest, "10")
         self.assertEqual(list(await hs.store.get_forward_extremities(room)), [merge])
+
+    async def test_a_linear_send_writes_its_graph_in_three_statements(self) -> None:
+        """A message's graph rows cost one statement per table: its edge,
+        its auth edges (one multi-row INSERT) and its extremity moved with
+        one UPDATE (issue 30's send drop: a statement per row)."""
+        hs = self.servers["main"]
+        room = await self.alice.create_room()
+        await self.alice.send(room, "warm")  # the room's extremities cached
+        graph_tables = ("event_edges", "event_auth_edges", "event_forward_extremities")
+        statements: list[str] = []
+        execute, execute_batch = LoggingTransaction.execute, LoggingTransaction.execute_batch
+
+        def counting_execute(txn: LoggingTransaction, sql: str, args: Any = ()) -> None:
+            statements.append(sql)
+            execute(txn, sql, args)
+
+        def counting_batch(txn: LoggingTransaction, sql: str, rows: Any) -> None:
+            rows = list(rows)
+            statements.extend(sql for _ in rows)
+            execute_batch(txn, sql, rows)
+
+        restores = [
+            self.patch(LoggingTransaction, "execute", counting_execute),
+            self.patch(LoggingTransaction, "execute_batch", counting_batch),
+        ]
+        sent = await self.alice.send(room, "counted")
+        for restore in restores:
+            restore.restore()
+        writes = [
+            sql
+            for sql in statements
+            if not sql.lstrip().startswith("SELECT") and any(t in sql for t in graph_tables)
+        ]
+        self.assertEqual(len(writes), 3, writes)
+        self.assertEqual(list(await hs.store.get_forward_extremities(room)), [sent])
 
     async def test_event_fields_in_messages_and_context(self) -> None:
         room = await self.alice.create_room()

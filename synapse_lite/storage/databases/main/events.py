@@ -314,27 +314,55 @@ class EventsStore(EventsWorkerStore):
     def _insert_graph_txn(self, txn: LoggingTransaction, events: list[EventContent]) -> None:
         """The events' edges, and the rooms' forward extremities after them:
         their parents stop being extremities, and each event no later
-        event of the batch names becomes one."""
-        edges = [(e.event_id, prev) for e in events for prev in e.prev_event_ids]
-        if edges:
-            txn.execute_batch(
-                "INSERT INTO event_edges (event_id, prev_event_id) VALUES (?, ?)", edges
-            )
-        auth_edges = [(e.event_id, auth) for e in events for auth in e.auth_event_ids]
-        if auth_edges:
-            txn.execute_batch(
-                "INSERT INTO event_auth_edges (event_id, auth_id) VALUES (?, ?)", auth_edges
-            )
+        event of the batch names becomes one.
+
+        Few statements (issue 30's send drop was a round trip and a
+        driver-side statement per row): each edge table takes one multi-row
+        INSERT per batch, and a room whose batch has one outside parent and
+        one new extremity (every linear send) moves its extremity with one
+        UPDATE; only parents outside the batch are deleted (the batch's own
+        events never were extremities)."""
+        insert_rows_txn(
+            txn,
+            "event_edges (event_id, prev_event_id)",
+            [(e.event_id, prev) for e in events for prev in e.prev_event_ids],
+        )
+        insert_rows_txn(
+            txn,
+            "event_auth_edges (event_id, auth_id)",
+            [(e.event_id, auth) for e in events for auth in e.auth_event_ids],
+        )
+        in_batch = {e.event_id for e in events}
         parents = {prev for e in events for prev in e.prev_event_ids}
-        if parents:
+        gone: dict[str, set[str]] = defaultdict(set)
+        new: dict[str, list[str]] = defaultdict(list)
+        for e in events:
+            gone[e.room_id].update(p for p in e.prev_event_ids if p not in in_batch)
+            if e.event_id not in parents:
+                new[e.room_id].append(e.event_id)
+        deletes: list[tuple[str, str]] = []
+        inserts: list[tuple[str, str]] = []
+        for room_id in sorted(gone.keys() | new.keys()):
+            old, added = sorted(gone[room_id]), new[room_id]
+            if len(old) == 1 and len(added) == 1:
+                txn.execute(
+                    "UPDATE event_forward_extremities SET event_id = ?"
+                    " WHERE room_id = ? AND event_id = ?",
+                    (added[0], room_id, old[0]),
+                )
+                if txn.rowcount == 1:
+                    continue
+                # The parent was no extremity (already superseded): add ours.
+                inserts.append((room_id, added[0]))
+                continue
+            deletes.extend((room_id, event_id) for event_id in old)
+            inserts.extend((room_id, event_id) for event_id in added)
+        if deletes:
             txn.execute_batch(
                 "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
-                sorted({(e.room_id, prev) for e in events for prev in e.prev_event_ids}),
+                deletes,
             )
-        txn.execute_batch(
-            "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
-            [(e.room_id, e.event_id) for e in events if e.event_id not in parents],
-        )
+        insert_rows_txn(txn, "event_forward_extremities (room_id, event_id)", inserts)
 
     def _insert_push_actions_txn(
         self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
@@ -440,3 +468,20 @@ class EventsStore(EventsWorkerStore):
                 " event_stream_ordering = EXCLUDED.event_stream_ordering",
                 (event.room_id, event.state_key, event.event_id, membership, event.stream_ordering),
             )
+
+
+#: Rows per multi-row INSERT: SQLite before 3.32 allows 999 parameters.
+INSERT_ROWS_PER_STATEMENT = 400
+
+
+def insert_rows_txn(txn: LoggingTransaction, table: str, rows: list[tuple[str, str]]) -> None:
+    """Insert two-column ``rows`` into ``table`` (``"name (col1, col2)"``)
+    with one multi-row INSERT per :data:`INSERT_ROWS_PER_STATEMENT` rows:
+    one statement and one round trip where a batch would send one per row
+    (and format each row in the driver)."""
+    for start in range(0, len(rows), INSERT_ROWS_PER_STATEMENT):
+        chunk = rows[start : start + INSERT_ROWS_PER_STATEMENT]
+        txn.execute(
+            f"INSERT INTO {table} VALUES " + ", ".join("(?, ?)" for _ in chunk),
+            [value for row in chunk for value in row],
+        )
