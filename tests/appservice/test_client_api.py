@@ -223,3 +223,17 @@ class AppServiceClientApiTestCase(DatabaseTestCase):
             {"third_party_instance_id": "irc|libera", "include_all_networks": True},
         )
         self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
+
+    async def test_service_deactivates_its_user_without_uia(self) -> None:
+        await self.register_as_service("_irc_eve")
+        as_eve = "?user_id=@_irc_eve:test.local"
+        await self.service.ok("POST", "/createRoom" + as_eve, {})
+        # No auth dict: the as_token is the authentication.
+        await self.service.ok("POST", "/account/deactivate" + as_eve, {})
+        self.assertEqual(
+            (await self.service.ok("GET", "/joined_rooms" + as_eve))["joined_rooms"], []
+        )
+        # An ordinary user still goes through interactive auth.
+        alice = await self.api.register("alice")
+        code, body = await alice.request("POST", "/account/deactivate", {})
+        self.assertEqual(code, 401, body)
