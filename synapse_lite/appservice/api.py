@@ -64,10 +64,18 @@ class ApplicationServiceApi:
         self._stopped = False
 
     async def request(
-        self, service: ApplicationService, method: str, path: str, body: Any = None
+        self,
+        service: ApplicationService,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, list[str]] | None = None,
     ) -> ServiceAnswer:
-        """One request to ``service`` (which must have a ``url``)."""
+        """One request to ``service`` (which must have a ``url``), with the
+        query string ``query`` if given."""
         assert service.url is not None
+        if query:
+            path += "?" + urllib.parse.urlencode(query, doseq=True)
         headers: dict[bytes | str, list[bytes | str]] = {
             b"Authorization": [b"Bearer " + service.hs_token.encode("utf-8")],
             b"Content-Type": [b"application/json"],

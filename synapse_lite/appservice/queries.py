@@ -46,6 +46,10 @@ class AppServiceQueries:
         self._api = api
         self._store = store
         self._on_ping_answered = on_ping_answered
+        #: (service id, protocol) -> the last description the service gave:
+        #: protocol metadata is static, so a service that fails (or answers
+        #: garbage) now is described by what it said before.
+        self._described: dict[tuple[str, str], dict[str, Any]] = {}
 
     def _asked_about(
         self,
@@ -81,8 +85,11 @@ class AppServiceQueries:
 
     async def user_exists(self, user_id: str) -> bool:
         """Whether the local ``user_id`` is registered, asking the services
-        whose namespaces cover it if it is not."""
+        whose namespaces cover it if it is not. A service's sender exists
+        without registering (its ``sender_localpart`` makes it)."""
         if await self._store.get_user(user_id) is not None:
+            return True
+        if any(s.sender == user_id for s in self._services):
             return True
         for service in self._asked_about(
             lambda s: s.is_user_in_namespace(user_id), lambda s: s.is_exclusive_user(user_id)
@@ -98,7 +105,8 @@ class AppServiceQueries:
         answers ``GET /_matrix/app/v1/thirdparty/protocol/{protocol}`` with
         an object; the ``instances`` of every service answering are merged,
         each given its ``instance_id`` (``_name_instances``).
-        A service that fails or answers garbage is left out."""
+        A service that fails or answers garbage is described by its last
+        good answer, or left out if it never gave one."""
         found: dict[str, dict[str, Any]] = {}
         for service in self._services:
             if service.url is None:
@@ -113,8 +121,13 @@ class AppServiceQueries:
                     described = json.loads(answer.body) if answer.ok else None
                 except ValueError:
                     described = None
-                if not isinstance(described, dict):
+                if isinstance(described, dict):
+                    self._described[(service.id, protocol)] = described
+                else:
+                    described = self._described.get((service.id, protocol))
+                if described is None:
                     continue
+                described = json.loads(json.dumps(described))  # each answer its own copy
                 instances = described.get("instances")
                 if isinstance(instances, list):
                     _name_instances(service, instances)
@@ -122,6 +135,30 @@ class AppServiceQueries:
                     found[protocol].setdefault("instances", []).extend(instances)
                 else:
                     found.setdefault(protocol, described)
+        return found
+
+    async def thirdparty_lookup(
+        self, kind: str, protocol: str, fields: dict[str, list[str]]
+    ) -> list[Any]:
+        """``GET /thirdparty/{kind}/{protocol}`` (``kind``: ``user`` or
+        ``location``): every service listing ``protocol`` is asked the same
+        (``GET /_matrix/app/v1/thirdparty/{kind}/{protocol}`` with
+        ``fields`` as the query string) and the lists they answer are
+        joined; a service that fails or answers garbage adds nothing.
+        404 ``M_NOT_FOUND`` if no service lists the protocol."""
+        services = [s for s in self._services if s.url is not None and protocol in s.protocols]
+        if not services:
+            raise SynapseError(404, "No application service offers this protocol", Codes.NOT_FOUND)
+        path = f"/thirdparty/{kind}/" + urllib.parse.quote(protocol, safe="")
+        found: list[Any] = []
+        for service in services:
+            answer = await self._api.request(service, "GET", path, query=fields)
+            try:
+                listed = json.loads(answer.body) if answer.ok else None
+            except ValueError:
+                listed = None
+            if isinstance(listed, list):
+                found.extend(item for item in listed if isinstance(item, dict))
         return found
 
     async def ping(self, service: ApplicationService, transaction_id: str | None) -> dict[str, Any]:

@@ -201,7 +201,7 @@ class ApplicationServiceSender:
                 typing_edu: dict[str, Any] = {"type": "m.typing", "content": {"user_ids": user_ids}}
                 edus.append((room_id, user_ids[0] if user_ids else "", typing_edu))
         presence = await self._presence_changes()
-        aliases: dict[str, list[str]] = {}
+        aliases: dict[str, list[tuple[str, int]]] = {}
         for service in self._services:
             if not service.receive_ephemeral:
                 continue
@@ -226,7 +226,7 @@ class ApplicationServiceSender:
                     event_type=edu["type"],
                     state_key=None,
                     joined_members=await self._store.get_users_in_room(room_id),
-                    room_aliases=await self._aliases(service, room_id, aliases),
+                    room_aliases=[a for a, _ in await self._aliases(service, room_id, aliases)],
                 )
                 if concerns:
                     queue.append({"room_id": room_id, **edu})
@@ -398,7 +398,7 @@ class ApplicationServiceSender:
         rows = await self._store.get_stream_events_between(progress.position, upto, BATCH)
         if len(rows) == BATCH:
             upto = rows[-1].stream_ordering
-        aliases: dict[str, list[str]] = {}
+        aliases: dict[str, list[tuple[str, int]]] = {}
         concerning = [e.event_id for e in rows if await self._concerns(service, e, aliases)]
         if not concerning and not has_ephemeral:
             if upto > progress.position:
@@ -445,7 +445,10 @@ class ApplicationServiceSender:
         }
 
     async def _concerns(
-        self, service: ApplicationService, event: Event, aliases: dict[str, list[str]]
+        self,
+        service: ApplicationService,
+        event: Event,
+        aliases: dict[str, list[tuple[str, int]]],
     ) -> bool:
         """``aliases``: rooms' aliases read so far in this batch."""
         return event_concerns_service(
@@ -456,18 +459,25 @@ class ApplicationServiceSender:
             event_type=event.type,
             state_key=event.state_key,
             joined_members=await self._store.get_users_in_room(event.room_id),
-            room_aliases=await self._aliases(service, event.room_id, aliases),
+            # The aliases the room had when the event was written: one
+            # made just after must not bring earlier events along.
+            room_aliases=[
+                alias
+                for alias, made_at in await self._aliases(service, event.room_id, aliases)
+                if made_at < event.stream_ordering
+            ],
         )
 
     async def _aliases(
-        self, service: ApplicationService, room_id: str, known: dict[str, list[str]]
-    ) -> list[str]:
-        """The room's aliases if the service has alias namespaces (read once
-        per batch: ``known``), else none (they cannot matter)."""
+        self, service: ApplicationService, room_id: str, known: dict[str, list[tuple[str, int]]]
+    ) -> list[tuple[str, int]]:
+        """The room's aliases and the positions they were made at if the
+        service has alias namespaces (read once per batch: ``known``), else
+        none (they cannot matter)."""
         if not service.aliases:
             return []
         if room_id not in known:
-            known[room_id] = await self._store.get_aliases_for_room(room_id)
+            known[room_id] = await self._store.get_alias_positions_for_room(room_id)
         return known[room_id]
 
     def _back_off(self, service_id: str) -> None:

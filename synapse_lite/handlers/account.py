@@ -73,7 +73,11 @@ class AccountHandler:
         id_server = get_optional_str(body, "id_server", max_length=255)
         erase = get_bool(body, "erase", False)
         user_id = requester.user_id
-        await self._ui_auth.check_password(user_id, body, "deactivate account")
+        # An application service acting for a user of its namespace (its
+        # as_token already proves that) manages the account without UIA:
+        # its users have no password to give.
+        if requester.app_service is None:
+            await self._ui_auth.check_password(user_id, body, "deactivate account")
         unbound = await self.deactivate_account(user_id, erase, id_server)
         logger.info("%s deactivated their account", user_id)
         return {"id_server_unbind_result": unbound}

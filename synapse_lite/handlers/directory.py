@@ -73,9 +73,14 @@ class DirectoryHandler:
         self._app_service_queries.check_alias_claim(alias, requester.app_service)
         if not await self._store.room_exists(room_id):
             raise NotFoundError("Unknown room")
-        if requester.user_id not in await self._store.get_users_in_room(room_id):
+        # A service places aliases of its namespace (check_alias_claim) on
+        # rooms it need not be in: a bridge maps rooms it was never invited to.
+        if requester.app_service is None and requester.user_id not in (
+            await self._store.get_users_in_room(room_id)
+        ):
             raise AuthError(403, "You are not in this room")
-        if not await self._store.create_alias(alias, room_id, requester.user_id):
+        made_at = self._store.get_room_max_stream_ordering()
+        if not await self._store.create_alias(alias, room_id, requester.user_id, made_at):
             raise SynapseError(409, "That room alias already exists", Codes.UNKNOWN)
 
     async def resolve_alias(self, alias: str) -> str:

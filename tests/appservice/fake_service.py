@@ -38,6 +38,11 @@ class FakeApplicationService(Resource):
         self.pings: list[Any] = []
         #: Protocol -> its description (``/thirdparty/protocol/{protocol}``).
         self.protocols: dict[str, Any] = {}
+        #: (kind, protocol) -> the list ``/thirdparty/{kind}/{protocol}``
+        #: answers; each such request's query string is kept in
+        #: ``thirdparty_queries``.
+        self.thirdparty: dict[tuple[str, str], list[Any]] = {}
+        self.thirdparty_queries: list[dict[bytes, list[bytes]]] = []
         #: Called with (kind, id) on a query before answering (may return a
         #: Deferred: the answer waits for it).
         self.on_query: Any = None
@@ -91,6 +96,13 @@ class FakeApplicationService(Resource):
                 request.setResponseCode(404)
                 return b'{"errcode": "M_NOT_FOUND"}'
             return json.dumps(described).encode()
+        if kind == "thirdparty" and rest.partition("/")[0] in ("user", "location"):
+            self.thirdparty_queries.append(dict(request.args or {}))
+            listed = self.thirdparty.get(tuple(rest.split("/", 1)))  # type: ignore[arg-type]
+            if listed is None:
+                request.setResponseCode(404)
+                return b'{"errcode": "M_NOT_FOUND"}'
+            return json.dumps(listed).encode()
         if kind == "ping" and request.method == b"POST":
             self.pings.append(json.loads(request.content.read() or b"{}"))  # type: ignore[union-attr]
             if self.mode != "ok":

@@ -5,7 +5,7 @@ namespaces, and rate limits."""
 from __future__ import annotations
 
 from tests.appservice.registrations import irc_registration, write_registrations
-from tests.harness.client_api import start_cluster
+from tests.harness.client_api import q, start_cluster
 from tests.harness.server import DatabaseTestCase
 
 AS_TOKEN = "irc-as-token"
@@ -223,3 +223,30 @@ class AppServiceClientApiTestCase(DatabaseTestCase):
             {"third_party_instance_id": "irc|libera", "include_all_networks": True},
         )
         self.assertEqual((code, body["errcode"]), (400, "M_INVALID_PARAM"))
+
+    async def test_service_deactivates_its_user_without_uia(self) -> None:
+        await self.register_as_service("_irc_eve")
+        as_eve = "?user_id=@_irc_eve:test.local"
+        await self.service.ok("POST", "/createRoom" + as_eve, {})
+        # No auth dict: the as_token is the authentication.
+        await self.service.ok("POST", "/account/deactivate" + as_eve, {})
+        self.assertEqual(
+            (await self.service.ok("GET", "/joined_rooms" + as_eve))["joined_rooms"], []
+        )
+        # An ordinary user still goes through interactive auth.
+        alice = await self.api.register("alice")
+        code, body = await alice.request("POST", "/account/deactivate", {})
+        self.assertEqual(code, 401, body)
+
+    async def test_service_places_its_alias_on_a_room_it_is_not_in(self) -> None:
+        alice = await self.api.register("alice")
+        room_id = (await alice.ok("POST", "/createRoom", {}))["room_id"]
+        alias = q("#_irc_elsewhere:test.local")
+        await self.service.ok("PUT", f"/directory/room/{alias}", {"room_id": room_id})
+        self.assertEqual((await alice.ok("GET", f"/directory/room/{alias}"))["room_id"], room_id)
+        # An ordinary user outside the room still may not.
+        bob = await self.api.register("bob")
+        code, _ = await bob.request(
+            "PUT", "/directory/room/" + q("#bobs:test.local"), {"room_id": room_id}
+        )
+        self.assertEqual(code, 403)

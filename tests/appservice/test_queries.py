@@ -170,3 +170,34 @@ class QueriesTestCase(DatabaseTestCase):
         self.assertEqual(await alice.ok("GET", "/thirdparty/protocol/irc"), named)
         code, body = await alice.request("GET", "/thirdparty/protocol/gone")
         self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+
+    async def test_protocol_described_by_the_last_good_answer(self) -> None:
+        irc = {"user_fields": ["nickname"], "location_fields": [], "icon": "", "instances": []}
+        self.service.protocols = {"irc": irc}
+        alice = await ClientApi(self, self.api.base_url).register("alice")
+        self.assertEqual(await alice.ok("GET", "/thirdparty/protocol/irc"), irc)
+        # The service stops describing it: its earlier description stands.
+        self.service.protocols = {}
+        self.assertEqual(await alice.ok("GET", "/thirdparty/protocol/irc"), irc)
+        self.assertEqual(await alice.ok("GET", "/thirdparty/protocols"), {"irc": irc})
+
+    async def test_thirdparty_user_and_location_lookups_go_to_the_service(self) -> None:
+        user = {"protocol": "irc", "fields": {"nickname": "bob"}, "userid": "@_irc_bob:test.local"}
+        self.service.thirdparty = {("user", "irc"): [user], ("location", "irc"): []}
+        alice = await ClientApi(self, self.api.base_url).register("alice")
+        self.assertEqual(await alice.ok("GET", "/thirdparty/user/irc?nickname=bob"), [user])
+        # The fields reach the service; the caller's token does not.
+        self.assertEqual(self.service.thirdparty_queries, [{b"nickname": [b"bob"]}])
+        self.assertEqual(await alice.ok("GET", "/thirdparty/location/irc?channel=x"), [])
+        code, body = await alice.request("GET", "/thirdparty/user/nothere?nickname=bob")
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+
+    async def test_service_sender_is_invited_and_joins_without_registering(self) -> None:
+        alice = await ClientApi(self, self.api.base_url).register("alice")
+        room_id = (await alice.ok("POST", "/createRoom", {}))["room_id"]
+        await alice.ok("POST", f"/rooms/{q(room_id)}/invite", {"user_id": "@silent:test.local"})
+        silent = self.api.as_user("s-as")
+        await silent.ok("POST", "/join/" + q(room_id) + "?user_id=" + q("@silent:test.local"), {})
+        members = await alice.ok("GET", f"/rooms/{q(room_id)}/joined_members")
+        self.assertIn("@silent:test.local", members["joined"])
+        self.assertEqual(self.service.queries, [])

@@ -24,7 +24,7 @@ from synapse_lite.appservice.sender import (
 )
 from tests.appservice.fake_service import FakeApplicationService
 from tests.appservice.registrations import irc_registration, write_registrations
-from tests.harness.client_api import ClientApi, serve, start_cluster
+from tests.harness.client_api import ClientApi, q, serve, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, make_homeserver
 from tests.rest.test_keys import device_keys, one_time_keys
@@ -240,3 +240,17 @@ class TransactionsTestCase(DatabaseTestCase):
         self.assertTrue(
             all("@alice:test.local" not in t[OTK_COUNTS] for t in self.service.transactions)
         )
+
+    async def test_an_alias_brings_only_events_written_after_it(self) -> None:
+        alice = await ClientApi(self, self.api.base_url).register("alice")
+        room_id = await alice.create_room()
+        await alice.send(room_id, "before the alias")
+        bridge = self.api.as_user(AS_TOKEN)
+        await bridge.ok(
+            "PUT", "/directory/room/" + q("#_irc_late:test.local"), {"room_id": room_id}
+        )
+        await alice.send(room_id, "after the alias")
+        await eventually(lambda: "after the alias" in self.service.bodies(), what="the message")
+        # Whenever the sender read the first message, the alias was not
+        # there when it was written.
+        self.assertEqual(self.service.bodies(), ["after the alias"])

@@ -150,6 +150,15 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             raise SynapseError(404, "No application service offers this protocol", Codes.NOT_FOUND)
         return 200, found[protocol]
 
+    async def thirdparty_lookup(request: Request, kind: str, protocol: str) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        fields = {
+            key.decode("utf-8", "replace"): [v.decode("utf-8", "replace") for v in values]
+            for key, values in (request.args or {}).items()
+            if key not in (b"access_token", b"user_id")
+        }
+        return 200, await handlers.app_service_queries.thirdparty_lookup(kind, protocol, fields)
+
     register = resource.register_paths
     alias_path = client_path("/directory/room/(?P<room_alias>[^/]+)")
     register("PUT", alias_path, put_alias, "directory_alias")
@@ -172,5 +181,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "GET",
         client_path("/thirdparty/protocol/(?P<protocol>[^/]+)"),
         thirdparty_protocol,
+        "thirdparty_protocols",
+    )
+    register(
+        "GET",
+        client_path("/thirdparty/(?P<kind>user|location)/(?P<protocol>[^/]+)"),
+        thirdparty_lookup,
         "thirdparty_protocols",
     )

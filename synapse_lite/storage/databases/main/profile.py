@@ -94,14 +94,18 @@ class ProfileWorkerStore(SQLBaseStore):
         )
         return (rows[0][0], rows[0][1]) if rows else None
 
-    async def create_alias(self, room_alias: str, room_id: str, creator: str) -> bool:
-        """Add an alias; False when it already exists."""
+    async def create_alias(
+        self, room_alias: str, room_id: str, creator: str, stream_ordering: int = 0
+    ) -> bool:
+        """Add an alias; False when it already exists. ``stream_ordering``:
+        the events stream position it is made at (see
+        :meth:`get_alias_positions_for_room`)."""
 
         def txn_func(txn: LoggingTransaction) -> bool:
             txn.execute(
-                "INSERT INTO room_aliases (room_alias, room_id, creator) VALUES (?, ?, ?)"
-                " ON CONFLICT (room_alias) DO NOTHING",
-                (room_alias, room_id, creator),
+                "INSERT INTO room_aliases (room_alias, room_id, creator, stream_ordering)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (room_alias) DO NOTHING",
+                (room_alias, room_id, creator, stream_ordering),
             )
             return txn.rowcount == 1
 
@@ -128,6 +132,17 @@ class ProfileWorkerStore(SQLBaseStore):
             room_id,
         )
         return [r[0] for r in rows]
+
+    async def get_alias_positions_for_room(self, room_id: str) -> list[tuple[str, int]]:
+        """The room's aliases, each with the events stream position it was
+        made at: it names the room for events written after that position."""
+        rows = await self.db_pool.select(
+            "get_alias_positions_for_room",
+            "SELECT room_alias, stream_ordering FROM room_aliases WHERE room_id = ?"
+            " ORDER BY room_alias",
+            room_id,
+        )
+        return [(r[0], int(r[1])) for r in rows]
 
     # The public room directory
 
