@@ -4,6 +4,7 @@ the application services' protocols (``appservice/queries.py``)."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
@@ -150,7 +151,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             raise SynapseError(404, "No application service offers this protocol", Codes.NOT_FOUND)
         return 200, found[protocol]
 
-    async def thirdparty_lookup(request: Request, kind: str, protocol: str) -> tuple[int, Any]:
+    async def thirdparty_lookup(kind: str, request: Request, protocol: str) -> tuple[int, Any]:
         await auth.get_user_by_req(request)
         fields = {
             key.decode("utf-8", "replace"): [v.decode("utf-8", "replace") for v in values]
@@ -183,9 +184,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         thirdparty_protocol,
         "thirdparty_protocols",
     )
-    register(
-        "GET",
-        client_path("/thirdparty/(?P<kind>user|location)/(?P<protocol>[^/]+)"),
-        thirdparty_lookup,
-        "thirdparty_protocols",
-    )
+    for kind in ("user", "location"):
+        register(
+            "GET",
+            client_path(f"/thirdparty/{kind}/(?P<protocol>[^/]+)"),
+            functools.partial(thirdparty_lookup, kind),
+            "thirdparty_protocols",
+        )
