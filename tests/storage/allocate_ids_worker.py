@@ -4,11 +4,12 @@ Run as ``python -m tests.storage.allocate_ids_worker CONFIG_JSON``, where the
 JSON holds ``database`` (``{"engine", "args"}``), ``instance``, ``writers`` and
 ``count``. The process builds a ``MultiWriterIdGenerator`` for the ``foobar``
 stream of ``IdGeneratorTestCase`` as a startup connection would, prints
-``ready``, waits for a line on stdin (so that both processes start allocating
-together), then allocates ``count`` ids from a few concurrent lanes, half with
+``ready``, then allocates ``count`` ids in ``rounds`` rounds: each round
+waits for a line on stdin (so that both processes allocate together, however
+slow the machine), allocates its share from a few concurrent lanes, half with
 ``get_next`` and half with ``get_next_txn``, inserting one ``foobar`` row per
-id. It flushes its ``stream_positions`` write and prints one JSON line:
-``{"instance", "ids", "token"}``.
+id, and prints ``round done``. It flushes its ``stream_positions`` write and
+prints one JSON line: ``{"instance", "ids", "token"}``.
 """
 
 from __future__ import annotations
@@ -82,18 +83,24 @@ async def run(reactor: IReactorCore, config: dict[str, Any]) -> None:
 
     try:
         print("ready", flush=True)
-        # Blocking read off the reactor thread: the go signal from the test.
-        await threads.deferToThread(sys.stdin.readline)
-
         count: int = config["count"]
-        shares = [count // LANES + (1 if lane < count % LANES else 0) for lane in range(LANES)]
-        results = await defer.gatherResults(
-            [
-                defer.ensureDeferred(_lane(lane, share, id_gen, db, instance))
-                for lane, share in enumerate(shares)
-            ],
-            consumeErrors=True,
-        )
+        rounds: int = config.get("rounds", 1)
+        results: list[list[int]] = []
+        for round_number in range(rounds):
+            # Blocking read off the reactor thread: the go signal from the test.
+            await threads.deferToThread(sys.stdin.readline)
+            in_round = count // rounds + (1 if round_number < count % rounds else 0)
+            shares = [
+                in_round // LANES + (1 if lane < in_round % LANES else 0) for lane in range(LANES)
+            ]
+            results += await defer.gatherResults(
+                [
+                    defer.ensureDeferred(_lane(lane, share, id_gen, db, instance))
+                    for lane, share in enumerate(shares)
+                ],
+                consumeErrors=True,
+            )
+            print("round done", flush=True)
         await id_gen.flush_stream_positions()
     finally:
         # The pool's threads would keep a failed process alive.
