@@ -9,11 +9,15 @@ Delta files live in ``schema/deltas`` and are named ``NNNN_description.sql``;
 ``NNNN`` is the schema version the file brings the database to. Where the
 engines need different SQL (full-text search: SQLite's FTS5, PostgreSQL's
 tsvector), a version is a pair of files instead, ``NNNN_description.sqlite.sql``
-and ``NNNN_description.postgres.sql``, and each engine runs its own.
+and ``NNNN_description.postgres.sql``, and each engine runs its own. A
+version whose change is not plain SQL (derived rows, with progress lines) is
+a Python file instead, ``NNNN_description.py``, whose ``run_upgrade(txn,
+engine)`` runs in the same transaction as the rest of the upgrade.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -30,7 +34,7 @@ SCHEMA_DIR = os.path.join(os.path.dirname(__file__), "schema")
 #: The version ``full.sql`` creates.
 FULL_SCHEMA_VERSION = 1
 
-_DELTA_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+(?:\.(sqlite|postgres))?\.sql$")
+_DELTA_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+(?:(?:\.(sqlite|postgres))?\.sql|\.py)$")
 #: The engines a version's pair of engine-specific files is for.
 _ENGINES = ("sqlite", "postgres")
 _CREATE_SEQUENCE = re.compile(r"^CREATE\s+SEQUENCE\s+([a-z_][a-z0-9_]*)$", re.IGNORECASE)
@@ -117,6 +121,24 @@ def execute_schema_file(txn: LoggingTransaction, engine: BaseDatabaseEngine, pat
             ) from e
 
 
+def run_python_delta(txn: LoggingTransaction, engine: BaseDatabaseEngine, path: str) -> None:
+    """Run the ``run_upgrade(txn, engine)`` of one Python delta file."""
+    spec = importlib.util.spec_from_file_location(
+        "synapse_lite_schema_delta_" + os.path.basename(path)[:4], path
+    )
+    if spec is None or spec.loader is None:
+        raise SchemaFileError(f"{path}: not a loadable Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        module.run_upgrade(txn, engine)
+    except Exception as e:
+        raise SchemaFileError(
+            f"{path}: run_upgrade failed: {e}. The upgrade was rolled back;"
+            " the database is unchanged."
+        ) from e
+
+
 def _table_exists(txn: LoggingTransaction, engine: BaseDatabaseEngine, table: str) -> bool:
     if engine.name == "sqlite":
         txn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
@@ -180,7 +202,10 @@ def prepare_database(
             if delta.version <= current:
                 continue
             logger.info("Applying schema delta %s", os.path.basename(delta.path))
-            execute_schema_file(txn, engine, delta.path)
+            if delta.path.endswith(".py"):
+                run_python_delta(txn, engine, delta.path)
+            else:
+                execute_schema_file(txn, engine, delta.path)
             current = delta.version
         if current != recorded:
             txn.execute(

@@ -22,6 +22,15 @@ from synapse_lite.storage.prepare_database import (
 from tests.harness.databases import create_test_database
 
 
+def drop_deltas_from(schema_dir: str, version: int) -> None:
+    """Make ``schema_dir`` the schema of the release before ``version``:
+    remove that delta and every later one."""
+    deltas = os.path.join(schema_dir, "deltas")
+    for name in os.listdir(deltas):
+        if name[:4].isdigit() and int(name[:4]) >= version:
+            os.unlink(os.path.join(deltas, name))
+
+
 class PrepareDatabaseTestCase(unittest.TestCase):
     def setUp(self) -> None:
         self.test_db = create_test_database()
@@ -132,7 +141,7 @@ class PrepareDatabaseTestCase(unittest.TestCase):
         old_schema = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, old_schema)
         shutil.copytree(SCHEMA_DIR, old_schema, dirs_exist_ok=True)
-        os.unlink(os.path.join(old_schema, "deltas", "0080_event_graph.sql"))
+        drop_deltas_from(old_schema, 80)
         # The version is the highest delta left: whatever came before 0080.
         before = max(int(name[:4]) for name in os.listdir(os.path.join(old_schema, "deltas")))
         self.assertLess(before, 80)

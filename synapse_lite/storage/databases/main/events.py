@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION
+from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS
+from synapse_lite.event_graph.pdu import StateKey
+from synapse_lite.event_graph.state_resolution import resolve_state, separate
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
 from synapse_lite.storage.database import (
@@ -29,6 +32,16 @@ from synapse_lite.storage.databases.main.events_worker import (
     self_destruct_after,
 )
 from synapse_lite.storage.databases.main.search import index_events_txn
+from synapse_lite.storage.databases.main.state_groups import (
+    GroupRef,
+    StateGroupsWorkerStore,
+    TxnEvents,
+    group_after_id,
+    group_before_id,
+    groups_of_events_txn,
+    state_of_group_txn,
+    write_state_group_txn,
+)
 from synapse_lite.streams.catalog import EventsStreamCurrentStateRow, EventsStreamEventRow
 
 if TYPE_CHECKING:
@@ -134,7 +147,12 @@ class DuplicateTransactionError(Exception):
         self.event_id = event_id
 
 
-class EventsStore(EventsWorkerStore):
+#: An event's state groups: (before it, after it); None where unknown (an
+#: outlier) or, before a create event, empty.
+EventGroups = tuple[int | None, int | None]
+
+
+class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
     """Writes events. Only an events writer may call these (the ID generator
     refuses anyone else)."""
 
@@ -196,6 +214,7 @@ class EventsStore(EventsWorkerStore):
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
+        groups = self._state_groups_txn(txn, events, stream_ids)
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
             event = Event(
@@ -226,8 +245,11 @@ class EventsStore(EventsWorkerStore):
                 self._update_current_state_txn(txn, event)
             txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             persisted.append(event)
-        self._insert_events_txn(txn, persisted, push_actions)
-        self._insert_graph_txn(txn, events)
+        self._insert_events_txn(txn, persisted, push_actions, groups)
+        branched = self._insert_graph_txn(txn, events)
+        for room_id in branched:
+            if self._current_state_from_extremities_txn(txn, room_id, persisted):
+                state_changed.add(room_id)
         self._insert_push_actions_txn(txn, persisted, push_actions)
         index_events_txn(txn, persisted)
         # Other processes learn of state changes from this transaction's rows
@@ -264,7 +286,11 @@ class EventsStore(EventsWorkerStore):
             raise DuplicateTransactionError(row[0] if row else "")
 
     def _insert_events_txn(
-        self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
+        self,
+        txn: LoggingTransaction,
+        events: list[Event],
+        push_actions: Mapping[str, Any],
+        groups: Mapping[str, EventGroups],
     ) -> None:
         # One batch: on PostgreSQL a page of rows costs one round trip. An
         # event's default push actions ride on its row (no extra statement).
@@ -275,8 +301,8 @@ class EventsStore(EventsWorkerStore):
         txn.execute_batch(
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
             " state_key, sender, origin_server_ts, content, redacts, membership, outlier,"
-            " instance_name, push_actions, push_highlight)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " instance_name, push_actions, push_highlight, state_group_before, state_group)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     event.stream_ordering,
@@ -293,6 +319,7 @@ class EventsStore(EventsWorkerStore):
                     event.outlier,
                     event.instance_name,
                     *defaults.get(event.event_id, (None, None)),
+                    *groups.get(event.event_id, (None, None)),
                 )
                 for event in events
             ],
@@ -311,10 +338,11 @@ class EventsStore(EventsWorkerStore):
                 ],
             )
 
-    def _insert_graph_txn(self, txn: LoggingTransaction, events: list[EventContent]) -> None:
+    def _insert_graph_txn(self, txn: LoggingTransaction, events: list[EventContent]) -> set[str]:
         """The events' edges, and the rooms' forward extremities after them:
         their parents stop being extremities, and each event no later
-        event of the batch names becomes one.
+        event of the batch names becomes one. Returns the rooms that may now
+        have more than one extremity (not those whose one extremity moved).
 
         Few statements (issue 30's send drop was a round trip and a
         driver-side statement per row): each edge table takes one multi-row
@@ -342,6 +370,7 @@ class EventsStore(EventsWorkerStore):
                 new[e.room_id].append(e.event_id)
         deletes: list[tuple[str, str]] = []
         inserts: list[tuple[str, str]] = []
+        maybe_branched: set[str] = set()
         for room_id in sorted(gone.keys() | new.keys()):
             old, added = sorted(gone[room_id]), new[room_id]
             if len(old) == 1 and len(added) == 1:
@@ -351,18 +380,216 @@ class EventsStore(EventsWorkerStore):
                     (added[0], room_id, old[0]),
                 )
                 if txn.rowcount == 1:
+                    # The line went on from an extremity. Had the room
+                    # others, the writer named them all, so this one
+                    # replaced its only one.
                     continue
                 # The parent was no extremity (already superseded): add ours.
                 inserts.append((room_id, added[0]))
+                maybe_branched.add(room_id)
                 continue
             deletes.extend((room_id, event_id) for event_id in old)
             inserts.extend((room_id, event_id) for event_id in added)
+            maybe_branched.add(room_id)
         if deletes:
             txn.execute_batch(
                 "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
                 deletes,
             )
         insert_rows_txn(txn, "event_forward_extremities (room_id, event_id)", inserts)
+        return maybe_branched
+
+    def _state_groups_txn(
+        self, txn: LoggingTransaction, events: list[EventContent], stream_ids: Sequence[int]
+    ) -> dict[str, EventGroups]:
+        """The state groups before and after each event, writing the new
+        ones: an event with one parent state (every linear send) has that
+        group before it and, a message, after it too (no row written); a
+        state event adds a one-key delta; parents with different states
+        are resolved (the core's ``resolve_state``) into a group of their
+        own. Parents' groups come from memory (this writer persisted them),
+        else one query."""
+        in_batch: dict[str, GroupRef | None] = {}
+        outside = sorted(
+            {p for e in events for p in e.prev_event_ids} - {e.event_id for e in events}
+        )
+        known: dict[str, GroupRef] = {}
+        missing = []
+        for parent in outside:
+            found, ref = self._event_group.get(parent)
+            if found and ref is not None:
+                known[parent] = ref
+            else:
+                missing.append(parent)
+        if missing:
+            known.update(groups_of_events_txn(txn, missing))
+        result: dict[str, EventGroups] = {}
+        for content, stream_id in zip(events, stream_ids, strict=True):
+            parent_groups = {
+                ref.id: ref
+                for p in content.prev_event_ids
+                if (ref := in_batch[p] if p in in_batch else known.get(p)) is not None
+            }
+            before: GroupRef | None
+            if len(parent_groups) == 1:
+                before = next(iter(parent_groups.values()))
+            elif parent_groups:
+                before = self._resolve_parent_groups_txn(
+                    txn, content.room_id, sorted(parent_groups.values(), key=lambda g: g.id),
+                    group_before_id(stream_id),
+                )  # fmt: skip
+            elif content.prev_event_ids:
+                # No parent's state is known (outliers): nor is this one's.
+                in_batch[content.event_id] = None
+                result[content.event_id] = (None, None)
+                continue
+            else:
+                before = None  # a create event: the empty state
+            after = before
+            if content.state_key is not None:
+                key = (content.type, content.state_key)
+
+                after = write_state_group_txn(
+                    txn,
+                    content.room_id,
+                    group_after_id(stream_id),
+                    before,
+                    {key: content.event_id},
+                    partial(_state_with, txn, before, key, content.event_id),
+                )
+            in_batch[content.event_id] = after
+            result[content.event_id] = (
+                before.id if before else None,
+                after.id if after else None,
+            )
+        txn.call_after(self._remember_event_groups, in_batch)
+        return result
+
+    def _remember_event_groups(self, groups: Mapping[str, GroupRef | None]) -> None:
+        for event_id, ref in groups.items():
+            if ref is not None:
+                self._event_group.set(event_id, ref)
+
+    def _resolve_groups_txn(
+        self, txn: LoggingTransaction, room_id: str, groups: Sequence[GroupRef]
+    ) -> tuple[dict[StateKey, str], list[dict[StateKey, str]]]:
+        """The resolution of the states of ``groups`` (by the room's
+        version's algorithm), and those states."""
+        states = [state_of_group_txn(txn, g.id) for g in groups]
+        txn.execute("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,))
+        row = txn.fetchone()
+        version = SPEC_ROOM_VERSIONS.get(str(row[0]) if row else "", IMPLICIT_ROOM_VERSION)
+        events = TxnEvents(txn)
+        _unconflicted, conflicted = separate(states)
+        events.prefetch(e for ids in conflicted.values() for e in ids)
+        return resolve_state(version, states, events), states
+
+    def _resolve_parent_groups_txn(
+        self, txn: LoggingTransaction, room_id: str, groups: Sequence[GroupRef], group_id: int
+    ) -> GroupRef:
+        """Store the resolved state of the parents' ``groups`` as group
+        ``group_id``, a delta against the parent state it differs least
+        from."""
+        resolved, states = self._resolve_groups_txn(txn, room_id, groups)
+        best = min(
+            range(len(groups)),
+            key=lambda i: (sum(1 for k, v in resolved.items() if states[i].get(k) != v), i),
+        )
+        base = states[best]
+        changes = {k: v for k, v in resolved.items() if base.get(k) != v}
+        removes = any(k not in resolved for k in base)
+        return write_state_group_txn(
+            txn, room_id, group_id, groups[best], changes, lambda: resolved, removes
+        )
+
+    def _current_state_from_extremities_txn(
+        self, txn: LoggingTransaction, room_id: str, persisted: Sequence[Event]
+    ) -> bool:
+        """Where the room may have several forward extremities after the
+        batch: make ``current_state_events`` the resolution of the states
+        after them (the per-event updates already made are right when one
+        extremity is left: it descends from all the room's previous ones).
+        Returns whether the current state changed."""
+        txn.execute("SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,))
+        extremities = sorted(str(row[0]) for row in txn.fetchall())
+        if len(extremities) < 2:
+            return False
+        groups = groups_of_events_txn(txn, extremities)
+        distinct = sorted({g.id: g for g in groups.values()}.values(), key=lambda g: g.id)
+        if not distinct:
+            return False
+        if len(distinct) == 1:
+            target = state_of_group_txn(txn, distinct[0].id)
+        else:
+            target, _states = self._resolve_groups_txn(txn, room_id, distinct)
+        txn.execute(
+            "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
+            (room_id,),
+        )
+        current = {(str(t), str(k)): str(e) for t, k, e in txn.fetchall()}
+        changed = sorted(
+            key for key in current.keys() | target.keys() if current.get(key) != target.get(key)
+        )
+        if not changed:
+            return False
+        stream_id = max(e.stream_ordering for e in persisted if e.room_id == room_id)
+        new_ids = sorted({target[k] for k in changed if k in target})
+        memberships: dict[str, tuple[str | None, int]] = {}
+        for start in range(0, len(new_ids), 500):
+            chunk = new_ids[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            txn.execute(
+                "SELECT event_id, membership, stream_ordering FROM events"
+                f" WHERE event_id IN ({marks})",
+                chunk,
+            )
+            for event_id, membership, ordering in txn.fetchall():
+                memberships[str(event_id)] = (membership, int(ordering))
+        logger.info(
+            "Current state of %s resolved from %d forward extremities: %d keys changed",
+            room_id, len(extremities), len(changed),
+        )  # fmt: skip
+        for type_, state_key in changed:
+            event_id = target.get((type_, state_key))
+            prev_event_id = current.get((type_, state_key))
+            membership, ordering = memberships.get(event_id or "", (None, stream_id))
+            if event_id is None:
+                txn.execute(
+                    "DELETE FROM current_state_events"
+                    " WHERE room_id = ? AND type = ? AND state_key = ?",
+                    (room_id, type_, state_key),
+                )
+            else:
+                txn.execute(
+                    "INSERT INTO current_state_events (room_id, type, state_key, event_id,"
+                    " membership) VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key)"
+                    " DO UPDATE SET event_id = EXCLUDED.event_id,"
+                    " membership = EXCLUDED.membership",
+                    (room_id, type_, state_key, event_id, membership),
+                )
+            txn.execute(
+                "INSERT INTO current_state_delta_stream (stream_id, instance_name, room_id, type,"
+                " state_key, event_id, prev_event_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (stream_id, self._instance_name, room_id, type_, state_key, event_id,
+                 prev_event_id),
+            )  # fmt: skip
+            if type_ != "m.room.member" or not self.hs.is_mine_id(state_key):
+                continue
+            if event_id is None or membership is None:
+                txn.execute(
+                    "DELETE FROM local_current_membership WHERE room_id = ? AND user_id = ?",
+                    (room_id, state_key),
+                )
+            else:
+                txn.execute(
+                    "INSERT INTO local_current_membership (room_id, user_id, event_id,"
+                    " membership, event_stream_ordering) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (user_id, room_id) DO UPDATE SET event_id = EXCLUDED.event_id,"
+                    " membership = EXCLUDED.membership,"
+                    " event_stream_ordering = EXCLUDED.event_stream_ordering",
+                    (room_id, state_key, event_id, membership, ordering),
+                )
+        return True
 
     def _insert_push_actions_txn(
         self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
@@ -468,6 +695,15 @@ class EventsStore(EventsWorkerStore):
                 " event_stream_ordering = EXCLUDED.event_stream_ordering",
                 (event.room_id, event.state_key, event.event_id, membership, event.stream_ordering),
             )
+
+
+def _state_with(
+    txn: LoggingTransaction, group: GroupRef | None, key: StateKey, event_id: str
+) -> dict[StateKey, str]:
+    """The state of ``group`` (empty for None) with ``key`` set to ``event_id``."""
+    state = state_of_group_txn(txn, group.id) if group else {}
+    state[key] = event_id
+    return state
 
 
 #: Rows per multi-row INSERT: SQLite before 3.32 allows 999 parameters.
