@@ -23,7 +23,11 @@ from synapse_lite.api.content import check_events
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.room_versions import RoomVersion
 from synapse_lite.event_graph.authorisation import select_auth_event_ids
-from synapse_lite.event_graph.graph import depth_of_new_event, prev_events_for_new_event
+from synapse_lite.event_graph.graph import (
+    MAX_PREV_EVENTS,
+    depth_of_new_event,
+    prev_events_for_new_event,
+)
 from synapse_lite.event_graph.pdu import Pdu, StateKey
 from synapse_lite.events import Event, EventContent, EventSpec
 from synapse_lite.handlers.auth import Requester
@@ -353,8 +357,13 @@ class EventCreationHandler:
                 # Whether it was persisted is unknown: read them again.
                 self._room_extremities.pop(room_id)
                 raise
-            # A batch is a line: its last event is the room's one extremity.
-            self._room_extremities.set(room_id, {events[-1].event_id: events[-1].depth})
+            if len(extremities) <= MAX_PREV_EVENTS:
+                # A batch is a line from every extremity: its last event is
+                # the room's one extremity now.
+                self._room_extremities.set(room_id, {events[-1].event_id: events[-1].depth})
+            else:
+                # Some extremities were left out (the oldest): read them again.
+                self._room_extremities.pop(room_id)
         targets = [e.state_key for e in events if e.type == "m.room.member" and e.state_key]
         self._notifier.notify(users=targets, rooms=[room_id])
         if not create_room and any(_revokes_guest_access(e) for e in events):

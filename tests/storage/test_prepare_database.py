@@ -9,6 +9,8 @@ import tempfile
 from twisted.trial import unittest
 
 from synapse_lite.storage.database import make_startup_connection
+from synapse_lite.storage.databases.main import state_groups
+from synapse_lite.storage.databases.main.state_groups import state_of_group_txn
 from synapse_lite.storage.prepare_database import (
     SCHEMA_DIR,
     SchemaFileError,
@@ -175,3 +177,69 @@ class PrepareDatabaseTestCase(unittest.TestCase):
         self.assertEqual([tuple(e) for e in edges], [("$a2", "$a1"), ("$a3", "$a2")])
         self.assertEqual([tuple(e) for e in extremities], [("!a", "$a3"), ("!b", "$b1")])
         self.assertEqual(auth_edges[0], 0)
+
+    def test_upgrade_derives_the_state_at_each_event_of_linear_rooms(self) -> None:
+        """Deltas 0081-0082 on a database of the release before state groups
+        (its rooms lines): each event gets its state before and after, the
+        newest event's state is the room's, with a progress line per page."""
+        old_schema = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, old_schema)
+        shutil.copytree(SCHEMA_DIR, old_schema, dirs_exist_ok=True)
+        drop_deltas_from(old_schema, 81)
+        self.assertEqual(self.prepare(is_main=True, schema_dir=old_schema), 80)
+        # (stream, room, event id, type, state key), two rooms interleaved.
+        rows = [
+            (1, "!a", "$a1", "m.room.create", ""),
+            (2, "!b", "$b1", "m.room.create", ""),
+            (3, "!a", "$a2", "m.room.member", "@u:x"),
+            (4, "!a", "$a3", "m.room.message", None),
+            (5, "!b", "$b2", "m.room.message", None),
+            (6, "!a", "$a4", "m.room.topic", ""),
+            (7, "!a", "$a5", "m.room.member", "@u:x"),
+            (8, "!a", "$a6", "m.room.message", None),
+        ]
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                for depth, (stream, room, event_id, type_, key) in enumerate(rows, start=1):
+                    txn.execute(
+                        "INSERT INTO events (stream_ordering, topological_ordering, event_id,"
+                        " room_id, type, state_key, sender, origin_server_ts, content,"
+                        " instance_name) VALUES (?, ?, ?, ?, ?, ?, '@u:x', 0, '{}', 'master')",
+                        (stream, depth, event_id, room, type_, key),
+                    )
+        finally:
+            conn.close()
+        # Pages of 3 events: a room spans pages, each page logs a line.
+        self.patch(state_groups, "PROGRESS_EVERY", 3)
+        self.patch(state_groups, "MAX_DELTA_CHAIN", 2)
+        with self.assertLogs(state_groups.logger, "INFO") as logs:
+            self.assertEqual(self.prepare(is_main=True), code_schema_version())
+        progress = [r.getMessage() for r in logs.records if "Derived the state" in r.getMessage()]
+        self.assertEqual(
+            progress,
+            [f"Derived the state at {n} of 8 events" for n in (3, 6, 8)],
+        )
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                txn.execute("SELECT event_id, state_group_before, state_group FROM events")
+                groups = {row[0]: (row[1], row[2]) for row in txn.fetchall()}
+                states = {
+                    event_id: state_of_group_txn(txn, after)
+                    for event_id, (_before, after) in groups.items()
+                }
+                txn.execute("SELECT MAX(chain_length) FROM state_groups")
+                longest = txn.fetchone()[0]
+        finally:
+            conn.close()
+        member, topic = ("m.room.member", "@u:x"), ("m.room.topic", "")
+        create_a = {("m.room.create", ""): "$a1"}
+        self.assertEqual(groups["$a1"][0], None)  # before a create: empty
+        self.assertEqual(states["$a1"], create_a)
+        self.assertEqual(states["$a3"], {**create_a, member: "$a2"})
+        self.assertEqual(groups["$a3"][0], groups["$a3"][1])  # a message: one group
+        self.assertEqual(groups["$a4"][0], groups["$a3"][1])
+        self.assertEqual(states["$a6"], {**create_a, member: "$a5", topic: "$a4"})
+        self.assertEqual(states["$b2"], {("m.room.create", ""): "$b1"})
+        self.assertLessEqual(longest, 2)
