@@ -23,9 +23,7 @@ class StateGroupsTestCase(DatabaseTestCase):
         self.alice = await ClientApi(self, clients["main"].base_url).register("alice")
 
     async def set_topic(self, room: str, topic: str) -> str:
-        result = await self.alice.ok(
-            "PUT", f"/rooms/{room}/state/m.room.topic", {"topic": topic}
-        )
+        result = await self.alice.ok("PUT", f"/rooms/{room}/state/m.room.topic", {"topic": topic})
         return str(result["event_id"])
 
     async def current_state(self, room: str) -> dict[tuple[str, str], str]:
@@ -52,9 +50,7 @@ class StateGroupsTestCase(DatabaseTestCase):
         self.assertEqual(dict(await store.get_state_ids_before_event(message) or {}),
                          state_at_create)  # fmt: skip
         topic = await self.set_topic(room, "first")
-        self.assertEqual(
-            await self.count("SELECT COUNT(*) FROM state_groups"), groups_before + 1
-        )
+        self.assertEqual(await self.count("SELECT COUNT(*) FROM state_groups"), groups_before + 1)
         rows = await store.db_pool.select(
             "test_rows",
             "SELECT s.type, s.event_id, g.prev_group FROM events AS e"

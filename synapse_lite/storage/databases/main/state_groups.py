@@ -215,8 +215,8 @@ def derive_state_groups_txn(txn: LoggingTransaction, engine: BaseDatabaseEngine)
         before state groups its state before and after, replaying each room's
         events in stream order (rooms were lines then: an event's state before
         is the state after the room's event before it). A progress line per
-        :data:`PROGRESS_EVERY` events. Outliers keep no state. The same SQL on both engines (``engine``
-    unused)."""
+        :data:`PROGRESS_EVERY` events. Outliers keep no state. The same SQL
+    on both engines (``engine`` unused)."""
     txn.execute("SELECT COUNT(*) FROM events WHERE NOT outlier")
     total = int(txn.fetchone()[0])
     if total == 0:
