@@ -75,7 +75,7 @@ class StateGroupsTestCase(DatabaseTestCase):
         chain = await store.get_auth_chain_ids([topic])
         self.assertIn(create, chain)
         self.assertIn(state_at_create[("m.room.power_levels", "")], chain)
-        self.assertIn(state_at_create[("m.room.member", self.alice.user_id)], chain)
+        self.assertIn(state_at_create[("m.room.member", str(self.alice.user_id))], chain)
         self.assertNotIn(topic, chain)
 
     async def test_delta_chains_are_bounded_by_snapshots(self) -> None:
@@ -194,7 +194,7 @@ class StateGroupsTestCase(DatabaseTestCase):
             txn.execute(
                 "SELECT state_group_before, state_group FROM events WHERE event_id = ?", (merge,)
             )
-            return tuple(txn.fetchone())  # type: ignore[return-value]
+            return tuple(txn.fetchone())
 
         before, after = await store.db_pool.runInteraction("test_groups", groups)
         self.assertEqual(before, after)

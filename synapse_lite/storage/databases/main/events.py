@@ -210,11 +210,18 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         persisted: list[Event] = []
         # Registered before the ids are taken, so it runs (after commit) before
         # they finish and the positions covering these events become visible.
-        txn.call_after(self._record_persisted_positions, persisted)
+        # Rooms whose current state was resolved from several extremities:
+        # their state rows are not the events' own (see below).
+        resolved_rooms: set[str] = set()
+        txn.call_after(self._record_persisted_positions, persisted, resolved_rooms)
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
         groups = self._state_groups_txn(txn, events, stream_ids)
+        # Rooms that may have several forward extremities after the batch
+        # (a branch, or a merge): their current state is derived from the
+        # states at the extremities once the batch is in, not event by event.
+        resolved_rooms.update(self._insert_graph_txn(txn, events))
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
             event = Event(
@@ -242,14 +249,15 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 state_changed.add(room_id)
                 if event.type == "m.room.member" and event.state_key is not None:
                     members_changed[room_id].add(event.state_key)
-                self._update_current_state_txn(txn, event)
+                self._update_current_state_txn(txn, event, current=room_id not in resolved_rooms)
             txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             persisted.append(event)
         self._insert_events_txn(txn, persisted, push_actions, groups)
-        branched = self._insert_graph_txn(txn, events)
-        for room_id in branched:
-            if self._current_state_from_extremities_txn(txn, room_id, persisted):
+        for room_id in sorted(resolved_rooms):
+            changed = self._current_state_from_extremities_txn(txn, room_id, persisted)
+            if changed:
                 state_changed.add(room_id)
+                members_changed[room_id].update(k for t, k in changed if t == "m.room.member")
         self._insert_push_actions_txn(txn, persisted, push_actions)
         index_events_txn(txn, persisted)
         # Other processes learn of state changes from this transaction's rows
@@ -258,8 +266,10 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             txn.call_after(self.invalidate_state_caches, room_id, members_changed[room_id])
         return persisted
 
-    def _record_persisted_positions(self, persisted: list[Event]) -> None:
-        if self._committed_rows is not None:
+    def _record_persisted_positions(self, persisted: list[Event], resolved_rooms: set[str]) -> None:
+        # A resolved room's state rows are in the database only (their ids
+        # left unrecorded, the streamer reads them there).
+        if self._committed_rows is not None and not resolved_rooms:
             self._committed_rows.committed(persisted)
         for event in persisted:
             self.record_event_position(
@@ -504,20 +514,19 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
 
     def _current_state_from_extremities_txn(
         self, txn: LoggingTransaction, room_id: str, persisted: Sequence[Event]
-    ) -> bool:
-        """Where the room may have several forward extremities after the
-        batch: make ``current_state_events`` the resolution of the states
-        after them (the per-event updates already made are right when one
-        extremity is left: it descends from all the room's previous ones).
-        Returns whether the current state changed."""
+    ) -> list[StateKey]:
+        """Make the room's ``current_state_events`` the state at its forward
+        extremities after the batch: the state after the one extremity, or
+        the resolution of the states after several (the core's
+        ``resolve_state``). Each changed key gets one delta stream row, with
+        the stream id of the room's last event of the batch. Returns the
+        changed keys."""
         txn.execute("SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,))
         extremities = sorted(str(row[0]) for row in txn.fetchall())
-        if len(extremities) < 2:
-            return False
         groups = groups_of_events_txn(txn, extremities)
         distinct = sorted({g.id: g for g in groups.values()}.values(), key=lambda g: g.id)
         if not distinct:
-            return False
+            return []
         if len(distinct) == 1:
             target = state_of_group_txn(txn, distinct[0].id)
         else:
@@ -531,7 +540,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             key for key in current.keys() | target.keys() if current.get(key) != target.get(key)
         )
         if not changed:
-            return False
+            return []
         stream_id = max(e.stream_ordering for e in persisted if e.room_id == room_id)
         new_ids = sorted({target[k] for k in changed if k in target})
         memberships: dict[str, tuple[str | None, int]] = {}
@@ -545,10 +554,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             )
             for event_id, membership, ordering in txn.fetchall():
                 memberships[str(event_id)] = (membership, int(ordering))
-        logger.info(
-            "Current state of %s resolved from %d forward extremities: %d keys changed",
-            room_id, len(extremities), len(changed),
-        )  # fmt: skip
+        if len(extremities) > 1:
+            logger.info(
+                "Current state of %s resolved from %d forward extremities: %d keys changed",
+                room_id, len(extremities), len(changed),
+            )  # fmt: skip
         for type_, state_key in changed:
             event_id = target.get((type_, state_key))
             prev_event_id = current.get((type_, state_key))
@@ -589,7 +599,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                     " event_stream_ordering = EXCLUDED.event_stream_ordering",
                     (room_id, state_key, event_id, membership, ordering),
                 )
-        return True
+        return changed
 
     def _insert_push_actions_txn(
         self, txn: LoggingTransaction, events: list[Event], push_actions: Mapping[str, Any]
@@ -643,8 +653,21 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 (event.content.get("join_rule") == "public", event.room_id),
             )
 
-    def _update_current_state_txn(self, txn: LoggingTransaction, event: Event) -> None:
+    def _update_current_state_txn(
+        self, txn: LoggingTransaction, event: Event, current: bool = True
+    ) -> None:
+        """The event's membership rows, and (``current``) the current state
+        and its delta stream as the event changes them."""
         assert event.state_key is not None
+        if not current:
+            if event.membership is not None and event.type == "m.room.member":
+                txn.execute(
+                    "INSERT INTO room_memberships (event_id, user_id, sender, room_id,"
+                    " membership, stream_ordering) VALUES (?, ?, ?, ?, ?, ?)",
+                    (event.event_id, event.state_key, event.sender, event.room_id,
+                     event.membership, event.stream_ordering),
+                )  # fmt: skip
+            return
         txn.execute(
             "SELECT event_id FROM current_state_events"
             " WHERE room_id = ? AND type = ? AND state_key = ?",
