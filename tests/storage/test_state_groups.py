@@ -11,16 +11,17 @@ from typing import Any
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main import state_groups
-from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.client_api import ClientApi, caught_up, start_cluster
 from tests.harness.server import DatabaseTestCase
 
 
 class StateGroupsTestCase(DatabaseTestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         super().setUp()
-        self.servers, clients, _ = start_cluster(self, self.test_db)
+        self.servers, clients, _ = start_cluster(self, self.test_db, workers=["reader"])
         self.hs: HomeServer = self.servers["main"]
         self.alice = await ClientApi(self, clients["main"].base_url).register("alice")
+        self.on_reader = ClientApi(self, clients["reader"].base_url).as_user(self.alice.token)
 
     async def set_topic(self, room: str, topic: str) -> str:
         result = await self.alice.ok("PUT", f"/rooms/{room}/state/m.room.topic", {"topic": topic})
@@ -138,6 +139,11 @@ class StateGroupsTestCase(DatabaseTestCase):
         room = await self.alice.create_room()
         parent = await self.alice.send(room, "before the fork")
         one = await self.set_topic(room, "one")
+        await caught_up(self.servers, "main")
+        # The reader has the room's state cached before the branch.
+        self.assertEqual(
+            (await self.on_reader.ok("GET", f"/rooms/{room}/state/m.room.topic"))["topic"], "one"
+        )
         two = await self.send_against(room, parent, "two")
         self.assertEqual(set(await store.get_forward_extremities(room)), {one, two})
         events = await store.get_events([one, two])
@@ -155,6 +161,10 @@ class StateGroupsTestCase(DatabaseTestCase):
             ),
             1,
         )
+        await caught_up(self.servers, "main")
+        for client in (self.alice, self.on_reader):
+            state = await client.ok("GET", f"/rooms/{room}/state/m.room.topic")
+            self.assertEqual(state["topic"], "one")
         merge = await self.alice.send(room, "merge")
         self.assertEqual(list(await store.get_forward_extremities(room)), [merge])
         before_merge = await store.get_state_ids_before_event(merge)
@@ -166,7 +176,8 @@ class StateGroupsTestCase(DatabaseTestCase):
         ids = [e["event_id"] for e in page["chunk"]]
         self.assertEqual(ids[0], merge)
         self.assertTrue({one, two, parent} <= set(ids))
-        sync = await self.alice.sync()
+        await caught_up(self.servers, "main")
+        sync = await self.on_reader.sync()
         joined = sync["rooms"]["join"][room]
         timeline = [e["event_id"] for e in joined["timeline"]["events"]]
         self.assertEqual(timeline[-1], merge)
@@ -176,9 +187,12 @@ class StateGroupsTestCase(DatabaseTestCase):
             if e["type"] == "m.room.topic"
         ]
         self.assertIn(winner, topics)
-        # A later topic goes on from the merged state.
+        # A later topic goes on from the merged state, on every process.
         last = await self.set_topic(room, "three")
         self.assertEqual((await self.current_state(room))[("m.room.topic", "")], last)
+        await caught_up(self.servers, "main")
+        state = await self.on_reader.ok("GET", f"/rooms/{room}/state/m.room.topic")
+        self.assertEqual(state["topic"], "three")
 
     async def test_resolution_group_is_a_delta_against_a_parent(self) -> None:
         """The merged state is stored once, as a group of its own (a delta
