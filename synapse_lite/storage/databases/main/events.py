@@ -82,12 +82,18 @@ class CommittedRows:
         with self._lock:
             self._unrecorded.update(stream_ids)
 
-    def committed(self, events: Iterable[Event]) -> None:
+    def committed(
+        self, events: Iterable[Event], rows_of: Mapping[int, list[Any]] | None = None
+    ) -> None:
+        """Record the rows of ``events``: :func:`stream_rows_of` each, or
+        ``rows_of`` its stream id where given (a room whose current state
+        was derived from its extremities, not event by event)."""
         with self._lock:
             for event in events:
                 stream_id = event.stream_ordering
                 self._unrecorded.discard(stream_id)
-                self._rows[stream_id] = stream_rows_of(event)
+                given = rows_of.get(stream_id) if rows_of is not None else None
+                self._rows[stream_id] = given if given is not None else stream_rows_of(event)
             if len(self._rows) + len(self._unrecorded) > MAX_COMMITTED_IDS:
                 self._forgotten_upto = max(self._rows.keys() | self._unrecorded)
                 self._rows.clear()
@@ -114,19 +120,7 @@ class CommittedRows:
 def stream_rows_of(event: Event) -> list[Any]:
     """What the events stream carries for a newly persisted event: its row,
     then its current-state row (as ``get_events_stream_updates`` reads them)."""
-    rows: list[Any] = [
-        EventsStreamEventRow(
-            event_id=event.event_id,
-            room_id=event.room_id,
-            type=event.type,
-            state_key=event.state_key,
-            redacts=event.redacts,
-            relates_to=None,
-            membership=event.membership,
-            rejected=False,
-            outlier=bool(event.outlier),
-        )
-    ]
+    rows = [event_row_of(event)]
     if event.state_key is not None:
         rows.append(
             EventsStreamCurrentStateRow(
@@ -137,6 +131,21 @@ def stream_rows_of(event: Event) -> list[Any]:
             )
         )
     return rows
+
+
+def event_row_of(event: Event) -> Any:
+    """The events stream's row of the event itself."""
+    return EventsStreamEventRow(
+        event_id=event.event_id,
+        room_id=event.room_id,
+        type=event.type,
+        state_key=event.state_key,
+        redacts=event.redacts,
+        relates_to=None,
+        membership=event.membership,
+        rejected=False,
+        outlier=bool(event.outlier),
+    )
 
 
 class DuplicateTransactionError(Exception):
@@ -210,10 +219,12 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         persisted: list[Event] = []
         # Registered before the ids are taken, so it runs (after commit) before
         # they finish and the positions covering these events become visible.
-        # Rooms whose current state was resolved from several extremities:
-        # their state rows are not the events' own (see below).
+        # Rooms that may have branched or merged (see below), and the events
+        # stream rows of their events (their state rows are not the events'
+        # own): stream id -> rows.
         resolved_rooms: set[str] = set()
-        txn.call_after(self._record_persisted_positions, persisted, resolved_rooms)
+        resolved_rows: dict[int, list[Any]] = {}
+        txn.call_after(self._record_persisted_positions, persisted, resolved_rows)
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
@@ -253,8 +264,13 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             persisted.append(event)
         self._insert_events_txn(txn, persisted, push_actions, groups)
+        for event in persisted:
+            if event.room_id in resolved_rooms:
+                resolved_rows[event.stream_ordering] = [event_row_of(event)]
         for room_id in sorted(resolved_rooms):
-            changed = self._current_state_from_extremities_txn(txn, room_id, persisted)
+            changed = self._current_state_from_extremities_txn(
+                txn, room_id, persisted, resolved_rows
+            )
             if changed:
                 state_changed.add(room_id)
                 members_changed[room_id].update(k for t, k in changed if t == "m.room.member")
@@ -266,11 +282,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             txn.call_after(self.invalidate_state_caches, room_id, members_changed[room_id])
         return persisted
 
-    def _record_persisted_positions(self, persisted: list[Event], resolved_rooms: set[str]) -> None:
-        # A resolved room's state rows are in the database only (their ids
-        # left unrecorded, the streamer reads them there).
-        if self._committed_rows is not None and not resolved_rooms:
-            self._committed_rows.committed(persisted)
+    def _record_persisted_positions(
+        self, persisted: list[Event], resolved_rows: Mapping[int, list[Any]]
+    ) -> None:
+        if self._committed_rows is not None:
+            self._committed_rows.committed(persisted, resolved_rows)
         for event in persisted:
             self.record_event_position(
                 event.room_id, event.type, event.state_key, event.instance_name,
@@ -513,14 +529,19 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         )
 
     def _current_state_from_extremities_txn(
-        self, txn: LoggingTransaction, room_id: str, persisted: Sequence[Event]
+        self,
+        txn: LoggingTransaction,
+        room_id: str,
+        persisted: Sequence[Event],
+        stream_rows: dict[int, list[Any]],
     ) -> list[StateKey]:
         """Make the room's ``current_state_events`` the state at its forward
         extremities after the batch: the state after the one extremity, or
         the resolution of the states after several (the core's
         ``resolve_state``). Each changed key gets one delta stream row, with
-        the stream id of the room's last event of the batch. Returns the
-        changed keys."""
+        the stream id of the room's last event of the batch (added to that
+        id's ``stream_rows``, as the events stream reads them back). Returns
+        the changed keys."""
         txn.execute("SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,))
         extremities = sorted(str(row[0]) for row in txn.fetchall())
         groups = groups_of_events_txn(txn, extremities)
@@ -583,6 +604,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 (stream_id, self._instance_name, room_id, type_, state_key, event_id,
                  prev_event_id),
             )  # fmt: skip
+            stream_rows.setdefault(stream_id, []).append(
+                EventsStreamCurrentStateRow(
+                    room_id=room_id, type=type_, state_key=state_key, event_id=event_id
+                )
+            )
             if type_ != "m.room.member" or not self.hs.is_mine_id(state_key):
                 continue
             if event_id is None or membership is None:
