@@ -123,6 +123,39 @@ class PrepareDatabaseTestCase(unittest.TestCase):
         self.assertTrue(list_deltas(schema_dir, "sqlite")[-1].path.endswith(".sqlite.sql"))
         self.assertTrue(list_deltas(schema_dir, "postgres")[-1].path.endswith(".postgres.sql"))
 
+    def test_python_delta_runs_in_the_upgrade_and_its_failure_rolls_back(self) -> None:
+        """A version may be a Python file: its ``run_upgrade`` runs in the
+        upgrade's transaction; when it raises, nothing of the upgrade stays
+        and the error names the file."""
+        schema_dir, deltas = self.schema_copy()
+        version = code_schema_version()
+        self.prepare(is_main=True)
+        with open(os.path.join(deltas, f"{version + 1:04d}_table.sql"), "w") as f:
+            f.write("CREATE TABLE from_sql (x INTEGER);\n")
+        with open(os.path.join(deltas, f"{version + 2:04d}_rows.py"), "w") as f:
+            f.write(
+                "def run_upgrade(txn, engine):\n"
+                "    txn.execute('INSERT INTO from_sql (x) VALUES (1)')\n"
+                "    raise ValueError('no good')\n"
+            )
+        with self.assertRaises(SchemaFileError) as cm:
+            self.prepare(is_main=True, schema_dir=schema_dir)
+        self.assertIn(f"{version + 2:04d}_rows.py: run_upgrade failed: no good", str(cm.exception))
+        self.assertEqual(self.version(), version)
+        with open(os.path.join(deltas, f"{version + 2:04d}_rows.py"), "w") as f:
+            f.write(
+                "def run_upgrade(txn, engine):\n"
+                "    txn.execute('INSERT INTO from_sql (x) VALUES (1)')\n"
+            )
+        self.assertEqual(self.prepare(is_main=True, schema_dir=schema_dir), version + 2)
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                txn.execute("SELECT x FROM from_sql")
+                self.assertEqual([tuple(r) for r in txn.fetchall()], [(1,)])
+        finally:
+            conn.close()
+
     def test_half_a_pair_or_a_pair_and_a_plain_file_is_refused(self) -> None:
         version = code_schema_version() + 1
         for names in (
