@@ -22,7 +22,12 @@ from twisted.internet import defer
 from synapse_lite.api.content import check_events
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.room_versions import RoomVersion
-from synapse_lite.event_graph.authorisation import select_auth_event_ids
+from synapse_lite.event_graph.authorisation import (
+    EventAuthError,
+    auth_events_state,
+    authorise,
+    select_auth_event_ids,
+)
 from synapse_lite.event_graph.graph import (
     MAX_PREV_EVENTS,
     depth_of_new_event,
@@ -137,6 +142,60 @@ def place_in_graph(
             added[(spec.type, spec.state_key)] = content.event_id
         parents, depth = [content.event_id], depth_of_new_event([depth])
     return contents
+
+
+def authorise_placed(
+    room_version: RoomVersion, contents: Sequence[EventContent], stored: Mapping[str, Pdu]
+) -> None:
+    """Check each placed event by the core's rules (``authorise``) against
+    its own ``auth_events``: the batch's earlier events, else ``stored``
+    (event id -> Pdu). A local event's auth events are selected from the
+    state before it, so this is also the check against that state (the
+    rules read only the selected keys). Raises :class:`EventAuthError`."""
+    known = dict(stored)
+    for content in contents:
+        pdu = content_as_pdu(content)
+        missing = [a for a in content.auth_event_ids if a not in known]
+        if missing:
+            raise EventAuthError(f"auth events not found: {missing}")
+        state = auth_events_state(room_version, pdu, [known[a] for a in content.auth_event_ids])
+        authorise(room_version, pdu, state)
+        known[pdu.event_id] = pdu
+
+
+def content_as_pdu(content: EventContent) -> Pdu:
+    """An event about to be persisted as the core's rules read it."""
+    return Pdu(
+        event_id=content.event_id,
+        room_id=content.room_id,
+        type=content.type,
+        state_key=content.state_key,
+        sender=content.sender,
+        content=content.content,
+        prev_event_ids=content.prev_event_ids,
+        auth_event_ids=content.auth_event_ids,
+        depth=content.depth,
+        origin_server_ts=content.origin_server_ts,
+        redacts=content.redacts,
+    )
+
+
+def event_as_pdu(event: Event) -> Pdu:
+    """A stored event as the core's rules read it as an auth event (its own
+    edges are not needed there)."""
+    return Pdu(
+        event_id=event.event_id,
+        room_id=event.room_id,
+        type=event.type,
+        state_key=event.state_key,
+        sender=event.sender,
+        content=event.content,
+        prev_event_ids=(),
+        auth_event_ids=(),
+        depth=event.depth,
+        origin_server_ts=event.origin_server_ts,
+        redacts=event.redacts,
+    )
 
 
 def spec_as_pdu(room_id: str, spec: EventSpec, depth: int) -> Pdu:
@@ -340,6 +399,7 @@ class EventCreationHandler:
             contents = place_in_graph(
                 room_id, state.version, self._server_name, checked, extremities, state_ids
             )
+            await self._authorise_with_core(state.version, contents)
             # Evaluated for the room's members before the batch, with the
             # power levels as the batch leaves them.
             push_actions = (
@@ -369,6 +429,24 @@ class EventCreationHandler:
         if not create_room and any(_revokes_guest_access(e) for e in events):
             await self._remove_guests(room_id)
         return events
+
+    async def _authorise_with_core(
+        self, room_version: RoomVersion, contents: Sequence[EventContent]
+    ) -> None:
+        """The spec's rules (the pure core) over the placed events, after
+        this server's own checks (which give clients their errors): what
+        other servers will check of our events. A refusal is a 403; an
+        event the core refuses is never persisted."""
+        in_batch = {c.event_id for c in contents}
+        outside = sorted({a for c in contents for a in c.auth_event_ids} - in_batch)
+        stored = await self._store.get_events(outside) if outside else {}
+        try:
+            authorise_placed(
+                room_version, contents, {i: event_as_pdu(e) for i, e in stored.items()}
+            )
+        except EventAuthError as e:
+            logger.warning("The room's rules refuse an event our checks allowed: %s", e)
+            raise AuthError(403, f"The room's authorisation rules refuse this event: {e}") from e
 
     async def _guests_joining(self, specs: list[EventSpec]) -> frozenset[str]:
         """The guest accounts among those ``specs`` make join (a guest may

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import attr
 from twisted.trial import unittest
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
+from synapse_lite.event_graph.authorisation import EventAuthError
 from synapse_lite.events import EventSpec
-from synapse_lite.handlers.message import place_in_graph
+from synapse_lite.handlers.message import authorise_placed, content_as_pdu, place_in_graph
 
 STATE = {
     ("m.room.create", ""): "$create",
@@ -49,3 +51,34 @@ class PlaceInGraphTestCase(unittest.TestCase):
         self.assertEqual(
             (content.prev_event_ids, content.auth_event_ids, content.depth), ((), (), 1)
         )
+
+    def test_the_core_authorises_a_placed_batch_against_its_auth_events(self) -> None:
+        """``authorise_placed``: a new room's batch passes the spec's rules,
+        each event against its own auth events (earlier in the batch); a
+        message from someone not joined is refused, as is one whose auth
+        events are not known."""
+        version = KNOWN_ROOM_VERSIONS["10"]
+        specs = [
+            state_event("m.room.create", "", {"room_version": "10", "creator": "@alice:hs"}),
+            state_event("m.room.member", "@alice:hs", {"membership": "join"}),
+            state_event("m.room.power_levels", "", {"users": {"@alice:hs": 100}}),
+            state_event("m.room.join_rules", "", {"join_rule": "invite"}),
+            state_event("m.room.topic", "", {"topic": "hello"}),
+        ]
+        room = place_in_graph("!r:hs", version, "hs", specs, {}, {})
+        authorise_placed(version, room, {})
+        state = {(c.type, c.state_key or ""): c.event_id for c in room if c.state_key is not None}
+        stored = {c.event_id: content_as_pdu(c) for c in room}
+        last = {room[-1].event_id: room[-1].depth}
+        bob_says = EventSpec(
+            type="m.room.message", state_key=None, sender="@bob:hs", content={}, origin_server_ts=3
+        )
+        [refused] = place_in_graph("!r:hs", version, "hs", [bob_says], last, state)
+        with self.assertRaises(EventAuthError):
+            authorise_placed(version, [refused], stored)
+        alice_says = attr.evolve(bob_says, sender="@alice:hs")
+        [allowed] = place_in_graph("!r:hs", version, "hs", [alice_says], last, state)
+        authorise_placed(version, [allowed], stored)
+        with self.assertRaises(EventAuthError) as cm:
+            authorise_placed(version, [allowed], {})
+        self.assertIn("auth events not found", str(cm.exception))
