@@ -67,6 +67,57 @@ def group_before_id(stream_ordering: int) -> int:
     return 2 * stream_ordering - 1
 
 
+@attr.s(slots=True, auto_attribs=True)
+class GroupRows:
+    """Rows of new state groups, written together by :meth:`write_txn`."""
+
+    groups: list[tuple[int, str, int | None, int]] = attr.Factory(list)
+    state: list[tuple[int, str, str, str]] = attr.Factory(list)
+
+    def add(
+        self,
+        room_id: str,
+        group_id: int,
+        parent: GroupRef | None,
+        changes: Mapping[StateKey, str],
+        full_state: Callable[[], Mapping[StateKey, str]],
+        removes_keys: bool = False,
+    ) -> GroupRef:
+        """Group ``group_id``: ``parent``'s state + ``changes``, stored as a
+        delta of ``changes`` against ``parent``, or a snapshot of
+        ``full_state()`` (that whole new state) when there is no parent, the
+        chain would exceed :data:`MAX_DELTA_CHAIN`, or the new state lacks
+        keys of the parent's (``removes_keys``: deltas only add or replace)."""
+        if parent is None or removes_keys or parent.chain_length + 1 > MAX_DELTA_CHAIN:
+            rows = full_state()
+            ref = GroupRef(group_id, 0)
+            prev_group = None
+        else:
+            rows = changes
+            ref = GroupRef(group_id, parent.chain_length + 1)
+            prev_group = parent.id
+        self.groups.append((group_id, room_id, prev_group, ref.chain_length))
+        self.state.extend((group_id, t, k, e) for (t, k), e in sorted(rows.items()))
+        return ref
+
+    def write_txn(self, txn: LoggingTransaction) -> None:
+        """Insert the rows added so far (multi-row INSERTs: one per table for
+        a state event's group), and forget them."""
+        for table, rows in (
+            ("state_groups (id, room_id, prev_group, chain_length)", self.groups),
+            ("state_group_state (state_group, type, state_key, event_id)", self.state),
+        ):
+            # 200 rows of 4 values per statement: SQLite's 999-parameter floor.
+            for start in range(0, len(rows), 200):
+                chunk = rows[start : start + 200]
+                txn.execute(
+                    f"INSERT INTO {table} VALUES " + ", ".join("(?, ?, ?, ?)" for _ in chunk),
+                    [v for row in chunk for v in row],
+                )
+        self.groups.clear()
+        self.state.clear()
+
+
 def write_state_group_txn(
     txn: LoggingTransaction,
     room_id: str,
@@ -76,32 +127,10 @@ def write_state_group_txn(
     full_state: Callable[[], Mapping[StateKey, str]],
     removes_keys: bool = False,
 ) -> GroupRef:
-    """Store the state ``parent``'s state + ``changes`` as group
-    ``group_id``: a delta of ``changes`` against ``parent``, or a snapshot
-    of ``full_state()`` (that whole new state) when there is no parent, the
-    chain would exceed :data:`MAX_DELTA_CHAIN`, or the new state lacks
-    keys of the parent's (``removes_keys``: deltas only add or replace)."""
-    if parent is None or removes_keys or parent.chain_length + 1 > MAX_DELTA_CHAIN:
-        rows = full_state()
-        ref = GroupRef(group_id, 0)
-        prev_group = None
-    else:
-        rows = changes
-        ref = GroupRef(group_id, parent.chain_length + 1)
-        prev_group = parent.id
-    txn.execute(
-        "INSERT INTO state_groups (id, room_id, prev_group, chain_length) VALUES (?, ?, ?, ?)",
-        (group_id, room_id, prev_group, ref.chain_length),
-    )
-    items = sorted(rows.items())
-    # One multi-row INSERT per 200 rows (SQLite's 999-parameter floor).
-    for start in range(0, len(items), 200):
-        chunk = items[start : start + 200]
-        txn.execute(
-            "INSERT INTO state_group_state (state_group, type, state_key, event_id) VALUES "
-            + ", ".join("(?, ?, ?, ?)" for _ in chunk),
-            [v for (type_, key), event_id in chunk for v in (group_id, type_, key, event_id)],
-        )
+    """Store one group now (see :meth:`GroupRows.add`)."""
+    rows = GroupRows()
+    ref = rows.add(room_id, group_id, parent, changes, full_state, removes_keys)
+    rows.write_txn(txn)
     return ref
 
 
@@ -212,11 +241,10 @@ def _redacts_in(content: Mapping[str, Any]) -> str | None:
 
 def derive_state_groups_txn(txn: LoggingTransaction, engine: BaseDatabaseEngine) -> None:
     """Schema upgrade to version 82: give every event of a database written
-        before state groups its state before and after, replaying each room's
-        events in stream order (rooms were lines then: an event's state before
-        is the state after the room's event before it). A progress line per
-        :data:`PROGRESS_EVERY` events. Outliers keep no state. The same SQL
-    on both engines (``engine`` unused)."""
+    before state groups its state before and after, replaying each room's
+    events in stream order (rooms were lines then: an event's state before
+    is the state after the room's event before it). A progress line per
+    :data:`PROGRESS_EVERY` events. Outliers keep no state."""
     txn.execute("SELECT COUNT(*) FROM events WHERE NOT outlier")
     total = int(txn.fetchone()[0])
     if total == 0:
@@ -227,17 +255,24 @@ def derive_state_groups_txn(txn: LoggingTransaction, engine: BaseDatabaseEngine)
     state: dict[StateKey, str] = {}
     group: GroupRef | None = None
     last: tuple[str, int] = ("", -(2**62))
+    new_groups = GroupRows()
+    # Each page's groups go through a scratch table and one UPDATE: a
+    # statement per event would cost a round trip each on PostgreSQL.
+    txn.execute(
+        "CREATE TEMPORARY TABLE derived_state_groups"
+        " (event_id TEXT NOT NULL PRIMARY KEY, state_group_before BIGINT, state_group BIGINT)"
+    )
     while True:
         txn.execute(
             "SELECT room_id, stream_ordering, event_id, type, state_key FROM events"
-            " WHERE NOT outlier AND (room_id > ? OR (room_id = ? AND stream_ordering > ?))"
+            " WHERE (room_id, stream_ordering) > (?, ?) AND NOT outlier"
             " ORDER BY room_id, stream_ordering LIMIT ?",
-            (last[0], last[0], last[1], PROGRESS_EVERY),
+            (last[0], last[1], PROGRESS_EVERY),
         )
         rows = txn.fetchall()
         if not rows:
             break
-        updates: list[tuple[int | None, int | None, str]] = []
+        updates: list[tuple[str, int | None, int | None]] = []
         for row_room, stream_ordering, event_id, type_, state_key in rows:
             if row_room != room_id:
                 room_id, state, group = row_room, {}, None
@@ -245,22 +280,45 @@ def derive_state_groups_txn(txn: LoggingTransaction, engine: BaseDatabaseEngine)
             if state_key is not None:
                 key = (type_, state_key)
                 state[key] = event_id
-                group = write_state_group_txn(
-                    txn,
+                group = new_groups.add(
                     row_room,
                     group_after_id(int(stream_ordering)),
                     before,
                     {key: event_id},
                     state.copy,
                 )
-            updates.append((before.id if before else None, group.id if group else None, event_id))
-        txn.execute_batch(
-            "UPDATE events SET state_group_before = ?, state_group = ? WHERE event_id = ?",
-            updates,
-        )
+            updates.append((event_id, before.id if before else None, group.id if group else None))
+        new_groups.write_txn(txn)
+        for start in range(0, len(updates), 300):
+            chunk = updates[start : start + 300]
+            txn.execute(
+                "INSERT INTO derived_state_groups (event_id, state_group_before, state_group)"
+                " VALUES " + ", ".join("(?, ?, ?)" for _ in chunk),
+                [v for row in chunk for v in row],
+            )
+        if engine.name == "postgres":
+            # A join: the planner knows nothing of the scratch table and runs
+            # the correlated form below as a scan per row.
+            txn.execute(
+                "UPDATE events SET state_group_before = d.state_group_before,"
+                " state_group = d.state_group FROM derived_state_groups AS d"
+                " WHERE events.event_id = d.event_id"
+            )
+        else:
+            # UPDATE ... FROM needs SQLite 3.33; by primary key this is as fast.
+            txn.execute(
+                "UPDATE events SET"
+                " state_group_before = (SELECT d.state_group_before"
+                " FROM derived_state_groups AS d WHERE d.event_id = events.event_id),"
+                " state_group = (SELECT d.state_group FROM derived_state_groups AS d"
+                " WHERE d.event_id = events.event_id)"
+                " WHERE event_id IN (SELECT event_id FROM derived_state_groups)"
+            )
+        txn.execute("DELETE FROM derived_state_groups")
         done += len(rows)
         last = (str(rows[-1][0]), int(rows[-1][1]))
         logger.info("Derived the state at %d of %d events", done, total)
+    txn.execute("DROP TABLE derived_state_groups")
 
 
 #: State groups whose state a process keeps in memory (groups never change).
