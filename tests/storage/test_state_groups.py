@@ -16,10 +16,19 @@ from tests.harness.server import DatabaseTestCase
 
 
 class StateGroupsTestCase(DatabaseTestCase):
+    """The monolith's main process writes the rooms (a reader worker reads)."""
+
+    #: The process that writes the events (the rooms' writer).
+    writer = "main"
+    workers = ["reader"]
+    stream_writers: dict[str, Any] | None = None
+
     async def setUp(self) -> None:  # type: ignore[override]
         super().setUp()
-        self.servers, clients, _ = start_cluster(self, self.test_db, workers=["reader"])
-        self.hs: HomeServer = self.servers["main"]
+        self.servers, clients, _ = start_cluster(
+            self, self.test_db, workers=self.workers, stream_writers=self.stream_writers
+        )
+        self.hs: HomeServer = self.servers[self.writer]
         self.alice = await ClientApi(self, clients["main"].base_url).register("alice")
         self.on_reader = ClientApi(self, clients["reader"].base_url).as_user(self.alice.token)
 
@@ -118,7 +127,8 @@ class StateGroupsTestCase(DatabaseTestCase):
         )
         handler = self.hs.handlers.events
         handler._room_extremities.set(room, {parent: depth})
-        clock = handler._clock
+        # Stamped where the client's request arrives (main), not on the writer.
+        clock = self.servers["main"].handlers.events._clock
         real_time_msec = clock.time_msec
         clock.time_msec = lambda: real_time_msec() - 60_000  # type: ignore[method-assign]
         try:
@@ -139,7 +149,7 @@ class StateGroupsTestCase(DatabaseTestCase):
         room = await self.alice.create_room()
         parent = await self.alice.send(room, "before the fork")
         one = await self.set_topic(room, "one")
-        await caught_up(self.servers, "main")
+        await caught_up(self.servers, self.writer)
         # The reader has the room's state cached before the branch.
         self.assertEqual(
             (await self.on_reader.ok("GET", f"/rooms/{room}/state/m.room.topic"))["topic"], "one"
@@ -161,7 +171,7 @@ class StateGroupsTestCase(DatabaseTestCase):
             ),
             1,
         )
-        await caught_up(self.servers, "main")
+        await caught_up(self.servers, self.writer)
         for client in (self.alice, self.on_reader):
             state = await client.ok("GET", f"/rooms/{room}/state/m.room.topic")
             self.assertEqual(state["topic"], "one")
@@ -176,7 +186,7 @@ class StateGroupsTestCase(DatabaseTestCase):
         ids = [e["event_id"] for e in page["chunk"]]
         self.assertEqual(ids[0], merge)
         self.assertTrue({one, two, parent} <= set(ids))
-        await caught_up(self.servers, "main")
+        await caught_up(self.servers, self.writer)
         sync = await self.on_reader.sync()
         joined = sync["rooms"]["join"][room]
         timeline = [e["event_id"] for e in joined["timeline"]["events"]]
@@ -190,7 +200,7 @@ class StateGroupsTestCase(DatabaseTestCase):
         # A later topic goes on from the merged state, on every process.
         last = await self.set_topic(room, "three")
         self.assertEqual((await self.current_state(room))[("m.room.topic", "")], last)
-        await caught_up(self.servers, "main")
+        await caught_up(self.servers, self.writer)
         state = await self.on_reader.ok("GET", f"/rooms/{room}/state/m.room.topic")
         self.assertEqual(state["topic"], "three")
 
@@ -216,3 +226,12 @@ class StateGroupsTestCase(DatabaseTestCase):
             "test_group", "SELECT prev_group, chain_length FROM state_groups WHERE id = ?", before
         )
         self.assertIsNotNone(rows[0][0])
+
+
+class StateGroupsOnPersisterTestCase(StateGroupsTestCase):
+    """The same in the default layout's shape: an event persister writes
+    the rooms, clients talk to main, a reader worker reads."""
+
+    writer = "persister1"
+    workers = ["persister1", "reader"]
+    stream_writers = {"events": ["persister1"]}
