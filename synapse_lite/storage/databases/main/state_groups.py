@@ -398,16 +398,20 @@ class StateGroupsWorkerStore(SQLBaseStore):
     async def get_auth_chain_ids(self, event_ids: Sequence[str]) -> set[str]:
         """Every event reachable from ``event_ids`` by ``auth_events`` (not
         the events themselves unless reachable): one recursive query."""
-        if not event_ids:
-            return set()
-        marks = ", ".join("?" for _ in event_ids)
-        rows = await self.db_pool.select(
-            "get_auth_chain_ids",
-            "WITH RECURSIVE chain (event_id) AS ("
-            f" SELECT auth_id FROM event_auth_edges WHERE event_id IN ({marks})"
-            " UNION SELECT a.auth_id FROM event_auth_edges AS a"
-            " JOIN chain AS c ON a.event_id = c.event_id)"
-            " SELECT event_id FROM chain",
-            *event_ids,
-        )
-        return {str(row[0]) for row in rows}
+        chain: set[str] = set()
+        # A query per 500 starting events (SQLite's parameter limit); the
+        # chains of the parts make up the whole one.
+        for start in range(0, len(event_ids), 500):
+            chunk = list(event_ids[start : start + 500])
+            marks = ", ".join("?" for _ in chunk)
+            rows = await self.db_pool.select(
+                "get_auth_chain_ids",
+                "WITH RECURSIVE chain (event_id) AS ("
+                f" SELECT auth_id FROM event_auth_edges WHERE event_id IN ({marks})"
+                " UNION SELECT a.auth_id FROM event_auth_edges AS a"
+                " JOIN chain AS c ON a.event_id = c.event_id)"
+                " SELECT event_id FROM chain",
+                *chunk,
+            )
+            chain.update(str(row[0]) for row in rows)
+        return chain
