@@ -321,8 +321,9 @@ def derive_state_groups_txn(txn: LoggingTransaction, engine: BaseDatabaseEngine)
     txn.execute("DROP TABLE derived_state_groups")
 
 
-#: State groups whose state a process keeps in memory (groups never change).
-GROUP_STATE_CACHE_ENTRIES = 1_000
+#: State groups whose state a process keeps in memory (groups never change;
+#: a large room's state is tens of thousands of entries, hence few).
+GROUP_STATE_CACHE_ENTRIES = 100
 #: Events whose group (after them) the events writer keeps in memory: the
 #: parents of the next events, so a linear send reads no row for its state.
 EVENT_GROUP_CACHE_ENTRIES = 10_000
