@@ -6,13 +6,26 @@ PostgreSQL (``SYNAPSE_LITE_TEST_DB``)."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Mapping
 from typing import Any
 
+from synapse_lite.api.room_versions import RoomVersion
+from synapse_lite.event_graph.pdu import StateKey
+from synapse_lite.event_graph.state_resolution import resolve_state
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main import state_groups
+from synapse_lite.storage.databases.main.state_groups import TxnEvents
 from tests.harness.client_api import ClientApi, caught_up, start_cluster
 from tests.harness.server import DatabaseTestCase
+
+
+def resolve_in_txn(
+    txn: LoggingTransaction, version: RoomVersion, sets: list[Mapping[StateKey, str]]
+) -> dict[StateKey, str]:
+    """The core's resolution of ``sets``, the events read in ``txn``."""
+    return resolve_state(version, sets, TxnEvents(txn))
 
 
 class StateGroupsTestCase(DatabaseTestCase):
@@ -88,6 +101,53 @@ class StateGroupsTestCase(DatabaseTestCase):
         self.assertIn(state_at_create[("m.room.member", str(self.alice.user_id))], chain)
         self.assertNotIn(topic, chain)
 
+    async def test_a_writer_without_cached_groups_reads_its_parents(self) -> None:
+        """After a restart (the writer's memory of groups empty) the next
+        event's parent group is read from the database."""
+        room = await self.alice.create_room()
+        first = await self.set_topic(room, "before")
+        self.hs.store._event_group.clear()
+        second = await self.set_topic(room, "after")
+        store = self.hs.store
+        self.assertEqual(
+            dict(await store.get_state_ids_before_event(second) or {}),
+            dict((await store.get_state_ids_after_events([first]))[first]),
+        )
+        self.assertEqual(
+            dict((await store.get_state_ids_after_events([second]))[second]),
+            await self.current_state(room),
+        )
+
+    async def test_random_forks_keep_current_state_the_resolution(self) -> None:
+        """Topics and names sent against random earlier events (branches),
+        with merges between: after each send the current state is the
+        core's resolution of the states after the room's extremities."""
+        rng = random.Random(30)
+        store = self.hs.store
+        room = await self.alice.create_room()
+        sent = [await self.alice.send(room, "start")]
+        version = await store.get_room_version(room)
+        forked = 0
+        for step in range(12):
+            kind = rng.choice(["topic", "name", "merge"])
+            if kind == "merge":
+                sent.append(await self.alice.send(room, f"merge {step}"))
+            else:
+                parent = rng.choice(sent[-4:])
+                event_type = "m.room.topic" if kind == "topic" else "m.room.name"
+                body = {"topic": f"t{step}"} if kind == "topic" else {"name": f"n{step}"}
+                sent.append(await self.send_state_against(room, parent, event_type, body))
+            extremities = sorted(await store.get_forward_extremities(room))
+            forked += len(extremities) > 1
+            states = await store.get_state_ids_after_events(extremities)
+
+            sets = [states[e] for e in extremities]
+            expected = await store.db_pool.runInteraction(
+                "test_resolve", resolve_in_txn, version, sets
+            )
+            self.assertEqual(await self.current_state(room), expected, f"step {step}")
+        self.assertGreaterEqual(forked, 3)  # the seed makes branches, not a line
+
     async def test_delta_chains_are_bounded_by_snapshots(self) -> None:
         """Every MAX_DELTA_CHAIN deltas the room's state is written whole,
         and reading a group through deltas and snapshots gives the same."""
@@ -116,6 +176,13 @@ class StateGroupsTestCase(DatabaseTestCase):
         stamped a minute earlier (so that the other branch's topic, the
         later, wins the resolution: not what the event's own update of the
         current state wrote)."""
+        return await self.send_state_against(room, parent, "m.room.topic", {"topic": topic})
+
+    async def send_state_against(
+        self, room: str, parent: str, event_type: str, content: dict[str, Any]
+    ) -> str:
+        """A state event (key "") whose parent is ``parent``, stamped a
+        minute earlier."""
         depth = int(
             (
                 await self.hs.store.db_pool.select(
@@ -132,11 +199,11 @@ class StateGroupsTestCase(DatabaseTestCase):
         real_time_msec = clock.time_msec
         clock.time_msec = lambda: real_time_msec() - 60_000  # type: ignore[method-assign]
         try:
-            event_id = await self.set_topic(room, topic)
+            result = await self.alice.ok("PUT", f"/rooms/{room}/state/{event_type}", content)
         finally:
             clock.time_msec = real_time_msec  # type: ignore[method-assign]
         handler._room_extremities.pop(room)  # as after a restart
-        return event_id
+        return str(result["event_id"])
 
     async def test_concurrent_branches_resolve_and_merge(self) -> None:
         """Two topics sent against the same parent: the room has two
