@@ -414,6 +414,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 inserts.append((room_id, added[0]))
                 maybe_branched.add(room_id)
                 continue
+            if not old and len(added) == 1:
+                # A new room (its batch starts with the create event): one
+                # line, its last event the only extremity.
+                inserts.append((room_id, added[0]))
+                continue
             deletes.extend((room_id, event_id) for event_id in old)
             inserts.extend((room_id, event_id) for event_id in added)
             maybe_branched.add(room_id)
