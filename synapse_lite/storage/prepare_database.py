@@ -17,13 +17,13 @@ engine)`` runs in the same transaction as the rest of the upgrade.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from synapse_lite.storage.database import LoggingDatabaseConnection, LoggingTransaction
 from synapse_lite.storage.engines import BaseDatabaseEngine
@@ -123,15 +123,18 @@ def execute_schema_file(txn: LoggingTransaction, engine: BaseDatabaseEngine, pat
 
 def run_python_delta(txn: LoggingTransaction, engine: BaseDatabaseEngine, path: str) -> None:
     """Run the ``run_upgrade(txn, engine)`` of one Python delta file."""
-    spec = importlib.util.spec_from_file_location(
-        "synapse_lite_schema_delta_" + os.path.basename(path)[:4], path
-    )
-    if spec is None or spec.loader is None:
-        raise SchemaFileError(f"{path}: not a loadable Python file")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Compiled and run by hand, not imported: no __pycache__ is written
+    # next to the deltas (where it would read as a delta of its own).
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    namespace: dict[str, Any] = {"__name__": "synapse_lite_schema_delta", "__file__": path}
     try:
-        module.run_upgrade(txn, engine)
+        exec(compile(source, path, "exec"), namespace)
+        run_upgrade = namespace["run_upgrade"]
+    except Exception as e:
+        raise SchemaFileError(f"{path}: no run_upgrade(txn, engine) to run: {e}") from e
+    try:
+        run_upgrade(txn, engine)
     except Exception as e:
         raise SchemaFileError(
             f"{path}: run_upgrade failed: {e}. The upgrade was rolled back;"

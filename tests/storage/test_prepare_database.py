@@ -143,6 +143,14 @@ class PrepareDatabaseTestCase(unittest.TestCase):
         self.assertIn(f"{version + 2:04d}_rows.py: run_upgrade failed: no good", str(cm.exception))
         self.assertEqual(self.version(), version)
         with open(os.path.join(deltas, f"{version + 2:04d}_rows.py"), "w") as f:
+            f.write("def upgrade(txn, engine):\n    pass\n")
+        with self.assertRaises(SchemaFileError) as cm:
+            self.prepare(is_main=True, schema_dir=schema_dir)
+        self.assertIn("no run_upgrade(txn, engine) to run", str(cm.exception))
+        self.assertEqual(self.version(), version)
+        # Run, not imported: nothing is written next to the deltas.
+        self.assertEqual(sorted(n for n in os.listdir(deltas) if not n[:4].isdigit()), [])
+        with open(os.path.join(deltas, f"{version + 2:04d}_rows.py"), "w") as f:
             f.write(
                 "def run_upgrade(txn, engine):\n"
                 "    txn.execute('INSERT INTO from_sql (x) VALUES (1)')\n"

@@ -30,7 +30,7 @@ class ReportIdsTestCase(unittest.TestCase):
         shutil.copytree(SCHEMA_DIR, before, dirs_exist_ok=True)
         # The schema as it was before 0061: every later delta goes too (the
         # version is the highest delta applied).
-        for path in glob.glob(os.path.join(before, "deltas", "*.sql")):
+        for path in glob.glob(os.path.join(before, "deltas", "[0-9]*")):
             if int(os.path.basename(path)[:4]) >= 61:
                 os.unlink(path)
         conn = make_startup_connection(engine)
