@@ -254,3 +254,17 @@ class TransactionsTestCase(DatabaseTestCase):
         # Whenever the sender read the first message, the alias was not
         # there when it was written.
         self.assertEqual(self.service.bodies(), ["after the alias"])
+
+    async def test_a_service_on_the_legacy_routes_gets_its_transactions(self) -> None:
+        """A service serving only the unprefixed ``/transactions`` (the
+        spec's legacy routes) gets every event, in order."""
+        self.service.routes = "legacy"
+        alice, room_id = await self.bridged_room()
+        for i in range(3):
+            await alice.send(room_id, f"m{i}")
+        await eventually(lambda: len(self.service.bodies()) >= 3, what="three messages")
+        self.assertEqual(self.service.bodies(), ["m0", "m1", "m2"])
+        # After the first fall back, straight to the old path.
+        paths = [path for method, path in self.service.requests if method == "PUT"]
+        self.assertEqual(paths[:2], ["/_matrix/app/v1/transactions/1", "/transactions/1"])
+        self.assertTrue(all(p.startswith("/transactions/") for p in paths[2:]), paths)
