@@ -11,7 +11,9 @@ not yet answered (the bridge holds the answer), messages are sent while it is
 down, and the supervisor restarts it: every message reaches the bridge once,
 in order, and the only transaction sent twice is the one in flight at the
 kill, under the same id with the same events (which the framework ignores, as
-the spec asks of a service).
+the spec asks of a service). Last, an unknown alias and user in the
+bridge's namespaces are looked up and made by the bridge while the lookup
+waits.
 
 Runs on the suite's engine: SQLite with TCP replication, or PostgreSQL with
 Redis (``SYNAPSE_LITE_TEST_DB``). Skipped without mautrix.
@@ -27,7 +29,7 @@ from twisted.trial import unittest
 
 from tests.appservice.registrations import irc_registration, write_registrations
 from tests.appservice.test_mautrix import HAVE_MAUTRIX, BridgeProcess, start_bridge
-from tests.harness.client_api import ClientApi
+from tests.harness.client_api import ClientApi, q
 from tests.harness.databases import create_test_database
 from tests.harness.launcher import (
     SynapseLiteCommand,
@@ -160,4 +162,14 @@ class AppServiceProcessesTestCase(unittest.TestCase):
         self.assertEqual(
             {a["path"].rsplit("/", 1)[0] for a in attempts}, {"/_matrix/app/v1/transactions"}
         )
+
+        # Queries, asked by whichever process serves the lookup (a reader
+        # here): the bridge makes the alias (its createRoom goes through
+        # the router while the lookup waits) and the user.
+        answer = await alice.ok("GET", "/directory/room/" + q("#_irc_chan:test.local"))
+        self.assertEqual(bridge.seen("made_alias"), ["#_irc_chan:test.local"])
+        [made] = [line["room_id"] for line in bridge.lines if "made_alias" in line]
+        self.assertEqual(answer["room_id"], made)
+        await alice.ok("GET", "/profile/" + q("@_irc_ghost:test.local"))
+        self.assertEqual(bridge.seen("made_user"), ["@_irc_ghost:test.local"])
         self.assertEqual(bridge.seen("error"), [])
