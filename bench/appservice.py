@@ -15,8 +15,15 @@ service's bot joined to one room a user sends to:
 
 The baseline, measured in the same run on the same processes: the plain
 ``PUT /send`` round trip (p50, p99) and the rate of sends acknowledged
-with the same concurrency. The reference homeserver is not measured: its
-application service setup could not be run here (see docs/appservices.md).
+with the same concurrency.
+
+With ``--reference PYTHON`` (the Python of a virtualenv where the reference
+homeserver is installed: ``python3 -m venv /tmp/ref && /tmp/ref/bin/pip
+install 'matrix-synapse[postgres,redis]'``), the reference's main process
+(where it sends to every application service) is measured too, right
+after our 1-service settings, with the same kind of service, the same room
+and the same load, on the same engine, and the ratios printed: its
+delivery latency p50 over ours and our delivered rate over its.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import asyncio
 import os
 import socket
+import subprocess
 import sys
 import time
 from typing import Any
@@ -34,6 +42,7 @@ import yaml
 from aiohttp import web
 
 from bench.cluster import LAYOUTS, WRITERS, Cluster
+from bench.reference_follow import ReferenceCluster
 from bench.scenarios import Client, User, percentile
 
 LAYOUTS.setdefault("appservice_pair", {"as1": ["health"]})
@@ -103,10 +112,57 @@ async def _wait_for(services: list[FakeService], bodies: list[str], timeout: flo
     raise RuntimeError(f"{missing} deliveries missing after {timeout} s")
 
 
-async def run_setting(
-    services: list[FakeService], instances: int, args: argparse.Namespace
-) -> dict[str, float]:
-    directory = os.path.join("/tmp", f"bench_appservice_{os.getpid()}_{len(services)}_{instances}")
+class ReferenceHomeserver(ReferenceCluster):
+    """The reference's main process alone, with the services' registrations,
+    on a scratch PostgreSQL database or (``engine`` sqlite) an SQLite file."""
+
+    SERVER_NAME = "bench.local"
+
+    def __init__(self, python: str, engine: str, registrations: list[str]) -> None:
+        super().__init__(python, {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"})
+        self.engine = engine
+        self.registrations = registrations
+
+    def _create_database(self) -> None:
+        if self.engine == "postgres":
+            super()._create_database()
+
+    def _drop_database(self) -> None:
+        if self.engine == "postgres":
+            super()._drop_database()
+
+    def _write_config(self) -> tuple[str, str]:
+        main_config, worker_config = super()._write_config()
+        with open(main_config) as f:
+            config = yaml.safe_load(f)
+        config["server_name"] = self.SERVER_NAME
+        config["app_service_config_files"] = self.registrations
+        # One process: nothing to replicate to.
+        config["redis"] = {"enabled": False}
+        config["listeners"] = config["listeners"][:1]
+        del config["instance_map"]
+        if self.engine == "sqlite":
+            config["database"] = {
+                "name": "sqlite3",
+                "args": {"database": os.path.join(self.dir, "homeserver.db")},
+            }
+        with open(main_config, "w") as f:
+            yaml.safe_dump(config, f)
+        return main_config, worker_config
+
+    def start(self) -> None:
+        self._create_database()
+        main_config, _ = self._write_config()
+        subprocess.run(
+            [self.python, "-m", "synapse.app.homeserver", "-c", main_config, "--generate-keys"],
+            check=True,
+            cwd=self.dir,
+            capture_output=True,
+        )
+        self._start("main", ["synapse.app.homeserver", "-c", main_config], self.client_port)
+
+
+def _write_registrations(services: list[FakeService], directory: str) -> list[str]:
     os.makedirs(directory, exist_ok=True)
     paths = []
     for service in services:
@@ -114,6 +170,26 @@ async def run_setting(
         with open(path, "w") as f:
             yaml.safe_dump(service.registration(), f)
         paths.append(path)
+    return paths
+
+
+async def run_reference(services: list[FakeService], args: argparse.Namespace) -> dict[str, float]:
+    directory = os.path.join("/tmp", f"bench_appservice_{os.getpid()}_reference")
+    reference = ReferenceHomeserver(
+        args.reference, args.engine, _write_registrations(services, directory)
+    )
+    try:
+        reference.start()
+        return await _measure(reference.url(), ReferenceHomeserver.SERVER_NAME, services, args)
+    finally:
+        reference.stop()
+
+
+async def run_setting(
+    services: list[FakeService], instances: int, args: argparse.Namespace
+) -> dict[str, float]:
+    directory = os.path.join("/tmp", f"bench_appservice_{os.getpid()}_{len(services)}_{instances}")
+    paths = _write_registrations(services, directory)
     extra: dict[str, Any] = {"app_service_config_files": paths}
     layout = "single"
     if instances == 2:
@@ -122,22 +198,23 @@ async def run_setting(
     cluster = Cluster(layout, args.engine, extra)
     try:
         cluster.start()
-        return await _measure(cluster, services, args)
+        return await _measure(cluster.url("main"), "bench.local", services, args)
     finally:
         cluster.stop()
 
 
 async def _measure(
-    cluster: Cluster, services: list[FakeService], args: argparse.Namespace
+    base: str, server_name: str, services: list[FakeService], args: argparse.Namespace
 ) -> dict[str, float]:
-    base = cluster.url("main")
+    """The measurements on the homeserver at ``base`` (whose users are
+    ``@...:server_name``) with ``services`` registered."""
     async with aiohttp.ClientSession() as session:
         client = Client(session)
         alice = await client.register(base, "alice")
         room = await client.call("POST", base, "/createRoom", alice, {"preset": "public_chat"})
         room_id = room["room_id"]
         for service in services:
-            bot = User(f"@bridgebot{service.index}:bench.local", f"bench-as-{service.index}")
+            bot = User(f"@bridgebot{service.index}:{server_name}", f"bench-as-{service.index}")
             await client.call("POST", base, f"/join/{room_id}", bot, {})
         # Warm-up: every service has its first transaction behind it.
         await client.send(base, alice, room_id, "warm-up")
@@ -176,20 +253,45 @@ async def _measure(
     }
 
 
-async def run_all(args: argparse.Namespace) -> list[tuple[int, int, dict[str, float]]]:
+async def run_all(
+    args: argparse.Namespace,
+) -> tuple[list[tuple[int, int, dict[str, float]]], dict[str, float] | None]:
+    """Our settings' figures, and the reference's for 1 service (or None
+    without ``--reference``), measured right after our 1-service settings."""
     results = []
+    reference = None
     for count in [int(c) for c in args.services.split(",")]:
         for instances in [int(n) for n in args.instances.split(",")]:
-            services = [FakeService(i) for i in range(count)]
-            for service in services:
-                await service.start()
             print(f"{count} services, {instances} instances...", file=sys.stderr, flush=True)
-            try:
-                results.append((count, instances, await run_setting(services, instances, args)))
-            finally:
-                for service in services:
-                    await service.stop()
-    return results
+            results.append(
+                (count, instances, await _with_services(count, run_setting, instances, args))
+            )
+        if count == 1 and args.reference:
+            print("the reference, 1 service...", file=sys.stderr, flush=True)
+            reference = await _with_services(1, lambda s, _, a: run_reference(s, a), 0, args)
+    return results, reference
+
+
+async def _with_services(count: int, run: Any, *arguments: Any) -> dict[str, float]:
+    """``run(services, *arguments)`` with ``count`` fresh services listening."""
+    services = [FakeService(i) for i in range(count)]
+    for service in services:
+        await service.start()
+    try:
+        return dict(await run(services, *arguments))
+    finally:
+        for service in services:
+            await service.stop()
+
+
+def _row(services: str, instances: int, r: dict[str, float]) -> str:
+    return (
+        f"{services:>8} {instances:9} | {r['p50_ms']:8.1f} / {r['p99_ms']:<8.1f}"
+        f" | {r['send_p50_ms']:6.1f} / {r['send_p99_ms']:<6.1f}"
+        f" | {r['p50_ms'] / r['send_p50_ms']:9.2f}"
+        f" | {r['delivered_per_s']:14.0f} | {r['acked_per_s']:16.0f}"
+        f" | {r['delivered_per_s'] / r['acked_per_s']:.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,8 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-events", type=int, default=100)
     parser.add_argument("--events", type=int, default=500)
     parser.add_argument("--senders", type=int, default=8)
+    parser.add_argument(
+        "--reference",
+        metavar="PYTHON",
+        help="also measure the reference homeserver installed for this Python (1 service)",
+    )
     args = parser.parse_args(argv)
-    results = asyncio.run(run_all(args))
+    results, reference = asyncio.run(run_all(args))
     print(
         f"engine {args.engine}; {args.latency_events} events one at a time, then"
         f" {args.events} by {args.senders} senders"
@@ -211,13 +318,20 @@ def main(argv: list[str] | None = None) -> int:
         " | delivered ev/s | /send acked ev/s | ratio"
     )
     for count, instances, r in results:
-        print(
-            f"{count:8} {instances:9} | {r['p50_ms']:8.1f} / {r['p99_ms']:<8.1f}"
-            f" | {r['send_p50_ms']:6.1f} / {r['send_p99_ms']:<6.1f}"
-            f" | {r['p50_ms'] / r['send_p50_ms']:9.2f}"
-            f" | {r['delivered_per_s']:14.0f} | {r['acked_per_s']:16.0f}"
-            f" | {r['delivered_per_s'] / r['acked_per_s']:.2f}"
-        )
+        print(_row(str(count), instances, r))
+    if reference is not None:
+        r = reference
+        print(_row("ref", 1, r))
+        for count, instances, ours in results:
+            if count != 1:
+                continue
+            print(
+                f"1 service, {instances} instance(s) against the reference:"
+                f" latency p50 {r['p50_ms'] / ours['p50_ms']:.2f}x lower,"
+                f" p99 {r['p99_ms'] / ours['p99_ms']:.2f}x lower,"
+                f" delivered ev/s {ours['delivered_per_s'] / r['delivered_per_s']:.2f}x,"
+                f" /send p50 {r['send_p50_ms'] / ours['send_p50_ms']:.2f}x lower"
+            )
     return 0
 
 

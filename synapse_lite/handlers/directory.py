@@ -79,8 +79,7 @@ class DirectoryHandler:
             await self._store.get_users_in_room(room_id)
         ):
             raise AuthError(403, "You are not in this room")
-        made_at = self._store.get_room_max_stream_ordering()
-        if not await self._store.create_alias(alias, room_id, requester.user_id, made_at):
+        if not await self._store.create_alias(alias, room_id, requester.user_id):
             raise SynapseError(409, "That room alias already exists", Codes.UNKNOWN)
 
     async def resolve_alias(self, alias: str) -> str:

@@ -12,6 +12,10 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 PREFIX = b"/_matrix/app/v1/"
+#: Where a service of the era before the versioned API served each kind of
+#: request (the spec's "legacy routes").
+LEGACY_PREFIXES = {b"/transactions/": b"/", b"/users/": b"/", b"/rooms/": b"/"}
+LEGACY_THIRDPARTY = b"/_matrix/app/unstable/"
 
 
 class FakeApplicationService(Resource):
@@ -47,6 +51,14 @@ class FakeApplicationService(Resource):
         #: Deferred: the answer waits for it).
         self.on_query: Any = None
         self.port: Any = None
+        #: "v1": the versioned routes only; "legacy": the unprefixed and
+        #: unstable routes only (and ``access_token`` in the query string
+        #: instead of the header); "both".
+        self.routes = "v1"
+        #: Every request's (method, path without query), in order.
+        self.requests: list[tuple[str, str]] = []
+        #: The ``access_token`` query parameter of each request (None if absent).
+        self.access_tokens: list[str | None] = []
 
     def listen(self) -> str:
         any_reactor: Any = reactor
@@ -56,13 +68,39 @@ class FakeApplicationService(Resource):
     def bodies(self) -> list[str]:
         return [e["content"].get("body", "") for e in self.events if e["type"] == "m.room.message"]
 
+    def _route(self, full_path: bytes) -> bytes | None:
+        """The path under the versioned prefix that ``full_path`` serves,
+        given ``routes``; None: no such route here."""
+        if full_path.startswith(PREFIX):
+            return full_path[len(PREFIX) :] if self.routes != "legacy" else None
+        if self.routes == "v1":
+            return None
+        if full_path.startswith(LEGACY_THIRDPARTY + b"thirdparty/"):
+            return full_path[len(LEGACY_THIRDPARTY) :]
+        if any(full_path.startswith(legacy) for legacy in LEGACY_PREFIXES):
+            return full_path[1:]
+        return None
+
     def render(self, request: Request) -> bytes:
         request.setHeader(b"Content-Type", b"application/json")
+        full_path = request.path or b""
+        self.requests.append((request.method.decode(), full_path.decode()))
+        token = (request.args or {}).get(b"access_token")
+        self.access_tokens.append(token[0].decode() if token else None)
+        route = self._route(full_path)
+        if route is None:
+            # What a web framework answers for a route it does not have.
+            request.setResponseCode(404)
+            request.setHeader(b"Content-Type", b"text/html")
+            return b"<html>404 Not Found</html>"
         auth = request.getHeader(b"Authorization")
+        if self.routes == "legacy" and not full_path.startswith(PREFIX):
+            # Services of that era read the token from the query string.
+            auth = b"Bearer " + token[0] if token else None
         if auth != f"Bearer {self.hs_token}".encode():
             request.setResponseCode(403)
             return b'{"errcode": "M_FORBIDDEN"}'
-        path = (request.path or b"")[len(PREFIX) :].decode()
+        path = route.decode()
         kind, _, rest = path.partition("/")
         from urllib.parse import unquote
 

@@ -6,12 +6,18 @@ what happens as JSON lines on stdout:
 - ``join ROOM``: the bot joins ``ROOM``, then ``@_irc_puppet`` joins and
   says ``hi from irc`` (prints ``{"sent": event_id}``);
 - ``down`` / ``up``: stop / start the service's HTTP listener;
-- every event received in a transaction prints ``{"event": ...}``.
+- ``hold`` / ``release``: from ``hold`` on, each transaction is processed
+  but its answer waits for ``release`` (as if the answer were lost);
+- every event received in a transaction prints ``{"event": ...}``, and
+  every transaction request, repeats included, prints ``{"txn": id,
+  "event_ids": [...]}`` as it arrives (before the framework's own
+  de-duplication).
 
 Queries: an alias ``#_irc_*`` is made (a room created with it by the bot)
 and a user ``@_irc_*`` registered when the homeserver asks.
 
-Arguments: homeserver URL, port to listen on.
+Arguments: homeserver URL, port to listen on, and optionally the server
+name (default ``test.local``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from aiohttp import web
 from mautrix.appservice import AppService
 from mautrix.types import Event, RoomAlias, RoomID, UserID
 
-DOMAIN = "test.local"
+DOMAIN = sys.argv[3] if len(sys.argv) > 3 else "test.local"
 
 
 def say(data: dict) -> None:
@@ -34,6 +40,24 @@ def say(data: dict) -> None:
 
 async def main(hs_url: str, port: int) -> None:
     appservice: AppService
+    #: Set while answers are held: each held answer waits for it to be cleared.
+    released = asyncio.Event()
+    released.set()
+
+    @web.middleware
+    async def watch_transactions(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method != "PUT" or "/transactions/" not in request.path:
+            return await handler(request)
+        body = await request.json()
+        txn_id = request.match_info.get("transaction_id", request.path.rsplit("/", 1)[-1])
+        event_ids = [e.get("event_id") for e in body.get("events", [])]
+        say({"txn": txn_id, "event_ids": event_ids, "path": request.path})
+        try:
+            response = await handler(request)
+        except web.HTTPOk as answered:  # mautrix answers a repeated id this way
+            response = answered
+        await released.wait()
+        return response
 
     # mautrix answers 404 to an empty (falsy) result: say something.
     async def query_alias(alias: RoomAlias) -> dict:
@@ -58,6 +82,7 @@ async def main(hs_url: str, port: int) -> None:
         # the alias and the user id.
         query_alias=cast(Any, query_alias),
         query_user=cast(Any, query_user),
+        aiohttp_params={"middlewares": [watch_transactions]},
     )
 
     async def on_event(event: Event) -> None:
@@ -79,6 +104,12 @@ async def main(hs_url: str, port: int) -> None:
                 puppet = appservice.intent.user(UserID(f"@_irc_puppet:{DOMAIN}"))
                 await puppet.ensure_joined(room_id)
                 say({"sent": await puppet.send_text(room_id, "hi from irc")})
+            elif command == "hold":
+                released.clear()
+                say({"hold": True})
+            elif command == "release":
+                released.set()
+                say({"release": True})
             elif command == "down":
                 assert appservice.runner is not None
                 await appservice.runner.cleanup()

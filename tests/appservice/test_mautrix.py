@@ -61,6 +61,26 @@ class BridgeProcess(protocol.ProcessProtocol):
         ]
 
 
+async def start_bridge(
+    testcase: DatabaseTestCase | Any, hs_url: str, port: int, server_name: str = "test.local"
+) -> BridgeProcess:
+    """Run ``mautrix_bridge.py`` against ``hs_url``, listening on ``port``,
+    until it says it is ready (its bot registered); killed at the test's
+    cleanup."""
+    bridge = BridgeProcess()
+    any_reactor: Any = reactor
+    argv = [sys.executable, SCRIPT, hs_url, str(port), server_name]
+    transport = any_reactor.spawnProcess(bridge, sys.executable, argv, env=os.environ)
+
+    def end() -> None:
+        if not bridge.ended:
+            transport.signalProcess("KILL")
+
+    testcase.addCleanup(end)
+    await eventually(lambda: bridge.seen("ready"), timeout=30, what="the bridge to start")
+    return bridge
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,18 +118,7 @@ class MautrixBridgeTestCase(DatabaseTestCase):
             **config,
         )
         base = clients["main"].base_url
-        bridge = BridgeProcess()
-        any_reactor: Any = reactor
-        transport = any_reactor.spawnProcess(
-            bridge, sys.executable, [sys.executable, SCRIPT, base, str(port)], env=os.environ
-        )
-
-        def end() -> None:
-            if not bridge.ended:
-                transport.signalProcess("KILL")
-
-        self.addCleanup(end)
-        await eventually(lambda: bridge.seen("ready"), timeout=20, what="the bridge to start")
+        bridge = await start_bridge(self, base, port)
 
         # The bridge's bot and a puppet join alice's room; the puppet speaks.
         alice = await ClientApi(self, base).register("alice")

@@ -254,3 +254,96 @@ class TransactionsTestCase(DatabaseTestCase):
         # Whenever the sender read the first message, the alias was not
         # there when it was written.
         self.assertEqual(self.service.bodies(), ["after the alias"])
+
+    async def test_a_service_on_the_legacy_routes_gets_its_transactions(self) -> None:
+        """A service serving only the unprefixed ``/transactions`` (the
+        spec's legacy routes) gets every event, in order."""
+        self.service.routes = "legacy"
+        alice, room_id = await self.bridged_room()
+        for i in range(3):
+            await alice.send(room_id, f"m{i}")
+        await eventually(lambda: len(self.service.bodies()) >= 3, what="three messages")
+        self.assertEqual(self.service.bodies(), ["m0", "m1", "m2"])
+        # After the first fall back, straight to the old path.
+        paths = [path for method, path in self.service.requests if method == "PUT"]
+        self.assertEqual(paths[:2], ["/_matrix/app/v1/transactions/1", "/transactions/1"])
+        self.assertTrue(all(p.startswith("/transactions/") for p in paths[2:]), paths)
+
+
+class AliasNamespaceTestCase(DatabaseTestCase):
+    """A service whose (shared) alias namespace names a room: the room's
+    events concern it, from the first when the room is made with the alias,
+    and none from before the alias when it is added later, whichever
+    process adds it."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.patch(sender_module, "POLL_SECONDS", 0.05)
+        self.patch(sender_module, "FIRST_BACKOFF_SECONDS", 0.05)
+        self.patch(sender_module, "MAX_BACKOFF_SECONDS", 0.1)
+        self.service = FakeApplicationService()
+        url = self.service.listen()
+        self.addCleanup(self.service.port.stopListening)
+        registration = irc_registration(url)
+        registration["namespaces"]["aliases"] = [
+            {"exclusive": False, "regex": "#bridged_.*:test.local"}
+        ]
+        _, self.clients, self.bus = start_cluster(
+            self,
+            self.test_db,
+            workers=["reader1"],
+            app_service_config_files=write_registrations(registration),
+        )
+        self.api = self.clients["main"]
+
+    async def test_create_room_with_an_alias_of_the_namespace_brings_its_first_events(
+        self,
+    ) -> None:
+        alice = await ClientApi(self, self.api.base_url).register("alice")
+        other = await alice.create_room(preset="public_chat")
+        await alice.send(other, "not for the bridge")
+        room_id = (
+            await alice.ok(
+                "POST", "/createRoom", {"preset": "public_chat", "room_alias_name": "bridged_x"}
+            )
+        )["room_id"]
+        await alice.send(room_id, "hello")
+        await eventually(lambda: "hello" in self.service.bodies(), what="the message")
+        types = [e["type"] for e in self.service.events]
+        self.assertEqual(types[0], "m.room.create")
+        self.assertIn("m.room.canonical_alias", types)
+        self.assertEqual({e["room_id"] for e in self.service.events}, {room_id})
+        # Every event of the room, in order.
+        messages = await alice.ok("GET", f"/rooms/{room_id}/messages?dir=f&limit=50")
+        self.assertEqual(
+            [e["event_id"] for e in self.service.events],
+            [e["event_id"] for e in messages["chunk"]],
+        )
+
+    async def test_an_alias_added_by_a_lagging_process_brings_no_earlier_event(self) -> None:
+        """The alias's position is the database's, not the view of the
+        process serving ``PUT /directory/room`` (a reader, which may not
+        have heard of the last events yet)."""
+        alice = await ClientApi(self, self.api.base_url).register("alice")
+        # The sender is held on a transaction the service keeps failing, so
+        # it reads the next events only after the alias is made.
+        lobby = await alice.create_room(preset="public_chat")
+        self.service.mode = "error"
+        await self.api.as_user(AS_TOKEN).ok("POST", f"/join/{lobby}", {})
+        await eventually(lambda: self.service.attempts, what="a failing transaction")
+        [reader] = [e for e in self.bus.endpoints if e.hs.instance_name == "reader1"]
+        self.bus.leave(reader)  # reader1 hears of no event from now on
+        room_id = await alice.create_room(preset="public_chat")
+        await alice.send(room_id, "before the alias")
+        bridge = self.clients["reader1"].as_user(AS_TOKEN)
+        await bridge.ok(
+            "PUT", "/directory/room/" + q("#bridged_late:test.local"), {"room_id": room_id}
+        )
+        await alice.send(room_id, "after the alias")
+        self.service.mode = "ok"
+        await eventually(lambda: "after the alias" in self.service.bodies(), what="the message")
+        self.assertEqual(self.service.bodies(), ["after the alias"])
+        self.assertEqual(
+            [e["type"] for e in self.service.events if e["room_id"] == room_id],
+            ["m.room.message"],
+        )

@@ -94,18 +94,24 @@ class ProfileWorkerStore(SQLBaseStore):
         )
         return (rows[0][0], rows[0][1]) if rows else None
 
-    async def create_alias(
-        self, room_alias: str, room_id: str, creator: str, stream_ordering: int = 0
-    ) -> bool:
-        """Add an alias; False when it already exists. ``stream_ordering``:
-        the events stream position it is made at (see
-        :meth:`get_alias_positions_for_room`)."""
+    async def create_alias(self, room_alias: str, room_id: str, creator: str) -> bool:
+        """Add an alias; False when it already exists. It is recorded as
+        made at the highest events stream position in the database when it
+        is inserted (see :meth:`get_alias_positions_for_room`): read in the
+        inserting transaction, not from this process's view of the stream,
+        which may lag behind the writers (a reader serves ``PUT
+        /directory/room``); and below every event of a room that has none
+        yet (``createRoom`` claims its alias before the room's first
+        events are written)."""
 
         def txn_func(txn: LoggingTransaction) -> bool:
+            txn.execute("SELECT COALESCE(MAX(stream_ordering), 0) FROM events")
+            row = txn.fetchone()
+            made_at = int(row[0]) if row else 0
             txn.execute(
                 "INSERT INTO room_aliases (room_alias, room_id, creator, stream_ordering)"
                 " VALUES (?, ?, ?, ?) ON CONFLICT (room_alias) DO NOTHING",
-                (room_alias, room_id, creator, stream_ordering),
+                (room_alias, room_id, creator, made_at),
             )
             return txn.rowcount == 1
 
