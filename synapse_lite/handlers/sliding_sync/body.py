@@ -126,6 +126,11 @@ class SlidingSyncBody:
     extensions: Mapping[str, ExtensionConfig] = attr.Factory(dict)
 
 
+def _or_empty(value: Any) -> Any:
+    """A missing or null object is an empty one."""
+    return {} if value is None else value
+
+
 def _string(value: Any, key: str) -> str:
     if not isinstance(value, str):
         raise _bad(key, "must be a string")
@@ -310,11 +315,11 @@ def parse_body(
     set_presence = set_presence or "online"
     if set_presence not in PRESENCE_VALUES:
         raise _bad("set_presence", f"must be one of {', '.join(PRESENCE_VALUES)}")
-    lists_body = _object(body.get("lists") or {}, "lists")
+    lists_body = _object(_or_empty(body.get("lists")), "lists")
     if len(lists_body) > MAX_LISTS:
         raise _bad("lists", f"may hold at most {MAX_LISTS} lists")
     lists = {name: parse_list(value, f"lists.{name}") for name, value in lists_body.items()}
-    subs_body = _object(body.get("room_subscriptions") or {}, "room_subscriptions")
+    subs_body = _object(_or_empty(body.get("room_subscriptions")), "room_subscriptions")
     if len(subs_body) > MAX_SUBSCRIPTIONS:
         raise _bad("room_subscriptions", f"may hold at most {MAX_SUBSCRIPTIONS} rooms")
     subscriptions = {}
@@ -323,7 +328,7 @@ def parse_body(
         if not room_id.startswith("!"):
             raise _bad(key, "is not a room id")
         subscriptions[room_id] = parse_room_config(_object(value, key), key)
-    extensions_body = _object(body.get("extensions") or {}, "extensions")
+    extensions_body = _object(_or_empty(body.get("extensions")), "extensions")
     extensions = {}
     for name in EXTENSIONS:
         if name in extensions_body:
