@@ -247,6 +247,26 @@ class SlidingSyncTestCase(DatabaseTestCase):
         self.assertTrue(result["rooms"][rooms[1]]["is_dm"])
         self.assertFalse(result["rooms"][rooms[0]]["is_dm"])
 
+    async def test_left_and_kicked_rooms(self) -> None:
+        kicked, left, sent_then_left = await self.rooms_with_bob(3)
+        body = {"lists": {"all": room_list([[0, 9]])}}
+        await self.bob.ok("POST", f"/rooms/{left}/leave", {})
+        await self.alice.ok("POST", f"/rooms/{kicked}/kick", {"user_id": self.bob.user_id})
+        await self.settle()
+        first = await sliding(self.bob, body)
+        # Kicked: listed, up to the kick; left by the user: not.
+        self.assertEqual(set(first["rooms"]), {kicked, sent_then_left})
+        self.assertEqual(first["rooms"][kicked]["membership"], "leave")
+        self.assertEqual(first["rooms"][kicked]["timeline"][-1]["type"], "m.room.member")
+        await self.bob.ok("POST", f"/rooms/{sent_then_left}/leave", {})
+        await self.alice.send(sent_then_left, "after bob left")
+        await self.settle()
+        later = await sliding(self.bob, body, pos=first["pos"])
+        entry = later["rooms"][sent_then_left]
+        self.assertEqual((entry["membership"], entry["initial"]), ("leave", True))
+        bodies = [e["content"].get("body") for e in entry["timeline"]]
+        self.assertNotIn("after bob left", bodies)
+
     async def test_pos_is_the_connections_own(self) -> None:
         await self.rooms_with_bob(1)
         await self.settle()

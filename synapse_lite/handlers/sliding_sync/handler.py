@@ -297,11 +297,18 @@ class SlidingSyncHandler:
         now: StreamToken,
     ) -> Selection:
         rows = memberships.now
+        gone = [r for r, row in rows.items() if row[1] in ("leave", "ban") and r not in state.rooms]
+        # Rooms left are listed only once sent on this connection (the user
+        # knows they left); those the user was kicked or banned from always.
+        leaves = await self._store.get_events([rows[r][2] for r in gone]) if gone else {}
+        kicked = {
+            r for r in gone if (e := leaves.get(rows[r][2])) is not None and e.sender != user_id
+        }
         candidates = [
             r
             for r, row in rows.items()
             if row[1] in ("join", "invite", "knock")
-            or (row[1] in ("leave", "ban") and r in state.rooms)
+            or (row[1] in ("leave", "ban") and (r in state.rooms or r in kicked))
         ]
         joined = [r for r in candidates if rows[r][1] == "join"]
         activity = await self._store.get_room_activity(joined, now.room_key)
