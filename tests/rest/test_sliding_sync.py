@@ -14,7 +14,7 @@ from tests.harness.client_api import (
     DEFAULT_LAYOUT_STREAM_WRITERS,
     DEFAULT_LAYOUT_WORKERS,
     ClientApi,
-    start_cluster,
+    ThreeUsersTestCase,
 )
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
@@ -60,19 +60,8 @@ def check_shape(testcase: DatabaseTestCase, response: dict[str, Any]) -> None:
             testcase.assertIn("state_key", event)
 
 
-class SlidingSyncTestCase(DatabaseTestCase):
-    workers: list[str] = []
-    stream_writers: dict[str, Any] = {}
-
-    async def setUp(self) -> None:  # type: ignore[override]
-        super().setUp()
-        self.servers, clients, _ = start_cluster(
-            self, self.test_db, workers=self.workers, stream_writers=self.stream_writers
-        )
-        names = list(clients)
-        self.bases = [clients[n].base_url for n in names]
-        self.alice = await ClientApi(self, self.bases[0]).register("alice")
-        self.bob = await ClientApi(self, self.bases[-1]).register("bob")
+class SlidingSyncTestCase(ThreeUsersTestCase):
+    """alice on the main process, bob on the last process."""
 
     async def settle(self) -> None:
         """Every process has read what each events writer wrote so far."""
@@ -395,7 +384,7 @@ class SlidingSyncWorkersTestCase(SlidingSyncTestCase):
         await self.settle()
         # The same connection, continued by the main process.
         on_main = self.bob.as_user(self.bob.token)
-        on_main.base_url = self.bases[0]
+        on_main.base_url = self.alice.base_url
         later = await sliding(on_main, body, pos=first["pos"])
         self.assertEqual(
             [e["content"].get("body") for e in later["rooms"][room]["timeline"]], ["elsewhere"]
