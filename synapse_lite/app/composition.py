@@ -598,6 +598,7 @@ def _handlers(
         presence=presence,
         typing=typing,
         formatter=formatter,
+        relations=relations,
     )
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)

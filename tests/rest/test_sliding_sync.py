@@ -236,6 +236,28 @@ class SlidingSyncTestCase(ThreeUsersTestCase):
         self.assertTrue(result["rooms"][rooms[1]]["is_dm"])
         self.assertFalse(result["rooms"][rooms[0]]["is_dm"])
 
+    async def test_timeline_bundles_and_ignored_invites(self) -> None:
+        [room] = await self.rooms_with_bob(1)
+        root = await self.alice.send(room, "root")
+        reply = {
+            "msgtype": "m.text",
+            "body": "in thread",
+            "m.relates_to": {"rel_type": "m.thread", "event_id": root},
+        }
+        await self.alice.ok("PUT", f"/rooms/{room}/send/m.room.message/t1", reply)
+        eve_room = await self.eve.create_room()
+        await self.eve.ok("POST", f"/rooms/{eve_room}/invite", {"user_id": self.bob.user_id})
+        await self.bob.ok(
+            "PUT",
+            f"/user/{self.bob.user_id}/account_data/m.ignored_user_list",
+            {"ignored_users": {self.eve.user_id: {}}},
+        )
+        await self.settle()
+        result = await sliding(self.bob, {"lists": {"all": room_list([[0, 9]], 5)}})
+        self.assertNotIn(eve_room, result["rooms"])
+        [root_event] = [e for e in result["rooms"][room]["timeline"] if e["event_id"] == root]
+        self.assertEqual(root_event["unsigned"]["m.relations"]["m.thread"]["count"], 1)
+
     async def test_left_and_kicked_rooms(self) -> None:
         kicked, left, sent_then_left = await self.rooms_with_bob(3)
         body = {"lists": {"all": room_list([[0, 9]])}}

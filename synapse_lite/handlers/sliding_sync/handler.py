@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.auth import Requester
     from synapse_lite.handlers.client_events import ClientEventFormatter
     from synapse_lite.handlers.presence import PresenceHandlerBase
+    from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.notifier import Notifier
@@ -173,8 +174,11 @@ class SlidingSyncHandler:
         presence: PresenceHandlerBase,
         typing: TypingHandlerBase,
         formatter: ClientEventFormatter,
+        relations: RelationsHandler | None,
     ) -> None:
+        """``relations``: adds the bundled aggregations to timeline events."""
         self._store = store
+        self._relations = relations
         self._clock = clock
         self._limits = config.limits
         self._sync = sync
@@ -469,7 +473,12 @@ class SlidingSyncHandler:
             if membership in ("invite", "knock"):
                 if initial:
                     planned.append(
-                        (room_id, config, initial, self._invite_entry(room_id, row, membership))
+                        (
+                            room_id,
+                            config,
+                            initial,
+                            self._invite_entry(room_id, row, membership, ignored),
+                        )
                     )
                 continue
             room_since: RoomStreamToken | None = None
@@ -552,6 +561,12 @@ class SlidingSyncHandler:
             if room_id in selection.lists:
                 entry["lists"] = selection.lists[room_id]
             result[room_id] = entry
+        if self._relations is not None:
+            # One query for every timeline (the rooms are the user's).
+            await self._relations.add_bundles_to(
+                [e for entry in result.values() for e in entry.get("timeline", [])],
+                user_id,
+            )
         if joined_sent:
             counts = await self._store.get_member_counts(joined_sent)
             unread = await self._store.get_unread_counts(
@@ -571,12 +586,19 @@ class SlidingSyncHandler:
         state.prune_tokens()
         return result
 
-    async def _invite_entry(self, room_id: str, row: Any, membership: str) -> dict[str, Any]:
+    async def _invite_entry(
+        self, room_id: str, row: Any, membership: str, ignored: frozenset[str]
+    ) -> dict[str, Any] | None:
+        """An invite's or knock's stripped state; None for an invite from an
+        ignored user (left out, as /sync leaves it out)."""
         state_ids = await self._store.get_current_state_ids(room_id)
         wanted = [state_ids[(t, "")] for t in INVITE_STATE_TYPES if (t, "") in state_ids]
         member_id = row[2]
         wanted.append(member_id)
         events = await self._store.get_events(wanted)
+        member = events.get(member_id)
+        if membership == "invite" and member is not None and member.sender in ignored:
+            return None
         stripped = _stripped(events[i] for i in wanted if i in events)
         entry: dict[str, Any] = {"stripped_state": stripped}
         if membership == "invite":
