@@ -15,9 +15,11 @@ from tests.harness.client_api import (
     DEFAULT_LAYOUT_WORKERS,
     ClientApi,
     ThreeUsersTestCase,
+    serve,
+    start_cluster,
 )
 from tests.harness.polling import eventually
-from tests.harness.server import DatabaseTestCase
+from tests.harness.server import DatabaseTestCase, make_homeserver
 
 PATH = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
 ALL_STATE: dict[str, Any] = {"timeline_limit": 5, "required_state": [["*", "*"]]}
@@ -412,3 +414,35 @@ class SlidingSyncWorkersTestCase(SlidingSyncTestCase):
             [e["content"].get("body") for e in later["rooms"][room]["timeline"]], ["elsewhere"]
         )
         self.assertNotIn("initial", later["rooms"][room])
+
+
+class SlidingSyncRestartTestCase(DatabaseTestCase):
+    async def test_a_restarted_worker_continues_the_connection(self) -> None:
+        servers, clients, bus = start_cluster(
+            self,
+            self.test_db,
+            workers=DEFAULT_LAYOUT_WORKERS,
+            stream_writers=DEFAULT_LAYOUT_STREAM_WRITERS,
+        )
+        alice = await ClientApi(self, clients["main"].base_url).register("alice")
+        bob = await ClientApi(self, clients["synchrotron1"].base_url).register("bob")
+        room = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room}", {})
+        body = {"conn_id": "room-list", "lists": {"all": room_list([[0, 0]], 3)}}
+        first = await sliding(bob, body)
+        self.assertIn(room, first["rooms"])
+        # synchrotron1 stops; a new one starts with nothing in memory.
+        old = servers["synchrotron1"]
+        for endpoint in list(bus.endpoints):
+            if endpoint.hs is old:
+                bus.leave(endpoint)
+        await old.service.stopService()
+        new = make_homeserver(self, old.config, "synchrotron1")
+        bus.join(new)
+        bob_again = bob.as_user(bob.token)
+        bob_again.base_url = serve(self, new)
+        event_id = await alice.send(room, "after the restart")
+        later = await sliding(bob_again, body, pos=first["pos"], timeout=10_000)
+        entry = later["rooms"][room]
+        self.assertNotIn("initial", entry)
+        self.assertEqual([e["event_id"] for e in entry["timeline"]], [event_id])
