@@ -280,6 +280,38 @@ class SlidingSyncTestCase(ThreeUsersTestCase):
         bodies = [e["content"].get("body") for e in entry["timeline"]]
         self.assertNotIn("after bob left", bodies)
 
+    async def test_tag_and_space_filters(self) -> None:
+        favourite, in_space, other = await self.rooms_with_bob(3)
+        space = await self.alice.create_room(
+            preset="public_chat", creation_content={"type": "m.space"}
+        )
+        await self.bob.ok("POST", f"/join/{space}", {})
+        await self.alice.ok(
+            "PUT", f"/rooms/{space}/state/m.space.child/{in_space}", {"via": ["test.local"]}
+        )
+        await self.alice.ok("PUT", f"/rooms/{space}/state/m.space.child/{other}", {})
+        await self.bob.ok("PUT", f"/user/{self.bob.user_id}/rooms/{favourite}/tags/m.favourite", {})
+        await self.bob.ok(
+            "PUT", f"/user/{self.bob.user_id}/rooms/{in_space}/tags/m.lowpriority", {}
+        )
+        await self.settle()
+        lists = {
+            "favourites": room_list([[0, 9]], filters={"tags": ["m.favourite"]}),
+            "not_low": room_list(
+                [[0, 9]], filters={"not_tags": ["m.lowpriority"], "not_room_types": ["m.space"]}
+            ),
+            "in_space": room_list([[0, 9]], filters={"spaces": [space, "!unknown:x"]}),
+        }
+        result = await sliding(self.bob, {"lists": lists})
+        listed = {
+            name: sorted(r for r, e in result["rooms"].items() if name in e.get("lists", []))
+            for name in lists
+        }
+        self.assertEqual(listed["favourites"], [favourite])
+        self.assertEqual(listed["not_low"], sorted([favourite, other]))
+        # A child whose event has no "via" is no longer a child.
+        self.assertEqual(listed["in_space"], [in_space])
+
     async def test_pos_is_the_connections_own(self) -> None:
         await self.rooms_with_bob(1)
         await self.settle()
