@@ -198,19 +198,18 @@ class SlidingSyncHandler:
         """Answer one request; raises 400 ``M_UNKNOWN_POS`` for a ``pos``
         that is not this connection's (or expired)."""
         user_id = requester.user_id
+        # The pos first: a refused request changes nothing (presence included).
+        since, saved_state = await self._load(requester, body)
         await self._presence.apply_sync_presence(user_id, body.set_presence)
         if body.set_presence == "offline":
-            return await self._answer(requester, body)
+            return await self._answer(requester, body, since, saved_state)
         async with self._presence.user_syncing(user_id, requester.device_id):
-            return await self._answer(requester, body)
+            return await self._answer(requester, body, since, saved_state)
 
     async def _load(
         self, requester: Requester, body: SlidingSyncBody
     ) -> tuple[StreamToken | None, str | None]:
         if body.pos is None:
-            await self._store.delete_sliding_sync_positions_before(
-                requester.user_id, self._clock.time_msec() - POS_LIFETIME_MS
-            )
             return None, None
         saved = await self._store.get_sliding_sync_position(body.pos)
         device_id = requester.device_id or ""
@@ -232,8 +231,13 @@ class SlidingSyncHandler:
             raise unknown_pos("unreadable") from None
         return since, saved.state
 
-    async def _answer(self, requester: Requester, body: SlidingSyncBody) -> dict[str, Any]:
-        since, saved_state = await self._load(requester, body)
+    async def _answer(
+        self,
+        requester: Requester,
+        body: SlidingSyncBody,
+        since: StreamToken | None,
+        saved_state: str | None,
+    ) -> dict[str, Any]:
         timeout_ms = min(body.timeout_ms, self._limits.max_sync_timeout_ms)
         if since is None or timeout_ms <= 0:
             result = await self._compute(requester, body, since, saved_state)
@@ -248,6 +252,10 @@ class SlidingSyncHandler:
             await self._notifier.wait_for_events(requester.user_id, rooms, timeout_ms, check)
             result = last[0]
         pos = secrets.token_urlsafe(12)
+        if body.pos is None:
+            await self._store.delete_sliding_sync_positions_before(
+                requester.user_id, self._clock.time_msec() - POS_LIFETIME_MS
+            )
         await self._store.save_sliding_sync_position(
             pos,
             requester.user_id,
