@@ -1,10 +1,12 @@
 """The sliding sync request body (both shapes clients send), combining room
-configs, state matching and the connection state's JSON: pure functions."""
+configs, state matching and the connection state's JSON (pure functions);
+the per-room cache of room facts."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet import defer
 from twisted.trial import unittest
 
 from synapse_lite.api.errors import SynapseError
@@ -21,6 +23,8 @@ from synapse_lite.handlers.sliding_sync.connection import (
     state_matches,
     wanted_state_keys,
 )
+from synapse_lite.handlers.sliding_sync.handler import PerRoomCache
+from synapse_lite.tokens import RoomStreamToken
 
 ME = "@me:x"
 
@@ -164,3 +168,38 @@ class ConnectionStateTestCase(unittest.TestCase):
         room.remember_lazy(["@u15:x"])
         self.assertEqual(len(room.lazy), MAX_LAZY_MEMBERS)
         self.assertEqual(room.lazy[0], "@u10:x")
+
+
+class ChangedRooms:
+    """A room-changes tracker: the rooms with events after any token."""
+
+    def __init__(self) -> None:
+        self.changed: set[str] = set()
+
+    def may_have_changed(self, room_id: str, token: RoomStreamToken) -> bool:
+        return room_id in self.changed
+
+
+class PerRoomCacheTestCase(unittest.TestCase):
+    def test_reads_only_rooms_not_cached_or_changed(self) -> None:
+        cache: PerRoomCache[int] = PerRoomCache(-1)
+        reads: list[list[str]] = []
+        values = {"!a:x": 1, "!b:x": 2}
+
+        async def read(rooms: list[str]) -> dict[str, int]:
+            reads.append(rooms)
+            return {r: values[r] for r in rooms if r in values}
+
+        changes = ChangedRooms()
+        token = RoomStreamToken(5)
+
+        def get(rooms: list[str]) -> dict[str, int]:
+            got = defer.ensureDeferred(cache.get(rooms, token, changes, read))  # type: ignore[arg-type]
+            return self.successResultOf(got)
+
+        self.assertEqual(get(["!a:x", "!b:x", "!c:x"]), {"!a:x": 1, "!b:x": 2, "!c:x": -1})
+        self.assertEqual(get(["!a:x", "!c:x"]), {"!a:x": 1, "!c:x": -1})
+        changes.changed.add("!b:x")
+        values["!b:x"] = 3
+        self.assertEqual(get(["!a:x", "!b:x"]), {"!a:x": 1, "!b:x": 3})
+        self.assertEqual(reads, [["!a:x", "!b:x", "!c:x"], ["!b:x"]])

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attr
 from twisted.internet import defer
@@ -63,8 +63,11 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.notifier import Notifier
+    from synapse_lite.storage.change_tracker import StreamChangeTracker
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 UNKNOWN_POS = "M_UNKNOWN_POS"
 #: A connection unused for this long is forgotten (its pos is then unknown).
@@ -149,6 +152,45 @@ class Selection:
         self.configs[room_id] = config if known is None else known.combined(config)
 
 
+class PerRoomCache(Generic[T]):
+    """Facts about rooms (their type, their latest activity) read up to a
+    room token, kept until the room may have had events after it (the
+    room-changes tracker says so, conservatively). Per process, bounded."""
+
+    MAX_ROOMS = 200_000
+
+    def __init__(self, default: T) -> None:
+        """``default``: the fact of a room the read does not return."""
+        self._default = default
+        self._entries: dict[str, tuple[T, RoomStreamToken]] = {}
+
+    async def get(
+        self,
+        rooms: Sequence[str],
+        now: RoomStreamToken,
+        changes: StreamChangeTracker,
+        read: Callable[[list[str]], Awaitable[Mapping[str, T]]],
+    ) -> dict[str, T]:
+        """The facts of ``rooms`` as of ``now``: cached, or read (``read``)
+        for the rooms not cached or changed since."""
+        result: dict[str, T] = {}
+        stale: list[str] = []
+        for room_id in rooms:
+            entry = self._entries.get(room_id)
+            if entry is None or changes.may_have_changed(room_id, entry[1]):
+                stale.append(room_id)
+            else:
+                result[room_id] = entry[0]
+        if stale:
+            found = await read(stale)
+            if len(self._entries) + len(stale) > self.MAX_ROOMS:
+                self._entries.clear()
+            for room_id in stale:
+                result[room_id] = found.get(room_id, self._default)
+                self._entries[room_id] = (result[room_id], now)
+        return result
+
+
 def _before(event: Event) -> RoomStreamToken:
     return RoomStreamToken(event.stream_ordering - 1)
 
@@ -192,7 +234,11 @@ class SlidingSyncHandler:
         self._ephemeral = EphemeralSection(store, typing)
         #: room -> (type, encrypted, room token read at): the type never
         #: changes, encryption is read again once the room's state may have.
-        self._kinds: dict[str, tuple[str | None, bool, RoomStreamToken]] = {}
+        self._kinds: PerRoomCache[tuple[str | None, bool]] = PerRoomCache((None, False))
+        #: Joined room -> (latest event's position, bump stamp): read again
+        #: only for the rooms with events since (an incremental response
+        #: then reads the few rooms that changed, not all the user's).
+        self._activity: PerRoomCache[tuple[int, int]] = PerRoomCache((0, 0))
 
     async def sync(self, requester: Requester, body: SlidingSyncBody) -> dict[str, Any]:
         """Answer one request; raises 400 ``M_UNKNOWN_POS`` for a ``pos``
@@ -323,9 +369,14 @@ class SlidingSyncHandler:
             or (row[1] in ("leave", "ban") and (r in state.rooms or r in kicked))
         ]
         joined = [r for r in candidates if rows[r][1] == "join"]
-        activity = await self._store.get_room_activity(joined, now.room_key)
+        activity = await self._activity.get(
+            joined,
+            now.room_key,
+            self._store.room_changes,
+            lambda rooms: self._store.get_room_activity(rooms, now.room_key),
+        )
         stamps = {
-            r: activity[r][0] if r in activity and rows[r][1] == "join" else int(rows[r][3])
+            r: (rows[r][1] == "join" and activity.get(r, (0, 0))[0]) or int(rows[r][3])
             for r in candidates
         }
         ordered = sorted(candidates, key=lambda r: (-stamps[r], r))
@@ -374,7 +425,9 @@ class SlidingSyncHandler:
             f.is_encrypted is not None or f.room_types is not None or f.not_room_types
             for f in filters
         ):
-            facts["kinds"] = await self._room_kinds(rooms, now)
+            facts["kinds"] = await self._kinds.get(
+                rooms, now.room_key, self._store.room_changes, self._store.get_room_kinds
+            )
         if any(f.tags is not None or f.not_tags for f in filters):
             tags = await self._store.get_tags_for_user(user_id)
             facts["tags"] = {r: set(t) for r, t in tags.items()}
@@ -401,24 +454,6 @@ class SlidingSyncHandler:
             if isinstance(value, list):
                 rooms.update(v for v in value if isinstance(v, str))
         return rooms
-
-    async def _room_kinds(
-        self, rooms: list[str], now: StreamToken
-    ) -> dict[str, tuple[str | None, bool]]:
-        changes = self._store.room_changes
-        stale = [
-            r
-            for r in rooms
-            if r not in self._kinds or changes.may_have_changed(r, self._kinds[r][2])
-        ]
-        if stale:
-            read = await self._store.get_room_kinds(stale)
-            if len(self._kinds) > 200_000:
-                self._kinds.clear()
-            for room_id in stale:
-                kind, encrypted = read.get(room_id, (None, False))
-                self._kinds[room_id] = (kind, encrypted, now.room_key)
-        return {r: (self._kinds[r][0], self._kinds[r][1]) for r in rooms}
 
     @staticmethod
     def _passes(
@@ -562,10 +597,8 @@ class SlidingSyncHandler:
             entry["membership"] = membership
             if initial or sent is None or sent.is_dm != is_dm:
                 entry["is_dm"] = is_dm
-            if membership == "join" and room_id in activity:
-                entry["bump_stamp"] = activity[room_id][1] or activity[room_id][0]
-            else:
-                entry["bump_stamp"] = int(row[3])
+            latest, bump = activity.get(room_id, (0, 0)) if membership == "join" else (0, 0)
+            entry["bump_stamp"] = bump or latest or int(row[3])
             if room_id in selection.lists:
                 entry["lists"] = selection.lists[room_id]
             result[room_id] = entry
