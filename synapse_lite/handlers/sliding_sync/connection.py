@@ -60,19 +60,14 @@ class RoomSent:
     #: Members sent by lazy loading (capped; a forgotten one is sent again).
     lazy: list[str] = attr.Factory(list)
 
-    def to_json(self) -> list[Any]:
-        return [
-            self.at,
-            self.timeline_limit,
-            self.required_state,
-            self.membership,
-            self.is_dm,
-            self.lazy,
-        ]
+    def to_json(self, config_index: int) -> list[Any]:
+        """The stored form, naming its ``required_state`` by its index in
+        the connection's list of configs (rooms share a few configs)."""
+        return [self.at, self.timeline_limit, config_index, self.membership, self.is_dm, self.lazy]
 
     @classmethod
-    def from_json(cls, value: list[Any]) -> RoomSent:
-        return cls(value[0], value[1], value[2], value[3], value[4], list(value[5]))
+    def from_json(cls, value: list[Any], configs: list[Any]) -> RoomSent:
+        return cls(value[0], value[1], configs[value[2]], value[3], value[4], list(value[5]))
 
     def remember_lazy(self, users: Iterable[str]) -> None:
         known = set(self.lazy)
@@ -112,11 +107,17 @@ class ConnectionState:
             del self.tokens[index]
 
     def to_json(self) -> str:
+        configs: dict[str, int] = {}
+        rooms = {}
+        for room_id, sent in self.rooms.items():
+            key = json.dumps(sent.required_state)
+            rooms[room_id] = sent.to_json(configs.setdefault(key, len(configs)))
         return json.dumps(
             {
                 "t": {str(i): t for i, t in self.tokens.items()},
                 "n": self.next_index,
-                "r": {r: sent.to_json() for r, sent in self.rooms.items()},
+                "c": [json.loads(key) for key in configs],
+                "r": rooms,
                 "l": self.list_counts,
                 "e": self.extensions,
             },
@@ -131,7 +132,7 @@ class ConnectionState:
         return cls(
             tokens={int(i): str(t) for i, t in data["t"].items()},
             next_index=int(data["n"]),
-            rooms={r: RoomSent.from_json(v) for r, v in data["r"].items()},
+            rooms={r: RoomSent.from_json(v, data["c"]) for r, v in data["r"].items()},
             list_counts={k: int(v) for k, v in data["l"].items()},
             extensions=[str(e) for e in data["e"]],
         )
