@@ -107,6 +107,7 @@ from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomUserState
 from synapse_lite.handlers.search import SearchHandler
+from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.sync_sections.builtin import BuiltInSections
 from synapse_lite.handlers.sync_sections.stream_parts import stream_part_sections
@@ -588,6 +589,17 @@ def _handlers(
         sections=BuiltInSections.build(store, typing, formatter, relations),
         stream_sections=stream_part_sections(config.streams, store),
     )
+    sliding_sync = SlidingSyncHandler(
+        store=store,
+        clock=clock,
+        config=config,
+        sync=sync,
+        notifier=notifier,
+        presence=presence,
+        typing=typing,
+        formatter=formatter,
+        relations=relations,
+    )
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
     admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
@@ -600,6 +612,7 @@ def _handlers(
         devices=devices,
         filtering=FilteringHandler(store),
         sync=sync,
+        sliding_sync=sliding_sync,
         legacy_sync=LegacySyncHandler(
             store=store,
             clock=clock,

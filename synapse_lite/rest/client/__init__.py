@@ -25,6 +25,7 @@ from synapse_lite.rest.client import (
     reports,
     room,
     search,
+    sliding_sync,
     sync,
     user_data,
     versions,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler
     from synapse_lite.handlers.search import SearchHandler
+    from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
@@ -83,6 +85,7 @@ class ClientHandlers:
     devices: DeviceHandler
     filtering: FilteringHandler
     sync: SyncHandler
+    sliding_sync: SlidingSyncHandler
     legacy_sync: LegacySyncHandler
     events: EventCreationHandler
     room_creation: RoomCreationHandler
@@ -125,6 +128,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         room,
         search,
         sync,
+        sliding_sync,
         legacy_sync,
         user_data,
         keys,

@@ -35,6 +35,8 @@ MEDIA_PATH_PREFIXES = ("/_matrix/media/", "/_matrix/client/v1/media/")
 SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     # Reads: any process can answer from the database and its caches.
     "sync": READERS,
+    # Sliding sync: its connection state is in the database, so any reader.
+    "sliding_sync": READERS,
     # The deprecated event stream and initial syncs: reads like /sync.
     "events": READERS,
     "initial_sync": READERS,

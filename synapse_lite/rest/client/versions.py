@@ -16,6 +16,8 @@ from twisted.web.server import Request
 
 from synapse_lite.api.room_versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS
 from synapse_lite.http.server import JsonResource
+from synapse_lite.rest.client.sliding_sync import PATH as SLIDING_SYNC_PATH
+from synapse_lite.rest.client.sliding_sync import UNSTABLE_FEATURE
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
@@ -76,7 +78,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def on_get(request: Request) -> tuple[int, Any]:
         if not computed:
             computed.append(supported_versions(resource))
-        return 200, {"versions": computed[0], "unstable_features": {}}
+        return 200, {
+            "versions": computed[0],
+            "unstable_features": {UNSTABLE_FEATURE: _routed(resource, "POST", SLIDING_SYNC_PATH)},
+        }
 
     async def capabilities(request: Request) -> tuple[int, Any]:
         await handlers.auth.get_user_by_req(request)

@@ -32,6 +32,7 @@ from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 from synapse_lite.storage.databases.main.search import SearchWorkerStore
+from synapse_lite.storage.databases.main.sliding_sync import SlidingSyncWorkerStore
 from synapse_lite.storage.databases.main.threepid_bindings import ThreepidBindingsWorkerStore
 
 
@@ -56,6 +57,7 @@ class GenericWorkerStore(
     ProfileWorkerStore,
     RelationsWorkerStore,
     SearchWorkerStore,
+    SlidingSyncWorkerStore,
     ThreepidBindingsWorkerStore,
     ApplicationServiceWorkerStore,
     AdminWorkerStore,
