@@ -70,7 +70,7 @@ from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
-from synapse_lite.federation.server import register_federation_servlets
+from synapse_lite.federation.server import register_federation_servlets, well_known_resource
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
@@ -883,6 +883,7 @@ def _lifecycle(
             federation=federation_servlets,
             media=handlers.media_endpoints,
             problems=problems,
+            well_known=well_known_resource(config.federation),
         ),
         max_body_bytes=config.limits.max_request_body_bytes,
         router_proof=(

@@ -1,6 +1,8 @@
 """The federation and key APIs other servers call.
 
 * ``keys``: ``GET /_matrix/key/v2/server`` (our self-signed key document).
+* ``/.well-known/matrix/server`` and ``/client`` (:func:`well_known_resource`),
+  on listeners with ``client`` or ``federation``, when configured.
 * ``federation``: ``PUT /_matrix/federation/v1/send/{txnId}``,
   ``GET /_matrix/federation/v1/version`` and
   ``GET /_matrix/federation/v1/openid/userinfo`` (answered for a valid OpenID
@@ -26,6 +28,7 @@ from synapse_lite.http.server import JsonResource, parse_json_object_from_reques
 from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
 if TYPE_CHECKING:
+    from synapse_lite.config.federation import FederationConfig
     from synapse_lite.federation.inbound import FederationInboundHandler
     from synapse_lite.federation.keyring import Keyring
     from synapse_lite.handlers.openid import OpenIdHandler
@@ -77,6 +80,33 @@ async def authenticate_request(
         reason,
     )
     raise FederationAuthError(f"Invalid or missing X-Matrix signature ({reason})")
+
+
+WELL_KNOWN_SERVER_PATH = "/.well-known/matrix/server"
+WELL_KNOWN_CLIENT_PATH = "/.well-known/matrix/client"
+
+
+def well_known_resource(config: FederationConfig) -> JsonResource | None:
+    """``/.well-known/matrix/server`` and ``/client`` as configured
+    (``federation.well_known_server`` / ``well_known_client``); None when
+    neither is. Each one not configured answers 404."""
+    if config.well_known_server is None and config.well_known_client is None:
+        return None
+    resource = JsonResource("well_known")
+
+    async def on_server(request: Request) -> tuple[int, Any]:
+        if config.well_known_server is None:
+            raise SynapseError(404, "No server delegation here", Codes.NOT_FOUND)
+        return 200, {"m.server": config.well_known_server}
+
+    async def on_client(request: Request) -> tuple[int, Any]:
+        if config.well_known_client is None:
+            raise SynapseError(404, "No client discovery document here", Codes.NOT_FOUND)
+        return 200, config.well_known_client
+
+    resource.register_paths("GET", WELL_KNOWN_SERVER_PATH, on_server, "well_known.server")
+    resource.register_paths("GET", WELL_KNOWN_CLIENT_PATH, on_client, "well_known.client")
+    return resource
 
 
 def register_federation_servlets(
