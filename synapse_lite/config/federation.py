@@ -36,6 +36,7 @@ from synapse_lite.config.outbound import (
     read_networks,
 )
 from synapse_lite.config.validation import Section
+from synapse_lite.federation.crypto import decode_base64
 from synapse_lite.federation.discovery import ServerNameError, parse_server_name
 
 
@@ -63,6 +64,17 @@ class RetryConfig:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class TrustedKeyServer:
+    """A notary asked for other servers' keys when they cannot be fetched
+    from the servers themselves; its answers must carry its signature by one
+    of ``verify_keys`` (``key_id -> base64``), or, when none are given, by a
+    key it publishes itself."""
+
+    server_name: str
+    verify_keys: dict[str, str] = attr.ib(factory=dict, hash=False)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class FederationConfig:
     """How this server talks to others."""
 
@@ -84,6 +96,11 @@ class FederationConfig:
     well_known_server: str | None = None
     #: The ``/.well-known/matrix/client`` document we serve (None: 404).
     well_known_client: dict[str, Any] | None = attr.ib(default=None, hash=False)
+    #: Notaries asked when a server's own key endpoint fails (none by default).
+    trusted_key_servers: tuple[TrustedKeyServer, ...] = ()
+    #: Our keys of the past, published as ``old_verify_keys``:
+    #: ``key_id -> (base64 verify key, expired_ts)``.
+    old_verify_keys: dict[str, tuple[str, int]] = attr.ib(factory=dict, hash=False)
 
     @property
     def address_filter(self) -> OutboundRequestsConfig:
@@ -121,9 +138,60 @@ class FederationConfig:
             ip_range_allowlist=read_networks(section, "ip_range_allowlist", []),
             well_known_server=_read_well_known_server(section),
             well_known_client=_read_well_known_client(section),
+            trusted_key_servers=_read_trusted_key_servers(section),
+            old_verify_keys=_read_old_verify_keys(section.get_section("old_verify_keys")),
         )
         section.finish()
         return result
+
+
+def _read_trusted_key_servers(section: Section) -> tuple[TrustedKeyServer, ...]:
+    result = []
+    for item in section.get_list_of_sections("trusted_key_servers", []):
+        name = item.get_str("server_name")
+        try:
+            parse_server_name(name)
+        except ServerNameError as e:
+            item.problem(str(e), "server_name")
+        keys_section = item.get_section("verify_keys")
+        keys: dict[str, str] = {}
+        for key_id in keys_section.keys():
+            value = keys_section.get_str(key_id)
+            if not key_id.startswith("ed25519:"):
+                keys_section.problem("key ids are 'ed25519:<version>'", key_id)
+            elif _verify_key_problem(value):
+                keys_section.problem(_verify_key_problem(value) or "", key_id)
+            else:
+                keys[key_id] = value
+        item.finish()
+        result.append(TrustedKeyServer(name, keys))
+    return tuple(result)
+
+
+def _read_old_verify_keys(section: Section) -> dict[str, tuple[str, int]]:
+    result: dict[str, tuple[str, int]] = {}
+    for key_id in section.keys():
+        entry = section.get_section(key_id)
+        key = entry.get_str("key")
+        expired = entry.get_int("expired_ts", minimum=0)
+        entry.finish()
+        if not key_id.startswith("ed25519:"):
+            section.problem("key ids are 'ed25519:<version>'", key_id)
+        elif _verify_key_problem(key):
+            entry.problem(_verify_key_problem(key) or "", "key")
+        else:
+            result[key_id] = (key, expired)
+    return result
+
+
+def _verify_key_problem(value: str) -> str | None:
+    try:
+        raw = decode_base64(value)
+    except Exception:
+        return f"{value!r} is not unpadded base64"
+    if len(raw) != 32:
+        return "an ed25519 verify key is 32 bytes (43 base64 characters)"
+    return None
 
 
 def _read_well_known_server(section: Section) -> str | None:

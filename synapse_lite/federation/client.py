@@ -79,11 +79,13 @@ class FederationClient:
         # behind our back: the sender decides about retries.
         self._pool.retryAutomatically = False
         policy = federation_tls_policy(config)
+        self._srv: TwistedSrvResolver | None = None
         if discovery is None:
             well_known = OutboundHttpClient(reactor, config.address_filter, policy)
+            self._srv = TwistedSrvResolver(reactor)
             discovery = ServerDiscovery(
                 clock_time=reactor.seconds,
-                srv=TwistedSrvResolver(),
+                srv=self._srv,
                 well_known=HttpsWellKnownFetcher(well_known, config.request_timeout_seconds),
                 overrides=config.destinations,
             )
@@ -99,11 +101,19 @@ class FederationClient:
         self._http = HTTPClient(Agent.usingEndpointFactory(reactor, endpoints, pool=self._pool))
 
     def close(self) -> defer.Deferred[None]:
+        if self._srv is not None:
+            self._srv.close()
         return self._pool.closeCachedConnections()
 
     async def get_json(self, destination: str, path: str, signed: bool = True) -> Any:
         """GET ``path`` on ``destination``; its JSON answer (200 only)."""
         return await self._request("GET", destination, path, None, signed)
+
+    async def post_json(
+        self, destination: str, path: str, content: dict[str, Any], signed: bool = True
+    ) -> Any:
+        """POST JSON to ``path`` on ``destination``; its JSON answer (200 only)."""
+        return await self._request("POST", destination, path, content, signed)
 
     async def put_json(self, destination: str, path: str, content: dict[str, Any]) -> Any:
         """PUT signed JSON to ``path`` on ``destination``; its JSON answer (200 only)."""

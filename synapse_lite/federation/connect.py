@@ -44,6 +44,8 @@ from synapse_lite.http.outbound import OutboundHttpClient
 logger = logging.getLogger(__name__)
 
 SCHEME = b"matrix-federation"
+#: How long "no such SRV record" is believed.
+NEGATIVE_SRV_CACHE_SECONDS = 300.0
 AddressResolver = Callable[[str, int], Awaitable[list[str]]]
 
 
@@ -69,24 +71,43 @@ def system_address_resolver(reactor: Any) -> AddressResolver:
 
 
 class TwistedSrvResolver:
-    """SRV lookups with ``twisted.names`` (the system's name servers; its
-    resolver caches answers for their TTL)."""
+    """SRV lookups with ``twisted.names`` (the name servers of
+    ``/etc/resolv.conf``), each answer cached for its smallest TTL (a missing
+    record for :data:`NEGATIVE_SRV_CACHE_SECONDS`) without timers of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
         self._resolver: Any = None
+        self._cache: dict[str, tuple[float, list[SrvRecord]]] = {}
 
     async def lookup_srv(self, name: str) -> list[SrvRecord]:
+        now = self._reactor.seconds()
+        cached = self._cache.get(name)
+        if cached is not None and cached[0] > now:
+            return cached[1]
         if self._resolver is None:
-            self._resolver = dns_client.createResolver()
+            self._resolver = dns_client.Resolver(
+                resolv="/etc/resolv.conf", timeout=(1, 3), reactor=self._reactor
+            )
         try:
             answers, _, _ = await self._resolver.lookupService(name)
         except (DNSNameError, DNSServerError):
+            self._cache[name] = (now + NEGATIVE_SRV_CACHE_SECONDS, [])
             return []
-        return [
+        srv = [a for a in answers if a.type == dns.SRV]
+        records = [
             SrvRecord(a.payload.priority, a.payload.weight, str(a.payload.target), a.payload.port)
-            for a in answers
-            if a.type == dns.SRV
+            for a in srv
         ]
+        ttl = min((a.ttl for a in srv), default=NEGATIVE_SRV_CACHE_SECONDS)
+        self._cache[name] = (now + ttl, records)
+        return records
+
+    def close(self) -> None:
+        """Stop re-reading ``/etc/resolv.conf`` (the resolver's one timer)."""
+        call = getattr(self._resolver, "_parseCall", None)
+        if call is not None and call.active():
+            call.cancel()
 
 
 class HttpsWellKnownFetcher:

@@ -1,6 +1,8 @@
 """The federation and key APIs other servers call.
 
-* ``keys``: ``GET /_matrix/key/v2/server`` (our self-signed key document).
+* ``keys``: ``GET /_matrix/key/v2/server`` (our self-signed key document)
+  and the notary, ``GET``/``POST /_matrix/key/v2/query`` (no signature
+  needed, as the spec says).
 * ``/.well-known/matrix/server`` and ``/client`` (:func:`well_known_resource`),
   on listeners with ``client`` or ``federation``, when configured.
 * ``federation``: ``PUT /_matrix/federation/v1/send/{txnId}``,
@@ -23,7 +25,7 @@ from twisted.web.server import Request
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
 from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
-from synapse_lite.federation.keyring import KEY_PATH, KeyLookupError
+from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request, query_string
 from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
@@ -109,6 +111,49 @@ def well_known_resource(config: FederationConfig) -> JsonResource | None:
     return resource
 
 
+#: Servers one notary query may name.
+MAX_NOTARY_SERVERS = 100
+
+
+def _minimum_valid_until(value: str | None) -> int:
+    if value is None:
+        return 0
+    if not value.isdigit() or len(value) > 16:
+        raise SynapseError(
+            400, "minimum_valid_until_ts must be a timestamp in milliseconds", Codes.INVALID_PARAM
+        )
+    return int(value)
+
+
+def parse_notary_query(body: dict[str, Any]) -> dict[str, int]:
+    """``server -> minimum_valid_until_ts`` of a ``POST /_matrix/key/v2/query``
+    body (the latest any of its key ids asks for); 400 when malformed."""
+    server_keys = body.get("server_keys")
+    if not isinstance(server_keys, dict):
+        raise SynapseError(400, "server_keys must be an object", Codes.BAD_JSON)
+    if len(server_keys) > MAX_NOTARY_SERVERS:
+        raise SynapseError(400, f"at most {MAX_NOTARY_SERVERS} servers per query", Codes.BAD_JSON)
+    wanted: dict[str, int] = {}
+    for server, criteria in server_keys.items():
+        if not isinstance(criteria, dict):
+            raise SynapseError(400, f"server_keys.{server} must be an object", Codes.BAD_JSON)
+        minimum = 0
+        for key_id, criterion in criteria.items():
+            value = (
+                criterion.get("minimum_valid_until_ts", 0) if isinstance(criterion, dict) else None
+            )
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SynapseError(
+                    400,
+                    f"server_keys.{server}.{key_id} must be an object with an integer"
+                    " minimum_valid_until_ts",
+                    Codes.BAD_JSON,
+                )
+            minimum = max(minimum, value)
+        wanted[server] = minimum
+    return wanted
+
+
 def register_federation_servlets(
     resource: JsonResource,
     resources: tuple[str, ...],
@@ -126,6 +171,26 @@ def register_federation_servlets(
 
         resource.register_paths("GET", KEY_PATH, on_get_key, "keys")
         resource.register_paths("GET", KEY_PATH + r"/(?P<key_id>[^/]+)", on_get_key, "keys")
+
+        async def on_query_one(
+            request: Request, server: str, key_id: str | None = None
+        ) -> tuple[int, Any]:
+            minimum = _minimum_valid_until(query_string(request, "minimum_valid_until_ts"))
+            return 200, {"server_keys": await keyring.notary_documents(server, minimum)}
+
+        async def on_query(request: Request) -> tuple[int, Any]:
+            wanted = parse_notary_query(parse_json_object_from_request(request))
+            documents: list[dict[str, Any]] = []
+            for server, minimum in wanted.items():
+                documents.extend(await keyring.notary_documents(server, minimum))
+            return 200, {"server_keys": documents}
+
+        server_part = r"/(?P<server>[^/]{1,255})"
+        resource.register_paths("POST", QUERY_PATH, on_query, "keys.query")
+        resource.register_paths("GET", QUERY_PATH + server_part, on_query_one, "keys.query")
+        resource.register_paths(
+            "GET", QUERY_PATH + server_part + r"/(?P<key_id>[^/]+)", on_query_one, "keys.query"
+        )
 
     if "federation" in resources:
 

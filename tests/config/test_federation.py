@@ -50,6 +50,38 @@ class FederationConfigTestCase(unittest.TestCase):
             federation.well_known_client, {"m.homeserver": {"base_url": "https://a.example"}}
         )
 
+    def test_key_settings(self) -> None:
+        key = "A" * 43
+        config: Any = self.load(
+            {
+                "trusted_key_servers": [
+                    {"server_name": "notary.example", "verify_keys": {"ed25519:n": key}},
+                    {"server_name": "other.example:8448"},
+                ],
+                "old_verify_keys": {"ed25519:old": {"key": key, "expired_ts": 5}},
+            }
+        )
+        federation = config.federation
+        self.assertEqual(
+            [(t.server_name, t.verify_keys) for t in federation.trusted_key_servers],
+            [("notary.example", {"ed25519:n": key}), ("other.example:8448", {})],
+        )
+        self.assertEqual(federation.old_verify_keys, {"ed25519:old": (key, 5)})
+        self.assertEqual(self.load({}).federation.trusted_key_servers, ())  # type: ignore[attr-defined]
+        with self.assertRaises(ConfigError) as cm:
+            self.load(
+                {
+                    "trusted_key_servers": [
+                        {"server_name": "bad name", "verify_keys": {"ed25519:n": "short"}}
+                    ],
+                    "old_verify_keys": {"rsa:x": {"key": key, "expired_ts": 1}},
+                }
+            )
+        text = str(cm.exception)
+        self.assertIn("federation.trusted_key_servers[0].server_name", text)
+        self.assertIn("federation.trusted_key_servers[0].verify_keys.ed25519:n", text)
+        self.assertIn("federation.old_verify_keys.rsa:x: key ids are", text)
+
     def test_bad_discovery_settings_name_their_key(self) -> None:
         with self.assertRaises(ConfigError) as cm:
             self.load(

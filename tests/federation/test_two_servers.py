@@ -13,7 +13,12 @@ from twisted.trial import unittest
 
 from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.auth import XMatrixAuth, request_json, sign_request
-from synapse_lite.federation.crypto import SigningKey, canonical_json, load_or_create_signing_key
+from synapse_lite.federation.crypto import (
+    SigningKey,
+    canonical_json,
+    load_or_create_signing_key,
+    verify_signed_json,
+)
 from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
@@ -227,7 +232,7 @@ class TwoServersTestCase(unittest.TestCase):
         key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         await self.put_send(key, "k1", self.edu_body("k1", bob, {}))
         store = self.b["main"].store
-        await store.store_server_keys("a.test", {key.key_id: key.verify_key_base64}, 1)
+        await store.store_server_keys("a.test", {key.key_id: (key.verify_key_base64, 1)})
         keyring = self.b["fed1"].keyring
         assert keyring is not None
         keyring._cache.clear()
@@ -246,3 +251,37 @@ class TwoServersTestCase(unittest.TestCase):
         key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         self.assertEqual(keys, {key.key_id: key.verify_key_base64})
         self.assertGreater(valid_until, self.a["main"].clock.time_msec())
+
+    async def test_notary(self) -> None:
+        """a answers for b's keys (fetched from b, stored as b signed them)
+        with its own signature added, by GET and POST."""
+        b_key = load_or_create_signing_key(self.b["main"].config.data_dir, create=False)
+        a_key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
+        response = await treq.get(
+            self.urls["a.test"] + "/_matrix/key/v2/query/b.test", pool=NO_KEEPALIVE
+        )
+        [document] = json.loads(await treq.content(response))["server_keys"]
+        verify_signed_json(document, "b.test", b_key.key_id, b_key.verify_key_base64)
+        verify_signed_json(document, "a.test", a_key.key_id, a_key.verify_key_base64)
+        stored = await self.a["main"].store.get_server_key_json("b.test")
+        assert stored is not None
+        self.assertEqual(list(stored["signatures"]), ["b.test"])
+        response = await treq.post(
+            self.urls["a.test"] + "/_matrix/key/v2/query",
+            data=json.dumps(
+                {"server_keys": {"b.test": {}, "a.test": {}, "nowhere.invalid:8448": {}}}
+            ).encode(),
+            pool=NO_KEEPALIVE,
+        )
+        self.assertEqual(response.code, 200)
+        answer = json.loads(await treq.content(response))
+        self.assertEqual(
+            sorted(d["server_name"] for d in answer["server_keys"]), ["a.test", "b.test"]
+        )
+        response = await treq.post(
+            self.urls["a.test"] + "/_matrix/key/v2/query",
+            data=b'{"server_keys": []}',
+            pool=NO_KEEPALIVE,
+        )
+        self.assertEqual(response.code, 400)
+        await treq.content(response)
