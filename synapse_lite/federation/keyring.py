@@ -161,12 +161,18 @@ class Keyring:
             if (not found or (key_id is not None and key_id not in found)) and (
                 self._config.trusted_key_servers
             ):
-                await self._ask_notaries(server_name)
+                await self._ask_notaries(server_name, key_id)
         finally:
             for waiter in self._fetches.pop(server_name):
                 waiter.callback(None)
 
-    async def _ask_notaries(self, server_name: str) -> None:
+    async def _ask_notaries(self, server_name: str, key_id: str | None) -> None:
+        # Naming the key (and a validity) makes Synapse's notary fetch it
+        # when it has no copy; asked for "all keys" it answers from its cache
+        # only. Synapse also requires the (spec-optional) field to be present.
+        criteria: dict[str, Any] = {}
+        if key_id is not None:
+            criteria[key_id] = {"minimum_valid_until_ts": self._clock.time_msec()}
         for notary in self._config.trusted_key_servers:
             if notary.server_name == server_name:
                 continue
@@ -174,7 +180,7 @@ class Keyring:
                 answer = await self._client.post_json(
                     notary.server_name,
                     QUERY_PATH,
-                    {"server_keys": {server_name: {}}},
+                    {"server_keys": {server_name: criteria}},
                     signed=False,
                 )
                 documents = answer.get("server_keys") if isinstance(answer, dict) else None

@@ -133,7 +133,16 @@ class KeyringTestCase(unittest.TestCase):
             key = self.result(keyring.get_verify_key("o.test", self.origin_key.key_id))
         self.assertEqual(key, self.origin_key.verify_key_base64)
         self.assertEqual(
-            self.servers.asked[-1], ("notary.test", QUERY_PATH, {"server_keys": {"o.test": {}}})
+            self.servers.asked[-1],
+            (
+                "notary.test",
+                QUERY_PATH,
+                {
+                    "server_keys": {
+                        "o.test": {self.origin_key.key_id: {"minimum_valid_until_ts": NOW_MS}}
+                    }
+                },
+            ),
         )
         self.assertIn("from notary.test", logs.output[-1])
         # Kept as the origin signed it (the notary's signature stripped).
