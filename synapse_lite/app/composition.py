@@ -591,7 +591,9 @@ def _handlers(
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
     admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
-    profiles = ProfileHandler(store, clock, server_name, events, app_service_queries)
+    profiles = ProfileHandler(
+        store, clock, server_name, events, app_service_queries, federation.queries
+    )
     client = ClientHandlers(
         clock=clock,
         auth=auth,
@@ -642,7 +644,9 @@ def _handlers(
         push_rules=push_rules,
         turn=config.turn,
         profiles=profiles,
-        directory=DirectoryHandler(store, server_name, clock, events, app_service_queries),
+        directory=DirectoryHandler(
+            store, server_name, clock, events, app_service_queries, federation.queries
+        ),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
         identity=identity,
@@ -856,6 +860,7 @@ def _lifecycle(
     federation_servlets = None
     if federation.keyring is not None and handlers.inbound is not None:
         keyring, inbound, openid = federation.keyring, handlers.inbound, handlers.client.openid
+        profiles, directory = handlers.client.profiles, handlers.client.directory
 
         def federation_servlets(resource: JsonResource, resources: tuple[str, ...]) -> None:
             register_federation_servlets(
@@ -865,6 +870,8 @@ def _lifecycle(
                 inbound=inbound,
                 server_name=config.server_name,
                 openid=openid,
+                profiles=profiles,
+                directory=directory,
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport
@@ -897,6 +904,8 @@ def _lifecycle(
         await transport.calls.close()
         if federation.client is not None:
             await federation.client.close()
+        if federation.close_queries is not None:
+            await federation.close_queries()
 
     async def flush_positions() -> None:
         await database.id_generators.flush_stream_positions()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.api.identifiers import check_room_alias
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
 from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     from synapse_lite.config.federation import FederationConfig
     from synapse_lite.federation.inbound import FederationInboundHandler
     from synapse_lite.federation.keyring import Keyring
+    from synapse_lite.handlers.directory import DirectoryHandler
     from synapse_lite.handlers.openid import OpenIdHandler
+    from synapse_lite.handlers.profile import ProfileHandler
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +157,49 @@ def parse_notary_query(body: dict[str, Any]) -> dict[str, int]:
     return wanted
 
 
+def register_query_servlets(
+    resource: JsonResource,
+    keyring: Keyring,
+    server_name: str,
+    profiles: ProfileHandler,
+    directory: DirectoryHandler,
+) -> None:
+    """``GET /query/profile`` and ``/query/directory``: other servers asking
+    about our users and aliases (signed; 400 for another server's, 404 for
+    one we do not have)."""
+
+    async def on_profile(request: Request) -> tuple[int, Any]:
+        await authenticate_request(keyring, server_name, request, None)
+        user_id = query_string(request, "user_id")
+        field = query_string(request, "field")
+        if user_id is None:
+            raise SynapseError(400, "user_id is required", Codes.MISSING_PARAM)
+        if field is not None and field not in ("displayname", "avatar_url"):
+            raise SynapseError(400, "field must be displayname or avatar_url", Codes.INVALID_PARAM)
+        if not user_id.startswith("@") or user_id.split(":", 1)[-1] != server_name:
+            raise SynapseError(
+                400, f"{user_id} is not a user of {server_name}", Codes.INVALID_PARAM
+            )
+        profile = await profiles.get_profile(user_id)
+        wanted = (field,) if field else ("displayname", "avatar_url")
+        return 200, {k: profile[k] for k in wanted if profile.get(k) is not None}
+
+    async def on_directory(request: Request) -> tuple[int, Any]:
+        await authenticate_request(keyring, server_name, request, None)
+        alias = query_string(request, "room_alias")
+        if alias is None:
+            raise SynapseError(400, "room_alias is required", Codes.MISSING_PARAM)
+        check_room_alias(alias, server_name)
+        return 200, await directory.get_alias(alias)
+
+    resource.register_paths(
+        "GET", f"{FEDERATION_PREFIX}/query/profile", on_profile, "federation.query_profile"
+    )
+    resource.register_paths(
+        "GET", f"{FEDERATION_PREFIX}/query/directory", on_directory, "federation.query_directory"
+    )
+
+
 def register_federation_servlets(
     resource: JsonResource,
     resources: tuple[str, ...],
@@ -162,6 +208,8 @@ def register_federation_servlets(
     inbound: FederationInboundHandler,
     server_name: str,
     openid: OpenIdHandler | None = None,
+    profiles: ProfileHandler | None = None,
+    directory: DirectoryHandler | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``."""
     if "keys" in resources:
@@ -208,6 +256,9 @@ def register_federation_servlets(
         resource.register_paths(
             "GET", f"{FEDERATION_PREFIX}/version", on_version, "federation.version"
         )
+
+    if "federation" in resources and profiles is not None and directory is not None:
+        register_query_servlets(resource, keyring, server_name, profiles, directory)
 
     if "federation" in resources and openid is not None:
         openid_handler = openid

@@ -1,7 +1,9 @@
 """Interoperability with a real Synapse on loopback, both ways, over HTTPS
 verified against a test CA (``tests/harness/synapse_peer.py``): each server
 fetches the other's keys, and signed federation requests go each way
-(``/version``, ``/query/profile``, to-device messages in transactions).
+(``/version``, ``/query/profile``, to-device messages in transactions),
+and each side's clients read the other's profiles and aliases
+(``/query/profile``, ``/query/directory``).
 
 Skipped with the reason when Synapse cannot be installed here; a failure
 under ``CI=true``.
@@ -10,6 +12,7 @@ under ``CI=true``.
 from __future__ import annotations
 
 import tempfile
+import urllib.parse
 from typing import Any, cast
 
 from twisted.internet import reactor, task
@@ -168,3 +171,26 @@ class SynapseInteropTestCase(unittest.TestCase):
 
         [event] = await self.eventually(alice_got, "alice's to-device message")
         self.assertEqual((event["sender"], event["content"]), (carol.user_id, {"hello": "alice"}))
+
+        # Profiles and aliases, each side's clients asking about the other's.
+        await alice.ok("PUT", f"/profile/{alice.user_id}/displayname", {"displayname": "Alice"})
+        self.assertEqual(
+            (await carol.ok("GET", f"/profile/{alice.user_id}"))["displayname"], "Alice"
+        )
+        self.assertEqual(
+            await alice.ok("GET", f"/profile/{carol.user_id}"), {"displayname": "Carol"}
+        )
+        room_id = await carol.create_room()
+        alias = urllib.parse.quote(f"#lobby:{synapse.server_name}")
+        await carol.ok("PUT", f"/directory/room/{alias}", {"room_id": room_id})
+        resolved = await alice.ok("GET", f"/directory/room/{alias}")
+        self.assertEqual(resolved["room_id"], room_id)
+        self.assertIn(synapse.server_name, resolved["servers"])
+        code, _ = await alice.request(
+            "GET", "/directory/room/" + urllib.parse.quote(f"#none:{synapse.server_name}")
+        )
+        self.assertEqual(code, 404)
+        room_id = await alice.create_room()
+        ours = urllib.parse.quote(f"#ours:{hs.config.server_name}")
+        await alice.ok("PUT", f"/directory/room/{ours}", {"room_id": room_id})
+        self.assertEqual((await carol.ok("GET", f"/directory/room/{ours}"))["room_id"], room_id)
