@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from twisted.internet import defer
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
@@ -228,10 +229,15 @@ def register_federation_servlets(
 
         async def on_query(request: Request) -> tuple[int, Any]:
             wanted = parse_notary_query(parse_json_object_from_request(request))
-            documents: list[dict[str, Any]] = []
-            for server, minimum in wanted.items():
-                documents.extend(await keyring.notary_documents(server, minimum))
-            return 200, {"server_keys": documents}
+            # Fetched at once: one slow server must not hold up the others.
+            answers = await defer.gatherResults(
+                [
+                    defer.ensureDeferred(keyring.notary_documents(server, minimum))
+                    for server, minimum in wanted.items()
+                ],
+                consumeErrors=True,
+            )
+            return 200, {"server_keys": [d for documents in answers for d in documents]}
 
         server_part = r"/(?P<server>[^/]{1,255})"
         resource.register_paths("POST", QUERY_PATH, on_query, "keys.query")
