@@ -11,17 +11,22 @@ under ``CI=true``.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import urllib.parse
 from typing import Any, cast
 
+import attr
 from twisted.internet import reactor, task
 from twisted.trial import unittest
+from twisted.web.resource import Resource
+from twisted.web.server import Site
 
+from synapse_lite.config.federation import TrustedKeyServer
 from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.client import FederationClient
-from synapse_lite.federation.crypto import load_or_create_signing_key
-from synapse_lite.federation.keyring import KEY_PATH, parse_key_document
+from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key, sign_json
+from synapse_lite.federation.keyring import KEY_PATH, Keyring, parse_key_document
 from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
@@ -194,3 +199,74 @@ class SynapseInteropTestCase(unittest.TestCase):
         ours = urllib.parse.quote(f"#ours:{hs.config.server_name}")
         await alice.ok("PUT", f"/directory/room/{ours}", {"room_id": room_id})
         self.assertEqual((await carol.ok("GET", f"/directory/room/{ours}"))["room_id"], room_id)
+
+    async def test_synapse_as_our_notary(self) -> None:
+        """A server that has gone away: its key is had from Synapse, which
+        fetched it earlier, when Synapse is one of our trusted key servers;
+        the answer carries both signatures and is checked."""
+        hs, synapse = self.hs, self.synapse
+        gone_key = SigningKey.generate()
+        gone_port = free_port()
+        gone = f"localhost:{gone_port}"
+        document = sign_json(
+            {
+                "server_name": gone,
+                "verify_keys": {gone_key.key_id: {"key": gone_key.verify_key_base64}},
+                "old_verify_keys": {},
+                "valid_until_ts": int(_reactor.seconds() * 1000) + 3_600_000,
+            },
+            gone,
+            gone_key,
+        )
+        root = Resource()
+        root.putChild(b"_matrix", _Static(json.dumps(document).encode()))
+        port = _reactor.listenSSL(
+            gone_port,
+            Site(root),
+            self.ca.server_options("gone", ["localhost"]),
+            interface="127.0.0.1",
+        )
+        client = FederationClient(
+            hs.config.federation,
+            _reactor,
+            load_or_create_signing_key(hs.config.data_dir, create=False),
+            hs.config.server_name,
+        )
+        self.addCleanup(client.close)
+        criteria = {"minimum_valid_until_ts": None}
+        answer = await client.post_json(
+            synapse.server_name,
+            "/_matrix/key/v2/query",
+            {"server_keys": {gone: {gone_key.key_id: criteria}}},
+            signed=False,
+        )
+        self.assertEqual([d["server_name"] for d in answer["server_keys"]], [gone])
+        await port.stopListening()
+
+        config = attr.evolve(
+            hs.config.federation, trusted_key_servers=(TrustedKeyServer(synapse.server_name),)
+        )
+        keyring = Keyring(
+            store=hs.store,
+            clock=hs.clock,
+            config=config,
+            client=client,
+            signing_key=load_or_create_signing_key(hs.config.data_dir, create=False),
+            server_name=hs.config.server_name,
+        )
+        with self.assertLogs("synapse_lite.federation.keyring", "INFO") as logs:
+            key = await keyring.get_verify_key(gone, gone_key.key_id)
+        self.assertEqual(key, gone_key.verify_key_base64)
+        self.assertIn(f"from {synapse.server_name}", logs.output[-1])
+
+
+class _Static(Resource):
+    isLeaf = True
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__()
+        self._body = body
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"Content-Type", b"application/json")
+        return self._body
