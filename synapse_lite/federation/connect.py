@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 SCHEME = b"matrix-federation"
 #: How long "no such SRV record" is believed.
 NEGATIVE_SRV_CACHE_SECONDS = 300.0
+#: How long a lookup that failed (timed out) counts as "no record".
+FAILED_SRV_CACHE_SECONDS = 60.0
 AddressResolver = Callable[[str, int], Awaitable[list[str]]]
 
 
@@ -75,9 +77,11 @@ class TwistedSrvResolver:
     ``/etc/resolv.conf``), each answer cached for its smallest TTL (a missing
     record for :data:`NEGATIVE_SRV_CACHE_SECONDS`) without timers of its own."""
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, resolver: Any = None) -> None:
+        """``resolver``: a ``twisted.names`` resolver (tests); by default
+        one made at the first lookup."""
         self._reactor = reactor
-        self._resolver: Any = None
+        self._resolver: Any = resolver
         self._cache: dict[str, tuple[float, list[SrvRecord]]] = {}
 
     async def lookup_srv(self, name: str) -> list[SrvRecord]:
@@ -93,6 +97,12 @@ class TwistedSrvResolver:
             answers, _, _ = await self._resolver.lookupService(name)
         except (DNSNameError, DNSServerError):
             self._cache[name] = (now + NEGATIVE_SRV_CACHE_SECONDS, [])
+            return []
+        except Exception as e:
+            # A name server that does not answer must not cost every request
+            # its timeouts: believe "no record" for a while.
+            logger.info("SRV lookup of %s failed (%r): taken as no record", name, e)
+            self._cache[name] = (now + FAILED_SRV_CACHE_SECONDS, [])
             return []
         srv = [a for a in answers if a.type == dns.SRV]
         records = [
