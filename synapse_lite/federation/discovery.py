@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import attr
+from twisted.internet import defer
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +230,7 @@ class ServerDiscovery:
         self._overrides = overrides if overrides is not None else {}
         self._rng = rng or random.Random()
         self._well_known_cache: dict[str, _CachedWellKnown] = {}
+        self._in_flight: dict[str, list[defer.Deferred[str | None]]] = {}
 
     async def resolve(self, server_name: str) -> Route:
         """Where ``server_name`` is; :class:`ServerNameError` if it is not one."""
@@ -268,6 +270,24 @@ class ServerDiscovery:
         cached = self._well_known_cache.get(hostname)
         if cached is not None and cached.expires_at > now:
             return cached.delegated
+        # Requests to one server at once share one well-known fetch.
+        waiting = self._in_flight.get(hostname)
+        if waiting is not None:
+            waiter: defer.Deferred[str | None] = defer.Deferred()
+            waiting.append(waiter)
+            return await waiter
+        self._in_flight[hostname] = []
+        delegated: str | None = None
+        try:
+            delegated = await self._fetch_delegation(hostname, now, cached)
+        finally:
+            for waiter in self._in_flight.pop(hostname):
+                waiter.callback(delegated)
+        return delegated
+
+    async def _fetch_delegation(
+        self, hostname: str, now: float, cached: _CachedWellKnown | None
+    ) -> str | None:
         failures = cached.failures if cached is not None and cached.delegated is None else 0
         try:
             answer = await self._well_known.fetch(hostname)

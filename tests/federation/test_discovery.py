@@ -247,6 +247,24 @@ class DiscoveryTestCase(unittest.TestCase):
         self._resolve("h.org")
         self.assertEqual(len(self.well_known.asked), asked + 1)
 
+    def test_concurrent_lookups_share_one_fetch(self) -> None:
+        gate: defer.Deferred[None] = defer.Deferred()
+        fetch = self.well_known.fetch
+
+        async def slow_fetch(hostname: str) -> WellKnownAnswer:
+            await gate
+            return await fetch(hostname)
+
+        self.well_known.fetch = slow_fetch  # type: ignore[method-assign]
+        self.well_known.delegate("example.org", "m.example.org:443")
+        first = defer.ensureDeferred(self.discovery.resolve("example.org"))
+        second = defer.ensureDeferred(self.discovery.resolve("example.org"))
+        self.assertNoResult(first)
+        gate.callback(None)
+        self.assertEqual(self.successResultOf(first).host_header, "m.example.org:443")
+        self.assertEqual(self.successResultOf(second).host_header, "m.example.org:443")
+        self.assertEqual(self.well_known.asked, ["example.org"])
+
     # Override.
 
     def test_destinations_override_everything(self) -> None:
