@@ -81,7 +81,9 @@ class FederationClient:
         policy = federation_tls_policy(config)
         self._srv: TwistedSrvResolver | None = None
         if discovery is None:
-            well_known = OutboundHttpClient(reactor, config.address_filter, policy)
+            well_known = OutboundHttpClient(
+                reactor, config.address_filter, policy, section="federation"
+            )
             self._srv = TwistedSrvResolver(reactor)
             discovery = ServerDiscovery(
                 clock_time=reactor.seconds,
