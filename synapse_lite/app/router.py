@@ -93,7 +93,9 @@ class RouterProcess:
         assert self.config.router is not None
         for listener in self.config.router.listeners:
             factory = self.relay.factory(listener.resources, listener.tls is not None)
-            port = listen(self.reactor, listener.port, listener.bind_address, listener.tls, factory)
+            port = listen(
+                self.reactor, listener.port, listener.bind_address, listener.tls, factory
+            )
             self.ports.append(port)
             logger.info(
                 "Listening on %s",

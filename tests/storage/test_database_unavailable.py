@@ -96,3 +96,4 @@ class DatabaseUnavailableTestCase(unittest.TestCase):
         breaks[0] = 1
         await db.runInteraction("in_doubt_idempotent", write, idempotent=True)
         self.assertEqual(len(runs), 3)
+
