@@ -155,7 +155,9 @@ class ListenersService(Service):
                 self.resources.upload_routes(listener.resources),
                 self._router_proof,
             )
-            port = listen(self._reactor, listener.port, listener.bind_address, listener.tls, site)
+            port = listen(
+                self._reactor, listener.port, listener.bind_address, listener.tls, site
+            )
             self.sites.append(site)
             self.ports.append(port)
             logger.info(

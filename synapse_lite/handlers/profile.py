@@ -124,7 +124,8 @@ class ProfileHandler:
 
     async def get_profile(self, user_id: str) -> dict[str, str | None]:
         """A user of ours, or another server's (asked of it: its 404 is
-        ours, 502 when it cannot be asked); 404 for a user nobody has."""
+        ours, and so is one saying why when it cannot be asked); 404 for a
+        user nobody has."""
         if not is_mine_id(user_id, self._server_name):
             if self._remote is None or ":" not in user_id:
                 raise NotFoundError("Profile not found")
