@@ -15,7 +15,9 @@ from twisted.web.server import Site
 from synapse_lite.config.federation import FederationConfig
 from synapse_lite.federation.discovery import parse_well_known
 from synapse_lite.federation.server import well_known_resource
+from tests.harness.databases import create_test_database
 from tests.harness.processes import NO_KEEPALIVE
+from tests.harness.server import make_config, make_homeserver
 
 _reactor = cast(Any, reactor)
 
@@ -56,3 +58,23 @@ class WellKnownTestCase(unittest.TestCase):
         self.assertEqual(headers.getRawHeaders(b"access-control-allow-origin"), [b"*"])
         code, _, _ = await self.get(base + "/.well-known/matrix/server")
         self.assertEqual(code, 404)
+
+    async def test_served_by_a_process_on_client_and_federation_listeners(self) -> None:
+        db = create_test_database()
+        self.addCleanup(db.drop)
+        config = make_config(db, federation={"well_known_server": "fed.test.local:443"})
+        hs = make_homeserver(self, config)
+        for resources, served in [
+            (("client",), True),
+            (("federation", "keys"), True),
+            (("replication",), False),
+        ]:
+            site = Site(hs.listeners.resources.tree(resources))
+            port = _reactor.listenTCP(0, site, interface="127.0.0.1")
+            self.addCleanup(port.stopListening)
+            base = f"http://127.0.0.1:{port.getHost().port}"
+            code, body, _ = await self.get(base + "/.well-known/matrix/server")
+            if served:
+                self.assertEqual(parse_well_known(code, body), "fed.test.local:443")
+            else:
+                self.assertEqual(code, 404, resources)
