@@ -81,7 +81,14 @@ def install_synapse() -> str:
                 timeout=INSTALL_TIMEOUT_SECONDS,
             )
         except subprocess.CalledProcessError as e:
-            tail = (e.stderr or e.stdout or "")[-2000:]
+            # pip's last lines say why; its warnings about unused index
+            # locations do not.
+            lines = [
+                line
+                for line in (e.stderr or e.stdout or "").splitlines()
+                if line.strip() and not line.startswith("WARNING: Location")
+            ]
+            tail = "\n".join(lines[-5:])[-2000:]
             raise SynapseUnavailable(
                 f"installing matrix-synapse=={SYNAPSE_VERSION} failed: {tail}"
             ) from e
