@@ -70,7 +70,7 @@ from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
-from synapse_lite.federation.server import register_federation_servlets
+from synapse_lite.federation.server import register_federation_servlets, well_known_resource
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
@@ -603,7 +603,9 @@ def _handlers(
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
     admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
-    profiles = ProfileHandler(store, clock, server_name, events, app_service_queries)
+    profiles = ProfileHandler(
+        store, clock, server_name, events, app_service_queries, federation.queries
+    )
     client = ClientHandlers(
         clock=clock,
         auth=auth,
@@ -655,7 +657,9 @@ def _handlers(
         push_rules=push_rules,
         turn=config.turn,
         profiles=profiles,
-        directory=DirectoryHandler(store, server_name, clock, events, app_service_queries),
+        directory=DirectoryHandler(
+            store, server_name, clock, events, app_service_queries, federation.queries
+        ),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
         identity=identity,
@@ -869,6 +873,7 @@ def _lifecycle(
     federation_servlets = None
     if federation.keyring is not None and handlers.inbound is not None:
         keyring, inbound, openid = federation.keyring, handlers.inbound, handlers.client.openid
+        profiles, directory = handlers.client.profiles, handlers.client.directory
 
         def federation_servlets(resource: JsonResource, resources: tuple[str, ...]) -> None:
             register_federation_servlets(
@@ -878,6 +883,8 @@ def _lifecycle(
                 inbound=inbound,
                 server_name=config.server_name,
                 openid=openid,
+                profiles=profiles,
+                directory=directory,
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport
@@ -896,6 +903,7 @@ def _lifecycle(
             federation=federation_servlets,
             media=handlers.media_endpoints,
             problems=problems,
+            well_known=well_known_resource(config.federation),
         ),
         max_body_bytes=config.limits.max_request_body_bytes,
         router_proof=(
@@ -909,6 +917,8 @@ def _lifecycle(
         await transport.calls.close()
         if federation.client is not None:
             await federation.client.close()
+        if federation.close_queries is not None:
+            await federation.close_queries()
 
     async def flush_positions() -> None:
         await database.id_generators.flush_stream_positions()
