@@ -98,6 +98,7 @@ from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
+from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
 from synapse_lite.handlers.relations import RelationsHandler
 from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.revocation import CACHES_APPLIED, RevocationBarrier
@@ -550,6 +551,7 @@ def _handlers(
     )
     e2e_keys = E2eKeysHandler(store, calls, config, notifier)
     ui_auth = InteractiveAuthHandler(store, clock, config)
+    registration_tokens = RegistrationTokensHandler(store, clock)
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
@@ -595,7 +597,10 @@ def _handlers(
     client = ClientHandlers(
         clock=clock,
         auth=auth,
-        registration=RegistrationHandler(store, clock, config, devices, ui_auth),
+        registration=RegistrationHandler(
+            store, clock, config, devices, ui_auth, registration_tokens
+        ),
+        registration_tokens=registration_tokens,
         login=LoginHandler(store, clock, config, devices),
         devices=devices,
         filtering=FilteringHandler(store),

@@ -438,6 +438,8 @@ class HomeServerConfig:
     worker_replication_secret: str | None
     registration_shared_secret: str | None
     enable_registration: bool
+    #: Registration needs a registration token (the admin API issues them).
+    registration_requires_token: bool
     listeners: tuple[ListenerConfig, ...]
     workers: dict[str, WorkerConfig] = attr.ib(hash=False)
     instance_map: dict[str, InstanceLocation] = attr.ib(hash=False)
@@ -602,6 +604,7 @@ def read_homeserver_config(
     secret = root.get_optional_str("worker_replication_secret")
     shared_secret = root.get_optional_str("registration_shared_secret")
     enable_registration = root.get_bool("enable_registration", False)
+    registration_requires_token = root.get_bool("registration_requires_token", False)
     allow_guest_access = root.get_bool("allow_guest_access", False)
     listeners = tuple(
         ListenerConfig.read(s, base_dir) for s in root.get_list_of_sections("listeners", [])
@@ -759,6 +762,7 @@ def read_homeserver_config(
         worker_replication_secret=secret,
         registration_shared_secret=shared_secret,
         enable_registration=enable_registration,
+        registration_requires_token=registration_requires_token,
         listeners=listeners,
         workers=workers,
         instance_map=instance_map,

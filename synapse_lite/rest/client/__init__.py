@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.push_rules import PushRulesHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
+    from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
     from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.reports import ReportsHandler
     from synapse_lite.handlers.room import RoomCreationHandler
@@ -79,6 +80,7 @@ class ClientHandlers:
     clock: Clock
     auth: AuthHandler
     registration: RegistrationHandler
+    registration_tokens: RegistrationTokensHandler
     login: LoginHandler
     devices: DeviceHandler
     filtering: FilteringHandler

@@ -28,6 +28,9 @@ from synapse_lite.storage.databases.main.push_rules import PushRulesWorkerStore
 from synapse_lite.storage.databases.main.pushers import PushersWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
+from synapse_lite.storage.databases.main.registration_tokens import (
+    RegistrationTokensWorkerStore,
+)
 from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
@@ -60,6 +63,7 @@ class GenericWorkerStore(
     ApplicationServiceWorkerStore,
     AdminWorkerStore,
     AdminTasksWorkerStore,
+    RegistrationTokensWorkerStore,
 ):
     """The store of a worker process."""
 
