@@ -52,7 +52,7 @@ def user_json(row: AdminUserRow, flags_as_ints: bool) -> dict[str, Any]:
         "user_type": None,
         "deactivated": flag(row.deactivated),
         "erased": row.erased,
-        "shadow_banned": flag(False),
+        "shadow_banned": flag(row.shadow_banned),
         "displayname": row.displayname,
         "avatar_url": row.avatar_url,
         "creation_ts": row.creation_ts,
@@ -205,6 +205,48 @@ class AdminUsersHandler:
         if logout_devices:
             await self._devices.delete_devices(user_id, None)
         logger.info("admin %s reset the password of %s", admin.user_id, user_id)
+
+    async def set_shadow_banned(self, admin: Requester, user_id: str, banned: bool) -> None:
+        """Shadow-ban ``user_id`` (``handlers/shadow_ban.py``) or lift it;
+        applies to their next request on every process."""
+        await self._existing(user_id)
+        await self._store.set_shadow_banned(user_id, banned)
+        logger.info("admin %s set shadow_banned=%s on %s", admin.user_id, banned, user_id)
+
+    async def get_ratelimit_override(self, user_id: str) -> dict[str, Any]:
+        """``{"messages_per_second", "burst_count"}``, or ``{}`` without one."""
+        await self._existing(user_id)
+        override = (await self._store.get_user_restrictions(user_id)).ratelimit_override
+        if override is None:
+            return {}
+        return {
+            "messages_per_second": int(override.per_second),
+            "burst_count": override.burst,
+        }
+
+    async def set_ratelimit_override(
+        self, admin: Requester, user_id: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``messages_per_second`` and ``burst_count`` (integers >= 0,
+        default 0; 0 per second: no limit) replace the configured message
+        rate limit of ``user_id``."""
+        await self._existing(user_id)
+        values = {}
+        for key in ("messages_per_second", "burst_count"):
+            value = body.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
+                raise SynapseError(400, f"'{key}' must be an integer >= 0", Codes.INVALID_PARAM)
+            values[key] = value
+        await self._store.set_ratelimit_override(
+            user_id, values["messages_per_second"], values["burst_count"]
+        )
+        logger.info("admin %s overrode the rate limit of %s: %s", admin.user_id, user_id, values)
+        return values
+
+    async def delete_ratelimit_override(self, admin: Requester, user_id: str) -> None:
+        await self._existing(user_id)
+        await self._store.delete_ratelimit_override(user_id)
+        logger.info("admin %s removed the rate limit override of %s", admin.user_id, user_id)
 
     async def reset_password(self, admin: Requester, user_id: str, body: dict[str, Any]) -> None:
         """``POST /v1/reset_password/{userId}``: ``new_password``, and every

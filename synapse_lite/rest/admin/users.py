@@ -96,6 +96,26 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         users.check_local(user_id)
         return 200, await admin.whois(requester, user_id)
 
+    async def shadow_ban(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        banned = request.method == b"POST"
+        await users.set_shadow_banned(requester, user_id, banned)
+        return 200, {}
+
+    async def get_override(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.get_ratelimit_override(user_id)
+
+    async def set_override(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        return 200, await users.set_ratelimit_override(requester, user_id, body)
+
+    async def delete_override(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        await users.delete_ratelimit_override(requester, user_id)
+        return 200, {}
+
     async def list_users_v2(request: Request) -> tuple[int, Any]:
         return await list_users(request, flags_as_ints=True)
 
@@ -116,6 +136,13 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "POST", admin_path("v1", "/reset_password" + USER), reset_password, "admin_reset_password"
     )
     resource.register_paths("GET", admin_path("v1", "/whois" + USER), whois, "admin_whois_v1")
+    banned = admin_path("v1", "/users" + USER + "/shadow_ban")
+    resource.register_paths("POST", banned, shadow_ban, "admin_shadow_ban")
+    resource.register_paths("DELETE", banned, shadow_ban, "admin_shadow_ban")
+    override = admin_path("v1", "/users" + USER + "/override_ratelimit")
+    resource.register_paths("GET", override, get_override, "admin_override_ratelimit")
+    resource.register_paths("POST", override, set_override, "admin_override_ratelimit")
+    resource.register_paths("DELETE", override, delete_override, "admin_override_ratelimit")
 
     async def joined_rooms(request: Request, user_id: str) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)

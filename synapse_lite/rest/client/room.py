@@ -13,6 +13,7 @@ from synapse_lite.api.identifiers import (
     check_user_id,
 )
 from synapse_lite.handlers.filtering import parse_room_event_filter
+from synapse_lite.handlers.shadow_ban import fake_event_id
 from synapse_lite.handlers.typing import check_typing_request
 from synapse_lite.http.fields import get_optional_str
 from synapse_lite.http.server import (
@@ -51,6 +52,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def create_room(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         body = parse_json_object_from_request(request, allow_empty=True)
+        if requester.shadow_banned:
+            # The room is made; its invites reach nobody.
+            body = {k: v for k, v in body.items() if k not in ("invite", "invite_3pid")}
         room_id = await handlers.room_creation.create_room(requester, body)
         return 200, {"room_id": room_id}
 
@@ -107,6 +111,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 )
             target = None if action == "leave" else check_user_id(body.get("user_id"))
             reason = get_optional_str(body, "reason", max_length=1024)
+            if action == "invite" and requester.shadow_banned:
+                return 200, {}
             await handlers.members.update_membership(requester, room_id, action, target, reason)
             return 200, {}
 
@@ -122,6 +128,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 400, "Send redactions with /rooms/{roomId}/redact", Codes.INVALID_PARAM
             )
         content = parse_json_object_from_request(request)
+        if requester.shadow_banned:
+            return 200, {"event_id": fake_event_id(requester, room_id, txn_id)}
         event_id = await handlers.events.send_client_event(
             requester,
             room_id,
@@ -139,6 +147,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_room_id(room_id)
         check_identifier_text(event_type, "eventType")
         content = parse_json_object_from_request(request)
+        if requester.shadow_banned:
+            return 200, {"event_id": fake_event_id(requester, room_id, None)}
         event_id = await handlers.events.send_client_event(requester, room_id, event_type, content)
         return 200, {"event_id": event_id}
 
@@ -150,6 +160,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request, allow_empty=True)
         reason = get_optional_str(body, "reason", max_length=1024)
         content: dict[str, object] = {} if reason is None else {"reason": reason}
+        if requester.shadow_banned:
+            txn_key = f"redact {event_id} {txn_id}"
+            return 200, {"event_id": fake_event_id(requester, room_id, txn_key)}
         redaction_id = await handlers.events.send_client_event(
             requester, room_id, "m.room.redaction", content, txn_id=txn_id, redacts=event_id
         )
@@ -165,6 +178,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         content = parse_json_object_from_request(request)
         if event_type == "m.room.canonical_alias" and state_key == "":
             await handlers.directory.check_canonical_alias(room_id, content)
+        if requester.shadow_banned and (
+            event_type != "m.room.member" or content.get("membership") == "invite"
+        ):
+            # No transaction id: a repeat gets another id, as a real
+            # state change's would when it changes the state again.
+            return 200, {"event_id": fake_event_id(requester, room_id, None)}
         event_id = await handlers.events.send_client_event(
             requester,
             room_id,
@@ -293,6 +312,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         if user_id != requester.user_id:
             raise AuthError(403, "Cannot set another user's typing state")
         is_typing, timeout = check_typing_request(parse_json_object_from_request(request))
+        if requester.shadow_banned:
+            return 200, {}
         await handlers.typing.set_typing(requester.user_id, user_id, room_id, is_typing, timeout)
         return 200, {}
 

@@ -36,6 +36,7 @@ from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 from synapse_lite.storage.databases.main.search import SearchWorkerStore
 from synapse_lite.storage.databases.main.threepid_bindings import ThreepidBindingsWorkerStore
+from synapse_lite.storage.databases.main.user_restrictions import UserRestrictionsWorkerStore
 
 
 class GenericWorkerStore(
@@ -64,6 +65,7 @@ class GenericWorkerStore(
     AdminWorkerStore,
     AdminTasksWorkerStore,
     RegistrationTokensWorkerStore,
+    UserRestrictionsWorkerStore,
 ):
     """The store of a worker process."""
 

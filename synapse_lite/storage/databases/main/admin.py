@@ -14,8 +14,8 @@ import attr
 from synapse_lite.storage._base import SQLBaseStore
 
 #: ``order_by`` of ``GET /_synapse/admin/v2/users`` -> the SQL it sorts by.
-#: ``user_type``, ``shadow_banned`` and ``locked`` are accepted (the admin
-#: UI sends them) but every user has the same value: they sort by name.
+#: ``user_type`` and ``locked`` are accepted (the admin UI sends them) but
+#: every user has the same value: they sort by name.
 USER_ORDERINGS = {
     "name": "u.name",
     "is_guest": "u.is_guest",
@@ -29,7 +29,7 @@ USER_ORDERINGS = {
     "creation_ts": "u.creation_ts",
     "last_seen_ts": "COALESCE(s.last_seen, 0)",
     "user_type": "u.name",
-    "shadow_banned": "u.name",
+    "shadow_banned": "u.shadow_banned",
     "locked": "u.name",
 }
 
@@ -56,7 +56,7 @@ STATISTICS_ORDERINGS = {
 
 _USER_COLUMNS = (
     "u.name, u.is_guest, u.admin, u.deactivated, u.erased_at_position, u.creation_ts,"
-    " p.displayname, p.avatar_url, s.last_seen, p.user_id"
+    " p.displayname, p.avatar_url, s.last_seen, p.user_id, u.shadow_banned"
 )
 _USER_FROM = (
     "users AS u LEFT JOIN profiles AS p ON p.user_id = u.name"
@@ -97,6 +97,7 @@ class AdminUserRow:
     displayname: str | None
     avatar_url: str | None
     last_seen_ts: int | None
+    shadow_banned: bool
 
 
 def _user_row(r: tuple[Any, ...]) -> AdminUserRow:
@@ -111,6 +112,7 @@ def _user_row(r: tuple[Any, ...]) -> AdminUserRow:
         displayname=r[6] if r[9] is not None else r[0][1:].split(":", 1)[0],
         avatar_url=r[7],
         last_seen_ts=None if r[8] is None else int(r[8]),
+        shadow_banned=bool(r[10]),
     )
 
 
