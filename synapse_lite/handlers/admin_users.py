@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.access_tokens import generate_access_token
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import (
     check_localpart,
@@ -18,8 +19,9 @@ from synapse_lite.api.identifiers import (
     check_room_id,
     check_user_id,
     is_mine_id,
+    random_string,
 )
-from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, Requester, hash_password
+from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, Requester, hash_password, hash_token
 from synapse_lite.http.fields import get_bool, get_list, get_optional_str, get_str
 from synapse_lite.storage.databases.main.admin import AdminUserRow, UserQuery
 
@@ -247,6 +249,38 @@ class AdminUsersHandler:
         await self._existing(user_id)
         await self._store.delete_ratelimit_override(user_id)
         logger.info("admin %s removed the rate limit override of %s", admin.user_id, user_id)
+
+    async def login_as(self, admin: Requester, user_id: str, body: dict[str, Any]) -> str:
+        """``POST /v1/users/{userId}/login``: an access token acting as
+        ``user_id``, until ``valid_until_ms`` (ms since the epoch; default: no
+        end) or logged out with it. It belongs to no device the user can see
+        (a device id without a ``devices`` row, ``ADMIN-...``): their device
+        list does not change. Not for oneself (400), nor a deactivated user."""
+        user = await self._existing(user_id)
+        if user_id == admin.user_id:
+            raise SynapseError(400, "Cannot log in as yourself", Codes.INVALID_PARAM)
+        if user.deactivated:
+            raise SynapseError(400, "The user is deactivated", Codes.INVALID_PARAM)
+        valid_until = body.get("valid_until_ms")
+        if valid_until is not None and (
+            isinstance(valid_until, bool)
+            or not isinstance(valid_until, int)
+            or valid_until <= self._store.clock.time_msec()
+        ):
+            raise SynapseError(
+                400, "'valid_until_ms' must be a time in the future (ms)", Codes.INVALID_PARAM
+            )
+        token = generate_access_token(user_id)
+        device_id = "ADMIN-" + random_string(10)
+        await self._store.add_access_token(hash_token(token), user_id, device_id, valid_until)
+        logger.info(
+            "admin %s logged in as %s (device %s, until %s)",
+            admin.user_id,
+            user_id,
+            device_id,
+            valid_until,
+        )
+        return token
 
     async def reset_password(self, admin: Requester, user_id: str, body: dict[str, Any]) -> None:
         """``POST /v1/reset_password/{userId}``: ``new_password``, and every

@@ -176,7 +176,7 @@ class AuthHandler:
         if service is not None:
             return await self._service_requester(request, service, token_hash)
         owner = await self._store.get_user_by_access_token(token_hash)
-        if owner is None:
+        if owner is None or (owner[3] is not None and owner[3] <= self._store.clock.time_msec()):
             raise UnknownTokenError()
         restrictions = await self._store.get_user_restrictions(owner[0])
         requester = Requester(

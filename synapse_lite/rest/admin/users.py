@@ -116,6 +116,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await users.delete_ratelimit_override(requester, user_id)
         return 200, {}
 
+    async def login_as(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        return 200, {"access_token": await users.login_as(requester, user_id, body)}
+
     async def list_users_v2(request: Request) -> tuple[int, Any]:
         return await list_users(request, flags_as_ints=True)
 
@@ -139,6 +144,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     banned = admin_path("v1", "/users" + USER + "/shadow_ban")
     resource.register_paths("POST", banned, shadow_ban, "admin_shadow_ban")
     resource.register_paths("DELETE", banned, shadow_ban, "admin_shadow_ban")
+    login_path = admin_path("v1", "/users" + USER + "/login")
+    resource.register_paths("POST", login_path, login_as, "admin_login_as")
     override = admin_path("v1", "/users" + USER + "/override_ratelimit")
     resource.register_paths("GET", override, get_override, "admin_override_ratelimit")
     resource.register_paths("POST", override, set_override, "admin_override_ratelimit")
