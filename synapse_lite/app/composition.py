@@ -75,6 +75,7 @@ from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
 from synapse_lite.handlers.admin_reports import AdminReportsHandler
+from synapse_lite.handlers.admin_room_tools import AdminRoomToolsHandler
 from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
 from synapse_lite.handlers.admin_users import AdminUsersHandler
 from synapse_lite.handlers.auth import AuthHandler
@@ -641,6 +642,7 @@ def _handlers(
         admin=AdminHandler(store, auth),
         admin_users=AdminUsersHandler(store, server_name, devices, account, profiles, members),
         admin_rooms=admin_rooms,
+        admin_room_tools=AdminRoomToolsHandler(store, server_name, events, members),
         admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),
         room_deletion=room_deletion,
         openid=OpenIdHandler(store, clock, server_name),

@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
+from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.api.identifiers import check_identifier_text, check_room_id
 from synapse_lite.handlers.admin_rooms import ROOM_ORDERINGS
+from synapse_lite.handlers.filtering import parse_room_event_filter
 from synapse_lite.handlers.room_deletion import shutdown_json
 from synapse_lite.http.fields import bool_value
 from synapse_lite.http.server import (
@@ -116,3 +119,69 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "GET", admin_path("v1", ROOM + "/members"), get_members, "admin_room_members"
     )
     resource.register_paths("GET", admin_path("v1", ROOM + "/state"), get_state, "admin_room_state")
+
+    tools = handlers.admin_room_tools
+    pagination = handlers.pagination
+
+    async def messages(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        check_room_id(room_id)
+        direction = query_choice(request, "dir", ("f", "b"), "b")
+        limit = query_int(request, "limit", 10, maximum=MAX_PAGE)
+        assert limit is not None
+        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
+        return 200, await pagination.get_messages(
+            requester,
+            room_id,
+            query_string(request, "from"),
+            query_string(request, "to"),
+            direction,
+            limit,
+            event_filter,
+            event_format,
+            as_admin=True,
+        )
+
+    async def context(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        check_room_id(room_id)
+        check_identifier_text(event_id, "eventId")
+        limit = query_int(request, "limit", 10, maximum=MAX_PAGE)
+        assert limit is not None
+        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
+        return 200, await pagination.get_context(
+            requester, room_id, event_id, limit, event_filter, event_format, as_admin=True
+        )
+
+    async def make_room_admin(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        if "user_id" in body and not isinstance(body["user_id"], str):
+            raise SynapseError(400, "'user_id' must be a user id", Codes.INVALID_PARAM)
+        await tools.make_room_admin(requester, room_id, body)
+        return 200, {}
+
+    async def forward_extremities(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await tools.forward_extremities(room_id)
+
+    register = resource.register_paths
+    register("GET", admin_path("v1", ROOM + "/messages"), messages, "admin_room_messages")
+    register(
+        "GET",
+        admin_path("v1", ROOM + "/context/(?P<event_id>[^/]+)"),
+        context,
+        "admin_room_context",
+    )
+    register(
+        "POST",
+        admin_path("v1", ROOM + "/make_room_admin"),
+        make_room_admin,
+        "admin_make_room_admin",
+    )
+    register(
+        "GET",
+        admin_path("v1", ROOM + "/forward_extremities"),
+        forward_extremities,
+        "admin_forward_extremities",
+    )

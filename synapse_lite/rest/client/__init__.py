@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.admin import AdminHandler
     from synapse_lite.handlers.admin_reports import AdminReportsHandler
+    from synapse_lite.handlers.admin_room_tools import AdminRoomToolsHandler
     from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
     from synapse_lite.handlers.admin_users import AdminUsersHandler
     from synapse_lite.handlers.auth import AuthHandler
@@ -104,6 +105,7 @@ class ClientHandlers:
     admin: AdminHandler
     admin_users: AdminUsersHandler
     admin_rooms: AdminRoomsHandler
+    admin_room_tools: AdminRoomToolsHandler
     room_deletion: RoomDeletionHandler
     admin_reports: AdminReportsHandler
     openid: OpenIdHandler
