@@ -10,8 +10,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
-from synapse_lite.api.identifiers import check_room_alias, check_room_id, check_user_id, is_mine_id
+from synapse_lite.api.identifiers import check_user_id, is_mine_id
 from synapse_lite.config.homeserver import RateLimitConfig
+from synapse_lite.handlers.admin_rooms import room_id_of
 from synapse_lite.handlers.auth import Requester
 
 if TYPE_CHECKING:
@@ -77,13 +78,7 @@ class AdminRoomToolsHandler:
 
     async def room_id_of(self, room: str) -> str:
         """The room an id or a local alias names; 404 when unknown."""
-        if room.startswith("#"):
-            found = await self._store.get_alias(check_room_alias(room))
-            if found is None:
-                raise NotFoundError("Room alias not found")
-            room_id = found[0]
-        else:
-            room_id = check_room_id(room)
+        room_id = await room_id_of(self._store, room)
         if not await self._store.room_exists(room_id):
             raise NotFoundError("Room not found")
         return room_id

@@ -15,12 +15,11 @@ from synapse_lite.api.access_tokens import generate_access_token
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import (
     check_localpart,
-    check_room_alias,
-    check_room_id,
     check_user_id,
     is_mine_id,
     random_string,
 )
+from synapse_lite.handlers.admin_rooms import room_id_of
 from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, Requester, hash_password, hash_token
 from synapse_lite.http.fields import get_bool, get_list, get_optional_str, get_str
 from synapse_lite.storage.databases.main.admin import AdminUserRow, UserQuery
@@ -411,13 +410,7 @@ class AdminUsersHandler:
         room (as they could themself: a room they may not join is a 403)."""
         user_id = get_str(body, "user_id")
         await self._existing(user_id)
-        if room.startswith("#"):
-            found = await self._store.get_alias(check_room_alias(room))
-            if found is None:
-                raise NotFoundError("Room alias not found")
-            room_id = found[0]
-        else:
-            room_id = check_room_id(room)
+        room_id = await room_id_of(self._store, room)
         await self._members.update_membership(Requester(user_id, "", ""), room_id, "join")
         logger.info("admin %s joined %s to %s", admin.user_id, user_id, room_id)
         return room_id

@@ -10,9 +10,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.api.identifiers import check_identifier_text, check_room_id
 from synapse_lite.handlers.admin_rooms import ROOM_ORDERINGS
-from synapse_lite.handlers.filtering import parse_room_event_filter
 from synapse_lite.handlers.room_deletion import shutdown_json
 from synapse_lite.http.fields import bool_value
 from synapse_lite.http.server import (
@@ -28,6 +26,7 @@ from synapse_lite.rest.admin._base import (
     query_choice,
     query_descending,
 )
+from synapse_lite.rest.client.room import read_context, read_messages
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
@@ -121,37 +120,17 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     resource.register_paths("GET", admin_path("v1", ROOM + "/state"), get_state, "admin_room_state")
 
     tools = handlers.admin_room_tools
-    pagination = handlers.pagination
 
     async def messages(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await admin.get_admin_by_req(request)
-        check_room_id(room_id)
-        direction = query_choice(request, "dir", ("f", "b"), "b")
-        limit = query_int(request, "limit", 10, maximum=MAX_PAGE)
-        assert limit is not None
-        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
-        return 200, await pagination.get_messages(
-            requester,
-            room_id,
-            query_string(request, "from"),
-            query_string(request, "to"),
-            direction,
-            limit,
-            event_filter,
-            event_format,
-            as_admin=True,
+        page = await read_messages(
+            handlers, requester, request, room_id, max_limit=MAX_PAGE, as_admin=True
         )
+        return 200, page
 
     async def context(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
         requester = await admin.get_admin_by_req(request)
-        check_room_id(room_id)
-        check_identifier_text(event_id, "eventId")
-        limit = query_int(request, "limit", 10, maximum=MAX_PAGE)
-        assert limit is not None
-        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
-        return 200, await pagination.get_context(
-            requester, room_id, event_id, limit, event_filter, event_format, as_admin=True
-        )
+        return 200, await read_context(handlers, requester, request, room_id, event_id, True)
 
     async def make_room_admin(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await admin.get_admin_by_req(request)

@@ -216,26 +216,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def messages(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        check_room_id(room_id)
-        direction = query_string(request, "dir", "b")
-        if direction not in ("b", "f"):
-            raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
-        limit = query_int(request, "limit", 10, maximum=10_000)
-        assert limit is not None
-        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
-        page = await handlers.pagination.get_messages(
-            requester,
-            room_id,
-            query_string(request, "from"),
-            query_string(request, "to"),
-            direction,
-            limit,
-            event_filter,
-            event_format,
-        )
-        if not event_format.federation:  # federation's ``unsigned`` holds no bundles
-            await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
-        return 200, page
+        return 200, await read_messages(handlers, requester, request, room_id, max_limit=10_000)
 
     async def get_event(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -248,18 +229,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def context(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        check_room_id(room_id)
-        check_identifier_text(event_id, "eventId")
-        limit = query_int(request, "limit", 10, maximum=MAX_CONTEXT_LIMIT)
-        assert limit is not None
-        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
-        context = await handlers.pagination.get_context(
-            requester, room_id, event_id, limit, event_filter, event_format
-        )
-        if not event_format.federation:
-            served = [context["event"], *context["events_before"], *context["events_after"]]
-            await handlers.relations.add_bundles(room_id, served, requester.user_id)
-        return 200, context
+        return 200, await read_context(handlers, requester, request, room_id, event_id)
 
     async def forget(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -456,3 +426,59 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "receipt",
     )
     register("POST", client_path(ROOM + "/read_markers"), read_markers, "read_markers")
+
+
+async def read_messages(
+    handlers: ClientHandlers,
+    requester: Requester,
+    request: Request,
+    room_id: str,
+    max_limit: int,
+    as_admin: bool = False,
+) -> dict[str, Any]:
+    """``/messages`` (the client API's, and the admin API's with
+    ``as_admin``): its query parameters read, the page with its bundles."""
+    check_room_id(room_id)
+    direction = query_string(request, "dir", "b")
+    if direction not in ("b", "f"):
+        raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
+    limit = query_int(request, "limit", 10, maximum=max_limit)
+    assert limit is not None
+    event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
+    page = await handlers.pagination.get_messages(
+        requester,
+        room_id,
+        query_string(request, "from"),
+        query_string(request, "to"),
+        direction,
+        limit,
+        event_filter,
+        event_format,
+        as_admin=as_admin,
+    )
+    if not event_format.federation:  # federation's ``unsigned`` holds no bundles
+        await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
+    return page
+
+
+async def read_context(
+    handlers: ClientHandlers,
+    requester: Requester,
+    request: Request,
+    room_id: str,
+    event_id: str,
+    as_admin: bool = False,
+) -> dict[str, Any]:
+    """``/context`` (the client API's, and the admin API's with ``as_admin``)."""
+    check_room_id(room_id)
+    check_identifier_text(event_id, "eventId")
+    limit = query_int(request, "limit", 10, maximum=MAX_CONTEXT_LIMIT)
+    assert limit is not None
+    event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
+    context = await handlers.pagination.get_context(
+        requester, room_id, event_id, limit, event_filter, event_format, as_admin=as_admin
+    )
+    if not event_format.federation:
+        served = [context["event"], *context["events_before"], *context["events_after"]]
+        await handlers.relations.add_bundles(room_id, served, requester.user_id)
+    return context
