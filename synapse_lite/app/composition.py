@@ -95,6 +95,7 @@ from synapse_lite.handlers.presence import (
     PresenceHandlerBase,
 )
 from synapse_lite.handlers.profile import ProfileHandler
+from synapse_lite.handlers.purge_history import PurgeHistoryHandler
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
@@ -593,6 +594,7 @@ def _handlers(
     )
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
+    purge_history = PurgeHistoryHandler(store, server_name)
     admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
     profiles = ProfileHandler(store, clock, server_name, events, app_service_queries)
     client = ClientHandlers(
@@ -645,6 +647,7 @@ def _handlers(
         admin_room_tools=AdminRoomToolsHandler(store, server_name, events, members),
         admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),
         room_deletion=room_deletion,
+        purge_history=purge_history,
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
@@ -676,8 +679,8 @@ def _handlers(
         )
         + app_service_hooks
         + Hooks(loops=(stalls,), served=((CACHES_APPLIED, revocations.apply_here),))
-        # The main process resumes the room deletions a restart interrupted.
-        + (Hooks(loops=(room_deletion,)) if role.is_main else Hooks())
+        # The main process resumes the admin jobs a restart interrupted.
+        + (Hooks(loops=(room_deletion, purge_history)) if role.is_main else Hooks())
     )
     inbound = None
     if federation.keyring is not None:

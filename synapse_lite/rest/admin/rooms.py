@@ -144,7 +144,29 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await admin.get_admin_by_req(request)
         return 200, await tools.forward_extremities(room_id)
 
+    purges = handlers.purge_history
+
+    async def purge_history(
+        request: Request, room_id: str, event_id: str | None = None
+    ) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        return 200, {"purge_id": await purges.schedule(requester, room_id, event_id, body)}
+
+    async def purge_status(request: Request, purge_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await purges.status(purge_id)
+
     register = resource.register_paths
+    purge = admin_path("v1", "/purge_history/(?P<room_id>[^/]+)")
+    register("POST", purge, purge_history, "admin_purge_history")
+    register("POST", purge + "/(?P<event_id>[^/]+)", purge_history, "admin_purge_history")
+    register(
+        "GET",
+        admin_path("v1", "/purge_history_status/(?P<purge_id>[^/]+)"),
+        purge_status,
+        "admin_purge_history_status",
+    )
     register("GET", admin_path("v1", ROOM + "/messages"), messages, "admin_room_messages")
     register(
         "GET",

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.pagination import PaginationHandler
     from synapse_lite.handlers.presence import PresenceHandlerBase
     from synapse_lite.handlers.profile import ProfileHandler
+    from synapse_lite.handlers.purge_history import PurgeHistoryHandler
     from synapse_lite.handlers.push_rules import PushRulesHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
@@ -107,6 +108,7 @@ class ClientHandlers:
     admin_rooms: AdminRoomsHandler
     admin_room_tools: AdminRoomToolsHandler
     room_deletion: RoomDeletionHandler
+    purge_history: PurgeHistoryHandler
     admin_reports: AdminReportsHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler
