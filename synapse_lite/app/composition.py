@@ -74,6 +74,7 @@ from synapse_lite.federation.server import register_federation_servlets
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
+from synapse_lite.handlers.admin_media import AdminMediaHandler
 from synapse_lite.handlers.admin_reports import AdminReportsHandler
 from synapse_lite.handlers.admin_room_tools import AdminRoomToolsHandler
 from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
@@ -597,6 +598,7 @@ def _handlers(
     purge_history = PurgeHistoryHandler(store, server_name)
     admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
     profiles = ProfileHandler(store, clock, server_name, events, app_service_queries)
+    admin_users = AdminUsersHandler(store, server_name, devices, account, profiles, members)
     client = ClientHandlers(
         clock=clock,
         auth=auth,
@@ -642,7 +644,8 @@ def _handlers(
         account=account,
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store, auth),
-        admin_users=AdminUsersHandler(store, server_name, devices, account, profiles, members),
+        admin_users=admin_users,
+        admin_media=AdminMediaHandler(store, server_name, admin_users),
         admin_rooms=admin_rooms,
         admin_room_tools=AdminRoomToolsHandler(store, server_name, events, members),
         admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),

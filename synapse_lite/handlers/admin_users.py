@@ -361,8 +361,8 @@ class AdminUsersHandler:
     async def media(
         self, user_id: str, offset: int, limit: int, order_by: str, descending: bool
     ) -> dict[str, Any]:
-        """The media the user uploaded. This server keeps no access times
-        and no quarantine: ``last_access_ts`` and ``quarantined_by`` are null."""
+        """The media the user uploaded. This server keeps no access times:
+        ``last_access_ts`` is null."""
         await self._existing(user_id)
         rows, total = await self._store.list_user_media(
             user_id, offset, limit, order_by, descending
@@ -375,10 +375,18 @@ class AdminUsersHandler:
                 "upload_name": upload_name,
                 "created_ts": int(created_ts),
                 "last_access_ts": None,
-                "quarantined_by": None,
-                "safe_from_quarantine": False,
+                "quarantined_by": quarantined_by,
+                "safe_from_quarantine": bool(protected),
             }
-            for media_id, media_type, media_length, upload_name, created_ts in rows
+            for (
+                media_id,
+                media_type,
+                media_length,
+                upload_name,
+                created_ts,
+                quarantined_by,
+                protected,
+            ) in rows
         ]
         result: dict[str, Any] = {"media": media, "total": total}
         if offset + len(rows) < total:

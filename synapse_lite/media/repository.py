@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer, threads
 
@@ -34,11 +34,10 @@ from synapse_lite.media.thumbnailer import (
     ThumbnailError,
     make_thumbnail,
 )
-from synapse_lite.storage.databases.main.media import (
-    LocalMedia,
-    MediaRepositoryStore,
-    ThumbnailInfo,
-)
+from synapse_lite.storage.databases.main.media import LocalMedia, ThumbnailInfo
+
+if TYPE_CHECKING:
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ class MediaRepository:
     def __init__(
         self,
         *,
-        store: MediaRepositoryStore,
+        store: GenericWorkerStore,
         storage: MediaStorage,
         clock: Clock,
         reactor: Any,
@@ -198,6 +197,9 @@ class MediaRepository:
             raise NotFoundError(
                 f"Media of other servers ({server_name}) is not fetched by this server"
             )
+        if await self._store.is_media_quarantined(media_id):
+            # As if it did not exist (an admin quarantined it: never served).
+            raise NotFoundError("Unknown media")
         cached = self._uploaded_media.get(media_id)
         if cached is not None:
             self._uploaded_media.move_to_end(media_id)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.admin import AdminHandler
+    from synapse_lite.handlers.admin_media import AdminMediaHandler
     from synapse_lite.handlers.admin_reports import AdminReportsHandler
     from synapse_lite.handlers.admin_room_tools import AdminRoomToolsHandler
     from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
@@ -106,6 +107,7 @@ class ClientHandlers:
     admin: AdminHandler
     admin_users: AdminUsersHandler
     admin_rooms: AdminRoomsHandler
+    admin_media: AdminMediaHandler
     admin_room_tools: AdminRoomToolsHandler
     room_deletion: RoomDeletionHandler
     purge_history: PurgeHistoryHandler

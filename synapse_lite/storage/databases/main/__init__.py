@@ -22,6 +22,7 @@ from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.media import MediaRepositoryStore
+from synapse_lite.storage.databases.main.media_quarantine import MediaQuarantineWorkerStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
 from synapse_lite.storage.databases.main.profile import ProfileWorkerStore
 from synapse_lite.storage.databases.main.push_rules import PushRulesWorkerStore
@@ -66,6 +67,7 @@ class GenericWorkerStore(
     AdminTasksWorkerStore,
     RegistrationTokensWorkerStore,
     UserRestrictionsWorkerStore,
+    MediaQuarantineWorkerStore,
 ):
     """The store of a worker process."""
 

@@ -34,7 +34,7 @@ USER_ORDERINGS = {
 }
 
 #: ``order_by`` of ``GET /v1/users/{userId}/media``. This server keeps no
-#: access times nor quarantine: those orders sort by creation.
+#: access times: that order sorts by creation.
 MEDIA_ORDERINGS = {
     "media_id": "media_id",
     "upload_name": "COALESCE(upload_name, '')",
@@ -42,8 +42,8 @@ MEDIA_ORDERINGS = {
     "last_access_ts": "created_ts",
     "media_length": "COALESCE(media_length, 0)",
     "media_type": "COALESCE(media_type, '')",
-    "quarantined_by": "created_ts",
-    "safe_from_quarantine": "created_ts",
+    "quarantined_by": "COALESCE(quarantined_by, '')",
+    "safe_from_quarantine": "safe_from_quarantine",
 }
 
 #: ``order_by`` of ``GET /v1/statistics/users/media``.
@@ -179,12 +179,14 @@ class AdminWorkerStore(SQLBaseStore):
         self, user_id: str, offset: int, limit: int, order_by: str, descending: bool
     ) -> tuple[list[tuple[Any, ...]], int]:
         """One page of the media ``user_id`` uploaded: ``(media_id,
-        media_type, media_length, upload_name, created_ts)`` rows, and how many."""
+        media_type, media_length, upload_name, created_ts, quarantined_by,
+        safe_from_quarantine)`` rows, and how many."""
         direction = "DESC" if descending else "ASC"
         order = f"{MEDIA_ORDERINGS[order_by]} {direction}, media_id {direction}"
         rows = await self.db_pool.select(
             "list_user_media",
-            "SELECT media_id, media_type, media_length, upload_name, created_ts"
+            "SELECT media_id, media_type, media_length, upload_name, created_ts,"
+            " quarantined_by, safe_from_quarantine"
             " FROM local_media WHERE user_id = ? AND uploaded_ts IS NOT NULL"
             f" ORDER BY {order} LIMIT ? OFFSET ?",
             user_id,
