@@ -111,6 +111,7 @@ from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomUserState
 from synapse_lite.handlers.search import SearchHandler
+from synapse_lite.handlers.server_notices import ServerNoticesHandler
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.sync_sections.builtin import BuiltInSections
 from synapse_lite.handlers.sync_sections.stream_parts import stream_part_sections
@@ -646,6 +647,15 @@ def _handlers(
         admin=AdminHandler(store, auth),
         admin_users=admin_users,
         admin_media=AdminMediaHandler(store, server_name, admin_users),
+        server_notices=ServerNoticesHandler(
+            store,
+            server_name,
+            config.server_notices,
+            room_creation,
+            events,
+            account_data,
+            profiles,
+        ),
         admin_rooms=admin_rooms,
         admin_room_tools=AdminRoomToolsHandler(store, server_name, events, members),
         admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),

@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler
     from synapse_lite.handlers.search import SearchHandler
+    from synapse_lite.handlers.server_notices import ServerNoticesHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
@@ -108,6 +109,7 @@ class ClientHandlers:
     admin_users: AdminUsersHandler
     admin_rooms: AdminRoomsHandler
     admin_media: AdminMediaHandler
+    server_notices: ServerNoticesHandler
     admin_room_tools: AdminRoomToolsHandler
     room_deletion: RoomDeletionHandler
     purge_history: PurgeHistoryHandler

@@ -36,6 +36,7 @@ from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 from synapse_lite.storage.databases.main.search import SearchWorkerStore
+from synapse_lite.storage.databases.main.server_notices import ServerNoticesWorkerStore
 from synapse_lite.storage.databases.main.threepid_bindings import ThreepidBindingsWorkerStore
 from synapse_lite.storage.databases.main.user_restrictions import UserRestrictionsWorkerStore
 
@@ -68,6 +69,7 @@ class GenericWorkerStore(
     RegistrationTokensWorkerStore,
     UserRestrictionsWorkerStore,
     MediaQuarantineWorkerStore,
+    ServerNoticesWorkerStore,
 ):
     """The store of a worker process."""
 
