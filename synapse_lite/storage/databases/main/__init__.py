@@ -10,7 +10,7 @@ writers; ``ClientIpStore`` only by the main process.
 from __future__ import annotations
 
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
-from synapse_lite.storage.databases.main.admin import AdminWorkerStore
+from synapse_lite.storage.databases.main.admin import AdminDestinationsWorkerStore, AdminWorkerStore
 from synapse_lite.storage.databases.main.admin_tasks import AdminTasksWorkerStore
 from synapse_lite.storage.databases.main.appservice import ApplicationServiceWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
@@ -70,6 +70,7 @@ class GenericWorkerStore(
     UserRestrictionsWorkerStore,
     MediaQuarantineWorkerStore,
     ServerNoticesWorkerStore,
+    AdminDestinationsWorkerStore,
 ):
     """The store of a worker process."""
 

@@ -233,3 +233,64 @@ class AdminWorkerStore(SQLBaseStore):
             "count_media_statistics", f"SELECT COUNT(*) FROM ({grouped}) AS g", *args
         )
         return [tuple(r) for r in rows], int(count[0][0])
+
+
+#: ``order_by`` of ``GET /v1/federation/destinations`` -> its column.
+DESTINATION_ORDERINGS = {
+    "destination": "destination",
+    "retry_last_ts": "retry_last_ts",
+    "retry_interval": "retry_interval",
+    "failure_ts": "COALESCE(failure_ts, 0)",
+    "last_successful_stream_ordering": "last_sent_stream_id",
+}
+
+_DESTINATION_COLUMNS = "destination, retry_last_ts, retry_interval, failure_ts, last_sent_stream_id"
+
+
+def destination_json(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A ``destinations`` row as the admin API shows it. The stream position
+    we keep is the to-device outbox's, given as
+    ``last_successful_stream_ordering`` (no events are sent over federation
+    yet)."""
+    destination, retry_last_ts, retry_interval, failure_ts, last_sent = row
+    return {
+        "destination": destination,
+        "retry_last_ts": int(retry_last_ts),
+        "retry_interval": int(retry_interval),
+        "failure_ts": None if failure_ts is None else int(failure_ts),
+        "last_successful_stream_ordering": int(last_sent) or None,
+    }
+
+
+class AdminDestinationsWorkerStore(SQLBaseStore):
+    """The federation destinations as the admin API lists them (read only)."""
+
+    async def list_destinations(
+        self, offset: int, limit: int, order_by: str, descending: bool, search: str | None
+    ) -> tuple[list[dict[str, Any]], int]:
+        where, args = "", []
+        if search is not None:
+            where = " WHERE LOWER(destination) LIKE ? ESCAPE '\\'"
+            args.append(like_pattern(search))
+        direction = "DESC" if descending else "ASC"
+        order = f"{DESTINATION_ORDERINGS[order_by]} {direction}, destination {direction}"
+        rows = await self.db_pool.select(
+            "admin_list_destinations",
+            f"SELECT {_DESTINATION_COLUMNS} FROM destinations{where}"
+            f" ORDER BY {order} LIMIT ? OFFSET ?",
+            *args,
+            limit,
+            offset,
+        )
+        count = await self.db_pool.select(
+            "admin_count_destinations", f"SELECT COUNT(*) FROM destinations{where}", *args
+        )
+        return [destination_json(tuple(r)) for r in rows], int(count[0][0])
+
+    async def get_destination(self, destination: str) -> dict[str, Any] | None:
+        rows = await self.db_pool.select(
+            "admin_get_destination",
+            f"SELECT {_DESTINATION_COLUMNS} FROM destinations WHERE destination = ?",
+            destination,
+        )
+        return destination_json(tuple(rows[0])) if rows else None
