@@ -646,7 +646,9 @@ def _handlers(
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store, auth),
         admin_users=admin_users,
-        admin_media=AdminMediaHandler(store, server_name, admin_users),
+        admin_media=AdminMediaHandler(
+            store, server_name, admin_users, calls, config.media_instance
+        ),
         server_notices=ServerNoticesHandler(
             store,
             server_name,

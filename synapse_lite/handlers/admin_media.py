@@ -14,15 +14,20 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.api.errors import NotFoundError
+from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id
 from synapse_lite.handlers.auth import Requester
+from synapse_lite.replication.http.media import DELETE_MEDIA, MediaToDelete
 
 if TYPE_CHECKING:
     from synapse_lite.handlers.admin_users import AdminUsersHandler
+    from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
+
+#: Media ids per call to the media instance.
+_DELETE_BATCH = 100
 
 #: Events read per query while looking for a room's media.
 _ROOM_SCAN_BATCH = 500
@@ -55,11 +60,18 @@ def split_mxc(uri: str) -> tuple[str, str] | None:
 
 class AdminMediaHandler:
     def __init__(
-        self, store: GenericWorkerStore, server_name: str, users: AdminUsersHandler
+        self,
+        store: GenericWorkerStore,
+        server_name: str,
+        users: AdminUsersHandler,
+        calls: InternalCalls,
+        media_instance: str,
     ) -> None:
         self._store = store
         self._server_name = server_name
         self._users = users
+        self._calls = calls
+        self._media_instance = media_instance
 
     async def _local_media(self, media_id: str) -> None:
         check_identifier_text(media_id, "mediaId")
@@ -126,3 +138,49 @@ class AdminMediaHandler:
         count = await self._store.quarantine_media(media_ids, admin.user_id, spare_protected=True)
         logger.info("admin %s quarantined %d media of %s", admin.user_id, count, user_id)
         return count
+
+    # Deletion: the media instance, which holds the files, deletes them.
+
+    async def _delete(self, admin: Requester, media_ids: list[str], what: str) -> dict[str, Any]:
+        deleted: list[str] = []
+        for start in range(0, len(media_ids), _DELETE_BATCH):
+            answer = await self._calls.call(
+                DELETE_MEDIA,
+                MediaToDelete(media_ids[start : start + _DELETE_BATCH]),
+                instance=self._media_instance,
+            )
+            deleted.extend(answer.deleted)
+        logger.info("admin %s deleted %d media (%s)", admin.user_id, len(deleted), what)
+        return {"deleted_media": deleted, "total": len(deleted)}
+
+    async def delete_one(self, admin: Requester, server_name: str, media_id: str) -> dict[str, Any]:
+        if server_name != self._server_name:
+            raise SynapseError(400, "Only local media can be deleted", Codes.INVALID_PARAM)
+        await self._local_media(media_id)
+        return await self._delete(admin, [media_id], media_id)
+
+    async def delete_older(
+        self, admin: Requester, before_ts: int, size_gt: int, keep_profiles: bool
+    ) -> dict[str, Any]:
+        """``POST /v1/media/delete``: uploads made before ``before_ts``,
+        larger than ``size_gt``, but the protected ones and (``keep_profiles``)
+        users' avatars."""
+        media_ids = await self._store.find_media_to_delete(
+            before_ts, size_gt, keep_profiles, self._server_name
+        )
+        return await self._delete(admin, media_ids, f"before {before_ts}, over {size_gt} bytes")
+
+    async def delete_user_media(
+        self,
+        admin: Requester,
+        user_id: str,
+        offset: int,
+        limit: int,
+        order_by: str,
+        descending: bool,
+    ) -> dict[str, Any]:
+        """``DELETE /v1/users/{userId}/media``: the page of the user's media
+        the same parameters list."""
+        await self._users.get_user(user_id)
+        rows, _ = await self._store.list_user_media(user_id, offset, limit, order_by, descending)
+        return await self._delete(admin, [str(r[0]) for r in rows], f"of {user_id}")

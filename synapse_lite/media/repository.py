@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import defer, threads
 
 from synapse_lite.api.errors import Codes, LimitExceededError, NotFoundError, SynapseError
+from synapse_lite.api.identifiers import check_identifier_text
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import RateLimitConfig
 from synapse_lite.config.media import MediaConfig, ThumbnailSize
@@ -34,6 +35,7 @@ from synapse_lite.media.thumbnailer import (
     ThumbnailError,
     make_thumbnail,
 )
+from synapse_lite.replication.http.media import MediaDeleted, MediaToDelete
 from synapse_lite.storage.databases.main.media import LocalMedia, ThumbnailInfo
 
 if TYPE_CHECKING:
@@ -187,6 +189,24 @@ class MediaRepository:
             except Exception:
                 logger.exception("Making a thumbnail of %s failed", media_id)
                 return
+
+    # Deletion (the admin API's, through DELETE_MEDIA)
+
+    async def delete_media(self, request: MediaToDelete) -> MediaDeleted:
+        """Serves :data:`DELETE_MEDIA`: each upload's thumbnails, file and
+        rows go; the ids that were there."""
+        deleted = []
+        for media_id in request.media_ids:
+            check_identifier_text(media_id, "media_id")
+            for info in await self._store.get_thumbnails(media_id):
+                await self.storage.delete_local(self._thumbnail_path(media_id, info))
+            await self.storage.delete_local(self.storage.paths.local_media(media_id))
+            self._uploaded_media.pop(media_id, None)
+            if await self._store.delete_local_media_rows(media_id):
+                deleted.append(media_id)
+        if deleted:
+            logger.info("deleted %d media: %s", len(deleted), ", ".join(deleted))
+        return MediaDeleted(deleted)
 
     # Downloads
 

@@ -128,6 +128,54 @@ class AdminMediaTestCase(ThreeUsersTestCase):
             self.assertEqual((got, answer["errcode"]), (403, "M_FORBIDDEN"), path)
         self.assertTrue(await self.served(self.pictures[0]))
 
+    async def test_delete(self) -> None:
+        one = await self.alice.ok("DELETE", ADMIN + f"/media/test.local/{self.pictures[2]}")
+        self.assertEqual(one, {"deleted_media": [self.pictures[2]], "total": 1})
+        self.assertFalse(await self.served(self.pictures[2]))
+        code, answer = await self.alice.request(
+            "DELETE", ADMIN + f"/media/test.local/{self.pictures[2]}"
+        )
+        self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"))
+        # bob's avatar is kept by keep_profiles (the default); a protected
+        # one too; eve's file is smaller than size_gt.
+        await self.bob.ok(
+            "PUT",
+            f"/profile/{q(self.bob.user_id)}/avatar_url",
+            {"avatar_url": f"mxc://test.local/{self.pictures[0]}"},
+        )
+        await self.alice.ok("POST", ADMIN + f"/media/protect/{self.pictures[1]}", {})
+        future = 2**50
+        kept = await self.alice.ok("POST", ADMIN + f"/media/delete?before_ts={future}&size_gt=6")
+        self.assertEqual(kept, {"deleted_media": [], "total": 0})
+        await self.alice.ok("POST", ADMIN + f"/media/unprotect/{self.pictures[1]}", {})
+        old = await self.alice.ok("POST", ADMIN + f"/media/delete?before_ts={future}&size_gt=6")
+        self.assertEqual(old, {"deleted_media": [self.pictures[1]], "total": 1})
+        self.assertTrue(await self.served(self.pictures[0]))
+        self.assertTrue(await self.served(self.evesfile))
+        # A user's media, as the listing pages it.
+        mine = await self.alice.ok("DELETE", ADMIN + f"/users/{q(self.eve.user_id)}/media")
+        self.assertEqual(mine, {"deleted_media": [self.evesfile], "total": 1})
+        self.assertFalse(await self.served(self.evesfile))
+        for method, path, code, errcode in [
+            ("DELETE", "/media/elsewhere/abc", 400, "M_INVALID_PARAM"),
+            ("POST", "/media/delete", 400, "M_MISSING_PARAM"),
+            ("POST", "/media/delete?before_ts=x", 400, None),
+            ("POST", "/media/elsewhere/delete?before_ts=1", 400, "M_INVALID_PARAM"),
+            ("DELETE", "/users/@nobody:test.local/media", 404, "M_NOT_FOUND"),
+        ]:
+            got, answer = await self.alice.request(method, ADMIN + path)
+            self.assertEqual(got, code, path)
+            if errcode is not None:
+                self.assertEqual(answer["errcode"], errcode, path)
+        for method, path in [
+            ("DELETE", f"/media/test.local/{self.pictures[0]}"),
+            ("POST", "/media/delete?before_ts=1"),
+            ("DELETE", f"/users/{q(self.bob.user_id)}/media"),
+        ]:
+            got, answer = await self.eve.request(method, ADMIN + path)
+            self.assertEqual((got, answer["errcode"]), (403, "M_FORBIDDEN"), path)
+        self.assertTrue(await self.served(self.pictures[0]))
+
 
 class AdminMediaDefaultLayoutTestCase(AdminMediaTestCase):
     workers = DEFAULT_LAYOUT_WORKERS

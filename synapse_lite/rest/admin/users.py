@@ -213,6 +213,14 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         order_by = query_choice(request, "order_by", list(MEDIA_ORDERINGS), "created_ts")
         return 200, await users.media(user_id, offset, limit, order_by, query_descending(request))
 
+    async def delete_user_media(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        offset, limit = page(request)
+        order_by = query_choice(request, "order_by", list(MEDIA_ORDERINGS), "created_ts")
+        return 200, await handlers.admin_media.delete_user_media(
+            requester, user_id, offset, limit, order_by, query_descending(request)
+        )
+
     async def media_statistics(request: Request) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)
         offset, limit = page(request)
@@ -241,6 +249,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", admin_path("v1", "/username_available"), username_available, "admin_username")
     register("GET", user_path("v1", "/pushers"), pushers, "admin_user_pushers")
     register("GET", user_path("v1", "/media"), user_media, "admin_user_media")
+    register("DELETE", user_path("v1", "/media"), delete_user_media, "admin_user_media")
     register(
         "GET", admin_path("v1", "/statistics/users/media"), media_statistics, "admin_media_stats"
     )
