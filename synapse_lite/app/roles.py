@@ -62,6 +62,7 @@ from synapse_lite.media.url_preview import UrlPreviewer
 from synapse_lite.notifier import Notifier
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
 from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER
+from synapse_lite.replication.http.media import DELETE_MEDIA
 from synapse_lite.replication.http.writes import (
     SET_PRESENCE,
     SET_TYPING,
@@ -361,7 +362,8 @@ def media_for_role(
         rate_limits_enabled=config.rate_limits.enabled,
     )
     previewer = UrlPreviewer(repository, outbound) if media_config.url_previews else None
-    return repository, MediaServlets(repository, auth, previewer), Hooks(loops=(repository,))
+    hooks = Hooks(loops=(repository,), served=((DELETE_MEDIA, repository.delete_media),))
+    return repository, MediaServlets(repository, auth, previewer), hooks
 
 
 def main_duties(

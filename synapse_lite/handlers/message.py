@@ -293,7 +293,9 @@ class EventCreationHandler:
         # succeeded still gets its event after a rate limit or a leave.
         try:
             if requester.is_rate_limited:
-                self._ratelimiter.ratelimit(requester.user_id)
+                self._ratelimiter.ratelimit(
+                    requester.user_id, override=requester.ratelimit_override
+                )
             spec = EventSpec(
                 type=event_type,
                 state_key=state_key,
