@@ -213,6 +213,7 @@ class EventsStore(EventsWorkerStore):
             )
             if content.txn_key is not None:
                 self._record_txn_id_txn(txn, content.txn_key, event)
+            txn.call_after(self._txn_keys_by_event.set, event.event_id, content.txn_key)
             expiry = self_destruct_after(event.content) if self._self_destructing else None
             if expiry is not None:
                 txn.execute(
