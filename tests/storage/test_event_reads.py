@@ -106,3 +106,51 @@ class EventReadsTestCase(DatabaseTestCase):
         self.assertEqual(found[ids[1]].redacted_because, redacted.redacted_because)
         self.assertEqual(names[0], "get_events")
         self.assertNotIn("get_redactions", names)
+
+    async def test_membership_changes_read_only_for_rooms_with_new_members(self) -> None:
+        hs = make_homeserver(self, make_config(self.test_db))
+        room_id, _ = await self._room_with_sends(hs)
+        store = hs.store
+        since = store.get_room_max_token()
+        await self._room_with_sends_in(hs, room_id)
+        names = count_interactions(self, hs)
+        # Messages only since the token: no membership can have changed.
+        self.assertEqual(
+            await store.get_membership_changes_in_rooms(
+                [room_id], since, store.get_room_max_token()
+            ),
+            [],
+        )
+        self.assertEqual(names, [])
+        bob = "@bob:test.local"
+        join = EventSpec(
+            "m.room.member", bob, bob, {"membership": "join"}, hs.handlers.clock.time_msec()
+        )
+        await hs.handlers.events.persist_as_writer(room_id, [join])
+        names.clear()
+        self.assertEqual(
+            await store.get_membership_changes_in_rooms(
+                [room_id], since, store.get_room_max_token()
+            ),
+            [(bob, "join")],
+        )
+        self.assertEqual(names, ["get_membership_changes_in_rooms"])
+        # A token from before the process started: the tracker cannot tell.
+        await hs.service.stopService()
+        other = make_homeserver(self, make_config(self.test_db))
+        names = count_interactions(self, other)
+        self.assertEqual(
+            await other.store.get_membership_changes_in_rooms(
+                [room_id], since, other.store.get_room_max_token()
+            ),
+            [(bob, "join")],
+        )
+        self.assertEqual(names, ["get_membership_changes_in_rooms"])
+
+    async def _room_with_sends_in(self, hs: HomeServer, room_id: str) -> None:
+        clock = hs.handlers.clock
+        message = EventSpec(
+            "m.room.message", None, ALICE, {"msgtype": "m.text", "body": "again"},
+            clock.time_msec(),
+        )  # fmt: skip
+        await hs.handlers.events.persist_as_writer(room_id, [message])

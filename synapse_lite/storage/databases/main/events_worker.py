@@ -118,6 +118,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         #: Rooms with new events, and users with new memberships, by position.
         self.room_changes = StreamChangeTracker(self.get_room_max_token)
         self.membership_changes = StreamChangeTracker(self.get_room_max_token)
+        #: Rooms with new membership events, by position (a woken /sync's
+        #: device_lists section asks of every joined room).
+        self.room_membership_changes = StreamChangeTracker(self.get_room_max_token)
 
     def record_event_position(
         self,
@@ -131,6 +134,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         self.room_changes.record(room_id, instance_name, stream_id)
         if event_type == "m.room.member" and state_key is not None:
             self.membership_changes.record(state_key, instance_name, stream_id)
+            self.room_membership_changes.record(room_id, instance_name, stream_id)
 
     # Positions
 

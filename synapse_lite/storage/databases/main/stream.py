@@ -131,6 +131,9 @@ class StreamWorkerStore(EventsWorkerStore):
     ) -> list[tuple[str, str]]:
         """``(user, membership)`` of every membership event in ``room_ids``
         after ``from_token`` and at or before ``to_token``, oldest first."""
+        # Only rooms whose memberships may have changed need the query.
+        tracker = self.room_membership_changes
+        room_ids = [r for r in room_ids if tracker.may_have_changed(r, from_token)]
         if not room_ids:
             return []
         where, args = from_token.bounds_sql(to_token, "stream_ordering", "instance_name")
