@@ -21,6 +21,16 @@ from synapse_lite.storage.databases.main.devices import DeviceWorkerStore
 KeyTriple = tuple[str, str, Any]
 
 
+_COUNT_ONE_TIME_KEYS = (
+    "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys_json"
+    " WHERE user_id = ? AND device_id = ? GROUP BY algorithm"
+)
+_UNUSED_FALLBACK_KEY_TYPES = (
+    "SELECT algorithm FROM e2e_fallback_keys_json"
+    " WHERE user_id = ? AND device_id = ? AND used = ? ORDER BY algorithm"
+)
+
+
 class OneTimeKeyConflict(Exception):
     """A one-time key id was uploaded again with other contents."""
 
@@ -208,25 +218,30 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
 
         await self.db_pool.runInteraction("set_fallback_keys", txn_func)
 
+    async def get_device_key_counts(
+        self, user_id: str, device_id: str
+    ) -> tuple[dict[str, int], list[str]]:
+        """:meth:`count_one_time_keys` and :meth:`get_unused_fallback_key_types`
+        in one interaction (every /sync reads both: one thread hop, not two)."""
+
+        def read(txn: LoggingTransaction) -> tuple[dict[str, int], list[str]]:
+            txn.execute(_COUNT_ONE_TIME_KEYS, (user_id, device_id))
+            counts = {r[0]: int(r[1]) for r in txn.fetchall()}
+            txn.execute(_UNUSED_FALLBACK_KEY_TYPES, (user_id, device_id, False))
+            return counts, [r[0] for r in txn.fetchall()]
+
+        return await self.db_pool.runInteraction("get_device_key_counts", read, read_only=True)
+
     async def count_one_time_keys(self, user_id: str, device_id: str) -> dict[str, int]:
         """Unclaimed one-time keys of a device, by algorithm."""
         rows = await self.db_pool.select(
-            "count_one_time_keys",
-            "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys_json"
-            " WHERE user_id = ? AND device_id = ? GROUP BY algorithm",
-            user_id,
-            device_id,
+            "count_one_time_keys", _COUNT_ONE_TIME_KEYS, user_id, device_id
         )
         return {r[0]: int(r[1]) for r in rows}
 
     async def get_unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
         rows = await self.db_pool.select(
-            "get_unused_fallback_key_types",
-            "SELECT algorithm FROM e2e_fallback_keys_json"
-            " WHERE user_id = ? AND device_id = ? AND used = ? ORDER BY algorithm",
-            user_id,
-            device_id,
-            False,
+            "get_unused_fallback_key_types", _UNUSED_FALLBACK_KEY_TYPES, user_id, device_id, False
         )
         return [r[0] for r in rows]
 
