@@ -108,7 +108,7 @@ def stream_rows_of(event: Event) -> list[Any]:
             type=event.type,
             state_key=event.state_key,
             redacts=event.redacts,
-            relates_to=None,
+            relates_to=relation[0] if (relation := relation_of(event.content)) else None,
             membership=event.membership,
             rejected=False,
             outlier=bool(event.outlier),
@@ -302,6 +302,7 @@ class EventsStore(EventsWorkerStore):
             self._update_room_row_txn(txn, event)
         relations = [(e, r) for e in events if (r := relation_of(e.content)) is not None]
         if relations:
+            txn.call_after(self.childless_events.related_to, [r[0] for _, r in relations])
             txn.execute_batch(
                 "INSERT INTO event_relations (event_id, relates_to_id, relation_type, room_id,"
                 " sender, type, stream_ordering) VALUES (?, ?, ?, ?, ?, ?, ?)"

@@ -21,6 +21,7 @@ from synapse_lite.storage.database import (
     LoggingTransaction,
 )
 from synapse_lite.storage.databases.main.cache import CacheInvalidationWorkerStore
+from synapse_lite.storage.databases.main.relations import ChildlessEvents
 from synapse_lite.streams.catalog import (
     BACKFILL,
     BackfillStreamRow,
@@ -121,6 +122,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         #: Rooms with new membership events, by position (a woken /sync's
         #: device_lists section asks of every joined room).
         self.room_membership_changes = StreamChangeTracker(self.get_room_max_token)
+        self.childless_events = ChildlessEvents()
 
     def record_event_position(
         self,
@@ -421,7 +423,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             args = (last_id, current_id, instance_name, limit)
             txn.execute(
                 "SELECT stream_ordering, event_id, room_id, type, state_key, redacts,"
-                " membership, outlier FROM events"
+                " membership, outlier, (SELECT er.relates_to_id FROM event_relations AS er"
+                "  WHERE er.event_id = events.event_id) FROM events"
                 " WHERE ? < stream_ordering AND stream_ordering <= ? AND instance_name = ?"
                 " ORDER BY stream_ordering ASC LIMIT ?",
                 args,
@@ -456,7 +459,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                     type=r[3],
                     state_key=r[4],
                     redacts=r[5],
-                    relates_to=None,
+                    relates_to=r[8],
                     membership=r[6],
                     rejected=False,
                     outlier=bool(r[7]),
@@ -529,6 +532,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         for row in rows:
             if isinstance(row, EventsStreamEventRow):
                 self.invalidate_caches_for_event(row.event_id, row.redacts)
+                if row.relates_to is not None:
+                    self.childless_events.related_to([row.relates_to])
                 self.record_event_position(row.room_id, row.type, row.state_key, writer, token)
                 if row.state_key is not None:
                     members = state_changed.setdefault(row.room_id, set())
@@ -540,5 +545,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             self.invalidate_state_caches(room_id, members)
 
     def invalidate_for_backfill_rows(self, rows: Sequence[BackfillStreamRow]) -> None:
+        if rows:
+            # Backfill rows do not say what their events relate to.
+            self.childless_events.forget_all()
         for row in rows:
             self.invalidate_caches_for_event(row.event_id, row.redacts)
