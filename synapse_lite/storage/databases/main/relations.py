@@ -25,7 +25,7 @@ def _marks(values: list[Any]) -> str:
 
 
 #: Events a process remembers as having no aggregated relations.
-CHILDLESS_EVENTS = 100_000
+CHILDLESS_EVENTS = 10_000
 
 
 class ChildlessEvents:
