@@ -11,7 +11,7 @@ from synapse_lite.handlers.sync_sections.request import SyncRequest, SyncRespons
 class DeviceKeysStore(Protocol):
     async def get_device_key_counts(
         self, user_id: str, device_id: str
-    ) -> tuple[dict[str, int], list[str]]: ...
+    ) -> tuple[dict[str, int], tuple[str, ...]]: ...
 
 
 class E2EKeysSection:
@@ -31,4 +31,4 @@ class E2EKeysSection:
         response.put(
             "device_one_time_keys_count", {"signed_curve25519": 0, **one_time_keys}, news=False
         )
-        response.put("device_unused_fallback_key_types", fallback_types, news=False)
+        response.put("device_unused_fallback_key_types", list(fallback_types), news=False)
