@@ -165,6 +165,7 @@ async def measure_paths(
     return {
         "sent": throughput.sent_per_second,
         "delivered": throughput.delivered_per_second,
+        "syncs": throughput.syncs,
         "send_p50": percentile(throughput.latencies_ms, 0.5),
         "send_p99": percentile(throughput.latencies_ms, 0.99),
         "wakeup_p50": percentile(wakeup, 0.5),
@@ -216,6 +217,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool
         lambda v: v >= TARGET_THROUGHPUT,
         "",
     )
+    row("/sync requests (sends)", "syncs", "{:d}", "", None, "")
     row("send latency p50 ms", "send_p50", "{:.1f}", "", None, "")
     row("send latency p99 ms", "send_p99", "{:.1f}", "", None, "")
     row(
