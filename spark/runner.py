@@ -21,6 +21,7 @@ import attr
 
 from spark.catalog import build_catalog
 from spark.export import Snapshot, export_snapshot
+from spark.graph_checks import check_graph
 from spark.logs import PositionLogs, default_log_paths, load_position_logs
 from spark.model import AuditReport
 from spark.progress import Progress
@@ -197,6 +198,15 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
                 streams, findings, info = collect_results(
                     session, data, catalog, logs, options.live, progress
                 )
+                graph = None
+                if data.graph is not None:
+                    graph_findings, graph = check_graph(data.graph, progress)
+                    findings = sorted(
+                        findings + graph_findings,
+                        key=lambda f: (f.kind, f.stream, f.writer, f.ids),
+                    )
+                else:
+                    progress.line("the database stores no event graph: its checks are left out")
     except (DatabaseUnavailable, SparkUnavailable, FileNotFoundError) as e:
         raise AuditError(str(e)) from e
     except AuditError:
@@ -216,6 +226,7 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             "records": logs.records if logs else 0,
             "malformed": logs.malformed if logs else 0,
         },
+        graph=graph,
     )
 
 

@@ -144,6 +144,14 @@ class AuditFixture:
                         f" VALUES ({', '.join('?' for _ in row)})",
                         list(row.values()),
                     )
+                    if table == "events":
+                        # As the store records an event naming no prev_events:
+                        # a forward extremity of its room (so the graph is sound).
+                        txn.execute(
+                            "INSERT INTO event_forward_extremities (room_id, event_id)"
+                            " VALUES (?, ?)",
+                            (row["room_id"], row["event_id"]),
+                        )
                     if advance_sequence:
                         self.engine.sequence_set_at_least(
                             txn.raw_cursor, _sequence_of(table, stream_id), abs(stream_id)
