@@ -98,7 +98,7 @@ class RealServersGraph:
             rooms[1],
             first,
         )
-        writer.handlers.events._room_extremities.pop(rooms[1], None)
+        writer.handlers.events._room_extremities.pop(rooms[1])  # as after a restart
         await bob.send(rooms[1], "merge")
         for endpoint in list(bus.endpoints):
             bus.leave(endpoint)
