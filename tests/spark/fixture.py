@@ -92,8 +92,9 @@ def _sequence_of(table: str, stream_id: int) -> str:
 class AuditFixture:
     """One test's homeserver: config file, data dir and seeded database."""
 
-    def __init__(self, test: unittest.TestCase) -> None:
-        self.test_db = create_test_database()
+    def __init__(self, test: unittest.TestCase, engine_name: str | None = None) -> None:
+        """``engine_name``: the test run's engine unless given."""
+        self.test_db = create_test_database(engine_name)
         test.addCleanup(self.test_db.drop)
         self.engine = self.test_db.make_engine()
         self.directory = tempfile.mkdtemp(prefix="synapse_lite_audit_test_")
