@@ -51,7 +51,7 @@ class GraphSchema:
             return {}
         return {
             "rejected_in_state": "the database records no rejections (no rejections table,"
-            " no events.rejected column): no event counts as rejected"
+            " no events.rejected column)"
         }
 
 

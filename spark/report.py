@@ -60,7 +60,7 @@ def render_text(report: AuditReport) -> str:
             f" {counts['event_forward_extremities']:,} forward extremities",
         ]
         lines += [
-            f"  not checked: {check} ({why})" for check, why in report.graph["not_checked"].items()
+            f"  not checked: {check}: {why}" for check, why in report.graph["not_checked"].items()
         ]
     for title, items in (("Findings", report.findings), ("Information", report.info)):
         lines += ["", f"{title}: {len(items)}" if items else f"{title}: none"]

@@ -185,6 +185,9 @@ class AuditOnStandaloneClusterTestCase(unittest.TestCase):
             [
                 os.path.join(BIN, "spark-submit"),
                 "--master", cluster.url,
+                # The driver's class path (the audit's --jdbc-jar alone
+                # reaches only the executors: docs/audit.md).
+                "--jars", jar,
                 "--conf", "spark.executor.memory=512m",
                 "--conf", "spark.cores.max=1",
                 os.path.join(REPO_ROOT, "spark", "audit.py"),
@@ -212,3 +215,34 @@ class AuditOnStandaloneClusterTestCase(unittest.TestCase):
         work = os.path.join(cluster.directory, "work")
         self.assertTrue(os.path.isdir(work) and os.listdir(work), output)
         sys.stderr.write(f"cluster audit: {time.monotonic() - started:.1f} s\n")
+
+    def test_jdbc_jar_not_given_to_spark_submit(self) -> None:
+        """Under spark-submit, a JDBC jar named only to the audit cannot reach
+        the driver's class path: a clear error (exit 2), not Spark's
+        ``ClassNotFoundException`` half-way through."""
+        require_python_module("pyspark", "spark")
+        require_java()
+        jar = jdbc_jar()
+        require(jar is not None, f"no PostgreSQL JDBC driver at {DEBIAN_JDBC_JAR}")
+        assert jar is not None
+        db = AuditFixture(self, engine_name="postgres")
+        run = subprocess.run(
+            [
+                os.path.join(BIN, "spark-submit"),
+                "--master", "local[1]",
+                os.path.join(REPO_ROOT, "spark", "audit.py"),
+                "-c", db.config_path,
+                "--jdbc-jar", jar,
+            ],
+            capture_output=True,
+            text=True,
+            env=os.environ | {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        self.assertEqual(run.returncode, 2, run.stderr)
+        self.assertIn(
+            f"audit: error: under spark-submit the JDBC driver must be given to spark-submit"
+            f" too: spark-submit --jars {jar}",
+            run.stderr,
+        )
+        self.assertNotIn("ClassNotFoundException", run.stderr)
