@@ -28,6 +28,10 @@ from tests.spark.session import shared_spark
 
 _serial = itertools.count(1)
 
+#: An event row written as the store writes an event naming no prev_events
+#: is its room's forward extremity too (the graph the audit checks is sound).
+EXTREMITY_SQL = "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)"
+
 
 def _columns(table: str, instance: str, stream_id: int) -> dict[str, Any]:
     """A valid row of ``table``; unique where the schema wants it."""
@@ -146,19 +150,23 @@ class AuditFixture:
                         list(row.values()),
                     )
                     if table == "events":
-                        # As the store records an event naming no prev_events:
-                        # a forward extremity of its room (so the graph is sound).
-                        txn.execute(
-                            "INSERT INTO event_forward_extremities (room_id, event_id)"
-                            " VALUES (?, ?)",
-                            (row["room_id"], row["event_id"]),
-                        )
+                        txn.execute(EXTREMITY_SQL, (row["room_id"], row["event_id"]))
                     if advance_sequence:
                         self.engine.sequence_set_at_least(
                             txn.raw_cursor, _sequence_of(table, stream_id), abs(stream_id)
                         )
         finally:
             conn.close()
+
+    def delete_event(self, stream_id: int) -> None:
+        """Remove an event row and its extremity: what a transaction that
+        rolled back leaves (neither)."""
+        self.execute(
+            "DELETE FROM event_forward_extremities WHERE event_id IN"
+            " (SELECT event_id FROM events WHERE stream_ordering = ?)",
+            (stream_id,),
+        )
+        self.execute("DELETE FROM events WHERE stream_ordering = ?", (stream_id,))
 
     def advance_sequence(self, sequence: str, value: int) -> None:
         """Ids up to ``value`` handed out (those without rows are gaps)."""

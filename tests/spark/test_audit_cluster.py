@@ -207,7 +207,8 @@ class AuditOnStandaloneClusterTestCase(unittest.TestCase):
         with open(report_path, encoding="utf-8") as f:
             report = json.load(f)
         self.assertEqual(report["route"], "jdbc", output)
-        self.assertIn(f"started Spark ({cluster.url})", run.stderr)
+        # spark-submit's PythonRunner merges the audit's stderr into its stdout.
+        self.assertIn(f"audit: started Spark ({cluster.url})", run.stdout + run.stderr)
         self.assertEqual(findings(report), findings(local.report), output)
         self.assertEqual(report["streams"], local.report["streams"])
         self.assertEqual(report["graph"], local.report["graph"])
@@ -239,10 +240,11 @@ class AuditOnStandaloneClusterTestCase(unittest.TestCase):
             env=os.environ | {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
             timeout=TIMEOUT,
         )  # fmt: skip
-        self.assertEqual(run.returncode, 2, run.stderr)
+        output = run.stdout + run.stderr
+        self.assertEqual(run.returncode, 2, output)
         self.assertIn(
             f"audit: error: under spark-submit the JDBC driver must be given to spark-submit"
             f" too: spark-submit --jars {jar}",
-            run.stderr,
+            output,
         )
-        self.assertNotIn("ClassNotFoundException", run.stderr)
+        self.assertNotIn("ClassNotFoundException", output)
