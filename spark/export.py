@@ -28,6 +28,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from spark.catalog import AuditCatalog
+from spark.graph_source import GraphExport, GraphSchema, graph_queries, read_graph_schema
 from spark.progress import Progress
 from spark.readonly import open_read_only, read_sequences, read_stream_positions
 from synapse_lite.storage.database import LoggingDatabaseConnection, LoggingTransaction
@@ -56,6 +57,8 @@ class Snapshot:
     table_rows: dict[str, int]
     stream_positions: tuple[tuple[str, str, int], ...]
     sequences: dict[str, int]
+    #: None when the database stores no event graph.
+    graph: GraphExport | None = None
 
     def save_manifest(self) -> None:
         with open(os.path.join(self.directory, MANIFEST), "w", encoding="utf-8") as f:
@@ -66,8 +69,9 @@ def _select(table: StreamTable) -> str:
     return f"SELECT {table.instance_column}, {table.id_column} FROM {table.table}"
 
 
-def _copy_batches(db_conn: LoggingDatabaseConnection, table: StreamTable) -> Iterator[Any]:
-    """Record batches of ``table`` from PostgreSQL's COPY, in the open transaction.
+def _copy_batches(db_conn: LoggingDatabaseConnection, select: str, schema: Any) -> Iterator[Any]:
+    """Record batches of ``schema`` from PostgreSQL's COPY of ``select``, in
+    the open transaction.
 
     COPY writes into a pipe from a thread while this generator parses the
     other end, so the server and the parser work at the same time and at most
@@ -81,13 +85,13 @@ def _copy_batches(db_conn: LoggingDatabaseConnection, table: StreamTable) -> Ite
             with os.fdopen(write_fd, "wb", buffering=1 << 20) as sink:
                 cursor = db_conn.conn.cursor()
                 try:
-                    cursor.copy_expert(f"COPY ({_select(table)}) TO STDOUT WITH (FORMAT csv)", sink)
+                    cursor.copy_expert(f"COPY ({select}) TO STDOUT WITH (FORMAT csv)", sink)
                 finally:
                     cursor.close()
         except BaseException as e:  # reported by the reader, below
             failure.append(e)
 
-    producer = threading.Thread(target=produce, name=f"audit-copy-{table.table}", daemon=True)
+    producer = threading.Thread(target=produce, name="audit-copy", daemon=True)
     producer.start()
     source = os.fdopen(read_fd, "rb")
     try:
@@ -96,12 +100,12 @@ def _copy_batches(db_conn: LoggingDatabaseConnection, table: StreamTable) -> Ite
             yield from pa_csv.open_csv(
                 source,
                 read_options=pa_csv.ReadOptions(
-                    column_names=["instance", "id"], block_size=CSV_BLOCK_BYTES
+                    column_names=schema.names, block_size=CSV_BLOCK_BYTES
                 ),
                 # An instance name may hold anything, a newline included (quoted).
                 parse_options=pa_csv.ParseOptions(newlines_in_values=True),
                 convert_options=pa_csv.ConvertOptions(
-                    column_types={"instance": pa.string(), "id": pa.int64()},
+                    column_types={f.name: f.type for f in schema},
                     # CSV writes NULL as an empty field and '' as "": keep them apart.
                     strings_can_be_null=True,
                     quoted_strings_can_be_null=False,
@@ -115,34 +119,37 @@ def _copy_batches(db_conn: LoggingDatabaseConnection, table: StreamTable) -> Ite
         raise failure[0]
 
 
-def _fetch_batches(txn: LoggingTransaction, table: StreamTable) -> Iterator[Any]:
-    """Record batches of ``table`` from SQLite, in the open transaction."""
-    txn.execute(_select(table))
+def _fetch_batches(txn: LoggingTransaction, select: str, schema: Any) -> Iterator[Any]:
+    """Record batches of ``schema`` from SQLite's ``select``, in the open transaction."""
+    txn.execute(select)
     while True:
         rows = txn.raw_cursor.fetchmany(CHUNK_ROWS)
         if not rows:
             return
-        instances, ids = zip(*rows, strict=True)
+        columns = zip(*rows, strict=True)
         yield pa.record_batch(
-            [pa.array(instances, pa.string()), pa.array(ids, pa.int64())], schema=ROW_SCHEMA
+            [pa.array(values, f.type) for values, f in zip(columns, schema, strict=True)],
+            schema=schema,
         )
 
 
-def _export_table(
+def export_query(
     db_conn: LoggingDatabaseConnection,
     txn: LoggingTransaction,
-    table: StreamTable,
+    select: str,
+    schema: Any,
     directory: str,
 ) -> tuple[list[str], int]:
-    """Write ``table`` as Parquet files of at most about :data:`FILE_ROWS` rows."""
+    """Write the rows of ``select`` (columns as ``schema``, a pyarrow schema)
+    as Parquet files of at most about :data:`FILE_ROWS` rows in ``directory``."""
     os.makedirs(directory, exist_ok=True)
     files: list[str] = []
     count = 0
     writer: pq.ParquetWriter | None = None
     if db_conn.engine.name == "postgres":
-        batches = _copy_batches(db_conn, table)
+        batches = _copy_batches(db_conn, select, schema)
     else:
-        batches = _fetch_batches(txn, table)
+        batches = _fetch_batches(txn, select, schema)
     try:
         for batch in batches:
             if batch.num_rows == 0:
@@ -151,8 +158,8 @@ def _export_table(
                 if writer is not None:
                     writer.close()
                 files.append(os.path.join(directory, f"part-{len(files):05d}.parquet"))
-                writer = pq.ParquetWriter(files[-1], ROW_SCHEMA)
-            writer.write_batch(batch.cast(ROW_SCHEMA) if batch.schema != ROW_SCHEMA else batch)
+                writer = pq.ParquetWriter(files[-1], schema)
+            writer.write_batch(batch.cast(schema) if batch.schema != schema else batch)
             count += batch.num_rows
     finally:
         if hasattr(batches, "close"):
@@ -161,8 +168,25 @@ def _export_table(
             writer.close()
     if not files:  # an empty table still has its schema
         files.append(os.path.join(directory, "part-00000.parquet"))
-        pq.write_table(ROW_SCHEMA.empty_table(), files[0])
+        pq.write_table(schema.empty_table(), files[0])
     return files, count
+
+
+def export_graph(
+    db_conn: LoggingDatabaseConnection,
+    txn: LoggingTransaction,
+    schema: GraphSchema,
+    directory: str,
+) -> GraphExport:
+    """Write the event graph's frames (:func:`spark.graph_source.graph_queries`)
+    under ``directory``, in the open transaction."""
+    files: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
+    for name, (select, columns) in graph_queries(schema).items():
+        files[name], rows[name] = export_query(
+            db_conn, txn, select, columns, os.path.join(directory, "graph", name)
+        )
+    return GraphExport(schema=schema, files=files, rows=rows)
 
 
 def export_snapshot(
@@ -186,12 +210,18 @@ def export_snapshot(
                 for table in catalog.tables():
                     path = os.path.join(directory, "tables", table.table)
                     started = time.monotonic()
-                    files[table.table], counts[table.table] = _export_table(
-                        db_conn, txn, table, path
+                    files[table.table], counts[table.table] = export_query(
+                        db_conn, txn, _select(table), ROW_SCHEMA, path
                     )
                     if time.monotonic() - started > 2:  # only tables worth watching
                         progress.line(f"exported {table.table}: {counts[table.table]:,} rows")
                 step.rows = sum(counts.values())
+            graph_schema = read_graph_schema(txn, engine)
+            graph = None
+            if graph_schema is not None:
+                with progress.step("exported the event graph") as step:
+                    graph = export_graph(db_conn, txn, graph_schema, directory)
+                    step.rows = sum(graph.rows.values())
     finally:
         db_conn.close()
     snapshot = Snapshot(
@@ -202,6 +232,7 @@ def export_snapshot(
         table_rows=counts,
         stream_positions=tuple(positions),
         sequences=sequences,
+        graph=graph,
     )
     snapshot.save_manifest()
     return snapshot

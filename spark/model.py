@@ -77,6 +77,36 @@ def _ids(ids: tuple[int, ...], count: int) -> str:
     return shown if count <= len(ids) else f"{shown} ... ({count} in all)"
 
 
+#: The event graph's kinds (spark/graph_checks.py): what each says, before
+#: the events named.
+GRAPH_FAULTS = {
+    "missing_prev_event": "name prev_events that are not stored, and no known gap"
+    " (an outlier's or a backfilled event's parents, a recorded backward extremity) explains",
+    "missing_auth_event": "name auth_events that are not stored",
+    "edge_of_unknown_event": "have edges (prev or auth events) but are not stored",
+    "extremity_has_child": "are forward extremities but have a child in the graph",
+    "extremity_not_in_graph": "are forward extremities but not events of the room's graph"
+    " (not stored, in another room, outliers, rejected or soft-failed)",
+    "missing_extremity": "are in the graph with no child, yet no forward extremity of their room",
+    "rejected_in_state": "are in current_state_events but were rejected",
+}
+
+
+def _graph_sample(sample: dict[str, Any]) -> str:
+    """One event of a graph finding: its id, room, and what is wrong with it."""
+    text = f"{sample.get('event_id')} in {sample.get('room_id')}"
+    if sample.get("parent") and sample.get("table"):
+        what = "parent" if sample["table"] == "event_edges" else "auth event"
+        text += f" ({what} {sample['parent']})"
+    elif sample.get("parent"):
+        text += f" (child {sample['parent']})"
+    if sample.get("reason"):
+        text += f" ({sample['reason']})"
+    if sample.get("type") is not None:
+        text += f" (state {sample['type']} {sample.get('state_key')!r})"
+    return text
+
+
 def describe(
     *,
     severity: str,
@@ -182,6 +212,12 @@ def describe(
             f"{count} id(s) of stream {stream} that {name} logged as committed have no row,"
             f" though rows of {tables} are never removed: {listed}"
         )
+    if kind in GRAPH_FAULTS:
+        shown = "; ".join(_graph_sample(sample) for sample in samples[:3])
+        more = f" ... ({count} in all)" if count > 3 else ""
+        writer_part = f" written by {name}" if writer else ""
+        what = GRAPH_FAULTS[kind]
+        return f"{count} event(s) of stream {stream}{writer_part} {what}: {shown}{more}"
     if kind == "gap":
         ranges = ", ".join(
             str(s["id"]) if s["id"] == s["last"] else f"{s['id']}-{s['last']}" for s in samples
@@ -240,6 +276,9 @@ class AuditReport:
     findings: tuple[Finding, ...]
     info: tuple[Finding, ...]
     position_logs: dict[str, Any] = attr.ib(hash=False)
+    #: The event graph's rows per table and the checks left out (None: the
+    #: database stores no graph).
+    graph: dict[str, Any] | None = attr.ib(default=None, hash=False)
 
     @property
     def exit_code(self) -> int:

@@ -51,6 +51,17 @@ def render_text(report: AuditReport) -> str:
             f"Position logs: {len(logs['files'])} file(s), {logs['records']:,} records,"
             f" {logs['malformed']} malformed line(s)",
         ]
+    if report.graph is not None:
+        counts = report.graph["rows"]
+        lines += [
+            "",
+            f"Event graph: {counts['events']:,} events, {counts['event_edges']:,} edges,"
+            f" {counts['event_auth_edges']:,} auth edges,"
+            f" {counts['event_forward_extremities']:,} forward extremities",
+        ]
+        lines += [
+            f"  not checked: {check}: {why}" for check, why in report.graph["not_checked"].items()
+        ]
     for title, items in (("Findings", report.findings), ("Information", report.info)):
         lines += ["", f"{title}: {len(items)}" if items else f"{title}: none"]
         lines += [f"  [{f.kind}] {f.message}" for f in items]
@@ -71,6 +82,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
         "findings": [f.to_json() for f in report.findings],
         "info": [f.to_json() for f in report.info],
         "position_logs": report.position_logs,
+        "graph": report.graph,
     }
 
 

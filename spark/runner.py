@@ -21,11 +21,12 @@ import attr
 
 from spark.catalog import build_catalog
 from spark.export import Snapshot, export_snapshot
+from spark.graph_checks import check_graph
 from spark.logs import PositionLogs, default_log_paths, load_position_logs
 from spark.model import AuditReport
 from spark.progress import Progress
 from spark.readonly import DatabaseUnavailable, open_read_only
-from spark.session import SparkUnavailable, resolve_master, start_session
+from spark.session import SparkUnavailable, jars_of_spark_submit, resolve_master, start_session
 from spark.sources import AuditData, jdbc_source, snapshot_source
 from spark.summary import collect_results
 from synapse_lite.config.homeserver import HomeServerConfig, read_homeserver_config
@@ -157,6 +158,14 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             f"JDBC driver jar not found: {jar} (apt-get install libpostgresql-jdbc-java)"
         )
     use_jdbc = bool(jar) and engine.name == "postgres"
+    if use_jdbc and jar and spark is None:
+        submitted = jars_of_spark_submit()
+        if submitted is not None and os.path.realpath(jar) not in submitted:
+            raise AuditError(
+                f"under spark-submit the JDBC driver must be given to spark-submit too:"
+                f" spark-submit --jars {jar} ... spark/audit.py ... (a jar only the audit"
+                " names reaches the executors, not the driver, whose JVM is already running)"
+            )
     if use_jdbc:
         progress.line(
             f"route: jdbc (Spark reads {engine.describe()} over JDBC with {jar},"
@@ -197,6 +206,15 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
                 streams, findings, info = collect_results(
                     session, data, catalog, logs, options.live, progress
                 )
+                graph = None
+                if data.graph is not None:
+                    graph_findings, graph = check_graph(data.graph, progress)
+                    findings = sorted(
+                        findings + graph_findings,
+                        key=lambda f: (f.kind, f.stream, f.writer, f.ids),
+                    )
+                else:
+                    progress.line("the database stores no event graph: its checks are left out")
     except (DatabaseUnavailable, SparkUnavailable, FileNotFoundError) as e:
         raise AuditError(str(e)) from e
     except AuditError:
@@ -216,6 +234,7 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             "records": logs.records if logs else 0,
             "malformed": logs.malformed if logs else 0,
         },
+        graph=graph,
     )
 
 

@@ -78,6 +78,29 @@ def resolve_master(master: str | None) -> str:
     return "local[*]"
 
 
+def jars_of_spark_submit() -> list[str] | None:
+    """The jars ``spark-submit`` was given (``--jars``, ``spark.jars``) as
+    real paths, or None when the audit does not run under spark-submit.
+
+    Under spark-submit the driver's JVM is running before the audit starts,
+    and a jar the audit then adds to ``spark.jars`` reaches the executors
+    but not the driver's class path: Spark's JDBC reader, which resolves the
+    table's columns on the driver, fails with ``ClassNotFoundException:
+    org.postgresql.Driver``. Only spark-submit's own ``--jars`` puts a jar
+    on the driver's class path."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM
+    given = str(SparkConf().get("spark.jars", "") or "")
+    return [
+        os.path.realpath(jar.removeprefix("file://").removeprefix("file:"))
+        for jar in given.split(",")
+        if jar
+    ]
+
+
 def check_java() -> str:
     """The ``java -version`` banner; raises :class:`SparkUnavailable` without Java."""
     java_home = os.environ.get("JAVA_HOME")

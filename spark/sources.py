@@ -23,6 +23,7 @@ import attr
 
 from spark.catalog import AuditCatalog
 from spark.export import Snapshot
+from spark.graph_source import GraphData, graph_from_export, graph_over_jdbc, read_graph_schema
 from spark.readonly import open_read_only, read_sequences, read_stream_positions
 from synapse_lite.storage.engines import BaseDatabaseEngine
 
@@ -39,6 +40,8 @@ class AuditData:
     sequences: dict[str, int]
     database: str
     route: str  # "parquet" or "jdbc"
+    #: The event graph's frames; None when the database stores no graph.
+    graph: GraphData | None = None
 
 
 def snapshot_source(spark: Any, snapshot: Snapshot) -> AuditData:
@@ -69,6 +72,7 @@ def snapshot_source(spark: Any, snapshot: Snapshot) -> AuditData:
         sequences=dict(snapshot.sequences),
         database=snapshot.database,
         route="parquet",
+        graph=graph_from_export(spark, snapshot.graph) if snapshot.graph else None,
     )
 
 
@@ -133,12 +137,19 @@ def jdbc_source(
             # read again only to detail a fault), and every read joins the
             # snapshot, which stays open while this context lasts.
             rows = functools.reduce(DataFrame.unionByName, parts)
+            graph_schema = read_graph_schema(txn, engine)
+            graph = None
+            if graph_schema is not None:
+                graph = graph_over_jdbc(
+                    spark, txn, graph_schema, _jdbc_url(engine.args), properties, partitions
+                )
             yield AuditData(
                 rows=rows,
                 stream_positions=tuple(positions),
                 sequences=sequences,
                 database=engine.describe(),
                 route="jdbc",
+                graph=graph,
             )
     finally:
         db_conn.close()

@@ -28,6 +28,10 @@ from tests.spark.session import shared_spark
 
 _serial = itertools.count(1)
 
+#: An event row written as the store writes an event naming no prev_events
+#: is its room's forward extremity too (the graph the audit checks is sound).
+EXTREMITY_SQL = "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)"
+
 
 def _columns(table: str, instance: str, stream_id: int) -> dict[str, Any]:
     """A valid row of ``table``; unique where the schema wants it."""
@@ -92,8 +96,9 @@ def _sequence_of(table: str, stream_id: int) -> str:
 class AuditFixture:
     """One test's homeserver: config file, data dir and seeded database."""
 
-    def __init__(self, test: unittest.TestCase) -> None:
-        self.test_db = create_test_database()
+    def __init__(self, test: unittest.TestCase, engine_name: str | None = None) -> None:
+        """``engine_name``: the test run's engine unless given."""
+        self.test_db = create_test_database(engine_name)
         test.addCleanup(self.test_db.drop)
         self.engine = self.test_db.make_engine()
         self.directory = tempfile.mkdtemp(prefix="synapse_lite_audit_test_")
@@ -144,12 +149,24 @@ class AuditFixture:
                         f" VALUES ({', '.join('?' for _ in row)})",
                         list(row.values()),
                     )
+                    if table == "events":
+                        txn.execute(EXTREMITY_SQL, (row["room_id"], row["event_id"]))
                     if advance_sequence:
                         self.engine.sequence_set_at_least(
                             txn.raw_cursor, _sequence_of(table, stream_id), abs(stream_id)
                         )
         finally:
             conn.close()
+
+    def delete_event(self, stream_id: int) -> None:
+        """Remove an event row and its extremity: what a transaction that
+        rolled back leaves (neither)."""
+        self.execute(
+            "DELETE FROM event_forward_extremities WHERE event_id IN"
+            " (SELECT event_id FROM events WHERE stream_ordering = ?)",
+            (stream_id,),
+        )
+        self.execute("DELETE FROM events WHERE stream_ordering = ?", (stream_id,))
 
     def advance_sequence(self, sequence: str, value: int) -> None:
         """Ids up to ``value`` handed out (those without rows are gaps)."""

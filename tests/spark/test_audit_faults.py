@@ -163,7 +163,7 @@ class AuditFaultsTestCase(unittest.TestCase):
         self.seed_clean()
         self.hs.advance_sequence("events_stream_seq", 9)
         self.hs.advance_sequence("account_data_sequence", 6)
-        self.hs.execute("DELETE FROM events WHERE stream_ordering = 3")
+        self.hs.delete_event(3)
         run = self.hs.audit()
         self.assertEqual(run.code, 0, run)
         self.assertEqual(run.findings(), [])

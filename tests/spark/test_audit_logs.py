@@ -22,7 +22,7 @@ from synapse_lite.storage.database import DatabasePool, LoggingTransaction, make
 from synapse_lite.storage.id_generators import MultiWriterIdGenerator
 from synapse_lite.storage.id_generators import generator as id_generators
 from synapse_lite.streams.catalog import EVENTS
-from tests.spark.fixture import AuditFixture, _columns
+from tests.spark.fixture import EXTREMITY_SQL, AuditFixture, _columns
 
 assert EVENTS.ids is not None
 EVENTS_IDS = EVENTS.ids
@@ -60,6 +60,7 @@ class Process:
             f"INSERT INTO events ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
             *row.values(),
         )
+        await self.db.execute("insert_extremity", EXTREMITY_SQL, row["room_id"], row["event_id"])
 
     async def fail_one(self) -> None:
         """A transaction that takes an id and rolls back: a gap."""

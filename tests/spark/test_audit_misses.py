@@ -94,7 +94,7 @@ class AuditMissesTestCase(unittest.TestCase):
     def test_committed_row_that_disappeared(self) -> None:
         """Item 1: an event deleted although its writer logged the commit."""
         self.log_clean_run()
-        self.hs.execute("DELETE FROM events WHERE stream_ordering = 1")
+        self.hs.delete_event(1)
         run = self.hs.audit()
         finding = self.only(run, "committed_row_missing")
         self.assertEqual(

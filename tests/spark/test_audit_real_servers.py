@@ -122,15 +122,24 @@ class AuditRealServersTestCase(DatabaseTestCase):
         self.assertEqual(events["rows"], 120)
 
         victim = sorted(written["persister1"])[len(written["persister1"]) // 2]
+        (victim_event,) = self.query(
+            f"SELECT event_id FROM events WHERE stream_ordering = {int(victim)}"
+        )
         self.execute("DELETE FROM events WHERE stream_ordering = ?", victim)
         code, report, output = self.audit(path)
         self.assertEqual(code, 1, output)
-        (finding,) = report["findings"]
+        # The event was its room's forward extremity (it named no parents):
+        # the graph's check finds the deletion too.
+        finding, extremity = report["findings"]
         self.assertEqual(
             (finding["kind"], finding["stream"], finding["writer"], finding["ids"]),
             ("committed_row_missing", "events", "persister1", [victim]),
         )
         self.assertIn("logged as committed have no row", finding["message"])
+        self.assertEqual(
+            (extremity["kind"], extremity["samples"][0]["event_id"]),
+            ("extremity_not_in_graph", victim_event),
+        )
 
     async def test_each_planted_fault_alone(self) -> None:
         """Items 2-7 planted one at a time into the real run's copy, each
