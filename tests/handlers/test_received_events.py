@@ -164,6 +164,11 @@ class ReceivedEventsTestCase(DatabaseTestCase):
         self.assertEqual(before, after)
         self.assertEqual(await self.extremities(), {join.event_id})
         self.assertEqual(dict(await self.hs.store.get_current_state_ids(self.room)), before_state)
+        # The room's state as clients read it has no topic.
+        code, _body = await self.alice.request("GET", f"/rooms/{self.room}/state/m.room.topic")
+        self.assertEqual(code, 404)
+        state = await self.alice.ok("GET", f"/rooms/{self.room}/state")
+        self.assertNotIn(topic.event_id, [e["event_id"] for e in state])
         # An event citing a rejected event as an auth event is rejected too.
         member = await self.received(
             self.pdu("m.room.message", {"body": "x", "msgtype": "m.text"}, [join.event_id],
@@ -219,6 +224,8 @@ class ReceivedEventsTestCase(DatabaseTestCase):
         )
         current = await self.hs.store.get_current_state_ids(self.room)
         self.assertEqual(current[("m.room.member", BOB)], ban)
+        member = await self.alice.ok("GET", f"/rooms/{self.room}/state/m.room.member/{BOB}")
+        self.assertEqual(member, {"membership": "ban"})
         self.assertEqual(await self.extremities(), {ban})
         messages = await self.alice.ok("GET", f"/rooms/{self.room}/messages?dir=b&limit=50")
         ids = [e["event_id"] for e in messages["chunk"]]
