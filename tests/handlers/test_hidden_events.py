@@ -22,6 +22,7 @@ class HiddenEventsTestCase(ThreeUsersTestCase):
         self.root = await self.alice.send(self.room, "the root")
         self.since = (await self.alice.sync())["next_batch"]
         ids = []
+        self.after_visible = ""
         for tag in ("visible", "rejected", "softfailed"):
             body = {
                 "msgtype": "m.text",
@@ -30,6 +31,8 @@ class HiddenEventsTestCase(ThreeUsersTestCase):
             }
             result = await self.bob.ok("PUT", f"/rooms/{self.room}/send/m.room.message/{tag}", body)
             ids.append(str(result["event_id"]))
+            if tag == "visible":
+                self.after_visible = (await self.alice.sync(since=self.since))["next_batch"]
         self.visible, self.rejected, self.soft_failed = ids
         await store.db_pool.execute(
             "test_plant_rejected",
@@ -55,6 +58,9 @@ class HiddenEventsTestCase(ThreeUsersTestCase):
     async def test_sync(self) -> None:
         self.assert_only_visible(self.timeline(await self.alice.sync()))
         self.assert_only_visible(self.timeline(await self.alice.sync(since=self.since)))
+        # Only hidden events since: the room has nothing new to show.
+        later = await self.alice.sync(since=self.after_visible)
+        self.assertNotIn(self.room, later.get("rooms", {}).get("join", {}))
 
     async def test_messages(self) -> None:
         for direction in ("b", "f"):
