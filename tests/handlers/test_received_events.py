@@ -273,3 +273,17 @@ class ReceivedEventsTestCase(DatabaseTestCase):
         with self.assertRaises(SynapseError) as second_create:
             await self.hs.handlers.events.persist_received_event(create)
         self.assertEqual(second_create.exception.code, 400)
+
+    async def test_a_late_accepted_event_branches_and_the_next_local_event_merges(self) -> None:
+        join = await self.bob_joins()
+        local = await self.alice.send(self.room, "meanwhile")
+        late = await self.received(
+            self.pdu("m.room.message", {"body": "late", "msgtype": "m.text"}, [join.event_id],
+                     self.bob_auth(join))
+        )  # fmt: skip
+        self.assertTrue(late.served)
+        self.assertEqual(await self.extremities(), {local, late.event_id})
+        merge = await self.alice.send(self.room, "both seen")
+        edges = await self.hs.store.get_event_edges([merge])
+        self.assertEqual(set(edges[merge][0]), {local, late.event_id})
+        self.assertEqual(await self.extremities(), {merge})
