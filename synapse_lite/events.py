@@ -249,6 +249,21 @@ class EventContent(_EventKind):
     prev_event_ids: tuple[str, ...] = ()
     depth: int = 1
     auth_event_ids: tuple[str, ...] = ()
+    #: A received event's outcome (docs/event-graph.md, "Rejected,
+    #: soft-failed and outliers"); a local event is none of these. Why it
+    #: was rejected (the rule it broke), else None.
+    rejected_reason: str | None = None
+    #: Allowed by its auth events and the state before it, refused against
+    #: the room's current state.
+    soft_failed: bool = False
+    #: Known without the state before it (no state groups).
+    outlier: bool = False
+
+    @property
+    def in_room(self) -> bool:
+        """Whether it belongs to the room as clients and new events see it:
+        in the current state (if state), an extremity, served."""
+        return self.rejected_reason is None and not self.soft_failed and not self.outlier
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -267,8 +282,21 @@ class Event(_EventKind):
     instance_name: str
     redacts: str | None = None
     outlier: bool = False
+    #: Refused by the authorisation rules against its auth events or the
+    #: state before it: stored, never in state or served.
+    rejected: bool = False
+    #: Refused against the room's current state only: in the graph, never
+    #: served.
+    soft_failed: bool = False
     #: The redaction that redacted this event (its content is then pruned).
     redacted_because: Event | None = attr.ib(default=None, hash=False)
+
+    @property
+    def served(self) -> bool:
+        """Whether clients may be given it (timelines, /event, /context,
+        relations, search, notifications): not rejected, soft-failed or an
+        outlier."""
+        return not (self.rejected or self.soft_failed or self.outlier)
 
     def pruned(self, room_version: RoomVersion) -> Event:
         """This event with its content pruned as a redaction prunes it (by

@@ -14,7 +14,7 @@ import logging
 from collections import ChainMap
 from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attr
 from twisted.internet import defer
@@ -43,6 +43,11 @@ from synapse_lite.handlers.event_auth import (
     server_of,
 )
 from synapse_lite.handlers.ratelimit import Ratelimiter
+from synapse_lite.handlers.received_events import (
+    received_event_content,
+    received_pdu,
+    stored_as_pdu,
+)
 from synapse_lite.replication.http.send_events import (
     SEND_EVENTS,
     EventsPersisted,
@@ -177,24 +182,6 @@ def content_as_pdu(content: EventContent) -> Pdu:
         depth=content.depth,
         origin_server_ts=content.origin_server_ts,
         redacts=content.redacts,
-    )
-
-
-def event_as_pdu(event: Event) -> Pdu:
-    """A stored event as the core's rules read it as an auth event (its own
-    edges are not needed there)."""
-    return Pdu(
-        event_id=event.event_id,
-        room_id=event.room_id,
-        type=event.type,
-        state_key=event.state_key,
-        sender=event.sender,
-        content=event.content,
-        prev_event_ids=(),
-        auth_event_ids=(),
-        depth=event.depth,
-        origin_server_ts=event.origin_server_ts,
-        redacts=event.redacts,
     )
 
 
@@ -438,6 +425,42 @@ class EventCreationHandler:
             await self._remove_guests(room_id)
         return events
 
+    async def persist_received_event(self, pdu: Mapping[str, Any], outlier: bool = False) -> Event:
+        """On the room's writer: persist an event another server sent
+        (``pdu``, server-server JSON, its format, hashes and signatures
+        already checked by the caller) with its outcome: rejected,
+        soft-failed or accepted by the spec's checks against its auth
+        events, the state before it and the current state; ``outlier``:
+        known without the state before it (its auth events checked only).
+        Holds the room's lock, like a local send. An event already stored
+        is returned as it is. Only an accepted event wakes clients."""
+        room_id = pdu.get("room_id")
+        if not isinstance(room_id, str):
+            raise SynapseError(400, "The event has no room_id", Codes.BAD_JSON)
+        async with self._locks.hold(room_id):
+            writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+            if writer is None:
+                raise NotFoundError("Unknown room")
+            if writer != self._me:
+                raise RoomMovedError(room_id)
+            version = await self._store.get_room_version(room_id)
+            event = received_pdu(version, pdu)
+            if event.room_id != room_id:
+                raise SynapseError(400, "The event is of another room", Codes.BAD_JSON)
+            stored = await self._store.get_event(event.event_id)
+            if stored is not None:
+                return stored
+            content = await received_event_content(self._store, version, event, outlier)
+            try:
+                [persisted] = await self._store.persist_events([content])
+            finally:
+                # The room's extremities may have changed in any way.
+                self._room_extremities.pop(room_id)
+        if persisted.served:
+            targets = [persisted.state_key] if persisted.membership and persisted.state_key else []
+            self._notifier.notify(users=targets, rooms=[room_id])
+        return persisted
+
     async def _authorise_with_core(
         self, room_version: RoomVersion, contents: Sequence[EventContent]
     ) -> None:
@@ -450,7 +473,7 @@ class EventCreationHandler:
         stored = await self._store.get_events(outside) if outside else {}
         try:
             authorise_placed(
-                room_version, contents, {i: event_as_pdu(e) for i, e in stored.items()}
+                room_version, contents, {i: stored_as_pdu(e) for i, e in stored.items()}
             )
         except EventAuthError as e:
             logger.warning("The room's rules refuse an event our checks allowed: %s", e)

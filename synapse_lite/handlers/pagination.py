@@ -207,7 +207,7 @@ class PaginationHandler:
             # room one is not in too (and so for an unknown room).
             raise NotFoundError("Event not found") from e
         event = await self._store.get_event(event_id)
-        if event is None or event.room_id != room_id or event.outlier:
+        if event is None or event.room_id != room_id or not event.served:
             raise NotFoundError("Event not found")
         if event.stream_ordering <= 0 or not visibility.can_see(event):
             raise NotFoundError("Event not found")

@@ -92,7 +92,7 @@ class PushRulesHandler:
         notifications = []
         for event_id, room_id, ordering, actions, _, ts in rows:
             event = events.get(event_id)
-            if event is None:
+            if event is None or not event.served:
                 continue
             notifications.append(
                 {

@@ -131,6 +131,10 @@ class RoomVisibility:
         return setting == "invited" and membership == "invite"
 
     def can_see(self, event: Event) -> bool:
+        if not event.served:
+            # Rejected, soft-failed and outlier events are no one's to see,
+            # whatever read found them (docs/event-graph.md).
+            return False
         if event.type == "m.room.member" and event.state_key == self.user_id:
             return True
         position = event.stream_ordering

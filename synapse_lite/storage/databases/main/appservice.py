@@ -11,6 +11,7 @@ from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main.events_worker import (
     EVENT_COLUMNS,
+    SERVED,
     EventsWorkerStore,
     event_from_row,
 )
@@ -119,7 +120,7 @@ class ApplicationServiceWorkerStore(EventsWorkerStore, SQLBaseStore):
         rows = await self.db_pool.select(
             "get_stream_events_between",
             f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_ordering > ?"
-            " AND stream_ordering <= ? AND NOT outlier ORDER BY stream_ordering ASC LIMIT ?",
+            f" AND stream_ordering <= ? AND {SERVED} ORDER BY stream_ordering ASC LIMIT ?",
             max(after, 0),
             upto,
             limit,

@@ -121,7 +121,7 @@ def stream_rows_of(event: Event) -> list[Any]:
     """What the events stream carries for a newly persisted event: its row,
     then its current-state row (as ``get_events_stream_updates`` reads them)."""
     rows = [event_row_of(event)]
-    if event.state_key is not None:
+    if event.state_key is not None and not (event.rejected or event.soft_failed or event.outlier):
         rows.append(
             EventsStreamCurrentStateRow(
                 room_id=event.room_id,
@@ -143,7 +143,7 @@ def event_row_of(event: Event) -> Any:
         redacts=event.redacts,
         relates_to=relation[0] if (relation := relation_of(event.content)) else None,
         membership=event.membership,
-        rejected=False,
+        rejected=event.rejected,
         outlier=bool(event.outlier),
     )
 
@@ -186,6 +186,27 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             if rows is not None:
                 return rows, current_id, False
         return await super().get_events_stream_updates(instance_name, last_id, current_id, limit)
+
+    async def get_state_ids_before_received(
+        self, room_id: str, prev_event_ids: Sequence[str]
+    ) -> dict[StateKey, str] | None:
+        """The state before an event whose parents are ``prev_event_ids``
+        (on the room's writer, about to persist it): the state after its
+        one parent, or the resolution of its parents' states (the room
+        version's algorithm, as the persist transaction will store it).
+        None when a parent is unknown or has no state (an outlier)."""
+
+        def txn_func(txn: LoggingTransaction) -> dict[StateKey, str] | None:
+            wanted = sorted(set(prev_event_ids))
+            groups = groups_of_events_txn(txn, wanted)
+            if len(groups) < len(wanted):
+                return None
+            distinct = sorted({g.id: g for g in groups.values()}.values(), key=lambda g: g.id)
+            if len(distinct) == 1:
+                return state_of_group_txn(txn, distinct[0].id)
+            return self._resolve_groups_txn(txn, room_id, distinct)[0]
+
+        return await self.db_pool.runInteraction("get_state_ids_before_received", txn_func)
 
     async def persist_events(
         self,
@@ -247,7 +268,15 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 depth=content.depth,
                 instance_name=self._instance_name,
                 redacts=content.redacts,
+                outlier=content.outlier,
+                rejected=content.rejected_reason is not None,
+                soft_failed=content.soft_failed,
             )
+            if content.rejected_reason is not None:
+                txn.execute(
+                    "INSERT INTO rejections (event_id, reason, rejected_ts) VALUES (?, ?, ?)",
+                    (content.event_id, content.rejected_reason, self.clock.time_msec()),
+                )
             if content.txn_key is not None:
                 self._record_txn_id_txn(txn, content.txn_key, event)
             txn.call_after(self._txn_keys_by_event.set, event.event_id, content.txn_key)
@@ -257,7 +286,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                     "INSERT INTO event_expiry (event_id, expiry_ts) VALUES (?, ?)",
                     (event.event_id, expiry),
                 )
-            if event.is_state:
+            # A rejected, soft-failed or outlier state event changes no
+            # current state, membership or room row (docs/event-graph.md).
+            if event.is_state and content.in_room:
                 state_changed.add(room_id)
                 if event.type == "m.room.member" and event.state_key is not None:
                     members_changed[room_id].add(event.state_key)
@@ -275,8 +306,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             if changed:
                 state_changed.add(room_id)
                 members_changed[room_id].update(k for t, k in changed if t == "m.room.member")
-        self._insert_push_actions_txn(txn, persisted, push_actions)
-        index_events_txn(txn, persisted)
+        served = [e for e in persisted if e.served]
+        self._insert_push_actions_txn(txn, served, push_actions)
+        index_events_txn(txn, served)
         # Other processes learn of state changes from this transaction's rows
         # on the events stream (no caches-stream rows needed).
         for room_id in sorted(state_changed):
@@ -328,8 +360,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         txn.execute_batch(
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
             " state_key, sender, origin_server_ts, content, redacts, membership, outlier,"
-            " instance_name, push_actions, push_highlight, state_group_before, state_group)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " instance_name, push_actions, push_highlight, state_group_before, state_group,"
+            " rejected, soft_failed)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     event.stream_ordering,
@@ -345,15 +378,18 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                     event.membership,
                     event.outlier,
                     event.instance_name,
-                    *defaults.get(event.event_id, (None, None)),
+                    *(defaults.get(event.event_id, (None, None)) if event.served else (None, None)),
                     *groups.get(event.event_id, (None, None)),
+                    event.rejected,
+                    event.soft_failed,
                 )
                 for event in events
             ],
         )
-        for event in events:
+        served = [e for e in events if e.served]
+        for event in served:
             self._update_room_row_txn(txn, event)
-        relations = [(e, r) for e in events if (r := relation_of(e.content)) is not None]
+        relations = [(e, r) for e in served if (r := relation_of(e.content)) is not None]
         if relations:
             txn.call_after(self.childless_events.related_to, [r[0] for _, r in relations])
             txn.execute_batch(
@@ -388,6 +424,10 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             "event_auth_edges (event_id, auth_id)",
             [(e.event_id, auth) for e in events for auth in e.auth_event_ids],
         )
+        # Rejected, soft-failed and outlier events have their edges but move
+        # no extremity: new local events never name them as parents, and
+        # their parents stay extremities.
+        events = [e for e in events if e.in_room]
         in_batch = {e.event_id for e in events}
         parents = {prev for e in events for prev in e.prev_event_ids}
         gone: dict[str, set[str]] = defaultdict(set)
@@ -464,6 +504,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 if (ref := in_batch[p] if p in in_batch else known.get(p)) is not None
             }
             before: GroupRef | None
+            if content.outlier:
+                # Known without the state before it: no groups.
+                in_batch[content.event_id] = None
+                result[content.event_id] = (None, None)
+                continue
             if len(parent_groups) == 1:
                 before = next(iter(parent_groups.values()))
             elif parent_groups:
@@ -479,7 +524,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             else:
                 before = None  # a create event: the empty state
             after = before
-            if content.state_key is not None:
+            # A rejected event changes no state: its state after is its state
+            # before (a soft-failed one is in the graph and its state).
+            if content.state_key is not None and content.rejected_reason is None:
                 key = (content.type, content.state_key)
 
                 after = write_state_group_txn(

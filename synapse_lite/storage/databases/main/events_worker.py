@@ -40,8 +40,16 @@ _BACKFILL_IDS = BACKFILL.ids
 
 EVENT_COLUMNS = (
     "event_id, room_id, type, state_key, sender, content, origin_server_ts,"
-    " stream_ordering, topological_ordering, instance_name, redacts, outlier"
+    " stream_ordering, topological_ordering, instance_name, redacts, outlier,"
+    " rejected, soft_failed"
 )
+
+#: The condition on ``events`` (alias ``e`` or none) of what clients may be
+#: given: not rejected, soft-failed nor an outlier (docs/event-graph.md,
+#: "Rejected, soft-failed and outliers"). Columns of the row itself: no
+#: join, no extra query.
+SERVED = "NOT outlier AND NOT rejected AND NOT soft_failed"
+SERVED_E = "NOT e.outlier AND NOT e.rejected AND NOT e.soft_failed"
 
 
 def event_from_row(row: tuple[Any, ...]) -> Event:
@@ -59,6 +67,8 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
         instance_name=row[9],
         redacts=row[10],
         outlier=bool(row[11]),
+        rejected=bool(row[12]),
+        soft_failed=bool(row[13]),
     )
 
 
@@ -264,7 +274,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             marks = ", ".join("?" for _ in chunk)
             txn.execute(
                 "SELECT redacts, event_id FROM events WHERE type = 'm.room.redaction'"
-                f" AND redacts IN ({marks}) ORDER BY stream_ordering DESC",
+                f" AND redacts IN ({marks}) AND NOT rejected AND NOT soft_failed"
+                " ORDER BY stream_ordering DESC",
                 chunk,
             )
             by_target.update({target: redaction for target, redaction in txn.fetchall()})
@@ -424,7 +435,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             txn.execute(
                 "SELECT stream_ordering, event_id, room_id, type, state_key, redacts,"
                 " membership, outlier, (SELECT er.relates_to_id FROM event_relations AS er"
-                "  WHERE er.event_id = events.event_id) FROM events"
+                "  WHERE er.event_id = events.event_id), rejected FROM events"
                 " WHERE ? < stream_ordering AND stream_ordering <= ? AND instance_name = ?"
                 " ORDER BY stream_ordering ASC LIMIT ?",
                 args,
@@ -461,7 +472,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                     redacts=r[5],
                     relates_to=r[8],
                     membership=r[6],
-                    rejected=False,
+                    rejected=bool(r[9]),
                     outlier=bool(r[7]),
                 ),
             )

@@ -158,7 +158,7 @@ class PushRulesWorkerStore(SQLBaseStore):
             " FROM events AS s JOIN local_current_membership AS m"
             "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
             f" WHERE s.room_id IN ({placeholders}) AND s.stream_ordering <= ?"
-            "  AND s.push_actions IS NOT NULL"
+            "  AND s.push_actions IS NOT NULL AND NOT s.rejected AND NOT s.soft_failed"
             "  AND s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
             + read_after.format(t="s")
             + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
@@ -217,7 +217,7 @@ class PushRulesWorkerStore(SQLBaseStore):
             " FROM events AS s JOIN local_current_membership AS m"
             "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
             " WHERE s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
-            "  AND s.push_actions IS NOT NULL"
+            "  AND s.push_actions IS NOT NULL AND NOT s.rejected AND NOT s.soft_failed"
             + extra.format(t="s").replace("s.highlight", "s.push_highlight")
             + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
             "   WHERE x.event_id = s.event_id AND x.user_id = ?)"

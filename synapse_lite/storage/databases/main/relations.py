@@ -2,7 +2,8 @@
 its room's writer): children of an event, thread summaries, edits, references.
 
 A redacted child no longer relates to anything (its ``m.relates_to`` is gone
-from what is served), so every read here leaves redacted children out.
+from what is served), so every read here leaves redacted children out, and
+rejected or soft-failed ones (docs/event-graph.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ from synapse_lite.storage.caches import LruCache
 _NOT_REDACTED = (
     "NOT EXISTS (SELECT 1 FROM events AS red WHERE red.redacts = er.event_id"
     " AND red.type = 'm.room.redaction')"
+)
+
+
+#: Leaves out relations whose child event is rejected or soft-failed (none
+#: is written for such events; this keeps every read right on its own).
+_SERVED_CHILD = (
+    "EXISTS (SELECT 1 FROM events AS child WHERE child.event_id = er.event_id"
+    " AND NOT child.rejected AND NOT child.soft_failed)"
 )
 
 
@@ -100,7 +109,8 @@ class RelationsWorkerStore(SQLBaseStore):
                 sql += clause
                 args.append(value)
         order = "DESC" if newest_first else "ASC"
-        sql += f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering {order} LIMIT ?"
+        sql += f" AND {_NOT_REDACTED} AND {_SERVED_CHILD}"
+        sql += f" ORDER BY er.stream_ordering {order} LIMIT ?"
         rows = await self.db_pool.select("get_relation_children", sql, *args, limit)
         return [(r[0], int(r[1])) for r in rows]
 
@@ -123,7 +133,7 @@ class RelationsWorkerStore(SQLBaseStore):
                 " FROM event_relations AS er"
                 f" WHERE er.relates_to_id IN ({_marks(chunk)})"
                 " AND er.relation_type IN ('m.thread', 'm.replace', 'm.reference')"
-                f" AND {_NOT_REDACTED} ORDER BY er.stream_ordering ASC",
+                f" AND {_NOT_REDACTED} AND {_SERVED_CHILD} ORDER BY er.stream_ordering ASC",
                 *chunk,
             )
             result.extend((r[0], r[1], r[2], r[3]) for r in rows)
@@ -142,6 +152,7 @@ class RelationsWorkerStore(SQLBaseStore):
             "SELECT er.relates_to_id, MAX(er.stream_ordering) AS latest"
             " FROM event_relations AS er"
             f" WHERE er.room_id = ? AND er.relation_type = 'm.thread' AND {_NOT_REDACTED}"
+            f" AND {_SERVED_CHILD}"
         )
         args: list[Any] = [room_id]
         if participant is not None:

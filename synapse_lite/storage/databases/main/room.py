@@ -10,7 +10,11 @@ from synapse_lite.events import Event
 from synapse_lite.storage._base import db_to_json
 from synapse_lite.storage.caches import cached
 from synapse_lite.storage.database import LoggingTransaction
-from synapse_lite.storage.databases.main.events_worker import EVENT_COLUMNS, event_from_row
+from synapse_lite.storage.databases.main.events_worker import (
+    EVENT_COLUMNS,
+    SERVED,
+    event_from_row,
+)
 from synapse_lite.storage.databases.main.roommember import RoomMemberWorkerStore
 from synapse_lite.tokens import RoomStreamToken
 
@@ -66,7 +70,7 @@ class RoomWorkerStore(RoomMemberWorkerStore):
             "get_history_visibility_settings",
             "SELECT stream_ordering, content FROM events"
             " WHERE room_id = ? AND type = 'm.room.history_visibility' AND state_key = ''"
-            " AND stream_ordering > 0 ORDER BY stream_ordering",
+            f" AND stream_ordering > 0 AND {SERVED} ORDER BY stream_ordering",
             room_id,
         )
         settings = []
@@ -90,7 +94,7 @@ class RoomWorkerStore(RoomMemberWorkerStore):
         rows = await self.db_pool.select(
             "get_state_at",
             f"SELECT {EVENT_COLUMNS} FROM events WHERE room_id = ? AND state_key IS NOT NULL"
-            f" AND stream_ordering > 0 AND {where} ORDER BY stream_ordering ASC",
+            f" AND stream_ordering > 0 AND {SERVED} AND {where} ORDER BY stream_ordering ASC",
             room_id,
             *args,
         )

@@ -10,6 +10,7 @@ import attr
 
 from synapse_lite.storage._base import SQLBaseStore, db_to_json
 from synapse_lite.storage.database import LoggingTransaction
+from synapse_lite.storage.databases.main.events_worker import SERVED
 from synapse_lite.tokens import RoomStreamToken
 
 #: Room ids per query (SQLite's limit on placeholders is far above).
@@ -123,14 +124,14 @@ class SlidingSyncWorkerStore(SQLBaseStore):
             latest = await self.db_pool.select(
                 "get_room_activity",
                 f"SELECT room_id, MAX(stream_ordering) FROM events WHERE room_id IN ({marks})"
-                f" AND {where} GROUP BY room_id",
+                f" AND {SERVED} AND {where} GROUP BY room_id",
                 *chunk,
                 *args,
             )
             bumps = await self.db_pool.select(
                 "get_room_bump_stamps",
                 f"SELECT room_id, MAX(stream_ordering) FROM events WHERE room_id IN ({marks})"
-                f" AND type IN ({types}) AND {where} GROUP BY room_id",
+                f" AND type IN ({types}) AND {SERVED} AND {where} GROUP BY room_id",
                 *chunk,
                 *BUMP_EVENT_TYPES,
                 *args,

@@ -14,6 +14,7 @@ from synapse_lite.storage.database import (
 )
 from synapse_lite.storage.databases.main.events_worker import (
     EVENT_COLUMNS,
+    SERVED,
     EventsWorkerStore,
     event_from_row,
 )
@@ -110,7 +111,7 @@ class StreamWorkerStore(EventsWorkerStore):
         order = "DESC" if newest_first else "ASC"
         sql = (
             f"SELECT {EVENT_COLUMNS} FROM events WHERE room_id IN ({placeholders})"
-            f" AND stream_ordering > 0 AND {where}"
+            f" AND stream_ordering > 0 AND {SERVED} AND {where}"
             f" ORDER BY stream_ordering {order} LIMIT ?"
         )
 
@@ -141,7 +142,7 @@ class StreamWorkerStore(EventsWorkerStore):
         rows = await self.db_pool.select(
             "get_membership_changes_in_rooms",
             f"SELECT state_key, membership FROM events WHERE room_id IN ({placeholders})"
-            f" AND type = 'm.room.member' AND stream_ordering > 0 AND {where}"
+            f" AND type = 'm.room.member' AND stream_ordering > 0 AND {SERVED} AND {where}"
             " ORDER BY stream_ordering ASC",
             *room_ids,
             *args,
@@ -157,7 +158,7 @@ class StreamWorkerStore(EventsWorkerStore):
         rows = await self.db_pool.select(
             "get_state_events_between",
             f"SELECT {EVENT_COLUMNS} FROM events WHERE room_id = ? AND state_key IS NOT NULL"
-            f" AND stream_ordering > 0 AND {where} ORDER BY stream_ordering ASC",
+            f" AND stream_ordering > 0 AND {SERVED} AND {where} ORDER BY stream_ordering ASC",
             room_id,
             *args,
         )
