@@ -4,7 +4,11 @@
 * ``federation``: ``PUT /_matrix/federation/v1/send/{txnId}``,
   ``GET /_matrix/federation/v1/version`` and
   ``GET /_matrix/federation/v1/openid/userinfo`` (answered for a valid OpenID
-  token alone, as the spec says: the caller is any third party, not a server).
+  token alone, as the spec says: the caller is any third party, not a server);
+  our rooms (``handlers/federation_rooms.py``): ``GET /event``, ``/state``,
+  ``/state_ids``, ``/event_auth``, ``/backfill``, ``POST
+  /get_missing_events``, ``GET /make_join``, ``/make_leave`` and ``PUT
+  /v2/send_join``, ``/v2/send_leave``.
 
 Every federation request must carry a valid ``X-Matrix`` signature of its
 origin addressed to us; anything else is answered ``401 M_UNAUTHORIZED``,
@@ -203,6 +207,14 @@ def _register_room_servlets(
         origin = await origin_of(request, body)
         return 200, await rooms.on_send_join(origin, room_id, event_id, body)
 
+    async def on_make_leave(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
+        return 200, await rooms.on_make_leave(await origin_of(request), room_id, user_id)
+
+    async def on_send_leave(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request)
+        origin = await origin_of(request, body)
+        return 200, await rooms.on_send_leave(origin, room_id, event_id, body)
+
     v1, v2 = FEDERATION_PREFIX, FEDERATION_V2_PREFIX
     for method, path, callback, name in (
         ("GET", f"{v1}/event/{event}", on_event, "event"),
@@ -213,5 +225,7 @@ def _register_room_servlets(
         ("POST", f"{v1}/get_missing_events/{room}", on_get_missing_events, "get_missing_events"),
         ("GET", f"{v1}/make_join/{room}/(?P<user_id>[^/]+)", on_make_join, "make_join"),
         ("PUT", f"{v2}/send_join/{room}/{event}", on_send_join, "send_join"),
+        ("GET", f"{v1}/make_leave/{room}/(?P<user_id>[^/]+)", on_make_leave, "make_leave"),
+        ("PUT", f"{v2}/send_leave/{room}/{event}", on_send_leave, "send_leave"),
     ):
         resource.register_paths(method, path, callback, f"federation.{name}")

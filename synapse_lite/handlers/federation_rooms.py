@@ -49,6 +49,7 @@ from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
 from synapse_lite.events import EventContent, event_canonical_json
 from synapse_lite.federation.crypto import CanonicalJsonError, SigningKey
 from synapse_lite.federation.keyring import KeyLookupError
+from synapse_lite.federation.server_acl import server_allowed
 from synapse_lite.handlers.filtering import EventFormat
 from synapse_lite.handlers.message import event_as_pdu
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT, ReceivedEvent
@@ -187,10 +188,19 @@ class FederationRoomsHandler:
             raise NotFoundError("Unknown room", Codes.NOT_FOUND)
         return await self._store.get_room_version(room_id)
 
+    async def check_server_acl(self, origin: str, room_id: str) -> None:
+        """403 when the room's ``m.room.server_acl`` denies ``origin``."""
+        acl_id = (await self._store.get_current_state_ids(room_id)).get(("m.room.server_acl", ""))
+        acl = await self._store.get_event(acl_id) if acl_id is not None else None
+        if acl is not None and not server_allowed(acl.content, origin):
+            raise AuthError(403, f"{origin} is denied by the room's server ACL")
+
     async def check_server_may_read(self, origin: str, room_id: str) -> None:
-        """404 for a room we do not have; 403 unless ``origin`` has a user
-        joined to it now or the room is ``world_readable``."""
+        """404 for a room we do not have; 403 when its server ACL denies
+        ``origin``, or unless ``origin`` has a user joined to it now or the
+        room is ``world_readable``."""
         await self._room_version(room_id)
+        await self.check_server_acl(origin, room_id)
         members = await self._store.get_users_in_room(room_id)
         if any(server_of(m) == origin for m in members):
             return
@@ -351,12 +361,27 @@ class FederationRoomsHandler:
         room's rules would refuse it now, 400
         ``M_INCOMPATIBLE_ROOM_VERSION`` when the room's version is not
         among ``versions`` (``["1"]`` when none is given, as the spec says)."""
+        return await self._make_membership(origin, room_id, user_id, "join", versions or ["1"])
+
+    async def on_make_leave(self, origin: str, room_id: str, user_id: str) -> dict[str, Any]:
+        """``GET /make_leave/{roomId}/{userId}``: as ``make_join``, a leave."""
+        return await self._make_membership(origin, room_id, user_id, "leave", None)
+
+    async def _make_membership(
+        self,
+        origin: str,
+        room_id: str,
+        user_id: str,
+        membership: str,
+        versions: list[str] | None,
+    ) -> dict[str, Any]:
         if not is_valid_user_id(user_id):
             raise _bad(f"{user_id!r} is not a user id", Codes.INVALID_PARAM)
         if server_of(user_id) != origin:
             raise AuthError(403, f"{user_id} is not a user of {origin}")
         version = await self._room_version(room_id)
-        if version.identifier not in (versions or ["1"]):
+        await self.check_server_acl(origin, room_id)
+        if versions is not None and version.identifier not in versions:
             raise SynapseError(
                 400,
                 f"This room's version is {version.identifier}, which your server does not support",
@@ -371,7 +396,7 @@ class FederationRoomsHandler:
             "type": "m.room.member",
             "state_key": user_id,
             "sender": user_id,
-            "content": {"membership": "join"},
+            "content": {"membership": membership},
             "origin_server_ts": self._clock.time_msec(),
             "depth": depth_of_new_event(extremities[p] for p in prevs),
         }
@@ -380,7 +405,7 @@ class FederationRoomsHandler:
         try:
             await check_rules(self._store, version, probe, state_ids, auth_ids)
         except EventAuthError as e:
-            raise AuthError(403, f"The room's rules refuse this join: {e.reason}") from e
+            raise AuthError(403, f"The room's rules refuse this {membership}: {e.reason}") from e
         if version.event_ids is EventIdFormat.SERVER_SUFFIXED:
             template["prev_events"] = [[e, {}] for e in prevs]
             template["auth_events"] = [[e, {}] for e in auth_ids]
@@ -396,15 +421,7 @@ class FederationRoomsHandler:
         join ``origin`` signed; answer the state before it, that state's
         auth chain, the event countersigned by us and the servers in the
         room."""
-        version = await self._room_version(room_id)
-        event = await self._check_received_join(origin, room_id, event_id, version, pdu)
-        writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
-        if writer is None:
-            raise NotFoundError("Unknown room", Codes.NOT_FOUND)
-        await self._store.store_received_pdu(event_id, room_id, origin, pdu)
-        await self._calls.call(
-            PERSIST_RECEIVED_EVENT, ReceivedEvent(room_id, origin, pdu), instance=writer
-        )
+        version, event = await self._persist_membership(origin, room_id, event_id, pdu, "join")
         state = await self._store.get_state_ids_before_event(event.event_id)
         state_ids = sorted((state or {}).values())
         chain = await self._store.get_auth_chain_ids([*state_ids, event.event_id])
@@ -419,14 +436,48 @@ class FederationRoomsHandler:
             "servers_in_room": sorted({server_of(m) for m in members} | {self._server_name}),
         }
 
-    async def _check_received_join(
-        self, origin: str, room_id: str, event_id: str, version: RoomVersion, pdu: Any
+    async def on_send_leave(
+        self, origin: str, room_id: str, event_id: str, pdu: Any
+    ) -> dict[str, Any]:
+        """``PUT /v2/send_leave/{roomId}/{eventId}``: check and persist a
+        leave ``origin`` signed; answers ``{}``."""
+        await self._persist_membership(origin, room_id, event_id, pdu, "leave")
+        return {}
+
+    async def _persist_membership(
+        self, origin: str, room_id: str, event_id: str, pdu: Any, membership: str
+    ) -> tuple[RoomVersion, Pdu]:
+        """Check a signed ``membership`` event and have the room's writer
+        persist it (its rules checked there)."""
+        version = await self._room_version(room_id)
+        await self.check_server_acl(origin, room_id)
+        event = await self._check_received_membership(
+            origin, room_id, event_id, version, pdu, membership
+        )
+        writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+        if writer is None:
+            raise NotFoundError("Unknown room", Codes.NOT_FOUND)
+        await self._store.store_received_pdu(event_id, room_id, origin, pdu)
+        await self._calls.call(
+            PERSIST_RECEIVED_EVENT, ReceivedEvent(room_id, origin, pdu), instance=writer
+        )
+        return version, event
+
+    async def _check_received_membership(
+        self,
+        origin: str,
+        room_id: str,
+        event_id: str,
+        version: RoomVersion,
+        pdu: Any,
+        membership: str,
     ) -> Pdu:
-        """The join ``origin`` sent, checked as far as it can be without
-        the room's state: 400 for a malformed event, one whose id is not
-        ``event_id``, of another room, not a join of its sender, or whose
-        content hash does not match; 403 for a user of another server than
-        ``origin`` or a missing or bad signature."""
+        """The ``membership`` event (join, leave) ``origin`` sent,
+        checked as far as it can be without the room's state: 400 for a
+        malformed event, one whose id is not ``event_id``, of another room,
+        not that membership of its sender, or whose content hash does not
+        match; 403 for a user of another server than ``origin`` or a missing
+        or bad signature."""
         if not isinstance(pdu, dict):
             raise _bad("The event must be an object")
         try:
@@ -448,10 +499,10 @@ class FederationRoomsHandler:
             raise _bad("The event is for another room", Codes.INVALID_PARAM)
         if not (
             event.type == "m.room.member"
-            and event.membership == "join"
+            and event.membership == membership
             and event.state_key == event.sender
         ):
-            raise _bad("The event is not a join of its sender")
+            raise _bad(f"The event is not a {membership} of its sender")
         if not is_valid_user_id(event.sender):
             raise _bad("The event's sender is not a user id")
         if server_of(event.sender) != origin:

@@ -308,3 +308,54 @@ class FederationRoomsTestCase(unittest.TestCase):
             {"latest_events": "not a list"},
         )
         self.assertEqual(code, 400, answer)
+
+    async def join_carol(self, room_id: str) -> RoomVersion:
+        code, made = await self.make_join(room_id)
+        self.assertEqual(code, 200, made)
+        version = KNOWN_ROOM_VERSIONS[made["room_version"]]
+        code, answer = await self.send_join(
+            room_id, self.signed_join(made["event"], version), version
+        )
+        self.assertEqual(code, 200, answer)
+        return version
+
+    async def test_remote_user_leaves(self) -> None:
+        alice, room_id = await self.room()
+        version = await self.join_carol(room_id)
+        path = f"/_matrix/federation/v1/make_leave/{q(room_id)}/{q(CAROL)}"
+        code, made = await self.federation("GET", path)
+        self.assertEqual(code, 200, made)
+        self.assertEqual(made["event"]["content"], {"membership": "leave"})
+        leave = sign_event(version, {**made["event"], "origin": "a.test"}, "a.test", self.a_key)
+
+        # A join sent to send_leave is not a leave.
+        code, join = await self.make_join(room_id)
+        wrong = self.signed_join(join["event"], version)
+        leave_path = "/_matrix/federation/v2/send_leave/{}/{}"
+        code, answer = await self.federation(
+            "PUT", leave_path.format(q(room_id), q(event_id_of(version, wrong))), wrong
+        )
+        self.assertEqual((code, answer["errcode"]), (400, "M_BAD_JSON"), answer)
+        self.assertEqual(await self.members(alice, room_id), {alice.user_id, CAROL})
+
+        code, answer = await self.federation(
+            "PUT", leave_path.format(q(room_id), q(event_id_of(version, leave))), leave
+        )
+        self.assertEqual((code, answer), (200, {}))
+        self.assertEqual(await self.members(alice, room_id), {alice.user_id})
+
+    async def test_server_acl_denies_joining_and_reading(self) -> None:
+        alice, room_id = await self.room()
+        await self.join_carol(room_id)
+        await alice.ok(
+            "PUT",
+            f"/rooms/{q(room_id)}/state/m.room.server_acl",
+            {"allow": ["*"], "deny": ["a.*"], "allow_ip_literals": False},
+        )
+        code, answer = await self.make_join(room_id)
+        self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"), answer)
+        self.assertIn("server ACL", answer["error"])
+        state = await alice.ok("GET", f"/rooms/{q(room_id)}/state")
+        create_id = next(e["event_id"] for e in state if e["type"] == "m.room.create")
+        code, answer = await self.federation("GET", f"/_matrix/federation/v1/event/{q(create_id)}")
+        self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"), answer)
