@@ -46,12 +46,13 @@ from synapse_lite.event_graph.hashing import (
     verify_event_signature,
 )
 from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
-from synapse_lite.events import EventContent, event_canonical_json
+from synapse_lite.events import EventContent, event_canonical_json, pruned_event
 from synapse_lite.federation.crypto import CanonicalJsonError, SigningKey
 from synapse_lite.federation.keyring import KeyLookupError
 from synapse_lite.federation.server_acl import server_allowed
 from synapse_lite.handlers.filtering import EventFormat
 from synapse_lite.handlers.message import event_as_pdu
+from synapse_lite.handlers.visibility import load_room_visibility
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT, ReceivedEvent
 from synapse_lite.replication.http.send_events import EventsPersisted
 
@@ -71,6 +72,8 @@ MAX_BACKFILL = 100
 MAX_MISSING_EVENTS = 20
 #: Most event ids ``/backfill``'s ``v`` or a ``get_missing_events`` list may name.
 MAX_START_EVENTS = 50
+#: The users of one server whose views decide what it sees (the first by id).
+MAX_VIEWING_USERS = 100
 #: The spec's largest PDU: 65,536 bytes of canonical JSON.
 MAX_PDU_BYTES = 65_536
 INCOMPATIBLE_ROOM_VERSION = "M_INCOMPATIBLE_ROOM_VERSION"
@@ -223,6 +226,10 @@ class FederationRoomsHandler:
         """The events found among ``event_ids`` in the server-server form,
         in the order given: other servers' as they sent them (without
         ``unsigned``), ours rendered and signed."""
+        by_id = await self._pdus_by_id(event_ids)
+        return [by_id[e] for e in event_ids if e in by_id]
+
+    async def _pdus_by_id(self, event_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         ids = list(dict.fromkeys(event_ids))
         received = await self._store.get_received_pdus(ids)
         local_ids = [e for e in ids if e not in received]
@@ -234,7 +241,37 @@ class FederationRoomsHandler:
         by_id: dict[str, dict[str, Any]] = {pdu["event_id"]: pdu for pdu in rendered}
         for event_id, pdu in received.items():
             by_id[event_id] = {k: v for k, v in pdu.items() if k != "unsigned"}
-        return [by_id[e] for e in ids if e in by_id]
+        return by_id
+
+    async def pdus_seen_by(
+        self, origin: str, room_id: str, event_ids: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """:meth:`pdus`, each event the history visibility at it hides from
+        ``origin`` served redacted (the spec's server behaviour: the graph
+        stays whole, the content is gone; the signatures, over the redacted
+        form, still verify). A server sees an event when one of its users
+        with a membership in the room would (handlers/visibility.py, the
+        rules clients get), or when it is ``world_readable``."""
+        users = sorted(
+            key[1]
+            for key in await self._store.get_current_state_ids(room_id)
+            if key[0] == "m.room.member" and server_of(key[1]) == origin
+        )[:MAX_VIEWING_USERS]
+        # Nobody's view: what anyone sees (world_readable events).
+        views = [await load_room_visibility(self._store, u, room_id) for u in ["", *users]]
+        events = await self._store.get_events(list(event_ids))
+        hidden = {
+            event_id
+            for event_id, event in events.items()
+            if not any(view.can_see(event) for view in views)
+        }
+        by_id = await self._pdus_by_id(event_ids)
+        version = await self._store.get_room_version(room_id)
+        return [
+            pruned_event(version, by_id[e]) if e in hidden else by_id[e]
+            for e in event_ids
+            if e in by_id
+        ]
 
     def _transaction(self, pdus: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -249,7 +286,7 @@ class FederationRoomsHandler:
         if event is None:
             raise NotFoundError("Unknown event", Codes.NOT_FOUND)
         await self.check_server_may_read(origin, event.room_id)
-        return self._transaction(await self.pdus([event_id]))
+        return self._transaction(await self.pdus_seen_by(origin, event.room_id, [event_id]))
 
     async def _state_before(self, origin: str, room_id: str, event_id: str) -> list[str]:
         await self.check_server_may_read(origin, room_id)
@@ -324,7 +361,7 @@ class FederationRoomsHandler:
         count = _limit(limit, 10, MAX_BACKFILL)
         await self.check_server_may_read(origin, room_id)
         found = await self._walk_back(room_id, starts, count, include_start=True)
-        return self._transaction(await self.pdus(found))
+        return self._transaction(await self.pdus_seen_by(origin, room_id, found))
 
     async def on_get_missing_events(
         self, origin: str, room_id: str, body: dict[str, Any]
@@ -348,7 +385,7 @@ class FederationRoomsHandler:
             stop=frozenset(earliest),
             min_depth=min_depth,
         )
-        return {"events": list(reversed(await self.pdus(found)))}
+        return {"events": list(reversed(await self.pdus_seen_by(origin, room_id, found)))}
 
     # Joining
 
