@@ -74,6 +74,10 @@ MAX_MISSING_EVENTS = 20
 MAX_START_EVENTS = 50
 #: The users of one server whose views decide what it sees (the first by id).
 MAX_VIEWING_USERS = 100
+#: The most ``prev_events`` and ``auth_events`` a received event may name
+#: (the spec's limits for PDUs).
+MAX_PREV_EVENTS = 20
+MAX_AUTH_EVENTS = 10
 #: The spec's largest PDU: 65,536 bytes of canonical JSON.
 MAX_PDU_BYTES = 65_536
 INCOMPATIBLE_ROOM_VERSION = "M_INCOMPATIBLE_ROOM_VERSION"
@@ -495,9 +499,17 @@ class FederationRoomsHandler:
         if writer is None:
             raise NotFoundError("Unknown room", Codes.NOT_FOUND)
         await self._store.store_received_pdu(event_id, room_id, origin, pdu)
-        await self._calls.call(
-            PERSIST_RECEIVED_EVENT, ReceivedEvent(room_id, origin, pdu), instance=writer
-        )
+        try:
+            await self._calls.call(
+                PERSIST_RECEIVED_EVENT, ReceivedEvent(room_id, origin, pdu), instance=writer
+            )
+        except SynapseError as e:
+            # Refused by the writer (its rules, unknown parents): keep no
+            # copy of an event we do not have. Not after a 5xx, where the
+            # writer may have persisted it before failing to answer.
+            if e.code < 500 and await self._store.get_event(event_id) is None:
+                await self._store.delete_received_pdu(event_id)
+            raise
         return version, event
 
     async def _check_received_membership(
@@ -534,6 +546,10 @@ class FederationRoomsHandler:
             raise _bad(f"The event is malformed: {e}") from None
         if event.room_id != room_id:
             raise _bad("The event is for another room", Codes.INVALID_PARAM)
+        if not 0 < len(event.prev_event_ids) <= MAX_PREV_EVENTS:
+            raise _bad(f"An event names 1 to {MAX_PREV_EVENTS} prev_events")
+        if len(event.auth_event_ids) > MAX_AUTH_EVENTS:
+            raise _bad(f"An event names at most {MAX_AUTH_EVENTS} auth_events")
         if not (
             event.type == "m.room.member"
             and event.membership == membership
@@ -591,6 +607,7 @@ class ReceivedEventsWriter:
         content = pdu_as_content(event)
 
         async def check(state_ids: Mapping[StateKey, str]) -> None:
+            await self._check_parents(event)
             try:
                 await check_rules(self._store, version, event, state_ids, event.auth_event_ids)
             except EventAuthError as e:
@@ -606,3 +623,16 @@ class ReceivedEventsWriter:
             request.origin,
         )
         return EventsPersisted([(persisted.event_id, persisted.stream_ordering)])
+
+    async def _check_parents(self, event: Pdu) -> None:
+        """400 unless every ``prev_events`` entry is an event of the room we
+        have in the graph: a received event is placed on events we know
+        (fetching missing ones is the inbound ``/send`` path's, not built)."""
+        parents = await self._store.get_events(list(event.prev_event_ids))
+        unknown = [
+            p
+            for p in event.prev_event_ids
+            if p not in parents or parents[p].room_id != event.room_id or parents[p].outlier
+        ]
+        if unknown:
+            raise _bad(f"The event's prev_events are unknown here: {unknown}", Codes.INVALID_PARAM)

@@ -383,3 +383,26 @@ class FederationRoomsTestCase(unittest.TestCase):
         self.assertFalse(content_hash_matches(version, by_id[secret]))
         code, served = await self.federation("GET", f"/_matrix/federation/v1/event/{q(secret)}")
         self.assertEqual((code, served["pdus"][0]["content"]), (200, {}))
+
+    async def test_writer_refuses_unknown_parents_and_a_ban_since_make_join(self) -> None:
+        alice, room_id = await self.room()
+        code, made = await self.make_join(room_id)
+        self.assertEqual(code, 200, made)
+        version = KNOWN_ROOM_VERSIONS[made["room_version"]]
+        store = self.b["main"].store
+
+        orphan = self.signed_join({**made["event"], "prev_events": ["$nowhere"]}, version)
+        code, answer = await self.send_join(room_id, orphan, version)
+        self.assertEqual((code, answer["errcode"]), (400, "M_INVALID_PARAM"), answer)
+        self.assertIn("prev_events", answer["error"])
+        self.assertEqual(await store.get_received_pdus([event_id_of(version, orphan)]), {})
+
+        # Banned between make_join and send_join: the writer checks the
+        # join against the room's current state and refuses it.
+        join = self.signed_join(made["event"], version)
+        await alice.ok("POST", f"/rooms/{q(room_id)}/ban", {"user_id": CAROL})
+        code, answer = await self.send_join(room_id, join, version)
+        self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"), answer)
+        self.assertEqual(await store.get_received_pdus([event_id_of(version, join)]), {})
+        self.assertIsNone(await store.get_event(event_id_of(version, join)))
+        self.assertEqual(await self.members(alice, room_id), {alice.user_id})

@@ -27,6 +27,12 @@ class ReceivedPdusWorkerStore(SQLBaseStore):
             json_encoder(pdu),
         )
 
+    async def delete_received_pdu(self, event_id: str) -> None:
+        """Forget a received event that was refused."""
+        await self.db_pool.execute(
+            "delete_received_pdu", "DELETE FROM received_pdus WHERE event_id = ?", event_id
+        )
+
     async def get_received_pdus(self, event_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The received form of those of ``event_ids`` other servers sent."""
         found: dict[str, dict[str, Any]] = {}
