@@ -107,7 +107,8 @@ class FederationRoomsTestCase(unittest.TestCase):
 
     async def room(self, **body: Any) -> tuple[ClientApi, str]:
         url = self.b["main"].config.instance_map["main"].base_url
-        alice = await ClientApi(self, url).register("alice")
+        self.alices = getattr(self, "alices", 0) + 1
+        alice = await ClientApi(self, url).register(f"alice{self.alices}")
         room_id = await alice.create_room(**{"preset": "public_chat", **body})
         await alice.send(room_id, "before carol")
         return alice, room_id
@@ -406,3 +407,29 @@ class FederationRoomsTestCase(unittest.TestCase):
         self.assertEqual(await store.get_received_pdus([event_id_of(version, join)]), {})
         self.assertIsNone(await store.get_event(event_id_of(version, join)))
         self.assertEqual(await self.members(alice, room_id), {alice.user_id})
+
+    async def test_join_in_room_versions_1_and_3(self) -> None:
+        # 1: server-suffixed ids, [id, hashes] references, the event id's
+        # server signs; 3: reference-hash ids in standard base64 ('/' and
+        # '+' in paths).
+        for room_version in ("1", "3"):
+            alice, room_id = await self.room(room_version=room_version)
+            path = f"/_matrix/federation/v1/make_join/{q(room_id)}/{q(CAROL)}?ver={room_version}"
+            code, made = await self.federation("GET", path)
+            self.assertEqual(code, 200, made)
+            self.assertEqual(made["room_version"], room_version)
+            version = KNOWN_ROOM_VERSIONS[room_version]
+            join = self.signed_join(made["event"], version)
+            code, answer = await self.send_join(room_id, join, version)
+            self.assertEqual(code, 200, answer)
+            for pdu in answer["state"] + answer["auth_chain"]:
+                self.check_served(version, pdu)
+            self.assertEqual(await self.members(alice, room_id), {alice.user_id, CAROL})
+            join_id = event_id_of(version, join)
+            code, served = await self.federation(
+                "GET", f"/_matrix/federation/v1/event/{q(join_id)}"
+            )
+            self.assertEqual(code, 200, served)
+            self.assertEqual(
+                served["pdus"][0]["signatures"]["a.test"], join["signatures"]["a.test"]
+            )
