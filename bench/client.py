@@ -165,6 +165,7 @@ async def measure_paths(
     return {
         "sent": throughput.sent_per_second,
         "delivered": throughput.delivered_per_second,
+        "syncs": throughput.syncs,
         "send_p50": percentile(throughput.latencies_ms, 0.5),
         "send_p99": percentile(throughput.latencies_ms, 0.99),
         "wakeup_p50": percentile(wakeup, 0.5),
@@ -216,6 +217,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool
         lambda v: v >= TARGET_THROUGHPUT,
         "",
     )
+    row("/sync requests (sends)", "syncs", "{:d}", "", None, "")
     row("send latency p50 ms", "send_p50", "{:.1f}", "", None, "")
     row("send latency p99 ms", "send_p99", "{:.1f}", "", None, "")
     row(
@@ -328,31 +330,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline",
         metavar="DIR",
-        help="a checkout of other code (e.g. `git archive main`): each layout runs with it"
-        " right after this code's run, columns '@baseline', and the ratios are printed",
+        action="append",
+        default=[],
+        help="a checkout of other code (e.g. `git worktree add DIR REV`): each layout runs with"
+        " it right after this code's run, columns '@baseline' ('@baseline2', ... for a second"
+        " --baseline), and the ratios are printed",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of every source per layout, alternating (every other round in reverse"
+        " order); columns get '#1', '#2', ...",
     )
     args = parser.parse_args(argv)
     results: dict[str, dict[str, Any]] = {}
     sources: list[tuple[str | None, str]] = [(None, "")]
-    if args.baseline:
-        sources.append((os.path.abspath(args.baseline), BASELINE))
+    for i, baseline in enumerate(args.baseline):
+        sources.append((os.path.abspath(baseline), BASELINE + (str(i + 1) if i else "")))
     for layout in args.layouts.split(","):
-        for source, suffix in sources:
-            cluster = Cluster(layout, args.engine)
-            if source is not None:
-                cluster.source_root = source
-            started = time.monotonic()
-            try:
-                cluster.start()
-                took = time.monotonic() - started
-                print(f"{layout}{suffix}: started in {took:.1f} s ({cluster.dir})")
-                columns = asyncio.run(run_layout(cluster, args))
-                results.update({name + suffix: value for name, value in columns.items()})
-            finally:
-                cluster.stop(keep=args.keep)
+        for run in range(args.repeat):
+            tag = f"#{run + 1}" if args.repeat > 1 else ""
+            for source, suffix in sources if run % 2 == 0 else list(reversed(sources)):
+                cluster = Cluster(layout, args.engine)
+                if source is not None:
+                    cluster.source_root = source
+                started = time.monotonic()
+                try:
+                    cluster.start()
+                    took = time.monotonic() - started
+                    print(f"{layout}{suffix}{tag}: started in {took:.1f} s ({cluster.dir})")
+                    columns = asyncio.run(run_layout(cluster, args))
+                    results.update({name + suffix + tag: value for name, value in columns.items()})
+                finally:
+                    cluster.stop(keep=args.keep)
     ok = report(results, args)
     if args.baseline:
-        print_ratios(results)
+        print_ratios(results, [suffix for _, suffix in sources[1:]])
     return 0 if ok else 1
 
 
@@ -360,18 +374,29 @@ def main(argv: list[str] | None = None) -> int:
 BASELINE = "@baseline"
 
 
-def print_ratios(results: dict[str, dict[str, Any]]) -> None:
-    """This code's send figures over the baseline's, measured in the same run."""
+def print_ratios(results: dict[str, dict[str, Any]], suffixes: list[str]) -> None:
+    """This code's figures over each baseline's, measured in the same run
+    (per round with ``--repeat``)."""
     print()
     for name, ours in results.items():
-        theirs = results.get(name + BASELINE)
-        if theirs is None:
+        if "@" in name:
             continue
-        sent, delivered = (ours[k] / theirs[k] for k in ("sent", "delivered"))
-        print(
-            f"{name}: this / baseline events/s sent {sent:.2f}, delivered {delivered:.2f};"
-            f" send p50 {ours['send_p50']:.1f} / {theirs['send_p50']:.1f} ms"
-        )
+        column, _, tag = name.partition("#")
+        for suffix in suffixes:
+            theirs = results.get(column + suffix + ("#" + tag if tag else ""))
+            if theirs is None:
+                continue
+            sent, delivered, wakeup, initial = (
+                ours[k] / theirs[k] for k in ("sent", "delivered", "wakeup_p50", "initial_ms")
+            )
+            cpu = sum(ours["cpu"].values()) / max(sum(theirs["cpu"].values()), 1e-9)
+            print(
+                f"{name} / {suffix[1:]}: events/s sent {sent:.2f}, delivered {delivered:.2f};"
+                f" /sync wake-up p50 {wakeup:.2f} ({ours['wakeup_p50']:.1f} /"
+                f" {theirs['wakeup_p50']:.1f} ms); initial /sync {initial:.2f}; CPU s of the"
+                f" throughput run {cpu:.2f}; send p50 {ours['send_p50']:.1f} /"
+                f" {theirs['send_p50']:.1f} ms"
+            )
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ async def _measure(hs: Any, args: argparse.Namespace, reactor: Any) -> None:
     per_event_ms = push.cpu_seconds / evaluated_events * 1000
     per_member_us = push.cpu_seconds / max(push.evaluations, 1) * 1e6
     print(
-        f"evaluation CPU: {per_event_ms:.2f} ms per event, {per_member_us:.2f} us per member"
+        f"evaluation time: {per_event_ms:.2f} ms per event, {per_member_us:.2f} us per member"
         f" ({push.evaluations} member evaluations)"
     )
     summaries = await hs.store.db_pool.select(

@@ -125,6 +125,8 @@ class ThroughputResult:
     sent_per_second: float
     delivered_per_second: float
     latencies_ms: list[float]
+    #: /sync requests the users' long polls made until every message was seen.
+    syncs: int = 0
 
 
 async def measure_throughput(
@@ -147,6 +149,7 @@ async def measure_throughput(
     seen: dict[str, dict[str, float]] = {p.user_id: {} for p in people}
     latencies: list[float] = []
     counter = itertools.count()
+    syncs = 0
 
     async def sender(index: int) -> None:
         user = people[index % len(people)]
@@ -159,9 +162,11 @@ async def measure_throughput(
             latencies.append((time.perf_counter() - start) * 1000)
 
     async def syncer(user: User) -> None:
+        nonlocal syncs
         since = starts[user.user_id]
         while True:
             result = await client.sync(sync_base, user, since, 5_000)
+            syncs += 1
             now = time.perf_counter()
             since = result["next_batch"]
             for event_id in event_ids(result):
@@ -183,7 +188,7 @@ async def measure_throughput(
     for task in syncers:
         task.cancel()
     delivered_elapsed = max(seen[p.user_id][e] for p in people for e in expected) - start
-    return ThroughputResult(messages / sent_elapsed, messages / delivered_elapsed, latencies)
+    return ThroughputResult(messages / sent_elapsed, messages / delivered_elapsed, latencies, syncs)
 
 
 async def measure_wakeup(

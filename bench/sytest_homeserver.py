@@ -123,9 +123,10 @@ def add_https_front(config: dict[str, Any], front: HttpsFront, sytest_dir: str) 
     else:
         raise ValueError("without a router the client and federation ports are one")
     dict(_listeners(config))[federation_process].append(federation_listener)
-    config.setdefault("federation", {})["extra_ca_paths"] = [
-        os.path.join(sytest_dir, "keys", "ca.crt")
-    ]
+    federation = config.setdefault("federation", {})
+    federation["extra_ca_paths"] = [os.path.join(sytest_dir, "keys", "ca.crt")]
+    # SyTest's federation peer and the other homeservers are on this host.
+    federation["ip_range_allowlist"] = ["127.0.0.0/8", "::1/128"]
 
 
 def _listeners(config: dict[str, Any]) -> Iterator[tuple[str, list[dict[str, Any]]]]:

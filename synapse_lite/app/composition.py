@@ -70,11 +70,13 @@ from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
-from synapse_lite.federation.server import register_federation_servlets
+from synapse_lite.federation.server import register_federation_servlets, well_known_resource
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
 from synapse_lite.handlers.admin import AdminHandler
+from synapse_lite.handlers.admin_media import AdminMediaHandler
 from synapse_lite.handlers.admin_reports import AdminReportsHandler
+from synapse_lite.handlers.admin_room_tools import AdminRoomToolsHandler
 from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
 from synapse_lite.handlers.admin_users import AdminUsersHandler
 from synapse_lite.handlers.auth import AuthHandler
@@ -95,10 +97,12 @@ from synapse_lite.handlers.presence import (
     PresenceHandlerBase,
 )
 from synapse_lite.handlers.profile import ProfileHandler
+from synapse_lite.handlers.purge_history import PurgeHistoryHandler
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
 from synapse_lite.handlers.register import RegistrationHandler
+from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
 from synapse_lite.handlers.relations import RelationsHandler
 from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.revocation import CACHES_APPLIED, RevocationBarrier
@@ -108,6 +112,7 @@ from synapse_lite.handlers.room_keys import RoomKeysHandler
 from synapse_lite.handlers.room_member import RoomMemberHandler
 from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomUserState
 from synapse_lite.handlers.search import SearchHandler
+from synapse_lite.handlers.server_notices import ServerNoticesHandler
 from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.sync_sections.builtin import BuiltInSections
@@ -555,6 +560,7 @@ def _handlers(
     )
     e2e_keys = E2eKeysHandler(store, calls, config, notifier)
     ui_auth = InteractiveAuthHandler(store, clock, config)
+    registration_tokens = RegistrationTokensHandler(store, clock)
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
@@ -606,12 +612,19 @@ def _handlers(
     )
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
+    purge_history = PurgeHistoryHandler(store, server_name)
     admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
-    profiles = ProfileHandler(store, clock, server_name, events, app_service_queries)
+    profiles = ProfileHandler(
+        store, clock, server_name, events, app_service_queries, federation.queries
+    )
+    admin_users = AdminUsersHandler(store, server_name, devices, account, profiles, members)
     client = ClientHandlers(
         clock=clock,
         auth=auth,
-        registration=RegistrationHandler(store, clock, config, devices, ui_auth),
+        registration=RegistrationHandler(
+            store, clock, config, devices, ui_auth, registration_tokens
+        ),
+        registration_tokens=registration_tokens,
         login=LoginHandler(store, clock, config, devices),
         devices=devices,
         filtering=FilteringHandler(store),
@@ -651,15 +664,31 @@ def _handlers(
         account=account,
         reports=ReportsHandler(store, server_name),
         admin=AdminHandler(store, auth),
-        admin_users=AdminUsersHandler(store, server_name, devices, account, profiles, members),
+        admin_users=admin_users,
+        admin_media=AdminMediaHandler(
+            store, server_name, admin_users, calls, config.media_instance
+        ),
+        server_notices=ServerNoticesHandler(
+            store,
+            server_name,
+            config.server_notices,
+            room_creation,
+            events,
+            account_data,
+            profiles,
+        ),
         admin_rooms=admin_rooms,
+        admin_room_tools=AdminRoomToolsHandler(store, server_name, events, members),
         admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),
         room_deletion=room_deletion,
+        purge_history=purge_history,
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
         profiles=profiles,
-        directory=DirectoryHandler(store, server_name, clock, events, app_service_queries),
+        directory=DirectoryHandler(
+            store, server_name, clock, events, app_service_queries, federation.queries
+        ),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
         identity=identity,
@@ -694,8 +723,8 @@ def _handlers(
         )
         + app_service_hooks
         + Hooks(loops=(stalls,), served=((CACHES_APPLIED, revocations.apply_here),))
-        # The main process resumes the room deletions a restart interrupted.
-        + (Hooks(loops=(room_deletion,)) if role.is_main else Hooks())
+        # The main process resumes the admin jobs a restart interrupted.
+        + (Hooks(loops=(room_deletion, purge_history)) if role.is_main else Hooks())
     )
     inbound = None
     rooms = None
@@ -894,6 +923,7 @@ def _lifecycle(
     if federation.keyring is not None and handlers.inbound is not None:
         keyring, inbound, openid = federation.keyring, handlers.inbound, handlers.client.openid
         rooms = handlers.rooms
+        profiles, directory = handlers.client.profiles, handlers.client.directory
 
         def federation_servlets(resource: JsonResource, resources: tuple[str, ...]) -> None:
             register_federation_servlets(
@@ -904,6 +934,8 @@ def _lifecycle(
                 server_name=config.server_name,
                 openid=openid,
                 rooms=rooms,
+                profiles=profiles,
+                directory=directory,
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport
@@ -922,6 +954,7 @@ def _lifecycle(
             federation=federation_servlets,
             media=handlers.media_endpoints,
             problems=problems,
+            well_known=well_known_resource(config.federation),
         ),
         max_body_bytes=config.limits.max_request_body_bytes,
         router_proof=(
@@ -935,6 +968,8 @@ def _lifecycle(
         await transport.calls.close()
         if federation.client is not None:
             await federation.client.close()
+        if federation.close_queries is not None:
+            await federation.close_queries()
 
     async def flush_positions() -> None:
         await database.id_generators.flush_stream_positions()

@@ -81,6 +81,9 @@ class ListenerResources:
     media: MediaEndpoints
     #: What /health reports as wrong (stalled streams), if anything.
     problems: Callable[[], list[str]] | None = None
+    #: ``/.well-known/matrix/*`` where configured, on client and federation
+    #: listeners.
+    well_known: Resource | None = None
 
     def upload_routes(self, resources: tuple[str, ...]) -> list[UploadRoute]:
         """The paths of a listener whose request bodies may be large."""
@@ -104,6 +107,8 @@ class ListenerResources:
             self.federation(matrix, resources)
         if matrix is not None:
             root.putChild(b"_matrix", matrix)
+        if self.well_known is not None and {"client", "federation"} & set(resources):
+            root.putChild(b".well-known", self.well_known)
         if "replication" in resources:
             synapse_root.putChild(b"replication", self.replication())
         if synapse_root.children:

@@ -33,6 +33,7 @@ from synapse_lite.federation.client import FederationClient
 from synapse_lite.federation.crypto import load_or_create_signing_key
 from synapse_lite.federation.keyring import Keyring
 from synapse_lite.federation.outbox import OutboxConsumer
+from synapse_lite.federation.queries import FederationQueries
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.handlers.auth import AuthHandler
@@ -61,6 +62,7 @@ from synapse_lite.media.url_preview import UrlPreviewer
 from synapse_lite.notifier import Notifier
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
 from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER
+from synapse_lite.replication.http.media import DELETE_MEDIA
 from synapse_lite.replication.http.writes import (
     SET_PRESENCE,
     SET_TYPING,
@@ -179,6 +181,10 @@ class Federation:
     #: The federation stream's rows as this process reads them (None: none).
     rows: UpdateFunction | None = None
     hooks: Hooks = NO_HOOKS
+    #: Profile and alias lookups on other servers, for our clients.
+    queries: FederationQueries | None = None
+    #: Closes what ``queries`` opened itself (a client worker's own client).
+    close_queries: Callable[[], Any] | None = None
 
 
 def typing_for_role(
@@ -224,7 +230,12 @@ def federation_for_role(
     main process creates the signing key on its first start; the others read
     it (a missing key fails here, clearly)."""
     if not role.takes_part_in_federation:
-        return Federation()
+        # A client worker asks other servers with a client of its own, made
+        # at the first question (the main process has made the key by then).
+        queries, close_queries = FederationQueries.on_demand(
+            config.federation, config.data_dir, reactor, config.server_name
+        )
+        return Federation(queries=queries, close_queries=close_queries)
     signing_key = load_or_create_signing_key(config.data_dir, create=role.is_main)
     logger.info("Signing key %s", signing_key.key_id)
     client = FederationClient(config.federation, reactor, signing_key, config.server_name)
@@ -277,7 +288,14 @@ def federation_for_role(
     if outbox is not None and role.is_main and config.writers.single("to_device") != MAIN_PROCESS:
         # Messages another process queued for other servers.
         hooks += Hooks(row_hooks=(("to_device", outbox.on_to_device_rows),))
-    return Federation(client=client, keyring=keyring, outbox=outbox, rows=rows, hooks=hooks)
+    return Federation(
+        client=client,
+        keyring=keyring,
+        outbox=outbox,
+        rows=rows,
+        hooks=hooks,
+        queries=FederationQueries(lambda: client),
+    )
 
 
 def presence_for_role(
@@ -344,7 +362,8 @@ def media_for_role(
         rate_limits_enabled=config.rate_limits.enabled,
     )
     previewer = UrlPreviewer(repository, outbound) if media_config.url_previews else None
-    return repository, MediaServlets(repository, auth, previewer), Hooks(loops=(repository,))
+    hooks = Hooks(loops=(repository,), served=((DELETE_MEDIA, repository.delete_media),))
+    return repository, MediaServlets(repository, auth, previewer), hooks
 
 
 def main_duties(

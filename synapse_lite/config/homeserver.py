@@ -408,6 +408,37 @@ class TurnConfig:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
+class ServerNoticesConfig:
+    """Server notices (``POST /_synapse/admin/v1/send_server_notice``): sent
+    by a system user, in a room of its own with each user it writes to.
+    Off without ``system_mxid_localpart``."""
+
+    system_mxid_localpart: str | None = None
+    system_mxid_display_name: str | None = None
+    room_name: str = "Server Notices"
+
+    @classmethod
+    def read(cls, section: Section) -> ServerNoticesConfig:
+        localpart = section.get_optional_str("system_mxid_localpart")
+        if localpart is not None and (
+            not localpart or any(c not in _LOCALPART_CHARACTERS for c in localpart)
+        ):
+            section.problem(
+                "must be a user name of a-z, 0-9 and . _ = - / +", "system_mxid_localpart"
+            )
+        result = cls(
+            system_mxid_localpart=localpart,
+            system_mxid_display_name=section.get_optional_str("system_mxid_display_name"),
+            room_name=section.get_str("room_name", "Server Notices"),
+        )
+        section.finish()
+        return result
+
+
+_LOCALPART_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._=-/+")
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
 class ExperimentalFeaturesConfig:
     """Unstable Matrix proposals, each off unless switched on."""
 
@@ -438,6 +469,8 @@ class HomeServerConfig:
     worker_replication_secret: str | None
     registration_shared_secret: str | None
     enable_registration: bool
+    #: Registration needs a registration token (the admin API issues them).
+    registration_requires_token: bool
     listeners: tuple[ListenerConfig, ...]
     workers: dict[str, WorkerConfig] = attr.ib(hash=False)
     instance_map: dict[str, InstanceLocation] = attr.ib(hash=False)
@@ -473,6 +506,7 @@ class HomeServerConfig:
     router: RouterConfig | None = None
     internal_tls: InternalTlsConfig = attr.ib(factory=InternalTlsConfig)
     turn: TurnConfig = attr.ib(factory=TurnConfig)
+    server_notices: ServerNoticesConfig = attr.ib(factory=ServerNoticesConfig)
     #: Whether guest accounts may be registered and used (docs/client-api.md#guests).
     allow_guest_access: bool = False
     experimental: ExperimentalFeaturesConfig = attr.ib(factory=ExperimentalFeaturesConfig)
@@ -602,6 +636,7 @@ def read_homeserver_config(
     secret = root.get_optional_str("worker_replication_secret")
     shared_secret = root.get_optional_str("registration_shared_secret")
     enable_registration = root.get_bool("enable_registration", False)
+    registration_requires_token = root.get_bool("registration_requires_token", False)
     allow_guest_access = root.get_bool("allow_guest_access", False)
     listeners = tuple(
         ListenerConfig.read(s, base_dir) for s in root.get_list_of_sections("listeners", [])
@@ -616,6 +651,7 @@ def read_homeserver_config(
     limits = LimitsConfig.read(root.get_section("limits"))
     caches = CachesConfig.read(root.get_section("caches"))
     turn = TurnConfig.read(root.get_section("turn"))
+    server_notices = ServerNoticesConfig.read(root.get_section("server_notices"))
     experimental = ExperimentalFeaturesConfig.read(root.get_section("experimental_features"))
     outbound_requests = OutboundRequestsConfig.read(root.get_section("outbound_requests"), base_dir)
     log_level = root.get_str("log_level", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -759,6 +795,7 @@ def read_homeserver_config(
         worker_replication_secret=secret,
         registration_shared_secret=shared_secret,
         enable_registration=enable_registration,
+        registration_requires_token=registration_requires_token,
         listeners=listeners,
         workers=workers,
         instance_map=instance_map,
@@ -778,6 +815,7 @@ def read_homeserver_config(
         router=router,
         internal_tls=internal_tls,
         turn=turn,
+        server_notices=server_notices,
         allow_guest_access=allow_guest_access,
         experimental=experimental,
         outbound_requests=outbound_requests,

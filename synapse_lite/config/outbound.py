@@ -88,10 +88,10 @@ class OutboundRequestsConfig:
     def read(cls, section: Section, base_dir: str) -> OutboundRequestsConfig:
         result = cls(
             extra_ca_paths=read_ca_paths(section, "extra_ca_paths", base_dir),
-            ip_range_denylist=_networks(
+            ip_range_denylist=read_networks(
                 section, "ip_range_denylist", list(DEFAULT_IP_RANGE_DENYLIST)
             ),
-            ip_range_allowlist=_networks(section, "ip_range_allowlist", []),
+            ip_range_allowlist=read_networks(section, "ip_range_allowlist", []),
         )
         section.finish()
         return result
@@ -111,7 +111,8 @@ def read_ca_paths(section: Section, key: str, base_dir: str) -> tuple[str, ...]:
     return tuple(paths)
 
 
-def _networks(section: Section, key: str, default: list[str]) -> tuple[IpNetwork, ...]:
+def read_networks(section: Section, key: str, default: list[str]) -> tuple[IpNetwork, ...]:
+    """A list of IP addresses or CIDR ranges; a problem recorded for each bad one."""
     networks = []
     for index, value in enumerate(section.get_str_list(key, default)):
         try:

@@ -1,9 +1,11 @@
 """HTTP requests to other homeservers (treq), signed with ``X-Matrix``.
 
-Where a server is reached is :meth:`FederationConfig.base_url`: an explicit
-``federation.destinations`` entry, else ``https://host:port``. Their
-certificates must chain to the system's CAs or to ``federation.extra_ca_paths``
-and name the host.
+Where a server is reached is found by ``discovery.py`` (an explicit
+``federation.destinations`` entry, else ``.well-known``, SRV, port 8448) and
+connected to by ``connect.py`` (address checks, TLS with SNI). Certificates
+must chain to the system's CAs or to ``federation.extra_ca_paths`` and name
+the host the spec says, unless ``federation.verify_certificates`` is false
+(tests only; logged as a warning).
 """
 
 from __future__ import annotations
@@ -16,8 +18,20 @@ import treq
 from treq.client import HTTPClient
 from twisted.internet import defer
 from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IPolicyForHTTPS
 
 from synapse_lite.federation.auth import sign_request
+from synapse_lite.federation.connect import (
+    SCHEME,
+    AddressResolver,
+    FederationEndpoints,
+    HttpsWellKnownFetcher,
+    NoVerificationPolicy,
+    TwistedSrvResolver,
+    system_address_resolver,
+)
+from synapse_lite.federation.discovery import ServerDiscovery, ServerNameError
+from synapse_lite.http.outbound import OutboundHttpClient
 from synapse_lite.http.tls import https_policy_trusting
 
 if TYPE_CHECKING:
@@ -47,7 +61,14 @@ class FederationClient:
     """Signed requests to other servers, one connection pool per process."""
 
     def __init__(
-        self, config: FederationConfig, reactor: Any, signing_key: SigningKey, server_name: str
+        self,
+        config: FederationConfig,
+        reactor: Any,
+        signing_key: SigningKey,
+        server_name: str,
+        *,
+        discovery: ServerDiscovery | None = None,
+        resolve_addresses: AddressResolver | None = None,
     ) -> None:
         self._config = config
         self._signing_key = signing_key
@@ -57,15 +78,44 @@ class FederationClient:
         # A request that failed on a reused connection must not be resent
         # behind our back: the sender decides about retries.
         self._pool.retryAutomatically = False
-        policy = https_policy_trusting(config.extra_ca_paths)
-        self._http = HTTPClient(Agent(reactor, contextFactory=policy, pool=self._pool))
+        policy = federation_tls_policy(config)
+        self._srv: TwistedSrvResolver | None = None
+        if discovery is None:
+            well_known = OutboundHttpClient(
+                reactor, config.address_filter, policy, section="federation"
+            )
+            self._srv = TwistedSrvResolver(reactor)
+            discovery = ServerDiscovery(
+                clock_time=reactor.seconds,
+                srv=self._srv,
+                well_known=HttpsWellKnownFetcher(well_known, config.request_timeout_seconds),
+                overrides=config.destinations,
+            )
+        self.discovery = discovery
+        endpoints = FederationEndpoints(
+            reactor=reactor,
+            discovery=discovery,
+            address_filter=config.address_filter,
+            tls_policy=policy,
+            resolve_addresses=resolve_addresses or system_address_resolver(reactor),
+            connect_timeout=config.request_timeout_seconds,
+        )
+        self._http = HTTPClient(Agent.usingEndpointFactory(reactor, endpoints, pool=self._pool))
 
     def close(self) -> defer.Deferred[None]:
+        if self._srv is not None:
+            self._srv.close()
         return self._pool.closeCachedConnections()
 
     async def get_json(self, destination: str, path: str, signed: bool = True) -> Any:
         """GET ``path`` on ``destination``; its JSON answer (200 only)."""
         return await self._request("GET", destination, path, None, signed)
+
+    async def post_json(
+        self, destination: str, path: str, content: dict[str, Any], signed: bool = True
+    ) -> Any:
+        """POST JSON to ``path`` on ``destination``; its JSON answer (200 only)."""
+        return await self._request("POST", destination, path, content, signed)
 
     async def put_json(self, destination: str, path: str, content: dict[str, Any]) -> Any:
         """PUT signed JSON to ``path`` on ``destination``; its JSON answer (200 only)."""
@@ -74,8 +124,15 @@ class FederationClient:
     async def _request(
         self, method: str, destination: str, path: str, content: Any, signed: bool
     ) -> Any:
-        url = self._config.base_url(destination) + path
-        headers: dict[bytes | str, list[bytes | str]] = {"Content-Type": ["application/json"]}
+        try:
+            route = await self.discovery.resolve(destination)
+        except ServerNameError as e:
+            raise FederationRequestError(destination, f"not a server name: {e}") from e
+        url = f"{SCHEME.decode('ascii')}://{destination}{path}"
+        headers: dict[bytes | str, list[bytes | str]] = {
+            "Content-Type": ["application/json"],
+            "Host": [route.host_header],
+        }
         data = None
         if content is not None:
             data = json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
@@ -109,3 +166,17 @@ class FederationClient:
         if answer is None:
             raise FederationRequestError(destination, f"{url} answered non-JSON", response.code)
         return answer
+
+
+def federation_tls_policy(config: FederationConfig) -> IPolicyForHTTPS:
+    """How other servers' certificates are checked: the system's CAs and
+    ``extra_ca_paths``; nothing at all with ``verify_certificates: false``
+    (logged as a warning every time a process builds its client)."""
+    if config.verify_certificates:
+        return https_policy_trusting(config.extra_ca_paths)
+    logger.warning(
+        "federation.verify_certificates is false: the certificates of other servers are NOT"
+        " checked, so anyone between us and them can impersonate any server. This is for"
+        " tests only; never run a real server like this."
+    )
+    return NoVerificationPolicy()

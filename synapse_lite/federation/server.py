@@ -1,6 +1,10 @@
 """The federation and key APIs other servers call.
 
-* ``keys``: ``GET /_matrix/key/v2/server`` (our self-signed key document).
+* ``keys``: ``GET /_matrix/key/v2/server`` (our self-signed key document)
+  and the notary, ``GET``/``POST /_matrix/key/v2/query`` (no signature
+  needed, as the spec says).
+* ``/.well-known/matrix/server`` and ``/client`` (:func:`well_known_resource`),
+  on listeners with ``client`` or ``federation``, when configured.
 * ``federation``: ``PUT /_matrix/federation/v1/send/{txnId}``,
   ``GET /_matrix/federation/v1/version`` and
   ``GET /_matrix/federation/v1/openid/userinfo`` (answered for a valid OpenID
@@ -20,12 +24,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from twisted.internet import defer
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.api.identifiers import check_room_alias
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
 from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
-from synapse_lite.federation.keyring import KEY_PATH, KeyLookupError
+from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
@@ -35,10 +41,13 @@ from synapse_lite.http.server import (
 from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
 if TYPE_CHECKING:
+    from synapse_lite.config.federation import FederationConfig
     from synapse_lite.federation.inbound import FederationInboundHandler
     from synapse_lite.federation.keyring import Keyring
+    from synapse_lite.handlers.directory import DirectoryHandler
     from synapse_lite.handlers.federation_rooms import FederationRoomsHandler
     from synapse_lite.handlers.openid import OpenIdHandler
+    from synapse_lite.handlers.profile import ProfileHandler
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +99,119 @@ async def authenticate_request(
     raise FederationAuthError(f"Invalid or missing X-Matrix signature ({reason})")
 
 
+WELL_KNOWN_SERVER_PATH = "/.well-known/matrix/server"
+WELL_KNOWN_CLIENT_PATH = "/.well-known/matrix/client"
+
+
+def well_known_resource(config: FederationConfig) -> JsonResource | None:
+    """``/.well-known/matrix/server`` and ``/client`` as configured
+    (``federation.well_known_server`` / ``well_known_client``); None when
+    neither is. Each one not configured answers 404."""
+    if config.well_known_server is None and config.well_known_client is None:
+        return None
+    resource = JsonResource("well_known")
+
+    async def on_server(request: Request) -> tuple[int, Any]:
+        if config.well_known_server is None:
+            raise SynapseError(404, "No server delegation here", Codes.NOT_FOUND)
+        return 200, {"m.server": config.well_known_server}
+
+    async def on_client(request: Request) -> tuple[int, Any]:
+        if config.well_known_client is None:
+            raise SynapseError(404, "No client discovery document here", Codes.NOT_FOUND)
+        return 200, config.well_known_client
+
+    resource.register_paths("GET", WELL_KNOWN_SERVER_PATH, on_server, "well_known.server")
+    resource.register_paths("GET", WELL_KNOWN_CLIENT_PATH, on_client, "well_known.client")
+    return resource
+
+
+#: Servers one notary query may name.
+MAX_NOTARY_SERVERS = 100
+
+
+def _minimum_valid_until(value: str | None) -> int:
+    if value is None:
+        return 0
+    if not value.isdigit() or len(value) > 16:
+        raise SynapseError(
+            400, "minimum_valid_until_ts must be a timestamp in milliseconds", Codes.INVALID_PARAM
+        )
+    return int(value)
+
+
+def parse_notary_query(body: dict[str, Any]) -> dict[str, int]:
+    """``server -> minimum_valid_until_ts`` of a ``POST /_matrix/key/v2/query``
+    body (the latest any of its key ids asks for); 400 when malformed."""
+    server_keys = body.get("server_keys")
+    if not isinstance(server_keys, dict):
+        raise SynapseError(400, "server_keys must be an object", Codes.BAD_JSON)
+    if len(server_keys) > MAX_NOTARY_SERVERS:
+        raise SynapseError(400, f"at most {MAX_NOTARY_SERVERS} servers per query", Codes.BAD_JSON)
+    wanted: dict[str, int] = {}
+    for server, criteria in server_keys.items():
+        if not isinstance(criteria, dict):
+            raise SynapseError(400, f"server_keys.{server} must be an object", Codes.BAD_JSON)
+        minimum = 0
+        for key_id, criterion in criteria.items():
+            value = (
+                criterion.get("minimum_valid_until_ts", 0) if isinstance(criterion, dict) else None
+            )
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SynapseError(
+                    400,
+                    f"server_keys.{server}.{key_id} must be an object with an integer"
+                    " minimum_valid_until_ts",
+                    Codes.BAD_JSON,
+                )
+            minimum = max(minimum, value)
+        wanted[server] = minimum
+    return wanted
+
+
+def register_query_servlets(
+    resource: JsonResource,
+    keyring: Keyring,
+    server_name: str,
+    profiles: ProfileHandler,
+    directory: DirectoryHandler,
+) -> None:
+    """``GET /query/profile`` and ``/query/directory``: other servers asking
+    about our users and aliases (signed; 400 for another server's, 404 for
+    one we do not have)."""
+
+    async def on_profile(request: Request) -> tuple[int, Any]:
+        await authenticate_request(keyring, server_name, request, None)
+        user_id = query_string(request, "user_id")
+        field = query_string(request, "field")
+        if user_id is None:
+            raise SynapseError(400, "user_id is required", Codes.MISSING_PARAM)
+        if field is not None and field not in ("displayname", "avatar_url"):
+            raise SynapseError(400, "field must be displayname or avatar_url", Codes.INVALID_PARAM)
+        if not user_id.startswith("@") or user_id.split(":", 1)[-1] != server_name:
+            raise SynapseError(
+                400, f"{user_id} is not a user of {server_name}", Codes.INVALID_PARAM
+            )
+        profile = await profiles.get_profile(user_id)
+        wanted = (field,) if field else ("displayname", "avatar_url")
+        return 200, {k: profile[k] for k in wanted if profile.get(k) is not None}
+
+    async def on_directory(request: Request) -> tuple[int, Any]:
+        await authenticate_request(keyring, server_name, request, None)
+        alias = query_string(request, "room_alias")
+        if alias is None:
+            raise SynapseError(400, "room_alias is required", Codes.MISSING_PARAM)
+        check_room_alias(alias, server_name)
+        return 200, await directory.get_alias(alias)
+
+    resource.register_paths(
+        "GET", f"{FEDERATION_PREFIX}/query/profile", on_profile, "federation.query_profile"
+    )
+    resource.register_paths(
+        "GET", f"{FEDERATION_PREFIX}/query/directory", on_directory, "federation.query_directory"
+    )
+
+
 def register_federation_servlets(
     resource: JsonResource,
     resources: tuple[str, ...],
@@ -99,6 +221,8 @@ def register_federation_servlets(
     server_name: str,
     openid: OpenIdHandler | None = None,
     rooms: FederationRoomsHandler | None = None,
+    profiles: ProfileHandler | None = None,
+    directory: DirectoryHandler | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``
     (``rooms``: our rooms served to other servers)."""
@@ -109,6 +233,31 @@ def register_federation_servlets(
 
         resource.register_paths("GET", KEY_PATH, on_get_key, "keys")
         resource.register_paths("GET", KEY_PATH + r"/(?P<key_id>[^/]+)", on_get_key, "keys")
+
+        async def on_query_one(
+            request: Request, server: str, key_id: str | None = None
+        ) -> tuple[int, Any]:
+            minimum = _minimum_valid_until(query_string(request, "minimum_valid_until_ts"))
+            return 200, {"server_keys": await keyring.notary_documents(server, minimum)}
+
+        async def on_query(request: Request) -> tuple[int, Any]:
+            wanted = parse_notary_query(parse_json_object_from_request(request))
+            # Fetched at once: one slow server must not hold up the others.
+            answers = await defer.gatherResults(
+                [
+                    defer.ensureDeferred(keyring.notary_documents(server, minimum))
+                    for server, minimum in wanted.items()
+                ],
+                consumeErrors=True,
+            )
+            return 200, {"server_keys": [d for documents in answers for d in documents]}
+
+        server_part = r"/(?P<server>[^/]{1,255})"
+        resource.register_paths("POST", QUERY_PATH, on_query, "keys.query")
+        resource.register_paths("GET", QUERY_PATH + server_part, on_query_one, "keys.query")
+        resource.register_paths(
+            "GET", QUERY_PATH + server_part + r"/(?P<key_id>[^/]+)", on_query_one, "keys.query"
+        )
 
     if "federation" in resources:
 
@@ -126,6 +275,9 @@ def register_federation_servlets(
         resource.register_paths(
             "GET", f"{FEDERATION_PREFIX}/version", on_version, "federation.version"
         )
+
+    if "federation" in resources and profiles is not None and directory is not None:
+        register_query_servlets(resource, keyring, server_name, profiles, directory)
 
     if "federation" in resources and openid is not None:
         openid_handler = openid

@@ -62,3 +62,22 @@ class AdminHandler:
                 for device_id, found in connections.items()
             },
         }
+
+    async def destinations(
+        self, offset: int, limit: int, order_by: str, descending: bool, search: str | None
+    ) -> dict[str, Any]:
+        """``GET /_synapse/admin/v1/federation/destinations``: the remote
+        servers this one has delivery state for (``destinations``)."""
+        found, total = await self._store.list_destinations(
+            offset, limit, order_by, descending, search
+        )
+        answer: dict[str, Any] = {"destinations": found, "total": total}
+        if offset + len(found) < total:
+            answer["next_token"] = str(offset + len(found))
+        return answer
+
+    async def destination(self, destination: str) -> dict[str, Any]:
+        found = await self._store.get_destination(destination)
+        if found is None:
+            raise NotFoundError("Unknown destination")
+        return found

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import NotFoundError
-from synapse_lite.api.identifiers import check_room_id
+from synapse_lite.api.identifiers import check_room_alias, check_room_id
 from synapse_lite.handlers.filtering import CLIENT_FORMAT
 
 if TYPE_CHECKING:
@@ -53,6 +53,17 @@ ROOM_ORDERINGS = (
     "history_visibility",
     "state_events",
 )
+
+
+async def room_id_of(store: GenericWorkerStore, room: str) -> str:
+    """The room a room id or a local alias names (404 for an unknown
+    alias, 400 for neither)."""
+    if not room.startswith("#"):
+        return check_room_id(room)
+    found = await store.get_alias(check_room_alias(room))
+    if found is None:
+        raise NotFoundError("Room alias not found")
+    return found[0]
 
 
 def _sort_key(value: Any) -> tuple[int, Any]:

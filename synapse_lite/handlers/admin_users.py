@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.access_tokens import generate_access_token
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import (
     check_localpart,
-    check_room_alias,
-    check_room_id,
     check_user_id,
     is_mine_id,
+    random_string,
 )
-from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, Requester, hash_password
+from synapse_lite.handlers.admin_rooms import room_id_of
+from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, Requester, hash_password, hash_token
 from synapse_lite.http.fields import get_bool, get_list, get_optional_str, get_str
 from synapse_lite.storage.databases.main.admin import AdminUserRow, UserQuery
 
@@ -52,7 +53,7 @@ def user_json(row: AdminUserRow, flags_as_ints: bool) -> dict[str, Any]:
         "user_type": None,
         "deactivated": flag(row.deactivated),
         "erased": row.erased,
-        "shadow_banned": flag(False),
+        "shadow_banned": flag(row.shadow_banned),
         "displayname": row.displayname,
         "avatar_url": row.avatar_url,
         "creation_ts": row.creation_ts,
@@ -206,6 +207,80 @@ class AdminUsersHandler:
             await self._devices.delete_devices(user_id, None)
         logger.info("admin %s reset the password of %s", admin.user_id, user_id)
 
+    async def set_shadow_banned(self, admin: Requester, user_id: str, banned: bool) -> None:
+        """Shadow-ban ``user_id`` (``handlers/shadow_ban.py``) or lift it;
+        applies to their next request on every process."""
+        await self._existing(user_id)
+        await self._store.set_shadow_banned(user_id, banned)
+        logger.info("admin %s set shadow_banned=%s on %s", admin.user_id, banned, user_id)
+
+    async def get_ratelimit_override(self, user_id: str) -> dict[str, Any]:
+        """``{"messages_per_second", "burst_count"}``, or ``{}`` without one."""
+        await self._existing(user_id)
+        override = (await self._store.get_user_restrictions(user_id)).ratelimit_override
+        if override is None:
+            return {}
+        return {
+            "messages_per_second": int(override.per_second),
+            "burst_count": override.burst,
+        }
+
+    async def set_ratelimit_override(
+        self, admin: Requester, user_id: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``messages_per_second`` and ``burst_count`` (integers >= 0,
+        default 0; 0 per second: no limit) replace the configured message
+        rate limit of ``user_id``."""
+        await self._existing(user_id)
+        values = {}
+        for key in ("messages_per_second", "burst_count"):
+            value = body.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
+                raise SynapseError(400, f"'{key}' must be an integer >= 0", Codes.INVALID_PARAM)
+            values[key] = value
+        await self._store.set_ratelimit_override(
+            user_id, values["messages_per_second"], values["burst_count"]
+        )
+        logger.info("admin %s overrode the rate limit of %s: %s", admin.user_id, user_id, values)
+        return values
+
+    async def delete_ratelimit_override(self, admin: Requester, user_id: str) -> None:
+        await self._existing(user_id)
+        await self._store.delete_ratelimit_override(user_id)
+        logger.info("admin %s removed the rate limit override of %s", admin.user_id, user_id)
+
+    async def login_as(self, admin: Requester, user_id: str, body: dict[str, Any]) -> str:
+        """``POST /v1/users/{userId}/login``: an access token acting as
+        ``user_id``, until ``valid_until_ms`` (ms since the epoch; default: no
+        end) or logged out with it. It belongs to no device the user can see
+        (a device id without a ``devices`` row, ``ADMIN-...``): their device
+        list does not change. Not for oneself (400), nor a deactivated user."""
+        user = await self._existing(user_id)
+        if user_id == admin.user_id:
+            raise SynapseError(400, "Cannot log in as yourself", Codes.INVALID_PARAM)
+        if user.deactivated:
+            raise SynapseError(400, "The user is deactivated", Codes.INVALID_PARAM)
+        valid_until = body.get("valid_until_ms")
+        if valid_until is not None and (
+            isinstance(valid_until, bool)
+            or not isinstance(valid_until, int)
+            or valid_until <= self._store.clock.time_msec()
+        ):
+            raise SynapseError(
+                400, "'valid_until_ms' must be a time in the future (ms)", Codes.INVALID_PARAM
+            )
+        token = generate_access_token(user_id)
+        device_id = "ADMIN-" + random_string(10)
+        await self._store.add_access_token(hash_token(token), user_id, device_id, valid_until)
+        logger.info(
+            "admin %s logged in as %s (device %s, until %s)",
+            admin.user_id,
+            user_id,
+            device_id,
+            valid_until,
+        )
+        return token
+
     async def reset_password(self, admin: Requester, user_id: str, body: dict[str, Any]) -> None:
         """``POST /v1/reset_password/{userId}``: ``new_password``, and every
         device logged out unless ``logout_devices`` is false."""
@@ -286,8 +361,8 @@ class AdminUsersHandler:
     async def media(
         self, user_id: str, offset: int, limit: int, order_by: str, descending: bool
     ) -> dict[str, Any]:
-        """The media the user uploaded. This server keeps no access times
-        and no quarantine: ``last_access_ts`` and ``quarantined_by`` are null."""
+        """The media the user uploaded. This server keeps no access times:
+        ``last_access_ts`` is null."""
         await self._existing(user_id)
         rows, total = await self._store.list_user_media(
             user_id, offset, limit, order_by, descending
@@ -300,10 +375,18 @@ class AdminUsersHandler:
                 "upload_name": upload_name,
                 "created_ts": int(created_ts),
                 "last_access_ts": None,
-                "quarantined_by": None,
-                "safe_from_quarantine": False,
+                "quarantined_by": quarantined_by,
+                "safe_from_quarantine": bool(protected),
             }
-            for media_id, media_type, media_length, upload_name, created_ts in rows
+            for (
+                media_id,
+                media_type,
+                media_length,
+                upload_name,
+                created_ts,
+                quarantined_by,
+                protected,
+            ) in rows
         ]
         result: dict[str, Any] = {"media": media, "total": total}
         if offset + len(rows) < total:
@@ -335,13 +418,7 @@ class AdminUsersHandler:
         room (as they could themself: a room they may not join is a 403)."""
         user_id = get_str(body, "user_id")
         await self._existing(user_id)
-        if room.startswith("#"):
-            found = await self._store.get_alias(check_room_alias(room))
-            if found is None:
-                raise NotFoundError("Room alias not found")
-            room_id = found[0]
-        else:
-            room_id = check_room_id(room)
+        room_id = await room_id_of(self._store, room)
         await self._members.update_membership(Requester(user_id, "", ""), room_id, "join")
         logger.info("admin %s joined %s to %s", admin.user_id, user_id, room_id)
         return room_id

@@ -28,8 +28,9 @@ from synapse_lite.http.server import matched_servlet
 
 if TYPE_CHECKING:
     from synapse_lite.appservice.registration import ApplicationService, ApplicationServices
+    from synapse_lite.config.homeserver import RateLimitConfig
     from synapse_lite.handlers.client_ips import ClientIpRecorder
-    from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +57,20 @@ class Requester:
     #: (``user_id`` is then its sender or a user it masquerades as, and
     #: ``device_id`` is empty unless the request named one).
     app_service: ApplicationService | None = None
+    #: An admin shadow-banned the user: their sends answer as if they
+    #: succeeded and reach nobody (``handlers/shadow_ban.py``).
+    shadow_banned: bool = False
+    #: The user's own message rate limit (an admin's override), None for
+    #: the configured one; ``per_second`` 0 lifts it.
+    ratelimit_override: RateLimitConfig | None = None
 
     @property
     def is_rate_limited(self) -> bool:
         """Whether request rate limits apply: not to an application
-        service's sender, nor to its users when it is not ``rate_limited``."""
+        service's sender, nor to its users when it is not ``rate_limited``,
+        nor to a user an admin exempted (an override of 0 per second)."""
+        if self.ratelimit_override is not None and self.ratelimit_override.per_second == 0:
+            return False
         service = self.app_service
         if service is None:
             return True
@@ -137,7 +147,7 @@ class AuthHandler:
 
     def __init__(
         self,
-        store: RegistrationWorkerStore,
+        store: GenericWorkerStore,
         ip_recorder: ClientIpRecorder | None = None,
         allow_guest_access: bool = False,
         app_services: ApplicationServices | None = None,
@@ -166,9 +176,17 @@ class AuthHandler:
         if service is not None:
             return await self._service_requester(request, service, token_hash)
         owner = await self._store.get_user_by_access_token(token_hash)
-        if owner is None:
+        if owner is None or (owner[3] is not None and owner[3] <= self._store.clock.time_msec()):
             raise UnknownTokenError()
-        requester = Requester(owner[0], owner[1], token_hash, is_guest=owner[2])
+        restrictions = await self._store.get_user_restrictions(owner[0])
+        requester = Requester(
+            owner[0],
+            owner[1],
+            token_hash,
+            is_guest=owner[2],
+            shadow_banned=restrictions.shadow_banned,
+            ratelimit_override=restrictions.ratelimit_override,
+        )
         if requester.is_guest:
             self._check_guest(request)
         if self._ip_recorder is not None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.appservice.registration import ApplicationService
     from synapse_lite.clock import Clock
+    from synapse_lite.federation.queries import FederationQueries
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
@@ -43,10 +44,12 @@ class DirectoryHandler:
         clock: Clock,
         events: EventCreationHandler,
         app_service_queries: AppServiceQueries,
+        remote: FederationQueries | None = None,
     ) -> None:
         """``app_service_queries``: asks application services about aliases
-        nobody has yet."""
+        nobody has yet; ``remote``: asks other servers about theirs."""
         self._app_service_queries = app_service_queries
+        self._remote = remote
         self._store = store
         self._server_name = server_name
         self._clock = clock
@@ -92,6 +95,14 @@ class DirectoryHandler:
         return room_id
 
     async def get_alias(self, alias: str) -> dict[str, Any]:
+        """``GET /directory/room/{alias}``: ours, or another server's alias as
+        that server answers (``/query/directory``)."""
+        check_room_alias(alias)
+        if self._remote is not None and alias.split(":", 1)[1] != self._server_name:
+            try:
+                return await self._remote.directory(alias)
+            except NotFoundError:
+                raise NotFoundError("Room alias not found") from None
         return {"room_id": await self.resolve_alias(alias), "servers": [self._server_name]}
 
     async def room_for_alias(self, alias: str) -> str | None:

@@ -300,7 +300,9 @@ class EventCreationHandler:
         # succeeded still gets its event after a rate limit or a leave.
         try:
             if requester.is_rate_limited:
-                self._ratelimiter.ratelimit(requester.user_id)
+                self._ratelimiter.ratelimit(
+                    requester.user_id, override=requester.ratelimit_override
+                )
             spec = EventSpec(
                 type=event_type,
                 state_key=state_key,
@@ -412,6 +414,8 @@ class EventCreationHandler:
             push_actions = (
                 await self.push.actions_for(room_id, contents, state) if self.push else {}
             )
+            childless = self._store.childless_events
+            generation = childless.generation
             try:
                 events = await self._store.persist_events(contents, push_actions)
             except DuplicateTransactionError as e:
@@ -424,6 +428,10 @@ class EventCreationHandler:
                 # Whether it was persisted is unknown: read them again.
                 self._room_extremities.pop(room_id)
                 raise
+            # Made here just now, their ids known to no one before: nothing
+            # relates to them yet, so a /sync serving them reads no bundles
+            # (unless a relation was persisted meanwhile, this batch's own).
+            childless.found_childless((e.event_id for e in events), generation)
             if len(extremities) <= MAX_PREV_EVENTS:
                 # A batch is a line from every extremity: its last event is
                 # the room's one extremity now.

@@ -57,7 +57,15 @@ class PaginationHandler:
         """The requester's view of a room; 403 when they may read none of it."""
         return await self._visibility(requester, room_id)
 
-    async def _visibility(self, requester: Requester, room_id: str) -> RoomVisibility:
+    async def _visibility(
+        self, requester: Requester, room_id: str, as_admin: bool = False
+    ) -> RoomVisibility:
+        """``as_admin``: a server admin's view, every event (the admin API;
+        the caller checked the requester is one), 404 for an unknown room."""
+        if as_admin:
+            if not await self._store.room_exists(room_id):
+                raise NotFoundError("Room not found")
+            return RoomVisibility.everything(requester.user_id)
         if not await self._store.room_exists(room_id):
             # Same answer as for a room the user is not in: no probing for ids.
             raise SynapseError(403, "You are not in this room", Codes.FORBIDDEN)
@@ -75,13 +83,15 @@ class PaginationHandler:
         limit: int,
         event_filter: EventFilter | None = None,
         event_format: EventFormat = CLIENT_FORMAT,
+        as_admin: bool = False,
     ) -> dict[str, Any]:
         """A page of ``/messages``: up to ``limit`` events passing
         ``event_filter`` (read until the page is full), ``end`` where the next
         page starts (absent once the history in that direction is
         exhausted), and with ``lazy_load_members`` the member events of the
-        chunk's senders in ``state``; every event in ``event_format``."""
-        visibility = await self._visibility(requester, room_id)
+        chunk's senders in ``state``; every event in ``event_format``.
+        ``as_admin``: every event of the room (see :meth:`_visibility`)."""
+        visibility = await self._visibility(requester, room_id, as_admin)
         limit = max(0, min(limit, MAX_PAGE))
         current = self._store.get_room_max_token()
         if from_token:
@@ -184,12 +194,14 @@ class PaginationHandler:
             if e.type == "m.room.member" and e.state_key in senders
         ]
 
-    async def get_event(self, requester: Requester, room_id: str, event_id: str) -> Event:
+    async def get_event(
+        self, requester: Requester, room_id: str, event_id: str, as_admin: bool = False
+    ) -> Event:
         """One event of the room the requester may see: 404 when it is not in
         this room, is hidden from them, or they may read nothing of the room
         (the spec's answer for all three)."""
         try:
-            visibility = await self._visibility(requester, room_id)
+            visibility = await self._visibility(requester, room_id, as_admin)
         except SynapseError as e:
             # The spec's answer for an event one may not read is 404, in a
             # room one is not in too (and so for an unknown room).
@@ -210,16 +222,18 @@ class PaginationHandler:
         limit: int,
         event_filter: EventFilter | None,
         event_format: EventFormat = CLIENT_FORMAT,
+        as_admin: bool = False,
     ) -> dict[str, Any]:
         """``/context``: the event, up to ``limit`` events around it (half
         before, the rest after, each side only what the requester may see
         and ``event_filter`` lets through) and the room's state at the
-        event; every event in ``event_format``."""
+        event; every event in ``event_format``. ``as_admin``: as
+        :meth:`get_messages`."""
         # 403 for a room the requester may read nothing of (what the reference
         # server and SyTest expect of /context; the spec lists no errors here),
         # then 404 for an event they may not see.
-        visibility = await self._visibility(requester, room_id)
-        event = await self.get_event(requester, room_id, event_id)
+        visibility = await self._visibility(requester, room_id, as_admin)
+        event = await self.get_event(requester, room_id, event_id, as_admin)
         limit = max(0, min(limit, MAX_PAGE))
         before_limit = limit // 2
         before, after, start, end = await self.events_around(

@@ -24,6 +24,7 @@ from synapse_lite.handlers.auth import Requester
 if TYPE_CHECKING:
     from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
+    from synapse_lite.federation.queries import FederationQueries
     from synapse_lite.handlers.message import EventCreationHandler
 
 logger = logging.getLogger(__name__)
@@ -107,10 +108,13 @@ class ProfileHandler:
         server_name: str,
         events: EventCreationHandler,
         app_service_queries: AppServiceQueries,
+        remote: FederationQueries | None = None,
     ) -> None:
         """``app_service_queries``: asks application services about users
-        nobody has yet."""
+        nobody has yet; ``remote``: asks other servers about theirs (None:
+        other servers' users have no profile here)."""
         self._app_service_queries = app_service_queries
+        self._remote = remote
         self._store = store
         self._clock = clock
         self._server_name = server_name
@@ -119,9 +123,16 @@ class ProfileHandler:
         self.updates_in_flight: set[defer.Deferred[None]] = set()
 
     async def get_profile(self, user_id: str) -> dict[str, str | None]:
-        """404 for a user this server does not have (there is no federation)."""
+        """A user of ours, or another server's (asked of it: its 404 is
+        ours, and so is one saying why when it cannot be asked); 404 for a
+        user nobody has."""
         if not is_mine_id(user_id, self._server_name):
-            raise NotFoundError("Profile not found")
+            if self._remote is None or ":" not in user_id:
+                raise NotFoundError("Profile not found")
+            try:
+                return dict(await self._remote.profile(user_id))
+            except NotFoundError:
+                raise NotFoundError("Profile not found") from None
         if not await self._app_service_queries.user_exists(user_id):
             raise NotFoundError("Profile not found")
         return await profile_of(self._store, user_id)

@@ -114,6 +114,8 @@ class PusherDelivery:
         self._wakes = 0
         self._wake_call: Any = None
         self._last_look = 0.0
+        #: The pushers stream position at which there was no pusher at all.
+        self._none_at: int | None = None
         # One connection per delivery: nothing stays open between polls.
         self._pool = HTTPConnectionPool(reactor, persistent=False)
         #: Gateways' certificates are checked with ``tls_policy`` (the
@@ -164,7 +166,15 @@ class PusherDelivery:
         self._last_look = self._reactor.seconds()
         now = self._clock.time()
         readers = await self._readers_since_last_look()
-        for pusher in await self._store.get_all_pushers():
+        # The position before the read: a pusher added meanwhile moves it.
+        pushers_at = self._store.get_pushers_position()
+        if pushers_at == self._none_at:
+            # No pusher at the last look, and none added since: the usual
+            # server with no push gateway reads nothing per event here.
+            return
+        pushers = await self._store.get_all_pushers()
+        self._none_at = None if pushers else pushers_at
+        for pusher in pushers:
             key = pusher.key
             if owner_of(key, self._instances) != self._me:
                 continue

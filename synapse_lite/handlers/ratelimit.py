@@ -29,22 +29,32 @@ class Ratelimiter:
         #: key -> (tokens left, when counted)
         self._buckets: dict[str, tuple[float, float]] = {}
 
-    def _refilled(self, key: str, now: float) -> float:
-        tokens, at = self._buckets.get(key, (self._burst, now))
-        return min(self._burst, tokens + (now - at) * self._rate)
+    def _refilled(self, key: str, now: float, rate: float, burst: float) -> float:
+        tokens, at = self._buckets.get(key, (burst, now))
+        return min(burst, tokens + (now - at) * rate)
 
-    def ratelimit(self, key: str, cost: float = 1.0) -> None:
+    def ratelimit(
+        self, key: str, cost: float = 1.0, override: RateLimitConfig | None = None
+    ) -> None:
         """Take ``cost`` from the key's bucket, or raise a 429
-        ``M_LIMIT_EXCEEDED`` saying when to retry."""
+        ``M_LIMIT_EXCEEDED`` saying when to retry. ``override``: this key's
+        own limit (an admin's, ``/_synapse/admin/v1/users/{userId}/
+        override_ratelimit``) instead of the configured one; its
+        ``per_second`` 0 lifts the limit."""
         if not self._enabled:
             return
+        rate, burst = self._rate, self._burst
+        if override is not None:
+            if override.per_second == 0:
+                return
+            rate, burst = override.per_second, float(override.burst)
         now = self._clock.time()
-        tokens = self._refilled(key, now)
+        tokens = self._refilled(key, now, rate, burst)
         if tokens < cost:
-            if self._rate <= 0:
+            if rate <= 0:
                 retry_after_ms = 60_000
             else:
-                retry_after_ms = math.ceil((cost - tokens) / self._rate * 1000)
+                retry_after_ms = math.ceil((cost - tokens) / rate * 1000)
             self._buckets[key] = (tokens, now)
             raise LimitExceededError(retry_after_ms)
         self._buckets[key] = (tokens - cost, now)
@@ -53,5 +63,7 @@ class Ratelimiter:
 
     def _prune(self, now: float) -> None:
         for key in list(self._buckets):
-            if self._refilled(key, now) >= self._burst:
+            # A bucket with an override is pruned on the configured burst:
+            # at worst its user starts again with a full bucket.
+            if self._refilled(key, now, self._rate, self._burst) >= self._burst:
                 del self._buckets[key]

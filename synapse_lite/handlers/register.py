@@ -35,14 +35,16 @@ from synapse_lite.api.identifiers import (
 )
 from synapse_lite.handlers.auth import MAX_PASSWORD_LENGTH, hash_password, hash_token
 from synapse_lite.handlers.ratelimit import Ratelimiter
+from synapse_lite.handlers.ui_auth import DUMMY, REGISTRATION_TOKEN
 from synapse_lite.http.fields import get_bool, get_optional_str, get_str
-from synapse_lite.storage.databases.main.registration import UserExistsError
+from synapse_lite.storage.databases.main.registration import UiAuthSession, UserExistsError
 
 if TYPE_CHECKING:
     from synapse_lite.appservice.registration import ApplicationService
     from synapse_lite.clock import Clock
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.device import DeviceHandler
+    from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
@@ -132,9 +134,11 @@ class RegistrationHandler:
         config: HomeServerConfig,
         devices: DeviceHandler,
         ui_auth: InteractiveAuthHandler,
+        tokens: RegistrationTokensHandler,
     ) -> None:
         self._store = store
         self._ui_auth = ui_auth
+        self._tokens = tokens
         self._clock = clock
         self._config = config
         self._server_name = config.server_name
@@ -183,9 +187,13 @@ class RegistrationHandler:
         session = await self._ui_auth.session_of(body, REGISTER_OPERATION)
         if session is not None and session.params is not None:
             asked = asked.or_remembered(session.params)
+        # One stage, as every flow we offer: a token when the server asks for
+        # them, else the dummy stage.
+        stage = REGISTRATION_TOKEN if self._config.registration_requires_token else DUMMY
         if session is not None and session.result is not None:
-            # This session registered its user already: the same answer again.
-            await self._ui_auth.check_dummy(body, REGISTER_OPERATION)
+            # This session registered its user already: the same answer again
+            # (its token was used then, it is not asked for again).
+            await self._ui_auth.check_stage(body, stage, REGISTER_OPERATION)
             return await self._registered(str(session.result["user_id"]), asked)
         if guest_token is not None:
             user_id = await self._guest_to_upgrade(guest_token, asked.username)
@@ -196,23 +204,63 @@ class RegistrationHandler:
         remembered = None
         if body.get("auth") is None:
             remembered = await asked.to_remember()
-        session = await self._ui_auth.check_dummy(body, REGISTER_OPERATION, remembered)
+        auth, session = await self._ui_auth.check_stage(body, stage, REGISTER_OPERATION, remembered)
         password_hash = asked.password_hash
         if asked.password:
             password_hash = await hash_password(asked.password)
-        if guest_token is not None:
-            if not await self._store.upgrade_guest(user_id, password_hash):
-                raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE)
-            logger.info("Upgraded guest %s to a full account", user_id)
-        else:
-            try:
-                await self._store.register_user(user_id, password_hash)
-            except UserExistsError:
-                raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE) from None
-            logger.info("Registered %s", user_id)
+        token = None
+        if stage == REGISTRATION_TOKEN:
+            token = await self._reserve_token(auth, session)
+        try:
+            await self._create_user(user_id, password_hash, upgrade_guest=guest_token is not None)
+        except BaseException:
+            if token is not None:
+                await self._tokens.end_use(token, completed=False)
+            raise
+        if token is not None:
+            await self._tokens.end_use(token, completed=True)
+            logger.info("%s registered with the registration token %r", user_id, token)
         if session is not None:
             await self._ui_auth.record_result(session, {"user_id": user_id})
         return await self._registered(user_id, asked)
+
+    async def token_validity(self, client_ip: str, token: str) -> bool:
+        """``GET /v1/register/m.login.registration_token/validity``: whether
+        ``token`` could register someone now. Rate limited as registrations
+        are (a guessing oracle otherwise); 403 when registration is off (no
+        token is any use then)."""
+        self._ratelimiter.ratelimit(client_ip)
+        if not self._config.enable_registration:
+            raise SynapseError(403, "Registration has been disabled", Codes.FORBIDDEN)
+        return await self._tokens.is_valid(token)
+
+    async def _reserve_token(self, auth: dict[str, Any], session: UiAuthSession | None) -> str:
+        """The token of an ``m.login.registration_token`` stage, one of its
+        uses reserved; a token unknown, expired or used up is a 401 with the
+        flows again."""
+        token = auth.get("token")
+        if not isinstance(token, str) or not await self._tokens.reserve(token):
+            await self._ui_auth.fail_stage(
+                REGISTRATION_TOKEN,
+                session,
+                REGISTER_OPERATION,
+                ("Invalid registration token", Codes.UNAUTHORIZED),
+            )
+        return token
+
+    async def _create_user(
+        self, user_id: str, password_hash: str | None, upgrade_guest: bool
+    ) -> None:
+        if upgrade_guest:
+            if not await self._store.upgrade_guest(user_id, password_hash):
+                raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE)
+            logger.info("Upgraded guest %s to a full account", user_id)
+            return
+        try:
+            await self._store.register_user(user_id, password_hash)
+        except UserExistsError:
+            raise SynapseError(400, "User ID already taken.", Codes.USER_IN_USE) from None
+        logger.info("Registered %s", user_id)
 
     async def register_app_service_user(
         self, app_service: ApplicationService, body: dict[str, Any]

@@ -1,6 +1,7 @@
 """Deleting a room through the admin API (``DELETE /_synapse/admin/v{1,2}/rooms/
-{roomId}``): a long job stored in ``admin_tasks``, so that its status is
-answered from any process and a job a restart interrupted resumes.
+{roomId}``): a long job stored in ``admin_tasks`` (``handlers/admin_jobs.py``),
+so that its status is answered from any process and a job a restart
+interrupted resumes.
 
 The job's steps, each safe to repeat (a resumed job repeats at most the
 step it was in, and the row records what each did):
@@ -24,19 +25,12 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet import defer
-
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import check_room_id, is_mine_id
+from synapse_lite.handlers.admin_jobs import AdminJobRunner
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.http.fields import get_bool, get_optional_str
-from synapse_lite.storage.databases.main.admin_tasks import (
-    ACTIVE,
-    COMPLETE,
-    FAILED,
-    UNFINISHED,
-    AdminTask,
-)
+from synapse_lite.storage.databases.main.admin_tasks import UNFINISHED, AdminTask
 
 if TYPE_CHECKING:
     from synapse_lite.handlers.room_member import RoomMemberHandler
@@ -48,10 +42,6 @@ DELETE_ROOM = "delete_room"
 
 #: Events pruned per batch of a purge (one row update after each).
 PURGE_BATCH = 100
-
-
-class ProcessStopping(Exception):
-    """The process is stopping: the job stops between steps, to be resumed."""
 
 
 def shutdown_json(task: AdminTask) -> dict[str, Any]:
@@ -77,36 +67,17 @@ def status_json(task: AdminTask) -> dict[str, Any]:
     return answer
 
 
-class RoomDeletionHandler:
-    """Schedules, runs and resumes room deletions. A process's loop
-    (``start``/``stop``): the main process resumes the unfinished jobs when
-    it starts."""
+class RoomDeletionHandler(AdminJobRunner):
+    """Schedules, runs and resumes room deletions (``handlers/admin_jobs.py``)."""
+
+    action = DELETE_ROOM
 
     def __init__(
         self, store: GenericWorkerStore, members: RoomMemberHandler, server_name: str
     ) -> None:
-        self._store = store
+        super().__init__(store)
         self._members = members
         self._server_name = server_name
-        self._stopping = False
-        #: The jobs running in this process, by id.
-        self.running: dict[str, defer.Deferred[None]] = {}
-
-    # As a loop
-
-    def start(self) -> None:
-        self._stopping = False
-        defer.ensureDeferred(self.resume_unfinished())
-
-    def stop(self) -> None:
-        self._stopping = True
-
-    async def resume_unfinished(self) -> None:
-        """Run every job left unfinished (by a restart)."""
-        for task in await self._store.get_unfinished_admin_tasks(DELETE_ROOM):
-            if task.task_id not in self.running:
-                logger.info("resuming the deletion %s of %s", task.task_id, task.resource_id)
-                self._launch(task.task_id)
 
     # Scheduling and status
 
@@ -137,24 +108,8 @@ class RoomDeletionHandler:
         task_id = uuid.uuid4().hex
         await self._store.insert_admin_task(task_id, DELETE_ROOM, room_id, params)
         logger.info("admin %s scheduled the deletion %s of %s", admin.user_id, task_id, room_id)
-        self._launch(task_id)
+        self.launch(task_id)
         return task_id
-
-    async def wait(self, task_id: str) -> AdminTask:
-        """The job once it has stopped running here (complete or failed)."""
-        running = self.running.get(task_id)
-        if running is not None:
-            waiter: defer.Deferred[None] = defer.Deferred()
-
-            def finished(outcome: object) -> object:
-                waiter.callback(None)
-                return outcome
-
-            running.addBoth(finished)
-            await waiter
-        task = await self._store.get_admin_task(task_id)
-        assert task is not None
-        return task
 
     async def status_by_id(self, task_id: str) -> dict[str, Any]:
         task = await self._store.get_admin_task(task_id)
@@ -171,40 +126,7 @@ class RoomDeletionHandler:
 
     # Running
 
-    def _launch(self, task_id: str) -> None:
-        running = defer.ensureDeferred(self._run(task_id))
-        self.running[task_id] = running
-
-        def finished(outcome: object) -> object:
-            self.running.pop(task_id, None)
-            return outcome
-
-        running.addBoth(finished)
-
-    async def _run(self, task_id: str) -> None:
-        task = await self._store.get_admin_task(task_id)
-        if task is None or task.status not in UNFINISHED:
-            return
-        result = dict(task.result)
-        try:
-            await self._store.update_admin_task(task_id, ACTIVE, result)
-            await self._steps(task, result)
-        except ProcessStopping:
-            logger.info("the deletion %s stops with the process; it resumes at start", task_id)
-            return
-        except Exception as e:
-            logger.exception("the deletion %s of %s failed", task_id, task.resource_id)
-            await self._store.update_admin_task(task_id, FAILED, result, str(e) or repr(e))
-            return
-        await self._store.update_admin_task(task_id, COMPLETE, result)
-        logger.info("the deletion %s of %s is complete", task_id, task.resource_id)
-
-    async def _save(self, task_id: str, result: dict[str, Any]) -> None:
-        await self._store.update_admin_task(task_id, ACTIVE, result)
-        if self._stopping:
-            raise ProcessStopping()
-
-    async def _steps(self, task: AdminTask, result: dict[str, Any]) -> None:
+    async def steps(self, task: AdminTask, result: dict[str, Any]) -> None:
         room_id, params = task.resource_id, task.params
         if params.get("block"):
             await self._store.block_room(room_id, params["requester"])
@@ -220,14 +142,14 @@ class RoomDeletionHandler:
             except SynapseError as e:
                 logger.warning("%s could not leave %s: %s", user_id, room_id, e.msg)
                 failed.append(user_id)
-            await self._save(task.task_id, result)
+            await self.save(task.task_id, result)
         if "local_aliases" not in result:
             aliases = await self._store.get_aliases_for_room(room_id)
             for alias in aliases:
                 await self._store.delete_alias(alias)
             await self._store.set_room_in_directory(room_id, False)
             result["local_aliases"] = aliases
-            await self._save(task.task_id, result)
+            await self.save(task.task_id, result)
         if params.get("purge") and not result.get("purged"):
             await self._purge(task.task_id, room_id, result)
 
@@ -245,7 +167,7 @@ class RoomDeletionHandler:
             if not batch:
                 break
             result["purged_upto"] = batch[-1][0]
-            await self._save(task_id, result)
+            await self.save(task_id, result)
         await self._store.delete_room_search_rows(room_id)
         result["purged"] = True
-        await self._save(task_id, result)
+        await self.save(task_id, result)

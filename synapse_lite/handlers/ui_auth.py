@@ -1,5 +1,6 @@
 """User-interactive authentication (the spec's "UIA"), for every endpoint
-that asks for it: registration (``m.login.dummy``) and the account changes a
+that asks for it: registration (``m.login.dummy``, or
+``m.login.registration_token`` when the server requires tokens) and the account changes a
 stolen access token must not be enough for (``m.login.password``).
 
 Every flow we offer has a single stage, so a round either completes the
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 DUMMY = "m.login.dummy"
 PASSWORD = "m.login.password"
+REGISTRATION_TOKEN = "m.login.registration_token"
 UI_AUTH_SESSION_LIFETIME_MS = 3_600_000
 _MAX_SESSION_LENGTH = 64
 
@@ -89,10 +91,30 @@ class InteractiveAuthHandler:
         """Pass if ``body["auth"]`` completes the ``m.login.dummy`` stage;
         returns the session it named, if any. A first round (no ``auth``)
         begins a session remembering ``params``."""
-        auth, session = await self._auth_object(body, DUMMY, operation, params)
-        if auth.get("type") != DUMMY:
-            await self._incomplete(DUMMY, session, operation)
-        return session
+        return (await self.check_stage(body, DUMMY, operation, params))[1]
+
+    async def check_stage(
+        self,
+        body: dict[str, Any],
+        stage: str,
+        operation: str,
+        params: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], UiAuthSession | None]:
+        """Pass if ``body["auth"]`` is of the type ``stage``; returns that
+        object (for the caller to check what the stage needs, failing with
+        :meth:`fail_stage`) and the session it named, if any. A first round
+        (no ``auth``) begins a session remembering ``params``."""
+        auth, session = await self._auth_object(body, stage, operation, params)
+        if auth.get("type") != stage:
+            await self._incomplete(stage, session, operation)
+        return auth, session
+
+    async def fail_stage(
+        self, stage: str, session: UiAuthSession | None, operation: str, error: tuple[str, str]
+    ) -> NoReturn:
+        """The 401 of a failed attempt at ``stage``: the flows again, with
+        ``error`` (message, errcode)."""
+        await self._incomplete(stage, session, operation, error=error)
 
     async def check_password(self, user_id: str, body: dict[str, Any], operation: str) -> None:
         """Pass if ``body["auth"]`` proves, with ``m.login.password``, that the

@@ -67,6 +67,13 @@ class RoomVisibility:
     #: ``(stream_ordering, membership)`` of each of the user's membership events.
     history: tuple[tuple[int, str], ...]
 
+    @classmethod
+    def everything(cls, user_id: str) -> RoomVisibility:
+        """A view that sees every event of a room: a server admin's
+        (``/_synapse/admin/v1/rooms/{roomId}/messages`` and ``/context``),
+        as a member since the start of a room always world-readable."""
+        return cls(user_id, ((0, "world_readable"),), ((0, "join"),))
+
     @property
     def history_visibility(self) -> str:
         """The room's setting now."""

@@ -75,7 +75,9 @@ class _CheckedEndpoint:
         tls_policy: IPolicyForHTTPS | None,
         host: bytes,
         port: int,
+        section: str = "outbound_requests",
     ) -> None:
+        self._section = section
         self._reactor = reactor
         self._config = config
         self._tls_policy = tls_policy
@@ -104,7 +106,7 @@ class _CheckedEndpoint:
         if refused or not addresses:
             raise OutboundRequestError(
                 f"{host} is at {', '.join(refused) or 'no address'}, which this server does"
-                " not connect to for users (outbound_requests.ip_range_denylist)",
+                f" not connect to ({self._section}.ip_range_denylist)",
                 denied=True,
             )
         address = addresses[0]
@@ -121,29 +123,42 @@ class _CheckedEndpoint:
 @implementer(IAgentEndpointFactory)
 class _CheckedEndpoints:
     def __init__(
-        self, reactor: Any, config: OutboundRequestsConfig, tls_policy: IPolicyForHTTPS
+        self,
+        reactor: Any,
+        config: OutboundRequestsConfig,
+        tls_policy: IPolicyForHTTPS,
+        section: str,
     ) -> None:
         self._reactor = reactor
         self._config = config
         self._tls_policy = tls_policy
+        self._section = section
 
     def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
         if uri.scheme not in (b"http", b"https"):
             raise OutboundRequestError(f"Only http and https URLs, not {uri.scheme!r}")
         policy = self._tls_policy if uri.scheme == b"https" else None
-        return _CheckedEndpoint(self._reactor, self._config, policy, uri.host, uri.port)
+        return _CheckedEndpoint(
+            self._reactor, self._config, policy, uri.host, uri.port, self._section
+        )
 
 
 class OutboundHttpClient:
     """Requests to user-named servers (see the module docstring)."""
 
     def __init__(
-        self, reactor: Any, config: OutboundRequestsConfig, tls_policy: IPolicyForHTTPS
+        self,
+        reactor: Any,
+        config: OutboundRequestsConfig,
+        tls_policy: IPolicyForHTTPS,
+        section: str = "outbound_requests",
     ) -> None:
+        """``section``: the config section whose deny list a refusal names
+        (federation's ``.well-known`` lookups use ``federation``'s)."""
         self._reactor = reactor
         # Nothing kept open: these servers are many and each seldom asked.
         pool = HTTPConnectionPool(reactor, persistent=False)
-        endpoints = _CheckedEndpoints(reactor, config, tls_policy)
+        endpoints = _CheckedEndpoints(reactor, config, tls_policy, section)
         self._http = HTTPClient(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
 
     async def request(

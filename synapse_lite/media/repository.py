@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer, threads
 
 from synapse_lite.api.errors import Codes, LimitExceededError, NotFoundError, SynapseError
+from synapse_lite.api.identifiers import check_identifier_text
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import RateLimitConfig
 from synapse_lite.config.media import MediaConfig, ThumbnailSize
@@ -34,11 +35,11 @@ from synapse_lite.media.thumbnailer import (
     ThumbnailError,
     make_thumbnail,
 )
-from synapse_lite.storage.databases.main.media import (
-    LocalMedia,
-    MediaRepositoryStore,
-    ThumbnailInfo,
-)
+from synapse_lite.replication.http.media import MediaDeleted, MediaToDelete
+from synapse_lite.storage.databases.main.media import LocalMedia, ThumbnailInfo
+
+if TYPE_CHECKING:
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class MediaRepository:
     def __init__(
         self,
         *,
-        store: MediaRepositoryStore,
+        store: GenericWorkerStore,
         storage: MediaStorage,
         clock: Clock,
         reactor: Any,
@@ -189,6 +190,24 @@ class MediaRepository:
                 logger.exception("Making a thumbnail of %s failed", media_id)
                 return
 
+    # Deletion (the admin API's, through DELETE_MEDIA)
+
+    async def delete_media(self, request: MediaToDelete) -> MediaDeleted:
+        """Serves :data:`DELETE_MEDIA`: each upload's thumbnails, file and
+        rows go; the ids that were there."""
+        deleted = []
+        for media_id in request.media_ids:
+            check_identifier_text(media_id, "media_id")
+            for info in await self._store.get_thumbnails(media_id):
+                await self.storage.delete_local(self._thumbnail_path(media_id, info))
+            await self.storage.delete_local(self.storage.paths.local_media(media_id))
+            self._uploaded_media.pop(media_id, None)
+            if await self._store.delete_local_media_rows(media_id):
+                deleted.append(media_id)
+        if deleted:
+            logger.info("deleted %d media: %s", len(deleted), ", ".join(deleted))
+        return MediaDeleted(deleted)
+
     # Downloads
 
     async def get_media(self, server_name: str, media_id: str, timeout_ms: int) -> LocalMedia:
@@ -198,6 +217,9 @@ class MediaRepository:
             raise NotFoundError(
                 f"Media of other servers ({server_name}) is not fetched by this server"
             )
+        if await self._store.is_media_quarantined(media_id):
+            # As if it did not exist (an admin quarantined it: never served).
+            raise NotFoundError("Unknown media")
         cached = self._uploaded_media.get(media_id)
         if cached is not None:
             self._uploaded_media.move_to_end(media_id)

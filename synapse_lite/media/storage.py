@@ -197,6 +197,11 @@ class MediaStorage:
                 # is a backup. Say so and go on.
                 logger.warning("Storing %s with %s failed: %s", relative_path, provider.name, e)
 
+    async def delete_local(self, relative_path: str) -> None:
+        """Remove the local file (the storage providers keep their copies:
+        they are backups, and nothing names the file any more)."""
+        await self._in_thread(_remove, self.paths.absolute(relative_path))
+
     async def local_path(self, relative_path: str) -> str | None:
         """The local file at ``relative_path``, fetched from a provider if
         it is not here; None if no backend has it."""

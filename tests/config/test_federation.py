@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from typing import Any
 
 from twisted.trial import unittest
 
@@ -24,12 +25,78 @@ class FederationConfigTestCase(unittest.TestCase):
         config = load_config(write_config(self.dir, {"server_name": "a.example"}))
         federation = config.federation
         self.assertEqual(federation.retry.initial_seconds, 1.0)
-        self.assertEqual(federation.base_url("b.example"), "https://b.example:8448")
-        self.assertEqual(federation.base_url("b.example:443"), "https://b.example:443")
-        self.assertEqual(federation.base_url("[::1]"), "https://[::1]:8448")
-        self.assertEqual(federation.base_url("[::1]:8000"), "https://[::1]:8000")
+        self.assertTrue(federation.verify_certificates)
+        self.assertFalse(federation.address_filter.allows_address("127.0.0.1"))
+        self.assertTrue(federation.address_filter.allows_address("8.8.8.8"))
+        self.assertIsNone(federation.well_known_server)
         mapped = self.load({"destinations": {"b.example": "http://127.0.0.1:8009/"}})
-        self.assertEqual(mapped.federation.base_url("b.example"), "http://127.0.0.1:8009")  # type: ignore[attr-defined]
+        self.assertEqual(mapped.federation.destinations["b.example"], "http://127.0.0.1:8009")  # type: ignore[attr-defined]
+
+    def test_discovery_settings(self) -> None:
+        config: Any = self.load(
+            {
+                "ip_range_allowlist": ["127.0.0.0/8"],
+                "verify_certificates": False,
+                "well_known_server": "fed.a.example:443",
+                "well_known_client": {"m.homeserver": {"base_url": "https://a.example"}},
+            }
+        )
+        federation = config.federation
+        self.assertTrue(federation.address_filter.allows_address("127.0.0.2"))
+        self.assertFalse(federation.address_filter.allows_address("10.0.0.1"))
+        self.assertFalse(federation.verify_certificates)
+        self.assertEqual(federation.well_known_server, "fed.a.example:443")
+        self.assertEqual(
+            federation.well_known_client, {"m.homeserver": {"base_url": "https://a.example"}}
+        )
+
+    def test_key_settings(self) -> None:
+        key = "A" * 43
+        config: Any = self.load(
+            {
+                "trusted_key_servers": [
+                    {"server_name": "notary.example", "verify_keys": {"ed25519:n": key}},
+                    {"server_name": "other.example:8448"},
+                ],
+                "old_verify_keys": {"ed25519:old": {"key": key, "expired_ts": 5}},
+            }
+        )
+        federation = config.federation
+        self.assertEqual(
+            [(t.server_name, t.verify_keys) for t in federation.trusted_key_servers],
+            [("notary.example", {"ed25519:n": key}), ("other.example:8448", {})],
+        )
+        self.assertEqual(federation.old_verify_keys, {"ed25519:old": (key, 5)})
+        self.assertEqual(self.load({}).federation.trusted_key_servers, ())  # type: ignore[attr-defined]
+        with self.assertRaises(ConfigError) as cm:
+            self.load(
+                {
+                    "trusted_key_servers": [
+                        {"server_name": "bad name", "verify_keys": {"ed25519:n": "short"}}
+                    ],
+                    "old_verify_keys": {"rsa:x": {"key": key, "expired_ts": 1}},
+                }
+            )
+        text = str(cm.exception)
+        self.assertIn("federation.trusted_key_servers[0].server_name", text)
+        self.assertIn("federation.trusted_key_servers[0].verify_keys.ed25519:n", text)
+        self.assertIn("federation.old_verify_keys.rsa:x: key ids are", text)
+
+    def test_bad_discovery_settings_name_their_key(self) -> None:
+        with self.assertRaises(ConfigError) as cm:
+            self.load(
+                {
+                    "ip_range_denylist": ["not a range"],
+                    "well_known_server": "a b:99999",
+                    "well_known_client": {"m.homeserver": {}},
+                    "verify_certificates": "no",
+                }
+            )
+        text = str(cm.exception)
+        self.assertIn("federation.ip_range_denylist[0]", text)
+        self.assertIn("federation.well_known_server: must be a server name", text)
+        self.assertIn("federation.well_known_client: must be a mapping with m.homeserver", text)
+        self.assertIn("federation.verify_certificates: must be true or false", text)
 
     def test_bad_values_name_their_key(self) -> None:
         with self.assertRaises(ConfigError) as cm:

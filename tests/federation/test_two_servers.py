@@ -5,6 +5,7 @@ an inbound request on a worker that is not the to_device writer."""
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any, cast
 
 import treq
@@ -13,7 +14,12 @@ from twisted.trial import unittest
 
 from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.auth import XMatrixAuth, request_json, sign_request
-from synapse_lite.federation.crypto import SigningKey, canonical_json, load_or_create_signing_key
+from synapse_lite.federation.crypto import (
+    SigningKey,
+    canonical_json,
+    load_or_create_signing_key,
+    verify_signed_json,
+)
 from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
@@ -227,7 +233,7 @@ class TwoServersTestCase(unittest.TestCase):
         key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         await self.put_send(key, "k1", self.edu_body("k1", bob, {}))
         store = self.b["main"].store
-        await store.store_server_keys("a.test", {key.key_id: key.verify_key_base64}, 1)
+        await store.store_server_keys("a.test", {key.key_id: (key.verify_key_base64, 1)})
         keyring = self.b["fed1"].keyring
         assert keyring is not None
         keyring._cache.clear()
@@ -246,3 +252,93 @@ class TwoServersTestCase(unittest.TestCase):
         key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         self.assertEqual(keys, {key.key_id: key.verify_key_base64})
         self.assertGreater(valid_until, self.a["main"].clock.time_msec())
+
+    async def test_notary(self) -> None:
+        """a answers for b's keys (fetched from b, stored as b signed them)
+        with its own signature added, by GET and POST."""
+        b_key = load_or_create_signing_key(self.b["main"].config.data_dir, create=False)
+        a_key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
+        response = await treq.get(
+            self.urls["a.test"] + "/_matrix/key/v2/query/b.test", pool=NO_KEEPALIVE
+        )
+        [document] = json.loads(await treq.content(response))["server_keys"]
+        verify_signed_json(document, "b.test", b_key.key_id, b_key.verify_key_base64)
+        verify_signed_json(document, "a.test", a_key.key_id, a_key.verify_key_base64)
+        stored = await self.a["main"].store.get_server_key_json("b.test")
+        assert stored is not None
+        self.assertEqual(list(stored["signatures"]), ["b.test"])
+        response = await treq.post(
+            self.urls["a.test"] + "/_matrix/key/v2/query",
+            data=json.dumps(
+                {"server_keys": {"b.test": {}, "a.test": {}, "nowhere.invalid:8448": {}}}
+            ).encode(),
+            pool=NO_KEEPALIVE,
+        )
+        self.assertEqual(response.code, 200)
+        answer = json.loads(await treq.content(response))
+        self.assertEqual(
+            sorted(d["server_name"] for d in answer["server_keys"]), ["a.test", "b.test"]
+        )
+        response = await treq.post(
+            self.urls["a.test"] + "/_matrix/key/v2/query",
+            data=b'{"server_keys": []}',
+            pool=NO_KEEPALIVE,
+        )
+        self.assertEqual(response.code, 400)
+        await treq.content(response)
+
+    async def test_remote_profiles_and_aliases(self) -> None:
+        """a's clients see b's users' profiles and b's aliases, asked of b
+        (served on b's federation worker)."""
+        alice, bob = await self.users()
+        await bob.ok("PUT", f"/profile/{bob.user_id}/displayname", {"displayname": "Bob B"})
+        profile = await alice.ok("GET", f"/profile/{bob.user_id}")
+        self.assertEqual(profile, {"displayname": "Bob B"})
+        field = await alice.ok("GET", f"/profile/{bob.user_id}/displayname")
+        self.assertEqual(field, {"displayname": "Bob B"})
+        code, answer = await alice.request("GET", "/profile/@nobody:b.test")
+        self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"))
+
+        room_id = await bob.create_room()
+        await bob.ok("PUT", "/directory/room/%23lobby:b.test", {"room_id": room_id})
+        resolved = await alice.ok("GET", "/directory/room/%23lobby:b.test")
+        self.assertEqual(resolved, {"room_id": room_id, "servers": ["b.test"]})
+        code, answer = await alice.request("GET", "/directory/room/%23nothing:b.test")
+        self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"))
+        # A server nobody can reach: 404, saying so; a name that is no server: 400.
+        self.a["main"].config.federation.destinations["gone.test"] = "http://127.0.0.1:1"
+        code, answer = await alice.request("GET", "/directory/room/%23x:gone.test")
+        self.assertEqual(code, 404)
+        self.assertIn("no answer could be had from gone.test", answer["error"])
+        code, _ = await alice.request("GET", "/profile/@x:bad%20name")
+        self.assertEqual(code, 400)
+
+    async def test_query_endpoints_served(self) -> None:
+        _, bob = await self.users()
+        await bob.ok("PUT", f"/profile/{bob.user_id}/displayname", {"displayname": "Bob B"})
+        key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
+
+        async def get(path: str, signed: bool = True) -> tuple[int, Any]:
+            headers: dict[Any, Any] = {}
+            if signed:
+                headers["Authorization"] = [
+                    sign_request(key, "a.test", "b.test", "GET", path, None)
+                ]
+            response = await treq.get(
+                self.urls["b.test"] + path, headers=headers, pool=NO_KEEPALIVE
+            )
+            return response.code, json.loads(await treq.content(response))
+
+        base = "/_matrix/federation/v1/query"
+        user = urllib.parse.quote(str(bob.user_id))
+        self.assertEqual(
+            await get(f"{base}/profile?user_id={user}"), (200, {"displayname": "Bob B"})
+        )
+        self.assertEqual(await get(f"{base}/profile?user_id={user}&field=avatar_url"), (200, {}))
+        self.assertEqual((await get(f"{base}/profile?user_id={user}", signed=False))[0], 401)
+        self.assertEqual((await get(f"{base}/profile?user_id={user}&field=x"))[0], 400)
+        self.assertEqual((await get(f"{base}/profile?user_id=%40x%3Aa.test"))[0], 400)
+        self.assertEqual((await get(f"{base}/profile"))[0], 400)
+        self.assertEqual((await get(f"{base}/profile?user_id=%40nobody%3Ab.test"))[0], 404)
+        self.assertEqual((await get(f"{base}/directory?room_alias=%23x%3Aa.test"))[0], 400)
+        self.assertEqual((await get(f"{base}/directory?room_alias=%23none%3Ab.test"))[0], 404)

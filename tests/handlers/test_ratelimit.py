@@ -35,3 +35,20 @@ class RatelimiterTestCase(unittest.TestCase):
         limiter = Ratelimiter(Clock(task.Clock()), RateLimitConfig(0.0, 1), enabled=False)
         for _ in range(10):
             limiter.ratelimit("@a:hs")
+
+    def test_override(self) -> None:
+        """An admin's override replaces the configured limit for its key;
+        0 per second lifts it."""
+        reactor = task.Clock()
+        limiter = Ratelimiter(Clock(reactor), RateLimitConfig(per_second=1.0, burst=1))
+        generous = RateLimitConfig(per_second=10.0, burst=5)
+        for _ in range(5):
+            limiter.ratelimit("@a:hs", override=generous)
+        with self.assertRaises(LimitExceededError) as e:
+            limiter.ratelimit("@a:hs", override=generous)
+        self.assertEqual(e.exception.retry_after_ms, 100)
+        for _ in range(50):
+            limiter.ratelimit("@a:hs", override=RateLimitConfig(per_second=0.0, burst=0))
+        limiter.ratelimit("@b:hs")
+        with self.assertRaises(LimitExceededError):
+            limiter.ratelimit("@b:hs")

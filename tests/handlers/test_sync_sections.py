@@ -105,7 +105,7 @@ class ToDeviceSectionTests(unittest.TestCase):
 
 class E2EKeysSectionTests(unittest.TestCase):
     async def test_counts_always_name_signed_curve25519_and_are_never_news(self) -> None:
-        store = Reads(count_one_time_keys={"curve25519": 2}, get_unused_fallback_key_types=["x"])
+        store = Reads(get_device_key_counts=({"curve25519": 2}, ["x"]))
         section = E2EKeysSection(store)
         self.assertTrue(section.independent)
         response = SyncResponse(token())

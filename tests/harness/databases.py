@@ -9,8 +9,10 @@ differently on the other engine.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -94,24 +96,118 @@ class TestDatabase:
             conn.close()
 
 
-def create_test_database(engine_name: str | None = None) -> TestDatabase:
-    """Create an empty database; the caller drops it (use ``addCleanup``)."""
+def create_test_database(
+    engine_name: str | None = None, *, with_schema: bool = False
+) -> TestDatabase:
+    """Create a database; the caller drops it (use ``addCleanup``).
+
+    Empty, or with ``with_schema`` holding the current schema as the main
+    process's first start leaves it (``prepare_database``), copied from a
+    template this process prepared once: a fresh schema per test costs a
+    second or more on PostgreSQL (most of CI's PostgreSQL pass), a copy a
+    fraction of it. A homeserver started on it finds the schema current."""
     engine_name = engine_name or test_engine_name()
     if engine_name == "sqlite":
         directory = tempfile.mkdtemp(prefix="synapse_lite_test_")
-        return TestDatabase("sqlite", {"path": os.path.join(directory, "homeserver.db")})
+        path = os.path.join(directory, "homeserver.db")
+        if with_schema:
+            shutil.copyfile(_sqlite_template(), path)
+        return TestDatabase("sqlite", {"path": path})
     require_python_module("psycopg2", "postgres")
     require_postgres()
     import psycopg2
 
     admin = dict(postgres_args(), dbname="postgres")
     name = f"synapse_lite_test_{os.getpid()}_{next(_counter)}"
+    template = _postgres_template() if with_schema else "template0"
     conn = psycopg2.connect(**admin)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            cur.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+            cur.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+            # A commit need not wait for its WAL to reach the disk: what the
+            # tests kill is our processes, never PostgreSQL, and a commit is
+            # visible to every session at once either way.
+            cur.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
     finally:
         conn.close()
     return TestDatabase("postgres", dict(postgres_args(), dbname=name), admin)
+
+
+#: This process's prepared templates, by engine name.
+_templates: dict[str, str] = {}
+
+
+def _prepare_schema(database: TestDatabase) -> None:
+    from synapse_lite.storage.database import make_startup_connection
+    from synapse_lite.storage.prepare_database import prepare_database
+
+    conn = make_startup_connection(database.make_engine())
+    try:
+        prepare_database(conn, is_main=True)
+    finally:
+        conn.close()
+
+
+def _sqlite_template() -> str:
+    """A SQLite file with the current schema, made once per process."""
+    if "sqlite" not in _templates:
+        database = create_test_database("sqlite")
+        _prepare_schema(database)
+        # Everything in the one file: a copy of it is the whole database.
+        import sqlite3
+
+        with sqlite3.connect(database.args["path"]) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        atexit.register(database.drop)
+        _templates["sqlite"] = database.args["path"]
+    return _templates["sqlite"]
+
+
+def _postgres_template() -> str:
+    """A PostgreSQL database with the current schema, made once per process
+    (and dropped at its exit); templates of processes that died are dropped
+    first, so they do not pile up."""
+    if "postgres" not in _templates:
+        import psycopg2
+
+        admin = dict(postgres_args(), dbname="postgres")
+        conn = psycopg2.connect(**admin)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT datname FROM pg_database WHERE datname LIKE 'synapse_lite_template_%'"
+                )
+                for (stale,) in cur.fetchall():
+                    pid = int(stale.rsplit("_", 1)[1])
+                    if not _pid_alive(pid):
+                        cur.execute(f"DROP DATABASE IF EXISTS {stale} WITH (FORCE)")
+        finally:
+            conn.close()
+        database = create_test_database("postgres")
+        _prepare_schema(database)
+        name = f"synapse_lite_template_{os.getpid()}"
+        conn = psycopg2.connect(**admin)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                cur.execute(f"ALTER DATABASE {database.args['dbname']} RENAME TO {name}")
+        finally:
+            conn.close()
+        template = TestDatabase("postgres", dict(database.args, dbname=name), admin)
+        atexit.register(template.drop)
+        _templates["postgres"] = name
+    return _templates["postgres"]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

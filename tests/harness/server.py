@@ -76,10 +76,14 @@ def make_homeserver(
 
 
 class DatabaseTestCase(unittest.TestCase):
-    """A test with a fresh database (``self.test_db``)."""
+    """A test with a fresh database (``self.test_db``), holding the current
+    schema unless the class sets ``with_schema = False`` (tests of the schema
+    itself need it empty)."""
+
+    with_schema = True
 
     def setUp(self) -> None:
-        self.test_db = create_test_database()
+        self.test_db = create_test_database(with_schema=self.with_schema)
         self.addCleanup(self.test_db.drop)
 
 

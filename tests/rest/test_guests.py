@@ -189,7 +189,7 @@ class GuestAccessTestCase(DatabaseTestCase):
         self.assertFalse((await guest.ok("GET", "/account/whoami"))["is_guest"])
         store = self.servers["main"].store
         owner = await store.get_user_by_access_token(hash_token(guest.token))
-        self.assertEqual(owner, (guest.user_id, guest.device_id, False))
+        self.assertEqual(owner, (guest.user_id, guest.device_id, False, None))
         # A room without guest access is open to the full account.
         room = await self.alice.create_room(preset="public_chat")
         await upgraded.ok("POST", f"/join/{room}", {})

@@ -119,3 +119,40 @@ class IgnoredUsersThroughWorkersTestCase(IgnoredUsersTestCase):
     workers = ["writer1", "reader1"]
     stream_writers = {"events": ["writer1"], "account_data": ["writer1"]}
     entry = "reader1"
+
+
+class IgnoredListReadsTestCase(DatabaseTestCase):
+    """/sync reads the list again only once the account_data stream moved
+    (issue 35: a woken /sync usually reads nothing for it)."""
+
+    async def test_read_once_until_account_data_changes(self) -> None:
+        servers, clients, _ = start_cluster(self, self.test_db)
+        store = servers["main"].store
+        reads: list[str] = []
+        read = store.get_global_account_data_of_type
+
+        async def counting(user_id: str, data_type: str) -> Any:
+            if data_type == IGNORED:
+                reads.append(user_id)
+            return await read(user_id, data_type)
+
+        self.patch(store, "get_global_account_data_of_type", counting)
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room}", {})
+        first = await alice.sync()
+        await bob.send(room, "one")
+        second = await alice.sync(since=first["next_batch"])
+        self.assertEqual(bodies(timeline(second, room)), ["one"])
+        self.assertEqual(reads, [alice.user_id])
+        await alice.ok(
+            "PUT",
+            f"/user/{alice.user_id}/account_data/{IGNORED}",
+            {"ignored_users": {bob.user_id: {}}},
+        )
+        await bob.send(room, "two")
+        third = await alice.sync(since=second["next_batch"])
+        self.assertEqual(bodies(timeline(third, room)), [])
+        self.assertEqual(reads, [alice.user_id, alice.user_id])

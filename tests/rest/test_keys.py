@@ -12,6 +12,7 @@ from twisted.internet import defer
 from synapse_lite.handlers import e2e_keys
 from synapse_lite.handlers.e2e_keys import MAX_ONE_TIME_KEYS_PER_UPLOAD
 from tests.harness.client_api import ClientApi, serve, start_cluster
+from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, make_homeserver
 from tests.harness.spec import assert_spec_response
 
@@ -127,6 +128,42 @@ class KeysTestCase(DatabaseTestCase):
         sync = await self.alice.sync()
         self.assertEqual(sync["device_one_time_keys_count"], {"signed_curve25519": 0})
         self.assertEqual(sync["device_unused_fallback_key_types"], [])
+
+    async def test_sync_counts_follow_changes_made_on_another_process(self) -> None:
+        """The reader keeps the counts it served (issue 35: a /sync reads
+        nothing for them) and forgets them when an upload, a claim or the
+        device's deletion on main changes them."""
+        reader, store = self.on_reader(self.alice), self.servers["reader"].store
+        fallback = {"signed_curve25519:fb": {"key": "fb", "fallback": True, "signatures": {}}}
+
+        async def counts() -> tuple[Any, Any]:
+            sync = await reader.sync()
+            return sync["device_one_time_keys_count"], sync["device_unused_fallback_key_types"]
+
+        self.assertEqual(await counts(), ({"signed_curve25519": 0}, []))
+        reads: list[str] = []
+        read = store.db_pool.runInteraction
+
+        async def counting(desc: str, *args: Any, **kwargs: Any) -> Any:
+            reads.append(desc)
+            return await read(desc, *args, **kwargs)
+
+        self.patch(store.db_pool, "runInteraction", counting)
+        await counts()
+        self.assertNotIn("get_device_key_counts", reads)
+        await self.alice.ok(
+            "POST", "/keys/upload", {"one_time_keys": one_time_keys(3), "fallback_keys": fallback}
+        )
+        expected = ({"signed_curve25519": 3}, ["signed_curve25519"])
+        await eventually(lambda: self._is(counts(), expected), what="the upload's counts")
+        body = {"one_time_keys": {self.alice.user_id: {self.alice.device_id: "signed_curve25519"}}}
+        for _ in range(4):
+            await self.bob.ok("POST", "/keys/claim", body)
+        expected = ({"signed_curve25519": 0}, [])
+        await eventually(lambda: self._is(counts(), expected), what="the claims' counts")
+
+    async def _is(self, value: Any, expected: Any) -> bool:
+        return bool(await value == expected)
 
     async def test_claim_unknown_device_and_remote_user(self) -> None:
         result = await self.bob.ok(

@@ -271,14 +271,16 @@ class SyncReadFailureTestCase(DatabaseTestCase):
         hs = self.servers["main"]
         failing_read: defer.Deferred[None] = defer.Deferred()
 
-        async def count_one_time_keys(user_id: str, device_id: str) -> dict[str, int]:
+        async def get_device_key_counts(
+            user_id: str, device_id: str
+        ) -> tuple[dict[str, int], list[str]]:
             await failing_read
-            return {}
+            return {}, []
 
         async def unread_counts(*args: Any) -> Any:
             raise RuntimeError("the unread counts read failed")
 
-        self.patch(hs.store, "count_one_time_keys", count_one_time_keys)
+        self.patch(hs.store, "get_device_key_counts", get_device_key_counts)
         # A read of the rooms section, which runs while the key counts
         # (an independent section) are still being read.
         self.patch(hs.store, "get_unread_counts", unread_counts)

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from synapse_lite.rest.admin import reports, rooms, server, users
+from synapse_lite.rest.admin import (
+    federation,
+    media,
+    registration_tokens,
+    reports,
+    rooms,
+    server,
+    users,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.http.server import JsonResource
@@ -19,5 +27,5 @@ if TYPE_CHECKING:
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     """Serve every admin endpoint on ``resource``."""
-    for module in (server, users, rooms, reports):
+    for module in (server, users, rooms, reports, registration_tokens, media, federation):
         module.register_servlets(handlers, resource)

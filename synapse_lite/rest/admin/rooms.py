@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
+from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.handlers.admin_rooms import ROOM_ORDERINGS
 from synapse_lite.handlers.room_deletion import shutdown_json
 from synapse_lite.http.fields import bool_value
@@ -25,6 +26,7 @@ from synapse_lite.rest.admin._base import (
     query_choice,
     query_descending,
 )
+from synapse_lite.rest.client.room import read_context, read_messages
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
@@ -116,3 +118,71 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "GET", admin_path("v1", ROOM + "/members"), get_members, "admin_room_members"
     )
     resource.register_paths("GET", admin_path("v1", ROOM + "/state"), get_state, "admin_room_state")
+
+    tools = handlers.admin_room_tools
+
+    async def messages(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        page = await read_messages(
+            handlers, requester, request, room_id, max_limit=MAX_PAGE, as_admin=True
+        )
+        return 200, page
+
+    async def context(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        return 200, await read_context(handlers, requester, request, room_id, event_id, True)
+
+    async def make_room_admin(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        if "user_id" in body and not isinstance(body["user_id"], str):
+            raise SynapseError(400, "'user_id' must be a user id", Codes.INVALID_PARAM)
+        await tools.make_room_admin(requester, room_id, body)
+        return 200, {}
+
+    async def forward_extremities(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await tools.forward_extremities(room_id)
+
+    purges = handlers.purge_history
+
+    async def purge_history(
+        request: Request, room_id: str, event_id: str | None = None
+    ) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        return 200, {"purge_id": await purges.schedule(requester, room_id, event_id, body)}
+
+    async def purge_status(request: Request, purge_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await purges.status(purge_id)
+
+    register = resource.register_paths
+    purge = admin_path("v1", "/purge_history/(?P<room_id>[^/]+)")
+    register("POST", purge, purge_history, "admin_purge_history")
+    register("POST", purge + "/(?P<event_id>[^/]+)", purge_history, "admin_purge_history")
+    register(
+        "GET",
+        admin_path("v1", "/purge_history_status/(?P<purge_id>[^/]+)"),
+        purge_status,
+        "admin_purge_history_status",
+    )
+    register("GET", admin_path("v1", ROOM + "/messages"), messages, "admin_room_messages")
+    register(
+        "GET",
+        admin_path("v1", ROOM + "/context/(?P<event_id>[^/]+)"),
+        context,
+        "admin_room_context",
+    )
+    register(
+        "POST",
+        admin_path("v1", ROOM + "/make_room_admin"),
+        make_room_admin,
+        "admin_make_room_admin",
+    )
+    register(
+        "GET",
+        admin_path("v1", ROOM + "/forward_extremities"),
+        forward_extremities,
+        "admin_forward_extremities",
+    )

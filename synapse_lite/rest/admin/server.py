@@ -1,5 +1,5 @@
 """``GET /_synapse/admin/v1/server_version``: answered without a token (the
-admin UI asks before logging in)."""
+admin UI asks before logging in); ``POST /v1/send_server_notice[/{txnId}]``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.web.server import Request
 
 from synapse_lite import __version__
-from synapse_lite.http.server import JsonResource
+from synapse_lite.api.identifiers import check_identifier_text
+from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.rest.admin._base import admin_path
 
 if TYPE_CHECKING:
@@ -21,4 +22,18 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     resource.register_paths(
         "GET", admin_path("v1", "/server_version"), server_version, "admin_server_version"
+    )
+
+    async def send_server_notice(request: Request, txn_id: str | None = None) -> tuple[int, Any]:
+        requester = await handlers.admin.get_admin_by_req(request)
+        if txn_id is not None:
+            check_identifier_text(txn_id, "txnId")
+        body = parse_json_object_from_request(request)
+        event_id = await handlers.server_notices.send(requester, body, txn_id)
+        return 200, {"event_id": event_id}
+
+    notice = admin_path("v1", "/send_server_notice")
+    resource.register_paths("POST", notice, send_server_notice, "admin_send_server_notice")
+    resource.register_paths(
+        "PUT", notice + "/(?P<txn_id>[^/]+)", send_server_notice, "admin_send_server_notice"
     )

@@ -96,6 +96,31 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         users.check_local(user_id)
         return 200, await admin.whois(requester, user_id)
 
+    async def shadow_ban(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        banned = request.method == b"POST"
+        await users.set_shadow_banned(requester, user_id, banned)
+        return 200, {}
+
+    async def get_override(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.get_ratelimit_override(user_id)
+
+    async def set_override(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        return 200, await users.set_ratelimit_override(requester, user_id, body)
+
+    async def delete_override(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        await users.delete_ratelimit_override(requester, user_id)
+        return 200, {}
+
+    async def login_as(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request, allow_empty=True)
+        return 200, {"access_token": await users.login_as(requester, user_id, body)}
+
     async def list_users_v2(request: Request) -> tuple[int, Any]:
         return await list_users(request, flags_as_ints=True)
 
@@ -116,6 +141,15 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "POST", admin_path("v1", "/reset_password" + USER), reset_password, "admin_reset_password"
     )
     resource.register_paths("GET", admin_path("v1", "/whois" + USER), whois, "admin_whois_v1")
+    banned = admin_path("v1", "/users" + USER + "/shadow_ban")
+    resource.register_paths("POST", banned, shadow_ban, "admin_shadow_ban")
+    resource.register_paths("DELETE", banned, shadow_ban, "admin_shadow_ban")
+    login_path = admin_path("v1", "/users" + USER + "/login")
+    resource.register_paths("POST", login_path, login_as, "admin_login_as")
+    override = admin_path("v1", "/users" + USER + "/override_ratelimit")
+    resource.register_paths("GET", override, get_override, "admin_override_ratelimit")
+    resource.register_paths("POST", override, set_override, "admin_override_ratelimit")
+    resource.register_paths("DELETE", override, delete_override, "admin_override_ratelimit")
 
     async def joined_rooms(request: Request, user_id: str) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)
@@ -179,6 +213,14 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         order_by = query_choice(request, "order_by", list(MEDIA_ORDERINGS), "created_ts")
         return 200, await users.media(user_id, offset, limit, order_by, query_descending(request))
 
+    async def delete_user_media(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        offset, limit = page(request)
+        order_by = query_choice(request, "order_by", list(MEDIA_ORDERINGS), "created_ts")
+        return 200, await handlers.admin_media.delete_user_media(
+            requester, user_id, offset, limit, order_by, query_descending(request)
+        )
+
     async def media_statistics(request: Request) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)
         offset, limit = page(request)
@@ -207,6 +249,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", admin_path("v1", "/username_available"), username_available, "admin_username")
     register("GET", user_path("v1", "/pushers"), pushers, "admin_user_pushers")
     register("GET", user_path("v1", "/media"), user_media, "admin_user_media")
+    register("DELETE", user_path("v1", "/media"), delete_user_media, "admin_user_media")
     register(
         "GET", admin_path("v1", "/statistics/users/media"), media_statistics, "admin_media_stats"
     )

@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.account import AccountHandler
     from synapse_lite.handlers.account_data import AccountDataHandler
     from synapse_lite.handlers.admin import AdminHandler
+    from synapse_lite.handlers.admin_media import AdminMediaHandler
     from synapse_lite.handlers.admin_reports import AdminReportsHandler
+    from synapse_lite.handlers.admin_room_tools import AdminRoomToolsHandler
     from synapse_lite.handlers.admin_rooms import AdminRoomsHandler
     from synapse_lite.handlers.admin_users import AdminUsersHandler
     from synapse_lite.handlers.auth import AuthHandler
@@ -56,9 +58,11 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.pagination import PaginationHandler
     from synapse_lite.handlers.presence import PresenceHandlerBase
     from synapse_lite.handlers.profile import ProfileHandler
+    from synapse_lite.handlers.purge_history import PurgeHistoryHandler
     from synapse_lite.handlers.push_rules import PushRulesHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
     from synapse_lite.handlers.register import RegistrationHandler
+    from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
     from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.handlers.reports import ReportsHandler
     from synapse_lite.handlers.room import RoomCreationHandler
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.room_member import RoomMemberHandler
     from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler
     from synapse_lite.handlers.search import SearchHandler
+    from synapse_lite.handlers.server_notices import ServerNoticesHandler
     from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
@@ -81,6 +86,7 @@ class ClientHandlers:
     clock: Clock
     auth: AuthHandler
     registration: RegistrationHandler
+    registration_tokens: RegistrationTokensHandler
     login: LoginHandler
     devices: DeviceHandler
     filtering: FilteringHandler
@@ -105,7 +111,11 @@ class ClientHandlers:
     admin: AdminHandler
     admin_users: AdminUsersHandler
     admin_rooms: AdminRoomsHandler
+    admin_media: AdminMediaHandler
+    server_notices: ServerNoticesHandler
+    admin_room_tools: AdminRoomToolsHandler
     room_deletion: RoomDeletionHandler
+    purge_history: PurgeHistoryHandler
     admin_reports: AdminReportsHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler

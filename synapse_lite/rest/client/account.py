@@ -39,6 +39,13 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await handlers.registration.check_username(username)
         return 200, {"available": True}
 
+    async def token_validity(request: Request) -> tuple[int, Any]:
+        token = query_string(request, "token")
+        if token is None:
+            raise SynapseError(400, "Missing 'token'", Codes.MISSING_PARAM)
+        valid = await handlers.registration.token_validity(client_ip(request), token)
+        return 200, {"valid": valid}
+
     async def get_login(request: Request) -> tuple[int, Any]:
         return 200, {"flows": LOGIN_FLOWS}
 
@@ -77,6 +84,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     resource.register_paths("POST", client_path("/register"), register, "register")
     resource.register_paths(
         "GET", client_path("/register/available"), register_available, "register_available"
+    )
+    resource.register_paths(
+        "GET",
+        "/_matrix/client/v1/register/m.login.registration_token/validity",
+        token_validity,
+        "registration_token_validity",
     )
     resource.register_paths("GET", client_path("/login"), get_login, "login")
     resource.register_paths("POST", client_path("/login"), login, "login")

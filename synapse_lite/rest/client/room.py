@@ -13,6 +13,7 @@ from synapse_lite.api.identifiers import (
     check_user_id,
 )
 from synapse_lite.handlers.filtering import parse_room_event_filter
+from synapse_lite.handlers.shadow_ban import fake_event_id
 from synapse_lite.handlers.typing import check_typing_request
 from synapse_lite.http.fields import get_optional_str
 from synapse_lite.http.server import (
@@ -51,6 +52,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def create_room(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         body = parse_json_object_from_request(request, allow_empty=True)
+        if requester.shadow_banned:
+            # The room is made; its invites reach nobody.
+            body = {k: v for k, v in body.items() if k not in ("invite", "invite_3pid")}
         room_id = await handlers.room_creation.create_room(requester, body)
         return 200, {"room_id": room_id}
 
@@ -107,6 +111,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 )
             target = None if action == "leave" else check_user_id(body.get("user_id"))
             reason = get_optional_str(body, "reason", max_length=1024)
+            if action == "invite" and requester.shadow_banned:
+                return 200, {}
             await handlers.members.update_membership(requester, room_id, action, target, reason)
             return 200, {}
 
@@ -122,6 +128,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 400, "Send redactions with /rooms/{roomId}/redact", Codes.INVALID_PARAM
             )
         content = parse_json_object_from_request(request)
+        if requester.shadow_banned:
+            return 200, {"event_id": fake_event_id(requester, room_id, txn_id)}
         event_id = await handlers.events.send_client_event(
             requester,
             room_id,
@@ -139,6 +147,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_room_id(room_id)
         check_identifier_text(event_type, "eventType")
         content = parse_json_object_from_request(request)
+        if requester.shadow_banned:
+            return 200, {"event_id": fake_event_id(requester, room_id, None)}
         event_id = await handlers.events.send_client_event(requester, room_id, event_type, content)
         return 200, {"event_id": event_id}
 
@@ -150,6 +160,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request, allow_empty=True)
         reason = get_optional_str(body, "reason", max_length=1024)
         content: dict[str, object] = {} if reason is None else {"reason": reason}
+        if requester.shadow_banned:
+            txn_key = f"redact {event_id} {txn_id}"
+            return 200, {"event_id": fake_event_id(requester, room_id, txn_key)}
         redaction_id = await handlers.events.send_client_event(
             requester, room_id, "m.room.redaction", content, txn_id=txn_id, redacts=event_id
         )
@@ -165,6 +178,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         content = parse_json_object_from_request(request)
         if event_type == "m.room.canonical_alias" and state_key == "":
             await handlers.directory.check_canonical_alias(room_id, content)
+        if requester.shadow_banned and (
+            event_type != "m.room.member" or content.get("membership") == "invite"
+        ):
+            # No transaction id: a repeat gets another id, as a real
+            # state change's would when it changes the state again.
+            return 200, {"event_id": fake_event_id(requester, room_id, None)}
         event_id = await handlers.events.send_client_event(
             requester,
             room_id,
@@ -197,26 +216,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def messages(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        check_room_id(room_id)
-        direction = query_string(request, "dir", "b")
-        if direction not in ("b", "f"):
-            raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
-        limit = query_int(request, "limit", 10, maximum=10_000)
-        assert limit is not None
-        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
-        page = await handlers.pagination.get_messages(
-            requester,
-            room_id,
-            query_string(request, "from"),
-            query_string(request, "to"),
-            direction,
-            limit,
-            event_filter,
-            event_format,
-        )
-        if not event_format.federation:  # federation's ``unsigned`` holds no bundles
-            await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
-        return 200, page
+        return 200, await read_messages(handlers, requester, request, room_id, max_limit=10_000)
 
     async def get_event(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -229,18 +229,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def context(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        check_room_id(room_id)
-        check_identifier_text(event_id, "eventId")
-        limit = query_int(request, "limit", 10, maximum=MAX_CONTEXT_LIMIT)
-        assert limit is not None
-        event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
-        context = await handlers.pagination.get_context(
-            requester, room_id, event_id, limit, event_filter, event_format
-        )
-        if not event_format.federation:
-            served = [context["event"], *context["events_before"], *context["events_after"]]
-            await handlers.relations.add_bundles(room_id, served, requester.user_id)
-        return 200, context
+        return 200, await read_context(handlers, requester, request, room_id, event_id)
 
     async def forget(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -293,6 +282,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         if user_id != requester.user_id:
             raise AuthError(403, "Cannot set another user's typing state")
         is_typing, timeout = check_typing_request(parse_json_object_from_request(request))
+        if requester.shadow_banned:
+            return 200, {}
         await handlers.typing.set_typing(requester.user_id, user_id, room_id, is_typing, timeout)
         return 200, {}
 
@@ -435,3 +426,59 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "receipt",
     )
     register("POST", client_path(ROOM + "/read_markers"), read_markers, "read_markers")
+
+
+async def read_messages(
+    handlers: ClientHandlers,
+    requester: Requester,
+    request: Request,
+    room_id: str,
+    max_limit: int,
+    as_admin: bool = False,
+) -> dict[str, Any]:
+    """``/messages`` (the client API's, and the admin API's with
+    ``as_admin``): its query parameters read, the page with its bundles."""
+    check_room_id(room_id)
+    direction = query_string(request, "dir", "b")
+    if direction not in ("b", "f"):
+        raise SynapseError(400, "'dir' must be b or f", Codes.INVALID_PARAM)
+    limit = query_int(request, "limit", 10, maximum=max_limit)
+    assert limit is not None
+    event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
+    page = await handlers.pagination.get_messages(
+        requester,
+        room_id,
+        query_string(request, "from"),
+        query_string(request, "to"),
+        direction,
+        limit,
+        event_filter,
+        event_format,
+        as_admin=as_admin,
+    )
+    if not event_format.federation:  # federation's ``unsigned`` holds no bundles
+        await handlers.relations.add_bundles(room_id, page["chunk"], requester.user_id)
+    return page
+
+
+async def read_context(
+    handlers: ClientHandlers,
+    requester: Requester,
+    request: Request,
+    room_id: str,
+    event_id: str,
+    as_admin: bool = False,
+) -> dict[str, Any]:
+    """``/context`` (the client API's, and the admin API's with ``as_admin``)."""
+    check_room_id(room_id)
+    check_identifier_text(event_id, "eventId")
+    limit = query_int(request, "limit", 10, maximum=MAX_CONTEXT_LIMIT)
+    assert limit is not None
+    event_filter, event_format = parse_room_event_filter(query_string(request, "filter"))
+    context = await handlers.pagination.get_context(
+        requester, room_id, event_id, limit, event_filter, event_format, as_admin=as_admin
+    )
+    if not event_format.federation:
+        served = [context["event"], *context["events_before"], *context["events_after"]]
+        await handlers.relations.add_bundles(room_id, served, requester.user_id)
+    return context

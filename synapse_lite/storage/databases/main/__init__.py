@@ -10,7 +10,7 @@ writers; ``ClientIpStore`` only by the main process.
 from __future__ import annotations
 
 from synapse_lite.storage.databases.main.account_data import AccountDataWorkerStore
-from synapse_lite.storage.databases.main.admin import AdminWorkerStore
+from synapse_lite.storage.databases.main.admin import AdminDestinationsWorkerStore, AdminWorkerStore
 from synapse_lite.storage.databases.main.admin_tasks import AdminTasksWorkerStore
 from synapse_lite.storage.databases.main.appservice import ApplicationServiceWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
@@ -22,6 +22,7 @@ from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.media import MediaRepositoryStore
+from synapse_lite.storage.databases.main.media_quarantine import MediaQuarantineWorkerStore
 from synapse_lite.storage.databases.main.presence import PresenceWorkerStore
 from synapse_lite.storage.databases.main.profile import ProfileWorkerStore
 from synapse_lite.storage.databases.main.push_rules import PushRulesWorkerStore
@@ -29,12 +30,17 @@ from synapse_lite.storage.databases.main.pushers import PushersWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
 from synapse_lite.storage.databases.main.received_pdus import ReceivedPdusWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
+from synapse_lite.storage.databases.main.registration_tokens import (
+    RegistrationTokensWorkerStore,
+)
 from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 from synapse_lite.storage.databases.main.search import SearchWorkerStore
+from synapse_lite.storage.databases.main.server_notices import ServerNoticesWorkerStore
 from synapse_lite.storage.databases.main.sliding_sync import SlidingSyncWorkerStore
 from synapse_lite.storage.databases.main.threepid_bindings import ThreepidBindingsWorkerStore
+from synapse_lite.storage.databases.main.user_restrictions import UserRestrictionsWorkerStore
 
 
 class GenericWorkerStore(
@@ -64,6 +70,11 @@ class GenericWorkerStore(
     ApplicationServiceWorkerStore,
     AdminWorkerStore,
     AdminTasksWorkerStore,
+    RegistrationTokensWorkerStore,
+    UserRestrictionsWorkerStore,
+    MediaQuarantineWorkerStore,
+    ServerNoticesWorkerStore,
+    AdminDestinationsWorkerStore,
 ):
     """The store of a worker process."""
 

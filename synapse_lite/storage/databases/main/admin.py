@@ -14,8 +14,8 @@ import attr
 from synapse_lite.storage._base import SQLBaseStore
 
 #: ``order_by`` of ``GET /_synapse/admin/v2/users`` -> the SQL it sorts by.
-#: ``user_type``, ``shadow_banned`` and ``locked`` are accepted (the admin
-#: UI sends them) but every user has the same value: they sort by name.
+#: ``user_type`` and ``locked`` are accepted (the admin UI sends them) but
+#: every user has the same value: they sort by name.
 USER_ORDERINGS = {
     "name": "u.name",
     "is_guest": "u.is_guest",
@@ -29,12 +29,12 @@ USER_ORDERINGS = {
     "creation_ts": "u.creation_ts",
     "last_seen_ts": "COALESCE(s.last_seen, 0)",
     "user_type": "u.name",
-    "shadow_banned": "u.name",
+    "shadow_banned": "u.shadow_banned",
     "locked": "u.name",
 }
 
 #: ``order_by`` of ``GET /v1/users/{userId}/media``. This server keeps no
-#: access times nor quarantine: those orders sort by creation.
+#: access times: that order sorts by creation.
 MEDIA_ORDERINGS = {
     "media_id": "media_id",
     "upload_name": "COALESCE(upload_name, '')",
@@ -42,8 +42,8 @@ MEDIA_ORDERINGS = {
     "last_access_ts": "created_ts",
     "media_length": "COALESCE(media_length, 0)",
     "media_type": "COALESCE(media_type, '')",
-    "quarantined_by": "created_ts",
-    "safe_from_quarantine": "created_ts",
+    "quarantined_by": "COALESCE(quarantined_by, '')",
+    "safe_from_quarantine": "safe_from_quarantine",
 }
 
 #: ``order_by`` of ``GET /v1/statistics/users/media``.
@@ -56,7 +56,7 @@ STATISTICS_ORDERINGS = {
 
 _USER_COLUMNS = (
     "u.name, u.is_guest, u.admin, u.deactivated, u.erased_at_position, u.creation_ts,"
-    " p.displayname, p.avatar_url, s.last_seen, p.user_id"
+    " p.displayname, p.avatar_url, s.last_seen, p.user_id, u.shadow_banned"
 )
 _USER_FROM = (
     "users AS u LEFT JOIN profiles AS p ON p.user_id = u.name"
@@ -97,6 +97,7 @@ class AdminUserRow:
     displayname: str | None
     avatar_url: str | None
     last_seen_ts: int | None
+    shadow_banned: bool
 
 
 def _user_row(r: tuple[Any, ...]) -> AdminUserRow:
@@ -111,6 +112,7 @@ def _user_row(r: tuple[Any, ...]) -> AdminUserRow:
         displayname=r[6] if r[9] is not None else r[0][1:].split(":", 1)[0],
         avatar_url=r[7],
         last_seen_ts=None if r[8] is None else int(r[8]),
+        shadow_banned=bool(r[10]),
     )
 
 
@@ -177,12 +179,14 @@ class AdminWorkerStore(SQLBaseStore):
         self, user_id: str, offset: int, limit: int, order_by: str, descending: bool
     ) -> tuple[list[tuple[Any, ...]], int]:
         """One page of the media ``user_id`` uploaded: ``(media_id,
-        media_type, media_length, upload_name, created_ts)`` rows, and how many."""
+        media_type, media_length, upload_name, created_ts, quarantined_by,
+        safe_from_quarantine)`` rows, and how many."""
         direction = "DESC" if descending else "ASC"
         order = f"{MEDIA_ORDERINGS[order_by]} {direction}, media_id {direction}"
         rows = await self.db_pool.select(
             "list_user_media",
-            "SELECT media_id, media_type, media_length, upload_name, created_ts"
+            "SELECT media_id, media_type, media_length, upload_name, created_ts,"
+            " quarantined_by, safe_from_quarantine"
             " FROM local_media WHERE user_id = ? AND uploaded_ts IS NOT NULL"
             f" ORDER BY {order} LIMIT ? OFFSET ?",
             user_id,
@@ -229,3 +233,64 @@ class AdminWorkerStore(SQLBaseStore):
             "count_media_statistics", f"SELECT COUNT(*) FROM ({grouped}) AS g", *args
         )
         return [tuple(r) for r in rows], int(count[0][0])
+
+
+#: ``order_by`` of ``GET /v1/federation/destinations`` -> its column.
+DESTINATION_ORDERINGS = {
+    "destination": "destination",
+    "retry_last_ts": "retry_last_ts",
+    "retry_interval": "retry_interval",
+    "failure_ts": "COALESCE(failure_ts, 0)",
+    "last_successful_stream_ordering": "last_sent_stream_id",
+}
+
+_DESTINATION_COLUMNS = "destination, retry_last_ts, retry_interval, failure_ts, last_sent_stream_id"
+
+
+def destination_json(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A ``destinations`` row as the admin API shows it. The stream position
+    we keep is the to-device outbox's, given as
+    ``last_successful_stream_ordering`` (no events are sent over federation
+    yet)."""
+    destination, retry_last_ts, retry_interval, failure_ts, last_sent = row
+    return {
+        "destination": destination,
+        "retry_last_ts": int(retry_last_ts),
+        "retry_interval": int(retry_interval),
+        "failure_ts": None if failure_ts is None else int(failure_ts),
+        "last_successful_stream_ordering": int(last_sent) or None,
+    }
+
+
+class AdminDestinationsWorkerStore(SQLBaseStore):
+    """The federation destinations as the admin API lists them (read only)."""
+
+    async def list_destinations(
+        self, offset: int, limit: int, order_by: str, descending: bool, search: str | None
+    ) -> tuple[list[dict[str, Any]], int]:
+        where, args = "", []
+        if search is not None:
+            where = " WHERE LOWER(destination) LIKE ? ESCAPE '\\'"
+            args.append(like_pattern(search))
+        direction = "DESC" if descending else "ASC"
+        order = f"{DESTINATION_ORDERINGS[order_by]} {direction}, destination {direction}"
+        rows = await self.db_pool.select(
+            "admin_list_destinations",
+            f"SELECT {_DESTINATION_COLUMNS} FROM destinations{where}"
+            f" ORDER BY {order} LIMIT ? OFFSET ?",
+            *args,
+            limit,
+            offset,
+        )
+        count = await self.db_pool.select(
+            "admin_count_destinations", f"SELECT COUNT(*) FROM destinations{where}", *args
+        )
+        return [destination_json(tuple(r)) for r in rows], int(count[0][0])
+
+    async def get_destination(self, destination: str) -> dict[str, Any] | None:
+        rows = await self.db_pool.select(
+            "admin_get_destination",
+            f"SELECT {_DESTINATION_COLUMNS} FROM destinations WHERE destination = ?",
+            destination,
+        )
+        return destination_json(tuple(rows[0])) if rows else None

@@ -9,6 +9,7 @@ from typing import Any
 import attr
 
 from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder
+from synapse_lite.storage.database import LoggingTransaction
 
 #: A job not begun yet / under way / done / given up.
 SCHEDULED = "scheduled"
@@ -169,6 +170,34 @@ class AdminTasksWorkerStore(SQLBaseStore):
         await self.db_pool.execute(
             "delete_room_search_rows", "DELETE FROM event_search WHERE room_id = ?", room_id
         )
+
+    async def delete_event_search_rows(self, events: list[tuple[int, str]]) -> None:
+        """Forget these ``(stream_ordering, event_id)`` events in the search
+        index (SQLite's rows are keyed by stream ordering, PostgreSQL's by id)."""
+
+        def txn_func(txn: LoggingTransaction) -> None:
+            if txn.database_engine.name == "postgres":
+                txn.execute_batch(
+                    "DELETE FROM event_search WHERE event_id = ?", [(e,) for _, e in events]
+                )
+            else:
+                txn.execute_batch(
+                    "DELETE FROM event_search WHERE rowid = ?", [(o,) for o, _ in events]
+                )
+
+        await self.db_pool.runInteraction("delete_event_search_rows", txn_func)
+
+    async def get_last_event_before_ts(self, room_id: str, ts: int) -> int | None:
+        """The stream ordering of the room's last event sent before ``ts``
+        (by ``origin_server_ts``), or None."""
+        rows = await self.db_pool.select(
+            "get_last_event_before_ts",
+            "SELECT MAX(stream_ordering) FROM events"
+            " WHERE room_id = ? AND origin_server_ts < ? AND stream_ordering > 0",
+            room_id,
+            ts,
+        )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
 
     async def get_members_to_remove(self, room_id: str) -> list[str]:
         """Who is joined to, invited to or knocking on the room now, sorted."""

@@ -14,11 +14,26 @@ from collections.abc import Iterable
 from typing import Any
 
 from synapse_lite.storage._base import db_to_json, json_encoder
+from synapse_lite.storage.caches import cached
 from synapse_lite.storage.database import LoggingTransaction
+from synapse_lite.storage.databases.main.cache import CacheInvalidationWorkerStore
 from synapse_lite.storage.databases.main.devices import DeviceWorkerStore
 
 #: A one-time or fallback key: ``(algorithm, key_id, key JSON)``.
 KeyTriple = tuple[str, str, Any]
+
+
+#: Devices whose key counts a process keeps.
+DEVICE_KEY_COUNTS = 50_000
+
+_COUNT_ONE_TIME_KEYS = (
+    "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys_json"
+    " WHERE user_id = ? AND device_id = ? GROUP BY algorithm"
+)
+_UNUSED_FALLBACK_KEY_TYPES = (
+    "SELECT algorithm FROM e2e_fallback_keys_json"
+    " WHERE user_id = ? AND device_id = ? AND used = ? ORDER BY algorithm"
+)
 
 
 class OneTimeKeyConflict(Exception):
@@ -39,10 +54,25 @@ class OneTimeKeyLimit(Exception):
         self.max_stored = max_stored
 
 
-class EndToEndKeyWorkerStore(DeviceWorkerStore):
+class EndToEndKeyWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
     """E2E key reads and one-time key writes anywhere; identity and
     cross-signing key writes on the device_lists writer. (A deleted device's
     keys are deleted with it, by :meth:`DeviceWorkerStore.delete_device_txn`.)"""
+
+    def _key_counts_changed_txn(
+        self, txn: LoggingTransaction, user_id: str, device_id: str
+    ) -> None:
+        """The device's key counts change with this transaction: every
+        process forgets what :meth:`get_device_key_counts` cached of them
+        (this one after the commit, the others from the caches stream)."""
+        self.send_invalidation_txn(txn, "get_device_key_counts", [user_id, device_id])
+        txn.call_after(self.get_device_key_counts.invalidate, (user_id, device_id))
+
+    def delete_device_txn(self, txn: LoggingTransaction, user_id: str, device_id: str) -> bool:
+        deleted = super().delete_device_txn(txn, user_id, device_id)
+        if deleted:
+            self._key_counts_changed_txn(txn, user_id, device_id)
+        return deleted
 
     # Device identity keys
 
@@ -177,6 +207,7 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                     " VALUES (?, ?, ?, ?, ?, ?)",
                     (user_id, device_id, algorithm, key_id, now, json_encoder(key)),
                 )
+            self._key_counts_changed_txn(txn, user_id, device_id)
 
         await self.db_pool.runInteraction("add_one_time_keys", txn_func)
 
@@ -185,6 +216,7 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
         key again keeps its ``used`` mark)."""
 
         def txn_func(txn: LoggingTransaction) -> None:
+            changed = False
             for algorithm, key_id, key in keys:
                 txn.execute(
                     "SELECT key_id, key_json FROM e2e_fallback_keys_json"
@@ -205,28 +237,40 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                     " VALUES (?, ?, ?, ?, ?, ?)",
                     (user_id, device_id, algorithm, key_id, json_encoder(key), False),
                 )
+                changed = True
+            if changed:
+                self._key_counts_changed_txn(txn, user_id, device_id)
 
         await self.db_pool.runInteraction("set_fallback_keys", txn_func)
+
+    @cached(max_entries=DEVICE_KEY_COUNTS)
+    async def get_device_key_counts(
+        self, user_id: str, device_id: str
+    ) -> tuple[dict[str, int], tuple[str, ...]]:
+        """:meth:`count_one_time_keys` and :meth:`get_unused_fallback_key_types`
+        in one interaction, cached: every /sync serves both, and they change
+        only by an upload, a claim or the device's deletion, each of which
+        invalidates them everywhere (the caches stream). Callers must not
+        change the dict."""
+
+        def read(txn: LoggingTransaction) -> tuple[dict[str, int], tuple[str, ...]]:
+            txn.execute(_COUNT_ONE_TIME_KEYS, (user_id, device_id))
+            counts = {r[0]: int(r[1]) for r in txn.fetchall()}
+            txn.execute(_UNUSED_FALLBACK_KEY_TYPES, (user_id, device_id, False))
+            return counts, tuple(r[0] for r in txn.fetchall())
+
+        return await self.db_pool.runInteraction("get_device_key_counts", read, read_only=True)
 
     async def count_one_time_keys(self, user_id: str, device_id: str) -> dict[str, int]:
         """Unclaimed one-time keys of a device, by algorithm."""
         rows = await self.db_pool.select(
-            "count_one_time_keys",
-            "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys_json"
-            " WHERE user_id = ? AND device_id = ? GROUP BY algorithm",
-            user_id,
-            device_id,
+            "count_one_time_keys", _COUNT_ONE_TIME_KEYS, user_id, device_id
         )
         return {r[0]: int(r[1]) for r in rows}
 
     async def get_unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
         rows = await self.db_pool.select(
-            "get_unused_fallback_key_types",
-            "SELECT algorithm FROM e2e_fallback_keys_json"
-            " WHERE user_id = ? AND device_id = ? AND used = ? ORDER BY algorithm",
-            user_id,
-            device_id,
-            False,
+            "get_unused_fallback_key_types", _UNUSED_FALLBACK_KEY_TYPES, user_id, device_id, False
         )
         return [r[0] for r in rows]
 
@@ -280,6 +324,8 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore):
                     row = txn.fetchone()
                 if row is not None:
                     taken[(user_id, device_id, algorithm)] = (row[0], db_to_json(row[1]))
+            for user_id, device_id in sorted({(u, d) for u, d, _ in taken}):
+                self._key_counts_changed_txn(txn, user_id, device_id)
             return taken
 
         return await self.db_pool.runInteraction("claim_one_time_keys", txn_func)

@@ -141,7 +141,7 @@ def event_row_of(event: Event) -> Any:
         type=event.type,
         state_key=event.state_key,
         redacts=event.redacts,
-        relates_to=None,
+        relates_to=relation[0] if (relation := relation_of(event.content)) else None,
         membership=event.membership,
         rejected=False,
         outlier=bool(event.outlier),
@@ -250,6 +250,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             )
             if content.txn_key is not None:
                 self._record_txn_id_txn(txn, content.txn_key, event)
+            txn.call_after(self._txn_keys_by_event.set, event.event_id, content.txn_key)
             expiry = self_destruct_after(event.content) if self._self_destructing else None
             if expiry is not None:
                 txn.execute(
@@ -354,6 +355,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             self._update_room_row_txn(txn, event)
         relations = [(e, r) for e in events if (r := relation_of(e.content)) is not None]
         if relations:
+            txn.call_after(self.childless_events.related_to, [r[0] for _, r in relations])
             txn.execute_batch(
                 "INSERT INTO event_relations (event_id, relates_to_id, relation_type, room_id,"
                 " sender, type, stream_ordering) VALUES (?, ?, ?, ?, ?, ?, ?)"

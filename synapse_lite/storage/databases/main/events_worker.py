@@ -21,6 +21,7 @@ from synapse_lite.storage.database import (
     LoggingTransaction,
 )
 from synapse_lite.storage.databases.main.cache import CacheInvalidationWorkerStore
+from synapse_lite.storage.databases.main.relations import ChildlessEvents
 from synapse_lite.streams.catalog import (
     BACKFILL,
     BackfillStreamRow,
@@ -79,6 +80,11 @@ def client_txn_id(stored: str) -> str:
     return stored.removeprefix(REDACTION_TXN_PREFIX)
 
 
+#: Events whose client transaction keys a writer remembers (about a
+#: minute of sends at a high rate: what a woken /sync reads back).
+RECENT_TXN_KEYS = 10_000
+
+
 #: MSC2228's content key: when (ms since the epoch) the event's content goes.
 SELF_DESTRUCT_AFTER = "org.matrix.self_destruct_after"
 #: The name other processes' event caches are invalidated by (caches stream).
@@ -103,10 +109,20 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         super().__init__(database, db_conn, hs)
         self._stream_id_gen = hs.id_generators.of("events")
         self._event_cache: LruCache[Event] = LruCache(hs.config.caches.event_cache_entries)
+        #: The client transaction key (user, device, stored txn id) of each
+        #: event this process persisted lately, None for one sent without:
+        #: a /sync here then serves its ``transaction_id`` without a read.
+        #: Exact, since ``event_txn_ids`` rows are written with the event
+        #: and never change.
+        self._txn_keys_by_event: LruCache[tuple[str, str, str] | None] = LruCache(RECENT_TXN_KEYS)
         self._self_destructing = hs.config.experimental.msc2228_self_destructing_events
         #: Rooms with new events, and users with new memberships, by position.
         self.room_changes = StreamChangeTracker(self.get_room_max_token)
         self.membership_changes = StreamChangeTracker(self.get_room_max_token)
+        #: Rooms with new membership events, by position (a woken /sync's
+        #: device_lists section asks of every joined room).
+        self.room_membership_changes = StreamChangeTracker(self.get_room_max_token)
+        self.childless_events = ChildlessEvents()
 
     def record_event_position(
         self,
@@ -120,6 +136,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         self.room_changes.record(room_id, instance_name, stream_id)
         if event_type == "m.room.member" and state_key is not None:
             self.membership_changes.record(state_key, instance_name, stream_id)
+            self.room_membership_changes.record(room_id, instance_name, stream_id)
 
     # Positions
 
@@ -159,13 +176,20 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             else:
                 missing.append(event_id)
         if missing:
-            fetched = await self.db_pool.runInteraction(
-                "get_events", self._get_events_txn, missing, read_only=True
+
+            def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, str]]:
+                fetched = self._get_events_txn(txn, missing)
+                return fetched, self._redactions_of_txn(txn, [e.event_id for e in fetched])
+
+            # The rows and their redactions in one interaction (one thread
+            # hop, one snapshot).
+            fetched, by_target = await self.db_pool.runInteraction(
+                "get_events", read, read_only=True
             )
             # Cached as served, redaction applied: a redaction arriving later
             # drops the redacted event from every process's cache (its
             # events-stream row names what it redacts).
-            for event in await self.with_redactions(fetched):
+            for event in await self._apply_redactions(fetched, by_target):
                 self._event_cache.set(event.event_id, event)
                 result[event.event_id] = event
         return result
@@ -222,18 +246,34 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         (the earliest redaction of it wins)."""
         if not events:
             return events
-        ids = [e.event_id for e in events]
+        by_target = await self.db_pool.runInteraction(
+            "get_redactions",
+            self._redactions_of_txn,
+            [e.event_id for e in events],
+            read_only=True,
+        )
+        return await self._apply_redactions(events, by_target)
+
+    def _redactions_of_txn(self, txn: LoggingTransaction, ids: list[str]) -> dict[str, str]:
+        """The earliest redaction of each of ``ids`` that has one, by the
+        redacted event's id (for :meth:`_apply_redactions`; a read that
+        fetched the events runs it in the same transaction)."""
         by_target: dict[str, str] = {}
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ", ".join("?" for _ in chunk)
-            rows = await self.db_pool.select(
-                "get_redactions",
+            txn.execute(
                 "SELECT redacts, event_id FROM events WHERE type = 'm.room.redaction'"
                 f" AND redacts IN ({marks}) ORDER BY stream_ordering DESC",
-                *chunk,
+                chunk,
             )
-            by_target.update({target: redaction for target, redaction in rows})
+            by_target.update({target: redaction for target, redaction in txn.fetchall()})
+        return by_target
+
+    async def _apply_redactions(
+        self, events: list[Event], by_target: dict[str, str]
+    ) -> list[Event]:
+        """``events`` with the redactions :meth:`_redactions_of_txn` found applied."""
         if not by_target:
             return events
         redactions = await self.get_events(list(by_target.values()))
@@ -295,8 +335,15 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         ``event_ids`` with, by event id (events it did not send are absent).
         The primary key's (user_id, device_id) prefix bounds the scan."""
         found: dict[str, str] = {}
-        for start in range(0, len(event_ids), 500):
-            chunk = event_ids[start : start + 500]
+        unknown = []
+        for event_id in event_ids:
+            known, key = self._txn_keys_by_event.get(event_id)
+            if not known:
+                unknown.append(event_id)
+            elif key is not None and key[:2] == (user_id, device_id):
+                found[event_id] = client_txn_id(key[2])
+        for start in range(0, len(unknown), 500):
+            chunk = unknown[start : start + 500]
             placeholders = ", ".join("?" for _ in chunk)
             rows = await self.db_pool.select(
                 "get_txn_ids_for_events",
@@ -376,7 +423,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             args = (last_id, current_id, instance_name, limit)
             txn.execute(
                 "SELECT stream_ordering, event_id, room_id, type, state_key, redacts,"
-                " membership, outlier FROM events"
+                " membership, outlier, (SELECT er.relates_to_id FROM event_relations AS er"
+                "  WHERE er.event_id = events.event_id) FROM events"
                 " WHERE ? < stream_ordering AND stream_ordering <= ? AND instance_name = ?"
                 " ORDER BY stream_ordering ASC LIMIT ?",
                 args,
@@ -411,7 +459,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                     type=r[3],
                     state_key=r[4],
                     redacts=r[5],
-                    relates_to=None,
+                    relates_to=r[8],
                     membership=r[6],
                     rejected=False,
                     outlier=bool(r[7]),
@@ -484,6 +532,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         for row in rows:
             if isinstance(row, EventsStreamEventRow):
                 self.invalidate_caches_for_event(row.event_id, row.redacts)
+                if row.relates_to is not None:
+                    self.childless_events.related_to([row.relates_to])
                 self.record_event_position(row.room_id, row.type, row.state_key, writer, token)
                 if row.state_key is not None:
                     members = state_changed.setdefault(row.room_id, set())
@@ -495,5 +545,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             self.invalidate_state_caches(room_id, members)
 
     def invalidate_for_backfill_rows(self, rows: Sequence[BackfillStreamRow]) -> None:
+        if rows:
+            # Backfill rows do not say what their events relate to.
+            self.childless_events.forget_all()
         for row in rows:
             self.invalidate_caches_for_event(row.event_id, row.redacts)

@@ -61,8 +61,15 @@ class FederationWorkerStore(SQLBaseStore):
         return {r[0]: (r[1], int(r[2])) for r in rows}
 
     async def store_server_keys(
-        self, server_name: str, keys: dict[str, str], valid_until_ts: int
+        self,
+        server_name: str,
+        keys: dict[str, tuple[str, int]],
+        document: dict[str, Any] | None = None,
+        document_valid_until_ts: int = 0,
     ) -> None:
+        """Cache ``key_id -> (verify_key, valid_until_ts)`` of a server and,
+        with ``document``, its key document as signed (unless the one kept
+        is valid for longer), in one transaction."""
         now = self.clock.time_msec()
 
         def txn_func(txn: LoggingTransaction) -> None:
@@ -71,10 +78,29 @@ class FederationWorkerStore(SQLBaseStore):
                 " fetched_ts) VALUES (?, ?, ?, ?, ?) ON CONFLICT (server_name, key_id)"
                 " DO UPDATE SET verify_key = EXCLUDED.verify_key,"
                 " valid_until_ts = EXCLUDED.valid_until_ts, fetched_ts = EXCLUDED.fetched_ts",
-                [(server_name, k, v, valid_until_ts, now) for k, v in keys.items()],
+                [(server_name, k, v, until, now) for k, (v, until) in keys.items()],
             )
+            if document is not None:
+                txn.execute(
+                    "INSERT INTO server_key_json (server_name, key_json, valid_until_ts,"
+                    " fetched_ts) VALUES (?, ?, ?, ?) ON CONFLICT (server_name) DO UPDATE"
+                    " SET key_json = EXCLUDED.key_json,"
+                    " valid_until_ts = EXCLUDED.valid_until_ts,"
+                    " fetched_ts = EXCLUDED.fetched_ts"
+                    " WHERE server_key_json.valid_until_ts <= EXCLUDED.valid_until_ts",
+                    (server_name, json_encoder(document), document_valid_until_ts, now),
+                )
 
         await self.db_pool.runInteraction("store_server_keys", txn_func)
+
+    async def get_server_key_json(self, server_name: str) -> dict[str, Any] | None:
+        """The newest key document of ``server_name`` we hold, as it signed it."""
+        rows = await self.db_pool.select(
+            "get_server_key_json",
+            "SELECT key_json FROM server_key_json WHERE server_name = ?",
+            server_name,
+        )
+        return db_to_json(rows[0][0]) if rows else None
 
     # Received transactions
 

@@ -197,3 +197,35 @@ class MediaRepositoryStore(SQLBaseStore):
             info.media_type,
             info.media_length,
         )
+
+    async def delete_local_media_rows(self, media_id: str) -> bool:
+        """Forget an upload and its thumbnails (their files are the caller's);
+        whether it was there."""
+
+        def txn_func(txn: LoggingTransaction) -> bool:
+            txn.execute("DELETE FROM local_media_thumbnails WHERE media_id = ?", (media_id,))
+            txn.execute("DELETE FROM local_media WHERE media_id = ?", (media_id,))
+            return txn.rowcount > 0
+
+        return await self.db_pool.runInteraction("delete_local_media_rows", txn_func)
+
+    async def find_media_to_delete(
+        self, before_ts: int, size_gt: int, keep_profiles: bool, server_name: str
+    ) -> list[str]:
+        """Uploads made before ``before_ts`` larger than ``size_gt`` bytes,
+        protected ones and (with ``keep_profiles``) users' avatars left out."""
+        avatar = ""
+        args: list[Any] = [before_ts, size_gt]
+        if keep_profiles:
+            avatar = (
+                " AND NOT EXISTS (SELECT 1 FROM profiles AS p WHERE p.avatar_url = ? || m.media_id)"
+            )
+            args.append(f"mxc://{server_name}/")
+        rows = await self.db_pool.select(
+            "find_media_to_delete",
+            "SELECT m.media_id FROM local_media AS m WHERE m.created_ts < ?"
+            " AND COALESCE(m.media_length, 0) > ? AND NOT m.safe_from_quarantine"
+            f"{avatar} ORDER BY m.media_id",
+            *args,
+        )
+        return [str(r[0]) for r in rows]

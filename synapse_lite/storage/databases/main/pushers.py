@@ -171,6 +171,11 @@ class PushersWorkerStore(SQLBaseStore):
             pushers.append(pusher)
         return pushers
 
+    def get_pushers_position(self) -> int:
+        """Where every pusher change is stored up to (this process's view):
+        any pusher added or removed moves it."""
+        return self._pushers_id_gen.persisted_upto_position()
+
     async def get_all_pushers(self) -> list[Pusher]:
         """Every pusher not removed (what the pusher instances deliver for)."""
         rows = await self.db_pool.select(

@@ -155,16 +155,45 @@ class RegistrationWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 
     @cached(max_entries=100_000)
-    async def get_user_by_access_token(self, token_hash: str) -> tuple[str, str, bool] | None:
-        """``(user_id, device_id, is_guest)`` owning a token, or None."""
+    async def get_user_by_access_token(
+        self, token_hash: str
+    ) -> tuple[str, str, bool, int | None] | None:
+        """``(user_id, device_id, is_guest, valid_until_ms)`` owning a token,
+        or None. ``valid_until_ms`` (None: no end) is for the caller to
+        check: the answer is cached past it."""
         rows = await self.db_pool.select(
             "get_user_by_access_token",
-            "SELECT t.user_id, t.device_id, u.is_guest FROM access_tokens AS t"
+            "SELECT t.user_id, t.device_id, u.is_guest, t.valid_until_ms FROM access_tokens AS t"
             " JOIN users AS u ON u.name = t.user_id"
             " WHERE t.token_hash = ? AND NOT u.deactivated",
             token_hash,
         )
-        return (rows[0][0], rows[0][1], bool(rows[0][2])) if rows else None
+        if not rows:
+            return None
+        user_id, device_id, is_guest, valid_until_ms = rows[0]
+        return (
+            user_id,
+            device_id,
+            bool(is_guest),
+            None if valid_until_ms is None else int(valid_until_ms),
+        )
+
+    async def add_access_token(
+        self, token_hash: str, user_id: str, device_id: str, valid_until_ms: int | None
+    ) -> None:
+        """A token for ``device_id`` with no row in ``devices`` (so no device
+        list change and any process may add it): an admin's token to act as
+        the user. Logging it out deletes it as any device's tokens."""
+        await self.db_pool.execute(
+            "add_access_token",
+            "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts, valid_until_ms)"
+            " VALUES (?, ?, ?, ?, ?)",
+            token_hash,
+            user_id,
+            device_id,
+            self.clock.time_msec(),
+            valid_until_ms,
+        )
 
     async def replace_access_tokens(
         self, user_id: str, device_id: str, token_hash: str, device_display_name: str | None

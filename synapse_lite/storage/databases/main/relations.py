@@ -7,9 +7,11 @@ from what is served), so every read here leaves redacted children out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from synapse_lite.storage._base import SQLBaseStore
+from synapse_lite.storage.caches import LruCache
 
 #: Leaves out relations whose child event was redacted.
 _NOT_REDACTED = (
@@ -22,7 +24,51 @@ def _marks(values: list[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
+#: Events a process remembers as having no aggregated relations.
+CHILDLESS_EVENTS = 10_000
+
+
+class ChildlessEvents:
+    """Events this process knows have no ``m.thread``, ``m.replace`` or
+    ``m.reference`` child (a /sync's fresh timeline events, usually): their
+    bundled aggregations need no read.
+
+    An event is remembered only from a read that found no child and that no
+    new relation overtook (:meth:`generation` unchanged across the read); it
+    is forgotten when a relation to it is persisted (on its writer) or
+    arrives on the events stream (elsewhere), and everything is forgotten
+    when backfilled events arrive (their rows do not say what they relate
+    to). Redactions only remove children, so they forget nothing."""
+
+    def __init__(self, max_entries: int = CHILDLESS_EVENTS) -> None:
+        self._known: LruCache[bool] = LruCache(max_entries)
+        self.generation = 0
+
+    def unknown(self, event_ids: Iterable[str]) -> list[str]:
+        """Those of ``event_ids`` not known to be childless."""
+        return [e for e in event_ids if not self._known.get(e)[0]]
+
+    def found_childless(self, event_ids: Iterable[str], generation: int) -> None:
+        """A read that started at ``generation`` found no child of these."""
+        if generation == self.generation:
+            for event_id in event_ids:
+                self._known.set(event_id, True)
+
+    def related_to(self, parent_ids: Iterable[str]) -> None:
+        """Relations to ``parent_ids`` were persisted."""
+        self.generation += 1
+        for parent_id in parent_ids:
+            self._known.pop(parent_id)
+
+    def forget_all(self) -> None:
+        self.generation += 1
+        self._known.clear()
+
+
 class RelationsWorkerStore(SQLBaseStore):
+    #: Set up by the events store (which sees every new relation).
+    childless_events: ChildlessEvents
+
     async def get_relation_children(
         self,
         room_id: str,
@@ -63,7 +109,11 @@ class RelationsWorkerStore(SQLBaseStore):
     ) -> list[tuple[str, str, str, str]]:
         """``(parent id, event id, rel_type, sender)`` of every ``m.thread``,
         ``m.replace`` and ``m.reference`` child of ``parent_ids``, oldest
-        first: what bundled aggregations are made of, in one query."""
+        first: what bundled aggregations are made of, in one query (none for
+        events known to have no such child)."""
+        childless = self.childless_events
+        generation = childless.generation
+        parent_ids = childless.unknown(parent_ids)
         result: list[tuple[str, str, str, str]] = []
         for start in range(0, len(parent_ids), 500):
             chunk = parent_ids[start : start + 500]
@@ -77,6 +127,8 @@ class RelationsWorkerStore(SQLBaseStore):
                 *chunk,
             )
             result.extend((r[0], r[1], r[2], r[3]) for r in rows)
+        with_children = {r[0] for r in result}
+        childless.found_childless((p for p in parent_ids if p not in with_children), generation)
         return result
 
     async def get_thread_roots(

@@ -1,0 +1,206 @@
+"""A real Synapse (the reference homeserver) as a federation peer on loopback.
+
+``synapse_install.py`` installs it (once, cached). :class:`SynapsePeer`
+writes a config for one Synapse in a temporary directory (HTTPS federation
+with a certificate from the test's CA, that CA trusted for other servers with
+verification on, 127.0.0.0/8 allowed, no trusted key servers, SQLite),
+starts it, waits until it answers, and stops it.
+
+Tests that need it call :func:`synapse_or_skip`: without an install (and
+when installing fails) they are skipped with the reason, except under
+``CI=true``, where that is a failure. ``.ci/run`` installs it while the
+tests run (``python3 tests/harness/synapse_install.py``); a test that needs it
+meanwhile waits for that install to finish.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import treq
+import yaml
+from twisted.internet import reactor, task, threads
+from twisted.trial import unittest
+
+from synapse_lite.federation.crypto import SigningKey
+from tests.harness.processes import NO_KEEPALIVE
+from tests.harness.synapse_install import SynapseUnavailable, install_synapse, installed_python
+from tests.harness.tls import TestCA
+
+#: How long Synapse may take to create its database and answer.
+START_TIMEOUT_SECONDS = 180
+
+
+async def synapse_or_skip(testcase: unittest.TestCase) -> str:
+    """The Synapse virtualenv's python, installing it first if needed (in a
+    thread); skips the test when that fails, or fails it under CI=true."""
+    python = installed_python()
+    if python is not None:
+        return python
+    try:
+        return await threads.deferToThread(install_synapse)
+    except SynapseUnavailable as e:
+        if os.environ.get("CI") == "true":
+            testcase.fail(f"CI needs the Synapse peer: {e}")
+        raise unittest.SkipTest(f"no Synapse peer: {e}") from e
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SynapsePeer:
+    """One Synapse on 127.0.0.1: ``server_name`` is ``localhost:<port>`` with
+    federation (and the client API) over HTTPS on that port, and the client
+    API over plain HTTP at :attr:`client_url` for the test.
+
+    Named ``localhost``, not ``127.0.0.1``: Synapse refuses to reach a server
+    named by an IP literal in its block list even when ``ip_range_whitelist``
+    allows it (docs/federation.md, "Synapse and the spec"), so peers on
+    loopback must have host names."""
+
+    def __init__(self, python: str, ca: TestCA, directory: str | None = None) -> None:
+        self.python = python
+        self.ca = ca
+        self.directory = directory or tempfile.mkdtemp(prefix="synapse_peer_")
+        self.port = free_port()
+        self.client_port = free_port()
+        self.server_name = f"localhost:{self.port}"
+        self.client_url = f"http://127.0.0.1:{self.client_port}"
+        self.federation_url = f"https://{self.server_name}"
+        self.log_path = os.path.join(self.directory, "homeserver.log")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def write_config(self) -> str:
+        d = self.directory
+        certificate, key = self.ca.issue("synapse", ["localhost"])
+        with open(os.path.join(d, "signing.key"), "w") as f:
+            f.write(SigningKey.generate().to_line())
+        log_config = {
+            "version": 1,
+            "formatters": {"plain": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+            "handlers": {
+                "file": {
+                    "class": "logging.FileHandler",
+                    "filename": self.log_path,
+                    "formatter": "plain",
+                }
+            },
+            "root": {"level": "INFO", "handlers": ["file"]},
+            "disable_existing_loggers": False,
+        }
+        with open(os.path.join(d, "log.yaml"), "w") as f:
+            yaml.safe_dump(log_config, f)
+        unlimited = {"per_second": 1000, "burst_count": 1000}
+        config: dict[str, Any] = {
+            "server_name": self.server_name,
+            "pid_file": os.path.join(d, "homeserver.pid"),
+            "listeners": [
+                {
+                    "port": self.port,
+                    "bind_addresses": ["127.0.0.1"],
+                    "type": "http",
+                    "tls": True,
+                    "resources": [{"names": ["client", "federation"], "compress": False}],
+                },
+                {
+                    "port": self.client_port,
+                    "bind_addresses": ["127.0.0.1"],
+                    "type": "http",
+                    "tls": False,
+                    "resources": [{"names": ["client"], "compress": False}],
+                },
+            ],
+            "tls_certificate_path": certificate,
+            "tls_private_key_path": key,
+            "database": {"name": "sqlite3", "args": {"database": os.path.join(d, "hs.db")}},
+            "log_config": os.path.join(d, "log.yaml"),
+            "media_store_path": os.path.join(d, "media"),
+            "signing_key_path": os.path.join(d, "signing.key"),
+            "report_stats": False,
+            "macaroon_secret_key": "peer-macaroon",
+            "form_secret": "peer-form",
+            "registration_shared_secret": "peer-registration",
+            "enable_registration": True,
+            "enable_registration_without_verification": True,
+            # Its documented settings for a private federation on loopback.
+            "trusted_key_servers": [],
+            "suppress_key_server_warning": True,
+            "federation_verify_certificates": True,
+            "federation_custom_ca_list": [self.ca.ca_path],
+            "ip_range_whitelist": ["127.0.0.0/8"],
+            "rc_message": unlimited,
+            "rc_registration": unlimited,
+            "rc_login": {"address": unlimited, "account": unlimited, "failed_attempts": unlimited},
+            "rc_federation": {"window_size": 1000, "sleep_limit": 1000, "reject_limit": 1000},
+            "rc_joins": {"local": unlimited, "remote": unlimited},
+            "rc_key_requests": unlimited,
+            "presence": {"enabled": False},
+            "url_preview_enabled": False,
+        }
+        path = os.path.join(d, "homeserver.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(config, f)
+        return path
+
+    async def start(self, testcase: unittest.TestCase) -> None:
+        """Start it and wait until its client API answers; stopped at cleanup."""
+        path = self.write_config()
+        log = open(os.path.join(self.directory, "stdout.log"), "wb")
+        self._process = subprocess.Popen(
+            [self.python, "-m", "synapse.app.homeserver", "-c", path],
+            cwd=self.directory,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        testcase.addCleanup(self.stop)
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while True:
+            if self._process.poll() is not None:
+                raise SynapseUnavailable(
+                    f"Synapse exited with {self._process.returncode}: {self.last_words()}"
+                )
+            try:
+                response = await treq.get(
+                    self.client_url + "/_matrix/client/versions", pool=NO_KEEPALIVE, timeout=2
+                )
+                await treq.content(response)
+                if response.code == 200:
+                    return
+            except Exception:
+                pass
+            if time.monotonic() > deadline:
+                raise SynapseUnavailable(f"Synapse did not answer: {self.last_words()}")
+            await task.deferLater(reactor, 0.25, lambda: None)
+
+    def last_words(self) -> str:
+        text = ""
+        for name in ("stdout.log", "homeserver.log"):
+            try:
+                with open(os.path.join(self.directory, name), errors="replace") as f:
+                    text += f.read()[-1500:]
+            except OSError:
+                pass
+        return text
+
+    def stop(self) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,156 @@
+"""What a woken /sync reads back of the events a writer just persisted
+(issue 35): their client transaction ids come from the writer's memory with
+no database read, exactly as the database has them; an event's rows and its
+redactions are read in one interaction (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synapse_lite.events import EventSpec
+from synapse_lite.handlers.auth import Requester
+from synapse_lite.server import HomeServer
+from synapse_lite.storage.databases.main.events_worker import redaction_txn_id
+from tests.harness.server import DatabaseTestCase, make_config, make_homeserver
+
+ALICE = "@alice:test.local"
+
+
+def count_interactions(test: DatabaseTestCase, hs: HomeServer) -> list[str]:
+    """The names of the interactions ``hs``'s store runs from now on."""
+    names: list[str] = []
+    pool = hs.store.db_pool
+    run = pool.runInteraction
+
+    async def counting(desc: str, *args: Any, **kwargs: Any) -> Any:
+        names.append(desc)
+        return await run(desc, *args, **kwargs)
+
+    test.patch(pool, "runInteraction", counting)
+    return names
+
+
+class EventReadsTestCase(DatabaseTestCase):
+    async def _room_with_sends(self, hs: HomeServer) -> tuple[str, list[str]]:
+        """A room and the ids of three events Alice sent in it: with a
+        transaction id from PHONE, without one, a redaction with one."""
+        events, clock = hs.handlers.events, hs.handlers.clock
+        room_id = await hs.handlers.room_creation.create_room(
+            Requester(ALICE, "PHONE", "x"), {"preset": "public_chat"}
+        )
+
+        def spec(txn_key: tuple[str, str, str] | None, **kwargs: Any) -> EventSpec:
+            return EventSpec(
+                type=kwargs.pop("type", "m.room.message"),
+                state_key=None,
+                sender=ALICE,
+                content={"msgtype": "m.text", "body": "hi"},
+                origin_server_ts=clock.time_msec(),
+                txn_key=txn_key,
+                **kwargs,
+            )
+
+        [with_txn] = await events.persist_as_writer(room_id, [spec((ALICE, "PHONE", "t1"))])
+        [without] = await events.persist_as_writer(room_id, [spec(None)])
+        [redaction] = await events.persist_as_writer(
+            room_id,
+            [
+                spec(
+                    (ALICE, "PHONE", redaction_txn_id("t1")),
+                    type="m.room.redaction",
+                    redacts=without.event_id,
+                )
+            ],
+        )
+        return room_id, [with_txn.event_id, without.event_id, redaction.event_id]
+
+    async def test_transaction_ids_of_fresh_events_need_no_read(self) -> None:
+        config = make_config(self.test_db)
+        hs = make_homeserver(self, config)
+        _, ids = await self._room_with_sends(hs)
+        names = count_interactions(self, hs)
+        store = hs.store
+        expected = {ids[0]: "t1", ids[2]: "t1"}
+        self.assertEqual(await store.get_txn_ids_for_events(ALICE, "PHONE", ids), expected)
+        self.assertEqual(await store.get_txn_ids_for_events(ALICE, "LAPTOP", ids), {})
+        self.assertEqual(await store.get_txn_ids_for_events("@bob:test.local", "PHONE", ids), {})
+        self.assertEqual(names, [])
+        # A process that did not persist them reads the same from the database.
+        await hs.service.stopService()
+        other = make_homeserver(self, config)
+        names = count_interactions(self, other)
+        self.assertEqual(await other.store.get_txn_ids_for_events(ALICE, "PHONE", ids), expected)
+        self.assertEqual(await other.store.get_txn_ids_for_events(ALICE, "LAPTOP", ids), {})
+        self.assertEqual(names, ["get_txn_ids_for_events", "get_txn_ids_for_events"])
+
+    async def test_events_and_their_redactions_in_one_interaction(self) -> None:
+        hs = make_homeserver(self, make_config(self.test_db))
+        room_id, ids = await self._room_with_sends(hs)
+        store = hs.store
+        names = count_interactions(self, hs)
+        events = await store.get_room_events_between([room_id], None, store.get_room_max_token(), 3)
+        self.assertEqual([e.event_id for e in events], list(reversed(ids)))
+        redacted = events[1]
+        self.assertIsNotNone(redacted.redacted_because)
+        self.assertEqual(redacted.content, {})
+        self.assertIsNone(events[2].redacted_because)
+        # The redaction itself was in the cache; the room's version is read
+        # once (to redact), then cached.
+        self.assertEqual(names[0], "get_room_events_between")
+        self.assertNotIn("get_redactions", names)
+        # By id, from a process with nothing cached: the same, in one interaction.
+        await hs.service.stopService()
+        other = make_homeserver(self, make_config(self.test_db))
+        names = count_interactions(self, other)
+        found = await other.store.get_events([ids[1]])
+        self.assertEqual(found[ids[1]].redacted_because, redacted.redacted_because)
+        self.assertEqual(names[0], "get_events")
+        self.assertNotIn("get_redactions", names)
+
+    async def test_membership_changes_read_only_for_rooms_with_new_members(self) -> None:
+        hs = make_homeserver(self, make_config(self.test_db))
+        room_id, _ = await self._room_with_sends(hs)
+        store = hs.store
+        since = store.get_room_max_token()
+        await self._room_with_sends_in(hs, room_id)
+        names = count_interactions(self, hs)
+        # Messages only since the token: no membership can have changed.
+        self.assertEqual(
+            await store.get_membership_changes_in_rooms(
+                [room_id], since, store.get_room_max_token()
+            ),
+            [],
+        )
+        self.assertEqual(names, [])
+        bob = "@bob:test.local"
+        join = EventSpec(
+            "m.room.member", bob, bob, {"membership": "join"}, hs.handlers.clock.time_msec()
+        )
+        await hs.handlers.events.persist_as_writer(room_id, [join])
+        names.clear()
+        self.assertEqual(
+            await store.get_membership_changes_in_rooms(
+                [room_id], since, store.get_room_max_token()
+            ),
+            [(bob, "join")],
+        )
+        self.assertEqual(names, ["get_membership_changes_in_rooms"])
+        # A token from before the process started: the tracker cannot tell.
+        await hs.service.stopService()
+        other = make_homeserver(self, make_config(self.test_db))
+        names = count_interactions(self, other)
+        self.assertEqual(
+            await other.store.get_membership_changes_in_rooms(
+                [room_id], since, other.store.get_room_max_token()
+            ),
+            [(bob, "join")],
+        )
+        self.assertEqual(names, ["get_membership_changes_in_rooms"])
+
+    async def _room_with_sends_in(self, hs: HomeServer, room_id: str) -> None:
+        clock = hs.handlers.clock
+        message = EventSpec(
+            "m.room.message", None, ALICE, {"msgtype": "m.text", "body": "again"},
+            clock.time_msec(),
+        )  # fmt: skip
+        await hs.handlers.events.persist_as_writer(room_id, [message])
