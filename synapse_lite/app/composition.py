@@ -85,6 +85,7 @@ from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
+from synapse_lite.handlers.federation_rooms import FederationRoomsHandler, ReceivedEventsWriter
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.identity import IdentityHandler
 from synapse_lite.handlers.legacy_sync import LegacySyncHandler
@@ -142,6 +143,7 @@ from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_DEVICE_KEYS,
     UPLOAD_SIGNATURES,
 )
+from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT
 from synapse_lite.replication.http.send_events import SEND_EVENTS
 from synapse_lite.replication.http.stream_updates import (
     GET_STREAM_UPDATES,
@@ -466,6 +468,8 @@ class Handlers:
     media_endpoints: MediaEndpoints
     #: Handles federation requests, where they are served.
     inbound: FederationInboundHandler | None
+    #: Serves our rooms to other servers, where federation is served.
+    rooms: FederationRoomsHandler | None
     stalls: StallDetector
     hooks: Hooks
 
@@ -699,8 +703,16 @@ def _handlers(
             for d in config.streams.with_ids()
         ],
     )
+    # Other servers' events (remote joins) are persisted by the room's writer.
+    received_writer = ReceivedEventsWriter(store, events)
+    received_hooks = (
+        Hooks(served=((PERSIST_RECEIVED_EVENT, received_writer.persist_received),))
+        if role.writes_events
+        else Hooks()
+    )
     hooks = (
         streams.typing_hooks
+        + received_hooks
         + presence_hooks
         + federation.hooks
         + media_hooks
@@ -715,7 +727,18 @@ def _handlers(
         + (Hooks(loops=(room_deletion, purge_history)) if role.is_main else Hooks())
     )
     inbound = None
+    rooms = None
     if federation.keyring is not None:
+        rooms = FederationRoomsHandler(
+            store=store,
+            clock=clock,
+            server_name=server_name,
+            keyring=federation.keyring,
+            formatter=formatter,
+            signing_key=signing_key,
+            calls=calls,
+            event_writers=event_writers,
+        )
         inbound = FederationInboundHandler(
             store=store,
             server_name=server_name,
@@ -735,6 +758,7 @@ def _handlers(
         media=media,
         media_endpoints=media_endpoints,
         inbound=inbound,
+        rooms=rooms,
         stalls=stalls,
         hooks=hooks,
     )
@@ -898,6 +922,7 @@ def _lifecycle(
     federation_servlets = None
     if federation.keyring is not None and handlers.inbound is not None:
         keyring, inbound, openid = federation.keyring, handlers.inbound, handlers.client.openid
+        rooms = handlers.rooms
         profiles, directory = handlers.client.profiles, handlers.client.directory
 
         def federation_servlets(resource: JsonResource, resources: tuple[str, ...]) -> None:
@@ -908,6 +933,7 @@ def _lifecycle(
                 inbound=inbound,
                 server_name=config.server_name,
                 openid=openid,
+                rooms=rooms,
                 profiles=profiles,
                 directory=directory,
             )

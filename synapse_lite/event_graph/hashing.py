@@ -98,6 +98,18 @@ def sign_event(
     return hashed
 
 
+def add_event_signature(
+    room_version: RoomVersion, pdu: dict[str, Any], server_name: str, key: SigningKey
+) -> dict[str, Any]:
+    """A copy of ``pdu`` with ``server_name``'s signature added and nothing
+    else changed (its ``hashes`` are another server's and in its id): how a
+    resident server countersigns a join it accepts."""
+    signature = key.sign(_signed_bytes(room_version, pdu))
+    signatures = {k: dict(v) for k, v in pdu.get("signatures", {}).items()}
+    signatures.setdefault(server_name, {})[key.key_id] = signature
+    return {**pdu, "signatures": signatures}
+
+
 def verify_event_signature(
     room_version: RoomVersion,
     pdu: dict[str, Any],

@@ -8,7 +8,11 @@
 * ``federation``: ``PUT /_matrix/federation/v1/send/{txnId}``,
   ``GET /_matrix/federation/v1/version`` and
   ``GET /_matrix/federation/v1/openid/userinfo`` (answered for a valid OpenID
-  token alone, as the spec says: the caller is any third party, not a server).
+  token alone, as the spec says: the caller is any third party, not a server);
+  our rooms (``handlers/federation_rooms.py``): ``GET /event``, ``/state``,
+  ``/state_ids``, ``/event_auth``, ``/backfill``, ``POST
+  /get_missing_events``, ``GET /make_join``, ``/make_leave`` and ``PUT
+  /v2/send_join``, ``/v2/send_leave``.
 
 Every federation request must carry a valid ``X-Matrix`` signature of its
 origin addressed to us; anything else is answered ``401 M_UNAUTHORIZED``,
@@ -28,7 +32,12 @@ from synapse_lite.api.identifiers import check_room_alias
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
 from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
-from synapse_lite.http.server import JsonResource, parse_json_object_from_request, query_string
+from synapse_lite.http.server import (
+    JsonResource,
+    parse_json_object_from_request,
+    query_int,
+    query_string,
+)
 from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
 if TYPE_CHECKING:
@@ -36,12 +45,14 @@ if TYPE_CHECKING:
     from synapse_lite.federation.inbound import FederationInboundHandler
     from synapse_lite.federation.keyring import Keyring
     from synapse_lite.handlers.directory import DirectoryHandler
+    from synapse_lite.handlers.federation_rooms import FederationRoomsHandler
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.profile import ProfileHandler
 
 logger = logging.getLogger(__name__)
 
 FEDERATION_PREFIX = "/_matrix/federation/v1"
+FEDERATION_V2_PREFIX = "/_matrix/federation/v2"
 #: Transaction ids are opaque to us, but bounded.
 _TXN_ID = r"(?P<txn_id>[^/]{1,255})"
 
@@ -209,10 +220,12 @@ def register_federation_servlets(
     inbound: FederationInboundHandler,
     server_name: str,
     openid: OpenIdHandler | None = None,
+    rooms: FederationRoomsHandler | None = None,
     profiles: ProfileHandler | None = None,
     directory: DirectoryHandler | None = None,
 ) -> None:
-    """Serve the ``federation`` and/or ``keys`` APIs on ``resource``."""
+    """Serve the ``federation`` and/or ``keys`` APIs on ``resource``
+    (``rooms``: our rooms served to other servers)."""
     if "keys" in resources:
 
         async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
@@ -279,3 +292,92 @@ def register_federation_servlets(
             on_openid_userinfo,
             "federation.openid_userinfo",
         )
+
+    if "federation" in resources and rooms is not None:
+        _register_room_servlets(resource, keyring, server_name, rooms)
+
+
+def _query_all(request: Request, name: str) -> list[str]:
+    """Every value of a repeated query parameter (``v``, ``ver``)."""
+    values = request.args.get(name.encode("ascii"), []) if request.args else []
+    try:
+        return [v.decode("utf-8") for v in values]
+    except UnicodeDecodeError:
+        raise SynapseError(
+            400, f"Query parameter {name!r} is not UTF-8", Codes.INVALID_PARAM
+        ) from None
+
+
+def _register_room_servlets(
+    resource: JsonResource, keyring: Keyring, server_name: str, rooms: FederationRoomsHandler
+) -> None:
+    """The room endpoints (handlers/federation_rooms.py): reading our rooms
+    and joining them."""
+    room = r"(?P<room_id>[^/]+)"
+    event = r"(?P<event_id>[^/]+)"
+
+    async def origin_of(request: Request, content: Any = None) -> str:
+        return await authenticate_request(keyring, server_name, request, content)
+
+    async def on_event(request: Request, event_id: str) -> tuple[int, Any]:
+        return 200, await rooms.on_event(await origin_of(request), event_id)
+
+    def at_event(request: Request) -> str:
+        event_id = query_string(request, "event_id")
+        if not event_id:
+            raise SynapseError(400, "'event_id' is required", Codes.MISSING_PARAM)
+        return event_id
+
+    async def on_state(request: Request, room_id: str) -> tuple[int, Any]:
+        origin = await origin_of(request)
+        return 200, await rooms.on_state(origin, room_id, at_event(request))
+
+    async def on_state_ids(request: Request, room_id: str) -> tuple[int, Any]:
+        origin = await origin_of(request)
+        return 200, await rooms.on_state_ids(origin, room_id, at_event(request))
+
+    async def on_event_auth(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        return 200, await rooms.on_event_auth(await origin_of(request), room_id, event_id)
+
+    async def on_backfill(request: Request, room_id: str) -> tuple[int, Any]:
+        origin = await origin_of(request)
+        limit = query_int(request, "limit")
+        return 200, await rooms.on_backfill(origin, room_id, _query_all(request, "v"), limit)
+
+    async def on_get_missing_events(request: Request, room_id: str) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request)
+        origin = await origin_of(request, body)
+        return 200, await rooms.on_get_missing_events(origin, room_id, body)
+
+    async def on_make_join(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
+        origin = await origin_of(request)
+        versions = _query_all(request, "ver")
+        return 200, await rooms.on_make_join(origin, room_id, user_id, versions)
+
+    async def on_send_join(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request)
+        origin = await origin_of(request, body)
+        return 200, await rooms.on_send_join(origin, room_id, event_id, body)
+
+    async def on_make_leave(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
+        return 200, await rooms.on_make_leave(await origin_of(request), room_id, user_id)
+
+    async def on_send_leave(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request)
+        origin = await origin_of(request, body)
+        return 200, await rooms.on_send_leave(origin, room_id, event_id, body)
+
+    v1, v2 = FEDERATION_PREFIX, FEDERATION_V2_PREFIX
+    for method, path, callback, name in (
+        ("GET", f"{v1}/event/{event}", on_event, "event"),
+        ("GET", f"{v1}/state/{room}", on_state, "state"),
+        ("GET", f"{v1}/state_ids/{room}", on_state_ids, "state_ids"),
+        ("GET", f"{v1}/event_auth/{room}/{event}", on_event_auth, "event_auth"),
+        ("GET", f"{v1}/backfill/{room}", on_backfill, "backfill"),
+        ("POST", f"{v1}/get_missing_events/{room}", on_get_missing_events, "get_missing_events"),
+        ("GET", f"{v1}/make_join/{room}/(?P<user_id>[^/]+)", on_make_join, "make_join"),
+        ("PUT", f"{v2}/send_join/{room}/{event}", on_send_join, "send_join"),
+        ("GET", f"{v1}/make_leave/{room}/(?P<user_id>[^/]+)", on_make_leave, "make_leave"),
+        ("PUT", f"{v2}/send_leave/{room}/{event}", on_send_leave, "send_leave"),
+    ):
+        resource.register_paths(method, path, callback, f"federation.{name}")

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections import ChainMap
-from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -460,6 +467,43 @@ class EventCreationHandler:
             targets = [persisted.state_key] if persisted.membership and persisted.state_key else []
             self._notifier.notify(users=targets, rooms=[room_id])
         return persisted
+
+    async def persist_received_as_writer(
+        self,
+        content: EventContent,
+        authorise: Callable[[Mapping[StateKey, str]], Awaitable[None]],
+    ) -> Event:
+        """On the room's writer: persist one event another server made,
+        already placed in the graph (its parents, depth and auth events are
+        its own and in its id), once ``authorise`` (given the room's current
+        state ids) returned; it raises to refuse. The room's lock is held
+        throughout, so no local send interleaves. An event already stored is
+        answered as it is (a retried request). Its parents need not be the
+        room's extremities now: the store resolves the state where the graph
+        branches.
+
+        For the join or leave of ``send_join``/``send_leave``, which the spec
+        refuses outright when it breaks the rules; a PDU of a transaction is
+        stored with its outcome (rejected, soft-failed, accepted) by
+        :meth:`persist_received_event` instead."""
+        room_id = content.room_id
+        async with self._locks.hold(room_id):
+            writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+            if writer is None:
+                raise NotFoundError("Unknown room")
+            if writer != self._me:
+                raise RoomMovedError(room_id)
+            existing = await self._store.get_event(content.event_id)
+            if existing is not None:
+                return existing
+            await authorise(await self._store.get_current_state_ids(room_id))
+            # Its parents were the extremities when it was made, maybe not
+            # now: the next local send reads them again.
+            self._room_extremities.pop(room_id)
+            [event] = await self._store.persist_events([content], {})
+        targets = [event.state_key] if event.type == "m.room.member" and event.state_key else []
+        self._notifier.notify(users=targets, rooms=[room_id])
+        return event
 
     async def _authorise_with_core(
         self, room_version: RoomVersion, contents: Sequence[EventContent]

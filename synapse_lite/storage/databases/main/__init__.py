@@ -28,6 +28,7 @@ from synapse_lite.storage.databases.main.profile import ProfileWorkerStore
 from synapse_lite.storage.databases.main.push_rules import PushRulesWorkerStore
 from synapse_lite.storage.databases.main.pushers import PushersWorkerStore
 from synapse_lite.storage.databases.main.receipts import ReceiptsWorkerStore
+from synapse_lite.storage.databases.main.received_pdus import ReceivedPdusWorkerStore
 from synapse_lite.storage.databases.main.registration import RegistrationWorkerStore
 from synapse_lite.storage.databases.main.registration_tokens import (
     RegistrationTokensWorkerStore,
@@ -51,6 +52,7 @@ class GenericWorkerStore(
     ReceiptsWorkerStore,
     DeviceInboxWorkerStore,
     FederationWorkerStore,
+    ReceivedPdusWorkerStore,
     PresenceWorkerStore,
     FilteringWorkerStore,
     InstancesWorkerStore,

@@ -1,0 +1,638 @@
+"""Our rooms served to other servers (docs/federation.md, "Rooms: serving").
+
+* Reading: ``/event``, ``/state``, ``/state_ids``, ``/event_auth``,
+  ``/backfill`` and ``/get_missing_events`` answer a server that has a user
+  joined to the room now, or anyone when the room is ``world_readable``
+  (404 for a room or event we do not have, 403 otherwise). Events are served
+  in the server-server form: ours as ``event_format: federation`` renders
+  them (hashed and signed with our key), other servers' as they sent them.
+* Joining: ``make_join`` gives a remote user a join event to sign, placed
+  on the room's forward extremities; ``send_join`` checks the signed event
+  (its id, canonical JSON, content hash, the signatures of the servers that
+  must sign it through the keyring, that it is a join of a user of the
+  calling server in this room) here, then the room's writer checks it by the
+  spec's rules against its own auth events and the room's current state and
+  persists it (:class:`ReceivedEventsWriter`, reached through the internal
+  call path as client sends are). Nothing is stored for a refused join.
+
+Every walk over the graph (backfill, missing events) is bounded by a limit
+the caller cannot raise past ours.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
+from synapse_lite.api.identifiers import is_valid_user_id, server_of
+from synapse_lite.api.room_versions import EventIdFormat, RoomVersion
+from synapse_lite.event_graph.authorisation import (
+    CREATE,
+    EventAuthError,
+    auth_events_state,
+    auth_types_for_event,
+    authorise,
+    select_auth_event_ids,
+)
+from synapse_lite.event_graph.graph import depth_of_new_event, prev_events_for_new_event
+from synapse_lite.event_graph.hashing import (
+    add_event_signature,
+    content_hash_matches,
+    event_id_of,
+    servers_that_must_sign,
+    verify_event_signature,
+)
+from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
+from synapse_lite.events import EventContent, event_canonical_json, pruned_event
+from synapse_lite.federation.crypto import CanonicalJsonError, SigningKey
+from synapse_lite.federation.keyring import KeyLookupError
+from synapse_lite.federation.server_acl import server_allowed
+from synapse_lite.handlers.filtering import EventFormat
+from synapse_lite.handlers.received_events import stored_as_pdu
+from synapse_lite.handlers.visibility import load_room_visibility
+from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT, ReceivedEvent
+from synapse_lite.replication.http.send_events import EventsPersisted
+
+if TYPE_CHECKING:
+    from synapse_lite.clock import Clock
+    from synapse_lite.federation.keyring import Keyring
+    from synapse_lite.handlers.client_events import ClientEventFormatter
+    from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.replication.http.calls import InternalCalls
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+logger = logging.getLogger(__name__)
+
+#: Most events one ``/backfill`` answers (a larger ``limit`` is cut to it).
+MAX_BACKFILL = 100
+#: Most events one ``/get_missing_events`` answers (the spec's default is 10).
+MAX_MISSING_EVENTS = 20
+#: Most event ids ``/backfill``'s ``v`` or a ``get_missing_events`` list may name.
+MAX_START_EVENTS = 50
+#: The users of one server whose views decide what it sees (the first by id).
+MAX_VIEWING_USERS = 100
+#: The most ``prev_events`` and ``auth_events`` a received event may name
+#: (the spec's limits for PDUs).
+MAX_PREV_EVENTS = 20
+MAX_AUTH_EVENTS = 10
+#: The spec's largest PDU: 65,536 bytes of canonical JSON.
+MAX_PDU_BYTES = 65_536
+INCOMPATIBLE_ROOM_VERSION = "M_INCOMPATIBLE_ROOM_VERSION"
+FULL_FORMAT = EventFormat(federation=True)
+
+
+def _bad(msg: str, errcode: str = Codes.BAD_JSON) -> SynapseError:
+    return SynapseError(400, msg, errcode)
+
+
+def _event_id_list(value: Any, key: str) -> list[str]:
+    if (
+        not isinstance(value, list)
+        or not all(isinstance(v, str) for v in value)
+        or len(value) > MAX_START_EVENTS
+    ):
+        raise _bad(f"'{key}' must be a list of at most {MAX_START_EVENTS} event ids")
+    return list(dict.fromkeys(value))
+
+
+def _limit(value: Any, default: int, cap: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad("'limit' must be a non-negative integer", Codes.INVALID_PARAM)
+    return min(value, cap)
+
+
+def received_content(room_version: RoomVersion, pdu: Mapping[str, Any], event_id: str) -> Pdu:
+    """The graph's view of a received event (:class:`PduFormatError` for a
+    shape its version does not allow)."""
+    return Pdu.from_json(room_version, pdu, event_id)
+
+
+def pdu_as_content(pdu: Pdu) -> EventContent:
+    """A received event as the store persists it."""
+    return EventContent(
+        event_id=pdu.event_id,
+        room_id=pdu.room_id,
+        type=pdu.type,
+        state_key=pdu.state_key,
+        sender=pdu.sender,
+        content=dict(pdu.content),
+        origin_server_ts=pdu.origin_server_ts,
+        redacts=pdu.redacts,
+        prev_event_ids=pdu.prev_event_ids,
+        depth=pdu.depth,
+        auth_event_ids=pdu.auth_event_ids,
+    )
+
+
+async def check_rules(
+    store: GenericWorkerStore,
+    version: RoomVersion,
+    event: Pdu,
+    state_ids: Mapping[StateKey, str],
+    auth_ids: Sequence[str],
+) -> None:
+    """The spec's rules for ``event`` against its own auth events
+    ``auth_ids`` (stored, of its room) and against the room's current state
+    ``state_ids``; :class:`EventAuthError` when either refuses it. A refusal
+    by the current state is final here (not a soft failure): the callers are
+    a server asking us to accept its event now, and we store nothing."""
+    wanted = set(auth_ids)
+    keys = auth_types_for_event(version, event) | {CREATE}
+    current = {key: state_ids[key] for key in keys if key in state_ids}
+    loaded = await store.get_events(sorted(wanted | set(current.values())))
+    missing = sorted(wanted - loaded.keys())
+    if missing:
+        raise EventAuthError(f"auth events unknown here: {missing}")
+    create_id = state_ids.get(CREATE)
+    create = loaded.get(create_id) if create_id else None
+    own = auth_events_state(
+        version,
+        event,
+        [stored_as_pdu(loaded[a]) for a in auth_ids],
+        create=stored_as_pdu(create) if create else None,
+    )
+    authorise(version, event, own)
+    authorise(
+        version, event, {k: stored_as_pdu(loaded[i]) for k, i in current.items() if i in loaded}
+    )
+
+
+class FederationRoomsHandler:
+    """Serves our rooms to other servers; any process with the
+    ``federation`` resource (a join is persisted by the room's writer)."""
+
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        server_name: str,
+        keyring: Keyring,
+        formatter: ClientEventFormatter,
+        signing_key: Callable[[], SigningKey],
+        calls: InternalCalls,
+        event_writers: Callable[[], Sequence[str]],
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._server_name = server_name
+        self._keyring = keyring
+        self._formatter = formatter
+        self._signing_key = signing_key
+        self._calls = calls
+        self._event_writers = event_writers
+
+    # Reading
+
+    async def _room_version(self, room_id: str) -> RoomVersion:
+        """The room's version; 404 when we do not have the room."""
+        if await self._store.get_room(room_id) is None:
+            raise NotFoundError("Unknown room", Codes.NOT_FOUND)
+        return await self._store.get_room_version(room_id)
+
+    async def check_server_acl(self, origin: str, room_id: str) -> None:
+        """403 when the room's ``m.room.server_acl`` denies ``origin``."""
+        acl_id = (await self._store.get_current_state_ids(room_id)).get(("m.room.server_acl", ""))
+        acl = await self._store.get_event(acl_id) if acl_id is not None else None
+        if acl is not None and not server_allowed(acl.content, origin):
+            raise AuthError(403, f"{origin} is denied by the room's server ACL")
+
+    async def check_server_may_read(self, origin: str, room_id: str) -> None:
+        """404 for a room we do not have; 403 when its server ACL denies
+        ``origin``, or unless ``origin`` has a user joined to it now or the
+        room is ``world_readable``."""
+        await self._room_version(room_id)
+        await self.check_server_acl(origin, room_id)
+        members = await self._store.get_users_in_room(room_id)
+        if any(server_of(m) == origin for m in members):
+            return
+        state_ids = await self._store.get_current_state_ids(room_id)
+        visibility_id = state_ids.get(("m.room.history_visibility", ""))
+        if visibility_id is not None:
+            visibility = await self._store.get_event(visibility_id)
+            if visibility is not None and visibility.content.get("history_visibility") == (
+                "world_readable"
+            ):
+                return
+        raise AuthError(403, f"{origin} is not in room {room_id}")
+
+    async def _event_in_room(self, room_id: str, event_id: str) -> None:
+        event = await self._store.get_event(event_id)
+        if event is None or event.room_id != room_id:
+            raise NotFoundError("Unknown event", Codes.NOT_FOUND)
+
+    async def pdus(self, event_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The events found among ``event_ids`` in the server-server form,
+        in the order given: other servers' as they sent them (without
+        ``unsigned``), ours rendered and signed."""
+        by_id = await self._pdus_by_id(event_ids)
+        return [by_id[e] for e in event_ids if e in by_id]
+
+    async def _pdus_by_id(self, event_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        ids = list(dict.fromkeys(event_ids))
+        received = await self._store.get_received_pdus(ids)
+        local_ids = [e for e in ids if e not in received]
+        found = await self._store.get_events(local_ids) if local_ids else {}
+        now = self._clock.time_msec()
+        rendered = await self._formatter.render(
+            [found[e] for e in local_ids if e in found], now, FULL_FORMAT
+        )
+        by_id: dict[str, dict[str, Any]] = {pdu["event_id"]: pdu for pdu in rendered}
+        for event_id, pdu in received.items():
+            by_id[event_id] = {k: v for k, v in pdu.items() if k != "unsigned"}
+        return by_id
+
+    async def pdus_seen_by(
+        self, origin: str, room_id: str, event_ids: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """:meth:`pdus`, each event the history visibility at it hides from
+        ``origin`` served redacted (the spec's server behaviour: the graph
+        stays whole, the content is gone; the signatures, over the redacted
+        form, still verify). A server sees an event when one of its users
+        with a membership in the room would (handlers/visibility.py, the
+        rules clients get), or when it is ``world_readable``."""
+        users = sorted(
+            key[1]
+            for key in await self._store.get_current_state_ids(room_id)
+            if key[0] == "m.room.member" and server_of(key[1]) == origin
+        )[:MAX_VIEWING_USERS]
+        # Nobody's view: what anyone sees (world_readable events).
+        views = [await load_room_visibility(self._store, u, room_id) for u in ["", *users]]
+        events = await self._store.get_events(list(event_ids))
+        hidden = {
+            event_id
+            for event_id, event in events.items()
+            if not any(view.can_see(event) for view in views)
+        }
+        by_id = await self._pdus_by_id(event_ids)
+        version = await self._store.get_room_version(room_id)
+        return [
+            pruned_event(version, by_id[e]) if e in hidden else by_id[e]
+            for e in event_ids
+            if e in by_id
+        ]
+
+    def _transaction(self, pdus: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "origin": self._server_name,
+            "origin_server_ts": self._clock.time_msec(),
+            "pdus": pdus,
+        }
+
+    async def on_event(self, origin: str, event_id: str) -> dict[str, Any]:
+        """``GET /event/{eventId}``: one event in a transaction."""
+        event = await self._store.get_event(event_id)
+        if event is None:
+            raise NotFoundError("Unknown event", Codes.NOT_FOUND)
+        await self.check_server_may_read(origin, event.room_id)
+        return self._transaction(await self.pdus_seen_by(origin, event.room_id, [event_id]))
+
+    async def _state_before(self, origin: str, room_id: str, event_id: str) -> list[str]:
+        await self.check_server_may_read(origin, room_id)
+        await self._event_in_room(room_id, event_id)
+        state = await self._store.get_state_ids_before_event(event_id)
+        if state is None:
+            raise NotFoundError("The state at that event is unknown here", Codes.NOT_FOUND)
+        return sorted(state.values())
+
+    async def on_state_ids(self, origin: str, room_id: str, event_id: str) -> dict[str, Any]:
+        """``GET /state_ids/{roomId}?event_id=``: the state before the
+        event and the auth chain of that state, as ids."""
+        state = await self._state_before(origin, room_id, event_id)
+        chain = await self._store.get_auth_chain_ids(state)
+        return {"pdu_ids": state, "auth_chain_ids": sorted(chain)}
+
+    async def on_state(self, origin: str, room_id: str, event_id: str) -> dict[str, Any]:
+        """``GET /state/{roomId}?event_id=``: as ``/state_ids``, as events."""
+        state = await self._state_before(origin, room_id, event_id)
+        chain = await self._store.get_auth_chain_ids(state)
+        return {"pdus": await self.pdus(state), "auth_chain": await self.pdus(sorted(chain))}
+
+    async def on_event_auth(self, origin: str, room_id: str, event_id: str) -> dict[str, Any]:
+        """``GET /event_auth/{roomId}/{eventId}``: the event's auth chain."""
+        await self.check_server_may_read(origin, room_id)
+        await self._event_in_room(room_id, event_id)
+        chain = await self._store.get_auth_chain_ids([event_id])
+        return {"auth_chain": await self.pdus(sorted(chain))}
+
+    async def _walk_back(
+        self,
+        room_id: str,
+        start: Sequence[str],
+        limit: int,
+        include_start: bool,
+        stop: frozenset[str] = frozenset(),
+        min_depth: int = 0,
+    ) -> list[str]:
+        """Up to ``limit`` events of ``room_id`` reached from ``start`` by
+        ``prev_events``, deepest first (ties by id), not entering ``stop``
+        nor events below ``min_depth``."""
+        events = await self._store.get_events(list(start))
+        heap: list[tuple[int, str]] = []
+        seen: set[str] = set(stop)
+        for event_id, event in events.items():
+            if event.room_id == room_id and event_id not in seen:
+                seen.add(event_id)
+                heapq.heappush(heap, (-event.depth, event_id))
+        found: list[str] = []
+        first = set(start)
+        while heap and len(found) < limit:
+            _depth, event_id = heapq.heappop(heap)
+            if include_start or event_id not in first:
+                found.append(event_id)
+            prevs, _auth = (await self._store.get_event_edges([event_id]))[event_id]
+            fresh = [p for p in prevs if p not in seen]
+            seen.update(fresh)
+            for prev_id, prev in (await self._store.get_events(fresh)).items():
+                if prev.room_id == room_id and prev.depth >= min_depth:
+                    heapq.heappush(heap, (-prev.depth, prev_id))
+        return found
+
+    async def on_backfill(
+        self, origin: str, room_id: str, starts: list[str], limit: int | None
+    ) -> dict[str, Any]:
+        """``GET /backfill/{roomId}?v=&limit=``: the events ``v`` names and
+        their ancestors, deepest first, at most ``limit`` (cut to
+        :data:`MAX_BACKFILL`)."""
+        starts = _event_id_list(starts, "v")
+        if not starts:
+            raise _bad("'v' must name at least one event", Codes.INVALID_PARAM)
+        count = _limit(limit, 10, MAX_BACKFILL)
+        await self.check_server_may_read(origin, room_id)
+        found = await self._walk_back(room_id, starts, count, include_start=True)
+        return self._transaction(await self.pdus_seen_by(origin, room_id, found))
+
+    async def on_get_missing_events(
+        self, origin: str, room_id: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``POST /get_missing_events/{roomId}``: ancestors of
+        ``latest_events`` (not themselves) that are not ``earliest_events``
+        nor behind them, at most ``limit`` (default 10, cut to
+        :data:`MAX_MISSING_EVENTS`), not below ``min_depth``; oldest first."""
+        earliest = _event_id_list(body.get("earliest_events", []), "earliest_events")
+        latest = _event_id_list(body.get("latest_events"), "latest_events")
+        count = _limit(body.get("limit"), 10, MAX_MISSING_EVENTS)
+        min_depth = body.get("min_depth", 0)
+        if isinstance(min_depth, bool) or not isinstance(min_depth, int):
+            raise _bad("'min_depth' must be an integer")
+        await self.check_server_may_read(origin, room_id)
+        found = await self._walk_back(
+            room_id,
+            latest,
+            count,
+            include_start=False,
+            stop=frozenset(earliest),
+            min_depth=min_depth,
+        )
+        return {"events": list(reversed(await self.pdus_seen_by(origin, room_id, found)))}
+
+    # Joining
+
+    async def on_make_join(
+        self, origin: str, room_id: str, user_id: str, versions: list[str]
+    ) -> dict[str, Any]:
+        """``GET /make_join/{roomId}/{userId}?ver=``: an unsigned join for
+        ``user_id`` (a user of ``origin``) on the room's forward
+        extremities, with the auth events the spec selects; 403 when the
+        room's rules would refuse it now, 400
+        ``M_INCOMPATIBLE_ROOM_VERSION`` when the room's version is not
+        among ``versions`` (``["1"]`` when none is given, as the spec says)."""
+        return await self._make_membership(origin, room_id, user_id, "join", versions or ["1"])
+
+    async def on_make_leave(self, origin: str, room_id: str, user_id: str) -> dict[str, Any]:
+        """``GET /make_leave/{roomId}/{userId}``: as ``make_join``, a leave."""
+        return await self._make_membership(origin, room_id, user_id, "leave", None)
+
+    async def _make_membership(
+        self,
+        origin: str,
+        room_id: str,
+        user_id: str,
+        membership: str,
+        versions: list[str] | None,
+    ) -> dict[str, Any]:
+        if not is_valid_user_id(user_id):
+            raise _bad(f"{user_id!r} is not a user id", Codes.INVALID_PARAM)
+        if server_of(user_id) != origin:
+            raise AuthError(403, f"{user_id} is not a user of {origin}")
+        version = await self._room_version(room_id)
+        await self.check_server_acl(origin, room_id)
+        if versions is not None and version.identifier not in versions:
+            raise SynapseError(
+                400,
+                f"This room's version is {version.identifier}, which your server does not support",
+                INCOMPATIBLE_ROOM_VERSION,
+                {"room_version": version.identifier},
+            )
+        state_ids = await self._store.get_current_state_ids(room_id)
+        extremities = await self._store.get_forward_extremities(room_id)
+        prevs = prev_events_for_new_event(extremities)
+        template: dict[str, Any] = {
+            "room_id": room_id,
+            "type": "m.room.member",
+            "state_key": user_id,
+            "sender": user_id,
+            "content": {"membership": membership},
+            "origin_server_ts": self._clock.time_msec(),
+            "depth": depth_of_new_event(extremities[p] for p in prevs),
+        }
+        probe = Pdu.from_json(version, {**template, "prev_events": [], "auth_events": []}, "")
+        auth_ids = select_auth_event_ids(version, probe, state_ids)
+        try:
+            await check_rules(self._store, version, probe, state_ids, auth_ids)
+        except EventAuthError as e:
+            raise AuthError(403, f"The room's rules refuse this {membership}: {e.reason}") from e
+        if version.event_ids is EventIdFormat.SERVER_SUFFIXED:
+            template["prev_events"] = [[e, {}] for e in prevs]
+            template["auth_events"] = [[e, {}] for e in auth_ids]
+        else:
+            template["prev_events"] = prevs
+            template["auth_events"] = auth_ids
+        return {"event": template, "room_version": version.identifier}
+
+    async def on_send_join(
+        self, origin: str, room_id: str, event_id: str, pdu: Any
+    ) -> dict[str, Any]:
+        """``PUT /v2/send_join/{roomId}/{eventId}``: check and persist a
+        join ``origin`` signed; answer the state before it, that state's
+        auth chain, the event countersigned by us and the servers in the
+        room."""
+        version, event = await self._persist_membership(origin, room_id, event_id, pdu, "join")
+        state = await self._store.get_state_ids_before_event(event.event_id)
+        state_ids = sorted((state or {}).values())
+        chain = await self._store.get_auth_chain_ids([*state_ids, event.event_id])
+        members = await self._store.get_users_in_room(room_id)
+        signed = add_event_signature(version, pdu, self._server_name, self._signing_key())
+        return {
+            "origin": self._server_name,
+            "state": await self.pdus(state_ids),
+            "auth_chain": await self.pdus(sorted(chain)),
+            "event": signed,
+            "members_omitted": False,
+            "servers_in_room": sorted({server_of(m) for m in members} | {self._server_name}),
+        }
+
+    async def on_send_leave(
+        self, origin: str, room_id: str, event_id: str, pdu: Any
+    ) -> dict[str, Any]:
+        """``PUT /v2/send_leave/{roomId}/{eventId}``: check and persist a
+        leave ``origin`` signed; answers ``{}``."""
+        await self._persist_membership(origin, room_id, event_id, pdu, "leave")
+        return {}
+
+    async def _persist_membership(
+        self, origin: str, room_id: str, event_id: str, pdu: Any, membership: str
+    ) -> tuple[RoomVersion, Pdu]:
+        """Check a signed ``membership`` event and have the room's writer
+        persist it (its rules checked there)."""
+        version = await self._room_version(room_id)
+        await self.check_server_acl(origin, room_id)
+        event = await self._check_received_membership(
+            origin, room_id, event_id, version, pdu, membership
+        )
+        writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+        if writer is None:
+            raise NotFoundError("Unknown room", Codes.NOT_FOUND)
+        await self._store.store_received_pdu(event_id, room_id, origin, pdu)
+        try:
+            await self._calls.call(
+                PERSIST_RECEIVED_EVENT, ReceivedEvent(room_id, origin, pdu), instance=writer
+            )
+        except SynapseError as e:
+            # Refused by the writer (its rules, unknown parents): keep no
+            # copy of an event we do not have. Not after a 5xx, where the
+            # writer may have persisted it before failing to answer.
+            if e.code < 500 and await self._store.get_event(event_id) is None:
+                await self._store.delete_received_pdu(event_id)
+            raise
+        return version, event
+
+    async def _check_received_membership(
+        self,
+        origin: str,
+        room_id: str,
+        event_id: str,
+        version: RoomVersion,
+        pdu: Any,
+        membership: str,
+    ) -> Pdu:
+        """The ``membership`` event (join, leave) ``origin`` sent,
+        checked as far as it can be without the room's state: 400 for a
+        malformed event, one whose id is not ``event_id``, of another room,
+        not that membership of its sender, or whose content hash does not
+        match; 403 for a user of another server than ``origin`` or a missing
+        or bad signature."""
+        if not isinstance(pdu, dict):
+            raise _bad("The event must be an object")
+        try:
+            encoded = event_canonical_json(pdu, version.strict_canonical_json)
+            actual_id = event_id_of(version, pdu)
+        except (CanonicalJsonError, KeyError, TypeError, ValueError) as e:
+            raise _bad(
+                f"The event is not valid in room version {version.identifier}: {e}"
+            ) from None
+        if len(encoded) > MAX_PDU_BYTES:
+            raise SynapseError(413, "The event is larger than 65536 bytes", Codes.TOO_LARGE)
+        if actual_id != event_id:
+            raise _bad(f"The event's id is {actual_id}, not {event_id}", Codes.INVALID_PARAM)
+        try:
+            event = received_content(version, pdu, event_id)
+        except PduFormatError as e:
+            raise _bad(f"The event is malformed: {e}") from None
+        if event.room_id != room_id:
+            raise _bad("The event is for another room", Codes.INVALID_PARAM)
+        if not 0 < len(event.prev_event_ids) <= MAX_PREV_EVENTS:
+            raise _bad(f"An event names 1 to {MAX_PREV_EVENTS} prev_events")
+        if len(event.auth_event_ids) > MAX_AUTH_EVENTS:
+            raise _bad(f"An event names at most {MAX_AUTH_EVENTS} auth_events")
+        if not (
+            event.type == "m.room.member"
+            and event.membership == membership
+            and event.state_key == event.sender
+        ):
+            raise _bad(f"The event is not a {membership} of its sender")
+        if not is_valid_user_id(event.sender):
+            raise _bad("The event's sender is not a user id")
+        if server_of(event.sender) != origin:
+            raise AuthError(403, f"{event.sender} is not a user of {origin}")
+        if not content_hash_matches(version, pdu):
+            raise _bad("The event's content hash does not match its content")
+        for server in sorted(servers_that_must_sign(version, pdu)):
+            if server != self._server_name:  # we sign what we accept below
+                await self._check_signed_by(version, pdu, server)
+        return event
+
+    async def _check_signed_by(
+        self, version: RoomVersion, pdu: dict[str, Any], server: str
+    ) -> None:
+        """403 unless one of ``server``'s current keys signed ``pdu``."""
+        signatures = pdu.get("signatures")
+        by_server = signatures.get(server) if isinstance(signatures, dict) else None
+        problems = []
+        for key_id in sorted(by_server) if isinstance(by_server, dict) else []:
+            if not key_id.startswith("ed25519:"):
+                continue
+            try:
+                key = await self._keyring.get_verify_key(server, key_id)
+                verify_event_signature(version, pdu, server, key_id, key)
+                return
+            except (KeyLookupError, ValueError) as e:
+                problems.append(f"{key_id}: {e}")
+        detail = "; ".join(problems) or "no signature"
+        raise AuthError(403, f"The event is not signed by {server} ({detail})")
+
+
+class ReceivedEventsWriter:
+    """On a room's events writer: persists the events other servers made
+    (:data:`PERSIST_RECEIVED_EVENT`) after the spec's rules."""
+
+    def __init__(self, store: GenericWorkerStore, events: EventCreationHandler) -> None:
+        self._store = store
+        self._events = events
+
+    async def persist_received(self, request: ReceivedEvent) -> EventsPersisted:
+        version = await self._store.get_room_version(request.room_id)
+        try:
+            event_id = event_id_of(version, request.pdu)
+            event = received_content(version, request.pdu, event_id)
+        except (PduFormatError, KeyError, ValueError) as e:
+            raise _bad(f"The event is malformed: {e}") from None
+        if event.room_id != request.room_id:
+            raise _bad("The event is for another room", Codes.INVALID_PARAM)
+        content = pdu_as_content(event)
+
+        async def check(state_ids: Mapping[StateKey, str]) -> None:
+            await self._check_parents(event)
+            try:
+                await check_rules(self._store, version, event, state_ids, event.auth_event_ids)
+            except EventAuthError as e:
+                logger.info("Refused %s from %s: %s", event_id, request.origin, e.reason)
+                raise AuthError(403, f"The room's rules refuse this event: {e.reason}") from e
+
+        persisted = await self._events.persist_received_as_writer(content, check)
+        logger.info(
+            "Accepted %s (%s of %s) from %s",
+            event_id,
+            event.type,
+            event.sender,
+            request.origin,
+        )
+        return EventsPersisted([(persisted.event_id, persisted.stream_ordering)])
+
+    async def _check_parents(self, event: Pdu) -> None:
+        """400 unless every ``prev_events`` entry is an event of the room we
+        have in the graph: a received event is placed on events we know
+        (fetching missing ones is the inbound ``/send`` path's, not built)."""
+        parents = await self._store.get_events(list(event.prev_event_ids))
+        unknown = [
+            p
+            for p in event.prev_event_ids
+            if p not in parents or parents[p].room_id != event.room_id or parents[p].outlier
+        ]
+        if unknown:
+            raise _bad(f"The event's prev_events are unknown here: {unknown}", Codes.INVALID_PARAM)

@@ -1,0 +1,34 @@
+"""Persisting an event another server made on its room's writer:
+``persist_received_event`` (a remote join accepted by ``send_join``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attr
+
+from synapse_lite.codec.kinds import Identifier, JsonObject, RoomId, wire
+from synapse_lite.replication.http.calls import InternalCall
+from synapse_lite.replication.http.send_events import SEND_EVENTS, EventsPersisted
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ReceivedEvent:
+    """One event of ``room_id`` in its server-server form, as ``origin``
+    sent it; the receiving process checked its id, hash and signatures,
+    the writer checks it against the room's rules."""
+
+    room_id: str = attr.ib(metadata=wire(RoomId()))
+    origin: str = attr.ib(metadata=wire(Identifier()))
+    pdu: dict[str, Any] = attr.ib(hash=False, metadata=wire(JsonObject()))
+
+
+PERSIST_RECEIVED_EVENT = InternalCall(
+    "persist_received_event",
+    ReceivedEvent,
+    EventsPersisted,
+    # The writer answers an event it already has with that event.
+    idempotent=True,
+    # The caller waits for the events stream as a send's caller does.
+    answer_position=SEND_EVENTS.answer_position,
+)
