@@ -59,12 +59,16 @@ def install_synapse() -> str:
         partial = venv + ".partial"
         shutil.rmtree(partial, ignore_errors=True)
         started = time.monotonic()
+        # pip must see the new virtualenv only, not the PYTHONPATH of a
+        # trial worker (-j), or it takes our packages as installed.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         try:
             subprocess.run(
                 [sys.executable, "-m", "venv", partial],
                 check=True,
                 capture_output=True,
                 timeout=120,
+                env=env,
             )
             subprocess.run(
                 [
@@ -79,6 +83,7 @@ def install_synapse() -> str:
                 capture_output=True,
                 text=True,
                 timeout=INSTALL_TIMEOUT_SECONDS,
+                env=env,
             )
         except subprocess.CalledProcessError as e:
             # pip's last lines say why; its warnings about unused index

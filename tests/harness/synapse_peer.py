@@ -156,9 +156,14 @@ class SynapsePeer:
         """Start it and wait until its client API answers; stopped at cleanup."""
         path = self.write_config()
         log = open(os.path.join(self.directory, "stdout.log"), "wb")
+        # Its own virtualenv only: trial's workers (-j) get a PYTHONPATH of
+        # our environment, whose packages (txredisapi 1.6, ...) Synapse
+        # refuses to start with.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self._process = subprocess.Popen(
             [self.python, "-m", "synapse.app.homeserver", "-c", path],
             cwd=self.directory,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
