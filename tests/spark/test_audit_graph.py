@@ -149,8 +149,8 @@ class AuditGraphRealServersTestCase(DatabaseTestCase):
         self.assertGreater(rows["event_auth_edges"], 100)
         # Every room has one forward extremity again (the branch merged).
         self.assertEqual(rows["event_forward_extremities"], len(graph.rooms))
-        self.assertIn("rejected_in_state", report["graph"]["not_checked"])
-        self.assertIn("not checked: rejected_in_state", output)
+        # The schema records rejections (delta 0083): every check runs.
+        self.assertEqual(report["graph"]["not_checked"], {})
 
         # Six faults at once, each where no other can touch it (one room
         # each, or an event never stored): each is found, and nothing else.
@@ -206,8 +206,7 @@ class AuditGraphRealServersTestCase(DatabaseTestCase):
         topic, topic_id, topic_writer = graph.event(rooms[0], kind="m.room.topic")
         (parent,) = graph.query("SELECT prev_event_id FROM event_edges WHERE event_id = ?", topic)
         (parent_id,) = graph.query("SELECT stream_ordering FROM events WHERE event_id = ?", parent)
-        graph.execute("CREATE TABLE rejections (event_id TEXT NOT NULL, reason TEXT)")
-        graph.execute("INSERT INTO rejections VALUES (?, 'planted')", topic)
+        graph.execute("UPDATE events SET rejected = TRUE WHERE event_id = ?", topic)
         code, report, output = audit_config(path)
         self.assertEqual(
             (code, found(report)),
@@ -226,8 +225,8 @@ class AuditGraphRealServersTestCase(DatabaseTestCase):
 
 
 class AuditGraphSeededTestCase(unittest.TestCase):
-    """What the servers do not write yet: the known gaps, and the flags a
-    later schema adds (rejections, soft failures)."""
+    """What the servers do not write yet (the known gaps) and what only
+    received events have (rejections, soft failures: delta 0083)."""
 
     def setUp(self) -> None:
         self.db = AuditFixture(self)
@@ -287,9 +286,8 @@ class AuditGraphSeededTestCase(unittest.TestCase):
         self.assertEqual(finding["samples"][0]["reason"], "outlier")
         self.db.execute("DELETE FROM event_forward_extremities WHERE event_id = ?", (child,))
 
-        # With soft failures recorded: a soft-failed event is no extremity
-        # and leaves its parent one; a soft-failed extremity is a finding.
-        self.db.execute("ALTER TABLE events ADD COLUMN soft_failed BOOLEAN NOT NULL DEFAULT FALSE")
+        # A soft-failed event is no extremity and leaves its parent one; a
+        # soft-failed extremity is a finding.
         soft = self.event(3)
         self.edge(soft, parent)
         self.db.execute("UPDATE events SET soft_failed = TRUE WHERE event_id = ?", (soft,))
@@ -315,11 +313,9 @@ class AuditGraphSeededTestCase(unittest.TestCase):
         self.position("events", 1)
         run = self.db.audit()
         self.assertEqual(run.code, 0, run)
-        self.assertIn("rejected_in_state", run.report["graph"]["not_checked"])
-        self.db.execute("ALTER TABLE events ADD COLUMN rejected BOOLEAN NOT NULL DEFAULT FALSE")
+        self.assertEqual(run.report["graph"]["not_checked"], {}, run)
         self.db.execute("UPDATE events SET rejected = TRUE WHERE event_id = ?", (create,))
         run = self.db.audit()
-        self.assertEqual(run.report["graph"]["not_checked"], {}, run)
         self.assertEqual(
             [(f["kind"], f["ids"]) for f in run.findings()],
             [("extremity_not_in_graph", [1]), ("rejected_in_state", [1])],
