@@ -171,7 +171,15 @@ class PusherKilledMidDeliveryTestCase(unittest.TestCase):
             self.assertEqual(repeats, [in_flight], pushkey)
             # De-duplicating by event_id, as a gateway can, gives each once.
             self.assertEqual(list(dict.fromkeys(received)), sent, pushkey)
-        self.assertEqual(gateway.received["dave-key"], sent)
+        # dave's pusher had answered everything when it was killed, but the
+        # position of its last delivery may not have been recorded yet
+        # (seen once on PostgreSQL under load): that one, and only it, may
+        # come again, once, right after itself.
+        dave = gateway.received["dave-key"]
+        self.assertEqual(list(dict.fromkeys(dave)), sent)
+        if len(dave) != len(sent):
+            last = sent[BEFORE_KILL - 1]
+            self.assertEqual(dave, [*sent[:BEFORE_KILL], last, *sent[BEFORE_KILL:]])
 
         # Second kill, racing the recording: SIGKILL as soon as the gateway
         # has answered one of dave's. Whether the position was recorded or
