@@ -46,12 +46,12 @@ from synapse_lite.event_graph.hashing import (
     verify_event_signature,
 )
 from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
-from synapse_lite.events import EventContent, event_canonical_json, pruned_event
+from synapse_lite.events import event_canonical_json, pruned_event
 from synapse_lite.federation.crypto import CanonicalJsonError, SigningKey
 from synapse_lite.federation.keyring import KeyLookupError
 from synapse_lite.federation.server_acl import server_allowed
 from synapse_lite.handlers.filtering import EventFormat
-from synapse_lite.handlers.received_events import stored_as_pdu
+from synapse_lite.handlers.received_events import pdu_as_content, stored_as_pdu
 from synapse_lite.handlers.visibility import load_room_visibility
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT, ReceivedEvent
 from synapse_lite.replication.http.send_events import EventsPersisted
@@ -110,23 +110,6 @@ def received_content(room_version: RoomVersion, pdu: Mapping[str, Any], event_id
     """The graph's view of a received event (:class:`PduFormatError` for a
     shape its version does not allow)."""
     return Pdu.from_json(room_version, pdu, event_id)
-
-
-def pdu_as_content(pdu: Pdu) -> EventContent:
-    """A received event as the store persists it."""
-    return EventContent(
-        event_id=pdu.event_id,
-        room_id=pdu.room_id,
-        type=pdu.type,
-        state_key=pdu.state_key,
-        sender=pdu.sender,
-        content=dict(pdu.content),
-        origin_server_ts=pdu.origin_server_ts,
-        redacts=pdu.redacts,
-        prev_event_ids=pdu.prev_event_ids,
-        depth=pdu.depth,
-        auth_event_ids=pdu.auth_event_ids,
-    )
 
 
 async def check_rules(

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import attr
+
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.room_versions import RoomVersion
 from synapse_lite.event_graph.hashing import event_id_of
@@ -118,19 +120,26 @@ async def received_event_content(
             "rejected" if outcome.rejected else "soft-failed",
             outcome.rejected or outcome.soft_failed,
         )
-    return EventContent(
-        event_id=event.event_id,
-        room_id=event.room_id,
-        type=event.type,
-        state_key=event.state_key,
-        sender=event.sender,
-        content=dict(event.content),
-        origin_server_ts=event.origin_server_ts,
-        redacts=event.redacts,
-        prev_event_ids=event.prev_event_ids,
-        depth=event.depth,
-        auth_event_ids=event.auth_event_ids,
+    return attr.evolve(
+        pdu_as_content(event),
         rejected_reason=outcome.rejected,
         soft_failed=outcome.soft_failed is not None,
         outlier=outlier,
+    )
+
+
+def pdu_as_content(pdu: Pdu) -> EventContent:
+    """A received event as the store persists it (accepted, in the graph)."""
+    return EventContent(
+        event_id=pdu.event_id,
+        room_id=pdu.room_id,
+        type=pdu.type,
+        state_key=pdu.state_key,
+        sender=pdu.sender,
+        content=dict(pdu.content),
+        origin_server_ts=pdu.origin_server_ts,
+        redacts=pdu.redacts,
+        prev_event_ids=pdu.prev_event_ids,
+        depth=pdu.depth,
+        auth_event_ids=pdu.auth_event_ids,
     )
