@@ -88,6 +88,7 @@ from synapse_lite.handlers.e2e_keys import E2eKeysHandler
 from synapse_lite.handlers.federation_rooms import FederationRoomsHandler, ReceivedEventsWriter
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.identity import IdentityHandler
+from synapse_lite.handlers.inbound_pdus import InboundPdus, ReceivedPduWriter
 from synapse_lite.handlers.legacy_sync import LegacySyncHandler
 from synapse_lite.handlers.login import LoginHandler
 from synapse_lite.handlers.message import EventCreationHandler
@@ -143,7 +144,10 @@ from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_DEVICE_KEYS,
     UPLOAD_SIGNATURES,
 )
-from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT
+from synapse_lite.replication.http.federation_rooms import (
+    PERSIST_RECEIVED_EVENT,
+    PERSIST_RECEIVED_PDU,
+)
 from synapse_lite.replication.http.send_events import SEND_EVENTS
 from synapse_lite.replication.http.stream_updates import (
     GET_STREAM_UPDATES,
@@ -705,8 +709,14 @@ def _handlers(
     )
     # Other servers' events (remote joins) are persisted by the room's writer.
     received_writer = ReceivedEventsWriter(store, events)
+    pdu_writer = ReceivedPduWriter(events)
     received_hooks = (
-        Hooks(served=((PERSIST_RECEIVED_EVENT, received_writer.persist_received),))
+        Hooks(
+            served=(
+                (PERSIST_RECEIVED_EVENT, received_writer.persist_received),
+                (PERSIST_RECEIVED_PDU, pdu_writer.persist),
+            )
+        )
         if role.writes_events
         else Hooks()
     )
@@ -745,6 +755,16 @@ def _handlers(
             device_messages=device_messages,
             send_command=transport.outgoing.send_command,
             outbox=federation.outbox,
+            pdus=InboundPdus(
+                store=store,
+                server_name=server_name,
+                keyring=federation.keyring,
+                client=federation.client,
+                calls=calls,
+                event_writers=event_writers,
+            )
+            if federation.client is not None
+            else None,
         )
     # The one registration after construction: handlers make each other's
     # writes through ``calls``, which runs a call here when this process

@@ -6,8 +6,10 @@
 * ``m.direct_to_device`` EDUs are delivered to local devices through the
   to_device writer, once per ``(origin, message_id)`` (see
   ``DeviceInboxWorkerStore.add_remote_messages_to_device_inbox``).
-* PDUs are not accepted (rooms across servers are not supported): each is
-  answered with an error in ``pdus``.
+* PDUs are checked and persisted by their rooms' writers
+  (``handlers/inbound_pdus.py``), each answered in ``pdus`` (``{}`` or an
+  ``error``); one refused PDU costs the others nothing. A process built
+  without that handler answers every PDU with an error.
 * A request from a server we are backing off from means it is up again:
   ``REMOTE_SERVER_UP`` goes to every process, and to our own sender.
 """
@@ -28,6 +30,7 @@ from synapse_lite.replication.tcp.commands import RemoteServerUpCommand
 if TYPE_CHECKING:
     from synapse_lite.federation.outbox import OutboxConsumer
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
+    from synapse_lite.handlers.inbound_pdus import InboundPdus
     from synapse_lite.replication.tcp.commands import Command
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
@@ -51,13 +54,16 @@ class FederationInboundHandler:
         device_messages: DeviceMessageHandler,
         send_command: Callable[[Command], None],
         outbox: OutboxConsumer | None,
+        pdus: InboundPdus | None = None,
     ) -> None:
-        """``outbox``: this process's federation sender, if it is one."""
+        """``outbox``: this process's federation sender, if it is one;
+        ``pdus``: what checks and persists the PDUs."""
         self._store = store
         self._server_name = server_name
         self._device_messages = device_messages
         self._send_command = send_command
         self._outbox = outbox
+        self._pdus = pdus
         #: Transactions being processed -> copies waiting for the outcome.
         self._in_flight: dict[tuple[str, str], list[defer.Deferred[Any]]] = {}
 
@@ -107,10 +113,13 @@ class FederationInboundHandler:
 
     async def _process(self, origin: str, pdus: list[Any], edus: list[Any]) -> dict[str, Any]:
         results: dict[str, Any] = {}
-        for pdu in pdus:
-            event_id = pdu.get("event_id") if isinstance(pdu, dict) else None
-            if isinstance(event_id, str):
-                results[event_id] = {"error": "This server does not accept room events"}
+        if self._pdus is not None:
+            results = await self._pdus.on_pdus(origin, pdus)
+        else:
+            for pdu in pdus:
+                event_id = pdu.get("event_id") if isinstance(pdu, dict) else None
+                if isinstance(event_id, str):
+                    results[event_id] = {"error": "This process does not accept room events"}
         for edu in edus:
             if not isinstance(edu, dict) or not isinstance(edu.get("content"), dict):
                 logger.info("Ignoring a malformed EDU from %s", origin)

@@ -1,5 +1,7 @@
 """Persisting an event another server made on its room's writer:
-``persist_received_event`` (a remote join accepted by ``send_join``)."""
+``persist_received_event`` (a remote join accepted by ``send_join``, refused
+outright when it breaks the rules) and ``persist_received_pdu`` (a PDU of a
+transaction, stored with its outcome)."""
 
 from __future__ import annotations
 
@@ -30,5 +32,17 @@ PERSIST_RECEIVED_EVENT = InternalCall(
     # The writer answers an event it already has with that event.
     idempotent=True,
     # The caller waits for the events stream as a send's caller does.
+    answer_position=SEND_EVENTS.answer_position,
+)
+
+
+PERSIST_RECEIVED_PDU = InternalCall(
+    "persist_received_pdu",
+    ReceivedEvent,
+    EventsPersisted,
+    # A PDU of a transaction: stored with its outcome (rejected,
+    # soft-failed or accepted: ``EventCreationHandler.persist_received_event``);
+    # an event the writer already has is answered with it.
+    idempotent=True,
     answer_position=SEND_EVENTS.answer_position,
 )
