@@ -139,6 +139,10 @@ FEDERATION_EDUS_SENT = Counter(
     "synapse_lite_federation_edus_sent_total",
     "EDUs other servers accepted from us",
 )
+FEDERATION_PDUS_SENT = Counter(
+    "synapse_lite_federation_pdus_sent_total",
+    "PDUs (room events) other servers accepted from us in transactions",
+)
 FEDERATION_TRANSACTIONS_RECEIVED = Counter(
     "synapse_lite_federation_transactions_received_total",
     "Transactions received from other servers, by outcome (new, replayed)",

@@ -36,7 +36,9 @@ from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.queries import FederationQueries
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.sender.federation_sender import FederationSender
+from synapse_lite.federation.sender.room_events import PduRenderer, RoomEventsFeed
 from synapse_lite.handlers.auth import AuthHandler
+from synapse_lite.handlers.client_events import ClientEventFormatter, PduSigner
 from synapse_lite.handlers.client_ips import ClientIpRecorder
 from synapse_lite.handlers.client_transactions import ClientTransactionExpiry
 from synapse_lite.handlers.event_expiry import EventExpiry
@@ -253,6 +255,10 @@ def federation_for_role(
     rows: UpdateFunction | None = None
     hooks = NO_HOOKS
     if role.sends_federation:
+        key = signing_key
+        renderer = PduRenderer(
+            store, ClientEventFormatter(store, PduSigner(config.server_name, lambda: key)), clock
+        )
         sender = FederationSender(
             store=store,
             clock=clock,
@@ -263,9 +269,20 @@ def federation_for_role(
             send_command=None if role.is_main else outgoing.send_command,
             positions=positions,
             replication_notifier=local_writes,
+            render_pdus=renderer.transaction_pdus,
+        )
+        # Room events for other servers: from every events writer's rows,
+        # and this process's own sends.
+        feed = RoomEventsFeed(
+            store=store,
+            clock=clock,
+            server_name=config.server_name,
+            queue_pdus=sender.send_pdus,
+            local_writes=local_writes,
         )
         hooks = Hooks(
-            loops=(sender,),
+            loops=(sender, feed),
+            row_hooks=(("events", feed.on_rows),),
             command_hooks=(
                 (RemoteServerUpCommand, lambda cmd: sender.on_remote_server_up(cmd.server_name)),
             ),

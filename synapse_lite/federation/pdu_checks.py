@@ -109,17 +109,15 @@ def check_pdu_format(room_version: RoomVersion, pdu: Any) -> CheckedPdu:
 
 
 async def check_pdu_signatures(
-    keyring: Keyring, room_version: RoomVersion, pdu: dict[str, Any], server_name: str
+    keyring: Keyring, room_version: RoomVersion, pdu: dict[str, Any]
 ) -> None:
     """:class:`PduRefused` unless every server that must sign ``pdu``
-    (``servers_that_must_sign``; ``server_name``, us, excepted) signed it
-    with a key valid when it says it was made (its ``origin_server_ts``:
-    old keys verify old events)."""
+    (``servers_that_must_sign``, us included: an event claiming one of our
+    users must carry our signature) signed it with a key valid when it says
+    it was made (its ``origin_server_ts``: old keys verify old events)."""
     ts = pdu.get("origin_server_ts")
     valid_at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
     for server in sorted(servers_that_must_sign(room_version, pdu)):
-        if server == server_name:
-            continue
         signatures = pdu.get("signatures")
         by_server = signatures.get(server) if isinstance(signatures, dict) else None
         problems = []

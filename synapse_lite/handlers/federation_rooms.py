@@ -49,8 +49,8 @@ from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
 from synapse_lite.events import event_canonical_json, pruned_event
 from synapse_lite.federation.crypto import CanonicalJsonError, SigningKey
 from synapse_lite.federation.keyring import KeyLookupError
+from synapse_lite.federation.sender.room_events import PduRenderer
 from synapse_lite.federation.server_acl import server_allowed
-from synapse_lite.handlers.filtering import EventFormat
 from synapse_lite.handlers.received_events import pdu_as_content, stored_as_pdu
 from synapse_lite.handlers.visibility import load_room_visibility
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT, ReceivedEvent
@@ -81,7 +81,6 @@ MAX_AUTH_EVENTS = 10
 #: The spec's largest PDU: 65,536 bytes of canonical JSON.
 MAX_PDU_BYTES = 65_536
 INCOMPATIBLE_ROOM_VERSION = "M_INCOMPATIBLE_ROOM_VERSION"
-FULL_FORMAT = EventFormat(federation=True)
 
 
 def _bad(msg: str, errcode: str = Codes.BAD_JSON) -> SynapseError:
@@ -166,6 +165,7 @@ class FederationRoomsHandler:
         self._server_name = server_name
         self._keyring = keyring
         self._formatter = formatter
+        self._renderer = PduRenderer(store, formatter, clock)
         self._signing_key = signing_key
         self._calls = calls
         self._event_writers = event_writers
@@ -217,18 +217,7 @@ class FederationRoomsHandler:
         return [by_id[e] for e in event_ids if e in by_id]
 
     async def _pdus_by_id(self, event_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        ids = list(dict.fromkeys(event_ids))
-        received = await self._store.get_received_pdus(ids)
-        local_ids = [e for e in ids if e not in received]
-        found = await self._store.get_events(local_ids) if local_ids else {}
-        now = self._clock.time_msec()
-        rendered = await self._formatter.render(
-            [found[e] for e in local_ids if e in found], now, FULL_FORMAT
-        )
-        by_id: dict[str, dict[str, Any]] = {pdu["event_id"]: pdu for pdu in rendered}
-        for event_id, pdu in received.items():
-            by_id[event_id] = {k: v for k, v in pdu.items() if k != "unsigned"}
-        return by_id
+        return await self._renderer.pdus_by_id(event_ids)
 
     async def pdus_seen_by(
         self, origin: str, room_id: str, event_ids: Sequence[str]

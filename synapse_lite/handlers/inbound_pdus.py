@@ -143,7 +143,7 @@ class InboundPdus:
         ):
             raise PduError(f"{origin} has no user in room {room_id}", pdu.event_id)
         try:
-            await check_pdu_signatures(self._keyring, version, pdu.pdu, self._server_name)
+            await check_pdu_signatures(self._keyring, version, pdu.pdu)
         except PduRefused as e:
             raise PduError(str(e), pdu.event_id) from None
         return version, pdu
@@ -205,7 +205,7 @@ class InboundPdus:
                 found = check_pdu_format(version, raw)
                 if found.event.room_id != room_id:
                     raise PduRefused("of another room")
-                await check_pdu_signatures(self._keyring, version, found.pdu, self._server_name)
+                await check_pdu_signatures(self._keyring, version, found.pdu)
             except PduRefused as e:
                 logger.info("A missing event %s gave is refused: %s", origin, e)
                 continue

@@ -200,6 +200,66 @@ class SynapseInteropTestCase(unittest.TestCase):
         await alice.ok("PUT", f"/directory/room/{ours}", {"room_id": room_id})
         self.assertEqual((await carol.ok("GET", f"/directory/room/{ours}"))["room_id"], room_id)
 
+    async def test_room_shared_both_ways(self) -> None:
+        """A Synapse user joins one of our rooms (Synapse's make_join and
+        send_join against us), then messages go both ways: ours reach
+        Synapse in our transactions, Synapse's reach us in its, each seen
+        by the other side's client, in order."""
+        synapse = self.synapse
+        alice = await ClientApi(self, self.client_url).register("alice")
+        carol = await ClientApi(self, synapse.client_url).register("carol")
+        room_id = await alice.create_room(preset="public_chat", name="Shared")
+        await alice.send(room_id, "before carol")
+        server = urllib.parse.quote(self.hs.config.server_name)
+        joined = await carol.ok(
+            "POST", f"/join/{urllib.parse.quote(room_id)}?server_name={server}", {}
+        )
+        self.assertEqual(joined["room_id"], room_id)
+
+        async def members() -> Any:
+            found = await alice.ok("GET", f"/rooms/{urllib.parse.quote(room_id)}/joined_members")
+            return carol.user_id in found["joined"]
+
+        await self.eventually(members, "carol's join on our side")
+
+        # Ours -> Synapse.
+        for i in range(3):
+            await alice.send(room_id, f"to carol {i}")
+
+        async def carol_sees() -> Any:
+            path = f"/rooms/{urllib.parse.quote(room_id)}/messages?dir=b&limit=20"
+            chunk = (await carol.ok("GET", path))["chunk"]
+            bodies = [
+                e["content"].get("body") for e in reversed(chunk) if e["type"] == "m.room.message"
+            ]
+            return bodies if "to carol 2" in bodies else None
+
+        bodies = await self.eventually(carol_sees, "our messages on Synapse")
+        self.assertEqual(
+            [b for b in bodies if b.startswith("to carol")], [f"to carol {i}" for i in range(3)]
+        )
+
+        # Synapse -> ours.
+        since = (await alice.sync())["next_batch"]
+        for i in range(3):
+            await carol.send(room_id, f"to alice {i}")
+        seen: list[str] = []
+
+        async def alice_sees() -> Any:
+            nonlocal since
+            answer = await alice.sync(since=since)
+            since = answer["next_batch"]
+            room = answer.get("rooms", {}).get("join", {}).get(room_id, {})
+            seen.extend(
+                e["content"]["body"]
+                for e in room.get("timeline", {}).get("events", [])
+                if e["type"] == "m.room.message" and e["sender"] == carol.user_id
+            )
+            return "to alice 2" in seen
+
+        await self.eventually(alice_sees, "Synapse's messages on our side")
+        self.assertEqual(seen, [f"to alice {i}" for i in range(3)])
+
     async def test_synapse_as_our_notary(self) -> None:
         """A server that has gone away: its key is had from Synapse, which
         fetched it earlier, when Synapse is one of our trusted key servers;

@@ -1,10 +1,16 @@
-"""Sending one destination's queued EDUs, one transaction at a time.
+"""Sending one destination's queued PDUs and EDUs, one transaction at a time.
 
-A wake-up says EDUs are queued up to some to_device stream id. The queue then
+A wake-up says EDUs are queued up to some to_device stream id, or gives room
+events (PDUs, by id, in stream order: ``room_events.py``). The queue then
 reads the outbox (oldest first, up to :data:`MAX_EDUS_PER_TRANSACTION` EDUs
-and about :data:`MAX_TRANSACTION_BYTES`), sends one transaction, and on a 200
+and about :data:`MAX_TRANSACTION_BYTES`), takes the oldest
+:data:`MAX_PDUS_PER_TRANSACTION` PDUs, sends one transaction, and on a 200
 deletes exactly what it sent; whatever was queued meanwhile goes in the next
-transaction. Only one transaction is ever in flight per destination.
+transaction. Only one transaction is ever in flight per destination, so
+events arrive in order. PDUs wait in memory, at most
+:data:`MAX_PENDING_PDUS` (the oldest are dropped beyond: the destination
+fetches what it misses with ``get_missing_events`` when a later event
+arrives).
 
 The transaction id is derived from the stream ids it carries, so retrying the
 same EDUs (after a timeout, or after this process was killed mid-request)
@@ -23,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -36,6 +42,7 @@ from synapse_lite.federation.sender import backoff
 from synapse_lite.metrics import (
     FEDERATION_DESTINATIONS_DOWN,
     FEDERATION_EDUS_SENT,
+    FEDERATION_PDUS_SENT,
     FEDERATION_TRANSACTIONS_SENT,
 )
 from synapse_lite.storage.databases.main.federation import OutboxRow, RetryState
@@ -49,15 +56,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_EDUS_PER_TRANSACTION = 100
+MAX_PDUS_PER_TRANSACTION = 50
+#: PDUs kept for a destination that does not take them (memory bound).
+MAX_PENDING_PDUS = 10_000
 MAX_TRANSACTION_BYTES = 512 * 1024
 #: Answers meaning "this transaction will never be accepted as it is".
 PERMANENT_REFUSALS = (400, 413)
 
 
-def transaction_id(rows: list[OutboxRow]) -> str:
-    """Stable for one set of EDUs, different for any other."""
-    ids = ",".join(str(r.stream_id) for r in rows)
-    digest = hashlib.sha256(ids.encode("ascii")).hexdigest()[:10]
+def transaction_id(rows: Sequence[OutboxRow], pdu_ids: Sequence[str] = ()) -> str:
+    """Stable for one set of EDUs and PDUs, different for any other."""
+    ids = ",".join([str(r.stream_id) for r in rows] + list(pdu_ids))
+    digest = hashlib.sha256(ids.encode("utf-8")).hexdigest()[:10]
+    if not rows:
+        return f"p-{digest}"
     return f"{rows[0].stream_id}-{rows[-1].stream_id}-{digest}"
 
 
@@ -85,8 +97,11 @@ class DestinationQueue:
         server_name: str,
         retry: RetryConfig,
         on_sent: Callable[[str], None],
+        render_pdus: Callable[[Sequence[str]], Awaitable[list[dict[str, Any]]]] | None = None,
     ) -> None:
-        """``on_sent(destination)``: after each transaction the destination took."""
+        """``on_sent(destination)``: after each transaction the destination
+        took; ``render_pdus(event_ids)``: the PDUs of those events (needed
+        once PDUs are queued)."""
         self.destination = destination
         self._store = store
         self._clock = clock
@@ -94,6 +109,9 @@ class DestinationQueue:
         self._server_name = server_name
         self._config = retry
         self._on_sent = on_sent
+        self._render_pdus = render_pdus
+        #: Room events waiting, oldest first.
+        self._pdus: list[str] = []
         #: Largest to_device stream id we were told is queued here.
         self._wanted_upto = 0
         self._running = False
@@ -107,6 +125,10 @@ class DestinationQueue:
         self._reset_requested = False
         #: Whether this queue counts in the destinations-down gauge.
         self._counted_down = False
+        #: The process is stopping: nothing more is started or recorded.
+        self._stopped = False
+        #: The send loop under way, if any.
+        self._current: defer.Deferred[None] | None = None
 
     @property
     def is_backing_off(self) -> bool:
@@ -120,13 +142,34 @@ class DestinationQueue:
         """EDUs are queued up to ``upto_stream_id`` (None: just look)."""
         if upto_stream_id is not None:
             self._wanted_upto = max(self._wanted_upto, upto_stream_id)
+        if self._stopped:
+            return
         if self._running:
             self._wake_again = True
             return
         if self.is_backing_off:
             return
         self._running = True
-        defer.ensureDeferred(self._run())
+        self._current = defer.ensureDeferred(self._run())
+
+    @property
+    def pending_pdus(self) -> int:
+        return len(self._pdus)
+
+    def add_pdus(self, event_ids: Sequence[str]) -> None:
+        """Send these room events (in this order, after those queued)."""
+        self._pdus.extend(event_ids)
+        excess = len(self._pdus) - MAX_PENDING_PDUS
+        if excess > 0:
+            logger.warning(
+                "%d PDUs are waiting for %s: dropping the oldest %d (it will fetch what it"
+                " misses from later events)",
+                len(self._pdus),
+                self.destination,
+                excess,
+            )
+            del self._pdus[:excess]
+        self.wake()
 
     def reset_backoff(self) -> None:
         """The destination is up again: forget the backoff and send now.
@@ -141,16 +184,25 @@ class DestinationQueue:
         self._up_again = self._running
         self.wake()
 
-    def stop(self) -> None:
+    def stop(self) -> defer.Deferred[None] | None:
+        """The process is stopping: a transaction in flight may finish (the
+        Deferred returned fires then), but nothing more is sent or recorded
+        (what it carried is sent again by the next run: EDUs from the
+        outbox)."""
+        self._stopped = True
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
+        return self._current if self._running else None
 
     async def _run(self) -> None:
         try:
             await self._send_all()
         except Exception:
-            logger.exception("Sending to %s failed unexpectedly", self.destination)
-            self._schedule_retry(self._config.initial_seconds)
+            if self._stopped:
+                logger.info("Sending to %s ended with the process", self.destination)
+            else:
+                logger.exception("Sending to %s failed unexpectedly", self.destination)
+                self._schedule_retry(self._config.initial_seconds)
         finally:
             self._running = False
         if self._wake_again and not self.is_backing_off:
@@ -179,33 +231,57 @@ class DestinationQueue:
             bound = max(store.get_to_device_stream_token(), self._wanted_upto)
             limit = 1 if self._one_at_a_time else MAX_EDUS_PER_TRANSACTION
             rows = await store.get_pending_edus(self.destination, bound, limit)
-            if not rows:
+            pdu_ids = self._pdus[:MAX_PDUS_PER_TRANSACTION]
+            if not rows and not pdu_ids:
                 return
-            if not await self._send_transaction(take_batch(rows)):
+            batch = take_batch(rows) if rows else []
+            if not await self._send_transaction(batch, pdu_ids):
                 return
 
-    async def _send_transaction(self, rows: list[OutboxRow]) -> bool:
+    async def _send_transaction(self, rows: list[OutboxRow], pdu_ids: list[str]) -> bool:
         """Send one transaction; whether to go on with the next."""
-        txn_id = transaction_id(rows)
+        txn_id = transaction_id(rows, pdu_ids)
+        pdus: list[dict[str, Any]] = []
+        if pdu_ids:
+            assert self._render_pdus is not None, "PDUs queued without a renderer"
+            pdus = await self._render_pdus(pdu_ids)
         body: dict[str, Any] = {
             "origin": self._server_name,
             "origin_server_ts": self._clock.time_msec(),
-            "pdus": [],
+            "pdus": pdus,
             "edus": [{"edu_type": DIRECT_TO_DEVICE, "content": r.content} for r in rows],
         }
         try:
             canonical_json(body)
         except CanonicalJsonError as e:
+            if not rows:
+                self._forget_pdus(pdu_ids, f"they are not canonical JSON ({e})")
+                return True
+            # Events were checked when persisted: an EDU is the culprit
+            # (the PDUs go in the next transaction).
             return await self._drop(rows, f"it is not canonical JSON ({e})")
-        logger.info("Sending transaction %s to %s: %d EDU(s)", txn_id, self.destination, len(rows))
+        logger.info(
+            "Sending transaction %s to %s: %d PDU(s), %d EDU(s)",
+            txn_id,
+            self.destination,
+            len(pdus),
+            len(rows),
+        )
         try:
             answer = await self._client.put_json(
                 self.destination, f"/_matrix/federation/v1/send/{txn_id}", body
             )
         except FederationRequestError as e:
+            if self._stopped:
+                return False
             outcome = "refused" if e.code in PERMANENT_REFUSALS else "failed"
             FEDERATION_TRANSACTIONS_SENT.labels(outcome).inc()
             if e.code in PERMANENT_REFUSALS:
+                if pdu_ids:
+                    # Its PDUs cannot be sent one by one any better (each is
+                    # answered on its own in a 200): they are what it refused.
+                    self._forget_pdus(pdu_ids, f"{self.destination} refused them: {e}")
+                    return True
                 if len(rows) > 1:
                     logger.warning(
                         "%s refused transaction %s: sending its EDUs one by one",
@@ -217,19 +293,42 @@ class DestinationQueue:
                 return await self._drop(rows, f"{self.destination} refused it: {e}")
             await self._failed(txn_id, e)
             return False
+        if self._stopped:
+            # Taken, but recorded by nobody: the EDUs go again next run (the
+            # receiver answers the same transaction id from its record).
+            return False
         logger.info("Transaction %s to %s accepted", txn_id, self.destination)
         FEDERATION_TRANSACTIONS_SENT.labels("accepted").inc()
         FEDERATION_EDUS_SENT.inc(len(rows))
+        FEDERATION_PDUS_SENT.inc(len(pdus))
         self._up_again = False
         if not isinstance(answer, dict):
             logger.warning("%s answered transaction %s with %r", self.destination, txn_id, answer)
-        await self._store.delete_sent_edus(self.destination, [r.stream_id for r in rows])
+        else:
+            _log_pdu_errors(self.destination, answer.get("pdus"))
+        self._forget_pdus(pdu_ids, "")
+        if rows:
+            await self._store.delete_sent_edus(self.destination, [r.stream_id for r in rows])
         self._one_at_a_time = False
         if self._state is not None and self._state.retry_interval_ms:
             self._mark_up()
             await self._store.set_retry_state(self.destination, self._state)
         self._on_sent(self.destination)
         return True
+
+    def _forget_pdus(self, pdu_ids: Sequence[str], reason: str) -> None:
+        """Take ``pdu_ids`` off the queue (sent; or, with a ``reason``,
+        dropped: logged)."""
+        if reason:
+            logger.error(
+                "Dropping %d PDU(s) for %s (%s): %s",
+                len(pdu_ids),
+                self.destination,
+                ", ".join(pdu_ids[:3]) + ("..." if len(pdu_ids) > 3 else ""),
+                reason,
+            )
+        done = set(pdu_ids)
+        self._pdus = [p for p in self._pdus if p not in done]
 
     async def _drop(self, rows: list[OutboxRow], reason: str) -> bool:
         logger.error(
@@ -294,3 +393,13 @@ class DestinationQueue:
     def _retry(self) -> None:
         self._retry_call = None
         self.wake()
+
+
+def _log_pdu_errors(destination: str, results: Any) -> None:
+    """The receiver's per-PDU errors, logged (nothing to retry: it has
+    decided about each)."""
+    if not isinstance(results, dict):
+        return
+    for event_id, result in results.items():
+        if isinstance(result, dict) and result.get("error"):
+            logger.info("%s refused PDU %s: %s", destination, event_id, result["error"])

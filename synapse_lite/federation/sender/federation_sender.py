@@ -12,6 +12,9 @@ It learns of queued EDUs from one of two places:
   transaction it sends
   ``FEDERATION_ACK <instance> <token>`` so the queue can drop what it took.
 
+Room events (PDUs) come from :class:`~synapse_lite.federation.sender.room_events.RoomEventsFeed`,
+which follows the events stream on this process and calls :meth:`send_pdus`.
+
 In both cases it also rescans the outbox at start and every
 :data:`RESCAN_INTERVAL_SECONDS`, so a wake-up lost with a crashed process only
 delays a message, never loses it. ``REMOTE_SERVER_UP`` resets a destination's
@@ -21,7 +24,7 @@ backoff and sends at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -59,6 +62,7 @@ class FederationSender(OutboxConsumer):
         send_command: Callable[[Command], None] | None,
         positions: MemoryPositions,
         replication_notifier: ReplicationNotifier,
+        render_pdus: Callable[[Sequence[str]], Awaitable[list[dict[str, Any]]]] | None = None,
     ) -> None:
         """``send_command``: replication's way out, on a sender worker (for
         FEDERATION_ACK); None on the main process, which needs no acks.
@@ -76,16 +80,18 @@ class FederationSender(OutboxConsumer):
         self._positions = positions
         self._acked = 0
         self._rescan_loop: Any = None
+        self._render_pdus = render_pdus
 
     def start(self) -> None:
         self._rescan_loop = self._clock.looping_call(self.rescan, RESCAN_INTERVAL_SECONDS)
         self.rescan()
 
-    def stop(self) -> None:
+    def stop(self) -> defer.Deferred[None]:
+        """Stop sending; fires when the transactions in flight have ended."""
         if self._rescan_loop is not None and self._rescan_loop.running:
             self._rescan_loop.stop()
-        for queue in self._queues.values():
-            queue.stop()
+        running = [d for q in self._queues.values() if (d := q.stop()) is not None]
+        return defer.DeferredList(running, consumeErrors=True).addCallback(lambda _: None)
 
     def queue(self, destination: str) -> DestinationQueue:
         queue = self._queues.get(destination)
@@ -98,6 +104,7 @@ class FederationSender(OutboxConsumer):
                 server_name=self._server_name,
                 retry=self._config.retry,
                 on_sent=self.on_transaction_sent,
+                render_pdus=self._render_pdus,
             )
         return queue
 
@@ -107,6 +114,12 @@ class FederationSender(OutboxConsumer):
         if destination == self._server_name:
             return
         self.queue(destination).wake(upto_stream_id)
+
+    def send_pdus(self, destination: str, event_ids: Collection[str]) -> None:
+        """Room events for ``destination``, in order."""
+        if destination == self._server_name or not event_ids:
+            return
+        self.queue(destination).add_pdus(list(event_ids))
 
     def on_remote_server_up(self, server_name: str) -> None:
         # Only destinations we have something for: one with nothing queued

@@ -46,3 +46,18 @@ class ReceivedPdusWorkerStore(SQLBaseStore):
             )
             found.update({str(event_id): db_to_json(text) for event_id, text in rows})
         return found
+
+    async def get_received_pdu_origins(self, event_ids: Sequence[str]) -> dict[str, str]:
+        """The server each of those of ``event_ids`` other servers sent
+        came from."""
+        found: dict[str, str] = {}
+        for start in range(0, len(event_ids), 500):
+            chunk = list(event_ids[start : start + 500])
+            marks = ", ".join("?" for _ in chunk)
+            rows = await self.db_pool.select(
+                "get_received_pdu_origins",
+                f"SELECT event_id, origin FROM received_pdus WHERE event_id IN ({marks})",
+                *chunk,
+            )
+            found.update({str(event_id): str(origin) for event_id, origin in rows})
+        return found
