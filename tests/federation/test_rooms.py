@@ -46,7 +46,10 @@ def q(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-class FederationRoomsTestCase(unittest.TestCase):
+class FederationRoomsBase(unittest.TestCase):
+    """b.test (main and ``fed1``) and a.test's key; requests and events
+    signed for a.test (no tests: shared by the room tests)."""
+
     def setUp(self) -> None:
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
         self.urls: dict[str, str] = {}
@@ -150,6 +153,19 @@ class FederationRoomsTestCase(unittest.TestCase):
         verify_event_signature(version, bare, server, key.key_id, key.verify_key_base64)
         return event_id_of(version, bare)
 
+    async def join_carol(self, room_id: str) -> RoomVersion:
+        """carol of a.test joins ``room_id`` (make_join, send_join)."""
+        code, made = await self.make_join(room_id)
+        self.assertEqual(code, 200, made)
+        version = KNOWN_ROOM_VERSIONS[made["room_version"]]
+        code, answer = await self.send_join(
+            room_id, self.signed_join(made["event"], version), version
+        )
+        self.assertEqual(code, 200, answer)
+        return version
+
+
+class FederationRoomsTestCase(FederationRoomsBase):
     async def test_remote_user_joins_and_reads_the_room(self) -> None:
         alice, room_id = await self.room()
         code, made = await self.make_join(room_id)
@@ -311,16 +327,6 @@ class FederationRoomsTestCase(unittest.TestCase):
             {"latest_events": "not a list"},
         )
         self.assertEqual(code, 400, answer)
-
-    async def join_carol(self, room_id: str) -> RoomVersion:
-        code, made = await self.make_join(room_id)
-        self.assertEqual(code, 200, made)
-        version = KNOWN_ROOM_VERSIONS[made["room_version"]]
-        code, answer = await self.send_join(
-            room_id, self.signed_join(made["event"], version), version
-        )
-        self.assertEqual(code, 200, answer)
-        return version
 
     async def test_remote_user_leaves(self) -> None:
         alice, room_id = await self.room()
