@@ -63,7 +63,9 @@ class ScriptedServer(Resource):
         return json.dumps({"events": self.missing}).encode()
 
 
-class InboundPdusTestCase(FederationRoomsBase):
+class InboundPdusBase(FederationRoomsBase):
+    """Helpers speaking for a.test in b.test's rooms (no tests)."""
+
     async def scripted_a(self) -> ScriptedServer:
         """From now on b.test reaches a.test at a :class:`ScriptedServer`
         (its open connections to the real one, pooled by server name, are
@@ -131,6 +133,8 @@ class InboundPdusTestCase(FederationRoomsBase):
         chunk = (await alice.ok("GET", path))["chunk"]
         return [e for e in reversed(chunk) if e["type"] == "m.room.message"]
 
+
+class InboundPdusTestCase(InboundPdusBase):
     async def test_a_message_is_accepted_once_and_seen(self) -> None:
         alice, room_id, version = await self.joined_room()
         since = (await alice.sync())["next_batch"]
@@ -268,3 +272,28 @@ class InboundPdusTestCase(FederationRoomsBase):
             verify_event_signature(
                 version, pdu, "b.test", self.b_key.key_id, self.b_key.verify_key_base64
             )
+
+
+class DefaultLayoutTestCase(InboundPdusBase):
+    """b.test as the default layout splits it: the events writer, the
+    federation sender and the process receiving federation requests are
+    three workers (events cross by the internal call and replication)."""
+
+    b_workers = ("writer", "sender", "fed1")
+    b_config = {"stream_writers": {"events": ["writer"]}, "federation_sender": "sender"}
+
+    async def test_both_ways_across_workers(self) -> None:
+        alice, room_id, version = await self.joined_room()
+        fake = await self.scripted_a()
+        message = await self.event(room_id, content={"msgtype": "m.text", "body": "in"})
+        self.assertEqual(await self.send("t1", [message]), {event_id_of(version, message): {}})
+        sent = await alice.send(room_id, "out")
+
+        async def arrived() -> bool:
+            return any(
+                event_id_of(version, p) == sent for t in fake.transactions for p in t["pdus"]
+            )
+
+        await eventually(arrived, timeout=20)
+        bodies = [e["content"]["body"] for e in await self.timeline(alice, room_id)]
+        self.assertEqual(bodies, ["before carol", "in", "out"])

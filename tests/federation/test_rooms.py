@@ -50,17 +50,22 @@ class FederationRoomsBase(unittest.TestCase):
     """b.test (main and ``fed1``) and a.test's key; requests and events
     signed for a.test (no tests: shared by the room tests)."""
 
+    #: b.test's workers (the last one serves the federation requests) and
+    #: config.
+    b_workers: tuple[str, ...] = ("fed1",)
+    b_config: dict[str, Any] = {}
+
     def setUp(self) -> None:
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
         self.urls: dict[str, str] = {}
         self.a = self.make_server("a.test", [])
-        self.b = self.make_server("b.test", ["fed1"])
+        self.b = self.make_server("b.test", list(self.b_workers), **self.b_config)
         for hs in (*self.a.values(), *self.b.values()):
             hs.config.federation.destinations.update(self.urls)
         self.a_key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         self.b_key = load_or_create_signing_key(self.b["main"].config.data_dir, create=False)
 
-    def make_server(self, name: str, workers: list[str]) -> dict[str, HomeServer]:
+    def make_server(self, name: str, workers: list[str], **extra: Any) -> dict[str, HomeServer]:
         db = create_test_database()
         self.addCleanup(db.drop)
         config = make_config(
@@ -70,6 +75,7 @@ class FederationRoomsBase(unittest.TestCase):
             enable_registration=True,
             rate_limiting={"enabled": False},
             resources=RESOURCES,
+            **extra,
         )
         servers: dict[str, HomeServer] = {}
         bus = LoopbackBus()

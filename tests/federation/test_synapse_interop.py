@@ -41,16 +41,36 @@ RESOURCES = ("client", "federation", "keys")
 
 
 class SynapseInteropTestCase(unittest.TestCase):
+    """One Synapse for the whole class (CI time: about 3 s a start), started
+    by the first test and stopped after the last (or when the process
+    exits, when only some run); each test has a server of ours of its own,
+    so Synapse users are named per test."""
+
     # A cold install of Synapse takes minutes; a warm run, seconds.
     timeout = 1200
+    _shared: SynapsePeer | None = None
+    _tests_left: int | None = None
 
     async def setUp(self) -> None:  # type: ignore[override]
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
         python = await synapse_or_skip(self)
-        self.ca = TestCA(tempfile.mkdtemp(prefix="interop_ca_"))
-        self.synapse = SynapsePeer(python, self.ca)
-        await self.synapse.start(self)
+        cls = type(self)
+        if cls._shared is None or cls._shared.has_exited():
+            peer = SynapsePeer(python, TestCA(tempfile.mkdtemp(prefix="interop_ca_")))
+            await peer.start(None)
+            cls._shared = peer
+            cls._tests_left = len([n for n in dir(cls) if n.startswith("test_")])
+        self.addCleanup(self._last_stops_synapse)
+        self.synapse = cls._shared
+        self.ca = self.synapse.ca
         self.hs, self.client_url = self.start_ours()
+
+    def _last_stops_synapse(self) -> None:
+        cls = type(self)
+        cls._tests_left = (cls._tests_left or 1) - 1
+        if cls._tests_left <= 0 and cls._shared is not None:
+            cls._shared.stop()
+            cls._shared = None
 
     def start_ours(self) -> tuple[HomeServer, str]:
         db = create_test_database()
@@ -72,13 +92,33 @@ class SynapseInteropTestCase(unittest.TestCase):
         hs = make_homeserver(self, config)
         tree = hs.listeners.resources.tree(RESOURCES)
         site = make_site(tree, 1_048_576)
+        accepted: list[Any] = []
+        build = site.buildProtocol
+
+        def tracked(addr: Any) -> Any:
+            protocol = build(addr)
+            accepted.append(protocol)
+            return protocol
+
+        site.buildProtocol = tracked  # type: ignore[method-assign]
         tls = _reactor.listenSSL(
             port,
             site,
             self.ca.server_options("ours", ["localhost"]),
             interface="127.0.0.1",
         )
-        self.addCleanup(tls.stopListening)
+
+        async def stop_tls() -> None:
+            # The shared Synapse outlives this server: stop taking its
+            # connections, and close those it keeps alive.
+            await tls.stopListening()
+            for protocol in accepted:
+                transport = getattr(protocol, "transport", None)
+                if transport is not None:
+                    transport.abortConnection()
+            await task.deferLater(_reactor, 0.05, lambda: None)
+
+        self.addCleanup(stop_tls)
         plain = _reactor.listenTCP(0, make_site(tree, 1_048_576), interface="127.0.0.1")
         self.addCleanup(plain.stopListening)
         number = plain.getHost().port
@@ -207,7 +247,7 @@ class SynapseInteropTestCase(unittest.TestCase):
         by the other side's client, in order."""
         synapse = self.synapse
         alice = await ClientApi(self, self.client_url).register("alice")
-        carol = await ClientApi(self, synapse.client_url).register("carol")
+        carol = await ClientApi(self, synapse.client_url).register("carla")
         room_id = await alice.create_room(preset="public_chat", name="Shared")
         await alice.send(room_id, "before carol")
         server = urllib.parse.quote(self.hs.config.server_name)

@@ -15,6 +15,7 @@ meanwhile waits for that install to finish.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -152,8 +153,10 @@ class SynapsePeer:
             yaml.safe_dump(config, f)
         return path
 
-    async def start(self, testcase: unittest.TestCase) -> None:
-        """Start it and wait until its client API answers; stopped at cleanup."""
+    async def start(self, testcase: unittest.TestCase | None) -> None:
+        """Start it and wait until its client API answers; stopped at the
+        ``testcase``'s cleanup (with None, by :meth:`stop` or when this
+        process exits)."""
         path = self.write_config()
         log = open(os.path.join(self.directory, "stdout.log"), "wb")
         # Its own virtualenv only: trial's workers (-j) get a PYTHONPATH of
@@ -169,7 +172,10 @@ class SynapsePeer:
             start_new_session=True,
         )
         log.close()
-        testcase.addCleanup(self.stop)
+        if testcase is not None:
+            testcase.addCleanup(self.stop)
+        else:
+            atexit.register(self.stop)
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while True:
             if self._process.poll() is not None:
@@ -198,6 +204,9 @@ class SynapsePeer:
             except OSError:
                 pass
         return text
+
+    def has_exited(self) -> bool:
+        return self._process is None or self._process.poll() is not None
 
     def stop(self) -> None:
         process = self._process

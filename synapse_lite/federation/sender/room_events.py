@@ -152,7 +152,10 @@ class RoomEventsFeed:
         self._stopped = True
 
     def on_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
-        """Row hook of the events stream (rows another process wrote)."""
+        """Row hook of the events stream (rows another process wrote). It
+        runs before this process's position moves past them: look once it
+        has."""
+        self._clock.call_later(0, self.wake)
         self.wake()
 
     def wake(self) -> None:
