@@ -28,7 +28,11 @@ REMOTE_KEY = SigningKey("k1", b"\x07" * 32)
 class ReceivedEventsTestCase(DatabaseTestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         super().setUp()
-        self.servers, clients, _ = start_cluster(self, self.test_db)
+        # Our events go to remote.test now that it has a user in the room:
+        # somewhere that refuses at once, not a DNS lookup.
+        self.servers, clients, _ = start_cluster(
+            self, self.test_db, federation={"destinations": {REMOTE: "http://127.0.0.1:9"}}
+        )
         self.hs: HomeServer = self.servers["main"]
         self.alice = await ClientApi(self, clients["main"].base_url).register("alice")
         self.room = await self.alice.create_room(preset="public_chat")

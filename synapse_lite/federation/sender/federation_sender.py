@@ -81,6 +81,8 @@ class FederationSender(OutboxConsumer):
         self._acked = 0
         self._rescan_loop: Any = None
         self._render_pdus = render_pdus
+        #: Stopping: no queue is woken or made any more.
+        self._stopped = False
 
     def start(self) -> None:
         self._rescan_loop = self._clock.looping_call(self.rescan, RESCAN_INTERVAL_SECONDS)
@@ -88,6 +90,7 @@ class FederationSender(OutboxConsumer):
 
     def stop(self) -> defer.Deferred[None]:
         """Stop sending; fires when the transactions in flight have ended."""
+        self._stopped = True
         if self._rescan_loop is not None and self._rescan_loop.running:
             self._rescan_loop.stop()
         running = [d for q in self._queues.values() if (d := q.stop()) is not None]
@@ -111,13 +114,13 @@ class FederationSender(OutboxConsumer):
     # Wake-ups
 
     def send_device_messages(self, destination: str, upto_stream_id: int) -> None:
-        if destination == self._server_name:
+        if destination == self._server_name or self._stopped:
             return
         self.queue(destination).wake(upto_stream_id)
 
     def send_pdus(self, destination: str, event_ids: Collection[str]) -> None:
         """Room events for ``destination``, in order."""
-        if destination == self._server_name or not event_ids:
+        if destination == self._server_name or not event_ids or self._stopped:
             return
         self.queue(destination).add_pdus(list(event_ids))
 
