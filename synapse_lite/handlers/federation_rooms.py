@@ -598,8 +598,9 @@ class ReceivedEventsWriter:
 
     async def _check_parents(self, event: Pdu) -> None:
         """400 unless every ``prev_events`` entry is an event of the room we
-        have in the graph: a received event is placed on events we know
-        (fetching missing ones is the inbound ``/send`` path's, not built)."""
+        have in the graph: a join is made on the extremities ``make_join``
+        named (the inbound ``/send`` path is the one that fetches missing
+        parents)."""
         parents = await self._store.get_events(list(event.prev_event_ids))
         unknown = [
             p
