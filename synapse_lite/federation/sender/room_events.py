@@ -41,11 +41,14 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.client_events import ClientEventFormatter
     from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.tokens import RoomStreamToken
 
 logger = logging.getLogger(__name__)
 
 #: Events read per look at the stream.
 BATCH = 100
+#: Rooms whose joined users the feed keeps (forgotten all at once beyond).
+MAX_ROOMS_CACHED = 10_000
 
 
 def should_send(event: Event, server_name: str, origin: str | None) -> bool:
@@ -142,6 +145,8 @@ class RoomEventsFeed:
         self._running = False
         self._again = False
         self._stopped = False
+        #: room -> (its joined users, the position they are current at).
+        self._joined: dict[str, tuple[frozenset[str], RoomStreamToken]] = {}
         local_writes.add_replication_callback(self.wake)
 
     def start(self) -> None:
@@ -189,20 +194,32 @@ class RoomEventsFeed:
             return False
         events = await self._store.get_stream_events_between(self._position, upto, BATCH)
         full = len(events) == BATCH
-        received = await self._store.get_received_pdu_origins([e.event_id for e in events])
-        joined: dict[str, frozenset[str]] = {}
+        others = [e.event_id for e in events if server_of(e.sender) != self._server_name]
+        received = await self._store.get_received_pdu_origins(others) if others else {}
         by_destination: dict[str, list[str]] = {}
         for event in events:
             origin = received.get(event.event_id)
             if not should_send(event, self._server_name, origin):
                 continue
-            if event.room_id not in joined:
-                joined[event.room_id] = await self._store.get_users_in_room(event.room_id)
-            for destination in destinations_of(
-                event, joined[event.room_id], self._server_name, origin
-            ):
+            joined = await self._joined_users(event.room_id)
+            for destination in destinations_of(event, joined, self._server_name, origin):
                 by_destination.setdefault(destination, []).append(event.event_id)
         for destination, event_ids in sorted(by_destination.items()):
             self._queue_pdus(destination, event_ids)
         self._position = events[-1].stream_ordering if full else upto
         return full
+
+    async def _joined_users(self, room_id: str) -> frozenset[str]:
+        """The room's joined users, read again only when its memberships
+        may have changed since they were read (the store's change tracker),
+        so a busy room costs no query per event."""
+        cached = self._joined.get(room_id)
+        changes = self._store.room_membership_changes
+        if cached is not None and not changes.may_have_changed(room_id, cached[1]):
+            return cached[0]
+        token = self._store.get_room_max_token()
+        users = await self._store.get_users_in_room(room_id)
+        if len(self._joined) >= MAX_ROOMS_CACHED:
+            self._joined.clear()
+        self._joined[room_id] = (users, token)
+        return users

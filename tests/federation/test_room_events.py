@@ -1,0 +1,53 @@
+"""Which of our room events go to which servers (federation/sender/room_events.py,
+the pure rules)."""
+
+from __future__ import annotations
+
+from twisted.trial import unittest
+
+from synapse_lite.events import Event
+from synapse_lite.federation.sender.room_events import destinations_of, should_send
+
+US = "b.test"
+JOINED = ["@alice:b.test", "@carol:a.test", "@dave:c.test", "@erin:c.test"]
+
+
+def event(sender: str, event_type: str = "m.room.message", state_key: str | None = None) -> Event:
+    return Event(
+        event_id="$e",
+        room_id="!r:b.test",
+        type=event_type,
+        state_key=state_key,
+        sender=sender,
+        content={},
+        origin_server_ts=0,
+        stream_ordering=1,
+        depth=1,
+        instance_name="main",
+    )
+
+
+class RoomEventRulesTestCase(unittest.TestCase):
+    def test_ours_go_to_every_other_server_joined(self) -> None:
+        message = event("@alice:b.test")
+        self.assertTrue(should_send(message, US, None))
+        self.assertEqual(destinations_of(message, JOINED, US, None), ["a.test", "c.test"])
+
+    def test_a_kicked_users_server_hears_of_it(self) -> None:
+        kick = event("@alice:b.test", "m.room.member", "@frank:d.test")
+        self.assertEqual(destinations_of(kick, JOINED, US, None), ["a.test", "c.test", "d.test"])
+
+    def test_send_join_memberships_are_passed_on_not_back(self) -> None:
+        join = event("@carol:a.test", "m.room.member", "@carol:a.test")
+        self.assertTrue(should_send(join, US, "a.test"))
+        self.assertEqual(destinations_of(join, JOINED, US, "a.test"), ["c.test"])
+
+    def test_other_servers_events_are_not_passed_on(self) -> None:
+        self.assertFalse(should_send(event("@carol:a.test"), US, "a.test"))
+        # Another server's user's membership, sent by a third server.
+        self.assertFalse(
+            should_send(event("@carol:a.test", "m.room.member", "@carol:a.test"), US, "c.test")
+        )
+        # Someone else's membership (a kick by a remote user).
+        kick = event("@carol:a.test", "m.room.member", "@alice:b.test")
+        self.assertFalse(should_send(kick, US, "a.test"))
