@@ -25,7 +25,8 @@ For each PDU, in this order, anything failing answers that PDU with an
    naming the rule; a soft-failed one is stored and answered ``{}``.
 
 An event already stored is answered ``{}`` (a PDU sent twice is
-idempotent). The PDUs are handled one at a time, shallowest first, so an
+idempotent). An unexpected failure on one PDU is logged and answered as its
+error; the other PDUs go on. The PDUs are handled one at a time, shallowest first, so an
 event's parents in the same transaction come before it.
 """
 
@@ -108,6 +109,14 @@ class InboundPdus:
                 if key is not None:
                     results[key] = {"error": str(e)}
                 continue
+            except Exception:
+                # One PDU that breaks something here must not cost the
+                # others (nor make the origin retry the whole transaction).
+                key = _claimed_id(raw)
+                logger.exception("Checking PDU %s from %s failed", key or "(no id)", origin)
+                if key is not None:
+                    results[key] = {"error": "it could not be processed here"}
+                continue
             checked.append((version, pdu))
         checked.sort(key=lambda c: c[1].event.depth)
         for version, pdu in checked:
@@ -117,6 +126,9 @@ class InboundPdus:
             except PduError as e:
                 logger.info("Refused PDU %s from %s: %s", pdu.event_id, origin, e)
                 results[pdu.event_id] = {"error": str(e)}
+            except Exception:
+                logger.exception("Persisting PDU %s from %s failed", pdu.event_id, origin)
+                results[pdu.event_id] = {"error": "it could not be processed here"}
         return results
 
     async def _check(self, origin: str, raw: Any) -> tuple[RoomVersion, CheckedPdu]:

@@ -113,7 +113,8 @@ class SynapseInteropTestCase(unittest.TestCase):
             # connections, and close those it keeps alive.
             await tls.stopListening()
             for protocol in accepted:
-                transport = getattr(protocol, "transport", None)
+                # Site's protocol wraps the HTTP channel, which has the transport.
+                transport = getattr(getattr(protocol, "_channel", None), "transport", None)
                 if transport is not None:
                     transport.abortConnection()
             await task.deferLater(_reactor, 0.05, lambda: None)
