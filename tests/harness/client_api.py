@@ -179,6 +179,21 @@ async def caught_up(servers: dict[str, HomeServer], writer: str) -> None:
     )
 
 
+async def caught_up_with_writers(servers: dict[str, HomeServer], writers: list[str]) -> None:
+    """Wait until every process has read what each of the events ``writers``
+    wrote so far (its own position; the writers' tokens may differ elsewhere)."""
+
+    def done() -> bool:
+        return all(
+            hs.store.get_room_max_token().get_position(w)
+            >= servers[w].store.get_room_max_token().get_position(w)
+            for w in writers
+            for hs in servers.values()
+        )
+
+    await eventually(done, what=f"every process caught up with {', '.join(writers)}")
+
+
 def _leave_bus(bus: LoopbackBus, endpoints: list[BusEndpoint]) -> None:
     for endpoint in endpoints:
         if endpoint in bus.endpoints:

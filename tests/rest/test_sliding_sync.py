@@ -15,6 +15,7 @@ from tests.harness.client_api import (
     DEFAULT_LAYOUT_WORKERS,
     ClientApi,
     ThreeUsersTestCase,
+    caught_up_with_writers,
     serve,
     start_cluster,
 )
@@ -71,16 +72,7 @@ class SlidingSyncTestCase(ThreeUsersTestCase):
     async def settle(self) -> None:
         """Every process has read what each events writer wrote so far."""
         writers = [w for w in ("persister1", "persister2") if w in self.servers]
-
-        def caught_up() -> bool:
-            return all(
-                hs.store.get_room_max_token().get_position(w)
-                >= self.servers[w].store.get_room_max_token().get_position(w)
-                for w in writers
-                for hs in self.servers.values()
-            )
-
-        await eventually(caught_up, what="every process caught up with the persisters")
+        await caught_up_with_writers(self.servers, writers)
 
     async def rooms_with_bob(self, count: int) -> list[str]:
         rooms = []
