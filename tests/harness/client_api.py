@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any, cast
 
 import treq
@@ -179,7 +180,7 @@ async def caught_up(servers: dict[str, HomeServer], writer: str) -> None:
     )
 
 
-async def caught_up_with_writers(servers: dict[str, HomeServer], writers: list[str]) -> None:
+async def caught_up_with_writers(servers: dict[str, HomeServer], writers: Sequence[str]) -> None:
     """Wait until every process has read what each of the events ``writers``
     wrote so far (its own position; the writers' tokens may differ elsewhere)."""
 
