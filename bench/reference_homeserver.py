@@ -13,6 +13,7 @@ off, and no Redis (nothing to replicate to).
 from __future__ import annotations
 
 import os
+import subprocess
 from typing import Any
 
 import yaml
@@ -63,4 +64,14 @@ class ReferenceHomeserver(ReferenceCluster):
         return main_config, worker_config
 
     def start(self) -> None:
+        """Raises ``RuntimeError`` saying what to install when the
+        reference's Python lacks its PostgreSQL driver (the venv
+        ``tests/harness/synapse_install.py`` makes has none)."""
+        if self.engine == "postgres":
+            check = [self.python, "-c", "import psycopg2"]
+            if subprocess.run(check, capture_output=True).returncode != 0:
+                raise RuntimeError(
+                    f"{self.python} cannot import psycopg2: install it there"
+                    f" ({self.python} -m pip install psycopg2-binary) or use --engine sqlite"
+                )
         self._start_main()

@@ -243,6 +243,8 @@ async def _compare_with_reference(args: argparse.Namespace) -> dict[str, dict[st
         our_figures = await _http_figures(ours.url("main"), args)
     finally:
         ours.stop()
+    # Shown now: the reference may fail to start.
+    print(f"ours: {json.dumps(our_figures)}", file=sys.stderr, flush=True)
     reference = ReferenceHomeserver(args.reference, args.engine)
     try:
         reference.start()
