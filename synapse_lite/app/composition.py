@@ -144,6 +144,7 @@ from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_SIGNATURES,
 )
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT
+from synapse_lite.replication.http.forward_extremities import DELETE_FORWARD_EXTREMITIES
 from synapse_lite.replication.http.send_events import SEND_EVENTS
 from synapse_lite.replication.http.stream_updates import (
     GET_STREAM_UPDATES,
@@ -771,6 +772,7 @@ def _writes_served(role: Role, client: ClientHandlers, streams: dict[str, Stream
     writes: list[tuple[InternalCall[Any, Any], Any]] = []
     if role.writes_events:
         writes.append((SEND_EVENTS, client.events.persist_events))
+        writes.append((DELETE_FORWARD_EXTREMITIES, client.events.delete_extremities_as_writer))
     writes += [
         (ADD_ACCOUNT_DATA, client.account_data.write_account_data),
         (EDIT_PUSH_RULES, client.push_rules.write_edit),

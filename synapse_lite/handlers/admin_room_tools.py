@@ -1,5 +1,6 @@
-"""The admin API's room tools: ``POST /v1/rooms/{roomIdOrAlias}/make_room_admin``
-and ``GET /v1/rooms/{roomId}/forward_extremities``. (``/messages`` and
+"""The admin API's room tools: ``POST /v1/rooms/{roomIdOrAlias}/make_room_admin``,
+``GET/DELETE /v1/rooms/{roomId}/forward_extremities`` and ``GET
+/v1/rooms/{roomId}/timestamp_to_event``. (``/messages`` and
 ``/context`` are the client API's, read as an admin who sees every event:
 ``PaginationHandler`` with ``as_admin``.) The callers have checked the
 requester is a server admin."""
@@ -154,3 +155,25 @@ class AdminRoomToolsHandler:
             for event_id, depth in sorted(extremities.items())
         ]
         return {"count": len(results), "results": results}
+
+    async def delete_forward_extremities(self, admin: Requester, room: str) -> dict[str, Any]:
+        """Delete the room's forward extremities but the newest, on its
+        events writer (which holds them in memory): ``{"deleted": n}``."""
+        room_id = await self.room_id_of(room)
+        deleted = await self._events.delete_forward_extremities(room_id)
+        logger.info(
+            "admin %s deleted %d forward extremities of %s", admin.user_id, deleted, room_id
+        )
+        return {"deleted": deleted}
+
+    async def timestamp_to_event(self, room: str, ts: int, forwards: bool) -> dict[str, Any]:
+        """The room's event closest to ``ts`` in that direction (at or after
+        it, or at or before it): ``event_id``, ``origin_server_ts``; 404
+        when there is none."""
+        room_id = await self.room_id_of(room)
+        found = await self._store.get_event_near_ts(room_id, ts, forwards)
+        if found is None:
+            raise NotFoundError(
+                f"No event {'at or after' if forwards else 'at or before'} {ts} in the room"
+            )
+        return {"event_id": found[0], "origin_server_ts": found[1]}

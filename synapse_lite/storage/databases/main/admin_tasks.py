@@ -199,6 +199,24 @@ class AdminTasksWorkerStore(SQLBaseStore):
         )
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 
+    async def get_event_near_ts(
+        self, room_id: str, ts: int, forwards: bool
+    ) -> tuple[str, int] | None:
+        """The room's event (its id and ``origin_server_ts``) sent closest
+        to ``ts``: the first at or after it (``forwards``) or the last at or
+        before it; None when there is none. Ties go to the earlier (forwards)
+        or later event in the stream."""
+        order = "ASC" if forwards else "DESC"
+        rows = await self.db_pool.select(
+            "get_event_near_ts",
+            "SELECT event_id, origin_server_ts FROM events WHERE room_id = ?"
+            f" AND origin_server_ts {'>=' if forwards else '<='} ? AND stream_ordering > 0"
+            f" ORDER BY origin_server_ts {order}, stream_ordering {order} LIMIT 1",
+            room_id,
+            ts,
+        )
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
     async def get_members_to_remove(self, room_id: str) -> list[str]:
         """Who is joined to, invited to or knocking on the room now, sorted."""
         rows = await self.db_pool.select(
