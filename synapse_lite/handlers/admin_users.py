@@ -59,7 +59,7 @@ def user_json(row: AdminUserRow, flags_as_ints: bool) -> dict[str, Any]:
         "creation_ts": row.creation_ts,
         "last_seen_ts": row.last_seen_ts,
         "locked": False,
-        "suspended": False,
+        "suspended": row.suspended,
     }
 
 
@@ -213,6 +213,13 @@ class AdminUsersHandler:
         await self._existing(user_id)
         await self._store.set_shadow_banned(user_id, banned)
         logger.info("admin %s set shadow_banned=%s on %s", admin.user_id, banned, user_id)
+
+    async def set_suspended(self, admin: Requester, user_id: str, suspended: bool) -> None:
+        """Suspend ``user_id`` (``handlers/suspension.py``) or lift it;
+        applies to their next request on every process."""
+        await self._existing(user_id)
+        await self._store.set_suspended(user_id, suspended)
+        logger.info("admin %s set suspended=%s on %s", admin.user_id, suspended, user_id)
 
     async def get_ratelimit_override(self, user_id: str) -> dict[str, Any]:
         """``{"messages_per_second", "burst_count"}``, or ``{}`` without one."""

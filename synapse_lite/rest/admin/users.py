@@ -102,6 +102,16 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await users.set_shadow_banned(requester, user_id, banned)
         return 200, {}
 
+    async def suspend(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        if "suspend" not in body:
+            raise SynapseError(400, "Missing 'suspend'", Codes.MISSING_PARAM)
+        suspended = bool_value(body["suspend"], "suspend")
+        await users.set_suspended(requester, user_id, suspended)
+        # The reference's answer names the user in its key.
+        return 200, {f"user_{user_id}_suspended": suspended}
+
     async def get_override(request: Request, user_id: str) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)
         return 200, await users.get_ratelimit_override(user_id)
@@ -141,6 +151,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "POST", admin_path("v1", "/reset_password" + USER), reset_password, "admin_reset_password"
     )
     resource.register_paths("GET", admin_path("v1", "/whois" + USER), whois, "admin_whois_v1")
+    resource.register_paths("PUT", admin_path("v1", "/suspend" + USER), suspend, "admin_suspend")
     banned = admin_path("v1", "/users" + USER + "/shadow_ban")
     resource.register_paths("POST", banned, shadow_ban, "admin_shadow_ban")
     resource.register_paths("DELETE", banned, shadow_ban, "admin_shadow_ban")

@@ -56,7 +56,7 @@ STATISTICS_ORDERINGS = {
 
 _USER_COLUMNS = (
     "u.name, u.is_guest, u.admin, u.deactivated, u.erased_at_position, u.creation_ts,"
-    " p.displayname, p.avatar_url, s.last_seen, p.user_id, u.shadow_banned"
+    " p.displayname, p.avatar_url, s.last_seen, p.user_id, u.shadow_banned, u.suspended"
 )
 _USER_FROM = (
     "users AS u LEFT JOIN profiles AS p ON p.user_id = u.name"
@@ -98,6 +98,7 @@ class AdminUserRow:
     avatar_url: str | None
     last_seen_ts: int | None
     shadow_banned: bool
+    suspended: bool
 
 
 def _user_row(r: tuple[Any, ...]) -> AdminUserRow:
@@ -113,6 +114,7 @@ def _user_row(r: tuple[Any, ...]) -> AdminUserRow:
         avatar_url=r[7],
         last_seen_ts=None if r[8] is None else int(r[8]),
         shadow_banned=bool(r[10]),
+        suspended=bool(r[11]),
     )
 
 
