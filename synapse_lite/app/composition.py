@@ -101,6 +101,7 @@ from synapse_lite.handlers.purge_history import PurgeHistoryHandler
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
+from synapse_lite.handlers.redact_user import RedactUserHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
 from synapse_lite.handlers.relations import RelationsHandler
@@ -614,6 +615,7 @@ def _handlers(
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
     purge_history = PurgeHistoryHandler(store, server_name)
+    redact_user = RedactUserHandler(store, server_name, events)
     admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
     profiles = ProfileHandler(
         store, clock, server_name, events, app_service_queries, federation.queries
@@ -683,6 +685,7 @@ def _handlers(
         admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),
         room_deletion=room_deletion,
         purge_history=purge_history,
+        redact_user=redact_user,
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
@@ -725,7 +728,7 @@ def _handlers(
         + app_service_hooks
         + Hooks(loops=(stalls,), served=((CACHES_APPLIED, revocations.apply_here),))
         # The main process resumes the admin jobs a restart interrupted.
-        + (Hooks(loops=(room_deletion, purge_history)) if role.is_main else Hooks())
+        + (Hooks(loops=(room_deletion, purge_history, redact_user)) if role.is_main else Hooks())
     )
     inbound = None
     rooms = None

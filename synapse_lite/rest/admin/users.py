@@ -112,6 +112,17 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         # The reference's answer names the user in its key.
         return 200, {f"user_{user_id}_suspended": suspended}
 
+    redactions = handlers.redact_user
+
+    async def redact(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        return 200, {"redact_id": await redactions.schedule(requester, user_id, body)}
+
+    async def redact_status(request: Request, redact_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await redactions.status(redact_id)
+
     async def get_override(request: Request, user_id: str) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)
         return 200, await users.get_ratelimit_override(user_id)
@@ -152,6 +163,15 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     )
     resource.register_paths("GET", admin_path("v1", "/whois" + USER), whois, "admin_whois_v1")
     resource.register_paths("PUT", admin_path("v1", "/suspend" + USER), suspend, "admin_suspend")
+    resource.register_paths(
+        "POST", admin_path("v1", "/user" + USER + "/redact"), redact, "admin_redact_user"
+    )
+    resource.register_paths(
+        "GET",
+        admin_path("v1", "/user/redact_status/(?P<redact_id>[^/]+)"),
+        redact_status,
+        "admin_redact_user_status",
+    )
     banned = admin_path("v1", "/users" + USER + "/shadow_ban")
     resource.register_paths("POST", banned, shadow_ban, "admin_shadow_ban")
     resource.register_paths("DELETE", banned, shadow_ban, "admin_shadow_ban")

@@ -217,6 +217,51 @@ class AdminTasksWorkerStore(SQLBaseStore):
         )
         return (str(rows[0][0]), int(rows[0][1])) if rows else None
 
+    async def get_rooms_to_redact_in(self, user_id: str) -> list[str]:
+        """The rooms ``user_id`` is joined to or banned from now, sorted
+        (a user redaction's default rooms)."""
+        rows = await self.db_pool.select(
+            "get_rooms_to_redact_in",
+            "SELECT room_id FROM current_state_events WHERE type = 'm.room.member'"
+            " AND state_key = ? AND membership IN ('join', 'ban') ORDER BY room_id",
+            user_id,
+        )
+        return [str(r[0]) for r in rows]
+
+    async def get_events_to_redact(
+        self,
+        user_id: str,
+        room_id: str,
+        limit: int,
+        after_ts: int | None,
+        before_ts: int | None,
+    ) -> list[str]:
+        """Up to ``limit`` of ``user_id``'s events in the room, newest
+        first, that a user redaction redacts: messages and the other
+        non-state events but redactions, and their joins (which carry their
+        name and avatar), sent at or after ``after_ts`` and at or before
+        ``before_ts``, and not redacted yet."""
+        clauses: list[str] = []
+        args: list[Any] = [room_id, user_id]
+        if after_ts is not None:
+            clauses.append(" AND e.origin_server_ts >= ?")
+            args.append(after_ts)
+        if before_ts is not None:
+            clauses.append(" AND e.origin_server_ts <= ?")
+            args.append(before_ts)
+        rows = await self.db_pool.select(
+            "get_events_to_redact",
+            "SELECT e.event_id FROM events AS e WHERE e.room_id = ? AND e.sender = ?"
+            " AND NOT e.outlier AND e.type != 'm.room.redaction'"
+            " AND (e.state_key IS NULL OR (e.type = 'm.room.member' AND e.membership = 'join'))"
+            + "".join(clauses)
+            + " AND NOT EXISTS (SELECT 1 FROM events AS r WHERE r.redacts = e.event_id)"
+            " ORDER BY e.stream_ordering DESC LIMIT ?",
+            *args,
+            limit,
+        )
+        return [str(r[0]) for r in rows]
+
     async def get_members_to_remove(self, room_id: str) -> list[str]:
         """Who is joined to, invited to or knocking on the room now, sorted."""
         rows = await self.db_pool.select(
