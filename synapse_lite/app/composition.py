@@ -68,7 +68,7 @@ from synapse_lite.appservice.queries import AppServiceQueries
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
-from synapse_lite.federation.inbound import FederationInboundHandler
+from synapse_lite.federation.inbound import FederationInboundHandler, announce_server_up
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.server import register_federation_servlets, well_known_resource
 from synapse_lite.handlers.account import AccountHandler
@@ -666,7 +666,13 @@ def _handlers(
         presence=presence,
         account=account,
         reports=ReportsHandler(store, server_name),
-        admin=AdminHandler(store, auth),
+        admin=AdminHandler(
+            store,
+            auth,
+            lambda name: announce_server_up(
+                transport.outgoing.send_command, federation.outbox, name
+            ),
+        ),
         admin_users=admin_users,
         admin_media=AdminMediaHandler(
             store, server_name, admin_users, calls, config.media_instance

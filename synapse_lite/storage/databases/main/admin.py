@@ -65,10 +65,14 @@ _USER_FROM = (
 )
 
 
+def like_escape(text: str) -> str:
+    """``text`` matching itself only in a ``LIKE ... ESCAPE '\\'`` pattern."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def like_pattern(text: str) -> str:
     """A case-folded ``LIKE ... ESCAPE '\\'`` pattern matching ``text`` anywhere."""
-    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
+    return f"%{like_escape(text.lower())}%"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True, kw_only=True)
@@ -296,3 +300,27 @@ class AdminDestinationsWorkerStore(SQLBaseStore):
             destination,
         )
         return destination_json(tuple(rows[0])) if rows else None
+
+    async def list_destination_rooms(
+        self, destination: str, offset: int, limit: int, descending: bool
+    ) -> tuple[list[str], int]:
+        """A page of the rooms a user of ``destination`` is joined to now
+        (by room id) and how many there are."""
+        where = (
+            " FROM current_state_events WHERE type = 'm.room.member' AND membership = 'join'"
+            " AND state_key LIKE ? ESCAPE '\\'"
+        )
+        pattern = f"%:{like_escape(destination)}"
+        direction = "DESC" if descending else "ASC"
+        rows = await self.db_pool.select(
+            "admin_list_destination_rooms",
+            f"SELECT DISTINCT room_id{where} ORDER BY room_id {direction} LIMIT ? OFFSET ?",
+            pattern,
+            limit,
+            offset,
+        )
+        count = await self.db_pool.select(
+            "admin_count_destination_rooms", f"SELECT COUNT(DISTINCT room_id){where}", pattern
+        )
+        return [str(r[0]) for r in rows], int(count[0][0])
+
