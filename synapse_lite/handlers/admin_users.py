@@ -318,7 +318,8 @@ class AdminUsersHandler:
         """Every room the user has a membership in now, with it."""
         await self._existing(user_id)
         rows = await self._store.get_local_memberships_with_positions(user_id)
-        return {"memberships": {row[0]: row[1] for row in rows}}
+        # ``total`` is not the reference's: the admin UI reads it.
+        return {"memberships": {row[0]: row[1] for row in rows}, "total": len(rows)}
 
     async def _with_last_seen(self, user_id: str, devices: list[dict[str, Any]]) -> None:
         seen: dict[str, tuple[str | None, str | None, int | None]] = {}

@@ -77,7 +77,11 @@ class AdminMediaTestCase(ThreeUsersTestCase):
         found = await self.alice.ok("GET", ADMIN + f"/room/{q(self.room)}/media")
         self.assertEqual(
             found,
-            {"local": sorted(f"mxc://test.local/{m}" for m in self.pictures[:2]), "remote": []},
+            {
+                "local": sorted(f"mxc://test.local/{m}" for m in self.pictures[:2]),
+                "remote": [],
+                "total": 2,
+            },
         )
         # A protected media survives the quarantine of its room and user.
         await self.alice.ok("POST", ADMIN + f"/media/protect/{self.pictures[0]}", {})
