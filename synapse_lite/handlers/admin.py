@@ -127,3 +127,38 @@ class AdminHandler:
         if self._announce_server_up is not None:
             self._announce_server_up(destination)
         logger.info("admin %s reset the connection to %s", admin.user_id, destination)
+
+    async def scheduled_tasks(
+        self,
+        action: str | None,
+        resource_id: str | None,
+        status: str | None,
+        max_timestamp: int | None,
+    ) -> dict[str, Any]:
+        """``GET /_synapse/admin/v1/scheduled_tasks``: the admin API's long
+        jobs (``admin_tasks``: ``delete_room``, ``purge_history``,
+        ``redact_user``), newest first: ``id``, ``action``, ``status``,
+        ``timestamp_ms`` (when it last changed), ``resource_id``,
+        ``result``, ``error``."""
+        found = await self._store.list_admin_tasks(action, resource_id, status, max_timestamp)
+        return {
+            "scheduled_tasks": [
+                {
+                    "id": task.task_id,
+                    "action": task.action,
+                    "status": task.status,
+                    "timestamp_ms": changed,
+                    "resource_id": task.resource_id,
+                    "result": task.result,
+                    "error": task.error,
+                }
+                for task, changed in found
+            ]
+        }
+
+    async def largest_rooms(self) -> dict[str, Any]:
+        """``GET /_synapse/admin/v1/statistics/database/rooms``: the 10
+        rooms taking the most space, largest first (an estimate from their
+        events' sizes)."""
+        rooms = await self._store.get_largest_rooms(10)
+        return {"rooms": [{"room_id": r, "estimated_size": size} for r, size in rooms]}

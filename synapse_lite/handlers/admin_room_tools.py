@@ -1,6 +1,6 @@
 """The admin API's room tools: ``POST /v1/rooms/{roomIdOrAlias}/make_room_admin``,
-``GET/DELETE /v1/rooms/{roomId}/forward_extremities`` and ``GET
-/v1/rooms/{roomId}/timestamp_to_event``. (``/messages`` and
+``GET/DELETE /v1/rooms/{roomId}/forward_extremities``, ``GET
+/v1/rooms/{roomId}/timestamp_to_event`` and ``GET /v1/fetch_event/{eventId}``. (``/messages`` and
 ``/context`` are the client API's, read as an admin who sees every event:
 ``PaginationHandler`` with ``as_admin``.) The callers have checked the
 requester is a server admin."""
@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
-from synapse_lite.api.identifiers import check_user_id, is_mine_id
+from synapse_lite.api.identifiers import check_identifier_text, check_user_id, is_mine_id
 from synapse_lite.config.homeserver import RateLimitConfig
 from synapse_lite.handlers.admin_rooms import room_id_of
 from synapse_lite.handlers.auth import Requester
@@ -177,3 +177,13 @@ class AdminRoomToolsHandler:
                 f"No event {'at or after' if forwards else 'at or before'} {ts} in the room"
             )
         return {"event_id": found[0], "origin_server_ts": found[1]}
+
+    async def fetch_event(self, event_id: str) -> dict[str, Any]:
+        """``{"event": ...}``: any event this server has, in the client
+        format (an admin reads it whatever room it is in); 404 when
+        unknown."""
+        check_identifier_text(event_id, "eventId")
+        event = await self._store.get_event(event_id)
+        if event is None:
+            raise NotFoundError("Event not found")
+        return {"event": event.to_client_dict(self._store.clock.time_msec())}

@@ -321,6 +321,30 @@ class AdminUsersHandler:
         # ``total`` is not the reference's: the admin UI reads it.
         return {"memberships": {row[0]: row[1] for row in rows}, "total": len(rows)}
 
+    async def sent_invite_count(self, user_id: str, from_ts: int) -> dict[str, Any]:
+        """``{"invite_count": n}``: the invites the user sent at or after
+        ``from_ts`` (by the events' ``origin_server_ts``)."""
+        await self._existing(user_id)
+        return {"invite_count": await self._store.count_invites_sent(user_id, from_ts)}
+
+    async def cumulative_joined_room_count(self, user_id: str, from_ts: int) -> dict[str, Any]:
+        """``{"cumulative_joined_room_count": n}``: the rooms the user joined
+        at or after ``from_ts``, left since or not."""
+        await self._existing(user_id)
+        joined = await self._store.count_rooms_joined(user_id, from_ts)
+        return {"cumulative_joined_room_count": joined}
+
+    async def account_data(self, user_id: str) -> dict[str, Any]:
+        """``{"account_data": {"global": {type: content}, "rooms": {room:
+        {type: content}}}}``."""
+        await self._existing(user_id)
+        return {
+            "account_data": {
+                "global": await self._store.get_global_account_data(user_id),
+                "rooms": await self._store.get_room_account_data(user_id),
+            }
+        }
+
     async def _with_last_seen(self, user_id: str, devices: list[dict[str, Any]]) -> None:
         seen: dict[str, tuple[str | None, str | None, int | None]] = {}
         for row in await self._store.get_user_ips(user_id):

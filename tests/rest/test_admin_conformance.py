@@ -23,16 +23,9 @@ from tests.harness.server import DatabaseTestCase
 #: The calls the UI makes that this server does not serve
 #: (``docs/admin-api.md``, "Not served").
 NOT_SERVED = {
-    "GET /_synapse/admin/v1/experimental_features/{user_q}",
-    "GET /_synapse/admin/v1/users/{user_q}/accountdata",
-    "GET /_synapse/admin/v1/users/{user_q}/sent_invite_count?from_ts=0",
-    "GET /_synapse/admin/v1/users/{user_q}/cumulative_joined_room_count?from_ts=0",
     "POST /_synapse/admin/v2/users/{user_q}/devices",
     "POST /_synapse/admin/v1/users/{user_q}/_allow_cross_signing_replacement_without_uia",
     "GET /_synapse/admin/v1/rooms/{room_q}/hierarchy",
-    "GET /_synapse/admin/v1/fetch_event/{event_q}",
-    "GET /_synapse/admin/v1/statistics/database/rooms",
-    "GET /_synapse/admin/v1/scheduled_tasks",
 }
 
 

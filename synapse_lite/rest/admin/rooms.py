@@ -148,6 +148,10 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         requester = await admin.get_admin_by_req(request)
         return 200, await tools.delete_forward_extremities(requester, room_id)
 
+    async def fetch_event(request: Request, event_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await tools.fetch_event(event_id)
+
     async def timestamp_to_event(request: Request, room_id: str) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)
         ts = query_int(request, "ts", None, minimum=0)
@@ -195,6 +199,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     extremities = admin_path("v1", ROOM + "/forward_extremities")
     register("GET", extremities, forward_extremities, "admin_forward_extremities")
     register("DELETE", extremities, delete_forward_extremities, "admin_forward_extremities")
+    register(
+        "GET",
+        admin_path("v1", "/fetch_event/(?P<event_id>[^/]+)"),
+        fetch_event,
+        "admin_fetch_event",
+    )
     register(
         "GET",
         admin_path("v1", ROOM + "/timestamp_to_event"),

@@ -228,6 +228,55 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await handlers.registration.check_username(username)
         return 200, {"available": True}
 
+    def from_ts(request: Request) -> int:
+        value = query_int(request, "from_ts")
+        if value is None:
+            raise SynapseError(400, "Missing query parameter 'from_ts'", Codes.MISSING_PARAM)
+        return value
+
+    async def sent_invite_count(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.sent_invite_count(user_id, from_ts(request))
+
+    async def joined_room_count(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.cumulative_joined_room_count(user_id, from_ts(request))
+
+    async def account_data(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.account_data(user_id)
+
+    async def get_features(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        await users.get_user(user_id)
+        # No experimental feature can be switched on per user here.
+        return 200, {"features": {}}
+
+    async def put_features(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        features = body.get("features")
+        if not isinstance(features, dict):
+            raise SynapseError(400, "'features' must be an object", Codes.BAD_JSON)
+        if features:
+            unknown = ", ".join(sorted(features))[:200]
+            raise SynapseError(
+                400, f"Unknown experimental features: {unknown}", Codes.INVALID_PARAM
+            )
+        await users.get_user(user_id)
+        return 200, {}
+
+    register = resource.register_paths
+    one_user = admin_path("v1", "/users" + USER)
+    register("GET", one_user + "/sent_invite_count", sent_invite_count, "admin_user_counts")
+    register(
+        "GET", one_user + "/cumulative_joined_room_count", joined_room_count, "admin_user_counts"
+    )
+    register("GET", one_user + "/accountdata", account_data, "admin_user_account_data")
+    features = admin_path("v1", "/experimental_features" + USER)
+    register("GET", features, get_features, "admin_experimental_features")
+    register("PUT", features, put_features, "admin_experimental_features")
+
     async def pushers(request: Request, user_id: str) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)
         return 200, await users.pushers(user_id)

@@ -262,6 +262,70 @@ class AdminTasksWorkerStore(SQLBaseStore):
         )
         return [str(r[0]) for r in rows]
 
+    async def list_admin_tasks(
+        self,
+        action: str | None,
+        resource_id: str | None,
+        status: str | None,
+        max_timestamp: int | None,
+    ) -> list[tuple[AdminTask, int]]:
+        """Every job of ``admin_tasks`` matching the filters given (each
+        None for any; ``max_timestamp`` bounds when it last changed),
+        newest first, each with when it last changed."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        for column, value in (("action", action), ("resource_id", resource_id), ("status", status)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        if max_timestamp is not None:
+            clauses.append("updated_ts < ?")
+            args.append(max_timestamp)
+        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        rows = await self.db_pool.select(
+            "list_admin_tasks",
+            f"SELECT {_TASK_COLUMNS}, updated_ts FROM admin_tasks{where}"
+            " ORDER BY updated_ts DESC, task_id",
+            *args,
+        )
+        return [(_task(tuple(r[:-1])), int(r[-1])) for r in rows]
+
+    async def get_largest_rooms(self, limit: int) -> list[tuple[str, int]]:
+        """The ``limit`` rooms whose events take the most room, largest
+        first, each with an estimate in bytes: their content's length plus
+        a fixed cost a row (ids, indexes). Reads every event: the admin
+        API's statistics only."""
+        rows = await self.db_pool.select(
+            "get_largest_rooms",
+            "SELECT room_id, SUM(LENGTH(content)) + 200 * COUNT(*) AS size FROM events"
+            " GROUP BY room_id ORDER BY size DESC, room_id LIMIT ?",
+            limit,
+        )
+        return [(str(r[0]), int(r[1])) for r in rows]
+
+    async def count_invites_sent(self, user_id: str, from_ts: int) -> int:
+        """How many invites ``user_id`` sent at or after ``from_ts``."""
+        rows = await self.db_pool.select(
+            "count_invites_sent",
+            "SELECT COUNT(*) FROM events WHERE sender = ? AND type = 'm.room.member'"
+            " AND membership = 'invite' AND state_key != sender AND origin_server_ts >= ?",
+            user_id,
+            from_ts,
+        )
+        return int(rows[0][0])
+
+    async def count_rooms_joined(self, user_id: str, from_ts: int) -> int:
+        """How many rooms ``user_id`` joined at or after ``from_ts``, whether
+        they are still in them or not."""
+        rows = await self.db_pool.select(
+            "count_rooms_joined",
+            "SELECT COUNT(DISTINCT room_id) FROM events WHERE type = 'm.room.member'"
+            " AND state_key = ? AND membership = 'join' AND origin_server_ts >= ?",
+            user_id,
+            from_ts,
+        )
+        return int(rows[0][0])
+
     async def get_members_to_remove(self, room_id: str) -> list[str]:
         """Who is joined to, invited to or knocking on the room now, sorted."""
         rows = await self.db_pool.select(
