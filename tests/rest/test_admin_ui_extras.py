@@ -94,6 +94,7 @@ class AdminUiExtrasTestCase(ThreeUsersTestCase):
                 {"purge_up_to_event_id": self.message},
             )
         )["purge_id"]
+
         async def purged() -> bool:
             status = await self.alice.ok("GET", ADMIN + f"/purge_history_status/{purge_id}")
             return bool(status["status"] == "complete")

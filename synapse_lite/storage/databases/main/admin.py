@@ -323,4 +323,3 @@ class AdminDestinationsWorkerStore(SQLBaseStore):
             "admin_count_destination_rooms", f"SELECT COUNT(DISTINCT room_id){where}", pattern
         )
         return [str(r[0]) for r in rows], int(count[0][0])
-
