@@ -2,8 +2,10 @@
 its built files (``tests/e2e/admin_ui/``) served on another origin, driven
 in headless Chromium (Debian's ``chromium``, through ``playwright-core``) by
 ``tests/e2e/js/admin_ui.mjs``: it logs in, lists and searches the users,
-opens one, lists the rooms, opens one and lists the event reports. A page
-whose calls answer >= 400 fails even when it renders.
+opens one and each of its tabs, sends a server notice through its dialog,
+lists the rooms, opens one, lists the event reports and creates a
+registration token through its form. A page whose calls answer >= 400 fails
+even when it renders.
 
 Skipped, with the reason, without Chromium, Node or playwright-core, except
 under ``CI=true`` (``.ci/run`` installs Chromium)."""
@@ -65,7 +67,9 @@ def serve_ui(testcase: DatabaseTestCase, homeserver_url: str) -> str:
 class AdminUiBrowserTestCase(DatabaseTestCase):
     async def test_login_users_rooms_reports(self) -> None:
         require_browser()
-        servers, clients, _ = start_cluster(self, self.test_db)
+        servers, clients, _ = start_cluster(
+            self, self.test_db, server_notices={"system_mxid_localpart": "notices"}
+        )
         base = clients["main"].base_url
         admin = await ClientApi(self, base).register("admin", "admin-pw")
         await servers["main"].store.db_pool.execute(
@@ -97,3 +101,11 @@ class AdminUiBrowserTestCase(DatabaseTestCase):
         self.assertGreaterEqual(pages["rooms"], 1)
         self.assertTrue(pages["room"])
         self.assertGreaterEqual(pages["reports"], 1)
+        self.assertEqual(len(pages["user_tabs"]), 9)
+        # What the forms and dialogs did, seen through the API.
+        self.assertTrue(pages["server_notice"])
+        invites = (await bob.ok("GET", "/sync?timeout=0"))["rooms"]["invite"]
+        self.assertEqual(len(invites), 1)
+        self.assertTrue(pages["registration_token"])
+        token = await admin.ok("GET", "/_synapse/admin/v1/registration_tokens/browser-token")
+        self.assertEqual(token["token"], "browser-token")

@@ -1,6 +1,8 @@
 // The admin UI (Ketesa, formerly synapse-admin; its built files served by the
-// test) in headless Chromium against the server: log in, list the users,
-// open one, list the rooms, open one, list the event reports.
+// test) in headless Chromium against the server: log in, list and search the
+// users, open one and each of its tabs, send them a server notice through its
+// dialog, list the rooms, open one, list the event reports, create a
+// registration token through its form.
 //
 // Usage: node admin_ui.mjs UI_URL HOMESERVER_URL ADMIN_USER PASSWORD USER_ID ROOM_NAME
 // Prints one JSON line: what each page showed, and every call the UI made to
@@ -71,10 +73,26 @@ try {
   await page.getByText(userId).first().waitFor();
   result.pages.users_search = await page.locator("table tbody tr").count();
 
-  // A user's page.
-  await page.goto(`${uiUrl}#/users/${encodeURIComponent(userId)}`);
+  // A user's page, each of its tabs.
+  const userPage = `${uiUrl}#/users/${encodeURIComponent(userId)}`;
+  await page.goto(userPage);
   await page.locator(`input[value="${userId}"], :text("${userId}")`).first().waitFor();
   result.pages.user = true;
+  result.pages.user_tabs = [];
+  for (const tab of ["devices", "connections", "media", "rooms", "memberships", "pushers", "experimental", "limits", "accountdata"]) {
+    await page.goto(`${userPage}/${tab}`);
+    await page.waitForLoadState("networkidle");
+    result.pages.user_tabs.push(tab);
+  }
+
+  // A server notice, through the user page's dialog.
+  await page.goto(userPage);
+  await page.getByRole("button", { name: "Send server notices" }).click();
+  await page.locator('textarea[name="body"]').fill("Sent from the admin UI");
+  await page.getByRole("button", { name: "Send note" }).click();
+  await page.getByRole("dialog").waitFor({ state: "detached" });
+  await page.waitForLoadState("networkidle");
+  result.pages.server_notice = true;
 
   // The rooms list and a room's page.
   await page.goto(`${uiUrl}#/rooms`);
@@ -89,6 +107,14 @@ try {
   await page.goto(`${uiUrl}#/reports`);
   await page.getByText(roomName).first().waitFor();
   result.pages.reports = await page.locator("table tbody tr").count();
+
+  // A registration token, through its form.
+  await page.goto(`${uiUrl}#/registration_tokens/create`);
+  await page.locator('input[name="token"]').fill("browser-token");
+  await page.getByRole("button", { name: "Save" }).click();
+  await page.waitForURL(/#\/registration_tokens$/);
+  await page.getByText("browser-token").first().waitFor();
+  result.pages.registration_token = true;
   // Let the last page's calls finish.
   await page.waitForLoadState("networkidle");
 } catch (error) {
