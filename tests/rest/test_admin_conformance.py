@@ -6,9 +6,11 @@ shape the UI reads; the ones not served are the ones
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
-from twisted.internet import reactor
+from twisted.internet import reactor, utils
 from twisted.internet.task import deferLater
 
 from bench.admin_conformance import report, run
@@ -19,6 +21,8 @@ from tests.harness.client_api import (
     start_cluster,
 )
 from tests.harness.server import DatabaseTestCase
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: The calls the UI makes that this server does not serve
 #: (``docs/admin-api.md``, "Not served").
@@ -71,6 +75,41 @@ class AdminConformanceTestCase(DatabaseTestCase):
             f"{o.call.method} {o.call.path}" for o in outcomes if o.verdict == "not served"
         }
         self.assertEqual(not_served, NOT_SERVED)
+
+
+class AdminConformanceCommandTestCase(DatabaseTestCase):
+    async def test_command_line(self) -> None:
+        """``python -m bench.admin_conformance`` (its own HTTP client)
+        against a served process: one line a call, the summary, exit 0
+        with ``--strict``."""
+        servers, clients, _ = start_cluster(
+            self, self.test_db, server_notices={"system_mxid_localpart": "notices"}
+        )
+        main = clients["main"]
+        admin = await ClientApi(self, main.base_url).register("admin", "admin-pw")
+        await servers["main"].store.db_pool.execute(
+            "t", "UPDATE users SET admin = TRUE WHERE name = ?", admin.user_id
+        )
+        out, err, code = await utils.getProcessOutputAndValue(
+            sys.executable,
+            (
+                "-m",
+                "bench.admin_conformance",
+                "--base-url",
+                main.base_url,
+                "--user",
+                "admin",
+                "--password",
+                "admin-pw",
+                "--strict",
+            ),
+            env=dict(os.environ),
+            path=REPO,
+        )
+        text = out.decode() + err.decode()
+        self.assertEqual(code, 0, text)
+        summary = text.strip().splitlines()[-1]
+        self.assertRegex(summary, r"^conformance: \d+ ok, 0 shape, 0 status, 3 not served")
 
 
 class AdminConformanceDefaultLayoutTestCase(AdminConformanceTestCase):
