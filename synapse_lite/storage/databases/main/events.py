@@ -231,6 +231,21 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             self._event_cache.set(event.event_id, event)
         return persisted
 
+    async def delete_forward_extremities_but(self, room_id: str, keep: str) -> int:
+        """Delete the room's forward extremities but ``keep``; how many went.
+        For the room's writer, holding the room's lock (the admin API): the
+        current state stays as it is (the next event's state is resolved
+        from its parents)."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            txn.execute(
+                "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id != ?",
+                (room_id, keep),
+            )
+            return max(txn.rowcount, 0)
+
+        return await self.db_pool.runInteraction("delete_forward_extremities_but", txn_func)
+
     def _persist_events_txn(
         self,
         txn: LoggingTransaction,
