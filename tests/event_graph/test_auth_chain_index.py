@@ -56,7 +56,7 @@ class AgreesWithWalking(unittest.TestCase):
         self.assertEqual(index.auth_difference(sets[:2]), auth_difference(sets[:2], room.events))
         self.assertEqual(
             resolve_state(
-                room.version, sets, room.events, auth_difference_of=index.auth_difference
+                room.version, sets, room.events, indexed_auth_difference=index.auth_difference(sets)
             ),
             resolve_state(room.version, sets, room.events),
         )

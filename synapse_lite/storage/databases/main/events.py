@@ -17,15 +17,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS
+from synapse_lite.api.room_versions import (
+    IMPLICIT_ROOM_VERSION,
+    SPEC_ROOM_VERSIONS,
+    StateResolution,
+)
 from synapse_lite.event_graph.pdu import StateKey
-from synapse_lite.event_graph.state_resolution import resolve_state, separate
+from synapse_lite.event_graph.state_resolution import is_power_event, resolve_state, separate
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
     LoggingTransaction,
+    insert_rows_txn,
+)
+from synapse_lite.storage.databases.main.auth_chains import (
+    ChainedEvent,
+    auth_chain_ids_txn,
+    auth_difference_txn,
+    index_auth_chains_txn,
 )
 from synapse_lite.storage.databases.main.events_worker import (
     EventsWorkerStore,
@@ -254,6 +265,14 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         # (a branch, or a merge): their current state is derived from the
         # states at the extremities once the batch is in, not event by event.
         resolved_rooms.update(self._insert_graph_txn(txn, events))
+        index_auth_chains_txn(
+            txn,
+            [
+                ChainedEvent(e.event_id, e.room_id, (e.type, e.state_key), e.auth_event_ids, sid)
+                for e, sid in zip(events, stream_ids, strict=True)
+                if e.state_key is not None
+            ],
+        )
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
             event = Event(
@@ -562,7 +581,25 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         events = TxnEvents(txn)
         _unconflicted, conflicted = separate(states)
         events.prefetch(e for ids in conflicted.values() for e in ids)
-        return resolve_state(version, states, events), states
+        # v2's auth difference from the auth chain index (v1 has none; no
+        # conflict, no difference): only its events are loaded, not every
+        # event of the sets' auth chains.
+        difference = (
+            auth_difference_txn(txn, states)
+            if conflicted and version.state_resolution is not StateResolution.V1
+            else None
+        )
+        if difference is not None:
+            # What v2 walks beyond the difference (the power events' auth
+            # chains; version 12's conflicted subgraph walks the conflicted
+            # events' too), loaded together rather than event by event.
+            full = difference.union(*conflicted.values())
+            events.prefetch(full)
+            starts = {e for e in full if e in events and is_power_event(events[e])}
+            if version.state_resolution is StateResolution.V2_1:
+                starts.update(*conflicted.values())
+            events.prefetch(auth_chain_ids_txn(txn, sorted(starts)))
+        return resolve_state(version, states, events, indexed_auth_difference=difference), states
 
     def _resolve_parent_groups_txn(
         self, txn: LoggingTransaction, room_id: str, groups: Sequence[GroupRef], group_id: int
@@ -807,20 +844,3 @@ def _state_with(
     state = state_of_group_txn(txn, group.id) if group else {}
     state[key] = event_id
     return state
-
-
-#: Rows per multi-row INSERT: SQLite before 3.32 allows 999 parameters.
-INSERT_ROWS_PER_STATEMENT = 400
-
-
-def insert_rows_txn(txn: LoggingTransaction, table: str, rows: list[tuple[str, str]]) -> None:
-    """Insert two-column ``rows`` into ``table`` (``"name (col1, col2)"``)
-    with one multi-row INSERT per :data:`INSERT_ROWS_PER_STATEMENT` rows:
-    one statement and one round trip where a batch would send one per row
-    (and format each row in the driver)."""
-    for start in range(0, len(rows), INSERT_ROWS_PER_STATEMENT):
-        chunk = rows[start : start + INSERT_ROWS_PER_STATEMENT]
-        txn.execute(
-            f"INSERT INTO {table} VALUES " + ", ".join("(?, ?)" for _ in chunk),
-            [value for row in chunk for value in row],
-        )

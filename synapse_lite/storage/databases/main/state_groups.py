@@ -30,6 +30,7 @@ from synapse_lite.storage.database import (
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
+from synapse_lite.storage.databases.main.auth_chains import auth_chain_ids_txn
 from synapse_lite.storage.engines import BaseDatabaseEngine
 
 if TYPE_CHECKING:
@@ -398,21 +399,8 @@ class StateGroupsWorkerStore(SQLBaseStore):
 
     async def get_auth_chain_ids(self, event_ids: Sequence[str]) -> set[str]:
         """Every event reachable from ``event_ids`` by ``auth_events`` (not
-        the events themselves unless reachable): one recursive query."""
-        chain: set[str] = set()
-        # A query per 500 starting events (SQLite's parameter limit); the
-        # chains of the parts make up the whole one.
-        for start in range(0, len(event_ids), 500):
-            chunk = list(event_ids[start : start + 500])
-            marks = ", ".join("?" for _ in chunk)
-            rows = await self.db_pool.select(
-                "get_auth_chain_ids",
-                "WITH RECURSIVE chain (event_id) AS ("
-                f" SELECT auth_id FROM event_auth_edges WHERE event_id IN ({marks})"
-                " UNION SELECT a.auth_id FROM event_auth_edges AS a"
-                " JOIN chain AS c ON a.event_id = c.event_id)"
-                " SELECT event_id FROM chain",
-                *chunk,
-            )
-            chain.update(str(row[0]) for row in rows)
-        return chain
+        the events themselves unless reachable), from the auth chain index
+        (``auth_chains.auth_chain_ids_txn``)."""
+        return await self.db_pool.runInteraction(
+            "get_auth_chain_ids", auth_chain_ids_txn, list(event_ids), read_only=True
+        )
