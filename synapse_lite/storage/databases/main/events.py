@@ -17,13 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from synapse_lite.api.room_versions import (
-    IMPLICIT_ROOM_VERSION,
-    SPEC_ROOM_VERSIONS,
-    StateResolution,
-)
+from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS
 from synapse_lite.event_graph.pdu import StateKey
-from synapse_lite.event_graph.state_resolution import is_power_event, resolve_state, separate
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
 from synapse_lite.storage.database import (
@@ -34,8 +29,6 @@ from synapse_lite.storage.database import (
 )
 from synapse_lite.storage.databases.main.auth_chains import (
     ChainedEvent,
-    auth_chain_ids_txn,
-    auth_difference_txn,
     index_auth_chains_txn,
 )
 from synapse_lite.storage.databases.main.events_worker import (
@@ -46,10 +39,10 @@ from synapse_lite.storage.databases.main.search import index_events_txn
 from synapse_lite.storage.databases.main.state_groups import (
     GroupRef,
     StateGroupsWorkerStore,
-    TxnEvents,
     group_after_id,
     group_before_id,
     groups_of_events_txn,
+    resolve_states_txn,
     state_of_group_txn,
     write_state_group_txn,
 )
@@ -578,28 +571,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         txn.execute("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,))
         row = txn.fetchone()
         version = SPEC_ROOM_VERSIONS.get(str(row[0]) if row else "", IMPLICIT_ROOM_VERSION)
-        events = TxnEvents(txn)
-        _unconflicted, conflicted = separate(states)
-        events.prefetch(e for ids in conflicted.values() for e in ids)
-        # v2's auth difference from the auth chain index (v1 has none; no
-        # conflict, no difference): only its events are loaded, not every
-        # event of the sets' auth chains.
-        difference = (
-            auth_difference_txn(txn, states)
-            if conflicted and version.state_resolution is not StateResolution.V1
-            else None
-        )
-        if difference is not None:
-            # What v2 walks beyond the difference (the power events' auth
-            # chains; version 12's conflicted subgraph walks the conflicted
-            # events' too), loaded together rather than event by event.
-            full = difference.union(*conflicted.values())
-            events.prefetch(full)
-            starts = {e for e in full if e in events and is_power_event(events[e])}
-            if version.state_resolution is StateResolution.V2_1:
-                starts.update(*conflicted.values())
-            events.prefetch(auth_chain_ids_txn(txn, sorted(starts)))
-        return resolve_state(version, states, events, indexed_auth_difference=difference), states
+        return resolve_states_txn(txn, version, states), states
 
     def _resolve_parent_groups_txn(
         self, txn: LoggingTransaction, room_id: str, groups: Sequence[GroupRef], group_id: int
