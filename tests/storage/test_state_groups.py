@@ -12,10 +12,11 @@ from typing import Any
 
 from synapse_lite.api.room_versions import RoomVersion
 from synapse_lite.event_graph.pdu import StateKey
-from synapse_lite.event_graph.state_resolution import resolve_state
+from synapse_lite.event_graph.state_resolution import auth_difference, resolve_state
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main import state_groups
+from synapse_lite.storage.databases.main.auth_chains import auth_difference_txn
 from synapse_lite.storage.databases.main.state_groups import TxnEvents
 from tests.harness.client_api import ClientApi, caught_up, start_cluster
 from tests.harness.server import DatabaseTestCase
@@ -26,6 +27,14 @@ def resolve_in_txn(
 ) -> dict[StateKey, str]:
     """The core's resolution of ``sets``, the events read in ``txn``."""
     return resolve_state(version, sets, TxnEvents(txn))
+
+
+def differences_in_txn(
+    txn: LoggingTransaction, sets: list[Mapping[StateKey, str]]
+) -> tuple[set[str] | None, set[str]]:
+    """The auth difference of ``sets`` from the stored auth chain index, and
+    by walking the stored auth events."""
+    return auth_difference_txn(txn, sets), auth_difference(sets, TxnEvents(txn))
 
 
 class StateGroupsTestCase(DatabaseTestCase):
@@ -146,6 +155,11 @@ class StateGroupsTestCase(DatabaseTestCase):
                 "test_resolve", resolve_in_txn, version, sets
             )
             self.assertEqual(await self.current_state(room), expected, f"step {step}")
+            # The index the writer kept answers as walking does.
+            indexed, walked = await store.db_pool.runInteraction(
+                "test_difference", differences_in_txn, sets
+            )
+            self.assertEqual(indexed, walked, f"step {step}")
         self.assertGreaterEqual(forked, 3)  # the seed makes branches, not a line
 
     async def test_delta_chains_are_bounded_by_snapshots(self) -> None:
