@@ -222,6 +222,41 @@ class AuditGraphRealServersTestCase(DatabaseTestCase):
         self.assertEqual(report["graph"]["not_checked"], {})
         sample = report["findings"][1]["samples"][0]
         self.assertEqual((sample["type"], sample["state_key"]), ("m.room.topic", ""))
+        graph.execute("UPDATE events SET rejected = FALSE WHERE event_id = ?", topic)
+
+        # Broken state group chains: a delta whose parent is gone, a chain
+        # one delta over the bound, a cycle of two, an event naming a
+        # group that is not stored.
+        (delta,) = graph.query(
+            "SELECT MAX(id) FROM state_groups WHERE room_id = ? AND prev_group IS NOT NULL",
+            rooms[0],
+        )
+        # (Group ids of real events are twice their stream orderings: small.)
+        graph.execute("UPDATE state_groups SET prev_group = 900005 WHERE id = ?", delta)
+        long_chain = [(900100 + n, rooms[1], 900099 + n if n else None, n) for n in range(52)]
+        cycle = [(900010, rooms[2], 900011, 1), (900011, rooms[2], 900010, 1)]
+        for row in long_chain + cycle:
+            graph.execute("INSERT INTO state_groups VALUES (?, ?, ?, ?)", *row)
+        message, message_id, message_writer = graph.event(rooms[3])
+        graph.execute("UPDATE events SET state_group = 900007 WHERE event_id = ?", message)
+        code, report, output = audit_config(path)
+        self.assertEqual(
+            (code, found(report)),
+            (
+                1,
+                [
+                    ("event_state_group_missing", "events", message_writer, [message_id]),
+                    ("state_group_chain_length", "state_groups", "", [900010, 900011]),
+                    ("state_group_chain_too_long", "state_groups", "", [900151]),
+                    ("state_group_cycle", "state_groups", "", [900010]),
+                    ("state_group_missing_parent", "state_groups", "", [delta]),
+                ],
+            ),
+            output,
+        )
+        self.assertIn("state_group 900007 not stored", output)
+        self.assertIn("51 deltas from its snapshot (at most 50)", output)
+        self.assertGreater(report["graph"]["rows"]["state_groups"], 54)
 
 
 class AuditGraphSeededTestCase(unittest.TestCase):
