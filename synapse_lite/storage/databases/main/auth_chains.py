@@ -52,9 +52,11 @@ class ChainedEvent:
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
-class _Indexed:
+class IndexedEvent:
     """A stored event's position, and whether a new event of its key may
-    continue its chain (it is the chain's newest)."""
+    continue its chain (it is the chain's newest). What the events writer
+    keeps in memory of the events it indexed or read, so that a send reads
+    no row for its auth events' positions."""
 
     position: Position
     room_id: str
@@ -67,8 +69,8 @@ def _chunks(ids: Sequence[str]) -> Iterable[list[str]]:
         yield list(ids[start : start + _CHUNK])
 
 
-def _indexed_txn(txn: LoggingTransaction, event_ids: Iterable[str]) -> dict[str, _Indexed]:
-    found: dict[str, _Indexed] = {}
+def _indexed_txn(txn: LoggingTransaction, event_ids: Iterable[str]) -> dict[str, IndexedEvent]:
+    found: dict[str, IndexedEvent] = {}
     for chunk in _chunks(sorted(set(event_ids))):
         marks = ", ".join("?" for _ in chunk)
         txn.execute(
@@ -80,35 +82,46 @@ def _indexed_txn(txn: LoggingTransaction, event_ids: Iterable[str]) -> dict[str,
             chunk,
         )
         for event_id, chain, sequence, room_id, type_, state_key, newest in txn.fetchall():
-            found[str(event_id)] = _Indexed(
+            found[str(event_id)] = IndexedEvent(
                 (int(chain), int(sequence)), str(room_id), (str(type_), str(state_key)),
                 bool(newest),
             )  # fmt: skip
     return found
 
 
-def index_auth_chains_txn(txn: LoggingTransaction, events: Sequence[ChainedEvent]) -> None:
-    """Give the state events of ``events`` (a batch being persisted, each
-    after its auth events of the batch) their positions and links. Auth
+def index_auth_chains_txn(
+    txn: LoggingTransaction,
+    events: Sequence[ChainedEvent],
+    cached: Mapping[str, IndexedEvent] | None = None,
+) -> dict[str, IndexedEvent]:
+    """Give the state events of ``events`` (a batch being persisted) their
+    positions and links, each after its auth events of the batch. Auth
     events with no position (not stored, or not state events) are left out:
-    the chain stops there, as walking the edges would. A batch of messages
-    writes nothing; a state event costs one read (its auth events'
-    positions) and two multi-row INSERTs."""
+    the chain stops there, as walking the edges would. ``cached``: auth
+    events' entries the caller kept (they must be current: only the room's
+    writer extends its chains); the others are read. Returns the entries of
+    every event this touched as they are once it commits (new events, and
+    auth events read or no longer their chain's newest), for the caller to
+    keep. A batch of messages writes nothing; a state event costs at most
+    one read and two multi-row INSERTs."""
     state_events = [e for e in events if e.state_key is not None]
     if not state_events:
-        return
+        return {}
     in_batch = {e.event_id for e in state_events}
-    known = _indexed_txn(
-        txn, {a for e in state_events for a in e.auth_event_ids if a not in in_batch}
-    )
+    wanted = {a for e in state_events for a in e.auth_event_ids if a not in in_batch}
+    known = {a: cached[a] for a in wanted if cached is not None and a in cached}
+    if len(known) < len(wanted):
+        known.update(_indexed_txn(txn, wanted - known.keys()))
     by_id = {e.event_id: e for e in state_events}
     # Chains this batch extended: chain -> its newest sequence now.
     tops: dict[int, int] = {}
+    superseded: list[str] = []
     positions: list[tuple[str, int, int]] = []
     links: list[tuple[int, int, int, int]] = []
     for event_id in auth_order([(e.event_id, e.auth_event_ids) for e in state_events]):
         event = by_id[event_id]
         auth_positions: list[tuple[Position, bool]] = []
+        auth_ids = [a for a in event.auth_event_ids if a in known]
         for auth_id in event.auth_event_ids:
             indexed = known.get(auth_id)
             if indexed is None:
@@ -122,8 +135,11 @@ def index_auth_chains_txn(txn: LoggingTransaction, events: Sequence[ChainedEvent
             auth_positions.append((indexed.position, extends))
         position, new_links = place(auth_positions, event.chain_id)
         tops[position[0]] = position[1]
+        superseded.extend(
+            a for a in auth_ids if known[a].position == (position[0], position[1] - 1)
+        )
         assert event.state_key is not None
-        known[event_id] = _Indexed(position, event.room_id, event.state_key, True)
+        known[event_id] = IndexedEvent(position, event.room_id, event.state_key, True)
         positions.append((event_id, *position))
         links.extend((position[0], *link) for link in new_links)
     insert_rows_txn(txn, "event_auth_chains (event_id, chain_id, sequence_number)", positions)
@@ -133,6 +149,9 @@ def index_auth_chains_txn(txn: LoggingTransaction, events: Sequence[ChainedEvent
         " target_chain_id, target_sequence_number)",
         links,
     )
+    for event_id in superseded:
+        known[event_id] = attr.evolve(known[event_id], newest=False)
+    return known
 
 
 def positions_txn(txn: LoggingTransaction, event_ids: Iterable[str]) -> dict[str, Position]:

@@ -21,6 +21,7 @@ from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERS
 from synapse_lite.event_graph.pdu import StateKey
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
+from synapse_lite.storage.caches import LruCache
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -29,6 +30,7 @@ from synapse_lite.storage.database import (
 )
 from synapse_lite.storage.databases.main.auth_chains import (
     ChainedEvent,
+    IndexedEvent,
     index_auth_chains_txn,
 )
 from synapse_lite.storage.databases.main.events_worker import (
@@ -37,6 +39,7 @@ from synapse_lite.storage.databases.main.events_worker import (
 )
 from synapse_lite.storage.databases.main.search import index_events_txn
 from synapse_lite.storage.databases.main.state_groups import (
+    EVENT_GROUP_CACHE_ENTRIES,
     GroupRef,
     StateGroupsWorkerStore,
     group_after_id,
@@ -173,6 +176,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
     ) -> None:
         super().__init__(database, db_conn, hs)
+        # The auth chain positions of events this writer indexed or read
+        # (the auth events of its next state events).
+        self._auth_positions: LruCache[IndexedEvent] = LruCache(EVENT_GROUP_CACHE_ENTRIES)
         # Kept only where a streamer sends them (a layout with workers).
         self._committed_rows = CommittedRows() if hs.config.workers else None
         if self._committed_rows is not None:
@@ -258,14 +264,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         # (a branch, or a merge): their current state is derived from the
         # states at the extremities once the batch is in, not event by event.
         resolved_rooms.update(self._insert_graph_txn(txn, events))
-        index_auth_chains_txn(
-            txn,
-            [
-                ChainedEvent(e.event_id, e.room_id, (e.type, e.state_key), e.auth_event_ids, sid)
-                for e, sid in zip(events, stream_ids, strict=True)
-                if e.state_key is not None
-            ],
-        )
+        self._index_auth_chains_txn(txn, events, stream_ids)
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
             event = Event(
@@ -556,6 +555,32 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             )
         txn.call_after(self._remember_event_groups, in_batch)
         return result
+
+    def _index_auth_chains_txn(
+        self, txn: LoggingTransaction, events: list[EventContent], stream_ids: Sequence[int]
+    ) -> None:
+        """The batch's state events into the auth chain index, their auth
+        events' positions from memory where this writer has them (it is the
+        only one extending its rooms' chains)."""
+        chained = [
+            ChainedEvent(e.event_id, e.room_id, (e.type, e.state_key), e.auth_event_ids, sid)
+            for e, sid in zip(events, stream_ids, strict=True)
+            if e.state_key is not None
+        ]
+        if not chained:
+            return
+        cached = {}
+        for event in chained:
+            for auth_id in event.auth_event_ids:
+                found, entry = self._auth_positions.get(auth_id)
+                if found and entry is not None:
+                    cached[auth_id] = entry
+        touched = index_auth_chains_txn(txn, chained, cached)
+        txn.call_after(self._remember_auth_positions, touched)
+
+    def _remember_auth_positions(self, entries: Mapping[str, IndexedEvent]) -> None:
+        for event_id, entry in entries.items():
+            self._auth_positions.set(event_id, entry)
 
     def _remember_event_groups(self, groups: Mapping[str, GroupRef | None]) -> None:
         for event_id, ref in groups.items():
