@@ -286,7 +286,7 @@ class PrepareDatabaseTestCase(unittest.TestCase):
         self.assertLessEqual(longest, 2)
 
     def test_upgrade_indexes_the_auth_chains_of_existing_events(self) -> None:
-        """Deltas 0084-0085 on a database of the release before the stored
+        """Deltas 0142-0143 on a database of the release before the stored
         auth chain index: every state event gets a position, each after its
         auth events even when its stream ordering is lower (a backfilled
         event), and the index answers as walking the auth edges does, with
@@ -294,8 +294,8 @@ class PrepareDatabaseTestCase(unittest.TestCase):
         old_schema = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, old_schema)
         shutil.copytree(SCHEMA_DIR, old_schema, dirs_exist_ok=True)
-        drop_deltas_from(old_schema, 84)
-        self.assertEqual(self.prepare(is_main=True, schema_dir=old_schema), 83)
+        drop_deltas_from(old_schema, 142)
+        self.assertEqual(self.prepare(is_main=True, schema_dir=old_schema), 141)
         # (stream, room, event id, type, state key, auth events): $a0 is from
         # before the graph (no auth edges); $a5 was backfilled (stream -1)
         # and cites $a4; $a6 cites the power levels before the newest.

@@ -254,7 +254,7 @@ def auth_chain_ids_txn(txn: LoggingTransaction, event_ids: Sequence[str]) -> set
 
 
 def index_existing_events_txn(txn: LoggingTransaction, engine: BaseDatabaseEngine) -> None:
-    """Schema upgrade to version 85: index every stored state event, room by
+    """Schema upgrade to version 143: index every stored state event, room by
     room, each after its auth events (in stream order otherwise), as the
     writer would have; a progress line per :data:`PROGRESS_EVERY` events.
     Events persisted before the graph have no auth edges: each starts a

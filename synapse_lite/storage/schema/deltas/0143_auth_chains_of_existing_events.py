@@ -1,4 +1,4 @@
-"""Schema version 85: the auth chain index of a database's existing state
+"""Schema version 143: the auth chain index of a database's existing state
 events, room by room (docs/event-graph.md#the-stored-auth-chain-index)."""
 
 from synapse_lite.storage.databases.main.auth_chains import index_existing_events_txn
