@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import os
 import socket
-import subprocess
 import sys
 import time
 from typing import Any
@@ -42,7 +41,7 @@ import yaml
 from aiohttp import web
 
 from bench.cluster import LAYOUTS, WRITERS, Cluster
-from bench.reference_follow import ReferenceCluster
+from bench.reference_homeserver import ReferenceHomeserver
 from bench.scenarios import Client, User, percentile
 
 LAYOUTS.setdefault("appservice_pair", {"as1": ["health"]})
@@ -112,56 +111,6 @@ async def _wait_for(services: list[FakeService], bodies: list[str], timeout: flo
     raise RuntimeError(f"{missing} deliveries missing after {timeout} s")
 
 
-class ReferenceHomeserver(ReferenceCluster):
-    """The reference's main process alone, with the services' registrations,
-    on a scratch PostgreSQL database or (``engine`` sqlite) an SQLite file."""
-
-    SERVER_NAME = "bench.local"
-
-    def __init__(self, python: str, engine: str, registrations: list[str]) -> None:
-        super().__init__(python, {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"})
-        self.engine = engine
-        self.registrations = registrations
-
-    def _create_database(self) -> None:
-        if self.engine == "postgres":
-            super()._create_database()
-
-    def _drop_database(self) -> None:
-        if self.engine == "postgres":
-            super()._drop_database()
-
-    def _write_config(self) -> tuple[str, str]:
-        main_config, worker_config = super()._write_config()
-        with open(main_config) as f:
-            config = yaml.safe_load(f)
-        config["server_name"] = self.SERVER_NAME
-        config["app_service_config_files"] = self.registrations
-        # One process: nothing to replicate to.
-        config["redis"] = {"enabled": False}
-        config["listeners"] = config["listeners"][:1]
-        del config["instance_map"]
-        if self.engine == "sqlite":
-            config["database"] = {
-                "name": "sqlite3",
-                "args": {"database": os.path.join(self.dir, "homeserver.db")},
-            }
-        with open(main_config, "w") as f:
-            yaml.safe_dump(config, f)
-        return main_config, worker_config
-
-    def start(self) -> None:
-        self._create_database()
-        main_config, _ = self._write_config()
-        subprocess.run(
-            [self.python, "-m", "synapse.app.homeserver", "-c", main_config, "--generate-keys"],
-            check=True,
-            cwd=self.dir,
-            capture_output=True,
-        )
-        self._start("main", ["synapse.app.homeserver", "-c", main_config], self.client_port)
-
-
 def _write_registrations(services: list[FakeService], directory: str) -> list[str]:
     os.makedirs(directory, exist_ok=True)
     paths = []
@@ -175,8 +124,9 @@ def _write_registrations(services: list[FakeService], directory: str) -> list[st
 
 async def run_reference(services: list[FakeService], args: argparse.Namespace) -> dict[str, float]:
     directory = os.path.join("/tmp", f"bench_appservice_{os.getpid()}_reference")
+    registrations = _write_registrations(services, directory)
     reference = ReferenceHomeserver(
-        args.reference, args.engine, _write_registrations(services, directory)
+        args.reference, args.engine, {"app_service_config_files": registrations}
     )
     try:
         reference.start()

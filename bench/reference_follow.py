@@ -160,6 +160,16 @@ class ReferenceCluster:
         return main_config, worker_config
 
     def start(self) -> None:
+        main_config, worker_config = self._start_main()
+        self._start(
+            WORKER,
+            ["synapse.app.generic_worker", "-c", main_config, "-c", worker_config],
+            self.worker_port,
+        )
+
+    def _start_main(self) -> tuple[str, str]:
+        """Create the database and the configs, start the main process; the
+        main and worker config paths."""
         self._create_database()
         main_config, worker_config = self._write_config()
         subprocess.run(
@@ -169,11 +179,7 @@ class ReferenceCluster:
             capture_output=True,
         )
         self._start("main", ["synapse.app.homeserver", "-c", main_config], self.client_port)
-        self._start(
-            WORKER,
-            ["synapse.app.generic_worker", "-c", main_config, "-c", worker_config],
-            self.worker_port,
-        )
+        return main_config, worker_config
 
     def _start(self, name: str, args: list[str], port: int) -> None:
         log = open(os.path.join(self.dir, f"{name}.log"), "wb")

@@ -11,6 +11,19 @@ sliding sync connection as Element X asks for it (one list, range
 process's caches cold, the others warm. Then the incremental sliding sync
 response after one new message. Prints the cold figures, the warm medians,
 and the ratios of sliding sync's first response to the initial /sync's.
+
+With ``--reference PYTHON`` (the Python of a virtualenv holding the reference
+homeserver: see ``bench/reference_homeserver.py``), first, over HTTP, our
+main process (a real process, ``bench/cluster.py``) and then the reference's
+main process, on the same engine, each on a fresh database: Bob creates
+``--reference-rooms`` rooms (1,000) and Alice joins the first; then
+``--reference-rounds`` times the first response of a new connection with
+the room list above (timed from the request to the whole body read), and
+as often the wake-up: a long-poll of Bob's connection, subscribed to the
+first room, waiting (``timeout`` 30 s) when Alice sends a message there,
+timed from the start of her ``PUT /send`` to the response carrying the
+message; her ``/send`` round trip is the baseline. Prints p50 and p99 of
+each and the reference's over ours.
 """
 
 from __future__ import annotations
@@ -18,10 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
 from twisted.internet import defer, task
+
+from bench.scenarios import percentile
 
 ALICE, BOB = "@alice:test.local", "@bob:test.local"
 
@@ -135,6 +151,129 @@ async def _run(reactor: Any, args: argparse.Namespace) -> None:
     )
 
 
+SLIDING_PATH = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
+#: The first room's subscription in the wake-up measurement (Element X's
+#: when a room is opened, trimmed).
+SUBSCRIPTION: dict[str, Any] = {
+    "timeline_limit": 20,
+    "required_state": [["m.room.member", "$LAZY"], ["m.room.name", ""]],
+}
+
+
+async def _http_figures(base: str, args: argparse.Namespace) -> dict[str, float]:
+    """The first room list and the wake-up, over HTTP, on the homeserver at
+    ``base`` (fresh: the users are registered here)."""
+    import asyncio
+
+    import aiohttp
+
+    from bench.scenarios import Client
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        client = Client(session)
+        bob = await client.register(base, "bob")
+        alice = await client.register(base, "alice")
+        rooms: list[str] = []
+        names = iter(range(args.reference_rooms))
+
+        async def creator() -> None:
+            for i in names:
+                created = await client.call(
+                    "POST", base, "/createRoom", bob, {"preset": "public_chat", "name": f"r{i}"}
+                )
+                rooms.append(created["room_id"])
+
+        # Side by side: the reference creates a room in ~100 ms.
+        await asyncio.gather(*(creator() for _ in range(4)))
+        subscribed = rooms[0]
+        await client.call("POST", base, f"/join/{subscribed}", alice, {})
+
+        async def sliding(body: dict[str, Any], pos: str | None, timeout: int) -> Any:
+            query = f"?timeout={timeout}&set_presence=offline" + (f"&pos={pos}" if pos else "")
+            url = base + SLIDING_PATH + query
+            async with session.post(url, json=body, headers=bob.headers) as response:
+                result = await response.json()
+                if response.status != 200:
+                    raise RuntimeError(f"sliding sync: {response.status} {result}")
+                return result
+
+        first: list[float] = []
+        for _ in range(args.reference_rounds):
+            started = time.perf_counter()
+            response = await sliding(ROOM_LIST_BODY, None, 0)
+            first.append(time.perf_counter() - started)
+            if len(response["rooms"]) != min(20, args.reference_rooms):
+                raise RuntimeError(f"{len(response['rooms'])} rooms in the first room list")
+        body = dict(ROOM_LIST_BODY, conn_id="wake", room_subscriptions={subscribed: SUBSCRIPTION})
+        pos = (await sliding(body, None, 0))["pos"]
+        wake: list[float] = []
+        sends: list[float] = []
+        for i in range(args.reference_rounds):
+            text = f"wake {i}"
+            polling = asyncio.ensure_future(sliding(body, pos, 30_000))
+            # The long-poll parked before the message is sent.
+            await asyncio.sleep(0.1)
+            started = time.perf_counter()
+            await client.send(base, alice, subscribed, text)
+            sends.append(time.perf_counter() - started)
+            while True:
+                response = await polling
+                pos = response["pos"]
+                timeline = response["rooms"].get(subscribed, {}).get("timeline", [])
+                if any(e["content"].get("body") == text for e in timeline):
+                    break
+                polling = asyncio.ensure_future(sliding(body, pos, 30_000))
+            wake.append(time.perf_counter() - started)
+    result = {}
+    for name, values in (("first", first), ("wake", wake), ("send", sends)):
+        result[f"{name}_p50_ms"] = percentile(values, 0.5) * 1e3
+        result[f"{name}_p99_ms"] = percentile(values, 0.99) * 1e3
+    return result
+
+
+async def _compare_with_reference(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Our main process's HTTP figures, then the reference's."""
+    from bench.cluster import Cluster
+    from bench.reference_homeserver import ReferenceHomeserver
+
+    ours = Cluster("single", args.engine)
+    try:
+        ours.start()
+        print("ours over HTTP...", file=sys.stderr, flush=True)
+        our_figures = await _http_figures(ours.url("main"), args)
+    finally:
+        ours.stop()
+    # Shown now: the reference may fail to start.
+    print(f"ours: {json.dumps(our_figures)}", file=sys.stderr, flush=True)
+    reference = ReferenceHomeserver(args.reference, args.engine)
+    try:
+        reference.start()
+        print("the reference over HTTP...", file=sys.stderr, flush=True)
+        reference_figures = await _http_figures(reference.url(), args)
+    finally:
+        reference.stop()
+    return {"ours": our_figures, "reference": reference_figures}
+
+
+def _print_comparison(args: argparse.Namespace, figures: dict[str, dict[str, float]]) -> None:
+    ours, ref = figures["ours"], figures["reference"]
+    print(
+        f"{args.engine}, over HTTP, Bob in {args.reference_rooms} rooms,"
+        f" {args.reference_rounds} rounds (p50 / p99 ms):"
+    )
+    print("                                     ours              reference         reference/ours")
+    for label, key in (
+        ("first response, range [0, 19]", "first"),
+        ("wake-up after one message    ", "wake"),
+        ("baseline: the message's /send", "send"),
+    ):
+        p50, p99 = f"{key}_p50_ms", f"{key}_p99_ms"
+        print(
+            f"  {label}  {ours[p50]:7.1f} / {ours[p99]:7.1f}   {ref[p50]:7.1f} / {ref[p99]:7.1f}"
+            f"   {ref[p50] / ours[p50]:5.2f} / {ref[p99] / ours[p99]:5.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite")
@@ -142,9 +281,24 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=3, help="per room")
     parser.add_argument("--rounds", type=int, default=5, help="at least 2: one cold, then warm")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--reference",
+        metavar="PYTHON",
+        help="first compare with the reference homeserver installed for this Python, over HTTP",
+    )
+    parser.add_argument("--reference-rooms", type=int, default=1000)
+    parser.add_argument("--reference-rounds", type=int, default=30)
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the first is the cold one)")
+    if args.reference:
+        import asyncio
+
+        comparison = asyncio.run(_compare_with_reference(args))
+        if args.json:
+            print(json.dumps(comparison))
+        else:
+            _print_comparison(args, comparison)
     task.react(lambda reactor: defer.ensureDeferred(_run(reactor, args)))
 
 

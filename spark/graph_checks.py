@@ -25,6 +25,23 @@ child leaves its parents where they were). Against that:
 * ``rejected_in_state``: a rejected event in ``current_state_events`` (only
   when the schema records rejections; the report says when it does not).
 
+The state groups' chains (when the schema has them, delta 0081):
+
+* ``state_group_missing_parent``: a delta whose ``prev_group`` is no stored
+  group;
+* ``state_group_chain_length``: a group whose ``chain_length`` is not its
+  parent's + 1 (0 for a snapshot). A cycle of groups always has one (the
+  lengths cannot fall all the way round);
+* ``state_group_chain_too_long``: a group more than ``MAX_DELTA_CHAIN``
+  deltas from its snapshot (its recorded length, which the check above
+  vouches for);
+* ``state_group_cycle``: the smallest group of each cycle of ``prev_group``
+  links (of up to 64 groups). Looked for only when the one job found a
+  wrong ``chain_length`` (never on a sound database): a second step of
+  pointer doubling, :func:`group_cycles`;
+* ``event_state_group_missing``: an event whose ``state_group_before`` or
+  ``state_group`` is no stored group.
+
 Everything is joins and aggregations over the graph frames; every finding
 goes through :func:`spark.frames.summarise`, so the driver collects a count
 and 20 samples per kind, stream and writer, and all of it in one job.
@@ -39,6 +56,7 @@ from spark.frames import summarise
 from spark.graph_source import GraphData
 from spark.model import Finding
 from spark.progress import Progress
+from synapse_lite.storage.databases.main.state_groups import MAX_DELTA_CHAIN
 
 #: Severity of the collected rows that count the graph's rows (not findings).
 GRAPH_ROWS = "graph_rows"
@@ -75,6 +93,152 @@ def _faults(df: Any, kind: str, **values: Any) -> Any:
     return df.select(*columns)
 
 
+def _group_faults(df: Any, kind: str, reason: Any) -> Any:
+    """Rows of one kind of state group fault (stream ``state_groups``, no
+    writer: groups record none); ``df`` has the group's ``id``,
+    ``room_id`` and ``prev_group``."""
+    from pyspark.sql import functions as F
+
+    values = {
+        "room_id": F.col("room_id"),
+        "parent": F.col("prev_group").cast("STRING"),
+        "reason": reason,
+    }
+    columns = [
+        F.lit(kind).alias("kind"),
+        F.lit("state_groups").alias("stream"),
+        F.lit("").alias("writer"),
+        F.col("id").cast("LONG").alias("id"),
+    ]
+    for name, kind_of in _SAMPLE_FIELDS[1:]:
+        columns.append(values.get(name, F.lit(None)).cast(kind_of).alias(name))
+    return df.select(*columns)
+
+
+def state_group_faults(graph: GraphData, events: Any) -> list[Any]:
+    """The state groups' faults (see the module docstring; not the cycles)."""
+    from pyspark.sql import functions as F
+
+    groups = graph.groups.select("id", "room_id", "prev_group", "chain_length")
+    parents = groups.select(
+        F.col("id").alias("prev_group"), F.col("chain_length").alias("parent_length")
+    )
+    linked = groups.join(parents, "prev_group", "left")
+    delta = F.col("prev_group").isNotNull()
+    expected = F.when(delta, F.col("parent_length") + 1).otherwise(F.lit(0))
+    stored_ids = groups.select(F.col("id").alias("group_id"), F.lit(True).alias("group_known"))
+    pointers = events.select(
+        "event_id", "room_id", "so", "instance",
+        F.explode(
+            F.array(
+                F.struct(F.lit("state_group_before").alias("column"),
+                         F.col("state_group_before").alias("group_id")),
+                F.struct(F.lit("state_group").alias("column"),
+                         F.col("state_group").alias("group_id")),
+            )
+        ).alias("pointer"),
+    ).select("event_id", "room_id", "so", "instance", "pointer.*")  # fmt: skip
+    dangling = pointers.filter(F.col("group_id").isNotNull()).join(stored_ids, "group_id", "left")
+    return [
+        _group_faults(
+            linked.filter(delta & F.col("parent_length").isNull()),
+            "state_group_missing_parent",
+            F.lit("parent not stored"),
+        ),
+        _group_faults(
+            linked.filter(
+                ~(delta & F.col("parent_length").isNull()) & (F.col("chain_length") != expected)
+            ),
+            "state_group_chain_length",
+            F.format_string(
+                "chain_length %d, expected %d", F.col("chain_length"), expected.cast("LONG")
+            ),
+        ),
+        _group_faults(
+            linked.filter(F.col("chain_length") > MAX_DELTA_CHAIN),
+            "state_group_chain_too_long",
+            F.format_string(
+                "%d deltas from its snapshot (at most %d)",
+                F.col("chain_length"),
+                F.lit(MAX_DELTA_CHAIN),
+            ),
+        ),
+        _faults(
+            dangling.filter(F.col("group_known").isNull()),
+            "event_state_group_missing",
+            event_id=F.col("event_id"),
+            room_id=F.col("room_id"),
+            reason=F.format_string("%s %d not stored", F.col("column"), F.col("group_id")),
+        ),
+    ]
+
+
+#: Links followed by :func:`group_cycles` (2 ** its doubling steps).
+CYCLE_STEPS = 64
+
+
+def group_cycles(graph: GraphData) -> Any:
+    """The smallest group of each cycle of ``prev_group`` links of at most
+    :data:`CYCLE_STEPS` groups, as fault rows. Pointer doubling: after step
+    *j* each group knows its ancestor ``2 ** j`` links up and the smallest
+    id among those links; a group whose chain goes on past 64 links and
+    that is the smallest of its own ones is the smallest of a cycle (a
+    group before a cycle is not among its own ancestors). One small job per
+    step (each step is checkpointed: the plan would double every step)."""
+    from pyspark.sql import functions as F
+
+    groups = graph.groups.select("id", "room_id", "prev_group")
+    step = groups.select(
+        "id", F.col("prev_group").alias("up"), F.col("prev_group").alias("least")
+    ).localCheckpoint()
+    links = 1
+    while links < CYCLE_STEPS:
+        ahead = step.select(
+            F.col("id").alias("up"), F.col("up").alias("next_up"),
+            F.col("least").alias("next_least"),
+        )  # fmt: skip
+        step = (
+            step.join(ahead, "up", "left")
+            .select(
+                "id",
+                F.col("next_up").alias("up"),
+                F.least("least", "next_least").alias("least"),
+            )
+            .localCheckpoint()
+        )
+        links *= 2
+    cycles = step.filter(F.col("up").isNotNull() & (F.col("least") == F.col("id")))
+    return _group_faults(
+        cycles.join(groups, "id"),
+        "state_group_cycle",
+        F.lit("its prev_group links lead back to it"),
+    )
+
+
+def _summarised(faults: Any) -> Any:
+    """Fault rows as finding rows (:data:`spark.frames.FINDING_COLUMNS`)."""
+    from pyspark.sql import functions as F
+
+    sample = F.struct(*[name for name, _ in _SAMPLE_FIELDS])
+    summary = summarise(
+        faults, ["kind", "stream", "writer"], sample, {"tables": F.collect_set("table")}
+    )
+    details = F.when(
+        F.size("tables") > 0, F.to_json(F.struct(F.sort_array("tables").alias("tables")))
+    ).otherwise(F.lit("{}"))
+    return summary.select(
+        F.lit("finding").alias("severity"),
+        "kind",
+        "stream",
+        "writer",
+        "count",
+        # Events not stored have no id: their samples name them by event id.
+        F.filter(F.transform("samples", lambda s: s["id"]), lambda i: i.isNotNull()).alias("ids"),
+        F.to_json("samples").alias("samples"),
+        details.alias("details"),
+    )
+
+
 def graph_faults(graph: GraphData) -> Any:
     """Every fault of the graph, as rows of :data:`spark.frames.FINDING_COLUMNS`."""
     from pyspark.sql import DataFrame
@@ -88,6 +252,8 @@ def graph_faults(graph: GraphData) -> Any:
         (F.col("outlier") != 0).alias("outlier"),
         (F.col("rejected") != 0).alias("rejected"),
         (F.col("soft_failed") != 0).alias("soft_failed"),
+        "state_group_before",
+        "state_group",
     ).withColumn("member", ~(F.col("outlier") | F.col("rejected") | F.col("soft_failed")))
     parents = events.select(F.col("event_id").alias("parent_id"), F.lit(True).alias("parent_known"))
     edges = graph.edges.join(events, "event_id", "left").join(parents, "parent_id", "left")
@@ -180,25 +346,9 @@ def graph_faults(graph: GraphData) -> Any:
             )
         )
 
-    faults = functools.reduce(DataFrame.unionByName, parts)
-    sample = F.struct(*[name for name, _ in _SAMPLE_FIELDS])
-    summary = summarise(
-        faults, ["kind", "stream", "writer"], sample, {"tables": F.collect_set("table")}
-    )
-    details = F.when(
-        F.size("tables") > 0, F.to_json(F.struct(F.sort_array("tables").alias("tables")))
-    ).otherwise(F.lit("{}"))
-    return summary.select(
-        F.lit("finding").alias("severity"),
-        "kind",
-        "stream",
-        "writer",
-        "count",
-        # Events not stored have no id: their samples name them by event id.
-        F.filter(F.transform("samples", lambda s: s["id"]), lambda i: i.isNotNull()).alias("ids"),
-        F.to_json("samples").alias("samples"),
-        details.alias("details"),
-    )
+    if graph.groups is not None:
+        parts.extend(state_group_faults(graph, events))
+    return _summarised(functools.reduce(DataFrame.unionByName, parts))
 
 
 def graph_counts(graph: GraphData) -> Any:
@@ -215,6 +365,8 @@ def graph_counts(graph: GraphData) -> Any:
         counted(graph.edges, F.col("edge_table")),
         counted(graph.extremities, F.lit("event_forward_extremities")),
     ]
+    if graph.groups is not None:
+        parts.append(counted(graph.groups, F.lit("state_groups")))
     return functools.reduce(DataFrame.unionByName, parts).select(
         F.lit(GRAPH_ROWS).alias("severity"),
         "kind",
@@ -233,11 +385,18 @@ def check_graph(graph: GraphData, progress: Progress) -> tuple[list[Finding], di
     with progress.step("checked the event graph"):
         rows = graph_faults(graph).unionByName(graph_counts(graph)).collect()
     counts = {"events": 0, "event_edges": 0, "event_auth_edges": 0, "event_forward_extremities": 0}
+    if graph.groups is not None:
+        counts["state_groups"] = 0
     findings = []
     for row in rows:
         if row["severity"] == GRAPH_ROWS:
             counts[row["kind"]] = int(row["count"])
         else:
             findings.append(Finding.from_row(row))
+    if any(f.kind == "state_group_chain_length" for f in findings):
+        # Only a wrong chain_length can hide a cycle: name the cycles.
+        with progress.step("looked for cycles of state groups"):
+            rows = _summarised(group_cycles(graph)).collect()
+        findings.extend(Finding.from_row(row) for row in rows)
     summary: dict[str, Any] = {"rows": counts, "not_checked": graph.schema.not_checked()}
     return findings, summary

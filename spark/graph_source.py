@@ -8,10 +8,12 @@ and ``auth_events``), the forward extremities and the current state.
 Which flags exist depends on the schema, so it is read first
 (:func:`read_graph_schema`): ``events.outlier`` always; rejections from a
 ``rejections`` table (``event_id``) or an ``events.rejected`` BOOLEAN column;
-soft failures from an ``events.soft_failed`` BOOLEAN column; and recorded
+soft failures from an ``events.soft_failed`` BOOLEAN column; recorded
 backward extremities (parents known to be missing) from an
-``event_backward_extremities`` table (``event_id``). Whatever is absent reads
-as "none", and the report says which checks that leaves out.
+``event_backward_extremities`` table (``event_id``); and the state groups
+(delta 0081: ``state_groups`` and the events' ``state_group_before`` and
+``state_group``). Whatever is absent reads as "none", and the report says
+which checks that leaves out.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class GraphSchema:
     soft_failed_column: bool = False
     #: An ``event_backward_extremities`` table (event_id).
     backward_extremities: bool = False
+    #: A ``state_groups`` table and the events' group columns (delta 0081).
+    state_groups: bool = False
 
     @property
     def knows_rejections(self) -> bool:
@@ -47,12 +51,18 @@ class GraphSchema:
 
     def not_checked(self) -> dict[str, str]:
         """Checks this schema leaves out, and why (for the report)."""
-        if self.knows_rejections:
-            return {}
-        return {
-            "rejected_in_state": "the database records no rejections (no rejections table,"
-            " no events.rejected column)"
-        }
+        left_out = {}
+        if not self.knows_rejections:
+            left_out["rejected_in_state"] = (
+                "the database records no rejections (no rejections table,"
+                " no events.rejected column)"
+            )
+        if not self.state_groups:
+            left_out["state_groups"] = (
+                "the database has no state groups (no state_groups table or"
+                " events.state_group column)"
+            )
+        return left_out
 
 
 def _columns(txn: LoggingTransaction, engine: BaseDatabaseEngine, table: str) -> set[str]:
@@ -80,6 +90,9 @@ def read_graph_schema(txn: LoggingTransaction, engine: BaseDatabaseEngine) -> Gr
         rejected_column="rejected" in events,
         soft_failed_column="soft_failed" in events,
         backward_extremities="event_id" in _columns(txn, engine, "event_backward_extremities"),
+        state_groups={"id", "room_id", "prev_group", "chain_length"}
+        <= _columns(txn, engine, "state_groups")
+        and {"state_group_before", "state_group"} <= events,
     )
 
 
@@ -98,12 +111,17 @@ def graph_queries(schema: GraphSchema) -> dict[str, tuple[str, pa.Schema]]:
             else []
         )
     )
+    groups = (
+        "e.state_group_before, e.state_group"
+        if schema.state_groups
+        else "CAST(NULL AS BIGINT) AS state_group_before, CAST(NULL AS BIGINT) AS state_group"
+    )
     queries = {
         "events": (
             "SELECT e.event_id, e.room_id, e.stream_ordering, e.instance_name,"
             f" {_flag('e.outlier')} AS outlier, {_flag(rejected)} AS rejected,"
-            f" {_flag('e.soft_failed' if schema.soft_failed_column else None)} AS soft_failed"
-            " FROM events AS e",
+            f" {_flag('e.soft_failed' if schema.soft_failed_column else None)} AS soft_failed,"
+            f" {groups} FROM events AS e",
             pa.schema(
                 [
                     ("event_id", text),
@@ -113,6 +131,8 @@ def graph_queries(schema: GraphSchema) -> dict[str, tuple[str, pa.Schema]]:
                     ("outlier", flag),
                     ("rejected", flag),
                     ("soft_failed", flag),
+                    ("state_group_before", long),
+                    ("state_group", long),
                 ]
             ),
         ),
@@ -132,6 +152,13 @@ def graph_queries(schema: GraphSchema) -> dict[str, tuple[str, pa.Schema]]:
             pa.schema([("room_id", text), ("type", text), ("state_key", text), ("event_id", text)]),
         ),
     }
+    if schema.state_groups:
+        queries["groups"] = (
+            "SELECT id, room_id, prev_group, chain_length FROM state_groups",
+            pa.schema(
+                [("id", long), ("room_id", text), ("prev_group", long), ("chain_length", long)]
+            ),
+        )
     if schema.backward_extremities:
         queries["backward"] = (
             "SELECT DISTINCT event_id FROM event_backward_extremities",
@@ -160,6 +187,9 @@ class GraphData:
     state: Any
     #: None without an ``event_backward_extremities`` table.
     backward: Any
+    #: The state groups (id, room_id, prev_group, chain_length); None
+    #: without them.
+    groups: Any = None
 
 
 def _ddl(columns: pa.Schema) -> str:
@@ -180,6 +210,7 @@ def graph_from_export(spark: Any, export: GraphExport) -> GraphData:
         extremities=frames["extremities"],
         state=frames["state"],
         backward=frames.get("backward"),
+        groups=frames.get("groups"),
     )
 
 
@@ -219,6 +250,7 @@ def graph_over_jdbc(
         extremities=frames["extremities"],
         state=frames["state"],
         backward=frames.get("backward"),
+        groups=frames.get("groups"),
     )
 
 

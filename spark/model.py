@@ -89,7 +89,28 @@ GRAPH_FAULTS = {
     " (not stored, in another room, outliers, rejected or soft-failed)",
     "missing_extremity": "are in the graph with no child, yet no forward extremity of their room",
     "rejected_in_state": "are in current_state_events but were rejected",
+    "event_state_group_missing": "name a state group (before or after them) that is not stored",
 }
+
+
+#: The state groups' kinds (spark/graph_checks.py), likewise.
+STATE_GROUP_FAULTS = {
+    "state_group_missing_parent": "are deltas whose prev_group is not stored",
+    "state_group_chain_length": "have a chain_length that is not their parent's + 1"
+    " (0 for a snapshot)",
+    "state_group_chain_too_long": "are more deltas from their snapshot than the bound allows",
+    "state_group_cycle": "are on a cycle of prev_group links (the smallest group of each)",
+}
+
+
+def _group_sample(sample: dict[str, Any]) -> str:
+    """One group of a state group finding: its id, room, parent and what is wrong."""
+    text = f"group {sample.get('id')} in {sample.get('room_id')}"
+    if sample.get("parent") is not None:
+        text += f" (parent {sample['parent']})"
+    if sample.get("reason"):
+        text += f" ({sample['reason']})"
+    return text
 
 
 def _graph_sample(sample: dict[str, Any]) -> str:
@@ -212,6 +233,10 @@ def describe(
             f"{count} id(s) of stream {stream} that {name} logged as committed have no row,"
             f" though rows of {tables} are never removed: {listed}"
         )
+    if kind in STATE_GROUP_FAULTS:
+        shown = "; ".join(_group_sample(sample) for sample in samples[:3])
+        more = f" ... ({count} in all)" if count > 3 else ""
+        return f"{count} state group(s) {STATE_GROUP_FAULTS[kind]}: {shown}{more}"
     if kind in GRAPH_FAULTS:
         shown = "; ".join(_graph_sample(sample) for sample in samples[:3])
         more = f" ... ({count} in all)" if count > 3 else ""

@@ -57,7 +57,8 @@ def render_text(report: AuditReport) -> str:
             "",
             f"Event graph: {counts['events']:,} events, {counts['event_edges']:,} edges,"
             f" {counts['event_auth_edges']:,} auth edges,"
-            f" {counts['event_forward_extremities']:,} forward extremities",
+            f" {counts['event_forward_extremities']:,} forward extremities"
+            + (f", {counts['state_groups']:,} state groups" if "state_groups" in counts else ""),
         ]
         lines += [
             f"  not checked: {check}: {why}" for check, why in report.graph["not_checked"].items()

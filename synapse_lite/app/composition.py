@@ -68,7 +68,7 @@ from synapse_lite.appservice.queries import AppServiceQueries
 from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
-from synapse_lite.federation.inbound import FederationInboundHandler
+from synapse_lite.federation.inbound import FederationInboundHandler, announce_server_up
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.server import register_federation_servlets, well_known_resource
 from synapse_lite.handlers.account import AccountHandler
@@ -102,6 +102,7 @@ from synapse_lite.handlers.purge_history import PurgeHistoryHandler
 from synapse_lite.handlers.push import PushActionsHandler
 from synapse_lite.handlers.push_rules import PushRulesHandler
 from synapse_lite.handlers.receipts import ReceiptsHandler
+from synapse_lite.handlers.redact_user import RedactUserHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
 from synapse_lite.handlers.relations import RelationsHandler
@@ -148,6 +149,7 @@ from synapse_lite.replication.http.federation_rooms import (
     PERSIST_RECEIVED_EVENT,
     PERSIST_RECEIVED_PDU,
 )
+from synapse_lite.replication.http.forward_extremities import DELETE_FORWARD_EXTREMITIES
 from synapse_lite.replication.http.send_events import SEND_EVENTS
 from synapse_lite.replication.http.stream_updates import (
     GET_STREAM_UPDATES,
@@ -617,6 +619,7 @@ def _handlers(
     account = AccountHandler(store, ui_auth, devices, members, identity)
     room_deletion = RoomDeletionHandler(store, members, server_name)
     purge_history = PurgeHistoryHandler(store, server_name)
+    redact_user = RedactUserHandler(store, server_name, events)
     admin_rooms = AdminRoomsHandler(store, clock, server_name, formatter)
     profiles = ProfileHandler(
         store, clock, server_name, events, app_service_queries, federation.queries
@@ -667,7 +670,13 @@ def _handlers(
         presence=presence,
         account=account,
         reports=ReportsHandler(store, server_name),
-        admin=AdminHandler(store, auth),
+        admin=AdminHandler(
+            store,
+            auth,
+            lambda name: announce_server_up(
+                transport.outgoing.send_command, federation.outbox, name
+            ),
+        ),
         admin_users=admin_users,
         admin_media=AdminMediaHandler(
             store, server_name, admin_users, calls, config.media_instance
@@ -686,6 +695,7 @@ def _handlers(
         admin_reports=AdminReportsHandler(store, clock, admin_rooms, formatter),
         room_deletion=room_deletion,
         purge_history=purge_history,
+        redact_user=redact_user,
         openid=OpenIdHandler(store, clock, server_name),
         push_rules=push_rules,
         turn=config.turn,
@@ -734,7 +744,7 @@ def _handlers(
         + app_service_hooks
         + Hooks(loops=(stalls,), served=((CACHES_APPLIED, revocations.apply_here),))
         # The main process resumes the admin jobs a restart interrupted.
-        + (Hooks(loops=(room_deletion, purge_history)) if role.is_main else Hooks())
+        + (Hooks(loops=(room_deletion, purge_history, redact_user)) if role.is_main else Hooks())
     )
     inbound = None
     rooms = None
@@ -791,6 +801,7 @@ def _writes_served(role: Role, client: ClientHandlers, streams: dict[str, Stream
     writes: list[tuple[InternalCall[Any, Any], Any]] = []
     if role.writes_events:
         writes.append((SEND_EVENTS, client.events.persist_events))
+        writes.append((DELETE_FORWARD_EXTREMITIES, client.events.delete_extremities_as_writer))
     writes += [
         (ADD_ACCOUNT_DATA, client.account_data.write_account_data),
         (EDIT_PUSH_RULES, client.push_rules.write_edit),

@@ -7,8 +7,8 @@ the resolved state out. ``events`` must hold every event of the state
 sets and of their auth chains (:class:`MissingEventsError` names any
 missing); ``rejected`` names events rejected by their own auth events,
 which the iterative auth checks never fall back on. The auth difference
-can be given by the caller (the storage's auth chain index) instead of
-being computed by walking ``events``.
+can be given by the caller as a plain set (the storage computes it from
+its auth chain index) instead of being computed by walking ``events``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import ChainMap
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence, Set
 
 from synapse_lite.api.room_versions import RoomVersion, StateResolution
 from synapse_lite.event_graph.authorisation import (
@@ -31,8 +31,6 @@ from synapse_lite.event_graph.pdu import Pdu, StateKey
 
 #: A state: state key -> event id.
 StateMap = Mapping[StateKey, str]
-#: The auth difference of state sets, by event id (see :func:`auth_difference`).
-AuthDifference = Callable[[Sequence[StateMap]], set[str]]
 
 
 class MissingEventsError(KeyError):
@@ -48,15 +46,17 @@ def resolve_state(
     state_sets: Sequence[StateMap],
     events: Mapping[str, Pdu],
     rejected: Collection[str] = (),
-    auth_difference_of: AuthDifference | None = None,
+    indexed_auth_difference: Set[str] | None = None,
 ) -> dict[StateKey, str]:
     """The resolution of ``state_sets`` by the algorithm of ``room_version``
-    (the same whatever their order)."""
+    (the same whatever their order). ``indexed_auth_difference``, when given, must
+    be :func:`auth_difference` of ``state_sets`` (e.g. from the auth chain
+    index); v1 does not use it."""
     if not state_sets:
         return {}
     if room_version.state_resolution is StateResolution.V1:
         return resolve_state_v1(room_version, state_sets, events)
-    return resolve_state_v2(room_version, state_sets, events, rejected, auth_difference_of)
+    return resolve_state_v2(room_version, state_sets, events, rejected, indexed_auth_difference)
 
 
 def separate(
@@ -152,7 +152,7 @@ def resolve_state_v2(
     state_sets: Sequence[StateMap],
     events: Mapping[str, Pdu],
     rejected: Collection[str],
-    auth_difference_of: AuthDifference | None,
+    indexed_auth_difference: Set[str] | None,
 ) -> dict[StateKey, str]:
     """State resolution v2 (and, for version 12, v2 with its changes); the
     arguments are :func:`resolve_state`'s."""
@@ -161,8 +161,8 @@ def resolve_state_v2(
         return unconflicted
     conflicted = set().union(*conflicted_by_key.values())
     full = conflicted | (
-        auth_difference_of(state_sets)
-        if auth_difference_of is not None
+        indexed_auth_difference
+        if indexed_auth_difference is not None
         else auth_difference(state_sets, events)
     )
     v12 = room_version.state_resolution is StateResolution.V2_1

@@ -43,6 +43,17 @@ DIRECT_TO_DEVICE = "m.direct_to_device"
 MAX_ID = 255
 
 
+def announce_server_up(
+    send_command: Callable[[Command], None], outbox: OutboxConsumer | None, server_name: str
+) -> None:
+    """Tell every process, and this one's sender, that ``server_name`` is
+    reachable: whichever sends to it forgets its backoff and sends now
+    (``REMOTE_SERVER_UP``)."""
+    send_command(RemoteServerUpCommand(server_name))
+    if outbox is not None:
+        outbox.on_remote_server_up(server_name)
+
+
 class FederationInboundHandler:
     """Processes received transactions (any process with ``federation``)."""
 
@@ -168,6 +179,4 @@ class FederationInboundHandler:
         if state.retry_interval_ms == 0:
             return
         logger.info("%s is up again (it sent us a request): resetting its backoff", origin)
-        self._send_command(RemoteServerUpCommand(origin))
-        if self._outbox is not None:
-            self._outbox.on_remote_server_up(origin)
+        announce_server_up(self._send_command, self._outbox, origin)

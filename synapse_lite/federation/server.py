@@ -103,12 +103,12 @@ WELL_KNOWN_SERVER_PATH = "/.well-known/matrix/server"
 WELL_KNOWN_CLIENT_PATH = "/.well-known/matrix/client"
 
 
-def well_known_resource(config: FederationConfig) -> JsonResource | None:
+def well_known_resource(config: FederationConfig) -> JsonResource:
     """``/.well-known/matrix/server`` and ``/client`` as configured
-    (``federation.well_known_server`` / ``well_known_client``); None when
-    neither is. Each one not configured answers 404."""
-    if config.well_known_server is None and config.well_known_client is None:
-        return None
+    (``federation.well_known_server`` / ``well_known_client``). Each one not
+    configured answers a JSON 404 with the CORS headers, as every answer
+    does: a browser app (the admin UI) looks for ``/client`` before it logs
+    in, and without them sees a failed request instead of a 404."""
     resource = JsonResource("well_known")
 
     async def on_server(request: Request) -> tuple[int, Any]:

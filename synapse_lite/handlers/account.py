@@ -89,7 +89,14 @@ class AccountHandler:
         for row in await self._store.get_local_memberships_with_positions(user_id):
             room_id, membership = row[0], row[1]
             if membership in _MEMBERSHIPS_LEFT:
-                await self._members.update_membership(as_user, room_id, "leave")
+                try:
+                    await self._members.update_membership(as_user, room_id, "leave")
+                except SynapseError as e:
+                    # Left meanwhile (kicked, or by an admin's room
+                    # deletion): a user may always leave a room they are in.
+                    if e.code != 403:
+                        raise
+                    logger.info("%s had already left %s: %s", user_id, room_id, e.msg)
         # Erased as of now: whoever could see the user's events by now still
         # does; who joins later is served them redacted (client_events.py).
         erased_at = self._store.get_room_max_stream_ordering() if erase else None

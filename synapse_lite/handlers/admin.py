@@ -8,24 +8,37 @@ registration with ``admin: true``, or by another admin through the admin API
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
-from synapse_lite.api.errors import AuthError, NotFoundError
+from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.handlers.auth import Requester
+from synapse_lite.storage.databases.main.federation import RetryState
 
 if TYPE_CHECKING:
     from synapse_lite.handlers.auth import AuthHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
+logger = logging.getLogger(__name__)
+
 
 class AdminHandler:
     """Who is connected from where, for admins and for the users themselves."""
 
-    def __init__(self, store: GenericWorkerStore, auth: AuthHandler) -> None:
+    def __init__(
+        self,
+        store: GenericWorkerStore,
+        auth: AuthHandler,
+        announce_server_up: Callable[[str], None] | None = None,
+    ) -> None:
+        """``announce_server_up(server_name)``: tells the processes sending
+        to that server to forget its backoff (``REMOTE_SERVER_UP``)."""
         self._store = store
         self._auth = auth
+        self._announce_server_up = announce_server_up
 
     async def is_server_admin(self, user_id: str) -> bool:
         user = await self._store.get_user(user_id)
@@ -81,3 +94,71 @@ class AdminHandler:
         if found is None:
             raise NotFoundError("Unknown destination")
         return found
+
+    async def destination_rooms(
+        self, destination: str, offset: int, limit: int, descending: bool
+    ) -> dict[str, Any]:
+        """``GET .../destinations/{destination}/rooms``: the rooms a user of
+        ``destination`` is joined to now, each ``room_id`` and
+        ``stream_ordering`` (null: no event of ours was sent there over
+        federation yet), ``total``, ``next_token``."""
+        await self.destination(destination)
+        rooms, total = await self._store.list_destination_rooms(
+            destination, offset, limit, descending
+        )
+        answer: dict[str, Any] = {
+            "rooms": [{"room_id": room_id, "stream_ordering": None} for room_id in rooms],
+            "total": total,
+        }
+        if offset + len(rooms) < total:
+            answer["next_token"] = str(offset + len(rooms))
+        return answer
+
+    async def reset_connection(self, admin: Requester, destination: str) -> None:
+        """``POST .../destinations/{destination}/reset_connection``: forget
+        the backoff towards ``destination`` here and in the process sending
+        to it, which tries again now. 400 when it has none."""
+        found = await self.destination(destination)
+        if not found["retry_last_ts"]:
+            raise SynapseError(
+                400, "The destination has no retry timing to reset", Codes.INVALID_PARAM
+            )
+        await self._store.set_retry_state(destination, RetryState())
+        if self._announce_server_up is not None:
+            self._announce_server_up(destination)
+        logger.info("admin %s reset the connection to %s", admin.user_id, destination)
+
+    async def scheduled_tasks(
+        self,
+        action: str | None,
+        resource_id: str | None,
+        status: str | None,
+        max_timestamp: int | None,
+    ) -> dict[str, Any]:
+        """``GET /_synapse/admin/v1/scheduled_tasks``: the admin API's long
+        jobs (``admin_tasks``: ``delete_room``, ``purge_history``,
+        ``redact_user``), newest first: ``id``, ``action``, ``status``,
+        ``timestamp_ms`` (when it last changed), ``resource_id``,
+        ``result``, ``error``."""
+        found = await self._store.list_admin_tasks(action, resource_id, status, max_timestamp)
+        return {
+            "scheduled_tasks": [
+                {
+                    "id": task.task_id,
+                    "action": task.action,
+                    "status": task.status,
+                    "timestamp_ms": changed,
+                    "resource_id": task.resource_id,
+                    "result": task.result,
+                    "error": task.error,
+                }
+                for task, changed in found
+            ]
+        }
+
+    async def largest_rooms(self) -> dict[str, Any]:
+        """``GET /_synapse/admin/v1/statistics/database/rooms``: the 10
+        rooms taking the most space, largest first (an estimate from their
+        events' sizes)."""
+        rooms = await self._store.get_largest_rooms(10)
+        return {"rooms": [{"room_id": r, "estimated_size": size} for r, size in rooms]}

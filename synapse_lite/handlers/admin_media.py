@@ -95,9 +95,9 @@ class AdminMediaHandler:
         await self._store.set_media_protected(media_id, protected)
         logger.info("admin %s set protected=%s on %s", admin.user_id, protected, media_id)
 
-    async def room_media(self, room_id: str) -> dict[str, list[str]]:
+    async def room_media(self, room_id: str) -> dict[str, Any]:
         """``local`` and ``remote``: the mxc URIs the room's events name
-        (sorted; local ones only if this server has them)."""
+        (sorted; local ones only if this server has them), and ``total``."""
         check_room_id(room_id)
         if not await self._store.room_exists(room_id):
             raise NotFoundError("Room not found")
@@ -119,7 +119,9 @@ class AdminMediaHandler:
                 continue
             (local if parts[0] == self._server_name else remote).append(uri)
         held = set(await self._store.get_existing_media_ids([u.rsplit("/", 1)[1] for u in local]))
-        return {"local": [u for u in local if u.rsplit("/", 1)[1] in held], "remote": remote}
+        local = [u for u in local if u.rsplit("/", 1)[1] in held]
+        # ``total`` is not the reference's: the admin UI reads it.
+        return {"local": local, "remote": remote, "total": len(local) + len(remote)}
 
     async def quarantine_room(self, admin: Requester, room_id: str) -> int:
         """Quarantine the local media the room's events name, but the

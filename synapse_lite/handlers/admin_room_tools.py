@@ -1,5 +1,6 @@
-"""The admin API's room tools: ``POST /v1/rooms/{roomIdOrAlias}/make_room_admin``
-and ``GET /v1/rooms/{roomId}/forward_extremities``. (``/messages`` and
+"""The admin API's room tools: ``POST /v1/rooms/{roomIdOrAlias}/make_room_admin``,
+``GET/DELETE /v1/rooms/{roomId}/forward_extremities``, ``GET
+/v1/rooms/{roomId}/timestamp_to_event`` and ``GET /v1/fetch_event/{eventId}``. (``/messages`` and
 ``/context`` are the client API's, read as an admin who sees every event:
 ``PaginationHandler`` with ``as_admin``.) The callers have checked the
 requester is a server admin."""
@@ -10,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
-from synapse_lite.api.identifiers import check_user_id, is_mine_id
+from synapse_lite.api.identifiers import check_identifier_text, check_user_id, is_mine_id
 from synapse_lite.config.homeserver import RateLimitConfig
 from synapse_lite.handlers.admin_rooms import room_id_of
 from synapse_lite.handlers.auth import Requester
@@ -154,3 +155,35 @@ class AdminRoomToolsHandler:
             for event_id, depth in sorted(extremities.items())
         ]
         return {"count": len(results), "results": results}
+
+    async def delete_forward_extremities(self, admin: Requester, room: str) -> dict[str, Any]:
+        """Delete the room's forward extremities but the newest, on its
+        events writer (which holds them in memory): ``{"deleted": n}``."""
+        room_id = await self.room_id_of(room)
+        deleted = await self._events.delete_forward_extremities(room_id)
+        logger.info(
+            "admin %s deleted %d forward extremities of %s", admin.user_id, deleted, room_id
+        )
+        return {"deleted": deleted}
+
+    async def timestamp_to_event(self, room: str, ts: int, forwards: bool) -> dict[str, Any]:
+        """The room's event closest to ``ts`` in that direction (at or after
+        it, or at or before it): ``event_id``, ``origin_server_ts``; 404
+        when there is none."""
+        room_id = await self.room_id_of(room)
+        found = await self._store.get_event_near_ts(room_id, ts, forwards)
+        if found is None:
+            raise NotFoundError(
+                f"No event {'at or after' if forwards else 'at or before'} {ts} in the room"
+            )
+        return {"event_id": found[0], "origin_server_ts": found[1]}
+
+    async def fetch_event(self, event_id: str) -> dict[str, Any]:
+        """``{"event": ...}``: any event this server has, in the client
+        format (an admin reads it whatever room it is in); 404 when
+        unknown."""
+        check_identifier_text(event_id, "eventId")
+        event = await self._store.get_event(event_id)
+        if event is None:
+            raise NotFoundError("Event not found")
+        return {"event": event.to_client_dict(self._store.clock.time_msec())}

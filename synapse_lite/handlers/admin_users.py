@@ -59,7 +59,7 @@ def user_json(row: AdminUserRow, flags_as_ints: bool) -> dict[str, Any]:
         "creation_ts": row.creation_ts,
         "last_seen_ts": row.last_seen_ts,
         "locked": False,
-        "suspended": False,
+        "suspended": row.suspended,
     }
 
 
@@ -214,6 +214,13 @@ class AdminUsersHandler:
         await self._store.set_shadow_banned(user_id, banned)
         logger.info("admin %s set shadow_banned=%s on %s", admin.user_id, banned, user_id)
 
+    async def set_suspended(self, admin: Requester, user_id: str, suspended: bool) -> None:
+        """Suspend ``user_id`` (``handlers/suspension.py``) or lift it;
+        applies to their next request on every process."""
+        await self._existing(user_id)
+        await self._store.set_suspended(user_id, suspended)
+        logger.info("admin %s set suspended=%s on %s", admin.user_id, suspended, user_id)
+
     async def get_ratelimit_override(self, user_id: str) -> dict[str, Any]:
         """``{"messages_per_second", "burst_count"}``, or ``{}`` without one."""
         await self._existing(user_id)
@@ -311,7 +318,32 @@ class AdminUsersHandler:
         """Every room the user has a membership in now, with it."""
         await self._existing(user_id)
         rows = await self._store.get_local_memberships_with_positions(user_id)
-        return {"memberships": {row[0]: row[1] for row in rows}}
+        # ``total`` is not the reference's: the admin UI reads it.
+        return {"memberships": {row[0]: row[1] for row in rows}, "total": len(rows)}
+
+    async def sent_invite_count(self, user_id: str, from_ts: int) -> dict[str, Any]:
+        """``{"invite_count": n}``: the invites the user sent at or after
+        ``from_ts`` (by the events' ``origin_server_ts``)."""
+        await self._existing(user_id)
+        return {"invite_count": await self._store.count_invites_sent(user_id, from_ts)}
+
+    async def cumulative_joined_room_count(self, user_id: str, from_ts: int) -> dict[str, Any]:
+        """``{"cumulative_joined_room_count": n}``: the rooms the user joined
+        at or after ``from_ts``, left since or not."""
+        await self._existing(user_id)
+        joined = await self._store.count_rooms_joined(user_id, from_ts)
+        return {"cumulative_joined_room_count": joined}
+
+    async def account_data(self, user_id: str) -> dict[str, Any]:
+        """``{"account_data": {"global": {type: content}, "rooms": {room:
+        {type: content}}}}``."""
+        await self._existing(user_id)
+        return {
+            "account_data": {
+                "global": await self._store.get_global_account_data(user_id),
+                "rooms": await self._store.get_room_account_data(user_id),
+            }
+        }
 
     async def _with_last_seen(self, user_id: str, devices: list[dict[str, Any]]) -> None:
         seen: dict[str, tuple[str | None, str | None, int | None]] = {}

@@ -60,6 +60,9 @@ class Requester:
     #: An admin shadow-banned the user: their sends answer as if they
     #: succeeded and reach nobody (``handlers/shadow_ban.py``).
     shadow_banned: bool = False
+    #: An admin suspended the account: what would add to rooms or profiles
+    #: answers 403 ``M_USER_SUSPENDED`` (``handlers/suspension.py``).
+    suspended: bool = False
     #: The user's own message rate limit (an admin's override), None for
     #: the configured one; ``per_second`` 0 lifts it.
     ratelimit_override: RateLimitConfig | None = None
@@ -185,6 +188,7 @@ class AuthHandler:
             token_hash,
             is_guest=owner[2],
             shadow_banned=restrictions.shadow_banned,
+            suspended=restrictions.suspended,
             ratelimit_override=restrictions.ratelimit_override,
         )
         if requester.is_guest:

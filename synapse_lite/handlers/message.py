@@ -55,6 +55,11 @@ from synapse_lite.handlers.received_events import (
     received_pdu,
     stored_as_pdu,
 )
+from synapse_lite.replication.http.forward_extremities import (
+    DELETE_FORWARD_EXTREMITIES,
+    ExtremitiesDeleted,
+    RoomExtremities,
+)
 from synapse_lite.replication.http.send_events import (
     SEND_EVENTS,
     EventsPersisted,
@@ -353,6 +358,55 @@ class EventCreationHandler:
                 raise
             return answer.events
         raise RoomMovedError(room_id)
+
+    async def delete_forward_extremities(self, room_id: str) -> int:
+        """Delete the room's forward extremities but its newest (the
+        deepest, then the last persisted), on the room's writer; how many
+        went. (The admin API's ``DELETE .../forward_extremities``.)"""
+        for attempt in (1, 2):
+            writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+            if writer is None:
+                raise NotFoundError("Room not found")
+            try:
+                answer = await self._calls.call(
+                    DELETE_FORWARD_EXTREMITIES, RoomExtremities(room_id), instance=writer
+                )
+            except SynapseError as e:
+                if e.additional.get("room_moved") and attempt == 1:
+                    self._store.invalidate_event_writer(room_id)
+                    continue
+                raise
+            return answer.deleted
+        raise RoomMovedError(room_id)
+
+    async def delete_extremities_as_writer(self, request: RoomExtremities) -> ExtremitiesDeleted:
+        """Serves :data:`DELETE_FORWARD_EXTREMITIES` (on the room's writer):
+        under the room's lock, so no send is placing an event on them, and
+        forgetting the extremities held here, so the next event names only
+        the one left."""
+        room_id = request.room_id
+        async with self._locks.hold(room_id):
+            writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+            if writer is None:
+                raise NotFoundError("Room not found")
+            if writer != self._me:
+                raise RoomMovedError(room_id)
+            self._room_extremities.pop(room_id)
+            extremities = await self._store.get_forward_extremities(room_id)
+            if len(extremities) <= 1:
+                return ExtremitiesDeleted(0)
+            events = await self._store.get_events(extremities)
+            keep = max(
+                extremities,
+                key=lambda e: (
+                    extremities[e],
+                    events[e].stream_ordering if e in events else 0,
+                    e,
+                ),
+            )
+            deleted = await self._store.delete_forward_extremities_but(room_id, keep)
+        logger.info("deleted %d forward extremities of %s, kept %s", deleted, room_id, keep)
+        return ExtremitiesDeleted(deleted)
 
     async def persist_events(self, request: EventsToPersist) -> EventsPersisted:
         """Serves :data:`SEND_EVENTS` (on the room's writer)."""

@@ -429,6 +429,29 @@ class DatabasePool:
         return await self.runInteraction(desc, query, read_only=True)
 
 
+#: Values per multi-row INSERT: SQLite before 3.32 allows 999 parameters.
+INSERT_VALUES_PER_STATEMENT = 800
+
+
+def insert_rows_txn(txn: LoggingTransaction, table: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Insert ``rows`` (all of one width) into ``table`` (``"name (col1,
+    col2, ...)"``) with one multi-row INSERT per
+    :data:`INSERT_VALUES_PER_STATEMENT` values: one statement and one round
+    trip where a batch would send one per row (and format each row in the
+    driver)."""
+    if not rows:
+        return
+    width = len(rows[0])
+    marks = "(" + ", ".join("?" for _ in range(width)) + ")"
+    per_statement = max(1, INSERT_VALUES_PER_STATEMENT // width)
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        txn.execute(
+            f"INSERT INTO {table} VALUES " + ", ".join(marks for _ in chunk),
+            [value for row in chunk for value in row],
+        )
+
+
 def make_startup_connection(engine: BaseDatabaseEngine) -> LoggingDatabaseConnection:
     """Open the connection a process loads its state with before serving."""
     return LoggingDatabaseConnection(engine.connect(), engine, default_txn_name="startup")

@@ -13,6 +13,12 @@ and ``NNNN_description.postgres.sql``, and each engine runs its own. A
 version whose change is not plain SQL (derived rows, with progress lines) is
 a Python file instead, ``NNNN_description.py``, whose ``run_upgrade(txn,
 engine)`` runs in the same transaction as the rest of the upgrade.
+
+A database records one version, not the set of deltas it ran, so a delta
+numbered at or below a version that has already shipped is never run on a
+database of that version. Parallel branches take numbers from agreed ranges
+so that they do not collide; a branch merged after a release whose deltas
+fall below that release's version gets them renumbered above it at merge.
 """
 
 from __future__ import annotations

@@ -11,7 +11,13 @@ import json
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from tests.harness.client_api import ClientApi, start_cluster
+from tests.harness.client_api import (
+    DEFAULT_LAYOUT_STREAM_WRITERS,
+    DEFAULT_LAYOUT_WORKERS,
+    ClientApi,
+    caught_up_with_writers,
+    start_cluster,
+)
 from tests.harness.node import require_js_sdk, run_script
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
@@ -89,3 +95,51 @@ class JsSdkStartClientTestCase(DatabaseTestCase):
         )
         self.assertEqual(result["override_ids"][0], ".m.rule.master")
         self.assertIn(".m.rule.is_user_mention", result["override_ids"])
+
+
+class JsSdkSlidingSyncTestCase(DatabaseTestCase):
+    async def test_sliding_sync_room_list_subscription_and_extensions(self) -> None:
+        """The SDK's ``SlidingSync`` (MSC4186), on the default layout's /sync
+        worker: the room list in recency order, a new message moving its
+        room to the top, a room subscription, to_device and e2ee."""
+        require_js_sdk()
+        servers, clients, _ = start_cluster(
+            self,
+            self.test_db,
+            workers=DEFAULT_LAYOUT_WORKERS,
+            stream_writers=DEFAULT_LAYOUT_STREAM_WRITERS,
+            limits={"max_sync_timeout_ms": 2000},
+        )
+        # Where the router sends sliding sync (and, here, everything else).
+        base = clients["synchrotron1"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        rooms = []
+        for i in range(4):
+            room = await alice.create_room(preset="public_chat", name=f"room {i}")
+            await bob.ok("POST", f"/join/{room}", {})
+            rooms.append(room)
+        for i, room in enumerate(rooms):
+            await alice.send(room, f"hello {i}")
+        await caught_up_with_writers(servers, ["persister1", "persister2"])
+        logins = [
+            json.dumps({"user_id": c.user_id, "access_token": c.token, "device_id": c.device_id})
+            for c in (alice, bob)
+        ]
+        result = await run_script("sliding_sync.mjs", base, *logins, json.dumps(rooms))
+        # Let the client's last long-poll (2 s) end before the servers stop.
+        await deferLater(reactor, 2.5, lambda: None)
+        self.assertEqual(result["errors"], [])
+        self.assertEqual(result["first_order"], list(reversed(rooms)))
+        self.assertEqual(result["count"], 4)
+        self.assertTrue(result["arrived"])
+        self.assertEqual(result["after_order"], [rooms[0], *reversed(rooms[1:])])
+        self.assertGreater(result["subscribed_timeline"], 1)
+        self.assertGreater(result["timeline_after"], result["timeline_before"])
+        self.assertTrue(result["expanded"])
+        self.assertEqual(result["to_device"], {"n": 1})
+        self.assertTrue(result["device_list_changed"])
+        self.assertGreater(result["one_time_keys"], 0)
+        self.assertEqual(
+            result["extensions_asked"], ["account_data", "e2ee", "receipts", "to_device", "typing"]
+        )

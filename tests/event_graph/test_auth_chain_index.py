@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial import unittest
 
-from synapse_lite.event_graph.auth_chain_index import AuthChainIndex
+from synapse_lite.event_graph.auth_chain_index import AuthChainIndex, auth_order
 from synapse_lite.event_graph.state_resolution import auth_chain, auth_difference, resolve_state
 from tests.event_graph.rooms import ALICE, BOB
 from tests.event_graph.test_state_resolution import STEPS, V2_VERSIONS, random_room, start
@@ -56,7 +56,18 @@ class AgreesWithWalking(unittest.TestCase):
         self.assertEqual(index.auth_difference(sets[:2]), auth_difference(sets[:2], room.events))
         self.assertEqual(
             resolve_state(
-                room.version, sets, room.events, auth_difference_of=index.auth_difference
+                room.version, sets, room.events, indexed_auth_difference=index.auth_difference(sets)
             ),
             resolve_state(room.version, sets, room.events),
         )
+
+
+class AuthOrder(unittest.TestCase):
+    def test_auth_events_first_else_given_order(self) -> None:
+        # c cites a (later in the list); $outside is not among them.
+        order = auth_order([("c", ["a", "$outside"]), ("b", []), ("a", [])])
+        self.assertEqual(order, ["b", "a", "c"])
+
+    def test_a_cycle_is_broken_at_the_earliest_waiting_event(self) -> None:
+        order = auth_order([("x", ["y"]), ("y", ["x"]), ("z", ["y"])])
+        self.assertEqual(order, ["x", "y", "z"])

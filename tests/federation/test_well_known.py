@@ -25,7 +25,6 @@ _reactor = cast(Any, reactor)
 class WellKnownTestCase(unittest.TestCase):
     def serve(self, config: FederationConfig) -> str:
         resource = well_known_resource(config)
-        assert resource is not None
         root = Resource()
         root.putChild(b".well-known", resource)
         port = _reactor.listenTCP(0, Site(root), interface="127.0.0.1")
@@ -36,8 +35,12 @@ class WellKnownTestCase(unittest.TestCase):
         response = await treq.get(url, pool=NO_KEEPALIVE)
         return response.code, await treq.content(response), response.headers
 
-    def test_nothing_configured_serves_nothing(self) -> None:
-        self.assertIsNone(well_known_resource(FederationConfig()))
+    async def test_nothing_configured_answers_404_with_cors(self) -> None:
+        base = self.serve(FederationConfig())
+        for path in ("/.well-known/matrix/server", "/.well-known/matrix/client"):
+            code, body, headers = await self.get(base + path)
+            self.assertEqual((code, json.loads(body)["errcode"]), (404, "M_NOT_FOUND"), path)
+            self.assertEqual(headers.getRawHeaders(b"Access-Control-Allow-Origin"), [b"*"], path)
 
     async def test_server_delegation(self) -> None:
         base = self.serve(FederationConfig(well_known_server="fed.a.test:443"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any, cast
 
 import treq
@@ -177,6 +178,21 @@ async def caught_up(servers: dict[str, HomeServer], writer: str) -> None:
         lambda: all(hs.store.get_room_max_token() == upto for hs in servers.values()),
         what=f"every process caught up with {writer}",
     )
+
+
+async def caught_up_with_writers(servers: dict[str, HomeServer], writers: Sequence[str]) -> None:
+    """Wait until every process has read what each of the events ``writers``
+    wrote so far (its own position; the writers' tokens may differ elsewhere)."""
+
+    def done() -> bool:
+        return all(
+            hs.store.get_room_max_token().get_position(w)
+            >= servers[w].store.get_room_max_token().get_position(w)
+            for w in writers
+            for hs in servers.values()
+        )
+
+    await eventually(done, what=f"every process caught up with {', '.join(writers)}")
 
 
 def _leave_bus(bus: LoopbackBus, endpoints: list[BusEndpoint]) -> None:

@@ -77,7 +77,11 @@ class AdminMediaTestCase(ThreeUsersTestCase):
         found = await self.alice.ok("GET", ADMIN + f"/room/{q(self.room)}/media")
         self.assertEqual(
             found,
-            {"local": sorted(f"mxc://test.local/{m}" for m in self.pictures[:2]), "remote": []},
+            {
+                "local": sorted(f"mxc://test.local/{m}" for m in self.pictures[:2]),
+                "remote": [],
+                "total": 2,
+            },
         )
         # A protected media survives the quarantine of its room and user.
         await self.alice.ok("POST", ADMIN + f"/media/protect/{self.pictures[0]}", {})
@@ -114,6 +118,8 @@ class AdminMediaTestCase(ThreeUsersTestCase):
             ("POST", "/room/not-a-room/media/quarantine", 400, "M_INVALID_PARAM"),
             ("POST", "/user/@nobody:test.local/media/quarantine", 404, "M_NOT_FOUND"),
             ("POST", "/user/@x:elsewhere/media/quarantine", 400, "M_INVALID_PARAM"),
+            ("POST", "/purge_media_cache", 400, "M_MISSING_PARAM"),
+            ("POST", "/purge_media_cache?before_ts=yesterday", 400, "M_INVALID_PARAM"),
         ]:
             got, answer = await self.alice.request(method, ADMIN + path, {})
             self.assertEqual((got, answer["errcode"]), (code, errcode), path)
@@ -123,9 +129,14 @@ class AdminMediaTestCase(ThreeUsersTestCase):
             ("GET", f"/room/{q(self.room)}/media"),
             ("POST", f"/room/{q(self.room)}/media/quarantine"),
             ("POST", f"/user/{q(self.bob.user_id)}/media/quarantine"),
+            ("POST", "/purge_media_cache?before_ts=1"),
         ]:
             got, answer = await self.eve.request(method, ADMIN + path, {})
             self.assertEqual((got, answer["errcode"]), (403, "M_FORBIDDEN"), path)
+        self.assertTrue(await self.served(self.pictures[0]))
+        # No remote media is ever cached: nothing to purge, local media stays.
+        purged = await self.alice.ok("POST", ADMIN + "/purge_media_cache?before_ts=" + "9" * 15, {})
+        self.assertEqual(purged, {"deleted": 0})
         self.assertTrue(await self.served(self.pictures[0]))
 
     async def test_delete(self) -> None:

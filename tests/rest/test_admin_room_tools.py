@@ -130,6 +130,65 @@ class AdminRoomToolsTestCase(ThreeUsersTestCase):
         )
         self.assertEqual((got, answer["errcode"]), (404, "M_NOT_FOUND"))
 
+    async def test_delete_forward_extremities(self) -> None:
+        path = ADMIN + f"/rooms/{q(self.room)}/forward_extremities"
+        # One extremity: nothing to delete.
+        self.assertEqual(await self.alice.ok("DELETE", path), {"deleted": 0})
+        # Two more, as a federated room gathers (rows made by hand: an
+        # older event of the room named again).
+        store = self.servers["main"].store
+        for old in self.sent[1:3]:
+            await store.db_pool.execute(
+                "t",
+                "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
+                self.room,
+                old,
+            )
+        self.assertEqual((await self.alice.ok("GET", path))["count"], 3)
+        self.assertEqual(await self.alice.ok("DELETE", path), {"deleted": 2})
+        left = await self.alice.ok("GET", path)
+        self.assertEqual([r["event_id"] for r in left["results"]], [self.sent[-1]])
+        # The writer forgot what it held: the next event names the one left.
+        after = await self.bob.send(self.room, "after")
+        edges = await store.get_event_edges([after])
+        self.assertEqual(edges[after][0], [self.sent[-1]])
+        code, body = await self.eve.request("DELETE", path)
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+        code, body = await self.alice.request(
+            "DELETE", ADMIN + "/rooms/!nope:test.local/forward_extremities"
+        )
+        self.assertEqual((code, body["errcode"]), (404, "M_NOT_FOUND"))
+
+    async def test_timestamp_to_event(self) -> None:
+        store = self.servers["main"].store
+        events = await store.get_events(self.sent)
+        ts = [events[e].origin_server_ts for e in self.sent]
+        path = ADMIN + f"/rooms/{q(self.room)}/timestamp_to_event"
+        found = await self.alice.ok("GET", path + f"?ts={ts[2]}&dir=f")
+        self.assertEqual(found["origin_server_ts"], ts[2])
+        self.assertEqual(set(found), {"event_id", "origin_server_ts"})
+        # Backwards from the last send's time: the last send (or one as late).
+        found = await self.alice.ok("GET", path + f"?ts={ts[-1]}&dir=b")
+        self.assertEqual(found["origin_server_ts"], ts[-1])
+        # Before the room: the create event going forwards, nothing backwards.
+        first = await self.alice.ok("GET", path + "?ts=0")
+        self.assertLessEqual(first["origin_server_ts"], ts[0])
+        for query, code, errcode in [
+            ("?ts=0&dir=b", 404, "M_NOT_FOUND"),
+            (f"?ts={ts[-1] + 10**9}", 404, "M_NOT_FOUND"),
+            ("", 400, "M_MISSING_PARAM"),
+            ("?ts=soon", 400, "M_INVALID_PARAM"),
+            ("?ts=1&dir=up", 400, "M_INVALID_PARAM"),
+        ]:
+            got, body = await self.alice.request("GET", path + query)
+            self.assertEqual((got, body["errcode"]), (code, errcode), query)
+        got, body = await self.eve.request("GET", path + "?ts=0")
+        self.assertEqual((got, body["errcode"]), (403, "M_FORBIDDEN"))
+        got, body = await self.alice.request(
+            "GET", ADMIN + "/rooms/!nope:test.local/timestamp_to_event?ts=0"
+        )
+        self.assertEqual((got, body["errcode"]), (404, "M_NOT_FOUND"))
+
 
 class AdminRoomToolsDefaultLayoutTestCase(AdminRoomToolsTestCase):
     workers = DEFAULT_LAYOUT_WORKERS

@@ -208,3 +208,76 @@ async def eventually_allowed(testcase: Any, sends_allowed: Any, count: int) -> N
 
 class RatelimitOverrideDefaultLayoutTestCase(RatelimitOverrideTestCase):
     workers = DEFAULT_LAYOUT_WORKERS
+
+
+class SuspensionTestCase(ThreeUsersTestCase):
+    """``PUT /v1/suspend/{userId}``: a suspended user reads, leaves and
+    redacts their own events; what would add to rooms or their profile is a
+    403 ``M_USER_SUSPENDED``."""
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        await super().setUp()
+        await make_admin(self.servers, self.alice.user_id)
+        self.room = await self.alice.create_room(preset="public_chat")
+        await self.bob.ok("POST", f"/join/{self.room}", {})
+        self.own = await self.bob.send(self.room, "mine")
+        self.others = await self.alice.send(self.room, "alice's")
+        self.other_room = await self.alice.create_room(preset="public_chat")
+        self.path = ADMIN + f"/v1/suspend/{q(self.bob.user_id)}"
+
+    async def _suspension_applies(self, suspended: bool) -> None:
+        """Wait until bob's process knows (through the caches stream)."""
+        for _ in range(300):
+            code, _ = await self.bob.request(
+                "PUT", "/profile/" + q(self.bob.user_id) + "/displayname", {"displayname": "Bob"}
+            )
+            if (code == 403) is suspended:
+                return
+        self.fail(f"bob's suspension never became {suspended}")
+
+    async def test_suspend_and_lift(self) -> None:
+        answer = await self.alice.ok("PUT", self.path, {"suspend": True})
+        self.assertEqual(answer, {f"user_{self.bob.user_id}_suspended": True})
+        user = await self.alice.ok("GET", ADMIN + f"/v2/users/{q(self.bob.user_id)}")
+        self.assertIs(user["suspended"], True)
+        await self._suspension_applies(True)
+        room = f"/rooms/{q(self.room)}"
+        for method, path, body in [
+            ("POST", "/createRoom", {}),
+            ("POST", f"/join/{q(self.other_room)}", {}),
+            ("POST", f"/rooms/{q(self.other_room)}/join", {}),
+            ("POST", f"/knock/{q(self.other_room)}", {}),
+            ("POST", room + "/invite", {"user_id": self.eve.user_id}),
+            ("PUT", room + "/send/m.room.message/t1", {"msgtype": "m.text", "body": "x"}),
+            ("PUT", room + "/state/m.room.topic", {"topic": "x"}),
+            ("PUT", room + f"/redact/{q(self.others)}/t2", {}),
+            ("PUT", f"/profile/{q(self.bob.user_id)}/avatar_url", {"avatar_url": "mxc://a/b"}),
+        ]:
+            code, answer = await self.bob.request(method, path, body)
+            self.assertEqual((code, answer.get("errcode")), (403, "M_USER_SUSPENDED"), path)
+        # Reading, redacting their own event and leaving still work.
+        await self.bob.ok("GET", room + "/messages?dir=b&limit=5")
+        await self.bob.ok("PUT", room + f"/redact/{q(self.own)}/t3", {})
+        await self.bob.ok("POST", room + "/leave", {})
+        # Lifted: bob may join again.
+        answer = await self.alice.ok("PUT", self.path, {"suspend": False})
+        self.assertEqual(answer, {f"user_{self.bob.user_id}_suspended": False})
+        await self._suspension_applies(False)
+        await self.bob.ok("POST", f"/join/{q(self.room)}", {})
+
+    async def test_errors(self) -> None:
+        for path, body, code, errcode in [
+            ("/v1/suspend/@nobody:test.local", {"suspend": True}, 404, "M_NOT_FOUND"),
+            ("/v1/suspend/@x:elsewhere", {"suspend": True}, 400, "M_INVALID_PARAM"),
+            (self.path[len(ADMIN) :], {}, 400, "M_MISSING_PARAM"),
+            (self.path[len(ADMIN) :], {"suspend": "yes"}, 400, "M_BAD_JSON"),
+        ]:
+            got, answer = await self.alice.request("PUT", ADMIN + path, body)
+            self.assertEqual((got, answer["errcode"]), (code, errcode), (path, body))
+        got, answer = await self.eve.request("PUT", self.path, {"suspend": True})
+        self.assertEqual((got, answer["errcode"]), (403, "M_FORBIDDEN"))
+
+
+class SuspensionDefaultLayoutTestCase(SuspensionTestCase):
+    workers = DEFAULT_LAYOUT_WORKERS
+    stream_writers = DEFAULT_LAYOUT_STREAM_WRITERS

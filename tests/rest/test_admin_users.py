@@ -231,7 +231,7 @@ class AdminUsersTestCase(ThreeUsersTestCase):
         body = await self.admin_ok("GET", f"/v1/users/{bob}/joined_rooms")
         self.assertEqual(body, {"joined_rooms": [joined], "total": 1})
         body = await self.admin_ok("GET", f"/v1/users/{bob}/memberships")
-        self.assertEqual(body, {"memberships": {joined: "join", invited: "invite"}})
+        self.assertEqual(body, {"memberships": {joined: "join", invited: "invite"}, "total": 2})
         code, answer = await self.alice.request(
             "GET", ADMIN + "/v1/users/@nobody:test.local/joined_rooms"
         )

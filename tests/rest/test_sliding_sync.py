@@ -15,6 +15,7 @@ from tests.harness.client_api import (
     DEFAULT_LAYOUT_WORKERS,
     ClientApi,
     ThreeUsersTestCase,
+    caught_up_with_writers,
     serve,
     start_cluster,
 )
@@ -60,6 +61,9 @@ def check_shape(testcase: DatabaseTestCase, response: dict[str, Any]) -> None:
             testcase.assertIn("event_id", event)
         for event in room.get("required_state", []):
             testcase.assertIn("state_key", event)
+            # An event, or a StateStub (deleted state): type and state_key alone.
+            if "content" not in event:
+                testcase.assertEqual(set(event), {"type", "state_key"})
 
 
 class SlidingSyncTestCase(ThreeUsersTestCase):
@@ -68,16 +72,7 @@ class SlidingSyncTestCase(ThreeUsersTestCase):
     async def settle(self) -> None:
         """Every process has read what each events writer wrote so far."""
         writers = [w for w in ("persister1", "persister2") if w in self.servers]
-
-        def caught_up() -> bool:
-            return all(
-                hs.store.get_room_max_token().get_position(w)
-                >= self.servers[w].store.get_room_max_token().get_position(w)
-                for w in writers
-                for hs in self.servers.values()
-            )
-
-        await eventually(caught_up, what="every process caught up with the persisters")
+        await caught_up_with_writers(self.servers, writers)
 
     async def rooms_with_bob(self, count: int) -> list[str]:
         rooms = []
@@ -280,6 +275,60 @@ class SlidingSyncTestCase(ThreeUsersTestCase):
         bodies = [e["content"].get("body") for e in entry["timeline"]]
         self.assertNotIn("after bob left", bodies)
 
+    async def test_left_room_state_is_as_at_the_leave(self) -> None:
+        [room] = await self.rooms_with_bob(1)
+        body = {"lists": {"all": room_list([[0, 9]])}}
+        await self.settle()
+        first = await sliding(self.bob, body)
+        await self.bob.ok("POST", f"/rooms/{room}/leave", {})
+        await self.alice.ok("PUT", f"/rooms/{room}/state/m.room.name", {"name": "after bob"})
+        await self.settle()
+        later = await sliding(self.bob, body, pos=first["pos"])
+        entry = later["rooms"][room]
+        self.assertEqual((entry["membership"], entry["initial"]), ("leave", True))
+        self.assertEqual(entry["name"], "room 0")
+        names = [e["content"] for e in entry["required_state"] if e["type"] == "m.room.name"]
+        self.assertEqual(names, [{"name": "room 0"}])
+
+    async def test_deleted_state_is_sent_as_a_stub(self) -> None:
+        """A state key the room's current state loses (a state reset, as
+        state resolution writes it: the row gone from current_state_events
+        and a delta with no event) reaches the client as a StateStub."""
+        [room] = await self.rooms_with_bob(1)
+        await self.alice.ok("PUT", f"/rooms/{room}/state/m.room.topic", {"topic": "soon gone"})
+        await self.settle()
+        config = room_list([[0, 0]])
+        config["required_state"] = [["m.room.topic", ""], ["m.room.name", ""]]
+        body = {"lists": {"all": config}}
+        first = await sliding(self.bob, body)
+        topics = [e for e in first["rooms"][room]["required_state"] if e["type"] == "m.room.topic"]
+        self.assertEqual(topics[0]["content"], {"topic": "soon gone"})
+        event_id = await self.alice.send(room, "the reset came with this")
+        await self.settle()
+        main = self.servers["main"]
+        event = (await main.store.get_events([event_id]))[event_id]
+        await main.store.db_pool.execute(
+            "test_state_reset",
+            "DELETE FROM current_state_events WHERE room_id = ? AND type = 'm.room.topic'",
+            room,
+        )
+        await main.store.db_pool.execute(
+            "test_state_reset",
+            "INSERT INTO current_state_delta_stream (stream_id, instance_name, room_id, type,"
+            " state_key, event_id, prev_event_id) VALUES (?, ?, ?, 'm.room.topic', '', NULL, NULL)",
+            event.stream_ordering,
+            event.instance_name,
+            room,
+        )
+        for hs in self.servers.values():
+            hs.store.get_current_state_ids.invalidate(room)
+        later = await sliding(self.bob, body, pos=first["pos"])
+        check_shape(self, later)
+        entry = later["rooms"][room]
+        self.assertNotIn("initial", entry)
+        self.assertEqual(entry["required_state"], [{"type": "m.room.topic", "state_key": ""}])
+        self.assertEqual([e["event_id"] for e in entry["timeline"]], [event_id])
+
     async def test_tag_and_space_filters(self) -> None:
         favourite, in_space, other = await self.rooms_with_bob(3)
         space = await self.alice.create_room(
@@ -478,3 +527,47 @@ class SlidingSyncRestartTestCase(DatabaseTestCase):
         entry = later["rooms"][room]
         self.assertNotIn("initial", entry)
         self.assertEqual([e["event_id"] for e in entry["timeline"]], [event_id])
+
+
+class SlidingSyncConcurrencyTestCase(DatabaseTestCase):
+    async def test_requests_are_capped_and_a_newer_one_ends_the_older(self) -> None:
+        servers, clients, _ = start_cluster(
+            self, self.test_db, limits={"max_concurrent_syncs_per_user": 2}
+        )
+        base = clients["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room}", {})
+        handler = servers["main"].handlers.sliding_sync
+        assert bob.user_id is not None
+        bob_id = bob.user_id
+
+        def body(conn_id: str) -> dict[str, Any]:
+            return {"conn_id": conn_id, "lists": {"all": room_list([[0, 0]])}}
+
+        first_a = await sliding(bob, body("a"))
+        first_b = await sliding(bob, body("b"))
+        waiting_a = defer.ensureDeferred(sliding(bob, body("a"), first_a["pos"], 10_000))
+        waiting_b = defer.ensureDeferred(sliding(bob, body("b"), first_b["pos"], 10_000))
+        await eventually(lambda: handler._open.get(bob_id) == 2, what="two long-polls")
+        # A third at once: refused, as /sync's are.
+        code, error = await bob.request("POST", PATH + "?timeout=0", body("c"))
+        self.assertEqual((code, error["errcode"]), (429, "M_LIMIT_EXCEEDED"))
+        self.assertIn("retry_after_ms", error)
+        # The client gives up on its long-poll of "a" and asks again: the
+        # older request ends at once, with its pos and nothing new.
+        start = time.monotonic()
+        again_a = defer.ensureDeferred(sliding(bob, body("a"), first_a["pos"], 10_000))
+        ended = await waiting_a
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual((ended["pos"], ended["rooms"]), (first_a["pos"], {}))
+        await eventually(lambda: handler._open.get(bob_id) == 2, what="the newer parked")
+        event_id = await alice.send(room, "for both connections")
+        results = [await again_a, await waiting_b]
+        for result in results:
+            self.assertEqual([e["event_id"] for e in result["rooms"][room]["timeline"]], [event_id])
+        await eventually(lambda: bob_id not in handler._open, what="every request over")
+        # The newer request's pos carries the connection on.
+        after = await sliding(bob, body("a"), results[0]["pos"])
+        self.assertEqual(after["rooms"], {})

@@ -152,8 +152,9 @@ class AuditGraphRealServersTestCase(DatabaseTestCase):
         # The schema records rejections (delta 0083): every check runs.
         self.assertEqual(report["graph"]["not_checked"], {})
 
-        # Six faults at once, each where no other can touch it (one room
-        # each, or an event never stored): each is found, and nothing else.
+        # Six faults of the edges at once, each where no other can touch it
+        # (one room each, or an event never stored): each is found, and
+        # nothing else.
         rooms = graph.rooms
         newest = [graph.event(room) for room in rooms]
         oldest = graph.event(rooms[2], "oldest")
@@ -168,6 +169,24 @@ class AuditGraphRealServersTestCase(DatabaseTestCase):
         ]
         for sql, args in planted:
             graph.execute(sql, *args)
+        # And broken state group chains, in the same run: a delta whose
+        # parent is gone, a chain one delta over the bound, a cycle of two,
+        # an event naming a group that is not stored. (Group ids of real
+        # events are twice their stream orderings: small.)
+        (delta,) = graph.query(
+            "SELECT MAX(id) FROM state_groups WHERE room_id = ? AND prev_group IS NOT NULL",
+            rooms[0],
+        )
+        (delta_parent,) = graph.query("SELECT prev_group FROM state_groups WHERE id = ?", delta)
+        graph.execute("UPDATE state_groups SET prev_group = 900005 WHERE id = ?", delta)
+        long_chain = [(900100 + n, rooms[1], 900099 + n if n else None, n) for n in range(52)]
+        cycle = [(900010, rooms[2], 900011, 1), (900011, rooms[2], 900010, 1)]
+        for row in long_chain + cycle:
+            graph.execute("INSERT INTO state_groups VALUES (?, ?, ?, ?)", *row)
+        (group_of_newest,) = graph.query(
+            "SELECT state_group FROM events WHERE event_id = ?", newest[2][0]
+        )
+        graph.execute("UPDATE events SET state_group = 900007 WHERE event_id = ?", newest[2][0])
         code, report, output = audit_config(path)
         self.assertEqual(code, 1, output)
         self.assertEqual(
@@ -180,10 +199,18 @@ class AuditGraphRealServersTestCase(DatabaseTestCase):
                     ("extremity_has_child", "events", oldest[2], [oldest[1]]),
                     ("missing_extremity", "events", newest[3][2], [newest[3][1]]),
                     ("extremity_not_in_graph", "events", "", []),
+                    ("event_state_group_missing", "events", newest[2][2], [newest[2][1]]),
+                    ("state_group_chain_length", "state_groups", "", [900010, 900011]),
+                    ("state_group_chain_too_long", "state_groups", "", [900151]),
+                    ("state_group_cycle", "state_groups", "", [900010]),
+                    ("state_group_missing_parent", "state_groups", "", [delta]),
                 ]
             ),
             output,
         )
+        self.assertIn("state_group 900007 not stored", output)
+        self.assertIn("51 deltas from its snapshot (at most 50)", output)
+        self.assertGreater(report["graph"]["rows"]["state_groups"], 54)
         by_kind = {f["kind"]: f for f in report["findings"]}
         self.assertEqual(by_kind["missing_prev_event"]["samples"][0]["parent"], "$nowhere")
         self.assertEqual(
@@ -198,6 +225,11 @@ class AuditGraphRealServersTestCase(DatabaseTestCase):
             "DELETE FROM event_forward_extremities WHERE room_id IN (?, ?)",
         ):
             graph.execute(sql, *((rooms[2], rooms[3]) if "?" in sql else ()))
+        graph.execute("UPDATE state_groups SET prev_group = ? WHERE id = ?", delta_parent, delta)
+        graph.execute("DELETE FROM state_groups WHERE id >= 900000")
+        graph.execute(
+            "UPDATE events SET state_group = ? WHERE event_id = ?", group_of_newest, newest[2][0]
+        )
         for room, event in ((rooms[2], newest[2][0]), (rooms[3], newest[3][0])):
             graph.execute("INSERT INTO event_forward_extremities VALUES (?, ?)", room, event)
 

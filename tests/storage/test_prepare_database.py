@@ -9,7 +9,7 @@ import tempfile
 from twisted.trial import unittest
 
 from synapse_lite.storage.database import make_startup_connection
-from synapse_lite.storage.databases.main import state_groups
+from synapse_lite.storage.databases.main import auth_chains, state_groups
 from synapse_lite.storage.databases.main.state_groups import state_of_group_txn
 from synapse_lite.storage.prepare_database import (
     SCHEMA_DIR,
@@ -284,3 +284,78 @@ class PrepareDatabaseTestCase(unittest.TestCase):
         self.assertEqual(states["$a6"], {**create_a, member: "$a5", topic: "$a4"})
         self.assertEqual(states["$b2"], {("m.room.create", ""): "$b1"})
         self.assertLessEqual(longest, 2)
+
+    def test_upgrade_indexes_the_auth_chains_of_existing_events(self) -> None:
+        """Deltas 0142-0143 on a database of the release before the stored
+        auth chain index: every state event gets a position, each after its
+        auth events even when its stream ordering is lower (a backfilled
+        event), and the index answers as walking the auth edges does, with
+        a progress line per page."""
+        old_schema = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, old_schema)
+        shutil.copytree(SCHEMA_DIR, old_schema, dirs_exist_ok=True)
+        drop_deltas_from(old_schema, 142)
+        self.assertEqual(self.prepare(is_main=True, schema_dir=old_schema), 141)
+        # (stream, room, event id, type, state key, auth events): $a0 is from
+        # before the graph (no auth edges); $a5 was backfilled (stream -1)
+        # and cites $a4; $a6 cites the power levels before the newest.
+        create, levels, member = "m.room.create", "m.room.power_levels", "m.room.member"
+        rows = [
+            (1, "!a", "$a0", "m.room.topic", "", []),
+            (2, "!a", "$a1", create, "", []),
+            (3, "!a", "$a2", member, "@u:x", ["$a1"]),
+            (4, "!a", "$a3", levels, "", ["$a1", "$a2"]),
+            (5, "!b", "$b1", create, "", []),
+            (6, "!a", "$a4", levels, "", ["$a1", "$a2", "$a3"]),
+            (-1, "!a", "$a5", levels, "", ["$a1", "$a2", "$a4"]),
+            (7, "!a", "$a6", member, "@v:x", ["$a1", "$a3"]),
+            (8, "!a", "$a7", "m.room.message", None, ["$a1", "$a2", "$a5"]),
+        ]
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                for depth, (stream, room, event_id, type_, key, auth) in enumerate(rows, 1):
+                    txn.execute(
+                        "INSERT INTO events (stream_ordering, topological_ordering, event_id,"
+                        " room_id, type, state_key, sender, origin_server_ts, content,"
+                        " instance_name) VALUES (?, ?, ?, ?, ?, ?, '@u:x', 0, '{}', 'master')",
+                        (stream, depth, event_id, room, type_, key),
+                    )
+                    for auth_id in auth:
+                        txn.execute(
+                            "INSERT INTO event_auth_edges (event_id, auth_id) VALUES (?, ?)",
+                            (event_id, auth_id),
+                        )
+        finally:
+            conn.close()
+        self.patch(auth_chains, "PROGRESS_EVERY", 3)
+        with self.assertLogs(auth_chains.logger, "INFO") as logs:
+            self.assertEqual(self.prepare(is_main=True), code_schema_version())
+        progress = [r.getMessage() for r in logs.records if "Indexed the auth" in r.getMessage()]
+        self.assertEqual(
+            progress, [f"Indexed the auth chains of {n} of 8 state events" for n in (3, 6, 8)]
+        )
+        edges = {e: a for _s, _r, e, _t, _k, a in rows}
+
+        def walked(event_id: str) -> set[str]:
+            chain: set[str] = set()
+            todo = list(edges[event_id])
+            while todo:
+                if (auth_id := todo.pop()) not in chain:
+                    chain.add(auth_id)
+                    todo.extend(edges[auth_id])
+            return chain
+
+        conn = make_startup_connection(self.engine)
+        try:
+            with conn.transaction() as txn:
+                txn.execute("SELECT event_id, chain_id, sequence_number FROM event_auth_chains")
+                positions = {str(e): (int(c), int(s)) for e, c, s in txn.fetchall()}
+                chains = {e: auth_chains.auth_chain_ids_txn(txn, [e]) for e in edges}
+        finally:
+            conn.close()
+        self.assertEqual(sorted(positions), sorted(e for *_, e, _t, k, _a in rows if k is not None))
+        # The power levels run is one chain in auth order, started by $a3.
+        self.assertEqual([positions[e] for e in ("$a3", "$a4", "$a5")], [(4, 1), (4, 2), (4, 3)])
+        self.assertEqual(positions["$a0"], (1, 1))
+        self.assertEqual(chains, {e: walked(e) for e in edges})

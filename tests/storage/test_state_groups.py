@@ -12,10 +12,11 @@ from typing import Any
 
 from synapse_lite.api.room_versions import RoomVersion
 from synapse_lite.event_graph.pdu import StateKey
-from synapse_lite.event_graph.state_resolution import resolve_state
+from synapse_lite.event_graph.state_resolution import auth_difference, resolve_state
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.database import LoggingTransaction
 from synapse_lite.storage.databases.main import state_groups
+from synapse_lite.storage.databases.main.auth_chains import auth_difference_txn
 from synapse_lite.storage.databases.main.state_groups import TxnEvents
 from tests.harness.client_api import ClientApi, caught_up, start_cluster
 from tests.harness.server import DatabaseTestCase
@@ -26,6 +27,14 @@ def resolve_in_txn(
 ) -> dict[StateKey, str]:
     """The core's resolution of ``sets``, the events read in ``txn``."""
     return resolve_state(version, sets, TxnEvents(txn))
+
+
+def differences_in_txn(
+    txn: LoggingTransaction, sets: list[Mapping[StateKey, str]]
+) -> tuple[set[str] | None, set[str]]:
+    """The auth difference of ``sets`` from the stored auth chain index, and
+    by walking the stored auth events."""
+    return auth_difference_txn(txn, sets), auth_difference(sets, TxnEvents(txn))
 
 
 class StateGroupsTestCase(DatabaseTestCase):
@@ -101,6 +110,51 @@ class StateGroupsTestCase(DatabaseTestCase):
         self.assertIn(state_at_create[("m.room.member", str(self.alice.user_id))], chain)
         self.assertNotIn(topic, chain)
 
+    async def test_the_writer_indexes_auth_chains_as_it_persists(self) -> None:
+        """Each power levels change continues the room's power levels chain
+        (from the writer's memory, and after it is cleared from the rows), a
+        message gets no position, and the index's auth chains are the
+        walked ones."""
+        store = self.hs.store
+        room = await self.alice.create_room()
+        levels = []
+        for level in (10, 20, 30):
+            if level == 30:
+                store._auth_positions.clear()  # as after a restart
+            result = await self.alice.ok(
+                "PUT",
+                f"/rooms/{room}/state/m.room.power_levels",
+                {"users": {self.alice.user_id: 100, "@x:test": level}},
+            )
+            levels.append(str(result["event_id"]))
+        message = await self.alice.send(room, "hi")
+        rows = await store.db_pool.select(
+            "test_positions",
+            "SELECT c.chain_id, c.sequence_number FROM event_auth_chains AS c"
+            " JOIN events AS e ON e.event_id = c.event_id"
+            " WHERE e.room_id = ? AND e.type = 'm.room.power_levels' ORDER BY e.stream_ordering",
+            room,
+        )
+        self.assertEqual(len({chain for chain, _ in rows}), 1)
+        self.assertEqual([s for _, s in rows], [1, 2, 3, 4])  # the room's first, then ours
+        self.assertEqual(
+            await self.count("SELECT COUNT(*) FROM event_auth_chains WHERE event_id = ?", message),
+            0,
+        )
+        for event_id in [*levels, message]:
+            walked = await store.db_pool.select(
+                "test_walk",
+                "WITH RECURSIVE chain (event_id) AS ("
+                " SELECT auth_id FROM event_auth_edges WHERE event_id = ?"
+                " UNION SELECT a.auth_id FROM event_auth_edges AS a"
+                " JOIN chain AS c ON a.event_id = c.event_id)"
+                " SELECT event_id FROM chain",
+                event_id,
+            )
+            self.assertEqual(
+                await store.get_auth_chain_ids([event_id]), {str(r[0]) for r in walked}
+            )
+
     async def test_a_writer_without_cached_groups_reads_its_parents(self) -> None:
         """After a restart (the writer's memory of groups empty) the next
         event's parent group is read from the database."""
@@ -146,6 +200,11 @@ class StateGroupsTestCase(DatabaseTestCase):
                 "test_resolve", resolve_in_txn, version, sets
             )
             self.assertEqual(await self.current_state(room), expected, f"step {step}")
+            # The index the writer kept answers as walking does.
+            indexed, walked = await store.db_pool.runInteraction(
+                "test_difference", differences_in_txn, sets
+            )
+            self.assertEqual(indexed, walked, f"step {step}")
         self.assertGreaterEqual(forked, 3)  # the seed makes branches, not a line
 
     async def test_delta_chains_are_bounded_by_snapshots(self) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import attr
 from twisted.internet import defer
 
-from synapse_lite.api.errors import SynapseError
+from synapse_lite.api.errors import LimitExceededError, SynapseError
 from synapse_lite.events import Event
 from synapse_lite.handlers.filtering import SyncFilter
 from synapse_lite.handlers.ignored_users import (
@@ -108,6 +108,12 @@ class SlidingSyncStore(BuiltInSectionsStore, MembershipStore, IgnoredUsersStore,
     ) -> dict[str, tuple[str | None, bool]]: ...
 
     async def get_member_counts(self, room_ids: Sequence[str]) -> dict[str, tuple[int, int]]: ...
+
+    async def get_state_deletions_between(
+        self, room_id: str, from_token: RoomStreamToken, to_token: RoomStreamToken
+    ) -> set[tuple[str, str]]: ...
+
+    async def get_state_at(self, room_id: str, token: RoomStreamToken) -> list[Event]: ...
 
     async def get_rooms_for_user(self, user_id: str) -> frozenset[str]: ...
 
@@ -239,18 +245,56 @@ class SlidingSyncHandler:
         #: only for the rooms with events since (an incremental response
         #: then reads the few rooms that changed, not all the user's).
         self._activity: PerRoomCache[tuple[int, int]] = PerRoomCache((0, 0))
+        #: user -> their requests open here (capped: ``limits.max_concurrent_syncs_per_user``).
+        self._open: dict[str, int] = {}
+        #: (user, device, conn_id) -> the marker of the connection's newest
+        #: request here: an older one still waiting gives way to it.
+        self._newest: dict[tuple[str, str, str], object] = {}
 
     async def sync(self, requester: Requester, body: SlidingSyncBody) -> dict[str, Any]:
         """Answer one request; raises 400 ``M_UNKNOWN_POS`` for a ``pos``
-        that is not this connection's (or expired)."""
+        that is not this connection's (or expired), 429 ``M_LIMIT_EXCEEDED``
+        when the user already has ``limits.max_concurrent_syncs_per_user``
+        sliding sync requests open on this process.
+
+        A request of a connection that arrives while an older one of the
+        same connection waits here ends the older one at once: it answers
+        with the ``pos`` it was given and nothing new (a client that gave up
+        on a long-poll, as clients do when their lists change, does not
+        hold a slot until its timeout)."""
         user_id = requester.user_id
-        # The pos first: a refused request changes nothing (presence included).
-        since, saved_state = await self._load(requester, body)
-        await self._presence.apply_sync_presence(user_id, body.set_presence)
-        if body.set_presence == "offline":
-            return await self._answer(requester, body, since, saved_state)
-        async with self._presence.user_syncing(user_id, requester.device_id):
-            return await self._answer(requester, body, since, saved_state)
+        connection = (user_id, requester.device_id or "", body.conn_id)
+        # A request taking over from an older one of its connection takes
+        # its slot too (the older ends at once).
+        older_open = connection in self._newest
+        if (
+            not older_open
+            and self._open.get(user_id, 0) >= self._limits.max_concurrent_syncs_per_user
+        ):
+            raise LimitExceededError(1000)
+        self._open[user_id] = self._open.get(user_id, 0) + 1
+        marker = object()
+        self._newest[connection] = marker
+        if older_open:
+            self._notifier.notify(users=[user_id])
+        try:
+            # The pos first: a refused request changes nothing (presence included).
+            since, saved_state = await self._load(requester, body)
+
+            def superseded() -> bool:
+                return self._newest.get(connection) is not marker
+
+            await self._presence.apply_sync_presence(user_id, body.set_presence)
+            if body.set_presence == "offline":
+                return await self._answer(requester, body, since, saved_state, superseded)
+            async with self._presence.user_syncing(user_id, requester.device_id):
+                return await self._answer(requester, body, since, saved_state, superseded)
+        finally:
+            if self._newest.get(connection) is marker:
+                del self._newest[connection]
+            self._open[user_id] -= 1
+            if self._open[user_id] <= 0:
+                del self._open[user_id]
 
     async def _load(
         self, requester: Requester, body: SlidingSyncBody
@@ -283,6 +327,7 @@ class SlidingSyncHandler:
         body: SlidingSyncBody,
         since: StreamToken | None,
         saved_state: str | None,
+        superseded: Callable[[], bool],
     ) -> dict[str, Any]:
         timeout_ms = min(body.timeout_ms, self._limits.max_sync_timeout_ms)
         if since is None or timeout_ms <= 0:
@@ -291,11 +336,17 @@ class SlidingSyncHandler:
             last: list[Computed] = []
 
             async def check() -> bool:
+                if superseded():
+                    return True
                 last[:] = [await self._compute(requester, body, since, saved_state)]
                 return last[0].news
 
             rooms = await self._store.get_rooms_for_user(requester.user_id)
             await self._notifier.wait_for_events(requester.user_id, rooms, timeout_ms, check)
+            if superseded():
+                # Saving a pos now could drop the newer request's: the
+                # connection goes on from the pos this one was given.
+                return {"pos": body.pos, "lists": {}, "rooms": {}, "extensions": {}}
             result = last[0]
         pos = secrets.token_urlsafe(12)
         if body.pos is None:
@@ -556,6 +607,7 @@ class SlidingSyncHandler:
                 sent is not None and sent.is_dm != is_dm,
                 live_since,
                 ignored,
+                joined=membership == "join",
             )
             planned.append((room_id, config, initial, build))
         # The rooms' reads are round trips to the database: a batch at a
@@ -667,9 +719,14 @@ class SlidingSyncHandler:
         dm_changed: bool,
         live_since: RoomStreamToken | None,
         ignored: frozenset[str],
+        joined: bool,
     ) -> dict[str, Any] | None:
-        """A joined (or left) room's entry: in full when ``sent`` is None,
-        else what changed since ``room_since``; None when nothing did."""
+        """A joined (or left: ``joined`` false) room's entry: in full when
+        ``sent`` is None, else what changed since ``room_since``; None when
+        nothing did. A left room's state is its state at ``upper`` (the
+        leave), not what the room did afterwards. Incrementally, a state key
+        the config asks for that the room's state lost (a state reset) is
+        sent as a ``StateStub``: ``{"type", "state_key"}`` without content."""
         user_id = requester.user_id
         limit = config.timeline_limit
         lower = None if sent is None or expanded else room_since
@@ -686,12 +743,15 @@ class SlidingSyncHandler:
         raw = list(reversed(events[:limit]))
         timeline = without_ignored(raw, ignored)
         state_changes: list[Event] = []
+        deletions: set[tuple[str, str]] = set()
         if sent is not None and room_since is not None:
             state_changes = await self._store.get_state_events_between(room_id, room_since, upper)
+            deletions = await self._store.get_state_deletions_between(room_id, room_since, upper)
         if (
             sent is not None
             and not new_events
             and not state_changes
+            and not deletions
             and not expanded
             and not required_changed
         ):
@@ -700,23 +760,28 @@ class SlidingSyncHandler:
         entry: dict[str, Any] = {}
         # State
         required = config.required_state
-        state_ids = await self._store.get_current_state_ids(room_id)
+        if joined:
+            state_ids = await self._store.get_current_state_ids(room_id)
+        else:
+            at_leave = await self._store.get_state_at(room_id, upper)
+            state_ids = {(e.type, e.state_key or ""): e.event_id for e in at_leave}
         chosen_ids: set[str] = set()
+        stubs: list[dict[str, str]] = []
         if sent is None or required_changed:
             for key in wanted_state_keys(required, state_ids.keys(), user_id):
                 chosen_ids.add(state_ids[key])
         else:
-            latest: dict[tuple[str, str], Event] = {}
-            for event in state_changes:
-                assert event.state_key is not None
-                latest[(event.type, event.state_key)] = event
-            for key, event in latest.items():
-                if state_matches(required, key[0], key[1], user_id):
-                    chosen_ids.add(state_ids.get(key, event.event_id))
-                elif required.lazy_members and key[0] == "m.room.member" and not limited:
-                    # Lazy loading, no gap: every member change since the
-                    # last response, so the client's member cache stays right.
-                    chosen_ids.add(state_ids.get(key, event.event_id))
+            changed = {(e.type, e.state_key or "") for e in state_changes} | deletions
+            for key in sorted(changed):
+                # Lazy loading, no gap: every member change since the last
+                # response, so the client's member cache stays right.
+                if state_matches(required, key[0], key[1], user_id) or (
+                    required.lazy_members and key[0] == "m.room.member" and not limited
+                ):
+                    if key in state_ids:
+                        chosen_ids.add(state_ids[key])
+                    else:
+                        stubs.append({"type": key[0], "state_key": key[1]})
         lazy_sent: list[str] = []
         if required.lazy_members:
             wanted = {e.sender for e in timeline}
@@ -736,9 +801,12 @@ class SlidingSyncHandler:
         )
         now_ms = self._clock.time_msec()
         state_list = await self._formatter.as_seen_by(user_id, state_list)
-        entry["required_state"] = await self._formatter.render(
-            state_list, now_ms, SyncFilter().event_format, include_room_id=True
-        )
+        entry["required_state"] = [
+            *await self._formatter.render(
+                state_list, now_ms, SyncFilter().event_format, include_room_id=True
+            ),
+            *stubs,
+        ]
         entry["timeline"] = await self._formatter.format(requester, timeline, now_ms)
         if sent is None or expanded or new_events:
             entry["limited"] = limited

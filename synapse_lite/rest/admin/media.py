@@ -4,10 +4,12 @@
 ``POST /v1/room/{roomId}/media/quarantine``, ``GET /v1/room/{roomId}/media``,
 ``POST /v1/user/{userId}/media/quarantine``; deleting media:
 ``DELETE /v1/media/{serverName}/{mediaId}`` and ``POST /v1/media/delete``
-(``DELETE /v1/users/{userId}/media`` is with the user's list, ``users.py``)."""
+(``DELETE /v1/users/{userId}/media`` is with the user's list, ``users.py``);
+``POST /v1/purge_media_cache`` (no remote media is cached: nothing to purge)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
@@ -18,6 +20,8 @@ from synapse_lite.rest.admin._base import admin_path, query_bool
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
+
+logger = logging.getLogger(__name__)
 
 MEDIA = "/(?P<server_name>[^/]+)/(?P<media_id>[^/]+)"
 
@@ -70,7 +74,20 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             raise SynapseError(400, "Only local media can be deleted", Codes.INVALID_PARAM)
         return 200, await media.delete_older(requester, before_ts, size_gt, keep_profiles)
 
+    async def purge_media_cache(request: Request) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        before_ts = query_int(request, "before_ts")
+        if before_ts is None:
+            raise SynapseError(400, "Missing 'before_ts'", Codes.MISSING_PARAM)
+        # This server never fetches another server's media (its media
+        # instance serves local uploads only): the cache is always empty.
+        logger.info(
+            "admin %s purged the remote media cache before %d", requester.user_id, before_ts
+        )
+        return 200, {"deleted": 0}
+
     register = resource.register_paths
+    register("POST", admin_path("v1", "/purge_media_cache"), purge_media_cache, "admin_media_cache")
     register("DELETE", admin_path("v1", "/media" + MEDIA), delete_one, "admin_media_delete")
     register("POST", admin_path("v1", "/media/delete"), delete_older, "admin_media_delete_older")
     register(

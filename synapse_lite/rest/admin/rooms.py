@@ -144,6 +144,22 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await admin.get_admin_by_req(request)
         return 200, await tools.forward_extremities(room_id)
 
+    async def delete_forward_extremities(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        return 200, await tools.delete_forward_extremities(requester, room_id)
+
+    async def fetch_event(request: Request, event_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await tools.fetch_event(event_id)
+
+    async def timestamp_to_event(request: Request, room_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        ts = query_int(request, "ts", None, minimum=0)
+        if ts is None:
+            raise SynapseError(400, "Missing query parameter 'ts'", Codes.MISSING_PARAM)
+        forwards = query_choice(request, "dir", ("f", "b"), "f") == "f"
+        return 200, await tools.timestamp_to_event(room_id, ts, forwards)
+
     purges = handlers.purge_history
 
     async def purge_history(
@@ -180,9 +196,18 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         make_room_admin,
         "admin_make_room_admin",
     )
+    extremities = admin_path("v1", ROOM + "/forward_extremities")
+    register("GET", extremities, forward_extremities, "admin_forward_extremities")
+    register("DELETE", extremities, delete_forward_extremities, "admin_forward_extremities")
     register(
         "GET",
-        admin_path("v1", ROOM + "/forward_extremities"),
-        forward_extremities,
-        "admin_forward_extremities",
+        admin_path("v1", "/fetch_event/(?P<event_id>[^/]+)"),
+        fetch_event,
+        "admin_fetch_event",
+    )
+    register(
+        "GET",
+        admin_path("v1", ROOM + "/timestamp_to_event"),
+        timestamp_to_event,
+        "admin_timestamp_to_event",
     )

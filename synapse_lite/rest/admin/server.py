@@ -1,5 +1,7 @@
 """``GET /_synapse/admin/v1/server_version``: answered without a token (the
-admin UI asks before logging in); ``POST /v1/send_server_notice[/{txnId}]``."""
+admin UI asks before logging in); ``POST /v1/send_server_notice[/{txnId}]``;
+``GET /v1/scheduled_tasks`` (the long jobs) and ``GET
+/v1/statistics/database/rooms``."""
 
 from __future__ import annotations
 
@@ -9,7 +11,12 @@ from twisted.web.server import Request
 
 from synapse_lite import __version__
 from synapse_lite.api.identifiers import check_identifier_text
-from synapse_lite.http.server import JsonResource, parse_json_object_from_request
+from synapse_lite.http.server import (
+    JsonResource,
+    parse_json_object_from_request,
+    query_int,
+    query_string,
+)
 from synapse_lite.rest.admin._base import admin_path
 
 if TYPE_CHECKING:
@@ -36,4 +43,27 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     resource.register_paths("POST", notice, send_server_notice, "admin_send_server_notice")
     resource.register_paths(
         "PUT", notice + "/(?P<txn_id>[^/]+)", send_server_notice, "admin_send_server_notice"
+    )
+
+    async def scheduled_tasks(request: Request) -> tuple[int, Any]:
+        await handlers.admin.get_admin_by_req(request)
+        return 200, await handlers.admin.scheduled_tasks(
+            query_string(request, "action_name"),
+            query_string(request, "resource_id"),
+            query_string(request, "status"),
+            query_int(request, "max_timestamp"),
+        )
+
+    async def largest_rooms(request: Request) -> tuple[int, Any]:
+        await handlers.admin.get_admin_by_req(request)
+        return 200, await handlers.admin.largest_rooms()
+
+    resource.register_paths(
+        "GET", admin_path("v1", "/scheduled_tasks"), scheduled_tasks, "admin_scheduled_tasks"
+    )
+    resource.register_paths(
+        "GET",
+        admin_path("v1", "/statistics/database/rooms"),
+        largest_rooms,
+        "admin_database_room_stats",
     )

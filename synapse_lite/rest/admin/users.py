@@ -102,6 +102,27 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await users.set_shadow_banned(requester, user_id, banned)
         return 200, {}
 
+    async def suspend(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        if "suspend" not in body:
+            raise SynapseError(400, "Missing 'suspend'", Codes.MISSING_PARAM)
+        suspended = bool_value(body["suspend"], "suspend")
+        await users.set_suspended(requester, user_id, suspended)
+        # The reference's answer names the user in its key.
+        return 200, {f"user_{user_id}_suspended": suspended}
+
+    redactions = handlers.redact_user
+
+    async def redact(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        return 200, {"redact_id": await redactions.schedule(requester, user_id, body)}
+
+    async def redact_status(request: Request, redact_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await redactions.status(redact_id)
+
     async def get_override(request: Request, user_id: str) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)
         return 200, await users.get_ratelimit_override(user_id)
@@ -141,6 +162,16 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         "POST", admin_path("v1", "/reset_password" + USER), reset_password, "admin_reset_password"
     )
     resource.register_paths("GET", admin_path("v1", "/whois" + USER), whois, "admin_whois_v1")
+    resource.register_paths("PUT", admin_path("v1", "/suspend" + USER), suspend, "admin_suspend")
+    resource.register_paths(
+        "POST", admin_path("v1", "/user" + USER + "/redact"), redact, "admin_redact_user"
+    )
+    resource.register_paths(
+        "GET",
+        admin_path("v1", "/user/redact_status/(?P<redact_id>[^/]+)"),
+        redact_status,
+        "admin_redact_user_status",
+    )
     banned = admin_path("v1", "/users" + USER + "/shadow_ban")
     resource.register_paths("POST", banned, shadow_ban, "admin_shadow_ban")
     resource.register_paths("DELETE", banned, shadow_ban, "admin_shadow_ban")
@@ -196,6 +227,55 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             raise SynapseError(400, "Missing 'username'", Codes.MISSING_PARAM)
         await handlers.registration.check_username(username)
         return 200, {"available": True}
+
+    def from_ts(request: Request) -> int:
+        value = query_int(request, "from_ts")
+        if value is None:
+            raise SynapseError(400, "Missing query parameter 'from_ts'", Codes.MISSING_PARAM)
+        return value
+
+    async def sent_invite_count(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.sent_invite_count(user_id, from_ts(request))
+
+    async def joined_room_count(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.cumulative_joined_room_count(user_id, from_ts(request))
+
+    async def account_data(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        return 200, await users.account_data(user_id)
+
+    async def get_features(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        await users.get_user(user_id)
+        # No experimental feature can be switched on per user here.
+        return 200, {"features": {}}
+
+    async def put_features(request: Request, user_id: str) -> tuple[int, Any]:
+        await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        features = body.get("features")
+        if not isinstance(features, dict):
+            raise SynapseError(400, "'features' must be an object", Codes.BAD_JSON)
+        if features:
+            unknown = ", ".join(sorted(features))[:200]
+            raise SynapseError(
+                400, f"Unknown experimental features: {unknown}", Codes.INVALID_PARAM
+            )
+        await users.get_user(user_id)
+        return 200, {}
+
+    register = resource.register_paths
+    one_user = admin_path("v1", "/users" + USER)
+    register("GET", one_user + "/sent_invite_count", sent_invite_count, "admin_user_counts")
+    register(
+        "GET", one_user + "/cumulative_joined_room_count", joined_room_count, "admin_user_counts"
+    )
+    register("GET", one_user + "/accountdata", account_data, "admin_user_account_data")
+    features = admin_path("v1", "/experimental_features" + USER)
+    register("GET", features, get_features, "admin_experimental_features")
+    register("PUT", features, put_features, "admin_experimental_features")
 
     async def pushers(request: Request, user_id: str) -> tuple[int, Any]:
         await admin.get_admin_by_req(request)

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.purge_history import PurgeHistoryHandler
     from synapse_lite.handlers.push_rules import PushRulesHandler
     from synapse_lite.handlers.receipts import ReceiptsHandler
+    from synapse_lite.handlers.redact_user import RedactUserHandler
     from synapse_lite.handlers.register import RegistrationHandler
     from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
     from synapse_lite.handlers.relations import RelationsHandler
@@ -116,6 +117,7 @@ class ClientHandlers:
     admin_room_tools: AdminRoomToolsHandler
     room_deletion: RoomDeletionHandler
     purge_history: PurgeHistoryHandler
+    redact_user: RedactUserHandler
     admin_reports: AdminReportsHandler
     openid: OpenIdHandler
     push_rules: PushRulesHandler

@@ -9,6 +9,7 @@ from twisted.web.server import Request
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import check_user_id
 from synapse_lite.handlers.profile import PROFILE_FIELDS, check_profile_value
+from synapse_lite.handlers.suspension import refuse_if_suspended
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.rest.client._base import client_path
 
@@ -41,6 +42,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def put_field(request: Request, user_id: str, field: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
+        refuse_if_suspended(requester, "change your profile")
         check_user_id(user_id)
         check_field(field)
         body = parse_json_object_from_request(request)

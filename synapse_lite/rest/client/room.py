@@ -14,6 +14,7 @@ from synapse_lite.api.identifiers import (
 )
 from synapse_lite.handlers.filtering import parse_room_event_filter
 from synapse_lite.handlers.shadow_ban import fake_event_id
+from synapse_lite.handlers.suspension import refuse_if_suspended
 from synapse_lite.handlers.typing import check_typing_request
 from synapse_lite.http.fields import get_optional_str
 from synapse_lite.http.server import (
@@ -51,6 +52,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def create_room(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
+        refuse_if_suspended(requester, "create rooms")
         body = parse_json_object_from_request(request, allow_empty=True)
         if requester.shadow_banned:
             # The room is made; its invites reach nobody.
@@ -66,6 +68,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def join(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
+        refuse_if_suspended(requester, "join rooms")
         room_id = await room_of(room_id)
         body = parse_json_object_from_request(request, allow_empty=True)
         reason = get_optional_str(body, "reason", max_length=1024)
@@ -76,6 +79,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def knock(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
+        refuse_if_suspended(requester, "knock on rooms")
         room_id = await room_of(room_id)
         # The servers to knock through (``server_name``, ``via`` from v1.12):
         # every room we can knock on is ours (no federation), so they are
@@ -89,6 +93,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
 
     async def upgrade(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
+        refuse_if_suspended(requester, "upgrade rooms")
         check_room_id(room_id)
         body = parse_json_object_from_request(request)
         if "new_version" not in body:
@@ -99,6 +104,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     def membership_servlet(action: str) -> Any:
         async def servlet(request: Request, room_id: str) -> tuple[int, Any]:
             requester = await auth.get_user_by_req(request)
+            if action == "invite":
+                refuse_if_suspended(requester, "invite")
             check_room_id(room_id)
             body = parse_json_object_from_request(request, allow_empty=True)
             if action == "invite" and "user_id" not in body and "medium" in body:
@@ -128,6 +135,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
                 400, "Send redactions with /rooms/{roomId}/redact", Codes.INVALID_PARAM
             )
         content = parse_json_object_from_request(request)
+        refuse_if_suspended(requester, "send events")
         if requester.shadow_banned:
             return 200, {"event_id": fake_event_id(requester, room_id, txn_id)}
         event_id = await handlers.events.send_client_event(
@@ -147,6 +155,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_room_id(room_id)
         check_identifier_text(event_type, "eventType")
         content = parse_json_object_from_request(request)
+        refuse_if_suspended(requester, "send events")
         if requester.shadow_banned:
             return 200, {"event_id": fake_event_id(requester, room_id, None)}
         event_id = await handlers.events.send_client_event(requester, room_id, event_type, content)
@@ -160,6 +169,11 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request, allow_empty=True)
         reason = get_optional_str(body, "reason", max_length=1024)
         content: dict[str, object] = {} if reason is None else {"reason": reason}
+        if requester.suspended:
+            # Their own events they may still redact.
+            target = await handlers.pagination.get_event(requester, room_id, event_id)
+            if target.sender != requester.user_id:
+                refuse_if_suspended(requester, "redact others' events")
         if requester.shadow_banned:
             txn_key = f"redact {event_id} {txn_id}"
             return 200, {"event_id": fake_event_id(requester, room_id, txn_key)}
@@ -176,6 +190,8 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         check_identifier_text(event_type, "eventType")
         check_identifier_text(state_key, "stateKey")
         content = parse_json_object_from_request(request)
+        if event_type != "m.room.member" or content.get("membership") != "leave":
+            refuse_if_suspended(requester, "send events")
         if event_type == "m.room.canonical_alias" and state_key == "":
             await handlers.directory.check_canonical_alias(room_id, content)
         if requester.shadow_banned and (

@@ -56,7 +56,7 @@ STATISTICS_ORDERINGS = {
 
 _USER_COLUMNS = (
     "u.name, u.is_guest, u.admin, u.deactivated, u.erased_at_position, u.creation_ts,"
-    " p.displayname, p.avatar_url, s.last_seen, p.user_id, u.shadow_banned"
+    " p.displayname, p.avatar_url, s.last_seen, p.user_id, u.shadow_banned, u.suspended"
 )
 _USER_FROM = (
     "users AS u LEFT JOIN profiles AS p ON p.user_id = u.name"
@@ -65,10 +65,14 @@ _USER_FROM = (
 )
 
 
+def like_escape(text: str) -> str:
+    """``text`` matching itself only in a ``LIKE ... ESCAPE '\\'`` pattern."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def like_pattern(text: str) -> str:
     """A case-folded ``LIKE ... ESCAPE '\\'`` pattern matching ``text`` anywhere."""
-    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
+    return f"%{like_escape(text.lower())}%"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True, kw_only=True)
@@ -98,6 +102,7 @@ class AdminUserRow:
     avatar_url: str | None
     last_seen_ts: int | None
     shadow_banned: bool
+    suspended: bool
 
 
 def _user_row(r: tuple[Any, ...]) -> AdminUserRow:
@@ -113,6 +118,7 @@ def _user_row(r: tuple[Any, ...]) -> AdminUserRow:
         avatar_url=r[7],
         last_seen_ts=None if r[8] is None else int(r[8]),
         shadow_banned=bool(r[10]),
+        suspended=bool(r[11]),
     )
 
 
@@ -294,3 +300,26 @@ class AdminDestinationsWorkerStore(SQLBaseStore):
             destination,
         )
         return destination_json(tuple(rows[0])) if rows else None
+
+    async def list_destination_rooms(
+        self, destination: str, offset: int, limit: int, descending: bool
+    ) -> tuple[list[str], int]:
+        """A page of the rooms a user of ``destination`` is joined to now
+        (by room id) and how many there are."""
+        where = (
+            " FROM current_state_events WHERE type = 'm.room.member' AND membership = 'join'"
+            " AND state_key LIKE ? ESCAPE '\\'"
+        )
+        pattern = f"%:{like_escape(destination)}"
+        direction = "DESC" if descending else "ASC"
+        rows = await self.db_pool.select(
+            "admin_list_destination_rooms",
+            f"SELECT DISTINCT room_id{where} ORDER BY room_id {direction} LIMIT ? OFFSET ?",
+            pattern,
+            limit,
+            offset,
+        )
+        count = await self.db_pool.select(
+            "admin_count_destination_rooms", f"SELECT COUNT(DISTINCT room_id){where}", pattern
+        )
+        return [str(r[0]) for r in rows], int(count[0][0])

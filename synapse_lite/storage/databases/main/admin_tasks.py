@@ -199,6 +199,133 @@ class AdminTasksWorkerStore(SQLBaseStore):
         )
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 
+    async def get_event_near_ts(
+        self, room_id: str, ts: int, forwards: bool
+    ) -> tuple[str, int] | None:
+        """The room's event (its id and ``origin_server_ts``) sent closest
+        to ``ts``: the first at or after it (``forwards``) or the last at or
+        before it; None when there is none. Ties go to the earlier (forwards)
+        or later event in the stream."""
+        order = "ASC" if forwards else "DESC"
+        rows = await self.db_pool.select(
+            "get_event_near_ts",
+            "SELECT event_id, origin_server_ts FROM events WHERE room_id = ?"
+            f" AND origin_server_ts {'>=' if forwards else '<='} ? AND stream_ordering > 0"
+            f" ORDER BY origin_server_ts {order}, stream_ordering {order} LIMIT 1",
+            room_id,
+            ts,
+        )
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
+    async def get_rooms_to_redact_in(self, user_id: str) -> list[str]:
+        """The rooms ``user_id`` is joined to or banned from now, sorted
+        (a user redaction's default rooms)."""
+        rows = await self.db_pool.select(
+            "get_rooms_to_redact_in",
+            "SELECT room_id FROM current_state_events WHERE type = 'm.room.member'"
+            " AND state_key = ? AND membership IN ('join', 'ban') ORDER BY room_id",
+            user_id,
+        )
+        return [str(r[0]) for r in rows]
+
+    async def get_events_to_redact(
+        self,
+        user_id: str,
+        room_id: str,
+        limit: int,
+        after_ts: int | None,
+        before_ts: int | None,
+    ) -> list[str]:
+        """Up to ``limit`` of ``user_id``'s events in the room, newest
+        first, that a user redaction redacts: messages and the other
+        non-state events but redactions, and their joins (which carry their
+        name and avatar), sent at or after ``after_ts`` and at or before
+        ``before_ts``, and not redacted yet."""
+        clauses: list[str] = []
+        args: list[Any] = [room_id, user_id]
+        if after_ts is not None:
+            clauses.append(" AND e.origin_server_ts >= ?")
+            args.append(after_ts)
+        if before_ts is not None:
+            clauses.append(" AND e.origin_server_ts <= ?")
+            args.append(before_ts)
+        rows = await self.db_pool.select(
+            "get_events_to_redact",
+            "SELECT e.event_id FROM events AS e WHERE e.room_id = ? AND e.sender = ?"
+            " AND NOT e.outlier AND e.type != 'm.room.redaction'"
+            " AND (e.state_key IS NULL OR (e.type = 'm.room.member' AND e.membership = 'join'))"
+            + "".join(clauses)
+            + " AND NOT EXISTS (SELECT 1 FROM events AS r WHERE r.redacts = e.event_id)"
+            " ORDER BY e.stream_ordering DESC LIMIT ?",
+            *args,
+            limit,
+        )
+        return [str(r[0]) for r in rows]
+
+    async def list_admin_tasks(
+        self,
+        action: str | None,
+        resource_id: str | None,
+        status: str | None,
+        max_timestamp: int | None,
+    ) -> list[tuple[AdminTask, int]]:
+        """Every job of ``admin_tasks`` matching the filters given (each
+        None for any; ``max_timestamp`` bounds when it last changed),
+        newest first, each with when it last changed."""
+        clauses: list[str] = []
+        args: list[Any] = []
+        for column, value in (("action", action), ("resource_id", resource_id), ("status", status)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        if max_timestamp is not None:
+            clauses.append("updated_ts < ?")
+            args.append(max_timestamp)
+        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        rows = await self.db_pool.select(
+            "list_admin_tasks",
+            f"SELECT {_TASK_COLUMNS}, updated_ts FROM admin_tasks{where}"
+            " ORDER BY updated_ts DESC, task_id",
+            *args,
+        )
+        return [(_task(tuple(r[:-1])), int(r[-1])) for r in rows]
+
+    async def get_largest_rooms(self, limit: int) -> list[tuple[str, int]]:
+        """The ``limit`` rooms whose events take the most room, largest
+        first, each with an estimate in bytes: their content's length plus
+        a fixed cost a row (ids, indexes). Reads every event: the admin
+        API's statistics only."""
+        rows = await self.db_pool.select(
+            "get_largest_rooms",
+            "SELECT room_id, SUM(LENGTH(content)) + 200 * COUNT(*) AS size FROM events"
+            " GROUP BY room_id ORDER BY size DESC, room_id LIMIT ?",
+            limit,
+        )
+        return [(str(r[0]), int(r[1])) for r in rows]
+
+    async def count_invites_sent(self, user_id: str, from_ts: int) -> int:
+        """How many invites ``user_id`` sent at or after ``from_ts``."""
+        rows = await self.db_pool.select(
+            "count_invites_sent",
+            "SELECT COUNT(*) FROM events WHERE sender = ? AND type = 'm.room.member'"
+            " AND membership = 'invite' AND state_key != sender AND origin_server_ts >= ?",
+            user_id,
+            from_ts,
+        )
+        return int(rows[0][0])
+
+    async def count_rooms_joined(self, user_id: str, from_ts: int) -> int:
+        """How many rooms ``user_id`` joined at or after ``from_ts``, whether
+        they are still in them or not."""
+        rows = await self.db_pool.select(
+            "count_rooms_joined",
+            "SELECT COUNT(DISTINCT room_id) FROM events WHERE type = 'm.room.member'"
+            " AND state_key = ? AND membership = 'join' AND origin_server_ts >= ?",
+            user_id,
+            from_ts,
+        )
+        return int(rows[0][0])
+
     async def get_members_to_remove(self, room_id: str) -> list[str]:
         """Who is joined to, invited to or knocking on the room now, sorted."""
         rows = await self.db_pool.select(

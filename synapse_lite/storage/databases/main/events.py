@@ -19,13 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS
 from synapse_lite.event_graph.pdu import StateKey
-from synapse_lite.event_graph.state_resolution import resolve_state, separate
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
+from synapse_lite.storage.caches import LruCache
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
     LoggingTransaction,
+    insert_rows_txn,
+)
+from synapse_lite.storage.databases.main.auth_chains import (
+    ChainedEvent,
+    IndexedEvent,
+    index_auth_chains_txn,
 )
 from synapse_lite.storage.databases.main.events_worker import (
     EventsWorkerStore,
@@ -33,12 +39,13 @@ from synapse_lite.storage.databases.main.events_worker import (
 )
 from synapse_lite.storage.databases.main.search import index_events_txn
 from synapse_lite.storage.databases.main.state_groups import (
+    EVENT_GROUP_CACHE_ENTRIES,
     GroupRef,
     StateGroupsWorkerStore,
-    TxnEvents,
     group_after_id,
     group_before_id,
     groups_of_events_txn,
+    resolve_states_txn,
     state_of_group_txn,
     write_state_group_txn,
 )
@@ -169,6 +176,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
     ) -> None:
         super().__init__(database, db_conn, hs)
+        # The auth chain positions of events this writer indexed or read
+        # (the auth events of its next state events).
+        self._auth_positions: LruCache[IndexedEvent] = LruCache(EVENT_GROUP_CACHE_ENTRIES)
         # Kept only where a streamer sends them (a layout with workers).
         self._committed_rows = CommittedRows() if hs.config.workers else None
         if self._committed_rows is not None:
@@ -231,6 +241,21 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             self._event_cache.set(event.event_id, event)
         return persisted
 
+    async def delete_forward_extremities_but(self, room_id: str, keep: str) -> int:
+        """Delete the room's forward extremities but ``keep``; how many went.
+        For the room's writer, holding the room's lock (the admin API): the
+        current state stays as it is (the next event's state is resolved
+        from its parents)."""
+
+        def txn_func(txn: LoggingTransaction) -> int:
+            txn.execute(
+                "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id != ?",
+                (room_id, keep),
+            )
+            return max(txn.rowcount, 0)
+
+        return await self.db_pool.runInteraction("delete_forward_extremities_but", txn_func)
+
     def _persist_events_txn(
         self,
         txn: LoggingTransaction,
@@ -254,6 +279,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         # (a branch, or a merge): their current state is derived from the
         # states at the extremities once the batch is in, not event by event.
         resolved_rooms.update(self._insert_graph_txn(txn, events))
+        self._index_auth_chains_txn(txn, events, stream_ids)
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
             event = Event(
@@ -545,6 +571,32 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         txn.call_after(self._remember_event_groups, in_batch)
         return result
 
+    def _index_auth_chains_txn(
+        self, txn: LoggingTransaction, events: list[EventContent], stream_ids: Sequence[int]
+    ) -> None:
+        """The batch's state events into the auth chain index, their auth
+        events' positions from memory where this writer has them (it is the
+        only one extending its rooms' chains)."""
+        chained = [
+            ChainedEvent(e.event_id, e.room_id, (e.type, e.state_key), e.auth_event_ids, sid)
+            for e, sid in zip(events, stream_ids, strict=True)
+            if e.state_key is not None
+        ]
+        if not chained:
+            return
+        cached = {}
+        for event in chained:
+            for auth_id in event.auth_event_ids:
+                found, entry = self._auth_positions.get(auth_id)
+                if found and entry is not None:
+                    cached[auth_id] = entry
+        touched = index_auth_chains_txn(txn, chained, cached)
+        txn.call_after(self._remember_auth_positions, touched)
+
+    def _remember_auth_positions(self, entries: Mapping[str, IndexedEvent]) -> None:
+        for event_id, entry in entries.items():
+            self._auth_positions.set(event_id, entry)
+
     def _remember_event_groups(self, groups: Mapping[str, GroupRef | None]) -> None:
         for event_id, ref in groups.items():
             if ref is not None:
@@ -559,10 +611,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         txn.execute("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,))
         row = txn.fetchone()
         version = SPEC_ROOM_VERSIONS.get(str(row[0]) if row else "", IMPLICIT_ROOM_VERSION)
-        events = TxnEvents(txn)
-        _unconflicted, conflicted = separate(states)
-        events.prefetch(e for ids in conflicted.values() for e in ids)
-        return resolve_state(version, states, events), states
+        return resolve_states_txn(txn, version, states), states
 
     def _resolve_parent_groups_txn(
         self, txn: LoggingTransaction, room_id: str, groups: Sequence[GroupRef], group_id: int
@@ -807,20 +856,3 @@ def _state_with(
     state = state_of_group_txn(txn, group.id) if group else {}
     state[key] = event_id
     return state
-
-
-#: Rows per multi-row INSERT: SQLite before 3.32 allows 999 parameters.
-INSERT_ROWS_PER_STATEMENT = 400
-
-
-def insert_rows_txn(txn: LoggingTransaction, table: str, rows: list[tuple[str, str]]) -> None:
-    """Insert two-column ``rows`` into ``table`` (``"name (col1, col2)"``)
-    with one multi-row INSERT per :data:`INSERT_ROWS_PER_STATEMENT` rows:
-    one statement and one round trip where a batch would send one per row
-    (and format each row in the driver)."""
-    for start in range(0, len(rows), INSERT_ROWS_PER_STATEMENT):
-        chunk = rows[start : start + INSERT_ROWS_PER_STATEMENT]
-        txn.execute(
-            f"INSERT INTO {table} VALUES " + ", ".join("(?, ?)" for _ in chunk),
-            [value for row in chunk for value in row],
-        )

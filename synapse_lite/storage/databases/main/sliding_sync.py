@@ -185,3 +185,23 @@ class SlidingSyncWorkerStore(SQLBaseStore):
                     invited = int(count)
                 result[room_id] = (joined, invited)
         return result
+
+    async def get_state_deletions_between(
+        self, room_id: str, from_token: RoomStreamToken, to_token: RoomStreamToken
+    ) -> set[tuple[str, str]]:
+        """The (type, state_key)s the room's current state lost after
+        ``from_token`` and still lacked at ``to_token``: keys whose last
+        change in between removed them (state resolution, a state reset),
+        from ``current_state_delta_stream``."""
+        where, args = from_token.bounds_sql(to_token, "stream_id", "instance_name")
+        rows = await self.db_pool.select(
+            "get_state_deletions_between",
+            "SELECT type, state_key, event_id FROM current_state_delta_stream"
+            f" WHERE room_id = ? AND {where} ORDER BY stream_id ASC",
+            room_id,
+            *args,
+        )
+        last: dict[tuple[str, str], str | None] = {}
+        for event_type, state_key, event_id in rows:
+            last[(str(event_type), str(state_key))] = event_id
+        return {key for key, event_id in last.items() if event_id is None}

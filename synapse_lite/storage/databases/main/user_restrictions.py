@@ -1,8 +1,9 @@
-"""What admins restrict a user with: a shadow ban (``users.shadow_banned``)
-and a message rate limit of their own (``ratelimit_override``). Read on
-every authenticated request, so cached per user in each process; a change
-(any process may make one: no stream owns these rows) invalidates the
-cache here and, through the caches stream, everywhere."""
+"""What admins restrict a user with: a shadow ban (``users.shadow_banned``),
+a suspension (``users.suspended``) and a message rate limit of their own
+(``ratelimit_override``). Read on every authenticated request, so cached
+per user in each process; a change (any process may make one: no stream
+owns these rows) invalidates the cache here and, through the caches
+stream, everywhere."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from synapse_lite.storage.databases.main.cache import CacheInvalidationWorkerSto
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class UserRestrictions:
     shadow_banned: bool
+    suspended: bool
     #: The user's message rate limit, None for the configured one.
     ratelimit_override: RateLimitConfig | None
 
 
-NO_RESTRICTIONS = UserRestrictions(shadow_banned=False, ratelimit_override=None)
+NO_RESTRICTIONS = UserRestrictions(shadow_banned=False, suspended=False, ratelimit_override=None)
 
 
 class UserRestrictionsWorkerStore(CacheInvalidationWorkerStore):
@@ -29,19 +31,22 @@ class UserRestrictionsWorkerStore(CacheInvalidationWorkerStore):
     async def get_user_restrictions(self, user_id: str) -> UserRestrictions:
         rows = await self.db_pool.select(
             "get_user_restrictions",
-            "SELECT u.shadow_banned, o.messages_per_second, o.burst_count FROM users AS u"
+            "SELECT u.shadow_banned, u.suspended, o.messages_per_second, o.burst_count"
+            " FROM users AS u"
             " LEFT JOIN ratelimit_override AS o ON o.user_id = u.name WHERE u.name = ?",
             user_id,
         )
         if not rows:
             return NO_RESTRICTIONS
-        banned, per_second, burst = rows[0]
+        banned, suspended, per_second, burst = rows[0]
         override = (
             None
             if per_second is None
             else RateLimitConfig(per_second=float(per_second), burst=int(burst))
         )
-        return UserRestrictions(shadow_banned=bool(banned), ratelimit_override=override)
+        return UserRestrictions(
+            shadow_banned=bool(banned), suspended=bool(suspended), ratelimit_override=override
+        )
 
     def _restrictions_changed_txn(self, txn: LoggingTransaction, user_id: str) -> None:
         self.send_invalidation_txn(txn, "get_user_restrictions", [user_id])
@@ -53,6 +58,13 @@ class UserRestrictionsWorkerStore(CacheInvalidationWorkerStore):
             self._restrictions_changed_txn(txn, user_id)
 
         await self.db_pool.runInteraction("set_shadow_banned", txn_func)
+
+    async def set_suspended(self, user_id: str, suspended: bool) -> None:
+        def txn_func(txn: LoggingTransaction) -> None:
+            txn.execute("UPDATE users SET suspended = ? WHERE name = ?", (suspended, user_id))
+            self._restrictions_changed_txn(txn, user_id)
+
+        await self.db_pool.runInteraction("set_suspended", txn_func)
 
     async def set_ratelimit_override(
         self, user_id: str, messages_per_second: int, burst_count: int
