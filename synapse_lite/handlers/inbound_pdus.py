@@ -254,7 +254,8 @@ class InboundPdus:
             raise PduError(e.msg) from None
         stored = await self._store.get_event(pdu.event_id)
         if stored is not None and stored.rejected:
-            raise PduError("rejected by the room's authorisation rules")
+            reason = await self._store.get_rejection_reason(pdu.event_id)
+            raise PduError(f"rejected by the room's authorisation rules: {reason or 'stored so'}")
 
 
 class ReceivedPduWriter:

@@ -203,7 +203,7 @@ class InboundPdusTestCase(InboundPdusBase):
         self.assertNotIn(event_id_of(version, no_parents), results)
         self.assertIn("$never-seen", error(orphan))
         self.assertIn("not signed by b.test", error(as_alice))
-        self.assertIn("rejected", error(power))
+        self.assertIn("rejected by the room's authorisation rules: against", error(power))
         # The tampered one is kept in its redacted form: no body.
         tampered_id = event_id_of(version, tampered)
         self.assertEqual(results[tampered_id], {})

@@ -61,3 +61,10 @@ class ReceivedPdusWorkerStore(SQLBaseStore):
             )
             found.update({str(event_id): str(origin) for event_id, origin in rows})
         return found
+
+    async def get_rejection_reason(self, event_id: str) -> str | None:
+        """Why a stored event was rejected (the rule it broke), if it was."""
+        rows = await self.db_pool.select(
+            "get_rejection_reason", "SELECT reason FROM rejections WHERE event_id = ?", event_id
+        )
+        return str(rows[0][0]) if rows else None
