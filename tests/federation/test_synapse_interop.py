@@ -92,34 +92,9 @@ class SynapseInteropTestCase(unittest.TestCase):
         hs = make_homeserver(self, config)
         tree = hs.listeners.resources.tree(RESOURCES)
         site = make_site(tree, 1_048_576)
-        accepted: list[Any] = []
-        build = site.buildProtocol
-
-        def tracked(addr: Any) -> Any:
-            protocol = build(addr)
-            accepted.append(protocol)
-            return protocol
-
-        site.buildProtocol = tracked  # type: ignore[method-assign]
-        tls = _reactor.listenSSL(
-            port,
-            site,
-            self.ca.server_options("ours", ["localhost"]),
-            interface="127.0.0.1",
+        self.addCleanup(
+            listen_tls_closing(port, site, self.ca.server_options("ours", ["localhost"]))
         )
-
-        async def stop_tls() -> None:
-            # The shared Synapse outlives this server: stop taking its
-            # connections, and close those it keeps alive.
-            await tls.stopListening()
-            for protocol in accepted:
-                # Site's protocol wraps the HTTP channel, which has the transport.
-                transport = getattr(getattr(protocol, "_channel", None), "transport", None)
-                if transport is not None:
-                    transport.abortConnection()
-            await task.deferLater(_reactor, 0.05, lambda: None)
-
-        self.addCleanup(stop_tls)
         plain = _reactor.listenTCP(0, make_site(tree, 1_048_576), interface="127.0.0.1")
         self.addCleanup(plain.stopListening)
         number = plain.getHost().port
@@ -321,12 +296,10 @@ class SynapseInteropTestCase(unittest.TestCase):
         )
         root = Resource()
         root.putChild(b"_matrix", _Static(json.dumps(document).encode()))
-        port = _reactor.listenSSL(
-            gone_port,
-            Site(root),
-            self.ca.server_options("gone", ["localhost"]),
-            interface="127.0.0.1",
+        stop_gone = listen_tls_closing(
+            gone_port, Site(root), self.ca.server_options("gone", ["localhost"])
         )
+        self.addCleanup(stop_gone)
         client = FederationClient(
             hs.config.federation,
             _reactor,
@@ -342,7 +315,7 @@ class SynapseInteropTestCase(unittest.TestCase):
             signed=False,
         )
         self.assertEqual([d["server_name"] for d in answer["server_keys"]], [gone])
-        await port.stopListening()
+        await stop_gone()
 
         config = attr.evolve(
             hs.config.federation, trusted_key_servers=(TrustedKeyServer(synapse.server_name),)
@@ -359,6 +332,39 @@ class SynapseInteropTestCase(unittest.TestCase):
             key = await keyring.get_verify_key(gone, gone_key.key_id)
         self.assertEqual(key, gone_key.verify_key_base64)
         self.assertIn(f"from {synapse.server_name}", logs.output[-1])
+
+
+def listen_tls_closing(port: int, site: Site, options: Any) -> Any:
+    """Listen with TLS on loopback ``port``; return a coroutine function that
+    stops listening and aborts every connection accepted, so that the shared
+    Synapse, which outlives each test and keeps its connections alive, leaves
+    none open behind a test (a second call does nothing)."""
+    accepted: list[Any] = []
+    build = site.buildProtocol
+
+    def tracked(addr: Any) -> Any:
+        protocol = build(addr)
+        accepted.append(protocol)
+        return protocol
+
+    site.buildProtocol = tracked  # type: ignore[method-assign]
+    listening = _reactor.listenSSL(port, site, options, interface="127.0.0.1")
+    stopped = False
+
+    async def stop() -> None:
+        nonlocal stopped
+        if stopped:
+            return
+        stopped = True
+        await listening.stopListening()
+        for protocol in accepted:
+            # Site's protocol wraps the HTTP channel, which has the transport.
+            transport = getattr(getattr(protocol, "_channel", None), "transport", None)
+            if transport is not None:
+                transport.abortConnection()
+        await task.deferLater(_reactor, 0.05, lambda: None)
+
+    return stop
 
 
 class _Static(Resource):
