@@ -37,6 +37,7 @@ from synapse_lite.http.server import (
     parse_json_object_from_request,
     query_int,
     query_string,
+    query_strings,
 )
 from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
@@ -297,17 +298,6 @@ def register_federation_servlets(
         _register_room_servlets(resource, keyring, server_name, rooms)
 
 
-def _query_all(request: Request, name: str) -> list[str]:
-    """Every value of a repeated query parameter (``v``, ``ver``)."""
-    values = request.args.get(name.encode("ascii"), []) if request.args else []
-    try:
-        return [v.decode("utf-8") for v in values]
-    except UnicodeDecodeError:
-        raise SynapseError(
-            400, f"Query parameter {name!r} is not UTF-8", Codes.INVALID_PARAM
-        ) from None
-
-
 def _register_room_servlets(
     resource: JsonResource, keyring: Keyring, server_name: str, rooms: FederationRoomsHandler
 ) -> None:
@@ -342,7 +332,7 @@ def _register_room_servlets(
     async def on_backfill(request: Request, room_id: str) -> tuple[int, Any]:
         origin = await origin_of(request)
         limit = query_int(request, "limit")
-        return 200, await rooms.on_backfill(origin, room_id, _query_all(request, "v"), limit)
+        return 200, await rooms.on_backfill(origin, room_id, query_strings(request, "v"), limit)
 
     async def on_get_missing_events(request: Request, room_id: str) -> tuple[int, Any]:
         body = parse_json_object_from_request(request)
@@ -351,7 +341,7 @@ def _register_room_servlets(
 
     async def on_make_join(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
         origin = await origin_of(request)
-        versions = _query_all(request, "ver")
+        versions = query_strings(request, "ver")
         return 200, await rooms.on_make_join(origin, room_id, user_id, versions)
 
     async def on_send_join(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
