@@ -20,18 +20,26 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 import treq
 import yaml
 from twisted.internet import reactor, task, threads
 from twisted.trial import unittest
 
+from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.crypto import SigningKey
+from synapse_lite.http.server import make_site
+from synapse_lite.server import HomeServer
+from tests.harness.databases import create_test_database
 from tests.harness.processes import NO_KEEPALIVE
+from tests.harness.server import make_config, make_homeserver
 from tests.harness.synapse_install import SynapseUnavailable, install_synapse, installed_python
 from tests.harness.tls import TestCA
 
+_reactor = cast(Any, reactor)
+#: What our server beside Synapse serves.
+OUR_RESOURCES = ("client", "federation", "keys")
 #: How long Synapse may take to create its database and answer.
 START_TIMEOUT_SECONDS = 180
 
@@ -152,8 +160,10 @@ class SynapsePeer:
             yaml.safe_dump(config, f)
         return path
 
-    async def start(self, testcase: unittest.TestCase) -> None:
-        """Start it and wait until its client API answers; stopped at cleanup."""
+    async def start(self, testcase: unittest.TestCase, keep: bool = False) -> None:
+        """Start it and wait until its client API answers; stopped at the
+        test's cleanup unless ``keep`` (then :meth:`stop` is the caller's,
+        e.g. a test class sharing one Synapse stops it in ``tearDownClass``)."""
         path = self.write_config()
         log = open(os.path.join(self.directory, "stdout.log"), "wb")
         # Its own virtualenv only: trial's workers (-j) get a PYTHONPATH of
@@ -169,7 +179,8 @@ class SynapsePeer:
             start_new_session=True,
         )
         log.close()
-        testcase.addCleanup(self.stop)
+        if not keep:
+            testcase.addCleanup(self.stop)
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while True:
             if self._process.poll() is not None:
@@ -209,3 +220,63 @@ class SynapsePeer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def start_our_server(testcase: unittest.TestCase, ca: TestCA) -> tuple[HomeServer, str]:
+    """One server of ours as Synapse's peer: named ``localhost:<port>`` (a
+    host name, as Synapse needs, see :class:`SynapsePeer`), federation over
+    HTTPS on that port with a certificate from ``ca`` (whose CA it trusts
+    for Synapse's), loopback allowed; its client API over plain HTTP at the
+    URL returned."""
+    db = create_test_database()
+    testcase.addCleanup(db.drop)
+    port = free_port()
+    config = make_config(
+        db,
+        server_name=f"localhost:{port}",
+        enable_registration=True,
+        rate_limiting={"enabled": False},
+        federation={
+            "extra_ca_paths": [ca.ca_path],
+            "ip_range_allowlist": ["127.0.0.0/8"],
+            "retry": {"initial_seconds": 0.2, "max_seconds": 1},
+        },
+        resources=OUR_RESOURCES,
+    )
+    hs = make_homeserver(testcase, config)
+    tree = hs.listeners.resources.tree(OUR_RESOURCES)
+    site = make_site(tree, 1_048_576)
+    tls = _reactor.listenSSL(
+        port, site, ca.server_options("ours", ["localhost"]), interface="127.0.0.1"
+    )
+    _close_connections_at_cleanup(testcase, site)
+    testcase.addCleanup(tls.stopListening)
+    plain = _reactor.listenTCP(0, make_site(tree, 1_048_576), interface="127.0.0.1")
+    testcase.addCleanup(plain.stopListening)
+    number = plain.getHost().port
+    hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
+    return hs, f"http://127.0.0.1:{number}"
+
+
+def _close_connections_at_cleanup(testcase: unittest.TestCase, site: Any) -> None:
+    """Close what a Synapse that outlives the test left connected to
+    ``site`` (its keep-alive connections), so the reactor is clean."""
+    protocols: list[Any] = []
+    build = site.buildProtocol
+
+    def build_and_keep(addr: Any) -> Any:
+        protocol = build(addr)
+        protocols.append(protocol)
+        return protocol
+
+    site.buildProtocol = build_and_keep
+
+    def close() -> None:
+        for protocol in protocols:
+            # Twisted's HTTP protocol is a wrapper of the channel that has it.
+            channel = getattr(protocol, "_channel", protocol)
+            transport = getattr(channel, "transport", None)
+            if transport is not None:
+                transport.abortConnection()
+
+    testcase.addCleanup(close)

@@ -1,0 +1,101 @@
+"""Rooms shared with a real Synapse (``tests/harness/synapse_peer.py``): our
+users join rooms created on Synapse (by alias, and by id in room version
+12, whose room ids name no server) and see their state in /sync, and leave
+them; Synapse sees each membership.
+
+One Synapse for the whole class (started by the first test, stopped in
+``tearDownClass``): starting it is most of the cost. Each test has its own
+server of ours. Skipped with the reason when Synapse cannot be installed
+here; a failure under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import urllib.parse
+
+from twisted.trial import unittest
+
+from synapse_lite.storage.id_generators import generator as id_generators
+from tests.harness.client_api import ClientApi
+from tests.harness.polling import eventually
+from tests.harness.synapse_peer import SynapsePeer, start_our_server, synapse_or_skip
+from tests.harness.tls import TestCA
+
+
+def q(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+class SynapseRoomsTestCase(unittest.TestCase):
+    # A cold install of Synapse takes minutes; a warm run, seconds.
+    timeout = 1200
+    peer: SynapsePeer | None = None
+    ca: TestCA | None = None
+    #: Users registered so far (Synapse's database outlives each test).
+    users = 0
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        if cls.peer is not None:
+            cls.peer.stop()
+            cls.peer = None
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
+        python = await synapse_or_skip(self)
+        cls = type(self)
+        if cls.peer is None:
+            cls.ca = TestCA(tempfile.mkdtemp(prefix="synapse_rooms_ca_"))
+            peer = SynapsePeer(python, cls.ca)
+            await peer.start(self, keep=True)
+            cls.peer = peer
+        assert cls.ca is not None
+        self.synapse = cls.peer
+        self.hs, self.client_url = start_our_server(self, cls.ca)
+
+    async def user(self, base_url: str, name: str) -> ClientApi:
+        # Synapse's database outlives each test: names must not repeat.
+        type(self).users += 1
+        return await ClientApi(self, base_url).register(f"{name}{type(self).users}")
+
+    async def synapse_members(self, sam: ClientApi, room_id: str) -> set[str]:
+        joined = await sam.ok("GET", f"/rooms/{q(room_id)}/joined_members")
+        return set(joined["joined"])
+
+    async def test_join_a_synapse_room_by_alias_and_leave(self) -> None:
+        sam = await self.user(self.synapse.client_url, "sam")
+        alias_name = f"lobby{type(self).users}"
+        room_id = await sam.create_room(
+            preset="public_chat", name="Synapse Lobby", room_alias_name=alias_name
+        )
+        await sam.send(room_id, "hello from Synapse")
+        alice = await self.user(self.client_url, "alice")
+        alias = f"#{alias_name}:{self.synapse.server_name}"
+        joined = await alice.ok("POST", f"/join/{q(alias)}", {})
+        self.assertEqual(joined["room_id"], room_id)
+
+        sync = await alice.sync()
+        room = sync["rooms"]["join"][room_id]
+        state = {(e["type"], e["state_key"]): e for e in room["state"]["events"]}
+        self.assertEqual(state[("m.room.name", "")]["content"]["name"], "Synapse Lobby")
+        self.assertEqual(state[("m.room.member", sam.user_id)]["content"]["membership"], "join")
+        self.assertEqual(room["timeline"]["events"][-1]["state_key"], alice.user_id)
+        self.assertEqual(await self.synapse_members(sam, room_id), {sam.user_id, alice.user_id})
+
+        await alice.ok("POST", f"/rooms/{q(room_id)}/leave", {})
+
+        async def left() -> bool:
+            return await self.synapse_members(sam, room_id) == {sam.user_id}
+
+        await eventually(left, timeout=10, what="Synapse saw the leave")
+
+    async def test_join_a_version_12_room_by_id(self) -> None:
+        sam = await self.user(self.synapse.client_url, "sam")
+        room_id = await sam.create_room(preset="public_chat", name="Twelve", room_version="12")
+        self.assertNotIn(":", room_id)
+        alice = await self.user(self.client_url, "alice")
+        await alice.ok("POST", f"/join/{q(room_id)}?via={q(self.synapse.server_name)}", {})
+        name = await alice.ok("GET", f"/rooms/{q(room_id)}/state/m.room.name")
+        self.assertEqual(name["name"], "Twelve")
+        self.assertEqual(await self.synapse_members(sam, room_id), {sam.user_id, alice.user_id})
