@@ -475,6 +475,8 @@ class Handlers:
     inbound: FederationInboundHandler | None
     #: Serves our rooms to other servers, where federation is served.
     rooms: FederationRoomsHandler | None
+    #: Our users' memberships in other servers' rooms; serves their invites.
+    remote_members: FederationJoinHandler | None
     stalls: StallDetector
     hooks: Hooks
 
@@ -773,6 +775,7 @@ def _handlers(
         media_endpoints=media_endpoints,
         inbound=inbound,
         rooms=rooms,
+        remote_members=remote_members,
         stalls=stalls,
         hooks=hooks,
     )
@@ -987,6 +990,7 @@ def _lifecycle(
         keyring, inbound, openid = federation.keyring, handlers.inbound, handlers.client.openid
         rooms = handlers.rooms
         profiles, directory = handlers.client.profiles, handlers.client.directory
+        invites = handlers.remote_members
 
         def federation_servlets(resource: JsonResource, resources: tuple[str, ...]) -> None:
             register_federation_servlets(
@@ -999,6 +1003,7 @@ def _lifecycle(
                 rooms=rooms,
                 profiles=profiles,
                 directory=directory,
+                invites=invites,
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from synapse_lite.federation.inbound import FederationInboundHandler
     from synapse_lite.federation.keyring import Keyring
     from synapse_lite.handlers.directory import DirectoryHandler
+    from synapse_lite.handlers.federation_join import FederationJoinHandler
     from synapse_lite.handlers.federation_rooms import FederationRoomsHandler
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.profile import ProfileHandler
@@ -224,9 +225,11 @@ def register_federation_servlets(
     rooms: FederationRoomsHandler | None = None,
     profiles: ProfileHandler | None = None,
     directory: DirectoryHandler | None = None,
+    invites: FederationJoinHandler | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``
-    (``rooms``: our rooms served to other servers)."""
+    (``rooms``: our rooms served to other servers; ``invites``: other
+    servers inviting our users)."""
     if "keys" in resources:
 
         async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
@@ -296,6 +299,9 @@ def register_federation_servlets(
 
     if "federation" in resources and rooms is not None:
         _register_room_servlets(resource, keyring, server_name, rooms)
+
+    if "federation" in resources and invites is not None:
+        _register_invite_servlets(resource, keyring, server_name, invites)
 
 
 def _register_room_servlets(
@@ -371,3 +377,23 @@ def _register_room_servlets(
         ("PUT", f"{v2}/send_leave/{room}/{event}", on_send_leave, "send_leave"),
     ):
         resource.register_paths(method, path, callback, f"federation.{name}")
+
+
+def _register_invite_servlets(
+    resource: JsonResource, keyring: Keyring, server_name: str, invites: FederationJoinHandler
+) -> None:
+    """``PUT /v1/invite`` and ``/v2/invite``: another server invites one of
+    our users (``handlers/federation_join.py``); v1 answers ``[200, {event}]``."""
+    path = r"/invite/(?P<room_id>[^/]+)/(?P<event_id>[^/]+)"
+
+    def servlet(v2: bool) -> Any:
+        async def on_invite(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+            body = parse_json_object_from_request(request)
+            origin = await authenticate_request(keyring, server_name, request, body)
+            answer = await invites.on_invite(origin, room_id, event_id, body, v2)
+            return 200, (answer if v2 else [200, answer])
+
+        return on_invite
+
+    resource.register_paths("PUT", FEDERATION_PREFIX + path, servlet(False), "federation.invite_v1")
+    resource.register_paths("PUT", FEDERATION_V2_PREFIX + path, servlet(True), "federation.invite")

@@ -40,6 +40,7 @@ from synapse_lite.event_graph.authorisation import (
     authorise,
 )
 from synapse_lite.event_graph.hashing import (
+    add_event_signature,
     content_hash_matches,
     event_id_of,
     servers_that_must_sign,
@@ -50,8 +51,15 @@ from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey, room_id_
 from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.crypto import CanonicalJsonError, SignatureError
 from synapse_lite.federation.keyring import KeyLookupError
+from synapse_lite.handlers.federation_rooms import membership_template
 from synapse_lite.handlers.received_events import pdu_as_content
-from synapse_lite.replication.http.federation_rooms import PERSIST_REMOTE_JOIN, RemoteJoin
+from synapse_lite.handlers.sync_sections.rooms import INVITE_STATE_TYPES
+from synapse_lite.replication.http.federation_rooms import (
+    PERSIST_RECEIVED_EVENT,
+    PERSIST_REMOTE_JOIN,
+    ReceivedEvent,
+    RemoteJoin,
+)
 from synapse_lite.replication.http.send_events import EventsPersisted
 from synapse_lite.storage.databases.main.events import RemoteJoinToPersist
 
@@ -287,7 +295,8 @@ class FederationJoinHandler:
         another server: we do not have the room, or no user of ours (but
         ``leaving``, the user whose leave it is) is joined to it and another
         server's is."""
-        if not await self._store.room_exists(room_id):
+        if CREATE not in await self._store.get_current_state_ids(room_id):
+            # Unknown here, or known only by an invite of another server's.
             return True
         joined = (await self._store.get_users_in_room(room_id)) - {leaving}
         return not any(server_of(u) == self._server_name for u in joined) and bool(joined)
@@ -416,9 +425,7 @@ class FederationJoinHandler:
     async def _persist(
         self, origin: str, version: RoomVersion, room_id: str, checked: CheckedJoin
     ) -> str:
-        writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
-        if writer is None:
-            writer = self._writers.writer_for("events", room_id, among=self._event_writers())
+        writer = await self._writer_of(room_id)
         in_state = set(checked.state_before.values())
         request = RemoteJoin(
             room_id=room_id,
@@ -436,12 +443,23 @@ class FederationJoinHandler:
         [(event_id, _)] = answer.events
         return event_id
 
-    async def leave(self, user_id: str, room_id: str, content: Mapping[str, Any]) -> str:
-        """Leave a room of other servers through ``make_leave``/``send_leave``
-        (the servers of its joined members, in turn); the leave is stored with
-        the state we hold. 404 naming each server's failure when none took it."""
+    async def leave(
+        self,
+        user_id: str,
+        room_id: str,
+        content: Mapping[str, Any],
+        invited_by: str | None = None,
+    ) -> str:
+        """Leave a room of other servers, or reject an invite to one
+        (``invited_by``: the inviter), through ``make_leave``/``send_leave``
+        (the servers of its joined members or the inviter's, in turn); the
+        leave is stored with the state we hold. 404 naming each server's
+        failure when none took it; a rejected invite whose servers cannot be
+        had is rejected here alone (the spec's "servers that are gone")."""
         joined = await self._store.get_users_in_room(room_id)
         servers = sorted({server_of(u) for u in joined})
+        if invited_by is not None:
+            servers.insert(0, server_of(invited_by))
         problems = []
         for server in candidate_servers(servers, room_id, self._server_name):
             try:
@@ -450,9 +468,39 @@ class FederationJoinHandler:
                 problems.append(f"{server}: {_error_of(e)}")
             except JoinAnswerError as e:
                 problems.append(f"{server}: refused its template: {e.reason}")
-        raise SynapseError(
-            404, f"Could not leave {room_id}: {'; '.join(problems) or 'no server'}", Codes.NOT_FOUND
-        )
+        detail = "; ".join(problems) or "no server"
+        if invited_by is None:
+            raise SynapseError(404, f"Could not leave {room_id}: {detail}", Codes.NOT_FOUND)
+        logger.info("Rejecting the invite to %s here alone: %s", room_id, detail)
+        return await self._reject_locally(user_id, room_id, content)
+
+    async def _reject_locally(self, user_id: str, room_id: str, content: Mapping[str, Any]) -> str:
+        """Our leave after an invite, made and stored here only (nobody could
+        be asked): after the invite, as its only child."""
+        version = await self._store.get_room_version(room_id)
+        current = await self._store.get_membership_in_room(user_id, room_id)
+        invite = await self._store.get_event(current[1]) if current else None
+        if invite is None:
+            raise SynapseError(404, "No invite to reject", Codes.NOT_FOUND)
+        refs: list[Any] = [invite.event_id]
+        if version.event_ids is EventIdFormat.SERVER_SUFFIXED:
+            refs = [[invite.event_id, {}]]
+        event = {
+            "room_id": room_id,
+            "type": "m.room.member",
+            "state_key": user_id,
+            "sender": user_id,
+            "content": {**content, "membership": "leave"},
+            "origin": self._server_name,
+            "origin_server_ts": self._clock.time_msec(),
+            "depth": invite.depth + 1,
+            "prev_events": refs,
+            "auth_events": refs,
+        }
+        if version.event_ids is EventIdFormat.SERVER_SUFFIXED:
+            event["event_id"] = f"${secrets.token_urlsafe(18)}:{self._server_name}"
+        signed = sign_event(version, event, self._server_name, self._signing_key())
+        return await self._persist_leave(version, room_id, signed)
 
     async def _leave_through(
         self, server: str, user_id: str, room_id: str, content: Mapping[str, Any]
@@ -483,15 +531,174 @@ class FederationJoinHandler:
             if e.code not in (400, 404) or _errcode(e) != "M_UNRECOGNIZED":
                 raise
             await client.put_json(server, FEDERATION_V1 + path, signed)
+        logger.info("%s left %s through %s", user_id, room_id, server)
+        return await self._persist_leave(version, room_id, signed)
+
+    async def _writer_of(self, room_id: str) -> str:
+        """The room's events writer, or the one a room new here goes to."""
         writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+        if writer is None:
+            writer = self._writers.writer_for("events", room_id, among=self._event_writers())
+        return writer
+
+    async def _persist_leave(self, version: RoomVersion, room_id: str, signed: Any) -> str:
         request = RemoteJoin(
             room_id=room_id,
             origin=self._server_name,
             answer={"room_version": version.identifier, "event": signed, "leave": True},
         )
+        writer = await self._writer_of(room_id)
         persisted = await self._calls.call(PERSIST_REMOTE_JOIN, request, instance=writer)
-        logger.info("%s left %s through %s", user_id, room_id, server)
         return persisted.events[0][0]
+
+    # Invites across servers
+
+    async def invite(self, sender: str, room_id: str, target: str, content: dict[str, Any]) -> str:
+        """Our user ``sender`` invites ``target`` of another server: the
+        invite is made here (on the room's extremities, checked by the
+        rules), signed, sent to the target's server (``/v2/invite`` with the
+        room's stripped state), and the event it countersigned stored by the
+        room's writer. 403 when the rules refuse it; 404 naming the failure
+        when the server cannot be had or refuses."""
+        version = await self._store.get_room_version(room_id)
+        template = await membership_template(
+            self._store, version, room_id, sender, target, content, self._clock.time_msec()
+        )
+        event = {**template, "origin": self._server_name}
+        if version.event_ids is EventIdFormat.SERVER_SUFFIXED:
+            event["event_id"] = f"${secrets.token_urlsafe(18)}:{self._server_name}"
+        signed = sign_event(version, event, self._server_name, self._signing_key())
+        event_id = event_id_of(version, signed)
+        server = server_of(target)
+        body = {
+            "room_version": version.identifier,
+            "event": signed,
+            "invite_room_state": await self._stripped_state(room_id, sender),
+        }
+        path = f"{FEDERATION_V2}/invite/{_q(room_id)}/{_q(event_id)}"
+        try:
+            answer = await self._client().put_json(server, path, body)
+            returned = read_answer_pdu(version, room_id, _dict(answer).get("event"))
+            if returned.event.event_id != event_id:
+                raise JoinAnswerError("the answer's event is not our invite")
+            await self._check_signatures(version, returned)
+        except FederationRequestError as e:
+            if e.code == 403:
+                raise AuthError(403, f"{server} refused the invite: {_error_of(e)}") from e
+            raise SynapseError(
+                404, f"Could not invite {target}: {server}: {_error_of(e)}", Codes.NOT_FOUND
+            ) from e
+        except JoinAnswerError as e:
+            raise SynapseError(
+                404, f"Could not invite {target}: {server}: {e.reason}", Codes.NOT_FOUND
+            ) from e
+        await self._store.store_received_pdu(event_id, room_id, server, returned.pdu)
+        writer = await self._writer_of(room_id)
+        await self._calls.call(
+            PERSIST_RECEIVED_EVENT, ReceivedEvent(room_id, server, returned.pdu), instance=writer
+        )
+        return event_id
+
+    async def _stripped_state(self, room_id: str, sender: str) -> list[dict[str, Any]]:
+        """The stripped state an invite carries: the room's create, join
+        rules, name, topic, avatar, canonical alias and encryption events,
+        and the inviter's member event."""
+        state_ids = await self._store.get_current_state_ids(room_id)
+        wanted = [state_ids[(t, "")] for t in INVITE_STATE_TYPES if (t, "") in state_ids]
+        if ("m.room.member", sender) in state_ids:
+            wanted.append(state_ids[("m.room.member", sender)])
+        events = await self._store.get_events(wanted)
+        return [
+            {"type": e.type, "state_key": e.state_key, "sender": e.sender, "content": e.content}
+            for e in events.values()
+        ]
+
+    async def on_invite(
+        self, origin: str, room_id: str, event_id: str, body: Any, v2: bool
+    ) -> dict[str, Any]:
+        """``PUT /v2/invite/{roomId}/{eventId}`` (``v2``; v1's body is the
+        event itself): another server invites one of our users. The event is
+        checked (its version, id, room, content hash, a user of ``origin``
+        inviting a user of ours who exists, ``origin``'s signature),
+        countersigned, and stored as our user's invite with the stripped
+        state it came with; the answer is the countersigned event."""
+        if not isinstance(body, dict):
+            raise SynapseError(400, "The body must be an object", Codes.BAD_JSON)
+        if v2:
+            pdu, identifier = body.get("event"), body.get("room_version", "1")
+            stripped = body.get("invite_room_state", [])
+        else:
+            pdu, identifier = body, "1"
+            stripped = _dict(body.get("unsigned")).get("invite_room_state", [])
+        version = SPEC_ROOM_VERSIONS.get(identifier) if isinstance(identifier, str) else None
+        if version is None:
+            raise SynapseError(
+                400,
+                f"Room version {identifier!r} is not supported here",
+                "M_INCOMPATIBLE_ROOM_VERSION",
+            )
+        if not _is_stripped_state(stripped):
+            raise SynapseError(
+                400,
+                f"invite_room_state must be at most {MAX_STRIPPED_STATE} objects with type,"
+                " state_key, sender and content",
+                Codes.BAD_JSON,
+            )
+        try:
+            received = read_answer_pdu(version, room_id, pdu)
+        except JoinAnswerError as e:
+            raise SynapseError(400, f"Bad invite: {e.reason}", Codes.BAD_JSON) from e
+        event = received.event
+        if event.event_id != event_id:
+            raise SynapseError(400, f"The event's id is {event.event_id}", Codes.INVALID_PARAM)
+        target = event.state_key or ""
+        if event.type != "m.room.member" or event.membership != "invite":
+            raise SynapseError(400, "The event is not an invite", Codes.BAD_JSON)
+        if server_of(event.sender) != origin:
+            raise AuthError(403, f"{event.sender} is not a user of {origin}")
+        if not target.startswith("@") or server_of(target) != self._server_name:
+            raise SynapseError(400, f"{target} is not a user of ours", Codes.INVALID_PARAM)
+        if await self._store.get_user(target) is None:
+            raise SynapseError(404, f"Unknown user {target}", Codes.NOT_FOUND)
+        try:
+            await self._check_signatures(version, received)
+        except JoinAnswerError as e:
+            raise AuthError(403, e.reason) from e
+        signed = add_event_signature(version, received.pdu, self._server_name, self._signing_key())
+        stored = {**signed, "unsigned": {"invite_room_state": stripped}}
+        request = RemoteJoin(
+            room_id=room_id,
+            origin=origin,
+            answer={"room_version": version.identifier, "event": stored, "invite": True},
+        )
+        await self._calls.call(
+            PERSIST_REMOTE_JOIN, request, instance=await self._writer_of(room_id)
+        )
+        logger.info("%s invited %s to %s", event.sender, target, room_id)
+        return {"event": signed}
+
+
+#: Most stripped state events an invite may carry.
+MAX_STRIPPED_STATE = 50
+
+
+def _is_stripped_state(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_STRIPPED_STATE
+        and all(
+            isinstance(e, dict)
+            and isinstance(e.get("type"), str)
+            and isinstance(e.get("state_key"), str)
+            and isinstance(e.get("sender"), str)
+            and isinstance(e.get("content"), dict)
+            for e in value
+        )
+    )
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _errcode(e: FederationRequestError) -> str | None:
@@ -532,13 +739,21 @@ class RemoteJoinWriter:
         version = SPEC_ROOM_VERSIONS[answer["room_version"]]
         room_id = request.room_id
         join = read_answer_pdu(version, room_id, answer["event"])
+        if answer.get("invite"):
+            content = attr.evolve(pdu_as_content(join.event), outlier=True)
+            # Stored as sent, ``unsigned.invite_room_state`` with it.
+            invite = await self._events.persist_remote_invite_as_writer(
+                content, request.origin, answer["event"], version.identifier
+            )
+            return EventsPersisted([(invite.event_id, invite.stream_ordering)])
         if answer.get("leave"):
             state_before = await self._store.get_current_state_ids(room_id)
             others: list[ReceivedPdu] = []
-            create_id = state_before[CREATE]
-            create = await self._store.get_event(create_id)
-            assert create is not None
-            creator, created_ts = create.sender, create.origin_server_ts
+            create_id = state_before.get(CREATE)
+            create = await self._store.get_event(create_id) if create_id else None
+            # A rejected invite to a room we never had names no create event.
+            creator = create.sender if create else join.event.sender
+            created_ts = create.origin_server_ts if create else join.event.origin_server_ts
         else:
             state = [read_answer_pdu(version, room_id, p) for p in answer["state"]]
             chain = [read_answer_pdu(version, room_id, p) for p in answer["auth_chain"]]

@@ -534,6 +534,26 @@ class EventCreationHandler:
         self._notifier.notify(users=[content.state_key or ""], rooms=[room_id])
         return event
 
+    async def persist_remote_invite_as_writer(
+        self, content: EventContent, origin: str, pdu: dict[str, Any], version: str
+    ) -> Event:
+        """On the room's writer (or the one a room new here goes to): persist
+        another server's invite of our user, checked and countersigned by the
+        process that received it, as an outlier that is our user's
+        membership (``EventsStore.persist_remote_invite``). An invite
+        already stored is answered as it is."""
+        room_id = content.room_id
+        async with self._locks.hold(room_id):
+            writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+            if writer is not None and writer != self._me:
+                raise RoomMovedError(room_id)
+            existing = await self._store.get_event(content.event_id)
+            if existing is not None:
+                return existing
+            event = await self._store.persist_remote_invite(content, origin, pdu, version)
+        self._notifier.notify(users=[content.state_key or ""], rooms=[room_id])
+        return event
+
     async def _authorise_with_core(
         self, room_version: RoomVersion, contents: Sequence[EventContent]
     ) -> None:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
-from synapse_lite.api.identifiers import is_mine_id
-from synapse_lite.events import EventSpec
+from synapse_lite.api.identifiers import is_mine_id, server_of
+from synapse_lite.events import Event, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.profile import (
     PROFILE_FIELDS,
@@ -63,6 +63,8 @@ class RoomMemberStore(ProfileReader, Protocol):
     """The store reads of :class:`RoomMemberHandler`."""
 
     async def forget_room(self, user_id: str, room_id: str) -> None: ...
+
+    async def get_event(self, event_id: str) -> Event | None: ...
 
     async def get_membership_in_room(
         self, user_id: str, room_id: str
@@ -157,11 +159,9 @@ class RoomMemberHandler:
             raise AuthError(403, "You cannot invite yourself")
         if action in ("kick", "ban") and target == user_id:
             raise SynapseError(400, f"You cannot {action} yourself", Codes.INVALID_PARAM)
+        if action == "invite" and not is_mine_id(target, self._server_name):
+            return await self._invite_remote(requester, room_id, target, reason)
         if action == "invite":
-            if not is_mine_id(target, self._server_name):
-                raise SynapseError(
-                    400, "Federation is not supported: invite local users", Codes.INVALID_PARAM
-                )
             if not await self._app_service_queries.user_exists(target):
                 raise NotFoundError(f"Unknown user {target}")
         if action in ("join", "leave") and self._remote is not None:
@@ -229,15 +229,23 @@ class RoomMemberHandler:
         if not await self._remote.is_remote_room(room_id, leaving):
             return None
         current = await self._store.get_membership_in_room(user_id, room_id)
+        # An invite of another server's: joined, or rejected, through the
+        # inviter's server first.
+        inviter = None
+        if current is not None and current[0] == "invite":
+            invite = await self._store.get_event(current[1])
+            inviter = invite.sender if invite is not None else None
         if action == "leave":
-            if current is None or current[0] != "join":
+            if current is None or current[0] not in ("join", "invite"):
                 return None
             content: dict[str, Any] = {}
             if reason is not None:
                 content["reason"] = reason
-            return await self._remote.leave(user_id, room_id, content)
+            return await self._remote.leave(user_id, room_id, content, inviter)
         if current is not None and current[0] == "join":
             return current[1]
+        if inviter is not None:
+            servers = [server_of(inviter), *servers]
         if await self._store.is_room_blocked(room_id):
             raise AuthError(403, "This room has been blocked on this server")
         content = member_content("join", await profile_of(self._store, user_id))
@@ -248,3 +256,20 @@ class RoomMemberHandler:
         event_id = await self._remote.join(user_id, room_id, servers, content)
         await self._store.unforget_room(user_id, room_id)
         return event_id
+
+    async def _invite_remote(
+        self, requester: Requester, room_id: str, target: str, reason: str | None
+    ) -> str:
+        """Invite a user of another server (``/v2/invite`` to their server)."""
+        if self._remote is None:
+            raise SynapseError(
+                400, "This server does not federate: invite local users", Codes.INVALID_PARAM
+            )
+        if not await self._store.room_exists(room_id):
+            raise NotFoundError("Unknown room")
+        if await self._store.is_room_blocked(room_id):
+            raise AuthError(403, "This room has been blocked on this server")
+        content: dict[str, Any] = {"membership": "invite"}
+        if reason is not None:
+            content["reason"] = reason
+        return await self._remote.invite(requester.user_id, room_id, target, content)

@@ -179,3 +179,43 @@ class RemoteJoinTestCase(LoopbackServers):
 
         body = await self.hostile_join(tamper)
         self.assertIn("does not allow it", body["error"])
+
+    async def test_invites_across_servers(self) -> None:
+        # b.test invites bob@a.test (b's outbound /v2/invite, a's inbound).
+        alice, room_id = await self.b_room(preset="private_chat", name="Secret")
+        bob = await self.client(self.a).register("bob")
+        await alice.ok("POST", f"/rooms/{q(room_id)}/invite", {"user_id": bob.user_id})
+        invited = (await bob.sync())["rooms"]["invite"][room_id]["invite_state"]["events"]
+        by_key = {(e["type"], e["state_key"]): e for e in invited}
+        self.assertEqual(by_key[("m.room.name", "")]["content"]["name"], "Secret")
+        self.assertEqual(by_key[("m.room.member", bob.user_id)]["content"]["membership"], "invite")
+        self.assertEqual(by_key[("m.room.member", bob.user_id)]["sender"], alice.user_id)
+        # b.test holds the invite as it went, signed by both servers.
+        member = await alice.ok("GET", f"/rooms/{q(room_id)}/state/m.room.member/{q(bob.user_id)}")
+        self.assertEqual(member["membership"], "invite")
+
+        # bob accepts: a remote join through the inviter's server.
+        await bob.ok("POST", f"/rooms/{q(room_id)}/join", {})
+        self.assertEqual(await self.members(alice, room_id), {alice.user_id, bob.user_id})
+        sync = await bob.sync()
+        self.assertIn(room_id, sync["rooms"]["join"])
+        self.assertNotIn(room_id, sync["rooms"]["invite"])
+
+        # carol rejects hers: a remote leave through the inviter's server.
+        _alice, other_room = await self.b_room(preset="private_chat")
+        carol = await self.client(self.a).register("carol")
+        await _alice.ok("POST", f"/rooms/{q(other_room)}/invite", {"user_id": carol.user_id})
+        since = (await carol.sync())["next_batch"]
+        await carol.ok("POST", f"/rooms/{q(other_room)}/leave", {})
+        member = await _alice.ok(
+            "GET", f"/rooms/{q(other_room)}/state/m.room.member/{q(carol.user_id)}"
+        )
+        self.assertEqual(member["membership"], "leave")
+        self.assertIn(other_room, (await carol.sync(since=since))["rooms"]["leave"])
+
+        # A user a.test does not have: b.test's client hears a.test's 404.
+        code, body = await alice.request(
+            "POST", f"/rooms/{q(room_id)}/invite", {"user_id": "@nobody:a.test"}
+        )
+        self.assertEqual(code, 404, body)
+        self.assertIn("Unknown user", body["error"])

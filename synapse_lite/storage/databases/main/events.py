@@ -293,12 +293,45 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             self._event_cache.set(event.event_id, event)
         return persisted[-1]
 
+    async def persist_remote_invite(
+        self, content: EventContent, origin: str, pdu: dict[str, Any], room_version: str
+    ) -> Event:
+        """Persist another server's invite of our user to a room we may not
+        have (docs/federation.md, "Invites across servers"): an outlier
+        whose membership is our user's (current state, memberships, the
+        delta stream, so /sync shows the invite), with its received form
+        ``pdu`` (its ``unsigned.invite_room_state`` is the stripped state
+        shown with it). A room new here gets its row, with ``room_version``
+        (as the reference server does for such memberships): its version is
+        then known, and this writer is its writer."""
+
+        def txn_func(txn: LoggingTransaction) -> list[Event]:
+            txn.execute(
+                "INSERT INTO rooms (room_id, creator, is_public, room_version, creation_ts,"
+                " event_writer) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
+                (content.room_id, content.sender, False, room_version,
+                 content.origin_server_ts, self._instance_name),
+            )  # fmt: skip
+            txn.execute(
+                "INSERT INTO received_pdus (event_id, room_id, origin, pdu_json)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+                (content.event_id, content.room_id, origin, json_encoder(pdu)),
+            )
+            return self._persist_events_txn(
+                txn, [content], {}, member_outliers=frozenset([content.event_id])
+            )
+
+        [event] = await self.db_pool.runInteraction("persist_remote_invite", txn_func)
+        self._event_cache.set(event.event_id, event)
+        return event
+
     def _persist_events_txn(
         self,
         txn: LoggingTransaction,
         events: list[EventContent],
         push_actions: Mapping[str, Any],
         given_state_before: Mapping[str, Mapping[StateKey, str]] | None = None,
+        member_outliers: frozenset[str] = frozenset(),
     ) -> list[Event]:
         persisted: list[Event] = []
         # Registered before the ids are taken, so it runs (after commit) before
@@ -351,7 +384,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 )
             # A rejected, soft-failed or outlier state event changes no
             # current state, membership or room row (docs/event-graph.md).
-            if event.is_state and content.in_room:
+            # An invite from another server to a room we do not have is an
+            # outlier whose membership is our user's all the same.
+            if event.is_state and (content.in_room or content.event_id in member_outliers):
                 state_changed.add(room_id)
                 if event.type == "m.room.member" and event.state_key is not None:
                     members_changed[room_id].add(event.state_key)
@@ -362,6 +397,16 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         for event in persisted:
             if event.room_id in resolved_rooms:
                 resolved_rows[event.stream_ordering] = [event_row_of(event)]
+            elif event.event_id in member_outliers:
+                resolved_rows[event.stream_ordering] = [
+                    event_row_of(event),
+                    EventsStreamCurrentStateRow(
+                        room_id=event.room_id,
+                        type=event.type,
+                        state_key=event.state_key or "",
+                        event_id=event.event_id,
+                    ),
+                ]
         for room_id in sorted(resolved_rooms):
             changed = self._current_state_from_extremities_txn(
                 txn, room_id, persisted, resolved_rows
