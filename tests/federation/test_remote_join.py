@@ -22,8 +22,8 @@ from tests.harness.client_api import ClientApi
 from tests.harness.federation import LoopbackServers
 
 
-def q(value: str) -> str:
-    return urllib.parse.quote(value, safe="")
+def q(value: str | None) -> str:
+    return urllib.parse.quote(value or "", safe="")
 
 
 class RemoteJoinTestCase(LoopbackServers):
