@@ -515,24 +515,14 @@ class EventCreationHandler:
         our user's join to another server's room, or leave from it, as the
         process that made it checked it (``handlers/federation_join.py``):
         ``outliers`` (those not stored yet) and ``content`` with
-        ``join.state_before`` as the state before it. Holds the room's lock.
-        An event already stored is answered as it is."""
-        room_id = join.room_id
-        async with self._locks.hold(room_id):
-            writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
-            if writer is not None and writer != self._me:
-                raise RoomMovedError(room_id)
-            existing = await self._store.get_event(content.event_id)
-            if existing is not None:
-                return existing
+        ``join.state_before`` as the state before it."""
+
+        async def persist() -> Event:
             have = await self._store.get_events([o.event_id for o in outliers])
             fresh = [o for o in outliers if o.event_id not in have]
-            try:
-                event = await self._store.persist_remote_join(join, fresh, content)
-            finally:
-                self._room_extremities.pop(room_id)
-        self._notifier.notify(users=[content.state_key or ""], rooms=[room_id])
-        return event
+            return await self._store.persist_remote_join(join, fresh, content)
+
+        return await self._persist_membership_here(content, persist)
 
     async def persist_remote_invite_as_writer(
         self, content: EventContent, origin: str, pdu: dict[str, Any], version: str
@@ -540,8 +530,20 @@ class EventCreationHandler:
         """On the room's writer (or the one a room new here goes to): persist
         another server's invite of our user, checked and countersigned by the
         process that received it, as an outlier that is our user's
-        membership (``EventsStore.persist_remote_invite``). An invite
-        already stored is answered as it is."""
+        membership (``EventsStore.persist_remote_invite``)."""
+
+        async def persist() -> Event:
+            return await self._store.persist_remote_invite(content, origin, pdu, version)
+
+        return await self._persist_membership_here(content, persist)
+
+    async def _persist_membership_here(
+        self, content: EventContent, persist: Callable[[], Awaitable[Event]]
+    ) -> Event:
+        """Run ``persist`` (storing the membership event ``content``) under
+        the room's lock, on its writer (:class:`RoomMovedError`
+        elsewhere); an event already stored is answered as it is. Its
+        member is woken."""
         room_id = content.room_id
         async with self._locks.hold(room_id):
             writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
@@ -550,7 +552,11 @@ class EventCreationHandler:
             existing = await self._store.get_event(content.event_id)
             if existing is not None:
                 return existing
-            event = await self._store.persist_remote_invite(content, origin, pdu, version)
+            try:
+                event = await persist()
+            finally:
+                # The room's extremities may have changed in any way.
+                self._room_extremities.pop(room_id)
         self._notifier.notify(users=[content.state_key or ""], rooms=[room_id])
         return event
 

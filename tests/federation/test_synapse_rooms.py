@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 import urllib.parse
+from typing import Any
 
 from twisted.trial import unittest
 
@@ -23,8 +24,8 @@ from tests.harness.synapse_peer import SynapsePeer, start_our_server, synapse_or
 from tests.harness.tls import TestCA
 
 
-def q(value: str) -> str:
-    return urllib.parse.quote(value, safe="")
+def q(value: str | None) -> str:
+    return urllib.parse.quote(value or "", safe="")
 
 
 class SynapseRoomsTestCase(unittest.TestCase):
@@ -99,3 +100,38 @@ class SynapseRoomsTestCase(unittest.TestCase):
         name = await alice.ok("GET", f"/rooms/{q(room_id)}/state/m.room.name")
         self.assertEqual(name["name"], "Twelve")
         self.assertEqual(await self.synapse_members(sam, room_id), {sam.user_id, alice.user_id})
+
+    async def test_synapse_invites_ours_and_ours_accepts(self) -> None:
+        sam = await self.user(self.synapse.client_url, "sam")
+        room_id = await sam.create_room(preset="private_chat", name="Invited")
+        alice = await self.user(self.client_url, "alice")
+        await sam.ok("POST", f"/rooms/{q(room_id)}/invite", {"user_id": alice.user_id})
+
+        async def invited() -> Any:
+            return (await alice.sync())["rooms"]["invite"].get(room_id)
+
+        await eventually(invited, timeout=10, what="our user saw Synapse's invite")
+        invite_state = (await invited())["invite_state"]["events"]
+        names = [e for e in invite_state if e["type"] == "m.room.name"]
+        self.assertEqual(names[0]["content"]["name"], "Invited")
+        await alice.ok("POST", f"/rooms/{q(room_id)}/join", {})
+        self.assertEqual(await self.synapse_members(sam, room_id), {sam.user_id, alice.user_id})
+        name = await alice.ok("GET", f"/rooms/{q(room_id)}/state/m.room.name")
+        self.assertEqual(name["name"], "Invited")
+
+    async def test_ours_invites_a_synapse_user(self) -> None:
+        alice = await self.user(self.client_url, "alice")
+        room_id = await alice.create_room(preset="private_chat", name="Ours")
+        sam = await self.user(self.synapse.client_url, "sam")
+        await alice.ok("POST", f"/rooms/{q(room_id)}/invite", {"user_id": sam.user_id})
+        member = await alice.ok("GET", f"/rooms/{q(room_id)}/state/m.room.member/{q(sam.user_id)}")
+        self.assertEqual(member["membership"], "invite")
+
+        async def invited() -> Any:
+            return (await sam.sync())["rooms"]["invite"].get(room_id)
+
+        await eventually(invited, timeout=10, what="Synapse's user saw our invite")
+        # Synapse's user accepts: Synapse joins our room (make_join/send_join).
+        await sam.ok("POST", f"/rooms/{q(room_id)}/join", {})
+        joined = await alice.ok("GET", f"/rooms/{q(room_id)}/joined_members")
+        self.assertEqual(set(joined["joined"]), {alice.user_id, sam.user_id})
