@@ -14,9 +14,9 @@ import urllib.parse
 from typing import Any
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
-from synapse_lite.event_graph.hashing import sign_event
+from synapse_lite.event_graph.hashing import event_id_of, sign_event
 from synapse_lite.federation.client import FederationClient
-from synapse_lite.federation.crypto import load_or_create_signing_key
+from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
 from tests.harness.federation import LoopbackServers
@@ -219,3 +219,45 @@ class RemoteJoinTestCase(LoopbackServers):
         )
         self.assertEqual(code, 404, body)
         self.assertIn("Unknown user", body["error"])
+
+    async def test_hostile_invites_are_refused(self) -> None:
+        bob = await self.client(self.a).register("bob")
+        b_key = load_or_create_signing_key(self.b["main"].config.data_dir, create=False)
+        other_key = SigningKey.generate()  # not b.test's
+        version = KNOWN_ROOM_VERSIONS["10"]
+        room_id = "!somewhere:b.test"
+        invite = {
+            "room_id": room_id,
+            "type": "m.room.member",
+            "state_key": bob.user_id,
+            "sender": "@mallory:b.test",
+            "content": {"membership": "invite"},
+            "origin": "b.test",
+            "origin_server_ts": 1,
+            "depth": 5,
+            "prev_events": ["$p"],
+            "auth_events": [],
+        }
+
+        async def send(event: dict[str, Any], key: SigningKey, **body: Any) -> tuple[int, Any]:
+            path = f"/_matrix/federation/v2/invite/{q(room_id)}/{q(event_id_of(version, event))}"
+            content = {"room_version": "10", "event": event, **body}
+            return await self.signed_request(b_key, "b.test", "a.test", "PUT", path, content)
+
+        # Signed by a key b.test does not have: 403, nothing stored.
+        code, body = await send(sign_event(version, invite, "b.test", other_key), other_key)
+        self.assertEqual(code, 403, body)
+        # A user a.test does not have: 404.
+        other = sign_event(version, {**invite, "state_key": "@nobody:a.test"}, "b.test", b_key)
+        code, body = await send(other, b_key)
+        self.assertEqual(code, 404, body)
+        # Not an invite; stripped state that is not a list of events: 400.
+        join = sign_event(version, {**invite, "content": {"membership": "join"}}, "b.test", b_key)
+        self.assertEqual((await send(join, b_key))[0], 400)
+        good = sign_event(version, invite, "b.test", b_key)
+        self.assertEqual((await send(good, b_key, invite_room_state=[1]))[0], 400)
+        self.assertEqual((await bob.sync())["rooms"]["invite"], {})
+        # The same invite, well formed: shown to bob.
+        code, body = await send(good, b_key)
+        self.assertEqual(code, 200, body)
+        self.assertIn(room_id, (await bob.sync())["rooms"]["invite"])

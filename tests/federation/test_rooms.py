@@ -11,11 +11,8 @@ endpoint: the tests speak for it, signing requests and events with its key.
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from typing import Any
-
-import treq
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS, EventIdFormat, RoomVersion
 from synapse_lite.event_graph.hashing import (
@@ -24,12 +21,10 @@ from synapse_lite.event_graph.hashing import (
     sign_event,
     verify_event_signature,
 )
-from synapse_lite.federation.auth import sign_request
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
 from tests.harness.federation import LoopbackServers
-from tests.harness.processes import NO_KEEPALIVE
 
 CAROL = "@carol:a.test"
 
@@ -56,19 +51,7 @@ class FederationRoomsTestCase(LoopbackServers):
         origin: str = "a.test",
     ) -> tuple[int, Any]:
         """A request to b.test signed by ``origin`` (a.test's key)."""
-        header = sign_request(key or self.a_key, origin, "b.test", method, path, body)
-        headers: dict[bytes | str, list[bytes | str]] = {
-            "Authorization": [header],
-            "Content-Type": ["application/json"],
-        }
-        response = await treq.request(
-            method,
-            self.urls["b.test"] + path,
-            data=None if body is None else json.dumps(body).encode(),
-            headers=headers,
-            pool=NO_KEEPALIVE,
-        )
-        return response.code, json.loads(await treq.content(response))
+        return await self.signed_request(key or self.a_key, origin, "b.test", method, path, body)
 
     async def room(self, **body: Any) -> tuple[ClientApi, str]:
         url = self.b["main"].config.instance_map["main"].base_url

@@ -4,15 +4,20 @@ loopback that find each other through ``federation.destinations``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
+import treq
 from twisted.internet import reactor
 from twisted.trial import unittest
 
 from synapse_lite.config.homeserver import InstanceLocation
+from synapse_lite.federation.auth import sign_request
+from synapse_lite.federation.crypto import SigningKey
 from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from tests.harness.databases import create_test_database
+from tests.harness.processes import NO_KEEPALIVE
 from tests.harness.server import LoopbackBus, make_config, make_homeserver
 
 _reactor = cast(Any, reactor)
@@ -52,6 +57,31 @@ class LoopbackServers(unittest.TestCase):
             bus.join(hs)
             self.urls[name] = f"http://127.0.0.1:{number}"
         return servers
+
+    async def signed_request(
+        self,
+        key: SigningKey,
+        origin: str,
+        destination: str,
+        method: str,
+        path: str,
+        body: Any = None,
+    ) -> tuple[int, Any]:
+        """A federation request to ``destination`` signed as ``origin``
+        with ``key``: its status and JSON answer."""
+        header = sign_request(key, origin, destination, method, path, body)
+        headers: dict[bytes | str, list[bytes | str]] = {
+            "Authorization": [header],
+            "Content-Type": ["application/json"],
+        }
+        response = await treq.request(
+            method,
+            self.urls[destination] + path,
+            data=None if body is None else json.dumps(body).encode(),
+            headers=headers,
+            pool=NO_KEEPALIVE,
+        )
+        return response.code, json.loads(await treq.content(response))
 
     def connect(self, *servers: dict[str, HomeServer]) -> None:
         """Tell every process of ``servers`` where each server is."""
