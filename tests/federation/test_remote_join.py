@@ -69,6 +69,11 @@ class RemoteJoinTestCase(LoopbackServers):
         self.assertEqual(await self.members(carol, room_id), {alice.user_id, carol.user_id})
         # b.test has carol as a member too.
         self.assertEqual(await self.members(alice, room_id), {alice.user_id, carol.user_id})
+        # carol can send in it (here: sending it out is the outbound slice's)
+        # and page back through it.
+        await carol.send(room_id, "hello from a")
+        page = await carol.ok("GET", f"/rooms/{q(room_id)}/messages?dir=b&limit=10")
+        self.assertEqual(page["chunk"][0]["content"]["body"], "hello from a")
         # Joining again changes nothing.
         again = await carol.ok("POST", f"/rooms/{q(room_id)}/join", {})
         self.assertEqual(again["room_id"], room_id)
