@@ -45,7 +45,7 @@ from synapse_lite.event_graph.hashing import (
     servers_that_must_sign,
     verify_event_signature,
 )
-from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
+from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey, room_id_of_create
 from synapse_lite.events import event_canonical_json, pruned_event
 from synapse_lite.federation.crypto import CanonicalJsonError, SigningKey
 from synapse_lite.federation.keyring import KeyLookupError
@@ -269,6 +269,14 @@ class FederationRoomsHandler:
         by_id: dict[str, dict[str, Any]] = {pdu["event_id"]: pdu for pdu in rendered}
         for event_id, pdu in received.items():
             by_id[event_id] = {k: v for k, v in pdu.items() if k != "unsigned"}
+        for event_id, pdu in by_id.items():
+            # From version 3 a PDU has no ``event_id`` (its id is its hash):
+            # the reference server refuses one that has ("v2/v3 events must
+            # not have an explicit event_id").
+            room_id = pdu.get("room_id") or room_id_of_create(event_id)
+            version = await self._store.get_room_version(room_id)
+            if version.event_ids is not EventIdFormat.SERVER_SUFFIXED:
+                pdu.pop("event_id", None)
         return by_id
 
     async def pdus_seen_by(
