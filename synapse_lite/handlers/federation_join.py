@@ -338,33 +338,51 @@ class FederationJoinHandler:
             server, f"{FEDERATION_V1}/make_join/{_q(room_id)}/{_q(user_id)}?{versions}"
         )
         version = _version_of(answer)
-        event = fill_template(
-            version,
-            answer.get("event"),
-            room_id,
-            user_id,
-            "join",
-            content,
-            self._server_name,
-            self._clock.time_msec(),
+        signed, sent = await self._send_membership(
+            server, version, answer, room_id, user_id, "join", content
         )
-        signed = sign_event(version, event, self._server_name, self._signing_key())
-        event_id = event_id_of(version, signed)
-        path = f"/send_join/{_q(room_id)}/{_q(event_id)}"
-        try:
-            sent = await client.put_json(server, FEDERATION_V2 + path, signed)
-        except FederationRequestError as e:
-            if e.code not in (400, 404) or _errcode(e) != "M_UNRECOGNIZED":
-                raise
-            # A server without v2: v1 answers [200, {...}].
-            old = await client.put_json(server, FEDERATION_V1 + path, signed)
-            sent = old[1] if isinstance(old, list) and len(old) == 2 else old
         if not isinstance(sent, dict):
             raise JoinAnswerError("the send_join answer is not a JSON object")
         checked = await self.check_answer(version, room_id, signed, sent)
         persisted = await self._persist(server, version, room_id, checked)
         logger.info("%s joined %s through %s", user_id, room_id, server)
         return persisted
+
+    async def _send_membership(
+        self,
+        server: str,
+        version: RoomVersion,
+        answer: dict[str, Any],
+        room_id: str,
+        user_id: str,
+        membership: str,
+        content: Mapping[str, Any],
+    ) -> tuple[dict[str, Any], Any]:
+        """Our ``membership`` event from ``server``'s make_join/make_leave
+        ``answer``, signed and sent with ``send_join``/``send_leave`` v2 (v1,
+        whose answer is ``[200, {...}]``, when the server does not know v2):
+        the event and the server's answer."""
+        event = fill_template(
+            version,
+            answer.get("event"),
+            room_id,
+            user_id,
+            membership,
+            content,
+            self._server_name,
+            self._clock.time_msec(),
+        )
+        signed = sign_event(version, event, self._server_name, self._signing_key())
+        event_id = event_id_of(version, signed)
+        path = f"/send_{membership}/{_q(room_id)}/{_q(event_id)}"
+        client = self._client()
+        try:
+            return signed, await client.put_json(server, FEDERATION_V2 + path, signed)
+        except FederationRequestError as e:
+            if e.code not in (400, 404) or _errcode(e) != "M_UNRECOGNIZED":
+                raise
+        old = await client.put_json(server, FEDERATION_V1 + path, signed)
+        return signed, old[1] if isinstance(old, list) and len(old) == 2 else old
 
     async def check_answer(
         self, version: RoomVersion, room_id: str, signed: dict[str, Any], sent: dict[str, Any]
@@ -506,31 +524,15 @@ class FederationJoinHandler:
         self, server: str, user_id: str, room_id: str, content: Mapping[str, Any]
     ) -> str:
         client = self._client()
-        answer = await client.get_json(
-            server, f"{FEDERATION_V1}/make_leave/{_q(room_id)}/{_q(user_id)}"
+        answer = _dict(
+            await client.get_json(server, f"{FEDERATION_V1}/make_leave/{_q(room_id)}/{_q(user_id)}")
         )
         version = await self._store.get_room_version(room_id)
         if answer.get("room_version", version.identifier) != version.identifier:
             raise JoinAnswerError(f"the template is of room version {answer.get('room_version')}")
-        event = fill_template(
-            version,
-            answer.get("event"),
-            room_id,
-            user_id,
-            "leave",
-            content,
-            self._server_name,
-            self._clock.time_msec(),
+        signed, _ = await self._send_membership(
+            server, version, answer, room_id, user_id, "leave", content
         )
-        signed = sign_event(version, event, self._server_name, self._signing_key())
-        event_id = event_id_of(version, signed)
-        path = f"/send_leave/{_q(room_id)}/{_q(event_id)}"
-        try:
-            await client.put_json(server, FEDERATION_V2 + path, signed)
-        except FederationRequestError as e:
-            if e.code not in (400, 404) or _errcode(e) != "M_UNRECOGNIZED":
-                raise
-            await client.put_json(server, FEDERATION_V1 + path, signed)
         logger.info("%s left %s through %s", user_id, room_id, server)
         return await self._persist_leave(version, room_id, signed)
 
