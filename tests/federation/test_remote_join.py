@@ -266,3 +266,20 @@ class RemoteJoinTestCase(LoopbackServers):
         code, body = await send(good, b_key)
         self.assertEqual(code, 200, body)
         self.assertIn(room_id, (await bob.sync())["rooms"]["invite"])
+
+    async def test_join_from_a_worker_persisted_by_the_writer(self) -> None:
+        # c.test: main (the events writer) and w1, a worker serving the client
+        # API and federation: the join is made on w1, stored by main.
+        c = self.make_server("c.test", ["w1"])
+        self.connect(self.a, self.b, c)
+        alice, room_id = await self.b_room()
+        url = c["w1"].config.instance_map["w1"].base_url
+        dave = await ClientApi(self, url).register("dave")
+        await dave.ok("POST", f"/join/{q(room_id)}?via=b.test", {})
+        self.assertEqual(await self.members(alice, room_id), {alice.user_id, dave.user_id})
+        room = (await dave.sync())["rooms"]["join"][room_id]
+        names = [e for e in room["state"]["events"] if e["type"] == "m.room.name"]
+        self.assertEqual(names[0]["content"]["name"], "The Lobby")
+        on_main = ClientApi(self, self.client(c).base_url).as_user(dave.token)
+        name = await on_main.ok("GET", f"/rooms/{q(room_id)}/state/m.room.name")
+        self.assertEqual(name["name"], "The Lobby")
