@@ -38,10 +38,18 @@ def is_valid_user_id(user_id: object) -> bool:
     return parts is not None and bool(_OPAQUE_ID.fullmatch(parts[0]))
 
 
+#: A room id of room version 12: ``!`` and its create event's reference hash
+#: (URL-safe unpadded base64 of 32 bytes), no server.
+_HASHED_ROOM_ID = re.compile(r"![A-Za-z0-9_-]{43}")
+
+
 def is_valid_room_id(room_id: object) -> bool:
-    """``!opaque:server``, at most 255 bytes."""
+    """``!opaque:server``, at most 255 bytes; or a version 12 room's id
+    (``!`` and 43 characters of URL-safe base64, no server)."""
     if not isinstance(room_id, str):
         return False
+    if _HASHED_ROOM_ID.fullmatch(room_id):
+        return True
     parts = _split(room_id, "!")
     return parts is not None and bool(_OPAQUE_ID.fullmatch(parts[0]))
 

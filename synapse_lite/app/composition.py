@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import attr
@@ -69,6 +69,7 @@ from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler, announce_server_up
+from synapse_lite.federation.keyring import Keyring
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.server import register_federation_servlets, well_known_resource
 from synapse_lite.handlers.account import AccountHandler
@@ -85,6 +86,7 @@ from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
+from synapse_lite.handlers.federation_join import FederationJoinHandler, RemoteJoinWriter
 from synapse_lite.handlers.federation_rooms import FederationRoomsHandler, ReceivedEventsWriter
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.identity import IdentityHandler
@@ -148,6 +150,7 @@ from synapse_lite.replication.http.e2e_keys import (
 from synapse_lite.replication.http.federation_rooms import (
     PERSIST_RECEIVED_EVENT,
     PERSIST_RECEIVED_PDU,
+    PERSIST_REMOTE_JOIN,
 )
 from synapse_lite.replication.http.forward_extremities import DELETE_FORWARD_EXTREMITIES
 from synapse_lite.replication.http.send_events import SEND_EVENTS
@@ -476,6 +479,8 @@ class Handlers:
     inbound: FederationInboundHandler | None
     #: Serves our rooms to other servers, where federation is served.
     rooms: FederationRoomsHandler | None
+    #: Our users' memberships in other servers' rooms; serves their invites.
+    remote_members: FederationJoinHandler | None
     stalls: StallDetector
     hooks: Hooks
 
@@ -570,8 +575,11 @@ def _handlers(
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
+    remote_members = _remote_membership(
+        config, role, clock, store, federation, calls, event_writers
+    )
     members = RoomMemberHandler(
-        store, clock, server_name, events, upgraded_rooms, app_service_queries
+        store, clock, server_name, events, upgraded_rooms, app_service_queries, remote_members
     )
     room_creation = RoomCreationHandler(
         app_service_queries=app_service_queries,
@@ -720,11 +728,13 @@ def _handlers(
     # Other servers' events (remote joins) are persisted by the room's writer.
     received_writer = ReceivedEventsWriter(store, events)
     pdu_writer = ReceivedPduWriter(events)
+    remote_join_writer = RemoteJoinWriter(store, events)
     received_hooks = (
         Hooks(
             served=(
                 (PERSIST_RECEIVED_EVENT, received_writer.persist_received),
                 (PERSIST_RECEIVED_PDU, pdu_writer.persist),
+                (PERSIST_REMOTE_JOIN, remote_join_writer.persist),
             )
         )
         if role.writes_events
@@ -789,8 +799,58 @@ def _handlers(
         media_endpoints=media_endpoints,
         inbound=inbound,
         rooms=rooms,
+        remote_members=remote_members,
         stalls=stalls,
         hooks=hooks,
+    )
+
+
+def _remote_membership(
+    config: HomeServerConfig,
+    role: Role,
+    clock: Clock,
+    store: GenericWorkerStore,
+    federation: Federation,
+    calls: InternalCalls,
+    event_writers: Callable[[], Sequence[str]],
+) -> FederationJoinHandler | None:
+    """Joins and leaves of our users in other servers' rooms, through this
+    process's federation client (a client worker's own, made on first use),
+    with its keyring or, where it has none, one made on first use."""
+    queries = federation.queries
+    if queries is None:
+        return None
+    made: list[Keyring] = []
+
+    def signing_key() -> SigningKey:
+        return load_or_create_signing_key(config.data_dir, create=False)
+
+    def keyring() -> Keyring:
+        if federation.keyring is not None:
+            return federation.keyring
+        if not made:
+            made.append(
+                Keyring(
+                    store=store,
+                    clock=clock,
+                    config=config.federation,
+                    client=queries.client(),
+                    signing_key=signing_key(),
+                    server_name=config.server_name,
+                )
+            )
+        return made[0]
+
+    return FederationJoinHandler(
+        store=store,
+        clock=clock,
+        server_name=config.server_name,
+        client=queries.client,
+        keyring=keyring,
+        signing_key=signing_key,
+        calls=calls,
+        writers=config.writers,
+        event_writers=event_writers,
     )
 
 
@@ -955,6 +1015,7 @@ def _lifecycle(
         keyring, inbound, openid = federation.keyring, handlers.inbound, handlers.client.openid
         rooms = handlers.rooms
         profiles, directory = handlers.client.profiles, handlers.client.directory
+        invites = handlers.remote_members
 
         def federation_servlets(resource: JsonResource, resources: tuple[str, ...]) -> None:
             register_federation_servlets(
@@ -967,6 +1028,7 @@ def _lifecycle(
                 rooms=rooms,
                 profiles=profiles,
                 directory=directory,
+                invites=invites,
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport

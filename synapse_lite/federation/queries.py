@@ -70,6 +70,11 @@ class FederationQueries:
 
         return cls(get_client), close
 
+    def client(self) -> FederationClient:
+        """The federation client these queries use (made now if it was not:
+        503 when the signing key does not exist yet)."""
+        return self._get_client()
+
     async def _ask(self, server: str, path: str) -> Any:
         try:
             parse_server_name(server)

@@ -37,6 +37,7 @@ from synapse_lite.http.server import (
     parse_json_object_from_request,
     query_int,
     query_string,
+    query_strings,
 )
 from synapse_lite.metrics import FEDERATION_REQUESTS_REFUSED
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from synapse_lite.federation.inbound import FederationInboundHandler
     from synapse_lite.federation.keyring import Keyring
     from synapse_lite.handlers.directory import DirectoryHandler
+    from synapse_lite.handlers.federation_join import FederationJoinHandler
     from synapse_lite.handlers.federation_rooms import FederationRoomsHandler
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.profile import ProfileHandler
@@ -223,9 +225,11 @@ def register_federation_servlets(
     rooms: FederationRoomsHandler | None = None,
     profiles: ProfileHandler | None = None,
     directory: DirectoryHandler | None = None,
+    invites: FederationJoinHandler | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``
-    (``rooms``: our rooms served to other servers)."""
+    (``rooms``: our rooms served to other servers; ``invites``: other
+    servers inviting our users)."""
     if "keys" in resources:
 
         async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
@@ -296,16 +300,8 @@ def register_federation_servlets(
     if "federation" in resources and rooms is not None:
         _register_room_servlets(resource, keyring, server_name, rooms)
 
-
-def _query_all(request: Request, name: str) -> list[str]:
-    """Every value of a repeated query parameter (``v``, ``ver``)."""
-    values = request.args.get(name.encode("ascii"), []) if request.args else []
-    try:
-        return [v.decode("utf-8") for v in values]
-    except UnicodeDecodeError:
-        raise SynapseError(
-            400, f"Query parameter {name!r} is not UTF-8", Codes.INVALID_PARAM
-        ) from None
+    if "federation" in resources and invites is not None:
+        _register_invite_servlets(resource, keyring, server_name, invites)
 
 
 def _register_room_servlets(
@@ -342,7 +338,7 @@ def _register_room_servlets(
     async def on_backfill(request: Request, room_id: str) -> tuple[int, Any]:
         origin = await origin_of(request)
         limit = query_int(request, "limit")
-        return 200, await rooms.on_backfill(origin, room_id, _query_all(request, "v"), limit)
+        return 200, await rooms.on_backfill(origin, room_id, query_strings(request, "v"), limit)
 
     async def on_get_missing_events(request: Request, room_id: str) -> tuple[int, Any]:
         body = parse_json_object_from_request(request)
@@ -351,7 +347,7 @@ def _register_room_servlets(
 
     async def on_make_join(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
         origin = await origin_of(request)
-        versions = _query_all(request, "ver")
+        versions = query_strings(request, "ver")
         return 200, await rooms.on_make_join(origin, room_id, user_id, versions)
 
     async def on_send_join(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
@@ -381,3 +377,23 @@ def _register_room_servlets(
         ("PUT", f"{v2}/send_leave/{room}/{event}", on_send_leave, "send_leave"),
     ):
         resource.register_paths(method, path, callback, f"federation.{name}")
+
+
+def _register_invite_servlets(
+    resource: JsonResource, keyring: Keyring, server_name: str, invites: FederationJoinHandler
+) -> None:
+    """``PUT /v1/invite`` and ``/v2/invite``: another server invites one of
+    our users (``handlers/federation_join.py``); v1 answers ``[200, {event}]``."""
+    path = r"/invite/(?P<room_id>[^/]+)/(?P<event_id>[^/]+)"
+
+    def servlet(v2: bool) -> Any:
+        async def on_invite(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+            body = parse_json_object_from_request(request)
+            origin = await authenticate_request(keyring, server_name, request, body)
+            answer = await invites.on_invite(origin, room_id, event_id, body, v2)
+            return 200, (answer if v2 else [200, answer])
+
+        return on_invite
+
+    resource.register_paths("PUT", FEDERATION_PREFIX + path, servlet(False), "federation.invite_v1")
+    resource.register_paths("PUT", FEDERATION_V2_PREFIX + path, servlet(True), "federation.invite")

@@ -144,6 +144,47 @@ async def check_rules(
     )
 
 
+async def membership_template(
+    store: GenericWorkerStore,
+    version: RoomVersion,
+    room_id: str,
+    sender: str,
+    target: str,
+    content: dict[str, Any],
+    now_ms: int,
+) -> dict[str, Any]:
+    """A membership event of ``target`` by ``sender`` placed as a local
+    event would be (parents: the room's forward extremities, the 10
+    deepest; depth one more than the deepest; ``auth_events`` the spec's
+    selection from the current state), unsigned and without ``origin``;
+    403 when the room's rules refuse it now (the core's ``authorise``)."""
+    state_ids = await store.get_current_state_ids(room_id)
+    extremities = await store.get_forward_extremities(room_id)
+    prevs = prev_events_for_new_event(extremities)
+    template: dict[str, Any] = {
+        "room_id": room_id,
+        "type": "m.room.member",
+        "state_key": target,
+        "sender": sender,
+        "content": content,
+        "origin_server_ts": now_ms,
+        "depth": depth_of_new_event(extremities[p] for p in prevs),
+    }
+    probe = Pdu.from_json(version, {**template, "prev_events": [], "auth_events": []}, "")
+    auth_ids = select_auth_event_ids(version, probe, state_ids)
+    try:
+        await check_rules(store, version, probe, state_ids, auth_ids)
+    except EventAuthError as e:
+        raise AuthError(403, f"The room's rules refuse this {probe.membership}: {e.reason}") from e
+    if version.event_ids is EventIdFormat.SERVER_SUFFIXED:
+        template["prev_events"] = [[e, {}] for e in prevs]
+        template["auth_events"] = [[e, {}] for e in auth_ids]
+    else:
+        template["prev_events"] = prevs
+        template["auth_events"] = auth_ids
+    return template
+
+
 class FederationRoomsHandler:
     """Serves our rooms to other servers; any process with the
     ``federation`` resource (a join is persisted by the room's writer)."""
@@ -401,30 +442,15 @@ class FederationRoomsHandler:
                 INCOMPATIBLE_ROOM_VERSION,
                 {"room_version": version.identifier},
             )
-        state_ids = await self._store.get_current_state_ids(room_id)
-        extremities = await self._store.get_forward_extremities(room_id)
-        prevs = prev_events_for_new_event(extremities)
-        template: dict[str, Any] = {
-            "room_id": room_id,
-            "type": "m.room.member",
-            "state_key": user_id,
-            "sender": user_id,
-            "content": {"membership": membership},
-            "origin_server_ts": self._clock.time_msec(),
-            "depth": depth_of_new_event(extremities[p] for p in prevs),
-        }
-        probe = Pdu.from_json(version, {**template, "prev_events": [], "auth_events": []}, "")
-        auth_ids = select_auth_event_ids(version, probe, state_ids)
-        try:
-            await check_rules(self._store, version, probe, state_ids, auth_ids)
-        except EventAuthError as e:
-            raise AuthError(403, f"The room's rules refuse this {membership}: {e.reason}") from e
-        if version.event_ids is EventIdFormat.SERVER_SUFFIXED:
-            template["prev_events"] = [[e, {}] for e in prevs]
-            template["auth_events"] = [[e, {}] for e in auth_ids]
-        else:
-            template["prev_events"] = prevs
-            template["auth_events"] = auth_ids
+        template = await membership_template(
+            self._store,
+            version,
+            room_id,
+            user_id,
+            user_id,
+            {"membership": membership},
+            self._clock.time_msec(),
+        )
         return {"event": template, "room_version": version.identifier}
 
     async def on_send_join(

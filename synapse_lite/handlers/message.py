@@ -66,7 +66,10 @@ from synapse_lite.replication.http.send_events import (
     EventsToPersist,
 )
 from synapse_lite.storage.caches import LruCache
-from synapse_lite.storage.databases.main.events import DuplicateTransactionError
+from synapse_lite.storage.databases.main.events import (
+    DuplicateTransactionError,
+    RemoteJoinToPersist,
+)
 from synapse_lite.storage.databases.main.events_worker import redaction_txn_id
 
 if TYPE_CHECKING:
@@ -557,6 +560,58 @@ class EventCreationHandler:
             [event] = await self._store.persist_events([content], {})
         targets = [event.state_key] if event.type == "m.room.member" and event.state_key else []
         self._notifier.notify(users=targets, rooms=[room_id])
+        return event
+
+    async def persist_remote_membership_as_writer(
+        self, join: RemoteJoinToPersist, outliers: list[EventContent], content: EventContent
+    ) -> Event:
+        """On the room's writer (or the one a room new here goes to): persist
+        our user's join to another server's room, or leave from it, as the
+        process that made it checked it (``handlers/federation_join.py``):
+        ``outliers`` (those not stored yet) and ``content`` with
+        ``join.state_before`` as the state before it."""
+
+        async def persist() -> Event:
+            have = await self._store.get_events([o.event_id for o in outliers])
+            fresh = [o for o in outliers if o.event_id not in have]
+            return await self._store.persist_remote_join(join, fresh, content)
+
+        return await self._persist_membership_here(content, persist)
+
+    async def persist_remote_invite_as_writer(
+        self, content: EventContent, origin: str, pdu: dict[str, Any], version: str
+    ) -> Event:
+        """On the room's writer (or the one a room new here goes to): persist
+        another server's invite of our user, checked and countersigned by the
+        process that received it, as an outlier that is our user's
+        membership (``EventsStore.persist_remote_invite``)."""
+
+        async def persist() -> Event:
+            return await self._store.persist_remote_invite(content, origin, pdu, version)
+
+        return await self._persist_membership_here(content, persist)
+
+    async def _persist_membership_here(
+        self, content: EventContent, persist: Callable[[], Awaitable[Event]]
+    ) -> Event:
+        """Run ``persist`` (storing the membership event ``content``) under
+        the room's lock, on its writer (:class:`RoomMovedError`
+        elsewhere); an event already stored is answered as it is. Its
+        member is woken."""
+        room_id = content.room_id
+        async with self._locks.hold(room_id):
+            writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
+            if writer is not None and writer != self._me:
+                raise RoomMovedError(room_id)
+            existing = await self._store.get_event(content.event_id)
+            if existing is not None:
+                return existing
+            try:
+                event = await persist()
+            finally:
+                # The room's extremities may have changed in any way.
+                self._room_extremities.pop(room_id)
+        self._notifier.notify(users=[content.state_key or ""], rooms=[room_id])
         return event
 
     async def _authorise_with_core(

@@ -276,6 +276,18 @@ def query_string(request: Request, name: str, default: str | None = None) -> str
     return value
 
 
+def query_strings(request: Request, name: str) -> list[str]:
+    """Every value of a repeated query parameter (``via``, ``v``, ``ver``), as
+    text; a 400 if one is not UTF-8."""
+    values = request.args.get(name.encode("ascii"), []) if request.args else []
+    try:
+        return [v.decode("utf-8") for v in values]
+    except UnicodeDecodeError:
+        raise SynapseError(
+            400, f"Query parameter {name!r} is not UTF-8", Codes.INVALID_PARAM
+        ) from None
+
+
 def query_int(
     request: Request, name: str, default: int | None = None, minimum: int = 0, maximum: int = 2**62
 ) -> int | None:

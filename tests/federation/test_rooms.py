@@ -11,34 +11,21 @@ endpoint: the tests speak for it, signing requests and events with its key.
 
 from __future__ import annotations
 
-import json
 import urllib.parse
-from typing import Any, cast
-
-import treq
-from twisted.internet import reactor
-from twisted.trial import unittest
+from typing import Any
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS, EventIdFormat, RoomVersion
-from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.event_graph.hashing import (
     content_hash_matches,
     event_id_of,
     sign_event,
     verify_event_signature,
 )
-from synapse_lite.federation.auth import sign_request
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
-from synapse_lite.http.server import make_site
-from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database
-from tests.harness.processes import NO_KEEPALIVE
-from tests.harness.server import LoopbackBus, make_config, make_homeserver
+from tests.harness.federation import LoopbackServers
 
-_reactor = cast(Any, reactor)
-RESOURCES = ("client", "replication", "federation", "keys")
 CAROL = "@carol:a.test"
 
 
@@ -46,7 +33,7 @@ def q(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-class FederationRoomsBase(unittest.TestCase):
+class FederationRoomsBase(LoopbackServers):
     """b.test (main and ``fed1``) and a.test's key; requests and events
     signed for a.test (no tests: shared by the room tests)."""
 
@@ -57,39 +44,11 @@ class FederationRoomsBase(unittest.TestCase):
 
     def setUp(self) -> None:
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-        self.urls: dict[str, str] = {}
         self.a = self.make_server("a.test", [])
         self.b = self.make_server("b.test", list(self.b_workers), **self.b_config)
-        for hs in (*self.a.values(), *self.b.values()):
-            hs.config.federation.destinations.update(self.urls)
+        self.connect(self.a, self.b)
         self.a_key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         self.b_key = load_or_create_signing_key(self.b["main"].config.data_dir, create=False)
-
-    def make_server(self, name: str, workers: list[str], **extra: Any) -> dict[str, HomeServer]:
-        db = create_test_database()
-        self.addCleanup(db.drop)
-        config = make_config(
-            db,
-            workers=workers,
-            server_name=name,
-            enable_registration=True,
-            rate_limiting={"enabled": False},
-            resources=RESOURCES,
-            **extra,
-        )
-        servers: dict[str, HomeServer] = {}
-        bus = LoopbackBus()
-        for instance in ["main", *workers]:
-            hs = make_homeserver(self, config, instance)
-            site = make_site(hs.listeners.resources.tree(RESOURCES), 1_048_576)
-            port = _reactor.listenTCP(0, site, interface="127.0.0.1")
-            self.addCleanup(port.stopListening)
-            number = port.getHost().port
-            hs.config.instance_map[instance] = InstanceLocation("127.0.0.1", number)
-            servers[instance] = hs
-            bus.join(hs)
-            self.urls[name] = f"http://127.0.0.1:{number}"
-        return servers
 
     async def federation(
         self,
@@ -100,19 +59,7 @@ class FederationRoomsBase(unittest.TestCase):
         origin: str = "a.test",
     ) -> tuple[int, Any]:
         """A request to b.test signed by ``origin`` (a.test's key)."""
-        header = sign_request(key or self.a_key, origin, "b.test", method, path, body)
-        headers: dict[bytes | str, list[bytes | str]] = {
-            "Authorization": [header],
-            "Content-Type": ["application/json"],
-        }
-        response = await treq.request(
-            method,
-            self.urls["b.test"] + path,
-            data=None if body is None else json.dumps(body).encode(),
-            headers=headers,
-            pool=NO_KEEPALIVE,
-        )
-        return response.code, json.loads(await treq.content(response))
+        return await self.signed_request(key or self.a_key, origin, "b.test", method, path, body)
 
     async def room(self, **body: Any) -> tuple[ClientApi, str]:
         url = self.b["main"].config.instance_map["main"].base_url

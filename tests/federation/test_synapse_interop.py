@@ -23,21 +23,22 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from synapse_lite.config.federation import TrustedKeyServer
-from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.client import FederationClient
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key, sign_json
 from synapse_lite.federation.keyring import KEY_PATH, Keyring, parse_key_document
-from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database
-from tests.harness.server import make_config, make_homeserver
-from tests.harness.synapse_peer import SynapsePeer, free_port, synapse_or_skip
+from tests.harness.synapse_peer import (
+    SynapsePeer,
+    free_port,
+    listen_tls_closing,
+    start_our_server,
+    synapse_or_skip,
+)
 from tests.harness.tls import TestCA
 
 _reactor = cast(Any, reactor)
-RESOURCES = ("client", "federation", "keys")
 
 
 class SynapseInteropTestCase(unittest.TestCase):
@@ -73,33 +74,7 @@ class SynapseInteropTestCase(unittest.TestCase):
             cls._shared = None
 
     def start_ours(self) -> tuple[HomeServer, str]:
-        db = create_test_database()
-        self.addCleanup(db.drop)
-        port = free_port()
-        config = make_config(
-            db,
-            # A host name, as Synapse needs (see tests/harness/synapse_peer.py).
-            server_name=f"localhost:{port}",
-            enable_registration=True,
-            rate_limiting={"enabled": False},
-            federation={
-                "extra_ca_paths": [self.ca.ca_path],
-                "ip_range_allowlist": ["127.0.0.0/8"],
-                "retry": {"initial_seconds": 0.2, "max_seconds": 1},
-            },
-            resources=RESOURCES,
-        )
-        hs = make_homeserver(self, config)
-        tree = hs.listeners.resources.tree(RESOURCES)
-        site = make_site(tree, 1_048_576)
-        self.addCleanup(
-            listen_tls_closing(port, site, self.ca.server_options("ours", ["localhost"]))
-        )
-        plain = _reactor.listenTCP(0, make_site(tree, 1_048_576), interface="127.0.0.1")
-        self.addCleanup(plain.stopListening)
-        number = plain.getHost().port
-        hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
-        return hs, f"http://127.0.0.1:{number}"
+        return start_our_server(self, self.ca)
 
     async def eventually(self, probe: Any, what: str, seconds: float = 30) -> Any:
         deadline = _reactor.seconds() + seconds
@@ -332,39 +307,6 @@ class SynapseInteropTestCase(unittest.TestCase):
             key = await keyring.get_verify_key(gone, gone_key.key_id)
         self.assertEqual(key, gone_key.verify_key_base64)
         self.assertIn(f"from {synapse.server_name}", logs.output[-1])
-
-
-def listen_tls_closing(port: int, site: Site, options: Any) -> Any:
-    """Listen with TLS on loopback ``port``; return a coroutine function that
-    stops listening and aborts every connection accepted, so that the shared
-    Synapse, which outlives each test and keeps its connections alive, leaves
-    none open behind a test (a second call does nothing)."""
-    accepted: list[Any] = []
-    build = site.buildProtocol
-
-    def tracked(addr: Any) -> Any:
-        protocol = build(addr)
-        accepted.append(protocol)
-        return protocol
-
-    site.buildProtocol = tracked  # type: ignore[method-assign]
-    listening = _reactor.listenSSL(port, site, options, interface="127.0.0.1")
-    stopped = False
-
-    async def stop() -> None:
-        nonlocal stopped
-        if stopped:
-            return
-        stopped = True
-        await listening.stopListening()
-        for protocol in accepted:
-            # Site's protocol wraps the HTTP channel, which has the transport.
-            transport = getattr(getattr(protocol, "_channel", None), "transport", None)
-            if transport is not None:
-                transport.abortConnection()
-        await task.deferLater(_reactor, 0.05, lambda: None)
-
-    return stop
 
 
 class _Static(Resource):

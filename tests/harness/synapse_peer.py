@@ -21,18 +21,27 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 import treq
 import yaml
 from twisted.internet import reactor, task, threads
 from twisted.trial import unittest
+from twisted.web.server import Site
 
+from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.crypto import SigningKey
+from synapse_lite.http.server import make_site
+from synapse_lite.server import HomeServer
+from tests.harness.databases import create_test_database
 from tests.harness.processes import NO_KEEPALIVE
+from tests.harness.server import make_config, make_homeserver
 from tests.harness.synapse_install import SynapseUnavailable, install_synapse, installed_python
 from tests.harness.tls import TestCA
 
+_reactor = cast(Any, reactor)
+#: What our server beside Synapse serves.
+OUR_RESOURCES = ("client", "federation", "keys")
 #: How long Synapse may take to create its database and answer.
 START_TIMEOUT_SECONDS = 180
 
@@ -218,3 +227,68 @@ class SynapsePeer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def start_our_server(testcase: unittest.TestCase, ca: TestCA) -> tuple[HomeServer, str]:
+    """One server of ours as Synapse's peer: named ``localhost:<port>`` (a
+    host name, as Synapse needs, see :class:`SynapsePeer`), federation over
+    HTTPS on that port with a certificate from ``ca`` (whose CA it trusts
+    for Synapse's), loopback allowed; its client API over plain HTTP at the
+    URL returned."""
+    db = create_test_database()
+    testcase.addCleanup(db.drop)
+    port = free_port()
+    config = make_config(
+        db,
+        server_name=f"localhost:{port}",
+        enable_registration=True,
+        rate_limiting={"enabled": False},
+        federation={
+            "extra_ca_paths": [ca.ca_path],
+            "ip_range_allowlist": ["127.0.0.0/8"],
+            "retry": {"initial_seconds": 0.2, "max_seconds": 1},
+        },
+        resources=OUR_RESOURCES,
+    )
+    hs = make_homeserver(testcase, config)
+    tree = hs.listeners.resources.tree(OUR_RESOURCES)
+    site = make_site(tree, 1_048_576)
+    testcase.addCleanup(listen_tls_closing(port, site, ca.server_options("ours", ["localhost"])))
+    plain = _reactor.listenTCP(0, make_site(tree, 1_048_576), interface="127.0.0.1")
+    testcase.addCleanup(plain.stopListening)
+    number = plain.getHost().port
+    hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
+    return hs, f"http://127.0.0.1:{number}"
+
+
+def listen_tls_closing(port: int, site: Site, options: Any) -> Any:
+    """Listen with TLS on loopback ``port``; return a coroutine function that
+    stops listening and aborts every connection accepted, so that the shared
+    Synapse, which outlives each test and keeps its connections alive, leaves
+    none open behind a test (a second call does nothing)."""
+    accepted: list[Any] = []
+    build = site.buildProtocol
+
+    def tracked(addr: Any) -> Any:
+        protocol = build(addr)
+        accepted.append(protocol)
+        return protocol
+
+    site.buildProtocol = tracked  # type: ignore[method-assign]
+    listening = _reactor.listenSSL(port, site, options, interface="127.0.0.1")
+    stopped = False
+
+    async def stop() -> None:
+        nonlocal stopped
+        if stopped:
+            return
+        stopped = True
+        await listening.stopListening()
+        for protocol in accepted:
+            # Site's protocol wraps the HTTP channel, which has the transport.
+            transport = getattr(getattr(protocol, "_channel", None), "transport", None)
+            if transport is not None:
+                transport.abortConnection()
+        await task.deferLater(_reactor, 0.05, lambda: None)
+
+    return stop

@@ -34,6 +34,7 @@ from twisted.internet import defer
 
 from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import EventIdFormat
+from synapse_lite.event_graph.pdu import room_id_of_create
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -106,7 +107,9 @@ class PduRenderer:
         by_id: dict[str, dict[str, Any]] = {pdu["event_id"]: pdu for pdu in rendered}
         by_id.update(received)
         for event_id, pdu in by_id.items():
-            version = await self._store.get_room_version(pdu["room_id"])
+            # A version 12 create event has no ``room_id``: its id names the room.
+            room_id = pdu.get("room_id") or room_id_of_create(event_id)
+            version = await self._store.get_room_version(room_id)
             drop = {"unsigned"}
             if version.event_ids is not EventIdFormat.SERVER_SUFFIXED:
                 drop.add("event_id")

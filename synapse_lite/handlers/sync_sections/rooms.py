@@ -4,7 +4,7 @@ state, summary, unread counts), invited to, knocking on and has left."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.events import Event
@@ -75,6 +75,8 @@ class RoomsStore(RoomTimelineStore, VisibilityStore, Protocol):
     async def get_current_state_ids(self, room_id: str) -> dict[tuple[str, str], str]: ...
 
     async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]: ...
+
+    async def get_received_pdus(self, event_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
 
     async def get_unread_counts(
         self, user_id: str, room_ids: list[str], upto: int
@@ -603,20 +605,30 @@ class RoomsSection:
             member_event = events.get(member_id)
             if member_event is not None and member_event.sender in ignored:
                 continue
-            rooms[room_id] = {
-                section: {
-                    "events": [
-                        {
-                            "type": e.type,
-                            "state_key": e.state_key,
-                            "sender": e.sender,
-                            "content": e.content,
-                        }
-                        for e in events.values()
-                    ]
-                }
-            }
+            stripped = [
+                {"type": e.type, "state_key": e.state_key, "sender": e.sender, "content": e.content}
+                for e in events.values()
+            ]
+            if ("m.room.create", "") not in state_ids:
+                # Another server's room we are invited to: the stripped state
+                # its invite came with (docs/federation.md).
+                stripped = await self._remote_invite_state(member_id) + stripped
+            rooms[room_id] = {section: {"events": stripped}}
         return rooms
+
+    async def _remote_invite_state(self, invite_id: str) -> list[dict[str, Any]]:
+        """The ``invite_room_state`` another server's invite came with (as
+        checked when it was received: objects with type, state key, sender
+        and content), but the invite itself, which the caller adds."""
+        received = (await self._store.get_received_pdus([invite_id])).get(invite_id, {})
+        unsigned = received.get("unsigned")
+        stripped = unsigned.get("invite_room_state") if isinstance(unsigned, dict) else None
+        own = ("m.room.member", received.get("state_key"))
+        return [
+            {k: e.get(k) for k in ("type", "state_key", "sender", "content")}
+            for e in (stripped if isinstance(stripped, list) else [])
+            if isinstance(e, dict) and (e.get("type"), e.get("state_key")) != own
+        ]
 
     async def _left_rooms(
         self,

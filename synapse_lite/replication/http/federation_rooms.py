@@ -46,3 +46,26 @@ PERSIST_RECEIVED_PDU = InternalCall(
     idempotent=True,
     answer_position=SEND_EVENTS.answer_position,
 )
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class RemoteJoin:
+    """Our user's join to another server's room (``answer``: the
+    ``room_version``, the signed join ``event``, and the ``state`` before it
+    and its ``auth_chain`` from ``origin``'s send_join answer), or leave from
+    it (``answer``: ``room_version``, ``event`` and ``leave: true``), checked
+    by the process that made it (``handlers/federation_join.py``)."""
+
+    room_id: str = attr.ib(metadata=wire(RoomId()))
+    origin: str = attr.ib(metadata=wire(Identifier()))
+    answer: dict[str, Any] = attr.ib(hash=False, metadata=wire(JsonObject()))
+
+
+PERSIST_REMOTE_JOIN = InternalCall(
+    "persist_remote_join",
+    RemoteJoin,
+    EventsPersisted,
+    # The writer answers a join it already has with that event.
+    idempotent=True,
+    answer_position=SEND_EVENTS.answer_position,
+)

@@ -22,6 +22,7 @@ from synapse_lite.http.server import (
     parse_json_object_from_request,
     query_int,
     query_string,
+    query_strings,
 )
 from synapse_lite.rest.client._base import client_path
 
@@ -69,11 +70,19 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def join(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         refuse_if_suspended(requester, "join rooms")
-        room_id = await room_of(room_id)
+        # The servers to join a room of other servers through: the request's
+        # (``server_name``, ``via`` from v1.12), then a remote alias's.
+        servers = [*query_strings(request, "via"), *query_strings(request, "server_name")]
+        if room_id.startswith("#") and not room_id.endswith(":" + handlers.server_name):
+            found = await handlers.directory.get_alias(room_id)
+            room_id = found["room_id"]
+            servers += found["servers"]
+        else:
+            room_id = await room_of(room_id)
         body = parse_json_object_from_request(request, allow_empty=True)
         reason = get_optional_str(body, "reason", max_length=1024)
         await handlers.members.update_membership(
-            requester, room_id, "join", reason=reason, join_content=body
+            requester, room_id, "join", reason=reason, join_content=body, servers=servers
         )
         return 200, {"room_id": room_id}
 

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import attr
+
 from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS
 from synapse_lite.event_graph.pdu import StateKey
 from synapse_lite.events import Event, EventContent, relation_of
@@ -168,6 +170,22 @@ class DuplicateTransactionError(Exception):
 EventGroups = tuple[int | None, int | None]
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class RemoteJoinToPersist:
+    """What :meth:`EventsStore.persist_remote_join` needs besides the events:
+    the room's row (for a room new here), the state before the join, and
+    the received form of every event (id -> PDU) with the server it came
+    from."""
+
+    room_id: str
+    room_version: str
+    creator: str
+    creation_ts: int
+    origin: str
+    state_before: Mapping[StateKey, str]
+    pdus: Mapping[str, dict[str, Any]]
+
+
 class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
     """Writes events. Only an events writer may call these (the ID generator
     refuses anyone else)."""
@@ -256,11 +274,89 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
 
         return await self.db_pool.runInteraction("delete_forward_extremities_but", txn_func)
 
+    async def persist_remote_join(
+        self,
+        join: RemoteJoinToPersist,
+        outliers: list[EventContent],
+        content: EventContent,
+    ) -> Event:
+        """Persist our user's join to another server's room (docs/federation.md,
+        "Joining rooms of other servers"), in one transaction: the room's row
+        (created with this writer as its writer when the room is new here),
+        ``outliers`` (the answer's state and auth chain, checked by the
+        caller, those not stored yet), the received forms of all of them, and
+        the join ``content`` with ``join.state_before`` as the state before
+        it (a snapshot group). The join becomes the room's one forward
+        extremity (the room's old ones, from an earlier stay, are dropped: the
+        resident server's state is the room's now), and the current state is
+        the state after it."""
+
+        def txn_func(txn: LoggingTransaction) -> list[Event]:
+            txn.execute(
+                "INSERT INTO rooms (room_id, creator, is_public, room_version, creation_ts,"
+                " event_writer) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
+                (join.room_id, join.creator, False, join.room_version, join.creation_ts,
+                 self._instance_name),
+            )  # fmt: skip
+            txn.execute("DELETE FROM event_forward_extremities WHERE room_id = ?", (join.room_id,))
+            txn.execute_batch(
+                "INSERT INTO received_pdus (event_id, room_id, origin, pdu_json)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+                [
+                    (event_id, join.room_id, join.origin, json_encoder(pdu))
+                    for event_id, pdu in sorted(join.pdus.items())
+                ],
+            )
+            return self._persist_events_txn(
+                txn, [*outliers, content], {}, {content.event_id: join.state_before}
+            )
+
+        persisted = await self.db_pool.runInteraction(
+            "persist_remote_join", txn_func, idempotent=False
+        )
+        for event in persisted:
+            self._event_cache.set(event.event_id, event)
+        return persisted[-1]
+
+    async def persist_remote_invite(
+        self, content: EventContent, origin: str, pdu: dict[str, Any], room_version: str
+    ) -> Event:
+        """Persist another server's invite of our user to a room we may not
+        have (docs/federation.md, "Invites across servers"): an outlier
+        whose membership is our user's (current state, memberships, the
+        delta stream, so /sync shows the invite), with its received form
+        ``pdu`` (its ``unsigned.invite_room_state`` is the stripped state
+        shown with it). A room new here gets its row, with ``room_version``
+        (as the reference server does for such memberships): its version is
+        then known, and this writer is its writer."""
+
+        def txn_func(txn: LoggingTransaction) -> list[Event]:
+            txn.execute(
+                "INSERT INTO rooms (room_id, creator, is_public, room_version, creation_ts,"
+                " event_writer) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (room_id) DO NOTHING",
+                (content.room_id, content.sender, False, room_version,
+                 content.origin_server_ts, self._instance_name),
+            )  # fmt: skip
+            txn.execute(
+                "INSERT INTO received_pdus (event_id, room_id, origin, pdu_json)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+                (content.event_id, content.room_id, origin, json_encoder(pdu)),
+            )
+            return self._persist_events_txn(
+                txn, [content], {}, member_outliers=frozenset([content.event_id])
+            )
+
+        [event] = await self.db_pool.runInteraction("persist_remote_invite", txn_func)
+        self._event_cache.set(event.event_id, event)
+        return event
+
     def _persist_events_txn(
         self,
         txn: LoggingTransaction,
         events: list[EventContent],
         push_actions: Mapping[str, Any],
+        given_state_before: Mapping[str, Mapping[StateKey, str]] | None = None,
+        member_outliers: frozenset[str] = frozenset(),
     ) -> list[Event]:
         persisted: list[Event] = []
         # Registered before the ids are taken, so it runs (after commit) before
@@ -274,7 +370,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
-        groups = self._state_groups_txn(txn, events, stream_ids)
+        groups = self._state_groups_txn(txn, events, stream_ids, given_state_before or {})
         # Rooms that may have several forward extremities after the batch
         # (a branch, or a merge): their current state is derived from the
         # states at the extremities once the batch is in, not event by event.
@@ -314,7 +410,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 )
             # A rejected, soft-failed or outlier state event changes no
             # current state, membership or room row (docs/event-graph.md).
-            if event.is_state and content.in_room:
+            # An invite from another server to a room we do not have is an
+            # outlier whose membership is our user's all the same.
+            if event.is_state and (content.in_room or content.event_id in member_outliers):
                 state_changed.add(room_id)
                 if event.type == "m.room.member" and event.state_key is not None:
                     members_changed[room_id].add(event.state_key)
@@ -325,6 +423,16 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         for event in persisted:
             if event.room_id in resolved_rooms:
                 resolved_rows[event.stream_ordering] = [event_row_of(event)]
+            elif event.event_id in member_outliers:
+                resolved_rows[event.stream_ordering] = [
+                    event_row_of(event),
+                    EventsStreamCurrentStateRow(
+                        room_id=event.room_id,
+                        type=event.type,
+                        state_key=event.state_key or "",
+                        event_id=event.event_id,
+                    ),
+                ]
         for room_id in sorted(resolved_rooms):
             changed = self._current_state_from_extremities_txn(
                 txn, room_id, persisted, resolved_rows
@@ -499,7 +607,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         return maybe_branched
 
     def _state_groups_txn(
-        self, txn: LoggingTransaction, events: list[EventContent], stream_ids: Sequence[int]
+        self,
+        txn: LoggingTransaction,
+        events: list[EventContent],
+        stream_ids: Sequence[int],
+        given_state_before: Mapping[str, Mapping[StateKey, str]],
     ) -> dict[str, EventGroups]:
         """The state groups before and after each event, writing the new
         ones: an event with one parent state (every linear send) has that
@@ -535,7 +647,14 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 in_batch[content.event_id] = None
                 result[content.event_id] = (None, None)
                 continue
-            if len(parent_groups) == 1:
+            given = given_state_before.get(content.event_id)
+            if given is not None:
+                # Told by another server (a remote join's state): a snapshot.
+                before = write_state_group_txn(
+                    txn, content.room_id, group_before_id(stream_id), None, given,
+                    partial(dict, given),
+                )  # fmt: skip
+            elif len(parent_groups) == 1:
                 before = next(iter(parent_groups.values()))
             elif parent_groups:
                 before = self._resolve_parent_groups_txn(

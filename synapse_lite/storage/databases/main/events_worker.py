@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.room_versions import (
     IMPLICIT_ROOM_VERSION,
-    KNOWN_ROOM_VERSIONS,
+    SPEC_ROOM_VERSIONS,
     RoomVersion,
 )
 from synapse_lite.events import Event, pruned_content
@@ -299,15 +299,17 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         return result
 
     async def get_room_version(self, room_id: str) -> RoomVersion:
-        """The version of a room this server has (its create event's; a
-        version we do not know, which no room of ours has, reads as version
-        1, the spec's default, whose redaction algorithm keeps the least)."""
+        """The version of a room this server has (its create event's: any
+        of the spec's 1-12, a room of another server we joined may be of
+        version 12, which we do not create yet; a version we do not know,
+        which no room here has, reads as version 1, the spec's default,
+        whose redaction algorithm keeps the least)."""
         identifier = await self._get_room_version_id(room_id)
         if identifier is None:
             # Not cached as missing: the room may be created in a moment.
             self._get_room_version_id.invalidate(room_id)
             return IMPLICIT_ROOM_VERSION
-        return KNOWN_ROOM_VERSIONS.get(identifier, IMPLICIT_ROOM_VERSION)
+        return SPEC_ROOM_VERSIONS.get(identifier, IMPLICIT_ROOM_VERSION)
 
     @cached(max_entries=100_000)
     async def _get_room_version_id(self, room_id: str) -> str | None:
@@ -406,7 +408,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             )
             row = txn.fetchone()
             if row is not None:
-                version = KNOWN_ROOM_VERSIONS.get(str(row[2]), IMPLICIT_ROOM_VERSION)
+                version = SPEC_ROOM_VERSIONS.get(str(row[2]), IMPLICIT_ROOM_VERSION)
                 pruned = pruned_content(row[0], db_to_json(row[1]), version)
                 txn.execute(
                     "UPDATE events SET content = ? WHERE event_id = ?",

@@ -1,0 +1,137 @@
+"""Rooms shared with a real Synapse (``tests/harness/synapse_peer.py``): our
+users join rooms created on Synapse (by alias, and by id in room version
+12, whose room ids name no server) and see their state in /sync, and leave
+them; Synapse sees each membership.
+
+One Synapse for the whole class (started by the first test, stopped in
+``tearDownClass`` or when the process exits): starting it is most of the cost. Each test has its own
+server of ours. Skipped with the reason when Synapse cannot be installed
+here; a failure under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import urllib.parse
+from typing import Any
+
+from twisted.trial import unittest
+
+from synapse_lite.storage.id_generators import generator as id_generators
+from tests.harness.client_api import ClientApi
+from tests.harness.polling import eventually
+from tests.harness.synapse_peer import SynapsePeer, start_our_server, synapse_or_skip
+from tests.harness.tls import TestCA
+
+
+def q(value: str | None) -> str:
+    return urllib.parse.quote(value or "", safe="")
+
+
+class SynapseRoomsTestCase(unittest.TestCase):
+    # A cold install of Synapse takes minutes; a warm run, seconds.
+    timeout = 1200
+    peer: SynapsePeer | None = None
+    ca: TestCA | None = None
+    #: Users registered so far (Synapse's database outlives each test).
+    users = 0
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        if cls.peer is not None:
+            cls.peer.stop()
+            cls.peer = None
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
+        python = await synapse_or_skip(self)
+        cls = type(self)
+        if cls.peer is None:
+            cls.ca = TestCA(tempfile.mkdtemp(prefix="synapse_rooms_ca_"))
+            peer = SynapsePeer(python, cls.ca)
+            await peer.start(None)
+            cls.peer = peer
+        assert cls.ca is not None
+        self.synapse = cls.peer
+        self.hs, self.client_url = start_our_server(self, cls.ca)
+
+    async def user(self, base_url: str, name: str) -> ClientApi:
+        # Synapse's database outlives each test: names must not repeat.
+        type(self).users += 1
+        return await ClientApi(self, base_url).register(f"{name}{type(self).users}")
+
+    async def synapse_members(self, sam: ClientApi, room_id: str) -> set[str]:
+        joined = await sam.ok("GET", f"/rooms/{q(room_id)}/joined_members")
+        return set(joined["joined"])
+
+    async def test_join_a_synapse_room_by_alias_and_leave(self) -> None:
+        sam = await self.user(self.synapse.client_url, "sam")
+        alias_name = f"lobby{type(self).users}"
+        room_id = await sam.create_room(
+            preset="public_chat", name="Synapse Lobby", room_alias_name=alias_name
+        )
+        await sam.send(room_id, "hello from Synapse")
+        alice = await self.user(self.client_url, "alice")
+        alias = f"#{alias_name}:{self.synapse.server_name}"
+        joined = await alice.ok("POST", f"/join/{q(alias)}", {})
+        self.assertEqual(joined["room_id"], room_id)
+
+        sync = await alice.sync()
+        room = sync["rooms"]["join"][room_id]
+        state = {(e["type"], e["state_key"]): e for e in room["state"]["events"]}
+        self.assertEqual(state[("m.room.name", "")]["content"]["name"], "Synapse Lobby")
+        self.assertEqual(state[("m.room.member", sam.user_id)]["content"]["membership"], "join")
+        self.assertEqual(room["timeline"]["events"][-1]["state_key"], alice.user_id)
+        self.assertEqual(await self.synapse_members(sam, room_id), {sam.user_id, alice.user_id})
+
+        await alice.ok("POST", f"/rooms/{q(room_id)}/leave", {})
+
+        async def left() -> bool:
+            return await self.synapse_members(sam, room_id) == {sam.user_id}
+
+        await eventually(left, timeout=10, what="Synapse saw the leave")
+
+    async def test_join_a_version_12_room_by_id(self) -> None:
+        sam = await self.user(self.synapse.client_url, "sam")
+        room_id = await sam.create_room(preset="public_chat", name="Twelve", room_version="12")
+        self.assertNotIn(":", room_id)
+        alice = await self.user(self.client_url, "alice")
+        await alice.ok("POST", f"/join/{q(room_id)}?via={q(self.synapse.server_name)}", {})
+        name = await alice.ok("GET", f"/rooms/{q(room_id)}/state/m.room.name")
+        self.assertEqual(name["name"], "Twelve")
+        self.assertEqual(await self.synapse_members(sam, room_id), {sam.user_id, alice.user_id})
+
+    async def test_synapse_invites_ours_and_ours_accepts(self) -> None:
+        sam = await self.user(self.synapse.client_url, "sam")
+        room_id = await sam.create_room(preset="private_chat", name="Invited")
+        alice = await self.user(self.client_url, "alice")
+        await sam.ok("POST", f"/rooms/{q(room_id)}/invite", {"user_id": alice.user_id})
+
+        async def invited() -> Any:
+            return (await alice.sync())["rooms"]["invite"].get(room_id)
+
+        await eventually(invited, timeout=10, what="our user saw Synapse's invite")
+        invite_state = (await invited())["invite_state"]["events"]
+        names = [e for e in invite_state if e["type"] == "m.room.name"]
+        self.assertEqual(names[0]["content"]["name"], "Invited")
+        await alice.ok("POST", f"/rooms/{q(room_id)}/join", {})
+        self.assertEqual(await self.synapse_members(sam, room_id), {sam.user_id, alice.user_id})
+        name = await alice.ok("GET", f"/rooms/{q(room_id)}/state/m.room.name")
+        self.assertEqual(name["name"], "Invited")
+
+    async def test_ours_invites_a_synapse_user(self) -> None:
+        alice = await self.user(self.client_url, "alice")
+        room_id = await alice.create_room(preset="private_chat", name="Ours")
+        sam = await self.user(self.synapse.client_url, "sam")
+        await alice.ok("POST", f"/rooms/{q(room_id)}/invite", {"user_id": sam.user_id})
+        member = await alice.ok("GET", f"/rooms/{q(room_id)}/state/m.room.member/{q(sam.user_id)}")
+        self.assertEqual(member["membership"], "invite")
+
+        async def invited() -> Any:
+            return (await sam.sync())["rooms"]["invite"].get(room_id)
+
+        await eventually(invited, timeout=10, what="Synapse's user saw our invite")
+        # Synapse's user accepts: Synapse joins our room (make_join/send_join).
+        await sam.ok("POST", f"/rooms/{q(room_id)}/join", {})
+        joined = await alice.ok("GET", f"/rooms/{q(room_id)}/joined_members")
+        self.assertEqual(set(joined["joined"]), {alice.user_id, sam.user_id})
