@@ -12,6 +12,7 @@ from typing import Any
 
 from twisted.trial import unittest
 
+from spark.session import LOCAL_JAVA_OPTIONS
 from synapse_lite.app.audit_command import REPO_ROOT
 from tests.spark.fixture import AuditFixture
 from tests.spark.session import require_java
@@ -74,7 +75,9 @@ class AuditEntryPointsTestCase(unittest.TestCase):
 
     def test_spark_submit_from_the_venv(self) -> None:
         """As docs/audit.md says: ``PYSPARK_PYTHON=.venv/bin/python
-        .venv/bin/spark-submit spark/audit.py``; a planted fault gives exit 1."""
+        .venv/bin/spark-submit spark/audit.py``, with the JVM options it
+        suggests for a local master (half the CPU time of Spark's defaults);
+        a planted fault gives exit 1."""
         require_java()
         submit = os.path.join(BIN, "spark-submit")
         if not os.path.exists(submit):
@@ -85,6 +88,8 @@ class AuditEntryPointsTestCase(unittest.TestCase):
                 submit,
                 "--master",
                 "local[1]",
+                "--driver-java-options",
+                LOCAL_JAVA_OPTIONS,
                 os.path.join(REPO_ROOT, "spark", "audit.py"),
                 "-c",
                 self.hs.config_path,
