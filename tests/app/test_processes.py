@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
-from twisted.trial import unittest
+from typing import Any
 
+from twisted.internet import reactor
+from twisted.trial import unittest
+from twisted.web.server import Site
+
+from synapse_lite.app.listeners import HealthResource
 from tests.harness.databases import create_test_database
 from tests.harness.processes import ServerProcesses, layout_config
 from tests.harness.services import require_redis
+
+
+def main_and_persister(test: unittest.TestCase, transport: str = "tcp") -> dict[str, Any]:
+    """A config of main and one events writer, on a fresh database."""
+    test_db = create_test_database()
+    test.addCleanup(test_db.drop)
+    return layout_config(
+        test_db,
+        workers={"persister1": ["replication", "health"]},
+        stream_writers={"events": ["persister1"]},
+        transport=transport,
+    )
 
 
 class ProcessLifecycleTestCase(unittest.TestCase):
@@ -16,15 +33,7 @@ class ProcessLifecycleTestCase(unittest.TestCase):
     async def test_main_and_worker_start_replicate_and_stop(self) -> None:
         if self.transport == "redis":
             require_redis()
-        test_db = create_test_database()
-        self.addCleanup(test_db.drop)
-        config = layout_config(
-            test_db,
-            workers={"persister1": ["replication", "health"]},
-            stream_writers={"events": ["persister1"]},
-            transport=self.transport,
-        )
-        servers = ServerProcesses(self, config)
+        servers = ServerProcesses(self, main_and_persister(self, self.transport))
         await servers.start()
         # The worker connected, authenticated, and main has heard its position.
         for _ in range(100):
@@ -39,3 +48,24 @@ class ProcessLifecycleTestCase(unittest.TestCase):
 
 class RedisProcessLifecycleTestCase(ProcessLifecycleTestCase):
     transport = "redis"
+
+
+class ForeignHealthTestCase(unittest.TestCase):
+    timeout = 120
+
+    async def test_another_process_answering_health_is_not_main(self) -> None:
+        """main's port already taken by a listener answering /health 200 (two
+        tests handed one free port): the harness never takes main for started,
+        so no worker starts against a schema main has not prepared; main
+        cannot listen, exits, and the failure says so."""
+        config = main_and_persister(self)
+        port = config["listeners"][0]["port"]
+        any_reactor: Any = reactor
+        other = any_reactor.listenTCP(port, Site(HealthResource("main")), interface="127.0.0.1")
+        self.addCleanup(other.stopListening)
+        servers = ServerProcesses(self, config)
+        with self.assertRaises(AssertionError) as caught:
+            await servers.start()
+        self.assertIn("main exited with 1", str(caught.exception))
+        self.assertIn("cannot listen", str(caught.exception))
+        self.assertIsNone(servers.processes["persister1"].proto)  # never started

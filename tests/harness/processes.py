@@ -25,6 +25,7 @@ import yaml
 from twisted.internet import defer, protocol, reactor, task
 from twisted.web.client import HTTPConnectionPool
 
+from synapse_lite.app.pid_files import pid_file_path, read_pid_file
 from tests.harness.databases import TestDatabase
 
 #: The directory holding the synapse_lite package (trial runs tests elsewhere).
@@ -40,12 +41,50 @@ NO_KEEPALIVE = HTTPConnectionPool(reactor, persistent=False)
 
 _configs = itertools.count()
 
+#: Every port :func:`free_port` has handed out in this process.
+_handed_out: set[int] = set()
+
 
 def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on right now, and never one this process
+    handed out before: the kernel may give the same free port twice in a row
+    (about once in 2,000 calls), and two listeners of one test given one port
+    make the second process's /health answered by the first."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a socket listening on TCP ``port``
+    (IPv4 or IPv6); None where ``/proc`` cannot say (not Linux)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            # sl local_address rem_address st ... uid timeout inode
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class _ProcessProtocol(protocol.ProcessProtocol):
@@ -225,8 +264,19 @@ class ServerProcesses:
         await self.wait_healthy(name)
 
     async def wait_healthy(self, name: str, timeout: float = START_TIMEOUT_SECONDS) -> float:
-        """Wait until ``name`` answers /health; the seconds it took."""
+        """Wait until ``name`` answers /health; the seconds it took.
+
+        Its /health port may also be another process's (another test's, in
+        a parallel run, that was handed the same free port): a 200 counts
+        only once the process we started has written its pid file, which it
+        does after preparing the database's schema, and (where ``/proc``
+        says) holds the socket listening on that port. So a worker started
+        next never finds the schema unprepared (seen once: "expects schema
+        version N but found an empty database"); a process that cannot
+        listen exits, and its log says why."""
         process = self.processes[name]
+        pid_path = pid_file_path(self.config["data_dir"], name)
+        port = int(process.health_url.rsplit(":", 1)[1].split("/")[0]) if process.health_url else 0
         start = time.monotonic()
         while True:
             if process.proto is not None and not process.proto.running:
@@ -238,7 +288,12 @@ class ServerProcesses:
             try:
                 response = await treq.get(process.health_url, timeout=1, pool=NO_KEEPALIVE)
                 await treq.content(response)
-                if response.code == 200:
+                pid = process.transport.pid
+                if (
+                    response.code == 200
+                    and read_pid_file(pid_path) == pid
+                    and listens_on(pid, port) is not False
+                ):
                     return time.monotonic() - start
             except Exception:
                 pass

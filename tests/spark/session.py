@@ -52,16 +52,10 @@ def shared_spark() -> Any:
     if _session is None:
         from pyspark.sql import SparkSession
 
-        from spark.session import LOG4J_CONFIG, prepare_environment
+        from spark.session import LOCAL_JAVA_OPTIONS, LOG4J_CONFIG, prepare_environment
 
         prepare_environment()
-        java_options = " ".join(
-            [
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-                f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
-            ]
-        )
+        java_options = f"{LOCAL_JAVA_OPTIONS} -Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
         builder = (
             SparkSession.builder.master("local[1]")
             .appName("synapse-lite-audit-tests")

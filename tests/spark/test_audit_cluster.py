@@ -24,6 +24,7 @@ from typing import Any
 
 from twisted.trial import unittest
 
+from spark.session import LOCAL_JAVA_OPTIONS
 from synapse_lite.app.audit_command import REPO_ROOT
 from tests.harness.services import ServiceMissing, in_ci, require_python_module
 from tests.spark.fixture import AuditFixture
@@ -190,6 +191,11 @@ class AuditOnStandaloneClusterTestCase(unittest.TestCase):
                 "--jars", jar,
                 "--conf", "spark.executor.memory=512m",
                 "--conf", "spark.cores.max=1",
+                # The quick JVMs of a local run (half the CPU time on this
+                # small job); the executor's as defaults, which the audit's
+                # own extraJavaOptions (its logging) add to.
+                "--driver-java-options", LOCAL_JAVA_OPTIONS,
+                "--conf", f"spark.executor.defaultJavaOptions={LOCAL_JAVA_OPTIONS}",
                 os.path.join(REPO_ROOT, "spark", "audit.py"),
                 "-c", db.config_path,
                 "--jdbc-jar", jar,
@@ -231,6 +237,7 @@ class AuditOnStandaloneClusterTestCase(unittest.TestCase):
             [
                 os.path.join(BIN, "spark-submit"),
                 "--master", "local[1]",
+                "--driver-java-options", LOCAL_JAVA_OPTIONS,
                 os.path.join(REPO_ROOT, "spark", "audit.py"),
                 "-c", db.config_path,
                 "--jdbc-jar", jar,

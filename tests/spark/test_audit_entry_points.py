@@ -1,7 +1,12 @@
 """The commands a user types (issue 22, item 9), run as subprocesses:
 ``synapse-lite audit`` and ``spark-submit spark/audit.py`` from the venv's
 ``bin/`` without activating it, with the exit codes of ``docs/audit.md`` and
-Spark's own logging quiet under the audit's progress lines."""
+Spark's own logging quiet under the audit's progress lines.
+
+Always on SQLite, so in CI's first pass only: what these tests prove is the
+commands (how each finds Spark, Python and the audit, exits and logs), the
+same on either engine; each engine's export and checks are the in-process
+audit tests', which run on both. Each of these starts a JVM of its own."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Any
 
 from twisted.trial import unittest
 
+from spark.session import LOCAL_JAVA_OPTIONS
 from synapse_lite.app.audit_command import REPO_ROOT
 from tests.spark.fixture import AuditFixture
 from tests.spark.session import require_java
@@ -42,7 +48,7 @@ def spark_log_lines(stderr: str) -> list[str]:
 
 class AuditEntryPointsTestCase(unittest.TestCase):
     def setUp(self) -> None:
-        self.hs = AuditFixture(self)
+        self.hs = AuditFixture(self, engine_name="sqlite")
         self.hs.write("events", "main", [1, 2])
         self.hs.write("events", "worker1", [3])
         self.hs.position("events", "main", 3)
@@ -74,7 +80,9 @@ class AuditEntryPointsTestCase(unittest.TestCase):
 
     def test_spark_submit_from_the_venv(self) -> None:
         """As docs/audit.md says: ``PYSPARK_PYTHON=.venv/bin/python
-        .venv/bin/spark-submit spark/audit.py``; a planted fault gives exit 1."""
+        .venv/bin/spark-submit spark/audit.py``, with the JVM options it
+        suggests for a local master (half the CPU time of Spark's defaults);
+        a planted fault gives exit 1."""
         require_java()
         submit = os.path.join(BIN, "spark-submit")
         if not os.path.exists(submit):
@@ -85,6 +93,8 @@ class AuditEntryPointsTestCase(unittest.TestCase):
                 submit,
                 "--master",
                 "local[1]",
+                "--driver-java-options",
+                LOCAL_JAVA_OPTIONS,
                 os.path.join(REPO_ROOT, "spark", "audit.py"),
                 "-c",
                 self.hs.config_path,
