@@ -195,8 +195,11 @@ def room_version_of_request(value: Any, key: str) -> RoomVersion:
 
 def room_version_of_create(content: dict[str, Any]) -> RoomVersion | None:
     """The version an ``m.room.create`` content declares (version 1 when it
-    declares none), or None for one this server does not know."""
+    declares none), or None for one the spec does not define. Any of the
+    spec's versions: a room of another server we joined may be of one we do
+    not create (version 12); which versions a client may ask for is
+    :func:`room_version_of_request`'s."""
     identifier = content.get("room_version", IMPLICIT_ROOM_VERSION.identifier)
     if not isinstance(identifier, str):
         return None
-    return KNOWN_ROOM_VERSIONS.get(identifier)
+    return SPEC_ROOM_VERSIONS.get(identifier)

@@ -98,6 +98,11 @@ def room_id_of_create(create_event_id: str) -> str:
     return "!" + create_event_id[1:]
 
 
+def create_event_id_of_room(room_id: str) -> str:
+    """The create event's id of a version 12 room: its room id with ``$``."""
+    return "$" + room_id[1:]
+
+
 def _event_refs(room_version: RoomVersion, refs: list[Any], key: str) -> tuple[str, ...]:
     """Event ids of ``prev_events``/``auth_events``: ``[id, hashes]`` pairs
     in versions 1 and 2, ids from 3 on."""

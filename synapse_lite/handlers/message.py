@@ -40,7 +40,7 @@ from synapse_lite.event_graph.graph import (
     depth_of_new_event,
     prev_events_for_new_event,
 )
-from synapse_lite.event_graph.pdu import Pdu, StateKey
+from synapse_lite.event_graph.pdu import Pdu, StateKey, create_event_id_of_room
 from synapse_lite.events import Event, EventContent, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import (
@@ -178,7 +178,15 @@ def authorise_placed(
         missing = [a for a in content.auth_event_ids if a not in known]
         if missing:
             raise EventAuthError(f"auth events not found: {missing}")
-        state = auth_events_state(room_version, pdu, [known[a] for a in content.auth_event_ids])
+        # Version 12: the create event is named by the room id, not an auth event.
+        create = (
+            known.get(create_event_id_of_room(content.room_id))
+            if room_version.hashed_room_ids
+            else None
+        )
+        state = auth_events_state(
+            room_version, pdu, [known[a] for a in content.auth_event_ids], create
+        )
         authorise(room_version, pdu, state)
         known[pdu.event_id] = pdu
 
@@ -622,7 +630,10 @@ class EventCreationHandler:
         other servers will check of our events. A refusal is a 403; an
         event the core refuses is never persisted."""
         in_batch = {c.event_id for c in contents}
-        outside = sorted({a for c in contents for a in c.auth_event_ids} - in_batch)
+        wanted = {a for c in contents for a in c.auth_event_ids}
+        if room_version.hashed_room_ids:
+            wanted |= {create_event_id_of_room(c.room_id) for c in contents}
+        outside = sorted(wanted - in_batch)
         stored = await self._store.get_events(outside) if outside else {}
         try:
             authorise_placed(

@@ -84,6 +84,23 @@ class SynapseRoomsTestCase(unittest.TestCase):
         self.assertEqual(room["timeline"]["events"][-1]["state_key"], alice.user_id)
         self.assertEqual(await self.synapse_members(sam, room_id), {sam.user_id, alice.user_id})
 
+        # Messages both ways in Synapse's room: Synapse's reach our /sync
+        # (its /send to us), ours reach Synapse's /messages (our sender).
+        await sam.send(room_id, "welcome, alice")
+        await alice.send(room_id, "hello from ours")
+
+        async def alice_sees() -> bool:
+            joined = (await alice.sync())["rooms"]["join"]
+            events = joined.get(room_id, {}).get("timeline", {}).get("events", [])
+            return "welcome, alice" in [e["content"].get("body") for e in events]
+
+        async def sam_sees() -> bool:
+            page = await sam.ok("GET", f"/rooms/{q(room_id)}/messages?dir=b&limit=20")
+            return "hello from ours" in [e["content"].get("body") for e in page["chunk"]]
+
+        await eventually(alice_sees, timeout=15, what="Synapse's message in our /sync")
+        await eventually(sam_sees, timeout=15, what="our message on Synapse")
+
         await alice.ok("POST", f"/rooms/{q(room_id)}/leave", {})
 
         async def left() -> bool:
