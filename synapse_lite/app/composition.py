@@ -355,7 +355,8 @@ def _positions(config: HomeServerConfig, role: Role, database: Database, clock: 
             of[definition.name] = database.id_generators.of(definition)
         else:
             of[definition.name] = memory[definition.name]
-    return Positions(of=of, memory=memory, waiters=PositionWaiters(clock, role.name, of))
+    waiters = PositionWaiters(clock, role.name, of, reads=role.subscription(config.streams))
+    return Positions(of=of, memory=memory, waiters=waiters)
 
 
 # 3. Transport: how this process reaches the others
@@ -841,6 +842,7 @@ def _replication(
         greetings=(handlers.presence.get_user_sync_commands,),
         command_hooks=handlers.hooks.command_hooks,
         retired_writers=instances,
+        followed_streams=role.subscription(config.streams),
     )
     streamer = ReplicationStreamer(
         instance_name=me,
@@ -854,7 +856,12 @@ def _replication(
         handler=handler,
         streamer=streamer,
         transport=ReplicationTransport(
-            config, me, handler, reactor, deployment_id=instances.deployment_id
+            config,
+            me,
+            handler,
+            reactor,
+            deployment_id=instances.deployment_id,
+            followed_streams=role.subscription(config.streams),
         ),
     )
 

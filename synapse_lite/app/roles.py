@@ -86,7 +86,7 @@ from synapse_lite.replication.tcp.receiver import (
     RowHook,
 )
 from synapse_lite.storage.databases.main import DataStore, GenericWorkerStore
-from synapse_lite.streams.definition import UpdateFunction
+from synapse_lite.streams.definition import Reader, StreamCatalog, UpdateFunction
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,37 @@ class Role:
     #: It sends to application services (``appservice_instances``).
     sends_to_app_services: bool = False
 
+    #: It writes a stream other than caches (which every process writes).
+    writes_a_stream: bool = False
+
+    @property
+    def readers(self) -> frozenset[Reader] | None:
+        """The parts it plays that read streams (None: the main process,
+        which reads every stream). Pure: from the role alone."""
+        if self.is_main:
+            return None
+        parts = set()
+        media_only = self.serves_media and not (
+            self.writes_a_stream
+            or self.sends_federation
+            or self.serves_federation
+            or self.delivers_pushes
+            or self.sends_to_app_services
+        )
+        parts.add(Reader.MEDIA if media_only else Reader.CLIENT)
+        if self.sends_federation:
+            parts.add(Reader.FEDERATION_SENDER)
+        if self.delivers_pushes:
+            parts.add(Reader.PUSHER)
+        return frozenset(parts)
+
+    def subscription(self, catalog: StreamCatalog) -> tuple[str, ...] | None:
+        """The streams it receives over replication, in catalog order (None:
+        every stream). A role changed by ``synapse-lite reload`` restarts the
+        process (its ``ProcessSpec`` changes), which subscribes anew."""
+        readers = self.readers
+        return None if readers is None else tuple(catalog.read_by(readers))
+
     @classmethod
     def of(cls, config: HomeServerConfig, name: str) -> Role:
         writers = config.writers
@@ -136,6 +167,7 @@ class Role:
             delivers_pushes=name in config.pusher_instances,
             serves_media=config.media_instance == name,
             sends_to_app_services=name in config.appservice_instances,
+            writes_a_stream=writers.streams_written_by(name) != ["caches"],
         )
 
     @property
