@@ -331,6 +331,11 @@ class RedisReplicationBus:
         return self._publisher is not None
 
     @property
+    def announced(self) -> bool:
+        """Whether the receiver has the bus as a live connection now."""
+        return self._announced
+
+    @property
     def pending_count(self) -> int:
         """Commands waiting for the publisher (for tests and metrics)."""
         return len(self._pending)
