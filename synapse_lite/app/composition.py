@@ -696,12 +696,15 @@ def _handlers(
         server_name=server_name,
         app_service_queries=app_service_queries,
     )
+    # The streams it reads or writes: another's view stands still by design.
+    reads = role.subscription(config.streams)
     stalls = StallDetector(
         clock,
         me,
         [
             (database.id_generators.of(d), not d.writers.any_process)
             for d in config.streams.with_ids()
+            if reads is None or d.name in reads or config.writers.writes(me, d.name)
         ],
     )
     # Other servers' events (remote joins) are persisted by the room's writer.
