@@ -220,7 +220,7 @@ class RedisReplicationBus:
             stream_channel(self.channel, name)
             for name in (BUILTIN_STREAMS.names() if followed_streams is None else followed_streams)
         ]
-        self._stream_channels: dict[bytes, str] = {}
+        self._stream_channels: dict[str, str] = {}
         #: Other deployments heard: id -> (a sender's name, when last heard).
         self._foreign: dict[str, tuple[str, float]] = {}
         self._foreign_logged: dict[str, float] = {}
@@ -364,27 +364,19 @@ class RedisReplicationBus:
             logger.error("not publishing %s: %s", cmd.NAME, e)
             REPLICATION_COMMANDS_DROPPED.labels("redis", "unencodable").inc()
             return
-        stream = claim_stream(body)
-        outgoing = (
-            cmd.NAME,
-            self.channel if stream is None else self._stream_channel(stream),
-            line,
-        )
+        if isinstance(cmd, (RdataCommand, PositionCommand)):
+            channel = self._stream_channels.get(cmd.stream_name)
+            if channel is None:  # our own streams': a few names
+                channel = stream_channel(self.channel, cmd.stream_name)
+                self._stream_channels[cmd.stream_name] = channel
+        else:
+            channel = self.channel
+        outgoing = (cmd.NAME, channel, line)
         if self._publisher is not None:
             self._publish(self._publisher, outgoing)
         else:
             self._pending.append(outgoing)
         self._check_backlog()
-
-    def _stream_channel(self, stream: bytes) -> str:
-        channel = self._stream_channels.get(stream)
-        if channel is None:
-            if len(self._stream_channels) >= 1000:
-                self._stream_channels.clear()  # not a catalog's names: do not grow
-            channel = self._stream_channels[stream] = stream_channel(
-                self.channel, stream.decode("utf-8")
-            )
-        return channel
 
     # -- publisher (publisher_ready and publisher_lost: called by the connection) ------
 
