@@ -49,10 +49,10 @@ from twisted.internet import defer
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.app.listeners import ListenerResources, ListenersService, MediaEndpoints
+from synapse_lite.app.role import Role
 from synapse_lite.app.roles import (
     Federation,
     Hooks,
-    Role,
     app_services_for_role,
     client_ip_recorder,
     federation_for_role,

@@ -14,7 +14,7 @@ import sys
 
 import attr
 
-from synapse_lite.app.roles import Role
+from synapse_lite.app.role import Role
 from synapse_lite.config.homeserver import (
     MAIN_PROCESS,
     ROUTER_PROCESS,
@@ -24,8 +24,8 @@ from synapse_lite.config.homeserver import (
 )
 from synapse_lite.config.media import MediaConfig
 from synapse_lite.config.validation import ConfigError, ConfigProblem
-from synapse_lite.routing.room_writers import ROUTER_READS
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
+from synapse_lite.streams.definition import Reader
 
 TIER_MAIN, TIER_WRITERS, TIER_OTHERS, TIER_ROUTER = 0, 1, 2, 3
 
@@ -194,7 +194,7 @@ def _router_spec(
         streams=(),
         location=None,
         depends_on=hashlib.sha256(routing.encode("utf-8")).hexdigest(),
-        reads=tuple(config.streams.read_by(ROUTER_READS)),
+        reads=tuple(config.streams.read_by([Reader.ROUTER])),
     )
 
 

@@ -18,7 +18,7 @@ from synapse_lite.app.launch_plan import (
     settings_shared_by_all,
 )
 from synapse_lite.app.launcher import restart_delay
-from synapse_lite.app.roles import Role
+from synapse_lite.app.role import Role
 from synapse_lite.config.generate import GenerateOptions, write_config
 from synapse_lite.config.homeserver import HomeServerConfig, StreamWriters, load_config
 from synapse_lite.config.validation import ConfigError
