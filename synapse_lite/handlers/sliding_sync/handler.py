@@ -197,11 +197,14 @@ class PerRoomCache(Generic[T]):
     ) -> dict[str, T]:
         """The facts of ``rooms`` as of ``now``: cached, or read (``read``)
         for the rooms not cached or changed since."""
+        entries = self._entries
+        cached = {r: e for r in rooms if (e := entries.get(r)) is not None}
+        changed = changes.changed_among({r: e[1] for r, e in cached.items()})
         result: dict[str, T] = {}
         stale: list[str] = []
         for room_id in rooms:
-            entry = self._entries.get(room_id)
-            if entry is None or changes.may_have_changed(room_id, entry[1]):
+            entry = cached.get(room_id)
+            if entry is None or room_id in changed:
                 stale.append(room_id)
             else:
                 result[room_id] = entry[0]
