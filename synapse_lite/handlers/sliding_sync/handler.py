@@ -458,11 +458,19 @@ class SlidingSyncHandler:
             or (row[1] in ("leave", "ban") and (r in state.rooms or r in kicked))
         ]
         joined = [r for r in candidates if rows[r][1] == "join"]
-        activity = await self._activity.get(
-            joined,
-            now.room_key,
-            self._store.room_changes,
-            lambda rooms: self._store.get_room_activity(rooms, now.room_key),
+
+        async def no_facts() -> dict[str, Any]:
+            return {}
+
+        # The order and what the filters need, side by side.
+        activity, facts = await _together(
+            self._activity.get(
+                joined,
+                now.room_key,
+                self._store.room_changes,
+                lambda rooms: self._store.get_room_activity(rooms, now.room_key),
+            ),
+            self._facts(user_id, body, candidates, rows, now, dms) if body.lists else no_facts(),
         )
         stamps = {
             r: (rows[r][1] == "join" and activity.get(r, (0, 0))[0]) or int(rows[r][3])
@@ -471,7 +479,6 @@ class SlidingSyncHandler:
         ordered = sorted(candidates, key=lambda r: (-stamps[r], r))
         selection = Selection(activity=activity)
         if body.lists:
-            facts = await self._facts(user_id, body, ordered, rows, now, dms)
             for name, config in body.lists.items():
                 matching = [r for r in ordered if self._passes(config.filters, r, rows, facts)]
                 selection.counts[name] = len(matching)
