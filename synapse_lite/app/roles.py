@@ -36,6 +36,7 @@ from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.queries import FederationQueries
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.sender.federation_sender import FederationSender
+from synapse_lite.federation.senders import sender_of as federation_sender_of
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.client_ips import ClientIpRecorder
 from synapse_lite.handlers.client_transactions import ClientTransactionExpiry
@@ -106,7 +107,7 @@ class Role:
     writes_typing: bool
     #: The presence writer (it decides online and offline).
     writes_presence: bool
-    #: The federation sender (``federation_sender``).
+    #: One of the federation senders (``federation_sender_instances``).
     sends_federation: bool
     #: It serves the federation or key APIs (a listener with those resources).
     serves_federation: bool
@@ -128,7 +129,7 @@ class Role:
             writes_receipts=writers.writes(name, "receipts"),
             writes_typing=writers.single("typing") == name,
             writes_presence=writers.single("presence") == name,
-            sends_federation=config.federation_sender == name,
+            sends_federation=name in config.federation_sender_instances,
             serves_federation=any(
                 {"federation", "keys"} & set(listener.resources)
                 for listener in config.listeners_of(name)
@@ -253,6 +254,7 @@ def federation_for_role(
     rows: UpdateFunction | None = None
     hooks = NO_HOOKS
     if role.sends_federation:
+        senders = config.federation_sender_instances
         sender = FederationSender(
             store=store,
             clock=clock,
@@ -263,6 +265,8 @@ def federation_for_role(
             send_command=None if role.is_main else outgoing.send_command,
             positions=positions,
             replication_notifier=local_writes,
+            # Each destination is sent to by one sender (federation/senders.py).
+            owns=lambda destination: federation_sender_of(destination, senders) == role.name,
         )
         hooks = Hooks(
             loops=(sender,),

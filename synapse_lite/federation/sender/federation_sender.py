@@ -1,4 +1,5 @@
-"""The federation sender: runs on the process named by ``federation_sender``.
+"""The federation sender: runs on each of ``federation_sender_instances``,
+sending to the destinations it owns (``federation/senders.py``).
 
 It learns of queued EDUs from one of two places:
 
@@ -59,11 +60,14 @@ class FederationSender(OutboxConsumer):
         send_command: Callable[[Command], None] | None,
         positions: MemoryPositions,
         replication_notifier: ReplicationNotifier,
+        owns: Callable[[str], bool] = lambda destination: True,
     ) -> None:
         """``send_command``: replication's way out, on a sender worker (for
         FEDERATION_ACK); None on the main process, which needs no acks.
         ``positions``: the federation stream's position here, which a sender
-        worker moves as it takes the main process's rows."""
+        worker moves as it takes the main process's rows. ``owns(destination)``:
+        whether this sender sends to it (one of several senders owns each
+        destination: ``federation/senders.py``); the others are ignored."""
         super().__init__(store.get_to_device_stream_token, replication_notifier)
         self._store = store
         self._clock = clock
@@ -76,6 +80,7 @@ class FederationSender(OutboxConsumer):
         self._positions = positions
         self._acked = 0
         self._rescan_loop: Any = None
+        self.owns = owns
 
     def start(self) -> None:
         self._rescan_loop = self._clock.looping_call(self.rescan, RESCAN_INTERVAL_SECONDS)
@@ -104,7 +109,7 @@ class FederationSender(OutboxConsumer):
     # Wake-ups
 
     def send_device_messages(self, destination: str, upto_stream_id: int) -> None:
-        if destination == self._server_name:
+        if destination == self._server_name or not self.owns(destination):
             return
         self.queue(destination).wake(upto_stream_id)
 
