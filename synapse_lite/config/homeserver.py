@@ -589,14 +589,6 @@ def _federation_senders(root: Section) -> tuple[str, ...]:
     instances = tuple(
         root.get_str_list("federation_sender_instances", [MAIN_PROCESS], allow_single=True)
     )
-    if not instances:
-        root.problem(
-            "must name at least one process (main, or sender workers)",
-            "federation_sender_instances",
-        )
-        return (MAIN_PROCESS,)
-    if len(set(instances)) != len(instances):
-        root.problem("names a process twice", "federation_sender_instances")
     if MAIN_PROCESS in instances and len(instances) > 1:
         root.problem(
             "the main process sends alone or not at all (it feeds the sender workers):"

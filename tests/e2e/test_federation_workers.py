@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import Any, cast
 
 import treq
 import yaml
@@ -87,7 +87,9 @@ class FederationWorkersTestCase(unittest.TestCase):
         if transport == "redis":
             require_redis()
         self.recorder = Recorder()
-        port = reactor.listenTCP(0, server.Site(self.recorder), interface="127.0.0.1")
+        port: Any = cast(Any, reactor).listenTCP(
+            0, server.Site(self.recorder), interface="127.0.0.1"
+        )
         self.addCleanup(port.stopListening)
         recorder_url = f"http://127.0.0.1:{port.getHost().port}"
 
@@ -263,7 +265,7 @@ class FederationWorkersTestCase(unittest.TestCase):
         finally:
             conn.close()
 
-    async def get(self, url: str, headers: dict[str, list[str]] | None = None) -> tuple[int, Any]:
+    async def get(self, url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
         response = await treq.get(url, headers=headers, pool=NO_KEEPALIVE)
         body = await treq.content(response)
         try:
@@ -273,7 +275,7 @@ class FederationWorkersTestCase(unittest.TestCase):
 
     async def signed_get(self, key: SigningKey, path: str) -> tuple[int, Any]:
         header = sign_request(key, "a.test", "b.test", "GET", path)
-        return await self.get(self.b_federation + path, {"Authorization": [header]})
+        return await self.get(self.b_federation + path, {"Authorization": header})
 
     async def send_batch(self, batch: str) -> None:
         messages = {f"@u:{d}": {"*": {"batch": batch}} for d in RECORDED}
