@@ -265,7 +265,9 @@ class FederationWorkersTestCase(unittest.TestCase):
         finally:
             conn.close()
 
-    async def get(self, url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async def get(
+        self, url: str, headers: dict[bytes | str, bytes | str] | None = None
+    ) -> tuple[int, Any]:
         response = await treq.get(url, headers=headers, pool=NO_KEEPALIVE)
         body = await treq.content(response)
         try:
