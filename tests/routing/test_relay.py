@@ -81,6 +81,12 @@ def _config(ports: dict[str, int], router_port: int) -> HomeServerConfig:
     def listener(port: int, *resources: str) -> dict[str, Any]:
         return {"port": port, "bind_address": "127.0.0.1", "resources": list(resources)}
 
+    # The federation readers, where the test has them.
+    federation_readers: dict[str, Any] = {
+        name: {"listeners": [listener(ports[name], "federation", "keys", "health")]}
+        for name in ("fed1", "fed2")
+        if name in ports
+    }
     data = {
         "server_name": "test",
         "worker_replication_secret": SECRET,
@@ -95,11 +101,7 @@ def _config(ports: dict[str, int], router_port: int) -> HomeServerConfig:
             "writer1": {
                 "listeners": [listener(ports["writer1"], "client", "replication", "health")]
             },
-            **{
-                name: {"listeners": [listener(ports[name], "federation", "keys", "health")]}
-                for name in ("fed1", "fed2")
-                if name in ports  # the federation readers, where the test has them
-            },
+            **federation_readers,
         },
     }
     return read_homeserver_config(data, os.path.join(tempfile.mkdtemp(), "homeserver.yaml"))
