@@ -84,9 +84,13 @@ class DashboardTestCase(unittest.TestCase):
                 ("events_writer", "2"),
                 ("events_writer", "3"),
                 ("stream_writer", "1"),
+                ("federation_reader", "1"),
+                ("federation_reader", "2"),
+                ("federation_sender", "1"),
+                ("federation_sender", "2"),
                 ("media", "1"),
                 ("router", "1"),
             ],
         )
         self.assertTrue(all(c["labels"]["instance"] == "localhost" for c in job["static_configs"]))
-        self.assertEqual(job["static_configs"][-1]["targets"], ["127.0.0.1:30018"])
+        self.assertEqual(job["static_configs"][-1]["targets"], ["127.0.0.1:30022"])

@@ -28,9 +28,7 @@ class AdvancedThroughTestCase(unittest.TestCase):
         since = RoomStreamToken(3, {"w1": 7})
         upper = RoomStreamToken(9, {"w2": 14})
         window = [(w, i) for w in ("w1", "w2", "w3") for i in range(1, 16)]
-        window = [
-            (w, i) for w, i in window if not since.contains(w, i) and upper.contains(w, i)
-        ]
+        window = [(w, i) for w, i in window if not since.contains(w, i) and upper.contains(w, i)]
         for stop in range(4, 15):
             moved = since.advanced_through(upper, stop)
             covered = {(w, i) for w, i in window if moved.contains(w, i)}

@@ -52,6 +52,10 @@ class ProcessSpec:
     #: What else its role depends on (the router: every process's listeners
     #: and the stream writers, which make its routes); a change restarts it.
     depends_on: str = ""
+    #: On a federation sender, every sender (which destinations it owns
+    #: depends on them all): adding or removing a sender restarts the
+    #: senders, and only them.
+    federation_senders: tuple[str, ...] = ()
 
     @property
     def health_url(self) -> str:
@@ -93,6 +97,12 @@ class ProcessSpec:
             roles.append("writes " + ", ".join(singles))
         if self.media is not None and self.name != MAIN_PROCESS:
             roles.append("media repository")
+        if self.federation_senders and self.name != MAIN_PROCESS:
+            roles.append("federation sender")
+        if self.name != MAIN_PROCESS and any(
+            "federation" in listener.resources for listener in self.listeners
+        ):
+            roles.append("federation reader")
         if not roles:
             roles.append("client API" if self._base_url("client") else "worker")
         return "; ".join(roles)
@@ -154,6 +164,11 @@ def plan_processes(config: HomeServerConfig, for_running: bool = True) -> list[P
                 location=config.instance_map.get(name),
                 media=config.media if name == config.media_instance else None,
                 reads=Role.of(config, name).subscription(config.streams),
+                federation_senders=(
+                    tuple(sorted(config.federation_sender_instances))
+                    if name in config.federation_sender_instances
+                    else ()
+                ),
             )
         )
     if config.router is not None:
@@ -212,7 +227,9 @@ def settings_shared_by_all(config: HomeServerConfig) -> tuple[object, ...]:
         config.registration_shared_secret,
         config.enable_registration,
         tuple(sorted((key, w) for key, w in writers.by_key.items() if key != "events")),
-        config.federation_sender,
+        # Whether the main process sends itself or feeds sender workers; which
+        # workers send is in their specs (a change restarts only them).
+        MAIN_PROCESS in config.federation_sender_instances,
         # Every process answers media paths by it (served, or refused naming it).
         config.media_instance,
         config.pusher_instances,

@@ -28,7 +28,7 @@ class Role:
     writes_typing: bool
     #: The presence writer (it decides online and offline).
     writes_presence: bool
-    #: The federation sender (``federation_sender``).
+    #: One of the federation senders (``federation_sender_instances``).
     sends_federation: bool
     #: It serves the federation or key APIs (a listener with those resources).
     serves_federation: bool
@@ -81,7 +81,7 @@ class Role:
             writes_receipts=writers.writes(name, "receipts"),
             writes_typing=writers.single("typing") == name,
             writes_presence=writers.single("presence") == name,
-            sends_federation=config.federation_sender == name,
+            sends_federation=name in config.federation_sender_instances,
             serves_federation=any(
                 {"federation", "keys"} & set(listener.resources)
                 for listener in config.listeners_of(name)

@@ -38,6 +38,7 @@ from synapse_lite.federation.queries import FederationQueries
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.federation.sender.room_events import PduRenderer, RoomEventsFeed
+from synapse_lite.federation.senders import sender_of as federation_sender_of
 from synapse_lite.handlers.auth import AuthHandler
 from synapse_lite.handlers.client_events import ClientEventFormatter, PduSigner
 from synapse_lite.handlers.client_ips import ClientIpRecorder
@@ -207,6 +208,7 @@ def federation_for_role(
         renderer = PduRenderer(
             store, ClientEventFormatter(store, PduSigner(config.server_name, lambda: key)), clock
         )
+        senders = config.federation_sender_instances
         sender = FederationSender(
             store=store,
             clock=clock,
@@ -218,6 +220,8 @@ def federation_for_role(
             positions=positions,
             replication_notifier=local_writes,
             render_pdus=renderer.transaction_pdus,
+            # Each destination is sent to by one sender (federation/senders.py).
+            owns=lambda destination: federation_sender_of(destination, senders) == role.name,
         )
         # Room events for other servers: from every events writer's rows,
         # and this process's own sends.

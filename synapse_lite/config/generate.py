@@ -10,12 +10,17 @@ replication, then each process in the order listed, then the router's metrics:
   the media repository (``media1``);
 * ``sharded``: the router, the main process, two /sync workers, three events
   writers, ``stream_writer1`` for typing, to_device, account_data, receipts,
-  presence, push_rules and pushers, and ``media1``.
+  presence, push_rules and pushers, ``media1``, two federation readers
+  (``federation_reader1``, ``federation_reader2``) and two federation senders
+  (``federation_sender1``, ``federation_sender2``).
 
-Every process gets ``health`` and ``metrics`` (``synapse-lite run`` and
-``status`` need them); writers and the main process get ``replication``; every
-process serves the client API, so the router can send each request straight
-to the process it belongs to. Beside the config, ``prometheus.yml`` says where
+The routed layouts' router also listens on the federation port (after its
+metrics port): other servers' requests go to the federation readers, or to
+the main process where there are none. Every process gets ``health`` and
+``metrics`` (``synapse-lite run`` and ``status`` need them); writers and the
+main process get ``replication``; every other process serves the client API
+(the federation readers the federation API instead), so the router can send
+each request straight to the process it belongs to. Beside the config, ``prometheus.yml`` says where
 to scrape each process's metrics (``config/prometheus.py``).
 """
 
@@ -58,10 +63,13 @@ class _Process:
     name: str
     resources: tuple[str, ...]
     comment: str
+    #: One of ``federation_sender_instances``.
+    sends_federation: bool = False
 
 
 _SYNC = ("client", "health", "metrics")
 _WRITER = ("client", "replication", "health", "metrics")
+_FEDERATION_READER = ("federation", "keys", "health", "metrics")
 #: The media worker of the layouts that have one.
 MEDIA_WORKER = "media1"
 _MEDIA = _Process(MEDIA_WORKER, _SYNC, "The media repository: uploads, downloads, thumbnails.")
@@ -94,6 +102,19 @@ def _layout(layout: str) -> tuple[list[_Process], dict[str, object]]:
         _Process("synchrotron2", _SYNC, "/sync and other reads."),
         *(_Process(p, _WRITER, "Persists the events of its rooms.") for p in persisters),
         _Process("stream_writer1", _WRITER, "Writes the single-writer streams."),
+        *(
+            _Process(f"federation_reader{i}", _FEDERATION_READER, "Serves other servers.")
+            for i in (1, 2)
+        ),
+        *(
+            _Process(
+                f"federation_sender{i}",
+                ("health", "metrics"),
+                "Sends to its share of the other servers.",
+                sends_federation=True,
+            )
+            for i in (1, 2)
+        ),
         _MEDIA,
     ]
     writers: dict[str, object] = {"events": persisters}
@@ -174,6 +195,8 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
     ports = {p.name: first + i for i, p in enumerate(processes)}
     tcp_port = options.base_port + 1
     router_metrics_port = first + len(processes)
+    federation_port = router_metrics_port + 1
+    senders = [p.name for p in processes if p.sends_federation]
     main = processes[0]
     lines = [
         f"# synapse_lite config, layout {options.layout!r}: written by",
@@ -201,7 +224,7 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
         "# Whether guest accounts (POST /register?kind=guest) may be made and used.",
         "allow_guest_access: false",
         "",
-        *_router_lines(options.base_port, router_metrics_port, routed),
+        *_router_lines(options.base_port, router_metrics_port, federation_port, routed),
         "# The main process's HTTP listeners. Resources: client (the Matrix client API),",
         "# federation and keys (other servers: docs/federation.md), replication",
         "# (requests from the other processes: never expose it), health (GET /health),",
@@ -217,6 +240,14 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
         *_listener(ports[MAIN_PROCESS], main.resources, "  "),
         "",
     ]
+    if senders:
+        lines += [
+            "# The processes sending to other servers, each destination by one of them",
+            "# (a stable hash of its name); adding or removing one with `synapse-lite",
+            "# reload` restarts only the senders (docs/federation.md#across-workers).",
+            f"federation_sender_instances: {_value(senders)}",
+            "",
+        ]
     if writers:
         lines += ["# Which process writes which stream (docs/workers.md). events takes a"]
         lines += ["# list; every other stream one process. Unlisted streams: main."]
@@ -294,7 +325,9 @@ def generate_config(options: GenerateOptions, data_dir: str) -> dict[str, str]:
     return {"homeserver.yaml": "\n".join(lines), **files}
 
 
-def _router_lines(client_port: int, metrics_port: int, routed: bool) -> list[str]:
+def _router_lines(
+    client_port: int, metrics_port: int, federation_port: int, routed: bool
+) -> list[str]:
     if not routed:
         return []
     return [
@@ -308,6 +341,9 @@ def _router_lines(client_port: int, metrics_port: int, routed: bool) -> list[str
         "  listeners:",
         *_listener(client_port, ("client", "health"), "    "),
         *_listener(metrics_port, ("metrics",), "    "),
+        "    # The federation port: /_matrix/federation and /_matrix/key go to the",
+        "    # federation readers (each other server to one), /.well-known to main.",
+        *_listener(federation_port, ("federation",), "    "),
         "",
     ]
 

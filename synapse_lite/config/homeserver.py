@@ -37,9 +37,10 @@ ROUTER_PROCESS = "router"
 
 #: Resources an HTTP listener can serve.
 LISTENER_RESOURCES = ("client", "federation", "keys", "replication", "health", "metrics")
-#: Resources a listener of the router can serve (``client``: every client
-#: request, each relayed to the process that serves it).
-ROUTER_RESOURCES = ("client", "health", "metrics")
+#: Resources a listener of the router can serve (``client``: every request,
+#: each relayed to the process that serves it; ``federation``: the federation
+#: front door, ``/_matrix/federation``, ``/_matrix/key`` and ``/.well-known``).
+ROUTER_RESOURCES = ("client", "federation", "health", "metrics")
 #: Bind addresses meaning "every address of this machine".
 WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
 
@@ -475,7 +476,11 @@ class HomeServerConfig:
     workers: dict[str, WorkerConfig] = attr.ib(hash=False)
     instance_map: dict[str, InstanceLocation] = attr.ib(hash=False)
     stream_writers: StreamWriters
-    federation_sender: str
+    #: The processes sending to other servers (``federation_sender_instances``;
+    #: the older ``federation_sender`` names one): each destination is sent
+    #: to by exactly one of them (``federation/senders.py``). Either the main
+    #: process alone or workers only.
+    federation_sender_instances: tuple[str, ...]
     federation: FederationConfig
     rate_limits: RateLimitsConfig
     limits: LimitsConfig
@@ -518,6 +523,16 @@ class HomeServerConfig:
         """The main process, then every worker in config order."""
         return [MAIN_PROCESS, *self.workers]
 
+    def federation_readers(self) -> tuple[str, ...]:
+        """The workers serving the federation API (a listener with the
+        ``federation`` resource), in config order: the router sends
+        ``/_matrix/federation`` and ``/_matrix/key`` to them."""
+        return tuple(
+            name
+            for name, worker in self.workers.items()
+            if any("federation" in listener.resources for listener in worker.listeners)
+        )
+
     def listeners_of(self, instance_name: str) -> tuple[ListenerConfig, ...]:
         if instance_name == MAIN_PROCESS:
             return self.listeners
@@ -551,6 +566,36 @@ class HomeServerConfig:
                 f"{instance_name!r} has no listener with the 'replication' resource and no"
                 " entry in instance_map"
             ) from None
+
+
+def _federation_senders_key(root: Section) -> str:
+    return (
+        "federation_sender" if "federation_sender" in root.data else "federation_sender_instances"
+    )
+
+
+def _federation_senders(root: Section) -> tuple[str, ...]:
+    """``federation_sender_instances`` (a list, or one name), or the older
+    ``federation_sender`` (one name); not both. The main process sends with
+    no worker, or not at all: its queue feeds sender workers."""
+    if "federation_sender" in root.data:
+        if "federation_sender_instances" in root.data:
+            root.accept("federation_sender_instances")
+            root.problem(
+                "give federation_sender_instances or the older federation_sender, not both",
+                "federation_sender",
+            )
+        return (root.get_str("federation_sender", MAIN_PROCESS),)
+    instances = tuple(
+        root.get_str_list("federation_sender_instances", [MAIN_PROCESS], allow_single=True)
+    )
+    if MAIN_PROCESS in instances and len(instances) > 1:
+        root.problem(
+            "the main process sends alone or not at all (it feeds the sender workers):"
+            " list only workers, or only main",
+            "federation_sender_instances",
+        )
+    return instances
 
 
 def _derive_instance_map(
@@ -645,7 +690,7 @@ def read_homeserver_config(
     router = RouterConfig.read(root.get_section("router"), base_dir)
     internal_tls = InternalTlsConfig.read(root.get_section("internal_tls"), base_dir)
     writers = StreamWriters.read(root.get_section("stream_writers"), streams)
-    federation_sender = root.get_str("federation_sender", MAIN_PROCESS)
+    federation_sender_instances = _federation_senders(root)
     federation = FederationConfig.read(root.get_section("federation"), base_dir)
     rate_limits = RateLimitsConfig.read(root.get_section("rate_limiting"))
     limits = LimitsConfig.read(root.get_section("limits"))
@@ -706,12 +751,8 @@ def read_homeserver_config(
                     " (other processes send it requests there)",
                     key,
                 )
-    if federation_sender not in known:
-        root.problem(
-            f"{federation_sender!r} is not the main process or a declared worker",
-            "federation_sender",
-        )
     for key, instances in (
+        (_federation_senders_key(root), federation_sender_instances),
         ("pusher_instances", pusher_instances),
         ("appservice_instances", appservice_instances),
     ):
@@ -800,7 +841,7 @@ def read_homeserver_config(
         workers=workers,
         instance_map=instance_map,
         stream_writers=writers,
-        federation_sender=federation_sender,
+        federation_sender_instances=federation_sender_instances,
         federation=federation,
         rate_limits=rate_limits,
         limits=limits,

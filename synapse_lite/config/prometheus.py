@@ -36,8 +36,10 @@ def metrics_job(config: HomeServerConfig, name: str) -> str:
         return "events_writer"
     if config.writers.streams_written_by(name) != ["caches"]:
         return "stream_writer"
-    if name == config.federation_sender:
+    if name in config.federation_sender_instances:
         return "federation_sender"
+    if name in config.federation_readers():
+        return "federation_reader"
     if name == config.media_instance:
         return "media"
     return "reader"

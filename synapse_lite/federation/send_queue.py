@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 #: The row type of an item: data ``{"destination", "stream_id"}``.
 DEVICE_MESSAGES = "device_messages"
+#: How long a sender's last acknowledgement holds items back (see
+#: :meth:`FederationRemoteSendQueue.federation_ack`).
+ACK_MEMORY_SECONDS = 600.0
 
 
 class FederationRemoteSendQueue(OutboxConsumer):
@@ -60,6 +63,9 @@ class FederationRemoteSendQueue(OutboxConsumer):
         self._positions = positions
         #: destination -> (token, to_device stream id)
         self._items: dict[str, tuple[int, int]] = {}
+        self._clock = clock
+        #: sender instance -> (token it acknowledged, when)
+        self._acks: dict[str, tuple[int, float]] = {}
 
     def start(self) -> None:
         """Take one item per destination with EDUs in the outbox."""
@@ -93,13 +99,25 @@ class FederationRemoteSendQueue(OutboxConsumer):
         self._replication_notifier.notify_replication()
 
     def federation_ack(self, cmd: FederationAckCommand) -> None:
-        """The sender has taken every item up to ``cmd.token``."""
+        """A sender has taken every item up to ``cmd.token``. With several
+        senders an item is dropped once every sender that acknowledged in
+        the last :data:`ACK_MEMORY_SECONDS` has taken it: each reads every
+        item (it skips the destinations it does not own), and one catching
+        up after a reconnection reads them from here. A sender not heard
+        from in that time (removed by a reload) holds nothing back; a new or
+        late one loses nothing either way, since it rescans the outbox."""
         if cmd.token > self._positions.current:
             # An ack from before this process restarted: it says nothing
             # about this run's items.
             return
+        now = self._clock.time()
+        self._acks[cmd.instance_name] = (cmd.token, now)
+        for name, (_, when) in list(self._acks.items()):
+            if now - when > ACK_MEMORY_SECONDS:
+                del self._acks[name]
+        upto = min(token for token, _ in self._acks.values())
         for destination, (token, _) in list(self._items.items()):
-            if token <= cmd.token:
+            if token <= upto:
                 del self._items[destination]
 
     def pending_items(self) -> int:

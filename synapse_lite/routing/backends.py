@@ -23,6 +23,7 @@ from twisted.internet.interfaces import IDelayedCall
 from synapse_lite.config.homeserver import HomeServerConfig, InstanceLocation
 from synapse_lite.http.tls import InternalTlsClient
 from synapse_lite.metrics import ROUTER_BACKEND_UP
+from synapse_lite.routing.table import relay_address
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,9 @@ HEALTH_TIMEOUT_SECONDS = 2.0
 
 
 class Backend:
-    """One process behind the router."""
+    """One process behind the router; ``client``: the listener requests
+    are relayed to (its client API's, or a federation reader's federation
+    listener: ``table.relay_address``)."""
 
     def __init__(
         self, name: str, client: InstanceLocation, health: InstanceLocation | None
@@ -60,9 +63,9 @@ def backends_of(config: HomeServerConfig, names: Sequence[str]) -> dict[str, Bac
     """A backend for each process named, from the config."""
     result = {}
     for name in names:
-        client = config.http_address(name, "client")
-        assert client is not None, name
-        result[name] = Backend(name, client, config.http_address(name, "health"))
+        address = relay_address(config, name)
+        assert address is not None, name
+        result[name] = Backend(name, address, config.http_address(name, "health"))
     return result
 
 

@@ -10,6 +10,9 @@ what the built-in router does, as far as each can without a database:
   a proxy without a database may pick another writer, which forwards the
   request to the right one (one internal hop; correct either way);
 * stream writes to their writer, media to the media instance, the rest to main;
+* ``/_matrix/federation`` and ``/_matrix/key`` to the federation readers,
+  hashed on the requesting server (nginx; haproxy balances them round-robin),
+  on the client port and on the router's federation port alike;
 * internal paths (``/_synapse/replication``) are refused;
 * ``X-Forwarded-For`` is set to the client's address, with the router's proof
   (``http/forwarded.py``) so the processes believe it.
@@ -23,11 +26,13 @@ import re
 from synapse_lite.config.homeserver import MAIN_PROCESS, InstanceLocation, ListenerConfig
 from synapse_lite.http.forwarded import router_proof
 from synapse_lite.routing.table import (
+    BALANCE_ORIGIN,
     BALANCE_ROOM,
     BALANCE_USER,
     INTERNAL_PATH_PREFIXES,
     Route,
     RoutingTable,
+    relay_address,
 )
 
 FORMATS = ("json", "nginx", "haproxy")
@@ -51,6 +56,8 @@ def _upstream_name(route: Route) -> str:
     room, or one process (named after it)."""
     if route.balance == BALANCE_USER:
         name = "readers"
+    elif route.balance == BALANCE_ORIGIN:
+        name = "federation_readers"
     elif route.balance == BALANCE_ROOM:
         name = "room_events_writers"
     else:
@@ -71,6 +78,19 @@ def _front_door(table: RoutingTable) -> ListenerConfig | None:
         if "client" in listener.resources:
             return listener
     return None
+
+
+def _federation_doors(table: RoutingTable) -> list[ListenerConfig]:
+    """The router's listeners with ``federation`` and not ``client``: a
+    proxy listens there too (and serves every route on both)."""
+    router = table.config.router
+    if router is None:
+        return []
+    return [
+        listener
+        for listener in router.listeners
+        if "federation" in listener.resources and "client" not in listener.resources
+    ]
 
 
 def _header(table: RoutingTable, tool: str) -> list[str]:
@@ -121,16 +141,23 @@ class NginxConfig:
             '    "" $syl_query_user$remote_addr;',
             "    default $syl_header_user;",
             "}",
+            "# The requesting server (X-Matrix origin) keys the federation readers.",
+            "map $http_authorization $syl_origin {",
+            '    "~origin=\\"?(?<syl_o>[^\\",]+)" $syl_o;',
+            "    default $remote_addr;",
+            "}",
             "",
         ]
         for name, route in self._upstreams.items():
             lines.append(f"upstream {name} {{")
             if route.balance == BALANCE_USER:
                 lines.append("    hash $syl_user consistent;")
+            elif route.balance == BALANCE_ORIGIN:
+                lines.append("    hash $syl_origin consistent;")
             elif route.balance == BALANCE_ROOM:
                 lines.append("    hash $room_id consistent;")
             for instance in route.instances:
-                address = config.http_address(instance, "client")
+                address = relay_address(config, instance)
                 assert address is not None
                 lines.append(f"    server {_host_port(address)};  # {instance}")
             lines += ["    keepalive 32;", "}", ""]
@@ -139,6 +166,7 @@ class NginxConfig:
         lines += [
             "server {",
             f"    listen {listen};",
+            *(f"    listen {door.bind_address}:{door.port};" for door in _federation_doors(table)),
             f"    server_name {config.server_name.split(':')[0]};",
             f"    client_max_body_size {config.limits.max_request_body_bytes};",
             "    proxy_http_version 1.1;",
@@ -181,7 +209,7 @@ class NginxConfig:
 
     def _scheme(self, route: Route) -> str:
         config = self._table.config
-        tls = [config.http_address(i, "client") for i in route.instances]
+        tls = [relay_address(config, i) for i in route.instances]
         return "https" if any(a is not None and a.tls for a in tls) else "http"
 
     def _location(self, pattern: str, prefix: bool, routes: list[Route]) -> list[str]:
@@ -245,6 +273,7 @@ class HaproxyConfig:
             "",
             "frontend synapse_lite",
             f"    bind {bind}",
+            *(f"    bind {door.bind_address}:{door.port}" for door in _federation_doors(table)),
             f"    http-request deny deny_status 413 if {{ req.body_size gt"
             f" {config.limits.max_request_body_bytes} }}",
         ]
@@ -301,7 +330,7 @@ class HaproxyConfig:
         lines += ["    option httpchk GET /health"]
         ca = config.internal_tls.ca_path
         for instance in route.instances:
-            address = config.http_address(instance, "client")
+            address = relay_address(config, instance)
             health = config.http_address(instance, "health")
             assert address is not None
             server = f"    server {instance} {_host_port(address)}"

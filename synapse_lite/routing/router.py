@@ -7,6 +7,8 @@ picks among the route's processes that are up:
   the readers that are up, so a reader going down moves only its users). The
   user comes from the access token's routing hint (``api/access_tokens.py``);
   a token without one is hashed whole, a request without a token by address;
+* ``origin``: the federation reader a hash of the requesting server (the
+  X-Matrix origin) gives, the same way; a request without one by address;
 * ``room``: the room's events writer (``room_writers.py``); a room it does
   not know goes to the main process, which answers as it should;
 * ``single``: the one process.
@@ -26,17 +28,24 @@ from twisted.internet import defer
 
 from synapse_lite.api.access_tokens import localpart_of_token
 from synapse_lite.config.homeserver import MAIN_PROCESS, ROUTER_PROCESS
+from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header
 from synapse_lite.routing.backends import Backend, HealthChecks, rendezvous
 from synapse_lite.routing.exchange import LocalAnswer
 from synapse_lite.routing.http1 import RequestHead
 from synapse_lite.routing.room_writers import RoomWriters
 from synapse_lite.routing.table import (
+    BALANCE_ORIGIN,
     BALANCE_ROOM,
     BALANCE_USER,
+    FEDERATION_PATH_PREFIXES,
     INTERNAL_PATH_PREFIXES,
     Route,
     RoutingTable,
 )
+
+#: Served on a ``federation`` listener besides the federation paths (by the
+#: main process: other servers find us there).
+WELL_KNOWN_PREFIX = "/.well-known/matrix/"
 
 #: What a 503 tells the client to wait before trying again, in seconds.
 RETRY_AFTER_SECONDS = 5
@@ -71,8 +80,10 @@ class Router:
     def decide(self, head: RequestHead, client_ip: str) -> Decision | defer.Deferred[Decision]:
         method = head.method.decode("ascii")
         route, match = self.table.match(method, head.path)
-        if route.balance == BALANCE_USER:
-            key = self._user_key(head) or client_ip.encode("utf-8")
+        if route.balance in (BALANCE_USER, BALANCE_ORIGIN):
+            key = (
+                self._user_key(head) if route.balance == BALANCE_USER else _origin_key(head)
+            ) or client_ip.encode("utf-8")
             up = [self.backends[n] for n in route.instances if self.backends[n].up]
             if not up:
                 return self._none_up(route)
@@ -148,7 +159,12 @@ class Router:
             return self.health_page()
         if path == "/metrics" and "metrics" in resources:
             return LocalAnswer(200, generate_latest(), CONTENT_TYPE_LATEST.encode("ascii"))
-        if "client" not in resources or path in ("/health", "/metrics"):
+        if path in ("/health", "/metrics"):
+            return LocalAnswer.error(404, "Not served on this port")
+        if "client" not in resources and not (
+            "federation" in resources
+            and (path.startswith(FEDERATION_PATH_PREFIXES) or path.startswith(WELL_KNOWN_PREFIX))
+        ):
             return LocalAnswer.error(404, "Not served on this port")
         if path.startswith(INTERNAL_PATH_PREFIXES):
             return LocalAnswer.error(404, "Unrecognized request")
@@ -176,6 +192,19 @@ class Router:
         if reasons:
             body["reasons"] = reasons
         return LocalAnswer(200, json.dumps(body).encode("utf-8"))
+
+
+def _origin_key(head: RequestHead) -> bytes | None:
+    """The requesting server of a federation request (its X-Matrix origin),
+    so that one server's requests stay on one federation reader; None for a
+    request without one (keys, or a malformed header: the reader refuses it)."""
+    authorization = head.header(b"authorization")
+    if authorization is None:
+        return None
+    try:
+        return parse_auth_header(authorization).origin.encode("utf-8")
+    except AuthHeaderError:
+        return None
 
 
 __all__ = ["MAIN_PROCESS", "Decision", "Router"]

@@ -16,11 +16,12 @@ from typing import Any, cast
 
 import attr
 
-from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
+from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig, InstanceLocation
 from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client import ClientHandlers, register_servlets
 from synapse_lite.rest.client.served_by import MEDIA, MEDIA_PATH_PREFIXES, served_by
 from synapse_lite.streams.writers import (
+    FEDERATION_READERS_ROLE,
     MAIN,
     READERS_ROLE,
     ROOM_EVENTS_WRITER_ROLE,
@@ -31,6 +32,11 @@ from synapse_lite.streams.writers import (
 #: Paths the router never relays: internal calls between processes.
 INTERNAL_PATH_PREFIXES = ("/_synapse/replication/",)
 
+#: The federation front door: these paths go to the federation readers
+#: (``/.well-known`` stays with the main process, as every path not routed).
+FEDERATION_PATH_PREFIXES = ("/_matrix/federation/", "/_matrix/key/")
+FEDERATION_READERS = ServedBy(FEDERATION_READERS_ROLE)
+
 #: Paths without parameters remembered with their route (bounds the memory a
 #: client sending odd paths can take).
 MAX_FIXED_PATHS = 1024
@@ -39,6 +45,7 @@ MAX_FIXED_PATHS = 1024
 BALANCE_USER = "user"  # a hash of the user id: one user stays on one process
 BALANCE_ROOM = "room"  # the room's events writer (rooms.event_writer)
 BALANCE_SINGLE = "single"  # one process
+BALANCE_ORIGIN = "origin"  # a hash of the requesting server: one server stays on one process
 
 
 class RoutingError(Exception):
@@ -96,6 +103,19 @@ class Route:
         return result
 
 
+def relay_address(config: HomeServerConfig, name: str) -> InstanceLocation | None:
+    """Where a proxy sends ``name`` requests: its first listener with the
+    ``client`` resource or, without one, its first with ``federation`` (a
+    federation reader); None if it has neither."""
+    return config.http_address(name, "client") or config.http_address(name, "federation")
+
+
+def _relay_serves(config: HomeServerConfig, name: str, resource: str) -> bool:
+    """Whether the listener requests are relayed to serves ``resource``."""
+    address = relay_address(config, name)
+    return address is not None and address == config.http_address(name, resource)
+
+
 def _with_client_api(config: HomeServerConfig, names: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in names if config.http_address(n, "client") is not None)
 
@@ -131,6 +151,10 @@ class RoutingTable:
             routes.append(resolver.route(servlet, tuple(methods), pattern, declared))
         for prefix in MEDIA_PATH_PREFIXES:
             routes.append(resolver.route(None, (), re.escape(prefix), MEDIA, prefix=True))
+        for prefix in FEDERATION_PATH_PREFIXES:
+            routes.append(
+                resolver.route(None, (), re.escape(prefix), FEDERATION_READERS, prefix=True)
+            )
         default = resolver.route(None, (), "", MAIN, prefix=True)
         return cls(config, routes, default)
 
@@ -158,11 +182,11 @@ class RoutingTable:
         config = self.config
         instances: dict[str, Any] = {}
         for name in self.instances():
-            client = config.http_address(name, "client")
+            address = relay_address(config, name)
             health = config.http_address(name, "health")
-            assert client is not None
+            assert address is not None
             instances[name] = {
-                "client": client.base_url,
+                "address": address.base_url,
                 "health": None if health is None else health.base_url + "/health",
             }
         return {
@@ -188,13 +212,15 @@ class _Resolver:
         declared: ServedBy,
         prefix: bool = False,
     ) -> Route:
-        instances, balance = self._instances(declared, servlet)
+        instances, balance = self._instances(declared, servlet, pattern)
         regex = re.compile(pattern)
         if balance == BALANCE_ROOM and "room_id" not in regex.groupindex:
             raise RoutingError(f"servlet {servlet!r} goes to a room's writer but has no room_id")
         return Route(servlet, methods, pattern, declared, instances, balance, prefix, regex)
 
-    def _instances(self, declared: ServedBy, servlet: str | None) -> tuple[tuple[str, ...], str]:
+    def _instances(
+        self, declared: ServedBy, servlet: str | None, pattern: str
+    ) -> tuple[tuple[str, ...], str]:
         config = self._config
         main = (MAIN_PROCESS,)
         if declared.role == READERS_ROLE:
@@ -226,6 +252,13 @@ class _Resolver:
             writers = config.writers.writers(declared.stream)
             served = _with_client_api(config, writers[:1])
             return (served or main), BALANCE_SINGLE
+        if declared.role == FEDERATION_READERS_ROLE:
+            # /_matrix/key needs the keys resource where requests are relayed.
+            resource = "keys" if pattern.startswith(re.escape("/_matrix/key/")) else "federation"
+            readers = tuple(
+                n for n in config.federation_readers() if _relay_serves(config, n, resource)
+            )
+            return (readers, BALANCE_ORIGIN) if readers else (main, BALANCE_SINGLE)
         if declared.role == MEDIA.role:
             return (_with_client_api(config, [config.media_instance]) or main), BALANCE_SINGLE
         return main, BALANCE_SINGLE

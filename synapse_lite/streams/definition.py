@@ -188,18 +188,38 @@ class StableHash:
     counts in the order configured (device lists and pushers were sharded so
     first, and keep it: changing it would move users and pushers to another
     instance on upgrade).
+
+    ``rendezvous``: instead of the modulo, the instance whose name hashed
+    with the key (the first 8 bytes of SHA-256 of ``instance NUL key``,
+    big-endian) is highest, ties to the smaller name: adding an instance
+    moves only the keys it now wins, removing one moves only its own keys
+    (the federation senders by destination, so that a reload hands over as
+    few destinations as it can). The order instances are listed in never
+    matters for it.
     """
 
     key: ShardKey
     sorted_instances: bool = True
+    rendezvous: bool = False
 
     def pick(self, key: str, instances: Sequence[str]) -> str:
         """The instance of ``instances`` handling ``key``."""
         if not instances:
             raise ValueError(f"no instances to choose from for {self.key.value} {key!r}")
+        if self.rendezvous:
+            encoded = key.encode("utf-8")
+            return min(
+                instances,
+                key=lambda instance: (-_rendezvous_weight(instance, encoded), instance),
+            )
         digest = hashlib.sha256(key.encode("utf-8")).digest()
         ordered = sorted(instances) if self.sorted_instances else instances
         return ordered[int.from_bytes(digest[:8], "big") % len(instances)]
+
+
+def _rendezvous_weight(instance: str, key: bytes) -> int:
+    digest = hashlib.sha256(instance.encode("utf-8") + b"\0" + key).digest()
+    return int.from_bytes(digest[:8], "big")
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

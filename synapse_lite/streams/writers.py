@@ -38,6 +38,7 @@ READERS_ROLE = "readers"
 ROOM_EVENTS_WRITER_ROLE = "room_events_writer"
 STREAM_WRITER_ROLE = "stream_writer"
 MEDIA_ROLE = "media"
+FEDERATION_READERS_ROLE = "federation_readers"
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -50,7 +51,10 @@ class ServedBy:
       id), so one user's long-polls and caches stay together;
     * ``room_events_writer``: the events writer of the room in the path;
     * ``stream_writer``: the writer of ``stream`` (a stream of the catalog);
-    * ``media``: the media instance (``media_instance``; main by default).
+    * ``media``: the media instance (``media_instance``; main by default);
+    * ``federation_readers``: the workers serving the federation API (a
+      listener with ``federation``; the main process when there are none),
+      each origin server always on the same one.
     """
 
     role: str

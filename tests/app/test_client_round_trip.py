@@ -288,7 +288,7 @@ class EventsWriterChangesTestCase(unittest.TestCase):
             await command.wait_for_line(r"Reload of .* done", after=mark)
 
         def add(config: dict[str, Any]) -> None:
-            port = config["listeners"][0]["port"] + 6
+            port = config["listeners"][0]["port"] + 7  # after the router's federation port
             config["workers"]["persister3"] = {
                 "listeners": [{"port": port, "resources": ["replication", "health", "metrics"]}]
             }

@@ -147,7 +147,7 @@ class LaunchPlanTestCase(unittest.TestCase):
             " 'health' resource",
             str(cm.exception),
         )
-        self.assertEqual(len(plan_processes(load_config(path), for_running=False)), 9)
+        self.assertEqual(len(plan_processes(load_config(path), for_running=False)), 13)
 
     def test_restart_delay_doubles_up_to_a_limit(self) -> None:
         self.assertEqual([restart_delay(n) for n in (1, 2, 3, 4)], [1.0, 2.0, 4.0, 8.0])

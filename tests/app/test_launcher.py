@@ -142,12 +142,16 @@ class LauncherTestCase(unittest.TestCase):
     async def test_sharded_layout_starts_and_stops(self) -> None:
         server = await launch(self, layout="sharded")
         names = list(server.specs())
-        self.assertEqual(len(names), 9)
+        self.assertEqual(len(names), 13)
         self.assertEqual(await health_of_all(server.config_path), {name: 200 for name in names})
         status = server.run_command(self, "status")
         self.assertEqual(await status.wait_exit(), 0, status.output())
         stream_writer = next(line for line in status.stdout if line.startswith("stream_writer1"))
         self.assertRegex(stream_writer, r"receipts=\d+ account_data=\d+ to_device=\d+")
+        # The federation roles, as the plan describes them.
+        specs = server.specs()
+        self.assertIn("federation reader", specs["federation_reader2"].role)
+        self.assertIn("federation sender", specs["federation_sender1"].role)
         stop = server.run_command(self, "stop")
         self.assertEqual(await stop.wait_exit(), 0, stop.output())
         self.assertEqual(await server.command.wait_exit(), 0, server.command.tail())

@@ -47,8 +47,9 @@ class ReloadTestCase(unittest.TestCase):
             request = server.run_command(self, "reload")
             self.assertEqual(await request.wait_exit(), 0, request.output())
 
-        # Add persister3: a new worker and a new events writer.
-        port = load_config(config_path).listeners[0].port + 6
+        # Add persister3: a new worker and a new events writer (on the free port
+        # after the router's federation port).
+        port = load_config(config_path).listeners[0].port + 7
 
         def add(config: dict[str, Any]) -> None:
             config["workers"]["persister3"] = {

@@ -44,7 +44,7 @@ class GenerateConfigTestCase(unittest.TestCase):
                 self.assertEqual(len(ports), len(set(ports)))
                 client_port = specs[-1].listeners[0].port
                 self.assertEqual(client_port, 30008)
-                workers = {"monolith": 0, "default": 4, "sharded": 7}[layout]
+                workers = {"monolith": 0, "default": 4, "sharded": 11}[layout]
                 routed = workers > 0  # a router in front, on the client port
                 self.assertEqual(len(specs), 1 + workers + routed)
                 # homeserver.yaml, the worker files, prometheus.yml

@@ -229,7 +229,7 @@ class RouterConfigTestCase(unittest.TestCase):
         problems = self.problems(config)
         self.assertIn(
             "router.listeners[0].resources[1]: unknown resource 'replication'; known: client,"
-            " health, metrics",
+            " federation, health, metrics",
             problems,
         )
         self.assertIn("router.listeners: needs a listener with the 'client' resource", problems)

@@ -9,7 +9,11 @@ from twisted.internet import task
 from twisted.trial import unittest
 
 from synapse_lite.clock import Clock
-from synapse_lite.federation.send_queue import DEVICE_MESSAGES, FederationRemoteSendQueue
+from synapse_lite.federation.send_queue import (
+    ACK_MEMORY_SECONDS,
+    DEVICE_MESSAGES,
+    FederationRemoteSendQueue,
+)
 from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.replication.tcp.commands import FederationAckCommand
 
@@ -31,7 +35,7 @@ class _NoStore:
 
 class SendQueueTest(unittest.TestCase):
     def setUp(self) -> None:
-        reactor = task.Clock()
+        reactor = self.reactor = task.Clock()
         reactor.advance(1000)
         self.replication_notifier = ReplicationNotifier()
         self.pokes = 0
@@ -74,6 +78,25 @@ class SendQueueTest(unittest.TestCase):
         updates, upto, limited = await self.queue.get_replication_rows("main", 0, self.t(5), 2)
         self.assertEqual([t for t, *_ in rows(updates)], [self.t(1), self.t(2)])
         self.assertEqual((upto, limited), (self.t(2), True))
+
+    def test_several_senders_each_must_have_taken_an_item(self) -> None:
+        """Every sender reads every item (skipping the destinations it does
+        not own): an item goes once every sender heard from lately has
+        acknowledged it; a sender silent for ACK_MEMORY_SECONDS (removed by
+        a reload) holds nothing back."""
+        q, t = self.queue, self.t
+        q.send_device_messages("b.example", 5)
+        q.send_device_messages("c.example", 6)
+        q.federation_ack(FederationAckCommand("sender1", t(2)))
+        self.assertEqual(q.pending_items(), 0)  # the only sender heard of so far
+        q.send_device_messages("d.example", 7)
+        q.send_device_messages("e.example", 8)
+        q.federation_ack(FederationAckCommand("sender2", t(3)))
+        q.federation_ack(FederationAckCommand("sender1", t(4)))
+        self.assertEqual(q.pending_items(), 1)  # e's item: sender2 has not taken it
+        self.reactor.advance(ACK_MEMORY_SECONDS + 1)
+        q.federation_ack(FederationAckCommand("sender1", t(4)))
+        self.assertEqual(q.pending_items(), 0)  # sender2 went quiet: gone
 
     async def test_ack_trims(self) -> None:
         q = self.queue

@@ -67,8 +67,7 @@ def _resolve(value: Any, path: str) -> Any:
             return _resolve(resolved, target_path)
         # Examples are not copied with the spec (SOURCE.md) and never checked.
         return {
-            k: v if k in ("example", "examples") else _resolve(v, path)
-            for k, v in value.items()
+            k: v if k in ("example", "examples") else _resolve(v, path) for k, v in value.items()
         }
     if isinstance(value, list):
         return [_resolve(v, path) for v in value]

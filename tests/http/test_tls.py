@@ -102,8 +102,7 @@ class TlsTestCase(unittest.TestCase):
         # Each refused attempt is reported lost a moment after it is made:
         # wait for two attempts that have both ended, not just begun.
         await wait_until(
-            lambda: client.connections_made >= 2
-            and len(receiver.connections("lost")) >= 2,
+            lambda: client.connections_made >= 2 and len(receiver.connections("lost")) >= 2,
             what="two refused connections, each lost",
         )
         # The handshake failed before anything (the secret first) went out.

@@ -81,6 +81,12 @@ def _config(ports: dict[str, int], router_port: int) -> HomeServerConfig:
     def listener(port: int, *resources: str) -> dict[str, Any]:
         return {"port": port, "bind_address": "127.0.0.1", "resources": list(resources)}
 
+    # The federation readers, where the test has them.
+    federation_readers: dict[str, Any] = {
+        name: {"listeners": [listener(ports[name], "federation", "keys", "health")]}
+        for name in ("fed1", "fed2")
+        if name in ports
+    }
     data = {
         "server_name": "test",
         "worker_replication_secret": SECRET,
@@ -95,6 +101,7 @@ def _config(ports: dict[str, int], router_port: int) -> HomeServerConfig:
             "writer1": {
                 "listeners": [listener(ports["writer1"], "client", "replication", "health")]
             },
+            **federation_readers,
         },
     }
     return read_homeserver_config(data, os.path.join(tempfile.mkdtemp(), "homeserver.yaml"))
@@ -120,7 +127,7 @@ class RelayTestCase(unittest.TestCase):
         self.processes: dict[str, FakeProcess] = {}
         self.sites: dict[str, server.Site] = {}
         self.ports: dict[str, Any] = {}
-        for name in ("main", "reader1", "reader2", "writer1"):
+        for name in ("main", "reader1", "reader2", "writer1", "fed1", "fed2"):
             self.processes[name] = FakeProcess(name)
             self.sites[name] = server.Site(self.processes[name])
             self.sites[name].noisy = False
@@ -155,6 +162,11 @@ class RelayTestCase(unittest.TestCase):
         self.addCleanup(self.relay.pool.close_all)
         self.addCleanup(self.relay.close_clients)
         self.url = f"http://127.0.0.1:{listening.getHost().port}"
+        federation = reactor.listenTCP(
+            0, self.relay.factory(("federation",), False), interface="127.0.0.1"
+        )
+        self.addCleanup(federation.stopListening)
+        self.federation_url = f"http://127.0.0.1:{federation.getHost().port}"
         self.http_pool = HTTPConnectionPool(reactor, persistent=True)
         self.addCleanup(self.http_pool.closeCachedConnections)
 
@@ -181,13 +193,19 @@ class RelayTestCase(unittest.TestCase):
         return client
 
     async def request(
-        self, method: str, path: str, user: str | None = None, body: bytes | None = None, **kw: Any
+        self,
+        method: str,
+        path: str,
+        user: str | None = None,
+        body: bytes | None = None,
+        base: str | None = None,
+        **kw: Any,
     ) -> tuple[int, Any, Any]:
         headers = dict(kw.pop("headers", {}))
         if user is not None:
             headers["Authorization"] = "Bearer " + generate_access_token(f"@{user}:test")
         response = await treq.request(
-            method, self.url + path, headers=headers, data=body, pool=self.http_pool, **kw
+            method, (base or self.url) + path, headers=headers, data=body, pool=self.http_pool, **kw
         )
         content = await treq.content(response)
         try:
@@ -250,7 +268,40 @@ class RelayTestCase(unittest.TestCase):
     async def test_health_page(self) -> None:
         code, answer, _ = await self.request("GET", "/health")
         self.assertEqual((code, answer["status"]), (200, "ok"))
-        self.assertEqual(set(answer["backends"]), {"main", "reader1", "reader2", "writer1"})
+        self.assertEqual(
+            set(answer["backends"]), {"main", "reader1", "reader2", "writer1", "fed1", "fed2"}
+        )
+
+    async def test_the_federation_front_door(self) -> None:
+        """Other servers' requests go to the federation readers, each origin
+        to one; /.well-known to main; the federation port serves nothing else."""
+        placed: dict[str, set[str]] = {}
+        for i in range(12):
+            origin = f"server{i}.test"
+            auth = f'X-Matrix origin="{origin}",destination="test",key="ed25519:a",sig="x"'
+            for url in (self.url, self.federation_url, self.federation_url):
+                code, answer, _ = await self.request(
+                    "GET",
+                    "/_matrix/federation/v1/version",
+                    base=url,
+                    headers={"Authorization": auth},
+                )
+                self.assertEqual(code, 200)
+                placed.setdefault(origin, set()).add(answer["served_by"])
+        self.assertTrue(all(len(readers) == 1 for readers in placed.values()), placed)
+        self.assertEqual({r for readers in placed.values() for r in readers}, {"fed1", "fed2"})
+        _, answer, _ = await self.request("GET", "/_matrix/key/v2/server", base=self.federation_url)
+        self.assertIn(answer["served_by"], ("fed1", "fed2"))
+        _, answer, _ = await self.request(
+            "GET", "/.well-known/matrix/server", base=self.federation_url
+        )
+        self.assertEqual(answer["served_by"], "main")
+        before = sum(len(p.requests) for p in self.processes.values())
+        code, _, _ = await self.request(
+            "GET", "/_matrix/client/v3/sync", "alice", base=self.federation_url
+        )
+        self.assertEqual(code, 404)
+        self.assertEqual(sum(len(p.requests) for p in self.processes.values()), before)
 
     # Stickiness and failover
 

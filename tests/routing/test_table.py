@@ -146,7 +146,8 @@ class TableTestCase(unittest.TestCase):
         self.assertTrue(declared <= registered, declared - registered)
         with mock.patch.dict(served_by.SERVED_BY, clear=True):
             table = RoutingTable.build(layout_config("default"))
-        self.assertEqual([r.servlet for r in table.routes], [None, None])  # media prefixes
+        # The media and federation prefixes.
+        self.assertEqual([r.servlet for r in table.routes], [None, None, None, None])
         found, _ = table.match("GET", "/_matrix/client/v3/sync")
         self.assertEqual(found.instances, ("main",))
 

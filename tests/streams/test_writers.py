@@ -17,6 +17,8 @@ from twisted.trial import unittest
 from synapse_lite.app.role import Role
 from synapse_lite.config.generate import LAYOUTS
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig, load_config
+from synapse_lite.federation.senders import FEDERATION_SENDER_SHARD
+from synapse_lite.federation.senders import sender_of as federation_sender_of
 from synapse_lite.handlers.pusher_delivery import owner_of
 from synapse_lite.replication.http import (
     devices,
@@ -27,7 +29,14 @@ from synapse_lite.replication.http import (
     writes,
 )
 from synapse_lite.replication.http.calls import InternalCall
-from synapse_lite.routing.table import BALANCE_ROOM, BALANCE_SINGLE, BALANCE_USER, RoutingTable
+from synapse_lite.routing.table import (
+    BALANCE_ORIGIN,
+    BALANCE_ROOM,
+    BALANCE_SINGLE,
+    BALANCE_USER,
+    FEDERATION_READERS,
+    RoutingTable,
+)
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
 from synapse_lite.streams.definition import ShardKey, StableHash, WriterRule
 from synapse_lite.streams.writers import (
@@ -74,6 +83,44 @@ class StableHashTestCase(unittest.TestCase):
         shuffled = data.draw(st.permutations(instances))
         self.assertIn(rule.pick(key, instances), instances)
         self.assertEqual(rule.pick(key, instances), rule.pick(key, shuffled))
+
+    @given(key=st.text(max_size=40), instances=names, data=st.data())
+    def test_rendezvous_one_owner_whatever_the_order(
+        self, key: str, instances: list[str], data: Any
+    ) -> None:
+        owner = FEDERATION_SENDER_SHARD.pick(key, instances)
+        self.assertIn(owner, instances)
+        shuffled = data.draw(st.permutations(instances))
+        self.assertEqual(FEDERATION_SENDER_SHARD.pick(key, shuffled), owner)
+        # The owner is the one instance for which "do I own it?" says yes.
+        owning = [i for i in instances if federation_sender_of(key, instances) == i]
+        self.assertEqual(owning, [owner])
+
+    @given(
+        keys=st.lists(st.text(max_size=20), max_size=30),
+        instances=names,
+        added=st.text(alphabet="xyz9", min_size=1, max_size=4),
+    )
+    def test_rendezvous_moves_only_what_it_must(
+        self, keys: list[str], instances: list[str], added: str
+    ) -> None:
+        """Adding a sender moves keys only to it; removing one moves only its
+        own keys (so a reload hands over as few destinations as it can)."""
+        grown = [*instances, added] if added not in instances else instances
+        for key in keys:
+            before = FEDERATION_SENDER_SHARD.pick(key, instances)
+            after = FEDERATION_SENDER_SHARD.pick(key, grown)
+            self.assertIn(after, (before, added))
+            if len(instances) > 1:
+                removed = instances[0]
+                rest = instances[1:]
+                if before != removed:
+                    self.assertEqual(FEDERATION_SENDER_SHARD.pick(key, rest), before)
+
+    def test_rendezvous_spreads(self) -> None:
+        owners = [FEDERATION_SENDER_SHARD.pick(f"s{i}.test", ["a", "b", "c"]) for i in range(3000)]
+        for instance in ("a", "b", "c"):
+            self.assertGreater(owners.count(instance), 850)
 
     def test_no_instances_is_an_error(self) -> None:
         with self.assertRaises(ValueError):
@@ -129,7 +176,8 @@ def _internal_calls() -> list[InternalCall[Any, Any]]:
 
 def _sharded_config() -> HomeServerConfig:
     """Three events writers, two device-list writers, push rules and pushers
-    on writers of their own, two readers and a pusher instance."""
+    on writers of their own, two readers, a pusher instance, two federation
+    readers and two federation senders."""
     directory = tempfile.mkdtemp()
 
     def worker(port: int, resources: list[str]) -> dict[str, Any]:
@@ -143,6 +191,10 @@ def _sharded_config() -> HomeServerConfig:
     workers["reader1"] = worker(31030, ["client", "health"])
     workers["reader2"] = worker(31031, ["client", "health"])
     workers["push1"] = worker(31032, ["client", "health"])
+    workers["fed_reader1"] = worker(31033, ["federation", "keys", "health"])
+    workers["fed_reader2"] = worker(31034, ["federation", "keys", "health"])
+    workers["fed_sender1"] = worker(31035, ["health"])
+    workers["fed_sender2"] = worker(31036, ["health"])
     data = {
         "server_name": "test.local",
         "worker_replication_secret": "s",
@@ -157,6 +209,7 @@ def _sharded_config() -> HomeServerConfig:
             "typing": "typing1",
         },
         "pusher_instances": ["push1", MAIN_PROCESS],
+        "federation_sender_instances": ["fed_sender1", "fed_sender2"],
     }
     path = os.path.join(directory, "homeserver.yaml")
     with open(path, "w") as f:
@@ -233,8 +286,28 @@ class AgreementTestCase(unittest.TestCase):
                 ]
                 self.assertEqual(list(route.instances), readers or [MAIN_PROCESS])
                 self.assertEqual(route.balance, BALANCE_USER if readers else BALANCE_SINGLE)
+            elif declared == FEDERATION_READERS:
+                # Other servers' requests: to the workers with a federation
+                # listener, each origin to one; main when there are none.
+                readers = list(config.federation_readers())
+                self.assertEqual(list(route.instances), readers or [MAIN_PROCESS])
+                self.assertEqual(route.balance, BALANCE_ORIGIN if readers else BALANCE_SINGLE)
+                for reader in readers:
+                    self.assertTrue(Role.of(config, reader).serves_federation)
             elif declared == MAIN:
                 self.assertEqual(route.instances, (MAIN_PROCESS,))
+        federation_prefixes = {r.pattern for r in table.routes if r.served_by == FEDERATION_READERS}
+        self.assertEqual(federation_prefixes, {"/_matrix/federation/", "/_matrix/key/"})
+        self.assertEqual(table.match("GET", "/.well-known/matrix/server")[0], table.default)
+
+        # Each destination is sent to by exactly one federation sender, the
+        # processes whose role sends.
+        senders = config.federation_sender_instances
+        self.assertEqual(
+            [p for p in processes if Role.of(config, p).sends_federation], list(senders)
+        )
+        for i in range(20):
+            self.assertIn(federation_sender_of(f"server{i}.test", senders), senders)
 
         # Every internal call with a fixed server goes to a writer of its
         # stream (or main), one that has the 'replication' listener calls use.

@@ -1,4 +1,5 @@
-"""The federation sender: runs on the process named by ``federation_sender``.
+"""The federation sender: runs on each of ``federation_sender_instances``,
+sending to the destinations it owns (``federation/senders.py``).
 
 It learns of queued EDUs from one of two places:
 
@@ -63,11 +64,14 @@ class FederationSender(OutboxConsumer):
         positions: MemoryPositions,
         replication_notifier: ReplicationNotifier,
         render_pdus: Callable[[Sequence[str]], Awaitable[list[dict[str, Any]]]] | None = None,
+        owns: Callable[[str], bool] = lambda destination: True,
     ) -> None:
         """``send_command``: replication's way out, on a sender worker (for
         FEDERATION_ACK); None on the main process, which needs no acks.
         ``positions``: the federation stream's position here, which a sender
-        worker moves as it takes the main process's rows."""
+        worker moves as it takes the main process's rows. ``owns(destination)``:
+        whether this sender sends to it (one of several senders owns each
+        destination: ``federation/senders.py``); the others are ignored."""
         super().__init__(store.get_to_device_stream_token, replication_notifier)
         self._store = store
         self._clock = clock
@@ -83,6 +87,7 @@ class FederationSender(OutboxConsumer):
         self._render_pdus = render_pdus
         #: Stopping: no queue is woken or made any more.
         self._stopped = False
+        self.owns = owns
 
     def start(self) -> None:
         self._rescan_loop = self._clock.looping_call(self.rescan, RESCAN_INTERVAL_SECONDS)
@@ -114,13 +119,18 @@ class FederationSender(OutboxConsumer):
     # Wake-ups
 
     def send_device_messages(self, destination: str, upto_stream_id: int) -> None:
-        if destination == self._server_name or self._stopped:
+        if destination == self._server_name or self._stopped or not self.owns(destination):
             return
         self.queue(destination).wake(upto_stream_id)
 
     def send_pdus(self, destination: str, event_ids: Collection[str]) -> None:
         """Room events for ``destination``, in order."""
-        if destination == self._server_name or not event_ids or self._stopped:
+        if (
+            destination == self._server_name
+            or not event_ids
+            or self._stopped
+            or not self.owns(destination)
+        ):
             return
         self.queue(destination).add_pdus(list(event_ids))
 
