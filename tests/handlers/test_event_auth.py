@@ -31,7 +31,11 @@ class EventAuthTestCase(unittest.TestCase):
         for s in [
             spec(ALICE, "m.room.create", create_content(KNOWN_ROOM_VERSIONS[version], ALICE, {})),
             member(ALICE, ALICE, "join"),
-            spec(ALICE, "m.room.power_levels", default_power_levels(ALICE, preset, [])),
+            spec(
+                ALICE,
+                "m.room.power_levels",
+                default_power_levels(ALICE, preset, [], KNOWN_ROOM_VERSIONS[version]),
+            ),
             spec(ALICE, "m.room.join_rules", {"join_rule": join_rule}),
         ]:
             state.check(s)
@@ -92,7 +96,7 @@ class EventAuthTestCase(unittest.TestCase):
         self.assertTrue(self.allowed(state, spec(BOB, "m.room.message", {}, None)))
         self.assertFalse(self.allowed(state, spec(BOB, "m.room.topic", {"topic": "t"})))
         self.assertTrue(self.allowed(state, spec(ALICE, "m.room.topic", {"topic": "t"})))
-        levels = default_power_levels(ALICE, "public_chat", [])
+        levels = default_power_levels(ALICE, "public_chat", [], KNOWN_ROOM_VERSIONS["10"])
         levels["users"] = {ALICE: 100, BOB: 50}
         self.assertTrue(self.allowed(state, spec(ALICE, "m.room.power_levels", levels)))
         self.assertTrue(self.allowed(state, spec(BOB, "m.room.topic", {"topic": "mine"})))
@@ -230,7 +234,7 @@ class EventAuthTestCase(unittest.TestCase):
     def test_power_level_changes_old_and_new_values(self) -> None:
         state = self.room("public", "public_chat")
         self.allowed(state, member(BOB, BOB, "join"))
-        levels = default_power_levels(ALICE, "public_chat", [])
+        levels = default_power_levels(ALICE, "public_chat", [], KNOWN_ROOM_VERSIONS["10"])
         levels["users"] = {ALICE: 100, BOB: 50}
         levels["events"] = {"m.room.power_levels": 50, "m.room.tombstone": 100}
         levels["notifications"] = {"room": 60}
@@ -290,7 +294,7 @@ class EventAuthTestCase(unittest.TestCase):
         state = self.room("public", "public_chat")
         for user in (BOB, EVE):
             self.allowed(state, member(user, user, "join"))
-        levels = default_power_levels(ALICE, "public_chat", [])
+        levels = default_power_levels(ALICE, "public_chat", [], KNOWN_ROOM_VERSIONS["10"])
         levels.update(users={ALICE: 100, BOB: 60}, kick=70, ban=50)
         self.allowed(state, spec(ALICE, "m.room.power_levels", levels))
         self.assertTrue(self.allowed(state, member(BOB, EVE, "ban")))
