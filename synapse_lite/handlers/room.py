@@ -64,8 +64,8 @@ def create_content(
     and the creator where the version names one (1-10; from 11 the sender is
     the creator). Version 12: ``additional_creators`` is the requested
     one's users then ``more_creators`` (a trusted private chat's invitees),
-    without duplicates or the creator (400 ``M_BAD_JSON`` for a requested
-    value that is not a list of user ids); left out when empty."""
+    without duplicates or the creator (400 for a requested value that is
+    not a list of user ids); left out when empty."""
     content = {k: v for k, v in requested.items() if k not in ("creator", "room_version")}
     content["room_version"] = version.identifier
     if version.creator_in_create_content:
