@@ -179,9 +179,9 @@ SPEC_ROOM_VERSIONS: dict[str, RoomVersion] = {str(n): _version(str(n), n) for n 
 #: Every version this server creates rooms of and serves, by identifier.
 KNOWN_ROOM_VERSIONS: dict[str, RoomVersion] = dict(SPEC_ROOM_VERSIONS)
 #: What ``createRoom`` makes without ``room_version``: the spec (v1.6 on,
-#: the versions we claim) recommends version 10. (The spec copy's v1.16
-#: recommends 12; the default moves there with room creation that derives
-#: the room id from the create event, see docs/event-graph.md.)
+#: the versions ``/versions`` claims) recommends version 10. (The spec
+#: copy's v1.16 recommends 12, which we create on request; why the default
+#: stays 10 is in docs/event-graph.md's decisions.)
 DEFAULT_ROOM_VERSION = KNOWN_ROOM_VERSIONS["10"]
 #: A create event without ``room_version`` is of version 1 (the spec's default).
 IMPLICIT_ROOM_VERSION = KNOWN_ROOM_VERSIONS["1"]
