@@ -142,8 +142,16 @@ def _redis_running() -> bool:
 class Cluster:
     """The processes of one layout, started by :meth:`start`, stopped by :meth:`stop`."""
 
-    def __init__(self, layout: str, engine: str, extra: dict[str, Any] | None = None) -> None:
-        """``extra``: top-level config settings added to the layout's."""
+    def __init__(
+        self,
+        layout: str,
+        engine: str,
+        extra: dict[str, Any] | None = None,
+        replication: str = "tcp",
+    ) -> None:
+        """``extra``: top-level config settings added to the layout's.
+        ``replication``: the transport of a generated layout (``tcp`` or
+        ``redis``, on 127.0.0.1:6379)."""
         self.layout = layout
         self.dir = tempfile.mkdtemp(prefix=f"synapse_lite_bench_{layout}_")
         self.database = create_database(engine, self.dir)
@@ -156,7 +164,7 @@ class Cluster:
         #: Processes to run under cProfile (bench/profiled_process.py): name -> stats file.
         self.profiled: dict[str, str] = {}
         if layout in GENERATED:
-            self._generated(layout)
+            self._generated(layout, replication)
             return
         workers = LAYOUTS[layout]
         transport = "redis" if workers and engine == "postgres" and _redis_running() else "tcp"
@@ -195,14 +203,14 @@ class Cluster:
             yaml.safe_dump(config, f)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
-    def _generated(self, layout: str) -> None:
+    def _generated(self, layout: str, replication: str) -> None:
         """A layout as generate-config writes it (``default``: the README's),
         with the router when it has one, TCP replication, and the benchmark's
         database, logging and limits."""
         from synapse_lite.config.generate import GenerateOptions, generate_config
 
         text = generate_config(
-            GenerateOptions(layout=layout, base_port=free_port_block(12)),
+            GenerateOptions(layout=layout, base_port=free_port_block(12), replication=replication),
             os.path.join(self.dir, "data"),
         )["homeserver.yaml"]
         config: dict[str, Any] = yaml.safe_load(text)
@@ -212,7 +220,7 @@ class Cluster:
             log_level="WARNING",
             rate_limiting={"enabled": False},
         )
-        self.transport = "tcp"
+        self.transport = replication
         self.ports["main"] = config["listeners"][0]["port"]
         workers = config.get("workers") or {}
         for name, worker in workers.items():

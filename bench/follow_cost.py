@@ -12,7 +12,10 @@ room used is on ``persister1``, so each process has one role:
 * ``persister1``: writer of the rooms (persists every event, sends RDATA);
 * ``persister2`` (and the sharded layout's other persisters): an events
   writer following another writer's events;
-* ``synchrotron1``, ``media1``: pure followers (a /sync worker with no clients);
+* ``synchrotron1``: a pure follower (a /sync worker with no clients);
+* ``media1``, the router: read the caches stream alone (subscriptions by
+  role, ``docs/workers.md``): what they pay per event is what following
+  costs a process that receives no event rows;
 * ``main``: follows, and relays every worker's commands to the others (TCP).
 
 Prints CPU milliseconds per event for every process, the whole cluster's CPU
@@ -76,6 +79,8 @@ def role(layout: str, name: str) -> str:
         return "main: relays, follows"
     if name == "router":
         return "router (unused: sends go to the writer)"
+    if name.startswith("media"):
+        return "media worker (reads caches only)"
     return "pure follower"
 
 
@@ -158,7 +163,7 @@ async def measure_layout(
     layout: str, args: argparse.Namespace, source: str | None = None
 ) -> dict[str, Any]:
     """``source``: a checkout whose code the processes run (None: this one)."""
-    cluster = Cluster(layout, args.engine)
+    cluster = Cluster(layout, args.engine, replication=args.transport)
     if source is not None:
         cluster.source_root = os.path.abspath(source)
     for name in args.profile or ():
@@ -248,12 +253,14 @@ def ceilings(model: dict[str, float], writers: int) -> tuple[float, str]:
     return 1000.0 / per_event[busiest], busiest
 
 
-def replication_latency(engine: str, events: int) -> tuple[float, float, float]:
+def replication_latency(
+    engine: str, events: int, transport: str = "tcp"
+) -> tuple[float, float, float]:
     """p50 and p99 ms from commit to a follower's position, and the writer's
     p50 ms to get its new rows for the RDATA (bench/replication.py's run)."""
     from bench.replication import run_transport
 
-    result = run_transport("tcp", engine, events)
+    result = run_transport(transport, engine, events)
     return result["p50_ms"], result["p99_ms"], result["read_back_p50_ms"]
 
 
@@ -263,7 +270,8 @@ def report(
     print()
     print(
         f"## Follow cost, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.engine},"
-        f" {load_note()}; sends straight to the room's writer for {args.seconds:.0f} s per rate,"
+        f" {args.transport} replication, {load_note()}; sends straight to the room's writer"
+        f" for {args.seconds:.0f} s per rate,"
         f" no /sync clients ({platform.python_implementation()} {platform.python_version()})"
     )
     for layout, r in results.items():
@@ -413,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", metavar="DIR",
         help="also run each layout with the code of this checkout (e.g. main), in the same run",
     )  # fmt: skip
+    parser.add_argument(
+        "--transport", choices=("tcp", "redis"), default="tcp",
+        help="replication between the processes (redis: on 127.0.0.1:6379)",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0, help="of sends per rate")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU sampled")
     parser.add_argument("--rooms", type=int, default=4)
@@ -441,7 +453,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if args.replication_events:
-        extra["replication"] = replication_latency(args.engine, args.replication_events)
+        extra["replication"] = replication_latency(
+            args.engine, args.replication_events, args.transport
+        )
     report(results, extra, args)
     return 0
 

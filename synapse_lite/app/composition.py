@@ -49,10 +49,10 @@ from twisted.internet import defer
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.app.listeners import ListenerResources, ListenersService, MediaEndpoints
+from synapse_lite.app.role import Role
 from synapse_lite.app.roles import (
     Federation,
     Hooks,
-    Role,
     app_services_for_role,
     client_ip_recorder,
     federation_for_role,
@@ -364,7 +364,8 @@ def _positions(config: HomeServerConfig, role: Role, database: Database, clock: 
             of[definition.name] = database.id_generators.of(definition)
         else:
             of[definition.name] = memory[definition.name]
-    return Positions(of=of, memory=memory, waiters=PositionWaiters(clock, role.name, of))
+    waiters = PositionWaiters(clock, role.name, of, reads=role.subscription(config.streams))
+    return Positions(of=of, memory=memory, waiters=waiters)
 
 
 # 3. Transport: how this process reaches the others
@@ -717,12 +718,15 @@ def _handlers(
         server_name=server_name,
         app_service_queries=app_service_queries,
     )
+    # The streams it reads or writes: another's view stands still by design.
+    reads = role.subscription(config.streams)
     stalls = StallDetector(
         clock,
         me,
         [
             (database.id_generators.of(d), not d.writers.any_process)
             for d in config.streams.with_ids()
+            if reads is None or d.name in reads or config.writers.writes(me, d.name)
         ],
     )
     # Other servers' events (remote joins) are persisted by the room's writer.
@@ -932,6 +936,7 @@ def _replication(
         greetings=(handlers.presence.get_user_sync_commands,),
         command_hooks=handlers.hooks.command_hooks,
         retired_writers=instances,
+        followed_streams=role.subscription(config.streams),
     )
     streamer = ReplicationStreamer(
         instance_name=me,
@@ -945,7 +950,12 @@ def _replication(
         handler=handler,
         streamer=streamer,
         transport=ReplicationTransport(
-            config, me, handler, reactor, deployment_id=instances.deployment_id
+            config,
+            me,
+            handler,
+            reactor,
+            deployment_id=instances.deployment_id,
+            followed_streams=role.subscription(config.streams),
         ),
     )
 

@@ -14,6 +14,7 @@ import sys
 
 import attr
 
+from synapse_lite.app.role import Role
 from synapse_lite.config.homeserver import (
     MAIN_PROCESS,
     ROUTER_PROCESS,
@@ -24,6 +25,7 @@ from synapse_lite.config.homeserver import (
 from synapse_lite.config.media import MediaConfig
 from synapse_lite.config.validation import ConfigError, ConfigProblem
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
+from synapse_lite.streams.definition import Reader
 
 TIER_MAIN, TIER_WRITERS, TIER_OTHERS, TIER_ROUTER = 0, 1, 2, 3
 
@@ -43,6 +45,10 @@ class ProcessSpec:
     location: InstanceLocation | None
     #: The media settings, on the media instance (a change restarts it alone).
     media: MediaConfig | None = None
+    #: The streams it receives over replication (its role's subscription;
+    #: None: every stream). Changed by a reload, the process restarts and
+    #: subscribes anew.
+    reads: tuple[str, ...] | None = None
     #: What else its role depends on (the router: every process's listeners
     #: and the stream writers, which make its routes); a change restarts it.
     depends_on: str = ""
@@ -147,6 +153,7 @@ def plan_processes(config: HomeServerConfig, for_running: bool = True) -> list[P
                 streams=streams,
                 location=config.instance_map.get(name),
                 media=config.media if name == config.media_instance else None,
+                reads=Role.of(config, name).subscription(config.streams),
             )
         )
     if config.router is not None:
@@ -187,6 +194,7 @@ def _router_spec(
         streams=(),
         location=None,
         depends_on=hashlib.sha256(routing.encode("utf-8")).hexdigest(),
+        reads=tuple(config.streams.read_by([Reader.ROUTER])),
     )
 
 

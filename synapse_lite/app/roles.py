@@ -1,7 +1,7 @@
 """What each role of a process gets.
 
-:class:`Role` is what the config makes of one process (from its writers
-directory, ``config.writers``, and its settings), decided once. The parts
+:class:`Role` (``role.py``) is what the config makes of one process (from
+its writers directory, ``config.writers``, and its settings), decided once. The parts
 that differ between roles are each decided by one function here, which picks
 the classes for the role and says, in a :class:`Hooks`, what they serve
 (internal calls), take (a stream's rows, a command) and run (background
@@ -24,6 +24,7 @@ import attr
 from twisted.internet import defer
 
 from synapse_lite.app.listeners import MediaEndpoints
+from synapse_lite.app.role import Role
 from synapse_lite.app.services import Loop
 from synapse_lite.appservice.api import ApplicationServiceApi
 from synapse_lite.appservice.sender import ApplicationServiceSender, sender_of
@@ -91,59 +92,6 @@ from synapse_lite.storage.databases.main import DataStore, GenericWorkerStore
 from synapse_lite.streams.definition import UpdateFunction
 
 logger = logging.getLogger(__name__)
-
-
-@attr.s(slots=True, frozen=True, auto_attribs=True)
-class Role:
-    """What the config makes of one process: decided once, here, from the
-    config's writers directory and settings; the stages read it and never
-    ask the config again who does what."""
-
-    name: str
-    is_main: bool
-    writes_events: bool
-    writes_device_lists: bool
-    writes_receipts: bool
-    #: The typing writer (it keeps the typing stream in memory).
-    writes_typing: bool
-    #: The presence writer (it decides online and offline).
-    writes_presence: bool
-    #: The federation sender (``federation_sender``).
-    sends_federation: bool
-    #: It serves the federation or key APIs (a listener with those resources).
-    serves_federation: bool
-    #: It delivers notifications to push gateways (``pusher_instances``).
-    delivers_pushes: bool
-    #: The media instance (``media_instance``).
-    serves_media: bool
-    #: It sends to application services (``appservice_instances``).
-    sends_to_app_services: bool = False
-
-    @classmethod
-    def of(cls, config: HomeServerConfig, name: str) -> Role:
-        writers = config.writers
-        return cls(
-            name=name,
-            is_main=name == MAIN_PROCESS,
-            writes_events=writers.writes(name, "events"),
-            writes_device_lists=writers.writes(name, "device_lists"),
-            writes_receipts=writers.writes(name, "receipts"),
-            writes_typing=writers.single("typing") == name,
-            writes_presence=writers.single("presence") == name,
-            sends_federation=config.federation_sender == name,
-            serves_federation=any(
-                {"federation", "keys"} & set(listener.resources)
-                for listener in config.listeners_of(name)
-            ),
-            delivers_pushes=name in config.pusher_instances,
-            serves_media=config.media_instance == name,
-            sends_to_app_services=name in config.appservice_instances,
-        )
-
-    @property
-    def takes_part_in_federation(self) -> bool:
-        """Whether it needs the signing key and a federation client."""
-        return self.is_main or self.sends_federation or self.serves_federation
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

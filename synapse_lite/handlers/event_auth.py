@@ -20,7 +20,11 @@ from typing import Any
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import is_valid_room_id, is_valid_user_id, server_of
-from synapse_lite.api.room_versions import RoomVersion, room_version_of_create
+from synapse_lite.api.room_versions import (
+    KNOWN_ROOM_VERSIONS,
+    RoomVersion,
+    room_version_of_create,
+)
 from synapse_lite.events import Event, EventSpec
 from synapse_lite.federation.crypto import CanonicalJsonError, check_canonical
 
@@ -270,7 +274,8 @@ class RoomAuthState:
         if self.exists:
             raise AuthError(403, "The room already exists")
         version = room_version_of_create(spec.content)
-        if version is None:
+        if version is None or version.identifier not in KNOWN_ROOM_VERSIONS:
+            # Rooms are created here only in the versions this server creates.
             raise SynapseError(400, "Unknown room_version", "M_UNSUPPORTED_ROOM_VERSION")
         _check_content_format(spec, version)
         if version.creator_in_create_content and not isinstance(spec.content.get("creator"), str):

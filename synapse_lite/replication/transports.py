@@ -77,9 +77,17 @@ class ReplicationTransport:
         handler: ReplicationCommandHandler,
         reactor: Any,
         deployment_id: str = "none",
+        followed_streams: Collection[str] | None = None,
     ) -> None:
-        """``deployment_id``: the database's, named in every Redis message."""
+        """``deployment_id``: the database's, named in every Redis message.
+        ``followed_streams``: the streams this process reads (its role's
+        subscription; None: every stream of the catalog, the main
+        process's): a TCP worker sends them in SUBSCRIBE, a Redis bus
+        subscribes to their channels alone."""
         self._config = config
+        self._followed = (
+            list(config.streams.names()) if followed_streams is None else list(followed_streams)
+        )
         self._deployment_id = deployment_id
         self._me = instance_name
         self._handler = handler
@@ -92,7 +100,14 @@ class ReplicationTransport:
         config = self._config
         replication = config.replication
         if replication.transport == "redis":
-            bus = redis_bus(config, self._me, self._handler, self._reactor, self._deployment_id)
+            bus = redis_bus(
+                config,
+                self._me,
+                self._handler,
+                self._reactor,
+                self._deployment_id,
+                followed_streams=self._followed,
+            )
             bus.start()
             self._transport = bus
             logger.info(
@@ -129,6 +144,7 @@ class ReplicationTransport:
                 self._handler,
                 self._reactor,
                 deployment_id=self._deployment_id,
+                followed_streams=self._followed,
             )
             client.connect(replication_endpoint(config, self._reactor))
             self._transport = client

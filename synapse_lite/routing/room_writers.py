@@ -34,6 +34,7 @@ from synapse_lite.storage.databases.main.instances import (
 )
 from synapse_lite.storage.databases.main.room import EVENT_WRITER_CACHE
 from synapse_lite.storage.engines import create_engine
+from synapse_lite.streams.definition import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,9 @@ MAX_ROOMS = 100_000
 DEPLOYMENT_RETRY_SECONDS = 1.0
 
 #: The router acts on the caches stream alone (writer changes and room
-#: assignments); the other streams' lines are skipped unparsed.
-FOLLOWED_STREAMS = ("caches",)
+#: assignments): it subscribes to the streams the catalog says the router
+#: reads (``Reader.ROUTER``), and receives nothing of the others.
+ROUTER_READS = frozenset({Reader.ROUTER})
 
 
 class RoomWriters:
@@ -175,7 +177,7 @@ class ReplicationFollower:
                 self._receiver,
                 self._reactor,
                 deployment_id,
-                followed_streams=FOLLOWED_STREAMS,
+                followed_streams=config.streams.read_by(ROUTER_READS),
             )
             bus.start()
             self._transport = bus
@@ -187,7 +189,7 @@ class ReplicationFollower:
             self._receiver,
             self._reactor,
             deployment_id=deployment_id,
-            followed_streams=FOLLOWED_STREAMS,
+            followed_streams=config.streams.read_by(ROUTER_READS),
         )
         client.connect(replication_endpoint(config, self._reactor))
         self._transport = client

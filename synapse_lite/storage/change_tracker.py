@@ -10,7 +10,7 @@ answered without the database.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from synapse_lite.tokens import RoomStreamToken
 
@@ -46,3 +46,24 @@ class StreamChangeTracker:
             return True
         latest = self._latest.get(entity)
         return latest is not None and not since.contains(*latest)
+
+    def changed_among(self, since_of: Mapping[str, RoomStreamToken]) -> set[str]:
+        """The entities of ``since_of`` that may have changed after their
+        token: :meth:`may_have_changed` of each, for many at once (a
+        sliding sync's room list: all the user's rooms on every request),
+        the tracker's start compared once a distinct token."""
+        covered: dict[int, bool] = {}
+        latest_of = self._latest.get
+        changed: set[str] = set()
+        for entity, since in since_of.items():
+            # The tokens are alive in ``since_of``: their ids are distinct.
+            known = covered.get(id(since))
+            if known is None:
+                known = covered[id(since)] = self._floor.is_before_or_eq(since)
+            if not known:
+                changed.add(entity)
+                continue
+            latest = latest_of(entity)
+            if latest is not None and not since.contains(*latest):
+                changed.add(entity)
+        return changed

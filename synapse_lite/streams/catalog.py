@@ -18,6 +18,7 @@ from synapse_lite.codec.kinds import Nullable, OfType, Strings, wire
 from synapse_lite.codec.rows import RowCodec, TaggedRowCodec
 from synapse_lite.streams.definition import (
     IdSpace,
+    Reader,
     ShardKey,
     StableHash,
     StreamCatalog,
@@ -38,6 +39,12 @@ _bool = OfType(bool)
 _dict = OfType(dict)
 _str_list = Strings()
 _opt_list = Nullable(OfType(list))
+
+
+#: Who reads a stream (``StreamDefinition.read_by``; the main process reads
+#: every one): the client API's processes, and the parts named beside them.
+#: The media worker and the router read the caches stream alone.
+_CLIENT = frozenset({Reader.CLIENT})
 
 
 # events: new events and the current-state changes they make
@@ -118,6 +125,7 @@ EVENTS = StreamDefinition(
     invalidate=lambda store, writer, token, rows: store.invalidate_for_events_rows(
         writer, token, rows
     ),
+    read_by=_CLIENT | {Reader.FEDERATION_SENDER, Reader.PUSHER},
 )
 
 
@@ -146,6 +154,7 @@ PRESENCE = StreamDefinition(
     in_sync_token=True,
     wake=wake_everyone,
     rows_from_store=lambda store: store.get_all_presence_updates,
+    read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 
 
@@ -167,6 +176,7 @@ TYPING = StreamDefinition(
     writers=WriterRule("typing"),
     in_sync_token=True,
     wake=wake_rooms,
+    read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 
 
@@ -192,6 +202,7 @@ RECEIPTS = StreamDefinition(
     in_sync_token=True,
     wake=wake_rooms,
     rows_from_store=lambda store: store.get_all_updated_receipts,
+    read_by=_CLIENT | {Reader.FEDERATION_SENDER, Reader.PUSHER},
 )
 
 
@@ -256,6 +267,7 @@ TO_DEVICE = StreamDefinition(
     in_sync_token=True,
     wake=_wake_for_to_device,
     rows_from_store=lambda store: store.get_all_new_device_messages,
+    read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 
 
@@ -293,6 +305,7 @@ DEVICE_LISTS = StreamDefinition(
     in_sync_token=True,
     wake=wake_everyone,
     rows_from_store=lambda store: store.get_all_device_list_changes,
+    read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 
 
@@ -348,6 +361,7 @@ CACHES = StreamDefinition(
     ),
     rows_from_store=lambda store: store.get_all_updated_caches,
     invalidate=lambda store, writer, token, rows: store.apply_cache_invalidations(rows),
+    read_by=frozenset(Reader),
 )
 
 
@@ -367,6 +381,7 @@ FEDERATION = StreamDefinition(
     description="work queued by the main process for a federation sender worker",
     codec=RowCodec(FederationStreamRow),
     writers=WriterRule(),
+    read_by=frozenset({Reader.FEDERATION_SENDER}),
 )
 
 
@@ -394,6 +409,7 @@ PUSH_RULES = StreamDefinition(
     invalidate=lambda store, writer, token, rows: store.invalidate_push_rules(
         [row.user_id for row in rows]
     ),
+    read_by=_CLIENT | {Reader.PUSHER},
 )
 
 
@@ -417,6 +433,7 @@ PUSHERS = StreamDefinition(
     writers=WriterRule("pushers"),
     ids=IdSpace("pushers_sequence", (StreamTable("pushers", rows_removed=_UPSERTED),)),
     rows_from_store=lambda store: store.get_pushers_stream_updates,
+    read_by=frozenset({Reader.PUSHER}),
 )
 
 

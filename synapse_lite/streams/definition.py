@@ -127,6 +127,38 @@ class IdSpace:
         return column if self.positive else f"{column} DESC"
 
 
+class Reader(enum.Enum):
+    """A part a process plays that reads streams (``StreamDefinition.read_by``).
+
+    A process subscribes to the streams its parts read and receives nothing
+    of the others (``docs/workers.md``, "Subscriptions by role"). The main
+    process is not among them: it reads every stream (it relays them over
+    TCP, and its duties touch all of them).
+    """
+
+    #: Serves the client API beyond media (reads, /sync, sends): every
+    #: worker but one that only serves media.
+    CLIENT = "client API"
+    #: The federation sender (``federation_sender``) when it is a worker.
+    FEDERATION_SENDER = "federation sender"
+    #: Delivers notifications to push gateways (``pusher_instances``).
+    PUSHER = "pusher"
+    #: The media instance (``media_instance``) when it plays no other part.
+    MEDIA = "media"
+    #: The router: it only learns which events writer holds each room.
+    ROUTER = "router"
+
+
+#: Which processes play each part, in the words of ``docs/workers.md``.
+PLAYED_BY: dict[Reader, str] = {
+    Reader.CLIENT: "every worker but a media-only one (readers, events writers, stream writers)",
+    Reader.FEDERATION_SENDER: "`federation_sender`, when it is a worker",
+    Reader.PUSHER: "each of `pusher_instances` that is a worker",
+    Reader.MEDIA: "`media_instance`, when it writes no stream and sends nothing",
+    Reader.ROUTER: "the router",
+}
+
+
 class ShardKey(enum.Enum):
     """What a stream with several writers is divided by: each key is written
     by one writer, always the same one, so one key's writes keep their order."""
@@ -286,6 +318,9 @@ class StreamDefinition:
     #: The part of /sync this stream feeds, when it is not one of the
     #: built-in parts (needs ``in_sync_token``).
     sync_section: Callable[[GenericWorkerStore], StreamSyncPart] | None = None
+    #: The parts of a process that read the stream: a process subscribes to
+    #: it only if it plays one of them (the main process reads every stream).
+    read_by: frozenset[Reader] = frozenset({Reader.CLIENT})
 
     @property
     def catch_up(self) -> CatchUp:
@@ -341,6 +376,23 @@ class StreamCatalog:
     def with_ids(self) -> list[StreamDefinition]:
         """The streams whose rows are in the database (what the audit reads)."""
         return [d for d in self if d.ids is not None]
+
+    def read_by(self, readers: Iterable[Reader]) -> list[str]:
+        """The streams a process playing ``readers`` subscribes to, in
+        catalog order."""
+        playing = frozenset(readers)
+        return [d.name for d in self if d.read_by & playing]
+
+    def subscriptions_table(self) -> list[str]:
+        """The table of ``docs/workers.md``'s "Subscriptions by role": each
+        part, who plays it and the streams it reads (a test checks the page
+        against it)."""
+        lines = ["| Part | Played by | Streams it receives |", "| --- | --- | --- |"]
+        lines.append("| main | the main process | every stream |")
+        for reader in Reader:
+            streams = ", ".join(f"`{name}`" for name in self.read_by([reader]))
+            lines.append(f"| {reader.value} | {PLAYED_BY[reader]} | {streams} |")
+        return lines
 
     def single_writer_keys(self) -> list[str]:
         """``stream_writers`` entries that take exactly one writer."""

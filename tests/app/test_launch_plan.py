@@ -18,9 +18,11 @@ from synapse_lite.app.launch_plan import (
     settings_shared_by_all,
 )
 from synapse_lite.app.launcher import restart_delay
+from synapse_lite.app.role import Role
 from synapse_lite.config.generate import GenerateOptions, write_config
 from synapse_lite.config.homeserver import HomeServerConfig, StreamWriters, load_config
 from synapse_lite.config.validation import ConfigError
+from synapse_lite.streams.definition import Reader
 from tests.harness.launcher import edit_config
 
 
@@ -101,6 +103,36 @@ class LaunchPlanTestCase(unittest.TestCase):
         # ...moving media restarts everything (each process names it).
         moved = attr.evolve(after, media_instance="synchrotron1")
         self.assertNotEqual(settings_shared_by_all(moved), settings_shared_by_all(after))
+
+    def test_each_process_subscribes_to_what_its_role_reads(self) -> None:
+        _, config = sharded()
+        reads = {spec.name: spec.reads for spec in plan_processes(config)}
+        client = tuple(config.streams.read_by([Reader.CLIENT]))
+        self.assertIsNone(reads["main"])  # every stream
+        self.assertEqual(reads["media1"], ("caches",))
+        for name in ("synchrotron1", "persister1", "stream_writer1"):
+            self.assertEqual(reads[name], client, name)
+        self.assertNotIn("federation", client)
+        self.assertNotIn("pushers", client)
+
+    def test_a_role_change_changes_the_subscription_and_restarts(self) -> None:
+        _, config = sharded()
+        media_only = Role.of(config, "media1")
+        self.assertEqual(media_only.readers, {Reader.MEDIA})
+        # Given a stream to write, or pushes to deliver, it reads as a client.
+        writing = attr.evolve(media_only, writes_a_stream=True)
+        self.assertEqual(writing.readers, {Reader.CLIENT})
+        pushing = attr.evolve(media_only, delivers_pushes=True)
+        self.assertEqual(pushing.readers, {Reader.CLIENT, Reader.PUSHER})
+        self.assertIn("pushers", pushing.subscription(config.streams) or ())
+        sender = attr.evolve(Role.of(config, "synchrotron1"), sends_federation=True)
+        self.assertIn("federation", sender.subscription(config.streams) or ())
+        # media moved away: media1 becomes a reader, and its spec changes.
+        moved = attr.evolve(config, media_instance="synchrotron1")
+        before = {s.name: s for s in plan_processes(config)}
+        after = {s.name: s for s in plan_processes(moved)}
+        self.assertIn("events", after["media1"].reads or ())
+        self.assertNotEqual(before["media1"], after["media1"])
 
     def test_missing_health_is_reported_with_its_key(self) -> None:
         path, _ = sharded()

@@ -18,12 +18,13 @@ from tests.harness.polling import eventually
 
 
 async def events_writers_seen_by_all(config_path: str) -> dict[str, set[str]]:
-    """For each process: the events writers its /metrics reports positions of."""
+    """For each process reading the events stream: the events writers its
+    /metrics reports positions of."""
     seen = {}
     for spec in plan_processes(load_config(config_path)):
         assert spec.metrics_url is not None
-        if spec.name == "router":
-            continue  # follows no stream
+        if spec.reads is not None and "events" not in spec.reads:
+            continue  # the media worker and the router track no events writer
         _, body = await http_get(spec.metrics_url)
         text = body.decode()
         seen[spec.name] = {

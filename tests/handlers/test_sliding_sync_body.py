@@ -24,6 +24,7 @@ from synapse_lite.handlers.sliding_sync.connection import (
     wanted_state_keys,
 )
 from synapse_lite.handlers.sliding_sync.handler import PerRoomCache
+from synapse_lite.storage.change_tracker import StreamChangeTracker
 from synapse_lite.tokens import RoomStreamToken
 
 ME = "@me:x"
@@ -170,16 +171,6 @@ class ConnectionStateTestCase(unittest.TestCase):
         self.assertEqual(room.lazy[0], "@u10:x")
 
 
-class ChangedRooms:
-    """A room-changes tracker: the rooms with events after any token."""
-
-    def __init__(self) -> None:
-        self.changed: set[str] = set()
-
-    def may_have_changed(self, room_id: str, token: RoomStreamToken) -> bool:
-        return room_id in self.changed
-
-
 class PerRoomCacheTestCase(unittest.TestCase):
     def test_reads_only_rooms_not_cached_or_changed(self) -> None:
         cache: PerRoomCache[int] = PerRoomCache(-1)
@@ -190,16 +181,18 @@ class PerRoomCacheTestCase(unittest.TestCase):
             reads.append(rooms)
             return {r: values[r] for r in rooms if r in values}
 
-        changes = ChangedRooms()
+        changes = StreamChangeTracker(lambda: RoomStreamToken(1))
         token = RoomStreamToken(5)
 
         def get(rooms: list[str]) -> dict[str, int]:
-            got = defer.ensureDeferred(cache.get(rooms, token, changes, read))  # type: ignore[arg-type]
+            got = defer.ensureDeferred(cache.get(rooms, token, changes, read))
             return self.successResultOf(got)
 
         self.assertEqual(get(["!a:x", "!b:x", "!c:x"]), {"!a:x": 1, "!b:x": 2, "!c:x": -1})
         self.assertEqual(get(["!a:x", "!c:x"]), {"!a:x": 1, "!c:x": -1})
-        changes.changed.add("!b:x")
+        # A change at or before the token read at keeps the entry; after, not.
+        changes.record("!a:x", "master", 5)
+        changes.record("!b:x", "master", 6)
         values["!b:x"] = 3
         self.assertEqual(get(["!a:x", "!b:x"]), {"!a:x": 1, "!b:x": 3})
         self.assertEqual(reads, [["!a:x", "!b:x", "!c:x"], ["!b:x"]])

@@ -1,7 +1,8 @@
 """Replication between real OS processes, over TCP and over the real Redis.
 
-Four processes share one database: ``main``, two events writers
-(``persister1``, ``persister2``) and a ``reader1`` that writes nothing. What
+Five processes share one database: ``main``, two events writers
+(``persister1``, ``persister2``), a ``reader1`` that writes nothing and the
+media worker ``media1``, which reads the caches stream alone. What
 each process knows of the events stream is read from its Prometheus metrics
 (``synapse_lite_stream_position``, ``synapse_lite_stream_persisted_upto``), so
 the test watches replication from the outside, as an operator would.
@@ -77,9 +78,10 @@ class ReplicationProcessesTestCase(unittest.TestCase):
         every = ["client", "replication", "health", "metrics"]
         config = layout_config(
             test_db,
-            workers={"persister1": every, "persister2": every, "reader1": every},
+            workers={"persister1": every, "persister2": every, "reader1": every, "media1": every},
             stream_writers={"events": WRITERS},
             transport=self.transport,
+            media_instance="media1",
         )
         self.servers = ServerProcesses(self, config)
         await self.servers.start()
@@ -128,6 +130,17 @@ class ReplicationProcessesTestCase(unittest.TestCase):
         )
         self.assertGreaterEqual(rdata_out or 0, BACKLOG)
         self.assertLess(rdata_in or 0, BACKLOG / 5)
+
+        # The media worker reads the caches stream alone (subscriptions by
+        # role): no event row reached it, skipped or not, and its view of
+        # the events stream stayed where it started.
+        media_rdata = await self.metric(
+            "media1", "synapse_lite_replication_commands_received_total", command="RDATA"
+        )
+        # (Following every stream, it would have received every row of the
+        # BACKLOG + 5 events.)
+        self.assertLess(media_rdata or 0, BACKLOG / 5)
+        self.assertLess(await self.persisted_upto("media1") or 0, top)
 
 
 class RedisReplicationProcessesTestCase(ReplicationProcessesTestCase):

@@ -11,6 +11,7 @@ from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.databases.main.events_worker import redaction_txn_id
+from synapse_lite.tokens import RoomStreamToken
 from tests.harness.server import DatabaseTestCase, make_config, make_homeserver
 
 ALICE = "@alice:test.local"
@@ -106,6 +107,36 @@ class EventReadsTestCase(DatabaseTestCase):
         self.assertEqual(found[ids[1]].redacted_because, redacted.redacted_because)
         self.assertEqual(names[0], "get_events")
         self.assertNotIn("get_redactions", names)
+
+    async def test_rooms_timelines_in_one_interaction_each_room_its_own_limit(self) -> None:
+        hs = make_homeserver(self, make_config(self.test_db))
+        store = hs.store
+        first, ids = await self._room_with_sends(hs)
+        second, _ = await self._room_with_sends(hs)
+        quiet = await hs.handlers.room_creation.create_room(Requester(ALICE, "PHONE", "x"), {})
+        upper = store.get_room_max_token()
+        names = count_interactions(self, hs)
+        found = await store.get_room_events_between_per_room(
+            [first, second, quiet, "!unknown:test.local"], None, upper, 2
+        )
+        # (And the room's version, to redact.)
+        self.assertEqual(names.count("get_room_events_between_per_room"), 1)
+        self.assertNotIn("get_room_events_between", names)
+        # Each room as read alone: its newest two, newest first, redacted.
+        for room_id in (first, second, quiet):
+            alone = await store.get_room_events_between([room_id], None, upper, 2)
+            self.assertEqual(found[room_id], alone)
+            self.assertEqual(len(found[room_id]), 2)
+        self.assertEqual([e.event_id for e in found[first]], [ids[2], ids[1]])
+        self.assertEqual(found[first][1].content, {})
+        self.assertEqual(found["!unknown:test.local"], [])
+        # After a token: only what follows it.
+        token = RoomStreamToken(found[first][1].stream_ordering)
+        after = await store.get_room_events_between_per_room([first, second], token, upper, 5)
+        self.assertEqual([e.event_id for e in after[first]], [ids[2]])
+        self.assertEqual(
+            after[second], await store.get_room_events_between([second], token, upper, 5)
+        )
 
     async def test_membership_changes_read_only_for_rooms_with_new_members(self) -> None:
         hs = make_homeserver(self, make_config(self.test_db))

@@ -52,5 +52,9 @@ class SlidingSyncPositionsTestCase(DatabaseTestCase):
         self.assertEqual(len(kept), MAX_CONNECTIONS_PER_DEVICE)
         self.assertNotIn("c0", kept)
         self.assertIn(f"c{MAX_CONNECTIONS_PER_DEVICE + 1}", kept)
-        await store.delete_sliding_sync_positions_before(BOB, 101 + MAX_CONNECTIONS_PER_DEVICE)
-        self.assertEqual(await self.positions(store), [f"c{MAX_CONNECTIONS_PER_DEVICE + 1}"])
+        # A new connection expires the user's connections unused too long.
+        last = 100 + MAX_CONNECTIONS_PER_DEVICE + 1
+        await store.save_sliding_sync_position(
+            "new", BOB, "DEV", "new", "s", "{}", 500, None, expire_before_ms=last
+        )
+        self.assertEqual(await self.positions(store), [f"c{MAX_CONNECTIONS_PER_DEVICE + 1}", "new"])

@@ -18,6 +18,7 @@ from synapse_lite.streams import catalog
 from synapse_lite.streams.catalog import BUILTIN_STREAMS
 from synapse_lite.streams.definition import (
     CatchUp,
+    Reader,
     StreamCatalog,
     StreamDefinition,
     WriterRule,
@@ -188,3 +189,27 @@ class CatalogTestCase(unittest.TestCase):
             for d in BUILTIN_STREAMS
         ]
         self.assertEqual(rows, expected)
+
+
+class SubscriptionsTestCase(unittest.TestCase):
+    """Which streams each part of a process reads (``StreamDefinition.read_by``)."""
+
+    def test_docs_table_matches_the_catalog(self) -> None:
+        with open(DOCS, encoding="utf-8") as f:
+            text = f.read()
+        section = text.split("## Subscriptions by role", 1)[1].split("\n## ", 1)[0]
+        table = [line for line in section.splitlines() if line.startswith("|")]
+        self.assertEqual(table, BUILTIN_STREAMS.subscriptions_table())
+
+    def test_the_media_worker_and_the_router_read_no_events(self) -> None:
+        for reader in (Reader.MEDIA, Reader.ROUTER):
+            self.assertEqual(BUILTIN_STREAMS.read_by([reader]), ["caches"])
+
+    def test_every_part_reads_the_caches_stream(self) -> None:
+        # Access tokens, deactivations and writer retirements travel on it.
+        for reader in Reader:
+            self.assertIn("caches", BUILTIN_STREAMS.read_by([reader]))
+
+    def test_every_stream_has_a_reader_beside_the_main_process(self) -> None:
+        for definition in BUILTIN_STREAMS:
+            self.assertTrue(definition.read_by, definition.name)

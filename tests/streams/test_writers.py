@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial import unittest
 
-from synapse_lite.app.roles import Role
+from synapse_lite.app.role import Role
 from synapse_lite.config.generate import LAYOUTS
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig, load_config
 from synapse_lite.handlers.pusher_delivery import owner_of

@@ -6,6 +6,7 @@ for news are the /sync handler's and the notifier's, as for /sync."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
@@ -95,9 +96,16 @@ class SlidingSyncStore(BuiltInSectionsStore, MembershipStore, IgnoredUsersStore,
         state: str,
         now_ms: int,
         used_pos: str | None,
+        expire_before_ms: int | None = None,
     ) -> None: ...
 
-    async def delete_sliding_sync_positions_before(self, user_id: str, before_ms: int) -> None: ...
+    async def get_room_events_between_per_room(
+        self,
+        room_ids: list[str],
+        from_token: RoomStreamToken | None,
+        to_token: RoomStreamToken,
+        limit: int,
+    ) -> dict[str, list[Event]]: ...
 
     async def get_room_activity(
         self, room_ids: Sequence[str], upto: RoomStreamToken
@@ -141,6 +149,16 @@ class Computed:
     news: bool
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class TimelineRead:
+    """A read of rooms' timelines: each room's newest ``limit`` events
+    after ``lower`` (from the start: None) up to ``upper``."""
+
+    lower: RoomStreamToken | None
+    upper: RoomStreamToken
+    limit: int
+
+
 @attr.s(slots=True, auto_attribs=True)
 class Selection:
     """The rooms the lists and subscriptions select, with their configs."""
@@ -179,11 +197,14 @@ class PerRoomCache(Generic[T]):
     ) -> dict[str, T]:
         """The facts of ``rooms`` as of ``now``: cached, or read (``read``)
         for the rooms not cached or changed since."""
+        entries = self._entries
+        cached = {r: e for r in rooms if (e := entries.get(r)) is not None}
+        changed = changes.changed_among({r: e[1] for r, e in cached.items()})
         result: dict[str, T] = {}
         stale: list[str] = []
         for room_id in rooms:
-            entry = self._entries.get(room_id)
-            if entry is None or changes.may_have_changed(room_id, entry[1]):
+            entry = cached.get(room_id)
+            if entry is None or room_id in changed:
                 stale.append(room_id)
             else:
                 result[room_id] = entry[0]
@@ -195,6 +216,18 @@ class PerRoomCache(Generic[T]):
                 result[room_id] = found.get(room_id, self._default)
                 self._entries[room_id] = (result[room_id], now)
         return result
+
+
+async def _together(*reads: Coroutine[Any, Any, Any]) -> list[Any]:
+    """The results of ``reads``, run side by side (each is a round trip to
+    the database: one hop's wait instead of one after another); the first
+    failure is raised as itself, the others' are consumed."""
+    started = [defer.ensureDeferred(r) for r in reads]
+    try:
+        return [await read for read in started]
+    finally:
+        for read in started:
+            read.addErrback(lambda _: None)
 
 
 def _before(event: Event) -> RoomStreamToken:
@@ -349,10 +382,7 @@ class SlidingSyncHandler:
                 return {"pos": body.pos, "lists": {}, "rooms": {}, "extensions": {}}
             result = last[0]
         pos = secrets.token_urlsafe(12)
-        if body.pos is None:
-            await self._store.delete_sliding_sync_positions_before(
-                requester.user_id, self._clock.time_msec() - POS_LIFETIME_MS
-            )
+        now_ms = self._clock.time_msec()
         await self._store.save_sliding_sync_position(
             pos,
             requester.user_id,
@@ -360,8 +390,10 @@ class SlidingSyncHandler:
             body.conn_id,
             await self._sync.stream_token_string(result.now),
             result.state.to_json(),
-            self._clock.time_msec(),
+            now_ms,
             body.pos,
+            # A new connection: the user's connections unused too long go.
+            expire_before_ms=now_ms - POS_LIFETIME_MS if body.pos is None else None,
         )
         return {"pos": pos, **result.body}
 
@@ -377,10 +409,15 @@ class SlidingSyncHandler:
         now = self._sync.current_stream_token(since)
         state = ConnectionState.from_json(saved_state) if saved_state else ConnectionState()
         user_id = requester.user_id
-        memberships = await load_memberships(self._store, user_id, since, now.room_key)
-        ignored = await get_ignored_users(self._store, user_id)
-        selection = await self._select(user_id, body, memberships, state, now)
-        rooms = await self._rooms(requester, selection, memberships, state, since, now, ignored)
+        memberships, ignored, dms = await _together(
+            load_memberships(self._store, user_id, since, now.room_key),
+            get_ignored_users(self._store, user_id),
+            self._direct_rooms(user_id),
+        )
+        selection = await self._select(user_id, body, memberships, state, now, dms)
+        rooms = await self._rooms(
+            requester, selection, memberships, state, since, now, ignored, dms
+        )
         news = bool(rooms)
         lists: dict[str, Any] = {}
         for name, count in selection.counts.items():
@@ -404,6 +441,7 @@ class SlidingSyncHandler:
         memberships: Memberships,
         state: ConnectionState,
         now: StreamToken,
+        dms: set[str],
     ) -> Selection:
         rows = memberships.now
         gone = [r for r, row in rows.items() if row[1] in ("leave", "ban") and r not in state.rooms]
@@ -420,11 +458,19 @@ class SlidingSyncHandler:
             or (row[1] in ("leave", "ban") and (r in state.rooms or r in kicked))
         ]
         joined = [r for r in candidates if rows[r][1] == "join"]
-        activity = await self._activity.get(
-            joined,
-            now.room_key,
-            self._store.room_changes,
-            lambda rooms: self._store.get_room_activity(rooms, now.room_key),
+
+        async def no_facts() -> dict[str, Any]:
+            return {}
+
+        # The order and what the filters need, side by side.
+        activity, facts = await _together(
+            self._activity.get(
+                joined,
+                now.room_key,
+                self._store.room_changes,
+                lambda rooms: self._store.get_room_activity(rooms, now.room_key),
+            ),
+            self._facts(user_id, body, candidates, rows, now, dms) if body.lists else no_facts(),
         )
         stamps = {
             r: (rows[r][1] == "join" and activity.get(r, (0, 0))[0]) or int(rows[r][3])
@@ -433,7 +479,6 @@ class SlidingSyncHandler:
         ordered = sorted(candidates, key=lambda r: (-stamps[r], r))
         selection = Selection(activity=activity)
         if body.lists:
-            facts = await self._facts(user_id, body, ordered, rows, now)
             for name, config in body.lists.items():
                 matching = [r for r in ordered if self._passes(config.filters, r, rows, facts)]
                 selection.counts[name] = len(matching)
@@ -466,12 +511,13 @@ class SlidingSyncHandler:
         rooms: list[str],
         rows: dict[str, Any],
         now: StreamToken,
+        dms: set[str],
     ) -> dict[str, Any]:
         """What the lists' filters need, read only when a filter asks."""
         filters = [c.filters for c in body.lists.values()]
         facts: dict[str, Any] = {}
         if any(f.is_dm is not None for f in filters):
-            facts["dm"] = await self._direct_rooms(user_id)
+            facts["dm"] = dms
         if any(
             f.is_encrypted is not None or f.room_types is not None or f.not_room_types
             for f in filters
@@ -545,17 +591,28 @@ class SlidingSyncHandler:
         since: StreamToken | None,
         now: StreamToken,
         ignored: frozenset[str],
+        dms: set[str],
     ) -> dict[str, Any]:
         user_id = requester.user_id
         activity = selection.activity
         rows = memberships.now
-        dms = await self._direct_rooms(user_id)
         now_index: int | None = None
         tokens: dict[int, RoomStreamToken] = {}
         result: dict[str, Any] = {}
         joined_sent: list[str] = []
         live_since = since.room_key if since is not None else None
         planned: list[tuple[str, RoomConfig, bool, Coroutine[Any, Any, dict[str, Any] | None]]] = []
+        #: The joined and left rooms' entries to build, their timelines
+        #: read first, one query for all the rooms alike (below).
+        timelines: list[
+            tuple[
+                str,
+                RoomConfig,
+                bool,
+                TimelineRead,
+                Callable[..., Coroutine[Any, Any, dict[str, Any] | None]],
+            ]
+        ] = []
         for room_id, config in selection.configs.items():
             row = rows[room_id]
             membership = row[1]
@@ -595,35 +652,47 @@ class SlidingSyncHandler:
                     and is_dm == sent.is_dm
                 ):
                     continue
-            build = self._room_entry(
-                requester,
-                room_id,
-                config,
-                sent if not initial else None,
-                room_since,
-                upper,
-                expanded,
-                rs_json != (sent.required_state if sent else None),
-                sent is not None and sent.is_dm != is_dm,
-                live_since,
-                ignored,
+            read = TimelineRead(
+                None if initial or expanded else room_since, upper, config.timeline_limit + 1
+            )
+            entry_of = functools.partial(
+                self._room_entry,
+                requester=requester,
+                room_id=room_id,
+                config=config,
+                sent=sent if not initial else None,
+                room_since=room_since,
+                upper=upper,
+                expanded=expanded,
+                required_changed=rs_json != (sent.required_state if sent else None),
+                dm_changed=sent is not None and sent.is_dm != is_dm,
+                live_since=live_since,
+                ignored=ignored,
                 joined=membership == "join",
             )
-            planned.append((room_id, config, initial, build))
-        # The rooms' reads are round trips to the database: a batch at a
-        # time runs them side by side instead of one room after another.
+            timelines.append((room_id, config, initial, read, entry_of))
+        # The timelines: one round trip for the rooms read alike (a first
+        # room list's window: all of them), not one a room.
+        groups: dict[TimelineRead, list[str]] = {}
+        for room_id, _, _, read, _ in timelines:
+            groups.setdefault(read, []).append(room_id)
+        found: dict[str, list[Event]] = {}
+        for read_events in await _together(
+            *(
+                self._store.get_room_events_between_per_room(
+                    group, read.lower, read.upper, read.limit
+                )
+                for read, group in groups.items()
+            )
+        ):
+            found.update(read_events)
+        for room_id, config, initial, _, build in timelines:
+            planned.append((room_id, config, initial, build(events=found[room_id])))
+        # The rooms' other reads are round trips to the database: a batch
+        # at a time runs them side by side instead of one room after another.
         entries: list[dict[str, Any] | None] = []
         for start in range(0, len(planned), CONCURRENT_ROOMS):
-            started = [
-                defer.ensureDeferred(p[3]) for p in planned[start : start + CONCURRENT_ROOMS]
-            ]
-            try:
-                for read in started:
-                    entries.append(await read)
-            finally:
-                # A failure must not leave the others' failures unhandled.
-                for read in started:
-                    read.addErrback(lambda _: None)
+            entries += await _together(*(p[3] for p in planned[start : start + CONCURRENT_ROOMS]))
         for (room_id, config, initial, _), built in zip(planned, entries, strict=True):
             if built is None:
                 continue
@@ -654,17 +723,23 @@ class SlidingSyncHandler:
             if room_id in selection.lists:
                 entry["lists"] = selection.lists[room_id]
             result[room_id] = entry
+        reads: list[Coroutine[Any, Any, Any]] = []
+        if joined_sent:
+            reads.append(self._store.get_member_counts(joined_sent))
+            reads.append(
+                self._store.get_unread_counts(user_id, joined_sent, now.room_key.get_max_position())
+            )
         if self._relations is not None:
             # One query for every timeline (the rooms are the user's).
-            await self._relations.add_bundles_to(
-                [e for entry in result.values() for e in entry.get("timeline", [])],
-                user_id,
+            reads.append(
+                self._relations.add_bundles_to(
+                    [e for entry in result.values() for e in entry.get("timeline", [])],
+                    user_id,
+                )
             )
+        read_results = await _together(*reads)
         if joined_sent:
-            counts = await self._store.get_member_counts(joined_sent)
-            unread = await self._store.get_unread_counts(
-                user_id, joined_sent, now.room_key.get_max_position()
-            )
+            counts, unread = read_results[0], read_results[1]
             for room_id in joined_sent:
                 joined_count, invited_count = counts.get(room_id, (0, 0))
                 notifications, highlights = unread.get(room_id, (0, 0))
@@ -720,17 +795,20 @@ class SlidingSyncHandler:
         live_since: RoomStreamToken | None,
         ignored: frozenset[str],
         joined: bool,
+        events: list[Event],
     ) -> dict[str, Any] | None:
         """A joined (or left: ``joined`` false) room's entry: in full when
         ``sent`` is None, else what changed since ``room_since``; None when
         nothing did. A left room's state is its state at ``upper`` (the
         leave), not what the room did afterwards. Incrementally, a state key
         the config asks for that the room's state lost (a state reset) is
-        sent as a ``StateStub``: ``{"type", "state_key"}`` without content."""
+        sent as a ``StateStub``: ``{"type", "state_key"}`` without content.
+        ``events``: the room's newest ``timeline_limit + 1`` events after
+        ``room_since`` (from the start when ``sent`` is None or
+        ``expanded``) up to ``upper``, newest first (:class:`TimelineRead`)."""
         user_id = requester.user_id
         limit = config.timeline_limit
         lower = None if sent is None or expanded else room_since
-        events = await self._store.get_room_events_between([room_id], lower, upper, limit + 1)
         if events and not await member_sees_everything(self._store, user_id, room_id):
             visibility = await load_room_visibility(self._store, user_id, room_id)
             events = [e for e in events if visibility.can_see(e)]
@@ -745,8 +823,10 @@ class SlidingSyncHandler:
         state_changes: list[Event] = []
         deletions: set[tuple[str, str]] = set()
         if sent is not None and room_since is not None:
-            state_changes = await self._store.get_state_events_between(room_id, room_since, upper)
-            deletions = await self._store.get_state_deletions_between(room_id, room_since, upper)
+            state_changes, deletions = await _together(
+                self._store.get_state_events_between(room_id, room_since, upper),
+                self._store.get_state_deletions_between(room_id, room_since, upper),
+            )
         if (
             sent is not None
             and not new_events

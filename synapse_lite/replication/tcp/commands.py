@@ -64,6 +64,7 @@ __all__ = [
     "RemoteServerUpCommand",
     "ReplicateCommand",
     "ServerCommand",
+    "SubscribeCommand",
     "UserIpCommand",
     "UserSyncCommand",
     "claim_stream",
@@ -148,6 +149,28 @@ def _format_deployment(deployment: str | None) -> str:
     if deployment is None:
         return ""
     return " @" + format_name(deployment, "deployment id")
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class SubscribeCommand(Command):
+    """``SUBSCRIBE [<stream> ...]``: a worker names, after its NAME, the only
+    streams whose RDATA and POSITION the main process is to send it (TCP;
+    ``SUBSCRIBE`` alone: none; a worker that sends no SUBSCRIBE receives
+    every stream). Another SUBSCRIBE replaces the set."""
+
+    NAME: ClassVar[str] = "SUBSCRIBE"
+    streams: tuple[str, ...]
+
+    @classmethod
+    def from_line(cls, line: str) -> Self:
+        if not line:
+            return cls(())
+        return cls(tuple(parse_name(name, "stream name") for name in line.split(" ")))
+
+    def to_line(self) -> str:
+        return finish_line(
+            self.NAME, " ".join(format_name(name, "stream name") for name in self.streams)
+        )
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -448,7 +471,7 @@ class RemoteServerUpCommand(Command):
 
 #: Commands a transport keeps to itself (handshake and keepalive).
 CONNECTION_COMMANDS: frozenset[type[Command]] = frozenset(
-    {ServerCommand, NameCommand, AuthCommand, PingCommand, ErrorCommand}
+    {ServerCommand, NameCommand, SubscribeCommand, AuthCommand, PingCommand, ErrorCommand}
 )
 
 #: Commands a transport hands to the handler (and the main process relays).

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from twisted.internet import defer
@@ -100,6 +100,7 @@ class ReplicationCommandHandler:
         greetings: Iterable[Callable[[], list[Command]]] = (),
         command_hooks: Iterable[tuple[type[Command], Callable[[Any], object]]] = (),
         retired_writers: RetiredWriters | None = None,
+        followed_streams: Collection[str] | None = None,
     ) -> None:
         """``claims``: how peers' positions are checked (None: every writer
         name is accepted; tokens are still checked against range and sequence).
@@ -110,8 +111,13 @@ class ReplicationCommandHandler:
         handlers taking the commands that are not stream data.
         ``retired_writers``: tells of writers retired for good (the instance
         directory): each is forgotten on every stream whose writers follow
-        the ``instances`` table, after its last rows are read."""
+        the ``instances`` table, after its last rows are read.
+        ``followed_streams``: the streams this process reads (its role's
+        subscription; None: every stream): RDATA and POSITION of the others
+        are dropped unread (the transports do not deliver them anyway), and
+        nothing is caught up for them, not even a retired writer's rows."""
         self._me = instance_name
+        self.followed_streams = None if followed_streams is None else frozenset(followed_streams)
         self._clock = clock
         self.streams = streams
         self.receiver = receiver
@@ -217,9 +223,12 @@ class ReplicationCommandHandler:
 
     # RDATA
 
+    def _follows(self, stream_name: str) -> bool:
+        return self.followed_streams is None or stream_name in self.followed_streams
+
     def _on_rdata(self, connection: ReplicationConnection, cmd: RdataCommand) -> None:
-        if cmd.instance_name == self._me:
-            return  # our own echo (Redis)
+        if cmd.instance_name == self._me or not self._follows(cmd.stream_name):
+            return  # our own echo (Redis), or a stream we do not read
         sender = connection.describe()
         line = claim_line(cmd)
         stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
@@ -298,7 +307,7 @@ class ReplicationCommandHandler:
     # POSITION
 
     def _on_position(self, connection: ReplicationConnection, cmd: PositionCommand) -> None:
-        if cmd.instance_name == self._me:
+        if cmd.instance_name == self._me or not self._follows(cmd.stream_name):
             return
         sender = connection.describe()
         line = claim_line(cmd)
@@ -441,10 +450,11 @@ class ReplicationCommandHandler:
 
         async def work() -> None:
             try:
-                final = await positions.read_stopped_writer_position(writer)
-                current = positions.received_position(writer)
-                if current < final:
-                    await self._catch_up(stream, writer, current, final)
+                if self._follows(stream_name):
+                    final = await positions.read_stopped_writer_position(writer)
+                    current = positions.received_position(writer)
+                    if current < final:
+                        await self._catch_up(stream, writer, current, final)
             except Exception:
                 logger.warning(
                     "Reading the last rows of %s on %s failed; retrying in %.0f s",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -42,14 +42,22 @@ class PositionWaiters:
 
     ``positions``: every stream's positions on this process, by stream name
     (built before the streams themselves, so the internal calls, which wait
-    here, can be built before the components owning memory streams)."""
+    here, can be built before the components owning memory streams).
+    ``reads``: the streams this process receives (its role's subscription;
+    None: every stream); waiting on another returns at once, as nothing
+    here reads it to be stale."""
 
     def __init__(
-        self, clock: Clock, instance_name: str, positions: Mapping[str, StreamPositions]
+        self,
+        clock: Clock,
+        instance_name: str,
+        positions: Mapping[str, StreamPositions],
+        reads: Collection[str] | None = None,
     ) -> None:
         self._clock = clock
         self._me = instance_name
         self._positions = positions
+        self._reads = None if reads is None else frozenset(reads)
         self._waiting: dict[tuple[str, str], list[tuple[int, defer.Deferred[None]]]] = defaultdict(
             list
         )
@@ -64,7 +72,9 @@ class PositionWaiters:
         """Return once ``instance_name``'s rows of ``stream_name`` up to
         ``position`` have been received here (at once if they have, or if it is
         this process). Raises ``defer.TimeoutError`` after ``timeout`` seconds."""
-        if instance_name == self._me:
+        if instance_name == self._me or (
+            self._reads is not None and stream_name not in self._reads
+        ):
             return
         if position <= self._positions[stream_name].received_position(instance_name):
             return

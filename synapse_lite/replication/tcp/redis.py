@@ -1,14 +1,22 @@
-"""Redis pub/sub replication: every process a peer on one channel.
+"""Redis pub/sub replication: every process a peer on the deployment's channels.
 
-Each process publishes its commands, as the same ``NAME rest`` lines as TCP,
-to one channel and subscribes to it. :class:`RedisReplicationBus` is both the
-process's ReplicationBus and its only ReplicationConnection: the receiver gets
-the bus itself in ``new_connection``, ``on_command`` and ``lost_connection``.
+Each process publishes its commands, as the same ``NAME rest`` lines as TCP:
+an RDATA or POSITION on its stream's channel, ``<channel>/<stream>``, every
+other command on the deployment's channel. It subscribes to the deployment's
+channel and to the channels of the streams it reads (its role's
+subscription, ``Role.subscription``; ``docs/workers.md``), so Redis sends it
+nothing of the others. Redis delivers one publisher's messages to a
+subscriber in the order published, whatever their channels, so the order
+the handler relies on holds across streams. :class:`RedisReplicationBus` is
+both the process's ReplicationBus and its only ReplicationConnection: the
+receiver gets the bus itself in ``new_connection``, ``on_command`` and
+``lost_connection``.
 
-Channel: ``<channel_prefix><server_name>`` (no prefix by default). Redis pub/sub
-channels are global to a Redis server: ``dbid`` selects a keyspace but does not
-separate channels, so deployments sharing a Redis must differ in server name or
-in ``channel_prefix``.
+Channel: ``<channel_prefix><server_name>`` (no prefix by default); a
+stream's is that and ``/<stream>``. Redis pub/sub channels are global to a
+Redis server: ``dbid`` selects a keyspace but does not separate channels, so
+deployments sharing a Redis must differ in server name or in
+``channel_prefix``.
 
 Two connections, because a subscribed connection can run nothing but
 (un)subscribe and PING:
@@ -109,6 +117,7 @@ from synapse_lite.replication.tcp.redis_connections import (
     client_name,
     set_client_name,
 )
+from synapse_lite.streams.catalog import BUILTIN_STREAMS
 
 if TYPE_CHECKING:
     from synapse_lite.config.homeserver import RedisConfig
@@ -130,6 +139,16 @@ MAX_ENVELOPE_LENGTH = 440
 MAC_BYTES = 16
 #: A refusal reason: a message whose MAC is missing or wrong.
 BAD_MAC = "bad_mac"
+
+
+#: A command waiting for the publisher: ``(command name, channel, message)``.
+Outgoing = tuple[str, str, bytes]
+
+
+def stream_channel(channel: str, stream: str) -> str:
+    """The channel of one stream's RDATA and POSITION (a server name has no
+    ``/``, so no deployment's main channel looks like another's stream's)."""
+    return f"{channel}/{stream}"
 
 
 def mac_key(secret: str | None) -> bytes:
@@ -179,9 +198,11 @@ class RedisReplicationBus:
     ) -> None:
         """``deployment_id``: the database's (one word); processes with
         another one on the channel are refused. ``secret``: the replication
-        secret, which signs every message (see the module docstring). ``followed_streams``: the only
-        streams whose RDATA and POSITION reach ``receiver`` (the others are
-        skipped unparsed); None: all."""
+        secret, which signs every message (see the module docstring).
+        ``followed_streams``: the only streams whose RDATA and POSITION reach
+        ``receiver``: the bus subscribes to their channels alone (any others
+        that still come, on the main channel, are skipped unparsed); None:
+        every stream of the built-in catalog."""
         self.channel = channel_prefix + server_name
         self.instance_name = instance_name
         self._own_name = instance_name.encode("utf-8")
@@ -194,6 +215,12 @@ class RedisReplicationBus:
             if followed_streams is None
             else frozenset(name.encode("utf-8") for name in followed_streams)
         )
+        #: The channels subscribed to: ours, and those of the streams read.
+        self.channels = [self.channel] + [
+            stream_channel(self.channel, name)
+            for name in (BUILTIN_STREAMS.names() if followed_streams is None else followed_streams)
+        ]
+        self._stream_channels: dict[str, str] = {}
         #: Other deployments heard: id -> (a sender's name, when last heard).
         self._foreign: dict[str, tuple[str, float]] = {}
         self._foreign_logged: dict[str, float] = {}
@@ -212,7 +239,7 @@ class RedisReplicationBus:
         self._publisher: PublisherConnection | None = None
         self._publisher_keepalive: Keepalive | None = None
         # Encoded lines waiting for the publisher, with their command names.
-        self._pending: deque[tuple[str, bytes]] = deque()
+        self._pending: deque[Outgoing] = deque()
         self._overflowed = False
         self._announced = False
         self._stopped = False
@@ -304,6 +331,11 @@ class RedisReplicationBus:
         return self._publisher is not None
 
     @property
+    def announced(self) -> bool:
+        """Whether the receiver has the bus as a live connection now."""
+        return self._announced
+
+    @property
     def pending_count(self) -> int:
         """Commands waiting for the publisher (for tests and metrics)."""
         return len(self._pending)
@@ -332,22 +364,31 @@ class RedisReplicationBus:
             logger.error("not publishing %s: %s", cmd.NAME, e)
             REPLICATION_COMMANDS_DROPPED.labels("redis", "unencodable").inc()
             return
-        if self._publisher is not None:
-            self._publish(self._publisher, cmd.NAME, line)
+        if isinstance(cmd, (RdataCommand, PositionCommand)):
+            channel = self._stream_channels.get(cmd.stream_name)
+            if channel is None:  # our own streams': a few names
+                channel = stream_channel(self.channel, cmd.stream_name)
+                self._stream_channels[cmd.stream_name] = channel
         else:
-            self._pending.append((cmd.NAME, line))
+            channel = self.channel
+        outgoing = (cmd.NAME, channel, line)
+        if self._publisher is not None:
+            self._publish(self._publisher, outgoing)
+        else:
+            self._pending.append(outgoing)
         self._check_backlog()
 
     # -- publisher (publisher_ready and publisher_lost: called by the connection) ------
 
-    def _publish(self, proto: PublisherConnection, name: str, line: bytes) -> None:
+    def _publish(self, proto: PublisherConnection, outgoing: Outgoing) -> None:
+        name, channel, line = outgoing
         try:
-            d: Deferred[Any] = proto.publish(self.channel, line)
+            d: Deferred[Any] = proto.publish(channel, line)
         except txredisapi.ConnectionError:
             # Lost in this very turn; connectionLost is on its way.
-            self._pending.append((name, line))
+            self._pending.append(outgoing)
             return
-        proto.unacked.append((name, line))
+        proto.unacked.append(outgoing)
         d.addCallbacks(
             lambda _: self._acknowledged(proto, name),
             lambda failure: self._publish_failed(failure, proto),
@@ -363,7 +404,7 @@ class RedisReplicationBus:
             return  # still in proto.unacked: queued again by _publisher_lost
         # Redis answered, with an error: this one is not coming back.
         if proto.unacked:
-            name, _ = proto.unacked.popleft()
+            name, _, _ = proto.unacked.popleft()
             REPLICATION_COMMANDS_DROPPED.labels("redis", "refused").inc()
             logger.error("Redis refused to publish %s: %s", name, failure.getErrorMessage())
 
@@ -379,8 +420,8 @@ class RedisReplicationBus:
         self._publisher_keepalive = Keepalive(proto, self._clock)
         self._publisher_keepalive.start()
         pending, self._pending = self._pending, deque()
-        for name, line in pending:
-            self._publish(proto, name, line)
+        for outgoing in pending:
+            self._publish(proto, outgoing)
         self._maybe_announce()
 
     def publisher_lost(self, proto: PublisherConnection) -> None:
@@ -437,7 +478,7 @@ class RedisReplicationBus:
             await set_client_name(proto, client_name(self.channel, self.instance_name, "sub"))
             if self._subscriber is not proto:
                 return  # lost meanwhile, and already reported
-            reply = await proto.subscribe(self.channel)
+            reply = await proto.subscribe(self.channels)
         except txredisapi.ConnectionError:
             return  # lost meanwhile, and already reported
         except Exception as e:
@@ -452,7 +493,11 @@ class RedisReplicationBus:
             logger.warning("unexpected reply to SUBSCRIBE %r: %r", self.channel, reply)
             proto.transport.abortConnection()
             return
-        logger.info("Redis replication subscribed to channel %r", self.channel)
+        logger.info(
+            "Redis replication subscribed to channel %r and %d of its streams",
+            self.channel,
+            len(self.channels) - 1,
+        )
         self._subscribed = True
         self._subscriber_keepalive = Keepalive(proto, self._clock)
         self._subscriber_keepalive.start()

@@ -158,8 +158,9 @@ class PublisherConnection(_PromptParsing, txredisapi.RedisProtocol):
     """The publishing connection: reports readiness and loss."""
 
     owner: ConnectionOwner
-    #: Commands written and not yet acknowledged by Redis, oldest first.
-    unacked: deque[tuple[str, bytes]]
+    #: Commands written and not yet acknowledged by Redis, oldest first:
+    #: ``(command name, channel, message)``.
+    unacked: deque[tuple[str, str, bytes]]
 
     def connectionMade(self) -> None:
         self.unacked = deque()

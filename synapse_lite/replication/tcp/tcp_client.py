@@ -12,7 +12,8 @@ Which object is what (see ``connection.py``):
   every data command in ``on_command``, and in ``lost_connection`` when it goes.
 
 Handshake, in order: ``AUTH <secret>`` (if a secret is configured), ``NAME
-<client_name>``, the first PING, ``receiver.new_connection``, then
+<client_name>``, ``SUBSCRIBE <streams>`` (when the worker reads only some
+streams), the first PING, ``receiver.new_connection``, then
 ``REPLICATE``. The main process's first command must be ``SERVER <name>``
 with the expected name, or the worker answers ``ERROR Wrong remote`` and closes
 before acting on anything else it sent.
@@ -51,6 +52,7 @@ from synapse_lite.replication.tcp.commands import (
     RemoteServerUpCommand,
     ReplicateCommand,
     ServerCommand,
+    SubscribeCommand,
     UserIpCommand,
     UserSyncCommand,
     command_line,
@@ -103,6 +105,10 @@ class ClientReplicationProtocol(ReplicationProtocol):
         if self.factory.secret is not None:
             self._write_now(AuthCommand(self.factory.secret))
         self._write_now(NameCommand(self.factory.client_name, self.factory.deployment_id))
+        if self.factory.subscription is not None:
+            # Before REPLICATE: the positions it asks for are only those of
+            # the streams we read.
+            self._write_now(self.factory.subscription)
         self._establish()
         self.send_command(ReplicateCommand())
 
@@ -173,7 +179,9 @@ class ReplicationClientFactory(Factory):
         ``deployment_id``: the database's, sent in NAME; a main process naming
         another in SERVER is refused and reported (None: not checked).
         ``followed_streams``: the only streams whose RDATA and POSITION reach
-        ``receiver`` (the others are skipped unparsed); None: all."""
+        ``receiver``: sent to the main process as ``SUBSCRIBE`` after NAME,
+        so it relays no others (any that still come are skipped unparsed);
+        None: all."""
         # Refuse at startup what could never go on the wire (a name with a
         # space, a secret with a newline) rather than on every connection.
         command_line(ServerCommand(server_name))
@@ -189,6 +197,12 @@ class ReplicationClientFactory(Factory):
             if followed_streams is None
             else frozenset(name.encode("utf-8") for name in followed_streams)
         )
+        #: Sent after NAME: the main process relays us only these streams.
+        self.subscription = (
+            None if followed_streams is None else SubscribeCommand(tuple(followed_streams))
+        )
+        if self.subscription is not None:
+            command_line(self.subscription)
         self.foreign = ForeignTraffic(clock.seconds, f"the replication connection to {server_name}")
         self.receiver = receiver
         self.timer = clock

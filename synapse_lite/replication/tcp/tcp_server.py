@@ -12,9 +12,16 @@ what (see ``connection.py``):
   reaches that one worker.
 * Relaying: each data command from one worker is sent on, as received, to every
   other authenticated worker (never back to the sender) and then handed to the
-  receiver, so the TCP star behaves like a bus. An RDATA or POSITION naming a
-  writer other than the connection's NAME is neither relayed nor handed on:
-  only a writer speaks for itself (logged, counted as ``wrong_sender``).
+  receiver, so the TCP star behaves like a bus. Subscriptions: a worker that
+  sent ``SUBSCRIBE <streams>`` (after its NAME) is sent the RDATA and
+  POSITION of those streams alone, relayed or the main process's own; the
+  other commands reach every worker. What a worker subscribes to is its
+  role's reading (``Role.subscription``, ``docs/workers.md``); the positions
+  the main process announces the instant a worker authenticates, before its
+  SUBSCRIBE is read, may include others' (the worker skips them unparsed).
+  An RDATA or POSITION naming a writer other than the connection's NAME is
+  neither relayed nor handed on: only a writer speaks for itself (logged,
+  counted as ``wrong_sender``).
 * Checking before relaying: every RDATA and POSITION is first checked as a
   claim (``claims.py``); one refused is neither relayed nor handed on, so
   workers can take what the main process relays as checked and need not read
@@ -81,8 +88,10 @@ from synapse_lite.replication.tcp.commands import (
     RemoteServerUpCommand,
     ReplicateCommand,
     ServerCommand,
+    SubscribeCommand,
     UserIpCommand,
     UserSyncCommand,
+    claim_stream,
     command_line,
 )
 from synapse_lite.replication.tcp.protocol import PING_TIMEOUT_SECONDS, ReplicationProtocol
@@ -132,12 +141,16 @@ class ServerReplicationProtocol(ReplicationProtocol):
             FederationAckCommand,
             UserIpCommand,
             RemoteServerUpCommand,
+            SubscribeCommand,
         }
     )
 
     def __init__(self, factory: ReplicationServerFactory) -> None:
         super().__init__(factory.receiver, factory.clock)
         self.factory = factory
+        #: The streams whose RDATA and POSITION this worker is sent (its
+        #: SUBSCRIBE; None until it sends one: every stream).
+        self.subscribed: frozenset[bytes] | None = None
         self._authenticated = False
         self._auth_call: IDelayedCall | None = None
 
@@ -197,6 +210,13 @@ class ServerReplicationProtocol(ReplicationProtocol):
             if not self.factory.claim_name(self, cmd.client_name):
                 return
             self.peer_name = cmd.client_name
+        elif isinstance(cmd, SubscribeCommand):
+            logger.info(
+                "replication connection %s reads %s",
+                self.describe(),
+                ", ".join(cmd.streams) or "no stream",
+            )
+            self.subscribed = frozenset(name.encode("utf-8") for name in cmd.streams)
         elif isinstance(cmd, AuthCommand):
             # A worker configured with a secret the listener does not need, or
             # a repeated AUTH: nothing to check, nothing to refuse.
@@ -215,6 +235,11 @@ class ServerReplicationProtocol(ReplicationProtocol):
             )
             return
         self.factory.check_and_relay(self, cmd, line)
+
+    def is_sent(self, stream: bytes | None) -> bool:
+        """Whether a line about ``stream`` goes to this worker (``stream``:
+        :func:`claim_stream` of the line; None for other commands)."""
+        return stream is None or self.subscribed is None or stream in self.subscribed
 
     def deliver(self, cmd: Command) -> None:
         """Hand a command received on this connection to the receiver."""
@@ -331,7 +356,8 @@ class ReplicationServerFactory(ServerFactory):
     # -- ReplicationBus ----------------------------------------------------------------
 
     def send_command(self, cmd: Command) -> None:
-        """Send ``cmd`` to every authenticated worker (encoded once)."""
+        """Send ``cmd`` to every authenticated worker (encoded once); an
+        RDATA or POSITION only to those subscribed to its stream."""
         if not self._connections:
             logger.debug("no replication connections: dropping %s", cmd.NAME)
             return
@@ -340,8 +366,10 @@ class ReplicationServerFactory(ServerFactory):
         except CommandEncodeError as e:
             logger.error("not sending %s to workers: %s", cmd.NAME, e)
             return
+        stream = claim_stream(line)
         for conn in list(self._connections):
-            conn.send_encoded(cmd.NAME, line)
+            if conn.is_sent(stream):
+                conn.send_encoded(cmd.NAME, line)
 
     def describe(self) -> str:
         return f"replication listener of {self.server_name} ({len(self._connections)} workers)"
@@ -417,14 +445,16 @@ class ReplicationServerFactory(ServerFactory):
         sender.deliver(cmd)
 
     def relay(self, sender: ServerReplicationProtocol, name: str, line: bytes) -> None:
-        """Pass a data command from ``sender`` on to every other worker.
+        """Pass a data command from ``sender`` on to every other worker (an
+        RDATA or POSITION only to those subscribed to its stream).
 
         The line is forwarded as received: it has just been parsed, so it is
         valid, and re-encoding it could only cost time (or, for odd but valid
         JSON such as ``1e15``, make it longer).
         """
+        stream = claim_stream(line)
         for conn in list(self._connections):
-            if conn is not sender:
+            if conn is not sender and conn.is_sent(stream):
                 conn.send_encoded(name, line)
 
     def close_all(self) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 from twisted.internet import reactor, task
 
 from synapse_lite.replication.tcp.commands import Command
 from synapse_lite.replication.tcp.connection import ReplicationConnection
+from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
 
 
 class RecordingReceiver:
@@ -48,3 +50,16 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await task.deferLater(reactor, 0.01, lambda: None)
+
+
+def listening_server(case: Any, secret: str | None) -> tuple[ReplicationServerFactory, Any]:
+    """A main process's replication listener on 127.0.0.1 (any free port),
+    recording what it receives in ``.receiver``; closed, with every
+    connection, at the end of ``case``."""
+    server = ReplicationServerFactory("hs.test", secret, RecordingReceiver(), reactor)
+    port = cast(Any, reactor).listenTCP(0, server, interface="127.0.0.1")
+    case.addCleanup(port.stopListening)
+    # Cleanups run last-in first-out: clients stop, then this waits for the
+    # server ends to close too, so the reactor is left clean.
+    case.addCleanup(wait_until, lambda: not server.open_protocols, what="server connections")
+    return server, port

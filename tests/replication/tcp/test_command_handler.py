@@ -192,3 +192,42 @@ class CommandHandlerTestCase(unittest.TestCase):
             self.handler.lost_connection(connection)
         self.handler.send_command(position)  # nobody to tell: dropped
         self.assertEqual(bus.sent, [position])
+
+
+class SubscriptionHandlerTestCase(unittest.TestCase):
+    """A process acts on nothing of a stream it does not read."""
+
+    def setUp(self) -> None:
+        self.receipts, self.positions, self.rows = fake_stream(BUILTIN_STREAMS["receipts"])
+        streams = {"receipts": self.receipts}
+        self.receiver = RecordingReceiver(streams)
+        self.handler = ReplicationCommandHandler(
+            instance_name="media1",
+            clock=Clock(task.Clock()),
+            streams=streams,
+            receiver=self.receiver,  # type: ignore[arg-type]
+            followed_streams=["caches"],
+        )
+        self.conn = RecordingConnection()
+        self.handler.new_connection(self.conn)
+
+    def test_claims_of_a_stream_not_read_are_dropped_unread(self) -> None:
+        self.rows.add("w1", 3, receipt(3))
+        self.handler.on_command(self.conn, PositionCommand("receipts", "w1", 3, 3))
+        self.handler.on_command(self.conn, RdataCommand("receipts", "w1", 4, wire(receipt(4))))
+        self.assertEqual(self.receiver.applied, [])
+        self.assertEqual(self.rows.calls, [])
+        self.assertEqual(self.positions.received_position("w1"), 0)
+
+    def test_a_retired_writer_is_forgotten_without_reading_its_rows(self) -> None:
+        self.positions.received["w1"] = 2
+        self.rows.add("w1", 3, receipt(3))
+
+        async def stopped_at(writer: str) -> int:
+            return 3  # beyond what we received: a reader of the stream reads row 3
+
+        self.positions.read_stopped_writer_position = stopped_at  # type: ignore[method-assign]
+        self.handler.forget_writer("receipts", "w1")
+        self.assertEqual(self.rows.calls, [])
+        self.assertEqual(self.receiver.applied, [])
+        self.assertNotIn("w1", self.positions.received)

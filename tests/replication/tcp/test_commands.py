@@ -32,6 +32,7 @@ from synapse_lite.replication.tcp.commands import (
     RemoteServerUpCommand,
     ReplicateCommand,
     ServerCommand,
+    SubscribeCommand,
     UserIpCommand,
     UserSyncCommand,
     command_line,
@@ -91,6 +92,8 @@ WIRE_FORMS: list[tuple[Command, str]] = [
     (NameCommand("worker1", "a1b2"), "NAME worker1 @a1b2"),
     (AuthCommand("s3cret with spaces"), "AUTH s3cret with spaces"),
     (ReplicateCommand(), "REPLICATE"),
+    (SubscribeCommand(("events", "caches")), "SUBSCRIBE events caches"),
+    (SubscribeCommand(()), "SUBSCRIBE"),
     (
         RdataCommand("events", "master", 12, ["ev", [1, "a b"]]),
         'RDATA events master 12 ["ev",[1,"a b"]]',
@@ -176,6 +179,7 @@ commands: st.SearchStrategy[Command] = st.one_of(
     st.builds(NameCommand, names),
     st.builds(AuthCommand, free_text.filter(bool)),
     st.just(ReplicateCommand()),
+    st.builds(SubscribeCommand, st.lists(names, max_size=5).map(tuple)),
     st.builds(RdataCommand, names, names, st.none() | int64s, st.lists(json_values, max_size=5)),
     st.builds(PositionCommand, names, names, int64s, int64s),
     st.builds(ErrorCommand, free_text),
@@ -230,6 +234,9 @@ MALFORMED_LINES = [
     "AUTH ",
     "REMOTE_SERVER_UP ",
     "CLEAR_USER_SYNC a b",
+    "SUBSCRIBE ",
+    "SUBSCRIBE events  caches",
+    "SUBSCRIBE events\x00",
     # RDATA
     "RDATA",
     "RDATA events",
@@ -406,6 +413,8 @@ class EncodeRefusalTestCase(unittest.TestCase):
             AuthCommand(""),
             AuthCommand("a\nb"),
             NameCommand("two words"),
+            SubscribeCommand(("events", "two words")),
+            SubscribeCommand(("",)),
         ]
         for cmd in cases:
             try:

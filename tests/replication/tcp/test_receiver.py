@@ -127,3 +127,11 @@ class ReceiverTestCase(unittest.TestCase):
         )
         self.clock.advance(2)
         self.failureResultOf(late, defer.TimeoutError)
+
+    def test_a_wait_on_a_stream_not_read_here_returns_at_once(self) -> None:
+        # A media worker forwarding a write waits for nothing it does not read.
+        waiters = PositionWaiters(
+            Clock(self.clock), "media1", {"events": self.positions}, reads=["caches"]
+        )
+        unread = defer.ensureDeferred(waiters.wait_for_stream_position("p1", "events", 5))
+        self.assertTrue(unread.called)

@@ -7,7 +7,7 @@ is killed, and flow control (pause, queue, resume) under 10,000 lines.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -20,8 +20,11 @@ from synapse_lite.replication.tcp.commands import (
     RemoteServerUpCommand,
 )
 from synapse_lite.replication.tcp.tcp_client import ReplicationClientFactory
-from synapse_lite.replication.tcp.tcp_server import ReplicationServerFactory
-from tests.replication.tcp.recording_receiver import RecordingReceiver, wait_until
+from tests.replication.tcp.recording_receiver import (
+    RecordingReceiver,
+    listening_server,
+    wait_until,
+)
 
 SECRET = "s3cret"
 # The reactor's zope interfaces defeat mypy without its zope plugin.
@@ -34,15 +37,8 @@ def of_type(receiver: RecordingReceiver, cls: type[Command]) -> list[Any]:
 
 class RealSocketTestCase(unittest.TestCase):
     def setUp(self) -> None:
-        self.server_receiver = RecordingReceiver()
-        self.server = ReplicationServerFactory("hs.test", SECRET, self.server_receiver, reactor)
-        self.port = reactor.listenTCP(0, self.server, interface="127.0.0.1")
-        self.addCleanup(self.port.stopListening)
-        # Cleanups run last-in first-out: clients stop, then this waits for the
-        # server ends to close too, so the reactor is left clean.
-        self.addCleanup(
-            wait_until, lambda: not self.server.open_protocols, what="server connections to close"
-        )
+        self.server, self.port = listening_server(self, SECRET)
+        self.server_receiver = cast(RecordingReceiver, self.server.receiver)
 
     def start_client(
         self, name: str, secret: str = SECRET

@@ -68,12 +68,20 @@ class SlidingSyncWorkerStore(SQLBaseStore):
         state: str,
         now_ms: int,
         used_pos: str | None,
+        expire_before_ms: int | None = None,
     ) -> None:
         """Save the new ``pos`` of a connection and drop its older ones: all
         but ``used_pos`` (the one the client sent: it may retry with it), or
-        every one when the client started over (``used_pos`` None)."""
+        every one when the client started over (``used_pos`` None); with
+        ``expire_before_ms``, also the user's connections last used before
+        it (in the same round trip)."""
 
         def save(txn: LoggingTransaction) -> None:
+            if expire_before_ms is not None:
+                txn.execute(
+                    "DELETE FROM sliding_sync_positions WHERE user_id = ? AND created_ts < ?",
+                    (user_id, expire_before_ms),
+                )
             txn.execute(
                 "DELETE FROM sliding_sync_positions"
                 " WHERE user_id = ? AND device_id = ? AND conn_id = ? AND pos != ?",
@@ -101,15 +109,6 @@ class SlidingSyncWorkerStore(SQLBaseStore):
 
         await self.db_pool.runInteraction("save_sliding_sync_position", save)
 
-    async def delete_sliding_sync_positions_before(self, user_id: str, before_ms: int) -> None:
-        """Forget the user's connections last used before ``before_ms``."""
-        await self.db_pool.execute(
-            "delete_sliding_sync_positions_before",
-            "DELETE FROM sliding_sync_positions WHERE user_id = ? AND created_ts < ?",
-            user_id,
-            before_ms,
-        )
-
     async def get_room_activity(
         self, room_ids: Sequence[str], upto: RoomStreamToken
     ) -> dict[str, tuple[int, int]]:
@@ -119,26 +118,23 @@ class SlidingSyncWorkerStore(SQLBaseStore):
         where, args = RoomStreamToken(0).bounds_sql(upto, "stream_ordering", "instance_name")
         types = ", ".join("?" for _ in BUMP_EVENT_TYPES)
         result: dict[str, tuple[int, int]] = {}
-        for chunk in _chunks(room_ids):
-            marks = ", ".join("?" for _ in chunk)
-            latest = await self.db_pool.select(
-                "get_room_activity",
-                f"SELECT room_id, MAX(stream_ordering) FROM events WHERE room_id IN ({marks})"
-                f" AND {SERVED} AND {where} GROUP BY room_id",
-                *chunk,
-                *args,
-            )
-            bumps = await self.db_pool.select(
-                "get_room_bump_stamps",
-                f"SELECT room_id, MAX(stream_ordering) FROM events WHERE room_id IN ({marks})"
-                f" AND type IN ({types}) AND {SERVED} AND {where} GROUP BY room_id",
-                *chunk,
-                *BUMP_EVENT_TYPES,
-                *args,
-            )
-            bump_of = {r[0]: int(r[1]) for r in bumps}
-            for room_id, position in latest:
-                result[room_id] = (int(position), bump_of.get(room_id, 0))
+
+        def read(txn: LoggingTransaction) -> None:
+            # Both maxima of a room in one scan of its rows, the chunks in
+            # one interaction: one round trip for the user's rooms.
+            for chunk in _chunks(room_ids):
+                marks = ", ".join("?" for _ in chunk)
+                txn.execute(
+                    "SELECT room_id, MAX(stream_ordering),"
+                    f" MAX(CASE WHEN type IN ({types}) THEN stream_ordering END)"
+                    f" FROM events WHERE room_id IN ({marks}) AND {SERVED} AND {where}"
+                    " GROUP BY room_id",
+                    (*BUMP_EVENT_TYPES, *chunk, *args),
+                )
+                for room_id, latest, bump in txn.fetchall():
+                    result[room_id] = (int(latest), int(bump or 0))
+
+        await self.db_pool.runInteraction("get_room_activity", read, read_only=True)
         return result
 
     async def get_room_kinds(self, room_ids: Sequence[str]) -> dict[str, tuple[str | None, bool]]:

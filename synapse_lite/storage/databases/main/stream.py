@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Rooms per statement of :meth:`StreamWorkerStore.get_room_events_between_per_room`.
+ROOMS_PER_UNION = 50
+
 
 class StreamWorkerStore(EventsWorkerStore):
     """Stream tokens and room timelines."""
@@ -126,6 +129,49 @@ class StreamWorkerStore(EventsWorkerStore):
             "get_room_events_between", read, read_only=True
         )
         return await self._apply_redactions(events, by_target)
+
+    async def get_room_events_between_per_room(
+        self,
+        room_ids: list[str],
+        from_token: RoomStreamToken | None,
+        to_token: RoomStreamToken,
+        limit: int,
+    ) -> dict[str, list[Event]]:
+        """room -> ``get_room_events_between([room], from_token, to_token,
+        limit)`` (newest first) for each of ``room_ids``, in one round trip:
+        each room's events are its own index scan with its own ``LIMIT``
+        (a ``UNION ALL`` of one subquery a room), so a room's long history
+        costs no more than when read alone."""
+        result: dict[str, list[Event]] = {r: [] for r in room_ids}
+        if not room_ids:
+            return result
+        lower = from_token or RoomStreamToken(-(2**62))
+        where, args = lower.bounds_sql(to_token, "stream_ordering", "instance_name")
+        one = (
+            f"SELECT * FROM (SELECT {EVENT_COLUMNS} FROM events WHERE room_id = ?"
+            f" AND stream_ordering > 0 AND {SERVED} AND {where}"
+            " ORDER BY stream_ordering DESC LIMIT ?) AS r{}"
+        )
+
+        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, str]]:
+            events: list[Event] = []
+            for start in range(0, len(room_ids), ROOMS_PER_UNION):
+                chunk = room_ids[start : start + ROOMS_PER_UNION]
+                txn.execute(
+                    " UNION ALL ".join(one.format(i) for i in range(len(chunk))),
+                    [a for room_id in chunk for a in (room_id, *args, limit)],
+                )
+                events.extend(event_from_row(r) for r in txn.fetchall())
+            return events, self._redactions_of_txn(txn, [e.event_id for e in events])
+
+        events, by_target = await self.db_pool.runInteraction(
+            "get_room_events_between_per_room", read, read_only=True
+        )
+        for event in await self._apply_redactions(events, by_target):
+            result[event.room_id].append(event)
+        for room_events in result.values():
+            room_events.sort(key=lambda e: e.stream_ordering, reverse=True)
+        return result
 
     async def get_membership_changes_in_rooms(
         self, room_ids: list[str], from_token: RoomStreamToken, to_token: RoomStreamToken
