@@ -182,12 +182,12 @@ def event_pdu(
     persisted before the rooms became graphs, whose ids hash none).
     Versions 1 and 2 name ``event_id`` in the event and pair each previous
     and auth event with its hashes, which we do not keep (an empty object);
-    ``origin`` is not set (the sender's server is ours).
+    ``origin`` is not set (the sender's server is ours). A version 12
+    create event has no ``room_id``: the room id is made from its id.
     """
     prev_events: list[Any] = list(prev_event_ids)
     auth_events: list[Any] = list(auth_event_ids)
     pdu: dict[str, Any] = {
-        "room_id": room_id,
         "type": kind.type,
         "sender": sender,
         "content": content,
@@ -196,6 +196,8 @@ def event_pdu(
         "prev_events": prev_events,
         "auth_events": auth_events,
     }
+    if not (room_version.hashed_room_ids and kind.type == "m.room.create" and kind.state_key == ""):
+        pdu["room_id"] = room_id
     if room_version.event_ids is EventIdFormat.SERVER_SUFFIXED:
         pdu["event_id"] = event_id
         pdu["prev_events"] = [[e, {}] for e in prev_events]

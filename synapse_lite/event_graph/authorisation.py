@@ -180,15 +180,7 @@ def authorise(room_version: RoomVersion, event: Pdu, state: Mapping[StateKey, Pd
 def creators(room_version: RoomVersion, create: Pdu) -> frozenset[str]:
     """The room's creators: ``content.creator`` (versions 1-10), the
     sender (11), the sender and ``additional_creators`` (12)."""
-    if room_version.creator_in_create_content:
-        creator = create.content.get("creator")
-        return frozenset((creator,)) if isinstance(creator, str) else frozenset()
-    if not room_version.hashed_room_ids:
-        return frozenset((create.sender,))
-    additional = create.content.get("additional_creators")
-    if not isinstance(additional, list):
-        additional = []
-    return frozenset((create.sender, *(u for u in additional if isinstance(u, str))))
+    return room_version.creators(create.sender, create.content)
 
 
 def _check_create(room_version: RoomVersion, event: Pdu) -> None:

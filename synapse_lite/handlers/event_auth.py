@@ -148,6 +148,12 @@ def allowed_rooms(allow: Any) -> list[str]:
     ]
 
 
+#: A version 12 room creator's power level, "infinitely high" in the spec:
+#: above any level a power levels event can give (canonical JSON integers
+#: are at most 2**53 - 1), and an integer as levels are everywhere here.
+CREATOR_LEVEL = 2**53
+
+
 class RoomAuthState:
     """The parts of a room's current state that decide what is allowed."""
 
@@ -156,6 +162,9 @@ class RoomAuthState:
         self.exists = False
         self.room_version: RoomVersion | None = None
         self.creator: str | None = None
+        #: The room's creators (``RoomVersion.creators``): in version 12
+        #: their power is :data:`CREATOR_LEVEL`, never in ``users``.
+        self.creators: frozenset[str] = frozenset()
         self.join_rule = "invite"
         #: The ``allow`` conditions of a restricted join rule.
         self.join_rule_allow: Any = None
@@ -194,6 +203,9 @@ class RoomAuthState:
         return default if level is None else level
 
     def user_level(self, user_id: str) -> int:
+        version = self.room_version
+        if version is not None and version.hashed_room_ids and user_id in self.creators:
+            return CREATOR_LEVEL
         if self.power_levels is None:
             return 100 if user_id == self.creator else 0
         users = self.power_levels.get("users")
@@ -268,7 +280,14 @@ class RoomAuthState:
         _check_content_format(spec, version)
         if version.creator_in_create_content and not isinstance(spec.content.get("creator"), str):
             raise SynapseError(400, "m.room.create needs a 'creator'", Codes.BAD_JSON)
-        if server_of(spec.sender) != server_of(self.room_id):
+        if version.hashed_room_ids:
+            additional = spec.content.get("additional_creators", [])
+            if not isinstance(additional, list) or not all(is_valid_user_id(u) for u in additional):
+                raise SynapseError(
+                    400, "'additional_creators' must be a list of user ids", Codes.BAD_JSON
+                )
+        elif server_of(spec.sender) != server_of(self.room_id):
+            # Version 12 room ids name no server: the id is the create event's.
             raise AuthError(403, "Rooms are created by users of their server")
 
     def _check_state_content(self, spec: EventSpec) -> None:
@@ -304,8 +323,11 @@ class RoomAuthState:
             )
         authoriser = spec.content.get("join_authorised_via_users_server")
         if authoriser is not None and version.restricted_joins:
-            # Only this server can vouch for a join (there is no other).
-            if not isinstance(authoriser, str) or server_of(authoriser) != server_of(self.room_id):
+            # Only this server can vouch for a join (there is no other): the
+            # room id's server, or in version 12 (no server in the id) the
+            # creator's.
+            ours = server_of(self.room_id) or server_of(self.creator or "")
+            if not isinstance(authoriser, str) or server_of(authoriser) != ours:
                 raise AuthError(403, "join_authorised_via_users_server must be a user of ours")
         sender = spec.sender
         if membership == "join":
@@ -396,6 +418,9 @@ class RoomAuthState:
         other users' levels, lower than it)."""
         version = self.version
         check_power_levels_content(spec.content, version)
+        users = spec.content.get("users")
+        if version.hashed_room_ids and isinstance(users, dict) and self.creators & set(users):
+            raise AuthError(403, "The room's creators have unlimited power: not in 'users'")
         if self.power_levels is None:
             return
         mine = self.user_level(spec.sender)
@@ -446,6 +471,8 @@ class RoomAuthState:
                 self.creator = creator if isinstance(creator, str) else sender
             else:
                 self.creator = sender
+            if self.room_version is not None:
+                self.creators = self.room_version.creators(sender, content)
             self.just_created = True
         elif event_type == "m.room.member":
             membership = content.get("membership")

@@ -40,7 +40,7 @@ from synapse_lite.event_graph.graph import (
     depth_of_new_event,
     prev_events_for_new_event,
 )
-from synapse_lite.event_graph.pdu import Pdu, StateKey, create_event_id_of_room
+from synapse_lite.event_graph.pdu import Pdu, StateKey, create_event_id_of_room, room_id_of_create
 from synapse_lite.events import Event, EventContent, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import (
@@ -162,6 +162,17 @@ def place_in_graph(
             added[(spec.type, spec.state_key)] = content.event_id
         parents, depth = [content.event_id], depth_of_new_event([depth])
     return contents
+
+
+def hashed_room_id(room_version: RoomVersion, server_name: str, create: EventSpec) -> str:
+    """The id of a new version 12 room (``room_version.hashed_room_ids``)
+    whose create event is ``create``: that event's id as the room's writer
+    will make it in :func:`place_in_graph` (the room's first event: no
+    parents, no auth events, the first depth; no ``room_id`` in it), with
+    ``!`` for ``$``. Known before the writer is chosen, since the room id
+    chooses it."""
+    first = create.to_persist("", room_version, server_name, [], depth_of_new_event([]))
+    return room_id_of_create(first.event_id)
 
 
 def authorise_placed(

@@ -32,6 +32,7 @@ from synapse_lite.api.room_versions import (
 from synapse_lite.events import EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import check_power_levels_content
+from synapse_lite.handlers.message import hashed_room_id
 from synapse_lite.handlers.profile import member_content, profile_of
 from synapse_lite.http.fields import get_bool, get_dict, get_list, get_optional_str
 
@@ -52,22 +53,48 @@ MAX_INVITES = 100
 MAX_INITIAL_STATE = 50
 
 
-def create_content(version: RoomVersion, creator: str, requested: dict[str, Any]) -> dict[str, Any]:
+def create_content(
+    version: RoomVersion,
+    creator: str,
+    requested: dict[str, Any],
+    more_creators: Sequence[str] = (),
+) -> dict[str, Any]:
     """The content of a new room's ``m.room.create``: what the client asked
     for, with the version the server chose (whatever the client put there),
     and the creator where the version names one (1-10; from 11 the sender is
-    the creator)."""
+    the creator). Version 12: ``additional_creators`` is the requested
+    one's users then ``more_creators`` (a trusted private chat's invitees),
+    without duplicates or the creator (400 for a requested value that is
+    not a list of user ids); left out when empty."""
     content = {k: v for k, v in requested.items() if k not in ("creator", "room_version")}
     content["room_version"] = version.identifier
     if version.creator_in_create_content:
         content["creator"] = creator
+    if version.hashed_room_ids:
+        requested_creators = content.pop("additional_creators", [])
+        if not isinstance(requested_creators, list):
+            raise SynapseError(400, "'additional_creators' must be a list", Codes.BAD_JSON)
+        additional = [
+            check_user_id(u, "additional_creators") for u in (*requested_creators, *more_creators)
+        ]
+        additional = [u for u in dict.fromkeys(additional) if u != creator]
+        if additional:
+            content["additional_creators"] = additional
     return content
 
 
-def default_power_levels(creator: str, preset: str, invitees: list[str]) -> dict[str, Any]:
-    users = {creator: 100}
-    if preset == "trusted_private_chat":
-        users.update({u: 100 for u in invitees})
+def default_power_levels(
+    creator: str, preset: str, invitees: list[str], version: RoomVersion
+) -> dict[str, Any]:
+    """The preset's power levels. Before version 12 the creator (and a
+    trusted private chat's invitees) get 100 in ``users``; from 12 they are
+    the room's creators, whose power is unlimited and never listed, and a
+    tombstone needs 150, above ``state_default`` as the spec requires."""
+    users: dict[str, int] = {}
+    if not version.hashed_room_ids:
+        users[creator] = 100
+        if preset == "trusted_private_chat":
+            users.update({u: 100 for u in invitees})
     return {
         "users": users,
         "users_default": 0,
@@ -77,7 +104,7 @@ def default_power_levels(creator: str, preset: str, invitees: list[str]) -> dict
             "m.room.history_visibility": 100,
             "m.room.canonical_alias": 50,
             "m.room.avatar": 50,
-            "m.room.tombstone": 100,
+            "m.room.tombstone": 150 if version.hashed_room_ids else 100,
             "m.room.server_acl": 100,
             "m.room.encryption": 100,
         },
@@ -153,15 +180,18 @@ class RoomCreationHandler:
         overrides = get_dict(body, "power_level_content_override", {})
         initial_state = self._parse_initial_state(get_list(body, "initial_state", []))
 
-        power_levels = {**default_power_levels(user_id, preset, invitees), **overrides}
+        power_levels = {**default_power_levels(user_id, preset, invitees, version), **overrides}
         check_power_levels_content(power_levels, version)
+        more_creators = invitees if preset == "trusted_private_chat" else []
         settings = PRESETS[preset]
         now = self._clock.time_msec()
 
         def state(event_type: str, content: dict[str, Any], state_key: str = "") -> EventSpec:
             return EventSpec(event_type, state_key, user_id, content, now)
 
-        specs = await self.founding_events(user_id, version, creation_content, power_levels, now)
+        specs = await self.founding_events(
+            user_id, version, creation_content, power_levels, now, more_creators
+        )
         fixed = {(s.type, s.state_key) for s in specs}
         # The preset's state, which initial_state overrides (the spec).
         preset_state = {
@@ -186,7 +216,7 @@ class RoomCreationHandler:
                 content["is_direct"] = True
             specs.append(state("m.room.member", content, invitee))
 
-        room_id = new_room_id(self._server_name)
+        room_id = self.new_room_id(version, specs[0])
         # The alias is claimed before the room exists, so that two rooms
         # cannot both get it; it is given back if the room is not created.
         if alias is not None and not await self._store.create_alias(alias, room_id, user_id):
@@ -208,15 +238,17 @@ class RoomCreationHandler:
         creation_content: dict[str, Any],
         power_levels: dict[str, Any],
         now: int,
+        more_creators: Sequence[str] = (),
     ) -> list[EventSpec]:
-        """The first events of every new room: its create event, the
-        creator's join (with their profile), its power levels."""
+        """The first events of every new room: its create event (see
+        :func:`create_content` for ``more_creators``), the creator's join
+        (with their profile), its power levels."""
         return [
             EventSpec(
                 "m.room.create",
                 "",
                 creator,
-                create_content(version, creator, creation_content),
+                create_content(version, creator, creation_content, more_creators),
                 now,
             ),
             EventSpec(
@@ -228,6 +260,14 @@ class RoomCreationHandler:
             ),
             EventSpec("m.room.power_levels", "", creator, power_levels, now),
         ]
+
+    def new_room_id(self, version: RoomVersion, create: EventSpec) -> str:
+        """The id of a new room of ``version`` whose create event is
+        ``create``: random with our server name before version 12, from
+        12 the create event's id (:func:`hashed_room_id`)."""
+        if version.hashed_room_ids:
+            return hashed_room_id(version, self._server_name, create)
+        return new_room_id(self._server_name)
 
     async def persist_new_room(self, room_id: str, specs: list[EventSpec]) -> None:
         """Have the writer a new room goes to persist its first events

@@ -12,7 +12,12 @@ leaves nothing half done that can be checked beforehand:
    by a last power levels event), the transferable state, the bans;
 3. the tombstone goes into the old room (its id is the ``predecessor``'s
    ``event_id``, the old room's last event);
-4. the new room is created on its writer in one request, with that state;
+4. the new room is created on its writer in one request, with that state.
+   To version 12, 4 comes before 3: the new room's id is its create
+   event's, so the create event cannot name the tombstone that names the
+   room (``predecessor`` has only ``room_id``, as the spec allows); the
+   upgrader and the request's ``additional_creators`` are the new room's
+   creators, so they are left out of its power levels' ``users``;
 5. local aliases move to the new room, the old room's canonical alias is
    emptied and its power levels restricted (``events_default`` and
    ``invite`` to at least 50 and above ``users_default``; skipped when the
@@ -90,6 +95,19 @@ def integer_levels(content: dict[str, Any], room_version: RoomVersion) -> dict[s
                 if (level := parse_level(raw, room_version)) is not None
             }
     return levels
+
+
+def with_predecessor(create: EventSpec, predecessor: dict[str, str]) -> EventSpec:
+    """The new room's create event naming the old room."""
+    content = {**create.content, "predecessor": predecessor}
+    return EventSpec(create.type, "", create.sender, content, create.origin_server_ts)
+
+
+def creators_of_request(creation_content: dict[str, Any]) -> list[str]:
+    """The users of an upgrade's ``additional_creators`` (what is not a
+    string is refused later, by :func:`create_content`)."""
+    value = creation_content.get("additional_creators")
+    return [u for u in value if isinstance(u, str)] if isinstance(value, list) else []
 
 
 def join_rules_for(content: dict[str, Any], version: RoomVersion) -> dict[str, Any]:
@@ -210,8 +228,16 @@ class RoomUpgradeHandler:
         self._room_creation = room_creation
         self._user_state = user_state
 
-    async def upgrade_room(self, requester: Requester, room_id: str, new_version: Any) -> str:
-        """Replace ``room_id`` by a new room of ``new_version``; returns its id."""
+    async def upgrade_room(
+        self,
+        requester: Requester,
+        room_id: str,
+        new_version: Any,
+        additional_creators: Any = None,
+    ) -> str:
+        """Replace ``room_id`` by a new room of ``new_version``; returns its
+        id. ``additional_creators`` (the request's, None when absent): more
+        creators of a version 12 room, ignored for other versions."""
         version = room_version_of_request(new_version, "new_version")
         user_id = requester.user_id
         if not await self._store.room_exists(room_id):
@@ -226,23 +252,22 @@ class RoomUpgradeHandler:
             raise AuthError(403, f"You need power level {needed} to upgrade this room")
 
         by_key = {(e.type, e.state_key): e for e in old_state.values()}
-        new_room = new_room_id(self._server_name)
-        specs = await self._new_room_events(user_id, room_id, new_room, version, by_key)
-        self._check_new_room(new_room, specs)
-
-        now = self._clock.time_msec()
-        tombstone = EventSpec(
-            "m.room.tombstone",
-            "",
-            user_id,
-            {"body": "This room has been replaced", "replacement_room": new_room},
-            now,
-        )
-        [(tombstone_id, _)] = await self._events.send_events(room_id, [tombstone])
-        create = specs[0]
-        content = {**create.content, "predecessor": {"room_id": room_id, "event_id": tombstone_id}}
-        specs[0] = EventSpec(create.type, "", user_id, content, create.origin_server_ts)
-        await self._room_creation.persist_new_room(new_room, specs)
+        extra = {} if additional_creators is None else {"additional_creators": additional_creators}
+        if version.hashed_room_ids:
+            specs = await self._new_room_events(user_id, room_id, version, by_key, extra)
+            specs[0] = with_predecessor(specs[0], {"room_id": room_id})
+            new_room = self._room_creation.new_room_id(version, specs[0])
+            self._check_new_room(new_room, specs)
+            await self._room_creation.persist_new_room(new_room, specs)
+            await self._send_tombstone(user_id, room_id, new_room)
+        else:
+            specs = await self._new_room_events(user_id, room_id, version, by_key, {})
+            new_room = new_room_id(self._server_name)
+            self._check_new_room(new_room, specs)
+            tombstone_id = await self._send_tombstone(user_id, room_id, new_room)
+            predecessor = {"room_id": room_id, "event_id": tombstone_id}
+            specs[0] = with_predecessor(specs[0], predecessor)
+            await self._room_creation.persist_new_room(new_room, specs)
         logger.info("%s upgraded %s to %s (version %s)", user_id, room_id, new_room, version)
 
         await self._store.move_aliases(room_id, new_room)
@@ -257,16 +282,29 @@ class RoomUpgradeHandler:
             logger.warning("Settings of %s not carried into %s: %s", user_id, new_room, e)
         return new_room
 
+    async def _send_tombstone(self, user_id: str, room_id: str, new_room: str) -> str:
+        """Send the old room's tombstone naming ``new_room``; its event id."""
+        tombstone = EventSpec(
+            "m.room.tombstone",
+            "",
+            user_id,
+            {"body": "This room has been replaced", "replacement_room": new_room},
+            self._clock.time_msec(),
+        )
+        [(tombstone_id, _)] = await self._events.send_events(room_id, [tombstone])
+        return tombstone_id
+
     async def _new_room_events(
         self,
         user_id: str,
         old_room: str,
-        new_room: str,
         version: RoomVersion,
         by_key: dict[tuple[str, str | None], Event],
+        creation_content: dict[str, Any],
     ) -> list[EventSpec]:
-        """The new room's first events, in order (the create event's
-        ``predecessor`` is added once the tombstone has its id)."""
+        """The new room's first events, in order, without the create
+        event's ``predecessor`` (the caller adds it). ``creation_content``:
+        more of the create event's content (``additional_creators``)."""
         now = self._clock.time_msec()
 
         def state(event_type: str, content: dict[str, Any], key: str = "") -> EventSpec:
@@ -278,15 +316,23 @@ class RoomUpgradeHandler:
             for k, v in (old_create.content if old_create else {}).items()
             if k in KEPT_CREATE_CONTENT
         }
+        kept.update(creation_content)
         old_version = await self._store.get_room_version(old_room)
         levels_event = by_key.get(("m.room.power_levels", ""))
         levels = integer_levels(levels_event.content if levels_event else {}, old_version)
-        # The upgrader sets up the room: lifted to the highest level any of
-        # the copied state (or the bans) needs, then put back.
-        single = [v for k, v in levels.items() if k in LEVEL_DEFAULTS]
-        needed = max([100, *single, *levels.get("events", {}).values()])
         users = dict(levels.get("users", {}))
-        lifted = {**levels, "users": {**users, user_id: max(users.get(user_id, 0), needed)}}
+        if version.hashed_room_ids:
+            # The new room's creators have unlimited power, never listed.
+            creators = {user_id, *creators_of_request(creation_content)}
+            users = {u: level for u, level in users.items() if u not in creators}
+            levels = {**levels, "users": users}
+            lifted = levels
+        else:
+            # The upgrader sets up the room: lifted to the highest level any
+            # of the copied state (or the bans) needs, then put back.
+            single = [v for k, v in levels.items() if k in LEVEL_DEFAULTS]
+            needed = max([100, *single, *levels.get("events", {}).values()])
+            lifted = {**levels, "users": {**users, user_id: max(users.get(user_id, 0), needed)}}
         specs = await self._room_creation.founding_events(user_id, version, kept, lifted, now)
         for event_type in TRANSFERRED_STATE:
             event = by_key.get((event_type, ""))

@@ -16,9 +16,16 @@ from synapse_lite.api.room_versions import (
 class RoomVersionTable(unittest.TestCase):
     def test_spec_versions(self) -> None:
         self.assertEqual(list(SPEC_ROOM_VERSIONS), [str(n) for n in range(1, 13)])
-        # Version 12 is checked and resolved, not yet created or served.
-        self.assertEqual(list(KNOWN_ROOM_VERSIONS), [str(n) for n in range(1, 12)])
+        # All are created and served; the default stays 10 (docs/event-graph.md).
+        self.assertEqual(list(KNOWN_ROOM_VERSIONS), [str(n) for n in range(1, 13)])
         self.assertEqual(DEFAULT_ROOM_VERSION.identifier, "10")
+
+    def test_creators(self) -> None:
+        content = {"creator": "@c:hs", "additional_creators": ["@b:hs", 1]}
+        by_version = {
+            v: SPEC_ROOM_VERSIONS[v].creators("@a:hs", content) for v in ("10", "11", "12")
+        }
+        self.assertEqual(by_version, {"10": {"@c:hs"}, "11": {"@a:hs"}, "12": {"@a:hs", "@b:hs"}})
 
     def test_features(self) -> None:
         def having(feature: str) -> list[int]:

@@ -9,7 +9,7 @@ from twisted.trial import unittest
 from synapse_lite.api.errors import SynapseError
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
 from synapse_lite.events import EventSpec
-from synapse_lite.handlers.event_auth import RoomAuthState
+from synapse_lite.handlers.event_auth import CREATOR_LEVEL, RoomAuthState
 from synapse_lite.handlers.room import create_content, default_power_levels
 
 ALICE, BOB, EVE = "@alice:hs", "@bob:hs", "@eve:hs"
@@ -31,7 +31,11 @@ class EventAuthTestCase(unittest.TestCase):
         for s in [
             spec(ALICE, "m.room.create", create_content(KNOWN_ROOM_VERSIONS[version], ALICE, {})),
             member(ALICE, ALICE, "join"),
-            spec(ALICE, "m.room.power_levels", default_power_levels(ALICE, preset, [])),
+            spec(
+                ALICE,
+                "m.room.power_levels",
+                default_power_levels(ALICE, preset, [], KNOWN_ROOM_VERSIONS[version]),
+            ),
             spec(ALICE, "m.room.join_rules", {"join_rule": join_rule}),
         ]:
             state.check(s)
@@ -92,7 +96,7 @@ class EventAuthTestCase(unittest.TestCase):
         self.assertTrue(self.allowed(state, spec(BOB, "m.room.message", {}, None)))
         self.assertFalse(self.allowed(state, spec(BOB, "m.room.topic", {"topic": "t"})))
         self.assertTrue(self.allowed(state, spec(ALICE, "m.room.topic", {"topic": "t"})))
-        levels = default_power_levels(ALICE, "public_chat", [])
+        levels = default_power_levels(ALICE, "public_chat", [], KNOWN_ROOM_VERSIONS["10"])
         levels["users"] = {ALICE: 100, BOB: 50}
         self.assertTrue(self.allowed(state, spec(ALICE, "m.room.power_levels", levels)))
         self.assertTrue(self.allowed(state, spec(BOB, "m.room.topic", {"topic": "mine"})))
@@ -132,8 +136,30 @@ class EventAuthTestCase(unittest.TestCase):
                 empty.check(spec(ALICE, "m.room.create", {"room_version": version}))
             self.assertEqual((e.exception.code, e.exception.errcode), (400, "M_BAD_JSON"))
         with self.assertRaises(SynapseError) as e:
-            empty.check(spec(ALICE, "m.room.create", {"room_version": "12"}))
+            empty.check(spec(ALICE, "m.room.create", {"room_version": "13"}))
         self.assertEqual(e.exception.errcode, "M_UNSUPPORTED_ROOM_VERSION")
+        # Version 12: additional_creators must be user ids; they and the
+        # sender are the creators, above any level, never in ``users``.
+        v12 = RoomAuthState("!" + "A" * 43)
+        for bad in ("@a:hs", ["nope"], [1]):
+            with self.assertRaises(SynapseError) as e:
+                v12.check(
+                    spec(ALICE, "m.room.create", {"room_version": "12", "additional_creators": bad})
+                )
+            self.assertEqual((e.exception.code, e.exception.errcode), (400, "M_BAD_JSON"))
+        create12 = spec(
+            ALICE, "m.room.create", {"room_version": "12", "additional_creators": [BOB]}
+        )
+        v12.check(create12)
+        v12.apply_spec(create12)
+        self.assertEqual(v12.creators, {ALICE, BOB})
+        self.assertEqual(v12.user_level(BOB), CREATOR_LEVEL)
+        self.assertEqual(v12.user_level(EVE), 0)
+        v12.apply_spec(member(ALICE, ALICE, "join"))
+        with self.assertRaises(SynapseError) as e:
+            v12.check(spec(ALICE, "m.room.power_levels", {"users": {BOB: 100}}))
+        self.assertEqual(e.exception.code, 403)
+        v12.check(spec(ALICE, "m.room.power_levels", {"users": {EVE: 100}}))
         v11 = RoomAuthState("!r:hs")
         create = spec(ALICE, "m.room.create", {"room_version": "11"})
         v11.check(create)  # no creator in version 11: the sender is
@@ -230,7 +256,7 @@ class EventAuthTestCase(unittest.TestCase):
     def test_power_level_changes_old_and_new_values(self) -> None:
         state = self.room("public", "public_chat")
         self.allowed(state, member(BOB, BOB, "join"))
-        levels = default_power_levels(ALICE, "public_chat", [])
+        levels = default_power_levels(ALICE, "public_chat", [], KNOWN_ROOM_VERSIONS["10"])
         levels["users"] = {ALICE: 100, BOB: 50}
         levels["events"] = {"m.room.power_levels": 50, "m.room.tombstone": 100}
         levels["notifications"] = {"room": 60}
@@ -290,7 +316,7 @@ class EventAuthTestCase(unittest.TestCase):
         state = self.room("public", "public_chat")
         for user in (BOB, EVE):
             self.allowed(state, member(user, user, "join"))
-        levels = default_power_levels(ALICE, "public_chat", [])
+        levels = default_power_levels(ALICE, "public_chat", [], KNOWN_ROOM_VERSIONS["10"])
         levels.update(users={ALICE: 100, BOB: 60}, kick=70, ban=50)
         self.allowed(state, spec(ALICE, "m.room.power_levels", levels))
         self.assertTrue(self.allowed(state, member(BOB, EVE, "ban")))

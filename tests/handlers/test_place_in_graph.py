@@ -8,7 +8,12 @@ from twisted.trial import unittest
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
 from synapse_lite.event_graph.authorisation import EventAuthError
 from synapse_lite.events import EventSpec
-from synapse_lite.handlers.message import authorise_placed, content_as_pdu, place_in_graph
+from synapse_lite.handlers.message import (
+    authorise_placed,
+    content_as_pdu,
+    hashed_room_id,
+    place_in_graph,
+)
 
 STATE = {
     ("m.room.create", ""): "$create",
@@ -82,3 +87,21 @@ class PlaceInGraphTestCase(unittest.TestCase):
         with self.assertRaises(EventAuthError) as cm:
             authorise_placed(version, [allowed], {})
         self.assertIn("auth events not found", str(cm.exception))
+
+
+class HashedRoomIdTestCase(unittest.TestCase):
+    def test_the_room_id_is_the_create_event_id_the_writer_makes(self) -> None:
+        version = KNOWN_ROOM_VERSIONS["12"]
+        create = state_event("m.room.create", "", {"room_version": "12"})
+        join = state_event("m.room.member", "@alice:hs", {"membership": "join"})
+        room_id = hashed_room_id(version, "hs", create)
+        self.assertRegex(room_id, r"^![A-Za-z0-9_-]{43}$")
+        placed = place_in_graph(room_id, version, "hs", [create, join], {}, {})
+        self.assertEqual(placed[0].event_id, "$" + room_id[1:])
+        # The create event is not among the join's auth events; the rules accept both.
+        self.assertEqual(placed[1].auth_event_ids, ())
+        authorise_placed(version, placed, {})
+        # Another room id for this batch is refused by the rules.
+        wrong = place_in_graph("!" + "A" * 43, version, "hs", [create, join], {}, {})
+        with self.assertRaises(EventAuthError):
+            authorise_placed(version, wrong, {})

@@ -107,7 +107,9 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         body = parse_json_object_from_request(request)
         if "new_version" not in body:
             raise SynapseError(400, "Missing 'new_version'", Codes.MISSING_PARAM)
-        new_room = await handlers.room_upgrade.upgrade_room(requester, room_id, body["new_version"])
+        new_room = await handlers.room_upgrade.upgrade_room(
+            requester, room_id, body["new_version"], body.get("additional_creators")
+        )
         return 200, {"replacement_room": new_room}
 
     def membership_servlet(action: str) -> Any:
