@@ -69,6 +69,8 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, di
         client = Client(session)
         main = cluster.url("main")
         people, rooms = await setup_users_and_rooms(client, main, args.users, args.rooms)
+        if args.even_writers:
+            rooms = await even_rooms(client, cluster, main, people, rooms)
         if layout != "default":
             send_bases = [cluster.url(n) for n in SEND_TO[layout]]
             sync_base = cluster.url(SYNC_ON[layout])
@@ -87,7 +89,7 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, di
             "direct": Paths([writers[rooms[0]]], reader, main, writers),
         }
         results = {}
-        for routing in ROUTINGS:
+        for routing in args.routings.split(","):
             results[f"default/{routing}"] = await measure_paths(
                 client, cluster, paths_of[routing], people, rooms, args
             )
@@ -95,6 +97,8 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, di
         # through the router, and so on, so that the machine's load, which
         # moves by the second, weighs on both alike; the figure is the median
         # of the pairs' differences.
+        if not {"router", "direct"} <= set(args.routings.split(",")):
+            return results
         rounds: dict[str, list[float]] = {"router": [], "direct": []}
         for _ in range(args.rounds * 2):
             for routing in ("direct", "router"):
@@ -111,6 +115,38 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, di
         hops = await request_pairs(client, main, router, args.rounds * 4)
         results["default/router"]["hop_ms"] = percentile(hops, 0.5)
         return results
+
+
+async def even_rooms(
+    client: Client, cluster: Cluster, main: str, people: list[Any], rooms: list[str]
+) -> list[str]:
+    """``len(rooms)`` rooms split evenly over the layout's events writers (a
+    room's writer is a hash of its random id, so a few rooms often land on one
+    writer, and differently for each run): rooms are created and joined until
+    every writer has its share, and everyone leaves the ones not kept.
+    ``len(rooms)`` must be a multiple of the number of writers."""
+    writers = cluster.events_writers()
+    if len(writers) == 1:
+        return rooms
+    if len(rooms) % len(writers):
+        raise ValueError(f"--rooms {len(rooms)} is not a multiple of {len(writers)} writers")
+    share = len(rooms) // len(writers)
+    kept: dict[str, list[str]] = {w: [] for w in writers}
+    extra: list[str] = []
+    pending = list(rooms)
+    while any(len(k) < share for k in kept.values()):
+        if not pending:
+            pending = (await setup_users_and_rooms(client, main, 0, 1, people))[1]
+        room = pending.pop()
+        writer = cluster.room_writers()[room]
+        if len(kept[writer]) < share:
+            kept[writer].append(room)
+        else:
+            extra.append(room)
+    for room in extra + pending:
+        for person in people:
+            await client.call("POST", main, f"/rooms/{room}/leave", person, {})
+    return [room for i in range(share) for room in (k[i] for k in kept.values())]
 
 
 async def request_pairs(client: Client, direct: str, router: str, pairs: int) -> list[float]:
@@ -326,6 +362,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="send each room's messages to its events writer (split layout)",
     )
+    parser.add_argument(
+        "--routings",
+        default=",".join(ROUTINGS),
+        help="comma-separated ways of reaching the default layout, of " + ", ".join(ROUTINGS),
+    )
+    parser.add_argument(
+        "--even-writers",
+        action="store_true",
+        help="split the rooms evenly over the layout's events writers (more rooms created,"
+        " the extra ones left), so that runs of different code compare alike",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the layouts' directories")
     parser.add_argument(
         "--baseline",
@@ -344,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         " order); columns get '#1', '#2', ...",
     )
     args = parser.parse_args(argv)
+    if not set(args.routings.split(",")) <= set(ROUTINGS):
+        parser.error(f"--routings: each of {', '.join(ROUTINGS)}")
     results: dict[str, dict[str, Any]] = {}
     sources: list[tuple[str | None, str]] = [(None, "")]
     for i, baseline in enumerate(args.baseline):

@@ -294,6 +294,13 @@ class Cluster:
         finally:
             conn.close()
 
+    def events_writers(self) -> list[str]:
+        """The events writers the layout's config names (``main`` when none)."""
+        with open(self.config_path) as f:
+            config = yaml.safe_load(f)
+        writers = (config.get("stream_writers") or {}).get("events") or ["main"]
+        return [writers] if isinstance(writers, str) else list(writers)
+
     def rss_mb(self) -> dict[str, float]:
         """Resident memory of each process, from /proc."""
         result = {}

@@ -106,9 +106,12 @@ def typing_users(sync: dict[str, Any], room_id: str) -> list[str] | None:
 
 
 async def setup_users_and_rooms(
-    client: Client, base: str, users: int, rooms: int
+    client: Client, base: str, users: int, rooms: int, people: list[User] | None = None
 ) -> tuple[list[User], list[str]]:
-    people = [await client.register(base, f"user{i}") for i in range(users)]
+    """``users`` new users (or ``people``, already registered) in ``rooms``
+    new public rooms the first one created."""
+    if people is None:
+        people = [await client.register(base, f"user{i}") for i in range(users)]
     room_ids = []
     for i in range(rooms):
         result = await client.call(
