@@ -377,6 +377,18 @@ class AdminUsersHandler:
         await self._devices.rename_device(user_id, device_id, display_name)
         logger.info("admin %s renamed the device %s of %s", admin.user_id, device_id, user_id)
 
+    async def create_device(self, admin: Requester, user_id: str, device_id: str) -> None:
+        """``POST /v2/users/{userId}/devices``: give the user ``device_id``
+        unless it has it (then nothing changes: its tokens keep working).
+        Made through the user's device_lists writer like a login's device,
+        with a token nobody is told, so the device has no usable token until
+        its user logs in with that device id."""
+        await self._existing(user_id)
+        if await self._devices.has_device(user_id, device_id):
+            return
+        await self._devices.create_device_and_token(user_id, device_id, None)
+        logger.info("admin %s created the device %s of %s", admin.user_id, device_id, user_id)
+
     async def delete_devices(self, admin: Requester, user_id: str, device_ids: list[str]) -> None:
         """Log the devices out (those the user does not have are ignored)."""
         await self._existing(user_id)

@@ -259,6 +259,18 @@ class AdminUsersTestCase(ThreeUsersTestCase):
         await eventually(lambda: self.logged_out(self.bob), what="bob logged out")
         self.assertEqual((await self.admin_ok("GET", f"/v2/users/{bob}/devices"))["total"], 0)
         eve = q(self.eve.user_id)
+        # A device made by an admin: listed, with no token anyone was told;
+        # made again, nothing changes (eve's own device keeps working).
+        for _ in range(2):
+            code, answer = await self.alice.request(
+                "POST", ADMIN + f"/v2/users/{eve}/devices", {"device_id": "MADE"}
+            )
+            self.assertEqual((code, answer), (201, {}))
+        listed = await self.admin_ok("GET", f"/v2/users/{eve}/devices")
+        self.assertEqual(
+            sorted(d["device_id"] for d in listed["devices"]), sorted(["MADE", self.eve.device_id])
+        )
+        await self.eve.ok("GET", "/account/whoami")
         await self.admin_ok(
             "POST", f"/v2/users/{eve}/delete_devices", {"devices": ["X", self.eve.device_id]}
         )
@@ -268,6 +280,9 @@ class AdminUsersTestCase(ThreeUsersTestCase):
             ("PUT", f"/v2/users/{bob}/devices/NOPE", {}, 404, "M_NOT_FOUND"),
             ("POST", f"/v2/users/{eve}/delete_devices", {"devices": "X"}, 400, "M_BAD_JSON"),
             ("GET", "/v2/users/@nobody:test.local/devices", None, 404, "M_NOT_FOUND"),
+            ("POST", "/v2/users/@nobody:test.local/devices", {"device_id": "D"}, 404, "M_NOT_FOUND"),
+            ("POST", f"/v2/users/{eve}/devices", {}, 400, "M_MISSING_PARAM"),
+            ("POST", f"/v2/users/{eve}/devices", {"device_id": "x" * 300}, 400, "M_INVALID_PARAM"),
         ]:
             got, answer = await self.alice.request(method, ADMIN + path, content)
             self.assertEqual((got, answer["errcode"]), (code, errcode), path)

@@ -207,6 +207,16 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         await users.rename_device(requester, user_id, device_id, name)
         return 200, {}
 
+    async def create_device(request: Request, user_id: str) -> tuple[int, Any]:
+        requester = await admin.get_admin_by_req(request)
+        body = parse_json_object_from_request(request)
+        device_id = body.get("device_id")
+        if not isinstance(device_id, str):
+            raise SynapseError(400, "'device_id' must be a string", Codes.MISSING_PARAM)
+        check_identifier_text(device_id, "device_id")
+        await users.create_device(requester, user_id, device_id)
+        return 201, {}
+
     async def delete_device(request: Request, user_id: str, device_id: str) -> tuple[int, Any]:
         requester = await admin.get_admin_by_req(request)
         check_identifier_text(device_id, "deviceId")
@@ -322,6 +332,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     register("GET", user_path("v1", "/joined_rooms"), joined_rooms, "admin_user_joined_rooms")
     register("GET", user_path("v1", "/memberships"), memberships, "admin_user_memberships")
     register("GET", user_path("v2", "/devices"), list_devices, "admin_user_devices")
+    register("POST", user_path("v2", "/devices"), create_device, "admin_user_devices")
     register("GET", user_path("v2", device), get_device, "admin_user_device")
     register("PUT", user_path("v2", device), put_device, "admin_user_device")
     register("DELETE", user_path("v2", device), delete_device, "admin_user_device")
