@@ -20,6 +20,7 @@ from tests.harness.client_api import (
 from tests.harness.polling import eventually
 
 ADMIN = "/_synapse/admin"
+NOT_FOUND = "M_NOT_FOUND"
 
 
 class AdminUsersTestCase(ThreeUsersTestCase):
@@ -280,7 +281,7 @@ class AdminUsersTestCase(ThreeUsersTestCase):
             ("PUT", f"/v2/users/{bob}/devices/NOPE", {}, 404, "M_NOT_FOUND"),
             ("POST", f"/v2/users/{eve}/delete_devices", {"devices": "X"}, 400, "M_BAD_JSON"),
             ("GET", "/v2/users/@nobody:test.local/devices", None, 404, "M_NOT_FOUND"),
-            ("POST", "/v2/users/@nobody:test.local/devices", {"device_id": "D"}, 404, "M_NOT_FOUND"),
+            ("POST", "/v2/users/@nobody:test.local/devices", {"device_id": "D"}, 404, NOT_FOUND),
             ("POST", f"/v2/users/{eve}/devices", {}, 400, "M_MISSING_PARAM"),
             ("POST", f"/v2/users/{eve}/devices", {"device_id": "x" * 300}, 400, "M_INVALID_PARAM"),
         ]:
