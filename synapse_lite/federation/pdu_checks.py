@@ -118,18 +118,30 @@ async def check_pdu_signatures(
     ts = pdu.get("origin_server_ts")
     valid_at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
     for server in sorted(servers_that_must_sign(room_version, pdu)):
-        signatures = pdu.get("signatures")
-        by_server = signatures.get(server) if isinstance(signatures, dict) else None
-        problems = []
-        for key_id in sorted(by_server) if isinstance(by_server, dict) else []:
-            if not key_id.startswith("ed25519:"):
-                continue
-            try:
-                key = await keyring.get_verify_key(server, key_id, valid_at_ms=valid_at)
-                verify_event_signature(room_version, pdu, server, key_id, key)
-                break
-            except (KeyLookupError, ValueError) as e:
-                problems.append(f"{key_id}: {e}")
-        else:
-            detail = "; ".join(problems) or "no signature"
-            raise PduRefused(f"not signed by {server} ({detail})")
+        await check_signed_by(keyring, room_version, pdu, server, valid_at)
+
+
+async def check_signed_by(
+    keyring: Keyring,
+    room_version: RoomVersion,
+    pdu: dict[str, Any],
+    server: str,
+    valid_at_ms: int | None,
+) -> None:
+    """:class:`PduRefused` unless one of ``server``'s ed25519 keys, valid
+    at ``valid_at_ms`` (None: now), signed ``pdu``; the refusal names each
+    key tried and why it failed."""
+    signatures = pdu.get("signatures")
+    by_server = signatures.get(server) if isinstance(signatures, dict) else None
+    problems = []
+    for key_id in sorted(by_server) if isinstance(by_server, dict) else []:
+        if not key_id.startswith("ed25519:"):
+            continue
+        try:
+            key = await keyring.get_verify_key(server, key_id, valid_at_ms=valid_at_ms)
+            verify_event_signature(room_version, pdu, server, key_id, key)
+            return
+        except (KeyLookupError, ValueError) as e:
+            problems.append(f"{key_id}: {e}")
+    detail = "; ".join(problems) or "no signature"
+    raise PduRefused(f"not signed by {server} ({detail})")

@@ -43,14 +43,12 @@ from synapse_lite.event_graph.hashing import (
     add_event_signature,
     content_hash_matches,
     event_id_of,
-    servers_that_must_sign,
     sign_event,
-    verify_event_signature,
 )
 from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey, room_id_of_create
 from synapse_lite.federation.client import FederationRequestError
-from synapse_lite.federation.crypto import CanonicalJsonError, SignatureError
-from synapse_lite.federation.keyring import KeyLookupError
+from synapse_lite.federation.crypto import CanonicalJsonError
+from synapse_lite.federation.pdu_checks import PduRefused, check_pdu_signatures
 from synapse_lite.handlers.federation_rooms import membership_template
 from synapse_lite.handlers.received_events import pdu_as_content
 from synapse_lite.handlers.sync_sections.rooms import INVITE_STATE_TYPES
@@ -418,27 +416,10 @@ class FederationJoinHandler:
         return check_join_answer(version, room_id, join, state_pdus, chain_pdus)
 
     async def _check_signatures(self, version: RoomVersion, received: ReceivedPdu) -> None:
-        pdu = received.pdu
-        for server in sorted(servers_that_must_sign(version, pdu)):
-            signatures = pdu.get("signatures")
-            by_server = signatures.get(server) if isinstance(signatures, dict) else None
-            problems = []
-            for key_id in sorted(by_server) if isinstance(by_server, dict) else []:
-                if not key_id.startswith("ed25519:"):
-                    continue
-                try:
-                    key = await self._keyring().get_verify_key(
-                        server, key_id, valid_at_ms=received.event.origin_server_ts
-                    )
-                    verify_event_signature(version, pdu, server, key_id, key)
-                    break
-                except (KeyLookupError, SignatureError, ValueError) as e:
-                    problems.append(f"{key_id}: {e}")
-            else:
-                detail = "; ".join(problems) or "no signature"
-                raise JoinAnswerError(
-                    f"event {received.event.event_id} is not signed by {server} ({detail})"
-                )
+        try:
+            await check_pdu_signatures(self._keyring(), version, received.pdu)
+        except PduRefused as e:
+            raise JoinAnswerError(f"event {received.event.event_id} is {e}") from None
 
     async def _persist(
         self, origin: str, version: RoomVersion, room_id: str, checked: CheckedJoin

@@ -43,12 +43,17 @@ from synapse_lite.event_graph.hashing import (
     content_hash_matches,
     event_id_of,
     servers_that_must_sign,
-    verify_event_signature,
 )
 from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
 from synapse_lite.events import event_canonical_json, pruned_event
 from synapse_lite.federation.crypto import CanonicalJsonError, SigningKey
-from synapse_lite.federation.keyring import KeyLookupError
+from synapse_lite.federation.pdu_checks import (
+    MAX_AUTH_EVENTS,
+    MAX_PDU_BYTES,
+    MAX_PREV_EVENTS,
+    PduRefused,
+    check_signed_by,
+)
 from synapse_lite.federation.sender.room_events import PduRenderer
 from synapse_lite.federation.server_acl import server_allowed
 from synapse_lite.handlers.received_events import pdu_as_content, stored_as_pdu
@@ -74,12 +79,6 @@ MAX_MISSING_EVENTS = 20
 MAX_START_EVENTS = 50
 #: The users of one server whose views decide what it sees (the first by id).
 MAX_VIEWING_USERS = 100
-#: The most ``prev_events`` and ``auth_events`` a received event may name
-#: (the spec's limits for PDUs).
-MAX_PREV_EVENTS = 20
-MAX_AUTH_EVENTS = 10
-#: The spec's largest PDU: 65,536 bytes of canonical JSON.
-MAX_PDU_BYTES = 65_536
 INCOMPATIBLE_ROOM_VERSION = "M_INCOMPATIBLE_ROOM_VERSION"
 
 
@@ -569,20 +568,10 @@ class FederationRoomsHandler:
         self, version: RoomVersion, pdu: dict[str, Any], server: str
     ) -> None:
         """403 unless one of ``server``'s current keys signed ``pdu``."""
-        signatures = pdu.get("signatures")
-        by_server = signatures.get(server) if isinstance(signatures, dict) else None
-        problems = []
-        for key_id in sorted(by_server) if isinstance(by_server, dict) else []:
-            if not key_id.startswith("ed25519:"):
-                continue
-            try:
-                key = await self._keyring.get_verify_key(server, key_id)
-                verify_event_signature(version, pdu, server, key_id, key)
-                return
-            except (KeyLookupError, ValueError) as e:
-                problems.append(f"{key_id}: {e}")
-        detail = "; ".join(problems) or "no signature"
-        raise AuthError(403, f"The event is not signed by {server} ({detail})")
+        try:
+            await check_signed_by(self._keyring, version, pdu, server, None)
+        except PduRefused as e:
+            raise AuthError(403, f"The event is {e}") from None
 
 
 class ReceivedEventsWriter:
