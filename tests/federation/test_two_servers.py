@@ -10,9 +10,7 @@ from typing import Any, cast
 
 import treq
 from twisted.internet import reactor, task
-from twisted.trial import unittest
 
-from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.auth import XMatrixAuth, request_json, sign_request
 from synapse_lite.federation.crypto import (
     SigningKey,
@@ -20,65 +18,27 @@ from synapse_lite.federation.crypto import (
     load_or_create_signing_key,
     verify_signed_json,
 )
-from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database
-from tests.harness.federation import to_device_transaction
+from tests.harness.federation import LoopbackServers, to_device_transaction
 from tests.harness.polling import eventually
 from tests.harness.processes import NO_KEEPALIVE
-from tests.harness.server import LoopbackBus, make_config, make_homeserver
 
 _reactor = cast(Any, reactor)
-RESOURCES = ("client", "replication", "federation", "keys")
 
 
-class TwoServersTestCase(unittest.TestCase):
+class TwoServersTestCase(LoopbackServers):
     """``a.test`` (one process) and ``b.test`` (main + ``fed1``, a worker that
-    serves federation while main writes to_device)."""
+    serves federation while main writes to_device). Other servers reach b
+    through its last process: the worker, which is not the to_device writer."""
 
     def setUp(self) -> None:
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-        self.urls: dict[str, str] = {}
-        self.a = self.make_server("a.test", [])
-        self.b = self.make_server("b.test", ["fed1"])
-        for hs in (self.a["main"], self.b["main"], self.b["fed1"]):
-            hs.config.federation.destinations.update(
-                {"a.test": self.urls["a.test"], "b.test": self.urls["b.test"]}
-            )
-
-    def make_server(self, name: str, workers: list[str]) -> dict[str, HomeServer]:
-        db = create_test_database()
-        self.addCleanup(db.drop)
-        config = make_config(
-            db,
-            workers=workers,
-            server_name=name,
-            enable_registration=True,
-            rate_limiting={"enabled": False},
-            federation={"retry": {"initial_seconds": 0.2, "max_seconds": 1}},
-            resources=RESOURCES,
-        )
-        servers: dict[str, HomeServer] = {}
-        bus = LoopbackBus()
-        for instance in ["main", *workers]:
-            hs = make_homeserver(self, config, instance)
-            url = self.serve(hs)
-            servers[instance] = hs
-            bus.join(hs)
-            # Other servers reach this one through its last process (b: the
-            # worker, which is not the to_device writer).
-            self.urls[name] = url
-        return servers
-
-    def serve(self, hs: HomeServer) -> str:
-        site = make_site(hs.listeners.resources.tree(RESOURCES), 1_048_576)
-        port = _reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        number = port.getHost().port
-        hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
-        return f"http://127.0.0.1:{number}"
+        retry = {"retry": {"initial_seconds": 0.2, "max_seconds": 1}}
+        self.a = self.make_server("a.test", [], federation=retry)
+        self.b = self.make_server("b.test", ["fed1"], federation=retry)
+        self.connect(self.a, self.b)
 
     async def users(self) -> tuple[ClientApi, ClientApi]:
         alice = await ClientApi(self, self.client_url(self.a["main"])).register("alice")
