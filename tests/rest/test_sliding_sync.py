@@ -496,7 +496,6 @@ class SlidingSyncWorkersTestCase(SlidingSyncTestCase):
         )
         self.assertNotIn("initial", later["rooms"][room])
 
-
     async def test_account_data_changed_on_another_process_is_seen(self) -> None:
         """bob's process keeps his ``m.direct`` and ignored users in memory;
         written through the main process (the account_data writer), they
