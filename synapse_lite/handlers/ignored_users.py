@@ -3,8 +3,10 @@
 What a user ignores is hidden from them: the ignored users' messages (any
 non-state event) in /sync and /messages, and their invites in /sync. State
 events stay, since hiding a membership or a power level would give a wrong
-picture of the room. The list is read from the account data table on each
-request, so every process applies the latest one the stream has brought.
+picture of the room. The list is read from the account data table and kept
+per process (``get_global_account_data_of_type`` is cached) until the
+account_data stream brings a change of it, so every process applies the
+latest one the stream has brought.
 """
 
 from __future__ import annotations

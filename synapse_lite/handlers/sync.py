@@ -35,7 +35,6 @@ from synapse_lite.handlers.sync_sections.request import (
     users_sharing_rooms,
 )
 from synapse_lite.metrics import OPEN_SYNC_REQUESTS
-from synapse_lite.storage.caches import LruCache
 from synapse_lite.tokens import InvalidToken, RoomStreamToken, StreamToken
 
 if TYPE_CHECKING:
@@ -51,9 +50,6 @@ logger = logging.getLogger(__name__)
 
 #: How long a sync waits for this process to reach a token from another process.
 SINCE_CATCH_UP_SECONDS = 5.0
-#: Users whose ignored-users list a process keeps (with the account_data
-#: position it was read at).
-IGNORED_LISTS = 10_000
 #: The position-log writer name of stream-wide (persisted-up-to) positions.
 STREAM_WIDE = "*"
 
@@ -116,8 +112,6 @@ class SyncHandler:
         self._in_flight: dict[str, int] = defaultdict(int)
         #: (user, device) -> to-device stream id already deleted up to.
         self._to_device_deleted: dict[tuple[str, str], int] = {}
-        #: user -> (account_data position, whom they ignore as read there).
-        self._ignored: LruCache[tuple[int, frozenset[str]]] = LruCache(IGNORED_LISTS)
 
     # The request
 
@@ -311,7 +305,9 @@ class SyncHandler:
         would otherwise wait for in turn (issue 18's wake-up latency)."""
         now = self._current_token(since)
         user_id = requester.user_id
-        ignored = defer.ensureDeferred(self._ignored_users(user_id))
+        # Usually from memory: the store keeps each user's list until the
+        # account_data stream brings a change of it.
+        ignored = defer.ensureDeferred(get_ignored_users(self._store, user_id))
         try:
             memberships = await load_memberships(self._store, user_id, since, now.room_key)
             request = SyncRequest(
@@ -332,23 +328,6 @@ class SyncHandler:
             # be logged as unhandled.
             ignored.addErrback(lambda _: None)
         return response.body, response.now, not response.news
-
-    async def _ignored_users(self, user_id: str) -> frozenset[str]:
-        """Whom ``user_id`` ignores: read again only once the account_data
-        stream has moved since the last read (any change to the list is a
-        row of that stream), so a woken /sync usually reads nothing here."""
-        stream = self._streams.get("account_data")
-        if stream is None:
-            return await get_ignored_users(self._store, user_id)
-        # The position before the read: a change racing the read moves it,
-        # so the next sync reads again.
-        position = stream.positions.persisted_upto_position()
-        found, cached = self._ignored.get(user_id)
-        if found and cached is not None and cached[0] == position:
-            return cached[1]
-        ignored = await get_ignored_users(self._store, user_id)
-        self._ignored.set(user_id, (position, ignored))
-        return ignored
 
     async def device_list_changes(
         self, user_id: str, from_string: str, to_string: str

@@ -234,6 +234,7 @@ ACCOUNT_DATA = StreamDefinition(
     in_sync_token=True,
     wake=wake_users,
     rows_from_store=lambda store: store.get_account_data_stream_updates,
+    invalidate=lambda store, writer, token, rows: store.invalidate_for_account_data_rows(rows),
 )
 
 

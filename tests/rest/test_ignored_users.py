@@ -122,21 +122,22 @@ class IgnoredUsersThroughWorkersTestCase(IgnoredUsersTestCase):
 
 
 class IgnoredListReadsTestCase(DatabaseTestCase):
-    """/sync reads the list again only once the account_data stream moved
-    (issue 35: a woken /sync usually reads nothing for it)."""
+    """/sync reads a user's list from the database again only once it
+    changed (issue 35: a woken /sync usually reads nothing for it; the
+    store keeps it until the account_data stream brings a change of it)."""
 
     async def test_read_once_until_account_data_changes(self) -> None:
         servers, clients, _ = start_cluster(self, self.test_db)
         store = servers["main"].store
         reads: list[str] = []
-        read = store.get_global_account_data_of_type
+        select = store.db_pool.select
 
-        async def counting(user_id: str, data_type: str) -> Any:
-            if data_type == IGNORED:
-                reads.append(user_id)
-            return await read(user_id, data_type)
+        async def counting(desc: str, sql: str, *args: Any) -> Any:
+            if desc == "get_global_account_data_of_type" and args[1] == IGNORED:
+                reads.append(args[0])
+            return await select(desc, sql, *args)
 
-        self.patch(store, "get_global_account_data_of_type", counting)
+        self.patch(store.db_pool, "select", counting)
         base = clients["main"].base_url
         alice = await ClientApi(self, base).register("alice")
         bob = await ClientApi(self, base).register("bob")
@@ -144,6 +145,8 @@ class IgnoredListReadsTestCase(DatabaseTestCase):
         await bob.ok("POST", f"/join/{room}", {})
         first = await alice.sync()
         await bob.send(room, "one")
+        # Someone else's change of their list is not alice's.
+        await bob.ok("PUT", f"/user/{bob.user_id}/account_data/{IGNORED}", {"ignored_users": {}})
         second = await alice.sync(since=first["next_batch"])
         self.assertEqual(bodies(timeline(second, room)), ["one"])
         self.assertEqual(reads, [alice.user_id])

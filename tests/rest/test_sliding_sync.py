@@ -496,6 +496,40 @@ class SlidingSyncWorkersTestCase(SlidingSyncTestCase):
         )
         self.assertNotIn("initial", later["rooms"][room])
 
+    async def test_account_data_changed_on_another_process_is_seen(self) -> None:
+        """bob's process keeps his ``m.direct`` and ignored users in memory;
+        written through the main process (the account_data writer), they
+        are forgotten when the stream's rows reach bob's process."""
+        [room] = await self.rooms_with_bob(1)
+        eve_room = await self.eve.create_room()
+        await self.eve.ok("POST", f"/rooms/{eve_room}/invite", {"user_id": self.bob.user_id})
+        await self.settle()
+        body = {"lists": {"all": room_list([[0, 9]])}}
+        first = await sliding(self.bob, body)
+        self.assertFalse(first["rooms"][room]["is_dm"])
+        self.assertIn(eve_room, first["rooms"])
+        bob_store = self.servers[list(self.servers)[-1]].store
+        cache = bob_store.get_global_account_data_of_type.cache
+        self.assertEqual(cache.get((self.bob.user_id, "m.direct")), (True, None))
+        on_main = self.bob.as_user(self.bob.token)
+        on_main.base_url = self.alice.base_url
+        await on_main.ok(
+            "PUT",
+            f"/user/{self.bob.user_id}/account_data/m.direct",
+            {self.alice.user_id: [room]},
+        )
+        await on_main.ok(
+            "PUT",
+            f"/user/{self.bob.user_id}/account_data/m.ignored_user_list",
+            {"ignored_users": {self.eve.user_id: {}}},
+        )
+
+        async def bob_sees_both() -> bool:
+            later = await sliding(self.bob, body)
+            return later["rooms"][room]["is_dm"] and eve_room not in later["rooms"]
+
+        await eventually(bob_sees_both, what="bob's process to see his new account data")
+
 
 class SlidingSyncRestartTestCase(DatabaseTestCase):
     async def test_a_restarted_worker_continues_the_connection(self) -> None:

@@ -676,15 +676,29 @@ class SlidingSyncHandler:
         groups: dict[TimelineRead, list[str]] = {}
         for room_id, _, _, read, _ in timelines:
             groups.setdefault(read, []).append(room_id)
-        found: dict[str, list[Event]] = {}
-        for read_events in await _together(
+        # The joined rooms' member and unread counts need no timeline: read
+        # beside the timelines, not after them (a room whose entry turns out
+        # to have nothing new has its counts read for nothing).
+        counted = [room_id for room_id, *_ in timelines if rows[room_id][1] == "join"]
+        count_reads: list[Coroutine[Any, Any, Any]] = []
+        if counted:
+            count_reads.append(self._store.get_member_counts(counted))
+            count_reads.append(
+                self._store.get_unread_counts(user_id, counted, now.room_key.get_max_position())
+            )
+        read_all = await _together(
+            *count_reads,
             *(
                 self._store.get_room_events_between_per_room(
                     group, read.lower, read.upper, read.limit
                 )
                 for read, group in groups.items()
-            )
-        ):
+            ),
+        )
+        counts: dict[str, tuple[int, int]] = read_all[0] if counted else {}
+        unread: dict[str, tuple[int, int]] = read_all[1] if counted else {}
+        found: dict[str, list[Event]] = {}
+        for read_events in read_all[len(count_reads) :]:
             found.update(read_events)
         for room_id, config, initial, _, build in timelines:
             planned.append((room_id, config, initial, build(events=found[room_id])))
@@ -723,23 +737,13 @@ class SlidingSyncHandler:
             if room_id in selection.lists:
                 entry["lists"] = selection.lists[room_id]
             result[room_id] = entry
-        reads: list[Coroutine[Any, Any, Any]] = []
-        if joined_sent:
-            reads.append(self._store.get_member_counts(joined_sent))
-            reads.append(
-                self._store.get_unread_counts(user_id, joined_sent, now.room_key.get_max_position())
-            )
         if self._relations is not None:
             # One query for every timeline (the rooms are the user's).
-            reads.append(
-                self._relations.add_bundles_to(
-                    [e for entry in result.values() for e in entry.get("timeline", [])],
-                    user_id,
-                )
+            await self._relations.add_bundles_to(
+                [e for entry in result.values() for e in entry.get("timeline", [])],
+                user_id,
             )
-        read_results = await _together(*reads)
         if joined_sent:
-            counts, unread = read_results[0], read_results[1]
             for room_id in joined_sent:
                 joined_count, invited_count = counts.get(room_id, (0, 0))
                 notifications, highlights = unread.get(room_id, (0, 0))

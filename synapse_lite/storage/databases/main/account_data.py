@@ -8,9 +8,11 @@ being equal across tables).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder, page_of_updates
+from synapse_lite.storage.caches import cached
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -54,9 +56,14 @@ class AccountDataWorkerStore(SQLBaseStore):
             return stream_id
 
         # An upsert of one row per key: a second run stores the same value.
-        return await self.db_pool.runInteraction(
-            "add_account_data_for_user", txn_func, idempotent=True
-        )
+        try:
+            return await self.db_pool.runInteraction(
+                "add_account_data_for_user", txn_func, idempotent=True
+            )
+        finally:
+            # The writer reads its own write at once; the other processes
+            # forget it when its stream row comes (invalidate_for_account_data_rows).
+            self.get_global_account_data_of_type.invalidate((user_id, data_type))
 
     async def add_account_data_to_room(
         self, user_id: str, room_id: str, data_type: str, content: dict[str, Any]
@@ -136,10 +143,14 @@ class AccountDataWorkerStore(SQLBaseStore):
         )
         return {r[0]: db_to_json(r[1]) for r in rows}
 
+    @cached()
     async def get_global_account_data_of_type(
         self, user_id: str, data_type: str
     ) -> dict[str, Any] | None:
-        """One global account data entry of a user, or None."""
+        """One global account data entry of a user, or None (treat as
+        read-only: cached per process, as every sync reads the ignored users
+        and sliding sync ``m.direct``; forgotten on the account data stream's
+        row, before its position advances)."""
         rows = await self.db_pool.select(
             "get_global_account_data_of_type",
             "SELECT content FROM account_data WHERE user_id = ? AND account_data_type = ?",
@@ -147,6 +158,12 @@ class AccountDataWorkerStore(SQLBaseStore):
             data_type,
         )
         return db_to_json(rows[0][0]) if rows else None
+
+    def invalidate_for_account_data_rows(self, rows: Sequence[AccountDataStreamRow]) -> None:
+        """Forget the cached global entries the stream's ``rows`` changed."""
+        for row in rows:
+            if row.room_id is None:
+                self.get_global_account_data_of_type.invalidate((row.user_id, row.data_type))
 
     async def get_room_account_data(self, user_id: str) -> dict[str, dict[str, dict[str, Any]]]:
         """room_id -> type -> content."""
