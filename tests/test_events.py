@@ -40,7 +40,7 @@ def event(event_type: str, content: dict[str, Any], **kw: Any) -> Event:
 
 class RoomVersionsTestCase(unittest.TestCase):
     def test_the_versions_served(self) -> None:
-        self.assertEqual(list(KNOWN_ROOM_VERSIONS), [str(n) for n in range(1, 12)])
+        self.assertEqual(list(KNOWN_ROOM_VERSIONS), [str(n) for n in range(1, 13)])
         self.assertEqual(DEFAULT_ROOM_VERSION.identifier, "10")
         self.assertEqual(V["6"].join_rules, ("public", "invite"))
         self.assertEqual(
@@ -50,7 +50,7 @@ class RoomVersionsTestCase(unittest.TestCase):
 
     def test_requested_versions(self) -> None:
         self.assertIs(room_version_of_request("7", "room_version"), V["7"])
-        for value, errcode in ((7, "M_BAD_JSON"), (None, "M_BAD_JSON"), ("12", None), ("x", None)):
+        for value, errcode in ((7, "M_BAD_JSON"), (None, "M_BAD_JSON"), ("13", None), ("x", None)):
             with self.assertRaises(SynapseError) as e:
                 room_version_of_request(value, "room_version")
             self.assertEqual(e.exception.code, 400)

@@ -66,9 +66,10 @@ class AppServiceProcessesTestCase(unittest.TestCase):
         if redis:
             require_redis()
         directory = temp_dir()
-        # The layout's 8 ports, the sender worker's and the bridge's.
-        base = free_port_block(10)
-        sender_port, bridge_port = base + 8, base + 9
+        # The layout's 9 ports (the router's federation port the last), the
+        # sender worker's and the bridge's.
+        base = free_port_block(11)
+        sender_port, bridge_port = base + 9, base + 10
         path = generated_config(
             directory,
             test_db,
