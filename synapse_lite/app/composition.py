@@ -69,6 +69,7 @@ from synapse_lite.clock import Clock
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler, announce_server_up
+from synapse_lite.federation.inbound_edus import InboundEdus
 from synapse_lite.federation.keyring import Keyring
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.server import register_federation_servlets, well_known_resource
@@ -444,6 +445,7 @@ def _streams(
         local_writes,
         transport.calls,
         transport.outgoing,
+        typing,
     )
     memory_rows = {"typing": typing_rows, "federation": federation.rows}
     streams: dict[str, Stream] = {}
@@ -789,6 +791,7 @@ def _handlers(
             )
             if federation.client is not None
             else None,
+            edus=InboundEdus(store=store, typing=typing, calls=calls),
         )
     # The one registration after construction: handlers make each other's
     # writes through ``calls``, which runs a call here when this process

@@ -36,6 +36,7 @@ from synapse_lite.federation.keyring import Keyring
 from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.queries import FederationQueries
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
+from synapse_lite.federation.sender.edus import ReceiptsFeed, SendEdus, TypingFeed
 from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.federation.sender.room_events import PduRenderer, RoomEventsFeed
 from synapse_lite.federation.senders import sender_of as federation_sender_of
@@ -175,6 +176,7 @@ def federation_for_role(
     local_writes: ReplicationNotifier,
     calls: InternalCalls,
     outgoing: OutgoingCommands,
+    typing: TypingHandlerBase | None = None,
 ) -> Federation:
     """The sender on the configured sender; the queue feeding a sender worker
     on the main process; the key and keyring where federation is served. The
@@ -232,7 +234,10 @@ def federation_for_role(
             queue_pdus=sender.send_pdus,
             local_writes=local_writes,
         )
-        hooks = Hooks(
+        edu_feeds = edu_feeds_for_sender(
+            store, clock, config.server_name, sender.send_edus, local_writes, typing
+        )
+        hooks = edu_feeds + Hooks(
             loops=(sender, feed),
             row_hooks=(("events", feed.on_rows),),
             command_hooks=(
@@ -265,6 +270,37 @@ def federation_for_role(
         hooks=hooks,
         queries=FederationQueries(lambda: client),
     )
+
+
+def edu_feeds_for_sender(
+    store: GenericWorkerStore,
+    clock: Clock,
+    server_name: str,
+    send_edus: SendEdus,
+    local_writes: ReplicationNotifier,
+    typing: TypingHandlerBase | None,
+) -> Hooks:
+    """The feeds of ephemeral EDUs for other servers (typing, receipts),
+    following their streams on the sender (``federation/sender/edus.py``)."""
+    receipts = ReceiptsFeed(
+        store=store,
+        clock=clock,
+        server_name=server_name,
+        send_edus=send_edus,
+        local_writes=local_writes,
+    )
+    hooks = Hooks(loops=(receipts,), row_hooks=(("receipts", receipts.on_rows),))
+    if typing is not None:
+        typing_feed = TypingFeed(
+            typing=typing,
+            store=store,
+            clock=clock,
+            server_name=server_name,
+            send_edus=send_edus,
+            local_writes=local_writes,
+        )
+        hooks += Hooks(loops=(typing_feed,), row_hooks=(("typing", typing_feed.on_rows),))
+    return hooks
 
 
 def presence_for_role(

@@ -276,6 +276,20 @@ class LocalUserId(FieldKind):
         return f"@alice:{context.local_server()}"
 
 
+class UserId(FieldKind):
+    """A user id of any homeserver (a remote user's typing or receipt that
+    another server sent us, checked by the federation handler)."""
+
+    def decode(self, value: Any, key: str, context: DecodeContext) -> str:
+        user_id = str_value(_present(value), key)
+        if not is_valid_user_id(user_id):
+            raise SynapseError(400, f"'{key}' must be a user id", Codes.BAD_JSON)
+        return user_id
+
+    def example(self, context: DecodeContext) -> str:
+        return "@carol:remote.example"
+
+
 class Checked(FieldKind):
     """``kind``, then ``check(value, context)``, which raises on a refusal
     (``example``: a value the check takes, when ``kind``'s would not be)."""

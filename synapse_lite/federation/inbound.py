@@ -6,6 +6,8 @@
 * ``m.direct_to_device`` EDUs are delivered to local devices through the
   to_device writer, once per ``(origin, message_id)`` (see
   ``DeviceInboxWorkerStore.add_remote_messages_to_device_inbox``).
+* Other EDUs (typing, receipts, device lists) are checked and applied one
+  by one by ``inbound_edus.py``; a refused one costs the others nothing.
 * PDUs are checked and persisted by their rooms' writers
   (``handlers/inbound_pdus.py``), each answered in ``pdus`` (``{}`` or an
   ``error``); one refused PDU costs the others nothing. A process built
@@ -28,6 +30,7 @@ from synapse_lite.metrics import FEDERATION_TRANSACTIONS_RECEIVED
 from synapse_lite.replication.tcp.commands import RemoteServerUpCommand
 
 if TYPE_CHECKING:
+    from synapse_lite.federation.inbound_edus import InboundEdus
     from synapse_lite.federation.outbox import OutboxConsumer
     from synapse_lite.handlers.devicemessage import DeviceMessageHandler
     from synapse_lite.handlers.inbound_pdus import InboundPdus
@@ -66,15 +69,18 @@ class FederationInboundHandler:
         send_command: Callable[[Command], None],
         outbox: OutboxConsumer | None,
         pdus: InboundPdus | None = None,
+        edus: InboundEdus | None = None,
     ) -> None:
         """``outbox``: this process's federation sender, if it is one;
-        ``pdus``: what checks and persists the PDUs."""
+        ``pdus``: what checks and persists the PDUs; ``edus``: what checks
+        and applies the other EDUs (typing, receipts, device lists)."""
         self._store = store
         self._server_name = server_name
         self._device_messages = device_messages
         self._send_command = send_command
         self._outbox = outbox
         self._pdus = pdus
+        self._edus = edus
         #: Transactions being processed -> copies waiting for the outcome.
         self._in_flight: dict[tuple[str, str], list[defer.Deferred[Any]]] = {}
 
@@ -136,6 +142,8 @@ class FederationInboundHandler:
                 logger.info("Ignoring a malformed EDU from %s", origin)
             elif edu.get("edu_type") == DIRECT_TO_DEVICE:
                 await self._on_direct_to_device(origin, edu["content"])
+            elif self._edus is not None and isinstance(edu.get("edu_type"), str):
+                await self._edus.on_edu(origin, edu["edu_type"], edu["content"])
             else:
                 logger.debug("Ignoring an EDU of type %r from %s", edu.get("edu_type"), origin)
         return {"pdus": results}

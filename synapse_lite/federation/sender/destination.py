@@ -59,14 +59,21 @@ MAX_EDUS_PER_TRANSACTION = 100
 MAX_PDUS_PER_TRANSACTION = 50
 #: PDUs kept for a destination that does not take them (memory bound).
 MAX_PENDING_PDUS = 10_000
+#: Ephemeral EDUs kept for a destination that does not take them.
+MAX_PENDING_EDUS = 1_000
 MAX_TRANSACTION_BYTES = 512 * 1024
 #: Answers meaning "this transaction will never be accepted as it is".
 PERMANENT_REFUSALS = (400, 413)
 
 
-def transaction_id(rows: Sequence[OutboxRow], pdu_ids: Sequence[str] = ()) -> str:
-    """Stable for one set of EDUs and PDUs, different for any other."""
+def transaction_id(
+    rows: Sequence[OutboxRow], pdu_ids: Sequence[str] = (), edus: Sequence[dict[str, Any]] = ()
+) -> str:
+    """Stable for one set of EDUs and PDUs, different for any other
+    (``edus``: the in-memory ones, by their JSON)."""
     ids = ",".join([str(r.stream_id) for r in rows] + list(pdu_ids))
+    if edus:
+        ids += json.dumps(list(edus), sort_keys=True)
     digest = hashlib.sha256(ids.encode("utf-8")).hexdigest()[:10]
     if not rows:
         return f"p-{digest}"
@@ -112,6 +119,9 @@ class DestinationQueue:
         self._render_pdus = render_pdus
         #: Room events waiting, oldest first.
         self._pdus: list[str] = []
+        #: Ephemeral EDUs waiting (typing, receipts, presence, device
+        #: lists: ``sender/edus.py``), oldest first, in memory only.
+        self._edus: list[dict[str, Any]] = []
         #: Largest to_device stream id we were told is queued here.
         self._wanted_upto = 0
         self._running = False
@@ -169,6 +179,19 @@ class DestinationQueue:
                 excess,
             )
             del self._pdus[:excess]
+        self.wake()
+
+    def add_edus(self, edus: Sequence[dict[str, Any]]) -> None:
+        """Send these ephemeral EDUs (``{"edu_type", "content"}``) after
+        those queued; kept in memory, at most :data:`MAX_PENDING_EDUS` (the
+        oldest are dropped beyond: they are worth little once stale)."""
+        self._edus.extend(edus)
+        excess = len(self._edus) - MAX_PENDING_EDUS
+        if excess > 0:
+            logger.warning(
+                "Dropping the oldest %d ephemeral EDU(s) waiting for %s", excess, self.destination
+            )
+            del self._edus[:excess]
         self.wake()
 
     def reset_backoff(self) -> None:
@@ -232,15 +255,21 @@ class DestinationQueue:
             limit = 1 if self._one_at_a_time else MAX_EDUS_PER_TRANSACTION
             rows = await store.get_pending_edus(self.destination, bound, limit)
             pdu_ids = self._pdus[:MAX_PDUS_PER_TRANSACTION]
-            if not rows and not pdu_ids:
+            edus = self._edus[: max(0, MAX_EDUS_PER_TRANSACTION - len(rows))]
+            if self._one_at_a_time and rows:
+                edus = []
+            if not rows and not pdu_ids and not edus:
                 return
             batch = take_batch(rows) if rows else []
-            if not await self._send_transaction(batch, pdu_ids):
+            if not await self._send_transaction(batch, pdu_ids, edus):
                 return
 
-    async def _send_transaction(self, rows: list[OutboxRow], pdu_ids: list[str]) -> bool:
+    async def _send_transaction(
+        self, rows: list[OutboxRow], pdu_ids: list[str], edus: list[dict[str, Any]] | None = None
+    ) -> bool:
         """Send one transaction; whether to go on with the next."""
-        txn_id = transaction_id(rows, pdu_ids)
+        edus = edus or []
+        txn_id = transaction_id(rows, pdu_ids, edus)
         pdus: list[dict[str, Any]] = []
         if pdu_ids:
             assert self._render_pdus is not None, "PDUs queued without a renderer"
@@ -249,11 +278,14 @@ class DestinationQueue:
             "origin": self._server_name,
             "origin_server_ts": self._clock.time_msec(),
             "pdus": pdus,
-            "edus": [{"edu_type": DIRECT_TO_DEVICE, "content": r.content} for r in rows],
+            "edus": [{"edu_type": DIRECT_TO_DEVICE, "content": r.content} for r in rows] + edus,
         }
         try:
             canonical_json(body)
         except CanonicalJsonError as e:
+            if edus:
+                self._forget_edus(edus, f"they are not canonical JSON ({e})")
+                return True
             if not rows:
                 self._forget_pdus(pdu_ids, f"they are not canonical JSON ({e})")
                 return True
@@ -277,12 +309,14 @@ class DestinationQueue:
             outcome = "refused" if e.code in PERMANENT_REFUSALS else "failed"
             FEDERATION_TRANSACTIONS_SENT.labels(outcome).inc()
             if e.code in PERMANENT_REFUSALS:
+                if edus:
+                    self._forget_edus(edus, f"{self.destination} refused them: {e}")
                 if pdu_ids:
                     # Its PDUs cannot be sent one by one any better (each is
                     # answered on its own in a 200): they are what it refused.
                     self._forget_pdus(pdu_ids, f"{self.destination} refused them: {e}")
                     return True
-                if len(rows) > 1:
+                if len(rows) > 1 or (edus and rows):
                     logger.warning(
                         "%s refused transaction %s: sending its EDUs one by one",
                         self.destination,
@@ -299,7 +333,7 @@ class DestinationQueue:
             return False
         logger.info("Transaction %s to %s accepted", txn_id, self.destination)
         FEDERATION_TRANSACTIONS_SENT.labels("accepted").inc()
-        FEDERATION_EDUS_SENT.inc(len(rows))
+        FEDERATION_EDUS_SENT.inc(len(rows) + len(edus))
         FEDERATION_PDUS_SENT.inc(len(pdus))
         self._up_again = False
         if not isinstance(answer, dict):
@@ -307,6 +341,7 @@ class DestinationQueue:
         else:
             _log_pdu_errors(self.destination, answer.get("pdus"))
         self._forget_pdus(pdu_ids, "")
+        self._forget_edus(edus, "")
         if rows:
             await self._store.delete_sent_edus(self.destination, [r.stream_id for r in rows])
         self._one_at_a_time = False
@@ -329,6 +364,18 @@ class DestinationQueue:
             )
         done = set(pdu_ids)
         self._pdus = [p for p in self._pdus if p not in done]
+
+    def _forget_edus(self, edus: Sequence[dict[str, Any]], reason: str) -> None:
+        """Take ``edus`` (the first ones queued) off the queue (sent; or,
+        with a ``reason``, dropped: logged)."""
+        if not edus:
+            return
+        if reason:
+            logger.error(
+                "Dropping %d ephemeral EDU(s) for %s: %s", len(edus), self.destination, reason
+            )
+        done = {id(e) for e in edus}
+        self._edus = [e for e in self._edus if id(e) not in done]
 
     async def _drop(self, rows: list[OutboxRow], reason: str) -> bool:
         logger.error(

@@ -134,6 +134,14 @@ class FederationSender(OutboxConsumer):
             return
         self.queue(destination).add_pdus(list(event_ids))
 
+    def send_edus(self, destination: str, edus: Sequence[dict[str, Any]]) -> None:
+        """Ephemeral EDUs (``sender/edus.py``) for ``destination``, in order."""
+        if destination == self._server_name or not edus or self._stopped:
+            return
+        if not self.owns(destination):
+            return
+        self.queue(destination).add_edus(edus)
+
     def on_remote_server_up(self, server_name: str) -> None:
         # Only destinations we have something for: one with nothing queued
         # keeps its recorded backoff until it has (and the next request from

@@ -33,6 +33,7 @@ from synapse_lite.codec.kinds import (
     Nullable,
     RoomId,
     Str,
+    UserId,
     is_local_user,
     wire,
 )
@@ -172,13 +173,14 @@ def _check_receipt_data(data: dict[str, Any]) -> None:
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class ReceiptWrite:
-    """A receipt already checked by the sender (membership is read anywhere)."""
+    """A receipt already checked by the sender (membership is read anywhere);
+    of a remote user when another server sent it (``federation/inbound_edus.py``)."""
 
     room_id: str = attr.ib(metadata=wire(RoomId()))
     receipt_type: str = attr.ib(
         metadata=wire(Checked(Str(), _check_receipt_type, example="m.read"))
     )
-    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    user_id: str = attr.ib(metadata=wire(UserId()))
     event_id: str = attr.ib(metadata=wire(Identifier()))
     thread_id: str | None = attr.ib(metadata=wire(Nullable(Str(max_length=255))))
     data: dict[str, Any] = attr.ib(
@@ -265,10 +267,11 @@ RECEIVE_REMOTE_TO_DEVICE = InternalCall(
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class TypingChange:
-    """``requester`` says ``user_id`` is (or stopped) typing in a room."""
+    """``requester`` says ``user_id`` is (or stopped) typing in a room (both
+    a remote user when their server sent it: ``federation/inbound_edus.py``)."""
 
-    requester: str = attr.ib(metadata=wire(LocalUserId()))
-    user_id: str = attr.ib(metadata=wire(LocalUserId()))
+    requester: str = attr.ib(metadata=wire(UserId()))
+    user_id: str = attr.ib(metadata=wire(UserId()))
     room_id: str = attr.ib(metadata=wire(RoomId()))
     typing: bool = attr.ib(metadata=wire(Bool(False)))
     timeout_ms: int | None = attr.ib(metadata=wire(Nullable(Int()), key="timeout"))

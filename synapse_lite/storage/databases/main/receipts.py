@@ -96,6 +96,23 @@ class ReceiptsWorkerStore(SQLBaseStore):
         """Where every receipt up to is stored (this process's view)."""
         return self._receipts_id_gen.persisted_upto_position()
 
+    async def get_public_receipts_between(
+        self, from_id: int, to_id: int, limit: int
+    ) -> list[tuple[int, str, str, str, str | None, dict[str, Any]]]:
+        """``m.read`` receipts with stream ids in ``(from_id, to_id]``, oldest
+        first, at most ``limit``: ``(stream_id, room_id, user_id, event_id,
+        thread_id, data)`` (what other servers are sent)."""
+        rows = await self.db_pool.select(
+            "get_public_receipts_between",
+            "SELECT stream_id, room_id, user_id, event_id, thread_id, data FROM receipts_linearized"
+            " WHERE ? < stream_id AND stream_id <= ? AND receipt_type = 'm.read'"
+            " ORDER BY stream_id ASC LIMIT ?",
+            from_id,
+            to_id,
+            limit,
+        )
+        return [(int(r[0]), r[1], r[2], r[3], r[4], db_to_json(r[5])) for r in rows]
+
     async def get_readers_between(self, from_id: int, to_id: int) -> set[str]:
         """Users who moved a read receipt (``m.read`` or private) with a
         stream id in ``(from_id, to_id]``."""

@@ -1,0 +1,235 @@
+"""Ephemeral EDUs for other servers: our users' typing, read receipts and
+device list changes, sent to every other server sharing a room with them
+(docs/federation.md, "EDUs").
+
+Each feed runs beside the sender (like ``room_events.py``'s feed): it
+follows one stream on this process (woken by the stream's rows from other
+processes and by this process's own writes), turns what changed into EDUs
+(pure functions below, tested on their own) and hands them to the
+destinations' queues (``DestinationQueue.add_edus``), which carry them in
+the next transaction. EDUs wait in memory only: a sender that restarts
+forgets what it had not sent (typing and receipts are worth little once
+stale; a device list change missed shows as a ``prev_id`` gap to the
+receiver, which then asks for the whole list).
+
+* :class:`TypingFeed`: ``m.typing`` when one of our users starts or stops
+  typing in a room (from the typing handler's view of the stream).
+* :class:`ReceiptsFeed`: ``m.receipt`` for our users' public (``m.read``)
+  receipts, one EDU per destination per batch, grouped by room.
+* :class:`DeviceListsFeed`: ``m.device_list_update`` for each device of
+  our users that changed, ``m.signing_key_update`` for their cross-signing
+  keys, to the servers sharing a room with the user.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+from synapse_lite.api.identifiers import server_of
+
+if TYPE_CHECKING:
+    from synapse_lite.clock import Clock
+    from synapse_lite.handlers.typing import TypingHandlerBase
+    from synapse_lite.replication.notifier import ReplicationNotifier
+    from synapse_lite.storage.databases.main import GenericWorkerStore
+
+logger = logging.getLogger(__name__)
+
+TYPING = "m.typing"
+RECEIPT = "m.receipt"
+DEVICE_LIST_UPDATE = "m.device_list_update"
+SIGNING_KEY_UPDATE = "m.signing_key_update"
+PRESENCE = "m.presence"
+#: Stream rows read per look.
+BATCH = 100
+
+SendEdus = Callable[[str, Sequence[dict[str, Any]]], None]
+
+
+def edu(edu_type: str, content: dict[str, Any]) -> dict[str, Any]:
+    return {"edu_type": edu_type, "content": content}
+
+
+def other_servers(users: Iterable[str], server_name: str) -> list[str]:
+    """The servers of ``users`` but us, sorted."""
+    return sorted({server_of(u) for u in users} - {server_name})
+
+
+def typing_changes(
+    room_id: str, before: frozenset[str], now: frozenset[str]
+) -> list[dict[str, Any]]:
+    """``m.typing`` EDUs for the users of ours who started (``now`` but
+    not ``before``) or stopped typing in ``room_id``, sorted by user."""
+    started = [
+        edu(TYPING, {"room_id": room_id, "user_id": u, "typing": True})
+        for u in sorted(now - before)
+    ]
+    stopped = [
+        edu(TYPING, {"room_id": room_id, "user_id": u, "typing": False})
+        for u in sorted(before - now)
+    ]
+    return started + stopped
+
+
+def receipt_content(
+    receipts: Iterable[tuple[str, str, str, str | None, dict[str, Any]]],
+) -> dict[str, Any]:
+    """An ``m.receipt`` EDU's content from ``(room_id, user_id, event_id,
+    thread_id, data)`` receipts (a later one of a user in a room replaces
+    an earlier): ``{room_id: {"m.read": {user_id: {"event_ids": [id],
+    "data": {...}}}}}``."""
+    content: dict[str, Any] = {}
+    for room_id, user_id, event_id, thread_id, data in receipts:
+        sent = {k: v for k, v in data.items() if k in ("ts", "thread_id")}
+        if thread_id is not None:
+            sent["thread_id"] = thread_id
+        content.setdefault(room_id, {}).setdefault("m.read", {})[user_id] = {
+            "event_ids": [event_id],
+            "data": sent,
+        }
+    return content
+
+
+class _Feed:
+    """One look at a stream at a time, looked at again when woken during it."""
+
+    def __init__(self, local_writes: ReplicationNotifier, clock: Clock) -> None:
+        self._clock = clock
+        self._started = False
+        self._running = False
+        self._again = False
+        local_writes.add_replication_callback(self.wake)
+
+    def start(self) -> None:
+        self._begin()
+        self._started = True
+
+    def stop(self) -> None:
+        self._started = False
+
+    def on_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
+        """Row hook: runs before this process's position moves past the
+        rows, so look once it has."""
+        self._clock.call_later(0, self.wake)
+
+    def wake(self) -> None:
+        """The stream may have moved: look (cheap, safe to call spuriously)."""
+        if not self._started:
+            return
+        if self._running:
+            self._again = True
+            return
+        self._running = True
+        defer.ensureDeferred(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                self._again = False
+                if not await self._take_batch() and not self._again:
+                    return
+        except Exception:
+            if self._started:
+                logger.exception("%s failed", type(self).__name__)
+        finally:
+            self._running = False
+
+    def _begin(self) -> None:
+        raise NotImplementedError
+
+    async def _take_batch(self) -> bool:
+        """Send what changed; whether there may be more."""
+        raise NotImplementedError
+
+
+class TypingFeed(_Feed):
+    """Our users' typing, as ``m.typing`` EDUs (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        typing: TypingHandlerBase,
+        store: GenericWorkerStore,
+        clock: Clock,
+        server_name: str,
+        send_edus: SendEdus,
+        local_writes: ReplicationNotifier,
+    ) -> None:
+        super().__init__(local_writes, clock)
+        self._typing_handler = typing
+        self._store = store
+        self._server_name = server_name
+        self._send_edus = send_edus
+        self._since = 0
+        #: room -> our users typing there, as last sent.
+        self._sent: dict[str, frozenset[str]] = {}
+
+    def _begin(self) -> None:
+        self._since = self._typing_handler.get_current_token()
+
+    async def _take_batch(self) -> bool:
+        handler = self._typing_handler
+        if handler.get_current_token() == self._since:
+            return False
+        changed, token = handler.get_typing_for_rooms(handler.rooms_seen(), self._since)
+        self._since = token
+        for room_id, users in sorted(changed.items()):
+            now = frozenset(u for u in users if server_of(u) == self._server_name)
+            edus = typing_changes(room_id, self._sent.get(room_id, frozenset()), now)
+            if now:
+                self._sent[room_id] = now
+            else:
+                self._sent.pop(room_id, None)
+            if not edus:
+                continue
+            joined = await self._store.get_users_in_room(room_id)
+            for destination in other_servers(joined, self._server_name):
+                self._send_edus(destination, edus)
+        return False
+
+
+class ReceiptsFeed(_Feed):
+    """Our users' public receipts, as ``m.receipt`` EDUs (see the module
+    docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        server_name: str,
+        send_edus: SendEdus,
+        local_writes: ReplicationNotifier,
+    ) -> None:
+        super().__init__(local_writes, clock)
+        self._store = store
+        self._server_name = server_name
+        self._send_edus = send_edus
+        self._position = 0
+
+    def _begin(self) -> None:
+        self._position = self._store.get_receipts_position()
+
+    async def _take_batch(self) -> bool:
+        upto = self._store.get_receipts_position()
+        if upto <= self._position:
+            return False
+        rows = await self._store.get_public_receipts_between(self._position, upto, BATCH)
+        full = len(rows) == BATCH
+        by_destination: dict[str, list[tuple[str, str, str, str | None, dict[str, Any]]]] = {}
+        for _, room_id, user_id, event_id, thread_id, data in rows:
+            if server_of(user_id) != self._server_name:
+                continue
+            joined = await self._store.get_users_in_room(room_id)
+            for destination in other_servers(joined, self._server_name):
+                by_destination.setdefault(destination, []).append(
+                    (room_id, user_id, event_id, thread_id, data)
+                )
+        for destination, receipts in sorted(by_destination.items()):
+            self._send_edus(destination, [edu(RECEIPT, receipt_content(receipts))])
+        self._position = rows[-1][0] if full else upto
+        return full

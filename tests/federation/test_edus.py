@@ -1,0 +1,245 @@
+"""Ephemeral EDUs across servers (docs/federation.md, "EDUs"): typing and
+read receipts both ways between two servers of ours on loopback (``a.test``
+one process, ``b.test`` main + ``fed1``, a federation worker that writes
+neither stream), and hostile EDUs sent to b.test in one transaction with a
+good one: each refused, the good one applied."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+from synapse_lite.storage.id_generators import generator as id_generators
+from tests.federation.test_rooms import CAROL, FederationRoomsBase
+from tests.harness.client_api import ClientApi
+from tests.harness.federation import LoopbackServers
+from tests.harness.polling import eventually
+
+
+def q(value: str | None) -> str:
+    return urllib.parse.quote(value or "", safe="")
+
+
+def typing_in(sync: dict[str, Any], room_id: str) -> list[str] | None:
+    room = sync.get("rooms", {}).get("join", {}).get(room_id, {})
+    for event in room.get("ephemeral", {}).get("events", []):
+        if event["type"] == "m.typing":
+            return list(event["content"]["user_ids"])
+    return None
+
+
+def readers_in(sync: dict[str, Any], room_id: str) -> dict[str, str]:
+    """user -> event id of their m.read receipt, in ``sync``'s ephemeral part."""
+    room = sync.get("rooms", {}).get("join", {}).get(room_id, {})
+    found: dict[str, str] = {}
+    for event in room.get("ephemeral", {}).get("events", []):
+        if event["type"] == "m.receipt":
+            for event_id, by_type in event["content"].items():
+                for user_id in by_type.get("m.read", {}):
+                    found[user_id] = event_id
+    return found
+
+
+class EdusBothWaysTestCase(LoopbackServers):
+    def setUp(self) -> None:
+        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
+        self.a = self.make_server("a.test", [])
+        self.b = self.make_server("b.test", ["fed1"])
+        self.connect(self.a, self.b)
+
+    def client(self, server: dict[str, Any]) -> ClientApi:
+        return ClientApi(self, server["main"].config.instance_map["main"].base_url)
+
+    async def shared_room(self) -> tuple[ClientApi, ClientApi, str]:
+        alice = await self.client(self.b).register("alice")
+        room_id = await alice.create_room(preset="public_chat")
+        carol = await self.client(self.a).register("carol")
+        await carol.ok("POST", f"/join/{q(room_id)}?server_name=b.test", {})
+        return alice, carol, room_id
+
+    async def wait_sync(
+        self, user: ClientApi, since: str, room_id: str, check: Any, what: str
+    ) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+
+        async def arrived() -> bool:
+            sync = await user.sync(since=since)
+            if check(sync):
+                seen.update(sync)
+                return True
+            return False
+
+        await eventually(arrived, timeout=15, what=what)
+        return seen
+
+    async def test_typing_both_ways(self) -> None:
+        alice, carol, room_id = await self.shared_room()
+        a_since = (await carol.sync())["next_batch"]
+        b_since = (await alice.sync())["next_batch"]
+
+        # b.test -> a.test
+        await alice.ok("PUT", f"/rooms/{q(room_id)}/typing/{q(alice.user_id)}", {"typing": True})
+        await self.wait_sync(
+            carol,
+            a_since,
+            room_id,
+            lambda s: typing_in(s, room_id) == [alice.user_id],
+            "alice typing on a.test",
+        )
+        # a.test -> b.test
+        await carol.ok(
+            "PUT",
+            f"/rooms/{q(room_id)}/typing/{q(carol.user_id)}",
+            {"typing": True, "timeout": 30000},
+        )
+        await self.wait_sync(
+            alice,
+            b_since,
+            room_id,
+            lambda s: typing_in(s, room_id) == sorted([alice.user_id, carol.user_id]),
+            "carol typing on b.test",
+        )
+        # Stopping crosses too.
+        await carol.ok("PUT", f"/rooms/{q(room_id)}/typing/{q(carol.user_id)}", {"typing": False})
+        await self.wait_sync(
+            alice,
+            b_since,
+            room_id,
+            lambda s: typing_in(s, room_id) == [alice.user_id],
+            "carol stopped typing on b.test",
+        )
+
+    async def test_receipts_both_ways(self) -> None:
+        alice, carol, room_id = await self.shared_room()
+        event_id = await alice.send(room_id, "read me")
+
+        async def carol_has_it() -> bool:
+            page = await carol.ok("GET", f"/rooms/{q(room_id)}/messages?dir=b&limit=5")
+            return any(e["event_id"] == event_id for e in page["chunk"])
+
+        await eventually(carol_has_it, timeout=15, what="alice's message on a.test")
+        a_since = (await carol.sync())["next_batch"]
+        b_since = (await alice.sync())["next_batch"]
+        # a.test -> b.test
+        await carol.ok("POST", f"/rooms/{q(room_id)}/receipt/m.read/{q(event_id)}", {})
+        await self.wait_sync(
+            alice,
+            b_since,
+            room_id,
+            lambda s: readers_in(s, room_id).get(carol.user_id) == event_id,
+            "carol's receipt on b.test",
+        )
+        # b.test -> a.test (and a private receipt never leaves).
+        reply = await carol.send(room_id, "a reply")
+
+        async def alice_has_it() -> bool:
+            page = await alice.ok("GET", f"/rooms/{q(room_id)}/messages?dir=b&limit=5")
+            return any(e["event_id"] == reply for e in page["chunk"])
+
+        await eventually(alice_has_it, timeout=15, what="carol's reply on b.test")
+        await alice.ok("POST", f"/rooms/{q(room_id)}/receipt/m.read.private/{q(reply)}", {})
+        await alice.ok("POST", f"/rooms/{q(room_id)}/receipt/m.read/{q(event_id)}", {})
+        sync = await self.wait_sync(
+            carol,
+            a_since,
+            room_id,
+            lambda s: readers_in(s, room_id).get(alice.user_id) == event_id,
+            "alice's receipt on a.test",
+        )
+        self.assertNotEqual(readers_in(sync, room_id).get(alice.user_id), reply)
+
+
+class HostileEdusTestCase(FederationRoomsBase):
+    """b.test receives EDUs the tests sign for a.test (carol, of a.test,
+    joined to alice's room on b.test)."""
+
+    async def test_hostile_edus_are_dropped_and_the_rest_applied(self) -> None:
+        alice, room_id = await self.room()
+        await self.join_carol(room_id)
+        event_id = await alice.send(room_id, "hello")
+        other_alice, other_room = await self.room()  # carol is not in this one
+        since = (await alice.sync())["next_batch"]
+        other_since = (await other_alice.sync())["next_batch"]
+        edus: list[Any] = [
+            # A user who is not of the origin.
+            {
+                "edu_type": "m.typing",
+                "content": {"room_id": room_id, "user_id": alice.user_id, "typing": True},
+            },
+            {
+                "edu_type": "m.typing",
+                "content": {"room_id": room_id, "user_id": "@dave:c.test", "typing": True},
+            },
+            # Not in the room.
+            {
+                "edu_type": "m.typing",
+                "content": {"room_id": other_room, "user_id": CAROL, "typing": True},
+            },
+            {
+                "edu_type": "m.receipt",
+                "content": {
+                    other_room: {"m.read": {CAROL: {"event_ids": [event_id], "data": {"ts": 1}}}}
+                },
+            },
+            # Malformed.
+            {
+                "edu_type": "m.typing",
+                "content": {"room_id": room_id, "user_id": CAROL, "typing": "yes"},
+            },
+            {"edu_type": "m.typing", "content": {"room_id": 7, "user_id": CAROL, "typing": True}},
+            {
+                "edu_type": "m.receipt",
+                "content": {room_id: {"m.read": {CAROL: {"event_ids": "x"}}}},
+            },
+            {"edu_type": "m.receipt", "content": {room_id: ["nope"]}},
+            {
+                "edu_type": "m.receipt",
+                "content": {room_id: {"m.read": {alice.user_id: {"event_ids": [event_id]}}}},
+            },
+            {"edu_type": "m.device_list_update", "content": "not an object"},
+            {"edu_type": 12, "content": {}},
+            "not an edu",
+            # And the good ones.
+            {
+                "edu_type": "m.typing",
+                "content": {"room_id": room_id, "user_id": CAROL, "typing": True},
+            },
+            {
+                "edu_type": "m.receipt",
+                "content": {
+                    room_id: {"m.read": {CAROL: {"event_ids": [event_id], "data": {"ts": 5}}}}
+                },
+            },
+        ]
+        body = {"origin": "a.test", "origin_server_ts": 1, "pdus": [], "edus": edus}
+        code, answer = await self.federation("PUT", "/_matrix/federation/v1/send/hostile1", body)
+        self.assertEqual(code, 200, answer)
+
+        async def applied() -> bool:
+            sync = await alice.sync(since=since)
+            return typing_in(sync, room_id) == [CAROL] and readers_in(sync, room_id) == {
+                CAROL: event_id
+            }
+
+        await eventually(applied, timeout=10, what="carol's typing and receipt on b.test")
+        sync = await alice.sync(since=since)
+        self.assertEqual(typing_in(sync, room_id), [CAROL])
+        self.assertEqual(readers_in(sync, room_id), {CAROL: event_id})
+        other = await other_alice.sync(since=other_since)
+        self.assertIsNone(typing_in(other, other_room))
+        self.assertEqual(readers_in(other, other_room), {})
+
+    async def test_edus_from_a_server_not_in_the_room(self) -> None:
+        alice, room_id = await self.room()
+        since = (await alice.sync())["next_batch"]
+        edus = [
+            {
+                "edu_type": "m.typing",
+                "content": {"room_id": room_id, "user_id": CAROL, "typing": True},
+            },
+        ]
+        body = {"origin": "a.test", "origin_server_ts": 1, "pdus": [], "edus": edus}
+        code, answer = await self.federation("PUT", "/_matrix/federation/v1/send/out1", body)
+        self.assertEqual(code, 200, answer)
+        sync = await alice.sync(since=since)
+        self.assertIsNone(typing_in(sync, room_id))
