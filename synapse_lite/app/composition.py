@@ -109,6 +109,7 @@ from synapse_lite.handlers.redact_user import RedactUserHandler
 from synapse_lite.handlers.register import RegistrationHandler
 from synapse_lite.handlers.registration_tokens import RegistrationTokensHandler
 from synapse_lite.handlers.relations import RelationsHandler
+from synapse_lite.handlers.remote_devices import RemoteDeviceLists
 from synapse_lite.handlers.reports import ReportsHandler
 from synapse_lite.handlers.revocation import CACHES_APPLIED, RevocationBarrier
 from synapse_lite.handlers.room import RoomCreationHandler
@@ -154,6 +155,7 @@ from synapse_lite.replication.http.federation_rooms import (
     PERSIST_REMOTE_JOIN,
 )
 from synapse_lite.replication.http.forward_extremities import DELETE_FORWARD_EXTREMITIES
+from synapse_lite.replication.http.remote_devices import WRITE_REMOTE_DEVICE_LIST
 from synapse_lite.replication.http.send_events import SEND_EVENTS
 from synapse_lite.replication.http.stream_updates import (
     GET_STREAM_UPDATES,
@@ -484,6 +486,8 @@ class Handlers:
     rooms: FederationRoomsHandler | None
     #: Our users' memberships in other servers' rooms; serves their invites.
     remote_members: FederationJoinHandler | None
+    #: Other servers' users' device lists; ours served to other servers.
+    device_lists: RemoteDeviceLists
     stalls: StallDetector
     hooks: Hooks
 
@@ -572,7 +576,16 @@ def _handlers(
         calls=calls,
         outbox=federation.outbox,
     )
-    e2e_keys = E2eKeysHandler(store, calls, config, notifier)
+    # Other servers' users' device lists (and ours served to them).
+    device_lists = RemoteDeviceLists(
+        store=store,
+        calls=calls,
+        writers=config.writers,
+        server_name=server_name,
+        notifier=notifier,
+        get_client=federation.queries.client if federation.queries is not None else None,
+    )
+    e2e_keys = E2eKeysHandler(store, calls, config, notifier, remote=device_lists)
     ui_auth = InteractiveAuthHandler(store, clock, config)
     registration_tokens = RegistrationTokensHandler(store, clock)
     account_data = AccountDataHandler(store, notifier, calls)
@@ -759,6 +772,11 @@ def _handlers(
         )
         + app_service_hooks
         + Hooks(loops=(stalls,), served=((CACHES_APPLIED, revocations.apply_here),))
+        + (
+            Hooks(served=((WRITE_REMOTE_DEVICE_LIST, device_lists.write),))
+            if role.writes_device_lists
+            else Hooks()
+        )
         # The main process resumes the admin jobs a restart interrupted.
         + (Hooks(loops=(room_deletion, purge_history, redact_user)) if role.is_main else Hooks())
     )
@@ -791,7 +809,9 @@ def _handlers(
             )
             if federation.client is not None
             else None,
-            edus=InboundEdus(store=store, typing=typing, calls=calls),
+            edus=InboundEdus(
+                store=store, typing=typing, calls=calls, device_lists=device_lists.on_edu
+            ),
         )
     # The one registration after construction: handlers make each other's
     # writes through ``calls``, which runs a call here when this process
@@ -807,6 +827,7 @@ def _handlers(
         inbound=inbound,
         rooms=rooms,
         remote_members=remote_members,
+        device_lists=device_lists,
         stalls=stalls,
         hooks=hooks,
     )
@@ -1029,6 +1050,7 @@ def _lifecycle(
         rooms = handlers.rooms
         profiles, directory = handlers.client.profiles, handlers.client.directory
         invites = handlers.remote_members
+        user_keys = (handlers.device_lists, handlers.client.e2e_keys)
 
         def federation_servlets(resource: JsonResource, resources: tuple[str, ...]) -> None:
             register_federation_servlets(
@@ -1042,6 +1064,7 @@ def _lifecycle(
                 profiles=profiles,
                 directory=directory,
                 invites=invites,
+                user_keys=user_keys,
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport

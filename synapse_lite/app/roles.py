@@ -36,7 +36,12 @@ from synapse_lite.federation.keyring import Keyring
 from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.queries import FederationQueries
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
-from synapse_lite.federation.sender.edus import ReceiptsFeed, SendEdus, TypingFeed
+from synapse_lite.federation.sender.edus import (
+    DeviceListsFeed,
+    ReceiptsFeed,
+    SendEdus,
+    TypingFeed,
+)
 from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.federation.sender.room_events import PduRenderer, RoomEventsFeed
 from synapse_lite.federation.senders import sender_of as federation_sender_of
@@ -280,7 +285,8 @@ def edu_feeds_for_sender(
     local_writes: ReplicationNotifier,
     typing: TypingHandlerBase | None,
 ) -> Hooks:
-    """The feeds of ephemeral EDUs for other servers (typing, receipts),
+    """The feeds of ephemeral EDUs for other servers (typing, receipts,
+    device lists),
     following their streams on the sender (``federation/sender/edus.py``)."""
     receipts = ReceiptsFeed(
         store=store,
@@ -289,7 +295,17 @@ def edu_feeds_for_sender(
         send_edus=send_edus,
         local_writes=local_writes,
     )
-    hooks = Hooks(loops=(receipts,), row_hooks=(("receipts", receipts.on_rows),))
+    device_lists = DeviceListsFeed(
+        store=store,
+        clock=clock,
+        server_name=server_name,
+        send_edus=send_edus,
+        local_writes=local_writes,
+    )
+    hooks = Hooks(
+        loops=(receipts, device_lists),
+        row_hooks=(("receipts", receipts.on_rows), ("device_lists", device_lists.on_rows)),
+    )
     if typing is not None:
         typing_feed = TypingFeed(
             typing=typing,

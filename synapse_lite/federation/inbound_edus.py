@@ -49,7 +49,7 @@ def _room_id(value: object) -> str:
     return value
 
 
-def _user_of(origin: str, value: object) -> str:
+def user_of(origin: str, value: object) -> str:
     """``value`` when it is a user id of ``origin``'s."""
     if not isinstance(value, str) or not is_valid_user_id(value):
         raise DroppedEdu(f"no valid user id ({value!r:.80})")
@@ -63,7 +63,7 @@ def parse_typing(origin: str, content: dict[str, Any]) -> tuple[str, str, bool]:
     typing = content.get("typing")
     if not isinstance(typing, bool):
         raise DroppedEdu("'typing' is not true or false")
-    return _room_id(content.get("room_id")), _user_of(origin, content.get("user_id")), typing
+    return _room_id(content.get("room_id")), user_of(origin, content.get("user_id")), typing
 
 
 def parse_receipts(origin: str, content: dict[str, Any]) -> list[ReceiptWrite]:
@@ -85,7 +85,7 @@ def parse_receipts(origin: str, content: dict[str, Any]) -> list[ReceiptWrite]:
             continue
         for user_id, receipt in reads.items():
             try:
-                _user_of(origin, user_id)
+                user_of(origin, user_id)
                 if not isinstance(receipt, dict):
                     raise DroppedEdu("a receipt is not an object")
                 event_ids, data = receipt.get("event_ids"), receipt.get("data", {})

@@ -12,7 +12,8 @@
   our rooms (``handlers/federation_rooms.py``): ``GET /event``, ``/state``,
   ``/state_ids``, ``/event_auth``, ``/backfill``, ``POST
   /get_missing_events``, ``GET /make_join``, ``/make_leave`` and ``PUT
-  /v2/send_join``, ``/v2/send_leave``.
+  /v2/send_join``, ``/v2/send_leave``; our users' devices and keys
+  (``federation/user_keys.py``).
 
 Every federation request must carry a valid ``X-Matrix`` signature of its
 origin addressed to us; anything else is answered ``401 M_UNAUTHORIZED``,
@@ -32,6 +33,7 @@ from synapse_lite.api.identifiers import check_room_alias
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
 from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
+from synapse_lite.federation.user_keys import register_user_keys_servlets
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
@@ -46,10 +48,12 @@ if TYPE_CHECKING:
     from synapse_lite.federation.inbound import FederationInboundHandler
     from synapse_lite.federation.keyring import Keyring
     from synapse_lite.handlers.directory import DirectoryHandler
+    from synapse_lite.handlers.e2e_keys import E2eKeysHandler
     from synapse_lite.handlers.federation_join import FederationJoinHandler
     from synapse_lite.handlers.federation_rooms import FederationRoomsHandler
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.profile import ProfileHandler
+    from synapse_lite.handlers.remote_devices import RemoteDeviceLists
 
 logger = logging.getLogger(__name__)
 
@@ -226,10 +230,12 @@ def register_federation_servlets(
     profiles: ProfileHandler | None = None,
     directory: DirectoryHandler | None = None,
     invites: FederationJoinHandler | None = None,
+    user_keys: tuple[RemoteDeviceLists, E2eKeysHandler] | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``
     (``rooms``: our rooms served to other servers; ``invites``: other
-    servers inviting our users)."""
+    servers inviting our users; ``user_keys``: our users' devices and keys,
+    ``federation/user_keys.py``)."""
     if "keys" in resources:
 
         async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
@@ -302,6 +308,14 @@ def register_federation_servlets(
 
     if "federation" in resources and invites is not None:
         _register_invite_servlets(resource, keyring, server_name, invites)
+
+    if "federation" in resources and user_keys is not None:
+        register_user_keys_servlets(
+            resource,
+            lambda request, body: authenticate_request(keyring, server_name, request, body),
+            server_name,
+            *user_keys,
+        )
 
 
 def _register_room_servlets(

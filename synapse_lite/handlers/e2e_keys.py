@@ -33,6 +33,7 @@ from synapse_lite.storage.databases.main.end_to_end_keys import (
 if TYPE_CHECKING:
     from synapse_lite.config.homeserver import HomeServerConfig
     from synapse_lite.handlers.auth import Requester
+    from synapse_lite.handlers.remote_devices import RemoteDeviceLists
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
     from synapse_lite.notifier import Notifier
     from synapse_lite.replication.http.calls import InternalCalls
@@ -193,12 +194,15 @@ class E2eKeysHandler:
         calls: InternalCalls,
         config: HomeServerConfig,
         notifier: Notifier,
+        remote: RemoteDeviceLists | None = None,
     ) -> None:
+        """``remote``: other servers' users' keys (None: they are failures)."""
         self._store = store
         self._calls = calls
         self._config = config
         self._notifier = notifier
         self._server_name = config.server_name
+        self._remote = remote
 
     async def upload_keys(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /keys/upload``: the counts of the device's one-time keys after it."""
@@ -256,8 +260,9 @@ class E2eKeysHandler:
 
     async def query_keys(self, body: dict[str, Any], viewer: str) -> dict[str, Any]:
         """``POST /keys/query`` by ``viewer``: local users' device and
-        cross-signing keys; remote servers under ``failures`` (this server
-        does not yet ask other servers)."""
+        cross-signing keys; remote users' from our copy of their lists or
+        their servers (``handlers/remote_devices.py``), a server that could
+        not answer under ``failures``."""
         queries = body.get("device_keys")
         if not isinstance(queries, dict):
             raise bad("device_keys must be an object of user id to a list of device ids")
@@ -266,7 +271,7 @@ class E2eKeysHandler:
                 413, f"device_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
             )
         local: dict[str, list[str]] = {}
-        failures: dict[str, Any] = {}
+        remote: dict[str, list[str]] = {}
         for user_id, device_ids in queries.items():
             if not is_valid_user_id(user_id):
                 raise bad(f"device_keys: {user_id!r} is not a user id", Codes.INVALID_PARAM)
@@ -275,16 +280,29 @@ class E2eKeysHandler:
             if is_mine_id(user_id, self._server_name):
                 local[user_id] = device_ids
             else:
-                server = user_id.split(":", 1)[1]
-                failures[server] = {
+                remote[user_id] = device_ids
+        result = await self.local_keys(local, viewer)
+        result["failures"] = {}
+        if remote and self._remote is not None:
+            theirs = await self._remote.query(remote)
+            for part in ("device_keys", "master_keys", "self_signing_keys", "failures"):
+                result[part].update(theirs[part])
+        elif remote:
+            for user_id in remote:
+                result["failures"][user_id.split(":", 1)[1]] = {
                     "status": 503,
-                    "message": "Keys of users on other servers are not available yet",
+                    "message": "This process does not ask other servers",
                 }
+        return result
+
+    async def local_keys(self, local: dict[str, list[str]], viewer: str | None) -> dict[str, Any]:
+        """Device and cross-signing keys of our users ``{user: [device ids]}``
+        (every device for []), as ``viewer`` sees them (a user-signing key
+        only by its owner; None: another server, which never sees one)."""
         device_keys = await self._store.get_device_keys(local, viewer)
         cross = await self._store.get_cross_signing_keys(list(local), viewer)
         result: dict[str, Any] = {
             "device_keys": device_keys,
-            "failures": failures,
             "master_keys": {},
             "self_signing_keys": {},
             "user_signing_keys": {},
@@ -306,7 +324,7 @@ class E2eKeysHandler:
                 413, f"one_time_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
             )
         claims: list[tuple[str, str, str]] = []
-        failures: dict[str, Any] = {}
+        remote: dict[str, dict[str, str]] = {}
         for user_id, devices in wanted.items():
             if not is_valid_user_id(user_id):
                 raise bad(f"one_time_keys: {user_id!r} is not a user id", Codes.INVALID_PARAM)
@@ -324,15 +342,31 @@ class E2eKeysHandler:
             if is_mine_id(user_id, self._server_name):
                 claims += [(user_id, d, a) for d, a in devices.items()]
             else:
+                remote[user_id] = devices
+        result = await self.claim_local_keys(claims)
+        failures: dict[str, Any] = {}
+        if remote and self._remote is not None:
+            theirs = await self._remote.claim(remote)
+            result.update(theirs["one_time_keys"])
+            failures = theirs["failures"]
+        else:
+            for user_id in remote:
                 failures[user_id.split(":", 1)[1]] = {
                     "status": 503,
-                    "message": "Keys of users on other servers are not available yet",
+                    "message": "This process does not ask other servers",
                 }
+        return {"one_time_keys": result, "failures": failures}
+
+    async def claim_local_keys(
+        self, claims: list[tuple[str, str, str]]
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        """One key per ``(user, device, algorithm)`` of our users, each
+        handed out once: ``{user: {device: {"algorithm:key_id": key}}}``."""
         taken = await self._store.claim_one_time_keys(claims)
         result: dict[str, dict[str, dict[str, Any]]] = {}
         for (user_id, device_id, algorithm), (key_id, key) in taken.items():
             result.setdefault(user_id, {})[device_id] = {f"{algorithm}:{key_id}": key}
-        return {"one_time_keys": result, "failures": failures}
+        return result
 
     # Cross-signing
 

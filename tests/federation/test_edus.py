@@ -40,7 +40,10 @@ def readers_in(sync: dict[str, Any], room_id: str) -> dict[str, str]:
     return found
 
 
-class EdusBothWaysTestCase(LoopbackServers):
+class TwoServersBase(LoopbackServers):
+    """a.test and b.test, and a room of b.test's alice that a.test's carol
+    joins (no tests of its own)."""
+
     def setUp(self) -> None:
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
         self.a = self.make_server("a.test", [])
@@ -72,6 +75,8 @@ class EdusBothWaysTestCase(LoopbackServers):
         await eventually(arrived, timeout=15, what=what)
         return seen
 
+
+class EdusBothWaysTestCase(TwoServersBase):
     async def test_typing_both_ways(self) -> None:
         alice, carol, room_id = await self.shared_room()
         a_since = (await carol.sync())["next_batch"]
@@ -243,3 +248,95 @@ class HostileEdusTestCase(FederationRoomsBase):
         self.assertEqual(code, 200, answer)
         sync = await alice.sync(since=since)
         self.assertIsNone(typing_in(sync, room_id))
+
+
+def device_keys(user_id: str, device_id: str, key: str = "A") -> dict[str, Any]:
+    return {
+        "user_id": user_id,
+        "device_id": device_id,
+        "algorithms": ["m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"],
+        "keys": {f"curve25519:{device_id}": f"curve{key}", f"ed25519:{device_id}": f"ed{key}"},
+        "signatures": {},
+    }
+
+
+class DeviceListsAcrossServersTestCase(TwoServersBase):
+    """alice of b.test and carol of a.test share a room: carol's server
+    keeps alice's device list, current through b.test's EDUs."""
+
+    async def upload(self, user: ClientApi, key: str = "A", **extra: Any) -> None:
+        assert user.user_id is not None and user.device_id is not None
+        body = {"device_keys": device_keys(user.user_id, user.device_id, key), **extra}
+        await user.ok("POST", "/keys/upload", body)
+
+    async def query(self, user: ClientApi, target: str) -> dict[str, Any]:
+        return dict(await user.ok("POST", "/keys/query", {"device_keys": {target: []}}))
+
+    async def test_keys_query_claim_and_device_list_updates(self) -> None:
+        alice, carol, room_id = await self.shared_room()
+        assert alice.user_id is not None and alice.device_id is not None
+        await self.upload(
+            alice, one_time_keys={"signed_curve25519:K1": {"key": "otk1", "signatures": {}}}
+        )
+        # carol's server fetches alice's list from b.test (GET /user/devices).
+        answer = await self.query(carol, alice.user_id)
+        self.assertEqual(answer["failures"], {})
+        keys = answer["device_keys"][alice.user_id][alice.device_id]
+        self.assertEqual(keys["keys"][f"curve25519:{alice.device_id}"], "curveA")
+        state = await self.a["main"].store.get_remote_device_list_state(alice.user_id)
+        self.assertIsNotNone(state)
+        # Claiming asks b.test (POST /user/keys/claim): the key is handed out once.
+        claim = {"one_time_keys": {alice.user_id: {alice.device_id: "signed_curve25519"}}}
+        claimed = await carol.ok("POST", "/keys/claim", claim)
+        self.assertEqual(
+            claimed["one_time_keys"][alice.user_id][alice.device_id],
+            {"signed_curve25519:K1": {"key": "otk1", "signatures": {}}},
+        )
+        again = await carol.ok("POST", "/keys/claim", claim)
+        self.assertEqual(again["one_time_keys"].get(alice.user_id, {}), {})
+
+        # alice logs in a second device and uploads its keys: b.test sends
+        # m.device_list_update; carol's /sync says alice changed, and her
+        # query is answered from a.test's copy, with the new device.
+        since = (await carol.sync())["next_batch"]
+        second = ClientApi(self, alice.base_url)
+        login = await second.ok(
+            "POST",
+            "/login",
+            {
+                "type": "m.login.password",
+                "identifier": {"type": "m.id.user", "user": "alice"},
+                "password": "secret-pw",
+            },
+        )
+        second.token, second.user_id, second.device_id = (
+            login["access_token"],
+            login["user_id"],
+            login["device_id"],
+        )
+        await self.upload(second, "B")
+        await self.wait_sync(
+            carol,
+            since,
+            room_id,
+            lambda s: alice.user_id in s.get("device_lists", {}).get("changed", []),
+            "alice in carol's device_lists.changed",
+        )
+
+        async def copy_has_both() -> bool:
+            devices = await self.a["main"].store.get_remote_devices(alice.user_id)
+            return {d.device_id for d in devices if d.keys} == {alice.device_id, second.device_id}
+
+        await eventually(copy_has_both, timeout=15, what="a.test's copy with both devices")
+        answer = await self.query(carol, alice.user_id)
+        self.assertEqual(
+            set(answer["device_keys"][alice.user_id]), {alice.device_id, second.device_id}
+        )
+        # The second device logs out: the copy loses it.
+        await second.ok("POST", "/logout", {})
+
+        async def copy_has_one() -> bool:
+            devices = await self.a["main"].store.get_remote_devices(alice.user_id)
+            return {d.device_id for d in devices} == {alice.device_id}
+
+        await eventually(copy_has_one, timeout=15, what="a.test's copy without the second device")

@@ -233,3 +233,89 @@ class ReceiptsFeed(_Feed):
             self._send_edus(destination, [edu(RECEIPT, receipt_content(receipts))])
         self._position = rows[-1][0] if full else upto
         return full
+
+
+class DeviceListsFeed(_Feed):
+    """Our users' device and cross-signing key changes, as
+    ``m.device_list_update`` and ``m.signing_key_update`` EDUs to the
+    servers sharing a room with them (see the module docstring). Each
+    device update names the user's previous change everyone is told of as
+    its ``prev_id``, so a receiver that missed one fetches the list again."""
+
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        server_name: str,
+        send_edus: SendEdus,
+        local_writes: ReplicationNotifier,
+    ) -> None:
+        super().__init__(local_writes, clock)
+        self._store = store
+        self._server_name = server_name
+        self._send_edus = send_edus
+        self._position = 0
+
+    def _begin(self) -> None:
+        self._position = self._store.get_device_lists_position()
+
+    async def _take_batch(self) -> bool:
+        upto = self._store.get_device_lists_position()
+        if upto <= self._position:
+            return False
+        rows = await self._store.get_device_list_changes_between(self._position, upto, BATCH)
+        full = len(rows) == BATCH
+        keys_sent: set[tuple[str, int]] = set()
+        for stream_id, user_id, device_id, is_key in rows:
+            if server_of(user_id) != self._server_name:
+                continue
+            if is_key:
+                if (user_id, stream_id) in keys_sent:
+                    continue
+                keys_sent.add((user_id, stream_id))
+                update = await self._signing_key_update(user_id)
+            else:
+                update = await self._device_update(user_id, device_id, stream_id)
+            if update is None:
+                continue
+            for destination in await self._servers_sharing_a_room(user_id):
+                self._send_edus(destination, [update])
+        self._position = rows[-1][0] if full else upto
+        return full
+
+    async def _device_update(
+        self, user_id: str, device_id: str, stream_id: int
+    ) -> dict[str, Any] | None:
+        store = self._store
+        content: dict[str, Any] = {
+            "user_id": user_id,
+            "device_id": device_id,
+            "stream_id": stream_id,
+        }
+        prev = await store.get_device_list_stream_id(user_id, before=stream_id)
+        content["prev_id"] = [prev] if prev else []
+        device = await store.get_device(user_id, device_id)
+        if device is None:
+            content["deleted"] = True
+            return edu(DEVICE_LIST_UPDATE, content)
+        if device["display_name"] is not None:
+            content["device_display_name"] = device["display_name"]
+        keys = (await store.get_device_keys({user_id: [device_id]}, None)).get(user_id, {})
+        if device_id in keys:
+            content["keys"] = {k: v for k, v in keys[device_id].items() if k != "unsigned"}
+        return edu(DEVICE_LIST_UPDATE, content)
+
+    async def _signing_key_update(self, user_id: str) -> dict[str, Any] | None:
+        keys = (await self._store.get_cross_signing_keys([user_id], None)).get(user_id, {})
+        content: dict[str, Any] = {"user_id": user_id}
+        for field, usage in (("master_key", "master"), ("self_signing_key", "self_signing")):
+            if usage in keys:
+                content[field] = keys[usage]
+        return edu(SIGNING_KEY_UPDATE, content) if len(content) > 1 else None
+
+    async def _servers_sharing_a_room(self, user_id: str) -> list[str]:
+        users: set[str] = set()
+        for room_id in await self._store.get_rooms_for_user(user_id):
+            users |= await self._store.get_users_in_room(room_id)
+        return other_servers(users, self._server_name)
