@@ -156,3 +156,37 @@ class DestinationQueueTestCase(DatabaseTestCase):
         await task.deferLater(self.hs.reactor, 0.1, lambda: None)
         await self.calls(2)
         self.assertEqual((await self.hs.store.get_retry_state("b.test")).retry_interval_ms, 0)
+
+    async def test_ephemeral_edus_ride_with_to_device_ones(self) -> None:
+        typing = {"edu_type": "m.typing", "content": {"room_id": "!r:a.test", "typing": True}}
+        self.queue.add_edus([typing])
+        await self.calls(1)
+        self.assertEqual(self.remote.calls[0][1]["edus"], [typing])
+        first_id = self.remote.calls[0][0]
+        # Queued while one is in flight: the next transaction, after the
+        # outbox's to-device EDUs; a failed one is retried with the same id.
+        receipt = {"edu_type": "m.receipt", "content": {"!r:a.test": {}}}
+        self.queue.add_edus([receipt])
+        upto = await self.queue_edus(1)
+        self.queue.wake(upto)
+        self.remote.calls[0][2].callback({"pdus": {}})
+        await self.calls(2)
+        edus = self.remote.calls[1][1]["edus"]
+        self.assertEqual([e["edu_type"] for e in edus], ["m.direct_to_device", "m.receipt"])
+        self.assertNotEqual(self.remote.calls[1][0], first_id)
+        self.remote.calls[1][2].errback(FederationRequestError("b.test", "timeout"))
+        await eventually(lambda: self.queue.is_backing_off)
+        self.time.advance(12.1)
+        await self.calls(3)
+        self.assertEqual(self.remote.calls[2][0], self.remote.calls[1][0])
+        self.remote.calls[2][2].callback({"pdus": {}})
+        await eventually(lambda: len(self.sent) == 2)
+        self.assertEqual(await self.pending(), 0)
+
+    async def test_refused_ephemeral_edus_are_dropped(self) -> None:
+        self.queue.add_edus([{"edu_type": "m.typing", "content": {"bad": True}}])
+        await self.calls(1)
+        self.remote.calls[0][2].errback(FederationRequestError("b.test", "bad", code=400))
+        await task.deferLater(self.hs.reactor, 0.05, lambda: None)
+        await self.calls(1)  # nothing left to send
+        self.assertFalse(self.queue.is_backing_off)

@@ -311,6 +311,8 @@ class DestinationQueue:
             if e.code in PERMANENT_REFUSALS:
                 if edus:
                     self._forget_edus(edus, f"{self.destination} refused them: {e}")
+                    if not rows and not pdu_ids:
+                        return True
                 if pdu_ids:
                     # Its PDUs cannot be sent one by one any better (each is
                     # answered on its own in a 200): they are what it refused.
