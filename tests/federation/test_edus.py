@@ -340,3 +340,137 @@ class DeviceListsAcrossServersTestCase(TwoServersBase):
             return {d.device_id for d in devices} == {alice.device_id}
 
         await eventually(copy_has_one, timeout=15, what="a.test's copy without the second device")
+
+
+class HostileDeviceListsTestCase(FederationRoomsBase):
+    """b.test keeping carol's (a.test's) device list, from EDUs the tests
+    sign for a.test; and b.test's user key endpoints asked by a.test."""
+
+    async def send_edus(self, txn_id: str, *edus: Any) -> None:
+        body = {"origin": "a.test", "origin_server_ts": 1, "pdus": [], "edus": list(edus)}
+        code, answer = await self.federation("PUT", f"/_matrix/federation/v1/send/{txn_id}", body)
+        self.assertEqual(code, 200, answer)
+
+    async def test_device_list_updates_and_gaps(self) -> None:
+        alice, room_id = await self.room()
+        await self.join_carol(room_id)
+        store = self.b["main"].store
+        since = (await alice.sync())["next_batch"]
+
+        def update(stream_id: int, prev: Any, device: str = "D1", **extra: Any) -> dict[str, Any]:
+            content = {
+                "user_id": CAROL,
+                "device_id": device,
+                "stream_id": stream_id,
+                "prev_id": prev,
+            }
+            return {"edu_type": "m.device_list_update", "content": {**content, **extra}}
+
+        # Refused: not of the origin, sharing no room, malformed.
+        await self.send_edus(
+            "dl1",
+            {**update(1, []), "content": {**update(1, [])["content"], "user_id": alice.user_id}},
+            {**update(1, []), "content": {**update(1, [])["content"], "user_id": "@zed:a.test"}},
+            update("1", []),
+            update(1, "0"),
+            update(1, [], deleted="no"),
+            update(1, [], device=""),
+            {
+                "edu_type": "m.signing_key_update",
+                "content": {"user_id": CAROL, "master_key": {"user_id": "@x:y"}},
+            },
+        )
+        self.assertEqual(
+            (await alice.sync(since=since)).get("device_lists", {}).get("changed", []), []
+        )
+        # No copy kept yet: the change is only told to alice.
+        await self.send_edus("dl2", update(1, []))
+        sync = await alice.sync(since=since)
+        self.assertEqual(sync["device_lists"]["changed"], [CAROL])
+        self.assertIsNone(await store.get_remote_device_list_state(CAROL))
+
+        # alice asks for carol's keys: b.test fetches her list from a.test
+        # (where she has no devices: a.test only stands in for her server).
+        answer = await alice.ok("POST", "/keys/query", {"device_keys": {CAROL: []}})
+        self.assertEqual(answer["device_keys"][CAROL], {})
+        state = await store.get_remote_device_list_state(CAROL)
+        assert state is not None
+        self.assertEqual((state.stream_id, state.stale), (0, False))
+        # An update following on from the copy is applied as it is...
+        keys = {
+            "user_id": CAROL,
+            "device_id": "D3",
+            "keys": {"ed25519:D3": "k3"},
+            "algorithms": [],
+            "signatures": {},
+        }
+        await self.send_edus(
+            "dl3", update(3, [0], device="D3", keys=keys, device_display_name="tab")
+        )
+        devices = await store.get_remote_devices(CAROL)
+        self.assertEqual(
+            [(d.device_id, d.display_name, d.keys) for d in devices], [("D3", "tab", keys)]
+        )
+        answer = await alice.ok("POST", "/keys/query", {"device_keys": {CAROL: []}})
+        self.assertEqual(answer["device_keys"][CAROL]["D3"]["keys"], {"ed25519:D3": "k3"})
+        # ... an old one is ignored; one after a gap fetches the list again.
+        await self.send_edus("dl4", update(2, [1], device="OLD"))
+        self.assertEqual([d.device_id for d in await store.get_remote_devices(CAROL)], ["D3"])
+        await self.send_edus("dl5", update(9, [8], device="D9"))
+
+        async def refetched() -> bool:
+            state = await store.get_remote_device_list_state(CAROL)
+            return state is not None and not state.stale and state.stream_id == 0
+
+        await eventually(refetched, timeout=10, what="carol's list fetched again")
+        self.assertEqual(await store.get_remote_devices(CAROL), [])
+
+    async def test_user_key_endpoints(self) -> None:
+        alice, _room_id = await self.room()
+        assert alice.user_id is not None and alice.device_id is not None
+        await alice.ok(
+            "POST",
+            "/keys/upload",
+            {
+                "device_keys": device_keys(alice.user_id, alice.device_id),
+                "one_time_keys": {"signed_curve25519:K": {"key": "otk", "signatures": {}}},
+            },
+        )
+        prefix = "/_matrix/federation/v1/user"
+        code, devices = await self.federation("GET", f"{prefix}/devices/{q(alice.user_id)}")
+        self.assertEqual(code, 200, devices)
+        self.assertEqual(devices["user_id"], alice.user_id)
+        self.assertGreater(devices["stream_id"], 0)
+        self.assertEqual([d["device_id"] for d in devices["devices"]], [alice.device_id])
+        self.assertEqual(
+            devices["devices"][0]["keys"]["keys"][f"curve25519:{alice.device_id}"], "curveA"
+        )
+        code, body = await self.federation("GET", f"{prefix}/devices/{q(CAROL)}")
+        self.assertEqual(code, 400, body)
+        code, body = await self.federation(
+            "POST", f"{prefix}/keys/query", {"device_keys": {alice.user_id: [], CAROL: []}}
+        )
+        self.assertEqual(code, 200, body)
+        self.assertEqual(list(body["device_keys"]), [alice.user_id])
+        self.assertNotIn("user_signing_keys", body)
+        for bad in ({"device_keys": []}, {"device_keys": {alice.user_id: "D"}}, {}):
+            code, body = await self.federation("POST", f"{prefix}/keys/query", bad)
+            self.assertEqual(code, 400, (bad, body))
+        claim = {
+            "one_time_keys": {
+                alice.user_id: {alice.device_id: "signed_curve25519"},
+                CAROL: {"X": "a"},
+            }
+        }
+        code, body = await self.federation("POST", f"{prefix}/keys/claim", claim)
+        self.assertEqual(code, 200, body)
+        self.assertEqual(list(body["one_time_keys"]), [alice.user_id])
+        code, body = await self.federation(
+            "POST", f"{prefix}/keys/claim", {"one_time_keys": {alice.user_id: {"D": 5}}}
+        )
+        self.assertEqual(code, 400, body)
+        # Not signed by a.test's key: refused.
+        code, body = await self.signed_request(
+            self.b_key, "a.test", "b.test", "POST", f"{prefix}/keys/query", {"device_keys": {}}
+        )
+        self.assertEqual(code, 401, body)
