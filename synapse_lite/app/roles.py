@@ -286,36 +286,25 @@ def edu_feeds_for_sender(
     typing: TypingHandlerBase | None,
 ) -> Hooks:
     """The feeds of ephemeral EDUs for other servers (typing, receipts,
-    device lists),
-    following their streams on the sender (``federation/sender/edus.py``)."""
-    receipts = ReceiptsFeed(
-        store=store,
-        clock=clock,
-        server_name=server_name,
-        send_edus=send_edus,
-        local_writes=local_writes,
-    )
-    device_lists = DeviceListsFeed(
-        store=store,
-        clock=clock,
-        server_name=server_name,
-        send_edus=send_edus,
-        local_writes=local_writes,
-    )
-    hooks = Hooks(
-        loops=(receipts, device_lists),
-        row_hooks=(("receipts", receipts.on_rows), ("device_lists", device_lists.on_rows)),
-    )
+    device lists), each following its stream on the sender
+    (``federation/sender/edus.py``)."""
+    common: dict[str, Any] = {
+        "store": store,
+        "clock": clock,
+        "server_name": server_name,
+        "send_edus": send_edus,
+        "local_writes": local_writes,
+    }
+    feeds: list[tuple[str, Any]] = [
+        ("receipts", ReceiptsFeed(**common)),
+        ("device_lists", DeviceListsFeed(**common)),
+    ]
     if typing is not None:
-        typing_feed = TypingFeed(
-            typing=typing,
-            store=store,
-            clock=clock,
-            server_name=server_name,
-            send_edus=send_edus,
-            local_writes=local_writes,
-        )
-        hooks += Hooks(loops=(typing_feed,), row_hooks=(("typing", typing_feed.on_rows),))
+        feeds.append(("typing", TypingFeed(typing=typing, **common)))
+    hooks = Hooks(
+        loops=tuple(feed for _, feed in feeds),
+        row_hooks=tuple((stream, feed.on_rows) for stream, feed in feeds),
+    )
     return hooks
 
 

@@ -21,7 +21,7 @@ from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import is_mine_id, is_valid_user_id
-from synapse_lite.handlers.e2e_keys import MAX_USERS_PER_REQUEST, bad
+from synapse_lite.handlers.e2e_keys import parse_key_claims, parse_key_query
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 
 if TYPE_CHECKING:
@@ -29,47 +29,21 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.remote_devices import RemoteDeviceLists
 
 PREFIX = "/_matrix/federation/v1/user"
-#: Devices one claim may name per user.
-MAX_CLAIMS_PER_USER = 1_000
 
 
 def local_key_query(body: dict[str, Any], server_name: str) -> dict[str, list[str]]:
     """``{user: [device ids]}`` of a ``/user/keys/query`` body, our users only."""
-    queries = body.get("device_keys")
-    if not isinstance(queries, dict):
-        raise bad("device_keys must be an object of user id to a list of device ids")
-    if len(queries) > MAX_USERS_PER_REQUEST:
-        raise SynapseError(
-            413, f"device_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
-        )
-    local: dict[str, list[str]] = {}
-    for user_id, device_ids in queries.items():
-        if not isinstance(device_ids, list) or not all(isinstance(d, str) for d in device_ids):
-            raise bad(f"device_keys.{user_id} must be a list of device ids")
-        if is_valid_user_id(user_id) and is_mine_id(user_id, server_name):
-            local[user_id] = device_ids
-    return local
+    return {u: d for u, d in parse_key_query(body).items() if is_mine_id(u, server_name)}
 
 
 def local_key_claims(body: dict[str, Any], server_name: str) -> list[tuple[str, str, str]]:
     """``(user, device, algorithm)`` of a ``/user/keys/claim`` body, our users only."""
-    wanted = body.get("one_time_keys")
-    if not isinstance(wanted, dict):
-        raise bad("one_time_keys must be an object of user id to {device id: algorithm}")
-    if len(wanted) > MAX_USERS_PER_REQUEST:
-        raise SynapseError(
-            413, f"one_time_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
-        )
-    claims: list[tuple[str, str, str]] = []
-    for user_id, devices in wanted.items():
-        if not isinstance(devices, dict) or len(devices) > MAX_CLAIMS_PER_USER:
-            raise bad(f"one_time_keys.{user_id} must be an object of device id to algorithm")
-        for device_id, algorithm in devices.items():
-            if not isinstance(algorithm, str) or not 0 < len(algorithm) <= 255:
-                raise bad(f"one_time_keys.{user_id}.{device_id} must be an algorithm")
-            if is_valid_user_id(user_id) and is_mine_id(user_id, server_name):
-                claims.append((user_id, device_id, algorithm))
-    return claims
+    return [
+        (user_id, device_id, algorithm)
+        for user_id, devices in parse_key_claims(body).items()
+        if is_mine_id(user_id, server_name)
+        for device_id, algorithm in devices.items()
+    ]
 
 
 def register_user_keys_servlets(

@@ -185,6 +185,51 @@ def check_cross_signing_key(key: object, user_id: str, usage: str, where: str) -
     return key
 
 
+def parse_key_query(body: dict[str, Any]) -> dict[str, list[str]]:
+    """``{user: [device ids]}`` of a ``/keys/query`` body (ours, or another
+    server's ``/user/keys/query``); 400 (413 when too many) otherwise."""
+    queries = body.get("device_keys")
+    if not isinstance(queries, dict):
+        raise bad("device_keys must be an object of user id to a list of device ids")
+    if len(queries) > MAX_USERS_PER_REQUEST:
+        raise SynapseError(
+            413, f"device_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
+        )
+    for user_id, device_ids in queries.items():
+        if not is_valid_user_id(user_id):
+            raise bad(f"device_keys: {user_id!r} is not a user id", Codes.INVALID_PARAM)
+        if not isinstance(device_ids, list) or not all(isinstance(d, str) for d in device_ids):
+            raise bad(f"device_keys.{user_id} must be a list of device ids")
+    return queries
+
+
+def parse_key_claims(body: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """``{user: {device: algorithm}}`` of a ``/keys/claim`` body (ours, or
+    another server's ``/user/keys/claim``); 400 (413 when too many) otherwise."""
+    wanted = body.get("one_time_keys")
+    if not isinstance(wanted, dict):
+        raise bad("one_time_keys must be an object of user id to {device id: algorithm}")
+    if len(wanted) > MAX_USERS_PER_REQUEST:
+        raise SynapseError(
+            413, f"one_time_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
+        )
+    for user_id, devices in wanted.items():
+        if not is_valid_user_id(user_id):
+            raise bad(f"one_time_keys: {user_id!r} is not a user id", Codes.INVALID_PARAM)
+        if not isinstance(devices, dict):
+            raise bad(f"one_time_keys.{user_id} must be an object of device id to algorithm")
+        if len(devices) > MAX_DEVICES_PER_USER:
+            raise SynapseError(
+                413,
+                f"one_time_keys.{user_id}: at most {MAX_DEVICES_PER_USER} devices",
+                Codes.TOO_LARGE,
+            )
+        for device_id, algorithm in devices.items():
+            _check_text(device_id, f"one_time_keys.{user_id}: device id")
+            _check_text(algorithm, f"one_time_keys.{user_id}.{device_id}")
+    return wanted
+
+
 class E2eKeysHandler:
     """Uploads, queries and claims of device keys."""
 
@@ -263,20 +308,9 @@ class E2eKeysHandler:
         cross-signing keys; remote users' from our copy of their lists or
         their servers (``handlers/remote_devices.py``), a server that could
         not answer under ``failures``."""
-        queries = body.get("device_keys")
-        if not isinstance(queries, dict):
-            raise bad("device_keys must be an object of user id to a list of device ids")
-        if len(queries) > MAX_USERS_PER_REQUEST:
-            raise SynapseError(
-                413, f"device_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
-            )
         local: dict[str, list[str]] = {}
         remote: dict[str, list[str]] = {}
-        for user_id, device_ids in queries.items():
-            if not is_valid_user_id(user_id):
-                raise bad(f"device_keys: {user_id!r} is not a user id", Codes.INVALID_PARAM)
-            if not isinstance(device_ids, list) or not all(isinstance(d, str) for d in device_ids):
-                raise bad(f"device_keys.{user_id} must be a list of device ids")
+        for user_id, device_ids in parse_key_query(body).items():
             if is_mine_id(user_id, self._server_name):
                 local[user_id] = device_ids
             else:
@@ -316,29 +350,9 @@ class E2eKeysHandler:
 
     async def claim_keys(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /keys/claim``: one key per device named, each handed out once."""
-        wanted = body.get("one_time_keys")
-        if not isinstance(wanted, dict):
-            raise bad("one_time_keys must be an object of user id to {device id: algorithm}")
-        if len(wanted) > MAX_USERS_PER_REQUEST:
-            raise SynapseError(
-                413, f"one_time_keys: at most {MAX_USERS_PER_REQUEST} users", Codes.TOO_LARGE
-            )
         claims: list[tuple[str, str, str]] = []
         remote: dict[str, dict[str, str]] = {}
-        for user_id, devices in wanted.items():
-            if not is_valid_user_id(user_id):
-                raise bad(f"one_time_keys: {user_id!r} is not a user id", Codes.INVALID_PARAM)
-            if not isinstance(devices, dict):
-                raise bad(f"one_time_keys.{user_id} must be an object of device id to algorithm")
-            if len(devices) > MAX_DEVICES_PER_USER:
-                raise SynapseError(
-                    413,
-                    f"one_time_keys.{user_id}: at most {MAX_DEVICES_PER_USER} devices",
-                    Codes.TOO_LARGE,
-                )
-            for device_id, algorithm in devices.items():
-                _check_text(device_id, f"one_time_keys.{user_id}: device id")
-                _check_text(algorithm, f"one_time_keys.{user_id}.{device_id}")
+        for user_id, devices in parse_key_claims(body).items():
             if is_mine_id(user_id, self._server_name):
                 claims += [(user_id, d, a) for d, a in devices.items()]
             else:

@@ -39,8 +39,15 @@ class SynapseEdusTestCase(unittest.TestCase):
         return sam, alice, room_id
 
     async def sees(self, user: ClientApi, since: str, check: Any, what: str) -> None:
+        """Poll ``user``'s /sync, each time from the last ``next_batch``
+        (Synapse answers a repeated ``since`` from its cache for 2 minutes),
+        until one answer passes ``check``."""
+        position = [since]
+
         async def seen() -> bool:
-            return bool(check(await user.sync(since=since)))
+            sync = await user.sync(since=position[0])
+            position[0] = sync["next_batch"]
+            return bool(check(sync))
 
         await eventually(seen, timeout=20, what=what)
 
@@ -78,6 +85,7 @@ class SynapseEdusTestCase(unittest.TestCase):
             return any(e["event_id"] == event_id for e in page["chunk"])
 
         await eventually(alice_has_it, timeout=20, what="Synapse's message here")
+        s_since = (await sam.sync())["next_batch"]
         await alice.ok("POST", f"/rooms/{rooms.q(room_id)}/receipt/m.read/{rooms.q(event_id)}", {})
         await self.sees(
             sam,
@@ -85,6 +93,7 @@ class SynapseEdusTestCase(unittest.TestCase):
             lambda s: readers_in(s, room_id).get(alice.user_id) == event_id,
             "our receipt on Synapse",
         )
+        a_since = (await alice.sync())["next_batch"]
         await sam.ok("POST", f"/rooms/{rooms.q(room_id)}/receipt/m.read/{rooms.q(event_id)}", {})
         await self.sees(
             alice,

@@ -95,10 +95,22 @@ def receipt_content(
 
 
 class _Feed:
-    """One look at a stream at a time, looked at again when woken during it."""
+    """One look at a stream at a time, looked at again when woken during
+    it; what it finds goes to ``send_edus(destination, edus)``."""
 
-    def __init__(self, local_writes: ReplicationNotifier, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        store: GenericWorkerStore,
+        clock: Clock,
+        server_name: str,
+        send_edus: SendEdus,
+        local_writes: ReplicationNotifier,
+    ) -> None:
+        self._store = store
         self._clock = clock
+        self._server_name = server_name
+        self._send_edus = send_edus
         self._started = False
         self._running = False
         self._again = False
@@ -159,11 +171,14 @@ class TypingFeed(_Feed):
         send_edus: SendEdus,
         local_writes: ReplicationNotifier,
     ) -> None:
-        super().__init__(local_writes, clock)
+        super().__init__(
+            store=store,
+            clock=clock,
+            server_name=server_name,
+            send_edus=send_edus,
+            local_writes=local_writes,
+        )
         self._typing_handler = typing
-        self._store = store
-        self._server_name = server_name
-        self._send_edus = send_edus
         self._since = 0
         #: room -> our users typing there, as last sent.
         self._sent: dict[str, frozenset[str]] = {}
@@ -196,20 +211,7 @@ class ReceiptsFeed(_Feed):
     """Our users' public receipts, as ``m.receipt`` EDUs (see the module
     docstring)."""
 
-    def __init__(
-        self,
-        *,
-        store: GenericWorkerStore,
-        clock: Clock,
-        server_name: str,
-        send_edus: SendEdus,
-        local_writes: ReplicationNotifier,
-    ) -> None:
-        super().__init__(local_writes, clock)
-        self._store = store
-        self._server_name = server_name
-        self._send_edus = send_edus
-        self._position = 0
+    _position = 0
 
     def _begin(self) -> None:
         self._position = self._store.get_receipts_position()
@@ -242,20 +244,7 @@ class DeviceListsFeed(_Feed):
     device update names the user's previous change everyone is told of as
     its ``prev_id``, so a receiver that missed one fetches the list again."""
 
-    def __init__(
-        self,
-        *,
-        store: GenericWorkerStore,
-        clock: Clock,
-        server_name: str,
-        send_edus: SendEdus,
-        local_writes: ReplicationNotifier,
-    ) -> None:
-        super().__init__(local_writes, clock)
-        self._store = store
-        self._server_name = server_name
-        self._send_edus = send_edus
-        self._position = 0
+    _position = 0
 
     def _begin(self) -> None:
         self._position = self._store.get_device_lists_position()
