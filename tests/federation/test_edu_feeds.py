@@ -215,12 +215,23 @@ class FeedsTestCase(unittest.TestCase):
         feed.on_rows("main", typing.token, [])
         self.reactor.advance(0)
         self.assertEqual(self.sent.edus, [])
+        # Still typing: said again every 20 s.
+        self.reactor.advance(20)
+        self.assertEqual(
+            [(d, e["content"]["user_id"], e["content"]["typing"]) for d, e in self.sent.edus],
+            [("a.test", "@alice:b.test", True), ("c.test", "@alice:b.test", True)],
+        )
+        self.sent.edus.clear()
         typing.set(ROOM, [])
         self.local_writes.notify_replication()
         self.assertEqual(
             [(d, e["content"]["typing"]) for d, e in self.sent.edus],
             [("a.test", False), ("c.test", False)],
         )
+        self.sent.edus.clear()
+        self.reactor.advance(20)
+        self.assertEqual(self.sent.edus, [])
+        feed.stop()
 
     def test_receipts_feed_batches_per_destination(self) -> None:
         feed = ReceiptsFeed(

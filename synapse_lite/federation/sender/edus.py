@@ -13,7 +13,8 @@ stale; a device list change missed shows as a ``prev_id`` gap to the
 receiver, which then asks for the whole list).
 
 * :class:`TypingFeed`: ``m.typing`` when one of our users starts or stops
-  typing in a room (from the typing handler's view of the stream).
+  typing in a room (from the typing handler's view of the stream), and
+  every :data:`TYPING_RENEW_SECONDS` again for those still typing.
 * :class:`ReceiptsFeed`: ``m.receipt`` for our users' public (``m.read``)
   receipts, one EDU per destination per batch, grouped by room.
 * :class:`DeviceListsFeed`: ``m.device_list_update`` for each device of
@@ -46,6 +47,9 @@ SIGNING_KEY_UPDATE = "m.signing_key_update"
 PRESENCE = "m.presence"
 #: Stream rows read per look.
 BATCH = 100
+#: How often our users still typing are announced again (receivers forget
+#: typing after 30 s here, 60 s on Synapse).
+TYPING_RENEW_SECONDS = 20.0
 
 SendEdus = Callable[[str, Sequence[dict[str, Any]]], None]
 
@@ -182,9 +186,32 @@ class TypingFeed(_Feed):
         self._since = 0
         #: room -> our users typing there, as last sent.
         self._sent: dict[str, frozenset[str]] = {}
+        self._renewals: Any = None
 
     def _begin(self) -> None:
         self._since = self._typing_handler.get_current_token()
+        self._renewals = self._clock.looping_call(self._renew, TYPING_RENEW_SECONDS)
+
+    def stop(self) -> None:
+        super().stop()
+        if self._renewals is not None and self._renewals.running:
+            self._renewals.stop()
+
+    def _renew(self) -> defer.Deferred[None]:
+        """Say again who of ours is still typing: receivers time typing
+        out by their own rule (ours: 30 s), and a user typing for longer
+        moves nothing on the stream."""
+
+        async def renew() -> None:
+            for room_id, users in sorted(self._sent.items()):
+                edus = typing_changes(room_id, frozenset(), users)
+                joined = await self._store.get_users_in_room(room_id)
+                for destination in other_servers(joined, self._server_name):
+                    self._send_edus(destination, edus)
+
+        d = defer.ensureDeferred(renew())
+        d.addErrback(lambda f: logger.warning("Renewing typing failed: %s", f.value))
+        return d
 
     async def _take_batch(self) -> bool:
         handler = self._typing_handler
