@@ -810,7 +810,11 @@ def _handlers(
             if federation.client is not None
             else None,
             edus=InboundEdus(
-                store=store, typing=typing, calls=calls, device_lists=device_lists.on_edu
+                store=store,
+                typing=typing,
+                calls=calls,
+                device_lists=device_lists.on_edu,
+                clock=clock,
             ),
         )
     # The one registration after construction: handlers make each other's

@@ -38,6 +38,7 @@ from synapse_lite.federation.queries import FederationQueries
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.sender.edus import (
     DeviceListsFeed,
+    PresenceFeed,
     ReceiptsFeed,
     SendEdus,
     TypingFeed,
@@ -75,6 +76,7 @@ from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER
 from synapse_lite.replication.http.media import DELETE_MEDIA
 from synapse_lite.replication.http.writes import (
     SET_PRESENCE,
+    SET_REMOTE_PRESENCE,
     SET_TYPING,
 )
 from synapse_lite.replication.instance_directory import InstanceDirectory
@@ -286,7 +288,7 @@ def edu_feeds_for_sender(
     typing: TypingHandlerBase | None,
 ) -> Hooks:
     """The feeds of ephemeral EDUs for other servers (typing, receipts,
-    device lists), each following its stream on the sender
+    device lists, presence), each following its stream on the sender
     (``federation/sender/edus.py``)."""
     common: dict[str, Any] = {
         "store": store,
@@ -298,6 +300,7 @@ def edu_feeds_for_sender(
     feeds: list[tuple[str, Any]] = [
         ("receipts", ReceiptsFeed(**common)),
         ("device_lists", DeviceListsFeed(**common)),
+        ("presence", PresenceFeed(**common)),
     ]
     if typing is not None:
         feeds.append(("typing", TypingFeed(typing=typing, **common)))
@@ -321,7 +324,10 @@ def presence_for_role(
     if role.writes_presence:
         writer = PresenceWriterHandler(store=store, clock=clock, calls=calls, notifier=notifier)
         return writer, Hooks(
-            served=((SET_PRESENCE, writer.apply_state),),
+            served=(
+                (SET_PRESENCE, writer.apply_state),
+                (SET_REMOTE_PRESENCE, writer.apply_remote_state),
+            ),
             command_hooks=(
                 (UserSyncCommand, writer.on_user_sync),
                 (ClearUserSyncCommand, writer.on_clear_user_sync),

@@ -1,5 +1,5 @@
-"""The ephemeral EDUs of a received transaction (typing, receipts, device
-list and signing key updates): each checked on its own, then applied
+"""The ephemeral EDUs of a received transaction (typing, receipts,
+presence, device list and signing key updates): each checked on its own, then applied
 through the stream writer that owns what it changes, so our users' /sync
 shows it (docs/federation.md, "EDUs").
 
@@ -20,13 +20,20 @@ from synapse_lite.api.errors import SynapseError
 from synapse_lite.api.identifiers import is_valid_user_id, server_of
 from synapse_lite.federation.sender.edus import (
     DEVICE_LIST_UPDATE,
+    PRESENCE,
     RECEIPT,
     SIGNING_KEY_UPDATE,
     TYPING,
 )
-from synapse_lite.replication.http.writes import SEND_RECEIPT, ReceiptWrite
+from synapse_lite.replication.http.writes import (
+    SEND_RECEIPT,
+    SET_REMOTE_PRESENCE,
+    ReceiptWrite,
+    RemotePresence,
+)
 
 if TYPE_CHECKING:
+    from synapse_lite.clock import Clock
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -118,6 +125,46 @@ def parse_receipts(origin: str, content: dict[str, Any]) -> list[ReceiptWrite]:
     return receipts
 
 
+#: Users one ``m.presence`` EDU may update.
+MAX_PRESENCE_PER_EDU = 1_000
+PRESENCE_STATES = ("online", "unavailable", "offline")
+MAX_STATUS_MSG = 1_024
+
+
+def parse_presence(origin: str, content: dict[str, Any], now_ms: int) -> list[RemotePresence]:
+    """The entries of an ``m.presence`` EDU's ``push``, each of a user of
+    ``origin``'s and well-formed (others skipped, logged)."""
+    push = content.get("push")
+    if not isinstance(push, list):
+        raise DroppedEdu("'push' is not a list")
+    states: list[RemotePresence] = []
+    for item in push[:MAX_PRESENCE_PER_EDU]:
+        try:
+            if not isinstance(item, dict):
+                raise DroppedEdu("an entry is not an object")
+            user_id = user_of(origin, item.get("user_id"))
+            presence, ago = item.get("presence"), item.get("last_active_ago", 0)
+            status_msg, active = item.get("status_msg"), item.get("currently_active", False)
+            if presence not in PRESENCE_STATES:
+                raise DroppedEdu(f"'presence' is not one of {', '.join(PRESENCE_STATES)}")
+            if isinstance(ago, bool) or not isinstance(ago, int) or not 0 <= ago <= now_ms:
+                raise DroppedEdu("'last_active_ago' is not a duration")
+            if status_msg is not None and (
+                not isinstance(status_msg, str)
+                or len(status_msg) > MAX_STATUS_MSG
+                or "\x00" in status_msg
+            ):
+                raise DroppedEdu("'status_msg' is not a short string")
+            if not isinstance(active, bool):
+                raise DroppedEdu("'currently_active' is not true or false")
+        except DroppedEdu as e:
+            logger.info("Skipping a presence entry from %s: %s", origin, e)
+            continue
+        assert isinstance(presence, str)
+        states.append(RemotePresence(user_id, presence, status_msg, now_ms - ago, active))
+    return states
+
+
 class InboundEdus:
     """Applies other servers' ephemeral EDUs (see the module docstring)."""
 
@@ -128,6 +175,7 @@ class InboundEdus:
         typing: TypingHandlerBase,
         calls: InternalCalls,
         device_lists: Callable[[str, str, dict[str, Any]], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``device_lists(origin, edu_type, content)``: takes device list
         and signing key updates (the remote device list cache)."""
@@ -135,6 +183,7 @@ class InboundEdus:
         self._typing = typing
         self._calls = calls
         self._device_lists = device_lists
+        self._clock = clock
 
     async def on_edu(self, origin: str, edu_type: str, content: dict[str, Any]) -> None:
         """Check and apply one EDU; never raises (a refusal is logged)."""
@@ -143,6 +192,8 @@ class InboundEdus:
                 await self._on_typing(origin, content)
             elif edu_type == RECEIPT:
                 await self._on_receipts(origin, content)
+            elif edu_type == PRESENCE and self._clock is not None:
+                await self._on_presence(origin, content, self._clock.time_msec())
             elif edu_type in (DEVICE_LIST_UPDATE, SIGNING_KEY_UPDATE):
                 if self._device_lists is not None:
                     await self._device_lists(origin, edu_type, content)
@@ -160,6 +211,15 @@ class InboundEdus:
         if user_id not in await self._store.get_users_in_room(room_id):
             raise DroppedEdu(f"{user_id} is not in {room_id}")
         await self._typing.set_typing(user_id, user_id, room_id, typing, None)
+
+    async def _on_presence(self, origin: str, content: dict[str, Any], now_ms: int) -> None:
+        for state in parse_presence(origin, content, now_ms):
+            if not await self._store.get_rooms_shared_with_local_users(state.user_id):
+                logger.info(
+                    "Skipping presence from %s: %s shares no room with us", origin, state.user_id
+                )
+                continue
+            await self._calls.call(SET_REMOTE_PRESENCE, state)
 
     async def _on_receipts(self, origin: str, content: dict[str, Any]) -> None:
         for receipt in parse_receipts(origin, content):

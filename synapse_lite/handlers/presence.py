@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.replication.http.calls import EmptyBody
-from synapse_lite.replication.http.writes import SET_PRESENCE, PresenceChange
+from synapse_lite.replication.http.writes import SET_PRESENCE, PresenceChange, RemotePresence
 from synapse_lite.replication.tcp.commands import (
     ClearUserSyncCommand,
     Command,
@@ -243,6 +243,25 @@ class PresenceWriterHandler(PresenceHandlerBase):
                 currently_active=state == "online",
             )
         )
+        return EmptyBody()
+
+    async def apply_remote_state(self, change: RemotePresence) -> EmptyBody:
+        """Serves :data:`SET_REMOTE_PRESENCE`: another server's user's
+        presence, stored as it says (their server times it out, not us)."""
+        check_presence_state(change.presence, change.status_msg)
+        await self._store.update_presence(
+            [
+                UserPresenceState(
+                    user_id=change.user_id,
+                    state=change.presence,
+                    last_active_ts=change.last_active_ts,
+                    last_federation_update_ts=self._clock.time_msec(),
+                    status_msg=change.status_msg,
+                    currently_active=change.currently_active,
+                )
+            ]
+        )
+        self._notifier.notify_all()
         return EmptyBody()
 
     async def _store_state(self, state: UserPresenceState) -> None:

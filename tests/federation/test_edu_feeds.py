@@ -12,16 +12,23 @@ from twisted.internet import task
 from twisted.trial import unittest
 
 from synapse_lite.clock import Clock
-from synapse_lite.federation.inbound_edus import DroppedEdu, parse_receipts, parse_typing
+from synapse_lite.federation.inbound_edus import (
+    DroppedEdu,
+    parse_presence,
+    parse_receipts,
+    parse_typing,
+)
 from synapse_lite.federation.sender.edus import (
     ReceiptsFeed,
     TypingFeed,
     other_servers,
+    presence_item,
     receipt_content,
     typing_changes,
 )
 from synapse_lite.handlers.remote_devices import parse_device, parse_user_devices
 from synapse_lite.replication.notifier import ReplicationNotifier
+from synapse_lite.storage.databases.main.presence import UserPresenceState
 
 ROOM = "!r:b.test"
 
@@ -142,6 +149,30 @@ class PureTestCase(unittest.TestCase):
             [(r.room_id, r.user_id, r.event_id, r.thread_id, r.data) for r in receipts],
             [(ROOM, "@c:a.test", "$e", "main", {"ts": 3, "thread_id": "main"})],
         )
+
+    def test_presence_both_ways_of_the_wire(self) -> None:
+        state = UserPresenceState("@a:b.test", "online", last_active_ts=900, status_msg="hi")
+        item = presence_item(state, 1_000)
+        self.assertEqual(
+            item,
+            {
+                "user_id": "@a:b.test",
+                "presence": "online",
+                "currently_active": False,
+                "last_active_ago": 100,
+                "status_msg": "hi",
+            },
+        )
+        (parsed,) = parse_presence(
+            "b.test", {"push": [item, {**item, "user_id": "@x:c.test"}]}, 5_000
+        )
+        self.assertEqual(
+            (parsed.user_id, parsed.presence, parsed.last_active_ts), ("@a:b.test", "online", 4_900)
+        )
+        self.assertEqual(
+            parse_presence("b.test", {"push": [{**item, "last_active_ago": 10_000}]}, 5_000), []
+        )
+        self.assertRaises(DroppedEdu, parse_presence, "b.test", {"push": {}}, 5_000)
 
     def test_parse_user_devices(self) -> None:
         keys = {"user_id": "@u:a.test", "device_id": "D1", "keys": {"ed25519:D1": "k"}}

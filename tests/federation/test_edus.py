@@ -154,6 +154,34 @@ class EdusBothWaysTestCase(TwoServersBase):
         self.assertNotEqual(readers_in(sync, room_id).get(alice.user_id), reply)
 
 
+def presence_of(sync: dict[str, Any], user_id: str | None) -> dict[str, Any] | None:
+    for event in sync.get("presence", {}).get("events", []):
+        if event["sender"] == user_id:
+            return dict(event["content"])
+    return None
+
+
+class PresenceBothWaysTestCase(TwoServersBase):
+    async def test_presence_both_ways(self) -> None:
+        alice, carol, _room_id = await self.shared_room()
+        await self.presence_reaches(alice, carol, "from b")
+        await self.presence_reaches(carol, alice, "from a")
+
+    async def presence_reaches(self, sender: ClientApi, receiver: ClientApi, status: str) -> None:
+        since = (await receiver.sync())["next_batch"]
+        body = {"presence": "unavailable", "status_msg": status}
+        await sender.ok("PUT", f"/presence/{q(sender.user_id)}/status", body)
+
+        async def arrived() -> bool:
+            content = presence_of(await receiver.sync(since=since), sender.user_id)
+            return content is not None and content.get("status_msg") == status
+
+        await eventually(arrived, timeout=15, what=f"presence {status}")
+        content = presence_of(await receiver.sync(since=since), sender.user_id)
+        assert content is not None
+        self.assertEqual(content["presence"], "unavailable")
+
+
 class HostileEdusTestCase(FederationRoomsBase):
     """b.test receives EDUs the tests sign for a.test (carol, of a.test,
     joined to alice's room on b.test)."""
@@ -202,6 +230,20 @@ class HostileEdusTestCase(FederationRoomsBase):
                 "content": {room_id: {"m.read": {alice.user_id: {"event_ids": [event_id]}}}},
             },
             {"edu_type": "m.device_list_update", "content": "not an object"},
+            {"edu_type": "m.presence", "content": {"push": "nope"}},
+            {
+                "edu_type": "m.presence",
+                "content": {
+                    "push": [
+                        {"user_id": alice.user_id, "presence": "online"},
+                        {"user_id": "@zed:a.test", "presence": "online"},
+                        {"user_id": CAROL, "presence": "dancing"},
+                        {"user_id": CAROL, "presence": "online", "last_active_ago": -5},
+                        {"user_id": CAROL, "presence": "online", "status_msg": 7},
+                        {"user_id": CAROL, "presence": "online", "status_msg": "here"},
+                    ]
+                },
+            },
             {"edu_type": 12, "content": {}},
             "not an edu",
             # And the good ones.
@@ -228,6 +270,12 @@ class HostileEdusTestCase(FederationRoomsBase):
 
         await eventually(applied, timeout=10, what="carol's typing and receipt on b.test")
         sync = await alice.sync(since=since)
+        carol_presence = presence_of(sync, CAROL)
+        assert carol_presence is not None
+        self.assertEqual(
+            (carol_presence["presence"], carol_presence["status_msg"]), ("online", "here")
+        )
+        self.assertIsNone(presence_of(sync, alice.user_id))
         self.assertEqual(typing_in(sync, room_id), [CAROL])
         self.assertEqual(readers_in(sync, room_id), {CAROL: event_id})
         other = await other_alice.sync(since=other_since)

@@ -1,5 +1,5 @@
-"""Ephemeral EDUs for other servers: our users' typing, read receipts and
-device list changes, sent to every other server sharing a room with them
+"""Ephemeral EDUs for other servers: our users' typing, read receipts,
+presence and device list changes, sent to every other server sharing a room with them
 (docs/federation.md, "EDUs").
 
 Each feed runs beside the sender (like ``room_events.py``'s feed): it
@@ -17,6 +17,8 @@ receiver, which then asks for the whole list).
   every :data:`TYPING_RENEW_SECONDS` again for those still typing.
 * :class:`ReceiptsFeed`: ``m.receipt`` for our users' public (``m.read``)
   receipts, one EDU per destination per batch, grouped by room.
+* :class:`PresenceFeed`: ``m.presence`` for our users' presence changes,
+  to the servers sharing a room with them.
 * :class:`DeviceListsFeed`: ``m.device_list_update`` for each device of
   our users that changed, ``m.signing_key_update`` for their cross-signing
   keys, to the servers sharing a room with the user.
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.storage.databases.main.presence import UserPresenceState
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +159,13 @@ class _Feed:
 
     def _begin(self) -> None:
         raise NotImplementedError
+
+    async def _servers_sharing_a_room(self, user_id: str) -> list[str]:
+        """The other servers with a user joined to a room our ``user_id`` is in."""
+        users: set[str] = set()
+        for room_id in await self._store.get_rooms_for_user(user_id):
+            users |= await self._store.get_users_in_room(room_id)
+        return other_servers(users, self._server_name)
 
     async def _take_batch(self) -> bool:
         """Send what changed; whether there may be more."""
@@ -330,8 +340,43 @@ class DeviceListsFeed(_Feed):
                 content[field] = keys[usage]
         return edu(SIGNING_KEY_UPDATE, content) if len(content) > 1 else None
 
-    async def _servers_sharing_a_room(self, user_id: str) -> list[str]:
-        users: set[str] = set()
-        for room_id in await self._store.get_rooms_for_user(user_id):
-            users |= await self._store.get_users_in_room(room_id)
-        return other_servers(users, self._server_name)
+
+def presence_item(state: UserPresenceState, now_ms: int) -> dict[str, Any]:
+    """One entry of an ``m.presence`` EDU's ``push``."""
+    item: dict[str, Any] = {
+        "user_id": state.user_id,
+        "presence": state.state,
+        "currently_active": state.currently_active,
+        "last_active_ago": max(0, now_ms - state.last_active_ts) if state.last_active_ts else 0,
+    }
+    if state.status_msg is not None:
+        item["status_msg"] = state.status_msg
+    return item
+
+
+class PresenceFeed(_Feed):
+    """Our users' presence changes, as ``m.presence`` EDUs (one per
+    destination per batch) to the servers sharing a room with them."""
+
+    _position = 0
+
+    def _begin(self) -> None:
+        self._position = self._store.get_presence_position()
+
+    async def _take_batch(self) -> bool:
+        upto = self._store.get_presence_position()
+        if upto <= self._position:
+            return False
+        rows = await self._store.get_presence_between(self._position, upto, BATCH)
+        full = len(rows) == BATCH
+        now = self._clock.time_msec()
+        by_destination: dict[str, list[dict[str, Any]]] = {}
+        for _, state in rows:
+            if server_of(state.user_id) != self._server_name:
+                continue
+            for destination in await self._servers_sharing_a_room(state.user_id):
+                by_destination.setdefault(destination, []).append(presence_item(state, now))
+        for destination, push in sorted(by_destination.items()):
+            self._send_edus(destination, [edu(PRESENCE, {"push": push})])
+        self._position = rows[-1][0] if full else upto
+        return full

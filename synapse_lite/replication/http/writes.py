@@ -296,6 +296,27 @@ class PresenceChange:
     status_msg: str | None = attr.ib(metadata=wire(Nullable(Str())))
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class RemotePresence:
+    """Another server's user's presence, as their server sent it (checked
+    by ``federation/inbound_edus.py``)."""
+
+    user_id: str = attr.ib(metadata=wire(UserId()))
+    presence: str = attr.ib(metadata=wire(Str(max_length=64)))
+    status_msg: str | None = attr.ib(metadata=wire(Nullable(Str())))
+    last_active_ts: int = attr.ib(metadata=wire(Int()))
+    currently_active: bool = attr.ib(metadata=wire(Bool(False)))
+
+
+SET_REMOTE_PRESENCE = InternalCall(
+    "set_remote_presence",
+    RemotePresence,
+    EmptyBody,
+    served_by=writer_of("presence"),
+    idempotent=True,
+)
+
+
 SET_PRESENCE = InternalCall(
     "set_presence",
     PresenceChange,
