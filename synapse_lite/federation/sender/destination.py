@@ -435,6 +435,8 @@ class DestinationQueue:
             self._counted_down = down
 
     def _schedule_retry(self, delay: float) -> None:
+        if self._stopped:
+            return  # a send loop that began before stop() ends here
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
         self._retry_call = self._clock.call_later(delay, self._retry)
