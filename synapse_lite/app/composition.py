@@ -90,7 +90,7 @@ from synapse_lite.handlers.federation_join import FederationJoinHandler, RemoteJ
 from synapse_lite.handlers.federation_rooms import FederationRoomsHandler, ReceivedEventsWriter
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.identity import IdentityHandler
-from synapse_lite.handlers.inbound_pdus import InboundPdus, ReceivedPduWriter
+from synapse_lite.handlers.inbound_pdus import InboundPdus, InboundQueue
 from synapse_lite.handlers.legacy_sync import LegacySyncHandler
 from synapse_lite.handlers.login import LoginHandler
 from synapse_lite.handlers.message import EventCreationHandler
@@ -149,8 +149,8 @@ from synapse_lite.replication.http.e2e_keys import (
 )
 from synapse_lite.replication.http.federation_rooms import (
     PERSIST_RECEIVED_EVENT,
-    PERSIST_RECEIVED_PDU,
     PERSIST_REMOTE_JOIN,
+    PROCESS_INBOUND_PDUS,
 )
 from synapse_lite.replication.http.forward_extremities import DELETE_FORWARD_EXTREMITIES
 from synapse_lite.replication.http.send_events import SEND_EVENTS
@@ -731,15 +731,19 @@ def _handlers(
     )
     # Other servers' events (remote joins) are persisted by the room's writer.
     received_writer = ReceivedEventsWriter(store, events)
-    pdu_writer = ReceivedPduWriter(events)
+    # Queued PDUs of received transactions too (handlers/inbound_pdus.py).
+    inbound_queue = InboundQueue(
+        store=store, clock=clock, events=events, instance_name=me, event_writers=event_writers
+    )
     remote_join_writer = RemoteJoinWriter(store, events)
     received_hooks = (
         Hooks(
             served=(
                 (PERSIST_RECEIVED_EVENT, received_writer.persist_received),
-                (PERSIST_RECEIVED_PDU, pdu_writer.persist),
+                (PROCESS_INBOUND_PDUS, inbound_queue.process),
                 (PERSIST_REMOTE_JOIN, remote_join_writer.persist),
-            )
+            ),
+            loops=(inbound_queue,),
         )
         if role.writes_events
         else Hooks()

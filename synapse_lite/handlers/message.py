@@ -508,15 +508,20 @@ class EventCreationHandler:
             await self._remove_guests(room_id)
         return events
 
-    async def persist_received_event(self, pdu: Mapping[str, Any], outlier: bool = False) -> Event:
+    async def persist_received_event(
+        self, pdu: Mapping[str, Any], outlier: bool = False, from_inbound_queue: bool = False
+    ) -> Event:
         """On the room's writer: persist an event another server sent
         (``pdu``, server-server JSON, its format, hashes and signatures
         already checked by the caller) with its outcome: rejected,
         soft-failed or accepted by the spec's checks against its auth
         events, the state before it and the current state; ``outlier``:
-        known without the state before it (its auth events checked only).
-        Holds the room's lock, like a local send. An event already stored
-        is returned as it is. Only an accepted event wakes clients."""
+        known without the state before it (its auth events checked only);
+        ``from_inbound_queue``: taken from the durable inbound queue, whose
+        row goes in the persist transaction (or now, when the event was
+        stored already). Holds the room's lock, like a local send. An event
+        already stored is returned as it is. Only an accepted event wakes
+        clients."""
         room_id = pdu.get("room_id")
         if not isinstance(room_id, str):
             raise SynapseError(400, "The event has no room_id", Codes.BAD_JSON)
@@ -532,10 +537,15 @@ class EventCreationHandler:
                 raise SynapseError(400, "The event is of another room", Codes.BAD_JSON)
             stored = await self._store.get_event(event.event_id)
             if stored is not None:
+                if from_inbound_queue:
+                    await self._store.remove_inbound_pdu(event.event_id)
                 return stored
             content = await received_event_content(self._store, version, event, outlier)
+            dequeued = [event.event_id] if from_inbound_queue else []
             try:
-                [persisted] = await self._store.persist_events([content])
+                [persisted] = await self._store.persist_events(
+                    [content], from_inbound_queue=dequeued
+                )
             finally:
                 # The room's extremities may have changed in any way.
                 self._room_extremities.pop(room_id)

@@ -20,6 +20,7 @@ from synapse_lite.storage.databases.main.end_to_end_keys import EndToEndKeyWorke
 from synapse_lite.storage.databases.main.events import EventsStore
 from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
+from synapse_lite.storage.databases.main.inbound_pdu_queue import InboundPduQueueWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.media import MediaRepositoryStore
 from synapse_lite.storage.databases.main.media_quarantine import MediaQuarantineWorkerStore
@@ -53,6 +54,7 @@ class GenericWorkerStore(
     DeviceInboxWorkerStore,
     FederationWorkerStore,
     ReceivedPdusWorkerStore,
+    InboundPduQueueWorkerStore,
     PresenceWorkerStore,
     FilteringWorkerStore,
     InstancesWorkerStore,

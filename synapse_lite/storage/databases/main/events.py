@@ -39,6 +39,7 @@ from synapse_lite.storage.databases.main.events_worker import (
     EventsWorkerStore,
     self_destruct_after,
 )
+from synapse_lite.storage.databases.main.inbound_pdu_queue import move_queued_to_received_txn
 from synapse_lite.storage.databases.main.search import index_events_txn
 from synapse_lite.storage.databases.main.state_groups import (
     EVENT_GROUP_CACHE_ENTRIES,
@@ -240,21 +241,25 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self,
         events: list[EventContent],
         push_actions: Mapping[str, Any] | None = None,
+        from_inbound_queue: Sequence[str] = (),
     ) -> list[Event]:
         """Persist events in order, in one transaction; returns them with their
         stream ids. ``push_actions``: event_id -> what it does for local
         members (``handlers.push.EventPushActions``), stored in the same
-        transaction. Raises :class:`DuplicateTransactionError` if a client's
-        transaction id was used meanwhile."""
+        transaction. ``from_inbound_queue``: ids of these events taken from
+        the durable inbound queue, whose queued rows become their
+        ``received_pdus`` rows in the same transaction (persisted and
+        dequeued together, or neither). Raises
+        :class:`DuplicateTransactionError` if a client's transaction id was
+        used meanwhile."""
+
+        def txn_func(txn: LoggingTransaction) -> list[Event]:
+            move_queued_to_received_txn(txn, from_inbound_queue)
+            return self._persist_events_txn(txn, events, push_actions or {})
+
         # A second run after a COMMIT of unknown outcome cannot store an event
         # twice: event ids and client transaction ids are unique keys.
-        persisted = await self.db_pool.runInteraction(
-            "persist_events",
-            self._persist_events_txn,
-            events,
-            push_actions or {},
-            idempotent=True,
-        )
+        persisted = await self.db_pool.runInteraction("persist_events", txn_func, idempotent=True)
         for event in persisted:
             self._event_cache.set(event.event_id, event)
         return persisted
