@@ -785,6 +785,7 @@ def _handlers(
             outbox=federation.outbox,
             pdus=InboundPdus(
                 store=store,
+                clock=clock,
                 server_name=server_name,
                 keyring=federation.keyring,
                 client=federation.client,

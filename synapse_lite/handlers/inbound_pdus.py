@@ -92,6 +92,8 @@ MISSING_EVENTS_LIMIT = 10
 #: before answering ``{}`` for those still queued (the origin's request
 #: times out after a minute or more).
 OUTCOME_WAIT_SECONDS = 10.0
+#: How much longer than that a receiving process waits for the writer.
+CALL_MARGIN_SECONDS = 5.0
 #: Queued PDUs a writer works on at once, across rooms (one per room).
 ROOMS_AT_ONCE = 4
 #: Queued PDUs of a room read per query.
@@ -124,6 +126,7 @@ class InboundPdus:
         self,
         *,
         store: GenericWorkerStore,
+        clock: Clock,
         server_name: str,
         keyring: Keyring,
         client: FederationClient,
@@ -131,6 +134,7 @@ class InboundPdus:
         event_writers: Callable[[], Sequence[str]],
     ) -> None:
         self._store = store
+        self._clock = clock
         self._server_name = server_name
         self._keyring = keyring
         self._client = client
@@ -315,14 +319,19 @@ class InboundPdus:
         writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
         if writer is None:
             return {}
+        call = defer.ensureDeferred(
+            self._calls.call(PROCESS_INBOUND_PDUS, QueuedPdus(room_id, event_ids), instance=writer)
+        )
         try:
-            answer = await self._calls.call(
-                PROCESS_INBOUND_PDUS, QueuedPdus(room_id, event_ids), instance=writer
-            )
-        except SynapseError as e:
-            logger.info("%s did not take the queue of %s now (%s): it will", writer, room_id, e.msg)
+            # A writer that hangs (stopped, overloaded) does not hold the
+            # answer beyond its own wait and a margin.
+            answer = await self._clock.timeout(call, OUTCOME_WAIT_SECONDS + CALL_MARGIN_SECONDS)
+        except (SynapseError, defer.TimeoutError) as e:
+            why = e.msg if isinstance(e, SynapseError) else "no answer in time"
+            logger.info("%s did not take the queue of %s now (%s): it will", writer, room_id, why)
             return {}
-        return answer.outcomes
+        outcomes: dict[str, Any] = answer.outcomes
+        return outcomes
 
 
 class InboundQueue:
