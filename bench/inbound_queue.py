@@ -94,10 +94,14 @@ class _Servers(InboundPdusBase):
         body = {"origin": "a.test", "origin_server_ts": 1, "pdus": pdus, "edus": []}
         header = sign_request(self.a_key, "a.test", "b.test", "PUT", path, body)
         url = self.b[instance].config.instance_map[instance].base_url + path
+        headers: dict[bytes | str, bytes | str] = {
+            "Authorization": header,
+            "Content-Type": "application/json",
+        }
         response = await treq.put(
             url,
             json.dumps(body).encode(),
-            headers={"Authorization": [header], "Content-Type": ["application/json"]},
+            headers=headers,
             pool=NO_KEEPALIVE,
         )
         answer: dict[str, Any] = json.loads(await treq.content(response))
@@ -189,7 +193,7 @@ async def stall(
             await fork.resolve(writer.reactor)
         return await persist(pdu, **kwargs)
 
-    events.persist_received_event = expensive  # type: ignore[method-assign]
+    events.persist_received_event = expensive  # type: ignore[method-assign,assignment]
     settled: dict[str, float] = {}
     settle = queue._settle
 

@@ -42,13 +42,14 @@ DEADLINE_SECONDS = 60.0
 class InboundQueueProcessesTestCase(unittest.TestCase):
     timeout = 300
 
-    # The two-server helpers of the federation workers test.
-    write_config = workers.FederationWorkersTestCase.write_config
-    load = workers.FederationWorkersTestCase.load
-    edit = workers.FederationWorkersTestCase.edit
-    run_server = workers.FederationWorkersTestCase.run_server
-    client_url = workers.FederationWorkersTestCase.client_url
-    query = workers.FederationWorkersTestCase.query
+    # The two-server helpers of the federation workers test (its methods,
+    # borrowed: subclassing it would run its test here too).
+    write_config: Any = workers.FederationWorkersTestCase.write_config
+    load: Any = workers.FederationWorkersTestCase.load
+    edit: Any = workers.FederationWorkersTestCase.edit
+    run_server: Any = workers.FederationWorkersTestCase.run_server
+    client_url: Any = workers.FederationWorkersTestCase.client_url
+    query: Any = workers.FederationWorkersTestCase.query
 
     async def test_a_reader_killed_after_answering_loses_nothing(self) -> None:
         transport = "redis" if test_engine_name() == "postgres" else "tcp"

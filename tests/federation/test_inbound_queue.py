@@ -205,7 +205,7 @@ class InboundQueueTestCase(InboundPdusBase):
         self.flushLoggedErrors(RuntimeError)
         # Fixed: the next one goes on, refused (its parent was dropped)
         # with its reason.
-        del events.persist_received_event  # type: ignore[attr-defined]
+        del events.persist_received_event
         await queue.wake(room_id)
         self.assertEqual(await store.get_inbound_queue_rooms(), [])
         self.assertIsNone(await store.get_event(next_id))
