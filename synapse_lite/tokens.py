@@ -30,7 +30,9 @@ _NUMBER = "[0-9]{1,18}"  # fits a signed 64-bit column
 #: accepts). Replication refuses claims beyond it, so a token this server hands
 #: out always parses.
 MAX_TOKEN_POSITION = 10**18 - 1
-_ROOM_TOKEN = re.compile(rf"([sm])({_NUMBER})((?:~{_NUMBER}\.{_NUMBER})*)")
+#: ``s-<n>``: a place among backfilled events (negative stream orderings,
+#: docs/federation.md "Backfill"), handed out by ``/messages`` only.
+_ROOM_TOKEN = re.compile(rf"([sm])(-?{_NUMBER})((?:~{_NUMBER}\.{_NUMBER})*)")
 _KEY = re.compile(_NUMBER)
 
 

@@ -86,6 +86,7 @@ from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
+from synapse_lite.handlers.federation_backfill import Backfiller, BackfillWriter
 from synapse_lite.handlers.federation_join import FederationJoinHandler, RemoteJoinWriter
 from synapse_lite.handlers.federation_rooms import FederationRoomsHandler, ReceivedEventsWriter
 from synapse_lite.handlers.filtering import FilteringHandler
@@ -148,6 +149,7 @@ from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_SIGNATURES,
 )
 from synapse_lite.replication.http.federation_rooms import (
+    PERSIST_BACKFILLED,
     PERSIST_RECEIVED_EVENT,
     PERSIST_RECEIVED_PDU,
     PERSIST_REMOTE_JOIN,
@@ -576,9 +578,8 @@ def _handlers(
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
-    remote_members = _remote_membership(
-        config, role, clock, store, federation, calls, event_writers
-    )
+    remote = _remote_membership(config, role, clock, store, federation, calls, event_writers)
+    remote_members, backfiller = remote if remote is not None else (None, None)
     members = RoomMemberHandler(
         store, clock, server_name, events, upgraded_rooms, app_service_queries, remote_members
     )
@@ -598,7 +599,7 @@ def _handlers(
     # One formatter for /sync, /messages and /context: the filters'
     # ``event_format: federation`` signs with the server's key.
     formatter = ClientEventFormatter(store, PduSigner(server_name, signing_key))
-    pagination = PaginationHandler(store, clock, formatter)
+    pagination = PaginationHandler(store, clock, formatter, lambda: backfiller)
     relations = RelationsHandler(store, clock, pagination)
     identity = IdentityHandler(store, outbound, signing_key, server_name)
     sync = SyncHandler(
@@ -739,6 +740,7 @@ def _handlers(
                 (PERSIST_RECEIVED_EVENT, received_writer.persist_received),
                 (PERSIST_RECEIVED_PDU, pdu_writer.persist),
                 (PERSIST_REMOTE_JOIN, remote_join_writer.persist),
+                (PERSIST_BACKFILLED, BackfillWriter(store, me, event_writers).persist),
             )
         )
         if role.writes_events
@@ -817,10 +819,11 @@ def _remote_membership(
     federation: Federation,
     calls: InternalCalls,
     event_writers: Callable[[], Sequence[str]],
-) -> FederationJoinHandler | None:
-    """Joins and leaves of our users in other servers' rooms, through this
-    process's federation client (a client worker's own, made on first use),
-    with its keyring or, where it has none, one made on first use."""
+) -> tuple[FederationJoinHandler, Backfiller] | None:
+    """Joins and leaves of our users in other servers' rooms, and backfill
+    of their history, through this process's federation client (a client
+    worker's own, made on first use), with its keyring or, where it has
+    none, one made on first use."""
     queries = federation.queries
     if queries is None:
         return None
@@ -854,6 +857,14 @@ def _remote_membership(
         signing_key=signing_key,
         calls=calls,
         writers=config.writers,
+        event_writers=event_writers,
+    ), Backfiller(
+        store=store,
+        clock=clock,
+        server_name=config.server_name,
+        client=queries.client,
+        keyring=keyring,
+        calls=calls,
         event_writers=event_writers,
     )
 

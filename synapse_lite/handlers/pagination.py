@@ -9,6 +9,7 @@ after it. A page's ``end`` is where the next page starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
@@ -22,6 +23,7 @@ from synapse_lite.tokens import InvalidToken, RoomStreamToken
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.handlers.federation_backfill import Backfiller
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 MAX_PAGE = 1000
@@ -36,11 +38,18 @@ class PaginationHandler:
     """``/messages``, ``/state``, ``/members``."""
 
     def __init__(
-        self, store: GenericWorkerStore, clock: Clock, formatter: ClientEventFormatter
+        self,
+        store: GenericWorkerStore,
+        clock: Clock,
+        formatter: ClientEventFormatter,
+        backfiller: Callable[[], Backfiller | None] = lambda: None,
     ) -> None:
+        """``backfiller``: where history before what we hold is asked of
+        other servers (None on processes that cannot)."""
         self._store = store
         self._clock = clock
         self._formatter = formatter
+        self._backfiller = backfiller
 
     async def parse_token(self, value: str) -> RoomStreamToken:
         """A room token, or the room part of a sync token; else a 400."""
@@ -109,6 +118,11 @@ class PaginationHandler:
         if direction == "b":
             upper = visibility.upper_bound(start)
             raw, last, exhausted = await self._scan(room_id, end_bound, upper, limit, True, keep)
+            if exhausted and end_bound is None and await self._backfilled(room_id, last):
+                # History from other servers arrived where the page ran out.
+                raw, last, exhausted = await self._scan(
+                    room_id, end_bound, upper, limit, True, keep
+                )
             next_token = None
             if last is not None and (raw or not exhausted):
                 next_token = RoomStreamToken(last.stream_ordering - 1)
@@ -138,6 +152,16 @@ class PaginationHandler:
             response["end"] = await self._store.room_token_to_string(next_token)
         return response
 
+    async def _backfilled(self, room_id: str, last: Event | None) -> bool:
+        """Whether history before ``last`` (the oldest event a backward page
+        read; None: it read nothing) was fetched from other servers now
+        (``handlers/federation_backfill.py``). Not when the page reached the
+        room's create event (its whole history is here)."""
+        backfiller = self._backfiller()
+        if backfiller is None or (last is not None and last.type == "m.room.create"):
+            return False
+        return await backfiller.backfill(room_id) > 0
+
     async def _scan(
         self,
         room_id: str,
@@ -154,7 +178,7 @@ class PaginationHandler:
         page may then come back short, with a token to read on from."""
         if event_filter is None:
             events = await self._store.get_room_events_between(
-                [room_id], lower, upper, limit, newest_first=newest_first
+                [room_id], lower, upper, limit, newest_first=newest_first, backfilled=True
             )
             return events, events[-1] if events else None, len(events) < limit
         page = max(limit, SCAN_PAGE)
@@ -164,7 +188,7 @@ class PaginationHandler:
             if len(found) >= limit:
                 return found, last, False
             events = await self._store.get_room_events_between(
-                [room_id], lower, upper, page, newest_first=newest_first
+                [room_id], lower, upper, page, newest_first=newest_first, backfilled=True
             )
             for event in events:
                 last = event

@@ -69,3 +69,25 @@ PERSIST_REMOTE_JOIN = InternalCall(
     idempotent=True,
     answer_position=SEND_EVENTS.answer_position,
 )
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class BackfilledEvents:
+    """History of ``room_id`` that ``origin`` answered ``/backfill`` with
+    (``answer``: ``{"pdus": [...]}``): each PDU's format, room, content
+    hash and signatures checked by the process that asked
+    (``handlers/federation_backfill.py``); the writer checks each against
+    its own auth events."""
+
+    room_id: str = attr.ib(metadata=wire(RoomId()))
+    origin: str = attr.ib(metadata=wire(Identifier()))
+    answer: dict[str, Any] = attr.ib(hash=False, metadata=wire(JsonObject()))
+
+
+PERSIST_BACKFILLED = InternalCall(
+    "persist_backfilled",
+    BackfilledEvents,
+    EventsPersisted,
+    # Events the writer already has are left out of what it stores.
+    idempotent=True,
+)

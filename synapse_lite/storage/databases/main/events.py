@@ -197,6 +197,8 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         # The auth chain positions of events this writer indexed or read
         # (the auth events of its next state events).
         self._auth_positions: LruCache[IndexedEvent] = LruCache(EVENT_GROUP_CACHE_ENTRIES)
+        # Ids of the backfill stream (stored ids count down from -1).
+        self._backfill_id_gen = hs.id_generators.of("backfill")
         # Kept only where a streamer sends them (a layout with workers).
         self._committed_rows = CommittedRows() if hs.config.workers else None
         if self._committed_rows is not None:
@@ -318,6 +320,56 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             self._event_cache.set(event.event_id, event)
         return persisted[-1]
 
+    async def persist_backfilled_events(
+        self, room_id: str, origin: str, events: Sequence[tuple[EventContent, dict[str, Any]]]
+    ) -> list[Event]:
+        """Persist history another server gave by ``/backfill``
+        (docs/federation.md, "Backfill"), in one transaction: each event
+        (checked by the caller against its own auth events; its received
+        form beside it) on the **backfill stream**, whose stored ids count
+        down, deepest first, so the room's stream order reads them before
+        everything already held and, among them, by depth. They are in the
+        graph (edges) without state groups, and move no forward extremity,
+        current state nor room row (old history changes nothing of now)."""
+        ordered = sorted(events, key=lambda e: (-e[0].depth, -e[0].origin_server_ts))
+
+        def txn_func(txn: LoggingTransaction) -> list[Event]:
+            contents = [c for c, _ in ordered]
+            txn.execute_batch(
+                "INSERT INTO received_pdus (event_id, room_id, origin, pdu_json)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+                [(c.event_id, room_id, origin, json_encoder(pdu)) for c, pdu in ordered],
+            )
+            # Counting down: the deepest event gets the id nearest zero.
+            stream_ids = self._backfill_id_gen.get_next_mult_txn(txn, len(contents))
+            insert_rows_txn(
+                txn,
+                "event_edges (event_id, prev_event_id)",
+                [(c.event_id, prev) for c in contents for prev in c.prev_event_ids],
+            )
+            insert_rows_txn(
+                txn,
+                "event_auth_edges (event_id, auth_id)",
+                [(c.event_id, auth) for c in contents for auth in c.auth_event_ids],
+            )
+            self._index_auth_chains_txn(txn, contents, stream_ids)
+            persisted = [
+                self._stored(c, stream_id)
+                for c, stream_id in zip(contents, stream_ids, strict=True)
+            ]
+            self._insert_events_txn(txn, persisted, {}, {}, backfilled=True)
+            index_events_txn(txn, persisted)
+            for event in persisted:
+                txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
+            return persisted
+
+        persisted = await self.db_pool.runInteraction(
+            "persist_backfilled_events", txn_func, idempotent=False
+        )
+        for event in persisted:
+            self._event_cache.set(event.event_id, event)
+        return persisted
+
     async def persist_remote_invite(
         self, content: EventContent, origin: str, pdu: dict[str, Any], room_version: str
     ) -> Event:
@@ -378,22 +430,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self._index_auth_chains_txn(txn, events, stream_ids)
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
-            event = Event(
-                event_id=content.event_id,
-                room_id=room_id,
-                type=content.type,
-                state_key=content.state_key,
-                sender=content.sender,
-                content=content.content,
-                origin_server_ts=content.origin_server_ts,
-                stream_ordering=stream_id,
-                depth=content.depth,
-                instance_name=self._instance_name,
-                redacts=content.redacts,
-                outlier=content.outlier,
-                rejected=content.rejected_reason is not None,
-                soft_failed=content.soft_failed,
-            )
+            event = self._stored(content, stream_id)
             if content.rejected_reason is not None:
                 txn.execute(
                     "INSERT INTO rejections (event_id, reason, rejected_ts) VALUES (?, ?, ?)",
@@ -449,6 +486,25 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             txn.call_after(self.invalidate_state_caches, room_id, members_changed[room_id])
         return persisted
 
+    def _stored(self, content: EventContent, stream_id: int) -> Event:
+        """``content`` as persisted here at ``stream_id``."""
+        return Event(
+            event_id=content.event_id,
+            room_id=content.room_id,
+            type=content.type,
+            state_key=content.state_key,
+            sender=content.sender,
+            content=content.content,
+            origin_server_ts=content.origin_server_ts,
+            stream_ordering=stream_id,
+            depth=content.depth,
+            instance_name=self._instance_name,
+            redacts=content.redacts,
+            outlier=content.outlier,
+            rejected=content.rejected_reason is not None,
+            soft_failed=content.soft_failed,
+        )
+
     def _record_persisted_positions(
         self, persisted: list[Event], resolved_rows: Mapping[int, list[Any]]
     ) -> None:
@@ -484,7 +540,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         events: list[Event],
         push_actions: Mapping[str, Any],
         groups: Mapping[str, EventGroups],
+        backfilled: bool = False,
     ) -> None:
+        """``backfilled``: old history (``persist_backfilled_events``),
+        which changes no room row (an old join rule is not the room's now).
+        """
         # One batch: on PostgreSQL a page of rows costs one round trip. An
         # event's default push actions ride on its row (no extra statement).
         defaults = {}
@@ -521,7 +581,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             ],
         )
         served = [e for e in events if e.served]
-        for event in served:
+        for event in [] if backfilled else served:
             self._update_room_row_txn(txn, event)
         relations = [(e, r) for e in served if (r := relation_of(e.content)) is not None]
         if relations:

@@ -330,6 +330,25 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         )
         return {str(event_id): int(depth) for event_id, depth in rows}
 
+    async def get_backward_extremities(self, room_id: str, limit: int) -> list[str]:
+        """Where the room's known history has holes to backfill
+        (docs/federation.md, "Backfill"): ``prev_events`` of the room's
+        stored, not rejected events (outliers too) that are not stored at
+        all, at most ``limit``, those of the deepest children first. Reads
+        the room's edges: asked only when a reader reached the start of
+        what we hold."""
+        rows = await self.db_pool.select(
+            "get_backward_extremities",
+            "SELECT x.prev_event_id, MAX(e.topological_ordering) AS child_depth"
+            " FROM events AS e JOIN event_edges AS x ON x.event_id = e.event_id"
+            " LEFT JOIN events AS p ON p.event_id = x.prev_event_id"
+            " WHERE e.room_id = ? AND NOT e.rejected AND p.event_id IS NULL"
+            " GROUP BY x.prev_event_id ORDER BY child_depth DESC, x.prev_event_id LIMIT ?",
+            room_id,
+            limit,
+        )
+        return [str(r[0]) for r in rows]
+
     async def get_event_id_for_txn(self, user_id: str, device_id: str, txn_id: str) -> str | None:
         """The event an earlier send with this transaction id created, if any."""
         rows = await self.db_pool.select(

@@ -102,19 +102,23 @@ class StreamWorkerStore(EventsWorkerStore):
         to_token: RoomStreamToken,
         limit: int,
         newest_first: bool = True,
+        backfilled: bool = False,
     ) -> list[Event]:
         """Events of ``room_ids`` after ``from_token`` (all, if None) and at or
         before ``to_token``, at most ``limit``, in stream order (newest first
-        when ``newest_first``)."""
+        when ``newest_first``). ``backfilled``: with the events of the
+        backfill stream (negative stream orderings, before all others:
+        ``/messages``), which nothing else that reads the stream shows."""
         if not room_ids:
             return []
         lower = from_token or RoomStreamToken(-(2**62))
         where, args = lower.bounds_sql(to_token, "stream_ordering", "instance_name")
         placeholders = ", ".join("?" for _ in room_ids)
         order = "DESC" if newest_first else "ASC"
+        positive = "" if backfilled else " AND stream_ordering > 0"
         sql = (
             f"SELECT {EVENT_COLUMNS} FROM events WHERE room_id IN ({placeholders})"
-            f" AND stream_ordering > 0 AND {SERVED} AND {where}"
+            f"{positive} AND {SERVED} AND {where}"
             f" ORDER BY stream_ordering {order} LIMIT ?"
         )
 
