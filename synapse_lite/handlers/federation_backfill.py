@@ -43,7 +43,7 @@ from twisted.internet import defer
 from synapse_lite.api.errors import NotFoundError, SynapseError
 from synapse_lite.api.identifiers import server_of
 from synapse_lite.event_graph.authorisation import EventAuthError, auth_events_state, authorise
-from synapse_lite.event_graph.pdu import Pdu, StateKey
+from synapse_lite.event_graph.pdu import Pdu, StateKey, stored_as_pdu
 from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.pdu_checks import (
     CheckedPdu,
@@ -52,7 +52,7 @@ from synapse_lite.federation.pdu_checks import (
     check_pdu_signatures,
 )
 from synapse_lite.handlers.message import RoomMovedError
-from synapse_lite.handlers.received_events import pdu_as_content, received_pdu, stored_as_pdu
+from synapse_lite.handlers.received_events import pdu_as_content, received_pdu
 from synapse_lite.replication.http.federation_rooms import PERSIST_BACKFILLED, BackfilledEvents
 from synapse_lite.replication.http.send_events import EventsPersisted
 

@@ -23,9 +23,9 @@ import attr
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.room_versions import RoomVersion
 from synapse_lite.event_graph.hashing import event_id_of
-from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
+from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey, stored_as_pdu
 from synapse_lite.event_graph.received import needed_state_keys, received_outcome
-from synapse_lite.events import Event, EventContent
+from synapse_lite.events import EventContent
 
 if TYPE_CHECKING:
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -42,24 +42,6 @@ def received_pdu(room_version: RoomVersion, pdu: Mapping[str, Any]) -> Pdu:
         return Pdu.from_json(room_version, pdu, event_id)
     except (KeyError, PduFormatError) as e:
         raise SynapseError(400, f"Malformed event: {e}", Codes.BAD_JSON) from e
-
-
-def stored_as_pdu(event: Event) -> Pdu:
-    """A stored event as the authorisation rules read it (as an auth event
-    or in a state: its own edges are not read there)."""
-    return Pdu(
-        event_id=event.event_id,
-        room_id=event.room_id,
-        type=event.type,
-        state_key=event.state_key,
-        sender=event.sender,
-        content=event.content,
-        prev_event_ids=(),
-        auth_event_ids=(),
-        depth=event.depth,
-        origin_server_ts=event.origin_server_ts,
-        redacts=event.redacts,
-    )
 
 
 async def received_event_content(

@@ -6,11 +6,14 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import (
     IMPLICIT_ROOM_VERSION,
     SPEC_ROOM_VERSIONS,
     RoomVersion,
 )
+from synapse_lite.event_graph.authorisation import redaction_applies
+from synapse_lite.event_graph.pdu import Pdu, StateKey, stored_as_pdu
 from synapse_lite.events import Event, pruned_content
 from synapse_lite.storage._base import db_to_json, json_encoder, page_of_updates
 from synapse_lite.storage.caches import LruCache, cached
@@ -187,7 +190,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                 missing.append(event_id)
         if missing:
 
-            def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, str]]:
+            def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, list[str]]]:
                 fetched = self._get_events_txn(txn, missing)
                 return fetched, self._redactions_of_txn(txn, [e.event_id for e in fetched])
 
@@ -264,39 +267,74 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         )
         return await self._apply_redactions(events, by_target)
 
-    def _redactions_of_txn(self, txn: LoggingTransaction, ids: list[str]) -> dict[str, str]:
-        """The earliest redaction of each of ``ids`` that has one, by the
-        redacted event's id (for :meth:`_apply_redactions`; a read that
-        fetched the events runs it in the same transaction)."""
-        by_target: dict[str, str] = {}
+    def _redactions_of_txn(self, txn: LoggingTransaction, ids: list[str]) -> dict[str, list[str]]:
+        """The redactions of each of ``ids`` that has some, earliest first,
+        by the redacted event's id (for :meth:`_apply_redactions`; a read
+        that fetched the events runs it in the same transaction)."""
+        by_target: dict[str, list[str]] = {}
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ", ".join("?" for _ in chunk)
             txn.execute(
                 "SELECT redacts, event_id FROM events WHERE type = 'm.room.redaction'"
                 f" AND redacts IN ({marks}) AND NOT rejected AND NOT soft_failed"
-                " ORDER BY stream_ordering DESC",
+                " ORDER BY stream_ordering",
                 chunk,
             )
-            by_target.update({target: redaction for target, redaction in txn.fetchall()})
+            for target, redaction in txn.fetchall():
+                by_target.setdefault(target, []).append(redaction)
         return by_target
 
     async def _apply_redactions(
-        self, events: list[Event], by_target: dict[str, str]
+        self, events: list[Event], by_target: dict[str, list[str]]
     ) -> list[Event]:
-        """``events`` with the redactions :meth:`_redactions_of_txn` found applied."""
+        """``events`` with the redactions :meth:`_redactions_of_txn` found
+        applied: the earliest that applies to each (``redaction_applies``:
+        a redaction of another room's event, of itself, or in versions 3 on
+        of another server's event by a user without the power to redact, is
+        ignored)."""
         if not by_target:
             return events
-        redactions = await self.get_events(list(by_target.values()))
+        # Read as stored, not through get_events: two redactions of each
+        # other would otherwise read each other without end.
+        redactions = await self.get_events_as_stored(
+            sorted({r for rs in by_target.values() for r in rs})
+        )
         result = []
         for event in events:
-            redaction = redactions.get(by_target.get(event.event_id, ""))
-            if redaction is None:
+            applied = None
+            for redaction_id in by_target.get(event.event_id, ()):
+                redaction = redactions.get(redaction_id)
+                if redaction is not None and await self._redaction_applies(redaction, event):
+                    applied = redaction
+                    break
+            if applied is None:
                 result.append(event)
             else:
                 version = await self.get_room_version(event.room_id)
-                result.append(event.redacted(redaction, version))
+                result.append(event.redacted(applied, version))
         return result
+
+    async def _redaction_applies(self, redaction: Event, target: Event) -> bool:
+        version = await self.get_room_version(target.room_id)
+        state: dict[StateKey, Pdu] = {}
+        if (
+            redaction.room_id == target.room_id
+            and not version.redaction_auth_rule
+            and server_of(redaction.sender) != server_of(target.sender)
+        ):
+            # The power to redact, as the room's state says now.
+            rows = await self.db_pool.select(
+                "redaction_power_state",
+                "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?"
+                " AND type IN ('m.room.create', 'm.room.power_levels') AND state_key = ''",
+                target.room_id,
+            )
+            found = await self.get_events([str(r[2]) for r in rows])
+            state = {
+                (str(r[0]), str(r[1])): stored_as_pdu(found[r[2]]) for r in rows if r[2] in found
+            }
+        return redaction_applies(version, stored_as_pdu(redaction), stored_as_pdu(target), state)
 
     async def get_room_version(self, room_id: str) -> RoomVersion:
         """The version of a room this server has (its create event's: any

@@ -122,7 +122,7 @@ class StreamWorkerStore(EventsWorkerStore):
             f" ORDER BY stream_ordering {order} LIMIT ?"
         )
 
-        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, str]]:
+        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, list[str]]]:
             txn.execute(sql, (*room_ids, *args, limit))
             events = [event_from_row(r) for r in txn.fetchall()]
             return events, self._redactions_of_txn(txn, [e.event_id for e in events])
@@ -157,7 +157,7 @@ class StreamWorkerStore(EventsWorkerStore):
             " ORDER BY stream_ordering DESC LIMIT ?) AS r{}"
         )
 
-        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, str]]:
+        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, list[str]]]:
             events: list[Event] = []
             for start in range(0, len(room_ids), ROOMS_PER_UNION):
                 chunk = room_ids[start : start + ROOMS_PER_UNION]
