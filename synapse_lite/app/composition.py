@@ -119,6 +119,7 @@ from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomU
 from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.server_notices import ServerNoticesHandler
 from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
+from synapse_lite.handlers.state_gaps import StateGapWriter
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.sync_sections.builtin import BuiltInSections
 from synapse_lite.handlers.sync_sections.stream_parts import stream_part_sections
@@ -153,6 +154,7 @@ from synapse_lite.replication.http.federation_rooms import (
     PERSIST_RECEIVED_EVENT,
     PERSIST_RECEIVED_PDU,
     PERSIST_REMOTE_JOIN,
+    PERSIST_STATE_GAP,
 )
 from synapse_lite.replication.http.forward_extremities import DELETE_FORWARD_EXTREMITIES
 from synapse_lite.replication.http.send_events import SEND_EVENTS
@@ -741,6 +743,7 @@ def _handlers(
                 (PERSIST_RECEIVED_PDU, pdu_writer.persist),
                 (PERSIST_REMOTE_JOIN, remote_join_writer.persist),
                 (PERSIST_BACKFILLED, BackfillWriter(store, me, event_writers).persist),
+                (PERSIST_STATE_GAP, StateGapWriter(store, events).persist),
             )
         )
         if role.writes_events

@@ -47,6 +47,7 @@ from synapse_lite.federation.pdu_checks import (
     check_pdu_signatures,
 )
 from synapse_lite.federation.server_acl import server_allowed
+from synapse_lite.handlers.state_gaps import StateGaps
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_PDU, ReceivedEvent
 from synapse_lite.replication.http.send_events import EventsPersisted
 
@@ -61,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 #: Missing ancestors asked of the origin per PDU (the spec suggests 10).
 MISSING_EVENTS_LIMIT = 10
+#: Gaps filled with ``/state_ids`` per PDU (``handlers/state_gaps.py``).
+MAX_GAPS_FILLED = 1
 
 
 class PduError(Exception):
@@ -92,6 +95,9 @@ class InboundPdus:
         self._client = client
         self._calls = calls
         self._event_writers = event_writers
+        self._gaps = StateGaps(
+            store=store, keyring=keyring, client=client, calls=calls, event_writers=event_writers
+        )
 
     async def on_pdus(self, origin: str, pdus: Sequence[Any]) -> dict[str, dict[str, str]]:
         """The ``pdus`` answer of a transaction from ``origin``: each PDU's
@@ -223,11 +229,22 @@ class InboundPdus:
                 continue
             fetched.append(found)
         fetched.sort(key=lambda f: f.event.depth)
+        gaps_filled = 0
         for found in fetched:
             if await self._store.get_event(found.event_id) is not None:
                 continue
-            if await self._unknown_parents(found):
-                logger.info("Missing event %s still has unknown parents: skipped", found.event_id)
+            unknown = await self._unknown_parents(found)
+            if unknown:
+                # A gap get_missing_events did not close: the states after
+                # its missing parents, asked of the origin (once per PDU).
+                if gaps_filled >= MAX_GAPS_FILLED:
+                    logger.info("Missing event %s has unknown parents: skipped", found.event_id)
+                    continue
+                gaps_filled += 1
+                try:
+                    await self._gaps.persist_filling_gap(origin, version, found, unknown)
+                except (PduRefused, FederationRequestError) as e:
+                    logger.info("Filling the gap before %s failed: %s", found.event_id, e)
                 continue
             try:
                 await self._persist(origin, found)

@@ -45,21 +45,27 @@ def received_pdu(room_version: RoomVersion, pdu: Mapping[str, Any]) -> Pdu:
 
 
 async def received_event_content(
-    store: GenericWorkerStore, room_version: RoomVersion, event: Pdu, outlier: bool
+    store: GenericWorkerStore,
+    room_version: RoomVersion,
+    event: Pdu,
+    outlier: bool,
+    state_before: Mapping[StateKey, str] | None = None,
 ) -> EventContent:
     """``event`` as the writer persists it, with its outcome. Its room must
     be known (its create event stored). ``outlier``: persist it without
     the state before it (an auth event fetched for another, say): only
-    the check against its own auth events is made. Otherwise every prev
-    event must be stored with its state (400 naming the others: fetch them,
-    or persist this as an outlier)."""
+    the check against its own auth events is made. ``state_before``: the
+    state before it, as the caller resolved it (parents of which another
+    server gave the states). Otherwise every prev event must be stored
+    with its state (400 naming the others: fetch them, or persist this as
+    an outlier)."""
     if event.type == "m.room.create" and event.state_key == "":
         raise SynapseError(
             400, "A received create event belongs to a join, not to a known room", Codes.BAD_JSON
         )
     keys = needed_state_keys(room_version, event)
-    before_ids: Mapping[StateKey, str] | None = None
-    if not outlier:
+    before_ids: Mapping[StateKey, str] | None = state_before
+    if not outlier and before_ids is None:
         before_ids = await store.get_state_ids_before_received(event.room_id, event.prev_event_ids)
         if before_ids is None or not event.prev_event_ids:
             known = await store.get_state_groups_of_events(event.prev_event_ids)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attr
 
-from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS
+from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS, RoomVersion
 from synapse_lite.event_graph.pdu import StateKey
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
@@ -218,23 +218,36 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         return await super().get_events_stream_updates(instance_name, last_id, current_id, limit)
 
     async def get_state_ids_before_received(
-        self, room_id: str, prev_event_ids: Sequence[str]
+        self,
+        room_id: str,
+        prev_event_ids: Sequence[str],
+        given_states: Sequence[Mapping[StateKey, str]] = (),
     ) -> dict[StateKey, str] | None:
         """The state before an event whose parents are ``prev_event_ids``
         (on the room's writer, about to persist it): the state after its
         one parent, or the resolution of its parents' states (the room
         version's algorithm, as the persist transaction will store it).
-        None when a parent is unknown or has no state (an outlier)."""
+        None when a parent is unknown or has no state (an outlier), unless
+        ``given_states`` stand for those: the states after parents we do
+        not have, as another server told them (``/state_ids``), resolved
+        with the states after the parents we have."""
 
         def txn_func(txn: LoggingTransaction) -> dict[StateKey, str] | None:
             wanted = sorted(set(prev_event_ids))
             groups = groups_of_events_txn(txn, wanted)
-            if len(groups) < len(wanted):
+            if len(groups) < len(wanted) and not given_states:
                 return None
             distinct = sorted({g.id: g for g in groups.values()}.values(), key=lambda g: g.id)
-            if len(distinct) == 1:
-                return state_of_group_txn(txn, distinct[0].id)
-            return self._resolve_groups_txn(txn, room_id, distinct)[0]
+            if not given_states:
+                if len(distinct) == 1:
+                    return state_of_group_txn(txn, distinct[0].id)
+                return self._resolve_groups_txn(txn, room_id, distinct)[0]
+            states = [state_of_group_txn(txn, g.id) for g in distinct]
+            states.extend(dict(s) for s in given_states)
+            unique = list({tuple(sorted(s.items())): s for s in states}.values())
+            if len(unique) == 1:
+                return dict(unique[0])
+            return resolve_states_txn(txn, self._room_version_txn(txn, room_id), unique)
 
         return await self.db_pool.runInteraction("get_state_ids_before_received", txn_func)
 
@@ -242,12 +255,16 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self,
         events: list[EventContent],
         push_actions: Mapping[str, Any] | None = None,
+        given_state_before: Mapping[str, Mapping[StateKey, str]] | None = None,
     ) -> list[Event]:
         """Persist events in order, in one transaction; returns them with their
         stream ids. ``push_actions``: event_id -> what it does for local
         members (``handlers.push.EventPushActions``), stored in the same
-        transaction. Raises :class:`DuplicateTransactionError` if a client's
-        transaction id was used meanwhile."""
+        transaction. ``given_state_before``: event_id -> the state before
+        it where its parents' states do not say it (a received event whose
+        missing parents' states another server gave). Raises
+        :class:`DuplicateTransactionError` if a client's transaction id was
+        used meanwhile."""
         # A second run after a COMMIT of unknown outcome cannot store an event
         # twice: event ids and client transaction ids are unique keys.
         persisted = await self.db_pool.runInteraction(
@@ -255,6 +272,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             self._persist_events_txn,
             events,
             push_actions or {},
+            given_state_before,
             idempotent=True,
         )
         for event in persisted:
@@ -787,10 +805,12 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         """The resolution of the states of ``groups`` (by the room's
         version's algorithm), and those states."""
         states = [state_of_group_txn(txn, g.id) for g in groups]
+        return resolve_states_txn(txn, self._room_version_txn(txn, room_id), states), states
+
+    def _room_version_txn(self, txn: LoggingTransaction, room_id: str) -> RoomVersion:
         txn.execute("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,))
         row = txn.fetchone()
-        version = SPEC_ROOM_VERSIONS.get(str(row[0]) if row else "", IMPLICIT_ROOM_VERSION)
-        return resolve_states_txn(txn, version, states), states
+        return SPEC_ROOM_VERSIONS.get(str(row[0]) if row else "", IMPLICIT_ROOM_VERSION)
 
     def _resolve_parent_groups_txn(
         self, txn: LoggingTransaction, room_id: str, groups: Sequence[GroupRef], group_id: int
