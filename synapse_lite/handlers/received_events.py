@@ -24,7 +24,11 @@ from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.room_versions import RoomVersion
 from synapse_lite.event_graph.hashing import event_id_of
 from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey, stored_as_pdu
-from synapse_lite.event_graph.received import needed_state_keys, received_outcome
+from synapse_lite.event_graph.received import (
+    ReceivedOutcome,
+    needed_state_keys,
+    received_outcome,
+)
 from synapse_lite.events import EventContent
 
 if TYPE_CHECKING:
@@ -100,6 +104,12 @@ async def received_event_content(
         state(before_ids),
         state(current_ids) if current_ids else None,
     )
+    if outcome.rejected is None and event.redacts is not None:
+        # A redaction of another room's event is no event of this room's
+        # (the spec: redactions apply within their room only).
+        target = (await store.get_events_as_stored([event.redacts])).get(event.redacts)
+        if target is not None and target.room_id != event.room_id:
+            outcome = ReceivedOutcome(rejected="it redacts an event of another room")
     if not outcome.accepted:
         logger.info(
             "Received event %s in %s %s: %s",

@@ -59,6 +59,7 @@ class ReceivedRedactionsTestCase(LoopbackServers):
         await eventually(redacted, timeout=10, what="the redaction on b.test")
         event = await alice.ok("GET", path)
         self.assertEqual(event["unsigned"]["redacted_because"]["event_id"], redaction["event_id"])
+        self.assertEqual(event["unsigned"]["redacted_by"], redaction["event_id"])
         # Served redacted to other servers: the content gone, the hash stale.
         key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
         code, body = await self.signed_request(

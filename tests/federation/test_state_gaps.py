@@ -111,3 +111,21 @@ class StateGapsTestCase(InboundPdusBase):
             answer = await self.send(f"g3{len(fake.gets)}", [events["C"]])
             self.assertIn("error", answer[ids["C"]])
             self.assertIsNone(await store.get_event(ids["X"]))
+
+
+class HostileRedactionsTestCase(InboundPdusBase):
+    """Redactions in ``/send`` that must not redact (docs/federation.md,
+    "Redactions")."""
+
+    async def test_a_redaction_of_another_rooms_event_is_rejected(self) -> None:
+        alice, room_1, _version = await self.joined_room()
+        kept = await alice.send(room_1, "keep me")
+        _bob, room_2 = await self.room()
+        version = await self.join_carol(room_2)
+        redaction = await self.event(room_2, "m.room.redaction", {"redacts": kept})
+        redaction = sign_event(version, {**redaction, "redacts": kept}, "a.test", self.a_key)
+        redaction_id = event_id_of(version, redaction)
+        answer = await self.send("r1", [redaction])
+        self.assertIn("redacts an event of another room", answer[redaction_id]["error"])
+        event = await alice.ok("GET", f"/rooms/{q(room_1)}/event/{q(kept)}")
+        self.assertEqual(event["content"]["body"], "keep me")
