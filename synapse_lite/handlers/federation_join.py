@@ -377,10 +377,10 @@ class FederationJoinHandler:
         try:
             return signed, await client.put_json(server, FEDERATION_V2 + path, signed)
         except FederationRequestError as e:
-            if e.code not in (400, 404) or _errcode(e) != "M_UNRECOGNIZED":
+            if not _v2_unknown(e):
                 raise
         old = await client.put_json(server, FEDERATION_V1 + path, signed)
-        return signed, old[1] if isinstance(old, list) and len(old) == 2 else old
+        return signed, _v1_answer(old)
 
     async def check_answer(
         self, version: RoomVersion, room_id: str, signed: dict[str, Any], sent: dict[str, Any]
@@ -558,9 +558,21 @@ class FederationJoinHandler:
             "event": signed,
             "invite_room_state": await self._stripped_state(room_id, sender),
         }
-        path = f"{FEDERATION_V2}/invite/{_q(room_id)}/{_q(event_id)}"
+        path = f"/invite/{_q(room_id)}/{_q(event_id)}"
         try:
-            answer = await self._client().put_json(server, path, body)
+            try:
+                answer = await self._client().put_json(server, FEDERATION_V2 + path, body)
+            except FederationRequestError as e:
+                # v1 knows only rooms of versions 1 and 2 (it names none).
+                v1_room = version.event_ids is EventIdFormat.SERVER_SUFFIXED
+                if not (v1_room and _v2_unknown(e)):
+                    raise
+                # v1: the event, its stripped state in ``unsigned``.
+                unsigned = {"invite_room_state": body["invite_room_state"]}
+                v1_body = {**signed, "unsigned": unsigned}
+                answer = _v1_answer(
+                    await self._client().put_json(server, FEDERATION_V1 + path, v1_body)
+                )
             returned = read_answer_pdu(version, room_id, _dict(answer).get("event"))
             if returned.event.event_id != event_id:
                 raise JoinAnswerError("the answer's event is not our invite")
@@ -682,6 +694,20 @@ def _is_stripped_state(value: Any) -> bool:
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def _v2_unknown(e: FederationRequestError) -> bool:
+    """Whether a v2 endpoint's refusal says the server has only v1: 400 or
+    404 ``M_UNRECOGNIZED``, or a 404 with no Matrix error at all."""
+    errcode = _errcode(e)
+    return (e.code in (400, 404) and errcode == "M_UNRECOGNIZED") or (
+        e.code == 404 and errcode is None
+    )
+
+
+def _v1_answer(answer: Any) -> Any:
+    """A v1 answer's object, out of its ``[200, {...}]`` list."""
+    return answer[1] if isinstance(answer, list) and len(answer) == 2 else answer
 
 
 def _errcode(e: FederationRequestError) -> str | None:

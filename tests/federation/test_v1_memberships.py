@@ -1,0 +1,84 @@
+"""The v1 membership endpoints (deprecated, still used by some servers and
+SyTest): ``PUT /v1/send_join`` and ``/v1/send_leave`` answer as v2 does,
+inside a ``[200, {...}]`` list, and refuse what v2 refuses. b.test is a
+main process and a federation worker (tests/federation/test_rooms.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
+from synapse_lite.event_graph.hashing import event_id_of, sign_event
+from synapse_lite.federation.client import FederationClient, FederationRequestError
+from synapse_lite.storage.id_generators import generator as id_generators
+from tests.federation.test_rooms import CAROL, FederationRoomsBase, q
+from tests.harness.client_api import ClientApi
+from tests.harness.federation import LoopbackServers
+
+
+class V1MembershipsTestCase(FederationRoomsBase):
+    async def test_v1_send_join_and_send_leave(self) -> None:
+        alice, room_id = await self.room()
+        code, made = await self.make_join(room_id)
+        self.assertEqual(code, 200, made)
+        version = KNOWN_ROOM_VERSIONS[made["room_version"]]
+        join = self.signed_join(made["event"], version)
+        join_id = event_id_of(version, join)
+        path = f"/_matrix/federation/v1/send_join/{q(room_id)}/{q(join_id)}"
+        # Signed by another server than the one asking: refused as in v2.
+        forged = sign_event(version, {**made["event"], "origin": "a.test"}, "b.test", self.b_key)
+        code, _ = await self.federation("PUT", path, forged)
+        self.assertIn(code, (400, 403))
+        code, answer = await self.federation("PUT", path, join)
+        self.assertEqual(code, 200, answer)
+        self.assertEqual(answer[0], 200)
+        self.assertIn("state", answer[1])
+        self.assertIn("auth_chain", answer[1])
+        self.assertIn(CAROL, await self.members(alice, room_id))
+
+        code, made = await self.federation(
+            "GET", f"/_matrix/federation/v1/make_leave/{q(room_id)}/{q(CAROL)}"
+        )
+        self.assertEqual(code, 200, made)
+        leave = sign_event(version, {**made["event"], "origin": "a.test"}, "a.test", self.a_key)
+        leave_id = event_id_of(version, leave)
+        code, answer = await self.federation(
+            "PUT", f"/_matrix/federation/v1/send_leave/{q(room_id)}/{q(leave_id)}", leave
+        )
+        self.assertEqual((code, answer), (200, [200, {}]))
+        self.assertNotIn(CAROL, await self.members(alice, room_id))
+
+
+class V1InviteFallbackTestCase(LoopbackServers):
+    """An invite to a room of version 1 or 2 for a server that knows only
+    ``/v1/invite`` (its v2 answers 404 without a Matrix error, as SyTest's
+    does) goes through v1."""
+
+    def setUp(self) -> None:
+        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
+        self.a = self.make_server("a.test", [])
+        self.b = self.make_server("b.test", [])
+        self.connect(self.a, self.b)
+
+    async def test_invite_falls_back_to_v1(self) -> None:
+        base = self.b["main"].config.instance_map["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        room_id = await alice.create_room(preset="private_chat", name="Secret", room_version="1")
+        bob = await ClientApi(self, self.a["main"].config.instance_map["main"].base_url).register(
+            "bob"
+        )
+        original = FederationClient.put_json
+        paths: list[str] = []
+
+        async def put_json(client: Any, destination: str, path: str, content: Any) -> Any:
+            paths.append(path)
+            if "/v2/invite/" in path:
+                raise FederationRequestError(destination, "404", 404, None)
+            return await original(client, destination, path, content)
+
+        self.patch(FederationClient, "put_json", put_json)
+        await alice.ok("POST", f"/rooms/{q(room_id)}/invite", {"user_id": bob.user_id})
+        self.assertTrue(any("/v1/invite/" in p for p in paths), paths)
+        invite = (await bob.sync())["rooms"]["invite"][room_id]["invite_state"]["events"]
+        names = [e for e in invite if e["type"] == "m.room.name"]
+        self.assertEqual(names[0]["content"]["name"], "Secret")
