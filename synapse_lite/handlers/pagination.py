@@ -233,7 +233,7 @@ class PaginationHandler:
         event = await self._store.get_event(event_id)
         if event is None or event.room_id != room_id or not event.served:
             raise NotFoundError("Event not found")
-        if event.stream_ordering <= 0 or not visibility.can_see(event):
+        if not visibility.can_see(event):
             raise NotFoundError("Event not found")
         [event] = await self._formatter.as_seen_by(requester.user_id, [event])
         return event
@@ -299,7 +299,11 @@ class PaginationHandler:
         at = RoomStreamToken(event.stream_ordering)
         before = (
             await self._store.get_room_events_between(
-                [room_id], None, RoomStreamToken(event.stream_ordering - 1), before_limit
+                [room_id],
+                None,
+                RoomStreamToken(event.stream_ordering - 1),
+                before_limit,
+                backfilled=True,
             )
             if before_limit
             else []
@@ -307,7 +311,7 @@ class PaginationHandler:
         upper = visibility.upper_bound(self._store.get_room_max_token())
         after = (
             await self._store.get_room_events_between(
-                [room_id], at, upper, after_limit, newest_first=False
+                [room_id], at, upper, after_limit, newest_first=False, backfilled=True
             )
             if after_limit
             else []

@@ -83,6 +83,15 @@ class BackfillTestCase(LoopbackServers):
         orderings = [e.stream_ordering for e in stored if e is not None]
         self.assertTrue(all(o < 0 for o in orderings), orderings)
         self.assertEqual(orderings, sorted(orderings, reverse=True))
+        # A backfilled event is read by id and in context like any other.
+        middle = events[10]
+        path = f"/rooms/{q(room_id)}/event/{q(middle['event_id'])}"
+        self.assertEqual((await carol.ok("GET", path))["content"], middle["content"])
+        context = await carol.ok(
+            "GET", f"/rooms/{q(room_id)}/context/{q(middle['event_id'])}?limit=4"
+        )
+        self.assertEqual(bodies(context["events_before"]), bodies(events[11:13]))
+        self.assertEqual(bodies(context["events_after"]), list(reversed(bodies(events[8:10]))))
 
     async def test_backfill_asked_on_a_worker_is_read_on_the_writer(self) -> None:
         c = self.make_server("c.test", ["w1"])
