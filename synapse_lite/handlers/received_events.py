@@ -104,12 +104,13 @@ async def received_event_content(
         state(before_ids),
         state(current_ids) if current_ids else None,
     )
-    if outcome.rejected is None and event.redacts is not None:
-        # A redaction of another room's event is no event of this room's
-        # (the spec: redactions apply within their room only).
+    if outcome.accepted and event.redacts is not None:
+        # A redaction of another room's event redacts nothing (redactions
+        # apply within their room): kept out of the room's timeline, as
+        # a soft-failed event (answered {}, as the reference server does).
         target = (await store.get_events_as_stored([event.redacts])).get(event.redacts)
         if target is not None and target.room_id != event.room_id:
-            outcome = ReceivedOutcome(rejected="it redacts an event of another room")
+            outcome = ReceivedOutcome(soft_failed="it redacts an event of another room")
     if not outcome.accepted:
         logger.info(
             "Received event %s in %s %s: %s",
