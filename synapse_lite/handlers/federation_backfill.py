@@ -3,10 +3,11 @@ it when a reader pages back past what we have (docs/federation.md,
 "Backfill").
 
 :class:`Backfiller` runs on the process answering ``/messages`` (any with
-the client API): when a backward page reaches the start of what we hold in
-a room that other servers share, it takes the room's **backward
-extremities** (``prev_events`` we have not stored), asks the servers with a
-user joined to the room, one after the other, ``GET
+the client API): when a backward page in a room that other servers share
+reads an event whose ``prev_events`` we have not stored (a hole), or
+reaches the start of what we hold, it takes those missing events (else the
+room's **backward extremities**), asks the servers with a user joined to
+the room, one after the other, ``GET
 /_matrix/federation/v1/backfill/{roomId}?v=…&limit=…``, and checks each
 event of the answer as untrusted input before anything is stored:
 
@@ -104,17 +105,29 @@ class Backfiller:
         #: room -> (extremities asked, when) of a backfill that stored nothing.
         self._fruitless: dict[str, tuple[frozenset[str], int]] = {}
 
-    async def backfill(self, room_id: str) -> int:
-        """One round of backfill of ``room_id``: how many events were stored
-        (0 when there is nothing to ask, nobody to ask, or no answer gave
-        anything new). Never raises for another server's failure."""
-        servers = sorted(
+    async def servers_to_ask(self, room_id: str) -> list[str]:
+        """The other servers with a user joined to ``room_id`` (none: the
+        room is ours alone, nothing to backfill), in name order."""
+        return sorted(
             {server_of(u) for u in await self._store.get_users_in_room(room_id)}
             - {self._server_name}
         )
+
+    async def backfill(self, room_id: str, read: Sequence[str], at_start: bool) -> int:
+        """One round of backfill of ``room_id`` for a backward page that
+        read the events ``read`` (and the one just after it, when the
+        caller includes it): the missing ``prev_events`` of those (holes in
+        the history being read) or, when there are none and the page
+        reached the start of what we hold (``at_start``), the room's
+        backward extremities. How many events were stored (0 when there is
+        nothing to ask, nobody to ask, or no answer gave anything new).
+        Never raises for another server's failure."""
+        servers = await self.servers_to_ask(room_id)
         if not servers:
             return 0
-        extremities = await self._store.get_backward_extremities(room_id, MAX_EXTREMITIES)
+        extremities = await self._store.get_missing_prev_events(read, MAX_EXTREMITIES)
+        if not extremities and at_start:
+            extremities = await self._store.get_backward_extremities(room_id, MAX_EXTREMITIES)
         if not extremities:
             return 0
         asked = frozenset(extremities)

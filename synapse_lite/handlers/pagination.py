@@ -118,7 +118,7 @@ class PaginationHandler:
         if direction == "b":
             upper = visibility.upper_bound(start)
             raw, last, exhausted = await self._scan(room_id, end_bound, upper, limit, True, keep)
-            if exhausted and end_bound is None and await self._backfilled(room_id, last):
+            if end_bound is None and await self._backfilled(room_id, raw, last, exhausted, upper):
                 # History from other servers arrived where the page ran out.
                 raw, last, exhausted = await self._scan(
                     room_id, end_bound, upper, limit, True, keep
@@ -152,15 +152,34 @@ class PaginationHandler:
             response["end"] = await self._store.room_token_to_string(next_token)
         return response
 
-    async def _backfilled(self, room_id: str, last: Event | None) -> bool:
-        """Whether history before ``last`` (the oldest event a backward page
-        read; None: it read nothing) was fetched from other servers now
-        (``handlers/federation_backfill.py``). Not when the page reached the
-        room's create event (its whole history is here)."""
+    async def _backfilled(
+        self,
+        room_id: str,
+        read: list[Event],
+        last: Event | None,
+        exhausted: bool,
+        upper: RoomStreamToken,
+    ) -> bool:
+        """Whether history around a backward page was fetched from other
+        servers now (``handlers/federation_backfill.py``): where the page
+        (``read``, and the event just after it) names parents we do not
+        have, or where it ran out (``exhausted``; ``last``: the oldest event
+        read) short of the room's create event (then its whole history is
+        here)."""
         backfiller = self._backfiller()
-        if backfiller is None or (last is not None and last.type == "m.room.create"):
+        if backfiller is None or not await backfiller.servers_to_ask(room_id):
             return False
-        return await backfiller.backfill(room_id) > 0
+        after = await self._store.get_room_events_between(
+            [room_id],
+            upper,
+            self._store.get_room_max_token(),
+            1,
+            newest_first=False,
+            backfilled=True,
+        )
+        at_start = exhausted and (last is None or last.type != "m.room.create")
+        ids = [e.event_id for e in [*after, *read]]
+        return await backfiller.backfill(room_id, ids, at_start) > 0
 
     async def _scan(
         self,

@@ -368,6 +368,23 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         )
         return {str(event_id): int(depth) for event_id, depth in rows}
 
+    async def get_missing_prev_events(self, event_ids: Sequence[str], limit: int) -> list[str]:
+        """The ``prev_events`` of ``event_ids`` that are not stored at all
+        (holes in the history a reader reads), at most ``limit``, sorted."""
+        if not event_ids:
+            return []
+        marks = ", ".join("?" for _ in event_ids)
+        rows = await self.db_pool.select(
+            "get_missing_prev_events",
+            "SELECT DISTINCT x.prev_event_id FROM event_edges AS x"
+            " LEFT JOIN events AS p ON p.event_id = x.prev_event_id"
+            f" WHERE x.event_id IN ({marks}) AND p.event_id IS NULL"
+            " ORDER BY x.prev_event_id LIMIT ?",
+            *event_ids,
+            limit,
+        )
+        return [str(r[0]) for r in rows]
+
     async def get_backward_extremities(self, room_id: str, limit: int) -> list[str]:
         """Where the room's known history has holes to backfill
         (docs/federation.md, "Backfill"): ``prev_events`` of the room's
