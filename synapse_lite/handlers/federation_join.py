@@ -305,7 +305,9 @@ class FederationJoinHandler:
         """Join ``user_id`` to ``room_id`` through one of ``servers`` (then
         the room id's server); the join's id. 404 when no server could be
         had, naming each one's failure; 403 when a server said the room's
-        rules refuse it and no other let us in."""
+        rules refuse it and no other let us in; else a server's 400 with
+        its Matrix error (``M_INCOMPATIBLE_ROOM_VERSION`` and its
+        ``room_version``, say) is passed through to the client."""
         candidates = candidate_servers(servers, room_id, self._server_name)
         if not candidates:
             raise SynapseError(
@@ -313,11 +315,14 @@ class FederationJoinHandler:
             )
         problems: list[str] = []
         refused = False
+        passed: FederationRequestError | None = None
         for server in candidates:
             try:
                 return await self._join_through(server, user_id, room_id, content)
             except FederationRequestError as e:
                 refused = refused or e.code == 403
+                if passed is None and e.code == 400 and _errcode(e) is not None:
+                    passed = e
                 problems.append(f"{server}: {_error_of(e)}")
             except JoinAnswerError as e:
                 logger.warning("Refused %s's answer to join %s: %s", server, room_id, e.reason)
@@ -325,6 +330,11 @@ class FederationJoinHandler:
         detail = "; ".join(problems)
         if refused:
             raise AuthError(403, f"Could not join {room_id}: {detail}")
+        if passed is not None:
+            body = _dict(passed.body)
+            extra = {k: v for k, v in body.items() if k not in ("errcode", "error")}
+            errcode = _errcode(passed) or Codes.UNKNOWN
+            raise SynapseError(400, f"Could not join {room_id}: {detail}", errcode, extra)
         raise SynapseError(404, f"Could not join {room_id}: {detail}", Codes.NOT_FOUND)
 
     async def _join_through(

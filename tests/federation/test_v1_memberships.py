@@ -1,6 +1,7 @@
 """The v1 membership endpoints (deprecated, still used by some servers and
 SyTest): ``PUT /v1/send_join`` and ``/v1/send_leave`` answer as v2 does,
-inside a ``[200, {...}]`` list, and refuse what v2 refuses. b.test is a
+inside a ``[200, {...}]`` list, and refuse what v2 refuses; our invites
+fall back to ``/v1/invite``; a ``make_join`` refusal is passed through. b.test is a
 main process and a federation worker (tests/federation/test_rooms.py)."""
 
 from __future__ import annotations
@@ -49,10 +50,11 @@ class V1MembershipsTestCase(FederationRoomsBase):
         self.assertNotIn(CAROL, await self.members(alice, room_id))
 
 
-class V1InviteFallbackTestCase(LoopbackServers):
+class RemoteMembershipAnswersTestCase(LoopbackServers):
     """An invite to a room of version 1 or 2 for a server that knows only
     ``/v1/invite`` (its v2 answers 404 without a Matrix error, as SyTest's
-    does) goes through v1."""
+    does) goes through v1; a server's 400 to ``make_join`` reaches the
+    client as it was."""
 
     def setUp(self) -> None:
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
@@ -82,3 +84,21 @@ class V1InviteFallbackTestCase(LoopbackServers):
         invite = (await bob.sync())["rooms"]["invite"][room_id]["invite_state"]["events"]
         names = [e for e in invite if e["type"] == "m.room.name"]
         self.assertEqual(names[0]["content"]["name"], "Secret")
+
+    async def test_a_make_join_error_is_passed_through(self) -> None:
+        base = self.b["main"].config.instance_map["main"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        room_id = await alice.create_room(preset="public_chat")
+        bob = await ClientApi(self, self.a["main"].config.instance_map["main"].base_url).register(
+            "bob"
+        )
+        refusal = {"errcode": "M_INCOMPATIBLE_ROOM_VERSION", "error": "no", "room_version": "x"}
+
+        async def get_json(client: Any, destination: str, path: str, signed: bool = True) -> Any:
+            raise FederationRequestError(destination, "400", 400, refusal)
+
+        self.patch(FederationClient, "get_json", get_json)
+        code, body = await bob.request("POST", f"/join/{q(room_id)}?server_name=b.test", {})
+        self.assertEqual(code, 400, body)
+        self.assertEqual(body["errcode"], "M_INCOMPATIBLE_ROOM_VERSION")
+        self.assertEqual(body["room_version"], "x")
