@@ -130,6 +130,24 @@ def read_answer_pdu(version: RoomVersion, room_id: str, pdu: Any) -> ReceivedPdu
     return ReceivedPdu(event, pdu)
 
 
+def _readable(version: RoomVersion, room_id: str, pdus: Sequence[Any]) -> list[ReceivedPdu]:
+    """The events of a send_join answer's ``state`` or ``auth_chain`` that
+    :func:`read_answer_pdu` accepts. Decided (as the reference server and
+    SyTest's "Event with an invalid signature in the send_join response
+    should not cause room join to fail" expect): one that is malformed, of
+    another room or forged (content hash) is **dropped** with a WARNING,
+    not the whole answer; what the join needs (the create event, the auth
+    events of what is kept) is then missing, and :func:`check_join_answer`
+    refuses the answer for that."""
+    kept = []
+    for pdu in pdus:
+        try:
+            kept.append(read_answer_pdu(version, room_id, pdu))
+        except JoinAnswerError as e:
+            logger.warning("Dropped an event of a send_join answer for %s: %s", room_id, e.reason)
+    return kept
+
+
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class CheckedJoin:
     """A send_join answer that passed :func:`check_join_answer`."""
@@ -411,8 +429,8 @@ class FederationJoinHandler:
             if theirs.event.event_id != join.event.event_id:
                 raise JoinAnswerError("the answer's event is not our join")
             join = theirs
-        state_pdus = [read_answer_pdu(version, room_id, p) for p in state]
-        chain_pdus = [read_answer_pdu(version, room_id, p) for p in chain]
+        state_pdus = _readable(version, room_id, state)
+        chain_pdus = _readable(version, room_id, chain)
         distinct: dict[str, ReceivedPdu] = {}
         for received in [*state_pdus, *chain_pdus, join]:
             seen = distinct.setdefault(received.event.event_id, received)
@@ -421,9 +439,23 @@ class FederationJoinHandler:
                 # does not cover it): which is checked and which is kept
                 # must not differ.
                 raise JoinAnswerError(f"two different copies of {received.event.event_id}")
-        for received in distinct.values():
-            await self._check_signatures(version, received)
-        return check_join_answer(version, room_id, join, state_pdus, chain_pdus)
+        await self._check_signatures(version, join)
+        forged: set[str] = set()
+        for event_id, received in distinct.items():
+            if received is join:
+                continue
+            try:
+                await self._check_signatures(version, received)
+            except JoinAnswerError as e:
+                logger.warning("Dropped an event of a send_join answer for %s: %s", room_id, e)
+                forged.add(event_id)
+        return check_join_answer(
+            version,
+            room_id,
+            join,
+            [r for r in state_pdus if r.event.event_id not in forged],
+            [r for r in chain_pdus if r.event.event_id not in forged],
+        )
 
     async def _check_signatures(self, version: RoomVersion, received: ReceivedPdu) -> None:
         try:
