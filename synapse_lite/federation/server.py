@@ -30,7 +30,12 @@ from twisted.web.server import Request
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_room_alias
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
-from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
+from synapse_lite.federation.crypto import (
+    CanonicalJsonError,
+    SignatureError,
+    canonical_json,
+    verify_signature,
+)
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
 from synapse_lite.http.server import (
     JsonResource,
@@ -67,7 +72,13 @@ class FederationAuthError(SynapseError):
 async def authenticate_request(
     keyring: Keyring, server_name: str, request: Request, content: Any
 ) -> str:
-    """The origin server of a signed request to us, or a 401 (logged)."""
+    """The origin server of a signed request to us, or a 401 (logged); a
+    400 ``M_BAD_JSON`` for a body no server could have signed (not
+    canonical JSON: a float, an integer out of range)."""
+    try:
+        canonical_json(content)
+    except CanonicalJsonError as e:
+        raise SynapseError(400, f"The body is not canonical JSON: {e}", Codes.BAD_JSON) from None
     headers = request.requestHeaders.getRawHeaders(b"Authorization") or []
     problems: list[str] = []
     for header in headers:

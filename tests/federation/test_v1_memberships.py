@@ -6,7 +6,10 @@ main process and a federation worker (tests/federation/test_rooms.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import treq
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
 from synapse_lite.event_graph.hashing import event_id_of, sign_event
@@ -15,6 +18,7 @@ from synapse_lite.storage.id_generators import generator as id_generators
 from tests.federation.test_rooms import CAROL, FederationRoomsBase, q
 from tests.harness.client_api import ClientApi
 from tests.harness.federation import LoopbackServers
+from tests.harness.processes import NO_KEEPALIVE
 
 
 class V1MembershipsTestCase(FederationRoomsBase):
@@ -48,6 +52,20 @@ class V1MembershipsTestCase(FederationRoomsBase):
         )
         self.assertEqual((code, answer), (200, [200, {}]))
         self.assertNotIn(CAROL, await self.members(alice, room_id))
+
+    async def test_a_body_that_is_not_canonical_json_is_bad_json(self) -> None:
+        _alice, room_id = await self.room()
+        # A float: no server could have signed it (answered before the
+        # signature is looked at).
+        response = await treq.request(
+            "PUT",
+            self.urls["b.test"] + f"/_matrix/federation/v2/send_join/{q(room_id)}/$x",
+            data=json.dumps({"content": {"bad_val": 1.1}}).encode(),
+            headers={"Authorization": ["X-Matrix origin=a.test,key=ed25519:x,sig=x"]},
+            pool=NO_KEEPALIVE,
+        )
+        self.assertEqual(response.code, 400)
+        self.assertEqual(json.loads(await treq.content(response))["errcode"], "M_BAD_JSON")
 
 
 class RemoteMembershipAnswersTestCase(LoopbackServers):
