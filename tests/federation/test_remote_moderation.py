@@ -62,6 +62,7 @@ class RemoteModerationTestCase(LoopbackServers):
         # ... and bans dave, who cannot come back.
         await alice.ok("POST", f"/rooms/{q(room_id)}/ban", {"user_id": dave.user_id})
         await self.settled(alice, room_id, dave.user_id, "ban")
+        await self.settled(dave, room_id, dave.user_id, "ban")
         code, _ = await dave.request("POST", f"/join/{q(room_id)}?server_name=b.test", {})
         self.assertEqual(code, 403)
 
