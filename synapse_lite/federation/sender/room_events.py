@@ -72,10 +72,11 @@ def destinations_of(
     event: Event, joined: Iterable[str], server_name: str, origin: str | None
 ) -> list[str]:
     """The servers ``event`` goes to: those of the ``joined`` users, and
-    of a membership event's target; never us, the sender's server nor
-    ``origin``. Sorted."""
+    of a membership event's target (a kicked or banned user's) but an
+    invite's (its server had it through ``/invite``, and may not know the
+    room); never us, the sender's server nor ``origin``. Sorted."""
     servers = {server_of(u) for u in joined}
-    if event.type == "m.room.member" and event.state_key:
+    if event.type == "m.room.member" and event.state_key and event.membership != "invite":
         servers.add(server_of(event.state_key))
     servers -= {server_name, server_of(event.sender)}
     if origin is not None:
