@@ -521,9 +521,9 @@ class FederationRoomsHandler:
         """The ``membership`` event (join, leave) ``origin`` sent,
         checked as far as it can be without the room's state: 400 for a
         malformed event, one whose id is not ``event_id``, of another room,
-        not that membership of its sender, or whose content hash does not
-        match; 403 for a user of another server than ``origin`` or a missing
-        or bad signature."""
+        not that membership of its sender, or (once its signatures are
+        checked) whose content hash does not match; 403 for a user of
+        another server than ``origin`` or a missing or bad signature."""
         if not isinstance(pdu, dict):
             raise _bad("The event must be an object")
         try:
@@ -557,11 +557,14 @@ class FederationRoomsHandler:
             raise _bad("The event's sender is not a user id")
         if server_of(event.sender) != origin:
             raise AuthError(403, f"{event.sender} is not a user of {origin}")
-        if not content_hash_matches(version, pdu):
-            raise _bad("The event's content hash does not match its content")
+        # Signatures first: an unsigned event is refused as unsigned (403,
+        # as SyTest expects), whatever its hashes; a signed one whose
+        # content was changed after signing is then 400.
         for server in sorted(servers_that_must_sign(version, pdu)):
             if server != self._server_name:  # we sign what we accept below
                 await self._check_signed_by(version, pdu, server)
+        if not content_hash_matches(version, pdu):
+            raise _bad("The event's content hash does not match its content")
         return event
 
     async def _check_signed_by(

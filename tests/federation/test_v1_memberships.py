@@ -45,7 +45,14 @@ class V1MembershipsTestCase(FederationRoomsBase):
             "GET", f"/_matrix/federation/v1/make_leave/{q(room_id)}/{q(CAROL)}"
         )
         self.assertEqual(code, 200, made)
-        leave = sign_event(version, {**made["event"], "origin": "a.test"}, "a.test", self.a_key)
+        # Unsigned (no hashes either): refused as unsigned, 403.
+        bare = {**made["event"], "origin": "a.test"}
+        bare_id = event_id_of(version, bare)
+        code, answer = await self.federation(
+            "PUT", f"/_matrix/federation/v1/send_leave/{q(room_id)}/{q(bare_id)}", bare
+        )
+        self.assertEqual(code, 403, answer)
+        leave = sign_event(version, bare, "a.test", self.a_key)
         leave_id = event_id_of(version, leave)
         code, answer = await self.federation(
             "PUT", f"/_matrix/federation/v1/send_leave/{q(room_id)}/{q(leave_id)}", leave
