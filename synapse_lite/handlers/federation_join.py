@@ -46,6 +46,7 @@ from synapse_lite.event_graph.hashing import (
     sign_event,
 )
 from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey, room_id_of_create
+from synapse_lite.events import event_canonical_json
 from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.crypto import CanonicalJsonError
 from synapse_lite.federation.pdu_checks import PduRefused, check_pdu_signatures
@@ -117,6 +118,9 @@ def read_answer_pdu(version: RoomVersion, room_id: str, pdu: Any) -> ReceivedPdu
     if version.event_ids is not EventIdFormat.SERVER_SUFFIXED:
         pdu.pop("event_id", None)
     try:
+        # The whole event as its version's canonical JSON (a float in the
+        # content of a version 6 event, say, is no event of that version).
+        event_canonical_json(pdu, version.strict_canonical_json)
         event_id = event_id_of(version, pdu)
         event = Pdu.from_json(version, pdu, event_id)
     except (CanonicalJsonError, KeyError, TypeError, ValueError, PduFormatError) as e:

@@ -10,10 +10,12 @@ import json
 from typing import Any
 
 import treq
+from twisted.trial import unittest
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
 from synapse_lite.event_graph.hashing import event_id_of, sign_event
 from synapse_lite.federation.client import FederationClient, FederationRequestError
+from synapse_lite.handlers.federation_join import JoinAnswerError, read_answer_pdu
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.federation.test_rooms import CAROL, FederationRoomsBase, q
 from tests.harness.client_api import ClientApi
@@ -127,3 +129,26 @@ class RemoteMembershipAnswersTestCase(LoopbackServers):
         self.assertEqual(code, 400, body)
         self.assertEqual(body["errcode"], "M_INCOMPATIBLE_ROOM_VERSION")
         self.assertEqual(body["room_version"], "x")
+
+
+class AnswerPduTestCase(unittest.TestCase):
+    def test_an_answer_event_that_is_not_canonical_json_is_refused(self) -> None:
+        # A float in a version 6 event's content (its id, over the redacted
+        # form, could still be computed): refused, not a crash.
+        version = KNOWN_ROOM_VERSIONS["6"]
+        pdu = {
+            "room_id": "!r:b.test",
+            "type": "m.room.member",
+            "state_key": "@bob:a.test",
+            "sender": "@alice:b.test",
+            "content": {"membership": "invite", "bad_val": 1.1},
+            "origin_server_ts": 1,
+            "depth": 3,
+            "prev_events": ["$p"],
+            "auth_events": [],
+            "hashes": {"sha256": "x"},
+            "signatures": {},
+        }
+        with self.assertRaises(JoinAnswerError) as raised:
+            read_answer_pdu(version, "!r:b.test", pdu)
+        self.assertIn("malformed for room version 6", raised.exception.reason)
