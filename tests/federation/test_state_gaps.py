@@ -16,6 +16,7 @@ from typing import Any
 from synapse_lite.event_graph.hashing import event_id_of, sign_event
 from tests.federation.test_inbound_pdus import InboundPdusBase, ScriptedServer
 from tests.federation.test_rooms import CAROL, q
+from tests.harness.client_api import ClientApi
 
 
 class GapServer(ScriptedServer):
@@ -31,9 +32,11 @@ class GapServer(ScriptedServer):
     def render_GET(self, request: Any) -> bytes:
         request.setHeader(b"Content-Type", b"application/json")
         path = urllib.parse.unquote(request.path.decode())
-        self.gets.append(path)
+        self.gets.append(urllib.parse.unquote(request.uri.decode()))
         if "/state_ids/" in path:
             return json.dumps(self.state_ids).encode()
+        if "/backfill/" in path:
+            return json.dumps({"origin": "a.test", "origin_server_ts": 1, "pdus": []}).encode()
         if "/event/" in path:
             event_id = path.rsplit("/", 1)[1]
             if event_id in self.events:
@@ -86,6 +89,15 @@ class StateGapsTestCase(InboundPdusBase):
         y = await store.get_event(ids["Y"])
         assert y is not None
         self.assertTrue(y.outlier)
+        # Paging back over X, whose parent Y is only an outlier (a hole),
+        # asks a.test to backfill from Y. (On fed1: main's route to a.test,
+        # from sending to it before, is the real a.test's.)
+        url = self.b["fed1"].config.instance_map["fed1"].base_url
+        on_fed1 = ClientApi(self, url).as_user(alice.token)
+        await on_fed1.ok("GET", f"/rooms/{q(room_id)}/messages?dir=b&limit=5")
+        backfills = [p for p in fake.gets if "/backfill/" in p]
+        self.assertTrue(backfills, fake.gets)
+        self.assertIn(f"v={ids['Y']}", backfills[0])
 
     async def test_an_event_that_is_not_the_one_asked_for_is_refused(self) -> None:
         _alice, room_id, fake, events = await self.gap()

@@ -369,8 +369,10 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         return {str(event_id): int(depth) for event_id, depth in rows}
 
     async def get_missing_prev_events(self, event_ids: Sequence[str], limit: int) -> list[str]:
-        """The ``prev_events`` of ``event_ids`` that are not stored at all
-        (holes in the history a reader reads), at most ``limit``, sorted."""
+        """The ``prev_events`` of ``event_ids`` that are not in the room's
+        history: not stored, or stored only as outliers (the parent a gap
+        was filled at, say): holes in the history a reader reads, at most
+        ``limit``, sorted."""
         if not event_ids:
             return []
         marks = ", ".join("?" for _ in event_ids)
@@ -378,7 +380,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             "get_missing_prev_events",
             "SELECT DISTINCT x.prev_event_id FROM event_edges AS x"
             " LEFT JOIN events AS p ON p.event_id = x.prev_event_id"
-            f" WHERE x.event_id IN ({marks}) AND p.event_id IS NULL"
+            f" WHERE x.event_id IN ({marks}) AND (p.event_id IS NULL OR p.outlier)"
             " ORDER BY x.prev_event_id LIMIT ?",
             *event_ids,
             limit,
