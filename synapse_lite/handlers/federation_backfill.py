@@ -46,12 +46,7 @@ from synapse_lite.api.identifiers import server_of
 from synapse_lite.event_graph.authorisation import EventAuthError, auth_events_state, authorise
 from synapse_lite.event_graph.pdu import Pdu, StateKey, stored_as_pdu
 from synapse_lite.federation.client import FederationRequestError
-from synapse_lite.federation.pdu_checks import (
-    CheckedPdu,
-    PduRefused,
-    check_pdu_format,
-    check_pdu_signatures,
-)
+from synapse_lite.federation.pdu_checks import CheckedPdu, PduRefused, check_room_pdu
 from synapse_lite.handlers.message import RoomMovedError
 from synapse_lite.handlers.received_events import pdu_as_content, received_pdu
 from synapse_lite.replication.http.federation_rooms import PERSIST_BACKFILLED, BackfilledEvents
@@ -184,10 +179,7 @@ class Backfiller:
         checked: dict[str, CheckedPdu] = {}
         for raw in pdus[:BACKFILL_LIMIT]:
             try:
-                pdu = check_pdu_format(version, raw)
-                if pdu.event.room_id != room_id:
-                    raise PduRefused(f"of another room ({pdu.event.room_id})")
-                await check_pdu_signatures(self._keyring(), version, pdu.pdu)
+                pdu = await check_room_pdu(self._keyring(), version, room_id, raw)
             except PduRefused as e:
                 logger.info("A backfilled event of %s is refused: %s", room_id, e)
                 continue

@@ -39,12 +39,7 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.api.errors import SynapseError
 from synapse_lite.api.room_versions import RoomVersion
 from synapse_lite.event_graph.pdu import StateKey
-from synapse_lite.federation.pdu_checks import (
-    CheckedPdu,
-    PduRefused,
-    check_pdu_format,
-    check_pdu_signatures,
-)
+from synapse_lite.federation.pdu_checks import CheckedPdu, PduRefused, check_room_pdu
 from synapse_lite.handlers.received_events import received_pdu
 from synapse_lite.replication.http.federation_rooms import PERSIST_STATE_GAP, StateGap
 from synapse_lite.replication.http.send_events import EventsPersisted
@@ -139,12 +134,9 @@ class StateGaps:
         pdus = answer.get("pdus") if isinstance(answer, dict) else None
         if not isinstance(pdus, list) or len(pdus) != 1:
             raise PduRefused(f"{origin} did not answer /event/{event_id} with one event")
-        found = check_pdu_format(version, pdus[0])
+        found = await check_room_pdu(self._keyring, version, room_id, pdus[0])
         if found.event_id != event_id:
             raise PduRefused(f"{origin} answered /event/{event_id} with {found.event_id}")
-        if found.event.room_id != room_id:
-            raise PduRefused(f"event {event_id} is of another room")
-        await check_pdu_signatures(self._keyring, version, found.pdu)
         return found
 
 

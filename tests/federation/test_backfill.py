@@ -12,9 +12,8 @@ import urllib.parse
 from typing import Any
 
 from synapse_lite.federation.client import FederationClient
-from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
-from tests.harness.federation import LoopbackServers
+from tests.harness.federation import TwoServers
 
 
 def q(value: str) -> str:
@@ -41,16 +40,7 @@ def bodies(events: list[dict[str, Any]]) -> list[str]:
     return [e["content"]["body"] for e in events if e["type"] == "m.room.message"]
 
 
-class BackfillTestCase(LoopbackServers):
-    def setUp(self) -> None:
-        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-        self.a = self.make_server("a.test", [])
-        self.b = self.make_server("b.test", ["fed1"])
-        self.connect(self.a, self.b)
-
-    def client(self, server: dict[str, Any], instance: str = "main") -> ClientApi:
-        return ClientApi(self, server[instance].config.instance_map[instance].base_url)
-
+class BackfillTestCase(TwoServers):
     async def b_room_with_history(self, messages: int) -> tuple[ClientApi, str, list[str]]:
         alice = await self.client(self.b).register("alice")
         room_id = await alice.create_room(preset="public_chat", name="History")

@@ -7,14 +7,11 @@ SQLite and PostgreSQL (``SYNAPSE_LITE_TEST_DB``)."""
 from __future__ import annotations
 
 import urllib.parse
-from typing import Any
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
 from synapse_lite.event_graph.hashing import content_hash_matches
 from synapse_lite.federation.crypto import load_or_create_signing_key
-from synapse_lite.storage.id_generators import generator as id_generators
-from tests.harness.client_api import ClientApi
-from tests.harness.federation import LoopbackServers
+from tests.harness.federation import TwoServers
 from tests.harness.polling import eventually
 
 
@@ -22,16 +19,7 @@ def q(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-class ReceivedRedactionsTestCase(LoopbackServers):
-    def setUp(self) -> None:
-        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-        self.a = self.make_server("a.test", [])
-        self.b = self.make_server("b.test", ["fed1"])
-        self.connect(self.a, self.b)
-
-    def client(self, server: dict[str, Any]) -> ClientApi:
-        return ClientApi(self, server["main"].config.instance_map["main"].base_url)
-
+class ReceivedRedactionsTestCase(TwoServers):
     async def test_a_remote_redaction_is_applied_and_served_redacted(self) -> None:
         for identifier in ("1", "10"):
             await self.redact_in_version(identifier)

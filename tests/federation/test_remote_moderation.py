@@ -7,11 +7,9 @@ same memberships, and each user's /sync says so. SQLite and PostgreSQL
 from __future__ import annotations
 
 import urllib.parse
-from typing import Any
 
-from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
-from tests.harness.federation import LoopbackServers
+from tests.harness.federation import TwoServers
 from tests.harness.polling import eventually
 
 
@@ -19,16 +17,7 @@ def q(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-class RemoteModerationTestCase(LoopbackServers):
-    def setUp(self) -> None:
-        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-        self.a = self.make_server("a.test", [])
-        self.b = self.make_server("b.test", ["fed1"])
-        self.connect(self.a, self.b)
-
-    def client(self, server: dict[str, Any]) -> ClientApi:
-        return ClientApi(self, server["main"].config.instance_map["main"].base_url)
-
+class RemoteModerationTestCase(TwoServers):
     async def membership(self, user: ClientApi, room_id: str, target: str) -> str | None:
         code, body = await user.request(
             "GET", f"/rooms/{q(room_id)}/state/m.room.member/{q(target)}"
