@@ -199,10 +199,19 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             # Cached as served, redaction applied: a redaction arriving later
             # drops the redacted event from every process's cache (its
             # events-stream row names what it redacts).
-            for event in await self._apply_redactions(fetched, by_target):
-                self._event_cache.set(event.event_id, event)
+            for event in await self._served_events(fetched, by_target):
                 result[event.event_id] = event
         return result
+
+    async def _served_events(self, events: list[Event], by_target: dict[str, str]) -> list[Event]:
+        """``events`` as read with their redactions (``by_target``), the
+        redactions applied, and cached as served (a timeline's events are
+        then not read again by id for their bundles; a redaction arriving
+        later drops the redacted event from every process's cache)."""
+        served = await self._apply_redactions(events, by_target)
+        for event in served:
+            self._event_cache.set(event.event_id, event)
+        return served
 
     def _get_events_txn(self, txn: LoggingTransaction, event_ids: list[str]) -> list[Event]:
         events: list[Event] = []
@@ -542,11 +551,14 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         id): forget what they make stale, each room's state caches once, and
         note where rooms and memberships changed."""
         state_changed: dict[str, set[str]] = {}
+        fresh: list[str] = []
         for row in rows:
             if isinstance(row, EventsStreamEventRow):
                 self.invalidate_caches_for_event(row.event_id, row.redacts)
                 if row.relates_to is not None:
                     self.childless_events.related_to([row.relates_to])
+                if not (row.outlier or row.rejected):
+                    fresh.append(row.event_id)
                 self.record_event_position(row.room_id, row.type, row.state_key, writer, token)
                 if row.state_key is not None:
                     members = state_changed.setdefault(row.room_id, set())
@@ -554,6 +566,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                         members.add(row.state_key)
             else:
                 state_changed.setdefault(row.room_id, set())
+        # After the batch's relations: one relating to an event of the same
+        # batch keeps it unknown.
+        self.childless_events.fresh(fresh)
         for room_id, members in state_changed.items():
             self.invalidate_state_caches(room_id, members)
 

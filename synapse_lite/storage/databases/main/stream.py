@@ -128,7 +128,7 @@ class StreamWorkerStore(EventsWorkerStore):
         events, by_target = await self.db_pool.runInteraction(
             "get_room_events_between", read, read_only=True
         )
-        return await self._apply_redactions(events, by_target)
+        return await self._served_events(events, by_target)
 
     async def get_room_events_between_per_room(
         self,
@@ -167,7 +167,7 @@ class StreamWorkerStore(EventsWorkerStore):
         events, by_target = await self.db_pool.runInteraction(
             "get_room_events_between_per_room", read, read_only=True
         )
-        for event in await self._apply_redactions(events, by_target):
+        for event in await self._served_events(events, by_target):
             result[event.room_id].append(event)
         for room_events in result.values():
             room_events.sort(key=lambda e: e.stream_ordering, reverse=True)
