@@ -168,7 +168,7 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
                     patched = _Patches()
                     # Both at the same time: presence shows how long ago.
                     now_ms = hs.clock.time_msec()
-                    patched.patch(hs.handlers.sync._clock, "time_msec", lambda: now_ms)
+                    patched.patch(hs.handlers.sync._clock, "time_msec", lambda at=now_ms: at)
                     try:
                         memory = await self.compute(hs, user, since[key])
                         database_path(patched, hs)

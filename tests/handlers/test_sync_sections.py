@@ -25,8 +25,8 @@ from synapse_lite.handlers.sync_sections.request import (
 )
 from synapse_lite.handlers.sync_sections.rooms import RoomsSection
 from synapse_lite.handlers.sync_sections.stream_parts import StreamPartSection
-from synapse_lite.storage.change_tracker import PositionChangeTracker
 from synapse_lite.handlers.sync_sections.to_device import TO_DEVICE_LIMIT, ToDeviceSection
+from synapse_lite.storage.change_tracker import PositionChangeTracker
 from synapse_lite.storage.databases.main.presence import UserPresenceState
 from synapse_lite.tokens import RoomStreamToken, StreamToken
 
