@@ -5,7 +5,10 @@ throwaway database: Bob is joined to ``--rooms`` rooms holding ``--events``
 messages in all. Each round sends one message to one room and times Bob's
 incremental /sync computing the response (``SyncHandler.sync`` with no
 timeout: no HTTP, no waiting), then times one initial /sync. Prints the
-medians in microseconds.
+medians in microseconds, and the database interactions of Bob's incremental
+/sync: woken by one new event (how many, and the most running at once), and
+with nothing new for him while every other stream moved (Alice's message,
+receipt, account data and to-device message, in a room of her own).
 
 ``--baseline DIR``: the same measurement of another checkout (``git worktree
 add DIR REV``), in child processes alternating with this checkout's
@@ -22,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from typing import Any
 
 from twisted.internet import defer, task
@@ -59,17 +63,61 @@ async def _measure(hs: Any, args: argparse.Namespace) -> dict[str, float]:
         response = await sync.sync(bob, since, 0, False, SyncFilter(), "offline")
         return time.perf_counter() - started, response["next_batch"]
 
+    # The /sync's own interactions (started from the sync handler's code, not
+    # the background work a send leaves), with the most in flight at once;
+    # only in counted rounds, apart from the timed ones.
+    reads = {"count": 0, "running": 0, "most": 0}
+    pool = hs.store.db_pool
+    run = pool.runInteraction
+
+    async def counting(desc: str, *a: Any, **kw: Any) -> Any:
+        if not any("handlers/sync" in f.filename for f in traceback.extract_stack()):
+            return await run(desc, *a, **kw)
+        reads["count"] += 1
+        reads["running"] += 1
+        reads["most"] = max(reads["most"], reads["running"])
+        try:
+            return await run(desc, *a, **kw)
+        finally:
+            reads["running"] -= 1
+
+    async def counted_sync(since: str) -> tuple[str, int, int]:
+        reads.update(count=0, most=0)
+        pool.runInteraction = counting  # type: ignore[method-assign]
+        try:
+            _, since = await one_sync(since)
+        finally:
+            pool.runInteraction = run  # type: ignore[method-assign]
+        return since, reads["count"], reads["most"]
+
     _, since = await one_sync(None)
+    own = await hs.handlers.room_creation.create_room(alice, {"preset": "private_chat"})
     incremental, initial = [], []
+    woken_reads, woken_most, quiet_reads = [], [], []
     for i in range(args.rounds):
         await events.persist_as_writer(rooms[i % len(rooms)], [message(f"r{i}")])
         took, since = await one_sync(since)
         incremental.append(took)
+        await events.persist_as_writer(rooms[i % len(rooms)], [message(f"c{i}")])
+        since, count, most = await counted_sync(since)
+        woken_reads.append(count)
+        woken_most.append(most)
         if i % 10 == 0:
             initial.append((await one_sync(None))[0])
+            since = (await counted_sync(since))[0]
+            # Nothing new for Bob; every other stream moves for Alice.
+            [mine] = await events.persist_as_writer(own, [message(f"own{i}")])
+            await hs.store.insert_receipt(own, "m.read", ALICE, mine.event_id, {"ts": i})
+            await hs.store.add_account_data_for_user(ALICE, "m.x", {"i": i})
+            await hs.store.add_messages_to_device_inbox({ALICE: {"DEV": {"i": i}}}, {})
+            since, count, _ = await counted_sync(since)
+            quiet_reads.append(count)
     return {
         "incremental_us": statistics.median(incremental) * 1e6,
         "initial_us": statistics.median(initial) * 1e6,
+        "woken_reads": statistics.mean(woken_reads),
+        "woken_reads_at_once": statistics.mean(woken_most),
+        "quiet_reads": statistics.mean(quiet_reads),
     }
 
 
@@ -88,7 +136,11 @@ async def _run(reactor: Any, args: argparse.Namespace) -> None:
 def _line(figures: dict[str, float]) -> str:
     return (
         f"incremental /sync after one new event: {figures['incremental_us']:.0f} us;"
-        f" initial /sync: {figures['initial_us']:.0f} us (medians)"
+        f" initial /sync: {figures['initial_us']:.0f} us (medians);"
+        f" database interactions per woken /sync {figures['woken_reads']:.2f}"
+        f" (at most {figures['woken_reads_at_once']:.2f} at once, mean),"
+        f" per /sync with nothing new while others' streams moved"
+        f" {figures['quiet_reads']:.2f}"
     )
 
 
@@ -116,10 +168,14 @@ def _compare(args: argparse.Namespace) -> None:
     for key, label in (
         ("incremental_us", "incremental /sync us"),
         ("initial_us", "initial /sync us"),
+        ("woken_reads", "reads, woken /sync"),
+        ("woken_reads_at_once", "  of them at once"),
+        ("quiet_reads", "reads, nothing new"),
     ):
         this = statistics.median(f[key] for f in sides["this"])
         base = statistics.median(f[key] for f in sides["baseline"])
-        print(f"  {label:22} this {this:8.0f}  baseline {base:8.0f}  ratio {this / base:.2f}")
+        ratio = f"{this / base:.2f}" if base else "-"
+        print(f"  {label:22} this {this:8.2f}  baseline {base:8.2f}  ratio {ratio}")
 
 
 def main() -> None:
