@@ -154,6 +154,7 @@ PRESENCE = StreamDefinition(
     in_sync_token=True,
     wake=wake_everyone,
     rows_from_store=lambda store: store.get_all_presence_updates,
+    changed_entity=lambda row: row.user_id,
     read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 
@@ -309,6 +310,7 @@ DEVICE_LISTS = StreamDefinition(
     in_sync_token=True,
     wake=wake_everyone,
     rows_from_store=lambda store: store.get_all_device_list_changes,
+    changed_entity=lambda row: row.user_id,
     read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 

@@ -2,7 +2,8 @@
 database would, and spare its reads.
 
 * Differential: random traffic (messages, state, receipts, typing, account
-  data, to-device messages, joins and leaves) in a cluster of the main
+  data, to-device messages, joins and leaves, presence, device renames) in a
+  cluster of the main
   process and a worker; after each step every user's incremental /sync is
   computed twice on each process, with the trackers and with every tracker
   answering "may have changed" (the database path), and the two must be
@@ -111,16 +112,18 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
         await eventually(done, what="every process caught up with main")
 
     async def step(self, rng: random.Random, events: dict[str, list[str]]) -> str:
-        """One random action of a random user; returns what it was."""
+        """One random action of a random user; returns what it was ("...
+        refused" when not answered 200, as a leave of a room left)."""
         user = rng.choice(self.users)
         uid = q(str(user.user_id))
         room = rng.choice(self.rooms)
         r = q(room)
         action = rng.choice(
             ["message", "message", "state", "receipt", "typing", "account_data",
-             "room_account_data", "to_device", "join", "leave"]
+             "room_account_data", "to_device", "join", "leave", "presence", "device"]
         )  # fmt: skip
         n = rng.randrange(1_000_000)
+        code = 0
         if action == "message":
             code, body = await user.request(
                 "PUT", f"/rooms/{r}/send/m.room.message/t{n}", {"msgtype": "m.text", "body": "x"}
@@ -128,27 +131,37 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
             if code == 200:
                 events.setdefault(room, []).append(body["event_id"])
         elif action == "state":
-            await user.request("PUT", f"/rooms/{r}/state/m.room.topic/", {"topic": f"t{n}"})
+            code, _ = await user.request(
+                "PUT", f"/rooms/{r}/state/m.room.topic/", {"topic": f"t{n}"}
+            )
         elif action == "receipt" and events.get(room):
             event_id = q(rng.choice(events[room]))
-            await user.request("POST", f"/rooms/{r}/receipt/m.read/{event_id}", {})
+            code, _ = await user.request("POST", f"/rooms/{r}/receipt/m.read/{event_id}", {})
         elif action == "typing":
-            await user.request(
+            code, _ = await user.request(
                 "PUT", f"/rooms/{r}/typing/{uid}", {"typing": rng.random() < 0.7, "timeout": 30_000}
             )
         elif action == "account_data":
-            await user.request("PUT", f"/user/{uid}/account_data/m.x{n % 3}", {"n": n})
+            code, _ = await user.request("PUT", f"/user/{uid}/account_data/m.x{n % 3}", {"n": n})
         elif action == "room_account_data":
-            await user.request("PUT", f"/user/{uid}/rooms/{r}/account_data/m.y", {"n": n})
+            code, _ = await user.request("PUT", f"/user/{uid}/rooms/{r}/account_data/m.y", {"n": n})
         elif action == "to_device":
             other = rng.choice(self.users)
             messages = {str(other.user_id): {str(other.device_id): {"n": n}}}
-            await user.request("PUT", f"/sendToDevice/m.test/t{n}", {"messages": messages})
+            code, _ = await user.request(
+                "PUT", f"/sendToDevice/m.test/t{n}", {"messages": messages}
+            )
         elif action == "join":
-            await user.request("POST", f"/join/{r}", {})
+            code, _ = await user.request("POST", f"/join/{r}", {})
         elif action == "leave" and user is not self.users[0]:
-            await user.request("POST", f"/rooms/{r}/leave", {})
-        return action
+            code, _ = await user.request("POST", f"/rooms/{r}/leave", {})
+        elif action == "presence":
+            state = rng.choice(["online", "unavailable", "offline"])
+            code, _ = await user.request("PUT", f"/presence/{uid}/status", {"presence": state})
+        elif action == "device":
+            device = q(str(user.device_id))
+            code, _ = await user.request("PUT", f"/devices/{device}", {"display_name": f"d{n}"})
+        return action if code == 200 else f"{action} refused"
 
     async def test_memory_and_database_paths_agree(self) -> None:
         rng = random.Random(35)
@@ -158,9 +171,10 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
         for name, hs in self.servers.items():
             for user in self.users:
                 _, since[(name, str(user.user_id))] = await self.compute(hs, user, None)
+        done: set[str] = set()
         for i in range(STEPS):
             for _ in range(rng.randrange(1, 4)):
-                await self.step(rng, events)
+                done.add(await self.step(rng, events))
             await self.settled()
             for name, hs in self.servers.items():
                 for user in self.users:
@@ -177,6 +191,10 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
                         patched.undo()
                     self.assertEqual(memory, database, f"step {i} on {name} for {key[1]}")
                     since[key] = memory[1]
+        # Not a test of nothing: every kind of traffic happened.
+        kinds = ("message", "state", "receipt", "typing", "account_data", "room_account_data",
+                 "to_device", "join", "leave", "presence", "device")  # fmt: skip
+        self.assertEqual(sorted(k for k in kinds if k not in done), [])
 
     async def test_reads_of_an_incremental_sync(self) -> None:
         alice, bob, carol = self.users

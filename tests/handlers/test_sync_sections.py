@@ -71,6 +71,7 @@ class Reads:
     receipt_changes = account_data_changes = to_device_changes = push_rules_changes = (
         PositionChangeTracker(lambda: 2**62)
     )
+    presence_changes = device_list_changes = receipt_changes
 
     def __init__(self, **answers: Any) -> None:
         self.answers = answers

@@ -8,7 +8,7 @@ any case, for every stream this process writes:
 * new rows go out as RDATA, one batch per stream: every row but the last
   carries the ``batch`` token, the last the batch's token (its highest), so
   a follower applies them at once (one cache pass, one /sync wake-up, one
-  position advance; ``docs/replication.md``). Streams that can reset (kept in
+  position advance; ``docs/scaling.md``, "Batches"). Streams that can reset (kept in
   a writer's memory: typing) keep one batch per token;
 * if the rows end below the stream's current position, a trailing
   ``POSITION last_row current`` follows;
