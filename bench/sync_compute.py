@@ -10,6 +10,11 @@ medians in microseconds, and the database interactions of Bob's incremental
 with nothing new for him while every other stream moved (Alice's message,
 receipt, account data and to-device message, in a room of her own).
 
+``--stages``: also profile (cProfile) the timed incremental /syncs alone and
+print each stage's reactor CPU per /sync (cumulative time of the handler's
+and the sections' functions over the number of /syncs; the profiler's own
+cost inflates every figure alike, and the database threads are not in it).
+
 ``--baseline DIR``: the same measurement of another checkout (``git worktree
 add DIR REV``), in child processes alternating with this checkout's
 (``--pairs`` of them, so the machine's load falls on both alike); prints both
@@ -19,8 +24,10 @@ sides' medians over the pairs and this checkout's ratio to the baseline.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -90,13 +97,18 @@ async def _measure(hs: Any, args: argparse.Namespace) -> dict[str, float]:
             pool.runInteraction = run  # type: ignore[method-assign]
         return since, reads["count"], reads["most"]
 
+    profile = cProfile.Profile() if args.stages else None
     _, since = await one_sync(None)
     own = await hs.handlers.room_creation.create_room(alice, {"preset": "private_chat"})
     incremental, initial = [], []
     woken_reads, woken_most, quiet_reads = [], [], []
     for i in range(args.rounds):
         await events.persist_as_writer(rooms[i % len(rooms)], [message(f"r{i}")])
+        if profile is not None:
+            profile.enable()
         took, since = await one_sync(since)
+        if profile is not None:
+            profile.disable()
         incremental.append(took)
         await events.persist_as_writer(rooms[i % len(rooms)], [message(f"c{i}")])
         since, count, most = await counted_sync(since)
@@ -112,6 +124,8 @@ async def _measure(hs: Any, args: argparse.Namespace) -> dict[str, float]:
             await hs.store.add_messages_to_device_inbox({ALICE: {"DEV": {"i": i}}}, {})
             since, count, _ = await counted_sync(since)
             quiet_reads.append(count)
+    if profile is not None:
+        _print_stages(profile, args.rounds)
     return {
         "incremental_us": statistics.median(incremental) * 1e6,
         "initial_us": statistics.median(initial) * 1e6,
@@ -119,6 +133,31 @@ async def _measure(hs: Any, args: argparse.Namespace) -> dict[str, float]:
         "woken_reads_at_once": statistics.mean(woken_most),
         "quiet_reads": statistics.mean(quiet_reads),
     }
+
+
+#: The stages of a woken /sync, by function name (handler, sections, reads).
+STAGES = (
+    "_parse_since", "_catch_up_to", "_delete_acknowledged_to_device", "_current_token",
+    "load_memberships", "users_sharing_rooms", "get_ignored_users", "run_sections",
+    "_joined_rooms", "_room_entry", "add_bundles_to", "format", "render",
+    "get_room_events_between", "get_unread_counts", "runInteraction", "to_string", "_log_token",
+)  # fmt: skip
+
+
+def _print_stages(profile: cProfile.Profile, syncs: int) -> None:
+    """Each stage's cumulative reactor CPU per /sync (``add_to``: per section)."""
+    stats = pstats.Stats(profile)
+    total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]
+    print(f"reactor CPU per woken /sync under the profiler: {total / syncs * 1e3:.3f} ms")
+    rows = []
+    for (path, _, name), (_, _, _, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if "synapse_lite" not in path or (name not in STAGES and name != "add_to"):
+            continue
+        where = path.split("synapse_lite/")[-1]
+        label = f"{name} ({where.rsplit('/', 1)[-1]})" if name == "add_to" else name
+        rows.append((cumulative / syncs * 1e3, label))
+    for ms, label in sorted(rows, reverse=True):
+        print(f"  {ms:7.3f} ms  {label}")
 
 
 async def _run(reactor: Any, args: argparse.Namespace) -> None:
@@ -186,6 +225,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200, help="incremental syncs timed")
     parser.add_argument("--baseline", help="another checkout to compare with")
     parser.add_argument("--pairs", type=int, default=4, help="with --baseline: runs of each")
+    parser.add_argument("--stages", action="store_true", help="profile each stage (reactor CPU)")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline:
