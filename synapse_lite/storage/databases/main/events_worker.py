@@ -119,6 +119,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         super().__init__(database, db_conn, hs)
         self._stream_id_gen = hs.id_generators.of("events")
         self._event_cache: LruCache[Event] = LruCache(hs.config.caches.event_cache_entries)
+        #: Counts what dropped events from the cache: a read that one
+        #: overtook caches nothing (``_served_events``).
+        self._event_cache_drops = 0
         #: The client transaction key (user, device, stored txn id) of each
         #: event this process persisted lately, None for one sent without:
         #: a /sync here then serves its ``transaction_id`` without a read.
@@ -191,26 +194,30 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                 fetched = self._get_events_txn(txn, missing)
                 return fetched, self._redactions_of_txn(txn, [e.event_id for e in fetched])
 
+            drops = self._event_cache_drops
             # The rows and their redactions in one interaction (one thread
             # hop, one snapshot).
             fetched, by_target = await self.db_pool.runInteraction(
                 "get_events", read, read_only=True
             )
-            # Cached as served, redaction applied: a redaction arriving later
-            # drops the redacted event from every process's cache (its
-            # events-stream row names what it redacts).
-            for event in await self._served_events(fetched, by_target):
+            for event in await self._served_events(fetched, by_target, drops):
                 result[event.event_id] = event
         return result
 
-    async def _served_events(self, events: list[Event], by_target: dict[str, str]) -> list[Event]:
+    async def _served_events(
+        self, events: list[Event], by_target: dict[str, str], drops: int
+    ) -> list[Event]:
         """``events`` as read with their redactions (``by_target``), the
         redactions applied, and cached as served (a timeline's events are
-        then not read again by id for their bundles; a redaction arriving
-        later drops the redacted event from every process's cache)."""
+        then not read again by id for their bundles). A redaction arriving
+        later drops the redacted event from every process's cache (its
+        events-stream row names what it redacts); ``drops``: the cache's
+        drop count when the read started: if anything was dropped since, the
+        read may predate it, and nothing is cached."""
         served = await self._apply_redactions(events, by_target)
-        for event in served:
-            self._event_cache.set(event.event_id, event)
+        if drops == self._event_cache_drops:
+            for event in served:
+                self._event_cache.set(event.event_id, event)
         return served
 
     def _get_events_txn(self, txn: LoggingTransaction, event_ids: list[str]) -> list[Event]:
@@ -379,12 +386,14 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         return found
 
     def invalidate_event_cache(self, event_id: str) -> None:
+        self._event_cache_drops += 1
         self._event_cache.pop(event_id)
 
     def invalidate_cache_by_name(self, name: str, keys: list[Any] | None) -> None:
         # The event cache is no cached method: other processes name it so.
         if name == EVENT_CACHE:
             if keys is None:
+                self._event_cache_drops += 1
                 self._event_cache.clear()
             else:
                 self.invalidate_event_cache(keys[0])
