@@ -87,6 +87,26 @@ class ReceiverTestCase(unittest.TestCase):
         )
         self.assertEqual(self.positions.calls, [("row", "p1", 7)])  # advanced once
 
+    def test_a_batch_of_several_ids_is_one_pass_one_advance_one_wake(self) -> None:
+        rows = [
+            *member_event(5),
+            EventsStreamEventRow(
+                "$x", "!s:x", "m.room.message", None, None, None, None, False, False
+            ),
+            *member_event(7),
+        ]
+        self.receiver.on_rows("events", "p1", 7, rows)
+        self.assertEqual(
+            self.log,
+            [
+                "invalidate 7 (5 rows)",
+                "hook 7",
+                "advance 7",
+                "wake rooms=['!r:x', '!s:x'] users=['@bob:x']",
+            ],
+        )
+        self.assertEqual(self.positions.calls, [("row", "p1", 7)])
+
     def test_a_bare_position_invalidates_and_wakes_nothing(self) -> None:
         self.receiver.on_rows("events", "p1", 9, [])
         self.assertEqual(self.log, ["hook 9"])
