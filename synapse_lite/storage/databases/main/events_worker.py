@@ -122,6 +122,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         super().__init__(database, db_conn, hs)
         self._stream_id_gen = hs.id_generators.of("events")
         self._event_cache: LruCache[Event] = LruCache(hs.config.caches.event_cache_entries)
+        #: Counts what dropped events from the cache: a read that one
+        #: overtook caches nothing (``_served_events``).
+        self._event_cache_drops = 0
         #: The client transaction key (user, device, stored txn id) of each
         #: event this process persisted lately, None for one sent without:
         #: a /sync here then serves its ``transaction_id`` without a read.
@@ -194,18 +197,31 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                 fetched = self._get_events_txn(txn, missing)
                 return fetched, self._redactions_of_txn(txn, [e.event_id for e in fetched])
 
+            drops = self._event_cache_drops
             # The rows and their redactions in one interaction (one thread
             # hop, one snapshot).
             fetched, by_target = await self.db_pool.runInteraction(
                 "get_events", read, read_only=True
             )
-            # Cached as served, redaction applied: a redaction arriving later
-            # drops the redacted event from every process's cache (its
-            # events-stream row names what it redacts).
-            for event in await self._apply_redactions(fetched, by_target):
-                self._event_cache.set(event.event_id, event)
+            for event in await self._served_events(fetched, by_target, drops):
                 result[event.event_id] = event
         return result
+
+    async def _served_events(
+        self, events: list[Event], by_target: dict[str, str], drops: int
+    ) -> list[Event]:
+        """``events`` as read with their redactions (``by_target``), the
+        redactions applied, and cached as served (a timeline's events are
+        then not read again by id for their bundles). A redaction arriving
+        later drops the redacted event from every process's cache (its
+        events-stream row names what it redacts); ``drops``: the cache's
+        drop count when the read started: if anything was dropped since, the
+        read may predate it, and nothing is cached."""
+        served = await self._apply_redactions(events, by_target)
+        if drops == self._event_cache_drops:
+            for event in served:
+                self._event_cache.set(event.event_id, event)
+        return served
 
     def _get_events_txn(self, txn: LoggingTransaction, event_ids: list[str]) -> list[Event]:
         events: list[Event] = []
@@ -446,12 +462,14 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         return found
 
     def invalidate_event_cache(self, event_id: str) -> None:
+        self._event_cache_drops += 1
         self._event_cache.pop(event_id)
 
     def invalidate_cache_by_name(self, name: str, keys: list[Any] | None) -> None:
         # The event cache is no cached method: other processes name it so.
         if name == EVENT_CACHE:
             if keys is None:
+                self._event_cache_drops += 1
                 self._event_cache.clear()
             else:
                 self.invalidate_event_cache(keys[0])
@@ -618,11 +636,14 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         id): forget what they make stale, each room's state caches once, and
         note where rooms and memberships changed."""
         state_changed: dict[str, set[str]] = {}
+        fresh: list[str] = []
         for row in rows:
             if isinstance(row, EventsStreamEventRow):
                 self.invalidate_caches_for_event(row.event_id, row.redacts)
                 if row.relates_to is not None:
                     self.childless_events.related_to([row.relates_to])
+                if not (row.outlier or row.rejected):
+                    fresh.append(row.event_id)
                 self.record_event_position(row.room_id, row.type, row.state_key, writer, token)
                 if row.state_key is not None:
                     members = state_changed.setdefault(row.room_id, set())
@@ -630,6 +651,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                         members.add(row.state_key)
             else:
                 state_changed.setdefault(row.room_id, set())
+        # After the batch's relations: one relating to an event of the same
+        # batch keeps it unknown.
+        self.childless_events.fresh(fresh)
         for room_id, members in state_changed.items():
             self.invalidate_state_caches(room_id, members)
 

@@ -127,12 +127,13 @@ class StreamWorkerStore(EventsWorkerStore):
             events = [event_from_row(r) for r in txn.fetchall()]
             return events, self._redactions_of_txn(txn, [e.event_id for e in events])
 
+        drops = self._event_cache_drops
         # The events and their redactions in one interaction: a woken /sync
         # waits for one thread hop, not two.
         events, by_target = await self.db_pool.runInteraction(
             "get_room_events_between", read, read_only=True
         )
-        return await self._apply_redactions(events, by_target)
+        return await self._served_events(events, by_target, drops)
 
     async def get_room_events_between_per_room(
         self,
@@ -168,10 +169,11 @@ class StreamWorkerStore(EventsWorkerStore):
                 events.extend(event_from_row(r) for r in txn.fetchall())
             return events, self._redactions_of_txn(txn, [e.event_id for e in events])
 
+        drops = self._event_cache_drops
         events, by_target = await self.db_pool.runInteraction(
             "get_room_events_between_per_room", read, read_only=True
         )
-        for event in await self._apply_redactions(events, by_target):
+        for event in await self._served_events(events, by_target, drops):
             result[event.room_id].append(event)
         for room_events in result.values():
             room_events.sort(key=lambda e: e.stream_ordering, reverse=True)
