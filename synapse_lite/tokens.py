@@ -213,4 +213,8 @@ class StreamToken:
         if len(parts) - 1 < least or not all(_KEY.fullmatch(p) for p in parts[1:]):
             raise InvalidToken(f"invalid sync token {string!r}")
         room = await RoomStreamToken.parse(parts[0], instance_name_of)
+        if room.stream < 0:
+            # A place among backfilled events is a /messages token only: a
+            # /sync token is always at or after the live stream's start.
+            raise InvalidToken(f"invalid sync token {string!r}")
         return cls(room, dict(zip(streams, (int(p) for p in parts[1:]), strict=False)))
