@@ -539,8 +539,18 @@ def _handlers(
         config.outbound_requests,
         https_policy_trusting(config.outbound_requests.extra_ca_paths),
     )
+    # Other servers' keys: for joins of our users and federation media.
+    keyring = _keyring_on_demand(config, clock, store, federation)
     media, media_endpoints, media_hooks = media_for_role(
-        role, config, store, clock, reactor, auth, outbound
+        role,
+        config,
+        store,
+        clock,
+        reactor,
+        auth,
+        outbound,
+        federation.queries.client if federation.queries is not None else None,
+        keyring,
     )
     # Every process answers a revoking writer once it has forgotten the tokens.
     revocations = RevocationBarrier(
@@ -577,7 +587,7 @@ def _handlers(
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
     remote_members = _remote_membership(
-        config, role, clock, store, federation, calls, event_writers
+        config, clock, store, federation, keyring, calls, event_writers
     )
     members = RoomMemberHandler(
         store, clock, server_name, events, upgraded_rooms, app_service_queries, remote_members
@@ -809,25 +819,16 @@ def _handlers(
     )
 
 
-def _remote_membership(
-    config: HomeServerConfig,
-    role: Role,
-    clock: Clock,
-    store: GenericWorkerStore,
-    federation: Federation,
-    calls: InternalCalls,
-    event_writers: Callable[[], Sequence[str]],
-) -> FederationJoinHandler | None:
-    """Joins and leaves of our users in other servers' rooms, through this
-    process's federation client (a client worker's own, made on first use),
-    with its keyring or, where it has none, one made on first use."""
+def _keyring_on_demand(
+    config: HomeServerConfig, clock: Clock, store: GenericWorkerStore, federation: Federation
+) -> Callable[[], Keyring] | None:
+    """This process's keyring or, where it has none, one made on first use
+    (with its federation client, made on first use too); None where the
+    process has no way to ask other servers."""
     queries = federation.queries
     if queries is None:
         return None
     made: list[Keyring] = []
-
-    def signing_key() -> SigningKey:
-        return load_or_create_signing_key(config.data_dir, create=False)
 
     def keyring() -> Keyring:
         if federation.keyring is not None:
@@ -839,11 +840,33 @@ def _remote_membership(
                     clock=clock,
                     config=config.federation,
                     client=queries.client(),
-                    signing_key=signing_key(),
+                    signing_key=load_or_create_signing_key(config.data_dir, create=False),
                     server_name=config.server_name,
                 )
             )
         return made[0]
+
+    return keyring
+
+
+def _remote_membership(
+    config: HomeServerConfig,
+    clock: Clock,
+    store: GenericWorkerStore,
+    federation: Federation,
+    keyring: Callable[[], Keyring] | None,
+    calls: InternalCalls,
+    event_writers: Callable[[], Sequence[str]],
+) -> FederationJoinHandler | None:
+    """Joins and leaves of our users in other servers' rooms, through this
+    process's federation client (a client worker's own, made on first use),
+    with its keyring or, where it has none, one made on first use."""
+    queries = federation.queries
+    if queries is None or keyring is None:
+        return None
+
+    def signing_key() -> SigningKey:
+        return load_or_create_signing_key(config.data_dir, create=False)
 
     return FederationJoinHandler(
         store=store,
