@@ -103,8 +103,11 @@ def file_name_of(disposition: str | None) -> str | None:
     if extended is not None:
         charset, _, rest = extended.partition("'")
         _, _, encoded = rest.partition("'")
-        if charset.lower() in ("utf-8", "utf8"):
-            name = urllib.parse.unquote(encoded, errors="strict") if encoded else None
+        if charset.lower() in ("utf-8", "utf8") and encoded:
+            try:
+                name = urllib.parse.unquote(encoded, errors="strict")
+            except UnicodeDecodeError:
+                return None
     if name is None:
         name = names.get("filename")
     if not name or len(name) > 255 or "/" in name or not name.isprintable():
