@@ -12,7 +12,13 @@ Served by the media instance (``media_instance``):
   ``thumbnail`` and ``config``, only with
   ``media.legacy_unauthenticated_endpoints``;
 * ``GET .../preview_url`` (both prefixes, with an access token), with
-  ``media.url_previews`` (``url_preview.py``).
+  ``media.url_previews`` (``url_preview.py``);
+* ``GET /_matrix/federation/v1/media/download/{mediaId}`` and
+  ``.../thumbnail/{mediaId}`` for other servers (signed), answered
+  ``multipart/mixed`` (``multipart.py``).
+
+Another server's media asked for by our clients is fetched and cached by
+``remote.py``.
 
 Downloads are streamed from the file with a producer (no file is read into
 memory) with the safety headers of ``docs/media.md``.
