@@ -111,9 +111,10 @@ class FederationMediaProcessesTestCase(unittest.TestCase):
         # t.test downloads our media through the router's federation port.
         request_path = f"/_matrix/federation/v1/media/download/{media_id}"
         auth = sign_request(key, "t.test", "localhost", "GET", request_path)
+        headers: dict[bytes | str, list[bytes | str]] = {"Authorization": [auth]}
         response = await treq.get(
             federation_url + request_path,
-            headers={"Authorization": [auth]},
+            headers=headers,
             pool=NO_KEEPALIVE,
         )
         body = await treq.content(response)
