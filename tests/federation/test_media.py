@@ -60,6 +60,14 @@ class OldServer(resource.Resource):
             if media_id == "broken":
                 request.setHeader(b"Content-Type", b"multipart/mixed; boundary=xyz")
                 return b"--xyz\r\n\r\n{}\r\n--xyz\r\nContent-Type: text/plain\r\n\r\npartial"
+            if media_id == "endless":
+                # No Content-Length (chunked): cut off where it passes the limit.
+                request.setHeader(b"Content-Type", b"multipart/mixed; boundary=xyz")
+                request.write(b"--xyz\r\n\r\n{}\r\n--xyz\r\n\r\n")
+                for _ in range(2 * B_MAX_UPLOAD // 65536 + 4):
+                    request.write(b"\0" * 65536)
+                request.finish()
+                return server.NOT_DONE_YET  # type: ignore[return-value]
             if media_id == "notmultipart":
                 request.setHeader(b"Content-Type", b"text/plain")
                 return b"just bytes"
@@ -219,6 +227,7 @@ class MediaAcrossServersTestCase(LoopbackServers):
         too_big = await self.alice.upload(os.urandom(B_MAX_UPLOAD + 1), "application/octet-stream")
         for uri, code, errcode, words in (
             (too_big, 502, "M_TOO_LARGE", "max_upload_size"),
+            ("mxc://old.test/endless", 502, "M_TOO_LARGE", "max_upload_size"),
             ("mxc://a.test/abcdefghijklmnopqrstuvwx", 404, "M_NOT_FOUND", "a.test"),
             ("mxc://down.test/abcdefghijklmnopqrstuvwx", 502, "M_UNKNOWN", "down.test"),
             ("mxc://old.test/broken", 502, "M_UNKNOWN", "closing multipart boundary"),
