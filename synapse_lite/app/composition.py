@@ -539,8 +539,6 @@ def _handlers(
         config.outbound_requests,
         https_policy_trusting(config.outbound_requests.extra_ca_paths),
     )
-    # Other servers' keys: for joins of our users and federation media.
-    keyring = _keyring_on_demand(config, clock, store, federation)
     media, media_endpoints, media_hooks = media_for_role(
         role,
         config,
@@ -550,7 +548,8 @@ def _handlers(
         auth,
         outbound,
         federation.queries.client if federation.queries is not None else None,
-        keyring,
+        # Other servers' keys, for signed federation media requests.
+        _keyring_on_demand(config, clock, store, federation),
     )
     # Every process answers a revoking writer once it has forgotten the tokens.
     revocations = RevocationBarrier(
@@ -587,7 +586,7 @@ def _handlers(
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
     remote_members = _remote_membership(
-        config, clock, store, federation, keyring, calls, event_writers
+        config, role, clock, store, federation, calls, event_writers
     )
     members = RoomMemberHandler(
         store, clock, server_name, events, upgraded_rooms, app_service_queries, remote_members
@@ -851,10 +850,10 @@ def _keyring_on_demand(
 
 def _remote_membership(
     config: HomeServerConfig,
+    role: Role,
     clock: Clock,
     store: GenericWorkerStore,
     federation: Federation,
-    keyring: Callable[[], Keyring] | None,
     calls: InternalCalls,
     event_writers: Callable[[], Sequence[str]],
 ) -> FederationJoinHandler | None:
@@ -862,11 +861,28 @@ def _remote_membership(
     process's federation client (a client worker's own, made on first use),
     with its keyring or, where it has none, one made on first use."""
     queries = federation.queries
-    if queries is None or keyring is None:
+    if queries is None:
         return None
+    made: list[Keyring] = []
 
     def signing_key() -> SigningKey:
         return load_or_create_signing_key(config.data_dir, create=False)
+
+    def keyring() -> Keyring:
+        if federation.keyring is not None:
+            return federation.keyring
+        if not made:
+            made.append(
+                Keyring(
+                    store=store,
+                    clock=clock,
+                    config=config.federation,
+                    client=queries.client(),
+                    signing_key=signing_key(),
+                    server_name=config.server_name,
+                )
+            )
+        return made[0]
 
     return FederationJoinHandler(
         store=store,
