@@ -544,7 +544,16 @@ def _handlers(
         https_policy_trusting(config.outbound_requests.extra_ca_paths),
     )
     media, media_endpoints, media_hooks = media_for_role(
-        role, config, store, clock, reactor, auth, outbound
+        role,
+        config,
+        store,
+        clock,
+        reactor,
+        auth,
+        outbound,
+        federation.queries.client if federation.queries is not None else None,
+        # Other servers' keys, for signed federation media requests.
+        _keyring_on_demand(config, clock, store, federation),
     )
     # Every process answers a revoking writer once it has forgotten the tokens.
     revocations = RevocationBarrier(
@@ -812,6 +821,36 @@ def _handlers(
         stalls=stalls,
         hooks=hooks,
     )
+
+
+def _keyring_on_demand(
+    config: HomeServerConfig, clock: Clock, store: GenericWorkerStore, federation: Federation
+) -> Callable[[], Keyring] | None:
+    """This process's keyring or, where it has none, one made on first use
+    (with its federation client, made on first use too); None where the
+    process has no way to ask other servers."""
+    queries = federation.queries
+    if queries is None:
+        return None
+    made: list[Keyring] = []
+
+    def keyring() -> Keyring:
+        if federation.keyring is not None:
+            return federation.keyring
+        if not made:
+            made.append(
+                Keyring(
+                    store=store,
+                    clock=clock,
+                    config=config.federation,
+                    client=queries.client(),
+                    signing_key=load_or_create_signing_key(config.data_dir, create=False),
+                    server_name=config.server_name,
+                )
+            )
+        return made[0]
+
+    return keyring
 
 
 def _remote_membership(
