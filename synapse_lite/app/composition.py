@@ -543,6 +543,8 @@ def _handlers(
         config.outbound_requests,
         https_policy_trusting(config.outbound_requests.extra_ca_paths),
     )
+    # One keyring per process, shared by media, joins and backfill.
+    keyring = _keyring_on_demand(config, clock, store, federation)
     media, media_endpoints, media_hooks = media_for_role(
         role,
         config,
@@ -553,7 +555,7 @@ def _handlers(
         outbound,
         federation.queries.client if federation.queries is not None else None,
         # Other servers' keys, for signed federation media requests.
-        _keyring_on_demand(config, clock, store, federation),
+        keyring,
     )
     # Every process answers a revoking writer once it has forgotten the tokens.
     revocations = RevocationBarrier(
@@ -589,7 +591,7 @@ def _handlers(
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
-    remote = _remote_membership(config, role, clock, store, federation, calls, event_writers)
+    remote = _remote_membership(config, keyring, clock, store, federation, calls, event_writers)
     remote_members, backfiller = remote if remote is not None else (None, None)
     members = RoomMemberHandler(
         store, clock, server_name, events, upgraded_rooms, app_service_queries, remote_members
@@ -855,7 +857,7 @@ def _keyring_on_demand(
 
 def _remote_membership(
     config: HomeServerConfig,
-    role: Role,
+    keyring: Callable[[], Keyring] | None,
     clock: Clock,
     store: GenericWorkerStore,
     federation: Federation,
@@ -864,31 +866,14 @@ def _remote_membership(
 ) -> tuple[FederationJoinHandler, Backfiller] | None:
     """Joins and leaves of our users in other servers' rooms, and backfill
     of their history, through this process's federation client (a client
-    worker's own, made on first use), with its keyring or, where it has
-    none, one made on first use."""
+    worker's own, made on first use) and ``keyring`` (see
+    :func:`_keyring_on_demand`)."""
     queries = federation.queries
-    if queries is None:
+    if queries is None or keyring is None:
         return None
-    made: list[Keyring] = []
 
     def signing_key() -> SigningKey:
         return load_or_create_signing_key(config.data_dir, create=False)
-
-    def keyring() -> Keyring:
-        if federation.keyring is not None:
-            return federation.keyring
-        if not made:
-            made.append(
-                Keyring(
-                    store=store,
-                    clock=clock,
-                    config=config.federation,
-                    client=queries.client(),
-                    signing_key=signing_key(),
-                    server_name=config.server_name,
-                )
-            )
-        return made[0]
 
     return FederationJoinHandler(
         store=store,

@@ -208,7 +208,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         return result
 
     async def _served_events(
-        self, events: list[Event], by_target: dict[str, str], drops: int
+        self, events: list[Event], by_target: dict[str, list[str]], drops: int
     ) -> list[Event]:
         """``events`` as read with their redactions (``by_target``), the
         redactions applied, and cached as served (a timeline's events are
