@@ -86,6 +86,7 @@ from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
+from synapse_lite.handlers.federation_backfill import Backfiller, BackfillWriter
 from synapse_lite.handlers.federation_join import FederationJoinHandler, RemoteJoinWriter
 from synapse_lite.handlers.federation_rooms import FederationRoomsHandler, ReceivedEventsWriter
 from synapse_lite.handlers.filtering import FilteringHandler
@@ -118,6 +119,7 @@ from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomU
 from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.server_notices import ServerNoticesHandler
 from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
+from synapse_lite.handlers.state_gaps import StateGapWriter
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.sync_sections.builtin import BuiltInSections
 from synapse_lite.handlers.sync_sections.stream_parts import stream_part_sections
@@ -148,8 +150,10 @@ from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_SIGNATURES,
 )
 from synapse_lite.replication.http.federation_rooms import (
+    PERSIST_BACKFILLED,
     PERSIST_RECEIVED_EVENT,
     PERSIST_REMOTE_JOIN,
+    PERSIST_STATE_GAP,
     PROCESS_INBOUND_PDUS,
 )
 from synapse_lite.replication.http.forward_extremities import DELETE_FORWARD_EXTREMITIES
@@ -539,8 +543,19 @@ def _handlers(
         config.outbound_requests,
         https_policy_trusting(config.outbound_requests.extra_ca_paths),
     )
+    # One keyring per process, shared by media, joins and backfill.
+    keyring = _keyring_on_demand(config, clock, store, federation)
     media, media_endpoints, media_hooks = media_for_role(
-        role, config, store, clock, reactor, auth, outbound
+        role,
+        config,
+        store,
+        clock,
+        reactor,
+        auth,
+        outbound,
+        federation.queries.client if federation.queries is not None else None,
+        # Other servers' keys, for signed federation media requests.
+        keyring,
     )
     # Every process answers a revoking writer once it has forgotten the tokens.
     revocations = RevocationBarrier(
@@ -576,9 +591,8 @@ def _handlers(
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
-    remote_members = _remote_membership(
-        config, role, clock, store, federation, calls, event_writers
-    )
+    remote = _remote_membership(config, keyring, clock, store, federation, calls, event_writers)
+    remote_members, backfiller = remote if remote is not None else (None, None)
     members = RoomMemberHandler(
         store, clock, server_name, events, upgraded_rooms, app_service_queries, remote_members
     )
@@ -598,7 +612,7 @@ def _handlers(
     # One formatter for /sync, /messages and /context: the filters'
     # ``event_format: federation`` signs with the server's key.
     formatter = ClientEventFormatter(store, PduSigner(server_name, signing_key))
-    pagination = PaginationHandler(store, clock, formatter)
+    pagination = PaginationHandler(store, clock, formatter, lambda: backfiller)
     relations = RelationsHandler(store, clock, pagination)
     identity = IdentityHandler(store, outbound, signing_key, server_name)
     sync = SyncHandler(
@@ -742,6 +756,8 @@ def _handlers(
                 (PERSIST_RECEIVED_EVENT, received_writer.persist_received),
                 (PROCESS_INBOUND_PDUS, inbound_queue.process),
                 (PERSIST_REMOTE_JOIN, remote_join_writer.persist),
+                (PERSIST_BACKFILLED, BackfillWriter(store, me, event_writers).persist),
+                (PERSIST_STATE_GAP, StateGapWriter(store, events).persist),
             ),
             loops=(inbound_queue,),
         )
@@ -814,25 +830,16 @@ def _handlers(
     )
 
 
-def _remote_membership(
-    config: HomeServerConfig,
-    role: Role,
-    clock: Clock,
-    store: GenericWorkerStore,
-    federation: Federation,
-    calls: InternalCalls,
-    event_writers: Callable[[], Sequence[str]],
-) -> FederationJoinHandler | None:
-    """Joins and leaves of our users in other servers' rooms, through this
-    process's federation client (a client worker's own, made on first use),
-    with its keyring or, where it has none, one made on first use."""
+def _keyring_on_demand(
+    config: HomeServerConfig, clock: Clock, store: GenericWorkerStore, federation: Federation
+) -> Callable[[], Keyring] | None:
+    """This process's keyring or, where it has none, one made on first use
+    (with its federation client, made on first use too); None where the
+    process has no way to ask other servers."""
     queries = federation.queries
     if queries is None:
         return None
     made: list[Keyring] = []
-
-    def signing_key() -> SigningKey:
-        return load_or_create_signing_key(config.data_dir, create=False)
 
     def keyring() -> Keyring:
         if federation.keyring is not None:
@@ -844,11 +851,34 @@ def _remote_membership(
                     clock=clock,
                     config=config.federation,
                     client=queries.client(),
-                    signing_key=signing_key(),
+                    signing_key=load_or_create_signing_key(config.data_dir, create=False),
                     server_name=config.server_name,
                 )
             )
         return made[0]
+
+    return keyring
+
+
+def _remote_membership(
+    config: HomeServerConfig,
+    keyring: Callable[[], Keyring] | None,
+    clock: Clock,
+    store: GenericWorkerStore,
+    federation: Federation,
+    calls: InternalCalls,
+    event_writers: Callable[[], Sequence[str]],
+) -> tuple[FederationJoinHandler, Backfiller] | None:
+    """Joins and leaves of our users in other servers' rooms, and backfill
+    of their history, through this process's federation client (a client
+    worker's own, made on first use) and ``keyring`` (see
+    :func:`_keyring_on_demand`)."""
+    queries = federation.queries
+    if queries is None or keyring is None:
+        return None
+
+    def signing_key() -> SigningKey:
+        return load_or_create_signing_key(config.data_dir, create=False)
 
     return FederationJoinHandler(
         store=store,
@@ -859,6 +889,14 @@ def _remote_membership(
         signing_key=signing_key,
         calls=calls,
         writers=config.writers,
+        event_writers=event_writers,
+    ), Backfiller(
+        store=store,
+        clock=clock,
+        server_name=config.server_name,
+        client=queries.client,
+        keyring=keyring,
+        calls=calls,
         event_writers=event_writers,
     )
 

@@ -2,7 +2,8 @@
 listens and, when stopping, drains them.
 
 Resources: ``client`` (the Matrix client API and the admin API beside it,
-and the media paths: served on the media instance, refused elsewhere),
+and the media paths, federation media included: served on the media
+instance, refused elsewhere),
 ``federation`` and ``keys`` (server-server), ``replication`` (internal calls
 from other processes), ``health`` and ``metrics``.
 """
@@ -64,6 +65,9 @@ class MediaEndpoints(Protocol):
 
     def register(self, resource: JsonResource) -> None: ...
 
+    def register_federation(self, resource: JsonResource) -> None:
+        """The federation media paths alone, on a listener without ``client``."""
+
     def upload_routes(self) -> list[UploadRoute]: ...
 
 
@@ -105,6 +109,9 @@ class ListenerResources:
         if self.federation is not None and {"federation", "keys"} & set(resources):
             matrix = matrix or JsonResource("federation")
             self.federation(matrix, resources)
+            if "client" not in resources and "federation" in resources:
+                # Federation media: served by the media instance, refused elsewhere.
+                self.media.register_federation(matrix)
         if matrix is not None:
             root.putChild(b"_matrix", matrix)
         if self.well_known is not None and {"client", "federation"} & set(resources):

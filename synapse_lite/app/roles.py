@@ -59,6 +59,7 @@ from synapse_lite.handlers.typing import (
 from synapse_lite.http.outbound import OutboundHttpClient
 from synapse_lite.http.tls import https_policy_trusting
 from synapse_lite.media.paths import MediaFilePaths
+from synapse_lite.media.remote import RemoteMediaCache
 from synapse_lite.media.repository import MediaRepository
 from synapse_lite.media.servlets import MediaElsewhere, MediaServlets
 from synapse_lite.media.storage import MediaStorage, make_storage_provider
@@ -66,7 +67,7 @@ from synapse_lite.media.url_preview import UrlPreviewer
 from synapse_lite.notifier import Notifier
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
 from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER
-from synapse_lite.replication.http.media import DELETE_MEDIA
+from synapse_lite.replication.http.media import DELETE_MEDIA, PURGE_MEDIA_CACHE
 from synapse_lite.replication.http.writes import (
     SET_PRESENCE,
     SET_TYPING,
@@ -305,9 +306,13 @@ def media_for_role(
     reactor: Any,
     auth: AuthHandler,
     outbound: OutboundHttpClient,
+    federation_client: Callable[[], FederationClient] | None,
+    keyring: Callable[[], Keyring] | None,
 ) -> tuple[MediaRepository | None, MediaEndpoints, Hooks]:
-    """The media instance serves the media repository; every other process
-    answers media paths with an error naming it."""
+    """The media instance serves the media repository (and, with a way to
+    ask other servers, the federation media endpoints and other servers'
+    media, cached); every other process answers media paths with an error
+    naming it."""
     if not role.serves_media:
         media_url = None
         for listener in config.listeners_of(config.media_instance):
@@ -332,7 +337,19 @@ def media_for_role(
     )
     previewer = UrlPreviewer(repository, outbound) if media_config.url_previews else None
     hooks = Hooks(loops=(repository,), served=((DELETE_MEDIA, repository.delete_media),))
-    return repository, MediaServlets(repository, auth, previewer), hooks
+    remote = None
+    if federation_client is not None:
+        remote = RemoteMediaCache(
+            repository=repository,
+            store=store,
+            client=federation_client,
+            outbound=outbound,
+            clock=clock,
+            reactor=reactor,
+        )
+        hooks += Hooks(served=((PURGE_MEDIA_CACHE, remote.purge),))
+    servlets = MediaServlets(repository, auth, previewer, remote=remote, keyring=keyring)
+    return repository, servlets, hooks
 
 
 def main_duties(

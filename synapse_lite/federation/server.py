@@ -30,7 +30,12 @@ from twisted.web.server import Request
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_room_alias
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
-from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
+from synapse_lite.federation.crypto import (
+    CanonicalJsonError,
+    SignatureError,
+    canonical_json,
+    verify_signature,
+)
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
 from synapse_lite.http.server import (
     JsonResource,
@@ -67,7 +72,13 @@ class FederationAuthError(SynapseError):
 async def authenticate_request(
     keyring: Keyring, server_name: str, request: Request, content: Any
 ) -> str:
-    """The origin server of a signed request to us, or a 401 (logged)."""
+    """The origin server of a signed request to us, or a 401 (logged); a
+    400 ``M_BAD_JSON`` for a body no server could have signed (not
+    canonical JSON: a float, an integer out of range)."""
+    try:
+        canonical_json(content)
+    except CanonicalJsonError as e:
+        raise SynapseError(400, f"The body is not canonical JSON: {e}", Codes.BAD_JSON) from None
     headers = request.requestHeaders.getRawHeaders(b"Authorization") or []
     problems: list[str] = []
     for header in headers:
@@ -355,6 +366,11 @@ def _register_room_servlets(
         origin = await origin_of(request, body)
         return 200, await rooms.on_send_join(origin, room_id, event_id, body)
 
+    async def on_send_join_v1(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        # v1 (deprecated, still used by some servers and SyTest): the same
+        # answer in a [200, {...}] list.
+        return 200, [200, (await on_send_join(request, room_id, event_id))[1]]
+
     async def on_make_leave(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
         return 200, await rooms.on_make_leave(await origin_of(request), room_id, user_id)
 
@@ -362,6 +378,9 @@ def _register_room_servlets(
         body = parse_json_object_from_request(request)
         origin = await origin_of(request, body)
         return 200, await rooms.on_send_leave(origin, room_id, event_id, body)
+
+    async def on_send_leave_v1(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        return 200, [200, (await on_send_leave(request, room_id, event_id))[1]]
 
     v1, v2 = FEDERATION_PREFIX, FEDERATION_V2_PREFIX
     for method, path, callback, name in (
@@ -373,8 +392,10 @@ def _register_room_servlets(
         ("POST", f"{v1}/get_missing_events/{room}", on_get_missing_events, "get_missing_events"),
         ("GET", f"{v1}/make_join/{room}/(?P<user_id>[^/]+)", on_make_join, "make_join"),
         ("PUT", f"{v2}/send_join/{room}/{event}", on_send_join, "send_join"),
+        ("PUT", f"{v1}/send_join/{room}/{event}", on_send_join_v1, "send_join_v1"),
         ("GET", f"{v1}/make_leave/{room}/(?P<user_id>[^/]+)", on_make_leave, "make_leave"),
         ("PUT", f"{v2}/send_leave/{room}/{event}", on_send_leave, "send_leave"),
+        ("PUT", f"{v1}/send_leave/{room}/{event}", on_send_leave_v1, "send_leave_v1"),
     ):
         resource.register_paths(method, path, callback, f"federation.{name}")
 

@@ -68,6 +68,7 @@ from synapse_lite.federation.pdu_checks import (
 )
 from synapse_lite.federation.server_acl import server_allowed
 from synapse_lite.handlers.message import RoomMovedError
+from synapse_lite.handlers.state_gaps import StateGaps
 from synapse_lite.replication.http.federation_rooms import (
     PROCESS_INBOUND_PDUS,
     QueuedOutcomes,
@@ -107,6 +108,8 @@ REMEMBERED_OUTCOMES = 10_000
 
 #: The error of a PDU that failed unexpectedly (the details are logged).
 UNPROCESSABLE = "it could not be processed here"
+#: Gaps filled with ``/state_ids`` per PDU (``handlers/state_gaps.py``).
+MAX_GAPS_FILLED = 1
 
 
 class PduError(Exception):
@@ -140,6 +143,9 @@ class InboundPdus:
         self._client = client
         self._calls = calls
         self._event_writers = event_writers
+        self._gaps = StateGaps(
+            store=store, keyring=keyring, client=client, calls=calls, event_writers=event_writers
+        )
 
     async def on_pdus(self, origin: str, pdus: Sequence[Any]) -> dict[str, dict[str, str]]:
         """The ``pdus`` answer of a transaction from ``origin``: each PDU's
@@ -304,11 +310,26 @@ class InboundPdus:
             fetched.append(found)
         fetched.sort(key=lambda f: f.event.depth)
         usable: list[CheckedPdu] = []
+        gaps_filled = 0
         for found in fetched:
             if found.event_id in known or await self._store.get_event(found.event_id) is not None:
                 continue
-            if await self._unknown_parents(found, known | {u.event_id for u in usable}):
-                logger.info("Missing event %s still has unknown parents: skipped", found.event_id)
+            pending = known | {u.event_id for u in usable}
+            unknown = await self._unknown_parents(found, pending)
+            if unknown:
+                # A gap get_missing_events did not close: the states after
+                # its missing parents, asked of the origin (once per PDU)
+                # and persisted now, before the answer (so as durable as the
+                # queue). Not where a parent is only queued: its writer has
+                # not persisted it, so the state after it is not known here.
+                if gaps_filled >= MAX_GAPS_FILLED or pending & set(found.event.prev_event_ids):
+                    logger.info("Missing event %s has unknown parents: skipped", found.event_id)
+                    continue
+                gaps_filled += 1
+                try:
+                    await self._gaps.persist_filling_gap(origin, version, found, unknown)
+                except (PduRefused, FederationRequestError) as e:
+                    logger.info("Filling the gap before %s failed: %s", found.event_id, e)
                 continue
             usable.append(found)
         return usable

@@ -80,6 +80,12 @@ class LoggingTransaction:
         """Run ``callback(*args)`` on the reactor thread once this commits."""
         self.after_callbacks.append((callback, args))
 
+    def call_first_after(self, callback: Callable[..., object], *args: Any) -> None:
+        """Like :meth:`call_after`, but before the callbacks registered so far
+        (the id generator's finish among them: a change tracker must know of a
+        row before its position becomes visible)."""
+        self.after_callbacks.insert(0, (callback, args))
+
     def call_on_exception(self, callback: Callable[..., object], *args: Any) -> None:
         """Run ``callback(*args)`` (on the database thread) if this fails."""
         self.exception_callbacks.append((callback, args))

@@ -66,11 +66,11 @@ class ScriptedServer(Resource):
 class InboundPdusBase(FederationRoomsBase):
     """Helpers speaking for a.test in b.test's rooms (no tests)."""
 
-    async def scripted_a(self) -> ScriptedServer:
+    async def scripted_a(self, fake: ScriptedServer | None = None) -> ScriptedServer:
         """From now on b.test reaches a.test at a :class:`ScriptedServer`
-        (its open connections to the real one, pooled by server name, are
-        closed first)."""
-        fake = ScriptedServer()
+        (``fake``, else a new one; its open connections to the real one,
+        pooled by server name, are closed first)."""
+        fake = fake or ScriptedServer()
         port = _reactor.listenTCP(0, Site(fake), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         url = f"http://127.0.0.1:{port.getHost().port}"

@@ -165,10 +165,11 @@ class EventReadsTestCase(DatabaseTestCase):
             ),
             [(bob, "join")],
         )
-        # (The federation sender's feed may read the room's users after the
-        # join, in the background: not a read of this call.)
+        # (The federation sender's feed may read the new events and the
+        # room's users after the join, in the background: not reads of this call.)
+        background = ("get_users_in_room", "get_stream_events_between")
         self.assertEqual(
-            [n for n in names if n != "get_users_in_room"], ["get_membership_changes_in_rooms"]
+            [n for n in names if n not in background], ["get_membership_changes_in_rooms"]
         )
         # A token from before the process started: the tracker cannot tell.
         await hs.service.stopService()
@@ -189,3 +190,32 @@ class EventReadsTestCase(DatabaseTestCase):
             clock.time_msec(),
         )  # fmt: skip
         await hs.handlers.events.persist_as_writer(room_id, [message])
+
+    async def test_a_read_overtaken_by_a_redaction_caches_nothing(self) -> None:
+        hs = make_homeserver(self, make_config(self.test_db))
+        room_id, ids = await self._room_with_sends(hs)
+        await hs.service.stopService()
+        other = make_homeserver(self, make_config(self.test_db))
+        store = other.store
+        run = store.db_pool.runInteraction
+        overtake = [True]
+
+        async def overtaken(desc: str, *args: Any, **kwargs: Any) -> Any:
+            result = await run(desc, *args, **kwargs)
+            if overtake and desc == "get_room_events_between":
+                # A redaction arrives while the read's answer is on its way back.
+                overtake.clear()
+                store.invalidate_event_cache("$another")
+            return result
+
+        self.patch(store.db_pool, "runInteraction", overtaken)
+        upper = store.get_room_max_token()
+        await store.get_room_events_between([room_id], None, upper, 3)
+        names = count_interactions(self, other)
+        await store.get_events([ids[0]])
+        self.assertEqual(names[:1], ["get_events"])
+        # Not overtaken: cached as served, the next read by id reads nothing.
+        await store.get_room_events_between([room_id], None, upper, 3)
+        names.clear()
+        await store.get_events(ids)
+        self.assertEqual(names, [])

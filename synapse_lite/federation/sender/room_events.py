@@ -35,6 +35,7 @@ from twisted.internet import defer
 from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import EventIdFormat
 from synapse_lite.event_graph.pdu import room_id_of_create
+from synapse_lite.events import pruned_event
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -71,10 +72,11 @@ def destinations_of(
     event: Event, joined: Iterable[str], server_name: str, origin: str | None
 ) -> list[str]:
     """The servers ``event`` goes to: those of the ``joined`` users, and
-    of a membership event's target; never us, the sender's server nor
-    ``origin``. Sorted."""
+    of a membership event's target (a kicked or banned user's) but an
+    invite's (its server had it through ``/invite``, and may not know the
+    room); never us, the sender's server nor ``origin``. Sorted."""
     servers = {server_of(u) for u in joined}
-    if event.type == "m.room.member" and event.state_key:
+    if event.type == "m.room.member" and event.state_key and event.membership != "invite":
         servers.add(server_of(event.state_key))
     servers -= {server_name, server_of(event.sender)}
     if origin is not None:
@@ -106,6 +108,12 @@ class PduRenderer:
         )
         by_id: dict[str, dict[str, Any]] = {pdu["event_id"]: pdu for pdu in rendered}
         by_id.update(received)
+        # Another server's event redacted since is served redacted (its
+        # signatures still verify; its content hash no longer matches).
+        for event_id, event in (await self._store.get_events(list(received))).items():
+            if event.redacted_because is not None:
+                version = await self._store.get_room_version(event.room_id)
+                by_id[event_id] = pruned_event(version, received[event_id])
         for event_id, pdu in by_id.items():
             # A version 12 create event has no ``room_id``: its id names the room.
             room_id = pdu.get("room_id") or room_id_of_create(event_id)

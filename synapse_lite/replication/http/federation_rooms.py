@@ -95,3 +95,48 @@ PROCESS_INBOUND_PDUS = InternalCall(
     # The caller then reads the persisted events as the writer wrote them.
     answer_position=_outcomes_position,
 )
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class BackfilledEvents:
+    """History of ``room_id`` that ``origin`` answered ``/backfill`` with
+    (``answer``: ``{"pdus": [...]}``): each PDU's format, room, content
+    hash and signatures checked by the process that asked
+    (``handlers/federation_backfill.py``); the writer checks each against
+    its own auth events."""
+
+    room_id: str = attr.ib(metadata=wire(RoomId()))
+    origin: str = attr.ib(metadata=wire(Identifier()))
+    answer: dict[str, Any] = attr.ib(hash=False, metadata=wire(JsonObject()))
+
+
+PERSIST_BACKFILLED = InternalCall(
+    "persist_backfilled",
+    BackfilledEvents,
+    EventsPersisted,
+    # Events the writer already has are left out of what it stores.
+    idempotent=True,
+)
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class StateGap:
+    """A received event whose parents we do not have, with what ``origin``
+    gave for them (``answer``: the event as ``pdu``, the events fetched
+    for the gap as ``outliers``, and ``states``, the state after each
+    missing parent as ``[[type, state_key, event_id], ...]``), each checked
+    by the process that asked (``handlers/state_gaps.py``)."""
+
+    room_id: str = attr.ib(metadata=wire(RoomId()))
+    origin: str = attr.ib(metadata=wire(Identifier()))
+    answer: dict[str, Any] = attr.ib(hash=False, metadata=wire(JsonObject()))
+
+
+PERSIST_STATE_GAP = InternalCall(
+    "persist_state_gap",
+    StateGap,
+    EventsPersisted,
+    # Events the writer already has are answered as they are.
+    idempotent=True,
+    answer_position=SEND_EVENTS.answer_position,
+)

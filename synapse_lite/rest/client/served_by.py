@@ -28,8 +28,14 @@ ROOM_EVENTS_WRITER = ServedBy(ROOM_EVENTS_WRITER_ROLE)
 MEDIA = ServedBy(MEDIA_ROLE)
 
 
-#: Paths served by the media instance, whatever their servlet.
-MEDIA_PATH_PREFIXES = ("/_matrix/media/", "/_matrix/client/v1/media/")
+#: Paths served by the media instance, whatever their servlet. Federation
+#: media too: the media instance has the files (routed before the other
+#: federation paths, which go to the federation readers).
+MEDIA_PATH_PREFIXES = (
+    "/_matrix/media/",
+    "/_matrix/client/v1/media/",
+    "/_matrix/federation/v1/media/",
+)
 
 #: Servlet name -> who serves it (or, by method, who serves each method).
 SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {

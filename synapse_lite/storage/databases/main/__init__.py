@@ -35,6 +35,7 @@ from synapse_lite.storage.databases.main.registration_tokens import (
     RegistrationTokensWorkerStore,
 )
 from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
+from synapse_lite.storage.databases.main.remote_media import RemoteMediaCacheStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 from synapse_lite.storage.databases.main.search import SearchWorkerStore
@@ -59,6 +60,7 @@ class GenericWorkerStore(
     FilteringWorkerStore,
     InstancesWorkerStore,
     MediaRepositoryStore,
+    RemoteMediaCacheStore,
     RoomKeysStore,
     ClientIpWorkerStore,
     ContentReportsWorkerStore,
