@@ -90,11 +90,11 @@ async def _measure(hs: Any, args: argparse.Namespace) -> dict[str, float]:
 
     async def counted_sync(since: str) -> tuple[str, int, int]:
         reads.update(count=0, most=0)
-        pool.runInteraction = counting  # type: ignore[method-assign]
+        pool.runInteraction = counting
         try:
             _, since = await one_sync(since)
         finally:
-            pool.runInteraction = run  # type: ignore[method-assign]
+            pool.runInteraction = run
         return since, reads["count"], reads["most"]
 
     profile = cProfile.Profile() if args.stages else None

@@ -24,7 +24,11 @@ class RemoteModerationTestCase(TwoServers):
         )
         return body.get("membership") if code == 200 else None
 
-    async def settled(self, user: ClientApi, room_id: str, target: str, membership: str) -> None:
+    async def settled(
+        self, user: ClientApi, room_id: str, target: str | None, membership: str
+    ) -> None:
+        assert target is not None, "a registered user has an id"
+
         async def done() -> bool:
             return await self.membership(user, room_id, target) == membership
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import treq
 from twisted.trial import unittest
+from twisted.web.http_headers import Headers
 
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
 from synapse_lite.event_graph.hashing import event_id_of, sign_event
@@ -74,7 +75,7 @@ class V1MembershipsTestCase(FederationRoomsBase):
             "PUT",
             self.urls["b.test"] + f"/_matrix/federation/v2/send_join/{q(room_id)}/$x",
             data=json.dumps({"content": {"bad_val": 1.1}}).encode(),
-            headers={"Authorization": ["X-Matrix origin=a.test,key=ed25519:x,sig=x"]},
+            headers=Headers({"Authorization": ["X-Matrix origin=a.test,key=ed25519:x,sig=x"]}),
             pool=NO_KEEPALIVE,
         )
         self.assertEqual(response.code, 400)
