@@ -1,6 +1,6 @@
-"""Questions our clients ask about other servers' users and aliases, asked of
-those servers: ``GET /_matrix/federation/v1/query/profile`` and
-``/query/directory``.
+"""Questions our clients ask about other servers' users, aliases and room
+directories, asked of those servers: ``GET /_matrix/federation/v1/query/profile``,
+``/query/directory`` and ``GET``/``POST /publicRooms``.
 
 Any process serving the client API may ask. One that takes part in
 federation anyway uses its federation client; another (a client worker)
@@ -23,11 +23,59 @@ from synapse_lite.federation.discovery import ServerNameError, parse_server_name
 
 if TYPE_CHECKING:
     from synapse_lite.config.federation import FederationConfig
+    from synapse_lite.handlers.directory import PublicRoomsQuery
 
 logger = logging.getLogger(__name__)
 
 QUERY_PREFIX = "/_matrix/federation/v1/query"
+PUBLIC_ROOMS_PATH = "/_matrix/federation/v1/publicRooms"
 PROFILE_FIELDS = ("displayname", "avatar_url")
+#: The most rooms of another server's directory page we pass on.
+MAX_REMOTE_PUBLIC_ROOMS = 500
+_ROOM_STRINGS = ("name", "topic", "canonical_alias", "avatar_url", "join_rule", "room_type")
+_ROOM_FLAGS = ("world_readable", "guest_can_join")
+
+
+def check_public_rooms_answer(server: str, answer: Any, limit: int | None) -> dict[str, Any]:
+    """Another server's ``/publicRooms`` answer in the spec's shape, for our
+    client: rooms missing a required field, or with one of the wrong type,
+    are left out (logged); unknown keys are dropped; at most ``limit`` (and
+    :data:`MAX_REMOTE_PUBLIC_ROOMS`) rooms. No ``chunk`` list at all is a
+    :class:`RemoteUnavailable`."""
+    chunk = answer.get("chunk") if isinstance(answer, dict) else None
+    if not isinstance(chunk, list):
+        raise RemoteUnavailable(server, "the answer has no 'chunk' list")
+    most = MAX_REMOTE_PUBLIC_ROOMS if limit is None else min(limit, MAX_REMOTE_PUBLIC_ROOMS)
+    rooms: list[dict[str, Any]] = []
+    dropped = 0
+    for room in chunk:
+        if len(rooms) >= most:
+            break
+        members = room.get("num_joined_members") if isinstance(room, dict) else None
+        if (
+            not isinstance(room, dict)
+            or not isinstance(room.get("room_id"), str)
+            or not room["room_id"].startswith("!")
+            or isinstance(members, bool)
+            or not isinstance(members, int)
+            or not all(isinstance(room.get(k), bool) for k in _ROOM_FLAGS)
+        ):
+            dropped += 1
+            continue
+        entry = {"room_id": room["room_id"], "num_joined_members": members}
+        entry.update({k: room[k] for k in _ROOM_FLAGS})
+        entry.update({k: room[k] for k in _ROOM_STRINGS if isinstance(room.get(k), str)})
+        rooms.append(entry)
+    if dropped:
+        logger.info("Left out %d malformed rooms of %s's public room list", dropped, server)
+    result: dict[str, Any] = {"chunk": rooms}
+    for key in ("next_batch", "prev_batch"):
+        if isinstance(answer.get(key), str):
+            result[key] = answer[key]
+    estimate = answer.get("total_room_count_estimate")
+    if isinstance(estimate, int) and not isinstance(estimate, bool) and estimate >= 0:
+        result["total_room_count_estimate"] = estimate
+    return result
 
 
 class RemoteUnavailable(SynapseError):
@@ -75,12 +123,14 @@ class FederationQueries:
         503 when the signing key does not exist yet)."""
         return self._get_client()
 
-    async def _ask(self, server: str, path: str) -> Any:
+    async def _ask(self, server: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
             parse_server_name(server)
         except ServerNameError as e:
             raise SynapseError(400, f"Not a valid server name: {e}", Codes.INVALID_PARAM) from e
         try:
+            if body is not None:
+                return await self._get_client().post_json(server, path, body)
             return await self._get_client().get_json(server, path)
         except FederationRequestError as e:
             if e.code == 404:
@@ -116,3 +166,23 @@ class FederationQueries:
         if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
             raise RemoteUnavailable(server, "the answer has no list of servers")
         return {"room_id": room_id, "servers": servers}
+
+    async def public_rooms(self, server: str, query: PublicRoomsQuery) -> dict[str, Any]:
+        """``server``'s public room list as :func:`check_public_rooms_answer`
+        passes it: ``GET`` when only ``limit``, ``since`` and the networks
+        are asked for, ``POST`` with a search filter (the spec has both)."""
+        if query.search_term is None and query.room_types is None:
+            params: dict[str, str] = {}
+            if query.limit is not None:
+                params["limit"] = str(query.limit)
+            if query.since is not None:
+                params["since"] = query.since
+            if query.all_networks:
+                params["include_all_networks"] = "true"
+            if query.instance_id is not None:
+                params["third_party_instance_id"] = query.instance_id
+            path = PUBLIC_ROOMS_PATH + (f"?{urllib.parse.urlencode(params)}" if params else "")
+            answer = await self._ask(server, path)
+        else:
+            answer = await self._ask(server, PUBLIC_ROOMS_PATH, query.to_body())
+        return check_public_rooms_answer(server, answer, query.limit)

@@ -37,9 +37,11 @@ from synapse_lite.federation.crypto import (
     verify_signature,
 )
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
+from synapse_lite.handlers.directory import PublicRoomsQuery, parse_public_rooms_body
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
+    query_bool,
     query_int,
     query_string,
     query_strings,
@@ -191,7 +193,7 @@ def register_query_servlets(
 ) -> None:
     """``GET /query/profile`` and ``/query/directory``: other servers asking
     about our users and aliases (signed; 400 for another server's, 404 for
-    one we do not have)."""
+    one we do not have); ``GET``/``POST /publicRooms``: our room directory."""
 
     async def on_profile(request: Request) -> tuple[int, Any]:
         await authenticate_request(keyring, server_name, request, None)
@@ -217,6 +219,24 @@ def register_query_servlets(
         check_room_alias(alias, server_name)
         return 200, await directory.get_alias(alias)
 
+    async def on_get_public_rooms(request: Request) -> tuple[int, Any]:
+        await authenticate_request(keyring, server_name, request, None)
+        query = PublicRoomsQuery(
+            limit=query_int(request, "limit", None, maximum=1_000_000),
+            since=query_string(request, "since"),
+            instance_id=query_string(request, "third_party_instance_id"),
+            all_networks=bool(query_bool(request, "include_all_networks", False)),
+        )
+        return 200, await directory.public_rooms(query)
+
+    async def on_post_public_rooms(request: Request) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request, allow_empty=True)
+        await authenticate_request(keyring, server_name, request, body)
+        return 200, await directory.public_rooms(parse_public_rooms_body(body))
+
+    public_rooms = f"{FEDERATION_PREFIX}/publicRooms"
+    resource.register_paths("GET", public_rooms, on_get_public_rooms, "federation.public_rooms")
+    resource.register_paths("POST", public_rooms, on_post_public_rooms, "federation.public_rooms")
     resource.register_paths(
         "GET", f"{FEDERATION_PREFIX}/query/profile", on_profile, "federation.query_profile"
     )

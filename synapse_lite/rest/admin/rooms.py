@@ -16,13 +16,13 @@ from synapse_lite.http.fields import bool_value
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
+    query_bool,
     query_int,
     query_string,
 )
 from synapse_lite.rest.admin._base import (
     MAX_PAGE,
     admin_path,
-    query_bool,
     query_choice,
     query_descending,
 )
