@@ -12,7 +12,8 @@
   our rooms (``handlers/federation_rooms.py``): ``GET /event``, ``/state``,
   ``/state_ids``, ``/event_auth``, ``/backfill``, ``POST
   /get_missing_events``, ``GET /make_join``, ``/make_leave`` and ``PUT
-  /v2/send_join``, ``/v2/send_leave``.
+  /v2/send_join``, ``/v2/send_leave``; ``GET``/``POST /publicRooms`` and
+  ``GET /hierarchy/{roomId}`` (``handlers/space_hierarchy.py``).
 
 Every federation request must carry a valid ``X-Matrix`` signature of its
 origin addressed to us; anything else is answered ``401 M_UNAUTHORIZED``,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.federation_rooms import FederationRoomsHandler
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.profile import ProfileHandler
+    from synapse_lite.handlers.space_hierarchy import SpaceHierarchyHandler
 
 logger = logging.getLogger(__name__)
 
@@ -257,10 +259,11 @@ def register_federation_servlets(
     profiles: ProfileHandler | None = None,
     directory: DirectoryHandler | None = None,
     invites: FederationJoinHandler | None = None,
+    spaces: SpaceHierarchyHandler | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``
     (``rooms``: our rooms served to other servers; ``invites``: other
-    servers inviting our users)."""
+    servers inviting our users; ``spaces``: our spaces' hierarchies)."""
     if "keys" in resources:
 
         async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
@@ -333,6 +336,21 @@ def register_federation_servlets(
 
     if "federation" in resources and invites is not None:
         _register_invite_servlets(resource, keyring, server_name, invites)
+
+    if "federation" in resources and spaces is not None:
+        space_handler = spaces
+
+        async def on_hierarchy(request: Request, room_id: str) -> tuple[int, Any]:
+            origin = await authenticate_request(keyring, server_name, request, None)
+            suggested_only = bool(query_bool(request, "suggested_only", False))
+            return 200, await space_handler.on_federation_hierarchy(origin, room_id, suggested_only)
+
+        resource.register_paths(
+            "GET",
+            f"{FEDERATION_PREFIX}/hierarchy/(?P<room_id>[^/]+)",
+            on_hierarchy,
+            "federation.hierarchy",
+        )
 
 
 def _register_room_servlets(

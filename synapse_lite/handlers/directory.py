@@ -336,7 +336,7 @@ class DirectoryHandler:
                     if room_id not in seen:
                         seen.add(room_id)
                         room_ids.append(room_id)
-        entries = [await self._room_entry(room_id) for room_id in room_ids]
+        entries = [await self.room_entry(room_id) for room_id in room_ids]
         if search_term:
             term = search_term.casefold()
             entries = [
@@ -373,7 +373,9 @@ class DirectoryHandler:
             )
         return await self._remote.public_rooms(server, query)
 
-    async def _room_entry(self, room_id: str) -> dict[str, Any]:
+    async def room_entry(self, room_id: str) -> dict[str, Any]:
+        """The room's ``/publicRooms`` chunk from its current state (also the
+        core of a spaces hierarchy room summary)."""
         state_ids = await self._store.get_current_state_ids(room_id)
         wanted = {
             key: state_ids[(key, "")]
