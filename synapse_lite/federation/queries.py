@@ -211,7 +211,18 @@ class FederationQueries:
         503 when the signing key does not exist yet)."""
         return self._get_client()
 
-    async def _ask(self, server: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    async def _ask(
+        self,
+        server: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        refusal_is_ours: bool = False,
+    ) -> Any:
+        """``server``'s answer to ``path`` (POST ``body`` when given). Its
+        404 is ours; with ``refusal_is_ours`` its 400 too (the client's
+        parameters were passed on as they were: a bad ``since`` token is the
+        client's mistake); anything else a :class:`RemoteUnavailable`."""
         try:
             parse_server_name(server)
         except ServerNameError as e:
@@ -223,6 +234,10 @@ class FederationQueries:
         except FederationRequestError as e:
             if e.code == 404:
                 raise NotFoundError(f"{server} does not know it") from e
+            if e.code == 400 and refusal_is_ours:
+                raise SynapseError(
+                    400, f"{server} refused the request: {e}", Codes.INVALID_PARAM
+                ) from e
             logger.info("A query to %s failed: %s", server, e)
             raise RemoteUnavailable(server, str(e)) from e
 
@@ -270,9 +285,11 @@ class FederationQueries:
             if query.instance_id is not None:
                 params["third_party_instance_id"] = query.instance_id
             path = PUBLIC_ROOMS_PATH + (f"?{urllib.parse.urlencode(params)}" if params else "")
-            answer = await self._ask(server, path)
+            answer = await self._ask(server, path, refusal_is_ours=True)
         else:
-            answer = await self._ask(server, PUBLIC_ROOMS_PATH, query.to_body())
+            answer = await self._ask(
+                server, PUBLIC_ROOMS_PATH, query.to_body(), refusal_is_ours=True
+            )
         return check_public_rooms_answer(server, answer, query.limit)
 
     async def hierarchy(self, server: str, room_id: str, suggested_only: bool) -> RemoteHierarchy:
