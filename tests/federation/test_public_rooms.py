@@ -17,9 +17,7 @@ from synapse_lite.federation.queries import (
     check_public_rooms_answer,
 )
 from synapse_lite.handlers.directory import PublicRoomsQuery
-from synapse_lite.storage.id_generators import generator as id_generators
-from tests.harness.client_api import ClientApi
-from tests.harness.federation import LoopbackServers
+from tests.harness.federation import TwoServers
 from tests.harness.spec import assert_spec_response
 
 FED = "/_matrix/federation/v1/publicRooms"
@@ -59,7 +57,8 @@ class PublicRoomsAnswerTestCase(unittest.TestCase):
         self.assertNotIn("total_room_count_estimate", checked)
         limited = check_public_rooms_answer("b.test", {"chunk": [room()] * 5}, 2)
         self.assertEqual(len(limited["chunk"]), 2)
-        for bad in ({}, [], {"chunk": {}}):
+        bad_answers: list[Any] = [{}, [], {"chunk": {}}]
+        for bad in bad_answers:
             with self.assertRaises(RemoteUnavailable):
                 check_public_rooms_answer("b.test", bad, None)
 
@@ -97,17 +96,7 @@ class PublicRoomsAnswerTestCase(unittest.TestCase):
         )
 
 
-class PublicRoomsAcrossServersTestCase(LoopbackServers):
-    def setUp(self) -> None:
-        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-        self.a = self.make_server("a.test", [])
-        self.b = self.make_server("b.test", ["fed1"])
-        self.connect(self.a, self.b)
-        self.a_key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
-
-    def client(self, server: dict[str, Any]) -> ClientApi:
-        return ClientApi(self, server["main"].config.instance_map["main"].base_url)
-
+class PublicRoomsAcrossServersTestCase(TwoServers):
     async def listed_rooms(self) -> tuple[str, str]:
         alice = await self.client(self.b).register("alice")
         roses = await alice.create_room(

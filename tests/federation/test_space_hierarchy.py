@@ -14,10 +14,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from synapse_lite.federation.crypto import load_or_create_signing_key
-from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
-from tests.harness.federation import LoopbackServers
+from tests.harness.federation import TwoServers
 from tests.harness.spec import assert_spec_response
 
 CLIENT_SPEC = ("space_hierarchy.yaml", "/rooms/{roomId}/hierarchy")
@@ -28,17 +26,7 @@ def q(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-class SpaceHierarchyTestCase(LoopbackServers):
-    def setUp(self) -> None:
-        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-        self.a = self.make_server("a.test", [])
-        self.b = self.make_server("b.test", ["fed1"])
-        self.connect(self.a, self.b)
-        self.a_key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
-
-    def client(self, server: dict[str, Any]) -> ClientApi:
-        return ClientApi(self, server["main"].config.instance_map["main"].base_url)
-
+class SpaceHierarchyTestCase(TwoServers):
     async def spaces(self) -> tuple[ClientApi, ClientApi, dict[str, str]]:
         alice = await self.client(self.b).register("alice")
         carol = await self.client(self.a).register("carol")

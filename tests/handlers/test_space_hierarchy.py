@@ -125,11 +125,12 @@ class HierarchyAnswerTestCase(unittest.TestCase):
         self.assertEqual((bare.room["children_state"], bare.children), ([], {}))
 
     def test_refused(self) -> None:
-        for bad in (
+        bad_answers: list[Any] = [
             [],
             {},
             {"room": self.summary("!other:b.test")},
             {"room": {**self.summary("!s:b.test"), "num_joined_members": "2"}},
-        ):
+        ]
+        for bad in bad_answers:
             with self.assertRaises(RemoteUnavailable):
                 check_hierarchy_answer("b.test", "!s:b.test", bad)
