@@ -119,6 +119,7 @@ from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomU
 from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.server_notices import ServerNoticesHandler
 from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
+from synapse_lite.handlers.space_hierarchy import SpaceHierarchyHandler
 from synapse_lite.handlers.state_gaps import StateGapWriter
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.sync_sections.builtin import BuiltInSections
@@ -648,6 +649,9 @@ def _handlers(
         store, clock, server_name, events, app_service_queries, federation.queries
     )
     admin_users = AdminUsersHandler(store, server_name, devices, account, profiles, members)
+    directory = DirectoryHandler(
+        store, server_name, clock, events, app_service_queries, federation.queries
+    )
     client = ClientHandlers(
         clock=clock,
         auth=auth,
@@ -723,9 +727,8 @@ def _handlers(
         push_rules=push_rules,
         turn=config.turn,
         profiles=profiles,
-        directory=DirectoryHandler(
-            store, server_name, clock, events, app_service_queries, federation.queries
-        ),
+        directory=directory,
+        spaces=SpaceHierarchyHandler(store, server_name, clock, directory, federation.queries),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
         identity=identity,
@@ -1068,6 +1071,7 @@ def _lifecycle(
         keyring, inbound, openid = federation.keyring, handlers.inbound, handlers.client.openid
         rooms = handlers.rooms
         profiles, directory = handlers.client.profiles, handlers.client.directory
+        spaces = handlers.client.spaces
         invites = handlers.remote_members
 
         def federation_servlets(resource: JsonResource, resources: tuple[str, ...]) -> None:
@@ -1082,6 +1086,7 @@ def _lifecycle(
                 profiles=profiles,
                 directory=directory,
                 invites=invites,
+                spaces=spaces,
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport

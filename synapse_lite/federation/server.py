@@ -12,7 +12,8 @@
   our rooms (``handlers/federation_rooms.py``): ``GET /event``, ``/state``,
   ``/state_ids``, ``/event_auth``, ``/backfill``, ``POST
   /get_missing_events``, ``GET /make_join``, ``/make_leave`` and ``PUT
-  /v2/send_join``, ``/v2/send_leave``.
+  /v2/send_join``, ``/v2/send_leave``; ``GET``/``POST /publicRooms`` and
+  ``GET /hierarchy/{roomId}`` (``handlers/space_hierarchy.py``).
 
 Every federation request must carry a valid ``X-Matrix`` signature of its
 origin addressed to us; anything else is answered ``401 M_UNAUTHORIZED``,
@@ -37,9 +38,11 @@ from synapse_lite.federation.crypto import (
     verify_signature,
 )
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
+from synapse_lite.handlers.directory import PublicRoomsQuery, parse_public_rooms_body
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
+    query_bool,
     query_int,
     query_string,
     query_strings,
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.federation_rooms import FederationRoomsHandler
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.profile import ProfileHandler
+    from synapse_lite.handlers.space_hierarchy import SpaceHierarchyHandler
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +195,7 @@ def register_query_servlets(
 ) -> None:
     """``GET /query/profile`` and ``/query/directory``: other servers asking
     about our users and aliases (signed; 400 for another server's, 404 for
-    one we do not have)."""
+    one we do not have); ``GET``/``POST /publicRooms``: our room directory."""
 
     async def on_profile(request: Request) -> tuple[int, Any]:
         await authenticate_request(keyring, server_name, request, None)
@@ -217,6 +221,24 @@ def register_query_servlets(
         check_room_alias(alias, server_name)
         return 200, await directory.get_alias(alias)
 
+    async def on_get_public_rooms(request: Request) -> tuple[int, Any]:
+        await authenticate_request(keyring, server_name, request, None)
+        query = PublicRoomsQuery(
+            limit=query_int(request, "limit", None, maximum=1_000_000),
+            since=query_string(request, "since"),
+            instance_id=query_string(request, "third_party_instance_id"),
+            all_networks=bool(query_bool(request, "include_all_networks", False)),
+        )
+        return 200, await directory.public_rooms(query)
+
+    async def on_post_public_rooms(request: Request) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request, allow_empty=True)
+        await authenticate_request(keyring, server_name, request, body)
+        return 200, await directory.public_rooms(parse_public_rooms_body(body))
+
+    public_rooms = f"{FEDERATION_PREFIX}/publicRooms"
+    resource.register_paths("GET", public_rooms, on_get_public_rooms, "federation.public_rooms")
+    resource.register_paths("POST", public_rooms, on_post_public_rooms, "federation.public_rooms")
     resource.register_paths(
         "GET", f"{FEDERATION_PREFIX}/query/profile", on_profile, "federation.query_profile"
     )
@@ -237,10 +259,11 @@ def register_federation_servlets(
     profiles: ProfileHandler | None = None,
     directory: DirectoryHandler | None = None,
     invites: FederationJoinHandler | None = None,
+    spaces: SpaceHierarchyHandler | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``
     (``rooms``: our rooms served to other servers; ``invites``: other
-    servers inviting our users)."""
+    servers inviting our users; ``spaces``: our spaces' hierarchies)."""
     if "keys" in resources:
 
         async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
@@ -313,6 +336,21 @@ def register_federation_servlets(
 
     if "federation" in resources and invites is not None:
         _register_invite_servlets(resource, keyring, server_name, invites)
+
+    if "federation" in resources and spaces is not None:
+        space_handler = spaces
+
+        async def on_hierarchy(request: Request, room_id: str) -> tuple[int, Any]:
+            origin = await authenticate_request(keyring, server_name, request, None)
+            suggested_only = bool(query_bool(request, "suggested_only", False))
+            return 200, await space_handler.on_federation_hierarchy(origin, room_id, suggested_only)
+
+        resource.register_paths(
+            "GET",
+            f"{FEDERATION_PREFIX}/hierarchy/(?P<room_id>[^/]+)",
+            on_hierarchy,
+            "federation.hierarchy",
+        )
 
 
 def _register_room_servlets(

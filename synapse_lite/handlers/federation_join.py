@@ -50,6 +50,7 @@ from synapse_lite.events import event_canonical_json
 from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.crypto import CanonicalJsonError
 from synapse_lite.federation.pdu_checks import PduRefused, check_pdu_signatures
+from synapse_lite.federation.server_acl import room_allows_server
 from synapse_lite.handlers.federation_rooms import membership_template
 from synapse_lite.handlers.received_events import pdu_as_content
 from synapse_lite.handlers.sync_sections.rooms import INVITE_STATE_TYPES
@@ -665,6 +666,9 @@ class FederationJoinHandler:
         state it came with; the answer is the countersigned event."""
         if not isinstance(body, dict):
             raise SynapseError(400, "The body must be an object", Codes.BAD_JSON)
+        # The ACL of a room we hold (an invite to a room new here has none).
+        if not await room_allows_server(self._store, room_id, origin):
+            raise AuthError(403, f"{origin} is denied by the room's server ACL")
         if v2:
             pdu, identifier = body.get("event"), body.get("room_version", "1")
             stripped = body.get("invite_room_state", [])

@@ -55,7 +55,7 @@ from synapse_lite.federation.pdu_checks import (
     check_signed_by,
 )
 from synapse_lite.federation.sender.room_events import PduRenderer
-from synapse_lite.federation.server_acl import server_allowed
+from synapse_lite.federation.server_acl import room_allows_server
 from synapse_lite.handlers.received_events import pdu_as_content, stored_as_pdu
 from synapse_lite.handlers.visibility import load_room_visibility
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT, ReceivedEvent
@@ -220,9 +220,7 @@ class FederationRoomsHandler:
 
     async def check_server_acl(self, origin: str, room_id: str) -> None:
         """403 when the room's ``m.room.server_acl`` denies ``origin``."""
-        acl_id = (await self._store.get_current_state_ids(room_id)).get(("m.room.server_acl", ""))
-        acl = await self._store.get_event(acl_id) if acl_id is not None else None
-        if acl is not None and not server_allowed(acl.content, origin):
+        if not await room_allows_server(self._store, room_id, origin):
             raise AuthError(403, f"{origin} is denied by the room's server ACL")
 
     async def check_server_may_read(self, origin: str, room_id: str) -> None:

@@ -66,7 +66,7 @@ from synapse_lite.federation.pdu_checks import (
     check_pdu_format,
     check_pdu_signatures,
 )
-from synapse_lite.federation.server_acl import server_allowed
+from synapse_lite.federation.server_acl import room_allows_server
 from synapse_lite.handlers.message import RoomMovedError
 from synapse_lite.handlers.state_gaps import StateGaps
 from synapse_lite.replication.http.federation_rooms import (
@@ -218,10 +218,7 @@ class InboundPdus:
             pdu = check_pdu_format(version, raw)
         except PduRefused as e:
             raise PduError(str(e)) from None
-        state_ids = await self._store.get_current_state_ids(room_id)
-        acl_id = state_ids.get(("m.room.server_acl", ""))
-        acl = await self._store.get_event(acl_id) if acl_id is not None else None
-        if acl is not None and not server_allowed(acl.content, origin):
+        if not await room_allows_server(self._store, room_id, origin):
             raise PduError(f"{origin} is denied by the room's server ACL", pdu.event_id)
         event = pdu.event
         own_membership = event.type == "m.room.member" and (

@@ -152,3 +152,29 @@ class SynapseRoomsTestCase(unittest.TestCase):
         await sam.ok("POST", f"/rooms/{q(room_id)}/join", {})
         joined = await alice.ok("GET", f"/rooms/{q(room_id)}/joined_members")
         self.assertEqual(set(joined["joined"]), {alice.user_id, sam.user_id})
+
+    async def test_spaces_walked_both_ways(self) -> None:
+        # Each side's space has a public child room on its own server that
+        # the other side is not in: the walk asks the child's server for it
+        # (GET /_matrix/federation/v1/hierarchy), both ways.
+        sam = await self.user(self.synapse.client_url, "sam")
+        alice = await self.user(self.client_url, "alice")
+        ours, theirs = self.hs.config.server_name, self.synapse.server_name
+        space = {"creation_content": {"type": "m.space"}}
+        for owner, server, joiner in ((sam, theirs, alice), (alice, ours, sam)):
+            space_id = await owner.create_room(
+                preset="public_chat", name=f"Space {server}", **space
+            )
+            child_id = await owner.create_room(preset="public_chat", name=f"Child {server}")
+            await owner.ok(
+                "PUT",
+                f"/rooms/{q(space_id)}/state/m.space.child/{q(child_id)}",
+                {"via": [server]},
+            )
+            await joiner.ok("POST", f"/join/{q(space_id)}?server_name={q(server)}", {})
+            page = await joiner.ok("GET", f"/_matrix/client/v1/rooms/{q(space_id)}/hierarchy")
+            self.assertEqual(
+                [(r["room_id"], r.get("name")) for r in page["rooms"]],
+                [(space_id, f"Space {server}"), (child_id, f"Child {server}")],
+                server,
+            )

@@ -15,7 +15,7 @@ room: the spec has the resident server pass them on). Each goes to every
 server with a user joined to the room now, and for a membership event to
 the server of its target (a kicked or banned user's server hears of it),
 never to us, to the server whose user sent it, nor to the server it came
-from.
+from; nor to a server the room's current ``m.room.server_acl`` denies.
 
 :class:`PduRenderer` gives the PDUs in the federation format, for
 transactions and for every federation endpoint that serves events: ours
@@ -27,7 +27,7 @@ without the ``event_id`` that versions 3 on must not carry.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -36,6 +36,7 @@ from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import EventIdFormat
 from synapse_lite.event_graph.pdu import room_id_of_create
 from synapse_lite.events import pruned_event
+from synapse_lite.federation.server_acl import room_acl, server_allowed
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -208,13 +209,20 @@ class RoomEventsFeed:
         others = [e.event_id for e in events if server_of(e.sender) != self._server_name]
         received = await self._store.get_received_pdu_origins(others) if others else {}
         by_destination: dict[str, list[str]] = {}
+        # The room's current ACL, read once per room and batch: a server it
+        # denies is sent none of the room's events.
+        acls: dict[str, Mapping[str, Any] | None] = {}
         for event in events:
             origin = received.get(event.event_id)
             if not should_send(event, self._server_name, origin):
                 continue
+            if event.room_id not in acls:
+                acls[event.room_id] = await room_acl(self._store, event.room_id)
+            acl = acls[event.room_id]
             joined = await self._joined_users(event.room_id)
             for destination in destinations_of(event, joined, self._server_name, origin):
-                by_destination.setdefault(destination, []).append(event.event_id)
+                if acl is None or server_allowed(acl, destination):
+                    by_destination.setdefault(destination, []).append(event.event_id)
         for destination, event_ids in sorted(by_destination.items()):
             self._queue_pdus(destination, event_ids)
         self._position = events[-1].stream_ordering if full else upto

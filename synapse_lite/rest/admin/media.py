@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.http.server import JsonResource, query_int
-from synapse_lite.rest.admin._base import admin_path, query_bool
+from synapse_lite.http.server import JsonResource, query_bool, query_int
+from synapse_lite.rest.admin._base import admin_path
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers

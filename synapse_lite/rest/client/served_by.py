@@ -88,6 +88,8 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "directory_appservice_listing": READERS,
     "public_rooms": READERS,
     "public_rooms_search": READERS,
+    # Reads our rooms' state, and asks other servers (any process may ask).
+    "room_hierarchy": READERS,
     "user_directory": READERS,
     "turn_server": READERS,
     "thirdparty_protocols": READERS,
