@@ -14,7 +14,11 @@ It learns of queued EDUs from one of two places:
   ``FEDERATION_ACK <instance> <token>`` so the queue can drop what it took.
 
 Room events (PDUs) come from :class:`~synapse_lite.federation.sender.room_events.RoomEventsFeed`,
-which follows the events stream on this process and calls :meth:`send_pdus`.
+which follows the events stream on this process and calls :meth:`send_pdus`;
+when it starts, :meth:`catch_up` for the destinations this sender owns that
+are behind (``pdu_queue.py``: how far each destination got is in the
+database, so a restarted sender or a new owner resumes where the old one
+stopped).
 
 In both cases it also rescans the outbox at start and every
 :data:`RESCAN_INTERVAL_SECONDS`, so a wake-up lost with a crashed process only
@@ -33,6 +37,7 @@ from twisted.internet import defer
 from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.send_queue import DEVICE_MESSAGES
 from synapse_lite.federation.sender.destination import DestinationQueue
+from synapse_lite.federation.sender.pdu_queue import FeedProgress
 from synapse_lite.replication.streams import MemoryPositions
 from synapse_lite.replication.tcp.commands import Command, FederationAckCommand
 
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
     from synapse_lite.federation.client import FederationClient
     from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.storage.databases.main.destination_rooms import QueuedPdu
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +71,15 @@ class FederationSender(OutboxConsumer):
         replication_notifier: ReplicationNotifier,
         render_pdus: Callable[[Sequence[str]], Awaitable[list[dict[str, Any]]]] | None = None,
         owns: Callable[[str], bool] = lambda destination: True,
+        feed: FeedProgress | None = None,
     ) -> None:
         """``send_command``: replication's way out, on a sender worker (for
         FEDERATION_ACK); None on the main process, which needs no acks.
         ``positions``: the federation stream's position here, which a sender
         worker moves as it takes the main process's rows. ``owns(destination)``:
         whether this sender sends to it (one of several senders owns each
-        destination: ``federation/senders.py``); the others are ignored."""
+        destination: ``federation/senders.py``); the others are ignored.
+        ``feed``: where the room events feed is (None: no PDUs sent)."""
         super().__init__(store.get_to_device_stream_token, replication_notifier)
         self._store = store
         self._clock = clock
@@ -85,6 +93,7 @@ class FederationSender(OutboxConsumer):
         self._acked = 0
         self._rescan_loop: Any = None
         self._render_pdus = render_pdus
+        self._feed = feed
         #: Stopping: no queue is woken or made any more.
         self._stopped = False
         self.owns = owns
@@ -113,8 +122,14 @@ class FederationSender(OutboxConsumer):
                 retry=self._config.retry,
                 on_sent=self.on_transaction_sent,
                 render_pdus=self._render_pdus,
+                feed=self._feed,
             )
         return queue
+
+    @property
+    def queues(self) -> dict[str, DestinationQueue]:
+        """Every destination this sender has had work for in this run."""
+        return self._queues
 
     # Wake-ups
 
@@ -123,16 +138,27 @@ class FederationSender(OutboxConsumer):
             return
         self.queue(destination).wake(upto_stream_id)
 
-    def send_pdus(self, destination: str, event_ids: Collection[str]) -> None:
-        """Room events for ``destination``, in order."""
-        if (
-            destination == self._server_name
-            or not event_ids
-            or self._stopped
-            or not self.owns(destination)
-        ):
+    def send_pdus(self, destination: str, pdus: Sequence[QueuedPdu]) -> None:
+        """Room events for ``destination``, in stream order."""
+        if destination == self._server_name or not pdus or self._stopped:
             return
-        self.queue(destination).add_pdus(list(event_ids))
+        if not self.owns(destination):
+            return
+        self.queue(destination).add_pdus(pdus)
+
+    def catch_up(self, destinations: Collection[str]) -> None:
+        """The feed started: these destinations may be behind (those we own
+        are looked at now)."""
+        for destination in destinations:
+            if destination != self._server_name and not self._stopped and self.owns(destination):
+                self.queue(destination).wake()
+
+    def feed_filled(self) -> None:
+        """The feed has written ``destination_rooms`` up to where memory
+        starts: a destination catching up may finish now."""
+        for queue in self._queues.values():
+            if queue.pdus.catching_up:
+                queue.wake()
 
     def on_remote_server_up(self, server_name: str) -> None:
         # Only destinations we have something for: one with nothing queued

@@ -2,11 +2,17 @@
 PDUs the transactions carry (docs/federation.md, "Outbound: room events").
 
 :class:`RoomEventsFeed` runs beside the sender. It follows the events
-stream (every events writer's rows, and this process's own writes) from
-the persisted-up-to position it found at start, reads the served events
-(no rejected, soft-failed or outlier events) in stream order, and gives
-each event that is ours to send to :func:`destinations_of`'s servers'
-queues, in order.
+stream (every events writer's rows, and this process's own writes), reads
+the served events (no rejected, soft-failed or outlier events) in stream
+order, records per destination and room the newest event for it
+(``destination_rooms``, with how far it has written them, in one
+transaction per batch, for every destination whichever sender owns it) and
+then gives each event that is ours to send to :func:`destinations_of`'s
+servers' queues, in order. It starts where the feeds of earlier runs
+stopped writing, or lower: at the lowest ``pdus_sent_upto`` of the
+destinations this sender owns that are behind, so they resume exactly
+where they stopped (within ``pdu_queue.MAX_REPLAY_POSITIONS``; further
+behind, they catch up: ``pdu_queue.py``).
 
 Which events are ours to send (pure, :func:`should_send`): those our users
 sent, and the membership events of other servers' users that reached us by
@@ -35,6 +41,8 @@ from twisted.internet import defer
 from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import EventIdFormat
 from synapse_lite.event_graph.pdu import room_id_of_create
+from synapse_lite.federation.sender.pdu_queue import MAX_REPLAY_POSITIONS, FeedProgress
+from synapse_lite.storage.databases.main.destination_rooms import DestinationRoom, QueuedPdu
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -125,9 +133,7 @@ class PduRenderer:
 
 class RoomEventsFeed:
     """Follows the events stream and queues each event for its servers
-    (see the module docstring). Events persisted while no sender runs are
-    not sent (the receivers fetch them when they next get a later event:
-    ``get_missing_events``)."""
+    (see the module docstring)."""
 
     def __init__(
         self,
@@ -135,15 +141,27 @@ class RoomEventsFeed:
         store: GenericWorkerStore,
         clock: Clock,
         server_name: str,
-        queue_pdus: Callable[[str, Collection[str]], None],
+        queue_pdus: Callable[[str, Sequence[QueuedPdu]], None],
         local_writes: ReplicationNotifier,
+        progress: FeedProgress,
+        owns: Callable[[str], bool] = lambda destination: True,
+        catch_up: Callable[[Collection[str]], None] = lambda destinations: None,
+        filled: Callable[[], None] = lambda: None,
     ) -> None:
-        """``queue_pdus(destination, event_ids)``: the sender's queue for
-        a destination takes those events, in order."""
+        """``queue_pdus(destination, pdus)``: the sender's queue for a
+        destination takes those events, in order. ``progress``: where this
+        feed is, kept up to date for the queues. ``owns``: the destinations
+        of this sender. ``catch_up(destinations)``: at start, the owned
+        destinations that are behind. ``filled()``: ``destination_rooms``
+        is written up to where memory starts (``progress.live_from``)."""
         self._store = store
         self._clock = clock
         self._server_name = server_name
         self._queue_pdus = queue_pdus
+        self._progress = progress
+        self._owns = owns
+        self._catch_up = catch_up
+        self._filled = filled
         self._position: int | None = None
         self._running = False
         self._again = False
@@ -153,8 +171,41 @@ class RoomEventsFeed:
         local_writes.add_replication_callback(self.wake)
 
     def start(self) -> None:
-        self._position = self._store.get_room_max_stream_ordering()
         self._stopped = False
+        d = defer.ensureDeferred(self._start())
+        d.addErrback(self._start_failed)
+
+    def _start_failed(self, failure: Any) -> None:
+        if not self._stopped:
+            logger.error("Starting the room events feed failed: %s", failure.value)
+
+    async def _start(self) -> None:
+        """Where to read from and where memory starts (module docstring)."""
+        store = self._store
+        current = store.get_room_max_stream_ordering()
+        written = await store.get_federation_feed_position()
+        fill_from = current if written is None else min(written, current)
+        behind = {d: s for d, s in (await store.get_destinations_behind()).items() if self._owns(d)}
+        if current - fill_from > MAX_REPLAY_POSITIONS:
+            live_from = current
+        else:
+            replay = [s for s in behind.values() if current - s <= MAX_REPLAY_POSITIONS]
+            live_from = min([fill_from, *replay])
+        self._progress.live_from = live_from
+        self._progress.filled_upto = fill_from
+        self._position = min(fill_from, live_from)
+        logger.info(
+            "Room events for other servers: from position %d (written up to %d, now %d);"
+            " %d destination(s) of ours behind",
+            self._position,
+            fill_from,
+            current,
+            len(behind),
+        )
+        self._catch_up(sorted(behind))
+        if self._progress.filled_past_live_from:
+            self._filled()
+        self.wake()
 
     def stop(self) -> None:
         self._stopped = True
@@ -199,17 +250,35 @@ class RoomEventsFeed:
         full = len(events) == BATCH
         others = [e.event_id for e in events if server_of(e.sender) != self._server_name]
         received = await self._store.get_received_pdu_origins(others) if others else {}
-        by_destination: dict[str, list[str]] = {}
+        by_destination: dict[str, list[QueuedPdu]] = {}
+        newest: dict[tuple[str, str], DestinationRoom] = {}
         for event in events:
             origin = received.get(event.event_id)
             if not should_send(event, self._server_name, origin):
                 continue
             joined = await self._joined_users(event.room_id)
+            pdu = QueuedPdu(event.event_id, event.stream_ordering)
             for destination in destinations_of(event, joined, self._server_name, origin):
-                by_destination.setdefault(destination, []).append(event.event_id)
-        for destination, event_ids in sorted(by_destination.items()):
-            self._queue_pdus(destination, event_ids)
-        self._position = events[-1].stream_ordering if full else upto
+                by_destination.setdefault(destination, []).append(pdu)
+                newest[(destination, event.room_id)] = DestinationRoom(
+                    destination, event.room_id, pdu
+                )
+        batch_upto = events[-1].stream_ordering if full else upto
+        # Recorded before anything is queued: a destination is never sent an
+        # event that catch-up would not know of. (Failing, the batch is
+        # read again.)
+        await self._store.record_destination_rooms(newest.values(), self._position, batch_upto)
+        self._position = batch_upto
+        progress = self._progress
+        was_filled = progress.filled_past_live_from
+        progress.filled_upto = max(progress.filled_upto or 0, self._position)
+        live_from = progress.live_from
+        assert live_from is not None
+        for destination, pdus in sorted(by_destination.items()):
+            if pdus[-1].stream_ordering > live_from:
+                self._queue_pdus(destination, [p for p in pdus if p.stream_ordering > live_from])
+        if not was_filled and progress.filled_past_live_from:
+            self._filled()
         return full
 
     async def _joined_users(self, room_id: str) -> frozenset[str]:
