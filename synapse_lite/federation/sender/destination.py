@@ -166,6 +166,13 @@ class DestinationQueue:
         return self.pdus.pending
 
     @property
+    def failing_since_ms(self) -> int | None:
+        """When the current run of failures began (None: not failing)."""
+        if self._state is None or not self._state.retry_interval_ms:
+            return None
+        return self._state.failure_ts
+
+    @property
     def retry_interval_ms(self) -> int:
         return 0 if self._state is None else self._state.retry_interval_ms
 

@@ -94,6 +94,8 @@ class FederationSender(OutboxConsumer):
         self._rescan_loop: Any = None
         self._render_pdus = render_pdus
         self._feed = feed
+        #: Destinations in ``destinations`` this sender owns (at the last rescan).
+        self._owned_count = 0
         #: Stopping: no queue is woken or made any more.
         self._stopped = False
         self.owns = owns
@@ -130,6 +132,34 @@ class FederationSender(OutboxConsumer):
     def queues(self) -> dict[str, DestinationQueue]:
         """Every destination this sender has had work for in this run."""
         return self._queues
+
+    def health(self) -> dict[str, Any]:
+        """What ``/health`` says of this sender: how many destinations it
+        owns (those it knows of in ``destinations``, counted at each
+        rescan) and the stalled ones: failing to take transactions (a
+        stalled destination is not an unhealthy process: the status stays
+        "ok")."""
+        stalled = []
+        for destination, queue in sorted(self._queues.items()):
+            since = queue.failing_since_ms
+            if since is None:
+                continue
+            stalled.append(
+                {
+                    "destination": destination,
+                    "failing_since_ms": since,
+                    "retry_interval_ms": queue.retry_interval_ms,
+                    "pending_pdus": queue.pending_pdus,
+                    "catching_up": queue.pdus.catching_up,
+                }
+            )
+        return {
+            "federation_sender": {
+                "destinations": self._owned_count,
+                "active": len(self._queues),
+                "stalled": stalled,
+            }
+        }
 
     # Wake-ups
 
@@ -175,6 +205,8 @@ class FederationSender(OutboxConsumer):
             pending = await self._store.get_destinations_with_pending_edus()
             for destination, upto in pending.items():
                 self.send_device_messages(destination, upto)
+            known = await self._store.get_destination_names()
+            self._owned_count = sum(1 for d in known if self.owns(d))
 
         d = defer.ensureDeferred(scan())
         d.addErrback(lambda f: logger.warning("Scanning the outbox failed: %s", f.value))

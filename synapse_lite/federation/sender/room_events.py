@@ -33,6 +33,7 @@ without the ``event_id`` that versions 3 on must not carry.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,10 @@ logger = logging.getLogger(__name__)
 BATCH = 100
 #: Rooms whose joined users the feed keeps (forgotten all at once beyond).
 MAX_ROOMS_CACHED = 10_000
+#: Transaction PDUs kept rendered, newest used last out: a burst goes to
+#: every destination within about this many events, and is rendered and
+#: signed once, not once per destination.
+MAX_RENDERED_CACHED = 5_000
 
 
 def should_send(event: Event, server_name: str, origin: str | None) -> bool:
@@ -99,6 +104,7 @@ class PduRenderer:
         self._store = store
         self._formatter = formatter
         self._clock = clock
+        self._rendered: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     async def pdus_by_id(self, event_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Those of ``event_ids`` we have, by id, in the server-server form:
@@ -126,9 +132,25 @@ class PduRenderer:
 
     async def transaction_pdus(self, event_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The PDUs of a transaction (:meth:`pdus_by_id`), in the order
-        given; events we no longer have are left out."""
-        by_id = await self.pdus_by_id(event_ids)
-        return [by_id[e] for e in event_ids if e in by_id]
+        given; events we no longer have are left out. The last
+        :data:`MAX_RENDERED_CACHED` are kept: a destination given one a
+        little after another gets it as rendered then (a redaction that
+        came in between reaches it as the next event, as it would have had
+        it been as quick)."""
+        cache = self._rendered
+        missing = [e for e in event_ids if e not in cache]
+        if missing:
+            for event_id, pdu in (await self.pdus_by_id(missing)).items():
+                cache[event_id] = pdu
+            while len(cache) > MAX_RENDERED_CACHED:
+                cache.popitem(last=False)
+        found = []
+        for event_id in event_ids:
+            pdu = cache.get(event_id)
+            if pdu is not None:
+                cache.move_to_end(event_id)
+                found.append(pdu)
+        return found
 
 
 class RoomEventsFeed:
