@@ -168,6 +168,7 @@ class PduQueueTestCase(DatabaseTestCase):
         first_id = self.remote.calls[0][0]
         self.remote.calls[0][2].errback(FederationRequestError("b.test", "timeout"))
         await eventually(lambda: queue.is_backing_off)
+        self.assertEqual(queue.failing_since_ms, 1_000_000)
         # One transaction's worth: kept, and retried as it was.
         self.assertFalse(queue.pdus.catching_up)
         self.time.advance(12.1)
@@ -188,6 +189,7 @@ class PduQueueTestCase(DatabaseTestCase):
         self.remote.calls[2][2].callback({"pdus": {}})
         await eventually(lambda: not queue.pdus.catching_up, what="caught up")
         self.assertEqual(await self.sent_upto(), 203)
+        self.assertIsNone(queue.failing_since_ms)
 
     async def test_too_many_waiting_becomes_catch_up(self) -> None:
         self.patch(pdu_queue, "MAX_PENDING_PDUS", 100)
