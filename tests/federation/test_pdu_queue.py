@@ -168,7 +168,7 @@ class PduQueueTestCase(DatabaseTestCase):
         first_id = self.remote.calls[0][0]
         self.remote.calls[0][2].errback(FederationRequestError("b.test", "timeout"))
         await eventually(lambda: queue.is_backing_off)
-        self.assertEqual(queue.failing_since_ms, 1_000_000)
+        self.assertEqual(queue.failing_since_ms, 1_000_000_000)
         # One transaction's worth: kept, and retried as it was.
         self.assertFalse(queue.pdus.catching_up)
         self.time.advance(12.1)

@@ -289,7 +289,9 @@ class RoomEventsFeed:
         # Recorded before anything is queued: a destination is never sent an
         # event that catch-up would not know of. (Failing, the batch is
         # read again.)
-        await self._store.record_destination_rooms(newest.values(), self._position, batch_upto)
+        # In one order in every sender's feed (the same rows: no deadlock).
+        rows = [newest[k] for k in sorted(newest)]
+        await self._store.record_destination_rooms(rows, self._position, batch_upto)
         self._position = batch_upto
         progress = self._progress
         was_filled = progress.filled_past_live_from
