@@ -17,7 +17,11 @@ from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.sender import pdu_queue
 from synapse_lite.federation.sender.destination import DestinationQueue
 from synapse_lite.federation.sender.pdu_queue import FeedProgress
-from synapse_lite.storage.databases.main.destination_rooms import DestinationRoom, QueuedPdu
+from synapse_lite.storage.databases.main.destination_rooms import (
+    DestinationRoom,
+    PduPositions,
+    QueuedPdu,
+)
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.federation.test_destination_queue import ScriptedRemote
 from tests.harness.polling import eventually
@@ -102,6 +106,28 @@ class PduQueueTestCase(DatabaseTestCase):
         self.remote.calls[3][2].callback({"pdus": {}})
         await eventually(lambda: self.sent_upto_is(120))
         self.assertEqual(await self.hs.store.get_destinations_behind(), {})
+
+    async def test_the_transaction_in_flight_is_formed_again(self) -> None:
+        # One event in flight when two more come; the process dies. The next
+        # run is handed all three, but sends the one in flight first, alone:
+        # same transaction id.
+        await self.record(pdus(1, 1), batch_from=0)
+        queue = self.make_queue(FeedProgress(live_from=0, filled_upto=1))
+        queue.add_pdus(pdus(1, 1))
+        await self.calls(1)
+        await self.record(pdus(2, 3), batch_from=1)
+        queue.add_pdus(pdus(2, 3))
+        queue.stop()
+        self.assertEqual(await self.hs.store.get_pdu_positions("b.test"), PduPositions(0, 1))
+        again = self.make_queue(FeedProgress(live_from=0, filled_upto=3))
+        again.add_pdus(pdus(1, 3))
+        await self.calls(2)
+        self.assertEqual(self.remote.calls[1][0], self.remote.calls[0][0])
+        self.assertEqual(self.sent_ids(1), ["$!r:1"])
+        self.remote.calls[1][2].callback({"pdus": {}})
+        await self.calls(3)
+        self.assertEqual(self.sent_ids(2), ["$!r:2", "$!r:3"])
+        self.assertEqual(await self.hs.store.get_pdu_positions("b.test"), PduPositions(1, 3))
 
     async def test_a_new_owner_drops_what_the_old_one_sent(self) -> None:
         # Handed over: the new owner's feed started lower than this

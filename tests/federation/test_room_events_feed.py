@@ -101,6 +101,7 @@ class RoomEventsFeedTestCase(unittest.TestCase):
             owns=lambda destination: destination in owned,
             catch_up=lambda destinations: self.caught_up.append(list(destinations)),
             filled=fill,
+            coalesce_seconds=0,
         )
 
     async def started(self, feed: RoomEventsFeed) -> None:

@@ -26,9 +26,12 @@ So after a restart or a handover the new run resumes exactly where the old
 one stopped: the feed replays from the lowest ``pdus_sent_upto`` of the
 destinations it owns that are behind (within :data:`MAX_REPLAY_POSITIONS`),
 each live queue drops what is at or below its own position, and the
-transaction the old run had in flight is formed again from the same events,
+transaction the old run had in flight is formed again from the same events
+(its last position is recorded before it is sent: ``pdus_in_flight_upto``),
 hence with the same transaction id, which the receiver answers from its
-record.
+record. The positions are written once per transaction: before sending,
+the previous transaction's ``pdus_sent_upto`` with this one's
+``pdus_in_flight_upto``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import attr
 
-from synapse_lite.storage.databases.main.destination_rooms import QueuedPdu
+from synapse_lite.storage.databases.main.destination_rooms import PduPositions, QueuedPdu
 
 if TYPE_CHECKING:
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -85,6 +88,11 @@ class PduQueue:
         self._pdus: list[QueuedPdu] = []
         #: ``pdus_sent_upto`` (None: not read yet).
         self._sent_upto: int | None = None
+        #: What the database holds (written when it differs).
+        self._recorded = PduPositions(None, None)
+        #: The previous run's transaction in flight ended here: the first
+        #: transaction of this run stops there too.
+        self._resume_upto: int | None = None
         self._catching_up = False
         #: Events handed over so far (catching up: whether any came while
         #: the rows were being read).
@@ -138,7 +146,15 @@ class PduQueue:
         if progress.live_from is None:
             return []
         if self._sent_upto is None:
-            sent_upto = await self._store.get_pdus_sent_upto(self.destination)
+            recorded = await self._store.get_pdu_positions(self.destination)
+            self._recorded = recorded
+            sent_upto = recorded.sent_upto
+            if (
+                sent_upto is not None
+                and recorded.in_flight_upto is not None
+                and recorded.in_flight_upto > sent_upto
+            ):
+                self._resume_upto = recorded.in_flight_upto
             if sent_upto is None and progress.filled_past_live_from:
                 # Never had an event before memory starts: all in memory.
                 sent_upto = progress.live_from
@@ -152,6 +168,8 @@ class PduQueue:
                 self.destination, self._sent_upto, MAX_PDUS_PER_TRANSACTION
             )
             self._rooms_behind = len(found)
+            self._resume_upto = None
+            await self._record(None)
             if found:
                 return found
             if added == self._added and progress.filled_past_live_from:
@@ -161,16 +179,39 @@ class PduQueue:
         if self._pdus and self._pdus[0].stream_ordering <= self._sent_upto:
             # Replayed by the feed, sent by the previous run.
             self._pdus = [p for p in self._pdus if p.stream_ordering > self._sent_upto]
-        return self._pdus[:MAX_PDUS_PER_TRANSACTION]
+        batch = self._pdus[:MAX_PDUS_PER_TRANSACTION]
+        resume = self._resume_upto
+        if resume is not None:
+            if (progress.filled_upto or 0) < resume:
+                # The feed has not replayed it all yet: wait for it (it wakes us).
+                await self._record(None, keep_in_flight=True)
+                return []
+            batch = [p for p in batch if p.stream_ordering <= resume]
+            self._resume_upto = None
+        await self._record(batch[-1].stream_ordering if batch else None)
+        return batch
+
+    async def _record(self, in_flight_upto: int | None, keep_in_flight: bool = False) -> None:
+        """Write the positions if they changed (``keep_in_flight``: leave
+        the recorded in-flight position as it is)."""
+        if keep_in_flight:
+            in_flight_upto = self._recorded.in_flight_upto
+        wanted = PduPositions(self._sent_upto, in_flight_upto)
+        if self._sent_upto is None or wanted == self._recorded:
+            return
+        await self._store.set_pdu_positions(self.destination, wanted)
+        self._recorded = wanted
 
     async def sent(self, pdus: Sequence[QueuedPdu]) -> None:
         """The destination took ``pdus`` (or refused them for good): forget
-        them and record how far it got."""
+        them; how far it got is written with the next transaction's
+        in-flight position, or when there is none (:meth:`next_batch`)."""
         if not pdus:
             return
         done = {p.event_id for p in pdus}
         self._pdus = [p for p in self._pdus if p.event_id not in done]
         upto = max(p.stream_ordering for p in pdus)
         if self._sent_upto is None or upto > self._sent_upto:
+            # Written with the next transaction's in-flight position, or
+            # when there is none (next_batch).
             self._sent_upto = upto
-            await self._store.set_pdus_sent_upto(self.destination, upto)

@@ -11,7 +11,10 @@ The contract (docs/federation.md, "Outbound: room events"):
 * ``destinations.pdus_sent_upto``: every event for the destination at or
   below it was accepted by it. Set when the feed first queues an event for
   a destination (to the position before it) and moved forward by that
-  destination's sender after each accepted transaction.
+  destination's sender after each accepted transaction;
+* ``destinations.pdus_in_flight_upto``: the transaction in flight carries
+  the events above ``pdus_sent_upto`` up to it (written before it is sent),
+  so the next run forms the same transaction again.
 
 So a destination is *behind* exactly when one of its ``destination_rooms``
 rows is above its ``pdus_sent_upto``; those rows are what catch-up sends.
@@ -34,6 +37,14 @@ class QueuedPdu:
 
     event_id: str
     stream_ordering: int
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PduPositions:
+    """A destination's ``pdus_sent_upto`` and ``pdus_in_flight_upto``."""
+
+    sent_upto: int | None
+    in_flight_upto: int | None
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -106,27 +117,44 @@ class DestinationRoomsWorkerStore(SQLBaseStore):
         )
         return {r[0]: int(r[1]) for r in rows}
 
-    async def get_pdus_sent_upto(self, destination: str) -> int | None:
-        """``destinations.pdus_sent_upto`` (None: nothing was ever queued)."""
+    async def get_pdu_positions(self, destination: str) -> PduPositions:
+        """``destinations.pdus_sent_upto`` and ``pdus_in_flight_upto``."""
         rows = await self.db_pool.select(
-            "get_pdus_sent_upto",
-            "SELECT pdus_sent_upto FROM destinations WHERE destination = ?",
+            "get_pdu_positions",
+            "SELECT pdus_sent_upto, pdus_in_flight_upto FROM destinations WHERE destination = ?",
             destination,
         )
-        return None if not rows or rows[0][0] is None else int(rows[0][0])
+        if not rows:
+            return PduPositions(None, None)
+        sent, in_flight = rows[0]
+        return PduPositions(
+            None if sent is None else int(sent), None if in_flight is None else int(in_flight)
+        )
+
+    async def get_pdus_sent_upto(self, destination: str) -> int | None:
+        """``destinations.pdus_sent_upto`` (None: nothing was ever queued)."""
+        return (await self.get_pdu_positions(destination)).sent_upto
+
+    async def set_pdu_positions(self, destination: str, positions: PduPositions) -> None:
+        """Record how far the destination got (``sent_upto`` never moves
+        back; None leaves it) and the transaction in flight."""
+        await self.db_pool.execute(
+            "set_pdu_positions",
+            "INSERT INTO destinations (destination, pdus_sent_upto, pdus_in_flight_upto)"
+            " VALUES (?, ?, ?) ON CONFLICT (destination) DO UPDATE SET"
+            " pdus_in_flight_upto = EXCLUDED.pdus_in_flight_upto,"
+            " pdus_sent_upto = CASE WHEN destinations.pdus_sent_upto IS NULL"
+            " OR destinations.pdus_sent_upto < EXCLUDED.pdus_sent_upto"
+            " THEN EXCLUDED.pdus_sent_upto ELSE destinations.pdus_sent_upto END",
+            destination,
+            positions.sent_upto,
+            positions.in_flight_upto,
+        )
 
     async def set_pdus_sent_upto(self, destination: str, stream_ordering: int) -> None:
         """The destination accepted every event for it up to
-        ``stream_ordering`` (never moves back)."""
-        await self.db_pool.execute(
-            "set_pdus_sent_upto",
-            "INSERT INTO destinations (destination, pdus_sent_upto) VALUES (?, ?)"
-            " ON CONFLICT (destination) DO UPDATE SET pdus_sent_upto = EXCLUDED.pdus_sent_upto"
-            " WHERE destinations.pdus_sent_upto IS NULL"
-            " OR destinations.pdus_sent_upto < EXCLUDED.pdus_sent_upto",
-            destination,
-            stream_ordering,
-        )
+        ``stream_ordering`` (never moves back), none in flight."""
+        await self.set_pdu_positions(destination, PduPositions(stream_ordering, None))
 
     async def get_catch_up_pdus(self, destination: str, after: int, limit: int) -> list[QueuedPdu]:
         """The newest event of each room the destination is behind in

@@ -16,6 +16,10 @@ CREATE INDEX destination_rooms_behind ON destination_rooms (destination, stream_
 -- Every event for the destination at or below this events stream position
 -- was accepted by it (NULL: none was ever queued for it).
 ALTER TABLE destinations ADD COLUMN pdus_sent_upto BIGINT;
+-- The transaction in flight carries the events above pdus_sent_upto up to
+-- this position (NULL: none in flight): the next run sends the same one
+-- again, with the same transaction id.
+ALTER TABLE destinations ADD COLUMN pdus_in_flight_upto BIGINT;
 
 -- How far the feed has written destination_rooms, for every destination
 -- (one row; the largest any sender reached).
