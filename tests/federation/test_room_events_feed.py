@@ -71,7 +71,7 @@ class ScriptedStore:
         return {}
 
     async def get_users_in_room(self, room_id: str) -> frozenset[str]:
-        return JOINED
+        return frozenset({"@alice:a.test"}) if room_id.startswith("!local") else JOINED
 
     async def record_destination_rooms(
         self, rows: Iterable[DestinationRoom], batch_from: int, feed_upto: int
@@ -176,3 +176,20 @@ class RoomEventsFeedTestCase(unittest.TestCase):
                 for k in range(3)
             },
         )
+
+    async def test_no_write_for_events_no_server_gets(self) -> None:
+        # Only our users in the room: nothing to record, and the feed's
+        # position is written only every RECORD_POSITION_EVERY positions.
+        store = ScriptedStore(current=100, written=100, behind={})
+        feed = self.make_feed(store)
+        await self.started(feed)
+        store.events = [message(n, "!local:a.test") for n in range(101, 111)]
+        store.current = 110
+        feed.wake()
+        self.assertEqual(store.recorded, [])
+        self.assertEqual(self.progress.filled_upto, 110)
+        store.events = [message(n, "!local:a.test") for n in range(111, 701)]
+        store.current = 700
+        feed.wake()
+        # Read 100 at a time: the batch ending at 610 is 500 past 110.
+        self.assertEqual([(rows, upto) for rows, _, upto in store.recorded], [([], 610)])

@@ -61,6 +61,10 @@ BATCH = 100
 #: burst is read, recorded and queued some events at a time rather than one
 #: (fewer database writes, fuller transactions).
 COALESCE_SECONDS = 0.05
+#: A batch with nothing for any destination records the feed's position
+#: only this far past the last recorded one (a server without federation
+#: pays no write per batch; a restart re-reads at most this much).
+RECORD_POSITION_EVERY = 500
 #: Rooms whose joined users the feed keeps (forgotten all at once beyond).
 MAX_ROOMS_CACHED = 10_000
 #: Transaction PDUs kept rendered, newest used last out: a burst goes to
@@ -192,6 +196,8 @@ class RoomEventsFeed:
         self._position: int | None = None
         self._coalesce_seconds = coalesce_seconds
         self._look_call: Any = None
+        #: The feed position last written (``federation_feed_position``).
+        self._recorded_upto = 0
         self._running = False
         self._again = False
         self._stopped = False
@@ -223,6 +229,7 @@ class RoomEventsFeed:
         self._progress.live_from = live_from
         self._progress.filled_upto = fill_from
         self._position = min(fill_from, live_from)
+        self._recorded_upto = fill_from
         logger.info(
             "Room events for other servers: from position %d (written up to %d, now %d);"
             " %d destination(s) of ours behind",
@@ -312,7 +319,9 @@ class RoomEventsFeed:
         # read again.)
         # In one order in every sender's feed (the same rows: no deadlock).
         rows = [newest[k] for k in sorted(newest)]
-        await self._store.record_destination_rooms(rows, self._position, batch_upto)
+        if rows or batch_upto - self._recorded_upto >= RECORD_POSITION_EVERY:
+            await self._store.record_destination_rooms(rows, self._position, batch_upto)
+            self._recorded_upto = batch_upto
         self._position = batch_upto
         progress = self._progress
         was_filled = progress.filled_past_live_from
