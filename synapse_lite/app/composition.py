@@ -71,6 +71,7 @@ from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_ke
 from synapse_lite.federation.inbound import FederationInboundHandler, announce_server_up
 from synapse_lite.federation.keyring import Keyring
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
+from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.federation.server import register_federation_servlets, well_known_resource
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
@@ -1090,6 +1091,7 @@ def _lifecycle(
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport
+    sender = federation.outbox
 
     def problems() -> list[str]:
         return [*stalls.reasons(), *replication_transport.problems()]
@@ -1105,6 +1107,7 @@ def _lifecycle(
             federation=federation_servlets,
             media=handlers.media_endpoints,
             problems=problems,
+            health_details=sender.health if isinstance(sender, FederationSender) else None,
             well_known=well_known_resource(config.federation),
         ),
         max_body_bytes=config.limits.max_request_body_bytes,

@@ -37,14 +37,21 @@ DRAIN_SECONDS = 10.0
 class HealthResource(Resource):
     """``GET /health``: 200 ``{"status": "ok"}`` while the process serves; with
     ``"degraded"`` and the ``reasons`` when something needs an operator (a
-    stalled stream) though it still serves."""
+    stalled stream) though it still serves. ``details``: more fields that do
+    not change the status (a federation sender's stalled destinations)."""
 
     isLeaf = True
 
-    def __init__(self, instance_name: str, problems: Callable[[], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        instance_name: str,
+        problems: Callable[[], list[str]] | None = None,
+        details: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__()
         self._instance_name = instance_name
         self._problems = problems
+        self._details = details
 
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"Content-Type", b"application/json")
@@ -55,6 +62,8 @@ class HealthResource(Resource):
         }
         if reasons:
             body["reasons"] = reasons
+        if self._details is not None:
+            body.update(self._details())
         return json.dumps(body).encode("utf-8")
 
 
@@ -85,6 +94,8 @@ class ListenerResources:
     media: MediaEndpoints
     #: What /health reports as wrong (stalled streams), if anything.
     problems: Callable[[], list[str]] | None = None
+    #: What else /health says (``HealthResource``).
+    health_details: Callable[[], dict[str, Any]] | None = None
     #: ``/.well-known/matrix/*`` where configured, on client and federation
     #: listeners.
     well_known: Resource | None = None
@@ -121,7 +132,8 @@ class ListenerResources:
         if synapse_root.children:
             root.putChild(b"_synapse", synapse_root)
         if "health" in resources:
-            root.putChild(b"health", HealthResource(self.instance_name, self.problems))
+            health = HealthResource(self.instance_name, self.problems, self.health_details)
+            root.putChild(b"health", health)
         if "metrics" in resources:
             root.putChild(b"metrics", MetricsResource())
         return root

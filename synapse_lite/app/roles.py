@@ -37,6 +37,7 @@ from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.queries import FederationQueries
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
 from synapse_lite.federation.sender.federation_sender import FederationSender
+from synapse_lite.federation.sender.pdu_queue import FeedProgress
 from synapse_lite.federation.sender.room_events import PduRenderer, RoomEventsFeed
 from synapse_lite.federation.senders import sender_of as federation_sender_of
 from synapse_lite.handlers.auth import AuthHandler
@@ -210,6 +211,12 @@ def federation_for_role(
             store, ClientEventFormatter(store, PduSigner(config.server_name, lambda: key)), clock
         )
         senders = config.federation_sender_instances
+
+        def owns(destination: str) -> bool:
+            # Each destination is sent to by one sender (federation/senders.py).
+            return federation_sender_of(destination, senders) == role.name
+
+        progress = FeedProgress()
         sender = FederationSender(
             store=store,
             clock=clock,
@@ -221,8 +228,8 @@ def federation_for_role(
             positions=positions,
             replication_notifier=local_writes,
             render_pdus=renderer.transaction_pdus,
-            # Each destination is sent to by one sender (federation/senders.py).
-            owns=lambda destination: federation_sender_of(destination, senders) == role.name,
+            owns=owns,
+            feed=progress,
         )
         # Room events for other servers: from every events writer's rows,
         # and this process's own sends.
@@ -232,6 +239,10 @@ def federation_for_role(
             server_name=config.server_name,
             queue_pdus=sender.send_pdus,
             local_writes=local_writes,
+            progress=progress,
+            owns=owns,
+            catch_up=sender.catch_up,
+            filled=sender.feed_filled,
         )
         hooks = Hooks(
             loops=(sender, feed),

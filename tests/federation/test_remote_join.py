@@ -91,7 +91,12 @@ class RemoteJoinTestCase(LoopbackServers):
         await carol.ok("POST", f"/rooms/{q(room_id)}/leave", {"reason": "bye"})
 
         async def only_alice() -> bool:
-            return await self.members(alice, room_id) == {alice.user_id}
+            if await self.members(alice, room_id) != {alice.user_id}:
+                return False
+            # bob's leave arrived too (not merely his join not yet).
+            path = f"/rooms/{q(room_id)}/state/m.room.member/{q(bob.user_id)}"
+            code, body = await alice.request("GET", path)
+            return code == 200 and body.get("membership") == "leave"
 
         # bob's join and leave may reach b.test after carol's send_leave.
         await eventually(only_alice, timeout=10, what="b.test's members after the leaves")

@@ -2,11 +2,17 @@
 PDUs the transactions carry (docs/federation.md, "Outbound: room events").
 
 :class:`RoomEventsFeed` runs beside the sender. It follows the events
-stream (every events writer's rows, and this process's own writes) from
-the persisted-up-to position it found at start, reads the served events
-(no rejected, soft-failed or outlier events) in stream order, and gives
-each event that is ours to send to :func:`destinations_of`'s servers'
-queues, in order.
+stream (every events writer's rows, and this process's own writes), reads
+the served events (no rejected, soft-failed or outlier events) in stream
+order, records per destination and room the newest event for it
+(``destination_rooms``, with how far it has written them, in one
+transaction per batch, for every destination whichever sender owns it) and
+then gives each event that is ours to send to :func:`destinations_of`'s
+servers' queues, in order. It starts where the feeds of earlier runs
+stopped writing, or lower: at the lowest ``pdus_sent_upto`` of the
+destinations this sender owns that are behind, so they resume exactly
+where they stopped (within ``pdu_queue.MAX_REPLAY_POSITIONS``; further
+behind, they catch up: ``pdu_queue.py``).
 
 Which events are ours to send (pure, :func:`should_send`): those our users
 sent, and the membership events of other servers' users that reached us by
@@ -27,6 +33,7 @@ without the ``event_id`` that versions 3 on must not carry.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +43,9 @@ from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import EventIdFormat
 from synapse_lite.event_graph.pdu import room_id_of_create
 from synapse_lite.events import pruned_event
+from synapse_lite.federation.sender.pdu_queue import MAX_REPLAY_POSITIONS, FeedProgress
 from synapse_lite.federation.server_acl import room_acl, server_allowed
+from synapse_lite.storage.databases.main.destination_rooms import DestinationRoom, QueuedPdu
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -50,8 +59,21 @@ logger = logging.getLogger(__name__)
 
 #: Events read per look at the stream.
 BATCH = 100
+#: The feed looks at most this often: a wake-up sooner after the last look
+#: waits for the rest of it, so a burst is read, recorded and queued some
+#: events at a time rather than one (fewer database writes, fuller
+#: transactions); an event after a quiet spell goes at once.
+COALESCE_SECONDS = 0.05
+#: A batch with nothing for any destination records the feed's position
+#: only this far past the last recorded one (a server without federation
+#: pays no write per batch; a restart re-reads at most this much).
+RECORD_POSITION_EVERY = 500
 #: Rooms whose joined users the feed keeps (forgotten all at once beyond).
 MAX_ROOMS_CACHED = 10_000
+#: Transaction PDUs kept rendered, newest used last out: a burst goes to
+#: every destination within about this many events, and is rendered and
+#: signed once, not once per destination.
+MAX_RENDERED_CACHED = 5_000
 
 
 def should_send(event: Event, server_name: str, origin: str | None) -> bool:
@@ -94,6 +116,7 @@ class PduRenderer:
         self._store = store
         self._formatter = formatter
         self._clock = clock
+        self._rendered: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     async def pdus_by_id(self, event_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Those of ``event_ids`` we have, by id, in the server-server form:
@@ -127,16 +150,29 @@ class PduRenderer:
 
     async def transaction_pdus(self, event_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The PDUs of a transaction (:meth:`pdus_by_id`), in the order
-        given; events we no longer have are left out."""
-        by_id = await self.pdus_by_id(event_ids)
-        return [by_id[e] for e in event_ids if e in by_id]
+        given; events we no longer have are left out. The last
+        :data:`MAX_RENDERED_CACHED` are kept: a destination given one a
+        little after another gets it as rendered then (a redaction that
+        came in between reaches it as the next event, as it would have had
+        it been as quick)."""
+        cache = self._rendered
+        missing = [e for e in event_ids if e not in cache]
+        if missing:
+            cache.update(await self.pdus_by_id(missing))
+            while len(cache) > MAX_RENDERED_CACHED:
+                cache.popitem(last=False)
+        found = []
+        for event_id in event_ids:
+            pdu = cache.get(event_id)
+            if pdu is not None:
+                cache.move_to_end(event_id)
+                found.append(pdu)
+        return found
 
 
 class RoomEventsFeed:
     """Follows the events stream and queues each event for its servers
-    (see the module docstring). Events persisted while no sender runs are
-    not sent (the receivers fetch them when they next get a later event:
-    ``get_missing_events``)."""
+    (see the module docstring)."""
 
     def __init__(
         self,
@@ -144,16 +180,35 @@ class RoomEventsFeed:
         store: GenericWorkerStore,
         clock: Clock,
         server_name: str,
-        queue_pdus: Callable[[str, Collection[str]], None],
+        queue_pdus: Callable[[str, Sequence[QueuedPdu]], None],
         local_writes: ReplicationNotifier,
+        progress: FeedProgress,
+        owns: Callable[[str], bool] = lambda destination: True,
+        catch_up: Callable[[Collection[str]], None] = lambda destinations: None,
+        filled: Callable[[], None] = lambda: None,
+        coalesce_seconds: float = COALESCE_SECONDS,
     ) -> None:
-        """``queue_pdus(destination, event_ids)``: the sender's queue for
-        a destination takes those events, in order."""
+        """``queue_pdus(destination, pdus)``: the sender's queue for a
+        destination takes those events, in order. ``progress``: where this
+        feed is, kept up to date for the queues. ``owns``: the destinations
+        of this sender. ``catch_up(destinations)``: at start, the owned
+        destinations that are behind. ``filled()``: ``destination_rooms``
+        is written up to where memory starts (``progress.live_from``).
+        ``coalesce_seconds``: the shortest time between two looks (0: none)."""
         self._store = store
         self._clock = clock
         self._server_name = server_name
         self._queue_pdus = queue_pdus
+        self._progress = progress
+        self._owns = owns
+        self._catch_up = catch_up
+        self._filled = filled
         self._position: int | None = None
+        self._coalesce_seconds = coalesce_seconds
+        self._look_call: Any = None
+        self._last_look = float("-inf")
+        #: The feed position last written (``federation_feed_position``).
+        self._recorded_upto = 0
         self._running = False
         self._again = False
         self._stopped = False
@@ -162,11 +217,48 @@ class RoomEventsFeed:
         local_writes.add_replication_callback(self.wake)
 
     def start(self) -> None:
-        self._position = self._store.get_room_max_stream_ordering()
         self._stopped = False
+        d = defer.ensureDeferred(self._start())
+        d.addErrback(self._start_failed)
+
+    def _start_failed(self, failure: Any) -> None:
+        if not self._stopped:
+            logger.error("Starting the room events feed failed: %s", failure.value)
+
+    async def _start(self) -> None:
+        """Where to read from and where memory starts (module docstring)."""
+        store = self._store
+        current = store.get_room_max_stream_ordering()
+        written = await store.get_federation_feed_position()
+        fill_from = current if written is None else min(written, current)
+        behind = {d: s for d, s in (await store.get_destinations_behind()).items() if self._owns(d)}
+        if current - fill_from > MAX_REPLAY_POSITIONS:
+            live_from = current
+        else:
+            replay = [s for s in behind.values() if current - s <= MAX_REPLAY_POSITIONS]
+            live_from = min([fill_from, *replay])
+        self._progress.live_from = live_from
+        self._progress.filled_upto = fill_from
+        self._position = min(fill_from, live_from)
+        self._recorded_upto = fill_from
+        logger.info(
+            "Room events for other servers: from position %d (written up to %d, now %d);"
+            " %d destination(s) of ours behind",
+            self._position,
+            fill_from,
+            current,
+            len(behind),
+        )
+        self._catch_up(sorted(behind))
+        if self._progress.filled_past_live_from:
+            self._filled()
+        self.wake()
 
     def stop(self) -> None:
         self._stopped = True
+        if self._look_call is not None and self._look_call.active():
+            self._look_call.cancel()
+        self._look_call = None
 
     def on_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
         """Row hook of the events stream (rows another process wrote). It
@@ -176,27 +268,42 @@ class RoomEventsFeed:
         self.wake()
 
     def wake(self) -> None:
-        """New events may be stored: look (cheap, safe to call spuriously)."""
+        """New events may be stored: look soon (cheap, safe to call
+        spuriously)."""
         if self._position is None or self._stopped:
             return
         if self._running:
             self._again = True
             return
+        if self._look_call is not None:
+            return
+        wait = self._last_look + self._coalesce_seconds - self._clock.time()
+        if wait <= 0:
+            self._look()
+        else:
+            self._look_call = self._clock.call_later(wait, self._look)
+
+    def _look(self) -> None:
+        self._look_call = None
+        if self._running or self._stopped:
+            return
+        self._last_look = self._clock.time()
         self._running = True
         defer.ensureDeferred(self._run())
 
     async def _run(self) -> None:
         try:
-            while True:
-                self._again = False
-                if not await self._take_batch():
-                    if not self._again:
-                        return
+            self._again = False
+            # Full batches back to back; then wait for more.
+            while await self._take_batch():
+                pass
         except Exception:
             if not self._stopped:
                 logger.exception("Reading room events for other servers failed")
         finally:
             self._running = False
+        if self._again:
+            self.wake()
 
     async def _take_batch(self) -> bool:
         """Queue the next events; whether there may be more."""
@@ -208,7 +315,8 @@ class RoomEventsFeed:
         full = len(events) == BATCH
         others = [e.event_id for e in events if server_of(e.sender) != self._server_name]
         received = await self._store.get_received_pdu_origins(others) if others else {}
-        by_destination: dict[str, list[str]] = {}
+        by_destination: dict[str, list[QueuedPdu]] = {}
+        newest: dict[tuple[str, str], DestinationRoom] = {}
         # The room's current ACL, read once per room and batch: a server it
         # denies is sent none of the room's events.
         acls: dict[str, Mapping[str, Any] | None] = {}
@@ -220,12 +328,34 @@ class RoomEventsFeed:
                 acls[event.room_id] = await room_acl(self._store, event.room_id)
             acl = acls[event.room_id]
             joined = await self._joined_users(event.room_id)
+            pdu = QueuedPdu(event.event_id, event.stream_ordering)
             for destination in destinations_of(event, joined, self._server_name, origin):
-                if acl is None or server_allowed(acl, destination):
-                    by_destination.setdefault(destination, []).append(event.event_id)
-        for destination, event_ids in sorted(by_destination.items()):
-            self._queue_pdus(destination, event_ids)
-        self._position = events[-1].stream_ordering if full else upto
+                if acl is not None and not server_allowed(acl, destination):
+                    continue
+                by_destination.setdefault(destination, []).append(pdu)
+                newest[(destination, event.room_id)] = DestinationRoom(
+                    destination, event.room_id, pdu
+                )
+        batch_upto = events[-1].stream_ordering if full else upto
+        # Recorded before anything is queued: a destination is never sent an
+        # event that catch-up would not know of. (Failing, the batch is
+        # read again.)
+        # In one order in every sender's feed (the same rows: no deadlock).
+        rows = [newest[k] for k in sorted(newest)]
+        if rows or batch_upto - self._recorded_upto >= RECORD_POSITION_EVERY:
+            await self._store.record_destination_rooms(rows, self._position, batch_upto)
+            self._recorded_upto = batch_upto
+        self._position = batch_upto
+        progress = self._progress
+        was_filled = progress.filled_past_live_from
+        progress.filled_upto = max(progress.filled_upto or 0, self._position)
+        live_from = progress.live_from
+        assert live_from is not None
+        for destination, pdus in sorted(by_destination.items()):
+            if pdus[-1].stream_ordering > live_from:
+                self._queue_pdus(destination, [p for p in pdus if p.stream_ordering > live_from])
+        if not was_filled and progress.filled_past_live_from:
+            self._filled()
         return full
 
     async def _joined_users(self, room_id: str) -> frozenset[str]:

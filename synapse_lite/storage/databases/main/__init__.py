@@ -15,6 +15,7 @@ from synapse_lite.storage.databases.main.admin_tasks import AdminTasksWorkerStor
 from synapse_lite.storage.databases.main.appservice import ApplicationServiceWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
 from synapse_lite.storage.databases.main.content_reports import ContentReportsWorkerStore
+from synapse_lite.storage.databases.main.destination_rooms import DestinationRoomsWorkerStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
 from synapse_lite.storage.databases.main.end_to_end_keys import EndToEndKeyWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
@@ -54,6 +55,7 @@ class GenericWorkerStore(
     ReceiptsWorkerStore,
     DeviceInboxWorkerStore,
     FederationWorkerStore,
+    DestinationRoomsWorkerStore,
     ReceivedPdusWorkerStore,
     InboundPduQueueWorkerStore,
     PresenceWorkerStore,
