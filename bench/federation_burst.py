@@ -33,7 +33,9 @@ from typing import Any, cast
 import treq
 import yaml
 from twisted.internet import defer, reactor, task
+from twisted.python.failure import Failure
 from twisted.web import resource, server
+from twisted.web.http_headers import Headers
 
 from bench.cluster import LAYOUTS, WRITERS, Cluster, process_cpu_seconds
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
@@ -158,7 +160,7 @@ async def _signed(
         method,
         base + path,
         data=data,
-        headers={"Authorization": header, "Content-Type": "application/json"},
+        headers=Headers({"Authorization": [header], "Content-Type": ["application/json"]}),
         pool=NO_KEEPALIVE,
     )
     body = await treq.content(response)
@@ -168,9 +170,9 @@ async def _signed(
 
 
 async def _client(method: str, url: str, token: str | None, body: Any = None) -> Any:
-    headers = {"Content-Type": "application/json"}
+    headers = Headers({"Content-Type": ["application/json"]})
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        headers.setRawHeaders("Authorization", [f"Bearer {token}"])
     response = await treq.request(
         method, url, data=json.dumps(body or {}).encode(), headers=headers
     )
@@ -233,9 +235,7 @@ async def run_layout(
             )
             expected.add(answer["event_id"])
 
-        await defer.gatherResults(
-            [semaphore.run(lambda n=n: defer.ensureDeferred(send(n))) for n in range(events)]
-        )
+        await defer.gatherResults([semaphore.run(send, n) for n in range(events)])
         sent = time.monotonic() - started
         deadline = started + 600
         while receivers.delivered(expected) < len(receivers.servers):
@@ -315,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         code.append(await main_async(args))
 
     d = defer.ensureDeferred(run())
-    d.addErrback(lambda f: (f.printTraceback(), code.append(1)))
+
+    def failed(failure: Failure) -> None:
+        failure.printTraceback()
+        code.append(1)
+
+    d.addErrback(failed)
     d.addBoth(lambda _: _reactor.stop())
     _reactor.run()
     return code[0] if code else 1

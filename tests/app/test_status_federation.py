@@ -62,7 +62,7 @@ class FederationStatusTestCase(unittest.TestCase):
 class SenderHealthTestCase(unittest.TestCase):
     def test_stalled_destinations_leave_the_process_ok(self) -> None:
         health = HealthResource("sender1", lambda: [], lambda: {"federation_sender": SENDER})
-        body = json.loads(health.render_GET(DummyRequest([b""])))
+        body = json.loads(health.render_GET(DummyRequest([b""])))  # type: ignore[arg-type]
         self.assertEqual(body["status"], "ok")
         self.assertEqual(body["federation_sender"]["stalled"][0]["destination"], "b.test")
 
@@ -70,6 +70,6 @@ class SenderHealthTestCase(unittest.TestCase):
         health = HealthResource(
             "sender1", lambda: ["events stalled"], lambda: {"federation_sender": SENDER}
         )
-        body = json.loads(health.render_GET(DummyRequest([b""])))
+        body = json.loads(health.render_GET(DummyRequest([b""])))  # type: ignore[arg-type]
         self.assertEqual((body["status"], body["reasons"]), ("degraded", ["events stalled"]))
         self.assertIn("federation_sender", body)
