@@ -45,10 +45,17 @@ class FakeStore:
         self.position += 1
         self.events.append(
             Event(
-                event_id=f"$e{self.position}", room_id=room_id, type=event_type,
-                state_key=state_key, sender=sender, content={}, origin_server_ts=0,
-                stream_ordering=self.position, depth=self.position, instance_name="main",
-            )  # fmt: skip
+                event_id=f"$e{self.position}",
+                room_id=room_id,
+                type=event_type,
+                state_key=state_key,
+                sender=sender,
+                content={},
+                origin_server_ts=0,
+                stream_ordering=self.position,
+                depth=self.position,
+                instance_name="main",
+            )
         )
         self.room_changes.record(room_id, "main", self.position)
         if event_type == "m.room.member":
@@ -110,10 +117,17 @@ class RoomEventsFeedTestCase(unittest.TestCase):
         self.store.position += 1
         self.store.events.append(
             Event(
-                event_id="$w", room_id="!shared:b.test", type="m.room.message",
-                state_key=None, sender="@alice:b.test", content={}, origin_server_ts=0,
-                stream_ordering=self.store.position, depth=1, instance_name="w1",
-            )  # fmt: skip
+                event_id="$w",
+                room_id="!shared:b.test",
+                type="m.room.message",
+                state_key=None,
+                sender="@alice:b.test",
+                content={},
+                origin_server_ts=0,
+                stream_ordering=self.store.position,
+                depth=1,
+                instance_name="w1",
+            )
         )
         self.store.get_room_max_token = lambda: RoomStreamToken(0)  # type: ignore[method-assign]
         self.writes.notify_replication()
@@ -124,5 +138,3 @@ class RoomEventsFeedTestCase(unittest.TestCase):
         self.send("!local:b.test", "@alice:b.test")
         self.assertEqual(self.store.reads, 1)
         self.assertEqual(self.queued, [])
-
-
