@@ -57,6 +57,19 @@ class StreamChangeTracker:
         latest = self._latest.get(entity)
         return latest is not None and not since.contains(*latest)
 
+    def __len__(self) -> int:
+        """How many entities are remembered (what :meth:`changed_after` walks)."""
+        return len(self._latest)
+
+    def changed_after(self, stream_id: int) -> set[str] | None:
+        """The entities whose latest change lies after ``stream_id`` (on any
+        writer): every entity changed after it is among them. None when the
+        tracker started after ``stream_id`` (changes before its start are
+        unknown). Walks every remembered entity: check :func:`len` first."""
+        if self._floor.get_max_position() > stream_id:
+            return None
+        return {entity for entity, (_, changed) in self._latest.items() if changed > stream_id}
+
     def changed_among(self, since_of: Mapping[str, RoomStreamToken]) -> set[str]:
         """The entities of ``since_of`` that may have changed after their
         token: :meth:`may_have_changed` of each, for many at once (a

@@ -16,6 +16,7 @@ from synapse_lite.federation.sender.pdu_queue import FeedProgress
 from synapse_lite.federation.sender.room_events import RoomEventsFeed
 from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.storage.databases.main.destination_rooms import DestinationRoom, QueuedPdu
+from synapse_lite.tokens import RoomStreamToken
 
 JOINED = frozenset({"@alice:a.test", "@bob:b.test", "@carol:c.test"})
 
@@ -36,8 +37,17 @@ def message(n: int, room: str = "!r:a.test") -> Event:
 
 
 class Changes:
+    """A change tracker that knows nothing: the feed reads every batch (the
+    skip from memory is tests/federation/test_room_events_feed_skip.py's)."""
+
     def may_have_changed(self, room_id: str, since: Any) -> bool:
         return False
+
+    def changed_after(self, position: int) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return 0
 
 
 class ScriptedStore:
@@ -50,12 +60,16 @@ class ScriptedStore:
         self.events: list[Event] = []
         self.recorded: list[tuple[list[DestinationRoom], int, int]] = []
         self.room_membership_changes = Changes()
+        self.room_changes = Changes()
 
     def get_room_max_stream_ordering(self) -> int:
         return self.current
 
-    def get_room_max_token(self) -> Any:
-        return object()
+    def get_room_max_token(self) -> RoomStreamToken:
+        return RoomStreamToken(self.current)
+
+    async def get_current_state_ids(self, room_id: str) -> dict[Any, str]:
+        return {}
 
     async def get_federation_feed_position(self) -> int | None:
         return self.written

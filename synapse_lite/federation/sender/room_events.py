@@ -74,6 +74,10 @@ MAX_ROOMS_CACHED = 10_000
 #: every destination within about this many events, and is rendered and
 #: signed once, not once per destination.
 MAX_RENDERED_CACHED = 5_000
+#: Rooms the events stream's change tracker may remember for the feed to
+#: look for new events in rooms with other servers in memory; beyond, it
+#: reads the events.
+MAX_ROOMS_WALKED = 2_000
 
 
 def should_send(event: Event, server_name: str, origin: str | None) -> bool:
@@ -311,6 +315,9 @@ class RoomEventsFeed:
         upto = self._store.get_room_max_stream_ordering()
         if upto <= self._position:
             return False
+        if await self._nothing_to_send(self._position, upto):
+            await self._passed(upto, [], {})
+            return False
         events = await self._store.get_stream_events_between(self._position, upto, BATCH)
         full = len(events) == BATCH
         others = [e.event_id for e in events if server_of(e.sender) != self._server_name]
@@ -337,11 +344,23 @@ class RoomEventsFeed:
                     destination, event.room_id, pdu
                 )
         batch_upto = events[-1].stream_ordering if full else upto
-        # Recorded before anything is queued: a destination is never sent an
-        # event that catch-up would not know of. (Failing, the batch is
-        # read again.)
-        # In one order in every sender's feed (the same rows: no deadlock).
-        rows = [newest[k] for k in sorted(newest)]
+        await self._passed(batch_upto, [newest[k] for k in sorted(newest)], by_destination)
+        return full
+
+    async def _passed(
+        self,
+        batch_upto: int,
+        rows: list[DestinationRoom],
+        by_destination: Mapping[str, list[QueuedPdu]],
+    ) -> None:
+        """The feed has looked at every event up to ``batch_upto``: record
+        ``rows`` (each destination's newest event per room; sorted, so in
+        one order in every sender's feed: the same rows, no deadlock) and,
+        every so often, the position, before anything is queued (a
+        destination is never sent an event that catch-up would not know of;
+        failing, the batch is read again), then queue ``by_destination``'s
+        PDUs past where this run's memory starts."""
+        assert self._position is not None
         if rows or batch_upto - self._recorded_upto >= RECORD_POSITION_EVERY:
             await self._store.record_destination_rooms(rows, self._position, batch_upto)
             self._recorded_upto = batch_upto
@@ -356,7 +375,28 @@ class RoomEventsFeed:
                 self._queue_pdus(destination, [p for p in pdus if p.stream_ordering > live_from])
         if not was_filled and progress.filled_past_live_from:
             self._filled()
-        return full
+
+    async def _nothing_to_send(self, position: int, upto: int) -> bool:
+        """Whether the events after ``position`` up to ``upto`` certainly
+        go to no other server, known from memory without reading them: this
+        process has processed every writer's rows up to ``upto``, no room
+        changed after ``position`` had a membership change, and every such
+        room has only our users joined (so :func:`destinations_of` gives
+        none). A server whose rooms are all local (the monolith under a
+        benchmark) then reads no events per send. False when unsure."""
+        if self._store.get_room_max_token().stream < upto:
+            return False
+        if len(self._store.room_changes) > MAX_ROOMS_WALKED:
+            return False
+        rooms = self._store.room_changes.changed_after(position)
+        memberships = self._store.room_membership_changes.changed_after(position)
+        if rooms is None or memberships is None or not rooms.isdisjoint(memberships):
+            return False
+        for room_id in sorted(rooms):
+            joined = await self._joined_users(room_id)
+            if any(server_of(user_id) != self._server_name for user_id in joined):
+                return False
+        return True
 
     async def _joined_users(self, room_id: str) -> frozenset[str]:
         """The room's joined users, read again only when its memberships

@@ -28,6 +28,7 @@ from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
     LoggingTransaction,
+    insert_rows_statements,
     insert_rows_txn,
 )
 from synapse_lite.storage.databases.main.auth_chains import (
@@ -629,13 +630,12 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         one new extremity (every linear send) moves its extremity with one
         UPDATE; only parents outside the batch are deleted (the batch's own
         events never were extremities)."""
-        insert_rows_txn(
-            txn,
+        # The edges ride in one round trip with the first extremity move
+        # (PostgreSQL; SQLite has no round trips to save).
+        edges = insert_rows_statements(
             "event_edges (event_id, prev_event_id)",
             [(e.event_id, prev) for e in events for prev in e.prev_event_ids],
-        )
-        insert_rows_txn(
-            txn,
+        ) + insert_rows_statements(
             "event_auth_edges (event_id, auth_id)",
             [(e.event_id, auth) for e in events for auth in e.auth_event_ids],
         )
@@ -657,11 +657,17 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         for room_id in sorted(gone.keys() | new.keys()):
             old, added = sorted(gone[room_id]), new[room_id]
             if len(old) == 1 and len(added) == 1:
-                txn.execute(
-                    "UPDATE event_forward_extremities SET event_id = ?"
-                    " WHERE room_id = ? AND event_id = ?",
-                    (added[0], room_id, old[0]),
+                txn.execute_statements(
+                    [
+                        *edges,
+                        (
+                            "UPDATE event_forward_extremities SET event_id = ?"
+                            " WHERE room_id = ? AND event_id = ?",
+                            (added[0], room_id, old[0]),
+                        ),
+                    ]
                 )
+                edges = []
                 if txn.rowcount == 1:
                     # The line went on from an extremity. Had the room
                     # others, the writer named them all, so this one
@@ -679,6 +685,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             deletes.extend((room_id, event_id) for event_id in old)
             inserts.extend((room_id, event_id) for event_id in added)
             maybe_branched.add(room_id)
+        txn.execute_statements(edges)
         if deletes:
             txn.execute_batch(
                 "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
