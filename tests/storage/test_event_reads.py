@@ -31,6 +31,19 @@ def count_interactions(test: DatabaseTestCase, hs: HomeServer) -> list[str]:
     return names
 
 
+#: What the federation sender's feed reads in the background of a
+#: homeserver under test (where it starts, each destination's position; the
+#: new events and the room's users after a membership change): not reads of
+#: the call a test counts.
+FEDERATION_FEED_READS = (
+    "get_users_in_room",
+    "get_stream_events_between",
+    "get_federation_feed_position",
+    "get_destinations_behind",
+    "get_destination_names",
+)
+
+
 class EventReadsTestCase(DatabaseTestCase):
     async def _room_with_sends(self, hs: HomeServer) -> tuple[str, list[str]]:
         """A room and the ids of three events Alice sent in it: with a
@@ -82,7 +95,10 @@ class EventReadsTestCase(DatabaseTestCase):
         names = count_interactions(self, other)
         self.assertEqual(await other.store.get_txn_ids_for_events(ALICE, "PHONE", ids), expected)
         self.assertEqual(await other.store.get_txn_ids_for_events(ALICE, "LAPTOP", ids), {})
-        self.assertEqual(names, ["get_txn_ids_for_events", "get_txn_ids_for_events"])
+        self.assertEqual(
+            [n for n in names if n not in FEDERATION_FEED_READS],
+            ["get_txn_ids_for_events", "get_txn_ids_for_events"],
+        )
 
     async def test_events_and_their_redactions_in_one_interaction(self) -> None:
         hs = make_homeserver(self, make_config(self.test_db))
@@ -165,11 +181,9 @@ class EventReadsTestCase(DatabaseTestCase):
             ),
             [(bob, "join")],
         )
-        # (The federation sender's feed may read the new events and the
-        # room's users after the join, in the background: not reads of this call.)
-        background = ("get_users_in_room", "get_stream_events_between")
         self.assertEqual(
-            [n for n in names if n not in background], ["get_membership_changes_in_rooms"]
+            [n for n in names if n not in FEDERATION_FEED_READS],
+            ["get_membership_changes_in_rooms"],
         )
         # A token from before the process started: the tracker cannot tell.
         await hs.service.stopService()
@@ -181,7 +195,10 @@ class EventReadsTestCase(DatabaseTestCase):
             ),
             [(bob, "join")],
         )
-        self.assertEqual(names, ["get_membership_changes_in_rooms"])
+        self.assertEqual(
+            [n for n in names if n not in FEDERATION_FEED_READS],
+            ["get_membership_changes_in_rooms"],
+        )
 
     async def _room_with_sends_in(self, hs: HomeServer, room_id: str) -> None:
         clock = hs.handlers.clock
