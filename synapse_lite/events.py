@@ -370,6 +370,8 @@ class Event(_EventKind):
             data["unsigned"]["redacted_because"] = self.redacted_because.to_client_dict(
                 now_ms, include_room_id=False
             )
+            # The id alone too, as the reference server gives it (SyTest reads it).
+            data["unsigned"]["redacted_by"] = self.redacted_because.event_id
         return data
 
 

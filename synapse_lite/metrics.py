@@ -157,6 +157,46 @@ FEDERATION_DESTINATIONS_DOWN = Gauge(
     "Destinations this federation sender counts as down",
 )
 
+# Per destination (federation/sender/destination.py). Destinations are other
+# servers' names: the sender only keeps series for destinations it has sent
+# to or has work for.
+FEDERATION_DESTINATION_PENDING_PDUS = Gauge(
+    "synapse_lite_federation_destination_pending_pdus",
+    "Room events waiting for a destination (in memory; while catching up, the rooms behind"
+    " seen by the last read, at most 50)",
+    ["destination"],
+)
+FEDERATION_DESTINATION_PENDING_EDUS = Gauge(
+    "synapse_lite_federation_destination_pending_edus",
+    "EDUs waiting for a destination, as the last read of its outbox saw them (at most 100)",
+    ["destination"],
+)
+FEDERATION_DESTINATION_BACKOFF_SECONDS = Gauge(
+    "synapse_lite_federation_destination_backoff_seconds",
+    "The current retry interval towards a destination (0: it is up)",
+    ["destination"],
+)
+FEDERATION_DESTINATION_CATCHING_UP = Gauge(
+    "synapse_lite_federation_destination_catching_up",
+    "1 while a destination is sent the newest event of each room it is behind in",
+    ["destination"],
+)
+FEDERATION_DESTINATION_LAST_SUCCESS = Gauge(
+    "synapse_lite_federation_destination_last_success_timestamp_seconds",
+    "When a destination last accepted a transaction (Unix time)",
+    ["destination"],
+)
+FEDERATION_DESTINATION_TRANSACTION_SECONDS = Gauge(
+    "synapse_lite_federation_destination_last_transaction_seconds",
+    "How long a destination took to answer its last transaction",
+    ["destination"],
+)
+FEDERATION_TRANSACTION_SECONDS = Histogram(
+    "synapse_lite_federation_transaction_seconds",
+    "How long other servers took to answer our transactions (all destinations)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
 # The router (synapse_lite/routing/)
 
 ROUTER_REQUESTS = Counter(

@@ -30,7 +30,9 @@ _NUMBER = "[0-9]{1,18}"  # fits a signed 64-bit column
 #: accepts). Replication refuses claims beyond it, so a token this server hands
 #: out always parses.
 MAX_TOKEN_POSITION = 10**18 - 1
-_ROOM_TOKEN = re.compile(rf"([sm])({_NUMBER})((?:~{_NUMBER}\.{_NUMBER})*)")
+#: ``s-<n>``: a place among backfilled events (negative stream orderings,
+#: docs/federation.md "Backfill"), handed out by ``/messages`` only.
+_ROOM_TOKEN = re.compile(rf"([sm])(-?{_NUMBER})((?:~{_NUMBER}\.{_NUMBER})*)")
 _KEY = re.compile(_NUMBER)
 
 
@@ -211,4 +213,8 @@ class StreamToken:
         if len(parts) - 1 < least or not all(_KEY.fullmatch(p) for p in parts[1:]):
             raise InvalidToken(f"invalid sync token {string!r}")
         room = await RoomStreamToken.parse(parts[0], instance_name_of)
+        if room.stream < 0:
+            # A place among backfilled events is a /messages token only: a
+            # /sync token is always at or after the live stream's start.
+            raise InvalidToken(f"invalid sync token {string!r}")
         return cls(room, dict(zip(streams, (int(p) for p in parts[1:]), strict=False)))

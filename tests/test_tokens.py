@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from twisted.trial import unittest
 
-from synapse_lite.tokens import RoomStreamToken
+from synapse_lite.tokens import InvalidToken, RoomStreamToken
 
 
 class AdvancedThroughTestCase(unittest.TestCase):
@@ -34,3 +34,21 @@ class AdvancedThroughTestCase(unittest.TestCase):
             covered = {(w, i) for w, i in window if moved.contains(w, i)}
             self.assertEqual(covered, {(w, i) for w, i in window if i <= stop}, stop)
             self.assertTrue(since.is_before_or_eq(moved) and moved.is_before_or_eq(upper))
+
+
+class BackfillTokensTestCase(unittest.TestCase):
+    async def test_a_place_among_backfilled_events_round_trips(self) -> None:
+        # /messages hands out s-<n> among backfilled events (negative
+        # stream orderings, docs/federation.md "Backfill").
+        async def no_writer(instance_id: int) -> str | None:
+            return None
+
+        async def no_id(name: str) -> int:
+            raise AssertionError(name)
+
+        token = await RoomStreamToken.parse("s-42", no_writer)
+        self.assertEqual(token, RoomStreamToken(-42))
+        self.assertEqual(await token.to_string(no_id), "s-42")
+        for bad in ("s--1", "s-", "s-1-2", "s1.5"):
+            with self.assertRaises(InvalidToken):
+                await RoomStreamToken.parse(bad, no_writer)

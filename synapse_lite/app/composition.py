@@ -72,6 +72,7 @@ from synapse_lite.federation.inbound import FederationInboundHandler, announce_s
 from synapse_lite.federation.inbound_edus import InboundEdus
 from synapse_lite.federation.keyring import Keyring
 from synapse_lite.federation.send_queue import FederationRemoteSendQueue
+from synapse_lite.federation.sender.federation_sender import FederationSender
 from synapse_lite.federation.server import register_federation_servlets, well_known_resource
 from synapse_lite.handlers.account import AccountHandler
 from synapse_lite.handlers.account_data import AccountDataHandler
@@ -87,11 +88,12 @@ from synapse_lite.handlers.device import DeviceHandler
 from synapse_lite.handlers.devicemessage import DeviceMessageHandler
 from synapse_lite.handlers.directory import DirectoryHandler
 from synapse_lite.handlers.e2e_keys import E2eKeysHandler
+from synapse_lite.handlers.federation_backfill import Backfiller, BackfillWriter
 from synapse_lite.handlers.federation_join import FederationJoinHandler, RemoteJoinWriter
 from synapse_lite.handlers.federation_rooms import FederationRoomsHandler, ReceivedEventsWriter
 from synapse_lite.handlers.filtering import FilteringHandler
 from synapse_lite.handlers.identity import IdentityHandler
-from synapse_lite.handlers.inbound_pdus import InboundPdus, ReceivedPduWriter
+from synapse_lite.handlers.inbound_pdus import InboundPdus, InboundQueue
 from synapse_lite.handlers.legacy_sync import LegacySyncHandler
 from synapse_lite.handlers.login import LoginHandler
 from synapse_lite.handlers.message import EventCreationHandler
@@ -120,6 +122,8 @@ from synapse_lite.handlers.room_upgrade import RoomUpgradeHandler, UpgradedRoomU
 from synapse_lite.handlers.search import SearchHandler
 from synapse_lite.handlers.server_notices import ServerNoticesHandler
 from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
+from synapse_lite.handlers.space_hierarchy import SpaceHierarchyHandler
+from synapse_lite.handlers.state_gaps import StateGapWriter
 from synapse_lite.handlers.sync import SyncHandler
 from synapse_lite.handlers.sync_sections.builtin import BuiltInSections
 from synapse_lite.handlers.sync_sections.stream_parts import stream_part_sections
@@ -150,9 +154,11 @@ from synapse_lite.replication.http.e2e_keys import (
     UPLOAD_SIGNATURES,
 )
 from synapse_lite.replication.http.federation_rooms import (
+    PERSIST_BACKFILLED,
     PERSIST_RECEIVED_EVENT,
-    PERSIST_RECEIVED_PDU,
     PERSIST_REMOTE_JOIN,
+    PERSIST_STATE_GAP,
+    PROCESS_INBOUND_PDUS,
 )
 from synapse_lite.replication.http.forward_extremities import DELETE_FORWARD_EXTREMITIES
 from synapse_lite.replication.http.remote_devices import WRITE_REMOTE_DEVICE_LIST
@@ -545,8 +551,19 @@ def _handlers(
         config.outbound_requests,
         https_policy_trusting(config.outbound_requests.extra_ca_paths),
     )
+    # One keyring per process, shared by media, joins and backfill.
+    keyring = _keyring_on_demand(config, clock, store, federation)
     media, media_endpoints, media_hooks = media_for_role(
-        role, config, store, clock, reactor, auth, outbound
+        role,
+        config,
+        store,
+        clock,
+        reactor,
+        auth,
+        outbound,
+        federation.queries.client if federation.queries is not None else None,
+        # Other servers' keys, for signed federation media requests.
+        keyring,
     )
     # Every process answers a revoking writer once it has forgotten the tokens.
     revocations = RevocationBarrier(
@@ -591,9 +608,8 @@ def _handlers(
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
-    remote_members = _remote_membership(
-        config, role, clock, store, federation, calls, event_writers
-    )
+    remote = _remote_membership(config, keyring, clock, store, federation, calls, event_writers)
+    remote_members, backfiller = remote if remote is not None else (None, None)
     members = RoomMemberHandler(
         store, clock, server_name, events, upgraded_rooms, app_service_queries, remote_members
     )
@@ -613,7 +629,7 @@ def _handlers(
     # One formatter for /sync, /messages and /context: the filters'
     # ``event_format: federation`` signs with the server's key.
     formatter = ClientEventFormatter(store, PduSigner(server_name, signing_key))
-    pagination = PaginationHandler(store, clock, formatter)
+    pagination = PaginationHandler(store, clock, formatter, lambda: backfiller)
     relations = RelationsHandler(store, clock, pagination)
     identity = IdentityHandler(store, outbound, signing_key, server_name)
     sync = SyncHandler(
@@ -649,6 +665,9 @@ def _handlers(
         store, clock, server_name, events, app_service_queries, federation.queries
     )
     admin_users = AdminUsersHandler(store, server_name, devices, account, profiles, members)
+    directory = DirectoryHandler(
+        store, server_name, clock, events, app_service_queries, federation.queries
+    )
     client = ClientHandlers(
         clock=clock,
         auth=auth,
@@ -724,9 +743,8 @@ def _handlers(
         push_rules=push_rules,
         turn=config.turn,
         profiles=profiles,
-        directory=DirectoryHandler(
-            store, server_name, clock, events, app_service_queries, federation.queries
-        ),
+        directory=directory,
+        spaces=SpaceHierarchyHandler(store, server_name, clock, directory, federation.queries),
         relations=relations,
         search=SearchHandler(store, clock, pagination),
         identity=identity,
@@ -746,15 +764,21 @@ def _handlers(
     )
     # Other servers' events (remote joins) are persisted by the room's writer.
     received_writer = ReceivedEventsWriter(store, events)
-    pdu_writer = ReceivedPduWriter(events)
+    # Queued PDUs of received transactions too (handlers/inbound_pdus.py).
+    inbound_queue = InboundQueue(
+        store=store, clock=clock, events=events, instance_name=me, event_writers=event_writers
+    )
     remote_join_writer = RemoteJoinWriter(store, events)
     received_hooks = (
         Hooks(
             served=(
                 (PERSIST_RECEIVED_EVENT, received_writer.persist_received),
-                (PERSIST_RECEIVED_PDU, pdu_writer.persist),
+                (PROCESS_INBOUND_PDUS, inbound_queue.process),
                 (PERSIST_REMOTE_JOIN, remote_join_writer.persist),
-            )
+                (PERSIST_BACKFILLED, BackfillWriter(store, me, event_writers).persist),
+                (PERSIST_STATE_GAP, StateGapWriter(store, events).persist),
+            ),
+            loops=(inbound_queue,),
         )
         if role.writes_events
         else Hooks()
@@ -801,6 +825,7 @@ def _handlers(
             outbox=federation.outbox,
             pdus=InboundPdus(
                 store=store,
+                clock=clock,
                 server_name=server_name,
                 keyring=federation.keyring,
                 client=federation.client,
@@ -837,25 +862,16 @@ def _handlers(
     )
 
 
-def _remote_membership(
-    config: HomeServerConfig,
-    role: Role,
-    clock: Clock,
-    store: GenericWorkerStore,
-    federation: Federation,
-    calls: InternalCalls,
-    event_writers: Callable[[], Sequence[str]],
-) -> FederationJoinHandler | None:
-    """Joins and leaves of our users in other servers' rooms, through this
-    process's federation client (a client worker's own, made on first use),
-    with its keyring or, where it has none, one made on first use."""
+def _keyring_on_demand(
+    config: HomeServerConfig, clock: Clock, store: GenericWorkerStore, federation: Federation
+) -> Callable[[], Keyring] | None:
+    """This process's keyring or, where it has none, one made on first use
+    (with its federation client, made on first use too); None where the
+    process has no way to ask other servers."""
     queries = federation.queries
     if queries is None:
         return None
     made: list[Keyring] = []
-
-    def signing_key() -> SigningKey:
-        return load_or_create_signing_key(config.data_dir, create=False)
 
     def keyring() -> Keyring:
         if federation.keyring is not None:
@@ -867,11 +883,34 @@ def _remote_membership(
                     clock=clock,
                     config=config.federation,
                     client=queries.client(),
-                    signing_key=signing_key(),
+                    signing_key=load_or_create_signing_key(config.data_dir, create=False),
                     server_name=config.server_name,
                 )
             )
         return made[0]
+
+    return keyring
+
+
+def _remote_membership(
+    config: HomeServerConfig,
+    keyring: Callable[[], Keyring] | None,
+    clock: Clock,
+    store: GenericWorkerStore,
+    federation: Federation,
+    calls: InternalCalls,
+    event_writers: Callable[[], Sequence[str]],
+) -> tuple[FederationJoinHandler, Backfiller] | None:
+    """Joins and leaves of our users in other servers' rooms, and backfill
+    of their history, through this process's federation client (a client
+    worker's own, made on first use) and ``keyring`` (see
+    :func:`_keyring_on_demand`)."""
+    queries = federation.queries
+    if queries is None or keyring is None:
+        return None
+
+    def signing_key() -> SigningKey:
+        return load_or_create_signing_key(config.data_dir, create=False)
 
     return FederationJoinHandler(
         store=store,
@@ -882,6 +921,14 @@ def _remote_membership(
         signing_key=signing_key,
         calls=calls,
         writers=config.writers,
+        event_writers=event_writers,
+    ), Backfiller(
+        store=store,
+        clock=clock,
+        server_name=config.server_name,
+        client=queries.client,
+        keyring=keyring,
+        calls=calls,
         event_writers=event_writers,
     )
 
@@ -1053,6 +1100,7 @@ def _lifecycle(
         keyring, inbound, openid = federation.keyring, handlers.inbound, handlers.client.openid
         rooms = handlers.rooms
         profiles, directory = handlers.client.profiles, handlers.client.directory
+        spaces = handlers.client.spaces
         invites = handlers.remote_members
         user_keys = (handlers.device_lists, handlers.client.e2e_keys)
 
@@ -1069,9 +1117,11 @@ def _lifecycle(
                 directory=directory,
                 invites=invites,
                 user_keys=user_keys,
+                spaces=spaces,
             )
 
     stalls, replication_transport = handlers.stalls, replication.transport
+    sender = federation.outbox
 
     def problems() -> list[str]:
         return [*stalls.reasons(), *replication_transport.problems()]
@@ -1087,6 +1137,7 @@ def _lifecycle(
             federation=federation_servlets,
             media=handlers.media_endpoints,
             problems=problems,
+            health_details=sender.health if isinstance(sender, FederationSender) else None,
             well_known=well_known_resource(config.federation),
         ),
         max_body_bytes=config.limits.max_request_body_bytes,

@@ -2,7 +2,8 @@
 listens and, when stopping, drains them.
 
 Resources: ``client`` (the Matrix client API and the admin API beside it,
-and the media paths: served on the media instance, refused elsewhere),
+and the media paths, federation media included: served on the media
+instance, refused elsewhere),
 ``federation`` and ``keys`` (server-server), ``replication`` (internal calls
 from other processes), ``health`` and ``metrics``.
 """
@@ -36,14 +37,21 @@ DRAIN_SECONDS = 10.0
 class HealthResource(Resource):
     """``GET /health``: 200 ``{"status": "ok"}`` while the process serves; with
     ``"degraded"`` and the ``reasons`` when something needs an operator (a
-    stalled stream) though it still serves."""
+    stalled stream) though it still serves. ``details``: more fields that do
+    not change the status (a federation sender's stalled destinations)."""
 
     isLeaf = True
 
-    def __init__(self, instance_name: str, problems: Callable[[], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        instance_name: str,
+        problems: Callable[[], list[str]] | None = None,
+        details: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__()
         self._instance_name = instance_name
         self._problems = problems
+        self._details = details
 
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"Content-Type", b"application/json")
@@ -54,6 +62,8 @@ class HealthResource(Resource):
         }
         if reasons:
             body["reasons"] = reasons
+        if self._details is not None:
+            body.update(self._details())
         return json.dumps(body).encode("utf-8")
 
 
@@ -63,6 +73,9 @@ class MediaEndpoints(Protocol):
     (``MediaElsewhere``)."""
 
     def register(self, resource: JsonResource) -> None: ...
+
+    def register_federation(self, resource: JsonResource) -> None:
+        """The federation media paths alone, on a listener without ``client``."""
 
     def upload_routes(self) -> list[UploadRoute]: ...
 
@@ -81,6 +94,8 @@ class ListenerResources:
     media: MediaEndpoints
     #: What /health reports as wrong (stalled streams), if anything.
     problems: Callable[[], list[str]] | None = None
+    #: What else /health says (``HealthResource``).
+    health_details: Callable[[], dict[str, Any]] | None = None
     #: ``/.well-known/matrix/*`` where configured, on client and federation
     #: listeners.
     well_known: Resource | None = None
@@ -105,6 +120,9 @@ class ListenerResources:
         if self.federation is not None and {"federation", "keys"} & set(resources):
             matrix = matrix or JsonResource("federation")
             self.federation(matrix, resources)
+            if "client" not in resources and "federation" in resources:
+                # Federation media: served by the media instance, refused elsewhere.
+                self.media.register_federation(matrix)
         if matrix is not None:
             root.putChild(b"_matrix", matrix)
         if self.well_known is not None and {"client", "federation"} & set(resources):
@@ -114,7 +132,8 @@ class ListenerResources:
         if synapse_root.children:
             root.putChild(b"_synapse", synapse_root)
         if "health" in resources:
-            root.putChild(b"health", HealthResource(self.instance_name, self.problems))
+            health = HealthResource(self.instance_name, self.problems, self.health_details)
+            root.putChild(b"health", health)
         if "metrics" in resources:
             root.putChild(b"metrics", MetricsResource())
         return root

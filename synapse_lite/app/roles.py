@@ -44,6 +44,7 @@ from synapse_lite.federation.sender.edus import (
     TypingFeed,
 )
 from synapse_lite.federation.sender.federation_sender import FederationSender
+from synapse_lite.federation.sender.pdu_queue import FeedProgress
 from synapse_lite.federation.sender.room_events import PduRenderer, RoomEventsFeed
 from synapse_lite.federation.senders import sender_of as federation_sender_of
 from synapse_lite.handlers.auth import AuthHandler
@@ -66,6 +67,7 @@ from synapse_lite.handlers.typing import (
 from synapse_lite.http.outbound import OutboundHttpClient
 from synapse_lite.http.tls import https_policy_trusting
 from synapse_lite.media.paths import MediaFilePaths
+from synapse_lite.media.remote import RemoteMediaCache
 from synapse_lite.media.repository import MediaRepository
 from synapse_lite.media.servlets import MediaElsewhere, MediaServlets
 from synapse_lite.media.storage import MediaStorage, make_storage_provider
@@ -73,7 +75,7 @@ from synapse_lite.media.url_preview import UrlPreviewer
 from synapse_lite.notifier import Notifier
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
 from synapse_lite.replication.http.instances import RETIRE_EVENTS_WRITER
-from synapse_lite.replication.http.media import DELETE_MEDIA
+from synapse_lite.replication.http.media import DELETE_MEDIA, PURGE_MEDIA_CACHE
 from synapse_lite.replication.http.writes import (
     SET_PRESENCE,
     SET_REMOTE_PRESENCE,
@@ -218,6 +220,12 @@ def federation_for_role(
             store, ClientEventFormatter(store, PduSigner(config.server_name, lambda: key)), clock
         )
         senders = config.federation_sender_instances
+
+        def owns(destination: str) -> bool:
+            # Each destination is sent to by one sender (federation/senders.py).
+            return federation_sender_of(destination, senders) == role.name
+
+        progress = FeedProgress()
         sender = FederationSender(
             store=store,
             clock=clock,
@@ -229,8 +237,8 @@ def federation_for_role(
             positions=positions,
             replication_notifier=local_writes,
             render_pdus=renderer.transaction_pdus,
-            # Each destination is sent to by one sender (federation/senders.py).
-            owns=lambda destination: federation_sender_of(destination, senders) == role.name,
+            owns=owns,
+            feed=progress,
         )
         # Room events for other servers: from every events writer's rows,
         # and this process's own sends.
@@ -240,6 +248,10 @@ def federation_for_role(
             server_name=config.server_name,
             queue_pdus=sender.send_pdus,
             local_writes=local_writes,
+            progress=progress,
+            owns=owns,
+            catch_up=sender.catch_up,
+            filled=sender.feed_filled,
         )
         edu_feeds = edu_feeds_for_sender(
             store, clock, config.server_name, sender.send_edus, local_writes, typing
@@ -352,9 +364,13 @@ def media_for_role(
     reactor: Any,
     auth: AuthHandler,
     outbound: OutboundHttpClient,
+    federation_client: Callable[[], FederationClient] | None,
+    keyring: Callable[[], Keyring] | None,
 ) -> tuple[MediaRepository | None, MediaEndpoints, Hooks]:
-    """The media instance serves the media repository; every other process
-    answers media paths with an error naming it."""
+    """The media instance serves the media repository (and, with a way to
+    ask other servers, the federation media endpoints and other servers'
+    media, cached); every other process answers media paths with an error
+    naming it."""
     if not role.serves_media:
         media_url = None
         for listener in config.listeners_of(config.media_instance):
@@ -379,7 +395,19 @@ def media_for_role(
     )
     previewer = UrlPreviewer(repository, outbound) if media_config.url_previews else None
     hooks = Hooks(loops=(repository,), served=((DELETE_MEDIA, repository.delete_media),))
-    return repository, MediaServlets(repository, auth, previewer), hooks
+    remote = None
+    if federation_client is not None:
+        remote = RemoteMediaCache(
+            repository=repository,
+            store=store,
+            client=federation_client,
+            outbound=outbound,
+            clock=clock,
+            reactor=reactor,
+        )
+        hooks += Hooks(served=((PURGE_MEDIA_CACHE, remote.purge),))
+    servlets = MediaServlets(repository, auth, previewer, remote=remote, keyring=keyring)
+    return repository, servlets, hooks
 
 
 def main_duties(

@@ -1,7 +1,9 @@
 """``synapse-lite status``: each process of a config, its pid, whether it
 answers /health (and why it is degraded, if it says so), and the position of
 each stream it writes (read from its Prometheus /metrics:
-``synapse_lite_stream_position{stream, writer}``)."""
+``synapse_lite_stream_position{stream, writer}``). The federation roles:
+which processes are readers and senders, and for each sender how many
+destinations it owns and which are stalled (from its /health)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class ProcessStatus:
     positions: dict[str, int] | None
     #: Why /health says "degraded", if it does.
     reasons: list[str] = attr.ib(factory=list)
+    #: A federation sender's /health ``federation_sender`` part.
+    federation_sender: dict[str, Any] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -65,6 +69,9 @@ async def process_status(
         if code == 200 and answer.get("status") == "degraded":
             status.health = "degraded"
             status.reasons = [str(r) for r in answer.get("reasons", [])]
+        sender = answer.get("federation_sender")
+        if isinstance(sender, dict):
+            status.federation_sender = sender
     except AdminRequestError:
         status.health = "no answer"
         return status
@@ -80,6 +87,32 @@ async def process_status(
         except AdminRequestError:
             pass
     return status
+
+
+def describe_sender(sender: dict[str, Any]) -> str:
+    """One line on a sender's destinations, from its /health."""
+    stalled = sender.get("stalled")
+    stalled = stalled if isinstance(stalled, list) else []
+    names = [str(s.get("destination")) for s in stalled if isinstance(s, dict)]
+    line = (
+        f"federation sender: {sender.get('destinations', '?')} destination(s),"
+        f" {sender.get('active', '?')} with work this run, {len(names)} stalled"
+    )
+    if names:
+        line += ": " + ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+    return line
+
+
+def federation_roles(statuses: list[ProcessStatus]) -> str:
+    """``federation: readers ...; senders ...`` of the processes."""
+    readers = [s.name for s in statuses if "federation reader" in s.role]
+    senders = [
+        s.name for s in statuses if "federation sender" in s.role or s.federation_sender is not None
+    ]
+    return (
+        f"federation: readers {', '.join(readers) or '(none: the main process serves it)'};"
+        f" senders {', '.join(senders) or '-'}"
+    )
 
 
 def format_status(config: HomeServerConfig, statuses: list[ProcessStatus]) -> list[str]:
@@ -101,6 +134,9 @@ def format_status(config: HomeServerConfig, statuses: list[ProcessStatus]) -> li
             positions = " ".join(f"{k}={v}" for k, v in s.positions.items())
         lines.append(f"{s.name:<16} {pid:>7}  {state:<8} {s.health:<10} {positions}")
         lines += [f"{'':<16} {'':>7}  {s.name} is degraded: {reason}" for reason in s.reasons]
+        if s.federation_sender is not None:
+            lines.append(f"{'':<16} {'':>7}  {describe_sender(s.federation_sender)}")
+    lines.append(federation_roles(statuses))
     return lines
 
 

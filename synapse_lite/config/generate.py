@@ -342,7 +342,8 @@ def _router_lines(
         *_listener(client_port, ("client", "health"), "    "),
         *_listener(metrics_port, ("metrics",), "    "),
         "    # The federation port: /_matrix/federation and /_matrix/key go to the",
-        "    # federation readers (each other server to one), /.well-known to main.",
+        "    # federation readers (each other server to one), federation media to the",
+        "    # media instance, /.well-known to main.",
         *_listener(federation_port, ("federation",), "    "),
         "",
     ]

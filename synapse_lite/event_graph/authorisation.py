@@ -177,6 +177,25 @@ def authorise(room_version: RoomVersion, event: Pdu, state: Mapping[StateKey, Pd
             raise EventAuthError("the sender may not redact events of another server")
 
 
+def redaction_applies(
+    room_version: RoomVersion, redaction: Pdu, target: Pdu, state: Mapping[StateKey, Pdu]
+) -> bool:
+    """Whether ``redaction`` (accepted into its room) redacts ``target``:
+    of the same room, not itself, and (from version 3, where the rules no
+    longer compare event id domains: the spec's "Handling redactions")
+    sent by a user of the target's sender's server or with the ``redact``
+    power level in ``state`` (which holds the room's create event and
+    power levels). In versions 1-2 the rules already checked it."""
+    if redaction.room_id != target.room_id or redaction.event_id == target.event_id:
+        return False
+    if room_version.redaction_auth_rule or server_of(redaction.sender) == server_of(target.sender):
+        return True
+    if CREATE not in state:
+        return False
+    levels = _PowerLevels(room_version, state)
+    return levels.of_user(redaction.sender) >= levels.named("redact")
+
+
 def creators(room_version: RoomVersion, create: Pdu) -> frozenset[str]:
     """The room's creators: ``content.creator`` (versions 1-10), the
     sender (11), the sender and ``additional_creators`` (12)."""

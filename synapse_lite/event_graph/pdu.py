@@ -4,11 +4,14 @@ auth events, depth) and what authorisation and state resolution read."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attr
 
 from synapse_lite.api.room_versions import EventIdFormat, RoomVersion
+
+if TYPE_CHECKING:
+    from synapse_lite.events import Event
 
 #: A state key: ``(event type, state key)``.
 StateKey = tuple[str, str]
@@ -91,6 +94,24 @@ class Pdu:
             origin_server_ts=field("origin_server_ts", int),
             redacts=redacts if isinstance(redacts, str) else None,
         )
+
+
+def stored_as_pdu(event: Event) -> Pdu:
+    """A stored event as the authorisation rules read it (as an auth event
+    or in a state: its own edges are not read there)."""
+    return Pdu(
+        event_id=event.event_id,
+        room_id=event.room_id,
+        type=event.type,
+        state_key=event.state_key,
+        sender=event.sender,
+        content=event.content,
+        prev_event_ids=(),
+        auth_event_ids=(),
+        depth=event.depth,
+        origin_server_ts=event.origin_server_ts,
+        redacts=event.redacts,
+    )
 
 
 def room_id_of_create(create_event_id: str) -> str:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import treq
 from treq.client import HTTPClient
 from twisted.internet import defer
+from twisted.internet.protocol import Protocol
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IPolicyForHTTPS
 
@@ -42,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 #: Largest answer we read from another server.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+#: Longest error answer read from a download.
+MAX_ERROR_BYTES = 64 * 1024
+#: Longest a download's body may take to arrive.
+DOWNLOAD_TIMEOUT_SECONDS = 300.0
 
 
 class FederationRequestError(Exception):
@@ -72,6 +77,7 @@ class FederationClient:
     ) -> None:
         self._config = config
         self._signing_key = signing_key
+        self._reactor = reactor
         self._server_name = server_name
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = 5
@@ -121,9 +127,10 @@ class FederationClient:
         """PUT signed JSON to ``path`` on ``destination``; its JSON answer (200 only)."""
         return await self._request("PUT", destination, path, content, True)
 
-    async def _request(
+    async def _send(
         self, method: str, destination: str, path: str, content: Any, signed: bool
     ) -> Any:
+        """Send one request; its treq response (body not read yet)."""
         try:
             route = await self.discovery.resolve(destination)
         except ServerNameError as e:
@@ -143,13 +150,22 @@ class FederationClient:
                 )
             ]
         try:
-            response = await self._http.request(
+            return await self._http.request(
                 method,
                 url,
                 data=data,
                 headers=headers,
                 timeout=self._config.request_timeout_seconds,
             )
+        except Exception as e:
+            raise FederationRequestError(destination, f"{method} {url} failed: {e!r}") from e
+
+    async def _request(
+        self, method: str, destination: str, path: str, content: Any, signed: bool
+    ) -> Any:
+        url = f"{SCHEME.decode('ascii')}://{destination}{path}"
+        response = await self._send(method, destination, path, content, signed)
+        try:
             body = await treq.content(response)
         except Exception as e:
             raise FederationRequestError(destination, f"{method} {url} failed: {e!r}") from e
@@ -166,6 +182,90 @@ class FederationClient:
         if answer is None:
             raise FederationRequestError(destination, f"{url} answered non-JSON", response.code)
         return answer
+
+    async def download(
+        self,
+        destination: str,
+        path: str,
+        into: IO[bytes],
+        max_bytes: int,
+        *,
+        signed: bool = True,
+        body_timeout: float = DOWNLOAD_TIMEOUT_SECONDS,
+    ) -> dict[str, str]:
+        """GET ``path`` on ``destination`` and write its 200 answer's body
+        into ``into`` as it arrives (never all in memory); its headers
+        (names in lower case, the last value of each). More than
+        ``max_bytes`` (announced or received) is
+        :class:`FederationResponseTooLarge`, and the connection is dropped;
+        any other answer than 200 is a :class:`FederationRequestError` with
+        its code and JSON body."""
+        url = f"{SCHEME.decode('ascii')}://{destination}{path}"
+        response = await self._send("GET", destination, path, None, signed)
+        if response.code != 200:
+            try:
+                body = await _read_at_most(response, MAX_ERROR_BYTES)
+                answer = json.loads(body)
+            except Exception:
+                answer = None
+            raise FederationRequestError(
+                destination, f"GET {url} answered {response.code}", response.code, answer
+            )
+        announced = response.length if isinstance(response.length, int) else None
+        if announced is not None and announced > max_bytes:
+            response.deliverBody(_Discard())
+            raise FederationResponseTooLarge(destination, max_bytes)
+        received = 0
+
+        def write(chunk: bytes) -> None:
+            nonlocal received
+            received += len(chunk)
+            if received > max_bytes:
+                raise FederationResponseTooLarge(destination, max_bytes)
+            into.write(chunk)
+
+        try:
+            await treq.collect(response, write).addTimeout(body_timeout, self._reactor)
+        except FederationResponseTooLarge:
+            raise
+        except Exception as e:
+            raise FederationRequestError(destination, f"GET {url} failed: {e!r}") from e
+        return {
+            name.decode("latin-1").lower(): values[-1].decode("latin-1")
+            for name, values in response.headers.getAllRawHeaders()
+        }
+
+
+class FederationResponseTooLarge(FederationRequestError):
+    """An answer larger than the caller accepts."""
+
+    def __init__(self, destination: str, max_bytes: int) -> None:
+        super().__init__(destination, f"answered more than {max_bytes} bytes")
+        self.max_bytes = max_bytes
+
+
+class _Discard(Protocol):
+    """Takes an unwanted body: the connection is dropped at once."""
+
+    def connectionMade(self) -> None:
+        transport: Any = self.transport  # the response's producer
+        if transport is not None:
+            transport.stopProducing()
+
+
+async def _read_at_most(response: Any, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+
+    def keep(chunk: bytes) -> None:
+        nonlocal size
+        size += len(chunk)
+        if size > limit:
+            raise ValueError("too long")
+        chunks.append(chunk)
+
+    await treq.collect(response, keep)
+    return b"".join(chunks)
 
 
 def federation_tls_policy(config: FederationConfig) -> IPolicyForHTTPS:

@@ -12,6 +12,8 @@
   (``handlers/inbound_pdus.py``), each answered in ``pdus`` (``{}`` or an
   ``error``); one refused PDU costs the others nothing. A process built
   without that handler answers every PDU with an error.
+* Room EDUs (``m.typing``, ``m.receipt``) about rooms whose server ACL
+  denies the origin are dropped first (``federation/server_acl.py``).
 * A request from a server we are backing off from means it is up again:
   ``REMOTE_SERVER_UP`` goes to every process, and to our own sender.
 """
@@ -26,6 +28,7 @@ from twisted.internet import defer
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import is_mine_id, is_valid_user_id
+from synapse_lite.federation.server_acl import acl_filtered_edu
 from synapse_lite.metrics import FEDERATION_TRANSACTIONS_RECEIVED
 from synapse_lite.replication.tcp.commands import RemoteServerUpCommand
 
@@ -140,6 +143,8 @@ class FederationInboundHandler:
         for edu in edus:
             if not isinstance(edu, dict) or not isinstance(edu.get("content"), dict):
                 logger.info("Ignoring a malformed EDU from %s", origin)
+            elif (edu := await acl_filtered_edu(self._store, origin, edu)) is None:
+                logger.debug("Ignoring a room EDU from %s: denied by the room's ACL", origin)
             elif edu.get("edu_type") == DIRECT_TO_DEVICE:
                 await self._on_direct_to_device(origin, edu["content"])
             elif self._edus is not None and isinstance(edu.get("edu_type"), str):

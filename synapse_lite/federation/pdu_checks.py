@@ -145,3 +145,16 @@ async def check_signed_by(
             problems.append(f"{key_id}: {e}")
     detail = "; ".join(problems) or "no signature"
     raise PduRefused(f"not signed by {server} ({detail})")
+
+
+async def check_room_pdu(
+    keyring: Keyring, room_version: RoomVersion, room_id: str, pdu: Any
+) -> CheckedPdu:
+    """A PDU another server gave for ``room_id`` (fetched history, an event
+    of a gap): :func:`check_pdu_format`, of that room, and
+    :func:`check_pdu_signatures`. :class:`PduRefused` otherwise."""
+    checked = check_pdu_format(room_version, pdu)
+    if checked.event.room_id != room_id:
+        raise PduRefused(f"{checked.event_id} is of another room ({checked.event.room_id})")
+    await check_pdu_signatures(keyring, room_version, checked.pdu)
+    return checked

@@ -12,8 +12,9 @@
   our rooms (``handlers/federation_rooms.py``): ``GET /event``, ``/state``,
   ``/state_ids``, ``/event_auth``, ``/backfill``, ``POST
   /get_missing_events``, ``GET /make_join``, ``/make_leave`` and ``PUT
-  /v2/send_join``, ``/v2/send_leave``; our users' devices and keys
-  (``federation/user_keys.py``).
+  /v2/send_join``, ``/v2/send_leave``; ``GET``/``POST /publicRooms`` and
+  ``GET /hierarchy/{roomId}`` (``handlers/space_hierarchy.py``); our users'
+  devices and keys (``federation/user_keys.py``).
 
 Every federation request must carry a valid ``X-Matrix`` signature of its
 origin addressed to us; anything else is answered ``401 M_UNAUTHORIZED``,
@@ -31,12 +32,19 @@ from twisted.web.server import Request
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_room_alias
 from synapse_lite.federation.auth import AuthHeaderError, parse_auth_header, request_json
-from synapse_lite.federation.crypto import SignatureError, canonical_json, verify_signature
+from synapse_lite.federation.crypto import (
+    CanonicalJsonError,
+    SignatureError,
+    canonical_json,
+    verify_signature,
+)
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
 from synapse_lite.federation.user_keys import register_user_keys_servlets
+from synapse_lite.handlers.directory import PublicRoomsQuery, parse_public_rooms_body
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
+    query_bool,
     query_int,
     query_string,
     query_strings,
@@ -54,6 +62,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.openid import OpenIdHandler
     from synapse_lite.handlers.profile import ProfileHandler
     from synapse_lite.handlers.remote_devices import RemoteDeviceLists
+    from synapse_lite.handlers.space_hierarchy import SpaceHierarchyHandler
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +80,13 @@ class FederationAuthError(SynapseError):
 async def authenticate_request(
     keyring: Keyring, server_name: str, request: Request, content: Any
 ) -> str:
-    """The origin server of a signed request to us, or a 401 (logged)."""
+    """The origin server of a signed request to us, or a 401 (logged); a
+    400 ``M_BAD_JSON`` for a body no server could have signed (not
+    canonical JSON: a float, an integer out of range)."""
+    try:
+        canonical_json(content)
+    except CanonicalJsonError as e:
+        raise SynapseError(400, f"The body is not canonical JSON: {e}", Codes.BAD_JSON) from None
     headers = request.requestHeaders.getRawHeaders(b"Authorization") or []
     problems: list[str] = []
     for header in headers:
@@ -184,7 +199,7 @@ def register_query_servlets(
 ) -> None:
     """``GET /query/profile`` and ``/query/directory``: other servers asking
     about our users and aliases (signed; 400 for another server's, 404 for
-    one we do not have)."""
+    one we do not have); ``GET``/``POST /publicRooms``: our room directory."""
 
     async def on_profile(request: Request) -> tuple[int, Any]:
         await authenticate_request(keyring, server_name, request, None)
@@ -210,6 +225,24 @@ def register_query_servlets(
         check_room_alias(alias, server_name)
         return 200, await directory.get_alias(alias)
 
+    async def on_get_public_rooms(request: Request) -> tuple[int, Any]:
+        await authenticate_request(keyring, server_name, request, None)
+        query = PublicRoomsQuery(
+            limit=query_int(request, "limit", None, maximum=1_000_000),
+            since=query_string(request, "since"),
+            instance_id=query_string(request, "third_party_instance_id"),
+            all_networks=bool(query_bool(request, "include_all_networks", False)),
+        )
+        return 200, await directory.public_rooms(query)
+
+    async def on_post_public_rooms(request: Request) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request, allow_empty=True)
+        await authenticate_request(keyring, server_name, request, body)
+        return 200, await directory.public_rooms(parse_public_rooms_body(body))
+
+    public_rooms = f"{FEDERATION_PREFIX}/publicRooms"
+    resource.register_paths("GET", public_rooms, on_get_public_rooms, "federation.public_rooms")
+    resource.register_paths("POST", public_rooms, on_post_public_rooms, "federation.public_rooms")
     resource.register_paths(
         "GET", f"{FEDERATION_PREFIX}/query/profile", on_profile, "federation.query_profile"
     )
@@ -231,11 +264,12 @@ def register_federation_servlets(
     directory: DirectoryHandler | None = None,
     invites: FederationJoinHandler | None = None,
     user_keys: tuple[RemoteDeviceLists, E2eKeysHandler] | None = None,
+    spaces: SpaceHierarchyHandler | None = None,
 ) -> None:
     """Serve the ``federation`` and/or ``keys`` APIs on ``resource``
     (``rooms``: our rooms served to other servers; ``invites``: other
     servers inviting our users; ``user_keys``: our users' devices and keys,
-    ``federation/user_keys.py``)."""
+    ``federation/user_keys.py``; ``spaces``: our spaces' hierarchies)."""
     if "keys" in resources:
 
         async def on_get_key(request: Request, key_id: str | None = None) -> tuple[int, Any]:
@@ -317,6 +351,21 @@ def register_federation_servlets(
             *user_keys,
         )
 
+    if "federation" in resources and spaces is not None:
+        space_handler = spaces
+
+        async def on_hierarchy(request: Request, room_id: str) -> tuple[int, Any]:
+            origin = await authenticate_request(keyring, server_name, request, None)
+            suggested_only = bool(query_bool(request, "suggested_only", False))
+            return 200, await space_handler.on_federation_hierarchy(origin, room_id, suggested_only)
+
+        resource.register_paths(
+            "GET",
+            f"{FEDERATION_PREFIX}/hierarchy/(?P<room_id>[^/]+)",
+            on_hierarchy,
+            "federation.hierarchy",
+        )
+
 
 def _register_room_servlets(
     resource: JsonResource, keyring: Keyring, server_name: str, rooms: FederationRoomsHandler
@@ -369,6 +418,11 @@ def _register_room_servlets(
         origin = await origin_of(request, body)
         return 200, await rooms.on_send_join(origin, room_id, event_id, body)
 
+    async def on_send_join_v1(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        # v1 (deprecated, still used by some servers and SyTest): the same
+        # answer in a [200, {...}] list.
+        return 200, [200, (await on_send_join(request, room_id, event_id))[1]]
+
     async def on_make_leave(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
         return 200, await rooms.on_make_leave(await origin_of(request), room_id, user_id)
 
@@ -376,6 +430,9 @@ def _register_room_servlets(
         body = parse_json_object_from_request(request)
         origin = await origin_of(request, body)
         return 200, await rooms.on_send_leave(origin, room_id, event_id, body)
+
+    async def on_send_leave_v1(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        return 200, [200, (await on_send_leave(request, room_id, event_id))[1]]
 
     v1, v2 = FEDERATION_PREFIX, FEDERATION_V2_PREFIX
     for method, path, callback, name in (
@@ -387,8 +444,10 @@ def _register_room_servlets(
         ("POST", f"{v1}/get_missing_events/{room}", on_get_missing_events, "get_missing_events"),
         ("GET", f"{v1}/make_join/{room}/(?P<user_id>[^/]+)", on_make_join, "make_join"),
         ("PUT", f"{v2}/send_join/{room}/{event}", on_send_join, "send_join"),
+        ("PUT", f"{v1}/send_join/{room}/{event}", on_send_join_v1, "send_join_v1"),
         ("GET", f"{v1}/make_leave/{room}/(?P<user_id>[^/]+)", on_make_leave, "make_leave"),
         ("PUT", f"{v2}/send_leave/{room}/{event}", on_send_leave, "send_leave"),
+        ("PUT", f"{v1}/send_leave/{room}/{event}", on_send_leave_v1, "send_leave_v1"),
     ):
         resource.register_paths(method, path, callback, f"federation.{name}")
 

@@ -5,8 +5,9 @@ the requester is a server admin.
 A quarantined media is answered as unknown (404) by every download and
 thumbnail (``media/repository.py``), on the media instance as soon as the
 caches stream brings the change. Its file stays: unquarantining serves it
-again. This server fetches no other server's media, so a remote media id is
-accepted and changes nothing (it is never served anyway).
+again. Quarantining another server's media id is accepted and changes
+nothing (its cached copy, if any, is still served: purge_media_cache
+removes it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, check_room_id
 from synapse_lite.handlers.auth import Requester
-from synapse_lite.replication.http.media import DELETE_MEDIA, MediaToDelete
+from synapse_lite.replication.http.media import (
+    DELETE_MEDIA,
+    PURGE_MEDIA_CACHE,
+    MediaCacheToPurge,
+    MediaToDelete,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.handlers.admin_users import AdminUsersHandler
@@ -154,6 +160,20 @@ class AdminMediaHandler:
             deleted.extend(answer.deleted)
         logger.info("admin %s deleted %d media (%s)", admin.user_id, len(deleted), what)
         return {"deleted_media": deleted, "total": len(deleted)}
+
+    async def purge_cache(self, admin: Requester, before_ts: int) -> dict[str, Any]:
+        """``POST /v1/purge_media_cache``: other servers' media cached here
+        and last downloaded before ``before_ts`` (local uploads untouched)."""
+        answer = await self._calls.call(
+            PURGE_MEDIA_CACHE, MediaCacheToPurge(before_ts), instance=self._media_instance
+        )
+        logger.info(
+            "admin %s purged %d cached remote media used before %d",
+            admin.user_id,
+            answer.deleted,
+            before_ts,
+        )
+        return {"deleted": answer.deleted}
 
     async def delete_one(self, admin: Requester, server_name: str, media_id: str) -> dict[str, Any]:
         if server_name != self._server_name:

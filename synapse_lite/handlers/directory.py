@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attr
+
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
 from synapse_lite.api.identifiers import check_room_alias
 from synapse_lite.events import Event, EventSpec
@@ -17,6 +19,13 @@ from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import RoomAuthState
 from synapse_lite.handlers.profile import localpart
 from synapse_lite.handlers.visibility import load_room_visibility
+from synapse_lite.http.fields import (
+    get_bool,
+    get_dict,
+    get_list,
+    get_optional_int,
+    get_optional_str,
+)
 
 if TYPE_CHECKING:
     from synapse_lite.appservice.queries import AppServiceQueries
@@ -34,6 +43,71 @@ BAD_ALIAS = "M_BAD_ALIAS"
 
 #: The longest network id an application service may publish rooms under.
 MAX_NETWORK_ID = 255
+
+#: The longest ``generic_search_term`` and user search term accepted.
+MAX_SEARCH_TERM = 1000
+#: The most room types one ``filter.room_types`` may name.
+MAX_ROOM_TYPES = 50
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PublicRoomsQuery:
+    """What one ``/publicRooms`` request asks for (client or federation)."""
+
+    limit: int | None = None
+    since: str | None = None
+    search_term: str | None = None
+    #: ``None``: every type; else the types wanted (``None`` in it: rooms
+    #: without a type).
+    room_types: tuple[str | None, ...] | None = None
+    instance_id: str | None = None
+    all_networks: bool = False
+
+    def to_body(self) -> dict[str, Any]:
+        """The ``POST /publicRooms`` body asking the same (for another server)."""
+        body: dict[str, Any] = {}
+        if self.limit is not None:
+            body["limit"] = self.limit
+        if self.since is not None:
+            body["since"] = self.since
+        search_filter: dict[str, Any] = {}
+        if self.search_term is not None:
+            search_filter["generic_search_term"] = self.search_term
+        if self.room_types is not None:
+            search_filter["room_types"] = list(self.room_types)
+        if search_filter:
+            body["filter"] = search_filter
+        if self.instance_id is not None:
+            body["third_party_instance_id"] = self.instance_id
+        if self.all_networks:
+            body["include_all_networks"] = True
+        return body
+
+
+def parse_public_rooms_body(body: dict[str, Any]) -> PublicRoomsQuery:
+    """A ``POST /publicRooms`` body (client-server and server-server have
+    the same one); 400 for a field of the wrong type."""
+    search_filter = get_dict(body, "filter", {})
+    room_types: tuple[str | None, ...] | None = None
+    if search_filter.get("room_types") is not None:
+        types = get_list(search_filter, "room_types")
+        if len(types) > MAX_ROOM_TYPES or not all(t is None or isinstance(t, str) for t in types):
+            raise SynapseError(
+                400,
+                f"'filter.room_types' must be a list of at most {MAX_ROOM_TYPES} strings or null",
+                Codes.INVALID_PARAM,
+            )
+        room_types = tuple(types)
+    return PublicRoomsQuery(
+        limit=get_optional_int(body, "limit"),
+        since=get_optional_str(body, "since", max_length=64),
+        search_term=get_optional_str(
+            search_filter, "generic_search_term", max_length=MAX_SEARCH_TERM
+        ),
+        room_types=room_types,
+        instance_id=get_optional_str(body, "third_party_instance_id", max_length=512),
+        all_networks=get_bool(body, "include_all_networks", False),
+    )
 
 
 class DirectoryHandler:
@@ -228,21 +302,16 @@ class DirectoryHandler:
             service.id, network_id, room_id, visibility == "public"
         )
 
-    async def public_rooms(
-        self,
-        limit: int | None,
-        since: str | None,
-        search_term: str | None,
-        *,
-        instance_id: str | None = None,
-        all_networks: bool = False,
-    ) -> dict[str, Any]:
+    async def public_rooms(self, query: PublicRoomsQuery) -> dict[str, Any]:
         """A page of the listed rooms (oldest first). ``since`` is the
         ``next_batch``/``prev_batch`` of another page: ``o<offset>``.
         Without ``instance_id``: the server's own list, plus with
         ``all_networks`` every application service's lists; with it
         (``<as_id>|<network_id>``, as ``/thirdparty/protocols`` names the
-        instances) that network's list only."""
+        instances) that network's list only. ``room_types`` keeps the rooms
+        of those types (``None``: rooms without one)."""
+        limit, since, search_term = query.limit, query.since, query.search_term
+        instance_id, all_networks = query.instance_id, query.all_networks
         offset = 0
         if since is not None:
             if not since.startswith("o") or not since[1:].isdigit() or len(since) > 12:
@@ -267,7 +336,7 @@ class DirectoryHandler:
                     if room_id not in seen:
                         seen.add(room_id)
                         room_ids.append(room_id)
-        entries = [await self._room_entry(room_id) for room_id in room_ids]
+        entries = [await self.room_entry(room_id) for room_id in room_ids]
         if search_term:
             term = search_term.casefold()
             entries = [
@@ -278,6 +347,9 @@ class DirectoryHandler:
                     for k in ("name", "topic", "canonical_alias")
                 )
             ]
+        if query.room_types is not None:
+            wanted = set(query.room_types)
+            entries = [e for e in entries if e.get("room_type") in wanted]
         size = MAX_PUBLIC_ROOMS_PAGE if limit is None else max(0, min(limit, MAX_PUBLIC_ROOMS_PAGE))
         page = entries[offset : offset + size]
         result: dict[str, Any] = {"chunk": page, "total_room_count_estimate": len(entries)}
@@ -287,7 +359,23 @@ class DirectoryHandler:
             result["prev_batch"] = f"o{max(0, offset - size)}"
         return result
 
-    async def _room_entry(self, room_id: str) -> dict[str, Any]:
+    async def server_public_rooms(
+        self, server: str | None, query: PublicRoomsQuery
+    ) -> dict[str, Any]:
+        """The public rooms of ``server``: ours when it is us or ``None``,
+        else asked of that server (``/_matrix/federation/v1/publicRooms``)
+        and its answer checked (``FederationQueries.public_rooms``)."""
+        if server is None or server == self._server_name:
+            return await self.public_rooms(query)
+        if self._remote is None:
+            raise SynapseError(
+                400, "Other servers' room directories are not served here", Codes.INVALID_PARAM
+            )
+        return await self._remote.public_rooms(server, query)
+
+    async def room_entry(self, room_id: str) -> dict[str, Any]:
+        """The room's ``/publicRooms`` chunk from its current state (also the
+        core of a spaces hierarchy room summary)."""
         state_ids = await self._store.get_current_state_ids(room_id)
         wanted = {
             key: state_ids[(key, "")]

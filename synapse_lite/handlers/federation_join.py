@@ -46,9 +46,11 @@ from synapse_lite.event_graph.hashing import (
     sign_event,
 )
 from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey, room_id_of_create
+from synapse_lite.events import event_canonical_json
 from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.crypto import CanonicalJsonError
 from synapse_lite.federation.pdu_checks import PduRefused, check_pdu_signatures
+from synapse_lite.federation.server_acl import room_allows_server
 from synapse_lite.handlers.federation_rooms import membership_template
 from synapse_lite.handlers.received_events import pdu_as_content
 from synapse_lite.handlers.sync_sections.rooms import INVITE_STATE_TYPES
@@ -117,6 +119,9 @@ def read_answer_pdu(version: RoomVersion, room_id: str, pdu: Any) -> ReceivedPdu
     if version.event_ids is not EventIdFormat.SERVER_SUFFIXED:
         pdu.pop("event_id", None)
     try:
+        # The whole event as its version's canonical JSON (a float in the
+        # content of a version 6 event, say, is no event of that version).
+        event_canonical_json(pdu, version.strict_canonical_json)
         event_id = event_id_of(version, pdu)
         event = Pdu.from_json(version, pdu, event_id)
     except (CanonicalJsonError, KeyError, TypeError, ValueError, PduFormatError) as e:
@@ -128,6 +133,24 @@ def read_answer_pdu(version: RoomVersion, room_id: str, pdu: Any) -> ReceivedPdu
     if not content_hash_matches(version, pdu):
         raise JoinAnswerError(f"event {event_id}'s content does not match its hash (forged)")
     return ReceivedPdu(event, pdu)
+
+
+def _readable(version: RoomVersion, room_id: str, pdus: Sequence[Any]) -> list[ReceivedPdu]:
+    """The events of a send_join answer's ``state`` or ``auth_chain`` that
+    :func:`read_answer_pdu` accepts. Decided (as the reference server and
+    SyTest's "Event with an invalid signature in the send_join response
+    should not cause room join to fail" expect): one that is malformed, of
+    another room or forged (content hash) is **dropped** with a WARNING,
+    not the whole answer; what the join needs (the create event, the auth
+    events of what is kept) is then missing, and :func:`check_join_answer`
+    refuses the answer for that."""
+    kept = []
+    for pdu in pdus:
+        try:
+            kept.append(read_answer_pdu(version, room_id, pdu))
+        except JoinAnswerError as e:
+            logger.warning("Dropped an event of a send_join answer for %s: %s", room_id, e.reason)
+    return kept
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
@@ -305,7 +328,9 @@ class FederationJoinHandler:
         """Join ``user_id`` to ``room_id`` through one of ``servers`` (then
         the room id's server); the join's id. 404 when no server could be
         had, naming each one's failure; 403 when a server said the room's
-        rules refuse it and no other let us in."""
+        rules refuse it and no other let us in; else a server's 400 with
+        its Matrix error (``M_INCOMPATIBLE_ROOM_VERSION`` and its
+        ``room_version``, say) is passed through to the client."""
         candidates = candidate_servers(servers, room_id, self._server_name)
         if not candidates:
             raise SynapseError(
@@ -313,11 +338,14 @@ class FederationJoinHandler:
             )
         problems: list[str] = []
         refused = False
+        passed: FederationRequestError | None = None
         for server in candidates:
             try:
                 return await self._join_through(server, user_id, room_id, content)
             except FederationRequestError as e:
                 refused = refused or e.code == 403
+                if passed is None and e.code == 400 and _errcode(e) is not None:
+                    passed = e
                 problems.append(f"{server}: {_error_of(e)}")
             except JoinAnswerError as e:
                 logger.warning("Refused %s's answer to join %s: %s", server, room_id, e.reason)
@@ -325,6 +353,11 @@ class FederationJoinHandler:
         detail = "; ".join(problems)
         if refused:
             raise AuthError(403, f"Could not join {room_id}: {detail}")
+        if passed is not None:
+            body = _dict(passed.body)
+            extra = {k: v for k, v in body.items() if k not in ("errcode", "error")}
+            errcode = _errcode(passed) or Codes.UNKNOWN
+            raise SynapseError(400, f"Could not join {room_id}: {detail}", errcode, extra)
         raise SynapseError(404, f"Could not join {room_id}: {detail}", Codes.NOT_FOUND)
 
     async def _join_through(
@@ -377,10 +410,10 @@ class FederationJoinHandler:
         try:
             return signed, await client.put_json(server, FEDERATION_V2 + path, signed)
         except FederationRequestError as e:
-            if e.code not in (400, 404) or _errcode(e) != "M_UNRECOGNIZED":
+            if not _v2_unknown(e):
                 raise
         old = await client.put_json(server, FEDERATION_V1 + path, signed)
-        return signed, old[1] if isinstance(old, list) and len(old) == 2 else old
+        return signed, _v1_answer(old)
 
     async def check_answer(
         self, version: RoomVersion, room_id: str, signed: dict[str, Any], sent: dict[str, Any]
@@ -401,8 +434,8 @@ class FederationJoinHandler:
             if theirs.event.event_id != join.event.event_id:
                 raise JoinAnswerError("the answer's event is not our join")
             join = theirs
-        state_pdus = [read_answer_pdu(version, room_id, p) for p in state]
-        chain_pdus = [read_answer_pdu(version, room_id, p) for p in chain]
+        state_pdus = _readable(version, room_id, state)
+        chain_pdus = _readable(version, room_id, chain)
         distinct: dict[str, ReceivedPdu] = {}
         for received in [*state_pdus, *chain_pdus, join]:
             seen = distinct.setdefault(received.event.event_id, received)
@@ -411,9 +444,23 @@ class FederationJoinHandler:
                 # does not cover it): which is checked and which is kept
                 # must not differ.
                 raise JoinAnswerError(f"two different copies of {received.event.event_id}")
-        for received in distinct.values():
-            await self._check_signatures(version, received)
-        return check_join_answer(version, room_id, join, state_pdus, chain_pdus)
+        await self._check_signatures(version, join)
+        forged: set[str] = set()
+        for event_id, received in distinct.items():
+            if received is join:
+                continue
+            try:
+                await self._check_signatures(version, received)
+            except JoinAnswerError as e:
+                logger.warning("Dropped an event of a send_join answer for %s: %s", room_id, e)
+                forged.add(event_id)
+        return check_join_answer(
+            version,
+            room_id,
+            join,
+            [r for r in state_pdus if r.event.event_id not in forged],
+            [r for r in chain_pdus if r.event.event_id not in forged],
+        )
 
     async def _check_signatures(self, version: RoomVersion, received: ReceivedPdu) -> None:
         try:
@@ -558,9 +605,21 @@ class FederationJoinHandler:
             "event": signed,
             "invite_room_state": await self._stripped_state(room_id, sender),
         }
-        path = f"{FEDERATION_V2}/invite/{_q(room_id)}/{_q(event_id)}"
+        path = f"/invite/{_q(room_id)}/{_q(event_id)}"
         try:
-            answer = await self._client().put_json(server, path, body)
+            try:
+                answer = await self._client().put_json(server, FEDERATION_V2 + path, body)
+            except FederationRequestError as e:
+                # v1 knows only rooms of versions 1 and 2 (it names none).
+                v1_room = version.event_ids is EventIdFormat.SERVER_SUFFIXED
+                if not (v1_room and _v2_unknown(e)):
+                    raise
+                # v1: the event, its stripped state in ``unsigned``.
+                unsigned = {"invite_room_state": body["invite_room_state"]}
+                v1_body = {**signed, "unsigned": unsigned}
+                answer = _v1_answer(
+                    await self._client().put_json(server, FEDERATION_V1 + path, v1_body)
+                )
             returned = read_answer_pdu(version, room_id, _dict(answer).get("event"))
             if returned.event.event_id != event_id:
                 raise JoinAnswerError("the answer's event is not our invite")
@@ -607,6 +666,9 @@ class FederationJoinHandler:
         state it came with; the answer is the countersigned event."""
         if not isinstance(body, dict):
             raise SynapseError(400, "The body must be an object", Codes.BAD_JSON)
+        # The ACL of a room we hold (an invite to a room new here has none).
+        if not await room_allows_server(self._store, room_id, origin):
+            raise AuthError(403, f"{origin} is denied by the room's server ACL")
         if v2:
             pdu, identifier = body.get("event"), body.get("room_version", "1")
             stripped = body.get("invite_room_state", [])
@@ -682,6 +744,20 @@ def _is_stripped_state(value: Any) -> bool:
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def _v2_unknown(e: FederationRequestError) -> bool:
+    """Whether a v2 endpoint's refusal says the server has only v1: 400 or
+    404 ``M_UNRECOGNIZED``, or a 404 with no Matrix error at all."""
+    errcode = _errcode(e)
+    return (e.code in (400, 404) and errcode == "M_UNRECOGNIZED") or (
+        e.code == 404 and errcode is None
+    )
+
+
+def _v1_answer(answer: Any) -> Any:
+    """A v1 answer's object, out of its ``[200, {...}]`` list."""
+    return answer[1] if isinstance(answer, list) and len(answer) == 2 else answer
 
 
 def _errcode(e: FederationRequestError) -> str | None:

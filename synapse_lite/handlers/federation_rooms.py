@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
@@ -55,7 +55,7 @@ from synapse_lite.federation.pdu_checks import (
     check_signed_by,
 )
 from synapse_lite.federation.sender.room_events import PduRenderer
-from synapse_lite.federation.server_acl import server_allowed
+from synapse_lite.federation.server_acl import room_allows_server
 from synapse_lite.handlers.received_events import pdu_as_content, stored_as_pdu
 from synapse_lite.handlers.visibility import load_room_visibility
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT, ReceivedEvent
@@ -220,9 +220,7 @@ class FederationRoomsHandler:
 
     async def check_server_acl(self, origin: str, room_id: str) -> None:
         """403 when the room's ``m.room.server_acl`` denies ``origin``."""
-        acl_id = (await self._store.get_current_state_ids(room_id)).get(("m.room.server_acl", ""))
-        acl = await self._store.get_event(acl_id) if acl_id is not None else None
-        if acl is not None and not server_allowed(acl.content, origin):
+        if not await room_allows_server(self._store, room_id, origin):
             raise AuthError(403, f"{origin} is denied by the room's server ACL")
 
     async def check_server_may_read(self, origin: str, room_id: str) -> None:
@@ -323,14 +321,32 @@ class FederationRoomsHandler:
         """``GET /state/{roomId}?event_id=``: as ``/state_ids``, as events."""
         state = await self._state_before(origin, room_id, event_id)
         chain = await self._store.get_auth_chain_ids(state)
-        return {"pdus": await self.pdus(state), "auth_chain": await self.pdus(sorted(chain))}
+        return {
+            "pdus": await self.pdus(await self._oldest_first(state)),
+            "auth_chain": await self.pdus(await self._oldest_first(chain)),
+        }
+
+    async def _oldest_first(self, event_ids: Iterable[str]) -> list[str]:
+        """``event_ids`` in the room's order, oldest first (depth, then
+        stream order; ids we do not have last): a server that reads an
+        answer's events in order, each replacing the state before it (as
+        SyTest's does), ends with the newest of each key."""
+        ids = sorted(set(event_ids))
+        events = await self._store.get_events(ids)
+        return sorted(
+            ids,
+            key=lambda i: (
+                (0, events[i].depth, events[i].stream_ordering) if i in events else (1, 0, 0),
+                i,
+            ),
+        )
 
     async def on_event_auth(self, origin: str, room_id: str, event_id: str) -> dict[str, Any]:
         """``GET /event_auth/{roomId}/{eventId}``: the event's auth chain."""
         await self.check_server_may_read(origin, room_id)
         await self._event_in_room(room_id, event_id)
         chain = await self._store.get_auth_chain_ids([event_id])
-        return {"auth_chain": await self.pdus(sorted(chain))}
+        return {"auth_chain": await self.pdus(await self._oldest_first(chain))}
 
     async def _walk_back(
         self,
@@ -467,8 +483,8 @@ class FederationRoomsHandler:
         signed = add_event_signature(version, pdu, self._server_name, self._signing_key())
         return {
             "origin": self._server_name,
-            "state": await self.pdus(state_ids),
-            "auth_chain": await self.pdus(sorted(chain)),
+            "state": await self.pdus(await self._oldest_first(state_ids)),
+            "auth_chain": await self.pdus(await self._oldest_first(chain)),
             "event": signed,
             "members_omitted": False,
             "servers_in_room": sorted({server_of(m) for m in members} | {self._server_name}),
@@ -521,9 +537,9 @@ class FederationRoomsHandler:
         """The ``membership`` event (join, leave) ``origin`` sent,
         checked as far as it can be without the room's state: 400 for a
         malformed event, one whose id is not ``event_id``, of another room,
-        not that membership of its sender, or whose content hash does not
-        match; 403 for a user of another server than ``origin`` or a missing
-        or bad signature."""
+        not that membership of its sender, or (once its signatures are
+        checked) whose content hash does not match; 403 for a user of
+        another server than ``origin`` or a missing or bad signature."""
         if not isinstance(pdu, dict):
             raise _bad("The event must be an object")
         try:
@@ -557,11 +573,14 @@ class FederationRoomsHandler:
             raise _bad("The event's sender is not a user id")
         if server_of(event.sender) != origin:
             raise AuthError(403, f"{event.sender} is not a user of {origin}")
-        if not content_hash_matches(version, pdu):
-            raise _bad("The event's content hash does not match its content")
+        # Signatures first: an unsigned event is refused as unsigned (403,
+        # as SyTest expects), whatever its hashes; a signed one whose
+        # content was changed after signing is then 400.
         for server in sorted(servers_that_must_sign(version, pdu)):
             if server != self._server_name:  # we sign what we accept below
                 await self._check_signed_by(version, pdu, server)
+        if not content_hash_matches(version, pdu):
+            raise _bad("The event's content hash does not match its content")
         return event
 
     async def _check_signed_by(

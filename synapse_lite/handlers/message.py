@@ -508,15 +508,27 @@ class EventCreationHandler:
             await self._remove_guests(room_id)
         return events
 
-    async def persist_received_event(self, pdu: Mapping[str, Any], outlier: bool = False) -> Event:
+    async def persist_received_event(
+        self,
+        pdu: Mapping[str, Any],
+        outlier: bool = False,
+        given_states: Sequence[Mapping[StateKey, str]] = (),
+        from_inbound_queue: bool = False,
+    ) -> Event:
         """On the room's writer: persist an event another server sent
         (``pdu``, server-server JSON, its format, hashes and signatures
         already checked by the caller) with its outcome: rejected,
         soft-failed or accepted by the spec's checks against its auth
         events, the state before it and the current state; ``outlier``:
         known without the state before it (its auth events checked only).
-        Holds the room's lock, like a local send. An event already stored
-        is returned as it is. Only an accepted event wakes clients."""
+        ``given_states``: the states after those of its parents we do not
+        have, as another server gave them (``handlers/state_gaps.py``):
+        resolved with its other parents' into the state before it.
+        ``from_inbound_queue``: taken from the durable inbound queue, whose
+        row goes in the persist transaction (or now, when the event was
+        stored already). Holds the room's lock, like a local send. An event
+        already stored is returned as it is. Only an accepted event wakes
+        clients."""
         room_id = pdu.get("room_id")
         if not isinstance(room_id, str):
             raise SynapseError(400, "The event has no room_id", Codes.BAD_JSON)
@@ -532,10 +544,22 @@ class EventCreationHandler:
                 raise SynapseError(400, "The event is of another room", Codes.BAD_JSON)
             stored = await self._store.get_event(event.event_id)
             if stored is not None:
+                if from_inbound_queue:
+                    await self._store.remove_inbound_pdu(event.event_id)
                 return stored
-            content = await received_event_content(self._store, version, event, outlier)
+            before = None
+            if given_states:
+                before = await self._store.get_state_ids_before_received(
+                    room_id, event.prev_event_ids, given_states
+                )
+            content = await received_event_content(self._store, version, event, outlier, before)
+            dequeued = [event.event_id] if from_inbound_queue else []
             try:
-                [persisted] = await self._store.persist_events([content])
+                [persisted] = await self._store.persist_events(
+                    [content],
+                    given_state_before={event.event_id: before} if before else None,
+                    from_inbound_queue=dequeued,
+                )
             finally:
                 # The room's extremities may have changed in any way.
                 self._room_extremities.pop(room_id)

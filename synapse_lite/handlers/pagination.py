@@ -9,6 +9,7 @@ after it. A page's ``end`` is where the next page starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
@@ -22,6 +23,7 @@ from synapse_lite.tokens import InvalidToken, RoomStreamToken
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
+    from synapse_lite.handlers.federation_backfill import Backfiller
     from synapse_lite.storage.databases.main import GenericWorkerStore
 
 MAX_PAGE = 1000
@@ -36,11 +38,18 @@ class PaginationHandler:
     """``/messages``, ``/state``, ``/members``."""
 
     def __init__(
-        self, store: GenericWorkerStore, clock: Clock, formatter: ClientEventFormatter
+        self,
+        store: GenericWorkerStore,
+        clock: Clock,
+        formatter: ClientEventFormatter,
+        backfiller: Callable[[], Backfiller | None] = lambda: None,
     ) -> None:
+        """``backfiller``: where history before what we hold is asked of
+        other servers (None on processes that cannot)."""
         self._store = store
         self._clock = clock
         self._formatter = formatter
+        self._backfiller = backfiller
 
     async def parse_token(self, value: str) -> RoomStreamToken:
         """A room token, or the room part of a sync token; else a 400."""
@@ -109,6 +118,11 @@ class PaginationHandler:
         if direction == "b":
             upper = visibility.upper_bound(start)
             raw, last, exhausted = await self._scan(room_id, end_bound, upper, limit, True, keep)
+            if end_bound is None and await self._backfilled(room_id, raw, last, exhausted, upper):
+                # History from other servers arrived where the page ran out.
+                raw, last, exhausted = await self._scan(
+                    room_id, end_bound, upper, limit, True, keep
+                )
             next_token = None
             if last is not None and (raw or not exhausted):
                 next_token = RoomStreamToken(last.stream_ordering - 1)
@@ -138,6 +152,35 @@ class PaginationHandler:
             response["end"] = await self._store.room_token_to_string(next_token)
         return response
 
+    async def _backfilled(
+        self,
+        room_id: str,
+        read: list[Event],
+        last: Event | None,
+        exhausted: bool,
+        upper: RoomStreamToken,
+    ) -> bool:
+        """Whether history around a backward page was fetched from other
+        servers now (``handlers/federation_backfill.py``): where the page
+        (``read``, and the event just after it) names parents we do not
+        have, or where it ran out (``exhausted``; ``last``: the oldest event
+        read) short of the room's create event (then its whole history is
+        here)."""
+        backfiller = self._backfiller()
+        if backfiller is None or not await backfiller.servers_to_ask(room_id):
+            return False
+        after = await self._store.get_room_events_between(
+            [room_id],
+            upper,
+            self._store.get_room_max_token(),
+            1,
+            newest_first=False,
+            backfilled=True,
+        )
+        at_start = exhausted and (last is None or last.type != "m.room.create")
+        ids = [e.event_id for e in [*after, *read]]
+        return await backfiller.backfill(room_id, ids, at_start) > 0
+
     async def _scan(
         self,
         room_id: str,
@@ -154,7 +197,7 @@ class PaginationHandler:
         page may then come back short, with a token to read on from."""
         if event_filter is None:
             events = await self._store.get_room_events_between(
-                [room_id], lower, upper, limit, newest_first=newest_first
+                [room_id], lower, upper, limit, newest_first=newest_first, backfilled=True
             )
             return events, events[-1] if events else None, len(events) < limit
         page = max(limit, SCAN_PAGE)
@@ -164,7 +207,7 @@ class PaginationHandler:
             if len(found) >= limit:
                 return found, last, False
             events = await self._store.get_room_events_between(
-                [room_id], lower, upper, page, newest_first=newest_first
+                [room_id], lower, upper, page, newest_first=newest_first, backfilled=True
             )
             for event in events:
                 last = event
@@ -209,7 +252,7 @@ class PaginationHandler:
         event = await self._store.get_event(event_id)
         if event is None or event.room_id != room_id or not event.served:
             raise NotFoundError("Event not found")
-        if event.stream_ordering <= 0 or not visibility.can_see(event):
+        if not visibility.can_see(event):
             raise NotFoundError("Event not found")
         [event] = await self._formatter.as_seen_by(requester.user_id, [event])
         return event
@@ -275,7 +318,11 @@ class PaginationHandler:
         at = RoomStreamToken(event.stream_ordering)
         before = (
             await self._store.get_room_events_between(
-                [room_id], None, RoomStreamToken(event.stream_ordering - 1), before_limit
+                [room_id],
+                None,
+                RoomStreamToken(event.stream_ordering - 1),
+                before_limit,
+                backfilled=True,
             )
             if before_limit
             else []
@@ -283,7 +330,7 @@ class PaginationHandler:
         upper = visibility.upper_bound(self._store.get_room_max_token())
         after = (
             await self._store.get_room_events_between(
-                [room_id], at, upper, after_limit, newest_first=False
+                [room_id], at, upper, after_limit, newest_first=False, backfilled=True
             )
             if after_limit
             else []

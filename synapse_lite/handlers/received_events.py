@@ -23,9 +23,13 @@ import attr
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.room_versions import RoomVersion
 from synapse_lite.event_graph.hashing import event_id_of
-from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey
-from synapse_lite.event_graph.received import needed_state_keys, received_outcome
-from synapse_lite.events import Event, EventContent
+from synapse_lite.event_graph.pdu import Pdu, PduFormatError, StateKey, stored_as_pdu
+from synapse_lite.event_graph.received import (
+    ReceivedOutcome,
+    needed_state_keys,
+    received_outcome,
+)
+from synapse_lite.events import EventContent
 
 if TYPE_CHECKING:
     from synapse_lite.storage.databases.main import GenericWorkerStore
@@ -44,40 +48,28 @@ def received_pdu(room_version: RoomVersion, pdu: Mapping[str, Any]) -> Pdu:
         raise SynapseError(400, f"Malformed event: {e}", Codes.BAD_JSON) from e
 
 
-def stored_as_pdu(event: Event) -> Pdu:
-    """A stored event as the authorisation rules read it (as an auth event
-    or in a state: its own edges are not read there)."""
-    return Pdu(
-        event_id=event.event_id,
-        room_id=event.room_id,
-        type=event.type,
-        state_key=event.state_key,
-        sender=event.sender,
-        content=event.content,
-        prev_event_ids=(),
-        auth_event_ids=(),
-        depth=event.depth,
-        origin_server_ts=event.origin_server_ts,
-        redacts=event.redacts,
-    )
-
-
 async def received_event_content(
-    store: GenericWorkerStore, room_version: RoomVersion, event: Pdu, outlier: bool
+    store: GenericWorkerStore,
+    room_version: RoomVersion,
+    event: Pdu,
+    outlier: bool,
+    state_before: Mapping[StateKey, str] | None = None,
 ) -> EventContent:
     """``event`` as the writer persists it, with its outcome. Its room must
     be known (its create event stored). ``outlier``: persist it without
     the state before it (an auth event fetched for another, say): only
-    the check against its own auth events is made. Otherwise every prev
-    event must be stored with its state (400 naming the others: fetch them,
-    or persist this as an outlier)."""
+    the check against its own auth events is made. ``state_before``: the
+    state before it, as the caller resolved it (parents of which another
+    server gave the states). Otherwise every prev event must be stored
+    with its state (400 naming the others: fetch them, or persist this as
+    an outlier)."""
     if event.type == "m.room.create" and event.state_key == "":
         raise SynapseError(
             400, "A received create event belongs to a join, not to a known room", Codes.BAD_JSON
         )
     keys = needed_state_keys(room_version, event)
-    before_ids: Mapping[StateKey, str] | None = None
-    if not outlier:
+    before_ids: Mapping[StateKey, str] | None = state_before
+    if not outlier and before_ids is None:
         before_ids = await store.get_state_ids_before_received(event.room_id, event.prev_event_ids)
         if before_ids is None or not event.prev_event_ids:
             known = await store.get_state_groups_of_events(event.prev_event_ids)
@@ -112,6 +104,13 @@ async def received_event_content(
         state(before_ids),
         state(current_ids) if current_ids else None,
     )
+    if outcome.accepted and event.redacts is not None:
+        # A redaction of another room's event redacts nothing (redactions
+        # apply within their room): kept out of the room's timeline, as
+        # a soft-failed event (answered {}, as the reference server does).
+        target = (await store.get_events_as_stored([event.redacts])).get(event.redacts)
+        if target is not None and target.room_id != event.room_id:
+            outcome = ReceivedOutcome(soft_failed="it redacts an event of another room")
     if not outcome.accepted:
         logger.info(
             "Received event %s in %s %s: %s",

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from synapse_lite.position_log import PositionLog
     from synapse_lite.replication.streams import Stream
     from synapse_lite.replication.tcp.receiver import PositionWaiters
+    from synapse_lite.storage.change_tracker import PositionChangeTracker
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ class SyncHandlerStore(MembershipStore, IgnoredUsersStore, Protocol):
     async def delete_messages_for_device(
         self, user_id: str, device_id: str, up_to_id: int
     ) -> int: ...
+
+    @property
+    def to_device_changes(self) -> PositionChangeTracker: ...
 
 
 class SyncHandler:
@@ -283,9 +287,16 @@ class SyncHandler:
         """The client's token shows it has the messages up to ``upto``. Any
         process may delete them: deleting is not a write to the stream."""
         key = (requester.user_id, requester.device_id)
-        if upto <= self._to_device_deleted.get(key, 0):
+        deleted = self._to_device_deleted.get(key)
+        if upto <= (0 if deleted is None else deleted):
             return
-        await self._store.delete_messages_for_device(requester.user_id, requester.device_id, upto)
+        if deleted is None or self._store.to_device_changes.may_have_changed(
+            requester.user_id, deleted
+        ):
+            await self._store.delete_messages_for_device(
+                requester.user_id, requester.device_id, upto
+            )
+        # Else no message came for the user since the last deletion: none to delete.
         if len(self._to_device_deleted) > 50_000:
             self._to_device_deleted.clear()
         self._to_device_deleted[key] = upto

@@ -288,6 +288,18 @@ def query_strings(request: Request, name: str) -> list[str]:
         ) from None
 
 
+def query_bool(request: Request, name: str, default: bool | None) -> bool | None:
+    """A ``true``/``false`` query parameter, or a 400."""
+    value = query_string(request, name)
+    if value is None:
+        return default
+    if value not in ("true", "false"):
+        raise SynapseError(
+            400, f"Query parameter {name!r} must be true or false", Codes.INVALID_PARAM
+        )
+    return value == "true"
+
+
 def query_int(
     request: Request, name: str, default: int | None = None, minimum: int = 0, maximum: int = 2**62
 ) -> int | None:

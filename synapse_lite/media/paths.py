@@ -8,6 +8,11 @@ directory grows huge::
 
     <store>/local_content/ab/cd/efgh...            the upload
     <store>/local_thumbnails/ab/cd/efgh.../96-96-crop.png
+    <store>/remote_content/ab/cd/efgh...           another server's media, cached
+    <store>/remote_thumbnails/ab/cd/efgh.../96-96-crop.png
+
+Cached remote media is named by a ``filesystem_id`` of ours (made like a
+local media id), never by the other server's name or id.
     <store>/tmp/                                    uploads being received
 """
 
@@ -80,6 +85,27 @@ class MediaFilePaths:
         self, media_id: str, width: int, height: int, method: str, animated: bool, media_type: str
     ) -> str:
         """The relative path of one thumbnail of an upload."""
-        name = f"{width}-{height}-{method}{'-animated' if animated else ''}"
-        extension = THUMBNAIL_EXTENSIONS[media_type]
-        return os.path.join("local_thumbnails", self._shard(media_id), f"{name}.{extension}")
+        name = _thumbnail_name(width, height, method, animated, media_type)
+        return os.path.join("local_thumbnails", self._shard(media_id), name)
+
+    def remote_media(self, filesystem_id: str) -> str:
+        """The relative path of another server's media, cached."""
+        return os.path.join("remote_content", self._shard(filesystem_id))
+
+    def remote_thumbnail(
+        self,
+        filesystem_id: str,
+        width: int,
+        height: int,
+        method: str,
+        animated: bool,
+        media_type: str,
+    ) -> str:
+        """The relative path of one thumbnail of cached remote media."""
+        name = _thumbnail_name(width, height, method, animated, media_type)
+        return os.path.join("remote_thumbnails", self._shard(filesystem_id), name)
+
+
+def _thumbnail_name(width: int, height: int, method: str, animated: bool, media_type: str) -> str:
+    animation = "-animated" if animated else ""
+    return f"{width}-{height}-{method}{animation}.{THUMBNAIL_EXTENSIONS[media_type]}"

@@ -279,29 +279,17 @@ class MediaRepository:
         self, media: LocalMedia, width: int, height: int, method: str, animated: bool
     ) -> tuple[ThumbnailInfo, str]:
         """The thumbnail answering a request, made now if need be, and its file."""
-        if media.media_type not in THUMBNAILABLE_TYPES:
-            raise SynapseError(
-                400,
-                f"Cannot make thumbnails of {media.media_type or 'unknown'} content",
-                Codes.UNKNOWN,
-            )
+        check_thumbnailable(media.media_type)
         size = self.choose_size(width, height, method)
-        for info in await self._store.get_thumbnails(media.media_id):
-            if (info.width, info.height, info.method, info.animated) == (
-                size.width,
-                size.height,
-                size.method,
-                animated,
-            ):
-                path = await self.storage.local_path(self._thumbnail_path(media.media_id, info))
-                if path is not None:
-                    return info, path
+        info = matching_thumbnail(await self._store.get_thumbnails(media.media_id), size, animated)
+        if info is not None:
+            path = await self.storage.local_path(self._thumbnail_path(media.media_id, info))
+            if path is not None:
+                return info, path
         try:
             info = await self._generate(media.media_id, size, animated)
         except ThumbnailError as e:
-            if e.too_large:
-                raise SynapseError(413, str(e), Codes.TOO_LARGE) from None
-            raise SynapseError(400, str(e), Codes.UNKNOWN) from None
+            raise thumbnail_refusal(e) from None
         return info, self.storage.paths.absolute(self._thumbnail_path(media.media_id, info))
 
     def _thumbnail_path(self, media_id: str, info: ThumbnailInfo) -> str:
@@ -313,6 +301,17 @@ class MediaRepository:
         source = await self.storage.local_path(self.storage.paths.local_media(media_id))
         if source is None:
             raise ThumbnailError("The content is missing on the server")
+        info, data = await self.render_thumbnail(source, size, animated)
+        await self.storage.write_file(self._thumbnail_path(media_id, info), data)
+        await self._store.store_thumbnail(media_id, info)
+        return info
+
+    async def render_thumbnail(
+        self, source: str, size: ThumbnailSize, animated: bool
+    ) -> tuple[ThumbnailInfo, bytes]:
+        """A thumbnail of the image file ``source`` (in the thread pool, at
+        most :data:`THUMBNAIL_CONCURRENCY` at once): its row and bytes.
+        :class:`ThumbnailError` if it is not an image that can be read."""
         config = self.config
         thumbnail: Thumbnail = await self._thumbnail_slots.run(
             threads.deferToThreadPool,
@@ -337,6 +336,34 @@ class MediaRepository:
             media_type=thumbnail.media_type,
             media_length=len(thumbnail.data),
         )
-        await self.storage.write_file(self._thumbnail_path(media_id, info), thumbnail.data)
-        await self._store.store_thumbnail(media_id, info)
-        return info
+        return info, thumbnail.data
+
+
+def matching_thumbnail(
+    infos: list[ThumbnailInfo], size: ThumbnailSize, animated: bool
+) -> ThumbnailInfo | None:
+    """The stored thumbnail of ``size`` (animated or not), if there is one."""
+    for info in infos:
+        if (info.width, info.height, info.method, info.animated) == (
+            size.width,
+            size.height,
+            size.method,
+            animated,
+        ):
+            return info
+    return None
+
+
+def thumbnail_refusal(error: ThumbnailError) -> SynapseError:
+    """What a client is told when a thumbnail cannot be made."""
+    if error.too_large:
+        return SynapseError(413, str(error), Codes.TOO_LARGE)
+    return SynapseError(400, str(error), Codes.UNKNOWN)
+
+
+def check_thumbnailable(media_type: str | None) -> None:
+    """A 400 unless thumbnails can be made of ``media_type``."""
+    if media_type not in THUMBNAILABLE_TYPES:
+        raise SynapseError(
+            400, f"Cannot make thumbnails of {media_type or 'unknown'} content", Codes.UNKNOWN
+        )

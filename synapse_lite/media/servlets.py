@@ -12,7 +12,13 @@ Served by the media instance (``media_instance``):
   ``thumbnail`` and ``config``, only with
   ``media.legacy_unauthenticated_endpoints``;
 * ``GET .../preview_url`` (both prefixes, with an access token), with
-  ``media.url_previews`` (``url_preview.py``).
+  ``media.url_previews`` (``url_preview.py``);
+* ``GET /_matrix/federation/v1/media/download/{mediaId}`` and
+  ``.../thumbnail/{mediaId}`` for other servers (signed), answered
+  ``multipart/mixed`` (``multipart.py``).
+
+Another server's media asked for by our clients is fetched and cached by
+``remote.py``.
 
 Downloads are streamed from the file with a producer (no file is read into
 memory) with the safety headers of ``docs/media.md``.
@@ -21,15 +27,19 @@ memory) with the safety headers of ``docs/media.md``.
 from __future__ import annotations
 
 import io
+import logging
 import re
 import unicodedata
 import urllib.parse
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+import attr
 from twisted.protocols.basic import FileSender
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
+from synapse_lite.federation.server import authenticate_request
 from synapse_lite.http.server import (
     JsonResource,
     StreamedResponse,
@@ -37,18 +47,24 @@ from synapse_lite.http.server import (
     query_int,
     query_string,
 )
+from synapse_lite.media import multipart
 from synapse_lite.media.paths import check_media_id
 from synapse_lite.media.storage import MediaStorage
 
 if TYPE_CHECKING:
+    from synapse_lite.federation.keyring import Keyring
     from synapse_lite.handlers.auth import AuthHandler
+    from synapse_lite.media.remote import RemoteMediaCache
     from synapse_lite.media.repository import MediaRepository
     from synapse_lite.media.url_preview import UrlPreviewer
+    from synapse_lite.storage.databases.main.media import ThumbnailInfo
+
+logger = logging.getLogger(__name__)
 
 LEGACY_PREFIX = "/_matrix/media/(?:r0|v3)"
 CLIENT_MEDIA_PREFIX = "/_matrix/client/v1/media"
 #: Every media path, whichever process it reaches.
-MEDIA_PATHS = re.compile(r"/_matrix/(?:media|client/v1/media)(?:/.*)?")
+MEDIA_PATHS = re.compile(r"/_matrix/(?:media|client/v1/media|federation/v1/media)(?:/.*)?")
 
 _SERVER_AND_ID = "/(?P<server_name>[^/]+)/(?P<media_id>[^/]+)"
 
@@ -139,33 +155,53 @@ def content_disposition(media_type: str, file_name: str | None) -> bytes:
 
 
 class FileResponse(StreamedResponse):
-    """A file on disk, streamed to the client by a producer."""
+    """A file on disk, streamed to the client by a producer; with
+    ``boundary``, framed as the federation media endpoints' ``multipart/mixed``
+    answer (``multipart.py``: the metadata part, then the file as the content
+    part, which carries its type and disposition)."""
 
-    def __init__(self, path: str, media_type: str, disposition: bytes) -> None:
+    def __init__(
+        self, path: str, media_type: str, disposition: bytes, boundary: str | None = None
+    ) -> None:
         self._path = path
         self._media_type = media_type
         self._disposition = disposition
+        self._boundary = boundary
 
     async def send(self, request: Request) -> None:
         f: BinaryIO = open(self._path, "rb")  # closed below, after streaming
         try:
             length = f.seek(0, 2)
             f.seek(0)
+            content_type, disposition = self._media_type.encode("ascii"), self._disposition
+            head = tail = b""
+            if self._boundary is not None:
+                head = multipart.answer_head(
+                    self._boundary,
+                    {},
+                    {"Content-Type": content_type, "Content-Disposition": disposition},
+                )
+                tail = multipart.answer_tail(self._boundary)
+                content_type = multipart.content_type_header(self._boundary)
             request.setResponseCode(200)
             for name, value in (
-                (b"Content-Type", self._media_type.encode("ascii")),
-                (b"Content-Length", str(length).encode("ascii")),
-                (b"Content-Disposition", self._disposition),
+                (b"Content-Type", content_type),
+                (b"Content-Length", str(len(head) + length + len(tail)).encode("ascii")),
+                (b"Content-Disposition", disposition),
                 (b"Content-Security-Policy", CONTENT_SECURITY_POLICY),
                 (b"X-Content-Type-Options", b"nosniff"),
                 (b"Cross-Origin-Resource-Policy", b"cross-origin"),
                 (b"Access-Control-Allow-Origin", b"*"),
                 (b"Cache-Control", b"private, max-age=86400"),
             ):
+                if name == b"Content-Disposition" and self._boundary is not None:
+                    continue  # the content part's header
                 request.setHeader(name, value)
-            if request.method == b"HEAD" or length == 0:
+            if request.method == b"HEAD" or length + len(head) == 0:
                 request.finish()
                 return
+            if head:
+                request.write(head)
             sender = _FileSender()
             request.notifyFinish().addErrback(lambda _: sender.stopProducing())
             try:
@@ -175,21 +211,65 @@ class FileResponse(StreamedResponse):
                     return  # the client went away: nothing more to do
                 raise
             if not request._disconnected:
+                if tail:
+                    request.write(tail)
                 request.finish()
         finally:
             f.close()
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class ThumbnailQuery:
+    """A thumbnail request's parameters, checked."""
+
+    width: int
+    height: int
+    method: str
+    animated: bool
+    timeout_ms: int
+
+    @classmethod
+    def of(cls, request: Request) -> ThumbnailQuery:
+        width = query_int(request, "width", minimum=1, maximum=10_000)
+        height = query_int(request, "height", minimum=1, maximum=10_000)
+        if width is None or height is None:
+            raise SynapseError(400, "width and height are required", Codes.MISSING_PARAM)
+        method = query_string(request, "method", "scale")
+        if method not in ("crop", "scale"):
+            raise SynapseError(400, "method must be 'crop' or 'scale'", Codes.INVALID_PARAM)
+        animated = query_string(request, "animated", "false")
+        if animated not in ("true", "false"):
+            raise SynapseError(400, "animated must be 'true' or 'false'", Codes.INVALID_PARAM)
+        return cls(width, height, method, animated == "true", download_timeout_ms(request))
+
+
+def download_timeout_ms(request: Request) -> int:
+    timeout_ms = query_int(request, "timeout_ms", DEFAULT_DOWNLOAD_WAIT_MS, minimum=0)
+    assert timeout_ms is not None
+    return timeout_ms
 
 
 class MediaServlets:
     """The media endpoints of the media instance."""
 
     def __init__(
-        self, repository: MediaRepository, auth: AuthHandler, previewer: UrlPreviewer | None
+        self,
+        repository: MediaRepository,
+        auth: AuthHandler,
+        previewer: UrlPreviewer | None,
+        *,
+        remote: RemoteMediaCache | None = None,
+        keyring: Callable[[], Keyring] | None = None,
     ) -> None:
+        """``remote``: fetches other servers' media (without it, their media
+        is 404); ``keyring``: checks other servers' signatures (without it,
+        the federation media endpoints are not served)."""
         self._repository = repository
         self._auth = auth
         self._config = repository.config
         self._previewer = previewer
+        self._remote = remote
+        self._keyring = keyring
 
     def upload_routes(self) -> list[UploadRoute]:
         """Upload bodies go into the store's ``tmp/``, up to the upload limit."""
@@ -247,6 +327,8 @@ class MediaServlets:
             )
             r("GET", prefix + "/thumbnail" + _SERVER_AND_ID, thumbnail, "media_thumbnail" + tag)
             r("GET", prefix + "/config", config, "media_config" + tag)
+        # Relayed federation media requests reach the media instance here.
+        self.register_federation(resource)
         # The deprecated path of previews always needed an access token too.
         for prefix in (CLIENT_MEDIA_PREFIX, LEGACY_PREFIX):
             r("GET", prefix + "/preview_url", self.preview_url, "media_preview_url")
@@ -311,12 +393,20 @@ class MediaServlets:
         check_media_id(media_id)
         if file_name is not None:
             check_file_name(file_name, "file name")
-        timeout_ms = query_int(request, "timeout_ms", DEFAULT_DOWNLOAD_WAIT_MS)
-        assert timeout_ms is not None
-        media = await self._repository.get_media(server_name, media_id, timeout_ms)
-        path = await self._repository.content_path(media)
-        media_type = media.media_type or "application/octet-stream"
-        disposition = content_disposition(media_type, file_name or media.upload_name)
+        timeout_ms = download_timeout_ms(request)
+        if server_name != self._repository.server_name and self._remote is not None:
+            if not authenticated and query_string(request, "allow_remote") == "false":
+                raise SynapseError(
+                    404, "Not a local media id (allow_remote=false)", Codes.NOT_FOUND
+                )
+            remote, path = await self._remote.get_media(server_name, media_id, timeout_ms)
+            media_type, upload_name = remote.media_type, remote.upload_name
+        else:
+            media = await self._repository.get_media(server_name, media_id, timeout_ms)
+            path = await self._repository.content_path(media)
+            media_type = media.media_type or "application/octet-stream"
+            upload_name = media.upload_name
+        disposition = content_disposition(media_type, file_name or upload_name)
         return 200, FileResponse(path, media_type, disposition)
 
     async def thumbnail(
@@ -324,25 +414,70 @@ class MediaServlets:
     ) -> tuple[int, Any]:
         await self._check_access(request, authenticated)
         check_media_id(media_id)
-        width = query_int(request, "width", minimum=1, maximum=10_000)
-        height = query_int(request, "height", minimum=1, maximum=10_000)
-        if width is None or height is None:
-            raise SynapseError(400, "width and height are required", Codes.MISSING_PARAM)
-        method = query_string(request, "method", "scale")
-        if method not in ("crop", "scale"):
-            raise SynapseError(400, "method must be 'crop' or 'scale'", Codes.INVALID_PARAM)
-        animated = query_string(request, "animated", "false")
-        if animated not in ("true", "false"):
-            raise SynapseError(400, "animated must be 'true' or 'false'", Codes.INVALID_PARAM)
-        timeout_ms = query_int(request, "timeout_ms", DEFAULT_DOWNLOAD_WAIT_MS)
-        assert timeout_ms is not None
-        media = await self._repository.get_media(server_name, media_id, timeout_ms)
-        info, path = await self._repository.get_thumbnail(
-            media, width, height, method, animated == "true"
+        q = ThumbnailQuery.of(request)
+        if server_name != self._repository.server_name and self._remote is not None:
+            remote, _ = await self._remote.get_media(server_name, media_id, q.timeout_ms)
+            info, path = await self._remote.get_thumbnail(
+                remote, q.width, q.height, q.method, q.animated
+            )
+        else:
+            info, path = await self._local_thumbnail(media_id, q, server_name)
+        return 200, FileResponse(path, info.media_type, _thumbnail_disposition(path))
+
+    async def _local_thumbnail(
+        self, media_id: str, q: ThumbnailQuery, server_name: str | None = None
+    ) -> tuple[ThumbnailInfo, str]:
+        media = await self._repository.get_media(
+            server_name or self._repository.server_name, media_id, q.timeout_ms
         )
-        extension = path.rsplit(".", 1)[-1]
-        disposition = f'inline; filename="thumbnail.{extension}"'.encode("ascii")
-        return 200, FileResponse(path, info.media_type, disposition)
+        return await self._repository.get_thumbnail(media, q.width, q.height, q.method, q.animated)
+
+    # Federation: other servers downloading our media (signed requests)
+
+    def register_federation(self, resource: JsonResource) -> None:
+        """``GET /_matrix/federation/v1/media/download/{mediaId}`` and
+        ``.../thumbnail/{mediaId}``: our media, as ``multipart/mixed``."""
+        if self._keyring is None:
+            return
+        prefix = multipart.FEDERATION_MEDIA_PREFIX
+        r = resource.register_paths
+        r(
+            "GET",
+            prefix + "/download/(?P<media_id>[^/]+)",
+            self.federation_download,
+            "federation.media_download",
+        )
+        r(
+            "GET",
+            prefix + "/thumbnail/(?P<media_id>[^/]+)",
+            self.federation_thumbnail,
+            "federation.media_thumbnail",
+        )
+
+    async def _federation_origin(self, request: Request) -> str:
+        assert self._keyring is not None
+        return await authenticate_request(
+            self._keyring(), self._repository.server_name, request, None
+        )
+
+    async def federation_download(self, request: Request, media_id: str) -> tuple[int, Any]:
+        origin = await self._federation_origin(request)
+        check_media_id(media_id)
+        timeout_ms = download_timeout_ms(request)
+        media = await self._repository.get_media(self._repository.server_name, media_id, timeout_ms)
+        path = await self._repository.content_path(media)
+        media_type = media.media_type or "application/octet-stream"
+        disposition = content_disposition(media_type, media.upload_name)
+        logger.info("%s downloads %s", origin, media_id)
+        return 200, FileResponse(path, media_type, disposition, multipart.new_boundary())
+
+    async def federation_thumbnail(self, request: Request, media_id: str) -> tuple[int, Any]:
+        await self._federation_origin(request)
+        check_media_id(media_id)
+        info, path = await self._local_thumbnail(media_id, ThumbnailQuery.of(request))
+        return 200, FileResponse(
+            path, info.media_type, _thumbnail_disposition(path), multipart.new_boundary()
+        )
 
     async def preview_url(self, request: Request) -> tuple[int, Any]:
         requester = await self._auth.get_user_by_req(request)
@@ -358,6 +493,11 @@ class MediaServlets:
     async def config(self, request: Request, authenticated: bool) -> tuple[int, Any]:
         await self._check_access(request, authenticated)
         return 200, {"m.upload.size": self._config.max_upload_size}
+
+
+def _thumbnail_disposition(path: str) -> bytes:
+    extension = path.rsplit(".", 1)[-1]
+    return f'inline; filename="thumbnail.{extension}"'.encode("ascii")
 
 
 class _DiscardedBody(io.BytesIO):
@@ -395,3 +535,8 @@ class MediaElsewhere:
 
         for method in ("GET", "POST", "PUT", "DELETE", "HEAD"):
             resource.register_paths(method, MEDIA_PATHS.pattern, refuse, "media_elsewhere")
+
+    def register_federation(self, resource: JsonResource) -> None:
+        """On a federation listener: federation media paths are refused the
+        same way (only the media instance has the files)."""
+        self.register(resource)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attr
@@ -11,6 +12,7 @@ import attr
 from synapse_lite.api.identifiers import is_mine_id
 from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.storage.caches import BoundCache
+from synapse_lite.storage.change_tracker import PositionChangeTracker
 from synapse_lite.storage.database import DatabasePool, LoggingDatabaseConnection
 
 if TYPE_CHECKING:
@@ -82,8 +84,21 @@ class SQLBaseStore:
         self.clock = hs.clock
         self.server_name = hs.server_name
         self._instance_name = hs.instance_name
+        #: Stream name -> its change tracker (streams declaring ``changed_entity``).
+        self.stream_changes: dict[str, PositionChangeTracker] = {}
 
     # Caches
+
+    def track_stream_changes(
+        self, stream_name: str, current_position: Callable[[], int]
+    ) -> PositionChangeTracker:
+        """A change tracker for ``stream_name`` (see ``storage/change_tracker.py``),
+        from ``current_position()`` (the stream's persisted-up-to position) on.
+        Its rows from other writers are recorded by the replication receiver;
+        the store's own writes record theirs (``record_after_commit``)."""
+        tracker = PositionChangeTracker(current_position)
+        self.stream_changes[stream_name] = tracker
+        return tracker
 
     def get_cache(self, name: str) -> BoundCache[Any] | None:
         """The cache of the store method ``name``, if it is a cached method."""

@@ -5,14 +5,24 @@ A /sync wakes for every event in any of its user's rooms; asking the database
 query each time. A :class:`StreamChangeTracker` remembers, for each entity,
 the latest events-stream position (writer and id) at which this process saw it
 change, from the moment it started: a token at or after that start can be
-answered without the database.
+answered without the database. A :class:`PositionChangeTracker` does the same
+for a stream whose /sync tokens carry one integer (receipts, account data,
+to-device, push rules): ``store.stream_changes`` holds one per such stream.
+
+Both are bounded: past :data:`MAX_ENTITIES` they forget everything and start
+again from the current position (their horizon); a token below the horizon
+"may have changed" for every entity, and the caller asks the database.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from synapse_lite.tokens import RoomStreamToken
+
+if TYPE_CHECKING:
+    from synapse_lite.storage.database import LoggingTransaction
 
 #: Entities remembered before the tracker starts afresh.
 MAX_ENTITIES = 100_000
@@ -47,6 +57,19 @@ class StreamChangeTracker:
         latest = self._latest.get(entity)
         return latest is not None and not since.contains(*latest)
 
+    def __len__(self) -> int:
+        """How many entities are remembered (what :meth:`changed_after` walks)."""
+        return len(self._latest)
+
+    def changed_after(self, stream_id: int) -> set[str] | None:
+        """The entities whose latest change lies after ``stream_id`` (on any
+        writer): every entity changed after it is among them. None when the
+        tracker started after ``stream_id`` (changes before its start are
+        unknown). Walks every remembered entity: check :func:`len` first."""
+        if self._floor.get_max_position() > stream_id:
+            return None
+        return {entity for entity, (_, changed) in self._latest.items() if changed > stream_id}
+
     def changed_among(self, since_of: Mapping[str, RoomStreamToken]) -> set[str]:
         """The entities of ``since_of`` that may have changed after their
         token: :meth:`may_have_changed` of each, for many at once (a
@@ -67,3 +90,54 @@ class StreamChangeTracker:
             if latest is not None and not since.contains(*latest):
                 changed.add(entity)
         return changed
+
+
+class PositionChangeTracker:
+    """The latest position at which each entity changed, for a stream whose
+    tokens are one integer (its persisted-up-to position).
+
+    Every change at a position above the horizon must be recorded before
+    that position becomes visible to readers: the stream's writer records in
+    the transaction's commit callbacks ahead of the id generator's finish
+    (:meth:`record_after_commit`), followers as rows arrive, before the
+    stream's position advances (``ReplicationReceiver.on_rows``). A change
+    recorded that never commits only costs a database read."""
+
+    def __init__(self, current_position: Callable[[], int]) -> None:
+        """``current_position``: the stream's persisted-up-to position here."""
+        self._current_position = current_position
+        self._horizon = current_position()
+        self._latest: dict[str, int] = {}
+
+    @property
+    def horizon(self) -> int:
+        """Changes after this position are all known."""
+        return self._horizon
+
+    def record(self, entity: str, stream_id: int) -> None:
+        if len(self._latest) >= MAX_ENTITIES and entity not in self._latest:
+            # Forget everything. Ids recorded but not yet finished may lie
+            # above the persisted-up-to position: the new horizon covers them.
+            self._horizon = max(self._current_position(), *self._latest.values())
+            self._latest.clear()
+        if stream_id > self._latest.get(entity, stream_id - 1):
+            self._latest[entity] = stream_id
+
+    def record_after_commit(self, txn: LoggingTransaction, entity: str, stream_id: int) -> None:
+        """Record ``entity`` changed at ``stream_id`` once ``txn`` commits,
+        before the id generator's finish makes ``stream_id`` visible."""
+        txn.call_first_after(self.record, entity, stream_id)
+
+    def may_have_changed(self, entity: str, since: int) -> bool:
+        """False only when ``entity`` certainly has no change after ``since``."""
+        if since < self._horizon:
+            return True
+        return self._latest.get(entity, since) > since
+
+    def changed_among(self, entities: Iterable[str], since: int) -> list[str]:
+        """Those of ``entities`` that may have changed after ``since``, in
+        their order."""
+        if since < self._horizon:
+            return list(entities)
+        latest = self._latest.get
+        return [e for e in entities if latest(e, since) > since]

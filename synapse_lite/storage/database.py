@@ -80,6 +80,12 @@ class LoggingTransaction:
         """Run ``callback(*args)`` on the reactor thread once this commits."""
         self.after_callbacks.append((callback, args))
 
+    def call_first_after(self, callback: Callable[..., object], *args: Any) -> None:
+        """Like :meth:`call_after`, but before the callbacks registered so far
+        (the id generator's finish among them: a change tracker must know of a
+        row before its position becomes visible)."""
+        self.after_callbacks.insert(0, (callback, args))
+
     def call_on_exception(self, callback: Callable[..., object], *args: Any) -> None:
         """Run ``callback(*args)`` (on the database thread) if this fails."""
         self.exception_callbacks.append((callback, args))
@@ -101,6 +107,21 @@ class LoggingTransaction:
         if txn_logger.isEnabledFor(logging.DEBUG):
             txn_logger.debug("[SQL] {%s} %s (%d rows)", self.name, sql, len(batch))
         self.engine.execute_batch(self._cursor, sql, batch)
+
+    def execute_statements(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Run several statements written with ``?`` placeholders, in order,
+        in as few round trips as the engine allows (PostgreSQL: one);
+        ``rowcount`` is then the last statement's. For writes whose results
+        are not read (but the last one's row count)."""
+        converted = [
+            (self.engine.convert_param_style(sql), tuple(args)) for sql, args in statements
+        ]
+        if not converted:
+            return
+        if txn_logger.isEnabledFor(logging.DEBUG):
+            for sql, args in converted:
+                txn_logger.debug("[SQL] {%s} %s %r", self.name, sql, args)
+        self.engine.execute_statements(self._cursor, converted)
 
     def fetchone(self) -> Any:
         return self._cursor.fetchone()
@@ -439,17 +460,28 @@ def insert_rows_txn(txn: LoggingTransaction, table: str, rows: Sequence[Sequence
     :data:`INSERT_VALUES_PER_STATEMENT` values: one statement and one round
     trip where a batch would send one per row (and format each row in the
     driver)."""
+    for sql, args in insert_rows_statements(table, rows):
+        txn.execute(sql, args)
+
+
+def insert_rows_statements(
+    table: str, rows: Sequence[Sequence[Any]]
+) -> list[tuple[str, list[Any]]]:
+    """The statements (``?`` placeholders) and arguments of
+    :func:`insert_rows_txn`, for :meth:`LoggingTransaction.execute_statements`."""
     if not rows:
-        return
+        return []
     width = len(rows[0])
     marks = "(" + ", ".join("?" for _ in range(width)) + ")"
     per_statement = max(1, INSERT_VALUES_PER_STATEMENT // width)
-    for start in range(0, len(rows), per_statement):
-        chunk = rows[start : start + per_statement]
-        txn.execute(
+    return [
+        (
             f"INSERT INTO {table} VALUES " + ", ".join(marks for _ in chunk),
             [value for row in chunk for value in row],
         )
+        for start in range(0, len(rows), per_statement)
+        if (chunk := rows[start : start + per_statement])
+    ]
 
 
 def make_startup_connection(engine: BaseDatabaseEngine) -> LoggingDatabaseConnection:

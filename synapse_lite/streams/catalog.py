@@ -154,6 +154,7 @@ PRESENCE = StreamDefinition(
     in_sync_token=True,
     wake=wake_everyone,
     rows_from_store=lambda store: store.get_all_presence_updates,
+    changed_entity=lambda row: row.user_id,
     read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 
@@ -202,6 +203,7 @@ RECEIPTS = StreamDefinition(
     in_sync_token=True,
     wake=wake_rooms,
     rows_from_store=lambda store: store.get_all_updated_receipts,
+    changed_entity=lambda row: row.room_id,
     read_by=_CLIENT | {Reader.FEDERATION_SENDER, Reader.PUSHER},
 )
 
@@ -235,6 +237,7 @@ ACCOUNT_DATA = StreamDefinition(
     wake=wake_users,
     rows_from_store=lambda store: store.get_account_data_stream_updates,
     invalidate=lambda store, writer, token, rows: store.invalidate_for_account_data_rows(rows),
+    changed_entity=lambda row: row.user_id,
 )
 
 
@@ -268,6 +271,7 @@ TO_DEVICE = StreamDefinition(
     in_sync_token=True,
     wake=_wake_for_to_device,
     rows_from_store=lambda store: store.get_all_new_device_messages,
+    changed_entity=lambda row: row.entity,
     read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 
@@ -306,6 +310,7 @@ DEVICE_LISTS = StreamDefinition(
     in_sync_token=True,
     wake=wake_everyone,
     rows_from_store=lambda store: store.get_all_device_list_changes,
+    changed_entity=lambda row: row.user_id,
     read_by=_CLIENT | {Reader.FEDERATION_SENDER},
 )
 
@@ -410,6 +415,7 @@ PUSH_RULES = StreamDefinition(
     invalidate=lambda store, writer, token, rows: store.invalidate_push_rules(
         [row.user_id for row in rows]
     ),
+    changed_entity=lambda row: row.user_id,
     read_by=_CLIENT | {Reader.PUSHER},
 )
 

@@ -335,6 +335,11 @@ class StreamDefinition:
     rows_from_store: Callable[[GenericWorkerStore], UpdateFunction] | None = None
     #: What a receiving process forgets when rows arrive.
     invalidate: Invalidation | None = None
+    #: The entity a row changes (a user, a room), for the stream's change
+    #: tracker (``store.stream_changes``; storage/change_tracker.py), which
+    #: lets /sync skip the stream's query for entities it knows unchanged.
+    #: None: the stream has no tracker.
+    changed_entity: Callable[[Any], str] | None = None
     #: The part of /sync this stream feeds, when it is not one of the
     #: built-in parts (needs ``in_sync_token``).
     sync_section: Callable[[GenericWorkerStore], StreamSyncPart] | None = None

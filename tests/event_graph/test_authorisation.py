@@ -17,6 +17,7 @@ from synapse_lite.event_graph.authorisation import (
     auth_events_state,
     auth_types_for_event,
     authorise,
+    redaction_applies,
 )
 from synapse_lite.event_graph.pdu import Pdu
 from synapse_lite.federation.crypto import SigningKey, sign_json
@@ -762,3 +763,44 @@ class SelectionMatchesTheRules(unittest.TestCase):
                 except EventAuthError as e:
                     outcomes.append(e.reason)
             self.assertEqual(outcomes[0], outcomes[1], (action, sender, target))
+
+
+class RedactionAppliesTest(unittest.TestCase):
+    """``redaction_applies``: which accepted redactions redact their target
+    (the spec's "Handling redactions")."""
+
+    def setUp(self) -> None:
+        self.room = joined("10")
+        self.message = self.room.add("m.room.message", BOB, {"body": "hi"})
+
+    def redaction(self, sender: str, target: str, room_id: str | None = None) -> Pdu:
+        event = self.room.add("m.room.redaction", sender, {"redacts": target}, ts=None)
+        event = attr.evolve(event, redacts=target)
+        return attr.evolve(event, room_id=room_id) if room_id is not None else event
+
+    def applies(self, redaction: Pdu, target: Pdu | None = None) -> bool:
+        state = self.room.state(redaction.event_id)
+        return redaction_applies(self.room.version, redaction, target or self.message, state)
+
+    def test_own_server_applies(self) -> None:
+        self.assertTrue(self.applies(self.redaction(BOB, self.message.event_id)))
+
+    def test_another_server_needs_the_power_to_redact(self) -> None:
+        self.room.member(CAROL, "join")
+        # Carol (server c, level 0) may not redact Bob's (server b) event.
+        self.assertFalse(self.applies(self.redaction(CAROL, self.message.event_id)))
+        # Alice (level 100, redact default 50) may.
+        self.assertTrue(self.applies(self.redaction(ALICE, self.message.event_id)))
+
+    def test_another_room_and_itself_never_apply(self) -> None:
+        other_room = self.redaction(BOB, self.message.event_id, room_id="!other:b")
+        self.assertFalse(self.applies(other_room))
+        itself = self.redaction(BOB, "$x")
+        self.assertFalse(self.applies(itself, itself))
+
+    def test_versions_1_and_2_trust_the_rules(self) -> None:
+        self.room = joined("1")
+        self.message = self.room.add("m.room.message", BOB, {"body": "hi"})
+        self.room.member(CAROL, "join")
+        # Accepted there means the rules checked it (event id domains).
+        self.assertTrue(self.applies(self.redaction(CAROL, self.message.event_id)))

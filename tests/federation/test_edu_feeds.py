@@ -195,6 +195,7 @@ class PureTestCase(unittest.TestCase):
         self.assertEqual(devices[0].keys, keys)
         self.assertIsNone(devices[1].keys)  # keys of another device are left out
         self.assertEqual(cross, {})  # a key of another user is left out
+        bad: Any
         for bad in (
             {**answer, "user_id": "@v:a.test"},
             {**answer, "stream_id": "7"},

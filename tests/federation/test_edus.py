@@ -101,7 +101,7 @@ class EdusBothWaysTestCase(TwoServersBase):
             alice,
             b_since,
             room_id,
-            lambda s: typing_in(s, room_id) == sorted([alice.user_id, carol.user_id]),
+            lambda s: typing_in(s, room_id) == sorted([alice.user_id or "", carol.user_id or ""]),
             "carol typing on b.test",
         )
         # Stopping crosses too.
@@ -131,7 +131,7 @@ class EdusBothWaysTestCase(TwoServersBase):
             alice,
             b_since,
             room_id,
-            lambda s: readers_in(s, room_id).get(carol.user_id) == event_id,
+            lambda s: readers_in(s, room_id).get(carol.user_id or "") == event_id,
             "carol's receipt on b.test",
         )
         # b.test -> a.test (and a private receipt never leaves).
@@ -148,10 +148,10 @@ class EdusBothWaysTestCase(TwoServersBase):
             carol,
             a_since,
             room_id,
-            lambda s: readers_in(s, room_id).get(alice.user_id) == event_id,
+            lambda s: readers_in(s, room_id).get(alice.user_id or "") == event_id,
             "alice's receipt on a.test",
         )
-        self.assertNotEqual(readers_in(sync, room_id).get(alice.user_id), reply)
+        self.assertNotEqual(readers_in(sync, room_id).get(alice.user_id or ""), reply)
 
 
 def presence_of(sync: dict[str, Any], user_id: str | None) -> dict[str, Any] | None:
@@ -372,7 +372,7 @@ class DeviceListsAcrossServersTestCase(TwoServersBase):
         )
 
         async def copy_has_both() -> bool:
-            devices = await self.a["main"].store.get_remote_devices(alice.user_id)
+            devices = await self.a["main"].store.get_remote_devices(alice.user_id or "")
             return {d.device_id for d in devices if d.keys} == {alice.device_id, second.device_id}
 
         await eventually(copy_has_both, timeout=15, what="a.test's copy with both devices")
@@ -384,7 +384,7 @@ class DeviceListsAcrossServersTestCase(TwoServersBase):
         await second.ok("POST", "/logout", {})
 
         async def copy_has_one() -> bool:
-            devices = await self.a["main"].store.get_remote_devices(alice.user_id)
+            devices = await self.a["main"].store.get_remote_devices(alice.user_id or "")
             return {d.device_id for d in devices} == {alice.device_id}
 
         await eventually(copy_has_one, timeout=15, what="a.test's copy without the second device")
@@ -405,7 +405,7 @@ class HostileDeviceListsTestCase(FederationRoomsBase):
         store = self.b["main"].store
         since = (await alice.sync())["next_batch"]
 
-        def update(stream_id: int, prev: Any, device: str = "D1", **extra: Any) -> dict[str, Any]:
+        def update(stream_id: Any, prev: Any, device: str = "D1", **extra: Any) -> dict[str, Any]:
             content = {
                 "user_id": CAROL,
                 "device_id": device,
@@ -501,6 +501,7 @@ class HostileDeviceListsTestCase(FederationRoomsBase):
         self.assertEqual(code, 200, body)
         self.assertEqual(list(body["device_keys"]), [alice.user_id])
         self.assertNotIn("user_signing_keys", body)
+        bad: dict[str, Any]
         for bad in ({"device_keys": []}, {"device_keys": {alice.user_id: "D"}}, {}):
             code, body = await self.federation("POST", f"{prefix}/keys/query", bad)
             self.assertEqual(code, 400, (bad, body))

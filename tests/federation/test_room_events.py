@@ -3,6 +3,7 @@ the pure rules)."""
 
 from __future__ import annotations
 
+import attr
 from twisted.trial import unittest
 
 from synapse_lite.events import Event
@@ -36,6 +37,13 @@ class RoomEventRulesTestCase(unittest.TestCase):
     def test_a_kicked_users_server_hears_of_it(self) -> None:
         kick = event("@alice:b.test", "m.room.member", "@frank:d.test")
         self.assertEqual(destinations_of(kick, JOINED, US, None), ["a.test", "c.test", "d.test"])
+
+    def test_an_invitees_server_had_it_through_invite(self) -> None:
+        invite = attr.evolve(
+            event("@alice:b.test", "m.room.member", "@frank:d.test"),
+            content={"membership": "invite"},
+        )
+        self.assertEqual(destinations_of(invite, JOINED, US, None), ["a.test", "c.test"])
 
     def test_send_join_memberships_are_passed_on_not_back(self) -> None:
         join = event("@carol:a.test", "m.room.member", "@carol:a.test")

@@ -9,32 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.trial import unittest
-
 from tests.federation import test_synapse_rooms as rooms
 from tests.federation.test_edus import device_keys, readers_in, typing_in
 from tests.harness.client_api import ClientApi
 from tests.harness.polling import eventually
 
 
-class SynapseEdusTestCase(unittest.TestCase):
-    timeout = rooms.SynapseRoomsTestCase.timeout
-    peer = None
-    ca = None
-    users = 0
+class SynapseEdusTestCase(rooms.SynapsePeerTestCase):
     # The same Synapse set-up as the rooms tests (one peer per class).
-    setUp = rooms.SynapseRoomsTestCase.setUp
-    tearDownClass = classmethod(rooms.SynapseRoomsTestCase.tearDownClass.__func__)  # type: ignore[attr-defined]
-    user = rooms.SynapseRoomsTestCase.user
 
     async def shared_room(self) -> tuple[ClientApi, ClientApi, str]:
-        sam = await self.user(self.synapse.client_url, "sam")  # type: ignore[attr-defined]
+        sam = await self.user(self.synapse.client_url, "sam")
         room_id = await sam.create_room(preset="public_chat")
-        alice = await self.user(self.client_url, "alice")  # type: ignore[attr-defined]
+        alice = await self.user(self.client_url, "alice")
         await alice.ok(
             "POST",
             f"/join/{rooms.q(room_id)}?via={rooms.q(self.synapse.server_name)}",
-            {},  # type: ignore[attr-defined]
+            {},
         )
         return sam, alice, room_id
 
@@ -90,7 +81,7 @@ class SynapseEdusTestCase(unittest.TestCase):
         await self.sees(
             sam,
             s_since,
-            lambda s: readers_in(s, room_id).get(alice.user_id) == event_id,
+            lambda s: readers_in(s, room_id).get(alice.user_id or "") == event_id,
             "our receipt on Synapse",
         )
         a_since = (await alice.sync())["next_batch"]
@@ -98,7 +89,7 @@ class SynapseEdusTestCase(unittest.TestCase):
         await self.sees(
             alice,
             a_since,
-            lambda s: readers_in(s, room_id).get(sam.user_id) == event_id,
+            lambda s: readers_in(s, room_id).get(sam.user_id or "") == event_id,
             "Synapse's receipt here",
         )
 

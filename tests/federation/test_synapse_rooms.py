@@ -28,7 +28,10 @@ def q(value: str | None) -> str:
     return urllib.parse.quote(value or "", safe="")
 
 
-class SynapseRoomsTestCase(unittest.TestCase):
+class SynapsePeerTestCase(unittest.TestCase):
+    """One Synapse per test class (started by its first test, stopped after
+    its last) and our server per test; no tests of its own."""
+
     # A cold install of Synapse takes minutes; a warm run, seconds.
     timeout = 1200
     peer: SynapsePeer | None = None
@@ -64,6 +67,8 @@ class SynapseRoomsTestCase(unittest.TestCase):
         joined = await sam.ok("GET", f"/rooms/{q(room_id)}/joined_members")
         return set(joined["joined"])
 
+
+class SynapseRoomsTestCase(SynapsePeerTestCase):
     async def test_join_a_synapse_room_by_alias_and_leave(self) -> None:
         sam = await self.user(self.synapse.client_url, "sam")
         alias_name = f"lobby{type(self).users}"
@@ -152,3 +157,29 @@ class SynapseRoomsTestCase(unittest.TestCase):
         await sam.ok("POST", f"/rooms/{q(room_id)}/join", {})
         joined = await alice.ok("GET", f"/rooms/{q(room_id)}/joined_members")
         self.assertEqual(set(joined["joined"]), {alice.user_id, sam.user_id})
+
+    async def test_spaces_walked_both_ways(self) -> None:
+        # Each side's space has a public child room on its own server that
+        # the other side is not in: the walk asks the child's server for it
+        # (GET /_matrix/federation/v1/hierarchy), both ways.
+        sam = await self.user(self.synapse.client_url, "sam")
+        alice = await self.user(self.client_url, "alice")
+        ours, theirs = self.hs.config.server_name, self.synapse.server_name
+        space = {"creation_content": {"type": "m.space"}}
+        for owner, server, joiner in ((sam, theirs, alice), (alice, ours, sam)):
+            space_id = await owner.create_room(
+                preset="public_chat", name=f"Space {server}", **space
+            )
+            child_id = await owner.create_room(preset="public_chat", name=f"Child {server}")
+            await owner.ok(
+                "PUT",
+                f"/rooms/{q(space_id)}/state/m.space.child/{q(child_id)}",
+                {"via": [server]},
+            )
+            await joiner.ok("POST", f"/join/{q(space_id)}?server_name={q(server)}", {})
+            page = await joiner.ok("GET", f"/_matrix/client/v1/rooms/{q(space_id)}/hierarchy")
+            self.assertEqual(
+                [(r["room_id"], r.get("name")) for r in page["rooms"]],
+                [(space_id, f"Space {server}"), (child_id, f"Child {server}")],
+                server,
+            )

@@ -26,6 +26,7 @@ from synapse_lite.handlers.sync_sections.request import (
 from synapse_lite.handlers.sync_sections.rooms import RoomsSection
 from synapse_lite.handlers.sync_sections.stream_parts import StreamPartSection
 from synapse_lite.handlers.sync_sections.to_device import TO_DEVICE_LIMIT, ToDeviceSection
+from synapse_lite.storage.change_tracker import PositionChangeTracker
 from synapse_lite.storage.databases.main.presence import UserPresenceState
 from synapse_lite.tokens import RoomStreamToken, StreamToken
 
@@ -65,6 +66,12 @@ class Reads:
 
     #: The rooms section's change tracker, when a test sets one.
     room_changes: Any
+    #: The integer streams' change trackers: knowing nothing unless a test
+    #: sets one (every read is made, as before a tracker existed).
+    receipt_changes = account_data_changes = to_device_changes = push_rules_changes = (
+        PositionChangeTracker(lambda: 2**62)
+    )
+    presence_changes = device_list_changes = receipt_changes
 
     def __init__(self, **answers: Any) -> None:
         self.answers = answers
@@ -401,3 +408,43 @@ class RunSectionsTests(unittest.TestCase):
         del running, sections, keys_read
         gc.collect()
         self.assertEqual(self.flushLoggedErrors(RuntimeError), [])
+
+
+class ChangeTrackerTests(unittest.TestCase):
+    """A stream that moved for other users only: its change tracker (the
+    horizon at 0, Bob's and another room's changes recorded) spares the
+    read, and the part is as the database would have it, empty."""
+
+    def store(self) -> Reads:
+        store = Reads()
+        for name in ("receipt_changes", "account_data_changes", "to_device_changes"):
+            tracker = PositionChangeTracker(lambda: 0)
+            tracker.record(BOB, 6)
+            tracker.record("!other:test", 6)
+            setattr(store, name, tracker)
+        return store
+
+    async def test_receipts_of_other_rooms_read_nothing(self) -> None:
+        store = self.store()
+        section = EphemeralSection(store, FakeTyping({}, 1))  # type: ignore[arg-type]
+        response = SyncResponse(token(receipts=6))
+        await section.add_to(request(token(receipts=2), joined=[ROOM]), response)
+        self.assertEqual(store.calls, [])
+        self.assertEqual(response.room_events, {})
+
+    async def test_account_data_of_others_reads_nothing(self) -> None:
+        store = self.store()
+        response = SyncResponse(token(account_data=6, push_rules=1))
+        await AccountDataSection(store).add_to(
+            request(token(account_data=2, push_rules=1)), response
+        )
+        self.assertEqual(store.calls, [])
+        self.assertEqual(response.body["account_data"], {"events": []})
+
+    async def test_to_device_messages_of_others_read_nothing(self) -> None:
+        store = self.store()
+        response = SyncResponse(token(to_device=6))
+        await ToDeviceSection(store).add_to(request(token(to_device=2)), response)
+        self.assertEqual(store.calls, [])
+        self.assertEqual(response.now.get("to_device"), 6)
+        self.assertFalse(response.news)

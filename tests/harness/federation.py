@@ -13,9 +13,11 @@ from twisted.trial import unittest
 
 from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.auth import sign_request
-from synapse_lite.federation.crypto import SigningKey
+from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
+from synapse_lite.storage.id_generators import generator as id_generators
+from tests.harness.client_api import ClientApi
 from tests.harness.databases import create_test_database
 from tests.harness.processes import NO_KEEPALIVE
 from tests.harness.server import LoopbackBus, make_config, make_homeserver
@@ -90,6 +92,23 @@ class LoopbackServers(unittest.TestCase):
         for processes in servers:
             for hs in processes.values():
                 hs.config.federation.destinations.update(self.urls)
+
+
+class TwoServers(LoopbackServers):
+    """``a.test`` (a main process) and ``b.test`` (a main process, its events
+    writer, and ``fed1``), connected; stream positions written at once;
+    ``a_key`` is a.test's signing key (to speak for it in signed requests)."""
+
+    def setUp(self) -> None:
+        self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
+        self.a = self.make_server("a.test", [])
+        self.b = self.make_server("b.test", ["fed1"])
+        self.connect(self.a, self.b)
+        self.a_key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
+
+    def client(self, server: dict[str, HomeServer], instance: str = "main") -> ClientApi:
+        """A client of ``server``'s process ``instance``."""
+        return ClientApi(self, server[instance].config.instance_map[instance].base_url)
 
 
 def to_device_transaction(

@@ -231,6 +231,7 @@ class EventFormatTestCase(DatabaseTestCase):
         graph_tables = ("event_edges", "event_auth_edges", "event_forward_extremities")
         statements: list[str] = []
         execute, execute_batch = LoggingTransaction.execute, LoggingTransaction.execute_batch
+        execute_statements = LoggingTransaction.execute_statements
 
         def counting_execute(txn: LoggingTransaction, sql: str, args: Any = ()) -> None:
             statements.append(sql)
@@ -241,9 +242,16 @@ class EventFormatTestCase(DatabaseTestCase):
             statements.extend(sql for _ in rows)
             execute_batch(txn, sql, rows)
 
+        def counting_statements(txn: LoggingTransaction, batch: Any) -> None:
+            # Several statements in one round trip (PostgreSQL) still count
+            # one each.
+            statements.extend(sql for sql, _ in batch)
+            execute_statements(txn, batch)
+
         restores = [
             self.patch(LoggingTransaction, "execute", counting_execute),
             self.patch(LoggingTransaction, "execute_batch", counting_batch),
+            self.patch(LoggingTransaction, "execute_statements", counting_statements),
         ]
         sent = await self.alice.send(room, "counted")
         for restore in restores:

@@ -146,8 +146,8 @@ class TableTestCase(unittest.TestCase):
         self.assertTrue(declared <= registered, declared - registered)
         with mock.patch.dict(served_by.SERVED_BY, clear=True):
             table = RoutingTable.build(layout_config("default"))
-        # The media and federation prefixes.
-        self.assertEqual([r.servlet for r in table.routes], [None, None, None, None])
+        # The media (federation media included) and federation prefixes.
+        self.assertEqual([r.servlet for r in table.routes], [None] * 5)
         found, _ = table.match("GET", "/_matrix/client/v3/sync")
         self.assertEqual(found.instances, ("main",))
 

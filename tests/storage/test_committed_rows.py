@@ -148,8 +148,10 @@ class SentRowsTestCase(DatabaseTestCase):
         stored, _, _ = await EventsWorkerStore.get_events_stream_updates(
             p1.store, "persister1", 0, last, 100
         )
-        # Rows sharing an id go as a batch: only the last carries the token.
+        # The rows committed in one reactor turn go as one batch: only the
+        # last line carries the token, the batch's highest id
+        # (docs/architecture.md, "Batches").
         self.assertEqual([row for _, row in sent], [row for _, row in stored])
         tokens = [t for t, _ in sent if t is not None]
-        self.assertEqual(tokens, [e.stream_ordering for e in persisted])
+        self.assertEqual(tokens, [persisted[-1].stream_ordering])
         self.assertNotIn("get_events_stream_updates", reads[:-1])

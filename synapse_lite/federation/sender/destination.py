@@ -1,19 +1,17 @@
 """Sending one destination's queued PDUs and EDUs, one transaction at a time.
 
 A wake-up says EDUs are queued up to some to_device stream id, or gives room
-events (PDUs, by id, in stream order: ``room_events.py``). The queue then
-reads the outbox (oldest first, up to :data:`MAX_EDUS_PER_TRANSACTION` EDUs
-and about :data:`MAX_TRANSACTION_BYTES`), takes the oldest
-:data:`MAX_PDUS_PER_TRANSACTION` PDUs, sends one transaction, and on a 200
-deletes exactly what it sent; whatever was queued meanwhile goes in the next
-transaction. Only one transaction is ever in flight per destination, so
-events arrive in order. PDUs wait in memory, at most
-:data:`MAX_PENDING_PDUS` (the oldest are dropped beyond: the destination
-fetches what it misses with ``get_missing_events`` when a later event
-arrives).
+events (PDUs, in stream order: ``room_events.py``). The queue then reads the
+outbox (oldest first, up to :data:`MAX_EDUS_PER_TRANSACTION` EDUs and about
+:data:`MAX_TRANSACTION_BYTES`), takes the next PDUs (up to 50:
+``pdu_queue.py``, which also decides when a destination that fell behind
+catches up with the newest event of each room), sends one transaction, and
+on a 200 deletes exactly what it sent and records how far the destination
+got; whatever was queued meanwhile goes in the next transaction. Only one
+transaction is ever in flight per destination, so events arrive in order.
 
-The transaction id is derived from the stream ids it carries, so retrying the
-same EDUs (after a timeout, or after this process was killed mid-request)
+The transaction id is derived from the stream ids and event ids it carries,
+so retrying the same EDUs and PDUs (after a timeout, or after this process was killed mid-request)
 reuses the id and the receiver answers from its record instead of applying
 them again; a batch that differs gets another id, and the receiver's
 per-message-id dedupe covers any EDU it had already applied.
@@ -29,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,12 +38,21 @@ from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.crypto import CanonicalJsonError, canonical_json
 from synapse_lite.federation.inbound import DIRECT_TO_DEVICE
 from synapse_lite.federation.sender import backoff
+from synapse_lite.federation.sender.pdu_queue import FeedProgress, PduQueue
 from synapse_lite.metrics import (
+    FEDERATION_DESTINATION_BACKOFF_SECONDS,
+    FEDERATION_DESTINATION_CATCHING_UP,
+    FEDERATION_DESTINATION_LAST_SUCCESS,
+    FEDERATION_DESTINATION_PENDING_EDUS,
+    FEDERATION_DESTINATION_PENDING_PDUS,
+    FEDERATION_DESTINATION_TRANSACTION_SECONDS,
     FEDERATION_DESTINATIONS_DOWN,
     FEDERATION_EDUS_SENT,
     FEDERATION_PDUS_SENT,
+    FEDERATION_TRANSACTION_SECONDS,
     FEDERATION_TRANSACTIONS_SENT,
 )
+from synapse_lite.storage.databases.main.destination_rooms import QueuedPdu
 from synapse_lite.storage.databases.main.federation import OutboxRow, RetryState
 
 if TYPE_CHECKING:
@@ -56,9 +64,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_EDUS_PER_TRANSACTION = 100
-MAX_PDUS_PER_TRANSACTION = 50
-#: PDUs kept for a destination that does not take them (memory bound).
-MAX_PENDING_PDUS = 10_000
 #: Ephemeral EDUs kept for a destination that does not take them.
 MAX_PENDING_EDUS = 1_000
 MAX_TRANSACTION_BYTES = 512 * 1024
@@ -105,10 +110,12 @@ class DestinationQueue:
         retry: RetryConfig,
         on_sent: Callable[[str], None],
         render_pdus: Callable[[Sequence[str]], Awaitable[list[dict[str, Any]]]] | None = None,
+        feed: FeedProgress | None = None,
     ) -> None:
         """``on_sent(destination)``: after each transaction the destination
-        took; ``render_pdus(event_ids)``: the PDUs of those events (needed
-        once PDUs are queued)."""
+        took; ``render_pdus(event_ids)``: the PDUs of those events and
+        ``feed``: where the room events feed is (both needed once PDUs are
+        queued; without a feed no PDU is ever sent)."""
         self.destination = destination
         self._store = store
         self._clock = clock
@@ -117,11 +124,13 @@ class DestinationQueue:
         self._config = retry
         self._on_sent = on_sent
         self._render_pdus = render_pdus
-        #: Room events waiting, oldest first.
-        self._pdus: list[str] = []
+        #: Room events waiting, and how far the destination took them.
+        self.pdus = PduQueue(destination, store, feed or FeedProgress())
         #: Ephemeral EDUs waiting (typing, receipts, presence, device
         #: lists: ``sender/edus.py``), oldest first, in memory only.
         self._edus: list[dict[str, Any]] = []
+        #: When the destination last accepted a transaction (ms; None: not in this run).
+        self.last_success_ms: int | None = None
         #: Largest to_device stream id we were told is queued here.
         self._wanted_upto = 0
         self._running = False
@@ -164,21 +173,23 @@ class DestinationQueue:
 
     @property
     def pending_pdus(self) -> int:
-        return len(self._pdus)
+        return self.pdus.pending
 
-    def add_pdus(self, event_ids: Sequence[str]) -> None:
+    @property
+    def failing_since_ms(self) -> int | None:
+        """When the current run of failures began (None: not failing)."""
+        if self._state is None or not self._state.retry_interval_ms:
+            return None
+        return self._state.failure_ts
+
+    @property
+    def retry_interval_ms(self) -> int:
+        return 0 if self._state is None else self._state.retry_interval_ms
+
+    def add_pdus(self, pdus: Sequence[QueuedPdu]) -> None:
         """Send these room events (in this order, after those queued)."""
-        self._pdus.extend(event_ids)
-        excess = len(self._pdus) - MAX_PENDING_PDUS
-        if excess > 0:
-            logger.warning(
-                "%d PDUs are waiting for %s: dropping the oldest %d (it will fetch what it"
-                " misses from later events)",
-                len(self._pdus),
-                self.destination,
-                excess,
-            )
-            del self._pdus[:excess]
+        self.pdus.add(pdus, self.is_backing_off)
+        self._gauge(FEDERATION_DESTINATION_PENDING_PDUS, self.pdus.pending)
         self.wake()
 
     def add_edus(self, edus: Sequence[dict[str, Any]]) -> None:
@@ -254,21 +265,31 @@ class DestinationQueue:
             bound = max(store.get_to_device_stream_token(), self._wanted_upto)
             limit = 1 if self._one_at_a_time else MAX_EDUS_PER_TRANSACTION
             rows = await store.get_pending_edus(self.destination, bound, limit)
-            pdu_ids = self._pdus[:MAX_PDUS_PER_TRANSACTION]
+            queued = await self.pdus.next_batch()
             edus = self._edus[: max(0, MAX_EDUS_PER_TRANSACTION - len(rows))]
             if self._one_at_a_time and rows:
                 edus = []
-            if not rows and not pdu_ids and not edus:
+            self._gauge(FEDERATION_DESTINATION_PENDING_EDUS, len(rows) + len(self._edus))
+            self._gauge(FEDERATION_DESTINATION_PENDING_PDUS, self.pdus.pending)
+            self._gauge(FEDERATION_DESTINATION_CATCHING_UP, int(self.pdus.catching_up))
+            if not rows and not queued and not edus:
                 return
             batch = take_batch(rows) if rows else []
-            if not await self._send_transaction(batch, pdu_ids, edus):
+            if not await self._send_transaction(batch, queued, edus):
                 return
 
+    def _gauge(self, gauge: Any, value: float) -> None:
+        gauge.labels(self.destination).set(value)
+
     async def _send_transaction(
-        self, rows: list[OutboxRow], pdu_ids: list[str], edus: list[dict[str, Any]] | None = None
+        self,
+        rows: list[OutboxRow],
+        queued: list[QueuedPdu],
+        edus: list[dict[str, Any]] | None = None,
     ) -> bool:
         """Send one transaction; whether to go on with the next."""
         edus = edus or []
+        pdu_ids = [p.event_id for p in queued]
         txn_id = transaction_id(rows, pdu_ids, edus)
         pdus: list[dict[str, Any]] = []
         if pdu_ids:
@@ -287,7 +308,7 @@ class DestinationQueue:
                 self._forget_edus(edus, f"they are not canonical JSON ({e})")
                 return True
             if not rows:
-                self._forget_pdus(pdu_ids, f"they are not canonical JSON ({e})")
+                await self._forget_pdus(queued, f"they are not canonical JSON ({e})")
                 return True
             # Events were checked when persisted: an EDU is the culprit
             # (the PDUs go in the next transaction).
@@ -299,6 +320,7 @@ class DestinationQueue:
             len(pdus),
             len(rows),
         )
+        started = time.monotonic()
         try:
             answer = await self._client.put_json(
                 self.destination, f"/_matrix/federation/v1/send/{txn_id}", body
@@ -316,7 +338,7 @@ class DestinationQueue:
                 if pdu_ids:
                     # Its PDUs cannot be sent one by one any better (each is
                     # answered on its own in a 200): they are what it refused.
-                    self._forget_pdus(pdu_ids, f"{self.destination} refused them: {e}")
+                    await self._forget_pdus(queued, f"{self.destination} refused them: {e}")
                     return True
                 if len(rows) > 1 or (edus and rows):
                     logger.warning(
@@ -333,6 +355,11 @@ class DestinationQueue:
             # Taken, but recorded by nobody: the EDUs go again next run (the
             # receiver answers the same transaction id from its record).
             return False
+        took = time.monotonic() - started
+        FEDERATION_TRANSACTION_SECONDS.observe(took)
+        self._gauge(FEDERATION_DESTINATION_TRANSACTION_SECONDS, took)
+        self.last_success_ms = self._clock.time_msec()
+        self._gauge(FEDERATION_DESTINATION_LAST_SUCCESS, self.last_success_ms / 1000)
         logger.info("Transaction %s to %s accepted", txn_id, self.destination)
         FEDERATION_TRANSACTIONS_SENT.labels("accepted").inc()
         FEDERATION_EDUS_SENT.inc(len(rows) + len(edus))
@@ -342,7 +369,7 @@ class DestinationQueue:
             logger.warning("%s answered transaction %s with %r", self.destination, txn_id, answer)
         else:
             _log_pdu_errors(self.destination, answer.get("pdus"))
-        self._forget_pdus(pdu_ids, "")
+        await self._forget_pdus(queued, "")
         self._forget_edus(edus, "")
         if rows:
             await self._store.delete_sent_edus(self.destination, [r.stream_id for r in rows])
@@ -353,10 +380,11 @@ class DestinationQueue:
         self._on_sent(self.destination)
         return True
 
-    def _forget_pdus(self, pdu_ids: Sequence[str], reason: str) -> None:
-        """Take ``pdu_ids`` off the queue (sent; or, with a ``reason``,
-        dropped: logged)."""
+    async def _forget_pdus(self, queued: Sequence[QueuedPdu], reason: str) -> None:
+        """Take ``queued`` off the queue and record the destination's
+        position past them (sent; or, with a ``reason``, dropped: logged)."""
         if reason:
+            pdu_ids = [p.event_id for p in queued]
             logger.error(
                 "Dropping %d PDU(s) for %s (%s): %s",
                 len(pdu_ids),
@@ -364,8 +392,7 @@ class DestinationQueue:
                 ", ".join(pdu_ids[:3]) + ("..." if len(pdu_ids) > 3 else ""),
                 reason,
             )
-        done = set(pdu_ids)
-        self._pdus = [p for p in self._pdus if p not in done]
+        await self.pdus.sent(queued)
 
     def _forget_edus(self, edus: Sequence[dict[str, Any]], reason: str) -> None:
         """Take ``edus`` (the first ones queued) off the queue (sent; or,
@@ -423,12 +450,15 @@ class DestinationQueue:
                 error,
             )
         self._schedule_retry(delay)
+        # A backlog it is not taking: catch up when it is back.
+        self.pdus.check_backlog(backing_off=True)
 
     def _mark_up(self) -> None:
         self._set_state(RetryState())
 
     def _set_state(self, state: RetryState) -> None:
         self._state = state
+        self._gauge(FEDERATION_DESTINATION_BACKOFF_SECONDS, state.retry_interval_ms / 1000)
         down = backoff.is_down(state, self._config)
         if down != self._counted_down:
             FEDERATION_DESTINATIONS_DOWN.inc(1 if down else -1)

@@ -14,7 +14,11 @@ It learns of queued EDUs from one of two places:
   ``FEDERATION_ACK <instance> <token>`` so the queue can drop what it took.
 
 Room events (PDUs) come from :class:`~synapse_lite.federation.sender.room_events.RoomEventsFeed`,
-which follows the events stream on this process and calls :meth:`send_pdus`.
+which follows the events stream on this process and calls :meth:`send_pdus`;
+when it starts, :meth:`catch_up` for the destinations this sender owns that
+are behind (``pdu_queue.py``: how far each destination got is in the
+database, so a restarted sender or a new owner resumes where the old one
+stopped).
 
 In both cases it also rescans the outbox at start and every
 :data:`RESCAN_INTERVAL_SECONDS`, so a wake-up lost with a crashed process only
@@ -33,6 +37,7 @@ from twisted.internet import defer
 from synapse_lite.federation.outbox import OutboxConsumer
 from synapse_lite.federation.send_queue import DEVICE_MESSAGES
 from synapse_lite.federation.sender.destination import DestinationQueue
+from synapse_lite.federation.sender.pdu_queue import FeedProgress
 from synapse_lite.replication.streams import MemoryPositions
 from synapse_lite.replication.tcp.commands import Command, FederationAckCommand
 
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
     from synapse_lite.federation.client import FederationClient
     from synapse_lite.replication.notifier import ReplicationNotifier
     from synapse_lite.storage.databases.main import GenericWorkerStore
+    from synapse_lite.storage.databases.main.destination_rooms import QueuedPdu
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +71,15 @@ class FederationSender(OutboxConsumer):
         replication_notifier: ReplicationNotifier,
         render_pdus: Callable[[Sequence[str]], Awaitable[list[dict[str, Any]]]] | None = None,
         owns: Callable[[str], bool] = lambda destination: True,
+        feed: FeedProgress | None = None,
     ) -> None:
         """``send_command``: replication's way out, on a sender worker (for
         FEDERATION_ACK); None on the main process, which needs no acks.
         ``positions``: the federation stream's position here, which a sender
         worker moves as it takes the main process's rows. ``owns(destination)``:
         whether this sender sends to it (one of several senders owns each
-        destination: ``federation/senders.py``); the others are ignored."""
+        destination: ``federation/senders.py``); the others are ignored.
+        ``feed``: where the room events feed is (None: no PDUs sent)."""
         super().__init__(store.get_to_device_stream_token, replication_notifier)
         self._store = store
         self._clock = clock
@@ -85,6 +93,9 @@ class FederationSender(OutboxConsumer):
         self._acked = 0
         self._rescan_loop: Any = None
         self._render_pdus = render_pdus
+        self._feed = feed
+        #: Destinations in ``destinations`` this sender owns (at the last rescan).
+        self._owned_count = 0
         #: Stopping: no queue is woken or made any more.
         self._stopped = False
         self.owns = owns
@@ -113,8 +124,42 @@ class FederationSender(OutboxConsumer):
                 retry=self._config.retry,
                 on_sent=self.on_transaction_sent,
                 render_pdus=self._render_pdus,
+                feed=self._feed,
             )
         return queue
+
+    @property
+    def queues(self) -> dict[str, DestinationQueue]:
+        """Every destination this sender has had work for in this run."""
+        return self._queues
+
+    def health(self) -> dict[str, Any]:
+        """What ``/health`` says of this sender: how many destinations it
+        owns (those it knows of in ``destinations``, counted at each
+        rescan) and the stalled ones: failing to take transactions (a
+        stalled destination is not an unhealthy process: the status stays
+        "ok")."""
+        stalled = []
+        for destination, queue in sorted(self._queues.items()):
+            since = queue.failing_since_ms
+            if since is None:
+                continue
+            stalled.append(
+                {
+                    "destination": destination,
+                    "failing_since_ms": since,
+                    "retry_interval_ms": queue.retry_interval_ms,
+                    "pending_pdus": queue.pending_pdus,
+                    "catching_up": queue.pdus.catching_up,
+                }
+            )
+        return {
+            "federation_sender": {
+                "destinations": self._owned_count,
+                "active": len(self._queues),
+                "stalled": stalled,
+            }
+        }
 
     # Wake-ups
 
@@ -123,16 +168,27 @@ class FederationSender(OutboxConsumer):
             return
         self.queue(destination).wake(upto_stream_id)
 
-    def send_pdus(self, destination: str, event_ids: Collection[str]) -> None:
-        """Room events for ``destination``, in order."""
-        if (
-            destination == self._server_name
-            or not event_ids
-            or self._stopped
-            or not self.owns(destination)
-        ):
+    def send_pdus(self, destination: str, pdus: Sequence[QueuedPdu]) -> None:
+        """Room events for ``destination``, in stream order."""
+        if destination == self._server_name or not pdus or self._stopped:
             return
-        self.queue(destination).add_pdus(list(event_ids))
+        if not self.owns(destination):
+            return
+        self.queue(destination).add_pdus(pdus)
+
+    def catch_up(self, destinations: Collection[str]) -> None:
+        """The feed started: these destinations may be behind (those we own
+        are looked at now)."""
+        for destination in destinations:
+            if destination != self._server_name and not self._stopped and self.owns(destination):
+                self.queue(destination).wake()
+
+    def feed_filled(self) -> None:
+        """The feed has written ``destination_rooms`` up to where memory
+        starts: a destination catching up may finish now."""
+        for queue in self._queues.values():
+            if queue.pdus.catching_up:
+                queue.wake()
 
     def send_edus(self, destination: str, edus: Sequence[dict[str, Any]]) -> None:
         """Ephemeral EDUs (``sender/edus.py``) for ``destination``, in order."""
@@ -157,6 +213,8 @@ class FederationSender(OutboxConsumer):
             pending = await self._store.get_destinations_with_pending_edus()
             for destination, upto in pending.items():
                 self.send_device_messages(destination, upto)
+            known = await self._store.get_destination_names()
+            self._owned_count = sum(1 for d in known if self.owns(d))
 
         d = defer.ensureDeferred(scan())
         d.addErrback(lambda f: logger.warning("Scanning the outbox failed: %s", f.value))

@@ -13,9 +13,16 @@ from synapse_lite.tokens import StreamToken
 
 if TYPE_CHECKING:
     from synapse_lite.push.rules import UserPushRules
+    from synapse_lite.storage.change_tracker import PositionChangeTracker
 
 
 class AccountDataStore(Protocol):
+    @property
+    def account_data_changes(self) -> PositionChangeTracker: ...
+
+    @property
+    def push_rules_changes(self) -> PositionChangeTracker: ...
+
     async def get_account_data_changes(
         self, user_id: str, from_id: int, to_id: int
     ) -> list[tuple[int, str | None, str]]: ...
@@ -55,7 +62,12 @@ class AccountDataSection:
         of it when ``since`` is None), with the user's push rules as
         ``m.push_rules`` when they changed."""
         push_rules = await self._push_rules(user_id, since, now)
-        if since is not None and since.get("account_data") >= now.get("account_data"):
+        if since is not None and (
+            since.get("account_data") >= now.get("account_data")
+            or not self._store.account_data_changes.may_have_changed(
+                user_id, since.get("account_data")
+            )
+        ):
             return push_rules, {}
         changed_global: set[str] | None = None
         changed_rooms: set[tuple[str, str]] | None = None
@@ -96,7 +108,10 @@ class AccountDataSection:
         """``m.push_rules`` (the spec's ``{"global": ruleset}``) initially and
         when the push_rules stream changed the user's rules."""
         if since is not None:
-            if since.get("push_rules") >= now.get("push_rules"):
+            since_rules = since.get("push_rules")
+            if since_rules >= now.get("push_rules") or not (
+                self._store.push_rules_changes.may_have_changed(user_id, since_rules)
+            ):
                 return []
             if not await self._store.push_rules_changed(
                 user_id, since.get("push_rules"), now.get("push_rules")

@@ -3,13 +3,19 @@ it may forget."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from synapse_lite.handlers.sync_sections.request import Memberships, SyncRequest, SyncResponse
 from synapse_lite.tokens import RoomStreamToken, StreamToken
 
+if TYPE_CHECKING:
+    from synapse_lite.storage.change_tracker import PositionChangeTracker
+
 
 class DeviceListsStore(Protocol):
+    @property
+    def device_list_changes(self) -> PositionChangeTracker: ...
+
     async def get_users_whose_devices_changed(
         self, from_id: int, to_id: int, viewer: str
     ) -> set[str]: ...
@@ -56,7 +62,9 @@ class DeviceListsSection:
             return [], []
         changed: set[str] = set()
         left: set[str] = set()
-        if since.get("device_lists") < now.get("device_lists"):
+        if since.get("device_lists") < now.get(
+            "device_lists"
+        ) and self._store.device_list_changes.changed_among(sharing, since.get("device_lists")):
             changed = await self._store.get_users_whose_devices_changed(
                 since.get("device_lists"), now.get("device_lists"), user_id
             )

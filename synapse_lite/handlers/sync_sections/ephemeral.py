@@ -12,9 +12,13 @@ from synapse_lite.tokens import StreamToken
 if TYPE_CHECKING:
     from synapse_lite.handlers.filtering import EventFilter
     from synapse_lite.handlers.typing import TypingHandlerBase
+    from synapse_lite.storage.change_tracker import PositionChangeTracker
 
 
 class ReceiptsStore(Protocol):
+    @property
+    def receipt_changes(self) -> PositionChangeTracker: ...
+
     async def get_receipts_for_rooms(
         self, room_ids: list[str], from_id: int | None, to_id: int
     ) -> list[tuple[str, str, str, str, dict[str, Any]]]: ...
@@ -66,6 +70,11 @@ class EphemeralSection:
         ``(since, now]`` (every receipt when ``since`` is None)."""
         if not joined or (since is not None and since.get("receipts") >= now.get("receipts")):
             return {}
+        if since is not None:
+            # Rooms whose receipts cannot have changed have no rows to read.
+            joined = self._store.receipt_changes.changed_among(joined, since.get("receipts"))
+            if not joined:
+                return {}
         rows = await self._store.get_receipts_for_rooms(
             joined, None if since is None else since.get("receipts"), now.get("receipts")
         )

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.handlers.sync_sections.request import Memberships, SyncRequest, SyncResponse
 from synapse_lite.storage.databases.main.presence import UserPresenceState
 from synapse_lite.tokens import StreamToken
 
+if TYPE_CHECKING:
+    from synapse_lite.storage.change_tracker import PositionChangeTracker
+
 
 class PresenceStore(Protocol):
+    @property
+    def presence_changes(self) -> PositionChangeTracker: ...
+
     async def get_presence_for_users(self, user_ids: list[str]) -> dict[str, UserPresenceState]: ...
 
     async def get_presence_changes(
@@ -81,9 +87,14 @@ class PresenceSection:
         else:
             states = []
             if since.get("presence") < now.get("presence"):
-                states = await self._store.get_presence_changes(
-                    sorted(users), since.get("presence"), now.get("presence")
+                # Only the users whose presence may have changed are asked for.
+                changed = self._store.presence_changes.changed_among(
+                    sorted(users), since.get("presence")
                 )
+                if changed:
+                    states = await self._store.get_presence_changes(
+                        changed, since.get("presence"), now.get("presence")
+                    )
             missing = newly_seen & users - {s.user_id for s in states}
             if missing:
                 found = await self._store.get_presence_for_users(sorted(missing))

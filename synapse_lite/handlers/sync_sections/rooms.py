@@ -7,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from twisted.internet import defer
+
 from synapse_lite.events import Event
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.filtering import EventFilter, SyncFilter
@@ -159,27 +161,36 @@ class RoomsSection:
         requester, since, now = request.requester, request.since, response.now
         sync_filter, memberships, now_ms = request.filter, request.memberships, request.now_ms
         ignored = await request.ignored
-        join = await self._joined_rooms(
-            requester,
-            request.joined,
-            memberships,
-            since,
-            now,
-            request.full_state,
-            sync_filter,
-            now_ms,
-            ignored,
+        whole, incremental = self._split_joined(request, now.room_key)
+        with_room_events = [
+            r
+            for r in request.joined
+            if response.room_events_of(r, "ephemeral") or response.room_events_of(r, "account_data")
+        ]
+        # The unread counts of every room that can be in ``join`` are read
+        # beside the timelines, not after them: one round trip less for a
+        # woken /sync (a room read for nothing costs a few rows, no query).
+        counts_read = defer.ensureDeferred(
+            self._store.get_unread_counts(
+                request.user_id,
+                sorted({*whole, *incremental, *with_room_events}),
+                now.room_key.get_max_position(),
+            )
         )
-        for room_id in request.joined:
-            ephemeral = response.room_events_of(room_id, "ephemeral")
-            account_data = response.room_events_of(room_id, "account_data")
-            if ephemeral or account_data:
-                entry = join.setdefault(room_id, _empty_joined_room(now))
-                entry["ephemeral"]["events"] = ephemeral
-                entry["account_data"]["events"] = account_data
-        counts = await self._store.get_unread_counts(
-            request.user_id, sorted(join), now.room_key.get_max_position()
-        )
+        try:
+            join = await self._joined_rooms(
+                requester, whole, incremental, since, now, sync_filter, now_ms, ignored
+            )
+        except BaseException:
+            # Never awaited when the timelines failed first: its failure must
+            # not be logged as unhandled.
+            counts_read.addErrback(lambda _: None)
+            raise
+        for room_id in with_room_events:
+            entry = join.setdefault(room_id, _empty_joined_room(now))
+            entry["ephemeral"]["events"] = response.room_events_of(room_id, "ephemeral")
+            entry["account_data"]["events"] = response.room_events_of(room_id, "account_data")
+        counts = await counts_read
         for room_id, entry in join.items():
             notifications, highlights = counts.get(room_id, (0, 0))
             entry["unread_notifications"] = {
@@ -210,30 +221,44 @@ class RoomsSection:
             news=bool(join or invite or knock or leave),
         )
 
+    def _split_joined(
+        self, request: SyncRequest, now: RoomStreamToken
+    ) -> tuple[list[str], list[str]]:
+        """The joined rooms given in full (initial sync, ``full_state``,
+        joined since the token), and those that may have events after the
+        token (the room change tracker's answer; none when the events stream
+        did not move)."""
+        since, memberships = request.since, request.memberships
+        whole: list[str] = []
+        incremental: list[str] = []
+        for room_id in request.joined:
+            newly_joined = room_id in memberships.changed and (
+                memberships.at_since.get(room_id) != "join"
+            )
+            if since is None or request.full_state or newly_joined:
+                whole.append(room_id)
+            else:
+                incremental.append(room_id)
+        if since is None or not incremental or since.room_key == now:
+            return whole, []
+        # Only rooms that may have events after the token need a query.
+        room_changes = self._store.room_changes
+        return whole, [r for r in incremental if room_changes.may_have_changed(r, since.room_key)]
+
     async def _joined_rooms(
         self,
         requester: Requester,
-        joined: list[str],
-        memberships: Memberships,
+        whole: list[str],
+        incremental: list[str],
         since: StreamToken | None,
         now: StreamToken,
-        full_state: bool,
         sync_filter: SyncFilter,
         now_ms: int,
         ignored: frozenset[str],
     ) -> dict[str, dict[str, Any]]:
+        """The entries of ``whole`` rooms, and of the ``incremental`` ones
+        with something new (see :meth:`_split_joined`)."""
         limit = sync_filter.timeline_limit
-        whole: list[str] = []
-        incremental: list[str] = []
-        for room_id in joined:
-            newly_joined = room_id in memberships.changed and (
-                memberships.at_since.get(room_id) != "join"
-            )
-            if since is None or full_state or newly_joined:
-                whole.append(room_id)
-            else:
-                incremental.append(room_id)
-
         result: dict[str, dict[str, Any]] = {}
         for room_id in whole:
             events = await self._timeline_events(
@@ -249,13 +274,7 @@ class RoomsSection:
                 # history, so a timeline not reaching back to its start is a gap.
                 entry["timeline"]["limited"] = True
             result[room_id] = entry
-        if since is not None:
-            # Only rooms that may have events after the token need a query.
-            room_changes = self._store.room_changes
-            incremental = [
-                r for r in incremental if room_changes.may_have_changed(r, since.room_key)
-            ]
-        if incremental and since is not None and since.room_key != now.room_key:
+        if incremental and since is not None:
             if sync_filter.timeline.allows_all:
                 by_room = await self._events_by_room(
                     incremental, since.room_key, now.room_key, limit

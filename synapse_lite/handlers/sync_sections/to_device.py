@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from synapse_lite.handlers.sync_sections.request import SyncRequest, SyncResponse
+
+if TYPE_CHECKING:
+    from synapse_lite.storage.change_tracker import PositionChangeTracker
 
 #: To-device messages per sync (more wait for the next one).
 TO_DEVICE_LIMIT = 100
 
 
 class ToDeviceStore(Protocol):
+    @property
+    def to_device_changes(self) -> PositionChangeTracker: ...
+
     async def get_messages_for_device(
         self, user_id: str, device_id: str, from_id: int, to_id: int, limit: int
     ) -> tuple[list[dict[str, Any]], int]: ...
@@ -32,8 +38,11 @@ class ToDeviceSection:
         from_key = 0 if since is None else since.get("to_device")
         messages: list[dict[str, Any]] = []
         upto = now.get("to_device")
-        if since is None or from_key < upto:
-            requester = request.requester
+        requester = request.requester
+        if since is None or (
+            from_key < upto
+            and self._store.to_device_changes.may_have_changed(requester.user_id, from_key)
+        ):
             messages, upto = await self._store.get_messages_for_device(
                 requester.user_id, requester.device_id, from_key, upto, TO_DEVICE_LIMIT
             )

@@ -3,7 +3,8 @@ keeps readers safe, and waking whoever waits for them.
 
 For each batch of rows (or a bare position) of one writer at one token:
 
-1. the stream's definition says which caches go stale (``invalidate``);
+1. the stream's definition says which caches go stale (``invalidate``), and
+   its change tracker records the entities the rows change (``changed_entity``);
 2. the role's handlers take their rows (typing follower, federation sender, ...);
 3. the stream's position advances -- here and nowhere else;
 4. the /sync waiters the definition names are woken;
@@ -137,6 +138,15 @@ class ReplicationReceiver:
         definition = stream.definition
         if rows and definition.invalidate is not None:
             definition.invalidate(self._store, writer, token, rows)
+        if rows and definition.changed_entity is not None:
+            tracker = self._store.stream_changes.get(stream_name)
+            if tracker is not None:
+                entity_of = definition.changed_entity
+                for row in rows:
+                    # A batch's rows are recorded at its token: a row's own
+                    # id may be lower, which only makes "may have changed"
+                    # true for a little longer.
+                    tracker.record(entity_of(row), token)
         for hook in self._row_hooks.get(stream_name, ()):
             try:
                 hook(writer, token, rows)

@@ -3,8 +3,13 @@
 On each poke (an id finished somewhere in this process), and once a second in
 any case, for every stream this process writes:
 
-* new rows go out as RDATA; rows sharing a token go as ``batch`` rows ending
-  with one carrying the token;
+* what a poke finds is sent at the end of the reactor turn, so the rows of
+  every transaction committed within one turn go out together;
+* new rows go out as RDATA, one batch per stream: every row but the last
+  carries the ``batch`` token, the last the batch's token (its highest), so
+  a follower applies them at once (one cache pass, one /sync wake-up, one
+  position advance; ``docs/scaling.md``, "Batches"). Streams that can reset (kept in
+  a writer's memory: typing) keep one batch per token;
 * if the rows end below the stream's current position, a trailing
   ``POSITION last_row current`` follows;
 * a position that moved with no rows of ours (an idle writer catching up with
@@ -22,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer, task
+from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.clock import Clock
 from synapse_lite.replication.streams import Stream
@@ -60,6 +66,8 @@ class ReplicationStreamer:
         self._position_log = position_log
         self._pending_updates = False
         self._is_looping = False
+        #: The end-of-turn start of the send loop, while one is pending.
+        self._scheduled: IDelayedCall | None = None
         self._should_announce_positions = True
         self._loop: task.LoopingCall | None = None
         handler.on_new_connection(self.announce)
@@ -79,12 +87,15 @@ class ReplicationStreamer:
     def stop(self) -> None:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        if self._scheduled is not None and self._scheduled.active():
+            self._scheduled.cancel()
+        self._scheduled = None
 
     async def send_pending(self) -> None:
         """Send what is waiting now and return once it has gone (a stopping
         process's last rows; the caller bounds the wait)."""
         self.on_notifier_poke()
-        while self._is_looping:
+        while self._is_looping or self._scheduled is not None:
             await self._clock.sleep(0.01)
 
     def announce(self) -> None:
@@ -106,9 +117,16 @@ class ReplicationStreamer:
         ):
             return
         self._pending_updates = True
-        if self._is_looping:
+        if self._is_looping or self._scheduled is not None:
             return
-        defer.ensureDeferred(self._run_loop())
+        # At the end of this reactor turn: the other transactions whose
+        # commits this turn delivers go in the same batches.
+        self._scheduled = self._clock.call_later(0, self._start_loop)
+
+    def _start_loop(self) -> None:
+        self._scheduled = None
+        if not self._is_looping:
+            defer.ensureDeferred(self._run_loop())
 
     async def _run_loop(self) -> None:
         self._is_looping = True
@@ -145,8 +163,9 @@ class ReplicationStreamer:
             self._send_position(stream, last, current)
             return
         encode = stream.definition.encode_row
+        one_batch = not stream.positions.can_reset
         for i, (token, row) in enumerate(updates):
-            shares_next = i + 1 < len(updates) and updates[i + 1][0] == token
+            shares_next = i + 1 < len(updates) and (one_batch or updates[i + 1][0] == token)
             self._handler.send_command(
                 RdataCommand(stream.name, self._me, None if shares_next else token, encode(row))
             )

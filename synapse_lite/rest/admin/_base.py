@@ -19,18 +19,6 @@ def admin_path(version: str, pattern: str) -> str:
     return f"{ADMIN_PREFIX}/{version}{pattern}"
 
 
-def query_bool(request: Request, name: str, default: bool | None) -> bool | None:
-    """A ``true``/``false`` query parameter, or a 400."""
-    value = query_string(request, name)
-    if value is None:
-        return default
-    if value not in ("true", "false"):
-        raise SynapseError(
-            400, f"Query parameter {name!r} must be true or false", Codes.INVALID_PARAM
-        )
-    return value == "true"
-
-
 def query_choice(
     request: Request, name: str, choices: tuple[str, ...] | list[str], default: str
 ) -> str:

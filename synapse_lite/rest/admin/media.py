@@ -5,7 +5,7 @@
 ``POST /v1/user/{userId}/media/quarantine``; deleting media:
 ``DELETE /v1/media/{serverName}/{mediaId}`` and ``POST /v1/media/delete``
 (``DELETE /v1/users/{userId}/media`` is with the user's list, ``users.py``);
-``POST /v1/purge_media_cache`` (no remote media is cached: nothing to purge)."""
+``POST /v1/purge_media_cache`` (other servers' media cached by the media instance)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
-from synapse_lite.http.server import JsonResource, query_int
-from synapse_lite.rest.admin._base import admin_path, query_bool
+from synapse_lite.http.server import JsonResource, query_bool, query_int
+from synapse_lite.rest.admin._base import admin_path
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
@@ -79,12 +79,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         before_ts = query_int(request, "before_ts")
         if before_ts is None:
             raise SynapseError(400, "Missing 'before_ts'", Codes.MISSING_PARAM)
-        # This server never fetches another server's media (its media
-        # instance serves local uploads only): the cache is always empty.
-        logger.info(
-            "admin %s purged the remote media cache before %d", requester.user_id, before_ts
-        )
-        return 200, {"deleted": 0}
+        return 200, await media.purge_cache(requester, before_ts)
 
     register = resource.register_paths
     register("POST", admin_path("v1", "/purge_media_cache"), purge_media_cache, "admin_media_cache")

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
 
-from synapse_lite.http.server import JsonResource, parse_json_object_from_request
-from synapse_lite.rest.admin._base import admin_path, query_bool
+from synapse_lite.http.server import JsonResource, parse_json_object_from_request, query_bool
+from synapse_lite.rest.admin._base import admin_path
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers

@@ -16,13 +16,13 @@ from synapse_lite.http.fields import bool_value
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
+    query_bool,
     query_int,
     query_string,
 )
 from synapse_lite.rest.admin._base import (
     MAX_PAGE,
     admin_path,
-    query_bool,
     query_choice,
     query_descending,
 )
@@ -160,6 +160,21 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         forwards = query_choice(request, "dir", ("f", "b"), "f") == "f"
         return 200, await tools.timestamp_to_event(room_id, ts, forwards)
 
+    spaces = handlers.spaces
+
+    async def hierarchy(request: Request, room_id: str) -> tuple[int, Any]:
+        # Every room of ours below the space, whoever may see it; nothing
+        # asked of other servers (handlers/space_hierarchy.py).
+        await admin.get_admin_by_req(request)
+        return 200, await spaces.hierarchy(
+            None,
+            room_id,
+            limit=query_int(request, "limit", None, maximum=1_000_000),
+            max_depth=query_int(request, "max_depth", None, maximum=1_000_000),
+            suggested_only=bool(query_bool(request, "suggested_only", False)),
+            from_token=query_string(request, "from"),
+        )
+
     purges = handlers.purge_history
 
     async def purge_history(
@@ -205,6 +220,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         fetch_event,
         "admin_fetch_event",
     )
+    register("GET", admin_path("v1", ROOM + "/hierarchy"), hierarchy, "admin_room_hierarchy")
     register(
         "GET",
         admin_path("v1", ROOM + "/timestamp_to_event"),

@@ -15,13 +15,13 @@ from synapse_lite.http.fields import bool_value, get_bool, get_list, get_optiona
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
+    query_bool,
     query_int,
     query_string,
 )
 from synapse_lite.rest.admin._base import (
     MAX_PAGE,
     admin_path,
-    query_bool,
     query_choice,
     query_descending,
 )

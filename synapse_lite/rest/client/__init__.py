@@ -26,6 +26,7 @@ from synapse_lite.rest.client import (
     room,
     search,
     sliding_sync,
+    spaces,
     sync,
     user_data,
     versions,
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.search import SearchHandler
     from synapse_lite.handlers.server_notices import ServerNoticesHandler
     from synapse_lite.handlers.sliding_sync.handler import SlidingSyncHandler
+    from synapse_lite.handlers.space_hierarchy import SpaceHierarchyHandler
     from synapse_lite.handlers.sync import SyncHandler
     from synapse_lite.handlers.typing import TypingHandlerBase
     from synapse_lite.handlers.ui_auth import InteractiveAuthHandler
@@ -124,6 +126,7 @@ class ClientHandlers:
     turn: TurnConfig
     profiles: ProfileHandler
     directory: DirectoryHandler
+    spaces: SpaceHierarchyHandler
     relations: RelationsHandler
     search: SearchHandler
     identity: IdentityHandler
@@ -149,6 +152,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         push_rules,
         profile,
         directory,
+        spaces,
         voip,
         appservice,
     ]

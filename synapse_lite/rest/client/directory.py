@@ -11,7 +11,12 @@ from twisted.web.server import Request
 
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import check_room_alias, check_room_id
-from synapse_lite.http.fields import get_bool, get_dict, get_optional_int, get_optional_str, get_str
+from synapse_lite.handlers.directory import (
+    MAX_SEARCH_TERM,
+    PublicRoomsQuery,
+    parse_public_rooms_body,
+)
+from synapse_lite.http.fields import get_optional_int, get_optional_str, get_str
 from synapse_lite.http.server import (
     JsonResource,
     parse_json_object_from_request,
@@ -22,9 +27,6 @@ from synapse_lite.rest.client._base import client_path
 
 if TYPE_CHECKING:
     from synapse_lite.rest.client import ClientHandlers
-
-#: The longest ``generic_search_term`` and user search term accepted.
-MAX_SEARCH_TERM = 1000
 
 
 def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
@@ -105,31 +107,24 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         # Not in the spec; the reference homeserver has it and SyTest uses it.
         return await set_appservice_listing(request, network_id, room_id, "private")
 
-    def check_server(server: str | None) -> None:
-        if server is not None and server != handlers.server_name:
-            raise SynapseError(
-                400, "Only this server's room directory is served", Codes.INVALID_PARAM
-            )
-
     async def get_public_rooms(request: Request) -> tuple[int, Any]:
-        # No access token needed (the spec's GET is public; POST is not).
-        check_server(query_string(request, "server"))
-        limit = query_int(request, "limit", None, maximum=1_000_000)
-        return 200, await directory.public_rooms(limit, query_string(request, "since"), None)
+        server = query_string(request, "server")
+        # Our own list needs no access token (the spec's GET is public);
+        # another server's does: an anonymous caller must not make us send
+        # federation requests.
+        if server is not None and server != handlers.server_name:
+            await auth.get_user_by_req(request)
+        query = PublicRoomsQuery(
+            limit=query_int(request, "limit", None, maximum=1_000_000),
+            since=query_string(request, "since"),
+        )
+        return 200, await directory.server_public_rooms(server, query)
 
     async def post_public_rooms(request: Request) -> tuple[int, Any]:
         await auth.get_user_by_req(request)
-        check_server(query_string(request, "server"))
         body = parse_json_object_from_request(request, allow_empty=True)
-        limit = get_optional_int(body, "limit")
-        since = get_optional_str(body, "since", max_length=64)
-        search_filter = get_dict(body, "filter", {})
-        term = get_optional_str(search_filter, "generic_search_term", max_length=MAX_SEARCH_TERM)
-        instance_id = get_optional_str(body, "third_party_instance_id", max_length=512)
-        all_networks = get_bool(body, "include_all_networks", False)
-        return 200, await directory.public_rooms(
-            limit, since, term, instance_id=instance_id, all_networks=all_networks
-        )
+        query = parse_public_rooms_body(body)
+        return 200, await directory.server_public_rooms(query_string(request, "server"), query)
 
     async def search_users(request: Request) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)

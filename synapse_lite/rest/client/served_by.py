@@ -28,8 +28,14 @@ ROOM_EVENTS_WRITER = ServedBy(ROOM_EVENTS_WRITER_ROLE)
 MEDIA = ServedBy(MEDIA_ROLE)
 
 
-#: Paths served by the media instance, whatever their servlet.
-MEDIA_PATH_PREFIXES = ("/_matrix/media/", "/_matrix/client/v1/media/")
+#: Paths served by the media instance, whatever their servlet. Federation
+#: media too: the media instance has the files (routed before the other
+#: federation paths, which go to the federation readers).
+MEDIA_PATH_PREFIXES = (
+    "/_matrix/media/",
+    "/_matrix/client/v1/media/",
+    "/_matrix/federation/v1/media/",
+)
 
 #: Servlet name -> who serves it (or, by method, who serves each method).
 SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
@@ -82,6 +88,8 @@ SERVED_BY: Mapping[str, ServedBy | Mapping[str, ServedBy]] = {
     "directory_appservice_listing": READERS,
     "public_rooms": READERS,
     "public_rooms_search": READERS,
+    # Reads our rooms' state, and asks other servers (any process may ask).
+    "room_hierarchy": READERS,
     "user_directory": READERS,
     "turn_server": READERS,
     "thirdparty_protocols": READERS,

@@ -46,7 +46,7 @@ _BASE_MODULES: tuple[tuple[str, str], ...] = (
 VERSION_MODULES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("r0.6.1", _BASE_MODULES),
     ("v1.1", ()),
-    ("v1.2", ()),
+    ("v1.2", (("GET", "/_matrix/client/v1/rooms/!r:h/hierarchy"),)),
     ("v1.3", (("GET", "/_matrix/client/v1/rooms/!r:h/relations/$e"),)),
     ("v1.4", (("GET", "/_matrix/client/v1/rooms/!r:h/threads"),)),
     ("v1.5", ()),

@@ -105,6 +105,15 @@ class BaseDatabaseEngine(abc.ABC):
         """Run one statement (in the driver's placeholder style) once per row."""
         cur.executemany(sql, rows)
 
+    def execute_statements(
+        self, cur: DBAPICursor, statements: list[tuple[str, tuple[Any, ...]]]
+    ) -> None:
+        """Run ``statements`` (each in the driver's placeholder style, with
+        its arguments) in order, in as few round trips as the driver allows;
+        ``rowcount`` is then the last statement's. No results are read."""
+        for sql, args in statements:
+            cur.execute(sql, args)
+
     @property
     def sequences_are_transactional(self) -> bool:
         """Whether an id taken inside a rolled-back transaction returns to its

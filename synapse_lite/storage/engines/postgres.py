@@ -97,6 +97,15 @@ class PostgresEngine(BaseDatabaseEngine):
 
         psycopg2.extras.execute_batch(cur, sql, rows, page_size=BATCH_PAGE_SIZE)
 
+    def execute_statements(
+        self, cur: DBAPICursor, statements: list[tuple[str, tuple[Any, ...]]]
+    ) -> None:
+        # One round trip: psycopg2 sends the joined statements as one query
+        # (client-side parameters), and ``rowcount`` is the last one's.
+        cur.execute(
+            "; ".join(sql for sql, _ in statements), [a for _, args in statements for a in args]
+        )
+
     def create_sequence_sql(self, name: str) -> list[str]:
         return [f"CREATE SEQUENCE {_check_sequence_name(name)}"]
 

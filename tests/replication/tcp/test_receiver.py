@@ -12,6 +12,7 @@ from twisted.trial import unittest
 
 from synapse_lite.clock import Clock
 from synapse_lite.replication.tcp.receiver import PositionWaiters, ReplicationReceiver
+from synapse_lite.storage.change_tracker import PositionChangeTracker
 from synapse_lite.streams.catalog import (
     BUILTIN_STREAMS,
     EventsStreamCurrentStateRow,
@@ -25,6 +26,7 @@ from tests.replication.tcp.fakes import fake_stream
 class _Store:
     def __init__(self, log: list[str]) -> None:
         self.log = log
+        self.stream_changes = {"receipts": PositionChangeTracker(lambda: 0)}
 
     def invalidate_for_events_rows(self, writer: str, token: int, rows: Sequence[Any]) -> None:
         self.log.append(f"invalidate {token} ({len(rows)} rows)")
@@ -51,6 +53,7 @@ class ReceiverTestCase(unittest.TestCase):
     def setUp(self) -> None:
         self.clock = task.Clock()
         self.log: list[str] = []
+        self.store = _Store(self.log)
         self.events, self.positions, _ = fake_stream(BUILTIN_STREAMS["events"])
         self.receipts, _, _ = fake_stream(BUILTIN_STREAMS["receipts"])
         streams = {"events": self.events, "receipts": self.receipts}
@@ -58,7 +61,7 @@ class ReceiverTestCase(unittest.TestCase):
             Clock(self.clock), "me", {name: s.positions for name, s in streams.items()}
         )
         self.receiver = ReplicationReceiver(
-            cast(Any, _Store(self.log)), streams, cast(Any, _Notifier(self.log)), self.waiters
+            cast(Any, self.store), streams, cast(Any, _Notifier(self.log)), self.waiters
         )
         original = self.positions.advance_past_row
 
@@ -83,6 +86,26 @@ class ReceiverTestCase(unittest.TestCase):
             ],
         )
         self.assertEqual(self.positions.calls, [("row", "p1", 7)])  # advanced once
+
+    def test_a_batch_of_several_ids_is_one_pass_one_advance_one_wake(self) -> None:
+        rows = [
+            *member_event(5),
+            EventsStreamEventRow(
+                "$x", "!s:x", "m.room.message", None, None, None, None, False, False
+            ),
+            *member_event(7),
+        ]
+        self.receiver.on_rows("events", "p1", 7, rows)
+        self.assertEqual(
+            self.log,
+            [
+                "invalidate 7 (5 rows)",
+                "hook 7",
+                "advance 7",
+                "wake rooms=['!r:x', '!s:x'] users=['@bob:x']",
+            ],
+        )
+        self.assertEqual(self.positions.calls, [("row", "p1", 7)])
 
     def test_a_bare_position_invalidates_and_wakes_nothing(self) -> None:
         self.receiver.on_rows("events", "p1", 9, [])
@@ -115,6 +138,15 @@ class ReceiverTestCase(unittest.TestCase):
         self.receiver.on_rows("events", "p1", 8, [])
         self.assertTrue(second.called)
         self.assertFalse(other.called)
+
+    def test_a_batch_is_recorded_by_its_streams_change_tracker(self) -> None:
+        rows = [
+            ReceiptsStreamRow(room, "m.read", "@u:x", "$e", None, {}) for room in ("!a:x", "!b:x")
+        ]
+        self.receiver.on_rows("receipts", "p1", 9, rows)
+        tracker = self.store.stream_changes["receipts"]
+        self.assertEqual(tracker.changed_among(["!a:x", "!b:x", "!c:x"], 8), ["!a:x", "!b:x"])
+        self.assertEqual(tracker.changed_among(["!a:x", "!b:x"], 9), [])
 
     def test_a_wait_times_out_and_one_already_reached_returns_at_once(self) -> None:
         self.receiver.on_rows("events", "p1", 10, [])

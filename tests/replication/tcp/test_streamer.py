@@ -1,6 +1,7 @@
 """What a process sends of its own streams, in memory on a fake clock: RDATA
-with batch tokens, trailing and idle POSITIONs, announcements on connection,
-nothing when nobody listens, and no echo of others' caches."""
+in batches (one per stream and reactor turn), trailing and idle POSITIONs,
+announcements on connection, nothing when nobody listens, and no echo of
+others' caches."""
 
 from __future__ import annotations
 
@@ -49,32 +50,59 @@ class StreamerTestCase(unittest.TestCase):
             position_log=None,
         )
         # The first poke announces every stream's position.
-        self.streamer.on_notifier_poke()
+        self.poke()
         self.assertEqual(
             self.handler.sent,
             [PositionCommand("receipts", "me", 0, 0), PositionCommand("caches", "me", 0, 0)],
         )
         self.handler.sent.clear()
 
-    def test_new_rows_go_as_rdata_rows_sharing_an_id_as_a_batch(self) -> None:
+    def poke(self) -> None:
+        """A poke, then the end of the reactor turn (when the streamer sends)."""
+        self.streamer.on_notifier_poke()
+        self.clock.advance(0)
+
+    def test_new_rows_go_as_one_batch_carrying_the_last_token(self) -> None:
         for token, n in ((1, 1), (2, 2), (2, 3), (3, 4)):
             self.rows.add("me", token, receipt(n))
         self.positions.local_write = 5  # an id above 3 finished with no row of ours
-        self.streamer.on_notifier_poke()
+        self.poke()
         encode = BUILTIN_STREAMS["receipts"].encode_row
         self.assertEqual(
             self.handler.sent,
             [
-                RdataCommand("receipts", "me", 1, encode(receipt(1))),
+                RdataCommand("receipts", "me", None, encode(receipt(1))),
                 RdataCommand("receipts", "me", None, encode(receipt(2))),
-                RdataCommand("receipts", "me", 2, encode(receipt(3))),
+                RdataCommand("receipts", "me", None, encode(receipt(3))),
                 RdataCommand("receipts", "me", 3, encode(receipt(4))),
                 PositionCommand("receipts", "me", 3, 5),
             ],
         )
 
-    def test_nothing_new_sends_nothing_until_the_idle_announcement(self) -> None:
+    def test_pokes_within_one_reactor_turn_send_one_batch(self) -> None:
+        self.rows.add("me", 1, receipt(1))
+        self.positions.local_write = 1
         self.streamer.on_notifier_poke()
+        self.assertEqual(self.handler.sent, [])  # not before the turn ends
+        self.rows.add("me", 2, receipt(2))
+        self.positions.local_write = 2
+        self.streamer.on_notifier_poke()
+        self.clock.advance(0)
+        self.assertEqual(
+            [(type(c).__name__, getattr(c, "token", None)) for c in self.handler.sent],
+            [("RdataCommand", None), ("RdataCommand", 2)],
+        )
+        self.assertEqual(len(self.rows.calls), 1)
+
+    def test_stop_cancels_a_pending_send(self) -> None:
+        self.rows.add("me", 1, receipt(1))
+        self.positions.local_write = 1
+        self.streamer.on_notifier_poke()
+        self.streamer.stop()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_nothing_new_sends_nothing_until_the_idle_announcement(self) -> None:
+        self.poke()
         self.assertEqual(self.handler.sent, [])
         self.streamer.start()
         self.addCleanup(self.streamer.stop)
@@ -89,20 +117,20 @@ class StreamerTestCase(unittest.TestCase):
         # Another process's invalidations lifted our position: nothing of ours.
         self.cache_positions.received["other"] = 8
         self.cache_positions.local_write = 0
-        self.streamer.on_notifier_poke()
+        self.poke()
         self.assertEqual(self.handler.sent, [])
         self.cache_rows.add("me", 9, CachesStreamRow("c", None, 1))
         self.cache_positions.local_write = 9
-        self.streamer.on_notifier_poke()
+        self.poke()
         self.assertEqual([type(c).__name__ for c in self.handler.sent], ["RdataCommand"])
 
     def test_nobody_listening_skips_the_rows(self) -> None:
         self.handler.connected = False
         self.rows.add("me", 1, receipt(1))
         self.positions.local_write = 1
-        self.streamer.on_notifier_poke()
+        self.poke()
         self.assertEqual(self.receipts.last_sent_position, 1)
         self.assertEqual(self.rows.calls, [])  # not even read: newcomers read the database
         self.handler.connected = True
-        self.streamer.on_notifier_poke()
+        self.poke()
         self.assertEqual(self.handler.sent, [])

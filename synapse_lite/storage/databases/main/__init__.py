@@ -15,11 +15,13 @@ from synapse_lite.storage.databases.main.admin_tasks import AdminTasksWorkerStor
 from synapse_lite.storage.databases.main.appservice import ApplicationServiceWorkerStore
 from synapse_lite.storage.databases.main.client_ips import ClientIpStore, ClientIpWorkerStore
 from synapse_lite.storage.databases.main.content_reports import ContentReportsWorkerStore
+from synapse_lite.storage.databases.main.destination_rooms import DestinationRoomsWorkerStore
 from synapse_lite.storage.databases.main.deviceinbox import DeviceInboxWorkerStore
 from synapse_lite.storage.databases.main.end_to_end_keys import EndToEndKeyWorkerStore
 from synapse_lite.storage.databases.main.events import EventsStore
 from synapse_lite.storage.databases.main.federation import FederationWorkerStore
 from synapse_lite.storage.databases.main.filtering import FilteringWorkerStore
+from synapse_lite.storage.databases.main.inbound_pdu_queue import InboundPduQueueWorkerStore
 from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.media import MediaRepositoryStore
 from synapse_lite.storage.databases.main.media_quarantine import MediaQuarantineWorkerStore
@@ -35,6 +37,7 @@ from synapse_lite.storage.databases.main.registration_tokens import (
 )
 from synapse_lite.storage.databases.main.relations import RelationsWorkerStore
 from synapse_lite.storage.databases.main.remote_devices import RemoteDevicesWorkerStore
+from synapse_lite.storage.databases.main.remote_media import RemoteMediaCacheStore
 from synapse_lite.storage.databases.main.room import RoomWorkerStore
 from synapse_lite.storage.databases.main.room_keys import RoomKeysStore
 from synapse_lite.storage.databases.main.search import SearchWorkerStore
@@ -53,11 +56,14 @@ class GenericWorkerStore(
     ReceiptsWorkerStore,
     DeviceInboxWorkerStore,
     FederationWorkerStore,
+    DestinationRoomsWorkerStore,
     ReceivedPdusWorkerStore,
+    InboundPduQueueWorkerStore,
     PresenceWorkerStore,
     FilteringWorkerStore,
     InstancesWorkerStore,
     MediaRepositoryStore,
+    RemoteMediaCacheStore,
     RoomKeysStore,
     ClientIpWorkerStore,
     ContentReportsWorkerStore,

@@ -35,6 +35,9 @@ class AccountDataWorkerStore(SQLBaseStore):
     ):
         super().__init__(database, db_conn, hs)
         self._account_data_id_gen = hs.id_generators.of("account_data")
+        self.account_data_changes = self.track_stream_changes(
+            "account_data", self._account_data_id_gen.persisted_upto_position
+        )
 
     # Writes
 
@@ -45,6 +48,7 @@ class AccountDataWorkerStore(SQLBaseStore):
 
         def txn_func(txn: LoggingTransaction) -> int:
             stream_id = self._account_data_id_gen.get_next_txn(txn)
+            self.account_data_changes.record_after_commit(txn, user_id, stream_id)
             txn.execute(
                 "INSERT INTO account_data (user_id, account_data_type, stream_id, content,"
                 " instance_name) VALUES (?, ?, ?, ?, ?)"
@@ -72,6 +76,7 @@ class AccountDataWorkerStore(SQLBaseStore):
 
         def txn_func(txn: LoggingTransaction) -> int:
             stream_id = self._account_data_id_gen.get_next_txn(txn)
+            self.account_data_changes.record_after_commit(txn, user_id, stream_id)
             txn.execute(
                 "INSERT INTO room_account_data (user_id, room_id, account_data_type, stream_id,"
                 " content, instance_name) VALUES (?, ?, ?, ?, ?, ?)"
@@ -101,6 +106,7 @@ class AccountDataWorkerStore(SQLBaseStore):
 
         def txn_func(txn: LoggingTransaction) -> int:
             stream_id = self._account_data_id_gen.get_next_txn(txn)
+            self.account_data_changes.record_after_commit(txn, user_id, stream_id)
             if content is None:
                 txn.execute(
                     "DELETE FROM room_tags WHERE user_id = ? AND room_id = ? AND tag = ?",

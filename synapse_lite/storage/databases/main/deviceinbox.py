@@ -37,6 +37,9 @@ class DeviceInboxWorkerStore(SQLBaseStore):
     ):
         super().__init__(database, db_conn, hs)
         self._device_inbox_id_gen = hs.id_generators.of("to_device")
+        self.to_device_changes = self.track_stream_changes(
+            "to_device", self._device_inbox_id_gen.persisted_upto_position
+        )
 
     def get_to_device_stream_token(self) -> int:
         return self._device_inbox_id_gen.persisted_upto_position()
@@ -69,6 +72,8 @@ class DeviceInboxWorkerStore(SQLBaseStore):
                 if first is not None:
                     return first, False
             stream_id = self._device_inbox_id_gen.get_next_txn(txn)
+            for user_id in local_messages:
+                self.to_device_changes.record_after_commit(txn, user_id, stream_id)
             if txn_key is not None:
                 record_client_transaction_txn(txn, txn_key, TO_DEVICE_TXN_KIND, stream_id)
             rows = [
@@ -126,6 +131,8 @@ class DeviceInboxWorkerStore(SQLBaseStore):
             if not rows:
                 return None
             stream_id = self._device_inbox_id_gen.get_next_txn(txn)
+            for user_id in local_messages:
+                self.to_device_changes.record_after_commit(txn, user_id, stream_id)
             txn.execute_batch(
                 "INSERT INTO device_inbox (user_id, device_id, stream_id, message_json,"
                 " instance_name) VALUES (?, ?, ?, ?, ?)",

@@ -27,6 +27,9 @@ class DeviceWorkerStore(SQLBaseStore):
     ):
         super().__init__(database, db_conn, hs)
         self._device_list_id_gen = hs.id_generators.of("device_lists")
+        self.device_list_changes = self.track_stream_changes(
+            "device_lists", self._device_list_id_gen.persisted_upto_position
+        )
 
     def get_device_lists_position(self) -> int:
         """Where every device list change up to is stored (this process's view)."""
@@ -136,6 +139,7 @@ class DeviceWorkerStore(SQLBaseStore):
         (one device_lists id, on a row for each), told to ``visible_to``
         only when given. Returns the id."""
         stream_id = self._device_list_id_gen.get_next_txn(txn)
+        self.device_list_changes.record_after_commit(txn, user_id, stream_id)
         for device_id in device_ids:
             txn.execute(
                 "INSERT INTO device_lists_stream"

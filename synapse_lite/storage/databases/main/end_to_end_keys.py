@@ -362,6 +362,7 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
 
         def txn_func(txn: LoggingTransaction) -> int:
             stream_id = self._device_list_id_gen.get_next_txn(txn)
+            self.device_list_changes.record_after_commit(txn, user_id, stream_id)
             for keytype, key in keys.items():
                 txn.execute(
                     "SELECT key_json FROM e2e_cross_signing_keys WHERE user_id = ? AND keytype = ?",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attr
 
-from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS
+from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS, RoomVersion
 from synapse_lite.event_graph.pdu import StateKey
 from synapse_lite.events import Event, EventContent, relation_of
 from synapse_lite.storage._base import json_encoder
@@ -28,6 +28,7 @@ from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
     LoggingTransaction,
+    insert_rows_statements,
     insert_rows_txn,
 )
 from synapse_lite.storage.databases.main.auth_chains import (
@@ -39,6 +40,7 @@ from synapse_lite.storage.databases.main.events_worker import (
     EventsWorkerStore,
     self_destruct_after,
 )
+from synapse_lite.storage.databases.main.inbound_pdu_queue import move_queued_to_received_txn
 from synapse_lite.storage.databases.main.search import index_events_txn
 from synapse_lite.storage.databases.main.state_groups import (
     EVENT_GROUP_CACHE_ENTRIES,
@@ -197,6 +199,8 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         # The auth chain positions of events this writer indexed or read
         # (the auth events of its next state events).
         self._auth_positions: LruCache[IndexedEvent] = LruCache(EVENT_GROUP_CACHE_ENTRIES)
+        # Ids of the backfill stream (stored ids count down from -1).
+        self._backfill_id_gen = hs.id_generators.of("backfill")
         # Kept only where a streamer sends them (a layout with workers).
         self._committed_rows = CommittedRows() if hs.config.workers else None
         if self._committed_rows is not None:
@@ -216,23 +220,36 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         return await super().get_events_stream_updates(instance_name, last_id, current_id, limit)
 
     async def get_state_ids_before_received(
-        self, room_id: str, prev_event_ids: Sequence[str]
+        self,
+        room_id: str,
+        prev_event_ids: Sequence[str],
+        given_states: Sequence[Mapping[StateKey, str]] = (),
     ) -> dict[StateKey, str] | None:
         """The state before an event whose parents are ``prev_event_ids``
         (on the room's writer, about to persist it): the state after its
         one parent, or the resolution of its parents' states (the room
         version's algorithm, as the persist transaction will store it).
-        None when a parent is unknown or has no state (an outlier)."""
+        None when a parent is unknown or has no state (an outlier), unless
+        ``given_states`` stand for those: the states after parents we do
+        not have, as another server told them (``/state_ids``), resolved
+        with the states after the parents we have."""
 
         def txn_func(txn: LoggingTransaction) -> dict[StateKey, str] | None:
             wanted = sorted(set(prev_event_ids))
             groups = groups_of_events_txn(txn, wanted)
-            if len(groups) < len(wanted):
+            if len(groups) < len(wanted) and not given_states:
                 return None
             distinct = sorted({g.id: g for g in groups.values()}.values(), key=lambda g: g.id)
-            if len(distinct) == 1:
-                return state_of_group_txn(txn, distinct[0].id)
-            return self._resolve_groups_txn(txn, room_id, distinct)[0]
+            if not given_states:
+                if len(distinct) == 1:
+                    return state_of_group_txn(txn, distinct[0].id)
+                return self._resolve_groups_txn(txn, room_id, distinct)[0]
+            states = [state_of_group_txn(txn, g.id) for g in distinct]
+            states.extend(dict(s) for s in given_states)
+            unique = list({tuple(sorted(s.items())): s for s in states}.values())
+            if len(unique) == 1:
+                return dict(unique[0])
+            return resolve_states_txn(txn, self._room_version_txn(txn, room_id), unique)
 
         return await self.db_pool.runInteraction("get_state_ids_before_received", txn_func)
 
@@ -240,21 +257,28 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self,
         events: list[EventContent],
         push_actions: Mapping[str, Any] | None = None,
+        given_state_before: Mapping[str, Mapping[StateKey, str]] | None = None,
+        from_inbound_queue: Sequence[str] = (),
     ) -> list[Event]:
         """Persist events in order, in one transaction; returns them with their
         stream ids. ``push_actions``: event_id -> what it does for local
         members (``handlers.push.EventPushActions``), stored in the same
-        transaction. Raises :class:`DuplicateTransactionError` if a client's
-        transaction id was used meanwhile."""
+        transaction. ``given_state_before``: event_id -> the state before
+        it where its parents' states do not say it (a received event whose
+        missing parents' states another server gave). ``from_inbound_queue``:
+        ids of these events taken from the durable inbound queue, whose
+        queued rows become their ``received_pdus`` rows in the same
+        transaction (persisted and dequeued together, or neither). Raises
+        :class:`DuplicateTransactionError` if a client's transaction id was
+        used meanwhile."""
+
+        def txn_func(txn: LoggingTransaction) -> list[Event]:
+            move_queued_to_received_txn(txn, from_inbound_queue)
+            return self._persist_events_txn(txn, events, push_actions or {}, given_state_before)
+
         # A second run after a COMMIT of unknown outcome cannot store an event
         # twice: event ids and client transaction ids are unique keys.
-        persisted = await self.db_pool.runInteraction(
-            "persist_events",
-            self._persist_events_txn,
-            events,
-            push_actions or {},
-            idempotent=True,
-        )
+        persisted = await self.db_pool.runInteraction("persist_events", txn_func, idempotent=True)
         for event in persisted:
             self._event_cache.set(event.event_id, event)
         return persisted
@@ -318,6 +342,56 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             self._event_cache.set(event.event_id, event)
         return persisted[-1]
 
+    async def persist_backfilled_events(
+        self, room_id: str, origin: str, events: Sequence[tuple[EventContent, dict[str, Any]]]
+    ) -> list[Event]:
+        """Persist history another server gave by ``/backfill``
+        (docs/federation.md, "Backfill"), in one transaction: each event
+        (checked by the caller against its own auth events; its received
+        form beside it) on the **backfill stream**, whose stored ids count
+        down, deepest first, so the room's stream order reads them before
+        everything already held and, among them, by depth. They are in the
+        graph (edges) without state groups, and move no forward extremity,
+        current state nor room row (old history changes nothing of now)."""
+        ordered = sorted(events, key=lambda e: (-e[0].depth, -e[0].origin_server_ts))
+
+        def txn_func(txn: LoggingTransaction) -> list[Event]:
+            contents = [c for c, _ in ordered]
+            txn.execute_batch(
+                "INSERT INTO received_pdus (event_id, room_id, origin, pdu_json)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+                [(c.event_id, room_id, origin, json_encoder(pdu)) for c, pdu in ordered],
+            )
+            # Counting down: the deepest event gets the id nearest zero.
+            stream_ids = self._backfill_id_gen.get_next_mult_txn(txn, len(contents))
+            insert_rows_txn(
+                txn,
+                "event_edges (event_id, prev_event_id)",
+                [(c.event_id, prev) for c in contents for prev in c.prev_event_ids],
+            )
+            insert_rows_txn(
+                txn,
+                "event_auth_edges (event_id, auth_id)",
+                [(c.event_id, auth) for c in contents for auth in c.auth_event_ids],
+            )
+            self._index_auth_chains_txn(txn, contents, stream_ids)
+            persisted = [
+                self._stored(c, stream_id)
+                for c, stream_id in zip(contents, stream_ids, strict=True)
+            ]
+            self._insert_events_txn(txn, persisted, {}, {}, backfilled=True)
+            index_events_txn(txn, persisted)
+            for event in persisted:
+                txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
+            return persisted
+
+        persisted = await self.db_pool.runInteraction(
+            "persist_backfilled_events", txn_func, idempotent=False
+        )
+        for event in persisted:
+            self._event_cache.set(event.event_id, event)
+        return persisted
+
     async def persist_remote_invite(
         self, content: EventContent, origin: str, pdu: dict[str, Any], room_version: str
     ) -> Event:
@@ -378,22 +452,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self._index_auth_chains_txn(txn, events, stream_ids)
         for content, stream_id in zip(events, stream_ids, strict=True):
             room_id = content.room_id
-            event = Event(
-                event_id=content.event_id,
-                room_id=room_id,
-                type=content.type,
-                state_key=content.state_key,
-                sender=content.sender,
-                content=content.content,
-                origin_server_ts=content.origin_server_ts,
-                stream_ordering=stream_id,
-                depth=content.depth,
-                instance_name=self._instance_name,
-                redacts=content.redacts,
-                outlier=content.outlier,
-                rejected=content.rejected_reason is not None,
-                soft_failed=content.soft_failed,
-            )
+            event = self._stored(content, stream_id)
             if content.rejected_reason is not None:
                 txn.execute(
                     "INSERT INTO rejections (event_id, reason, rejected_ts) VALUES (?, ?, ?)",
@@ -449,6 +508,25 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             txn.call_after(self.invalidate_state_caches, room_id, members_changed[room_id])
         return persisted
 
+    def _stored(self, content: EventContent, stream_id: int) -> Event:
+        """``content`` as persisted here at ``stream_id``."""
+        return Event(
+            event_id=content.event_id,
+            room_id=content.room_id,
+            type=content.type,
+            state_key=content.state_key,
+            sender=content.sender,
+            content=content.content,
+            origin_server_ts=content.origin_server_ts,
+            stream_ordering=stream_id,
+            depth=content.depth,
+            instance_name=self._instance_name,
+            redacts=content.redacts,
+            outlier=content.outlier,
+            rejected=content.rejected_reason is not None,
+            soft_failed=content.soft_failed,
+        )
+
     def _record_persisted_positions(
         self, persisted: list[Event], resolved_rows: Mapping[int, list[Any]]
     ) -> None:
@@ -484,7 +562,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         events: list[Event],
         push_actions: Mapping[str, Any],
         groups: Mapping[str, EventGroups],
+        backfilled: bool = False,
     ) -> None:
+        """``backfilled``: old history (``persist_backfilled_events``),
+        which changes no room row (an old join rule is not the room's now).
+        """
         # One batch: on PostgreSQL a page of rows costs one round trip. An
         # event's default push actions ride on its row (no extra statement).
         defaults = {}
@@ -521,7 +603,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             ],
         )
         served = [e for e in events if e.served]
-        for event in served:
+        for event in [] if backfilled else served:
             self._update_room_row_txn(txn, event)
         relations = [(e, r) for e in served if (r := relation_of(e.content)) is not None]
         if relations:
@@ -548,13 +630,12 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         one new extremity (every linear send) moves its extremity with one
         UPDATE; only parents outside the batch are deleted (the batch's own
         events never were extremities)."""
-        insert_rows_txn(
-            txn,
+        # The edges ride in one round trip with the first extremity move
+        # (PostgreSQL; SQLite has no round trips to save).
+        edges = insert_rows_statements(
             "event_edges (event_id, prev_event_id)",
             [(e.event_id, prev) for e in events for prev in e.prev_event_ids],
-        )
-        insert_rows_txn(
-            txn,
+        ) + insert_rows_statements(
             "event_auth_edges (event_id, auth_id)",
             [(e.event_id, auth) for e in events for auth in e.auth_event_ids],
         )
@@ -576,11 +657,17 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         for room_id in sorted(gone.keys() | new.keys()):
             old, added = sorted(gone[room_id]), new[room_id]
             if len(old) == 1 and len(added) == 1:
-                txn.execute(
-                    "UPDATE event_forward_extremities SET event_id = ?"
-                    " WHERE room_id = ? AND event_id = ?",
-                    (added[0], room_id, old[0]),
+                txn.execute_statements(
+                    [
+                        *edges,
+                        (
+                            "UPDATE event_forward_extremities SET event_id = ?"
+                            " WHERE room_id = ? AND event_id = ?",
+                            (added[0], room_id, old[0]),
+                        ),
+                    ]
                 )
+                edges = []
                 if txn.rowcount == 1:
                     # The line went on from an extremity. Had the room
                     # others, the writer named them all, so this one
@@ -598,6 +685,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             deletes.extend((room_id, event_id) for event_id in old)
             inserts.extend((room_id, event_id) for event_id in added)
             maybe_branched.add(room_id)
+        txn.execute_statements(edges)
         if deletes:
             txn.execute_batch(
                 "DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id = ?",
@@ -727,10 +815,12 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         """The resolution of the states of ``groups`` (by the room's
         version's algorithm), and those states."""
         states = [state_of_group_txn(txn, g.id) for g in groups]
+        return resolve_states_txn(txn, self._room_version_txn(txn, room_id), states), states
+
+    def _room_version_txn(self, txn: LoggingTransaction, room_id: str) -> RoomVersion:
         txn.execute("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,))
         row = txn.fetchone()
-        version = SPEC_ROOM_VERSIONS.get(str(row[0]) if row else "", IMPLICIT_ROOM_VERSION)
-        return resolve_states_txn(txn, version, states), states
+        return SPEC_ROOM_VERSIONS.get(str(row[0]) if row else "", IMPLICIT_ROOM_VERSION)
 
     def _resolve_parent_groups_txn(
         self, txn: LoggingTransaction, room_id: str, groups: Sequence[GroupRef], group_id: int

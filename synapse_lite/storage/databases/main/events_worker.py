@@ -6,11 +6,14 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import (
     IMPLICIT_ROOM_VERSION,
     SPEC_ROOM_VERSIONS,
     RoomVersion,
 )
+from synapse_lite.event_graph.authorisation import redaction_applies
+from synapse_lite.event_graph.pdu import Pdu, StateKey, stored_as_pdu
 from synapse_lite.events import Event, pruned_content
 from synapse_lite.storage._base import db_to_json, json_encoder, page_of_updates
 from synapse_lite.storage.caches import LruCache, cached
@@ -119,6 +122,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         super().__init__(database, db_conn, hs)
         self._stream_id_gen = hs.id_generators.of("events")
         self._event_cache: LruCache[Event] = LruCache(hs.config.caches.event_cache_entries)
+        #: Counts what dropped events from the cache: a read that one
+        #: overtook caches nothing (``_served_events``).
+        self._event_cache_drops = 0
         #: The client transaction key (user, device, stored txn id) of each
         #: event this process persisted lately, None for one sent without:
         #: a /sync here then serves its ``transaction_id`` without a read.
@@ -187,22 +193,35 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                 missing.append(event_id)
         if missing:
 
-            def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, str]]:
+            def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, list[str]]]:
                 fetched = self._get_events_txn(txn, missing)
                 return fetched, self._redactions_of_txn(txn, [e.event_id for e in fetched])
 
+            drops = self._event_cache_drops
             # The rows and their redactions in one interaction (one thread
             # hop, one snapshot).
             fetched, by_target = await self.db_pool.runInteraction(
                 "get_events", read, read_only=True
             )
-            # Cached as served, redaction applied: a redaction arriving later
-            # drops the redacted event from every process's cache (its
-            # events-stream row names what it redacts).
-            for event in await self._apply_redactions(fetched, by_target):
-                self._event_cache.set(event.event_id, event)
+            for event in await self._served_events(fetched, by_target, drops):
                 result[event.event_id] = event
         return result
+
+    async def _served_events(
+        self, events: list[Event], by_target: dict[str, list[str]], drops: int
+    ) -> list[Event]:
+        """``events`` as read with their redactions (``by_target``), the
+        redactions applied, and cached as served (a timeline's events are
+        then not read again by id for their bundles). A redaction arriving
+        later drops the redacted event from every process's cache (its
+        events-stream row names what it redacts); ``drops``: the cache's
+        drop count when the read started: if anything was dropped since, the
+        read may predate it, and nothing is cached."""
+        served = await self._apply_redactions(events, by_target)
+        if drops == self._event_cache_drops:
+            for event in served:
+                self._event_cache.set(event.event_id, event)
+        return served
 
     def _get_events_txn(self, txn: LoggingTransaction, event_ids: list[str]) -> list[Event]:
         events: list[Event] = []
@@ -264,39 +283,74 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         )
         return await self._apply_redactions(events, by_target)
 
-    def _redactions_of_txn(self, txn: LoggingTransaction, ids: list[str]) -> dict[str, str]:
-        """The earliest redaction of each of ``ids`` that has one, by the
-        redacted event's id (for :meth:`_apply_redactions`; a read that
-        fetched the events runs it in the same transaction)."""
-        by_target: dict[str, str] = {}
+    def _redactions_of_txn(self, txn: LoggingTransaction, ids: list[str]) -> dict[str, list[str]]:
+        """The redactions of each of ``ids`` that has some, earliest first,
+        by the redacted event's id (for :meth:`_apply_redactions`; a read
+        that fetched the events runs it in the same transaction)."""
+        by_target: dict[str, list[str]] = {}
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ", ".join("?" for _ in chunk)
             txn.execute(
                 "SELECT redacts, event_id FROM events WHERE type = 'm.room.redaction'"
                 f" AND redacts IN ({marks}) AND NOT rejected AND NOT soft_failed"
-                " ORDER BY stream_ordering DESC",
+                " ORDER BY stream_ordering",
                 chunk,
             )
-            by_target.update({target: redaction for target, redaction in txn.fetchall()})
+            for target, redaction in txn.fetchall():
+                by_target.setdefault(target, []).append(redaction)
         return by_target
 
     async def _apply_redactions(
-        self, events: list[Event], by_target: dict[str, str]
+        self, events: list[Event], by_target: dict[str, list[str]]
     ) -> list[Event]:
-        """``events`` with the redactions :meth:`_redactions_of_txn` found applied."""
+        """``events`` with the redactions :meth:`_redactions_of_txn` found
+        applied: the earliest that applies to each (``redaction_applies``:
+        a redaction of another room's event, of itself, or in versions 3 on
+        of another server's event by a user without the power to redact, is
+        ignored)."""
         if not by_target:
             return events
-        redactions = await self.get_events(list(by_target.values()))
+        # Read as stored, not through get_events: two redactions of each
+        # other would otherwise read each other without end.
+        redactions = await self.get_events_as_stored(
+            sorted({r for rs in by_target.values() for r in rs})
+        )
         result = []
         for event in events:
-            redaction = redactions.get(by_target.get(event.event_id, ""))
-            if redaction is None:
+            applied = None
+            for redaction_id in by_target.get(event.event_id, ()):
+                redaction = redactions.get(redaction_id)
+                if redaction is not None and await self._redaction_applies(redaction, event):
+                    applied = redaction
+                    break
+            if applied is None:
                 result.append(event)
             else:
                 version = await self.get_room_version(event.room_id)
-                result.append(event.redacted(redaction, version))
+                result.append(event.redacted(applied, version))
         return result
+
+    async def _redaction_applies(self, redaction: Event, target: Event) -> bool:
+        version = await self.get_room_version(target.room_id)
+        state: dict[StateKey, Pdu] = {}
+        if (
+            redaction.room_id == target.room_id
+            and not version.redaction_auth_rule
+            and server_of(redaction.sender) != server_of(target.sender)
+        ):
+            # The power to redact, as the room's state says now.
+            rows = await self.db_pool.select(
+                "redaction_power_state",
+                "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?"
+                " AND type IN ('m.room.create', 'm.room.power_levels') AND state_key = ''",
+                target.room_id,
+            )
+            found = await self.get_events([str(r[2]) for r in rows])
+            state = {
+                (str(r[0]), str(r[1])): stored_as_pdu(found[r[2]]) for r in rows if r[2] in found
+            }
+        return redaction_applies(version, stored_as_pdu(redaction), stored_as_pdu(target), state)
 
     async def get_room_version(self, room_id: str) -> RoomVersion:
         """The version of a room this server has (its create event's: any
@@ -329,6 +383,44 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             room_id,
         )
         return {str(event_id): int(depth) for event_id, depth in rows}
+
+    async def get_missing_prev_events(self, event_ids: Sequence[str], limit: int) -> list[str]:
+        """The ``prev_events`` of ``event_ids`` that are not in the room's
+        history: not stored, or stored only as outliers (the parent a gap
+        was filled at, say): holes in the history a reader reads, at most
+        ``limit``, sorted."""
+        if not event_ids:
+            return []
+        marks = ", ".join("?" for _ in event_ids)
+        rows = await self.db_pool.select(
+            "get_missing_prev_events",
+            "SELECT DISTINCT x.prev_event_id FROM event_edges AS x"
+            " LEFT JOIN events AS p ON p.event_id = x.prev_event_id"
+            f" WHERE x.event_id IN ({marks}) AND (p.event_id IS NULL OR p.outlier)"
+            " ORDER BY x.prev_event_id LIMIT ?",
+            *event_ids,
+            limit,
+        )
+        return [str(r[0]) for r in rows]
+
+    async def get_backward_extremities(self, room_id: str, limit: int) -> list[str]:
+        """Where the room's known history has holes to backfill
+        (docs/federation.md, "Backfill"): ``prev_events`` of the room's
+        stored, not rejected events (outliers too) that are not stored at
+        all, at most ``limit``, those of the deepest children first. Reads
+        the room's edges: asked only when a reader reached the start of
+        what we hold."""
+        rows = await self.db_pool.select(
+            "get_backward_extremities",
+            "SELECT x.prev_event_id, MAX(e.topological_ordering) AS child_depth"
+            " FROM events AS e JOIN event_edges AS x ON x.event_id = e.event_id"
+            " LEFT JOIN events AS p ON p.event_id = x.prev_event_id"
+            " WHERE e.room_id = ? AND NOT e.rejected AND p.event_id IS NULL"
+            " GROUP BY x.prev_event_id ORDER BY child_depth DESC, x.prev_event_id LIMIT ?",
+            room_id,
+            limit,
+        )
+        return [str(r[0]) for r in rows]
 
     async def get_event_id_for_txn(self, user_id: str, device_id: str, txn_id: str) -> str | None:
         """The event an earlier send with this transaction id created, if any."""
@@ -370,12 +462,14 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         return found
 
     def invalidate_event_cache(self, event_id: str) -> None:
+        self._event_cache_drops += 1
         self._event_cache.pop(event_id)
 
     def invalidate_cache_by_name(self, name: str, keys: list[Any] | None) -> None:
         # The event cache is no cached method: other processes name it so.
         if name == EVENT_CACHE:
             if keys is None:
+                self._event_cache_drops += 1
                 self._event_cache.clear()
             else:
                 self.invalidate_event_cache(keys[0])
@@ -542,11 +636,14 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         id): forget what they make stale, each room's state caches once, and
         note where rooms and memberships changed."""
         state_changed: dict[str, set[str]] = {}
+        fresh: list[str] = []
         for row in rows:
             if isinstance(row, EventsStreamEventRow):
                 self.invalidate_caches_for_event(row.event_id, row.redacts)
                 if row.relates_to is not None:
                     self.childless_events.related_to([row.relates_to])
+                if not (row.outlier or row.rejected):
+                    fresh.append(row.event_id)
                 self.record_event_position(row.room_id, row.type, row.state_key, writer, token)
                 if row.state_key is not None:
                     members = state_changed.setdefault(row.room_id, set())
@@ -554,6 +651,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                         members.add(row.state_key)
             else:
                 state_changed.setdefault(row.room_id, set())
+        # After the batch's relations: one relating to an event of the same
+        # batch keeps it unknown.
+        self.childless_events.fresh(fresh)
         for room_id, members in state_changed.items():
             self.invalidate_state_caches(room_id, members)
 

@@ -155,6 +155,13 @@ class FederationWorkerStore(SQLBaseStore):
             state.failure_ts,
         )
 
+    async def get_destination_names(self) -> list[str]:
+        """Every destination we have recorded anything about."""
+        rows = await self.db_pool.select(
+            "get_destination_names", "SELECT destination FROM destinations"
+        )
+        return [r[0] for r in rows]
+
     # The to-device outbox
 
     async def get_destinations_with_pending_edus(self) -> dict[str, int]:

@@ -47,6 +47,21 @@ class ThumbnailInfo:
     media_length: int
 
 
+def thumbnail_info(row: tuple[Any, ...]) -> ThumbnailInfo:
+    """A thumbnail row's ``width, height, method, animated, actual_width,
+    actual_height, media_type, media_length``."""
+    return ThumbnailInfo(
+        width=int(row[0]),
+        height=int(row[1]),
+        method=str(row[2]),
+        animated=bool(row[3]),
+        actual_width=int(row[4]),
+        actual_height=int(row[5]),
+        media_type=str(row[6]),
+        media_length=int(row[7]),
+    )
+
+
 _MEDIA_COLUMNS = (
     "media_id, user_id, created_ts, media_type, media_length, upload_name,"
     " uploaded_ts, unused_expires_at"
@@ -164,19 +179,7 @@ class MediaRepositoryStore(SQLBaseStore):
             " media_length FROM local_media_thumbnails WHERE media_id = ?",
             media_id,
         )
-        return [
-            ThumbnailInfo(
-                width=int(r[0]),
-                height=int(r[1]),
-                method=str(r[2]),
-                animated=bool(r[3]),
-                actual_width=int(r[4]),
-                actual_height=int(r[5]),
-                media_type=str(r[6]),
-                media_length=int(r[7]),
-            )
-            for r in rows
-        ]
+        return [thumbnail_info(r) for r in rows]
 
     async def store_thumbnail(self, media_id: str, info: ThumbnailInfo) -> None:
         """Record a thumbnail whose file is complete (a second writer of the

@@ -72,6 +72,9 @@ class PresenceWorkerStore(SQLBaseStore):
     ):
         super().__init__(database, db_conn, hs)
         self._presence_id_gen = hs.id_generators.of("presence")
+        self.presence_changes = self.track_stream_changes(
+            "presence", self._presence_id_gen.persisted_upto_position
+        )
 
     async def update_presence(self, states: list[UserPresenceState]) -> int:
         """Store new states (one stream id each); returns the last stream id."""
@@ -79,6 +82,7 @@ class PresenceWorkerStore(SQLBaseStore):
         def txn_func(txn: LoggingTransaction) -> int:
             stream_ids = self._presence_id_gen.get_next_mult_txn(txn, len(states))
             for stream_id, state in zip(stream_ids, states, strict=True):
+                self.presence_changes.record_after_commit(txn, state.user_id, stream_id)
                 txn.execute(
                     "INSERT INTO presence_stream (stream_id, user_id, state, last_active_ts,"
                     " last_federation_update_ts, last_user_sync_ts, status_msg, currently_active,"

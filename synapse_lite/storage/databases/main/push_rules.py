@@ -32,6 +32,9 @@ class PushRulesWorkerStore(SQLBaseStore):
     ):
         super().__init__(database, db_conn, hs)
         self._push_rules_id_gen = hs.id_generators.of("push_rules")
+        self.push_rules_changes = self.track_stream_changes(
+            "push_rules", self._push_rules_id_gen.persisted_upto_position
+        )
         #: Called with the user ids whose rules changed (the evaluator's cache).
         self._push_rules_listeners: list[Callable[[list[str]], None]] = []
 
@@ -49,6 +52,7 @@ class PushRulesWorkerStore(SQLBaseStore):
             rules = UserPushRules.from_json(db_to_json(row[0]) if row else None)
             edit(rules)
             stream_id = self._push_rules_id_gen.get_next_txn(txn)
+            self.push_rules_changes.record_after_commit(txn, user_id, stream_id)
             txn.execute(
                 "INSERT INTO push_rules_user (user_id, rules, stream_id, instance_name)"
                 " VALUES (?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"

@@ -24,6 +24,9 @@ class ReceiptsWorkerStore(SQLBaseStore):
     ):
         super().__init__(database, db_conn, hs)
         self._receipts_id_gen = hs.id_generators.of("receipts")
+        self.receipt_changes = self.track_stream_changes(
+            "receipts", self._receipts_id_gen.persisted_upto_position
+        )
 
     async def insert_receipt(
         self,
@@ -50,6 +53,7 @@ class ReceiptsWorkerStore(SQLBaseStore):
             if row is not None and int(row[1]) <= int(row[0]):
                 return None
             stream_id = self._receipts_id_gen.get_next_txn(txn)
+            self.receipt_changes.record_after_commit(txn, room_id, stream_id)
             txn.execute(
                 "INSERT INTO receipts_linearized (stream_id, instance_name, room_id, receipt_type,"
                 " user_id, event_id, thread_id, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"

@@ -51,6 +51,9 @@ class ChildlessEvents:
 
     def __init__(self, max_entries: int = CHILDLESS_EVENTS) -> None:
         self._known: LruCache[bool] = LruCache(max_entries)
+        #: Events relations were seen to, known or not: a follower may get a
+        #: relation before its parent when the room's writer changed.
+        self._parents: LruCache[bool] = LruCache(max_entries)
         self.generation = 0
 
     def unknown(self, event_ids: Iterable[str]) -> list[str]:
@@ -63,11 +66,26 @@ class ChildlessEvents:
             for event_id in event_ids:
                 self._known.set(event_id, True)
 
+    def fresh(self, event_ids: Iterable[str]) -> None:
+        """New events arrived on the events stream: nobody can relate to an
+        event before it exists, and a relation to it is persisted by the
+        room's writer after it, so arrives after it, but for one already
+        seen (:meth:`related_to`), which this leaves unknown. Not known
+        here: a relation another server sent before the event it relates to,
+        persisted before this process started or beyond :attr:`_parents`'
+        memory; the event's bundle is then missing from /sync timelines
+        served here until the event leaves this memory (``/relations`` and
+        ``/context`` are unaffected)."""
+        for event_id in event_ids:
+            if not self._parents.get(event_id)[0]:
+                self._known.set(event_id, True)
+
     def related_to(self, parent_ids: Iterable[str]) -> None:
         """Relations to ``parent_ids`` were persisted."""
         self.generation += 1
         for parent_id in parent_ids:
             self._known.pop(parent_id)
+            self._parents.set(parent_id, True)
 
     def forget_all(self) -> None:
         self.generation += 1

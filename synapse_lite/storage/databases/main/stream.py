@@ -102,33 +102,38 @@ class StreamWorkerStore(EventsWorkerStore):
         to_token: RoomStreamToken,
         limit: int,
         newest_first: bool = True,
+        backfilled: bool = False,
     ) -> list[Event]:
         """Events of ``room_ids`` after ``from_token`` (all, if None) and at or
         before ``to_token``, at most ``limit``, in stream order (newest first
-        when ``newest_first``)."""
+        when ``newest_first``). ``backfilled``: with the events of the
+        backfill stream (negative stream orderings, before all others:
+        ``/messages``), which nothing else that reads the stream shows."""
         if not room_ids:
             return []
         lower = from_token or RoomStreamToken(-(2**62))
         where, args = lower.bounds_sql(to_token, "stream_ordering", "instance_name")
         placeholders = ", ".join("?" for _ in room_ids)
         order = "DESC" if newest_first else "ASC"
+        positive = "" if backfilled else " AND stream_ordering > 0"
         sql = (
             f"SELECT {EVENT_COLUMNS} FROM events WHERE room_id IN ({placeholders})"
-            f" AND stream_ordering > 0 AND {SERVED} AND {where}"
+            f"{positive} AND {SERVED} AND {where}"
             f" ORDER BY stream_ordering {order} LIMIT ?"
         )
 
-        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, str]]:
+        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, list[str]]]:
             txn.execute(sql, (*room_ids, *args, limit))
             events = [event_from_row(r) for r in txn.fetchall()]
             return events, self._redactions_of_txn(txn, [e.event_id for e in events])
 
+        drops = self._event_cache_drops
         # The events and their redactions in one interaction: a woken /sync
         # waits for one thread hop, not two.
         events, by_target = await self.db_pool.runInteraction(
             "get_room_events_between", read, read_only=True
         )
-        return await self._apply_redactions(events, by_target)
+        return await self._served_events(events, by_target, drops)
 
     async def get_room_events_between_per_room(
         self,
@@ -153,7 +158,7 @@ class StreamWorkerStore(EventsWorkerStore):
             " ORDER BY stream_ordering DESC LIMIT ?) AS r{}"
         )
 
-        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, str]]:
+        def read(txn: LoggingTransaction) -> tuple[list[Event], dict[str, list[str]]]:
             events: list[Event] = []
             for start in range(0, len(room_ids), ROOMS_PER_UNION):
                 chunk = room_ids[start : start + ROOMS_PER_UNION]
@@ -164,10 +169,11 @@ class StreamWorkerStore(EventsWorkerStore):
                 events.extend(event_from_row(r) for r in txn.fetchall())
             return events, self._redactions_of_txn(txn, [e.event_id for e in events])
 
+        drops = self._event_cache_drops
         events, by_target = await self.db_pool.runInteraction(
             "get_room_events_between_per_room", read, read_only=True
         )
-        for event in await self._apply_redactions(events, by_target):
+        for event in await self._served_events(events, by_target, drops):
             result[event.room_id].append(event)
         for room_events in result.values():
             room_events.sort(key=lambda e: e.stream_ordering, reverse=True)
