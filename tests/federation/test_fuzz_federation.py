@@ -137,12 +137,12 @@ class Request:
     must_refuse: bool = False
 
 
-def federation_routes(hs: Any) -> list[Route]:
-    """Every federation, key and federation media route ``hs`` serves."""
+def federation_routes(hs: Any, media_hs: Any) -> list[Route]:
+    """Every federation and key route ``hs`` serves, and the federation
+    media routes of ``media_hs`` (the media instance)."""
     resource = JsonResource("fuzz")
-    resources = hs.listeners.resources
-    resources.federation(resource, ("federation", "keys"))
-    resources.media.register_federation(resource)
+    hs.listeners.resources.federation(resource, ("federation", "keys"))
+    media_hs.listeners.resources.media.register_federation(resource)
     routes = []
     for method, pattern, _, servlet in resource._routes:
         template = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern.pattern)
@@ -335,22 +335,22 @@ class FederationFuzzTestCase(InboundPdusBase):
         return make()
 
     def generate(self, routes: list[Route]) -> list[Request]:
-        """:data:`EXAMPLES` requests, spread over ``routes``."""
+        """:data:`EXAMPLES` requests, spread evenly over ``routes``."""
         collected: list[Request] = []
+        for route in routes:
 
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(data=st.data())
-        def draw(data: Any) -> None:
-            route = routes[len(collected) % len(routes)]
-            collected.append(data.draw(self.request(route)))
+            @settings(
+                max_examples=max(1, EXAMPLES // len(routes)),
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
+            @given(request=self.request(route))
+            def draw(request: Request) -> None:
+                collected.append(request)
 
-        draw()
+            draw()
         return collected
 
     # Sending and checking
@@ -375,8 +375,11 @@ class FederationFuzzTestCase(InboundPdusBase):
                 header = sign_request(key, origin, "b.test", method, path, None)
                 request.must_refuse = True
             headers["Authorization"] = [header]
+        # Federation media is served by the media instance (main).
+        instance = "main" if request.route.servlet.startswith("federation.media") else "fed1"
+        base = self.b[instance].config.instance_map[instance].base_url
         response = await treq.request(
-            method, self.urls["b.test"] + path, data=data, headers=headers, pool=NO_KEEPALIVE
+            method, base + path, data=data, headers=headers, pool=NO_KEEPALIVE
         )
         content = await treq.content(response)
         return response.code, content, response.headers.getRawHeaders(b"Content-Type") or []
@@ -404,7 +407,7 @@ class FederationFuzzTestCase(InboundPdusBase):
     async def test_every_route_is_fuzzed(self) -> None:
         """The routes read from the servlets are the federation API we
         document."""
-        servlets = {r.servlet for r in federation_routes(self.b["fed1"])}
+        servlets = {r.servlet for r in federation_routes(self.b["fed1"], self.b["main"])}
         for name in ("send", "event", "state", "state_ids", "event_auth", "backfill",
                      "get_missing_events", "make_join", "send_join", "send_join_v1",
                      "make_leave", "send_leave", "send_leave_v1", "invite", "invite_v1",
@@ -417,7 +420,7 @@ class FederationFuzzTestCase(InboundPdusBase):
     async def test_fuzz_every_federation_endpoint(self) -> None:
         store = self.b["main"].store
         state_before = await store.get_current_state_ids(self.room_id)
-        routes = federation_routes(self.b["fed1"])
+        routes = federation_routes(self.b["fed1"], self.b["main"])
         requests = self.generate(routes)
         codes: Counter[int] = Counter()
         slowest = 0.0
