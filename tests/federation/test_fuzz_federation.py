@@ -330,7 +330,9 @@ class FederationFuzzTestCase(InboundPdusBase):
                 values = st.one_of(self.ids(), st.sampled_from(["-1", "99999999999999999999"]))
                 path += "?" + "&".join(f"{k}={_quote(draw(values))}" for k in params)
             auth = draw(st.sampled_from(["good"] * 7 + ["none", "wrong_key", "other_origin"]))
-            request = Request(route, path, auth=auth, must_refuse=auth != "good" and not route.public)
+            request = Request(
+                route, path, auth=auth, must_refuse=auth != "good" and not route.public
+            )
             if route.method in ("PUT", "POST"):
                 if draw(st.integers(0, 9)) == 0:
                     request.raw = draw(not_json)
