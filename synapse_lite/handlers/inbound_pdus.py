@@ -59,14 +59,12 @@ from twisted.internet import defer
 from synapse_lite.api.errors import SynapseError
 from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import RoomVersion
-from synapse_lite.event_graph.hashing import event_id_of
 from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.pdu_checks import (
     CheckedPdu,
     PduRefused,
     check_pdu_format,
     check_pdu_signatures,
-    received_form,
 )
 from synapse_lite.federation.server_acl import room_allows_server
 from synapse_lite.handlers.message import RoomMovedError
@@ -219,9 +217,7 @@ class InboundPdus:
         try:
             pdu = check_pdu_format(version, raw)
         except PduRefused as e:
-            # Answered under its id where one can be computed (a PDU over
-            # the spec's limits still has one), so the origin hears why.
-            raise PduError(str(e), _computed_id(version, raw)) from None
+            raise PduError(str(e)) from None
         if not await room_allows_server(self._store, room_id, origin):
             raise PduError(f"{origin} is denied by the room's server ACL", pdu.event_id)
         event = pdu.event
@@ -572,16 +568,6 @@ def _follow(d: defer.Deferred[None]) -> defer.Deferred[None]:
 
     d.addBoth(fire)
     return follower
-
-
-def _computed_id(version: RoomVersion, raw: dict[str, Any]) -> str | None:
-    """The id ``raw`` has in room ``version`` (its reference hash, or its
-    ``event_id`` in versions 1-2), or None where it has none (malformed)."""
-    try:
-        event_id = event_id_of(version, received_form(version, raw))
-    except Exception:
-        return None
-    return event_id if isinstance(event_id, str) and len(event_id) <= 255 else None
 
 
 def _claimed_id(raw: Any) -> str | None:

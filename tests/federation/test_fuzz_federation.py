@@ -522,12 +522,17 @@ class FloodBoundsTestCase(InboundPdusBase):
         many_auth = sign_event(version, {k: v for k, v in many_auth.items()
                                          if k not in ("hashes", "signatures")},
                                "a.test", self.a_key)  # fmt: skip
-        pdus = [many_prev, too_many, many_auth]
+        # Refused by the format checks, before their ids are computed: each
+        # is answered under the id it claims (test_inbound_pdus.py).
+        pdus = [
+            {**many_prev, "event_id": "$many-prev"},
+            {**too_many, "event_id": "$too-many"},
+            {**many_auth, "event_id": "$many-auth"},
+        ]
         results = await self.send("refs", pdus)
-        for pdu in pdus:
-            self.assertIn("error", results[event_id_of(version, pdu)])
-        refusal = results[event_id_of(version, too_many)]["error"]
-        self.assertIn(f"1 to {MAX_PREV_EVENTS} prev_events", refusal)
+        self.assertIn("prev_events", results["$many-prev"]["error"])
+        self.assertIn(f"1 to {MAX_PREV_EVENTS} prev_events", results["$too-many"]["error"])
+        self.assertIn(f"at most {MAX_AUTH_EVENTS} auth_events", results["$many-auth"]["error"])
         self.assertEqual(await self.carols(alice, room_id), [])
 
     async def chain(self, room_id: str, version: RoomVersion, length: int) -> list[Any]:
