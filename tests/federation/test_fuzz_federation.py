@@ -502,13 +502,12 @@ class FloodBoundsTestCase(InboundPdusBase):
         # Not even JSON: refused for its size, never read as JSON.
         body = b"[" * (1_048_576 + 1)
         path = "/_matrix/federation/v1/send/huge"
-        header = sign_request(self.a_key, "a.test", "b.test", "PUT", path, None)
+        headers: dict[bytes | str, list[bytes | str]] = {
+            "Authorization": [sign_request(self.a_key, "a.test", "b.test", "PUT", path, None)],
+            "Content-Type": ["application/json"],
+        }
         response = await treq.request(
-            "PUT",
-            self.urls["b.test"] + path,
-            data=body,
-            headers={"Authorization": [header], "Content-Type": ["application/json"]},
-            pool=NO_KEEPALIVE,
+            "PUT", self.urls["b.test"] + path, data=body, headers=headers, pool=NO_KEEPALIVE
         )
         answer = json.loads(await treq.content(response))
         self.assertEqual((response.code, answer["errcode"]), (413, "M_TOO_LARGE"))
