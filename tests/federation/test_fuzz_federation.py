@@ -534,6 +534,22 @@ class FloodBoundsTestCase(InboundPdusBase):
         self.assertIn(f"at most {MAX_AUTH_EVENTS} auth_events", results["$many-auth"]["error"])
         self.assertEqual(await self.carols(alice, room_id), [])
 
+    async def test_a_join_whose_content_is_not_an_object_is_refused(self) -> None:
+        """Found by the fuzzer: computing the id of an event whose content
+        is not an object raised AttributeError (a 500 from send_join)."""
+        _, room_id = await self.room()
+        code, made = await self.make_join(room_id)
+        self.assertEqual(code, 200, made)
+        for i, content in enumerate([3, "join", [], None]):
+            event = {**made["event"], "content": content, "origin": "a.test"}
+            code, answer = await self.federation(
+                "PUT", f"/_matrix/federation/v2/send_join/{q(room_id)}/{q('$x')}", event
+            )
+            self.assertEqual((code, answer["errcode"]), (400, "M_BAD_JSON"), answer)
+            # And in a transaction: that PDU refused under its claimed id.
+            results = await self.send(f"content-{i}", [{**event, "event_id": "$c"}])
+            self.assertIn("malformed", results["$c"]["error"])
+
     async def chain(self, room_id: str, version: RoomVersion, length: int) -> list[Any]:
         """``length`` messages of carol's, each the parent of the next, the
         first on the room's extremities."""
