@@ -540,7 +540,8 @@ class FloodBoundsTestCase(InboundPdusBase):
         _, room_id = await self.room()
         code, made = await self.make_join(room_id)
         self.assertEqual(code, 200, made)
-        for i, content in enumerate([3, "join", [], None]):
+        odd_contents: list[Any] = [3, "join", [], None]
+        for i, content in enumerate(odd_contents):
             event = {**made["event"], "content": content, "origin": "a.test"}
             code, answer = await self.federation(
                 "PUT", f"/_matrix/federation/v2/send_join/{q(room_id)}/{q('$x')}", event
