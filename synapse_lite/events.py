@@ -122,7 +122,11 @@ def kept_content_keys(event_type: str, room_version: RoomVersion) -> tuple[str, 
 def pruned_content(
     event_type: str, content: dict[str, Any], room_version: RoomVersion
 ) -> dict[str, Any]:
-    """``content`` as the redaction algorithm of ``room_version`` leaves it."""
+    """``content`` as the redaction algorithm of ``room_version`` leaves it;
+    TypeError when it is not an object (a malformed event another server
+    sent: every caller of the event id and hash functions refuses on it)."""
+    if not isinstance(content, dict):
+        raise TypeError(f"an event's content must be an object, not {type(content).__name__}")
     kept = kept_content_keys(event_type, room_version)
     if kept is None:
         return dict(content)

@@ -165,15 +165,25 @@ class FederationClient:
     ) -> Any:
         url = f"{SCHEME.decode('ascii')}://{destination}{path}"
         response = await self._send(method, destination, path, content, signed)
-        try:
-            body = await treq.content(response)
-        except Exception as e:
-            raise FederationRequestError(destination, f"{method} {url} failed: {e!r}") from e
-        if len(body) > MAX_RESPONSE_BYTES:
+        announced = response.length if isinstance(response.length, int) else None
+        if announced is not None and announced > MAX_RESPONSE_BYTES:
+            response.deliverBody(_Discard())
             raise FederationRequestError(destination, f"{url} answered too much", response.code)
         try:
+            # Read up to the cap and no further: a hostile server's endless
+            # answer is dropped at MAX_RESPONSE_BYTES, not held in memory.
+            body = await _read_at_most(response, MAX_RESPONSE_BYTES)
+        except _TooLong:
+            raise FederationRequestError(
+                destination, f"{url} answered too much", response.code
+            ) from None
+        except Exception as e:
+            raise FederationRequestError(destination, f"{method} {url} failed: {e!r}") from e
+        try:
             answer = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # RecursionError: nested deeper than the parser goes (a hostile
+            # answer), no more JSON to us than text that is not JSON.
             answer = None
         if response.code != 200:
             raise FederationRequestError(
@@ -253,7 +263,13 @@ class _Discard(Protocol):
             transport.stopProducing()
 
 
+class _TooLong(ValueError):
+    """A body longer than its reader takes."""
+
+
 async def _read_at_most(response: Any, limit: int) -> bytes:
+    """``response``'s body, or :class:`_TooLong` (the connection dropped)
+    once more than ``limit`` bytes arrived."""
     chunks: list[bytes] = []
     size = 0
 
@@ -261,7 +277,7 @@ async def _read_at_most(response: Any, limit: int) -> bytes:
         nonlocal size
         size += len(chunk)
         if size > limit:
-            raise ValueError("too long")
+            raise _TooLong("too long")
         chunks.append(chunk)
 
     await treq.collect(response, keep)
