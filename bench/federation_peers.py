@@ -77,7 +77,11 @@ class Peers:
             self._synapse_python,
             self.ca,
             directory,
-            extra_config={"bcrypt_rounds": SYNAPSE_BCRYPT_ROUNDS},
+            extra_config={
+                "bcrypt_rounds": SYNAPSE_BCRYPT_ROUNDS,
+                # Hundreds of users join one room within seconds.
+                "rc_joins_per_room": {"per_second": 1000, "burst_count": 1000},
+            },
         )
         self.cleanups.addCleanup(peer.stop)
         await peer.start(None)

@@ -122,11 +122,13 @@ async def time_join(host: Server, room_id: str, joiner_server: Server, members: 
             state = room.get("state", {}).get("events", []) + room.get("timeline", {}).get(
                 "events", []
             )
-            seen = sum(
-                1
-                for e in state
-                if e.get("type") == "m.room.member"
-                and e.get("content", {}).get("membership") == "join"
+            seen = len(
+                {
+                    e.get("state_key")
+                    for e in state
+                    if e.get("type") == "m.room.member"
+                    and e.get("content", {}).get("membership") == "join"
+                }
             )
             if seen >= members:
                 break
