@@ -78,8 +78,17 @@ class SynapsePeer:
     allows it (docs/federation.md, "Synapse and the spec"), so peers on
     loopback must have host names."""
 
-    def __init__(self, python: str, ca: TestCA, directory: str | None = None) -> None:
+    def __init__(
+        self,
+        python: str,
+        ca: TestCA,
+        directory: str | None = None,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
+        """``extra_config``: settings added to (and overriding) the written
+        config, e.g. a cheaper ``bcrypt_rounds`` for benchmarks."""
         self.python = python
+        self.extra_config = extra_config or {}
         self.ca = ca
         self.directory = directory or tempfile.mkdtemp(prefix="synapse_peer_")
         self.port = free_port()
@@ -157,6 +166,7 @@ class SynapsePeer:
             "presence": {"enabled": False},
             "url_preview_enabled": False,
         }
+        config.update(self.extra_config)
         path = os.path.join(d, "homeserver.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(config, f)
