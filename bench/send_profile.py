@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     # What bench.client's workload reads of its options.
     args.senders, args.users, args.rooms, args.rounds = 8, 4, 4, 10
     args.route_to_writer, args.even_writers, args.routings = False, True, "router"
+    args.sync_modes, args.sync_every = "poll", 25
     tmp = tempfile.mkdtemp(prefix="send_profile_")
     trees: list[tuple[str, str | None]] = [("this", None)]
     trees += [(os.path.basename(os.path.abspath(b)), os.path.abspath(b)) for b in args.baseline]
