@@ -21,7 +21,9 @@ compare on the same work besides sending. Columns of the other modes are
 named ``LAYOUT/MODE``; the wake-up, typing and initial /sync figures are
 measured once per cluster (after every mode) and shown in each column.
 "CPU ms per send" is the layout's processes' CPU time from the first to the
-last send's answer over the messages sent (with ``none``, the sends alone).
+last send's answer over the messages sent (with ``none``, the sends alone);
+on PostgreSQL, the server's CPU over the same span is shown beside it (every
+``postgres`` process on the machine, so other users of the server count).
 
 Layouts: ``single`` (the main process does everything), ``default`` (the
 README's layout: the router in front of main, a /sync worker and two event
@@ -50,7 +52,7 @@ from typing import Any
 import aiohttp
 import attr
 
-from bench.cluster import SEND_TO, SYNC_ON, Cluster
+from bench.cluster import SEND_TO, SYNC_ON, Cluster, database_server_cpu_seconds
 from bench.scenarios import (
     SYNC_MODES,
     Client,
@@ -212,12 +214,18 @@ async def measure_paths(
     # Warm up caches and connections.
     await measure_throughput(client, paths.send, paths.sync, people, rooms, 40, args.senders)
     by_mode = {}
+    postgres = cluster.database["engine"] == "postgres"
     for mode in args.sync_modes.split(","):
         cpu_before = cluster.cpu_seconds()
+        server_before = database_server_cpu_seconds() if postgres else 0.0
         cpu_sent: dict[str, float] = {}
+        server_sent: list[float] = []
 
-        def record_sent(into: dict[str, float] = cpu_sent) -> None:
+        def record_sent(
+            into: dict[str, float] = cpu_sent, server: list[float] = server_sent
+        ) -> None:
             into.update(cluster.cpu_seconds())
+            server.append(database_server_cpu_seconds() if postgres else 0.0)
 
         throughput = await measure_throughput(
             client,
@@ -240,6 +248,8 @@ async def measure_paths(
             "syncs": throughput.syncs,
             "syncs_during_sends": throughput.syncs_during_sends,
             "cpu_ms_per_send": sending * 1000 / args.messages,
+            # Every PostgreSQL process on the machine: other users' too.
+            "db_cpu_ms_per_send": (server_sent[0] - server_before) * 1000 / args.messages,
             "send_p50": percentile(throughput.latencies_ms, 0.5),
             "send_p99": percentile(throughput.latencies_ms, 0.99),
             "cpu": cpu,
@@ -305,6 +315,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool
     row("/sync requests (sends)", "syncs", "{:d}", "", None, "")
     row("/sync requests while sending", "syncs_during_sends", "{:d}", "", None, "")
     row("CPU ms per send", "cpu_ms_per_send", "{:.2f}", "", None, "")
+    if args.engine == "postgres":
+        row("PostgreSQL server CPU ms per send", "db_cpu_ms_per_send", "{:.2f}", "", None, "")
     row("send latency p50 ms", "send_p50", "{:.1f}", "", None, "")
     row("send latency p99 ms", "send_p99", "{:.1f}", "", None, "")
     row(
@@ -519,6 +531,8 @@ def print_ratios(results: dict[str, dict[str, Any]], suffixes: list[str]) -> Non
                 f" CPU ms per send {per_send:.2f} ({ours['cpu_ms_per_send']:.2f} /"
                 f" {theirs['cpu_ms_per_send']:.2f}); /syncs while sending"
                 f" {ours['syncs_during_sends']} / {theirs['syncs_during_sends']};"
+                f" PostgreSQL server CPU ms per send {ours['db_cpu_ms_per_send']:.2f} /"
+                f" {theirs['db_cpu_ms_per_send']:.2f};"
                 f" /sync wake-up p50 {wakeup:.2f} ({ours['wakeup_p50']:.1f} /"
                 f" {theirs['wakeup_p50']:.1f} ms); initial /sync {initial:.2f}; CPU s of the"
                 f" throughput run {cpu:.2f}; send p50 {ours['send_p50']:.1f} /"
