@@ -95,7 +95,8 @@ def profile(source: str | None, args: argparse.Namespace, out: str) -> dict[str,
         cluster.start()
         pid = cluster.processes["main"].pid
         spy = subprocess.Popen(
-            [args.py_spy, "record", "--pid", str(pid), "--rate", str(args.rate), "--gil",
+            [args.py_spy, "record", "--pid", str(pid), "--rate", str(args.rate),
+             "--native" if args.native else "--gil",
              "--nonblocking", "--format", "raw", "--output", out],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -123,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         default="poll",
         help="how the users read /sync while sending (bench.client's --sync-modes): none"
         " profiles the sends alone",
+    )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="sample every running thread with its C frames (py-spy --native) instead of the"
+        " GIL holder: shows the database engine's own work (SQLite runs without the GIL)",
     )
     parser.add_argument(
         "--keep", metavar="DIR", help="keep each tree's py-spy samples in DIR (NAME.txt)"
