@@ -10,6 +10,21 @@ over HTTP, with the benchmark client on the same machine:
 * typing wake-up: the same for a typing notification;
 * initial /sync time, and each process's resident memory after the run.
 
+``--sync-modes`` runs the throughput measurement once per way the users read
+/sync while the messages are sent (``bench.scenarios.SYNC_MODES``): ``poll``
+(long polls, the default and the natural client), ``paced`` (one /sync per
+user every ``--sync-every`` messages, the same number for every tree) and
+``none`` (no /sync until the last message is sent). Long polls make each
+tree answer as many /syncs as its wake-ups allow, which is part of what a
+server costs but not of what sending costs; the other two modes make trees
+compare on the same work besides sending. Columns of the other modes are
+named ``LAYOUT/MODE``; the wake-up, typing and initial /sync figures are
+measured once per cluster (after every mode) and shown in each column.
+"CPU ms per send" is the layout's processes' CPU time from the first to the
+last send's answer over the messages sent (with ``none``, the sends alone);
+on PostgreSQL, the server's CPU over the same span is shown beside it (every
+``postgres`` process on the machine, so other users of the server count).
+
 Layouts: ``single`` (the main process does everything), ``default`` (the
 README's layout: the router in front of main, a /sync worker and two event
 persisters; measured three ways on one cluster: through the router, with
@@ -29,6 +44,7 @@ import argparse
 import asyncio
 import os
 import platform
+import statistics
 import sys
 import time
 from typing import Any
@@ -36,8 +52,9 @@ from typing import Any
 import aiohttp
 import attr
 
-from bench.cluster import SEND_TO, SYNC_ON, Cluster
+from bench.cluster import SEND_TO, SYNC_ON, Cluster, database_server_cpu_seconds
 from bench.scenarios import (
+    SYNC_MODES,
     Client,
     measure_initial_sync,
     measure_throughput,
@@ -79,7 +96,7 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, di
                 # What a load balancer that knows each room's writer would do.
                 room_bases = {r: cluster.url(w) for r, w in cluster.room_writers().items()}
             paths = Paths(send_bases, sync_base, main, room_bases)
-            return {layout: await measure_paths(client, cluster, paths, people, rooms, args)}
+            return named(layout, await measure_paths(client, cluster, paths, people, rooms, args))
         writers = {r: cluster.url(w) for r, w in cluster.room_writers().items()}
         router = cluster.url("router")
         reader = cluster.url("synchrotron1")
@@ -90,8 +107,11 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, di
         }
         results = {}
         for routing in args.routings.split(","):
-            results[f"default/{routing}"] = await measure_paths(
-                client, cluster, paths_of[routing], people, rooms, args
+            results.update(
+                named(
+                    f"default/{routing}",
+                    await measure_paths(client, cluster, paths_of[routing], people, rooms, args),
+                )
             )
         # The router's overhead on a wake-up: one round direct, one round
         # through the router, and so on, so that the machine's load, which
@@ -115,6 +135,12 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, di
         hops = await request_pairs(client, main, router, args.rounds * 4)
         results["default/router"]["hop_ms"] = percentile(hops, 0.5)
         return results
+
+
+def named(column: str, by_mode: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Results by column: ``column`` for the ``poll`` mode, ``column/MODE``
+    for the others."""
+    return {column if m == "poll" else f"{column}/{m}": r for m, r in by_mode.items()}
 
 
 async def even_rooms(
@@ -182,14 +208,53 @@ async def measure_paths(
     people: list[Any],
     rooms: list[str],
     args: argparse.Namespace,
-) -> dict[str, Any]:
+) -> dict[str, dict[str, Any]]:
+    """Results by /sync mode (``args.sync_modes``), each mode's throughput run
+    in turn on this cluster, then the latency figures once, shared."""
     # Warm up caches and connections.
     await measure_throughput(client, paths.send, paths.sync, people, rooms, 40, args.senders)
-    cpu_before = cluster.cpu_seconds()
-    throughput = await measure_throughput(
-        client, paths.send, paths.sync, people, rooms, args.messages, args.senders, paths.rooms
-    )
-    cpu = {n: t - cpu_before[n] for n, t in cluster.cpu_seconds().items()}
+    by_mode = {}
+    postgres = cluster.database["engine"] == "postgres"
+    for mode in args.sync_modes.split(","):
+        cpu_before = cluster.cpu_seconds()
+        server_before = database_server_cpu_seconds() if postgres else 0.0
+        cpu_sent: dict[str, float] = {}
+        server_sent: list[float] = []
+
+        def record_sent(
+            into: dict[str, float] = cpu_sent, server: list[float] = server_sent
+        ) -> None:
+            into.update(cluster.cpu_seconds())
+            server.append(database_server_cpu_seconds() if postgres else 0.0)
+
+        throughput = await measure_throughput(
+            client,
+            paths.send,
+            paths.sync,
+            people,
+            rooms,
+            args.messages,
+            args.senders,
+            paths.rooms,
+            sync_mode=mode,
+            sync_every=args.sync_every,
+            on_sent=record_sent,
+        )
+        cpu = {n: t - cpu_before[n] for n, t in cluster.cpu_seconds().items()}
+        sending = sum(cpu_sent[n] - cpu_before[n] for n in cpu_before)
+        by_mode[mode] = {
+            "sent": throughput.sent_per_second,
+            "delivered": throughput.delivered_per_second,
+            "syncs": throughput.syncs,
+            "syncs_during_sends": throughput.syncs_during_sends,
+            "cpu_ms_per_send": sending * 1000 / args.messages,
+            # Every PostgreSQL process on the machine: other users' too.
+            "db_cpu_ms_per_send": (server_sent[0] - server_before) * 1000 / args.messages,
+            "send_p50": percentile(throughput.latencies_ms, 0.5),
+            "send_p99": percentile(throughput.latencies_ms, 0.99),
+            "cpu": cpu,
+            "transport": cluster.transport,
+        }
     send = paths.rooms[rooms[0]] if paths.rooms else paths.send[0]
     wakeup = await measure_wakeup(
         client, send, paths.sync, people[1], people[0], rooms[0], args.rounds, False
@@ -198,21 +263,15 @@ async def measure_paths(
         client, paths.typing, paths.sync, people[1], people[0], rooms[0], args.rounds, True
     )
     initial = await measure_initial_sync(client, paths.sync, people[2], 5)
-    return {
-        "sent": throughput.sent_per_second,
-        "delivered": throughput.delivered_per_second,
-        "syncs": throughput.syncs,
-        "send_p50": percentile(throughput.latencies_ms, 0.5),
-        "send_p99": percentile(throughput.latencies_ms, 0.99),
+    latency = {
         "wakeup_p50": percentile(wakeup, 0.5),
         "wakeup_p99": percentile(wakeup, 0.99),
         "typing_p50": percentile(typing, 0.5),
         "typing_p99": percentile(typing, 0.99),
         "initial_ms": initial,
         "rss": cluster.rss_mb(),
-        "cpu": cpu,
-        "transport": cluster.transport,
     }
+    return {mode: {**figures, **latency} for mode, figures in by_mode.items()}
 
 
 def verdict(ok: bool) -> str:
@@ -254,6 +313,10 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool
         "",
     )
     row("/sync requests (sends)", "syncs", "{:d}", "", None, "")
+    row("/sync requests while sending", "syncs_during_sends", "{:d}", "", None, "")
+    row("CPU ms per send", "cpu_ms_per_send", "{:.2f}", "", None, "")
+    if args.engine == "postgres":
+        row("PostgreSQL server CPU ms per send", "db_cpu_ms_per_send", "{:.2f}", "", None, "")
     row("send latency p50 ms", "send_p50", "{:.1f}", "", None, "")
     row("send latency p99 ms", "send_p99", "{:.1f}", "", None, "")
     row(
@@ -373,6 +436,20 @@ def main(argv: list[str] | None = None) -> int:
         help="split the rooms evenly over the layout's events writers (more rooms created,"
         " the extra ones left), so that runs of different code compare alike",
     )
+    parser.add_argument(
+        "--sync-modes",
+        default="poll",
+        help="comma-separated ways the users read /sync during the throughput run, of "
+        + ", ".join(SYNC_MODES)
+        + ": long polls (poll), one /sync each per --sync-every messages (paced), none until"
+        " the last message is sent (none)",
+    )
+    parser.add_argument(
+        "--sync-every",
+        type=int,
+        default=25,
+        help="messages sent per /sync of each user with --sync-modes paced",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the layouts' directories")
     parser.add_argument(
         "--baseline",
@@ -393,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not set(args.routings.split(",")) <= set(ROUTINGS):
         parser.error(f"--routings: each of {', '.join(ROUTINGS)}")
+    if not set(args.sync_modes.split(",")) <= set(SYNC_MODES):
+        parser.error(f"--sync-modes: each of {', '.join(SYNC_MODES)}")
+    if args.sync_every < 1:
+        parser.error("--sync-every: at least 1")
     results: dict[str, dict[str, Any]] = {}
     sources: list[tuple[str | None, str]] = [(None, "")]
     for i, baseline in enumerate(args.baseline):
@@ -425,8 +506,11 @@ BASELINE = "@baseline"
 
 def print_ratios(results: dict[str, dict[str, Any]], suffixes: list[str]) -> None:
     """This code's figures over each baseline's, measured in the same run
-    (per round with ``--repeat``)."""
+    (per round with ``--repeat``), then per column the medians over rounds of
+    the events/s sent and CPU per send ratios."""
     print()
+    sent_ratios: dict[str, list[float]] = {}
+    cpu_ratios: dict[str, list[float]] = {}
     for name, ours in results.items():
         if "@" in name:
             continue
@@ -435,16 +519,34 @@ def print_ratios(results: dict[str, dict[str, Any]], suffixes: list[str]) -> Non
             theirs = results.get(column + suffix + ("#" + tag if tag else ""))
             if theirs is None:
                 continue
-            sent, delivered, wakeup, initial = (
-                ours[k] / theirs[k] for k in ("sent", "delivered", "wakeup_p50", "initial_ms")
+            sent, delivered, wakeup, initial, per_send = (
+                ours[k] / theirs[k]
+                for k in ("sent", "delivered", "wakeup_p50", "initial_ms", "cpu_ms_per_send")
             )
             cpu = sum(ours["cpu"].values()) / max(sum(theirs["cpu"].values()), 1e-9)
+            sent_ratios.setdefault(column + suffix, []).append(sent)
+            cpu_ratios.setdefault(column + suffix, []).append(per_send)
             print(
                 f"{name} / {suffix[1:]}: events/s sent {sent:.2f}, delivered {delivered:.2f};"
+                f" CPU ms per send {per_send:.2f} ({ours['cpu_ms_per_send']:.2f} /"
+                f" {theirs['cpu_ms_per_send']:.2f}); /syncs while sending"
+                f" {ours['syncs_during_sends']} / {theirs['syncs_during_sends']};"
+                f" PostgreSQL server CPU ms per send {ours['db_cpu_ms_per_send']:.2f} /"
+                f" {theirs['db_cpu_ms_per_send']:.2f};"
                 f" /sync wake-up p50 {wakeup:.2f} ({ours['wakeup_p50']:.1f} /"
                 f" {theirs['wakeup_p50']:.1f} ms); initial /sync {initial:.2f}; CPU s of the"
                 f" throughput run {cpu:.2f}; send p50 {ours['send_p50']:.1f} /"
                 f" {theirs['send_p50']:.1f} ms"
+            )
+    if any(len(v) > 1 for v in sent_ratios.values()):
+        print()
+        for key, values in sent_ratios.items():
+            column, _, suffix = key.partition("@")
+            print(
+                f"{column} / {suffix}, median of {len(values)} rounds: events/s sent"
+                f" {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}),"
+                f" CPU ms per send {statistics.median(cpu_ratios[key]):.2f}"
+                f" ({min(cpu_ratios[key]):.2f}-{max(cpu_ratios[key]):.2f})"
             )
 
 

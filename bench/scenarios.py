@@ -11,6 +11,7 @@ import statistics
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -130,6 +131,18 @@ class ThroughputResult:
     latencies_ms: list[float]
     #: /sync requests the users' long polls made until every message was seen.
     syncs: int = 0
+    #: Of ``syncs``, those made while the messages were being sent.
+    syncs_during_sends: int = 0
+
+
+#: How the users read /sync while ``measure_throughput`` sends: ``poll``, each
+#: user long-polls (the client's natural behaviour: how many requests that
+#: makes depends on how soon the server answers, so it differs between
+#: trees); ``paced``, each user makes one /sync with ``timeout=0`` per
+#: ``sync_every`` messages sent, so every tree answers the same number of
+#: /sync requests per message; ``none``, no /sync at all until the last
+#: message is sent (then the users long-poll until they have them all).
+SYNC_MODES = ("poll", "paced", "none")
 
 
 async def measure_throughput(
@@ -141,11 +154,21 @@ async def measure_throughput(
     messages: int,
     senders: int,
     room_bases: dict[str, str] | None = None,
+    sync_mode: str = "poll",
+    sync_every: int = 25,
+    on_sent: Callable[[], None] | None = None,
 ) -> ThroughputResult:
     """``senders`` concurrent senders (spread over the users and rooms) send
-    ``messages`` in all; every user long-polls /sync until it has seen them all.
-    Sends go round-robin over ``send_bases``, or with ``room_bases`` to the
-    process given for each room."""
+    ``messages`` in all; every user reads /sync as ``sync_mode`` says (one of
+    ``SYNC_MODES``) and, once the last message is sent, long-polls until it has
+    seen them all. Sends go round-robin over ``send_bases``, or with
+    ``room_bases`` to the process given for each room. ``on_sent`` is called
+    as soon as the last send is answered (e.g. to read the processes' CPU
+    time of the sends alone)."""
+    if sync_mode not in SYNC_MODES:
+        raise ValueError(f"sync_mode {sync_mode!r}: one of {', '.join(SYNC_MODES)}")
+    if sync_every < 1:
+        raise ValueError(f"sync_every {sync_every}: at least 1")
     starts = {p.user_id: (await client.sync(sync_base, p, None, 0))["next_batch"] for p in people}
     expected: set[str] = set()
     #: user -> event id -> when their sync returned it
@@ -153,8 +176,13 @@ async def measure_throughput(
     latencies: list[float] = []
     counter = itertools.count()
     syncs = 0
+    answered = 0
+    #: user -> one token per paced /sync still to make
+    paced: dict[str, asyncio.Queue[None]] = {p.user_id: asyncio.Queue() for p in people}
+    since = dict(starts)
 
     async def sender(index: int) -> None:
+        nonlocal answered
         user = people[index % len(people)]
         base = send_bases[index % len(send_bases)]
         while (n := next(counter)) < messages:
@@ -163,22 +191,48 @@ async def measure_throughput(
             target = room_bases[room] if room_bases else base
             expected.add(await client.send(target, user, room, f"bench {n}"))
             latencies.append((time.perf_counter() - start) * 1000)
+            answered += 1
+            if sync_mode == "paced" and answered % sync_every == 0:
+                for queue in paced.values():
+                    queue.put_nowait(None)
 
-    async def syncer(user: User) -> None:
+    async def one_sync(user: User, timeout_ms: int) -> None:
         nonlocal syncs
-        since = starts[user.user_id]
-        while True:
-            result = await client.sync(sync_base, user, since, 5_000)
-            syncs += 1
-            now = time.perf_counter()
-            since = result["next_batch"]
-            for event_id in event_ids(result):
-                seen[user.user_id].setdefault(event_id, now)
+        result = await client.sync(sync_base, user, since[user.user_id], timeout_ms)
+        syncs += 1
+        now = time.perf_counter()
+        since[user.user_id] = result["next_batch"]
+        for event_id in event_ids(result):
+            seen[user.user_id].setdefault(event_id, now)
 
-    syncers = [asyncio.create_task(syncer(p)) for p in people]
+    async def long_poller(user: User) -> None:
+        while True:
+            await one_sync(user, 5_000)
+
+    async def paced_syncer(user: User) -> None:
+        queue = paced[user.user_id]
+        while True:
+            await queue.get()
+            await one_sync(user, 0)
+            queue.task_done()
+
+    during = {"poll": long_poller, "paced": paced_syncer, "none": None}[sync_mode]
+    syncers = [asyncio.create_task(during(p)) for p in people] if during else []
     start = time.perf_counter()
     await asyncio.gather(*(sender(i) for i in range(senders)))
     sent_elapsed = time.perf_counter() - start
+    if on_sent is not None:
+        on_sent()
+    if sync_mode == "paced":
+        # Every paced /sync asked for is made, so each tree answers the same
+        # number; then the long polls collect what is left.
+        for queue in paced.values():
+            await queue.join()
+        for task in syncers:
+            task.cancel()
+    syncs_during_sends = syncs
+    if sync_mode != "poll":
+        syncers = [asyncio.create_task(long_poller(p)) for p in people]
     deadline = time.perf_counter() + 120
     while not all(expected <= seen[p.user_id].keys() for p in people):
         for task in syncers:
@@ -191,7 +245,13 @@ async def measure_throughput(
     for task in syncers:
         task.cancel()
     delivered_elapsed = max(seen[p.user_id][e] for p in people for e in expected) - start
-    return ThroughputResult(messages / sent_elapsed, messages / delivered_elapsed, latencies, syncs)
+    return ThroughputResult(
+        messages / sent_elapsed,
+        messages / delivered_elapsed,
+        latencies,
+        syncs,
+        syncs_during_sends,
+    )
 
 
 async def measure_wakeup(

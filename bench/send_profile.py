@@ -2,6 +2,7 @@
 
     python -m bench.send_profile [--engine sqlite|postgres] [--messages 3000]
                                  [--baseline DIR]... [--rate 250]
+                                 [--sync-mode poll|paced|none] [--keep DIR]
 
 Runs ``bench.client``'s throughput workload (8 senders, 4 users long-polling
 /sync, 4 rooms split evenly) against the monolith of this checkout and of
@@ -33,6 +34,7 @@ import time
 
 from bench.client import run_layout
 from bench.cluster import Cluster
+from bench.scenarios import SYNC_MODES
 
 #: (label, a frame name the stage's samples contain), in the send's order.
 STAGES = (
@@ -93,13 +95,15 @@ def profile(source: str | None, args: argparse.Namespace, out: str) -> dict[str,
         cluster.start()
         pid = cluster.processes["main"].pid
         spy = subprocess.Popen(
-            [args.py_spy, "record", "--pid", str(pid), "--rate", str(args.rate), "--gil",
+            [args.py_spy, "record", "--pid", str(pid), "--rate", str(args.rate),
+             "--native" if args.native else "--gil",
              "--nonblocking", "--format", "raw", "--output", out],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(1)  # py-spy attaches
-        results = asyncio.run(run_layout(cluster, args))["single"]
+        column = "single" if args.sync_mode == "poll" else f"single/{args.sync_mode}"
+        results = asyncio.run(run_layout(cluster, args))[column]
         cpu = cpu_seconds(pid)
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)
@@ -114,6 +118,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--baseline", metavar="DIR", action="append", default=[])
+    parser.add_argument(
+        "--sync-mode",
+        choices=SYNC_MODES,
+        default="poll",
+        help="how the users read /sync while sending (bench.client's --sync-modes): none"
+        " profiles the sends alone",
+    )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="sample every running thread with its C frames (py-spy --native) instead of the"
+        " GIL holder: shows the database engine's own work (SQLite runs without the GIL)",
+    )
+    parser.add_argument(
+        "--keep", metavar="DIR", help="keep each tree's py-spy samples in DIR (NAME.txt)"
+    )
     args = parser.parse_args(argv)
     args.py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(args.py_spy):
@@ -121,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     # What bench.client's workload reads of its options.
     args.senders, args.users, args.rooms, args.rounds = 8, 4, 4, 10
     args.route_to_writer, args.even_writers, args.routings = False, True, "router"
-    tmp = tempfile.mkdtemp(prefix="send_profile_")
+    args.sync_modes, args.sync_every = args.sync_mode, 25
+    tmp = args.keep or tempfile.mkdtemp(prefix="send_profile_")
+    os.makedirs(tmp, exist_ok=True)
     trees: list[tuple[str, str | None]] = [("this", None)]
     trees += [(os.path.basename(os.path.abspath(b)), os.path.abspath(b)) for b in args.baseline]
     figures, stages = {}, {}
@@ -138,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'all samples':56s}" + "".join(f"{stages[n][0] * per_send:13.0f}" for n, _ in trees))
     for key in ("sent", "syncs", "cpu"):
         print(f"{key:56s}" + "".join(f"{figures[n][key]:13.1f}" for n, _ in trees))
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
