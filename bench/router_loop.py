@@ -55,7 +55,8 @@ def child(requests: int, direct: bool) -> None:
 
     class StandIn(protocol.Protocol):
         def dataReceived(self, data: bytes) -> None:
-            if b"\r\n\r\n" in data:  # the head and the small body arrive together
+            if b"\r\n\r\n" in data and self.transport is not None:
+                # The head and the small body arrive together.
                 self.transport.write(RESPONSE)
 
     ports = {}
@@ -122,6 +123,7 @@ def child(requests: int, direct: bool) -> None:
                 reactor.stop()
                 return
             self.sent += 1
+            assert self.transport is not None
             self.transport.write(request)
 
         def dataReceived(self, data: bytes) -> None:
