@@ -41,6 +41,7 @@ from synapse_lite.routing.http1 import (
     without_hop_by_hop,
 )
 from synapse_lite.routing.pool import BackendConnection
+from synapse_lite.routing.sockets import write_now
 
 if TYPE_CHECKING:
     from synapse_lite.routing.relay import ClientConnection, Relay
@@ -149,6 +150,11 @@ class Exchange:
         self.finished = False
         self._stale_retried = False
         self._timeout: IDelayedCall | None = None
+        #: Bytes for the client held while a read from the process is parsed,
+        #: and for the process while the client's read is, each sent as one
+        #: write (one segment: both sockets have Nagle off). None: not held.
+        self._client_out: list[bytes] | None = None
+        self._process_out: list[bytes] | None = None
         ROUTER_OPEN_REQUESTS.inc()
 
     # Routing and connecting
@@ -205,10 +211,8 @@ class Exchange:
         assert self.backend is not None
         self.relay.waiting.setdefault(self.backend.name, set()).add(self)
         connection.attach(self)
-        connection.write(self._forwarded_head())
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        for chunk in pending:
-            connection.write(chunk)
+        self._to_process(b"".join([self._forwarded_head(), *pending]))
         if not self.body_complete:
             # The process's socket paces the client's while the body streams.
             connection.stream_from(self.client)
@@ -224,6 +228,42 @@ class Exchange:
         ]
         return serialize_head(b" ".join((head.method, head.target, head.version)), headers)
 
+    # Writes held to be sent together
+
+    def hold_request(self) -> None:
+        """Hold what goes to the process until :meth:`release_request`."""
+        if self._process_out is None:
+            self._process_out = []
+
+    def release_request(self) -> None:
+        out, self._process_out = self._process_out, None
+        if out and self._connection is not None:
+            self._connection.write(b"".join(out))
+
+    def _to_process(self, data: bytes) -> None:
+        assert self._connection is not None
+        if self._process_out is not None:
+            self._process_out.append(data)
+        else:
+            self._connection.write(data)
+
+    def hold_output(self) -> None:
+        """Hold what goes to the client until :meth:`release_output`."""
+        if self._client_out is None:
+            self._client_out = []
+
+    def release_output(self) -> None:
+        out, self._client_out = self._client_out, None
+        transport = self.client.transport
+        if out and transport is not None and not self.client.closing:
+            write_now(transport, b"".join(out))
+
+    def _to_client(self, data: bytes) -> None:
+        if self._client_out is not None:
+            self._client_out.append(data)
+        elif self.client.transport is not None:
+            write_now(self.client.transport, data)
+
     # The request's body
 
     def body_data(self, chunk: bytes) -> None:
@@ -233,7 +273,7 @@ class Exchange:
             if self._replay_bytes > REPLAY_LIMIT:
                 self._replay = None
         if self._connection is not None:
-            self._connection.write(chunk)
+            self._to_process(chunk)
         elif not self.finished:
             self._pending.append(chunk)
             self._pending_bytes += len(chunk)
@@ -320,6 +360,7 @@ class Exchange:
         self._finish(499)
 
     def _abort_all(self) -> None:
+        self._client_out = None  # a part of a response: not worth sending
         self._drop_connection(abort=True)
         if self.client.transport is not None:
             self.client.closing = True
@@ -330,9 +371,9 @@ class Exchange:
 
     def interim(self, head: ResponseHead) -> None:
         """A 1xx (100 Continue): passed on to HTTP/1.1 clients."""
-        if self.head.version == b"HTTP/1.1" and self.client.transport is not None:
+        if self.head.version == b"HTTP/1.1":
             first = b"HTTP/1.1 %d %s" % (head.status, head.reason)
-            self.client.transport.write(serialize_head(first, without_hop_by_hop(head.headers)))
+            self._to_client(serialize_head(first, without_hop_by_hop(head.headers)))
 
     def response_head(self, head: ResponseHead, framing: Framing) -> None:
         self.response_started = True
@@ -345,19 +386,18 @@ class Exchange:
             self.keep_alive = False
         if not self.keep_alive:
             headers.append((b"Connection", b"close"))
-        transport = self.client.transport
-        assert transport is not None
-        transport.write(
+        assert self.client.transport is not None
+        self._to_client(
             serialize_head(b"%s %d %s" % (self.head.version, head.status, head.reason), headers)
         )
         if self._connection is not None:
             self._connection.stream_to(self.client)
 
     def response_data(self, chunk: bytes) -> None:
-        if self.client.transport is not None:
-            self.client.transport.write(chunk)
+        self._to_client(chunk)
 
     def response_done(self, connection_reusable: bool) -> None:
+        self.release_output()  # before the client's connection goes on (or closes)
         connection = self._connection
         self._forget_connection()
         if connection is not None:
@@ -388,7 +428,7 @@ class Exchange:
         transport = self.client.transport
         if transport is not None:
             first = b"%s %d %s" % (self.head.version, local.status, reason)
-            transport.write(serialize_head(first, headers) + local.body)
+            write_now(transport, serialize_head(first, headers) + local.body)
         self._finish(local.status)
         self.client.exchange_done(self.keep_alive)
 
@@ -404,6 +444,8 @@ class Exchange:
             connection.abort() if abort else connection.close()
 
     def _forget_connection(self) -> None:
+        if self._process_out is not None:
+            self._process_out = []  # for that connection; a repeat sends its own
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.detach()

@@ -9,8 +9,9 @@ chunks, a long-poll's response as it is written.
 Requests are held to the strict reading of RFC 9112, since the processes
 behind may read them differently otherwise: a request with both
 ``Content-Length`` and ``Transfer-Encoding``, a transfer coding other than
-``chunked``, conflicting lengths, folded headers or a malformed line is
-refused with 400 (or 501 for an unknown coding).
+``chunked``, conflicting lengths, folded headers, a malformed line, or a bare
+CR or LF or a NUL anywhere in the head is refused with 400 (or 501 for an
+unknown coding).
 """
 
 from __future__ import annotations
@@ -106,6 +107,12 @@ class RequestHead:
 
 def parse_request_head(block: bytes) -> RequestHead:
     """A request head (without its final blank line), or :class:`BadMessage`."""
+    # Lines end with CRLF only, and no value holds a NUL (RFC 9110 5.5): a
+    # bare LF passed on inside a value would be a line of its own to a
+    # process that reads lines more loosely than this does.
+    crlf = block.count(b"\r\n")
+    if block.count(b"\n") != crlf or block.count(b"\r") != crlf or b"\x00" in block:
+        raise BadMessage(400, "bare CR or LF, or NUL, in the request head")
     lines = block.split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3:

@@ -28,6 +28,7 @@ from synapse_lite.routing.http1 import (
     parse_response_head,
     response_framing,
 )
+from synapse_lite.routing.sockets import write_now
 
 if TYPE_CHECKING:
     from synapse_lite.routing.exchange import Exchange
@@ -79,7 +80,7 @@ class BackendConnection(protocol.Protocol):
 
     def write(self, data: bytes) -> None:
         if self.transport is not None:
-            self.transport.write(data)
+            write_now(self.transport, data)
 
     def stream_from(self, client: ClientConnection) -> None:
         """Pause ``client`` while this socket's buffer is full."""
@@ -129,6 +130,10 @@ class BackendConnection(protocol.Protocol):
             self.abort()
             return
         self._buffer += data
+        # What this read gives the client (a head and the body after it,
+        # usually) leaves in one write.
+        holding = self.exchange
+        holding.hold_output()
         try:
             self._parse()
         except BadMessage as e:
@@ -137,6 +142,8 @@ class BackendConnection(protocol.Protocol):
             self.abort()
             if exchange is not None:
                 exchange.backend_lost(e.reason)
+        finally:
+            holding.release_output()
 
     def _parse(self) -> None:
         while self.exchange is not None and self._buffer:

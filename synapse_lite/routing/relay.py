@@ -195,13 +195,18 @@ class ClientConnection(protocol.Protocol):
         self.exchange = exchange
         if not framing.complete:
             self._body = framing
-        local = self.relay.local_pages(head, self.resources)
-        if local is not None:
-            exchange.answer(local)
-        else:
-            exchange.start()
-        if self._body is not None and self.exchange is exchange:
-            self._read_body()
+        # The head and what came of the body with it go to the process in one write.
+        exchange.hold_request()
+        try:
+            local = self.relay.local_pages(head, self.resources)
+            if local is not None:
+                exchange.answer(local)
+            else:
+                exchange.start()
+            if self._body is not None and self.exchange is exchange:
+                self._read_body()
+        finally:
+            exchange.release_request()
 
     def _read_body(self) -> None:
         framing, exchange = self._body, self.exchange

@@ -120,6 +120,49 @@ def _with_client_api(config: HomeServerConfig, names: Sequence[str]) -> tuple[st
     return tuple(n for n in names if config.http_address(n, "client") is not None)
 
 
+class PathMatch:
+    """The parameters of a path that matched a route's pattern (``room_id``)."""
+
+    __slots__ = ("_found", "_prefix")
+
+    def __init__(self, found: re.Match[str], prefix: str) -> None:
+        self._found = found
+        self._prefix = prefix
+
+    def group(self, name: str) -> str:
+        return self._found.group(self._prefix + name)
+
+
+_NAMED_GROUP = re.compile(r"\(\?P<([A-Za-z_][A-Za-z0-9_]*)>")
+
+
+class _Combined:
+    """The routes one method may take as one regex, matched once per request
+    instead of route after route: ``(?P<_0>...)|(?P<_1>...)|...``, each
+    alternative a route's pattern (whole, with ``\\Z``, or as a prefix) with
+    its named groups renamed apart (``r0_room_id``). Alternatives are tried in
+    order, so the first route that matches wins, as in the table's order; the
+    wrapping group closes last, so ``lastindex`` names the route."""
+
+    def __init__(self, routes: Sequence[Route], method: str) -> None:
+        #: Group index of each alternative's wrapper -> (route, group prefix).
+        self.routes: dict[int, tuple[Route, str]] = {}
+        self.has_parameters: dict[int, bool] = {}
+        alternatives = []
+        for i, route in enumerate(routes):
+            if route.methods and method not in route.methods:
+                continue
+            prefix = f"r{i}_"
+            pattern = _NAMED_GROUP.sub(rf"(?P<{prefix}\1>", route.pattern)
+            end = "" if route.prefix else r"\Z"
+            alternatives.append((f"(?P<_{i}>(?:{pattern}){end})", route, prefix))
+        self.regex = re.compile("|".join(a for a, _, _ in alternatives) or r"(?!)")
+        for _, route, prefix in alternatives:
+            index = self.regex.groupindex["_" + prefix[1:-1]]
+            self.routes[index] = (route, prefix)
+            self.has_parameters[index] = bool(route.regex.groupindex)
+
+
 class RoutingTable:
     """Every route of one config, first match wins, then the default (main)."""
 
@@ -130,6 +173,8 @@ class RoutingTable:
         #: ``(method, path)`` of paths without parameters (``/sync``, ...) ->
         #: their route: most requests skip the scan.
         self._fixed: dict[tuple[str, str], Route] = {}
+        #: Per method (as requests name them), every route's pattern in one regex.
+        self._combined: dict[str, _Combined] = {}
 
     @classmethod
     def build(cls, config: HomeServerConfig) -> RoutingTable:
@@ -158,18 +203,26 @@ class RoutingTable:
         default = resolver.route(None, (), "", MAIN, prefix=True)
         return cls(config, routes, default)
 
-    def match(self, method: str, path: str) -> tuple[Route, re.Match[str] | None]:
-        """The route of a request and its path match (None for the default)."""
+    def match(self, method: str, path: str) -> tuple[Route, PathMatch | None]:
+        """The route of a request and its path's parameters (None for the
+        default, and for a path without parameters)."""
         fixed = self._fixed.get((method, path))
         if fixed is not None:
             return fixed, None
-        for route in self.routes:
-            found = route.matches(method, path)
-            if found is not None:
-                if not found.groupdict() and len(self._fixed) < MAX_FIXED_PATHS:
-                    self._fixed[(method, path)] = route
-                return route, found
-        return self.default, None
+        combined = self._combined.get(method)
+        if combined is None:
+            combined = self._combined[method] = _Combined(self.routes, method)
+        found = combined.regex.match(path)
+        if found is None:
+            return self.default, None
+        index = found.lastindex
+        assert index is not None
+        route, prefix = combined.routes[index]
+        if not combined.has_parameters[index]:
+            if len(self._fixed) < MAX_FIXED_PATHS:
+                self._fixed[(method, path)] = route
+            return route, None
+        return route, PathMatch(found, prefix)
 
     def instances(self) -> list[str]:
         """Every process some route may send to, main first."""

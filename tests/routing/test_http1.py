@@ -49,6 +49,11 @@ class RequestHeadTestCase(unittest.TestCase):
             (b"GET /x HTTP/1.1\r\nHost: a\r\n folded", 400),
             (b"GET /x HTTP/1.1\r\nNo colon here", 400),
             (b"GET /x HTTP/1.1\r\nBad Name: v", 400),
+            # A bare LF, CR or a NUL in a value: a process reading lines
+            # differently could see another header there (X-Forwarded-For).
+            (b"GET /x HTTP/1.1\r\nA: v\nX-Forwarded-For: 1.2.3.4", 400),
+            (b"GET /x HTTP/1.1\r\nA: v\rX-Forwarded-For: 1.2.3.4", 400),
+            (b"GET /x HTTP/1.1\r\nA: v\x00w", 400),
         ]:
             with self.subTest(text=text):
                 with self.assertRaises(BadMessage) as raised:

@@ -182,3 +182,53 @@ class TableTestCase(unittest.TestCase):
             RoutingTable.build(layout_config("monolith", main_without_client))
         self.assertIn("'client'", str(refused.exception))
         # With a router, the config itself is refused (tests/config).
+
+
+def _sample_path(pattern: str) -> str:
+    """A path a servlet's pattern matches: each named parameter a room id, a
+    choice of versions its first."""
+    path = re.sub(r"\(\?P<[a-z_]+>[^)]*\)", "!r:hs", pattern)
+    path = re.sub(r"\(\?:([^|)]*)[^)]*\)", r"\1", path)
+    return path.replace("\\", "").rstrip("$")
+
+
+class CombinedMatchTestCase(unittest.TestCase):
+    """The table matches a request once, with every route of its method in
+    one regex: it must pick what trying route after route would."""
+
+    def _one_by_one(self, table: RoutingTable, method: str, path: str) -> Any:
+        for route in table.routes:
+            found = route.matches(method, path)
+            if found is not None:
+                return route, found.groupdict().get("room_id")
+        return table.default, None
+
+    def test_same_route_as_one_by_one(self) -> None:
+        table = RoutingTable.build(layout_config("sharded"))
+        paths = {(method, _sample_path(pattern)) for method, pattern, _ in client_servlets()} | {
+            ("GET", "/_matrix/media/v3/download/hs/abc"),
+            ("POST", "/_matrix/federation/v1/send/1"),
+            ("GET", "/_matrix/key/v2/server"),
+            ("GET", "/nothing/here"),
+            ("PUT", "/_matrix/client/v3/rooms/!r:hs/send/m.room.message/1/extra"),
+            ("PATCH", "/_matrix/client/v3/rooms/!r:hs/send/m.room.message/1"),
+        }
+        with_room = 0
+        for method, path in sorted(paths):
+            route, room_id = self._one_by_one(table, method, path)
+            for _ in range(2):  # the second time from the remembered fixed paths
+                found, match = table.match(method, path)
+                self.assertIs(found, route, (method, path))
+                if room_id is not None:
+                    assert match is not None
+                    self.assertEqual(match.group("room_id"), room_id)
+            with_room += room_id is not None
+        self.assertGreater(with_room, 10)  # the samples reach the parameterised routes
+
+    def test_a_prefix_route_matches_as_a_prefix_and_others_whole(self) -> None:
+        table = RoutingTable.build(layout_config("default"))
+        found, _ = table.match("GET", "/_matrix/media/v3/anything/below")
+        self.assertEqual(found.served_by.name, "media")
+        # A send path with more after it is no send: main says what it is.
+        found, _ = table.match("PUT", "/_matrix/client/v3/rooms/!r:hs/send/m.x/1/more")
+        self.assertIs(found, table.default)
