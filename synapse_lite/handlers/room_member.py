@@ -240,7 +240,7 @@ class RoomMemberHandler:
             invite = await self._store.get_event(current[1])
             inviter = invite.sender if invite is not None else None
         if action == "leave":
-            if current is None or current[0] not in ("join", "invite"):
+            if current is None or current[0] not in ("join", "invite", "knock"):
                 return None
             content: dict[str, Any] = {}
             if reason is not None:

@@ -220,3 +220,28 @@ class KnockTestCase(TwoServers):
         self.assertEqual(sync["rooms"].get("invite", {}), {})
         # b.test never heard of it: carol is still invited there.
         self.assertEqual(await self.membership(alice, room_id, carol.user_id), "invite")
+
+    async def test_knock_rejected_by_the_room(self) -> None:
+        alice, room_id = await self.knock_room()
+        carol = await self.client(self.a).register("carol")
+        await carol.ok("POST", f"/knock/{q(room_id)}?via=b.test", {})
+        # alice rejects the knock (a leave of carol by alice), then may
+        # still let her in later with an invite. (a.test does not take the
+        # leave b.test sends it: carol's /sync keeps the knock; see
+        # docs/federation.md "Limits".)
+        await alice.ok("POST", f"/rooms/{q(room_id)}/kick", {"user_id": carol.user_id})
+        self.assertEqual(await self.membership(alice, room_id, carol.user_id), "leave")
+        await alice.ok("POST", f"/rooms/{q(room_id)}/invite", {"user_id": carol.user_id})
+        await carol.ok("POST", f"/rooms/{q(room_id)}/join", {})
+        self.assertEqual(await self.membership(alice, room_id, carol.user_id), "join")
+
+    async def test_knock_withdrawn(self) -> None:
+        alice, room_id = await self.knock_room()
+        carol = await self.client(self.a).register("carol")
+        await carol.ok("POST", f"/knock/{q(room_id)}?via=b.test", {})
+        since = (await carol.sync())["next_batch"]
+        # carol withdraws her knock: a leave through the room id's server.
+        await carol.ok("POST", f"/rooms/{q(room_id)}/leave", {})
+        self.assertEqual(await self.membership(alice, room_id, carol.user_id), "leave")
+        sync = await carol.sync(since=since)
+        self.assertIn(room_id, sync["rooms"]["leave"])
