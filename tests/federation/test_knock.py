@@ -22,8 +22,8 @@ from tests.harness.federation import TwoServers
 DAVE = "@dave:a.test"
 
 
-def q(value: str) -> str:
-    return urllib.parse.quote(value, safe="")
+def q(value: str | None) -> str:
+    return urllib.parse.quote(value or "", safe="")
 
 
 class KnockTestCase(TwoServers):
@@ -64,7 +64,7 @@ class KnockTestCase(TwoServers):
         path = f"/_matrix/federation/v1/send_knock/{q(room_id)}/{q(event_id)}"
         return await self.federation("PUT", path, event)
 
-    async def membership(self, alice: ClientApi, room_id: str, user_id: str) -> str | None:
+    async def membership(self, alice: ClientApi, room_id: str, user_id: str | None) -> str | None:
         code, body = await alice.request(
             "GET", f"/rooms/{q(room_id)}/state/m.room.member/{q(user_id)}"
         )

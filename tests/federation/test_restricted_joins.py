@@ -22,8 +22,8 @@ DAVE = "@dave:a.test"
 V10 = KNOWN_ROOM_VERSIONS["10"]
 
 
-def q(value: str) -> str:
-    return urllib.parse.quote(value, safe="")
+def q(value: str | None) -> str:
+    return urllib.parse.quote(value or "", safe="")
 
 
 class RestrictedJoinTestCase(TwoServers):
@@ -42,13 +42,13 @@ class RestrictedJoinTestCase(TwoServers):
         )
         return alice, space, room
 
-    async def membership(self, alice: ClientApi, room_id: str, user_id: str) -> Any:
+    async def membership(self, alice: ClientApi, room_id: str, user_id: str | None) -> Any:
         code, body = await alice.request(
             "GET", f"/rooms/{q(room_id)}/state/m.room.member/{q(user_id)}"
         )
         return body if code == 200 else None
 
-    async def make_join(self, room_id: str, user_id: str = DAVE) -> tuple[int, Any]:
+    async def make_join(self, room_id: str, user_id: str | None = DAVE) -> tuple[int, Any]:
         path = f"/_matrix/federation/v1/make_join/{q(room_id)}/{q(user_id)}?ver=10"
         return await self.signed_request(self.a_key, "a.test", "b.test", "GET", path)
 
