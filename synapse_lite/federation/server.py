@@ -11,8 +11,9 @@
   token alone, as the spec says: the caller is any third party, not a server);
   our rooms (``handlers/federation_rooms.py``): ``GET /event``, ``/state``,
   ``/state_ids``, ``/event_auth``, ``/backfill``, ``POST
-  /get_missing_events``, ``GET /make_join``, ``/make_leave`` and ``PUT
-  /v2/send_join``, ``/v2/send_leave``; ``GET``/``POST /publicRooms`` and
+  /get_missing_events``, ``GET /make_join``, ``/make_leave``,
+  ``/make_knock`` and ``PUT /v2/send_join``, ``/v2/send_leave``,
+  ``/v1/send_knock``; ``GET``/``POST /publicRooms`` and
   ``GET /hierarchy/{roomId}`` (``handlers/space_hierarchy.py``); our users'
   devices and keys (``federation/user_keys.py``).
 
@@ -434,6 +435,16 @@ def _register_room_servlets(
     async def on_send_leave_v1(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
         return 200, [200, (await on_send_leave(request, room_id, event_id))[1]]
 
+    async def on_make_knock(request: Request, room_id: str, user_id: str) -> tuple[int, Any]:
+        origin = await origin_of(request)
+        versions = query_strings(request, "ver")
+        return 200, await rooms.on_make_knock(origin, room_id, user_id, versions)
+
+    async def on_send_knock(request: Request, room_id: str, event_id: str) -> tuple[int, Any]:
+        body = parse_json_object_from_request(request)
+        origin = await origin_of(request, body)
+        return 200, await rooms.on_send_knock(origin, room_id, event_id, body)
+
     v1, v2 = FEDERATION_PREFIX, FEDERATION_V2_PREFIX
     for method, path, callback, name in (
         ("GET", f"{v1}/event/{event}", on_event, "event"),
@@ -448,6 +459,8 @@ def _register_room_servlets(
         ("GET", f"{v1}/make_leave/{room}/(?P<user_id>[^/]+)", on_make_leave, "make_leave"),
         ("PUT", f"{v2}/send_leave/{room}/{event}", on_send_leave, "send_leave"),
         ("PUT", f"{v1}/send_leave/{room}/{event}", on_send_leave_v1, "send_leave_v1"),
+        ("GET", f"{v1}/make_knock/{room}/(?P<user_id>[^/]+)", on_make_knock, "make_knock"),
+        ("PUT", f"{v1}/send_knock/{room}/{event}", on_send_knock, "send_knock"),
     ):
         resource.register_paths(method, path, callback, f"federation.{name}")
 

@@ -53,7 +53,7 @@ from synapse_lite.federation.pdu_checks import PduRefused, check_pdu_signatures
 from synapse_lite.federation.server_acl import room_allows_server
 from synapse_lite.handlers.federation_rooms import membership_template
 from synapse_lite.handlers.received_events import pdu_as_content
-from synapse_lite.handlers.sync_sections.rooms import INVITE_STATE_TYPES
+from synapse_lite.handlers.sync_sections.rooms import stripped_state
 from synapse_lite.replication.http.federation_rooms import (
     PERSIST_RECEIVED_EVENT,
     PERSIST_REMOTE_JOIN,
@@ -268,6 +268,11 @@ def fill_template(
         if k not in ("signatures", "hashes", "unsigned", "event_id", "origin")
     }
     event["content"] = {**content, "membership": membership}
+    authoriser = _dict(template.get("content")).get("join_authorised_via_users_server")
+    if membership == "join" and isinstance(authoriser, str):
+        # A restricted join the resident server vouches for (it signs the
+        # join it names itself in; the send_join answer carries that).
+        event["content"]["join_authorised_via_users_server"] = authoriser
     event["origin"] = server_name
     event["origin_server_ts"] = now_ms
     if version.event_ids is EventIdFormat.SERVER_SUFFIXED:
@@ -331,34 +336,91 @@ class FederationJoinHandler:
         rules refuse it and no other let us in; else a server's 400 with
         its Matrix error (``M_INCOMPATIBLE_ROOM_VERSION`` and its
         ``room_version``, say) is passed through to the client."""
+        return await self._through_each(servers, room_id, "join", user_id, content)
+
+    async def knock(
+        self, user_id: str, room_id: str, servers: Sequence[str], content: Mapping[str, Any]
+    ) -> str:
+        """Knock ``user_id`` on ``room_id`` through one of ``servers`` (then
+        the room id's server): ``make_knock``, our knock signed and sent
+        with ``send_knock``, then stored as our user's outlier membership
+        with the ``knock_room_state`` answered (as a received invite is, so
+        /sync's ``knock`` section shows it). Errors as :meth:`join`'s."""
+        return await self._through_each(servers, room_id, "knock", user_id, content)
+
+    async def _through_each(
+        self,
+        servers: Sequence[str],
+        room_id: str,
+        membership: str,
+        user_id: str,
+        content: Mapping[str, Any],
+    ) -> str:
+        """A join or knock (``membership``) through each candidate server in
+        turn until one works; the errors of :meth:`join` when none did."""
+        attempt = self._join_through if membership == "join" else self._knock_through
+        verb = "join" if membership == "join" else "knock on"
         candidates = candidate_servers(servers, room_id, self._server_name)
         if not candidates:
             raise SynapseError(
-                404, "No server to join this room through: give one (via)", Codes.NOT_FOUND
+                404, f"No server to {verb} this room through: give one (via)", Codes.NOT_FOUND
             )
         problems: list[str] = []
         refused = False
         passed: FederationRequestError | None = None
         for server in candidates:
             try:
-                return await self._join_through(server, user_id, room_id, content)
+                return await attempt(server, user_id, room_id, content)
             except FederationRequestError as e:
                 refused = refused or e.code == 403
                 if passed is None and e.code == 400 and _errcode(e) is not None:
                     passed = e
                 problems.append(f"{server}: {_error_of(e)}")
             except JoinAnswerError as e:
-                logger.warning("Refused %s's answer to join %s: %s", server, room_id, e.reason)
+                logger.warning("Refused %s's answer to %s %s: %s", server, verb, room_id, e.reason)
                 problems.append(f"{server}: refused its answer: {e.reason}")
         detail = "; ".join(problems)
         if refused:
-            raise AuthError(403, f"Could not join {room_id}: {detail}")
+            raise AuthError(403, f"Could not {verb} {room_id}: {detail}")
         if passed is not None:
             body = _dict(passed.body)
             extra = {k: v for k, v in body.items() if k not in ("errcode", "error")}
             errcode = _errcode(passed) or Codes.UNKNOWN
-            raise SynapseError(400, f"Could not join {room_id}: {detail}", errcode, extra)
-        raise SynapseError(404, f"Could not join {room_id}: {detail}", Codes.NOT_FOUND)
+            raise SynapseError(400, f"Could not {verb} {room_id}: {detail}", errcode, extra)
+        raise SynapseError(404, f"Could not {verb} {room_id}: {detail}", Codes.NOT_FOUND)
+
+    async def _knock_through(
+        self, server: str, user_id: str, room_id: str, content: Mapping[str, Any]
+    ) -> str:
+        client = self._client()
+        versions = "&".join(f"ver={v}" for v in SUPPORTED_VERSIONS)
+        answer = await client.get_json(
+            server, f"{FEDERATION_V1}/make_knock/{_q(room_id)}/{_q(user_id)}?{versions}"
+        )
+        version = _version_of(answer)
+        if not version.knocking:
+            raise JoinAnswerError(f"room version {version.identifier} has no knocking")
+        signed, sent = await self._send_membership(
+            server, version, answer, room_id, user_id, "knock", content, v2=False
+        )
+        stripped = _dict(sent).get("knock_room_state")
+        if not _is_stripped_state(stripped):
+            raise JoinAnswerError(
+                f"knock_room_state is not at most {MAX_STRIPPED_STATE} objects with type,"
+                " state_key, sender and content"
+            )
+        # Kept as a received invite's stripped state is (the key /sync reads).
+        stored = {**signed, "unsigned": {"invite_room_state": stripped}}
+        request = RemoteJoin(
+            room_id=room_id,
+            origin=server,
+            answer={"room_version": version.identifier, "event": stored, "invite": True},
+        )
+        await self._calls.call(
+            PERSIST_REMOTE_JOIN, request, instance=await self._writer_of(room_id)
+        )
+        logger.info("%s knocked on %s through %s", user_id, room_id, server)
+        return event_id_of(version, signed)
 
     async def _join_through(
         self, server: str, user_id: str, room_id: str, content: Mapping[str, Any]
@@ -388,10 +450,12 @@ class FederationJoinHandler:
         user_id: str,
         membership: str,
         content: Mapping[str, Any],
+        v2: bool = True,
     ) -> tuple[dict[str, Any], Any]:
-        """Our ``membership`` event from ``server``'s make_join/make_leave
-        ``answer``, signed and sent with ``send_join``/``send_leave`` v2 (v1,
-        whose answer is ``[200, {...}]``, when the server does not know v2):
+        """Our ``membership`` event from ``server``'s make_join/make_leave/
+        make_knock ``answer``, signed and sent with ``send_join``/
+        ``send_leave`` v2 (v1, whose answer is ``[200, {...}]``, when the
+        server does not know v2; v1 only when not ``v2``, as ``send_knock``):
         the event and the server's answer."""
         event = fill_template(
             version,
@@ -408,7 +472,8 @@ class FederationJoinHandler:
         path = f"/send_{membership}/{_q(room_id)}/{_q(event_id)}"
         client = self._client()
         try:
-            return signed, await client.put_json(server, FEDERATION_V2 + path, signed)
+            if v2:  # send_knock has no v2
+                return signed, await client.put_json(server, FEDERATION_V2 + path, signed)
         except FederationRequestError as e:
             if not _v2_unknown(e):
                 raise
@@ -642,18 +707,11 @@ class FederationJoinHandler:
         return event_id
 
     async def _stripped_state(self, room_id: str, sender: str) -> list[dict[str, Any]]:
-        """The stripped state an invite carries: the room's create, join
-        rules, name, topic, avatar, canonical alias and encryption events,
-        and the inviter's member event."""
+        """The stripped state an invite carries (``stripped_state``) with
+        the inviter's member event."""
         state_ids = await self._store.get_current_state_ids(room_id)
-        wanted = [state_ids[(t, "")] for t in INVITE_STATE_TYPES if (t, "") in state_ids]
-        if ("m.room.member", sender) in state_ids:
-            wanted.append(state_ids[("m.room.member", sender)])
-        events = await self._store.get_events(wanted)
-        return [
-            {"type": e.type, "state_key": e.state_key, "sender": e.sender, "content": e.content}
-            for e in events.values()
-        ]
+        member = state_ids.get(("m.room.member", sender))
+        return await stripped_state(self._store, room_id, [member] if member else [])
 
     async def on_invite(
         self, origin: str, room_id: str, event_id: str, body: Any, v2: bool

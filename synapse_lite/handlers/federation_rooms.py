@@ -57,6 +57,13 @@ from synapse_lite.federation.pdu_checks import (
 from synapse_lite.federation.sender.room_events import PduRenderer
 from synapse_lite.federation.server_acl import room_allows_server
 from synapse_lite.handlers.received_events import pdu_as_content, stored_as_pdu
+from synapse_lite.handlers.restricted_joins import (
+    UnableToAuthoriseJoin,
+    UnableToGrantJoin,
+    load_auth_state,
+    restricted_join_authoriser,
+)
+from synapse_lite.handlers.sync_sections.rooms import stripped_state
 from synapse_lite.handlers.visibility import load_room_visibility
 from synapse_lite.replication.http.federation_rooms import PERSIST_RECEIVED_EVENT, ReceivedEvent
 from synapse_lite.replication.http.send_events import EventsPersisted
@@ -80,6 +87,8 @@ MAX_START_EVENTS = 50
 #: The users of one server whose views decide what it sees (the first by id).
 MAX_VIEWING_USERS = 100
 INCOMPATIBLE_ROOM_VERSION = "M_INCOMPATIBLE_ROOM_VERSION"
+UNABLE_TO_AUTHORISE_JOIN = "M_UNABLE_TO_AUTHORISE_JOIN"
+UNABLE_TO_GRANT_JOIN = "M_UNABLE_TO_GRANT_JOIN"
 
 
 def _bad(msg: str, errcode: str = Codes.BAD_JSON) -> SynapseError:
@@ -436,6 +445,15 @@ class FederationRoomsHandler:
         """``GET /make_leave/{roomId}/{userId}``: as ``make_join``, a leave."""
         return await self._make_membership(origin, room_id, user_id, "leave", None)
 
+    async def on_make_knock(
+        self, origin: str, room_id: str, user_id: str, versions: list[str]
+    ) -> dict[str, Any]:
+        """``GET /make_knock/{roomId}/{userId}?ver=``: as ``make_join``, a
+        knock; 400 ``M_INCOMPATIBLE_ROOM_VERSION`` also when the room's
+        version has no knocking (before 7), 403 when the room's join rule
+        takes no knocks (or the user may not knock: banned, joined)."""
+        return await self._make_membership(origin, room_id, user_id, "knock", versions or ["1"])
+
     async def _make_membership(
         self,
         origin: str,
@@ -457,16 +475,50 @@ class FederationRoomsHandler:
                 INCOMPATIBLE_ROOM_VERSION,
                 {"room_version": version.identifier},
             )
+        _check_knocking(version, membership)
+        content: dict[str, Any] = {"membership": membership}
+        if membership == "join":
+            authoriser = await self._restricted_join_authoriser(room_id, user_id)
+            if authoriser is not None:
+                content["join_authorised_via_users_server"] = authoriser
         template = await membership_template(
-            self._store,
-            version,
-            room_id,
-            user_id,
-            user_id,
-            {"membership": membership},
-            self._clock.time_msec(),
+            self._store, version, room_id, user_id, user_id, content, self._clock.time_msec()
         )
         return {"event": template, "room_version": version.identifier}
+
+    async def _restricted_join_authoriser(self, room_id: str, user_id: str) -> str | None:
+        """The member of ours who vouches for ``user_id``'s join when only
+        the room's restricted join rule admits it (None: no need); 403 when
+        the user is in none of the allowed rooms, 400
+        ``M_UNABLE_TO_AUTHORISE_JOIN`` when we are in none of them to tell,
+        400 ``M_UNABLE_TO_GRANT_JOIN`` when no member of ours may invite
+        (the joining server then tries another resident server)."""
+        state, _ids = await load_auth_state(self._store, room_id, [user_id])
+        try:
+            return await restricted_join_authoriser(
+                self._store, self._server_name, room_id, user_id, state
+            )
+        except UnableToAuthoriseJoin as e:
+            raise SynapseError(400, e.msg, UNABLE_TO_AUTHORISE_JOIN) from None
+        except UnableToGrantJoin as e:
+            raise SynapseError(400, e.msg, UNABLE_TO_GRANT_JOIN) from None
+
+    async def _check_authoriser(self, room_id: str, event: Pdu) -> bool:
+        """A received join naming a member of ours in
+        ``join_authorised_via_users_server`` is one we vouch for: the
+        restricted rule must need it and its ``allow`` conditions hold for
+        the user now (a forged name is refused, 403); whether that member
+        may invite is the rules' check. One naming another server's member
+        carries that server's signature (checked with the others). Whether
+        we vouch for it."""
+        authoriser = event.content.get("join_authorised_via_users_server")
+        if not isinstance(authoriser, str) or server_of(authoriser) != self._server_name:
+            return False
+        if await self._restricted_join_authoriser(room_id, event.sender) is None:
+            raise AuthError(
+                403, "This join needs no join_authorised_via_users_server: we vouch for nothing"
+            )
+        return True
 
     async def on_send_join(
         self, origin: str, room_id: str, event_id: str, pdu: Any
@@ -498,6 +550,17 @@ class FederationRoomsHandler:
         await self._persist_membership(origin, room_id, event_id, pdu, "leave")
         return {}
 
+    async def on_send_knock(
+        self, origin: str, room_id: str, event_id: str, pdu: Any
+    ) -> dict[str, Any]:
+        """``PUT /v1/send_knock/{roomId}/{eventId}``: check and persist a
+        knock ``origin`` signed (as ``send_join`` checks a join); answers the
+        room's stripped state (``knock_room_state``: what an invite carries)
+        for the knocking user's client."""
+        await self._persist_membership(origin, room_id, event_id, pdu, "knock")
+        state = await stripped_state(self._store, room_id, ())
+        return {"knock_room_state": state}
+
     async def _persist_membership(
         self, origin: str, room_id: str, event_id: str, pdu: Any, membership: str
     ) -> tuple[RoomVersion, Pdu]:
@@ -505,9 +568,14 @@ class FederationRoomsHandler:
         persist it (its rules checked there)."""
         version = await self._room_version(room_id)
         await self.check_server_acl(origin, room_id)
+        _check_knocking(version, membership)
         event = await self._check_received_membership(
             origin, room_id, event_id, version, pdu, membership
         )
+        if membership == "join" and await self._check_authoriser(room_id, event):
+            # We vouch for it: stored (and served) with our signature, which
+            # every server checking it needs.
+            pdu = add_event_signature(version, pdu, self._server_name, self._signing_key())
         writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
         if writer is None:
             raise NotFoundError("Unknown room", Codes.NOT_FOUND)
@@ -591,6 +659,18 @@ class FederationRoomsHandler:
             await check_signed_by(self._keyring, version, pdu, server, None)
         except PduRefused as e:
             raise AuthError(403, f"The event is {e}") from None
+
+
+def _check_knocking(version: RoomVersion, membership: str) -> None:
+    """400 ``M_INCOMPATIBLE_ROOM_VERSION`` for a knock in a room whose
+    version has none (the spec's answer to make_knock/send_knock)."""
+    if membership == "knock" and not version.knocking:
+        raise SynapseError(
+            400,
+            f"Room version {version.identifier} does not support knocking",
+            INCOMPATIBLE_ROOM_VERSION,
+            {"room_version": version.identifier},
+        )
 
 
 class ReceivedEventsWriter:

@@ -44,10 +44,7 @@ from synapse_lite.event_graph.pdu import Pdu, StateKey, create_event_id_of_room,
 from synapse_lite.events import Event, EventContent, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.handlers.event_auth import (
-    AUTH_STATE_TYPES,
     RoomAuthState,
-    allowed_rooms,
-    server_of,
 )
 from synapse_lite.handlers.ratelimit import Ratelimiter
 from synapse_lite.handlers.received_events import (
@@ -55,6 +52,7 @@ from synapse_lite.handlers.received_events import (
     received_pdu,
     stored_as_pdu,
 )
+from synapse_lite.handlers.restricted_joins import load_auth_state, restricted_join_authoriser
 from synapse_lite.replication.http.forward_extremities import (
     DELETE_FORWARD_EXTREMITIES,
     ExtremitiesDeleted,
@@ -718,43 +716,18 @@ class EventCreationHandler:
     ) -> EventSpec:
         """A join that only a restricted join rule can admit (the user is
         neither invited nor joined) is vouched for by this server, as the
-        spec has the resident server do: when the user is joined to one of
-        the rooms of the rule's ``allow`` conditions, a member who may
-        invite is named in ``join_authorised_via_users_server`` (the auth
-        rules then check that member); otherwise 403. A name the client put
-        there is never trusted."""
-        version = state.version
+        spec has the resident server do: a member who may invite is named
+        in ``join_authorised_via_users_server`` (``restricted_join_authoriser``;
+        the auth rules then check that member); otherwise 403. A name the
+        client put there is never trusted."""
         content = dict(spec.content)
         content.pop("join_authorised_via_users_server", None)
-        if state.join_rule not in version.restricted_rules or state.members.get(spec.sender) in (
-            "invite",
-            "join",
-            "ban",
-        ):
-            return spec if content == spec.content else attr.evolve(spec, content=content)
-        for allowed_room in allowed_rooms(state.join_rule_allow):
-            membership = await self._store.get_membership_in_room(spec.sender, allowed_room)
-            if membership is not None and membership[0] == "join":
-                break
-        else:
-            hint = " (or knock)" if state.join_rule in version.knock_rules else ""
-            raise AuthError(
-                403,
-                "You are not in any of the rooms whose members may join this room:"
-                f" ask for an invite{hint}",
-            )
-        members = await self._store.get_users_in_room(room_id)
-        for member in members:
-            state.members.setdefault(member, "join")
-        candidates = [
-            m for m in members if server_of(m) == self._server_name and state.can_invite(m)
-        ]
-        if not candidates:
-            raise AuthError(403, "No member of this room may authorise your join")
-        # The most powerful member, then by id: the same choice every time.
-        authoriser = min(candidates, key=lambda m: (-state.user_level(m), m))
-        content["join_authorised_via_users_server"] = authoriser
-        return attr.evolve(spec, content=content)
+        authoriser = await restricted_join_authoriser(
+            self._store, self._server_name, room_id, spec.sender, state
+        )
+        if authoriser is not None:
+            content["join_authorised_via_users_server"] = authoriser
+        return spec if content == spec.content else attr.evolve(spec, content=content)
 
     async def _check_redaction(self, room_id: str, spec: EventSpec, state: RoomAuthState) -> None:
         """A redaction names an event of its room (404 for an unknown event,
@@ -777,13 +750,7 @@ class EventCreationHandler:
     ) -> tuple[RoomAuthState, Mapping[StateKey, str]]:
         """What the rules need of the room's current state, and the ids of
         that state (its auth events are selected from them)."""
-        state_ids = await self._store.get_current_state_ids(room_id)
         users = {s.sender for s in specs} | {
             s.state_key for s in specs if s.type == "m.room.member" and s.state_key
         }
-        wanted = [state_ids[(t, "")] for t in AUTH_STATE_TYPES if (t, "") in state_ids]
-        wanted += [
-            state_ids[("m.room.member", u)] for u in users if ("m.room.member", u) in state_ids
-        ]
-        events = await self._store.get_events(wanted)
-        return RoomAuthState.from_events(room_id, events.values()), state_ids
+        return await load_auth_state(self._store, room_id, users)

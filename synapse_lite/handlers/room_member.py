@@ -164,6 +164,10 @@ class RoomMemberHandler:
         if action == "invite":
             if not await self._app_service_queries.user_exists(target):
                 raise NotFoundError(f"Unknown user {target}")
+        if action == "knock" and self._remote is not None:
+            knocked = await self._remote_knock(user_id, room_id, reason, servers)
+            if knocked is not None:
+                return knocked
         if action in ("join", "leave") and self._remote is not None:
             remote = await self._remote_membership(
                 requester, room_id, action, reason, join_content, servers
@@ -236,7 +240,7 @@ class RoomMemberHandler:
             invite = await self._store.get_event(current[1])
             inviter = invite.sender if invite is not None else None
         if action == "leave":
-            if current is None or current[0] not in ("join", "invite"):
+            if current is None or current[0] not in ("join", "invite", "knock"):
                 return None
             content: dict[str, Any] = {}
             if reason is not None:
@@ -254,6 +258,24 @@ class RoomMemberHandler:
         if reason is not None:
             content["reason"] = reason
         event_id = await self._remote.join(user_id, room_id, servers, content)
+        await self._store.unforget_room(user_id, room_id)
+        return event_id
+
+    async def _remote_knock(
+        self, user_id: str, room_id: str, reason: str | None, servers: Sequence[str]
+    ) -> str | None:
+        """A knock made through another server (as a join would be: the room
+        is not ours, or no user of ours is joined to it and another
+        server's is); None when it is a local knock."""
+        assert self._remote is not None
+        if not await self._remote.is_remote_room(room_id):
+            return None
+        if await self._store.is_room_blocked(room_id):
+            raise AuthError(403, "This room has been blocked on this server")
+        content = member_content("knock", await profile_of(self._store, user_id))
+        if reason is not None:
+            content["reason"] = reason
+        event_id = await self._remote.knock(user_id, room_id, servers, content)
         await self._store.unforget_room(user_id, room_id)
         return event_id
 

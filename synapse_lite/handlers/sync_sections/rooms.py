@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from synapse_lite.handlers.client_events import ClientEventFormatter
     from synapse_lite.handlers.relations import RelationsHandler
     from synapse_lite.storage.change_tracker import StreamChangeTracker
+    from synapse_lite.storage.databases.main import GenericWorkerStore
 
 #: Members named in a room summary of a room without a name.
 HEROES = 5
@@ -44,6 +45,23 @@ INVITE_STATE_TYPES = (
     "m.room.canonical_alias",
     "m.room.encryption",
 )
+
+
+async def stripped_state(
+    store: GenericWorkerStore, room_id: str, event_ids: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The room's stripped state an invite or a knock carries: its current
+    create, join rules, name, topic, avatar, canonical alias and encryption
+    events (:data:`INVITE_STATE_TYPES`), then the events ``event_ids`` (a
+    member event), each as type, state key, sender and content."""
+    state_ids = await store.get_current_state_ids(room_id)
+    wanted = [state_ids[(t, "")] for t in INVITE_STATE_TYPES if (t, "") in state_ids]
+    wanted += [e for e in event_ids if e not in wanted]
+    events = await store.get_events(wanted)
+    return [
+        {"type": e.type, "state_key": e.state_key, "sender": e.sender, "content": e.content}
+        for e in (events[i] for i in wanted if i in events)
+    ]
 
 
 class RoomTimelineStore(Protocol):

@@ -67,18 +67,20 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             return await handlers.directory.resolve_alias(room_id_or_alias)
         return check_room_id(room_id_or_alias)
 
-    async def join(request: Request, room_id: str) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        refuse_if_suspended(requester, "join rooms")
-        # The servers to join a room of other servers through: the request's
-        # (``server_name``, ``via`` from v1.12), then a remote alias's.
+    async def room_and_servers(request: Request, room_id: str) -> tuple[str, list[str]]:
+        """The room an id or alias names and the servers to join or knock on
+        a room of other servers through: the request's (``server_name``,
+        ``via`` from v1.12), then a remote alias's."""
         servers = [*query_strings(request, "via"), *query_strings(request, "server_name")]
         if room_id.startswith("#") and not room_id.endswith(":" + handlers.server_name):
             found = await handlers.directory.get_alias(room_id)
-            room_id = found["room_id"]
-            servers += found["servers"]
-        else:
-            room_id = await room_of(room_id)
+            return found["room_id"], servers + found["servers"]
+        return await room_of(room_id), servers
+
+    async def join(request: Request, room_id: str) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        refuse_if_suspended(requester, "join rooms")
+        room_id, servers = await room_and_servers(request, room_id)
         body = parse_json_object_from_request(request, allow_empty=True)
         reason = get_optional_str(body, "reason", max_length=1024)
         await handlers.members.update_membership(
@@ -89,15 +91,12 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
     async def knock(request: Request, room_id: str) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         refuse_if_suspended(requester, "knock on rooms")
-        room_id = await room_of(room_id)
-        # The servers to knock through (``server_name``, ``via`` from v1.12):
-        # every room we can knock on is ours (no federation), so they are
-        # read, to refuse what is not text, and not used.
-        for param in ("server_name", "via"):
-            query_string(request, param)
+        room_id, servers = await room_and_servers(request, room_id)
         body = parse_json_object_from_request(request, allow_empty=True)
         reason = get_optional_str(body, "reason", max_length=1024)
-        await handlers.members.update_membership(requester, room_id, "knock", reason=reason)
+        await handlers.members.update_membership(
+            requester, room_id, "knock", reason=reason, servers=servers
+        )
         return 200, {"room_id": room_id}
 
     async def upgrade(request: Request, room_id: str) -> tuple[int, Any]:
