@@ -24,7 +24,7 @@ sharing the servers:
   messages while ``synapse-lite reload`` adds a sender that wins b.test by
   the rendezvous hash (so b.test changes hands): bob reads the 30 in order,
   none lost, none twice, and every transaction to b.test after the reload
-  went out from the new sender.
+  (three more messages) went out from the new sender.
 
 SQLite with TCP replication when the suite runs on SQLite, PostgreSQL with
 Redis when it runs on PostgreSQL.
@@ -173,7 +173,7 @@ class ShardedPairTestCase(unittest.TestCase):
 
         bodies = [f"during reload {i}" for i in range(30)]
         traffic = defer.ensureDeferred(self.send_slowly(bodies))
-        await task.deferLater(reactor, 1.0, lambda: None)
+        await task.deferLater(reactor, 0.5, lambda: None)
         self.edit(self.paths["a.test"], add_sender)
         mark = a_run.mark()
         reload = SynapseLiteCommand(
@@ -185,7 +185,9 @@ class ShardedPairTestCase(unittest.TestCase):
         await a_run.wait_for_line(r"Reload of .* done", after=mark)
         done = a_run.mark()
         await traffic
-        await self.reads(self.bob, bodies)
+        later = [f"after reload {i}" for i in range(3)]
+        await self.send_slowly(later)
+        await self.reads(self.bob, bodies + later)
         after = re.findall(
             r" (\S+) INFO .*Sending transaction \S+ to b\.test:", "\n".join(a_run.lines[done:])
         )
