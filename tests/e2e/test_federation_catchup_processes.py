@@ -34,7 +34,7 @@ from typing import Any
 from twisted.internet import reactor, task
 from twisted.trial import unittest
 
-from tests.e2e.test_federation_pdus_processes import FederationPdusProcessesTestCase
+from tests.e2e import test_federation_pdus_processes as pdus
 from tests.e2e.test_federation_processes import SENDER, Server
 from tests.harness.client_api import ClientApi
 from tests.harness.databases import test_engine_name
@@ -55,8 +55,8 @@ class FederationCatchUpProcessesTestCase(unittest.TestCase):
 
     # The two-server helpers of the PDU processes test (borrowed:
     # subclassing it would run its test here too).
-    make_server: Any = FederationPdusProcessesTestCase.make_server
-    wait_for: Any = FederationPdusProcessesTestCase.wait_for
+    make_server: Any = pdus.FederationPdusProcessesTestCase.make_server
+    wait_for: Any = pdus.FederationPdusProcessesTestCase.wait_for
 
     a: Server
     b: Server
