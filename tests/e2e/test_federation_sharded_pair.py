@@ -130,6 +130,9 @@ class ShardedPairTestCase(unittest.TestCase):
     async def step_sender_killed_mid_transaction(self) -> None:
         a_run, b_run = self.runs["a.test"], self.runs["b.test"]
         owner = sender_of("b.test", SENDERS)
+        # The reader killed before is restarted by the launcher.
+        await self.until(lambda: all(r in b_run.running_pids() for r in READERS))
+        await task.deferLater(reactor, 2.0, lambda: None)  # and listening
         readers = [b_run.running_pids()[r] for r in READERS]
         for pid in readers:
             os.kill(pid, signal.SIGSTOP)
