@@ -178,6 +178,10 @@ def plan_processes(config: HomeServerConfig, for_running: bool = True) -> list[P
     return sorted(specs, key=lambda s: s.tier)
 
 
+#: Listener resources the router never relays requests to.
+_NOT_RELAYED = frozenset({"health", "metrics", "replication"})
+
+
 def _router_spec(
     config: HomeServerConfig, config_path: str, problems: list[ConfigProblem]
 ) -> ProcessSpec:
@@ -192,10 +196,19 @@ def _router_spec(
                 " synapse-lite run checks /health to know it is up",
             )
         )
-    # Its routes come from every process's listeners and the stream writers.
+    # Its routes come from the listeners of the processes it relays to and the
+    # stream writers. A process it never relays to (a federation sender with
+    # only a health listener) is not among them: adding one with a reload
+    # does not restart the router (and drop its clients' connections).
     routing = repr(
         (
-            [(name, config.listeners_of(name)) for name in config.instance_names()],
+            [
+                (name, config.listeners_of(name))
+                for name in config.instance_names()
+                if any(
+                    set(listener.resources) - _NOT_RELAYED for listener in config.listeners_of(name)
+                )
+            ],
             sorted(config.stream_writers.by_key.items()),
             getattr(config, "media_instance", MAIN_PROCESS),
             config.internal_tls,

@@ -20,7 +20,10 @@ parent ``P`` (at most :data:`MAX_MISSING_PARENTS`):
 
 The room's events writer (:class:`StateGapWriter`, internal call
 ``persist_state_gap``) stores the fetched events as **outliers** (each
-checked against its own auth events, as any outlier), then the event with
+checked against its own auth events, as any outlier; not a missing parent
+that is not a state event and that no state or auth chain names: a message
+left out of the timeline as an outlier would never be shown, while left
+unstored it is a hole that backfill fills), then the event with
 the state before it resolved from the states after its parents, ours for
 those we have and the given ones for the others (the room version's
 resolution), and its outcome (rejected, soft-failed or accepted) decided
@@ -96,9 +99,12 @@ class StateGaps:
             )
         fetched: dict[str, CheckedPdu] = {}
         states: list[list[list[str]]] = []
+        #: Ids some state or auth chain names: needed as outliers.
+        named: set[str] = set()
         for parent in sorted(missing):
             path = f"/_matrix/federation/v1/state_ids/{_q(room_id)}?event_id={_q(parent)}"
             state_ids, auth_ids = _state_ids_answer(await self._client.get_json(origin, path))
+            named.update(state_ids, auth_ids)
             wanted = sorted({*state_ids, *auth_ids, parent} - fetched.keys())
             have = await self._store.get_events(wanted)
             unknown = [i for i in wanted if i not in have]
@@ -112,9 +118,19 @@ class StateGaps:
         writer = await self._store.get_event_writer_for_room(room_id, self._event_writers())
         if writer is None:
             raise PduRefused(f"room {room_id} is not known here")
+        # A parent that is not a state event (a message) is not stored as an
+        # outlier: it is needed here only to tell the state after it, and an
+        # outlier is never shown in the timeline (backfill leaves out events
+        # held, outliers too), while a parent not stored at all is a hole
+        # that paging back fills from the origin, in the timeline.
+        outliers = [
+            f
+            for f in fetched.values()
+            if f.event_id in named or f.event_id not in missing or f.event.state_key is not None
+        ]
         answer = {
             "pdu": pdu.pdu,
-            "outliers": [f.pdu for f in sorted(fetched.values(), key=lambda f: f.event.depth)],
+            "outliers": [f.pdu for f in sorted(outliers, key=lambda f: f.event.depth)],
             "states": states,
         }
         await self._store.store_received_pdu(pdu.event_id, room_id, origin, pdu.pdu)

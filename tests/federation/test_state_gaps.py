@@ -99,6 +99,39 @@ class StateGapsTestCase(InboundPdusBase):
         self.assertTrue(backfills, fake.gets)
         self.assertIn(f"v={ids['Y']}", backfills[0])
 
+    async def test_a_missing_parent_that_is_a_message_is_left_a_hole(self) -> None:
+        # M (a message, never sent) before X: the state after M is the state
+        # before it; M itself is not stored as an outlier (never shown), so
+        # paging back asks a.test to backfill it into the timeline.
+        alice, room_id, version = await self.joined_room()
+        store = self.b["main"].store
+        m = await self.event(room_id, content={"msgtype": "m.text", "body": "m"})
+        m_id = event_id_of(version, m)
+        extremities = sorted(await store.get_forward_extremities(room_id))
+        x = await self.event(room_id, content={"body": "x"}, prev_events=[m_id])
+        x["depth"] = m["depth"] + 1
+        x = sign_event(version, x, "a.test", self.a_key)
+        x_id = event_id_of(version, x)
+        c = await self.event(room_id, content={"body": "c"}, prev_events=[*extremities, x_id])
+        c["depth"] = x["depth"] + 1
+        c = sign_event(version, c, "a.test", self.a_key)
+        c_id = event_id_of(version, c)
+        fake = GapServer()
+        await self.scripted_a(fake)
+        fake.missing = [x]
+        state = await store.get_current_state_ids(room_id)
+        fake.state_ids = {"pdu_ids": list(state.values()), "auth_chain_ids": []}
+        fake.events = {m_id: m}
+        self.assertEqual(await self.send("g4", [c]), {c_id: {}})
+        self.assertTrue(any(f"/event/{m_id}" in g for g in fake.gets), fake.gets)
+        self.assertIsNone(await store.get_event(m_id))
+        bodies = [e["content"]["body"] for e in await self.timeline(alice, room_id)]
+        self.assertEqual(bodies[-2:], ["x", "c"])
+        await alice.ok("GET", f"/rooms/{q(room_id)}/messages?dir=b&limit=5")
+        backfills = [p for p in fake.gets if "/backfill/" in p]
+        self.assertTrue(backfills, fake.gets)
+        self.assertIn(f"v={m_id}", backfills[0])
+
     async def test_an_event_that_is_not_the_one_asked_for_is_refused(self) -> None:
         _alice, room_id, fake, events = await self.gap()
         store = self.b["main"].store
