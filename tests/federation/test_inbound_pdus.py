@@ -259,7 +259,10 @@ class InboundPdusTestCase(InboundPdusBase):
             ids = [event_id_of(version, p) for t in fake.transactions for p in t["pdus"]]
             return ids[-1:] == sent[-1:] if ids else False
 
-        await eventually(all_arrived, timeout=20)
+        # Two backoffs (1 s, then about 2 s) and the catch-up: seconds, but
+        # minutes' worth of margin on a loaded machine (CI's PostgreSQL pass
+        # once needed more than 20 s).
+        await eventually(all_arrived, timeout=60, what="the newest of the 60 events at a.test")
         pdus = [p for t in fake.transactions for p in t["pdus"]]
         # In order, once each, at most 50 per transaction, none of carol's.
         # Had more than a transaction's worth waited while it backed off, it
@@ -276,7 +279,7 @@ class InboundPdusTestCase(InboundPdusBase):
             got = [event_id_of(version, p) for t in fake.transactions for p in t["pdus"]]
             return got[-3:] == more
 
-        await eventually(more_arrived, timeout=20)
+        await eventually(more_arrived, timeout=60, what="the 3 later events at a.test")
         self.assertTrue(all(t["origin"] == "b.test" for t in fake.transactions))
         for pdu in pdus:
             self.assertNotIn("event_id", pdu)
