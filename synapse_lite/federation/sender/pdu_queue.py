@@ -162,7 +162,7 @@ class PduQueue:
                 self._catching_up = True
                 self._pdus = []
             self._sent_upto = -1 if sent_upto is None else sent_upto
-        if self._catching_up:
+        while self._catching_up:
             added = self._added
             found = await self._store.get_catch_up_pdus(
                 self.destination, self._sent_upto, MAX_PDUS_PER_TRANSACTION
@@ -172,9 +172,16 @@ class PduQueue:
             await self._record(None)
             if found:
                 return found
-            if added == self._added and progress.filled_past_live_from:
+            if added != self._added:
+                # Events came while the rows were read, and the read may not
+                # have seen their rows (committed after it began): they gave
+                # no wake-up of their own (add() keeps nothing while catching
+                # up), so read again rather than wait for a next event.
+                continue
+            if progress.filled_past_live_from:
                 logger.info("%s has caught up", self.destination)
                 self._catching_up = False
+                break
             return []
         if self._pdus and self._pdus[0].stream_ordering <= self._sent_upto:
             # Replayed by the feed, sent by the previous run.
