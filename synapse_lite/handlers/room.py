@@ -9,6 +9,11 @@ are invite-only with ``shared`` history and guests may join;
 ``m.room.guest_access`` of ``forbidden``, as the spec's preset table has it,
 so that an upgrade carries the setting over explicitly). ``initial_state``
 overrides the preset's events.
+
+Invitees of ours are invited by events of the founding batch; invitees of
+other servers once the room exists, one ``/v2/invite`` to their server each
+(as ``POST /invite`` does), in the order given: their server must
+countersign each invite, which no batch can wait for.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from synapse_lite.http.fields import get_bool, get_dict, get_list, get_optional_
 if TYPE_CHECKING:
     from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
+    from synapse_lite.handlers.federation_join import FederationJoinHandler
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
     from synapse_lite.streams.writers import WritersDirectory
@@ -131,10 +137,12 @@ class RoomCreationHandler:
         writers: WritersDirectory,
         event_writers: Callable[[], Sequence[str]],
         app_service_queries: AppServiceQueries,
+        remote_invites: FederationJoinHandler | None = None,
     ) -> None:
         """``event_writers()``: the events writers this process knows of now
         (a new room goes to one of them by the events stream's rule in
-        ``writers``)."""
+        ``writers``). ``remote_invites``: invites users of other servers
+        (None: this server does not federate, and refuses them)."""
         self._store = store
         self._clock = clock
         self._server_name = server_name
@@ -142,6 +150,7 @@ class RoomCreationHandler:
         self._writers = writers
         self._event_writers = event_writers
         self._app_service_queries = app_service_queries
+        self._remote_invites = remote_invites
 
     async def create_room(self, requester: Requester, body: dict[str, Any]) -> str:
         """Validate the request, build the initial events, persist them on the
@@ -210,7 +219,10 @@ class RoomCreationHandler:
             specs.append(state("m.room.topic", {"topic": topic}))
         if alias is not None:
             specs.append(state("m.room.canonical_alias", {"alias": alias}))
+        remote_invitees = [u for u in invitees if not is_mine_id(u, self._server_name)]
         for invitee in invitees:
+            if invitee in remote_invitees:
+                continue
             content = member_content("invite", await profile_of(self._store, invitee))
             if is_direct:
                 content["is_direct"] = True
@@ -229,6 +241,15 @@ class RoomCreationHandler:
             raise
         if visibility == "public":
             await self._store.set_room_in_directory(room_id, True)
+        for invitee in remote_invitees:
+            assert self._remote_invites is not None  # else refused by _check_invitees
+            invite: dict[str, Any] = {"membership": "invite"}
+            if is_direct:
+                invite["is_direct"] = True
+            # A server that cannot be reached fails the request, as it
+            # would fail POST /invite; the room exists by then (the client
+            # is told why, and can invite again).
+            await self._remote_invites.invite(user_id, room_id, invitee, invite)
         return room_id
 
     async def founding_events(
@@ -282,10 +303,13 @@ class RoomCreationHandler:
         for value in invite:
             user_id = check_user_id(value, "invite")
             if not is_mine_id(user_id, self._server_name):
-                raise SynapseError(
-                    400, "Federation is not supported: invite local users", Codes.INVALID_PARAM
-                )
-            if await self._store.get_user(user_id) is None:
+                if self._remote_invites is None:
+                    raise SynapseError(
+                        400,
+                        "This server does not federate: invite local users",
+                        Codes.INVALID_PARAM,
+                    )
+            elif await self._store.get_user(user_id) is None:
                 raise NotFoundError(f"Unknown user {user_id}")
             if user_id != creator and user_id not in invitees:
                 invitees.append(user_id)

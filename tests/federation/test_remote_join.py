@@ -248,6 +248,28 @@ class RemoteJoinTestCase(LoopbackServers):
         self.assertEqual(code, 404, body)
         self.assertIn("Unknown user", body["error"])
 
+    async def test_create_room_inviting_users_of_both_servers(self) -> None:
+        """``createRoom``'s ``invite`` with a user of ours and one of a.test:
+        ours in the founding events, a.test's by /v2/invite once the room
+        exists (``is_direct`` kept); a user a.test lacks fails the request."""
+        alice = await self.client(self.b).register("alice")
+        dave = await self.client(self.b).register("dave")
+        bob = await self.client(self.a).register("bob")
+        room_id = await alice.create_room(
+            preset="private_chat", name="Both", invite=[bob.user_id, dave.user_id], is_direct=True
+        )
+        invited = (await bob.sync())["rooms"]["invite"][room_id]["invite_state"]["events"]
+        by_key = {(e["type"], e["state_key"]): e for e in invited}
+        self.assertEqual(by_key[("m.room.name", "")]["content"]["name"], "Both")
+        member = by_key[("m.room.member", bob.user_id)]
+        self.assertEqual(member["content"], {"membership": "invite", "is_direct": True})
+        self.assertIn(room_id, (await dave.sync())["rooms"]["invite"])
+        await bob.ok("POST", f"/rooms/{q(room_id)}/join", {})
+        self.assertEqual(await self.members(alice, room_id), {alice.user_id, bob.user_id})
+
+        code, body = await alice.request("POST", "/createRoom", {"invite": ["@nobody:a.test"]})
+        self.assertEqual(code, 404, body)
+
     async def test_hostile_invites_are_refused(self) -> None:
         bob = await self.client(self.a).register("bob")
         b_key = load_or_create_signing_key(self.b["main"].config.data_dir, create=False)
