@@ -321,6 +321,16 @@ class E2eKeysHandler:
             theirs = await self._remote.query(remote)
             for part in ("device_keys", "master_keys", "self_signing_keys", "failures"):
                 result[part].update(theirs[part])
+            # The viewer's own signatures of remote users' master keys (made
+            # with their user-signing key) are kept here, never sent to the
+            # other server: only the viewer is shown them.
+            mine = await self._store.get_signatures_of_other_users(viewer, sorted(remote))
+            for user_id, key in list(result["master_keys"].items()):
+                signatures = mine.get(user_id, {}).get(public_key(key))
+                if signatures:
+                    merged = {**key.get("signatures", {})}
+                    merged[viewer] = {**merged.get(viewer, {}), **signatures}
+                    result["master_keys"][user_id] = {**key, "signatures": merged}
         elif remote:
             for user_id in remote:
                 result["failures"][user_id.split(":", 1)[1]] = {
@@ -428,7 +438,8 @@ class E2eKeysHandler:
 
     async def upload_signatures(self, requester: Requester, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /keys/signatures/upload``: the requester's signatures of
-        their own devices and master key, and of other users' master keys.
+        their own devices and master key, and of other users' master keys
+        (of this server or another: kept here, shown to the signer alone).
         Each signed key that cannot be signed so is a failure, not an error."""
         signer = requester.user_id
         if sum(len(v) for v in body.values() if isinstance(v, dict)) > MAX_SIGNED_KEYS_PER_UPLOAD:
@@ -455,14 +466,6 @@ class E2eKeysHandler:
                 mine = check_signatures(signed.get("signatures"), f"{user_id}.{key_id}").get(
                     signer, {}
                 )
-                if not is_mine_id(user_id, self._server_name):
-                    fail(
-                        user_id,
-                        key_id,
-                        "Keys of other servers cannot be signed yet",
-                        Codes.UNRECOGNIZED,
-                    )
-                    continue
                 allowed = await self._signing_keys_for(signer, own, own_devices, user_id, key_id)
                 if allowed is None:
                     fail(user_id, key_id, "No such key to sign", Codes.NOT_FOUND)
@@ -506,12 +509,24 @@ class E2eKeysHandler:
             if "master" in own and key_id == public_key(own["master"]):
                 return {f"ed25519:{d}" for d in own_devices}
             return None
-        theirs = (await self._store.get_cross_signing_keys([user_id])).get(user_id, {})
+        if is_mine_id(user_id, self._server_name):
+            theirs = (await self._store.get_cross_signing_keys([user_id])).get(user_id, {})
+        else:
+            theirs = await self._remote_master_key(user_id)
         if "master" not in theirs or key_id != public_key(theirs["master"]):
             return None
         if "user_signing" not in own:
             return set()
         return {f"ed25519:{public_key(own['user_signing'])}"}
+
+    async def _remote_master_key(self, user_id: str) -> dict[str, dict[str, Any]]:
+        """``{"master": key}`` of a user of another server as we know it
+        (our copy of their list, else their server), {} when unknown."""
+        if self._remote is None:
+            return {}
+        answer = await self._remote.query({user_id: []})
+        master = answer["master_keys"].get(user_id)
+        return {} if master is None else {"master": master}
 
     async def store_signatures(self, upload: SignaturesUpload) -> KeysChanged:
         """Serves :data:`UPLOAD_SIGNATURES` (on the signer's device_lists writer)."""

@@ -14,6 +14,7 @@ from tests.federation.test_rooms import CAROL, FederationRoomsBase
 from tests.harness.client_api import ClientApi
 from tests.harness.federation import LoopbackServers
 from tests.harness.polling import eventually
+from tests.rest.test_cross_signing import keys_of
 
 
 def q(value: str | None) -> str:
@@ -388,6 +389,33 @@ class DeviceListsAcrossServersTestCase(TwoServersBase):
             return {d.device_id for d in devices} == {alice.device_id}
 
         await eventually(copy_has_one, timeout=15, what="a.test's copy without the second device")
+
+    async def test_signing_a_remote_users_master_key(self) -> None:
+        """carol (a.test) verifies alice (b.test): her user-signing key's
+        signature of alice's master key is stored on a.test and shown to
+        carol alone (b.test is not told); carol's /sync says alice changed."""
+        alice, carol, _ = await self.shared_room()
+        assert alice.user_id is not None and carol.user_id is not None
+        await alice.ok("POST", "/keys/device_signing/upload", keys_of(alice))
+        await carol.ok("POST", "/keys/device_signing/upload", keys_of(carol, "CAROLM"))
+        since = (await carol.sync())["next_batch"]
+        master = (await self.query(carol, alice.user_id))["master_keys"][alice.user_id]
+        signed = {**master, "signatures": {carol.user_id: {"ed25519:USKCAROLM": "carol-sig"}}}
+        wrong = {**master, "signatures": {carol.user_id: {"ed25519:CAROLM": "x"}}}
+        for body, failures in [
+            ({alice.user_id: {"MASTER": wrong}}, {"MASTER": "M_INVALID_SIGNATURE"}),
+            ({alice.user_id: {"NOSUCHKEY": signed}}, {"NOSUCHKEY": "M_NOT_FOUND"}),
+            ({alice.user_id: {"MASTER": signed}}, {}),
+        ]:
+            answer = await carol.ok("POST", "/keys/signatures/upload", body)
+            got = {k: v["errcode"] for k, v in answer["failures"].get(alice.user_id, {}).items()}
+            self.assertEqual(got, failures)
+        by_carol = (await self.query(carol, alice.user_id))["master_keys"][alice.user_id]
+        self.assertEqual(by_carol, {**master, "signatures": signed["signatures"]})
+        by_alice = (await self.query(alice, alice.user_id))["master_keys"][alice.user_id]
+        self.assertNotIn(carol.user_id, by_alice.get("signatures", {}))
+        sync = await carol.sync(since=since)
+        self.assertIn(alice.user_id, sync["device_lists"]["changed"])
 
 
 class HostileDeviceListsTestCase(FederationRoomsBase):

@@ -133,6 +133,26 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
                 continue
             keys.setdefault("signatures", {}).setdefault(signer, {})[key_id] = signature
 
+    async def get_signatures_of_other_users(
+        self, signer: str, target_user_ids: list[str]
+    ) -> dict[str, dict[str, dict[str, str]]]:
+        """``signer``'s signatures of these users' keys: ``{target user:
+        {target key (device id or public key): {signing key id: signature}}}``.
+        For the users of other servers, whose keys are not in our tables
+        (the others' signatures are merged by :meth:`_merge_signatures_txn`)."""
+        result: dict[str, dict[str, dict[str, str]]] = {}
+        for target_user_id in target_user_ids:
+            rows = await self.db_pool.select(
+                "get_signatures_of_other_users",
+                "SELECT target_device_id, key_id, signature FROM e2e_cross_signing_signatures"
+                " WHERE user_id = ? AND target_user_id = ?",
+                signer,
+                target_user_id,
+            )
+            for target, key_id, signature in rows:
+                result.setdefault(target_user_id, {}).setdefault(target, {})[key_id] = signature
+        return result
+
     async def set_device_keys(
         self, user_id: str, device_id: str, keys: dict[str, Any]
     ) -> int | None:
