@@ -297,7 +297,9 @@ def listen_tls_closing(port: int, site: Site, options: Any) -> Any:
         for protocol in accepted:
             # Site's protocol wraps the HTTP channel, which has the transport.
             transport = getattr(getattr(protocol, "_channel", None), "transport", None)
-            if transport is not None:
+            # One already closed (by its client, or this test's other server
+            # stopping first) has no TLS state left to abort.
+            if transport is not None and getattr(transport, "connected", True):
                 transport.abortConnection()
         await task.deferLater(_reactor, 0.05, lambda: None)
 
