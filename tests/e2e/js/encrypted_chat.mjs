@@ -4,56 +4,11 @@
 // device of hers restores the room key from the backup and decrypts the history.
 // Usage: node encrypted_chat.mjs BASE_URL ALICE_JSON BOB_JSON ALICE2_JSON PASSWORD
 // where each *_JSON is {"user_id", "access_token", "device_id"}. Prints JSON.
-import * as sdk from "matrix-js-sdk";
 import { logger } from "matrix-js-sdk/lib/logger.js";
+import { chatBothWays, startClient, withTimeout } from "./rust_crypto_clients.mjs";
 
 logger.setLevel("warn");
 const [baseUrl, aliceJson, bobJson, alice2Json, password] = process.argv.slice(2);
-const TIMEOUT_MS = 60_000;
-
-function withTimeout(promise, what) {
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), TIMEOUT_MS);
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-}
-
-async function start(login) {
-  const { user_id: userId, access_token: accessToken, device_id: deviceId } = JSON.parse(login);
-  const client = sdk.createClient({ baseUrl, userId, accessToken, deviceId });
-  // The server does not serve push rules yet (GET /pushrules/ is 404), and
-  // the SDK would retry them for ever before its first sync.
-  client.getPushRules = async () => ({ global: {} });
-  await client.initRustCrypto({ useIndexedDB: false });
-  const prepared = new Promise((resolve) => {
-    client.on(sdk.ClientEvent.Sync, (state) => {
-      if (state === "PREPARED") resolve();
-    });
-  });
-  // Short long-polls: the test's server is stopped soon after the script ends.
-  await client.startClient({ initialSyncLimit: 20, pollTimeout: 2000 });
-  await withTimeout(prepared, `${userId}'s first sync`);
-  return client;
-}
-
-// The body of the first decrypted message in roomId matching `wanted`.
-function decrypted(client, roomId, wanted) {
-  return withTimeout(
-    new Promise((resolve) => {
-      const check = (event) => {
-        if (event.getRoomId() !== roomId || event.getType() !== "m.room.message") return;
-        if (!event.isEncrypted() || event.isDecryptionFailure()) return;
-        const body = event.getContent().body;
-        if (body === wanted) resolve(body);
-      };
-      client.on(sdk.MatrixEventEvent.Decrypted, check);
-      const room = client.getRoom(roomId);
-      for (const event of room ? room.getLiveTimeline().getEvents() : []) check(event);
-    }),
-    `${client.getUserId()} to decrypt ${JSON.stringify(wanted)}`,
-  );
-}
 
 async function joined(client, roomId) {
   await withTimeout(
@@ -69,6 +24,7 @@ async function joined(client, roomId) {
   );
 }
 
+const start = (login) => startClient(baseUrl, JSON.parse(login));
 const alice = await start(aliceJson);
 const bob = await start(bobJson);
 const result = {};
@@ -92,12 +48,7 @@ await bob.joinRoom(roomId);
 await joined(bob, roomId);
 result.encrypted_room = await alice.getCrypto().isEncryptionEnabledInRoom(roomId);
 
-const bobGets = decrypted(bob, roomId, "hello bob");
-await alice.sendTextMessage(roomId, "hello bob");
-result.bob_decrypted = await bobGets;
-const aliceGets = decrypted(alice, roomId, "hello alice");
-await bob.sendTextMessage(roomId, "hello alice");
-result.alice_decrypted = await aliceGets;
+Object.assign(result, await chatBothWays(alice, bob, roomId));
 
 // 2. Cross-signing: alice's keys, her device signed by her self-signing key.
 const crypto = alice.getCrypto();
