@@ -13,6 +13,7 @@ from tests.federation import test_synapse_rooms as rooms
 from tests.federation.test_edus import device_keys, readers_in, typing_in
 from tests.harness.client_api import ClientApi
 from tests.harness.polling import eventually
+from tests.harness.synapse_peer import sync_until
 
 
 class SynapseEdusTestCase(rooms.SynapsePeerTestCase):
@@ -30,17 +31,7 @@ class SynapseEdusTestCase(rooms.SynapsePeerTestCase):
         return sam, alice, room_id
 
     async def sees(self, user: ClientApi, since: str, check: Any, what: str) -> None:
-        """Poll ``user``'s /sync, each time from the last ``next_batch``
-        (Synapse answers a repeated ``since`` from its cache for 2 minutes),
-        until one answer passes ``check``."""
-        position = [since]
-
-        async def seen() -> bool:
-            sync = await user.sync(since=position[0])
-            position[0] = sync["next_batch"]
-            return bool(check(sync))
-
-        await eventually(seen, timeout=20, what=what)
+        await sync_until(user, since, check, what, timeout=20)
 
     async def test_typing_and_receipts_both_ways(self) -> None:
         sam, alice, room_id = await self.shared_room()

@@ -20,7 +20,7 @@ from twisted.trial import unittest
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
 from tests.harness.polling import eventually
-from tests.harness.synapse_peer import SynapsePeer, start_our_server, synapse_or_skip
+from tests.harness.synapse_peer import SynapsePeer, start_our_server_listening, synapse_or_skip
 from tests.harness.tls import TestCA
 
 
@@ -56,7 +56,11 @@ class SynapsePeerTestCase(unittest.TestCase):
             cls.peer = peer
         assert cls.ca is not None
         self.synapse = cls.peer
-        self.hs, self.client_url = start_our_server(self, cls.ca)
+        # Its federation listener can be stopped and started again (ours
+        # down, for Synapse).
+        self.hs, self.client_url, self.federation_listener = start_our_server_listening(
+            self, cls.ca
+        )
 
     async def user(self, base_url: str, name: str) -> ClientApi:
         # Synapse's database outlives each test: names must not repeat.

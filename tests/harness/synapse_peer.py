@@ -33,7 +33,9 @@ from synapse_lite.config.homeserver import InstanceLocation
 from synapse_lite.federation.crypto import SigningKey
 from synapse_lite.http.server import make_site
 from synapse_lite.server import HomeServer
+from tests.harness.client_api import ClientApi
 from tests.harness.databases import create_test_database
+from tests.harness.polling import eventually
 from tests.harness.processes import NO_KEEPALIVE
 from tests.harness.server import make_config, make_homeserver
 from tests.harness.synapse_install import SynapseUnavailable, install_synapse, installed_python
@@ -58,6 +60,22 @@ async def synapse_or_skip(testcase: unittest.TestCase) -> str:
         if os.environ.get("CI") == "true":
             testcase.fail(f"CI needs the Synapse peer: {e}")
         raise unittest.SkipTest(f"no Synapse peer: {e}") from e
+
+
+async def sync_until(
+    user: ClientApi, since: str, check: Any, what: str, timeout: float = 30
+) -> None:
+    """Poll ``user``'s /sync, each time from the last ``next_batch``
+    (Synapse answers a repeated ``since`` from its cache for 2 minutes),
+    until one answer passes ``check``."""
+    position = [since]
+
+    async def seen() -> bool:
+        sync = await user.sync(since=position[0])
+        position[0] = sync["next_batch"]
+        return bool(check(sync))
+
+    await eventually(seen, timeout=timeout, what=what)
 
 
 def free_port() -> int:
@@ -177,7 +195,20 @@ class SynapsePeer:
         ``testcase``'s cleanup (with None, by :meth:`stop` or when this
         process exits)."""
         path = self.write_config()
-        log = open(os.path.join(self.directory, "stdout.log"), "wb")
+        if testcase is not None:
+            testcase.addCleanup(self.stop)
+        else:
+            atexit.register(self.stop)
+        await self._launch(path)
+
+    async def restart(self) -> None:
+        """Start it again after :meth:`stop`, as it was: the same config,
+        signing key, certificate, ports and database (a peer that went down
+        and came back)."""
+        await self._launch(os.path.join(self.directory, "homeserver.yaml"))
+
+    async def _launch(self, path: str) -> None:
+        log = open(os.path.join(self.directory, "stdout.log"), "ab")
         # Its own virtualenv only: trial's workers (-j) get a PYTHONPATH of
         # our environment, whose packages (txredisapi 1.6, ...) Synapse
         # refuses to start with.
@@ -191,10 +222,6 @@ class SynapsePeer:
             start_new_session=True,
         )
         log.close()
-        if testcase is not None:
-            testcase.addCleanup(self.stop)
-        else:
-            atexit.register(self.stop)
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while True:
             if self._process.poll() is not None:
@@ -240,11 +267,20 @@ class SynapsePeer:
 
 
 def start_our_server(testcase: unittest.TestCase, ca: TestCA) -> tuple[HomeServer, str]:
+    """:func:`start_our_server_listening` without its federation listener."""
+    hs, url, _listener = start_our_server_listening(testcase, ca)
+    return hs, url
+
+
+def start_our_server_listening(
+    testcase: unittest.TestCase, ca: TestCA
+) -> tuple[HomeServer, str, ClosingTlsListener]:
     """One server of ours as Synapse's peer: named ``localhost:<port>`` (a
     host name, as Synapse needs, see :class:`SynapsePeer`), federation over
     HTTPS on that port with a certificate from ``ca`` (whose CA it trusts
     for Synapse's), loopback allowed; its client API over plain HTTP at the
-    URL returned."""
+    URL returned, and its federation listener (to stop and start again:
+    down for Synapse, while the server itself keeps running)."""
     db = create_test_database()
     testcase.addCleanup(db.drop)
     port = free_port()
@@ -263,12 +299,13 @@ def start_our_server(testcase: unittest.TestCase, ca: TestCA) -> tuple[HomeServe
     hs = make_homeserver(testcase, config)
     tree = hs.listeners.resources.tree(OUR_RESOURCES)
     site = make_site(tree, 1_048_576)
-    testcase.addCleanup(listen_tls_closing(port, site, ca.server_options("ours", ["localhost"])))
+    listener = ClosingTlsListener(port, site, ca.server_options("ours", ["localhost"]))
+    testcase.addCleanup(listener.stop)
     plain = _reactor.listenTCP(0, make_site(tree, 1_048_576), interface="127.0.0.1")
     testcase.addCleanup(plain.stopListening)
     number = plain.getHost().port
     hs.config.instance_map[hs.instance_name] = InstanceLocation("127.0.0.1", number)
-    return hs, f"http://127.0.0.1:{number}"
+    return hs, f"http://127.0.0.1:{number}", listener
 
 
 def listen_tls_closing(port: int, site: Site, options: Any) -> Any:
@@ -276,24 +313,51 @@ def listen_tls_closing(port: int, site: Site, options: Any) -> Any:
     stops listening and aborts every connection accepted, so that the shared
     Synapse, which outlives each test and keeps its connections alive, leaves
     none open behind a test (a second call does nothing)."""
-    accepted: list[Any] = []
-    build = site.buildProtocol
+    return ClosingTlsListener(port, site, options).stop
 
-    def tracked(addr: Any) -> Any:
-        protocol = build(addr)
-        accepted.append(protocol)
-        return protocol
 
-    site.buildProtocol = tracked  # type: ignore[method-assign]
-    listening = _reactor.listenSSL(port, site, options, interface="127.0.0.1")
-    stopped = False
+class ClosingTlsListener:
+    """A TLS listener on loopback ``port`` that, stopped, also aborts every
+    connection it accepted (a peer keeping connections alive sees the server
+    gone, as when its process ends); it can listen again on the same port."""
 
-    async def stop() -> None:
-        nonlocal stopped
-        if stopped:
+    def __init__(self, port: int, site: Site, options: Any) -> None:
+        self._port, self._site, self._options = port, site, options
+        self._accepted: list[Any] = []
+        build = site.buildProtocol
+
+        def tracked(addr: Any) -> Any:
+            protocol = build(addr)
+            self._accepted.append(protocol)
+            lost = protocol.connectionLost
+
+            def forget(reason: Any) -> None:
+                # A connection closed already must not be aborted again.
+                if protocol in self._accepted:
+                    self._accepted.remove(protocol)
+                lost(reason)
+
+            protocol.connectionLost = forget
+            return protocol
+
+        site.buildProtocol = tracked  # type: ignore[method-assign]
+        self._listening: Any = None
+        self.start()
+
+    def start(self) -> None:
+        """Listen (again); does nothing while listening."""
+        if self._listening is None:
+            self._listening = _reactor.listenSSL(
+                self._port, self._site, self._options, interface="127.0.0.1"
+            )
+
+    async def stop(self) -> None:
+        """Stop listening and abort the connections; does nothing when stopped."""
+        listening, self._listening = self._listening, None
+        if listening is None:
             return
-        stopped = True
         await listening.stopListening()
+        accepted, self._accepted = self._accepted, []
         for protocol in accepted:
             # Site's protocol wraps the HTTP channel, which has the transport.
             transport = getattr(getattr(protocol, "_channel", None), "transport", None)
@@ -302,5 +366,3 @@ def listen_tls_closing(port: int, site: Site, options: Any) -> Any:
             if transport is not None and getattr(transport, "connected", True):
                 transport.abortConnection()
         await task.deferLater(_reactor, 0.05, lambda: None)
-
-    return stop
