@@ -150,7 +150,7 @@ class SynapseShardedTestCase(unittest.TestCase):
         # are down for it until the launcher has started it again (after
         # its restart delay, 1 s at least).
         mark = self.our_run.mark()
-        synapse_mark = self.synapse_log_size()
+        synapse_mark = self.synapse.log_size()
         os.kill(self.our_run.running_pids()["router"], signal.SIGKILL)
         await self.our_run.wait_for_line(r"router \(pid \d+\) died", after=mark)
         batch = [f"while ours down {i:02d}" for i in range(10)]
@@ -162,7 +162,7 @@ class SynapseShardedTestCase(unittest.TestCase):
         # Synapse did try us while we were down (so it backs off, and will
         # send only its newest event of the room when it catches up).
         self.assertRegex(
-            self.synapse_log(synapse_mark), f"{re.escape(self.server_name)}.*(refused|Failed)"
+            self.synapse.log_since(synapse_mark), f"{re.escape(self.server_name)}.*(refused|Failed)"
         )
         # Synapse retries a server that failed only after its backoff, or
         # at once when that server asks it anything (docs/federation.md):
@@ -224,15 +224,6 @@ class SynapseShardedTestCase(unittest.TestCase):
             return code == 200 and member.get("membership") == "leave"
 
         await eventually(seen, timeout=CROSSING_SECONDS, what=f"{user.user_id} sees the kick")
-
-    def synapse_log_size(self) -> int:
-        return os.path.getsize(self.synapse.log_path)
-
-    def synapse_log(self, since: int) -> str:
-        """Synapse's log from byte ``since`` on."""
-        with open(self.synapse.log_path, errors="replace") as f:
-            f.seek(since)
-            return f.read()
 
     async def members_are(self, viewer: ClientApi, room_id: str, expected: set[Any]) -> None:
         async def are() -> bool:

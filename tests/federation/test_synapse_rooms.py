@@ -38,6 +38,8 @@ class SynapsePeerTestCase(unittest.TestCase):
     ca: TestCA | None = None
     #: Users registered so far (Synapse's database outlives each test).
     users = 0
+    #: Settings of the class's Synapse beyond the harness's.
+    synapse_config: dict[str, Any] = {}
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -51,7 +53,7 @@ class SynapsePeerTestCase(unittest.TestCase):
         cls = type(self)
         if cls.peer is None:
             cls.ca = TestCA(tempfile.mkdtemp(prefix="synapse_rooms_ca_"))
-            peer = SynapsePeer(python, cls.ca)
+            peer = SynapsePeer(python, cls.ca, extra_config=cls.synapse_config)
             await peer.start(None)
             cls.peer = peer
         assert cls.ca is not None

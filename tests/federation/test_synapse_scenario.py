@@ -54,24 +54,25 @@ class Shared:
         self.owner, self.guest, self.room_id, self.direction = owner, guest, room_id, direction
 
 
-async def bodies(user: ClientApi, room_id: str, prefix: str) -> list[str]:
-    """The bodies of the room's messages starting with ``prefix`` as
-    ``user``'s server shows them (``/messages`` back from now, oldest first)."""
+async def bodies(user: ClientApi, room_id: str, batches: set[str]) -> list[str]:
+    """The bodies of the room's messages of ``batches`` (a body is a batch's
+    name, a space and a number) as ``user``'s server shows them
+    (``/messages`` back from now, oldest first)."""
     page = await user.ok("GET", f"/rooms/{q(room_id)}/messages?dir=b&limit=200")
     found = [e["content"].get("body", "") for e in reversed(page["chunk"])]
-    return [b for b in found if isinstance(b, str) and b.startswith(prefix)]
+    return [b for b in found if isinstance(b, str) and b.rsplit(" ", 1)[0] in batches]
 
 
 async def reads_exactly(user: ClientApi, room_id: str, expected: list[str], what: str) -> None:
-    """Until ``user`` reads ``expected`` (the messages with their common
-    prefix), in order; what arrived meanwhile must be a start of it (no
-    message out of order or twice); a second read a little later must be
-    the same (a late duplicate would show up)."""
-    prefix = expected[0].rsplit(" ", 1)[0]
+    """Until ``user`` reads ``expected`` (the messages of the batches it
+    has, among all of the room's), in order; what arrived meanwhile must
+    be a start of it (no message out of order or twice); a second read a
+    little later must be the same (a late duplicate would show up)."""
+    batches = {b.rsplit(" ", 1)[0] for b in expected}
     deadline = time.monotonic() + CROSSING_SECONDS
     got: list[str] = []
     while True:
-        got = await bodies(user, room_id, prefix)
+        got = await bodies(user, room_id, batches)
         if got == expected:
             break
         if got != expected[: len(got)]:
@@ -80,11 +81,17 @@ async def reads_exactly(user: ClientApi, room_id: str, expected: list[str], what
             raise AssertionError(f"{what}: after {CROSSING_SECONDS} s read {got}")
         await task.deferLater(reactor, 0.25, lambda: None)
     await task.deferLater(reactor, SETTLE_SECONDS, lambda: None)
-    if (again := await bodies(user, room_id, prefix)) != expected:
+    if (again := await bodies(user, room_id, batches)) != expected:
         raise AssertionError(f"{what}: then read {again}")
 
 
 class SynapseScenarioTestCase(rooms.SynapsePeerTestCase):
+    # Synapse gives a transaction up at its first failure (not after 10
+    # retries over minutes): ours down for seconds is then, to it, down for
+    # longer: it backs off for 10 minutes, keeping what it could not send,
+    # until a request from us ends the backoff (docs/federation.md).
+    synapse_config = {"federation": {"max_long_retries": 0}}
+
     async def users_both_ways(self) -> list[tuple[str, ClientApi, ClientApi]]:
         """``(direction, owner, guest)``: a user of ours who will own a room
         and a Synapse user, then the other way round."""
@@ -301,24 +308,31 @@ class SynapseScenarioTestCase(rooms.SynapsePeerTestCase):
         ours = await self.user(self.client_url, "owner")
         theirs = await self.user(self.synapse.client_url, "guest")
         room = await self.share(ours, theirs, "ours joined by Synapse")
-        await reads_exactly(theirs, room.room_id, await self.send_batch(ours, room, "before"), "up")
+        before = await self.send_batch(ours, room, "before")
+        await reads_exactly(theirs, room.room_id, before, "up")
         self.synapse.stop()
         batch = await self.send_batch(ours, room, "while Synapse down")
         await task.deferLater(reactor, 1.0, lambda: None)  # a retry or two fails
         await self.synapse.restart()
-        await reads_exactly(theirs, room.room_id, batch, "Synapse back")
+        # In order after what came before, too.
+        await reads_exactly(theirs, room.room_id, before + batch, "Synapse back")
 
-        # Ours down (our federation listener closed): Synapse's user sends
-        # 10; ours back, and announced by a request of ours to Synapse
-        # (our user's message: Synapse then retries at once, see
-        # docs/federation.md), gets them all.
-        await reads_exactly(ours, room.room_id, await self.send_batch(theirs, room, "up"), "up")
+        # Ours down (our federation listener closed) while Synapse's user
+        # sends 20; ours back, and announced by a request of ours (our
+        # user's message), gets them all.
+        before = await self.send_batch(theirs, room, "up")
+        await reads_exactly(ours, room.room_id, before, "up")
+        mark = self.synapse.log_size()
         await self.federation_listener.stop()
-        batch = await self.send_batch(theirs, room, "while ours down", 10)
-        await task.deferLater(reactor, 1.0, lambda: None)  # Synapse's send fails
+        batch = await self.send_batch(theirs, room, "while ours down")
+
+        async def synapse_failed() -> bool:
+            return "Failed to send transaction" in self.synapse.log_since(mark)
+
+        await eventually(synapse_failed, timeout=CROSSING_SECONDS, what="Synapse saw us down")
         self.federation_listener.start()
         await ours.send(room.room_id, "ours is back")
-        await reads_exactly(ours, room.room_id, batch, "ours back")
+        await reads_exactly(ours, room.room_id, before + batch, "ours back")
 
     async def send_batch(
         self, sender: ClientApi, room: Shared, label: str, count: int = 20

@@ -251,6 +251,19 @@ class SynapsePeer:
                 pass
         return text
 
+    def log_size(self) -> int:
+        """Where its log ends now (for :meth:`log_since`)."""
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        """Its log from byte ``offset`` (a :meth:`log_size`) on."""
+        with open(self.log_path, errors="replace") as f:
+            f.seek(offset)
+            return f.read()
+
     def has_exited(self) -> bool:
         return self._process is None or self._process.poll() is not None
 
