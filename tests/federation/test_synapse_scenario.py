@@ -289,6 +289,11 @@ class SynapseScenarioTestCase(rooms.SynapsePeerTestCase):
             # (Not by the member state endpoint: Synapse answers a banned
             # user 403 there, docs/federation.md.)
             await self.sees_ban(guest, room_id, since, what)
+            if guest.base_url == self.client_url:
+                # Ours follows the spec: a user who was a member reads the
+                # state at their leaving (Synapse: 403 for a banned user).
+                member = await self.member_state(guest, room_id, guest)
+                self.assertEqual(member and member.get("membership"), "ban", what)
             code, answer = await guest.request("POST", join, {})
             self.assertEqual(code, 403, f"{what}: joining again when banned: {answer}")
 
