@@ -342,15 +342,6 @@ class ClosingTlsListener:
         def tracked(addr: Any) -> Any:
             protocol = build(addr)
             self._accepted.append(protocol)
-            lost = protocol.connectionLost
-
-            def forget(reason: Any) -> None:
-                # A connection closed already must not be aborted again.
-                if protocol in self._accepted:
-                    self._accepted.remove(protocol)
-                lost(reason)
-
-            protocol.connectionLost = forget
             return protocol
 
         site.buildProtocol = tracked  # type: ignore[method-assign]
