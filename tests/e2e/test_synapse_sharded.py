@@ -17,10 +17,10 @@ In steps sharing one start of each server:
 * **Synapse down and back**: Synapse stopped while alice sends 20, started
   again: sam reads the 20 in order, once (our sender that owns Synapse
   retries what it kept);
-* **ours down and back**: every process of ours stopped while sam sends 10
-  in his room, ours started again (the same database), alice's message
-  announces us: alice reads the 10 in order, once (Synapse sends its newest
-  event, ours fetches the rest with ``get_missing_events``);
+* **ours down and back**: our router, all of us Synapse can reach, killed
+  (SIGKILL) while sam sends 10 in his room (Synapse's log shows a refused
+  transaction), restarted by the launcher: alice reads the 10 in order,
+  once (Synapse retries the transaction, through the router to a reader);
 * **a kick each way**: alice kicks sam from her room, sam kicks alice from
   his; each side sees it.
 

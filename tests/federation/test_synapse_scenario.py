@@ -17,8 +17,9 @@ in a room of Synapse's that a user of ours joined by alias.
   then bans them: the other side sees each, and joining again is refused;
 * **a peer down and back**: Synapse stopped while our user sends 20
   messages, started again: all reach it once, in order; our federation
-  listener stopped while Synapse's user sends 10, started again: all reach
-  us once, in order.
+  listener stopped while Synapse's user sends 20 (Synapse, told to give a
+  failed transaction up at once, backs off), started again, and our user's
+  message ends Synapse's backoff: all reach us once, in order.
 
 One Synapse for the class (``test_synapse_rooms.SynapsePeerTestCase``),
 a server of ours per test; skipped with the reason when Synapse cannot be
