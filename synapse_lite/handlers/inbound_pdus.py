@@ -17,11 +17,13 @@ nothing of it (the other PDUs go on):
 4. the servers that must sign it did (keys from the keyring);
 5. its ``prev_events`` are stored (in the graph, not outliers), queued, or
    earlier in this transaction; when some are not, up to
-   :data:`MISSING_EVENTS_LIMIT` missing ancestors are asked of the origin
-   with ``/get_missing_events`` (each checked as in 2 and 4 and queued
-   ahead of it, oldest first); if that does not close the gap the PDU is
-   answered with an error and nothing of it is queued (decided: it is not
-   kept as an outlier, which would stay one: docs/federation.md).
+   :data:`MISSING_EVENTS_LIMIT` missing ancestors at a time are asked of
+   the origin with ``/get_missing_events``, at most
+   :data:`MISSING_EVENTS_REQUESTS_PER_PDU` requests (each event
+   checked as in 2 and 4 and queued ahead of it, oldest first); if that
+   does not close the gap the PDU is answered with an error and nothing of
+   it is queued (decided: it is not kept as an outlier, which would stay
+   one: docs/federation.md).
 
 The PDUs that pass (and the ancestors fetched for them) are queued in one
 database transaction, shallowest first, so an event's parents come before
@@ -87,8 +89,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Missing ancestors asked of the origin per PDU (the spec suggests 10).
+#: Missing ancestors asked of the origin per ``get_missing_events`` request
+#: (the spec suggests 10).
 MISSING_EVENTS_LIMIT = 10
+#: ``get_missing_events`` requests per PDU: a gap is walked back a request
+#: at a time from the PDU (each asking for the ancestors of the events the
+#: last answer left with unknown parents) until it closes, so a peer that
+#: was down for a few dozen messages is caught up in order; a wider gap is
+#: filled with ``/state_ids`` and its older messages are left to backfill
+#: (docs/federation.md, "Catch-up").
+MISSING_EVENTS_REQUESTS_PER_PDU = 5
+#: ... and per transaction: 50 PDUs with distinct gaps cost no more requests
+#: than one request each would.
+MISSING_EVENTS_REQUESTS_PER_TRANSACTION = 50
 #: How long a /send answer waits for its PDUs' outcomes on their writers
 #: before answering ``{}`` for those still queued (the origin's request
 #: times out after a minute or more).
@@ -178,12 +191,13 @@ class InboundPdus:
         # Stored, queued, or about to be: known as parents.
         known: set[str] = set()
         waiting: dict[str, list[str]] = {}
+        requests = _RequestBudget(MISSING_EVENTS_REQUESTS_PER_TRANSACTION)
         for version, pdu in checked:
             try:
                 if await self._store.get_event(pdu.event_id) is not None:
                     results[pdu.event_id] = {}
                     continue
-                ancestors = await self._with_parents(origin, version, pdu, known)
+                ancestors = await self._with_parents(origin, version, pdu, known, requests)
             except PduError as e:
                 logger.info("Refused PDU %s from %s: %s", pdu.event_id, origin, e)
                 results[pdu.event_id] = {"error": str(e)}
@@ -235,19 +249,24 @@ class InboundPdus:
         return version, pdu
 
     async def _with_parents(
-        self, origin: str, version: RoomVersion, pdu: CheckedPdu, known: set[str]
+        self,
+        origin: str,
+        version: RoomVersion,
+        pdu: CheckedPdu,
+        known: set[str],
+        requests: _RequestBudget,
     ) -> list[CheckedPdu]:
         """Step 5: the missing ancestors to queue ahead of ``pdu`` (fetched,
         bounded); raises when its parents would still be unknown."""
         if not await self._unknown_parents(pdu, known):
             return []
-        fetched = await self._fetch_missing(origin, version, pdu, known)
+        fetched = await self._fetch_missing(origin, version, pdu, known, requests)
         missing = await self._unknown_parents(pdu, known | {f.event_id for f in fetched})
         if missing:
             raise PduError(
                 f"its prev_events {', '.join(sorted(missing))} are unknown here and"
-                f" {origin} did not give them (get_missing_events, at most"
-                f" {MISSING_EVENTS_LIMIT})"
+                f" {origin} did not give them (get_missing_events: at most"
+                f" {MISSING_EVENTS_REQUESTS_PER_PDU} requests of {MISSING_EVENTS_LIMIT})"
             )
         return fetched
 
@@ -269,43 +288,41 @@ class InboundPdus:
         return unknown
 
     async def _fetch_missing(
-        self, origin: str, version: RoomVersion, pdu: CheckedPdu, known: set[str]
+        self,
+        origin: str,
+        version: RoomVersion,
+        pdu: CheckedPdu,
+        known: set[str],
+        requests: _RequestBudget,
     ) -> list[CheckedPdu]:
         """Ask ``origin`` for the events between the room's forward
-        extremities and ``pdu`` (at most :data:`MISSING_EVENTS_LIMIT`): those
-        that check out, are not stored or known, and whose own parents are
-        then known, oldest first; the rest are skipped (logged)."""
+        extremities and ``pdu``, :data:`MISSING_EVENTS_LIMIT` at a time, each
+        request asking for the ancestors of the events the last answer left
+        with unknown parents (at most :data:`MISSING_EVENTS_REQUESTS_PER_PDU`
+        requests, and while the transaction's ``requests`` allow): those that check
+        out, are not stored or known, and whose own parents are then known,
+        oldest first; the rest are skipped (logged)."""
         room_id = pdu.event.room_id
-        extremities = await self._store.get_forward_extremities(room_id)
-        body = {
-            "earliest_events": sorted(extremities),
-            "latest_events": [pdu.event_id],
-            "limit": MISSING_EVENTS_LIMIT,
-            "min_depth": 0,
-        }
-        try:
-            answer = await self._client.post_json(
-                origin, f"/_matrix/federation/v1/get_missing_events/{room_id}", body
-            )
-        except FederationRequestError as e:
-            logger.info("get_missing_events for %s from %s failed: %s", pdu.event_id, origin, e)
-            return []
-        events = answer.get("events") if isinstance(answer, dict) else None
-        if not isinstance(events, list):
-            logger.info("%s answered get_missing_events without a list of events", origin)
-            return []
-        fetched: list[CheckedPdu] = []
-        for raw in events[:MISSING_EVENTS_LIMIT]:
-            try:
-                found = check_pdu_format(version, raw)
-                if found.event.room_id != room_id:
-                    raise PduRefused("of another room")
-                await check_pdu_signatures(self._keyring, version, found.pdu)
-            except PduRefused as e:
-                logger.info("A missing event %s gave is refused: %s", origin, e)
-                continue
-            fetched.append(found)
-        fetched.sort(key=lambda f: f.event.depth)
+        extremities = sorted(await self._store.get_forward_extremities(room_id))
+        found_by_id: dict[str, CheckedPdu] = {}
+        latest = [pdu.event_id]
+        for _ in range(MISSING_EVENTS_REQUESTS_PER_PDU):
+            if not latest or not requests.take():
+                break
+            answer = await self._ask_missing(origin, version, room_id, extremities, latest)
+            new = [
+                f
+                for f in answer
+                if f.event_id not in found_by_id
+                and f.event_id not in known
+                and f.event_id != pdu.event_id
+                and await self._store.get_event(f.event_id) is None
+            ]
+            found_by_id.update((f.event_id, f) for f in new)
+            pending = known | set(found_by_id) | {pdu.event_id}
+            # The next request starts where this answer's gap is still open.
+            latest = sorted([f.event_id for f in new if await self._unknown_parents(f, pending)])
+        fetched = sorted(found_by_id.values(), key=lambda f: f.event.depth)
         usable: list[CheckedPdu] = []
         gaps_filled = 0
         for found in fetched:
@@ -331,6 +348,48 @@ class InboundPdus:
             usable.append(found)
         return usable
 
+    async def _ask_missing(
+        self,
+        origin: str,
+        version: RoomVersion,
+        room_id: str,
+        earliest: list[str],
+        latest: list[str],
+    ) -> list[CheckedPdu]:
+        """One ``get_missing_events`` request: the events ``origin`` gives
+        (at most :data:`MISSING_EVENTS_LIMIT`) that check out (format,
+        room, signatures); the rest are skipped (logged). Nothing when the
+        request fails or the answer is malformed."""
+        body = {
+            "earliest_events": earliest,
+            "latest_events": latest,
+            "limit": MISSING_EVENTS_LIMIT,
+            "min_depth": 0,
+        }
+        try:
+            answer = await self._client.post_json(
+                origin, f"/_matrix/federation/v1/get_missing_events/{room_id}", body
+            )
+        except FederationRequestError as e:
+            logger.info("get_missing_events before %s from %s failed: %s", latest, origin, e)
+            return []
+        events = answer.get("events") if isinstance(answer, dict) else None
+        if not isinstance(events, list):
+            logger.info("%s answered get_missing_events without a list of events", origin)
+            return []
+        checked: list[CheckedPdu] = []
+        for raw in events[:MISSING_EVENTS_LIMIT]:
+            try:
+                found = check_pdu_format(version, raw)
+                if found.event.room_id != room_id:
+                    raise PduRefused("of another room")
+                await check_pdu_signatures(self._keyring, version, found.pdu)
+            except PduRefused as e:
+                logger.info("A missing event %s gave is refused: %s", origin, e)
+                continue
+            checked.append(found)
+        return checked
+
     async def _outcomes(self, room_id: str, event_ids: list[str]) -> dict[str, Any]:
         """What the room's writer knows of ``event_ids`` within its bounded
         wait; nothing when it cannot be reached (they stay queued)."""
@@ -350,6 +409,20 @@ class InboundPdus:
             return {}
         outcomes: dict[str, Any] = answer.outcomes
         return outcomes
+
+
+class _RequestBudget:
+    """Requests of one kind a transaction may still make."""
+
+    def __init__(self, requests: int) -> None:
+        self._left = requests
+
+    def take(self) -> bool:
+        """Whether one more request may be made (counting it)."""
+        if self._left <= 0:
+            return False
+        self._left -= 1
+        return True
 
 
 class InboundQueue:

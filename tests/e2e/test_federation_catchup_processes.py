@@ -4,21 +4,23 @@ within seconds)"), ``a.test`` (main process and a federation sender worker)
 and ``b.test`` (main process), each on its own database.
 
 bob of b.test joins two rooms of alice's on a.test. b is stopped; alice
-sends 30 messages in each room (60 PDUs: more than one transaction's worth,
-so a's queue for b falls behind and catches up; each room's gap is wider
-than the 10 events ``get_missing_events`` gives). b is started again and
+sends 30 messages in the first room and 60 in the second (more than one
+transaction's worth, so a's queue for b falls behind and catches up; the
+first gap is narrower than what ``get_missing_events`` walks back for one
+PDU, 5 requests of 10 events, the second wider). b is started again and
 announces itself (REMOTE_SERVER_UP). Then:
 
 * a sends b the newest event of each room (catch-up), and b becomes
   current within seconds: bob's /sync shows each room's newest message;
-* b fetched the 10 events before each with ``get_missing_events`` and
-  filled the rest of the gap with ``/state_ids`` (docs/federation.md,
-  "Catch-up");
-* bob paging back with /messages reads every one of the 30 messages of
-  each room once: the 11 received are in place, the 19 before them are
-  backfilled from a.test (``handlers/federation_backfill.py``) and read
-  after the rest (before bob's join), in order among themselves
-  (docs/federation.md, "Limits").
+* b walked the first room's gap back with ``get_missing_events`` to its
+  end: bob reads its 30 messages in order;
+* b fetched the 50 events before the second room's newest and filled the
+  rest of its gap with ``/state_ids`` (docs/federation.md, "Catch-up");
+  bob paging back with /messages reads every one of its 60 messages once:
+  the 51 received are in place, the 9 before them are backfilled from
+  a.test (``handlers/federation_backfill.py``) and read after the rest
+  (before bob's join), in order among themselves (docs/federation.md,
+  "Limits").
 
 SQLite with TCP replication when the suite runs on SQLite, PostgreSQL with
 Redis when it runs on PostgreSQL.
@@ -34,6 +36,10 @@ from typing import Any
 from twisted.internet import reactor, task
 from twisted.trial import unittest
 
+from synapse_lite.handlers.inbound_pdus import (
+    MISSING_EVENTS_LIMIT,
+    MISSING_EVENTS_REQUESTS_PER_PDU,
+)
 from tests.e2e import test_federation_pdus_processes as pdus
 from tests.e2e.test_federation_processes import SENDER, Server
 from tests.harness.client_api import ClientApi
@@ -43,8 +49,11 @@ from tests.harness.services import require_redis
 
 #: Far longer than the test: only REMOTE_SERVER_UP can end a backoff in time.
 BACKOFF_SECONDS = 120
-#: Messages per room while b is down (> the 10 of get_missing_events).
-GAP = 30
+#: Messages per room while b is down: one gap get_missing_events closes
+#: (at most 5 requests of 10 events before a PDU), one it does not.
+GAPS = (30, 60)
+#: The messages of the wider gap b holds in place: the 50 fetched and the newest.
+RECEIVED = MISSING_EVENTS_REQUESTS_PER_PDU * MISSING_EVENTS_LIMIT + 1
 #: "Current within seconds": from b's announcement to bob seeing both rooms' newest.
 CURRENT_WITHIN_SECONDS = 15.0
 DEADLINE_SECONDS = 60.0
@@ -83,9 +92,10 @@ class FederationCatchUpProcessesTestCase(unittest.TestCase):
         since = self.since
 
         await self.b.processes.stop("main")
-        for i in range(GAP):
+        for i in range(max(GAPS)):
             for n, room_id in enumerate(rooms):
-                await alice.send(room_id, f"room {n} while down {i}")
+                if i < GAPS[n]:
+                    await alice.send(room_id, f"room {n} while down {i}")
         await self.wait_for(
             lambda: (
                 self.a.query("SELECT retry_interval FROM destinations WHERE destination = 'b.test'")
@@ -106,30 +116,35 @@ class FederationCatchUpProcessesTestCase(unittest.TestCase):
         self.assertLess(took, CURRENT_WITHIN_SECONDS, f"current after {took:.1f} s")
         for n, room_id in enumerate(rooms):
             # The newest message of the room is the last /sync showed.
-            self.assertEqual(timeline[room_id][-1], f"room {n} while down {GAP - 1}")
+            self.assertEqual(timeline[room_id][-1], self.newest(n))
 
         # a caught b up (newest event per room), not replaying 60 PDUs.
         sender_log = self.a.log(SENDER)
         self.assertIn("b.test falls behind", sender_log)
         self.assertIn("b.test has caught up", sender_log)
-        # b filled each room's gap beyond get_missing_events with /state_ids.
+        # b filled the wider gap beyond get_missing_events with /state_ids
+        # (once: the narrower one closed).
         b_log = self.b.log("main")
         self.assertEqual(
             len(re.findall(r"GET /_matrix/federation/v1/state_ids/", self.a.log("main"))),
-            len(rooms),
+            1,
             b_log[-3000:],
         )
 
-        # What bob reads: every message once. The received ones in place,
-        # the backfilled ones after them (before his join), in order.
-        for n, room_id in enumerate(rooms):
-            bodies = await self.paged_back(room_id)
-            expected = ["before"] + [f"room {n} while down {i}" for i in range(GAP)]
-            self.assertEqual(sorted(bodies), sorted(expected))
-            received = expected[-11:]
-            backfilled = expected[1:-11]
-            self.assertEqual(bodies[-11:], received, bodies)
-            self.assertEqual([b for b in bodies if b in backfilled], backfilled, bodies)
+        # What bob reads: every message once. The first room's in order;
+        # the second's received ones in place, the backfilled ones after
+        # them (before his join), in order among themselves.
+        narrow, wide = [
+            ["before"] + [f"room {n} while down {i}" for i in range(GAPS[n])]
+            for n in range(len(rooms))
+        ]
+        self.assertEqual(await self.paged_back(rooms[0]), narrow)
+        bodies = await self.paged_back(rooms[1])
+        self.assertEqual(sorted(bodies), sorted(wide))
+        received = wide[-RECEIVED:]
+        backfilled = wide[1:-RECEIVED]
+        self.assertEqual(bodies[-RECEIVED:], received, bodies)
+        self.assertEqual([b for b in bodies if b in backfilled], backfilled, bodies)
 
     async def newest_seen(
         self, rooms: list[str], body: str | None, since: str | None
@@ -157,7 +172,7 @@ class FederationCatchUpProcessesTestCase(unittest.TestCase):
             await task.deferLater(reactor, 0.1, lambda: None)
 
     def newest(self, n: int) -> str:
-        return f"room {n} while down {GAP - 1}"
+        return f"room {n} while down {GAPS[n] - 1}"
 
     async def paged_back(self, room_id: str) -> list[str]:
         """Every message bob reads paging back from now to the room's

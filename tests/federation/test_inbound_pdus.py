@@ -27,6 +27,10 @@ from synapse_lite.event_graph.hashing import (
 )
 from synapse_lite.event_graph.pdu import Pdu
 from synapse_lite.federation.crypto import SigningKey
+from synapse_lite.handlers.inbound_pdus import (
+    MISSING_EVENTS_LIMIT,
+    MISSING_EVENTS_REQUESTS_PER_PDU,
+)
 from tests.federation.test_rooms import CAROL, FederationRoomsBase, q
 from tests.harness.client_api import ClientApi
 from tests.harness.polling import eventually
@@ -46,6 +50,11 @@ class ScriptedServer(Resource):
         self.transactions: list[dict[str, Any]] = []
         self.fail_sends = 0
         self.missing: list[dict[str, Any]] = []
+        #: When set (event id -> event), ``get_missing_events`` is answered
+        #: from it as a server holding those events would: the nearest
+        #: ancestors of ``latest_events``, up to ``limit``, stopping at
+        #: ``earliest_events`` and at events it does not hold.
+        self.graph: dict[str, dict[str, Any]] | None = None
         self.asked: list[dict[str, Any]] = []
 
     def render_PUT(self, request: Any) -> bytes:
@@ -59,8 +68,23 @@ class ScriptedServer(Resource):
 
     def render_POST(self, request: Any) -> bytes:
         request.setHeader(b"Content-Type", b"application/json")
-        self.asked.append(json.loads(request.content.read()))
-        return json.dumps({"events": self.missing}).encode()
+        asked = json.loads(request.content.read())
+        self.asked.append(asked)
+        if self.graph is None:
+            return json.dumps({"events": self.missing}).encode()
+        given: list[dict[str, Any]] = []
+        seen = set(asked["earliest_events"]) | set(asked["latest_events"])
+        frontier = list(asked["latest_events"])
+        while frontier and len(given) < asked["limit"]:
+            parents = [p for e in frontier for p in self.graph[e]["prev_events"]]
+            frontier = []
+            for parent in parents:
+                if parent in seen or parent not in self.graph or len(given) >= asked["limit"]:
+                    continue
+                seen.add(parent)
+                given.append(self.graph[parent])
+                frontier.append(parent)
+        return json.dumps({"events": given}).encode()
 
 
 class InboundPdusBase(FederationRoomsBase):
@@ -226,18 +250,8 @@ class InboundPdusTestCase(InboundPdusBase):
 
     async def test_missing_parents_are_fetched_from_the_origin(self) -> None:
         alice, room_id, version = await self.joined_room()
-        store = self.b["main"].store
-        extremities = sorted(await store.get_forward_extremities(room_id))
-        chain = []
-        prev = extremities
-        for i in range(3):
-            event = await self.event(
-                room_id, content={"msgtype": "m.text", "body": f"m{i}"}, prev_events=prev
-            )
-            event["depth"] += i
-            event = sign_event(version, event, "a.test", self.a_key)
-            chain.append(event)
-            prev = [event_id_of(version, event)]
+        extremities = sorted(await self.b["main"].store.get_forward_extremities(room_id))
+        chain = await self.chain(room_id, version, 3)
         fake = await self.scripted_a()
         fake.missing = chain[:2]
         last_id = event_id_of(version, chain[2])
@@ -248,6 +262,49 @@ class InboundPdusTestCase(InboundPdusBase):
         self.assertEqual(asked["limit"], 10)
         bodies = [e["content"]["body"] for e in await self.timeline(alice, room_id)]
         self.assertEqual(bodies, ["before carol", "m0", "m1", "m2"])
+
+    async def chain(self, room_id: str, version: RoomVersion, length: int) -> list[dict[str, Any]]:
+        """``length`` messages of carol's, each the parent of the next, on
+        the room's extremities (none sent)."""
+        prev = sorted(await self.b["main"].store.get_forward_extremities(room_id))
+        chain = []
+        for i in range(length):
+            event = await self.event(
+                room_id, content={"msgtype": "m.text", "body": f"m{i}"}, prev_events=prev
+            )
+            event["depth"] += i
+            event = sign_event(version, event, "a.test", self.a_key)
+            chain.append(event)
+            prev = [event_id_of(version, event)]
+        return chain
+
+    async def test_a_gap_wider_than_one_request_is_walked_back_and_kept_in_order(self) -> None:
+        """25 missing parents: three requests, each from where the last
+        answer's gap was still open; every message in place, in order (not
+        left to backfill: docs/federation.md, "Catch-up")."""
+        alice, room_id, version = await self.joined_room()
+        chain = await self.chain(room_id, version, 26)
+        fake = await self.scripted_a()
+        fake.graph = {event_id_of(version, e): e for e in chain}
+        last_id = event_id_of(version, chain[-1])
+        self.assertEqual(await self.send("t1", [chain[-1]]), {last_id: {}})
+        self.assertEqual(len(fake.asked), 3)
+        self.assertEqual(fake.asked[0]["latest_events"], [last_id])
+        self.assertEqual(fake.asked[1]["latest_events"], [event_id_of(version, chain[15])])
+        self.assertTrue(all(a["limit"] == MISSING_EVENTS_LIMIT for a in fake.asked))
+        bodies = [e["content"]["body"] for e in await self.timeline(alice, room_id)]
+        self.assertEqual(bodies, ["before carol"] + [f"m{i}" for i in range(26)])
+
+    async def test_walking_back_a_gap_is_bounded(self) -> None:
+        """A chain of 200 missing parents costs at most
+        MISSING_EVENTS_REQUESTS_PER_PDU requests, and one PDU per
+        transaction cannot make more whatever the transaction holds."""
+        _, room_id, version = await self.joined_room()
+        chain = await self.chain(room_id, version, 201)
+        fake = await self.scripted_a()
+        fake.graph = {event_id_of(version, e): e for e in chain}
+        await self.send("t1", [chain[-1]])
+        self.assertEqual(len(fake.asked), MISSING_EVENTS_REQUESTS_PER_PDU)
 
     async def test_our_events_are_sent_to_the_servers_in_the_room(self) -> None:
         alice, room_id, version = await self.joined_room()
