@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from twisted.internet import reactor
+from twisted.internet import reactor, task
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -26,6 +26,7 @@ from synapse_lite.event_graph.hashing import (
     verify_event_signature,
 )
 from synapse_lite.event_graph.pdu import Pdu
+from synapse_lite.federation.client import FederationClient
 from synapse_lite.federation.crypto import SigningKey
 from synapse_lite.handlers.inbound_pdus import (
     MISSING_EVENTS_LIMIT,
@@ -98,10 +99,22 @@ class InboundPdusBase(FederationRoomsBase):
         port = _reactor.listenTCP(0, Site(fake), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         url = f"http://127.0.0.1:{port.getHost().port}"
+        # Every client that may hold a pooled connection to the real a.test:
+        # the keyring's, and the sender's (a sender worker has no keyring).
+        clients: dict[int, FederationClient] = {}
         for hs in self.b.values():
             hs.config.federation.destinations["a.test"] = url
-            if hs.keyring is not None:
-                await hs.keyring._client.close()
+            for owner in (hs.keyring, hs.outbox):
+                client = getattr(owner, "_client", None)
+                if isinstance(client, FederationClient):
+                    clients[id(client)] = client
+        # Twice: a connection still carrying a transaction (the join's) when
+        # the pool is first closed goes back to it afterwards, and under
+        # load once carried the next transaction to the real a.test.
+        for _ in range(2):
+            for client in clients.values():
+                await client.close()
+            await task.deferLater(_reactor, 0.5, lambda: None)
         return fake
 
     async def joined_room(self) -> tuple[ClientApi, str, RoomVersion]:
