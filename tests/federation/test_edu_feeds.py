@@ -60,10 +60,23 @@ class FakeTyping:
         }, self.token
 
 
+class FakeAcl:
+    def __init__(self, content: dict[str, Any]) -> None:
+        self.content = content
+
+
 class FakeStore:
     def __init__(self) -> None:
         self.joined = {ROOM: frozenset({"@alice:b.test", "@carol:a.test", "@dan:c.test"})}
         self.receipts: list[tuple[int, str, str, str, str | None, dict[str, Any]]] = []
+        #: room -> its current ``m.room.server_acl`` content.
+        self.acls: dict[str, dict[str, Any]] = {}
+
+    async def get_current_state_ids(self, room_id: str) -> dict[tuple[str, str], str]:
+        return {("m.room.server_acl", ""): "$acl:" + room_id} if room_id in self.acls else {}
+
+    async def get_event(self, event_id: str) -> FakeAcl:
+        return FakeAcl(self.acls[event_id.removeprefix("$acl:")])
 
     async def get_users_in_room(self, room_id: str) -> frozenset[str]:
         return self.joined.get(room_id, frozenset())
@@ -289,3 +302,60 @@ class FeedsTestCase(unittest.TestCase):
         self.store.receipts.append((5, ROOM, "@alice:b.test", "$z", None, {"ts": 5}))
         self.local_writes.notify_replication()
         self.assertEqual(len(self.sent.edus), 2)
+
+    def test_room_edus_skip_servers_the_room_acl_denies(self) -> None:
+        """c.test is denied by ROOM's ACL: neither typing (first and
+        renewed) nor receipts about ROOM go there; once the ACL allows it
+        again they do. A room without ACL sends to everyone."""
+        other = "!o:b.test"
+        self.store.joined[other] = frozenset({"@alice:b.test", "@dan:c.test"})
+        self.store.acls[ROOM] = {"allow": ["*"], "deny": ["c.test"]}
+        typing = FakeTyping()
+        common: Any = {
+            "store": self.store,
+            "clock": self.clock,
+            "server_name": "b.test",
+            "send_edus": self.sent,
+            "local_writes": self.local_writes,
+        }
+        typing_feed = TypingFeed(typing=typing, **common)  # type: ignore[arg-type]
+        receipts_feed = ReceiptsFeed(**common)
+        typing_feed.start()
+        receipts_feed.start()
+        typing.set(ROOM, ["@alice:b.test"])
+        typing.set(other, ["@alice:b.test"])
+        self.store.receipts += [
+            (1, ROOM, "@alice:b.test", "$a", None, {"ts": 1}),
+            (2, other, "@alice:b.test", "$o", None, {"ts": 2}),
+        ]
+        self.local_writes.notify_replication()
+        got = [
+            (
+                d,
+                e["edu_type"],
+                [e["content"]["room_id"]] if "room_id" in e["content"] else sorted(e["content"]),
+            )
+            for d, e in self.sent.edus
+        ]
+        self.assertCountEqual(
+            got,
+            [
+                ("a.test", "m.typing", [ROOM]),
+                ("c.test", "m.typing", [other]),
+                ("a.test", "m.receipt", [ROOM]),
+                ("c.test", "m.receipt", [other]),
+            ],
+        )
+        self.sent.edus.clear()
+        self.reactor.advance(20)  # renewals follow the ACL too
+        self.assertCountEqual(
+            [(d, e["content"]["room_id"]) for d, e in self.sent.edus],
+            [("a.test", ROOM), ("c.test", other)],
+        )
+        self.sent.edus.clear()
+        self.store.acls[ROOM] = {"allow": ["*"]}
+        self.store.receipts.append((3, ROOM, "@alice:b.test", "$b", None, {"ts": 3}))
+        self.local_writes.notify_replication()
+        self.assertEqual(sorted(d for d, _ in self.sent.edus), ["a.test", "c.test"])
+        typing_feed.stop()
+        receipts_feed.stop()

@@ -105,6 +105,14 @@ class ClientApi:
         self.device_id = result["device_id"]
         return self
 
+    async def membership(self, room_id: str, user_id: str | None) -> str | None:
+        """``user_id``'s membership in ``room_id`` as this user reads the
+        room's state (None when it has no member event for them)."""
+        code, event = await self.request(
+            "GET", f"/rooms/{q(room_id)}/state/m.room.member/{q(user_id)}"
+        )
+        return str(event["membership"]) if code == 200 else None
+
     async def create_room(self, **body: Any) -> str:
         return (await self.ok("POST", "/createRoom", body))["room_id"]
 

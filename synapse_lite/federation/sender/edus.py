@@ -12,6 +12,10 @@ forgets what it had not sent (typing and receipts are worth little once
 stale; a device list change missed shows as a ``prev_id`` gap to the
 receiver, which then asks for the whole list).
 
+Typing and receipts are about one room each: they go to no server that
+the room's ``m.room.server_acl`` denies (the server-server spec's "Server
+Access Control Lists"), as the room's events do not.
+
 * :class:`TypingFeed`: ``m.typing`` when one of our users starts or stops
   typing in a room (from the typing handler's view of the stream), and
   every :data:`TYPING_RENEW_SECONDS` again for those still typing.
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import defer
 
 from synapse_lite.api.identifiers import server_of
+from synapse_lite.federation.server_acl import room_acl, server_allowed
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -167,6 +172,20 @@ class _Feed:
             users |= await self._store.get_users_in_room(room_id)
         return other_servers(users, self._server_name)
 
+    async def _room_destinations(self, room_id: str) -> list[str]:
+        """The other servers with a user joined to ``room_id`` that the
+        room's current ``m.room.server_acl`` lets take part: an EDU about a
+        room (typing, receipts) goes to no server the room denies, as its
+        events do not (``room_events.py``)."""
+        joined = await self._store.get_users_in_room(room_id)
+        servers = other_servers(joined, self._server_name)
+        if not servers:
+            return servers
+        acl = await room_acl(self._store, room_id)
+        if acl is None:
+            return servers
+        return [s for s in servers if server_allowed(acl, s)]
+
     async def _take_batch(self) -> bool:
         """Send what changed; whether there may be more."""
         raise NotImplementedError
@@ -215,8 +234,7 @@ class TypingFeed(_Feed):
         async def renew() -> None:
             for room_id, users in sorted(self._sent.items()):
                 edus = typing_changes(room_id, frozenset(), users)
-                joined = await self._store.get_users_in_room(room_id)
-                for destination in other_servers(joined, self._server_name):
+                for destination in await self._room_destinations(room_id):
                     self._send_edus(destination, edus)
 
         d = defer.ensureDeferred(renew())
@@ -238,8 +256,7 @@ class TypingFeed(_Feed):
                 self._sent.pop(room_id, None)
             if not edus:
                 continue
-            joined = await self._store.get_users_in_room(room_id)
-            for destination in other_servers(joined, self._server_name):
+            for destination in await self._room_destinations(room_id):
                 self._send_edus(destination, edus)
         return False
 
@@ -260,11 +277,14 @@ class ReceiptsFeed(_Feed):
         rows = await self._store.get_public_receipts_between(self._position, upto, BATCH)
         full = len(rows) == BATCH
         by_destination: dict[str, list[tuple[str, str, str, str | None, dict[str, Any]]]] = {}
+        # Each room's destinations read once per batch.
+        destinations: dict[str, list[str]] = {}
         for _, room_id, user_id, event_id, thread_id, data in rows:
             if server_of(user_id) != self._server_name:
                 continue
-            joined = await self._store.get_users_in_room(room_id)
-            for destination in other_servers(joined, self._server_name):
+            if room_id not in destinations:
+                destinations[room_id] = await self._room_destinations(room_id)
+            for destination in destinations[room_id]:
                 by_destination.setdefault(destination, []).append(
                     (room_id, user_id, event_id, thread_id, data)
                 )

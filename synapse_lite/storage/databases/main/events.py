@@ -352,15 +352,31 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         down, deepest first, so the room's stream order reads them before
         everything already held and, among them, by depth. They are in the
         graph (edges) without state groups, and move no forward extremity,
-        current state nor room row (old history changes nothing of now)."""
+        current state nor room row (old history changes nothing of now).
+        Events stored meanwhile by another path are left out of what is
+        stored and returned."""
+        if not events:
+            return []
         ordered = sorted(events, key=lambda e: (-e[0].depth, -e[0].origin_server_ts))
 
         def txn_func(txn: LoggingTransaction) -> list[Event]:
-            contents = [c for c, _ in ordered]
+            # The caller checked which events are new before this
+            # transaction; the room's inbound PDUs (get_missing_events, a
+            # state gap) may have stored some since: those are left out.
+            marks = ", ".join("?" for _ in ordered)
+            txn.execute(
+                f"SELECT event_id FROM events WHERE event_id IN ({marks})",
+                [c.event_id for c, _ in ordered],
+            )
+            held = {row[0] for row in txn.fetchall()}
+            new = [(c, pdu) for c, pdu in ordered if c.event_id not in held]
+            if not new:
+                return []
+            contents = [c for c, _ in new]
             txn.execute_batch(
                 "INSERT INTO received_pdus (event_id, room_id, origin, pdu_json)"
                 " VALUES (?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
-                [(c.event_id, room_id, origin, json_encoder(pdu)) for c, pdu in ordered],
+                [(c.event_id, room_id, origin, json_encoder(pdu)) for c, pdu in new],
             )
             # Counting down: the deepest event gets the id nearest zero.
             stream_ids = self._backfill_id_gen.get_next_mult_txn(txn, len(contents))
