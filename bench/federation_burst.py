@@ -354,15 +354,15 @@ async def run_reference(
     python: str, receivers: Receivers, events: int, ca: TestCA
 ) -> dict[str, float]:
     """The same burst through the reference's federation sender worker."""
-    receivers.reset(ReferenceSender.SERVER_NAME)
     reference = ReferenceSender(python, ca.ca_path)
+    receivers.reset(reference.server_name)
     try:
         reference.start()
         return await burst(
             reference.url(),
             receivers,
             events,
-            ReferenceSender.SERVER_NAME,
+            reference.server_name,
             [reference.sender_pid()],
         )
     finally:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 from typing import Any
 
 import yaml
@@ -41,12 +42,14 @@ class ReferenceSender(ReferenceCluster):
     """The main process (client and federation APIs, the events writer) and
     one federation sender worker, on a fresh PostgreSQL database."""
 
-    SERVER_NAME = "bench.local"
-
     def __init__(self, python: str, ca_path: str) -> None:
         super().__init__(python, {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"})
         self.ca_path = ca_path
         self.sender_port = free_port()
+        # Its own name per run: the reference's processes talk over Redis
+        # channels named after the server, and Redis is shared by every
+        # run on this machine (two runs with one name would hear each other).
+        self.server_name = f"bench-{uuid.uuid4().hex[:8]}.local"
 
     def _write_config(self) -> tuple[str, str]:
         main_config, _ = super()._write_config()
@@ -54,7 +57,7 @@ class ReferenceSender(ReferenceCluster):
             config = yaml.safe_load(f)
         limit = {"per_second": 100_000, "burst_count": 100_000}
         config.update(
-            server_name=self.SERVER_NAME,
+            server_name=self.server_name,
             federation_sender_instances=[SENDER],
             federation_custom_ca_list=[self.ca_path],
             federation_verify_certificates=True,
