@@ -177,7 +177,11 @@ class Cluster:
             "worker_replication_secret": "bench-secret",
             "enable_registration": True,
             "log_level": "WARNING",
-            "replication": {"transport": transport, "tcp": {"port": free_port()}},
+            "replication": {
+                "transport": transport,
+                "tcp": {"port": free_port()},
+                "redis": {"channel_prefix": self._channel_prefix()},
+            },
             "listeners": [
                 {
                     "port": self.ports["main"],
@@ -220,6 +224,9 @@ class Cluster:
             log_level="WARNING",
             rate_limiting={"enabled": False},
         )
+        config.setdefault("replication", {}).setdefault("redis", {})["channel_prefix"] = (
+            self._channel_prefix()
+        )
         self.transport = replication
         self.ports["main"] = config["listeners"][0]["port"]
         workers = config.get("workers") or {}
@@ -237,6 +244,12 @@ class Cluster:
             self.ports["router"] = config["router"]["listeners"][0]["port"]
             self.names.append("router")
         self._write(config)
+
+    def _channel_prefix(self) -> str:
+        """A Redis channel prefix of this cluster's own: every run on this
+        machine shares one Redis, and clusters all named ``bench.local``
+        (two benchmarks at once) would otherwise hear each other."""
+        return os.path.basename(self.dir) + "-"
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"

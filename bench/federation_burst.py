@@ -16,18 +16,36 @@ destination has every event (target <= 60 s), how long the client took to
 send them (the events writer's pace bounds the rest), the lag after the
 last event, the transactions, and the senders' CPU per PDU per destination
 (user + system CPU of the sender processes over the run, /proc). Ratios
-against the 1-sender layout of the same run. Synapse's sender is not run
-(not built here: see docs/scaling.md).
+against the 1-sender layout of the same run.
+
+With ``--reference PYTHON`` the same burst also goes through the reference
+homeserver's federation sender in the same run
+(``bench/reference_federation_sender.py``: its main process and one
+federation sender worker, PostgreSQL and Redis), to the same receiving
+servers, after ours; and ours runs on PostgreSQL too. The receiving
+servers are then named ``localhost:<port>`` and served over HTTPS with a
+certificate from a CA of the run (the reference reaches no server named
+otherwise on loopback, see tests/harness/synapse_peer.py), which both
+sides trust; the reference fetches their keys and accepts their joins as
+from any server. "Has every event" is counted alike for both: every event
+id the client was answered is among the PDUs the server received in
+``/send`` (neither side fetched a gap: a receiver answers no
+``get_missing_events`` and would stay short of events, failing the run,
+if a sender caught up by sending only the newest).
 
     python -m bench.federation_burst [--events 4500] [--servers 20] [--senders 1,2,4]
+                                     [--engine sqlite|postgres] [--reference PYTHON]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 import time
 import urllib.parse
+from collections.abc import Coroutine
 from typing import Any, cast
 
 import treq
@@ -35,17 +53,22 @@ import yaml
 from twisted.internet import defer, reactor, task
 from twisted.python.failure import Failure
 from twisted.web import resource, server
+from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
-from bench.cluster import LAYOUTS, WRITERS, Cluster, process_cpu_seconds
+from bench.cluster import LAYOUTS, WRITERS, Cluster, free_port, process_cpu_seconds
+from bench.reference_federation_sender import ReferenceSender
 from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS
 from synapse_lite.event_graph.hashing import event_id_of, sign_event
 from synapse_lite.federation.auth import parse_auth_header, sign_request
 from synapse_lite.federation.crypto import SigningKey, sign_json
 from tests.harness.processes import NO_KEEPALIVE
+from tests.harness.tls import TestCA
 
 _reactor = cast(Any, reactor)
 ORIGIN = "bench.local"
+#: The clients' kept-alive connections, closed when a measurement ends.
+CLIENT_POOL = HTTPConnectionPool(_reactor)
 
 
 class Receiver(resource.Resource):
@@ -57,6 +80,8 @@ class Receiver(resource.Resource):
         super().__init__()
         self.name = name
         self.key = key
+        #: The sending server's name, which every request must come from.
+        self.origin = ORIGIN
         #: txn id -> answer, for deduplication.
         self.transactions: dict[str, bytes] = {}
         self.replayed = 0
@@ -84,7 +109,7 @@ class Receiver(resource.Resource):
             request.setResponseCode(404)
             return b'{"errcode": "M_UNRECOGNIZED"}'
         auth = parse_auth_header(request.getHeader("Authorization") or "")
-        if auth.origin != ORIGIN or auth.destination != self.name:
+        if auth.origin != self.origin or auth.destination != self.name:
             request.setResponseCode(401)
             return b'{"errcode": "M_UNAUTHORIZED"}'
         txn_id = path.rsplit("/", 1)[-1]
@@ -105,29 +130,44 @@ class Receiver(resource.Resource):
 
 
 class Receivers:
-    """``count`` remote servers, one port each, in this process."""
+    """``count`` remote servers, one port each, in this process: named
+    ``r<i>.test`` over plain HTTP (the sender is told their URLs), or with
+    ``ca`` named ``localhost:<port>`` over HTTPS with a certificate of
+    ``ca`` (found as any server is, by a sender trusting ``ca``)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, ca: TestCA | None = None) -> None:
         self.servers: dict[str, Receiver] = {}
         self.urls: dict[str, str] = {}
         self.ports: list[Any] = []
+        options = ca.server_options("receivers", ["localhost"]) if ca is not None else None
         for i in range(count):
-            name = f"r{i}.test"
-            receiver = Receiver(name, SigningKey.generate())
-            port = _reactor.listenTCP(0, server.Site(receiver), interface="127.0.0.1")
+            if options is None:
+                receiver = Receiver(f"r{i}.test", SigningKey.generate())
+                port = _reactor.listenTCP(0, server.Site(receiver), interface="127.0.0.1")
+                url = f"http://127.0.0.1:{port.getHost().port}"
+            else:
+                number = free_port()
+                receiver = Receiver(f"localhost:{number}", SigningKey.generate())
+                port = _reactor.listenSSL(
+                    number, server.Site(receiver), options, interface="127.0.0.1"
+                )
+                url = f"https://localhost:{number}"
             self.ports.append(port)
-            self.servers[name] = receiver
-            self.urls[name] = f"http://127.0.0.1:{port.getHost().port}"
+            self.servers[receiver.name] = receiver
+            self.urls[receiver.name] = url
 
-    def reset(self) -> None:
+    def reset(self, origin: str = ORIGIN) -> None:
+        """Forget what arrived; from now on requests come from ``origin``."""
         for receiver in self.servers.values():
+            receiver.origin = origin
             receiver.transactions.clear()
             receiver.event_ids.clear()
             receiver.received.clear()
             receiver.replayed = 0
 
-    async def join(self, main_url: str, room_id: str) -> None:
-        """Each server joins its user ``@u:<name>`` (make_join, send_join)."""
+    async def join(self, main_url: str, room_id: str, destination: str = ORIGIN) -> None:
+        """Each server joins its user ``@u:<name>`` (make_join, send_join)
+        through ``main_url``, the federation API of ``destination``."""
         version = KNOWN_ROOM_VERSIONS["10"]
         for name, receiver in self.servers.items():
             user = f"@u:{name}"
@@ -135,7 +175,9 @@ class Receivers:
                 f"/_matrix/federation/v1/make_join/{urllib.parse.quote(room_id)}/"
                 f"{urllib.parse.quote(user)}?ver=10"
             )
-            template = (await _signed(receiver, main_url, "GET", path))["event"]
+            template = (await signed_request(receiver, main_url, "GET", path, None, destination))[
+                "event"
+            ]
             template["origin_server_ts"] = int(time.time() * 1000)
             template["origin"] = name
             event = sign_event(version, template, name, receiver.key)
@@ -144,17 +186,22 @@ class Receivers:
                 f"/_matrix/federation/v2/send_join/{urllib.parse.quote(room_id)}/"
                 f"{urllib.parse.quote(event_id)}"
             )
-            await _signed(receiver, main_url, "PUT", path, event)
+            await signed_request(receiver, main_url, "PUT", path, event, destination)
 
     def delivered(self, expected: set[str]) -> int:
         """How many servers have every event of ``expected``."""
         return sum(1 for r in self.servers.values() if expected <= r.event_ids)
 
 
-async def _signed(
-    receiver: Receiver, base: str, method: str, path: str, content: Any = None
+async def signed_request(
+    receiver: Receiver,
+    base: str,
+    method: str,
+    path: str,
+    content: Any = None,
+    destination: str = ORIGIN,
 ) -> Any:
-    header = sign_request(receiver.key, receiver.name, ORIGIN, method, path, content)
+    header = sign_request(receiver.key, receiver.name, destination, method, path, content)
     data = None if content is None else json.dumps(content).encode()
     response = await treq.request(
         method,
@@ -169,12 +216,12 @@ async def _signed(
     return json.loads(body)
 
 
-async def _client(method: str, url: str, token: str | None, body: Any = None) -> Any:
+async def client_request(method: str, url: str, token: str | None, body: Any = None) -> Any:
     headers = Headers({"Content-Type": ["application/json"]})
     if token:
         headers.setRawHeaders("Authorization", [f"Bearer {token}"])
     response = await treq.request(
-        method, url, data=json.dumps(body or {}).encode(), headers=headers
+        method, url, data=json.dumps(body or {}).encode(), headers=headers, pool=CLIENT_POOL
     )
     content = await treq.content(response)
     if response.code != 200:
@@ -189,114 +236,213 @@ def _layout(senders: int) -> str:
     return name
 
 
-async def run_layout(
-    senders: int, receivers: Receivers, events: int, engine: str
+async def register_user(base: str, username: str) -> str:
+    """A new user's access token (a second request with the session when
+    the server asks for one first, as the reference may)."""
+    body: dict[str, Any] = {
+        "username": username,
+        "password": f"pw-{username}-1",
+        "auth": {"type": "m.login.dummy"},
+    }
+    url = base + "/_matrix/client/v3/register"
+    response = await treq.post(
+        url,
+        json.dumps(body).encode(),
+        headers=Headers({"Content-Type": ["application/json"]}),
+        pool=CLIENT_POOL,
+    )
+    answer = json.loads(await treq.content(response))
+    if response.code == 401 and "session" in answer:
+        body["auth"]["session"] = answer["session"]
+        answer = await client_request("POST", url, None, body)
+    elif response.code != 200:
+        raise RuntimeError(f"register: {response.code} {answer}")
+    return str(answer["access_token"])
+
+
+async def burst(
+    base: str, receivers: Receivers, events: int, destination: str, pids: list[int]
 ) -> dict[str, float]:
-    """One burst through ``senders`` sender workers; the figures."""
+    """A room on the server at ``base`` (client and federation API of
+    ``destination``), every receiver joined; ``events`` messages sent
+    (16 at a time) and the time until every receiver has every one; the
+    figures, the CPU being that of ``pids`` (the senders)."""
+    token = await register_user(base, "alice")
+    room = await client_request(
+        "POST",
+        base + "/_matrix/client/v3/createRoom",
+        token,
+        {"preset": "public_chat", "room_version": "10"},
+    )
+    room_id = room["room_id"]
+    await receivers.join(base, room_id, destination)
+    # Let the joins' own traffic settle before measuring.
+    await task.deferLater(_reactor, 1.0, lambda: None)
+    cpu_before = sum(process_cpu_seconds(p) for p in pids)
+    expected: set[str] = set()
+    started = time.monotonic()
+    semaphore = defer.DeferredSemaphore(16)
+    quoted = urllib.parse.quote(room_id)
+
+    async def send(n: int) -> None:
+        answer = await client_request(
+            "PUT",
+            f"{base}/_matrix/client/v3/rooms/{quoted}/send/m.room.message/t{n}",
+            token,
+            {"msgtype": "m.text", "body": f"burst {n}"},
+        )
+        expected.add(answer["event_id"])
+
+    await defer.gatherResults([semaphore.run(send, n) for n in range(events)])
+    sent = time.monotonic() - started
+    deadline = started + 600
+    while receivers.delivered(expected) < len(receivers.servers):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"not delivered after 600 s: {receivers.delivered(expected)} servers have all"
+            )
+        await task.deferLater(_reactor, 0.05, lambda: None)
+    done = time.monotonic() - started
+    cpu = sum(process_cpu_seconds(p) for p in pids) - cpu_before
+    pdus = sum(1 for r in receivers.servers.values() for e in r.received if e in expected)
+    replayed = sum(r.replayed for r in receivers.servers.values())
+    transactions = sum(len(r.transactions) for r in receivers.servers.values())
+    deliveries = events * len(receivers.servers)
+    return {
+        "delivered_s": done,
+        "sent_s": sent,
+        "lag_s": done - sent,
+        "cpu_s": cpu,
+        "cpu_us_per_pdu_dest": cpu / deliveries * 1e6,
+        "transactions": transactions,
+        "pdus_per_txn": pdus / max(transactions, 1),
+        "duplicates": pdus - deliveries,
+        "replayed": replayed,
+    }
+
+
+async def run_layout(
+    senders: int, receivers: Receivers, events: int, engine: str, ca: TestCA | None = None
+) -> dict[str, float]:
+    """One burst through ``senders`` sender workers of ours; the figures.
+    With ``ca``, the receivers are found by name over HTTPS (see
+    :class:`Receivers`), that CA trusted."""
     receivers.reset()
     cluster = Cluster(_layout(senders), engine)
     with open(cluster.config_path) as f:
         config = yaml.safe_load(f)
     config["listeners"][0]["resources"] += ["federation", "keys"]
     config["federation_sender_instances"] = [f"sender{i + 1}" for i in range(senders)]
-    config["federation"] = {"destinations": dict(receivers.urls)}
+    if ca is None:
+        config["federation"] = {"destinations": dict(receivers.urls)}
+    else:
+        config["federation"] = {
+            "extra_ca_paths": [ca.ca_path],
+            "ip_range_allowlist": ["127.0.0.0/8"],
+        }
     with open(cluster.config_path, "w") as f:
         yaml.safe_dump(config, f)
     cluster.start()
     try:
-        base = cluster.url("main")
-        register = await _client(
-            "POST",
-            base + "/_matrix/client/v3/register",
-            None,
-            {"username": "alice", "password": "pw-alice-1", "auth": {"type": "m.login.dummy"}},
-        )
-        token = register["access_token"]
-        room = await _client(
-            "POST", base + "/_matrix/client/v3/createRoom", token, {"preset": "public_chat"}
-        )
-        room_id = room["room_id"]
-        await receivers.join(base, room_id)
         pids = [cluster.processes[f"sender{i + 1}"].pid for i in range(senders)]
-        # Let the joins' own traffic settle before measuring.
-        await task.deferLater(_reactor, 1.0, lambda: None)
-        cpu_before = sum(process_cpu_seconds(p) for p in pids)
-        expected: set[str] = set()
-        started = time.monotonic()
-        semaphore = defer.DeferredSemaphore(16)
-        quoted = urllib.parse.quote(room_id)
-
-        async def send(n: int) -> None:
-            answer = await _client(
-                "PUT",
-                f"{base}/_matrix/client/v3/rooms/{quoted}/send/m.room.message/t{n}",
-                token,
-                {"msgtype": "m.text", "body": f"burst {n}"},
-            )
-            expected.add(answer["event_id"])
-
-        await defer.gatherResults([semaphore.run(send, n) for n in range(events)])
-        sent = time.monotonic() - started
-        deadline = started + 600
-        while receivers.delivered(expected) < len(receivers.servers):
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"not delivered after 600 s: {receivers.delivered(expected)} servers have all"
-                )
-            await task.deferLater(_reactor, 0.05, lambda: None)
-        done = time.monotonic() - started
-        cpu = sum(process_cpu_seconds(p) for p in pids) - cpu_before
-        pdus = sum(1 for r in receivers.servers.values() for e in r.received if e in expected)
-        replayed = sum(r.replayed for r in receivers.servers.values())
-        transactions = sum(len(r.transactions) for r in receivers.servers.values())
-        deliveries = events * len(receivers.servers)
-        return {
-            "delivered_s": done,
-            "sent_s": sent,
-            "lag_s": done - sent,
-            "cpu_s": cpu,
-            "cpu_us_per_pdu_dest": cpu / deliveries * 1e6,
-            "transactions": transactions,
-            "pdus_per_txn": pdus / max(transactions, 1),
-            "duplicates": pdus - deliveries,
-            "replayed": replayed,
-        }
+        return await burst(cluster.url("main"), receivers, events, ORIGIN, pids)
     finally:
         cluster.stop()
 
 
-async def main_async(args: argparse.Namespace) -> int:
-    receivers = Receivers(args.servers)
-    results: dict[int, dict[str, float]] = {}
+async def run_reference(
+    python: str, receivers: Receivers, events: int, ca: TestCA
+) -> dict[str, float]:
+    """The same burst through the reference's federation sender worker."""
+    reference = ReferenceSender(python, ca.ca_path)
+    receivers.reset(reference.server_name)
+    try:
+        reference.start()
+        return await burst(
+            reference.url(),
+            receivers,
+            events,
+            reference.server_name,
+            [reference.sender_pid()],
+        )
+    finally:
+        reference.stop()
+
+
+HEADER = (
+    f"{'sender':>16} {'all delivered s':>15} {'client sent s':>13} {'lag s':>6}"
+    f" {'txns':>6} {'PDUs/txn':>8} {'dup':>4} {'CPU us/PDU/dest':>15} {'ratio time':>10}"
+    f" {'ratio CPU':>9}"
+)
+
+
+def row(label: str, r: dict[str, float], base: dict[str, float]) -> str:
+    return (
+        f"{label:>16} {r['delivered_s']:>15.1f} {r['sent_s']:>13.1f} {r['lag_s']:>6.1f}"
+        f" {int(r['transactions']):>6} {r['pdus_per_txn']:>8.1f} {int(r['duplicates']):>4}"
+        f" {r['cpu_us_per_pdu_dest']:>15.1f}"
+        f" {r['delivered_s'] / base['delivered_s']:>10.2f}"
+        f" {r['cpu_us_per_pdu_dest'] / base['cpu_us_per_pdu_dest']:>9.2f}"
+    )
+
+
+async def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """The figures of each sender measured (``ours, <n>``, ``Synapse, 1``),
+    in the order run."""
+    ca = None
+    if args.reference:
+        ca = TestCA(tempfile.mkdtemp(prefix="synapse_lite_bench_ca_"))
+    receivers = Receivers(args.servers, ca)
+    results: dict[str, dict[str, float]] = {}
     try:
         for senders in args.senders:
-            results[senders] = await run_layout(senders, receivers, args.events, args.engine)
-            print(f"{senders} sender(s): {json.dumps(results[senders])}", flush=True)
+            label = f"ours, {senders}"
+            results[label] = await run_layout(senders, receivers, args.events, args.engine, ca)
+            print(f"{label} sender(s): {json.dumps(results[label])}", flush=True)
+        if ca is not None:
+            label = "Synapse, 1"
+            results[label] = await run_reference(args.reference, receivers, args.events, ca)
+            print(f"{label} sender: {json.dumps(results[label])}", flush=True)
     finally:
         for port in receivers.ports:
             await port.stopListening()
-    base = results[args.senders[0]]
-    print()
-    print(
+        await CLIENT_POOL.closeCachedConnections()
+    return results
+
+
+def report(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> str:
+    """The table and the ratios."""
+    lines: list[str] = []
+    first = next(iter(results))
+    base = results[first]
+    transport = "HTTPS by name" if args.reference else "HTTP"
+    lines.append("")
+    lines.append(
         f"Burst: {args.events} events, one room, {args.servers} remote servers"
-        f" ({args.engine}; ratios vs {args.senders[0]} sender(s) of this run)"
+        f" ({args.engine}, receivers over {transport}; ratios vs {first} sender(s) of this run)"
     )
-    print(
-        f"{'senders':>7} {'all delivered s':>15} {'client sent s':>13} {'lag s':>6}"
-        f" {'txns':>6} {'PDUs/txn':>8} {'dup':>4} {'CPU us/PDU/dest':>15} {'ratio time':>10}"
-        f" {'ratio CPU':>9}"
+    lines.append(HEADER)
+    for label, r in results.items():
+        lines.append(row(label, r, base))
+    worst = max(r["delivered_s"] for label, r in results.items() if label.startswith("ours"))
+    lines.append(
+        f"target <= 60 s (ours): {'met' if worst <= 60 else 'NOT met'} (slowest {worst:.1f} s)"
     )
-    for senders, r in results.items():
-        print(
-            f"{senders:>7} {r['delivered_s']:>15.1f} {r['sent_s']:>13.1f} {r['lag_s']:>6.1f}"
-            f" {int(r['transactions']):>6} {r['pdus_per_txn']:>8.1f} {int(r['duplicates']):>4}"
-            f" {r['cpu_us_per_pdu_dest']:>15.1f}"
-            f" {r['delivered_s'] / base['delivered_s']:>10.2f}"
-            f" {r['cpu_us_per_pdu_dest'] / base['cpu_us_per_pdu_dest']:>9.2f}"
+    if args.reference:
+        reference = results["Synapse, 1"]
+        lines.append(
+            f"Synapse's sender / ours ({first}): all delivered"
+            f" {reference['delivered_s'] / base['delivered_s']:.2f}x, lag after the last send"
+            f" {reference['lag_s']:.1f} s vs {base['lag_s']:.1f} s, sender CPU per PDU per"
+            f" destination {reference['cpu_us_per_pdu_dest'] / base['cpu_us_per_pdu_dest']:.2f}x"
         )
-    worst = max(r["delivered_s"] for r in results.values())
-    print(f"target <= 60 s: {'met' if worst <= 60 else 'NOT met'} (slowest {worst:.1f} s)")
-    print("Synapse's federation sender: not run in this benchmark (see docs/scaling.md).")
+    else:
+        lines.append("Synapse's federation sender: not run (--reference PYTHON runs it).")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    print(report(args, await measure(args)))
     return 0
 
 
@@ -307,20 +453,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--senders", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4]
     )
-    parser.add_argument("--engine", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--engine", choices=["sqlite", "postgres"], default=None)
+    parser.add_argument(
+        "--reference",
+        metavar="PYTHON",
+        help="also the reference's federation sender worker, from this Python's install",
+    )
     args = parser.parse_args(argv)
+    # The reference runs workers on PostgreSQL only: ours on it too, alike.
+    args.engine = args.engine or ("postgres" if args.reference else "sqlite")
+    return run_reactor(main_async(args))
+
+
+def run_reactor(work: Coroutine[Any, Any, Any]) -> int:
+    """Run ``work`` on the reactor until it ends; 0, or 1 with its
+    traceback printed when it failed."""
     code: list[int] = []
 
-    async def run() -> None:
-        code.append(await main_async(args))
-
-    d = defer.ensureDeferred(run())
-
     def failed(failure: Failure) -> None:
-        failure.printTraceback()
+        print(failure.getTraceback(), file=sys.stderr, flush=True)
         code.append(1)
 
-    d.addErrback(failed)
+    d = defer.ensureDeferred(work)
+    d.addCallbacks(lambda _: code.append(0), failed)
     d.addBoth(lambda _: _reactor.stop())
     _reactor.run()
     return code[0] if code else 1

@@ -172,19 +172,30 @@ class ReferenceCluster:
         main and worker config paths."""
         self._create_database()
         main_config, worker_config = self._write_config()
-        subprocess.run(
+        generated = subprocess.run(
             [self.python, "-m", "synapse.app.homeserver", "-c", main_config, "--generate-keys"],
-            check=True,
             cwd=self.dir,
             capture_output=True,
+            text=True,
+            env=self._env(),
         )
+        if generated.returncode != 0:
+            # Its own words: a missing or mismatched dependency, say.
+            raise RuntimeError(
+                f"the reference's --generate-keys failed: {generated.stdout[-800:]}"
+                f" {generated.stderr[-800:]}"
+            )
         self._start("main", ["synapse.app.homeserver", "-c", main_config], self.client_port)
         return main_config, worker_config
 
     def _start(self, name: str, args: list[str], port: int) -> None:
         log = open(os.path.join(self.dir, f"{name}.log"), "wb")
         self.processes[name] = subprocess.Popen(
-            [self.python, "-m", *args], cwd=self.dir, stdout=log, stderr=subprocess.STDOUT
+            [self.python, "-m", *args],
+            cwd=self.dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self._env(),
         )
         url = f"http://127.0.0.1:{port}/_matrix/client/versions"
         deadline = time.monotonic() + 120
@@ -197,6 +208,12 @@ class ReferenceCluster:
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError(f"the reference's {name} did not start: see {self.dir}/{name}.log")
+
+    @staticmethod
+    def _env() -> dict[str, str]:
+        """Its own virtualenv only: a PYTHONPATH of ours (trial's workers
+        get one) would give it our packages, some of versions it refuses."""
+        return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def url(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"

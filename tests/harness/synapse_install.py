@@ -108,10 +108,70 @@ def install_synapse() -> str:
         return os.path.join(venv, "bin", "python")
 
 
+#: The reference's ``postgres`` and ``redis`` extras, which its workers
+#: need (PostgreSQL only, replication over Redis); its own bounds.
+WORKER_EXTRAS = ("psycopg2-binary>=2.8", "txredisapi>=1.4.12,<1.6.0", "hiredis")
+
+
+def workers_venv_dir() -> str:
+    return venv_dir() + "-workers"
+
+
+def install_synapse_workers() -> str:
+    """Install (once) and return the python of a virtualenv that runs the
+    reference with workers: the base install (:func:`install_synapse`)
+    seen through a ``.pth`` file, plus :data:`WORKER_EXTRAS`. A layer of
+    its own, so that the base virtualenv, which tests may be running,
+    is never changed. Blocking; raises :class:`SynapseUnavailable`."""
+    base = install_synapse()
+    venv = workers_venv_dir()
+    python = os.path.join(venv, "bin", "python")
+    with open(os.path.join(cache_dir(), "install.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(venv, ".installed")):
+            return python
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        try:
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run(
+                [sys.executable, "-m", "venv", venv], check=True, capture_output=True, env=env
+            )
+            paths = [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+            purelib = subprocess.run(
+                paths, check=True, capture_output=True, text=True, env=env
+            ).stdout.strip()
+            base_paths = [base, *paths[1:]]
+            base_purelib = subprocess.run(
+                base_paths, check=True, capture_output=True, text=True, env=env
+            ).stdout.strip()
+            with open(os.path.join(purelib, "matrix_synapse_base.pth"), "w") as f:
+                f.write(base_purelib + "\n")
+            # No dependencies: the base has them (Twisted, six).
+            subprocess.run(
+                [python, "-m", "pip", "install", "-q", "--no-deps", *WORKER_EXTRAS],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=INSTALL_TIMEOUT_SECONDS,
+                env=env,
+            )
+        except subprocess.CalledProcessError as e:
+            raise SynapseUnavailable(
+                f"installing the reference's worker extras failed: {(e.stderr or '')[-1500:]}"
+            ) from e
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SynapseUnavailable(f"installing the reference's worker extras failed: {e}") from e
+        with open(os.path.join(venv, ".installed"), "w") as f:
+            f.write(f"{SYNAPSE_VERSION} with {' '.join(WORKER_EXTRAS)}\n")
+        return python
+
+
 def main() -> None:
+    """``--workers``: also the layer for the reference's workers
+    (:func:`install_synapse_workers`), whose python is printed."""
     started = time.monotonic()
     try:
-        python = install_synapse()
+        python = install_synapse_workers() if "--workers" in sys.argv else install_synapse()
     except SynapseUnavailable as e:
         sys.exit(str(e))
     print(f"matrix-synapse {SYNAPSE_VERSION}: {python} ({time.monotonic() - started:.0f}s)")
