@@ -621,6 +621,7 @@ def _handlers(
         events=events,
         writers=config.writers,
         event_writers=event_writers,
+        remote=remote_members,
     )
 
     def signing_key() -> SigningKey:

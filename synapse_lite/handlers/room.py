@@ -8,11 +8,16 @@ are invite-only with ``shared`` history and guests may join;
 ``public_chat`` is public with ``shared`` history and no guests (an
 ``m.room.guest_access`` of ``forbidden``, as the spec's preset table has it,
 so that an upgrade carries the setting over explicitly). ``initial_state``
-overrides the preset's events.
+overrides the preset's events. Invitees of other servers are invited
+after the room's first events are persisted, each by the federation invite
+flow (``/v2/invite`` to their server), as ``POST /rooms/{id}/invite`` does;
+one that fails is logged and skipped: the room exists by then, and its id is
+what the client needs to invite them again.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +44,12 @@ from synapse_lite.http.fields import get_bool, get_dict, get_list, get_optional_
 if TYPE_CHECKING:
     from synapse_lite.appservice.queries import AppServiceQueries
     from synapse_lite.clock import Clock
+    from synapse_lite.handlers.federation_join import FederationJoinHandler
     from synapse_lite.handlers.message import EventCreationHandler
     from synapse_lite.storage.databases.main import GenericWorkerStore
     from synapse_lite.streams.writers import WritersDirectory
+
+logger = logging.getLogger(__name__)
 
 PRESETS = {
     "private_chat": {"join_rule": "invite", "history": "shared", "guests": "can_join"},
@@ -131,10 +139,13 @@ class RoomCreationHandler:
         writers: WritersDirectory,
         event_writers: Callable[[], Sequence[str]],
         app_service_queries: AppServiceQueries,
+        remote: FederationJoinHandler | None = None,
     ) -> None:
         """``event_writers()``: the events writers this process knows of now
         (a new room goes to one of them by the events stream's rule in
-        ``writers``)."""
+        ``writers``). ``remote``: invites users of other servers (None: this
+        server does not federate, and such invitees are refused)."""
+        self._remote = remote
         self._store = store
         self._clock = clock
         self._server_name = server_name
@@ -210,7 +221,8 @@ class RoomCreationHandler:
             specs.append(state("m.room.topic", {"topic": topic}))
         if alias is not None:
             specs.append(state("m.room.canonical_alias", {"alias": alias}))
-        for invitee in invitees:
+        local_invitees = [u for u in invitees if is_mine_id(u, self._server_name)]
+        for invitee in local_invitees:
             content = member_content("invite", await profile_of(self._store, invitee))
             if is_direct:
                 content["is_direct"] = True
@@ -229,7 +241,22 @@ class RoomCreationHandler:
             raise
         if visibility == "public":
             await self._store.set_room_in_directory(room_id, True)
+        for invitee in invitees:
+            if invitee not in local_invitees:
+                await self._invite_remote(user_id, room_id, invitee, is_direct)
         return room_id
+
+    async def _invite_remote(self, sender: str, room_id: str, target: str, is_direct: bool) -> None:
+        """Invite ``target`` of another server into the new room (the
+        member event's content carries no profile: theirs is their server's)."""
+        assert self._remote is not None  # _check_invitees refused them otherwise
+        content: dict[str, Any] = {"membership": "invite"}
+        if is_direct:
+            content["is_direct"] = True
+        try:
+            await self._remote.invite(sender, room_id, target, content)
+        except SynapseError as e:
+            logger.warning("createRoom %s: could not invite %s: %s", room_id, target, e.msg)
 
     async def founding_events(
         self,
@@ -282,10 +309,13 @@ class RoomCreationHandler:
         for value in invite:
             user_id = check_user_id(value, "invite")
             if not is_mine_id(user_id, self._server_name):
-                raise SynapseError(
-                    400, "Federation is not supported: invite local users", Codes.INVALID_PARAM
-                )
-            if await self._store.get_user(user_id) is None:
+                if self._remote is None:
+                    raise SynapseError(
+                        400,
+                        "This server does not federate: invite local users",
+                        Codes.INVALID_PARAM,
+                    )
+            elif await self._store.get_user(user_id) is None:
                 raise NotFoundError(f"Unknown user {user_id}")
             if user_id != creator and user_id not in invitees:
                 invitees.append(user_id)

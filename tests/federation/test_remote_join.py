@@ -248,6 +248,36 @@ class RemoteJoinTestCase(LoopbackServers):
         self.assertEqual(code, 404, body)
         self.assertIn("Unknown user", body["error"])
 
+    async def test_create_room_invites_remote_users(self) -> None:
+        # createRoom's ``invite`` names users of both servers and one a.test
+        # does not have: the local invitee is invited in the first events,
+        # the remote ones by /v2/invite once the room exists; the unknown one
+        # is skipped without failing the room.
+        alice = await self.client(self.b).register("alice")
+        dave = await self.client(self.b).register("dave")
+        bob = await self.client(self.a).register("bob")
+        room_id = await alice.create_room(
+            preset="private_chat",
+            is_direct=True,
+            invite=[bob.user_id, dave.user_id, "@nobody:a.test"],
+        )
+        invited = (await bob.sync())["rooms"]["invite"][room_id]["invite_state"]["events"]
+        mine = next(e for e in invited if e.get("state_key") == bob.user_id)
+        self.assertEqual(mine["content"], {"membership": "invite", "is_direct": True})
+        self.assertIn(room_id, (await dave.sync())["rooms"]["invite"])
+        state = await alice.ok("GET", f"/rooms/{q(room_id)}/state")
+        members = {
+            e["state_key"]: e["content"]["membership"]
+            for e in state
+            if e["type"] == "m.room.member"
+        }
+        self.assertEqual(
+            members, {alice.user_id: "join", dave.user_id: "invite", bob.user_id: "invite"}
+        )
+        # bob accepts through the inviter's server.
+        await bob.ok("POST", f"/rooms/{q(room_id)}/join", {})
+        self.assertEqual(await self.members(alice, room_id), {alice.user_id, bob.user_id})
+
     async def test_hostile_invites_are_refused(self) -> None:
         bob = await self.client(self.a).register("bob")
         b_key = load_or_create_signing_key(self.b["main"].config.data_dir, create=False)
