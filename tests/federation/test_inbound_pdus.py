@@ -203,7 +203,10 @@ class InboundPdusTestCase(InboundPdusBase):
         self.assertNotIn(event_id_of(version, no_parents), results)
         self.assertIn("$never-seen", error(orphan))
         self.assertIn("not signed by b.test", error(as_alice))
-        self.assertIn("rejected by the room's authorisation rules: against", error(power))
+        # Rejected is processed: answered {}, stored as rejected with why.
+        self.assertEqual(results[event_id_of(version, power)], {})
+        reason = await self.b["main"].store.get_rejection_reason(event_id_of(version, power))
+        self.assertIn("against", reason)
         # The tampered one is kept in its redacted form: no body.
         tampered_id = event_id_of(version, tampered)
         self.assertEqual(results[tampered_id], {})
