@@ -149,13 +149,15 @@ class PduRenderer:
         """Those of ``event_ids`` we have, by id, in the server-server form:
         other servers' as they sent them, ours rendered and signed; without
         ``unsigned``, and from version 3 without ``event_id`` (which such
-        PDUs must not carry: Synapse refuses them)."""
+        PDUs must not carry: Synapse refuses them); our erased users'
+        pruned (:meth:`_unerased`)."""
         ids = list(dict.fromkeys(event_ids))
         received = await self._store.get_received_pdus(ids)
         local_ids = [e for e in ids if e not in received]
         found = await self._store.get_events(local_ids) if local_ids else {}
         rendered = await self._formatter.federation_format(
-            [found[e] for e in local_ids if e in found], self._clock.time_msec()
+            await self._unerased([found[e] for e in local_ids if e in found]),
+            self._clock.time_msec(),
         )
         by_id: dict[str, dict[str, Any]] = {pdu["event_id"]: pdu for pdu in rendered}
         by_id.update(received)
@@ -174,6 +176,22 @@ class PduRenderer:
                 drop.add("event_id")
             by_id[event_id] = {k: v for k, v in pdu.items() if k not in drop}
         return by_id
+
+    async def _unerased(self, events: list[Event]) -> list[Event]:
+        """``events`` with those of our erased users pruned (as a
+        redaction prunes; their hashes stay the original's): another server
+        that asks for one after the erasure gets none of its content, as
+        our own users who could not see it then do not (one cached lookup
+        per sender)."""
+        result = []
+        for event in events:
+            if (
+                event.redacted_because is None
+                and await self._store.get_erasure_position(event.sender) is not None
+            ):
+                event = event.pruned(await self._store.get_room_version(event.room_id))
+            result.append(event)
+        return result
 
     async def transaction_pdus(self, event_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The PDUs of a transaction (:meth:`pdus_by_id`), in the order
