@@ -132,6 +132,34 @@ class StateGapsTestCase(InboundPdusBase):
         self.assertTrue(backfills, fake.gets)
         self.assertIn(f"v={m_id}", backfills[0])
 
+    async def test_a_rejected_missing_parent_changes_no_state(self) -> None:
+        # Y, the missing parent, is sent by eve@a.test, who never joined:
+        # stored as a rejected outlier, and the state after it is the state
+        # before it (no Y key), though a.test's answer put Y in.
+        alice, room_id, fake, events = await self.gap()
+        store = self.b["main"].store
+        version = await store.get_room_version(room_id)
+        extremities = sorted(await store.get_forward_extremities(room_id))
+        y = await self.event(
+            room_id, "test_state", {"body": "y"}, state_key="Y", sender="@eve:a.test"
+        )
+        y_id = event_id_of(version, y)
+        x = await self.event(room_id, content={"body": "x"}, prev_events=[*extremities, y_id])
+        x_id = event_id_of(version, x)
+        c = await self.event(room_id, content={"body": "c"}, prev_events=[*extremities, x_id])
+        c["depth"] = x["depth"] + 1
+        c = sign_event(version, c, "a.test", self.a_key)
+        fake.missing = [x]
+        fake.events = {y_id: y, event_id_of(version, events["T"]): events["T"]}
+        c_id = event_id_of(version, c)
+        self.assertEqual(await self.send("g5", [c]), {c_id: {}})
+        bodies = [e["content"]["body"] for e in await self.timeline(alice, room_id)]
+        self.assertEqual(bodies[-2:], ["x", "c"])
+        state = await store.get_current_state_ids(room_id)
+        self.assertNotIn(("test_state", "Y"), state)
+        self.assertIn(("test_state", "T"), state)
+        self.assertIsNotNone(await store.get_rejection_reason(y_id))
+
     async def test_an_event_that_is_not_the_one_asked_for_is_refused(self) -> None:
         _alice, room_id, fake, events = await self.gap()
         store = self.b["main"].store
