@@ -314,6 +314,11 @@ class FederationRoomsHandler:
     async def _state_before(self, origin: str, room_id: str, event_id: str) -> list[str]:
         await self.check_server_may_read(origin, room_id)
         await self._event_in_room(room_id, event_id)
+        event = await self._store.get_event(event_id)
+        if event is not None and event.rejected:
+            # Not part of the room: no state is vouched for at it (as for
+            # an outlier, whose state is unknown).
+            raise NotFoundError("That event was rejected", Codes.NOT_FOUND)
         state = await self._store.get_state_ids_before_event(event_id)
         if state is None:
             raise NotFoundError("The state at that event is unknown here", Codes.NOT_FOUND)

@@ -213,6 +213,12 @@ class InboundPdusTestCase(InboundPdusBase):
         store = self.b["main"].store
         self.assertEqual((await store.get_event(tampered_id)).content, {})  # type: ignore[union-attr]
         self.assertTrue((await store.get_event(event_id_of(version, power))).rejected)  # type: ignore[union-attr]
+        # No state is served at a rejected event (as at an outlier): 404.
+        power_id = q(event_id_of(version, power))
+        for endpoint in ("state", "state_ids"):
+            path = f"/_matrix/federation/v1/{endpoint}/{q(room_id)}?event_id={power_id}"
+            code, answer = await self.federation("GET", path)
+            self.assertEqual((code, answer.get("errcode")), (404, "M_NOT_FOUND"), endpoint)
         for refused in (forged, elsewhere, orphan, as_alice, huge, no_parents):
             self.assertIsNone(await store.get_event(event_id_of(version, refused)))
         bodies = [e["content"].get("body") for e in await self.timeline(alice, room_id)]
