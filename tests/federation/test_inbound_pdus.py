@@ -156,6 +156,22 @@ class InboundPdusTestCase(InboundPdusBase):
         stored = await self.b["main"].store.get_received_pdus([first_id])
         self.assertEqual(stored[first_id]["signatures"], first["signatures"])
 
+    async def test_a_received_message_notifies_and_a_rejected_one_does_not(self) -> None:
+        # carol's message (a one-to-one room) notifies alice as a local
+        # one would; eve's, rejected (she never joined), does not.
+        alice, room_id, version = await self.joined_room()
+        await alice.sync()
+        message = await self.event(room_id, content={"msgtype": "m.text", "body": "ping"})
+        rejected = await self.event(
+            room_id, content={"msgtype": "m.text", "body": "no"}, sender="@eve:a.test"
+        )
+        ids = [event_id_of(version, e) for e in (rejected, message)]
+        self.assertEqual(await self.send("n1", [rejected, message]), {i: {} for i in ids})
+        room = (await alice.sync())["rooms"]["join"][room_id]
+        self.assertEqual(room["unread_notifications"]["notification_count"], 1)
+        store = self.b["main"].store
+        self.assertTrue((await store.get_event(ids[0])).rejected)  # type: ignore[union-attr]
+
     async def test_hostile_pdus_are_refused_one_by_one(self) -> None:
         alice, room_id, version = await self.joined_room()
         _, other_room = await self.room()  # carol is not in it
