@@ -10,9 +10,10 @@ sender's server, the authoriser of a restricted join) happen on receipt,
 before this (``hashing.servers_that_must_sign``); a third-party invite's
 signed block is checked here, as its rule says.
 
-Where the spec and the reference homeserver differ, the spec is followed:
-with no ``m.room.power_levels`` event, ``state_default`` is 0 (users other
-than the creator have 0, so only the creator's events pass either way).
+With no ``m.room.power_levels`` event, ``state_default`` is 50 as
+everywhere (the spec's event description once said 0, corrected by
+matrix-spec#1479: with 0, any user who joined such a room could send its
+first power levels and take it).
 """
 
 from __future__ import annotations
@@ -263,8 +264,6 @@ class _PowerLevels:
         if isinstance(events, dict) and event.type in events:
             return self._parse(events[event.type], 0)
         if event.state_key is not None:
-            if self.event is None:
-                return 0
             return self.named("state_default")
         return self.named("events_default")
 

@@ -171,7 +171,12 @@ def resolve_state_v2(
     missing = [e for e in full if e not in events]
     if missing:
         raise MissingEventsError(missing)
-    checker = _IterativeAuth(room_version, events, rejected)
+    # The room's own events only: an auth chain that reaches into another
+    # room (an event citing another room's auth events, rejected itself)
+    # must not bring that room's state in (MSC4307).
+    create = events.get(unconflicted.get(CREATE, ""))
+    room_id = create.room_id if create is not None else None
+    checker = _IterativeAuth(room_version, events, rejected, room_id)
 
     power = {e for e in full if is_power_event(events[e])}
     power |= auth_chain(power, events) & full
@@ -189,11 +194,18 @@ class _IterativeAuth:
     """The orderings and iterative auth checks of state resolution v2."""
 
     def __init__(
-        self, room_version: RoomVersion, events: Mapping[str, Pdu], rejected: Collection[str]
+        self,
+        room_version: RoomVersion,
+        events: Mapping[str, Pdu],
+        rejected: Collection[str],
+        room_id: str | None = None,
     ) -> None:
+        """``room_id``: the room resolved (None: unknown); an event of
+        another room never enters its state."""
         self.room_version = room_version
         self.events = events
         self.rejected = rejected
+        self.room_id = room_id
         self._power: dict[str, float] = {}
 
     def _auth_event_of_type(self, event: Pdu, key: StateKey) -> Pdu | None:
@@ -306,6 +318,8 @@ class _IterativeAuth:
         for event_id in ordered:
             event = self.events[event_id]
             if event.state_pair is None:
+                continue
+            if self.room_id is not None and event.room_id != self.room_id:
                 continue
             auth_state: dict[StateKey, Pdu] = {}
             for auth_id in event.auth_event_ids:

@@ -39,6 +39,7 @@ from synapse_lite.federation.crypto import (
     canonical_json,
     verify_signature,
 )
+from synapse_lite.federation.discovery import ServerNameError, parse_server_name
 from synapse_lite.federation.keyring import KEY_PATH, QUERY_PATH, KeyLookupError
 from synapse_lite.federation.user_keys import register_user_keys_servlets
 from synapse_lite.handlers.directory import PublicRoomsQuery, parse_public_rooms_body
@@ -82,6 +83,8 @@ async def authenticate_request(
     keyring: Keyring, server_name: str, request: Request, content: Any
 ) -> str:
     """The origin server of a signed request to us, or a 401 (logged); a
+    400 ``M_UNAUTHORIZED`` when every Authorization header is malformed
+    (not X-Matrix, an origin or destination that is no server name); a
     400 ``M_BAD_JSON`` for a body no server could have signed (not
     canonical JSON: a float, an integer out of range)."""
     try:
@@ -90,11 +93,17 @@ async def authenticate_request(
         raise SynapseError(400, f"The body is not canonical JSON: {e}", Codes.BAD_JSON) from None
     headers = request.requestHeaders.getRawHeaders(b"Authorization") or []
     problems: list[str] = []
+    malformed = 0
     for header in headers:
         try:
             auth = parse_auth_header(header)
-        except AuthHeaderError as e:
+            # Never look up the keys of (nor connect to) what is no server name.
+            for name in (auth.origin, auth.destination):
+                if name is not None:
+                    parse_server_name(name)
+        except (AuthHeaderError, ServerNameError) as e:
             problems.append(str(e))
+            malformed += 1
             continue
         if auth.destination is not None and auth.destination != server_name:
             problems.append(f"addressed to {auth.destination!r}, not us")
@@ -118,6 +127,12 @@ async def authenticate_request(
         request.path.decode("ascii", "replace"),
         reason,
     )
+    if headers and malformed == len(headers):
+        # A header that is no X-Matrix one (an origin that is no server
+        # name, say) is a malformed request, as the reference server says.
+        raise SynapseError(
+            400, f"Malformed X-Matrix Authorization header ({reason})", Codes.UNAUTHORIZED
+        )
     raise FederationAuthError(f"Invalid or missing X-Matrix signature ({reason})")
 
 

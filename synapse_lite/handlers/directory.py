@@ -423,10 +423,16 @@ class DirectoryHandler:
 
     async def search_users(self, requester: Requester, term: str, limit: int) -> dict[str, Any]:
         """Users who share a room with the requester or are in a public room,
-        whose id or display name contains ``term`` (case-insensitively)."""
+        whose id or display name contains ``term`` (case-insensitively); a
+        user of another server by the profile their join event shows."""
         limit = max(0, min(limit, MAX_USER_SEARCH_LIMIT))
         candidates = await self._store.get_users_visible_to(requester.user_id)
         profiles = await self._store.get_profiles(sorted(candidates))
+        # Other servers' users have no profile here: the one their
+        # membership shows in a room with us.
+        others = sorted(u for u in candidates if u not in profiles)
+        if others:
+            profiles.update(await self._store.get_member_profiles(others))
         needle = term.casefold()
         matches = []
         for user_id in sorted(candidates):

@@ -314,6 +314,11 @@ class FederationRoomsHandler:
     async def _state_before(self, origin: str, room_id: str, event_id: str) -> list[str]:
         await self.check_server_may_read(origin, room_id)
         await self._event_in_room(room_id, event_id)
+        event = await self._store.get_event(event_id)
+        if event is not None and event.rejected:
+            # Not part of the room: no state is vouched for at it (as for
+            # an outlier, whose state is unknown).
+            raise NotFoundError("That event was rejected", Codes.NOT_FOUND)
         state = await self._store.get_state_ids_before_event(event_id)
         if state is None:
             raise NotFoundError("The state at that event is unknown here", Codes.NOT_FOUND)
@@ -435,7 +440,8 @@ class FederationRoomsHandler:
     ) -> dict[str, Any]:
         """``GET /make_join/{roomId}/{userId}?ver=``: an unsigned join for
         ``user_id`` (a user of ``origin``) on the room's forward
-        extremities, with the auth events the spec selects; 403 when the
+        extremities, with the auth events the spec selects; 404 when none of
+        our users is joined to it (we are no resident server); 403 when the
         room's rules would refuse it now, 400
         ``M_INCOMPATIBLE_ROOM_VERSION`` when the room's version is not
         among ``versions`` (``["1"]`` when none is given, as the spec says)."""
@@ -468,6 +474,12 @@ class FederationRoomsHandler:
             raise AuthError(403, f"{user_id} is not a user of {origin}")
         version = await self._room_version(room_id)
         await self.check_server_acl(origin, room_id)
+        # Only a resident server makes membership events: with none of our
+        # users joined we may hold a stale view of the room, and our events
+        # in it would reach no one.
+        members = await self._store.get_users_in_room(room_id)
+        if not any(server_of(m) == self._server_name for m in members):
+            raise NotFoundError("None of this server's users is in that room", Codes.NOT_FOUND)
         if versions is not None and version.identifier not in versions:
             raise SynapseError(
                 400,

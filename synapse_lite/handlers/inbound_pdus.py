@@ -29,10 +29,10 @@ The PDUs that pass (and the ancestors fetched for them) are queued in one
 database transaction, shallowest first, so an event's parents come before
 it. Then each room's writer is asked (internal call
 ``process_inbound_pdus``) to take its room's queue now, and the answer
-waits up to :data:`OUTCOME_WAIT_SECONDS` for the outcomes: a rejected
-event (stored) is answered with an error naming the rule, a soft-failed or
-accepted one ``{}``, one the writer refused without storing it with that
-error. A PDU whose outcome is not known by then (its writer down or busy)
+waits up to :data:`OUTCOME_WAIT_SECONDS` for the outcomes: an event stored
+(accepted, soft-failed or rejected: rejecting is processing it, the
+reason is logged) is answered ``{}``, one the writer refused without
+storing it with that error. A PDU whose outcome is not known by then (its writer down or busy)
 is answered ``{}``: it was accepted for processing, and is processed
 after any restart (the spec lets a server answer so).
 
@@ -618,10 +618,14 @@ class InboundQueue:
         self._settle(event_id, await self._outcome_of_stored(event_id, event.rejected))
 
     async def _outcome_of_stored(self, event_id: str, rejected: bool) -> dict[str, str]:
-        if not rejected:
-            return {}
-        reason = await self._store.get_rejection_reason(event_id)
-        return {"error": f"rejected by the room's authorisation rules: {reason or 'stored so'}"}
+        """``{}`` for every stored event: a rejected one was processed as
+        the spec has it (stored as rejected; the sender can do nothing
+        about it), which is no error in processing (the reference server
+        answers so too); why is in our log and the ``rejections`` table."""
+        if rejected:
+            reason = await self._store.get_rejection_reason(event_id)
+            logger.info("PDU %s rejected by the room's authorisation rules: %s", event_id, reason)
+        return {}
 
     def _settle(self, event_id: str, outcome: dict[str, str]) -> None:
         self._outcomes.set(event_id, outcome)

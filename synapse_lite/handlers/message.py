@@ -521,7 +521,8 @@ class EventCreationHandler:
         known without the state before it (its auth events checked only).
         ``given_states``: the states after those of its parents we do not
         have, as another server gave them (``handlers/state_gaps.py``):
-        resolved with its other parents' into the state before it.
+        resolved with its other parents' into the state before it. An
+        accepted event's push actions are stored with it, as a local one's.
         ``from_inbound_queue``: taken from the durable inbound queue, whose
         row goes in the persist transaction (or now, when the event was
         stored already). Holds the room's lock, like a local send. An event
@@ -552,9 +553,17 @@ class EventCreationHandler:
                 )
             content = await received_event_content(self._store, version, event, outlier, before)
             dequeued = [event.event_id] if from_inbound_queue else []
+            # What it does for our members, as a local event (an accepted
+            # event only: the others are shown to no one), against the
+            # room's current power levels.
+            push_actions = {}
+            if self.push is not None and content.in_room:
+                auth_state, _ = await load_auth_state(self._store, room_id, {event.sender})
+                push_actions = await self.push.actions_for(room_id, [content], auth_state)
             try:
                 [persisted] = await self._store.persist_events(
                     [content],
+                    push_actions,
                     given_state_before={event.event_id: before} if before else None,
                     from_inbound_queue=dequeued,
                 )

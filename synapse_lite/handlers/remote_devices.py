@@ -5,7 +5,8 @@ Other servers' users: we keep a copy of a remote user's devices, device
 keys and cross-signing keys (delta 0150) once we fetched the whole list
 (``GET /_matrix/federation/v1/user/devices/{userId}``), for users who share
 a room with one of ours (the others' servers would never tell us of a
-change). Their ``m.device_list_update`` EDUs update the copy one device at
+change): at their first ``m.device_list_update`` (in the background) or
+the first query. Their EDUs update the copy one device at
 a time when they follow on from it (a ``prev_id`` we are at); a gap marks
 the copy stale and it is fetched again (in the background, and before any
 query is answered from it). ``m.signing_key_update`` replaces the
@@ -233,7 +234,11 @@ class RemoteDeviceLists:
         if not isinstance(deleted, bool):
             raise DroppedEdu("'deleted' is not true or false")
         if state is None:
+            # A user sharing a room with ours whose list we do not keep yet:
+            # fetched now, so that the next query and the next updates are
+            # answered from the copy (our users' /sync hears of it at once).
             await self._write(user_id, CHANGED, {"device_ids": [device.device_id], "stale": False})
+            self._resync_in_background(user_id)
             return
         if not state.stale and stream_id < state.stream_id:
             return  # already in our copy (one change may touch several devices)
@@ -252,6 +257,10 @@ class RemoteDeviceLists:
             prev_ids,
         )
         await self._write(user_id, CHANGED, {"device_ids": [device.device_id], "stale": True})
+        self._resync_in_background(user_id)
+
+    def _resync_in_background(self, user_id: str) -> None:
+        """:meth:`resync` ``user_id`` unless it is being fetched already."""
         if user_id not in self._resyncing:
             self._resyncing.add(user_id)
             d = defer.ensureDeferred(self.resync(user_id))

@@ -16,7 +16,10 @@ parent ``P`` (at most :data:`MAX_MISSING_PARENTS`):
    the one asked for, of the room's version and within the spec's limits,
    of **this room**, signed by every server that must sign it;
 3. the state after ``P`` is the state before it (each id an event of ours
-   or fetched, a state event) with ``P`` itself when it is a state event.
+   or fetched, a state event) with ``P`` itself when it is a state event;
+   the writer leaves out of it every event it rejected (stored as an
+   outlier checked against its own auth events): a rejected event is
+   never state, whatever the origin says.
 
 The room's events writer (:class:`StateGapWriter`, internal call
 ``persist_state_gap``) stores the fetched events as **outliers** (each
@@ -185,9 +188,21 @@ class StateGapWriter:
                 # the state that names it then cannot be resolved.
                 logger.info("Event %s fetched for a gap not stored: %s", event_id, e.msg)
                 await self._store.delete_received_pdu(event_id)
-        states = [_state_map(s) for s in raw_states]
+        states = [await self._without_rejected(_state_map(s)) for s in raw_states]
         event = await self._events.persist_received_event(pdu, given_states=states)
         return EventsPersisted([(event.event_id, event.stream_ordering)])
+
+    async def _without_rejected(self, state: dict[StateKey, str]) -> dict[StateKey, str]:
+        """A given state without the events we rejected (the outliers just
+        stored among them): a rejected event is never state, whatever
+        another server says (a power levels event it made up, citing only
+        its own join, say); its key is then left to the resolution."""
+        found = await self._store.get_events(list(state.values()))
+        kept = {k: e for k, e in state.items() if e not in found or not found[e].rejected}
+        if len(kept) < len(state):
+            dropped = sorted(set(state.values()) - set(kept.values()))
+            logger.info("Rejected events left out of a given state: %s", dropped)
+        return kept
 
 
 def _q(value: str) -> str:

@@ -42,6 +42,15 @@ def joined(version: str, users: dict[str, int] | None = None, **create: Any) -> 
     return room
 
 
+def unlevelled(version: str) -> Room:
+    """A public room with no power levels event, Bob joined."""
+    room = Room(version)
+    room.member(ALICE, "join")
+    room.add("m.room.join_rules", ALICE, {"join_rule": "public"}, state_key="")
+    room.member(BOB, "join")
+    return room
+
+
 def ruled(version: str, join_rule: str) -> Room:
     """A room as :func:`joined` gives it, with ``join_rule``."""
     room = joined(version)
@@ -288,6 +297,21 @@ CASES: list[Case] = [
         ALL,
         lambda v: (r := joined(v), r.add("m.room.topic", BOB, {}, state_key="")),
         "too low",
+    ),
+    (
+        # The spec's m.room.power_levels text once said 0 here; it was
+        # corrected (matrix-spec#1479) to the rules' 50: without it anyone
+        # who joined could take a room its creator set up without levels.
+        "state without a power levels event needs 50",
+        ALL,
+        lambda v: (r := unlevelled(v), r.add("m.room.power_levels", BOB, {}, state_key="")),
+        "too low",
+    ),
+    (
+        "the creator's state without a power levels event",
+        ALL,
+        lambda v: (r := unlevelled(v), r.add("m.room.topic", ALICE, {}, state_key="")),
+        None,
     ),
     (
         "state key of another user",

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 from typing import Any
 
+import attr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial import unittest
@@ -41,6 +42,22 @@ def levels(room: Room, sender: str, users: dict[str, int], prev: list[str] | Non
     if not room.version.hashed_room_ids:
         users = {ALICE: 100, **users}
     return room.add("m.room.power_levels", sender, {"users": users}, state_key="", prev=prev)
+
+
+def elsewhere(event: Pdu) -> Pdu:
+    """``event`` as an event of another room, ``!other:a`` (its ids and
+    those it cites renamed, so two scripted rooms can be held together)."""
+
+    def rename(event_id: str) -> str:
+        return "$x" + event_id[1:]
+
+    return attr.evolve(
+        event,
+        event_id=rename(event.event_id),
+        room_id="!other:a",
+        prev_event_ids=tuple(map(rename, event.prev_event_ids)),
+        auth_event_ids=tuple(map(rename, event.auth_event_ids)),
+    )
 
 
 def resolve(room: Room, *tips: Pdu) -> dict[tuple[str, str], str]:
@@ -137,6 +154,26 @@ class KnownConflicts(unittest.TestCase):
             state[("m.room.member", CAROL)],
             room.state_after[base.event_id][("m.room.member", CAROL)],
         )
+
+    def test_another_rooms_event_never_enters_the_state(self) -> None:
+        # Eve was invited to and joined another room (J, citing her invite
+        # there). A state given for this invite-only room names J for her
+        # key: J passes the rules against this room's state with her invite
+        # there for her membership, but is of another room and must never
+        # enter this one's state (MSC4307; SyTest 50federation 627).
+        for version in ["2", "10", "11"]:
+            room = start(version)
+            rule = room.add("m.room.join_rules", ALICE, {"join_rule": "invite"}, state_key="")
+            other = start(version)
+            other.member(EVE, "invite", sender=ALICE)
+            join = other.member(EVE, "join")
+            foreign = {e.event_id: elsewhere(e) for e in other.events.values()}
+            here = room.state_after[rule.event_id]
+            given = {**here, ("m.room.member", EVE): elsewhere(join).event_id}
+            events = {**room.events, **{p.event_id: p for p in foreign.values()}}
+            state = resolve_state(room.version, [here, given], events)
+            self.assertNotIn(("m.room.member", EVE), state, version)
+            self.assertEqual(state, here, version)
 
     def test_missing_events_are_named(self) -> None:
         room = start("10")

@@ -459,19 +459,21 @@ class HostileDeviceListsTestCase(FederationRoomsBase):
         self.assertEqual(
             (await alice.sync(since=since)).get("device_lists", {}).get("changed", []), []
         )
-        # No copy kept yet: the change is only told to alice.
+        # No copy kept yet: the change is told to alice, and b.test fetches
+        # carol's list from a.test in the background (where she has no
+        # devices: a.test only stands in for her server).
         await self.send_edus("dl2", update(1, []))
         sync = await alice.sync(since=since)
         self.assertEqual(sync["device_lists"]["changed"], [CAROL])
-        self.assertIsNone(await store.get_remote_device_list_state(CAROL))
 
-        # alice asks for carol's keys: b.test fetches her list from a.test
-        # (where she has no devices: a.test only stands in for her server).
+        async def copied() -> bool:
+            state = await store.get_remote_device_list_state(CAROL)
+            return state is not None and (state.stream_id, state.stale) == (0, False)
+
+        await eventually(copied, timeout=10, what="carol's list fetched at her first update")
+        # alice's query is answered from the copy.
         answer = await alice.ok("POST", "/keys/query", {"device_keys": {CAROL: []}})
         self.assertEqual(answer["device_keys"][CAROL], {})
-        state = await store.get_remote_device_list_state(CAROL)
-        assert state is not None
-        self.assertEqual((state.stream_id, state.stale), (0, False))
         # An update following on from the copy is applied as it is...
         keys = {
             "user_id": CAROL,

@@ -193,6 +193,22 @@ class InboundPdusTestCase(InboundPdusBase):
         stored = await self.b["main"].store.get_received_pdus([first_id])
         self.assertEqual(stored[first_id]["signatures"], first["signatures"])
 
+    async def test_a_received_message_notifies_and_a_rejected_one_does_not(self) -> None:
+        # carol's message (a one-to-one room) notifies alice as a local
+        # one would; eve's, rejected (she never joined), does not.
+        alice, room_id, version = await self.joined_room()
+        await alice.sync()
+        message = await self.event(room_id, content={"msgtype": "m.text", "body": "ping"})
+        rejected = await self.event(
+            room_id, content={"msgtype": "m.text", "body": "no"}, sender="@eve:a.test"
+        )
+        ids = [event_id_of(version, e) for e in (rejected, message)]
+        self.assertEqual(await self.send("n1", [rejected, message]), {i: {} for i in ids})
+        room = (await alice.sync())["rooms"]["join"][room_id]
+        self.assertEqual(room["unread_notifications"]["notification_count"], 1)
+        store = self.b["main"].store
+        self.assertTrue((await store.get_event(ids[0])).rejected)  # type: ignore[union-attr]
+
     async def test_hostile_pdus_are_refused_one_by_one(self) -> None:
         alice, room_id, version = await self.joined_room()
         _, other_room = await self.room()  # carol is not in it
@@ -240,13 +256,22 @@ class InboundPdusTestCase(InboundPdusBase):
         self.assertNotIn(event_id_of(version, no_parents), results)
         self.assertIn("$never-seen", error(orphan))
         self.assertIn("not signed by b.test", error(as_alice))
-        self.assertIn("rejected by the room's authorisation rules: against", error(power))
+        # Rejected is processed: answered {}, stored as rejected with why.
+        self.assertEqual(results[event_id_of(version, power)], {})
+        reason = await self.b["main"].store.get_rejection_reason(event_id_of(version, power))
+        self.assertIn("against", reason)
         # The tampered one is kept in its redacted form: no body.
         tampered_id = event_id_of(version, tampered)
         self.assertEqual(results[tampered_id], {})
         store = self.b["main"].store
         self.assertEqual((await store.get_event(tampered_id)).content, {})  # type: ignore[union-attr]
         self.assertTrue((await store.get_event(event_id_of(version, power))).rejected)  # type: ignore[union-attr]
+        # No state is served at a rejected event (as at an outlier): 404.
+        power_id = q(event_id_of(version, power))
+        for endpoint in ("state", "state_ids"):
+            path = f"/_matrix/federation/v1/{endpoint}/{q(room_id)}?event_id={power_id}"
+            code, answer = await self.federation("GET", path)
+            self.assertEqual((code, answer.get("errcode")), (404, "M_NOT_FOUND"), endpoint)
         for refused in (forged, elsewhere, orphan, as_alice, huge, no_parents):
             self.assertIsNone(await store.get_event(event_id_of(version, refused)))
         bodies = [e["content"].get("body") for e in await self.timeline(alice, room_id)]

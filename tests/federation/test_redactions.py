@@ -58,3 +58,29 @@ class ReceivedRedactionsTestCase(TwoServers):
         self.assertNotIn("body", pdu["content"])
         self.assertIn("a.test", pdu["signatures"])
         self.assertFalse(content_hash_matches(KNOWN_ROOM_VERSIONS[identifier], pdu))
+
+    async def test_an_erased_users_events_are_served_pruned(self) -> None:
+        # dave of b.test is erased: other servers asking for his message
+        # afterwards get it pruned (hashes of the original, b.test's
+        # signature still good), as b.test's own later readers do.
+        dave = await self.client(self.b).register("dave", password="dave-pw")
+        room_id = await dave.create_room(preset="public_chat")
+        carol = await self.client(self.a).register("carol")
+        await carol.ok("POST", f"/join/{q(room_id)}?server_name=b.test", {})
+        event_id = await dave.send(room_id, "mine to forget")
+        key = load_or_create_signing_key(self.a["main"].config.data_dir, create=False)
+        path = f"/_matrix/federation/v1/event/{q(event_id)}"
+        code, body = await self.signed_request(key, "a.test", "b.test", "GET", path)
+        self.assertEqual((code, body["pdus"][0]["content"]["body"]), (200, "mine to forget"))
+        auth = {
+            "type": "m.login.password",
+            "identifier": {"type": "m.id.user", "user": dave.user_id},
+            "password": "dave-pw",
+        }
+        await dave.ok("POST", "/account/deactivate", {"auth": auth, "erase": True})
+        code, body = await self.signed_request(key, "a.test", "b.test", "GET", path)
+        self.assertEqual(code, 200, body)
+        [pdu] = body["pdus"]
+        self.assertEqual(pdu["content"], {})
+        self.assertIn("b.test", pdu["signatures"])
+        self.assertFalse(content_hash_matches(KNOWN_ROOM_VERSIONS["10"], pdu))

@@ -270,6 +270,20 @@ class RemoteJoinTestCase(LoopbackServers):
         code, body = await alice.request("POST", "/createRoom", {"invite": ["@nobody:a.test"]})
         self.assertEqual(code, 404, body)
 
+    async def test_remote_members_found_by_the_name_their_join_shows(self) -> None:
+        # alice of b.test has a display name; a.test has no profile of
+        # hers, only her join event: carol of a.test, in a room with her,
+        # finds her in the user directory by that name.
+        alice = await self.client(self.b).register("alice")
+        await alice.ok(
+            "PUT", f"/profile/{q(alice.user_id)}/displayname", {"displayname": "Zebedee"}
+        )
+        room_id = await alice.create_room(preset="public_chat")
+        carol = await self.client(self.a).register("carol")
+        await carol.ok("POST", f"/join/{q(room_id)}?server_name=b.test", {})
+        found = await carol.ok("POST", "/user_directory/search", {"search_term": "zebedee"})
+        self.assertEqual(found["results"], [{"user_id": alice.user_id, "display_name": "Zebedee"}])
+
     async def test_hostile_invites_are_refused(self) -> None:
         bob = await self.client(self.a).register("bob")
         b_key = load_or_create_signing_key(self.b["main"].config.data_dir, create=False)

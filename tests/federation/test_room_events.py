@@ -7,7 +7,8 @@ import attr
 from twisted.trial import unittest
 
 from synapse_lite.events import Event
-from synapse_lite.federation.sender.room_events import destinations_of, should_send
+from synapse_lite.federation.sender.room_events import destinations_of, joined_before, should_send
+from synapse_lite.storage.databases.main.roommember import MemberChange
 
 US = "b.test"
 JOINED = ["@alice:b.test", "@carol:a.test", "@dave:c.test", "@erin:c.test"]
@@ -59,3 +60,21 @@ class RoomEventRulesTestCase(unittest.TestCase):
         # Someone else's membership (a kick by a remote user).
         kick = event("@carol:a.test", "m.room.member", "@alice:b.test")
         self.assertFalse(should_send(kick, US, "a.test"))
+
+    def test_joined_before_undoes_the_changes_at_or_after_the_event(self) -> None:
+        # Now: alice and carol joined. carol joined at 10, left at 12 and
+        # joined again at 14; dave left at 11; erin was invited at 13.
+        now = frozenset({"@alice:b.test", "@carol:a.test"})
+        changes = [
+            MemberChange("!r:b.test", "@carol:a.test", 10, None),
+            MemberChange("!r:b.test", "@dave:c.test", 11, "join"),
+            MemberChange("!r:b.test", "@carol:a.test", 12, "join"),
+            MemberChange("!r:b.test", "@erin:c.test", 13, None),
+            MemberChange("!r:b.test", "@carol:a.test", 14, "leave"),
+        ]
+        self.assertEqual(joined_before(now, changes, 10), {"@alice:b.test", "@dave:c.test"})
+        self.assertEqual(
+            joined_before(now, changes, 11), {"@alice:b.test", "@dave:c.test", "@carol:a.test"}
+        )
+        self.assertEqual(joined_before(now, changes, 13), {"@alice:b.test"})
+        self.assertEqual(joined_before(now, changes, 15), now)

@@ -16,6 +16,7 @@ from synapse_lite.federation.sender.pdu_queue import FeedProgress
 from synapse_lite.federation.sender.room_events import RoomEventsFeed
 from synapse_lite.replication.notifier import ReplicationNotifier
 from synapse_lite.storage.databases.main.destination_rooms import DestinationRoom, QueuedPdu
+from synapse_lite.storage.databases.main.roommember import MemberChange
 from synapse_lite.tokens import RoomStreamToken
 
 JOINED = frozenset({"@alice:a.test", "@bob:b.test", "@carol:c.test"})
@@ -59,6 +60,8 @@ class ScriptedStore:
         self.behind = behind
         self.events: list[Event] = []
         self.recorded: list[tuple[list[DestinationRoom], int, int]] = []
+        #: The rooms' membership changes (current_state_delta_stream's).
+        self.member_changes: list[MemberChange] = []
         self.room_membership_changes = Changes()
         self.room_changes = Changes()
 
@@ -86,6 +89,11 @@ class ScriptedStore:
 
     async def get_users_in_room(self, room_id: str) -> frozenset[str]:
         return frozenset({"@alice:a.test"}) if room_id.startswith("!local") else JOINED
+
+    async def get_member_changes_after(
+        self, room_ids: Collection[str], stream_id: int
+    ) -> list[MemberChange]:
+        return [c for c in self.member_changes if c.room_id in room_ids and c.stream_id > stream_id]
 
     async def record_destination_rooms(
         self, rows: Iterable[DestinationRoom], batch_from: int, feed_upto: int
@@ -207,3 +215,27 @@ class RoomEventsFeedTestCase(unittest.TestCase):
         feed.wake()
         # Read 100 at a time: the batch ending at 610 is 500 past 110.
         self.assertEqual([(rows, upto) for rows, _, upto in store.recorded], [([], 610)])
+
+    async def test_events_before_a_join_are_not_sent_to_the_joiners_server(self) -> None:
+        # The feed reads 101-105 late: carol@c.test joined at 103 and
+        # bob@b.test left at 104, so the room's members now are alice and
+        # carol. Each event goes to the servers joined just before it:
+        # 101 and 102 to b.test only, 105 to c.test only.
+        store = ScriptedStore(current=100, written=100, behind={})
+        feed = self.make_feed(store)
+        await self.started(feed)
+        room = "!r:a.test"
+        store.member_changes = [
+            MemberChange(room, "@carol:c.test", 103, None),
+            MemberChange(room, "@bob:b.test", 104, "join"),
+        ]
+        self.patch(
+            store,
+            "get_users_in_room",
+            lambda room_id: defer.succeed(frozenset({"@alice:a.test", "@carol:c.test"})),
+        )
+        store.events = [message(n) for n in (101, 102, 105)]
+        store.current = 105
+        feed.wake()
+        self.assertEqual(self.queued_ids("b.test"), ["$e101", "$e102"])
+        self.assertEqual(self.queued_ids("c.test"), ["$e105"])

@@ -74,6 +74,9 @@ class FakeStore:
     async def get_received_pdu_origins(self, event_ids: Collection[str]) -> dict[str, str]:
         return {}
 
+    async def get_member_changes_after(self, room_ids: Collection[str], stream_id: int) -> list:
+        return []
+
     async def get_current_state_ids(self, room_id: str) -> dict[Any, str]:
         return {}
 

@@ -253,6 +253,14 @@ class FederationRoomsTestCase(FederationRoomsBase):
         self.assertEqual((code, answer["errcode"]), (403, "M_FORBIDDEN"), answer)
         self.assertIn("join", answer["error"])
 
+    async def test_no_template_once_our_users_all_left(self) -> None:
+        alice, room_id = await self.room()
+        self.assertEqual((await self.make_join(room_id))[0], 200)
+        await alice.ok("POST", f"/rooms/{q(room_id)}/leave", {})
+        # No user of b.test is in the room: b.test is no resident server.
+        code, answer = await self.make_join(room_id)
+        self.assertEqual((code, answer["errcode"]), (404, "M_NOT_FOUND"), answer)
+
     async def test_servers_not_in_the_room_read_nothing(self) -> None:
         alice, room_id = await self.room()
         state = await alice.ok("GET", f"/rooms/{q(room_id)}/state")

@@ -13,8 +13,16 @@ import json
 import urllib.parse
 from typing import Any
 
+import attr
+from twisted.trial import unittest
+
+from synapse_lite.api.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from synapse_lite.event_graph.hashing import event_id_of, sign_event
+from synapse_lite.events import Event
+from synapse_lite.handlers.state_gaps import StateGapWriter
+from synapse_lite.replication.http.federation_rooms import StateGap
 from tests.federation.test_inbound_pdus import InboundPdusBase, ScriptedServer
+from tests.federation.test_room_events_feed import message
 from tests.federation.test_rooms import CAROL, q
 from tests.harness.client_api import ClientApi
 
@@ -132,6 +140,34 @@ class StateGapsTestCase(InboundPdusBase):
         self.assertTrue(backfills, fake.gets)
         self.assertIn(f"v={m_id}", backfills[0])
 
+    async def test_a_rejected_missing_parent_changes_no_state(self) -> None:
+        # Y, the missing parent, is sent by eve@a.test, who never joined:
+        # stored as a rejected outlier, and the state after it is the state
+        # before it (no Y key), though a.test's answer put Y in.
+        alice, room_id, fake, events = await self.gap()
+        store = self.b["main"].store
+        version = await store.get_room_version(room_id)
+        extremities = sorted(await store.get_forward_extremities(room_id))
+        y = await self.event(
+            room_id, "test_state", {"body": "y"}, state_key="Y", sender="@eve:a.test"
+        )
+        y_id = event_id_of(version, y)
+        x = await self.event(room_id, content={"body": "x"}, prev_events=[*extremities, y_id])
+        x_id = event_id_of(version, x)
+        c = await self.event(room_id, content={"body": "c"}, prev_events=[*extremities, x_id])
+        c["depth"] = x["depth"] + 1
+        c = sign_event(version, c, "a.test", self.a_key)
+        fake.missing = [x]
+        fake.events = {y_id: y, event_id_of(version, events["T"]): events["T"]}
+        c_id = event_id_of(version, c)
+        self.assertEqual(await self.send("g5", [c]), {c_id: {}})
+        bodies = [e["content"]["body"] for e in await self.timeline(alice, room_id)]
+        self.assertEqual(bodies[-2:], ["x", "c"])
+        state = await store.get_current_state_ids(room_id)
+        self.assertNotIn(("test_state", "Y"), state)
+        self.assertIn(("test_state", "T"), state)
+        self.assertIsNotNone(await store.get_rejection_reason(y_id))
+
     async def test_an_event_that_is_not_the_one_asked_for_is_refused(self) -> None:
         _alice, room_id, fake, events = await self.gap()
         store = self.b["main"].store
@@ -177,3 +213,43 @@ class HostileRedactionsTestCase(InboundPdusBase):
         self.assertTrue(stored.soft_failed)
         event = await alice.ok("GET", f"/rooms/{q(room_1)}/event/{q(kept)}")
         self.assertEqual(event["content"]["body"], "keep me")
+
+
+class _Rejecting:
+    """The store reads of :class:`StateGapWriter` for a gap whose outliers
+    are already stored: ``$x`` rejected, ``$pl`` and ``$join`` accepted."""
+
+    def __init__(self) -> None:
+        self.events = {
+            e: attr.evolve(message(n, "!r:b.test"), event_id=e, state_key="", rejected=e == "$x")
+            for n, e in enumerate(["$pl", "$x", "$join"], 1)
+        }
+
+    async def get_room_version(self, room_id: str) -> RoomVersion:
+        return KNOWN_ROOM_VERSIONS["1"]
+
+    async def get_events(self, event_ids: list[str]) -> dict[str, Event]:
+        return {e: self.events[e] for e in event_ids if e in self.events}
+
+
+class _Persisting:
+    def __init__(self) -> None:
+        self.given: list[Any] = []
+
+    async def persist_received_event(self, pdu: Any, given_states: Any) -> Event:
+        self.given = given_states
+        return message(9, "!r:b.test")
+
+
+class GivenStateTestCase(unittest.TestCase):
+    async def test_rejected_events_are_left_out_of_a_given_state(self) -> None:
+        # a.test's state at the gap names $x, a power levels event it made
+        # up that we rejected (stored as an outlier): the state the event
+        # is persisted with has no $x (SyTest 50federation "Should not be
+        # able to take over the room by pretending there is no PL event").
+        events = _Persisting()
+        writer = StateGapWriter(_Rejecting(), events)  # type: ignore[arg-type]
+        state = [["m.room.power_levels", "", "$x"], ["m.room.member", "@c:a.test", "$join"]]
+        answer = {"pdu": {"room_id": "!r:b.test"}, "outliers": [], "states": [state]}
+        await writer.persist(StateGap("!r:b.test", "a.test", answer))
+        self.assertEqual(events.given, [{("m.room.member", "@c:a.test"): "$join"}])

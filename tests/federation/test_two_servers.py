@@ -131,6 +131,10 @@ class TwoServersTestCase(LoopbackServers):
         header = sign_request(a_key, "a.test", "b.test", "PUT", path, body)
         changed = self.edu_body("m1", bob, {"x": 2})
         self.assertEqual((await self.raw_put(path, changed, [header]))[0], 401)
+        # An origin that is no server name: malformed, 400, no key looked up.
+        bad_origin = XMatrixAuth("localhost:http", a_key.key_id, sig, "b.test").to_header()
+        code, answer = await self.raw_put(path, body, [bad_origin])
+        self.assertEqual((code, answer["errcode"]), (400, "M_UNAUTHORIZED"))
         self.assertEqual(await self.to_device_events(bob, since), [])
 
         # The real thing, then replays: same transaction, and same message in another.

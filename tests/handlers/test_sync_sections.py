@@ -270,6 +270,27 @@ class DeviceListsSectionTests(unittest.TestCase):
         self.assertEqual(response.body["device_lists"], {"changed": [BOB], "left": [CAROL]})
         self.assertTrue(response.news)
 
+    async def test_an_invitee_is_changed_not_left(self) -> None:
+        # Dave was invited to a room of Alice's: his keys are wanted (clients
+        # encrypt to invitees) though he shares no room yet; Erin was
+        # invited and rejected it: left (she shares no room).
+        dave, erin = "@dave:other", "@erin:other"
+        store = Reads(
+            get_users_whose_devices_changed=set(),
+            get_membership_changes_in_rooms=[(dave, "invite"), (erin, "invite"), (erin, "leave")],
+        )
+        response = SyncResponse(token(room=12, device_lists=2))
+        await DeviceListsSection(store).add_to(
+            request(
+                token(room=10, device_lists=2),
+                memberships=Memberships({}, set(), {}),
+                joined=[ROOM],
+                sharing={ALICE},
+            ),
+            response,
+        )
+        self.assertEqual(response.body["device_lists"], {"changed": [dave], "left": [erin]})
+
     async def test_initial_sync_has_none(self) -> None:
         store = Reads()
         response = SyncResponse(token(device_lists=8))

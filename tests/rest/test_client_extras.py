@@ -640,6 +640,22 @@ class RedactionTestCase(ThreeUsersTestCase):
         kept = await self.alice.ok("GET", f"/rooms/{room}/event/{q(mine)}")
         self.assertEqual(kept["content"]["body"], "keep")
 
+    async def test_r0_redact_without_a_transaction_id(self) -> None:
+        # r0's POST form (SyTest's 32room-versions uses it): no txnId, so
+        # each POST is a new redaction; the same checks as the PUT form.
+        room = await self.alice.create_room()
+        mine = await self.alice.send(room, "gone")
+        first = await self.alice.ok("POST", f"/rooms/{room}/redact/{q(mine)}", {"reason": "r"})
+        second = await self.alice.ok("POST", f"/rooms/{room}/redact/{q(mine)}", {})
+        self.assertNotEqual(first["event_id"], second["event_id"])
+        redaction = await self.alice.ok("GET", f"/rooms/{room}/event/{q(first['event_id'])}")
+        self.assertEqual((redaction["redacts"], redaction["content"]["reason"]), (mine, "r"))
+        self.assertEqual(
+            (await self.alice.ok("GET", f"/rooms/{room}/event/{q(mine)}"))["content"], {}
+        )
+        code, body = await self.eve.request("POST", f"/rooms/{room}/redact/{q(mine)}", {})
+        self.assertEqual((code, body["errcode"]), (403, "M_FORBIDDEN"))
+
 
 class RedactionAcrossProcessesTestCase(DatabaseTestCase):
     async def test_cached_event_is_redacted_on_every_process(self) -> None:

@@ -37,6 +37,7 @@ def count_interactions(test: DatabaseTestCase, hs: HomeServer) -> list[str]:
 #: the call a test counts.
 FEDERATION_FEED_READS = (
     "get_users_in_room",
+    "get_member_changes_after",
     "get_stream_events_between",
     "get_federation_feed_position",
     "get_destinations_behind",

@@ -18,7 +18,11 @@ Which events are ours to send (pure, :func:`should_send`): those our users
 sent, and the membership events of other servers' users that reached us by
 ``send_join``/``send_leave`` (the joining server knows no one else in the
 room: the spec has the resident server pass them on). Each goes to every
-server with a user joined to the room now, and for a membership event to
+server with a user joined to the room just before it (:func:`joined_before`:
+the room's current members with the membership changes at or after the
+event undone, so a server that joined after an event the feed reads late
+is not sent it; it asks for the history its visibility allows), and for a
+membership event to
 the server of its target (a kicked or banned user's server hears of it),
 never to us, to the server whose user sent it, nor to the server it came
 from; nor to a server the room's current ``m.room.server_acl`` denies.
@@ -46,6 +50,7 @@ from synapse_lite.events import pruned_event
 from synapse_lite.federation.sender.pdu_queue import MAX_REPLAY_POSITIONS, FeedProgress
 from synapse_lite.federation.server_acl import room_acl, server_allowed
 from synapse_lite.storage.databases.main.destination_rooms import DestinationRoom, QueuedPdu
+from synapse_lite.storage.databases.main.roommember import MemberChange
 
 if TYPE_CHECKING:
     from synapse_lite.clock import Clock
@@ -95,6 +100,24 @@ def should_send(event: Event, server_name: str, origin: str | None) -> bool:
     )
 
 
+def joined_before(
+    current: frozenset[str], changes: Sequence[MemberChange], stream_ordering: int
+) -> frozenset[str]:
+    """The users joined to a room just before its event at
+    ``stream_ordering``: ``current`` (its joined users, read before
+    ``changes``) with each user's first change of ``changes`` (the room's,
+    oldest first, every one after some position before the event) at or
+    after the event undone."""
+    replaced: dict[str, str | None] = {}
+    for change in changes:
+        if change.stream_id >= stream_ordering and change.user_id not in replaced:
+            replaced[change.user_id] = change.replaced
+    if not replaced:
+        return current
+    kept = {u for u in current if u not in replaced}
+    return frozenset(kept | {u for u, m in replaced.items() if m == "join"})
+
+
 def destinations_of(
     event: Event, joined: Iterable[str], server_name: str, origin: str | None
 ) -> list[str]:
@@ -126,13 +149,15 @@ class PduRenderer:
         """Those of ``event_ids`` we have, by id, in the server-server form:
         other servers' as they sent them, ours rendered and signed; without
         ``unsigned``, and from version 3 without ``event_id`` (which such
-        PDUs must not carry: Synapse refuses them)."""
+        PDUs must not carry: Synapse refuses them); our erased users'
+        pruned (:meth:`_unerased`)."""
         ids = list(dict.fromkeys(event_ids))
         received = await self._store.get_received_pdus(ids)
         local_ids = [e for e in ids if e not in received]
         found = await self._store.get_events(local_ids) if local_ids else {}
         rendered = await self._formatter.federation_format(
-            [found[e] for e in local_ids if e in found], self._clock.time_msec()
+            await self._unerased([found[e] for e in local_ids if e in found]),
+            self._clock.time_msec(),
         )
         by_id: dict[str, dict[str, Any]] = {pdu["event_id"]: pdu for pdu in rendered}
         by_id.update(received)
@@ -151,6 +176,22 @@ class PduRenderer:
                 drop.add("event_id")
             by_id[event_id] = {k: v for k, v in pdu.items() if k not in drop}
         return by_id
+
+    async def _unerased(self, events: list[Event]) -> list[Event]:
+        """``events`` with those of our erased users pruned (as a
+        redaction prunes; their hashes stay the original's): another server
+        that asks for one after the erasure gets none of its content, as
+        our own users who could not see it then do not (one cached lookup
+        per sender)."""
+        result = []
+        for event in events:
+            if (
+                event.redacted_because is None
+                and await self._store.get_erasure_position(event.sender) is not None
+            ):
+                event = event.pruned(await self._store.get_room_version(event.room_id))
+            result.append(event)
+        return result
 
     async def transaction_pdus(self, event_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The PDUs of a transaction (:meth:`pdus_by_id`), in the order
@@ -327,14 +368,22 @@ class RoomEventsFeed:
         # The room's current ACL, read once per room and batch: a server it
         # denies is sent none of the room's events.
         acls: dict[str, Mapping[str, Any] | None] = {}
-        for event in events:
+        to_send = [e for e in events if should_send(e, self._server_name, received.get(e.event_id))]
+        # Each room's members now, then its membership changes since the
+        # batch's start (read after, so they hold every change the members
+        # reflect): who was joined before each event.
+        current = {r: await self._joined_users(r) for r in sorted({e.room_id for e in to_send})}
+        changes: dict[str, list[MemberChange]] = {}
+        for change in await self._store.get_member_changes_after(current, self._position):
+            changes.setdefault(change.room_id, []).append(change)
+        for event in to_send:
             origin = received.get(event.event_id)
-            if not should_send(event, self._server_name, origin):
-                continue
             if event.room_id not in acls:
                 acls[event.room_id] = await room_acl(self._store, event.room_id)
             acl = acls[event.room_id]
-            joined = await self._joined_users(event.room_id)
+            joined = joined_before(
+                current[event.room_id], changes.get(event.room_id, []), event.stream_ordering
+            )
             pdu = QueuedPdu(event.event_id, event.stream_ordering)
             for destination in destinations_of(event, joined, self._server_name, origin):
                 if acl is not None and not server_allowed(acl, destination):

@@ -56,8 +56,9 @@ class DeviceListsSection:
         now: StreamToken,
     ) -> tuple[list[str], list[str]]:
         """``device_lists``: who of the users sharing a room with ``user_id``
-        changed devices or keys in (since, now], or began sharing one (their
-        keys are new to the client); who no longer shares any room."""
+        changed devices or keys in (since, now], or began sharing one or
+        were invited to one of its joined rooms (their keys are new to the
+        client); who no longer shares any room."""
         if since is None:
             return [], []
         changed: set[str] = set()
@@ -79,13 +80,21 @@ class DeviceListsSection:
             others = await self._store.get_membership_changes_in_rooms(
                 joined, since.room_key, now.room_key
             )
+            latest: dict[str, str] = {}
             for other, membership in others:
                 if other == user_id:
                     continue
+                latest[other] = membership
                 if membership == "join":
                     changed.add(other)
-                else:
+                elif membership != "invite":
                     left.add(other)
-        left -= sharing
-        changed &= sharing
+            # Invited now to a room of ours: clients encrypt to invited
+            # members (shared history), so their keys are wanted before
+            # they join; an invite never means they left.
+            invited = {other for other, membership in latest.items() if membership == "invite"}
+        else:
+            invited = set()
+        left -= sharing | invited
+        changed = (changed & sharing) | invited
         return sorted(changed), sorted(left)

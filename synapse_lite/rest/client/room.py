@@ -171,11 +171,17 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         event_id = await handlers.events.send_client_event(requester, room_id, event_type, content)
         return 200, {"event_id": event_id}
 
-    async def redact(request: Request, room_id: str, event_id: str, txn_id: str) -> tuple[int, Any]:
+    async def redact(
+        request: Request, room_id: str, event_id: str, txn_id: str | None = None
+    ) -> tuple[int, Any]:
+        """``PUT .../redact/{eventId}/{txnId}``, and r0's ``POST
+        .../redact/{eventId}`` (no transaction id: not idempotent; dropped
+        from the spec since, as ``POST .../send/{eventType}``)."""
         requester = await auth.get_user_by_req(request)
         check_room_id(room_id)
         check_identifier_text(event_id, "eventId")
-        check_identifier_text(txn_id, "txnId")
+        if txn_id is not None:
+            check_identifier_text(txn_id, "txnId")
         body = parse_json_object_from_request(request, allow_empty=True)
         reason = get_optional_str(body, "reason", max_length=1024)
         content: dict[str, object] = {} if reason is None else {"reason": reason}
@@ -185,7 +191,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
             if target.sender != requester.user_id:
                 refuse_if_suspended(requester, "redact others' events")
         if requester.shadow_banned:
-            txn_key = f"redact {event_id} {txn_id}"
+            txn_key = None if txn_id is None else f"redact {event_id} {txn_id}"
             return 200, {"event_id": fake_event_id(requester, room_id, txn_key)}
         redaction_id = await handlers.events.send_client_event(
             requester, room_id, "m.room.redaction", content, txn_id=txn_id, redacts=event_id
@@ -430,6 +436,7 @@ def register_servlets(handlers: ClientHandlers, resource: JsonResource) -> None:
         redact,
         "redact",
     )
+    register("POST", client_path(ROOM + "/redact/(?P<event_id>[^/]+)"), redact, "redact")
     state_path = ROOM + "/state/(?P<event_type>[^/]+)"
     register("PUT", client_path(state_path), put_state, "state")
     register("PUT", client_path(state_path + "/(?P<state_key>[^/]*)"), put_state, "state")

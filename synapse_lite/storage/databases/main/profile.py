@@ -7,7 +7,9 @@ is nothing to invalidate across processes).
 
 from __future__ import annotations
 
-from synapse_lite.storage._base import SQLBaseStore
+from typing import Any
+
+from synapse_lite.storage._base import SQLBaseStore, db_to_json
 from synapse_lite.storage.database import LoggingTransaction
 
 #: What a profile field is called in the API -> its column.
@@ -30,18 +32,26 @@ class ProfileWorkerStore(SQLBaseStore):
 
     async def get_profiles(self, user_ids: list[str]) -> dict[str, dict[str, str | None]]:
         """The stored profiles of ``user_ids`` (users without a row are left out)."""
-        result: dict[str, dict[str, str | None]] = {}
+        rows = await self._select_users(
+            "get_profiles",
+            "SELECT user_id, displayname, avatar_url FROM profiles WHERE user_id IN ({marks})",
+            user_ids,
+        )
+        return {
+            user_id: {"displayname": name, "avatar_url": avatar} for user_id, name, avatar in rows
+        }
+
+    async def _select_users(
+        self, desc: str, sql: str, user_ids: list[str]
+    ) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` (``{marks}``: the placeholders of the ids)
+        for ``user_ids``, 500 at a time."""
+        rows: list[tuple[Any, ...]] = []
         for start in range(0, len(user_ids), 500):
             chunk = user_ids[start : start + 500]
             marks = ", ".join("?" for _ in chunk)
-            rows = await self.db_pool.select(
-                "get_profiles",
-                f"SELECT user_id, displayname, avatar_url FROM profiles WHERE user_id IN ({marks})",
-                *chunk,
-            )
-            for user_id, name, avatar in rows:
-                result[user_id] = {"displayname": name, "avatar_url": avatar}
-        return result
+            rows += await self.db_pool.select(desc, sql.format(marks=marks), *chunk)
+        return rows
 
     async def set_profile_field(
         self, user_id: str, field: str, value: str | None, default_name: str
@@ -59,6 +69,32 @@ class ProfileWorkerStore(SQLBaseStore):
             txn.execute(f"UPDATE profiles SET {column} = ? WHERE user_id = ?", (value, user_id))
 
         await self.db_pool.runInteraction("set_profile_field", txn_func)
+
+    async def get_member_profiles(self, user_ids: list[str]) -> dict[str, dict[str, str | None]]:
+        """The profiles ``user_ids`` show in the rooms they are joined to
+        (``displayname``, ``avatar_url`` of one of their current join
+        events): what we know of other servers' users, who have no row in
+        ``profiles`` here. Users joined nowhere are left out."""
+        rows = await self._select_users(
+            "get_member_profiles",
+            "SELECT c.state_key, e.content FROM current_state_events AS c"
+            " JOIN events AS e ON e.event_id = c.event_id"
+            " WHERE c.type = 'm.room.member' AND c.membership = 'join'"
+            " AND c.state_key IN ({marks}) ORDER BY c.state_key, c.room_id",
+            user_ids,
+        )
+        result: dict[str, dict[str, str | None]] = {}
+        for user_id, raw in rows:
+            if user_id in result:
+                continue
+            content = db_to_json(raw)
+            content = content if isinstance(content, dict) else {}
+            result[user_id] = {
+                field: value if isinstance(value, str) else None
+                for field in ("displayname", "avatar_url")
+                for value in [content.get(field)]
+            }
+        return result
 
     async def get_users_visible_to(self, user_id: str) -> set[str]:
         """Users the user directory shows ``user_id``: the others joined to a

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection
+from typing import Any, NamedTuple
 
 from synapse_lite.storage._base import db_to_json
 from synapse_lite.storage.caches import cached
@@ -11,6 +12,18 @@ from synapse_lite.tokens import RoomStreamToken
 
 #: A membership change: ``(room_id, membership, event_id, stream_ordering, instance_name)``.
 MembershipRow = tuple[str, str, str, int, str]
+
+
+class MemberChange(NamedTuple):
+    """A change of a room's current membership: the user whose it is, the
+    stream id of the event that made it, and the membership it replaced
+    (None: the user had none)."""
+
+    room_id: str
+    user_id: str
+    stream_id: int
+    replaced: str | None
+
 
 #: Lower than any stream id, to read "from the beginning" with a token.
 _BEGINNING = RoomStreamToken(-(2**62))
@@ -117,6 +130,27 @@ class RoomMemberWorkerStore(StreamWorkerStore):
             room_id,
         )
         return [(int(r[0]), r[1]) for r in rows]
+
+    async def get_member_changes_after(
+        self, room_ids: Collection[str], stream_id: int
+    ) -> list[MemberChange]:
+        """The changes of ``room_ids``' current memberships made by events
+        after ``stream_id``, oldest first, each with the membership it
+        replaced: what undoes them, to know who was joined at ``stream_id``."""
+        if not room_ids:
+            return []
+        marks = ", ".join("?" for _ in room_ids)
+        rows = await self.db_pool.select(
+            "get_member_changes_after",
+            "SELECT d.room_id, d.state_key, d.stream_id, e.membership"
+            " FROM current_state_delta_stream AS d"
+            " LEFT JOIN events AS e ON e.event_id = d.prev_event_id"
+            " WHERE d.stream_id > ? AND d.type = 'm.room.member'"
+            f" AND d.room_id IN ({marks}) ORDER BY d.stream_id ASC",
+            stream_id,
+            *sorted(room_ids),
+        )
+        return [MemberChange(r[0], r[1], int(r[2]), r[3]) for r in rows]
 
     async def get_rooms_ever_in(self, user_id: str) -> list[str]:
         """Every room the user has ever had a membership in (invited, joined,
