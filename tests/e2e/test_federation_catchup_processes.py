@@ -119,9 +119,12 @@ class FederationCatchUpProcessesTestCase(unittest.TestCase):
             self.assertEqual(timeline[room_id][-1], self.newest(n))
 
         # a caught b up (newest event per room), not replaying 60 PDUs.
-        sender_log = self.a.log(SENDER)
-        self.assertIn("b.test falls behind", sender_log)
-        self.assertIn("b.test has caught up", sender_log)
+        self.assertIn("b.test falls behind", self.a.log(SENDER))
+        # Logged once b's answer reached a, which may be after bob saw the
+        # newest (b persists before it answers).
+        await self.wait_for(
+            lambda: "b.test has caught up" in self.a.log(SENDER), "a to log b caught up"
+        )
         # b filled the wider gap beyond get_missing_events with /state_ids
         # (once: the narrower one closed).
         b_log = self.b.log("main")
