@@ -57,22 +57,22 @@ def _child(messages: int, sends: int) -> None:
     result: dict[str, Any] = {}
 
     async def measure(hs: Any) -> None:
-        events, clock = hs.handlers.events, hs.handlers.clock
-        room = await hs.handlers.room_creation.create_room(
-            Requester(SENDER, "DEV", "x"), {"preset": "public_chat"}
-        )
+        handlers = hs.handlers
+        requester = Requester(SENDER, "DEV", "x")
+        room = await handlers.room_creation.create_room(requester, {"preset": "public_chat"})
 
-        def spec(i: int) -> EventSpec:
-            body = {"msgtype": "m.text", "body": f"message {i} for the room"}
-            return EventSpec("m.room.message", None, SENDER, body, clock.time_msec())
+        async def send(count: int) -> None:
+            for i in range(count):
+                content = {"msgtype": "m.text", "body": f"message {i} for the room"}
+                now = handlers.clock.time_msec()
+                message = EventSpec("m.room.message", None, SENDER, content, now)
+                await handlers.events.persist_as_writer(room, [message])
 
-        for i in range(messages):
-            await events.persist_as_writer(room, [spec(i)])
-        path = events._store.db_pool.engine.path
+        await send(messages)
+        path = handlers.events._store.db_pool.engine.path
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        for i in range(sends):
-            await events.persist_as_writer(room, [spec(i)])
+        await send(sends)
         pages, commits = _wal_pages(path)
         names = dict(conn.execute("SELECT pageno, name FROM dbstat"))
         conn.close()
