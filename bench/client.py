@@ -482,9 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.repeat):
             tag = f"#{run + 1}" if args.repeat > 1 else ""
             for source, suffix in sources if run % 2 == 0 else list(reversed(sources)):
-                cluster = Cluster(layout, args.engine)
-                if source is not None:
-                    cluster.source_root = source
+                cluster = Cluster(layout, args.engine, source_root=source)
                 started = time.monotonic()
                 try:
                     cluster.start()

@@ -148,8 +148,12 @@ class Cluster:
         engine: str,
         extra: dict[str, Any] | None = None,
         replication: str = "tcp",
+        source_root: str | None = None,
     ) -> None:
         """``extra``: top-level config settings added to the layout's.
+        ``source_root``: another checkout whose code the processes run (a
+        baseline measured in the same run), which also writes a generated
+        layout's config (its router may not know this code's resources).
         ``replication``: the transport of a generated layout (``tcp`` or
         ``redis``, on 127.0.0.1:6379)."""
         self.layout = layout
@@ -160,7 +164,7 @@ class Cluster:
         self.metrics_ports: dict[str, int] = {}
         #: Where the processes import synapse_lite from (another checkout
         #: measures a baseline in the same run).
-        self.source_root = SOURCE_ROOT
+        self.source_root = source_root or SOURCE_ROOT
         #: Processes to run under cProfile (bench/profiled_process.py): name -> stats file.
         self.profiled: dict[str, str] = {}
         if layout in GENERATED:
@@ -211,12 +215,32 @@ class Cluster:
         """A layout as generate-config writes it (``default``: the README's),
         with the router when it has one, TCP replication, and the benchmark's
         database, logging and limits."""
-        from synapse_lite.config.generate import GenerateOptions, generate_config
+        base_port = free_port_block(12)
+        data_dir = os.path.join(self.dir, "data")
+        if os.path.abspath(self.source_root) == os.path.abspath(SOURCE_ROOT):
+            from synapse_lite.config.generate import GenerateOptions, generate_config
 
-        text = generate_config(
-            GenerateOptions(layout=layout, base_port=free_port_block(12), replication=replication),
-            os.path.join(self.dir, "data"),
-        )["homeserver.yaml"]
+            text = generate_config(
+                GenerateOptions(layout=layout, base_port=base_port, replication=replication),
+                data_dir,
+            )["homeserver.yaml"]
+        else:
+            # The other checkout's generate-config, in its own interpreter.
+            script = (
+                "import sys\n"
+                "from synapse_lite.config.generate import GenerateOptions, generate_config\n"
+                "options = GenerateOptions(layout=sys.argv[1], base_port=int(sys.argv[2]),"
+                " replication=sys.argv[3])\n"
+                "sys.stdout.write(generate_config(options, sys.argv[4])['homeserver.yaml'])\n"
+            )
+            text = subprocess.run(
+                [sys.executable, "-c", script, layout, str(base_port), replication, data_dir],
+                env=dict(os.environ, PYTHONPATH=self.source_root),
+                cwd=self.source_root,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
         config: dict[str, Any] = yaml.safe_load(text)
         config.update(
             database=self.database,

@@ -163,9 +163,12 @@ async def measure_layout(
     layout: str, args: argparse.Namespace, source: str | None = None
 ) -> dict[str, Any]:
     """``source``: a checkout whose code the processes run (None: this one)."""
-    cluster = Cluster(layout, args.engine, replication=args.transport)
-    if source is not None:
-        cluster.source_root = os.path.abspath(source)
+    cluster = Cluster(
+        layout,
+        args.engine,
+        replication=args.transport,
+        source_root=os.path.abspath(source) if source is not None else None,
+    )
     for name in args.profile or ():
         cluster.profiled[name] = os.path.abspath(f"{layout}-{name}.prof")
     results: dict[str, Any] = {"rates": {}, "names": [], "layout": layout}

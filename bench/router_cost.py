@@ -166,9 +166,7 @@ def phases_name(kind: str) -> str:
 
 
 def measure(source: str | None, args: argparse.Namespace, profile: str | None) -> Phases:
-    cluster = Cluster("default", args.engine)
-    if source is not None:
-        cluster.source_root = source
+    cluster = Cluster("default", args.engine, source_root=source)
     if profile:
         cluster.profiled["router"] = os.path.abspath(profile)
     try:

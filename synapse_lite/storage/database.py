@@ -249,6 +249,7 @@ class DatabasePool:
         conn: DBAPIConnection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self.engine.connect()
+            self.engine.configure_pooled(conn)
             self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)

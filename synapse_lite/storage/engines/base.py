@@ -45,6 +45,13 @@ class BaseDatabaseEngine(abc.ABC):
     def connect(self) -> DBAPIConnection:
         """Open and configure a new connection."""
 
+    def configure_pooled(self, conn: DBAPIConnection) -> None:
+        """Settings for a connection of a database pool (the transactions
+        requests run), beyond what :meth:`connect` sets for every connection
+        (the start-up one, which runs schema upgrades, included). None by
+        default."""
+        return None
+
     @abc.abstractmethod
     def convert_param_style(self, sql: str) -> str:
         """Rewrite ``?`` placeholders into the driver's style."""

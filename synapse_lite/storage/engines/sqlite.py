@@ -77,6 +77,19 @@ class Sqlite3Engine(BaseDatabaseEngine):
         conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
         return conn
 
+    def configure_pooled(self, conn: DBAPIConnection) -> None:
+        # Temporary files in memory: chiefly the savepoint journal that every
+        # write transaction keeps (``begin``'s SAVEPOINT: the original of each
+        # page it changes). SQLite keeps that journal in memory up to 64 KiB
+        # (16 pages), then moves it to a new, unlinked file in /var/tmp: an
+        # open, an unlink and a write per page, in every send since the event
+        # graph made a send change more pages than that (about 60 µs of
+        # statement time per send and a third of the database thread's
+        # system time; docs/scaling.md, issue 30). The pool's transactions
+        # are request-sized, so the memory is too; the start-up connection
+        # keeps the default, its schema upgrades may sort whole tables.
+        conn.cursor().execute("PRAGMA temp_store=MEMORY")
+
     def convert_param_style(self, sql: str) -> str:
         return sql
 

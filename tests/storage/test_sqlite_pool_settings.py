@@ -1,0 +1,60 @@
+"""SQLite pool connections keep temporary files in memory (issue 30's send
+cost: a send's savepoint journal grew past SQLite's 64 KiB and moved to a
+new file in /var/tmp on every send; docs/scaling.md), the start-up
+connection keeps SQLite's default; a pool transaction larger than that
+journal limit still rolls back to its savepoint."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from twisted.internet import reactor
+from twisted.trial import unittest
+
+from synapse_lite.storage.database import DatabasePool, LoggingTransaction, make_startup_connection
+from synapse_lite.storage.engines import create_engine
+
+
+class SqlitePoolSettingsTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        directory = tempfile.mkdtemp(prefix="sqlite_pool_")
+        self.engine = create_engine("sqlite", {"path": os.path.join(directory, "x.db")})
+        self.startup = make_startup_connection(self.engine)
+        self.addCleanup(self.startup.close)
+        with self.startup.transaction() as txn:
+            for sql in self.engine.create_sequence_sql("things"):
+                txn.execute(sql)
+            txn.execute("CREATE TABLE things (id BIGINT NOT NULL PRIMARY KEY, body TEXT)")
+        self.pool = DatabasePool(reactor, self.engine, max_connections=1)
+        self.addCleanup(self.pool.close)
+
+    async def test_temp_store_in_memory_on_the_pool_only(self) -> None:
+        def temp_store(txn: LoggingTransaction) -> int:
+            txn.execute("PRAGMA temp_store")
+            return int(txn.fetchone()[0])
+
+        self.assertEqual(await self.pool.runInteraction("temp_store", temp_store), 2)
+        with self.startup.transaction() as txn:
+            self.assertEqual(temp_store(txn), 0)
+
+    async def test_a_transaction_past_the_journal_limit_rolls_back(self) -> None:
+        # 200 rows of 2 KB: about 100 pages changed, past the 16 pages SQLite
+        # keeps in memory by default; the ids taken stay taken.
+        def fill(txn: LoggingTransaction) -> None:
+            ids = self.engine.sequence_next_values(txn.raw_cursor, "things", 200)
+            txn.execute_batch(
+                "INSERT INTO things (id, body) VALUES (?, ?)", [(i, "x" * 2000) for i in ids]
+            )
+            txn.sequence_floors["things"] = ids[-1]
+            raise RuntimeError("fails after the writes")
+
+        with self.assertRaises(RuntimeError):
+            await self.pool.runInteraction("fill", fill)
+
+        def read(txn: LoggingTransaction) -> tuple[int, int]:
+            txn.execute("SELECT COUNT(*) FROM things")
+            count = int(txn.fetchone()[0])
+            return count, self.engine.sequence_last_value(txn.raw_cursor, "things")
+
+        self.assertEqual(await self.pool.runInteraction("read", read), (0, 200))
