@@ -141,15 +141,20 @@ class EndToEndKeyWorkerStore(DeviceWorkerStore, CacheInvalidationWorkerStore):
         For the users of other servers, whose keys are not in our tables
         (the others' signatures are merged by :meth:`_merge_signatures_txn`)."""
         result: dict[str, dict[str, dict[str, str]]] = {}
-        for target_user_id in target_user_ids:
+        # One query per 500 users (a /keys/query names up to 1,000), not one
+        # per user.
+        for start in range(0, len(target_user_ids), 500):
+            chunk = target_user_ids[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
             rows = await self.db_pool.select(
                 "get_signatures_of_other_users",
-                "SELECT target_device_id, key_id, signature FROM e2e_cross_signing_signatures"
-                " WHERE user_id = ? AND target_user_id = ?",
+                "SELECT target_user_id, target_device_id, key_id, signature"
+                " FROM e2e_cross_signing_signatures"
+                f" WHERE user_id = ? AND target_user_id IN ({marks})",
                 signer,
-                target_user_id,
+                *chunk,
             )
-            for target, key_id, signature in rows:
+            for target_user_id, target, key_id, signature in rows:
                 result.setdefault(target_user_id, {}).setdefault(target, {})[key_id] = signature
         return result
 
