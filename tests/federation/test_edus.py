@@ -502,6 +502,17 @@ class HostileDeviceListsTestCase(FederationRoomsBase):
 
         await eventually(refetched, timeout=10, what="carol's list fetched again")
         self.assertEqual(await store.get_remote_devices(CAROL), [])
+        # The worker that fetched it waits to read its own write back before
+        # it lets go: the test ends only once it has (else that wait outlives
+        # the processes).
+        written = self.b["main"].streams["device_lists"].positions.writer_position("main")
+        await eventually(
+            lambda: all(
+                hs.streams["device_lists"].positions.writer_position("main") >= written
+                for hs in self.b.values()
+            ),
+            what="every b.test process read the fetched list",
+        )
 
     async def test_user_key_endpoints(self) -> None:
         alice, _room_id = await self.room()
