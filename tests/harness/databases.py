@@ -42,6 +42,15 @@ def test_engine_name() -> str:
     return name
 
 
+def sqlite_pass_only(subject: str) -> None:
+    """Skip the calling test unless the run's engine is SQLite: for tests
+    whose ``subject`` reads the same on either engine once the rows are
+    stored (what differs per engine is tested beside them on both), so that
+    CI's PostgreSQL pass does not pay for them twice."""
+    if test_engine_name() != "sqlite":
+        raise unittest.SkipTest(f"runs when SYNAPSE_LITE_TEST_DB=sqlite ({subject})")
+
+
 def _record_engine_user() -> None:
     """Append the asking test's module to ``ENGINE_USERS_ENV``'s file, if set.
 

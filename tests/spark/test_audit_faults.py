@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from twisted.trial import unittest
 
-from tests.spark.fixture import AuditFixture
+from tests.harness.databases import sqlite_pass_only
+from tests.spark.fixture import PLANTED, AuditFixture
 
 
 class AuditFaultsTestCase(unittest.TestCase):
@@ -54,6 +55,7 @@ class AuditFaultsTestCase(unittest.TestCase):
     def test_device_lists_ids_in_two_tables(self) -> None:
         """A cross-signing upload's id is on its keys' rows, not on
         device_lists_stream: the audit reads the stream from both tables."""
+        sqlite_pass_only(PLANTED)
         self.seed_clean()
         self.hs.write("device_lists_stream", "main", [1, 1, 3])
         self.hs.write("e2e_cross_signing_keys", "main", [2, 2])
@@ -72,6 +74,7 @@ class AuditFaultsTestCase(unittest.TestCase):
 
     def test_account_data_id_used_twice(self) -> None:
         """The seed notes' bug: one id in the global and the room table."""
+        sqlite_pass_only(PLANTED)
         self.seed_clean()
         self.hs.write("room_account_data", "main", [3])
         run = self.hs.audit()
@@ -86,6 +89,7 @@ class AuditFaultsTestCase(unittest.TestCase):
 
     def test_id_used_by_two_writers(self) -> None:
         """State deltas share their event's id, but never across writers."""
+        sqlite_pass_only(PLANTED)
         self.seed_clean()
         self.hs.write("events", "main", [7])
         self.hs.write("current_state_delta_stream", "worker1", [7])
@@ -126,6 +130,7 @@ class AuditFaultsTestCase(unittest.TestCase):
 
     def test_position_behind_rows(self) -> None:
         """Stored positions below the writer's rows (backfill counts down)."""
+        sqlite_pass_only(PLANTED)
         self.seed_clean()
         self.hs.position("events", "worker1", 3)  # worker1 wrote 3, 4 and 6
         self.hs.execute("UPDATE stream_positions SET stream_id = -1 WHERE stream_name = 'backfill'")
@@ -147,6 +152,7 @@ class AuditFaultsTestCase(unittest.TestCase):
         self.assertEqual(len(live.info("position_behind_rows")), 2)
 
     def test_unknown_writer(self) -> None:
+        sqlite_pass_only(PLANTED)
         self.seed_clean()
         self.hs.write("events", "ghost", [7, 8])
         run = self.hs.audit()
@@ -160,6 +166,7 @@ class AuditFaultsTestCase(unittest.TestCase):
 
     def test_gaps_are_information(self) -> None:
         """Ids taken by transactions that rolled back: no rows, no fault."""
+        sqlite_pass_only(PLANTED)
         self.seed_clean()
         self.hs.advance_sequence("events_stream_seq", 9)
         self.hs.advance_sequence("account_data_sequence", 6)

@@ -27,8 +27,9 @@ from tests.harness.client_api import (
     ClientApi,
     start_cluster,
 )
+from tests.harness.databases import sqlite_pass_only
 from tests.harness.server import DatabaseTestCase
-from tests.spark.fixture import AuditFixture
+from tests.spark.fixture import PLANTED, AuditFixture
 from tests.spark.session import shared_spark
 
 #: What the audit found, in short: (kind, stream, writer, ids).
@@ -304,6 +305,7 @@ class AuditGraphSeededTestCase(unittest.TestCase):
         self.db.position(stream, "main", value)
 
     def test_outliers_and_soft_failed_events_are_no_extremities(self) -> None:
+        sqlite_pass_only(PLANTED)
         parent = self.event(1)
         child = self.event(2, outlier=True)
         self.edge(child, parent)

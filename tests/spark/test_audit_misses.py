@@ -11,7 +11,8 @@ from typing import Any
 from twisted.trial import unittest
 
 from synapse_lite.position_log import STREAM_WIDE, position_log_path
-from tests.spark.fixture import AuditFixture
+from tests.harness.databases import sqlite_pass_only
+from tests.spark.fixture import PLANTED, AuditFixture
 
 
 class AuditMissesTestCase(unittest.TestCase):
@@ -93,6 +94,7 @@ class AuditMissesTestCase(unittest.TestCase):
 
     def test_committed_row_that_disappeared(self) -> None:
         """Item 1: an event deleted although its writer logged the commit."""
+        sqlite_pass_only(PLANTED)
         self.log_clean_run()
         self.hs.delete_event(1)
         run = self.hs.audit()
@@ -110,6 +112,7 @@ class AuditMissesTestCase(unittest.TestCase):
 
     def test_committed_to_device_id_without_row_is_information(self) -> None:
         """Item 1's other half: delivered to-device messages are deleted."""
+        sqlite_pass_only(PLANTED)
         self.log_clean_run()
         self.log(
             "main",
@@ -130,6 +133,7 @@ class AuditMissesTestCase(unittest.TestCase):
 
     def test_backfill_position_with_wrong_sign(self) -> None:
         """Item 2: +2 stored for backfill, which the servers read as -2."""
+        sqlite_pass_only(PLANTED)
         self.hs.execute("UPDATE stream_positions SET stream_id = 2 WHERE stream_name = 'backfill'")
         finding = self.only(self.hs.audit(), "position_wrong_sign")
         self.assertEqual(
@@ -143,6 +147,7 @@ class AuditMissesTestCase(unittest.TestCase):
 
     def test_rows_whose_id_has_no_stream(self) -> None:
         """Item 3: a receipt with id -3 and an event with stream_ordering 0."""
+        sqlite_pass_only(PLANTED)
         self.hs.write("receipts_linearized", "main", [-3], advance_sequence=False)
         self.hs.write("events", "worker1", [0], advance_sequence=False)
         run = self.hs.audit()
@@ -190,6 +195,7 @@ class AuditMissesTestCase(unittest.TestCase):
 
     def test_id_logged_as_failed_has_a_row(self) -> None:
         """Item 5: a lost commit acknowledgement."""
+        sqlite_pass_only(PLANTED)
         self.log_clean_run()
         self.log(
             "worker1",
@@ -210,6 +216,7 @@ class AuditMissesTestCase(unittest.TestCase):
 
     def test_stream_positions_nobody_should_have(self) -> None:
         """Item 6: an unknown stream, and a process that is not a writer."""
+        sqlite_pass_only(PLANTED)
         self.hs.position("evnets", "main", 3)
         self.hs.position("account_data", "worker1", 3)
         run = self.hs.audit()
@@ -230,6 +237,7 @@ class AuditMissesTestCase(unittest.TestCase):
 
     def test_log_line_with_extreme_id_is_malformed(self) -> None:
         """Item 7: valid JSON, but an id Spark cannot negate."""
+        sqlite_pass_only(PLANTED)
         self.log_clean_run()
         self.log(
             "main",

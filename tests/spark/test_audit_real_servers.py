@@ -20,10 +20,11 @@ from synapse_lite.app.composition import build_homeserver
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.database import make_startup_connection
 from synapse_lite.storage.id_generators import generator as id_generators
+from tests.harness.databases import sqlite_pass_only
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase, LoopbackBus, make_config
 from tests.replication.test_handler import message
-from tests.spark.fixture import _columns
+from tests.spark.fixture import PLANTED, _columns
 from tests.spark.session import shared_spark
 
 
@@ -144,6 +145,7 @@ class AuditRealServersTestCase(DatabaseTestCase):
     async def test_each_planted_fault_alone(self) -> None:
         """Items 2-7 planted one at a time into the real run's copy, each
         undone before the next: each is the only finding."""
+        sqlite_pass_only(PLANTED)
         config, written = await self.run_servers()
         path = config.config_files[0]
         log = os.path.join(config.data_dir, "positions-persister1.jsonl")
