@@ -264,3 +264,72 @@ class ClaimsTestCase(unittest.TestCase):
         self.assertEqual(len(reads), 2)
         reads[1].callback(21)
         self.assertTrue(self.successResultOf(second))
+
+    # Reading ahead (a TCP writer's ALLOCATED)
+
+    def test_read_ahead_reads_the_sequence_so_the_claim_that_follows_needs_no_read(self) -> None:
+        reads = self.controlled_sequence_reads()
+        self.handler.claims.read_ahead("receipts", "w1", 20)
+        self.assertEqual(len(reads), 1)
+        reads[0].callback(22)
+        # The writer's claim, arriving after the read: believed at once.
+        self.assertIs(
+            self.handler.claims.check(PositionCommand("receipts", "w1", 0, 20), "w1"), True
+        )
+        # Up to what the sequence said, not what the hint said.
+        self.assertIs(
+            self.handler.claims.check(RdataCommand("receipts", "w1", 22, receipt(22)), "w1"), True
+        )
+        self.assertIsInstance(
+            self.handler.claims.check(PositionCommand("receipts", "w1", 0, 23), "w1"),
+            defer.Deferred,
+        )
+
+    def test_a_claim_arriving_during_a_read_ahead_waits_for_it(self) -> None:
+        reads = self.controlled_sequence_reads()
+        self.handler.claims.read_ahead("receipts", "w1", 20)
+        claim = self.handler.claims.check(PositionCommand("receipts", "w1", 0, 20), "w1")
+        assert isinstance(claim, defer.Deferred)
+        self.assertEqual(len(reads), 1)
+        reads[0].callback(20)
+        self.assertTrue(self.successResultOf(claim))
+        self.assertEqual(len(reads), 1)
+
+    def test_a_hint_is_never_taken_for_the_sequence(self) -> None:
+        """A lying hint costs one read and believes nothing."""
+        self.handler.claims.read_ahead("receipts", "w1", 10**12)
+        self.assertEqual(self.positions.sequence_reads, 1)
+        with self.assertLogs(LOGGER, "WARNING") as logs:
+            self.command(PositionCommand("receipts", "w1", 0, 10**12))
+        self.assertIn("not_allocated", logs.output[0])
+        self.assertEqual(self.positions.received, {})
+
+    def test_read_ahead_reads_nothing_it_need_not(self) -> None:
+        reads = self.controlled_sequence_reads()
+        claims = self.handler.claims
+        claims.read_ahead("nonexistent", "w1", 20)
+        claims.read_ahead("receipts", "stranger", 20)  # not a writer: no lookup either
+        claims.read_ahead("receipts", "w1", MAX_TOKEN_POSITION + 1)
+        claims.read_ahead("receipts", "w1", -1)
+        self.assertEqual(reads, [])
+        self.assertEqual(self.lookups, [])
+        claims.read_ahead("receipts", "w1", 20)
+        claims.read_ahead("receipts", "w1", 21)  # a read is under way: no second one
+        self.assertEqual(len(reads), 1)
+        reads[0].callback(21)
+        claims.read_ahead("receipts", "w1", 21)  # covered
+        self.assertEqual(len(reads), 1)
+        # A stream without a sequence reads "nothing bounds it": no harm.
+        self.typing_positions.allocated = None
+        claims.read_ahead("typing", "tw", 5)
+
+    def test_a_failed_read_ahead_is_logged_and_the_claim_reads_again(self) -> None:
+        reads = self.controlled_sequence_reads()
+        with self.assertLogs(LOGGER, "INFO") as logs:
+            self.handler.claims.read_ahead("receipts", "w1", 20)
+            reads[0].errback(RuntimeError("database unreachable"))
+        self.assertIn("Reading the sequence of receipts ahead failed", logs.output[0])
+        claim = self.handler.claims.check(PositionCommand("receipts", "w1", 0, 20), "w1")
+        assert isinstance(claim, defer.Deferred)
+        reads[1].callback(20)
+        self.assertTrue(self.successResultOf(claim))

@@ -46,6 +46,7 @@ from synapse_lite.metrics import (
     REPLICATION_COMMANDS_OUT,
     count_command,
 )
+from synapse_lite.replication.http.calls import set_tcp_nodelay
 from synapse_lite.replication.tcp.commands import (
     DATA_COMMANDS,
     MAX_LINE_LENGTH,
@@ -249,6 +250,10 @@ class ReplicationProtocol(LineOnlyReceiver):
         self._peer_address = f"{host}:{port}" if host is not None else str(peer)
         self._transport.registerProducer(self, True)
         self._producer_registered = True
+        # Each line is written as soon as the reactor turn ends: with Nagle's
+        # algorithm a line following another within the peer's delayed-ACK
+        # window (a writer's ALLOCATED then its RDATA) would wait for that ACK.
+        set_tcp_nodelay(self.transport)
         now = self._clock.seconds()
         self._last_sent = now
         self._last_received = now
