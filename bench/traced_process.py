@@ -164,6 +164,7 @@ STAGES: list[tuple[str, str, str, str, Filter]] = [
         "db",
         _always,
     ),
+    ("synapse_lite.storage.database", "DatabasePool", "_new_transaction", "txn", _always),
 ]
 
 
@@ -190,6 +191,20 @@ def _wrap(out: TextIO, cls: type, method: str, stage: str, wanted: Filter) -> No
                 mark(stage, detail)
 
         setattr(cls, method, traced_async)
+        return
+
+    if stage == "txn":
+
+        @functools.wraps(original)
+        def bracketed(self: Any, desc: str, *args: Any, **kwargs: Any) -> Any:
+            # On the database thread: from taking a connection to the commit.
+            mark("txn:start", desc)
+            try:
+                return original(self, desc, *args, **kwargs)
+            finally:
+                mark("txn", desc)
+
+        setattr(cls, method, bracketed)
         return
 
     @functools.wraps(original)
