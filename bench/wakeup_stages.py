@@ -138,7 +138,9 @@ async def measure(layout: str, args: argparse.Namespace, source: str | None) -> 
             times = await rounds_of(client, send_base, sync_base, people, rooms[0], args.wakeups)
         return per_round(read_traces(cluster.traced), times)
     finally:
-        cluster.stop()
+        if args.keep:
+            print(f"traces kept in {cluster.dir}")
+        cluster.stop(keep=args.keep)
 
 
 def print_table(title: str, rounds: list[Round]) -> None:
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wakeups", type=int, default=30)
     parser.add_argument("--pairs", type=int, default=1, help="alternating runs of each side")
     parser.add_argument("--baseline", help="also run another checkout (e.g. main), alternating")
+    parser.add_argument("--keep", action="store_true", help="keep each run's directory and traces")
     args = parser.parse_args(argv)
     layouts = args.layouts or ["default"]
     print(f"{load_note()}; {args.engine}, {args.transport}")
