@@ -66,7 +66,7 @@ from synapse_lite.app.services import CallbackService, LoopsService, ProcessServ
 from synapse_lite.appservice.api import ApplicationServiceApi
 from synapse_lite.appservice.queries import AppServiceQueries
 from synapse_lite.clock import Clock
-from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
+from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler, announce_server_up
 from synapse_lite.federation.inbound_edus import InboundEdus
@@ -1021,9 +1021,6 @@ def _replication(
         streams=[streams.streams[name] for name in config.writers.streams_written_by(me)],
         position_log=database.position_log,
         local_writes=database.replication_notifier,
-        # Over TCP the main process checks a worker's claims before relaying
-        # them (over Redis every process does, and nobody would be told).
-        announce_allocations=config.replication.transport == "tcp" and me != MAIN_PROCESS,
     )
     return Replication(
         handler=handler,

@@ -217,14 +217,22 @@ class PeerClaims:
             self._allocated[stream.name] = token
             return True
         while stream.name in self._reading:
-            # Another read is under way (a claim's, or read ahead): it may
-            # cover this one too.
+            # Another claim's read is under way: it may cover this one too.
             waiter: defer.Deferred[None] = defer.Deferred()
             self._reading[stream.name].append(waiter)
             await waiter
             if token <= self._allocated.get(stream.name, 0):
                 return True
-        allocated = await self._read_sequence(stream)
+        self._reading[stream.name] = []
+        try:
+            allocated = await stream.positions.read_max_allocated()
+            if allocated is not None:
+                self._allocated[stream.name] = max(self._allocated.get(stream.name, 0), allocated)
+        finally:
+            # Woken with what was read known (or, if the read failed, to read
+            # again themselves).
+            for waiter in self._reading.pop(stream.name):
+                waiter.callback(None)
         if allocated is None or token <= allocated:
             return True
         self.refusals.refuse(
@@ -235,51 +243,6 @@ class PeerClaims:
             f" {allocated}",
         )
         return False
-
-    async def _read_sequence(self, stream: Stream) -> int | None:
-        """Read the stream's sequence (no other read of it under way) and
-        remember the value; None for a stream without one. Whoever waits
-        for the read is woken once it is known (or, if it failed, to read
-        again themselves). A failed read raises."""
-        self._reading[stream.name] = []
-        try:
-            allocated = await stream.positions.read_max_allocated()
-            if allocated is not None:
-                self._allocated[stream.name] = max(self._allocated.get(stream.name, 0), allocated)
-        finally:
-            for waiter in self._reading.pop(stream.name):
-                waiter.callback(None)
-        return allocated
-
-    def read_ahead(self, stream_name: str, writer: str, token: int) -> None:
-        """``writer`` says it has just taken positions up to ``token`` from
-        the stream's sequence, for rows it has not committed yet (TCP's
-        ``ALLOCATED``): read the sequence now, while the writer commits, so
-        that the claims its rows bring are believed at once instead of
-        each waiting for this read (issue 35: the main process's read
-        was on every woken /sync's path through a worker).
-
-        A hint, never a claim: nothing is taken from ``token`` itself. What
-        is remembered is what the sequence says, read from the database as
-        for any claim, so a claim is still believed only at or below a
-        value read from the sequence. Ignored (nothing read) for an unknown
-        stream or a writer not known to write it (no lookup), a token out of
-        range or already covered, and while a read of the stream is under
-        way: a claim arriving then waits for it, and reads again if it must.
-        So a lying hint costs one read, as a lying claim does."""
-        stream = self._streams.get(stream_name)
-        if stream is None or stream_name in self._reading:
-            return
-        writers = self._writers_of(stream_name)
-        if writers is not None and writer not in writers:
-            return
-        if not 0 <= token <= MAX_TOKEN_POSITION or token <= self._allocated.get(stream_name, 0):
-            return
-        defer.ensureDeferred(self._read_sequence(stream)).addErrback(
-            lambda f: logger.info(
-                "Reading the sequence of %s ahead failed: %s", stream_name, f.getErrorMessage()
-            )
-        )
 
     def check(self, cmd: Command, sender: str) -> bool | defer.Deferred[bool]:
         """Every check of an RDATA or POSITION, for the main process to run

@@ -81,13 +81,6 @@ class StreamPositions(Protocol):
         sequence, read from the database), or None when nothing outside the
         writer's memory bounds it."""
 
-    def on_visible_allocation(self, listener: Callable[[int], None]) -> bool:
-        """Call ``listener(position)``, on the reactor, whenever this process
-        takes positions (up to ``position``) that :meth:`read_max_allocated`
-        in another process already returns, before their rows commit; True
-        if it will, False when no such reading exists (a stream kept in
-        memory; a sequence that moves with its transaction, SQLite's)."""
-
 
 class MemoryPositions:
     """The position of a stream kept in memory (typing, federation): a counter
@@ -142,9 +135,6 @@ class MemoryPositions:
 
     async def read_max_allocated(self) -> int | None:
         return None
-
-    def on_visible_allocation(self, listener: Callable[[int], None]) -> bool:
-        return False
 
 
 class Stream:

@@ -121,7 +121,6 @@ class ReplicationTransport:
                 self._reactor,
                 deployment_id=self._deployment_id,
                 check_claim=self._handler.claims.check,
-                read_ahead=self._handler.claims.read_ahead,
             )
             self._listening_port = listen(
                 self._reactor,

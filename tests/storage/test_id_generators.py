@@ -182,26 +182,6 @@ class SingleWriterTestCase(IdGeneratorTestCase):
         self.assertEqual(seen, [(8, {"master": 7})])
         self.assertEqual(id_gen.known_writer_positions(), {"master": 8})
 
-    async def test_allocations_others_can_read_are_told_before_they_finish(self) -> None:
-        """PostgreSQL's sequence shows an id to every session once taken (what
-        a writer's ALLOCATED relies on); SQLite's moves with the transaction:
-        nothing is told there."""
-        self.insert_rows("master", 7)
-        id_gen = self.make_id_gen()
-        told: list[tuple[int, int]] = []
-        visible = id_gen.on_visible_allocation(
-            lambda position: told.append((position, id_gen.persisted_upto_position()))
-        )
-        self.assertEqual(visible, not self.engine.sequences_are_transactional)
-
-        def txn_func(txn: LoggingTransaction) -> None:
-            id_gen.get_next_mult_txn(txn, 3)
-
-        await self.db.runInteraction("test", txn_func)
-        self.assertEqual(id_gen.persisted_upto_position(), 10)
-        # The highest of the three, while the position was still below it.
-        self.assertEqual(told, [(10, 7)] if visible else [])
-
     async def test_failed_txn_finishes_its_id(self) -> None:
         """An id from a rolled-back transaction leaves a gap; the position
         passes it and the sequence never hands it out again."""

@@ -50,7 +50,6 @@ __all__ = [
     "INTERNAL_ERROR_PREFIX",
     "MAX_JSON_DEPTH",
     "MAX_LINE_LENGTH",
-    "AllocatedCommand",
     "AuthCommand",
     "ClearUserSyncCommand",
     "Command",
@@ -294,31 +293,6 @@ class PositionCommand(Command):
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
-class AllocatedCommand(Command):
-    """``ALLOCATED <stream> <token>``: the sending writer (TCP, to the main
-    process) has just taken positions up to ``token`` from the stream's
-    sequence, for rows not yet committed. A hint, not a claim: it moves no
-    position; the main process may read the sequence at once, so that the
-    claims the rows bring next are believed without waiting for that read
-    (``PeerClaims.read_ahead``). Never relayed."""
-
-    NAME: ClassVar[str] = "ALLOCATED"
-    stream_name: str
-    token: int
-
-    @classmethod
-    def from_line(cls, line: str) -> Self:
-        stream, token = split_fields(line, "ALLOCATED", ("stream", "token"))
-        return cls(parse_name(stream, "stream name"), parse_int(token, "token"))
-
-    def to_line(self) -> str:
-        return finish_line(
-            self.NAME,
-            format_name(self.stream_name, "stream name") + " " + format_int(self.token, "token"),
-        )
-
-
-@attr.s(slots=True, frozen=True, auto_attribs=True)
 class ErrorCommand(Command):
     """``ERROR <text>``: the sender is about to close the connection."""
 
@@ -497,15 +471,7 @@ class RemoteServerUpCommand(Command):
 
 #: Commands a transport keeps to itself (handshake and keepalive).
 CONNECTION_COMMANDS: frozenset[type[Command]] = frozenset(
-    {
-        ServerCommand,
-        NameCommand,
-        SubscribeCommand,
-        AuthCommand,
-        PingCommand,
-        ErrorCommand,
-        AllocatedCommand,
-    }
+    {ServerCommand, NameCommand, SubscribeCommand, AuthCommand, PingCommand, ErrorCommand}
 )
 
 #: Commands a transport hands to the handler (and the main process relays).

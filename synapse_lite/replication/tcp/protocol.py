@@ -250,9 +250,10 @@ class ReplicationProtocol(LineOnlyReceiver):
         self._peer_address = f"{host}:{port}" if host is not None else str(peer)
         self._transport.registerProducer(self, True)
         self._producer_registered = True
-        # Each line is written as soon as the reactor turn ends: with Nagle's
-        # algorithm a line following another within the peer's delayed-ACK
-        # window (a writer's ALLOCATED then its RDATA) would wait for that ACK.
+        # Each turn's lines go at once: with Nagle's algorithm a line written
+        # in a later reactor turn than another still unacknowledged (a
+        # trailing POSITION, a relayed line behind main's own) would wait
+        # for the peer's delayed ACK.
         set_tcp_nodelay(self.transport)
         now = self._clock.seconds()
         self._last_sent = now

@@ -17,16 +17,11 @@ any case, for every stream this process writes:
   position across writers never stalls behind an idle writer (except on the
   caches stream, where only our own invalidations matter to anyone);
 * after REPLICATE and on every new connection, ``POSITION s me p p`` for every
-  stream, so newcomers learn where we are without being sent old rows;
-* a TCP worker also sends ``ALLOCATED s p`` as soon as it takes positions up
-  to ``p`` from a stream's sequence (PostgreSQL, before the rows commit): the
-  main process, which checks every claim against the sequence before relaying
-  it, reads the sequence while we commit instead of after our RDATA arrives.
+  stream, so newcomers learn where we are without being sent old rows.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -36,11 +31,7 @@ from twisted.internet.interfaces import IDelayedCall
 
 from synapse_lite.clock import Clock
 from synapse_lite.replication.streams import Stream
-from synapse_lite.replication.tcp.commands import (
-    AllocatedCommand,
-    PositionCommand,
-    RdataCommand,
-)
+from synapse_lite.replication.tcp.commands import PositionCommand, RdataCommand
 
 if TYPE_CHECKING:
     from synapse_lite.position_log import PositionLog
@@ -65,13 +56,9 @@ class ReplicationStreamer:
         streams: Sequence[Stream],
         position_log: PositionLog | None,
         local_writes: ReplicationNotifier | None = None,
-        announce_allocations: bool = False,
     ) -> None:
         """``local_writes``: poked when this process's ids finish (each poke
-        sends what is new); announcements follow every new connection.
-        ``announce_allocations``: send ``ALLOCATED`` for the streams whose
-        sequence others see before our rows commit (a TCP worker: the main
-        process checks its claims)."""
+        sends what is new); announcements follow every new connection."""
         self._me = instance_name
         self._clock = clock
         self._handler = handler
@@ -86,11 +73,6 @@ class ReplicationStreamer:
         handler.on_new_connection(self.announce)
         if local_writes is not None:
             local_writes.add_replication_callback(self.on_notifier_poke)
-        #: Per stream, the highest position announced in ALLOCATED.
-        self._announced_allocations: dict[str, int] = {}
-        if announce_allocations:
-            for stream in self._streams:
-                stream.positions.on_visible_allocation(functools.partial(self._allocated, stream))
 
     @property
     def sourced_stream_names(self) -> list[str]:
@@ -140,16 +122,6 @@ class ReplicationStreamer:
         # At the end of this reactor turn: the other transactions whose
         # commits this turn delivers go in the same batches.
         self._scheduled = self._clock.call_later(0, self._start_loop)
-
-    def _allocated(self, stream: Stream, position: int) -> None:
-        """We took positions up to ``position`` of ``stream`` (on the reactor,
-        before their rows can finish)."""
-        if position <= self._announced_allocations.get(stream.name, 0):
-            return
-        if not self._handler.connected:
-            return
-        self._announced_allocations[stream.name] = position
-        self._handler.send_command(AllocatedCommand(stream.name, position))
 
     def _start_loop(self) -> None:
         self._scheduled = None

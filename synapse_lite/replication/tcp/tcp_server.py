@@ -75,7 +75,6 @@ from synapse_lite.replication.claims import (
     shorten,
 )
 from synapse_lite.replication.tcp.commands import (
-    AllocatedCommand,
     AuthCommand,
     ClearUserSyncCommand,
     Command,
@@ -113,10 +112,6 @@ CHECK_RETRY_SECONDS = 1.0
 #: at once, or a Deferred answer (``PeerClaims.check``).
 ClaimCheck = Callable[[Command, str], bool | defer.Deferred[bool]]
 
-#: ``read_ahead(stream, writer, token)``: a writer took positions up to
-#: ``token`` from the stream's sequence (``PeerClaims.read_ahead``).
-ReadAhead = Callable[[str, str, int], None]
-
 
 @attr.s(slots=True, auto_attribs=True)
 class _HeldCommand:
@@ -147,7 +142,6 @@ class ServerReplicationProtocol(ReplicationProtocol):
             UserIpCommand,
             RemoteServerUpCommand,
             SubscribeCommand,
-            AllocatedCommand,
         }
     )
 
@@ -223,10 +217,6 @@ class ServerReplicationProtocol(ReplicationProtocol):
                 ", ".join(cmd.streams) or "no stream",
             )
             self.subscribed = frozenset(name.encode("utf-8") for name in cmd.streams)
-        elif isinstance(cmd, AllocatedCommand):
-            # A writer speaks for itself alone: the hint names no other.
-            if self.peer_name is not None:
-                self.factory.read_ahead(self.peer_name, cmd)
         elif isinstance(cmd, AuthCommand):
             # A worker configured with a secret the listener does not need, or
             # a repeated AUTH: nothing to check, nothing to refuse.
@@ -283,7 +273,6 @@ class ReplicationServerFactory(ServerFactory):
         deployment_id: str | None = None,
         check_claim: ClaimCheck | None = None,
         instance_name: str = MAIN_PROCESS,
-        read_ahead: ReadAhead | None = None,
     ) -> None:
         """``deployment_id``: the database's, sent in SERVER; a worker naming
         another in its NAME is refused and reported (None: not checked).
@@ -291,9 +280,7 @@ class ReplicationServerFactory(ServerFactory):
         relayed (None: relayed unchecked, for tests of the transport alone;
         workers take relayed claims as checked, so a real main process always
         passes one). ``instance_name``: the listening process's own, which
-        no connection may take. ``read_ahead``: told of each writer's
-        ALLOCATED, so the sequence read that its next claims need is made
-        before they arrive (None: ALLOCATED is ignored)."""
+        no connection may take."""
         if secret == "":
             raise ValueError("the replication secret must be non-empty, or None for none")
         command_line(ServerCommand(server_name))  # a name that can go on the wire
@@ -309,7 +296,6 @@ class ReplicationServerFactory(ServerFactory):
         #: Every connection not yet lost, authenticated or not.
         self.open_protocols: set[ServerReplicationProtocol] = set()
         self._check_claim = check_claim
-        self._read_ahead = read_ahead
         #: Received commands behind a check under way, in the order received.
         self._held: deque[_HeldCommand] = deque()
         self._retry_call: IDelayedCall | None = None
@@ -410,17 +396,6 @@ class ReplicationServerFactory(ServerFactory):
             self._await_check(held, believed)
         else:
             self._held.append(_HeldCommand(sender, cmd, line, True))
-
-    def read_ahead(self, writer: str, cmd: AllocatedCommand) -> None:
-        """``writer`` (the connection's NAME) has taken positions up to
-        ``cmd.token`` from ``cmd.stream_name``'s sequence: let the checks
-        read the sequence now. Moves nothing and is never relayed."""
-        if self._read_ahead is None:
-            return
-        try:
-            self._read_ahead(cmd.stream_name, writer, cmd.token)
-        except Exception:
-            logger.exception("Reading ahead for %s from %s failed", cmd.stream_name, writer)
 
     def _check(
         self, sender: ServerReplicationProtocol, cmd: Command

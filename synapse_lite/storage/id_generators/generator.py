@@ -235,26 +235,6 @@ class MultiWriterIdGenerator:
         (``CommittedRows``)."""
         self._allocation_listeners.append(listener)
 
-    def on_visible_allocation(self, listener: Callable[[int], None]) -> bool:
-        """Call ``listener(highest position)`` on the reactor after every
-        allocation of this process, if other processes' reads of the
-        sequence see it before the rows commit (PostgreSQL's sequences are
-        not transactional; SQLite's ``sequences`` row is: False, nothing is
-        called). The call is queued before the ids can finish, so it comes
-        before the rows' replication."""
-        if self._db.engine.sequences_are_transactional:
-            return False
-        reactor = self._db.reactor
-
-        def allocated(ids: list[int]) -> None:
-            if threadable.isInIOThread():
-                listener(max(ids))
-            else:
-                reactor.callFromThread(listener, max(ids))  # type: ignore[attr-defined]
-
-        self.on_allocation(allocated)
-        return True
-
     def get_next(self) -> _IdAllocation[int]:
         """Allocate one id: ``async with id_gen.get_next() as stream_id: ...``.
 

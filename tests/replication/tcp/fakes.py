@@ -3,7 +3,7 @@ ID generator, update functions without a database, connections without sockets."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from synapse_lite.replication.streams import Stream
@@ -27,8 +27,6 @@ class FakePositions:
         #: stream kept in memory); ``sequence_reads`` counts the look-ups.
         self.allocated: int | None = None
         self.sequence_reads = 0
-        #: Told of the positions the process takes (``on_visible_allocation``).
-        self.allocation_listeners: list[Callable[[int], None]] = []
 
     def starts_run(self, position: int) -> bool:
         # A resetting stream's runs start at multiples of 100 here.
@@ -68,11 +66,6 @@ class FakePositions:
     async def read_max_allocated(self) -> int | None:
         self.sequence_reads += 1
         return self.allocated
-
-    def on_visible_allocation(self, listener: Callable[[int], None]) -> bool:
-        """Listeners the test calls (``allocation_listeners``)."""
-        self.allocation_listeners.append(listener)
-        return True
 
 
 class FakeRows:

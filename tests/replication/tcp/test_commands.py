@@ -18,7 +18,6 @@ from synapse_lite.replication.tcp.commands import (
     INTERNAL_ERROR_PREFIX,
     MAX_JSON_DEPTH,
     MAX_LINE_LENGTH,
-    AllocatedCommand,
     AuthCommand,
     ClearUserSyncCommand,
     Command,
@@ -102,7 +101,6 @@ WIRE_FORMS: list[tuple[Command, str]] = [
     (RdataCommand("caches", "w1", None, []), "RDATA caches w1 batch []"),
     (PositionCommand("events", "persister1", 5, 9), "POSITION events persister1 5 9"),
     (PositionCommand("backfill", "master", -7, -3), "POSITION backfill master -7 -3"),
-    (AllocatedCommand("events", 12), "ALLOCATED events 12"),
     (ErrorCommand("ping timeout"), "ERROR ping timeout"),
     (PingCommand("1700000000000"), "PING 1700000000000"),
     (PingCommand(""), "PING"),
@@ -184,7 +182,6 @@ commands: st.SearchStrategy[Command] = st.one_of(
     st.builds(SubscribeCommand, st.lists(names, max_size=5).map(tuple)),
     st.builds(RdataCommand, names, names, st.none() | int64s, st.lists(json_values, max_size=5)),
     st.builds(PositionCommand, names, names, int64s, int64s),
-    st.builds(AllocatedCommand, names, int64s),
     st.builds(ErrorCommand, free_text),
     st.builds(PingCommand, free_text),
     st.builds(

@@ -159,14 +159,8 @@ class CheckedRelayTestCase(ServerTestCase):
                 return self.answers.get((cmd.stream_name, cmd.token), True)
             return True
 
-        self.read_ahead: list[tuple[str, str, int]] = []
         self.factory = ReplicationServerFactory(
-            "hs.test",
-            None,
-            self.receiver,
-            self.clock,
-            check_claim=check,
-            read_ahead=lambda *hint: self.read_ahead.append(hint),
+            "hs.test", None, self.receiver, self.clock, check_claim=check
         )
         self.w1, _ = self.connect_authenticated("w1")
         self.w2, _ = self.connect_authenticated("w2")
@@ -221,20 +215,6 @@ class CheckedRelayTestCase(ServerTestCase):
         self.assertEqual(
             lines(self.follower), ["POSITION events w1 0 9", "POSITION receipts w2 0 3"]
         )
-
-    def test_allocated_is_read_ahead_for_its_sender_and_never_relayed(self) -> None:
-        feed(self.w1, "ALLOCATED events 12")
-        self.assertEqual(self.read_ahead, [("events", "w1", 12)])
-        self.assertEqual(lines(self.follower), [])
-        self.assertEqual(self.receiver.commands, [])
-        # Before its NAME a connection speaks for nobody: nothing read.
-        anonymous, _ = self.connect_authenticated()
-        feed(anonymous, "ALLOCATED events 13")
-        self.assertEqual(self.read_ahead, [("events", "w1", 12)])
-        # It moved no position: the claim that follows is checked as ever.
-        feed(self.w1, "RDATA events w1 12 []")
-        self.assertEqual(self.checked[-1][0], RdataCommand("events", "w1", 12, []))
-        self.assertEqual(lines(self.follower), ["RDATA events w1 12 []"])
 
     def test_shutdown_drops_what_waits(self) -> None:
         self.answers[("events", 9)] = defer.fail(RuntimeError("database unreachable"))

@@ -11,12 +11,7 @@ from twisted.internet import task
 from twisted.trial import unittest
 
 from synapse_lite.clock import Clock
-from synapse_lite.replication.tcp.commands import (
-    AllocatedCommand,
-    Command,
-    PositionCommand,
-    RdataCommand,
-)
+from synapse_lite.replication.tcp.commands import Command, PositionCommand, RdataCommand
 from synapse_lite.replication.tcp.streamer import ANNOUNCE_INTERVAL_SECONDS, ReplicationStreamer
 from synapse_lite.streams.catalog import BUILTIN_STREAMS, CachesStreamRow, ReceiptsStreamRow
 from tests.replication.tcp.fakes import fake_stream
@@ -139,45 +134,3 @@ class StreamerTestCase(unittest.TestCase):
         self.handler.connected = True
         self.poke()
         self.assertEqual(self.handler.sent, [])
-
-
-class AllocationsTestCase(unittest.TestCase):
-    """A TCP worker tells the main process of the positions it takes, so the
-    main process reads the sequence before the rows' claims arrive."""
-
-    def streamer(self, announce: bool) -> tuple[_Handler, Any]:
-        handler = _Handler()
-        receipts, positions, _ = fake_stream(BUILTIN_STREAMS["receipts"])
-        ReplicationStreamer(
-            instance_name="me",
-            clock=Clock(task.Clock()),
-            handler=handler,  # type: ignore[arg-type]
-            streams=[receipts],
-            position_log=None,
-            announce_allocations=announce,
-        )
-        return handler, positions
-
-    def test_each_new_highest_position_is_announced_once(self) -> None:
-        handler, positions = self.streamer(announce=True)
-        [allocated] = positions.allocation_listeners
-        allocated(3)
-        allocated(3)
-        allocated(2)  # another transaction's lower id, taken meanwhile
-        allocated(5)
-        self.assertEqual(
-            handler.sent, [AllocatedCommand("receipts", 3), AllocatedCommand("receipts", 5)]
-        )
-
-    def test_nothing_is_announced_while_disconnected(self) -> None:
-        handler, positions = self.streamer(announce=True)
-        handler.connected = False
-        positions.allocation_listeners[0](3)
-        self.assertEqual(handler.sent, [])
-        handler.connected = True
-        positions.allocation_listeners[0](3)
-        self.assertEqual(handler.sent, [AllocatedCommand("receipts", 3)])
-
-    def test_a_process_that_does_not_announce_asks_for_nothing(self) -> None:
-        _, positions = self.streamer(announce=False)
-        self.assertEqual(positions.allocation_listeners, [])
