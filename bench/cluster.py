@@ -167,6 +167,8 @@ class Cluster:
         self.source_root = source_root or SOURCE_ROOT
         #: Processes to run under cProfile (bench/profiled_process.py): name -> stats file.
         self.profiled: dict[str, str] = {}
+        #: Processes to run with stage timestamps (bench/traced_process.py): name -> trace file.
+        self.traced: dict[str, str] = {}
         if layout in GENERATED:
             self._generated(layout, replication)
             return
@@ -290,6 +292,9 @@ class Cluster:
             if name in self.profiled:
                 wrapper = os.path.join(SOURCE_ROOT, "bench", "profiled_process.py")
                 args[1:1] = [wrapper, self.profiled[name]]
+            elif name in self.traced:
+                wrapper = os.path.join(SOURCE_ROOT, "bench", "traced_process.py")
+                args[1:1] = [wrapper, self.traced[name]]
             if app == "generic_worker":
                 args += ["--worker-name", name]
             log = open(os.path.join(self.dir, f"{name}.log"), "wb")

@@ -46,6 +46,7 @@ from synapse_lite.metrics import (
     REPLICATION_COMMANDS_OUT,
     count_command,
 )
+from synapse_lite.replication.http.calls import set_tcp_nodelay
 from synapse_lite.replication.tcp.commands import (
     DATA_COMMANDS,
     MAX_LINE_LENGTH,
@@ -249,6 +250,11 @@ class ReplicationProtocol(LineOnlyReceiver):
         self._peer_address = f"{host}:{port}" if host is not None else str(peer)
         self._transport.registerProducer(self, True)
         self._producer_registered = True
+        # Each turn's lines go at once: with Nagle's algorithm a line written
+        # in a later reactor turn than another still unacknowledged (a
+        # trailing POSITION, a relayed line behind main's own) would wait
+        # for the peer's delayed ACK.
+        set_tcp_nodelay(self.transport)
         now = self._clock.seconds()
         self._last_sent = now
         self._last_received = now

@@ -49,7 +49,6 @@ class PostgresEngine(BaseDatabaseEngine):
 
     def connect(self) -> DBAPIConnection:
         import psycopg2
-        import psycopg2.extensions
 
         connect_args = {
             k: v
@@ -58,7 +57,16 @@ class PostgresEngine(BaseDatabaseEngine):
         }
         connect_args.setdefault("connect_timeout", 10)
         conn = psycopg2.connect(**connect_args)
-        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ)
+        # The session's default, not psycopg2's set_session: with an isolation
+        # level of its own psycopg2 sends a SET each time autocommit is turned
+        # off again, one more round trip for every autocommit interaction
+        # (a sequence read, a single-statement select). Every transaction
+        # still begins at REPEATABLE READ.
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+            )
         conn.autocommit = False
         return conn
 

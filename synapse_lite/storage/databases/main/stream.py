@@ -129,9 +129,12 @@ class StreamWorkerStore(EventsWorkerStore):
 
         drops = self._event_cache_drops
         # The events and their redactions in one interaction: a woken /sync
-        # waits for one thread hop, not two.
+        # waits for one thread hop, not two. In autocommit (two round trips on
+        # PostgreSQL, not four with BEGIN and COMMIT): the redactions are then
+        # read at a snapshot no older than the events', which can only apply
+        # a redaction committed in between, as a read a moment later would.
         events, by_target = await self.db_pool.runInteraction(
-            "get_room_events_between", read, read_only=True
+            "get_room_events_between", read, read_only=True, db_autocommit=True
         )
         return await self._served_events(events, by_target, drops)
 
