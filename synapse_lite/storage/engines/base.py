@@ -37,6 +37,10 @@ class BaseDatabaseEngine(abc.ABC):
 
     #: ``sqlite`` or ``postgres``; used in logs and by the schema loader.
     name: str
+    #: Write transactions run one at a time (a database-wide write lock):
+    #: writes that queue for it gain by sharing a transaction
+    #: (``storage/group_commit.py``).
+    writes_one_at_a_time = False
 
     def __init__(self, args: dict[str, Any]) -> None:
         self.args = dict(args)

@@ -40,6 +40,7 @@ class Sqlite3Engine(BaseDatabaseEngine):
     """The stdlib ``sqlite3`` engine (WAL, busy timeout, foreign keys on)."""
 
     name = "sqlite"
+    writes_one_at_a_time = True
 
     def __init__(self, args: dict[str, Any]) -> None:
         super().__init__(args)
