@@ -56,6 +56,21 @@ class BaseDatabaseEngine(abc.ABC):
         default."""
         return None
 
+    def checkpoint_due(self) -> bool:
+        """Whether a pool should now run :meth:`checkpoint` (on one of its
+        threads, off the write path); True at most once until
+        :meth:`checkpoint_done`. Never, by default."""
+        return False
+
+    def checkpoint(self, conn: DBAPIConnection) -> None:
+        """Write what the database's log holds into the database (between
+        transactions, on a pool connection). Nothing by default."""
+        return None
+
+    def checkpoint_done(self) -> None:
+        """The checkpoint :meth:`checkpoint_due` asked for ended (or failed)."""
+        return None
+
     @abc.abstractmethod
     def convert_param_style(self, sql: str) -> str:
         """Rewrite ``?`` placeholders into the driver's style."""
