@@ -25,6 +25,17 @@ TRANSACTION_RETRIES = Counter(
     "Transactions retried after a serialization failure, deadlock or busy database",
     ["desc"],
 )
+GROUP_COMMIT_SIZE = Histogram(
+    "synapse_lite_db_group_commit_size",
+    "Writes committed in one transaction by a group commit (storage/group_commit.py)",
+    ["desc"],
+    buckets=(1, 2, 3, 4, 6, 8, 16, 32),
+)
+GROUP_COMMIT_FALLBACKS = Counter(
+    "synapse_lite_db_group_commit_fallbacks_total",
+    "Group commits that failed and were run again one write per transaction",
+    ["desc"],
+)
 STREAM_POSITION = Gauge(
     "synapse_lite_stream_position",
     "Position of a writer of a stream, as this process knows it",

@@ -331,7 +331,28 @@ class DatabasePool:
             idempotent,
         )
         _run_callbacks(after_callbacks, "after")
+        if not read_only and self.engine.checkpoint_due():
+            self._threadpool.callInThread(self._checkpoint)
         return result
+
+    def _checkpoint(self) -> None:
+        """On a pool thread: the engine's checkpoint (SQLite's log into the
+        database), which :meth:`BaseDatabaseEngine.checkpoint_due` asked for
+        after a write; a failure is logged, the next one is asked for
+        later."""
+        try:
+            if self._closed:
+                # Not a connection opened while the pool closes them.
+                return
+            start = time.monotonic()
+            self.engine.checkpoint(self._get_connection())
+            TRANSACTION_DURATION.labels("checkpoint").observe(time.monotonic() - start)
+        except Exception as exc:
+            logger.warning("checkpoint failed", exc_info=True)
+            if self.engine.is_connection_error(exc):
+                self._drop_connection()
+        finally:
+            self.engine.checkpoint_done()
 
     def _new_transaction(
         self,

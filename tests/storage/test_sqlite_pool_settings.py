@@ -2,24 +2,30 @@
 cost: a send's savepoint journal grew past SQLite's 64 KiB and moved to a
 new file in /var/tmp on every send; docs/scaling.md), the start-up
 connection keeps SQLite's default; a pool transaction larger than that
-journal limit still rolls back to its savepoint."""
+journal limit still rolls back to its savepoint. Pool connections leave
+checkpoints to the pool, which runs them beside its writers rather than
+inside a writer's COMMIT (issue 30 again)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 from twisted.internet import reactor
 from twisted.trial import unittest
 
 from synapse_lite.storage.database import DatabasePool, LoggingTransaction, make_startup_connection
 from synapse_lite.storage.engines import create_engine
+from synapse_lite.storage.engines.sqlite import CHECKPOINT_EVERY_COMMITS
+from tests.harness.polling import eventually
 
 
 class SqlitePoolSettingsTestCase(unittest.TestCase):
     def setUp(self) -> None:
         directory = tempfile.mkdtemp(prefix="sqlite_pool_")
-        self.engine = create_engine("sqlite", {"path": os.path.join(directory, "x.db")})
+        self.path = os.path.join(directory, "x.db")
+        self.engine = create_engine("sqlite", {"path": self.path})
         self.startup = make_startup_connection(self.engine)
         self.addCleanup(self.startup.close)
         with self.startup.transaction() as txn:
@@ -58,3 +64,41 @@ class SqlitePoolSettingsTestCase(unittest.TestCase):
             return count, self.engine.sequence_last_value(txn.raw_cursor, "things")
 
         self.assertEqual(await self.pool.runInteraction("read", read), (0, 200))
+
+    async def test_the_pool_checkpoints_beside_its_writers(self) -> None:
+        """Pool connections do not checkpoint in a COMMIT (the start-up
+        connection keeps SQLite's automatic checkpoint); after
+        ``CHECKPOINT_EVERY_COMMITS`` write transactions the pool runs one
+        passive checkpoint on a thread of its own, which copies the log
+        into the database file."""
+
+        def autocheckpoint(txn: LoggingTransaction) -> int:
+            txn.execute("PRAGMA wal_autocheckpoint")
+            return int(txn.fetchone()[0])
+
+        self.assertEqual(await self.pool.runInteraction("pages", autocheckpoint, read_only=True), 0)
+        with self.startup.transaction() as txn:
+            self.assertEqual(autocheckpoint(txn), 1000)
+        checkpoints: list[int] = []
+        checkpoint = self.engine.checkpoint
+
+        def counting(conn: Any) -> None:
+            checkpoint(conn)
+            checkpoints.append(os.path.getsize(self.path))
+
+        self.patch(self.engine, "checkpoint", counting)
+        size = os.path.getsize(self.path)
+
+        def write(txn: LoggingTransaction, i: int) -> None:
+            txn.execute("INSERT INTO things (id, body) VALUES (?, ?)", (i, "x" * 2000))
+
+        for i in range(CHECKPOINT_EVERY_COMMITS):
+            await self.pool.runInteraction("write", write, i)
+            # Reads count for nothing.
+            await self.pool.runInteraction("pages", autocheckpoint, read_only=True)
+        await eventually(lambda: checkpoints, what="a checkpoint")
+        # One (the set-up's commit counted too, so it came by the last write).
+        self.assertEqual(len(checkpoints), 1)
+        # The rows (2 KB each) are in the database file now.
+        self.assertGreater(checkpoints[0], size + 32 * 2000)
+        self.assertFalse(self.engine.checkpoint_due())

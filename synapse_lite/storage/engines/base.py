@@ -37,6 +37,10 @@ class BaseDatabaseEngine(abc.ABC):
 
     #: ``sqlite`` or ``postgres``; used in logs and by the schema loader.
     name: str
+    #: Write transactions run one at a time (a database-wide write lock):
+    #: writes that queue for it gain by sharing a transaction
+    #: (``storage/group_commit.py``).
+    writes_one_at_a_time = False
 
     def __init__(self, args: dict[str, Any]) -> None:
         self.args = dict(args)
@@ -50,6 +54,21 @@ class BaseDatabaseEngine(abc.ABC):
         requests run), beyond what :meth:`connect` sets for every connection
         (the start-up one, which runs schema upgrades, included). None by
         default."""
+        return None
+
+    def checkpoint_due(self) -> bool:
+        """Whether a pool should now run :meth:`checkpoint` (on one of its
+        threads, off the write path); True at most once until
+        :meth:`checkpoint_done`. Never, by default."""
+        return False
+
+    def checkpoint(self, conn: DBAPIConnection) -> None:
+        """Write what the database's log holds into the database (between
+        transactions, on a pool connection). Nothing by default."""
+        return None
+
+    def checkpoint_done(self) -> None:
+        """The checkpoint :meth:`checkpoint_due` asked for ended (or failed)."""
         return None
 
     @abc.abstractmethod

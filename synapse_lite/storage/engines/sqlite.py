@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 _SEQUENCE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _SAVEPOINT = "synapse_lite_txn_body"
 
+#: Write transactions of a process between two checkpoints of its pool
+#: (SQLite's own default is one per 1,000 pages of log, about 20-40 sends).
+CHECKPOINT_EVERY_COMMITS = 32
+
 
 def _check_sequence_name(name: str) -> str:
     if not _SEQUENCE_NAME.match(name):
@@ -40,6 +44,7 @@ class Sqlite3Engine(BaseDatabaseEngine):
     """The stdlib ``sqlite3`` engine (WAL, busy timeout, foreign keys on)."""
 
     name = "sqlite"
+    writes_one_at_a_time = True
 
     def __init__(self, args: dict[str, Any]) -> None:
         super().__init__(args)
@@ -49,6 +54,12 @@ class Sqlite3Engine(BaseDatabaseEngine):
         # whose sleeps (up to 100 ms) would dominate write latency.
         self._write_lock = threading.Lock()
         self._thread = threading.local()
+        #: Write commits since the last checkpoint was asked for, and
+        #: whether one is asked for or running. Their own lock: the write
+        #: lock is held through whole transactions, and the reactor asks.
+        self._checkpoint_lock = threading.Lock()
+        self._commits_since_checkpoint = 0
+        self._checkpointing = False
 
     def _acquire_write_lock(self) -> None:
         self._write_lock.acquire()
@@ -89,6 +100,16 @@ class Sqlite3Engine(BaseDatabaseEngine):
         # are request-sized, so the memory is too; the start-up connection
         # keeps the default, its schema upgrades may sort whole tables.
         conn.cursor().execute("PRAGMA temp_store=MEMORY")
+        # No checkpoint in a COMMIT: SQLite's automatic one runs inside the
+        # COMMIT that takes the log past 1,000 pages, while this process's
+        # other writers wait for the write lock (``_write_lock``) behind its
+        # copy of the pages and its fsyncs (a tenth of the commits of sends,
+        # most of their time in COMMIT since the event graph doubled the
+        # pages of a send; docs/scaling.md, issue 30). The pool checkpoints
+        # on one of its threads instead, beside the writers
+        # (:meth:`checkpoint_due`). The start-up connection keeps the
+        # automatic one.
+        conn.cursor().execute("PRAGMA wal_autocheckpoint=0")
 
     def convert_param_style(self, sql: str) -> str:
         return sql
@@ -126,6 +147,30 @@ class Sqlite3Engine(BaseDatabaseEngine):
             conn.cursor().execute("COMMIT")
             return
         self._end(conn, "COMMIT")
+        with self._checkpoint_lock:
+            self._commits_since_checkpoint += 1
+
+    def checkpoint_due(self) -> bool:
+        """Every :data:`CHECKPOINT_EVERY_COMMITS` write commits of this
+        process, one checkpoint at a time."""
+        with self._checkpoint_lock:
+            if self._checkpointing or self._commits_since_checkpoint < CHECKPOINT_EVERY_COMMITS:
+                return False
+            self._checkpointing = True
+            self._commits_since_checkpoint = 0
+            return True
+
+    def checkpoint(self, conn: DBAPIConnection) -> None:
+        """A passive checkpoint: copies the log's committed pages into the
+        database (and syncs it) without taking the write lock, so writers
+        go on meanwhile; pages a reader may still need stay in the log for
+        the next one. The log restarts from its beginning once a checkpoint
+        has copied all of it."""
+        conn.cursor().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def checkpoint_done(self) -> None:
+        with self._checkpoint_lock:
+            self._checkpointing = False
 
     def rollback(
         self, conn: DBAPIConnection, sequence_floors: dict[str, int], read_only: bool = False

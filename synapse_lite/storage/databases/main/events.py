@@ -53,6 +53,7 @@ from synapse_lite.storage.databases.main.state_groups import (
     state_of_group_txn,
     write_state_group_txn,
 )
+from synapse_lite.storage.group_commit import GroupCommit
 from synapse_lite.streams.catalog import EventsStreamCurrentStateRow, EventsStreamEventRow
 
 if TYPE_CHECKING:
@@ -203,6 +204,13 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self._backfill_id_gen = hs.id_generators.of("backfill")
         # Kept only where a streamer sends them (a layout with workers).
         self._committed_rows = CommittedRows() if hs.config.workers else None
+        # Where writes wait for one another anyway (SQLite), the persists
+        # that queued behind a transaction go in one (``group_commit.py``).
+        self._persist_group: GroupCommit[list[Event]] | None = (
+            GroupCommit(database, "persist_events", idempotent=True)
+            if database.engine.writes_one_at_a_time
+            else None
+        )
         if self._committed_rows is not None:
             # Every id, whoever takes it: one taken outside persist_events has
             # no rows here and sends the streamer to the database.
@@ -261,7 +269,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         from_inbound_queue: Sequence[str] = (),
     ) -> list[Event]:
         """Persist events in order, in one transaction; returns them with their
-        stream ids. ``push_actions``: event_id -> what it does for local
+        stream ids. Where writes run one at a time (SQLite), that transaction
+        may also hold the events of other calls queued meanwhile (other
+        rooms: a room's writer persists one batch of a room at a time), each
+        call with its own stream ids and its own failure
+        (:class:`GroupCommit`). ``push_actions``: event_id -> what it does for local
         members (``handlers.push.EventPushActions``), stored in the same
         transaction. ``given_state_before``: event_id -> the state before
         it where its parents' states do not say it (a received event whose
@@ -278,7 +290,13 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
 
         # A second run after a COMMIT of unknown outcome cannot store an event
         # twice: event ids and client transaction ids are unique keys.
-        persisted = await self.db_pool.runInteraction("persist_events", txn_func, idempotent=True)
+        if self._persist_group is not None:
+            # Sends to other rooms queued meanwhile share the transaction.
+            persisted = await self._persist_group.run(txn_func)
+        else:
+            persisted = await self.db_pool.runInteraction(
+                "persist_events", txn_func, idempotent=True
+            )
         for event in persisted:
             self._event_cache.set(event.event_id, event)
         return persisted
