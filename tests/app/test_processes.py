@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.internet import reactor
@@ -10,7 +11,7 @@ from twisted.web.server import Site
 
 from synapse_lite.app.listeners import HealthResource
 from tests.harness.databases import create_test_database
-from tests.harness.processes import ServerProcesses, layout_config
+from tests.harness.processes import ServerProcesses, free_port, layout_config, listens_on
 from tests.harness.services import require_redis
 
 
@@ -69,3 +70,23 @@ class ForeignHealthTestCase(unittest.TestCase):
         self.assertIn("main exited with 1", str(caught.exception))
         self.assertIn("cannot listen", str(caught.exception))
         self.assertIsNone(servers.processes["persister1"].proto)  # never started
+
+
+class ListensOnTestCase(unittest.TestCase):
+    def test_a_reaped_process_listens_on_nothing(self) -> None:
+        """A process that is gone is "not listening" (False), never "cannot
+        say" (None): the harness took None for a yes, and a main that could
+        not listen and had exited passed for started (CI, stop 42)."""
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        self.assertIs(listens_on(pid, 1), False)
+
+    def test_this_process_listening_is_seen(self) -> None:
+        any_reactor: Any = reactor
+        port = any_reactor.listenTCP(0, Site(HealthResource("main")), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        number = port.getHost().port
+        self.assertIs(listens_on(os.getpid(), number), True)
+        self.assertIs(listens_on(os.getpid(), free_port()), False)

@@ -61,7 +61,10 @@ def free_port() -> int:
 
 def listens_on(pid: int, port: int) -> bool | None:
     """Whether process ``pid`` holds a socket listening on TCP ``port``
-    (IPv4 or IPv6); None where ``/proc`` cannot say (not Linux)."""
+    (IPv4 or IPv6); None where ``/proc`` cannot say (not Linux). A process
+    that is gone listens on nothing: False, not None."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -77,7 +80,7 @@ def listens_on(pid: int, port: int) -> bool | None:
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return None
+        return False
     for fd in fds:
         try:
             if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
@@ -273,7 +276,11 @@ class ServerProcesses:
         says) holds the socket listening on that port. So a worker started
         next never finds the schema unprepared (seen once: "expects schema
         version N but found an empty database"); a process that cannot
-        listen exits, and its log says why."""
+        listen exits, and its log says why. Once Twisted has reaped the
+        process its pid is None and its pid file removed: None == None must
+        not pass for "its own pid file" (seen in CI: main reaped, its output
+        pipes not yet closed, so still "running", and the foreign /health
+        answered 200)."""
         process = self.processes[name]
         pid_path = pid_file_path(self.config["data_dir"], name)
         port = int(process.health_url.rsplit(":", 1)[1].split("/")[0]) if process.health_url else 0
@@ -291,6 +298,7 @@ class ServerProcesses:
                 pid = process.transport.pid
                 if (
                     response.code == 200
+                    and pid is not None
                     and read_pid_file(pid_path) == pid
                     and listens_on(pid, port) is not False
                 ):
