@@ -33,6 +33,10 @@ _SAVEPOINT = "synapse_lite_txn_body"
 #: (SQLite's own default is one per 1,000 pages of log, about 20-40 sends).
 CHECKPOINT_EVERY_COMMITS = 32
 
+#: Pages of log past which a pool connection's COMMIT checkpoints too
+#: (SQLite's automatic checkpoint, at its default threshold).
+AUTOCHECKPOINT_PAGES = 1000
+
 
 def _check_sequence_name(name: str) -> str:
     if not _SEQUENCE_NAME.match(name):
@@ -100,16 +104,21 @@ class Sqlite3Engine(BaseDatabaseEngine):
         # are request-sized, so the memory is too; the start-up connection
         # keeps the default, its schema upgrades may sort whole tables.
         conn.cursor().execute("PRAGMA temp_store=MEMORY")
-        # No checkpoint in a COMMIT: SQLite's automatic one runs inside the
-        # COMMIT that takes the log past 1,000 pages, while this process's
-        # other writers wait for the write lock (``_write_lock``) behind its
-        # copy of the pages and its fsyncs (a tenth of the commits of sends,
-        # most of their time in COMMIT since the event graph doubled the
-        # pages of a send; docs/scaling.md, issue 30). The pool checkpoints
-        # on one of its threads instead, beside the writers
-        # (:meth:`checkpoint_due`). The start-up connection keeps the
-        # automatic one.
-        conn.cursor().execute("PRAGMA wal_autocheckpoint=0")
+        # Checkpoints: the pool copies the log into the database on one of
+        # its threads, beside the writers, every CHECKPOINT_EVERY_COMMITS
+        # write commits (:meth:`checkpoint_due`), so that SQLite's
+        # automatic checkpoint, which runs inside the COMMIT that finds the
+        # log past AUTOCHECKPOINT_PAGES while this process's other writers
+        # wait for the write lock (``_write_lock``), finds little left to
+        # copy (it used to copy and sync a tenth of the sends' pages there;
+        # docs/scaling.md, issue 30). The automatic one stays on: SQLite
+        # restarts the log from its start only when a writer begins and
+        # finds it copied whole with no reader inside it, which the pool's
+        # checkpoints alone, racing the writers, did not bring about, and
+        # the log grew by every page ever written (227 MB for 1,800 sends).
+        # Run in the COMMIT that follows, and again at each COMMIT until
+        # the restart happens, it does.
+        conn.cursor().execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
 
     def convert_param_style(self, sql: str) -> str:
         return sql
@@ -164,8 +173,7 @@ class Sqlite3Engine(BaseDatabaseEngine):
         """A passive checkpoint: copies the log's committed pages into the
         database (and syncs it) without taking the write lock, so writers
         go on meanwhile; pages a reader may still need stay in the log for
-        the next one. The log restarts from its beginning once a checkpoint
-        has copied all of it."""
+        the next one."""
         conn.cursor().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def checkpoint_done(self) -> None:
