@@ -102,3 +102,19 @@ class ConfigTestCase(unittest.TestCase):
         self.assertNotIn("instance_map", main)
         self.assertEqual(len(main["listeners"]), 1)
         self.assertEqual(main["database"]["name"], "sqlite3")
+
+
+class PrintReferenceTestCase(unittest.TestCase):
+    def test_ratio_and_the_rate_its_main_reached(self) -> None:
+        reference = {
+            40.0: {"achieved": 39.1, "ms_per_event": {"main": 22.4, WORKER: 1.25}},
+            200.0: {"achieved": 81.6, "ms_per_event": {"main": 10.9, WORKER: 0.33}},
+        }
+        ours = {"rates": {r: {"ms_per_event": {"synchrotron1": 0.25}} for r in (40.0, 200.0)}}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            follow_cost.print_reference(reference, ours)
+        at_40, at_200 = out.getvalue().strip().splitlines()[1:]
+        self.assertIn("reference / ours 5.00;", at_40)
+        self.assertNotIn("not at the same rate", at_40)
+        self.assertIn("reference / ours 1.32 (not at the same rate", at_200)
