@@ -23,19 +23,15 @@ to install when they are missing.
 from __future__ import annotations
 
 import os
-import subprocess
-import uuid
 from typing import Any
 
 import yaml
 
 from bench.cluster import free_port
-from bench.reference_follow import ReferenceCluster
+from bench.reference_follow import ADMIN_DATABASE, WORKER_NEEDS, ReferenceCluster, require_packages
 
 #: The sender worker's name.
 SENDER = "federation_sender1"
-#: What the reference needs for workers, beyond its base install.
-NEEDS = {"psycopg2": "psycopg2-binary", "txredisapi": "txredisapi", "hiredis": "hiredis"}
 
 
 class ReferenceSender(ReferenceCluster):
@@ -43,21 +39,14 @@ class ReferenceSender(ReferenceCluster):
     one federation sender worker, on a fresh PostgreSQL database."""
 
     def __init__(self, python: str, ca_path: str) -> None:
-        super().__init__(python, {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"})
+        super().__init__(python, ADMIN_DATABASE)
         self.ca_path = ca_path
         self.sender_port = free_port()
-        # Its own name per run: the reference's processes talk over Redis
-        # channels named after the server, and Redis is shared by every
-        # run on this machine (two runs with one name would hear each other).
-        self.server_name = f"bench-{uuid.uuid4().hex[:8]}.local"
 
-    def _write_config(self) -> tuple[str, str]:
-        main_config, _ = super()._write_config()
-        with open(main_config) as f:
-            config = yaml.safe_load(f)
+    def main_config(self) -> dict[str, Any]:
+        config = super().main_config()
         limit = {"per_second": 100_000, "burst_count": 100_000}
         config.update(
-            server_name=self.server_name,
             federation_sender_instances=[SENDER],
             federation_custom_ca_list=[self.ca_path],
             federation_verify_certificates=True,
@@ -70,8 +59,11 @@ class ReferenceSender(ReferenceCluster):
         config["listeners"][0]["resources"] = [
             {"names": ["client", "federation"], "compress": False}
         ]
-        with open(main_config, "w") as f:
-            yaml.safe_dump(config, f)
+        return config
+
+    def _write_config(self) -> tuple[str, str]:
+        """The base's configs, and the sender's in place of the follower's."""
+        main_config, _ = super()._write_config()
         worker_config = os.path.join(self.dir, f"{SENDER}.yaml")
         with open(worker_config, "w") as f:
             yaml.safe_dump(
@@ -96,18 +88,7 @@ class ReferenceSender(ReferenceCluster):
     def start(self) -> None:
         """Raises ``RuntimeError`` naming what to install when ``python``
         lacks the reference's worker dependencies."""
-        missing = [
-            package
-            for module, package in NEEDS.items()
-            if subprocess.run(
-                [self.python, "-c", f"import {module}"], capture_output=True
-            ).returncode
-        ]
-        if missing:
-            raise RuntimeError(
-                f"{self.python} cannot run the reference's workers: install"
-                f" {' '.join(missing)} there ({self.python} -m pip install {' '.join(missing)})"
-            )
+        require_packages(self.python, WORKER_NEEDS)
         main_config, worker_config = self._start_main()
         self._start(
             SENDER,

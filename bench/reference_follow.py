@@ -1,19 +1,26 @@
 """The reference homeserver's follower cost, measured beside ours.
 
 Issue 18 compares a pure follower of ours with the reference homeserver's
-workers, whose operators report ~6 ms of CPU per event per worker. This
-module measures it here instead: the reference's main process and one
-``generic_worker`` with no clients (a pure follower, as ``synchrotron1`` is in
-``follow_cost.py``), replicating over Redis as the reference requires for
-workers, on a fresh PostgreSQL database, sent messages at the same rates and
-with the same client as ours. The reference is not part of this repository:
-pass the Python of a virtualenv where it is installed
-(``python3 -m venv /work/ref && /work/ref/bin/pip install
-'matrix-synapse[postgres,redis]'``).
+workers, whose operators report ~6 ms of CPU per event per worker; issue 35
+asks for the ratio in one run. This module measures it here: the
+reference's main process and one ``generic_worker`` with no clients (a pure
+follower, as ``synchrotron1`` is in ``follow_cost.py``), replicating over
+Redis as the reference requires for workers, on a fresh PostgreSQL
+database, sent messages at the same rates and with the same client as ours.
+
+The reference is not part of this repository. Its workers need its
+``postgres`` and ``redis`` extras, which the cached install of
+``tests/harness/synapse_install.py`` lacks (its main process then exits at
+once: ``DependencyException: ['txredisapi', 'hiredis']``); ``python3
+tests/harness/synapse_install.py --workers`` makes a layer that has them and
+prints its python, which is the default ``PYTHON`` when it exists:
+
+    python -m bench.reference_follow [PYTHON] [--rate 40 --rate 200] [--seconds 10]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import shutil
@@ -30,9 +37,38 @@ import yaml
 
 from bench.cluster import free_port, process_cpu_seconds, stop_processes
 from bench.scenarios import Client, User
+from tests.harness.synapse_install import installed_workers_python
 
 #: The reference's worker, as its docs configure a pure /sync follower.
 WORKER = "sync1"
+#: Where the scratch databases are created: the machine's PostgreSQL.
+ADMIN_DATABASE = {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"}
+#: What the reference needs for workers beyond its base install (its
+#: ``postgres`` and ``redis`` extras): module to import, package to install.
+WORKER_NEEDS = {"psycopg2": "psycopg2-binary", "txredisapi": "txredisapi", "hiredis": "hiredis"}
+
+
+def missing_packages(python: str, needs: dict[str, str]) -> list[str]:
+    """The packages of ``needs`` (module -> package) whose module ``python``
+    cannot import."""
+    return [
+        package
+        for module, package in needs.items()
+        if subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode
+    ]
+
+
+def require_packages(python: str, needs: dict[str, str]) -> None:
+    """Raises ``RuntimeError`` naming what to install when ``python`` lacks
+    any of ``needs``: the reference would otherwise exit at start-up with
+    only its log to say why."""
+    missing = missing_packages(python, needs)
+    if missing:
+        raise RuntimeError(
+            f"{python} cannot run the reference's workers: it lacks {' '.join(missing)}"
+            " (python3 tests/harness/synapse_install.py --workers makes a virtualenv"
+            f" that has them, or {python} -m pip install {' '.join(missing)})"
+        )
 
 
 class ReferenceCluster:
@@ -51,6 +87,10 @@ class ReferenceCluster:
             free_port(),
         )
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        # Its own name per run: the reference's processes talk over Redis
+        # channels named after the server, and Redis is shared by every
+        # run on this machine (two runs with one name would hear each other).
+        self.server_name = f"bench-{uuid.uuid4().hex[:8]}.local"
 
     def _create_database(self) -> None:
         import psycopg2
@@ -74,28 +114,28 @@ class ReferenceCluster:
             cur.execute(f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)")
         conn.close()
 
-    def _write_config(self) -> tuple[str, str]:
-        log_config = os.path.join(self.dir, "log.yaml")
-        with open(log_config, "w") as f:
-            # WARNING, as our processes run in follow_cost.py.
-            yaml.safe_dump(
-                {
-                    "version": 1,
-                    "formatters": {"p": {"format": "%(asctime)s %(name)s %(message)s"}},
-                    "handlers": {"h": {"class": "logging.StreamHandler", "formatter": "p"}},
-                    "root": {"level": "WARNING", "handlers": ["h"]},
-                    "disable_existing_loggers": False,
-                },
-                f,
-            )
+    def log_config(self) -> dict[str, Any]:
+        """WARNING to stderr, as our processes run in follow_cost.py."""
+        return {
+            "version": 1,
+            "formatters": {"p": {"format": "%(asctime)s %(name)s %(message)s"}},
+            "handlers": {"h": {"class": "logging.StreamHandler", "formatter": "p"}},
+            "root": {"level": "WARNING", "handlers": ["h"]},
+            "disable_existing_loggers": False,
+        }
+
+    def main_config(self) -> dict[str, Any]:
+        """The main process's config: the client listener, the replication
+        listener the worker reaches through ``instance_map``, Redis, rate
+        limits lifted, presence off."""
         limit = {"per_second": 100_000, "burst_count": 100_000}
-        config = {
-            "server_name": "ref.test",
+        return {
+            "server_name": self.server_name,
             "pid_file": os.path.join(self.dir, "homeserver.pid"),
             "report_stats": False,
             "signing_key_path": os.path.join(self.dir, "signing.key"),
             "media_store_path": os.path.join(self.dir, "media"),
-            "log_config": log_config,
+            "log_config": os.path.join(self.dir, "log.yaml"),
             "database": {
                 "name": "psycopg2",
                 "args": {
@@ -136,30 +176,44 @@ class ReferenceCluster:
             "rc_login": {"address": limit, "account": limit, "failed_attempts": limit},
             "presence": {"enabled": False},
         }
-        main_config = os.path.join(self.dir, "homeserver.yaml")
-        with open(main_config, "w") as f:
-            yaml.safe_dump(config, f)
-        worker_config = os.path.join(self.dir, f"{WORKER}.yaml")
-        with open(worker_config, "w") as f:
-            yaml.safe_dump(
+
+    def worker_config(self) -> dict[str, Any]:
+        """The pure follower's config (read after the main one): a client
+        listener no client uses, which the start-up wait asks."""
+        return {
+            "worker_app": "synapse.app.generic_worker",
+            "worker_name": WORKER,
+            "worker_listeners": [
                 {
-                    "worker_app": "synapse.app.generic_worker",
-                    "worker_name": WORKER,
-                    "worker_listeners": [
-                        {
-                            "type": "http",
-                            "port": self.worker_port,
-                            "bind_addresses": ["127.0.0.1"],
-                            "resources": [{"names": ["client"]}],
-                        }
-                    ],
-                    "worker_log_config": log_config,
-                },
-                f,
-            )
-        return main_config, worker_config
+                    "type": "http",
+                    "port": self.worker_port,
+                    "bind_addresses": ["127.0.0.1"],
+                    "resources": [{"names": ["client"]}],
+                }
+            ],
+            "worker_log_config": os.path.join(self.dir, "log.yaml"),
+        }
+
+    def _write_config(self) -> tuple[str, str]:
+        """Writes the log, main and worker configs into the run's directory;
+        the main and worker config paths."""
+        paths = {
+            name: os.path.join(self.dir, name)
+            for name in ("log.yaml", "homeserver.yaml", f"{WORKER}.yaml")
+        }
+        for name, config in zip(
+            paths, (self.log_config(), self.main_config(), self.worker_config()), strict=True
+        ):
+            with open(paths[name], "w") as f:
+                yaml.safe_dump(config, f)
+        return paths["homeserver.yaml"], paths[f"{WORKER}.yaml"]
 
     def start(self) -> None:
+        """Raises ``RuntimeError`` naming what to install when ``python``
+        lacks the reference's worker dependencies, or when a process exits
+        or does not answer within 2 minutes (its log kept in the run's
+        directory until :meth:`stop`)."""
+        require_packages(self.python, WORKER_NEEDS)
         main_config, worker_config = self._start_main()
         self._start(
             WORKER,
@@ -270,14 +324,46 @@ async def measure(
     return results
 
 
-def main() -> None:
-    """``python -m bench.reference_follow PYTHON``: the figures alone (in a
-    whole run, ``python -m bench.follow_cost --reference PYTHON``)."""
-    admin = {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"}
-    for rate, r in asyncio.run(measure(sys.argv[1], admin, [40, 200], 10)).items():
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``python`` defaults to the workers' layer of
+    ``tests/harness/synapse_install.py --workers`` (an error without it)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.reference_follow",
+        description="The reference homeserver's pure-follower worker: CPU ms per event of its"
+        " main process and of the worker at each send rate (PostgreSQL, Redis). In a whole run"
+        " beside ours: python -m bench.follow_cost --reference.",
+    )
+    parser.add_argument(
+        "python", nargs="?", metavar="PYTHON",
+        help="the Python of a virtualenv with the reference and its postgres and redis extras"
+        " (default: the one python3 tests/harness/synapse_install.py --workers made)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rate", dest="rates", action="append", type=float,
+        help="events/s; repeatable (default: 40 and 200)",
+    )  # fmt: skip
+    parser.add_argument("--seconds", type=float, default=10.0, help="of sends per rate")
+    args = parser.parse_args(argv)
+    args.rates = args.rates or [40.0, 200.0]
+    if args.python is None:
+        args.python = installed_workers_python()
+        if args.python is None:
+            parser.error(
+                "no PYTHON given and no reference with its worker extras installed:"
+                " python3 tests/harness/synapse_install.py --workers makes one"
+            )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The reference's figures alone."""
+    args = parse_args(argv)
+    results = asyncio.run(measure(args.python, ADMIN_DATABASE, args.rates, args.seconds))
+    for rate, r in results.items():
         ms = ", ".join(f"{n} {v:.3f}" for n, v in r["ms_per_event"].items())
         print(f"{rate:g}/s asked, {r['achieved']:.1f}/s achieved: CPU ms per event: {ms}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,12 +13,9 @@ off, and no Redis (nothing to replicate to).
 from __future__ import annotations
 
 import os
-import subprocess
 from typing import Any
 
-import yaml
-
-from bench.reference_follow import ReferenceCluster
+from bench.reference_follow import ADMIN_DATABASE, ReferenceCluster, missing_packages
 
 
 class ReferenceHomeserver(ReferenceCluster):
@@ -29,7 +26,7 @@ class ReferenceHomeserver(ReferenceCluster):
     def __init__(self, python: str, engine: str, extra: dict[str, Any] | None = None) -> None:
         """``extra``: top-level settings added to the reference's config
         (e.g. ``app_service_config_files``)."""
-        super().__init__(python, {"host": "127.0.0.1", "user": "postgres", "dbname": "postgres"})
+        super().__init__(python, ADMIN_DATABASE)
         self.engine = engine
         self.extra = dict(extra or {})
 
@@ -41,10 +38,8 @@ class ReferenceHomeserver(ReferenceCluster):
         if self.engine == "postgres":
             super()._drop_database()
 
-    def _write_config(self) -> tuple[str, str]:
-        main_config, worker_config = super()._write_config()
-        with open(main_config) as f:
-            config = yaml.safe_load(f)
+    def main_config(self) -> dict[str, Any]:
+        config = super().main_config()
         config["server_name"] = self.SERVER_NAME
         # One process: nothing to replicate to.
         config["redis"] = {"enabled": False}
@@ -59,17 +54,15 @@ class ReferenceHomeserver(ReferenceCluster):
                 "args": {"database": os.path.join(self.dir, "homeserver.db")},
             }
         config.update(self.extra)
-        with open(main_config, "w") as f:
-            yaml.safe_dump(config, f)
-        return main_config, worker_config
+        return config
 
     def start(self) -> None:
         """Raises ``RuntimeError`` saying what to install when the
         reference's Python lacks its PostgreSQL driver (the venv
         ``tests/harness/synapse_install.py`` makes has none)."""
         if self.engine == "postgres":
-            check = [self.python, "-c", "import psycopg2"]
-            if subprocess.run(check, capture_output=True).returncode != 0:
+            missing = missing_packages(self.python, {"psycopg2": "psycopg2-binary"})
+            if missing:
                 raise RuntimeError(
                     f"{self.python} cannot import psycopg2: install it there"
                     f" ({self.python} -m pip install psycopg2-binary) or use --engine sqlite"

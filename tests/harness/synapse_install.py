@@ -117,6 +117,15 @@ def workers_venv_dir() -> str:
     return venv_dir() + "-workers"
 
 
+def installed_workers_python() -> str | None:
+    """The python of the workers' layer (:func:`install_synapse_workers`)
+    when that install is complete, else None; installs nothing."""
+    venv = workers_venv_dir()
+    if os.path.exists(os.path.join(venv, ".installed")):
+        return os.path.join(venv, "bin", "python")
+    return None
+
+
 def install_synapse_workers() -> str:
     """Install (once) and return the python of a virtualenv that runs the
     reference with workers: the base install (:func:`install_synapse`)
@@ -128,7 +137,7 @@ def install_synapse_workers() -> str:
     python = os.path.join(venv, "bin", "python")
     with open(os.path.join(cache_dir(), "install.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(os.path.join(venv, ".installed")):
+        if installed_workers_python() is not None:
             return python
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         try:
