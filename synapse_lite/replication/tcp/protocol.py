@@ -303,6 +303,16 @@ class ReplicationProtocol(LineOnlyReceiver):
 
     # -- receiving ---------------------------------------------------------------------
 
+    def dataReceived(self, data: bytes) -> None:
+        """One read of the socket: its commands reach the receiver between
+        ``read_started`` and ``read_done``, so that it can apply their rows
+        together (one cache pass and one wake-up per read, not per line)."""
+        self._receiver.read_started()
+        try:
+            super().dataReceived(data)
+        finally:
+            self._receiver.read_done()
+
     def lineReceived(self, line: bytes) -> None:
         if self._state is ConnectionState.CLOSED:
             return
