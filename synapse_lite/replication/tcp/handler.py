@@ -232,9 +232,14 @@ class ReplicationCommandHandler:
 
     # Per-stream ordered processing
 
-    def _enqueue(self, stream_name: str, work: Callable[[], Awaitable[None]]) -> None:
-        if self._held:
-            # What is queued comes after the rows already believed.
+    def _enqueue(
+        self, stream_name: str, work: Callable[[], Awaitable[None]], after_held: bool = True
+    ) -> None:
+        """Run ``work`` after the stream's earlier work. ``after_held``: the
+        stream's held rows are applied first (a POSITION or catch-up reads
+        the positions they move); an RDATA waiting for its claim's check
+        need not, as it only joins them or follows them."""
+        if after_held and self._held:
             self._apply_held(stream_name)
         self._queues[stream_name].append(work)
         if stream_name not in self._queue_running:
@@ -285,7 +290,9 @@ class ReplicationCommandHandler:
         # Described now: over Redis the one connection names the sender of
         # the message being handed over only while it is.
         self._enqueue(
-            cmd.stream_name, lambda: self._process_rdata(connection, cmd, stream, row, sender)
+            cmd.stream_name,
+            lambda: self._process_rdata(connection, cmd, stream, row, sender),
+            after_held=False,
         )
 
     async def _process_rdata(
