@@ -266,11 +266,13 @@ class ReplicationCommandHandler:
     def _on_rdata(self, connection: ReplicationConnection, cmd: RdataCommand) -> None:
         if cmd.instance_name == self._me or not self._follows(cmd.stream_name):
             return  # our own echo (Redis), or a stream we do not read
-        sender = connection.describe()
-        line = claim_line(cmd)
-        stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
-        if stream is None or not self.claims.in_range(cmd.stream_name, sender, line, cmd.token):
-            return
+        stream = self.claims.stream_in_range(cmd.stream_name, cmd.token)
+        if stream is None:
+            # Refused: the claims name, log and count it.
+            sender, line = connection.describe(), claim_line(cmd)
+            stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
+            if stream is None or not self.claims.in_range(cmd.stream_name, sender, line, cmd.token):
+                return
         try:
             row = stream.definition.parse_row(cmd.row)
         except InvalidRow as e:
@@ -289,6 +291,7 @@ class ReplicationCommandHandler:
             return
         # Described now: over Redis the one connection names the sender of
         # the message being handed over only while it is.
+        sender = connection.describe()
         self._enqueue(
             cmd.stream_name,
             lambda: self._process_rdata(connection, cmd, stream, row, sender),
