@@ -213,7 +213,8 @@ class ReplicationCommandHandler:
         self._reads -= 1
         if self._reads <= 0:
             self._reads = 0
-            self._apply_held()
+            if self._held:
+                self._apply_held()
 
     def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
         try:
@@ -367,9 +368,12 @@ class ReplicationCommandHandler:
     def _apply_held(self, stream_name: str | None = None) -> None:
         """Apply the held rows (of ``stream_name`` only, if given), each
         writer's as one batch, in the order their writers first came."""
-        keys = [key for key in self._held if stream_name is None or key[0] == stream_name]
-        for key in keys:
-            held = self._held.pop(key)
+        if stream_name is None:
+            batches, self._held = self._held, {}
+        else:
+            keys = [key for key in self._held if key[0] == stream_name]
+            batches = {key: self._held.pop(key) for key in keys}
+        for key, held in batches.items():
             try:
                 self._apply_rows(key, held.token, held.rows)
             except Exception:
