@@ -13,18 +13,15 @@ from __future__ import annotations
 import logging
 from collections import ChainMap
 from collections.abc import (
-    AsyncIterator,
     Awaitable,
     Callable,
     Mapping,
     MutableMapping,
     Sequence,
 )
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import attr
-from twisted.internet import defer
 
 from synapse_lite.api.content import check_events
 from synapse_lite.api.errors import AuthError, Codes, NotFoundError, SynapseError
@@ -53,6 +50,7 @@ from synapse_lite.handlers.received_events import (
     stored_as_pdu,
 )
 from synapse_lite.handlers.restricted_joins import load_auth_state, restricted_join_authoriser
+from synapse_lite.keyed_locks import KeyedLocks
 from synapse_lite.replication.http.forward_extremities import (
     DELETE_FORWARD_EXTREMITIES,
     ExtremitiesDeleted,
@@ -105,30 +103,6 @@ def _revokes_guest_access(event: Event) -> bool:
         and event.state_key == ""
         and event.content.get("guest_access") != "can_join"
     )
-
-
-class _RoomLocks:
-    """One lock per room, held while an event is checked and persisted."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[defer.DeferredLock, int]] = {}
-
-    @asynccontextmanager
-    async def hold(self, room_id: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(room_id, (defer.DeferredLock(), 0))
-        self._locks[room_id] = (lock, users + 1)
-        try:
-            await lock.acquire()
-            try:
-                yield
-            finally:
-                lock.release()
-        finally:
-            lock, users = self._locks[room_id]
-            if users <= 1:
-                del self._locks[room_id]
-            else:
-                self._locks[room_id] = (lock, users - 1)
 
 
 def place_in_graph(
@@ -260,7 +234,7 @@ class EventCreationHandler:
         self._calls = calls
         self._event_writers = event_writers
         self._server_name = config.server_name
-        self._locks = _RoomLocks()
+        self._locks = KeyedLocks()
         #: Each room's forward extremities (event id -> depth), on its
         #: writer: the next event names them as its parents (so a send
         #: reads no extra row), and its id is made with them.

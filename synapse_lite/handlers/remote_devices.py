@@ -40,6 +40,7 @@ from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.inbound_edus import MAX_ID, DroppedEdu, user_of
 from synapse_lite.federation.sender.edus import DEVICE_LIST_UPDATE, SIGNING_KEY_UPDATE
 from synapse_lite.handlers.e2e_keys import check_cross_signing_key
+from synapse_lite.keyed_locks import KeyedLocks
 from synapse_lite.replication.http.e2e_keys import KeysChanged
 from synapse_lite.replication.http.remote_devices import (
     CHANGED,
@@ -166,11 +167,24 @@ class RemoteDeviceLists:
         self._get_client = get_client
         #: Users whose list is being fetched in the background.
         self._resyncing: set[str] = set()
+        #: Writes of one user's list go one at a time: a REPLACE deletes the
+        #: user's devices and inserts the new list, and two at once (the
+        #: list fetched for a /keys/query beside an EDU's own fetch) both
+        #: inserted (PostgreSQL: a duplicate key, a 500 to the client).
+        self._user_locks = KeyedLocks()
 
     # Writes (on the user's device_lists writer)
 
     async def write(self, change: RemoteDeviceListWrite) -> KeysChanged:
         """Serves :data:`WRITE_REMOTE_DEVICE_LIST`."""
+        async with self._user_locks.hold(change.user_id):
+            stream_id = await self._write_locked(change)
+        # Other processes are woken by the stream's rows; this one's /syncs here.
+        rooms = await self._store.get_rooms_shared_with_local_users(change.user_id)
+        self._notifier.notify(rooms=rooms)
+        return KeysChanged(stream_id)
+
+    async def _write_locked(self, change: RemoteDeviceListWrite) -> int:
         store, user_id, data = self._store, change.user_id, change.data
         if change.kind == REPLACE:
             stream_id = await store.replace_remote_device_list(
@@ -189,10 +203,7 @@ class RemoteDeviceLists:
             stream_id = await store.note_remote_device_change(
                 user_id, list(data["device_ids"]), bool(data["stale"])
             )
-        # Other processes are woken by the stream's rows; this one's /syncs here.
-        rooms = await store.get_rooms_shared_with_local_users(user_id)
-        self._notifier.notify(rooms=rooms)
-        return KeysChanged(stream_id)
+        return stream_id
 
     async def _write(self, user_id: str, kind: str, data: dict[str, Any]) -> None:
         await self._calls.call(

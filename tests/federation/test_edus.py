@@ -9,6 +9,13 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
+from twisted.internet import defer
+
+from synapse_lite.replication.http.remote_devices import (
+    REPLACE,
+    WRITE_REMOTE_DEVICE_LIST,
+    RemoteDeviceListWrite,
+)
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.federation.test_rooms import CAROL, FederationRoomsBase
 from tests.harness.client_api import ClientApi
@@ -513,6 +520,35 @@ class HostileDeviceListsTestCase(FederationRoomsBase):
             ),
             what="every b.test process read the fetched list",
         )
+
+    async def test_two_replacements_of_one_list_at_once(self) -> None:
+        """The list fetched for a /keys/query and the one an EDU's gap made
+        b.test fetch can reach the writer together: both are written, one
+        after the other (PostgreSQL refused the second's rows as duplicates
+        while both ran at once, seen in CI as a 500 from /keys/query)."""
+        _alice, room_id = await self.room()
+        await self.join_carol(room_id)
+        calls = self.b["fed1"].calls
+
+        def replacement(stream_id: int, name: str) -> RemoteDeviceListWrite:
+            devices = [{"device_id": "D1", "display_name": name, "keys": None}]
+            data = {"stream_id": stream_id, "devices": devices, "cross_signing": {}}
+            return RemoteDeviceListWrite(CAROL, REPLACE, data)
+
+        first, second = await defer.gatherResults(
+            [
+                defer.ensureDeferred(
+                    calls.call(WRITE_REMOTE_DEVICE_LIST, replacement(5, "first"), instance="main")
+                ),
+                defer.ensureDeferred(
+                    calls.call(WRITE_REMOTE_DEVICE_LIST, replacement(6, "second"), instance="main")
+                ),
+            ]
+        )
+        assert first.stream_id is not None and second.stream_id is not None
+        self.assertLess(first.stream_id, second.stream_id)
+        devices = await self.b["main"].store.get_remote_devices(CAROL)
+        self.assertEqual([(d.device_id, d.display_name) for d in devices], [("D1", "second")])
 
     async def test_user_key_endpoints(self) -> None:
         alice, _room_id = await self.room()
