@@ -86,8 +86,8 @@ async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, di
         client = Client(session)
         main = cluster.url("main")
         people, rooms = await setup_users_and_rooms(client, main, args.users, args.rooms)
-        if args.even_writers:
-            rooms = await even_rooms(client, cluster, main, people, rooms)
+        if args.even_writers or args.one_writer:
+            rooms = await even_rooms(client, cluster, main, people, rooms, args.one_writer)
         if layout != "default":
             send_bases = [cluster.url(n) for n in SEND_TO[layout]]
             sync_base = cluster.url(SYNC_ON[layout])
@@ -144,17 +144,25 @@ def named(column: str, by_mode: dict[str, dict[str, Any]]) -> dict[str, dict[str
 
 
 async def even_rooms(
-    client: Client, cluster: Cluster, main: str, people: list[Any], rooms: list[str]
+    client: Client,
+    cluster: Cluster,
+    main: str,
+    people: list[Any],
+    rooms: list[str],
+    one_writer: bool = False,
 ) -> list[str]:
     """``len(rooms)`` rooms split evenly over the layout's events writers (a
     room's writer is a hash of its random id, so a few rooms often land on one
-    writer, and differently for each run): rooms are created and joined until
-    every writer has its share, and everyone leaves the ones not kept.
-    ``len(rooms)`` must be a multiple of the number of writers."""
+    writer, and differently for each run), or all on its first one with
+    ``one_writer``: rooms are created and joined until every writer has its
+    share, and everyone leaves the ones not kept. ``len(rooms)`` must be a
+    multiple of the number of writers."""
     writers = cluster.events_writers()
     if len(writers) == 1:
         return rooms
-    if len(rooms) % len(writers):
+    if one_writer:
+        writers = writers[:1]
+    elif len(rooms) % len(writers):
         raise ValueError(f"--rooms {len(rooms)} is not a multiple of {len(writers)} writers")
     share = len(rooms) // len(writers)
     kept: dict[str, list[str]] = {w: [] for w in writers}
@@ -165,7 +173,7 @@ async def even_rooms(
             pending = (await setup_users_and_rooms(client, main, 0, 1, people))[1]
         room = pending.pop()
         writer = cluster.room_writers()[room]
-        if len(kept[writer]) < share:
+        if writer in kept and len(kept[writer]) < share:
             kept[writer].append(room)
         else:
             extra.append(room)
@@ -435,6 +443,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="split the rooms evenly over the layout's events writers (more rooms created,"
         " the extra ones left), so that runs of different code compare alike",
+    )
+    parser.add_argument(
+        "--one-writer",
+        action="store_true",
+        help="all the rooms on the layout's first events writer (the others only follow)",
     )
     parser.add_argument(
         "--sync-modes",
