@@ -1,5 +1,6 @@
 """Group commit (``storage/group_commit.py``): writes queued while a
-transaction of the group runs share the next transaction, in queue order,
+transaction of the group runs, or waits to begin, share a transaction, in
+queue order,
 each answered with its own result; a group that fails rolls back and runs
 its writes one by one, so only the failing write's caller fails. Then the
 events writer's persists (SQLite groups them; the test installs a group on
@@ -98,6 +99,34 @@ class GroupCommitTestCase(DatabaseTestCase):
         name, before = await self.group.run(self.insert(4))
         self.assertNotIn(name, names)
         self.assertEqual(before, 3)
+
+    async def test_writes_queued_while_it_waits_to_begin_join_the_transaction(self) -> None:
+        # One connection, held by a transaction outside the group (as
+        # another process holding SQLite's write lock would hold the
+        # group's BEGIN): the group's first write is asked for, then two
+        # more queue before the transaction can begin.
+        pool = DatabasePool(reactor, self.engine, max_connections=1)
+        self.addCleanup(pool.close)
+        group: GroupCommit[tuple[str, int]] = GroupCommit(pool, "test_things_waiting")
+        blocker = Blocker()
+        held = defer.ensureDeferred(pool.runInteraction("hold", blocker))
+        await threads.deferToThread(blocker.started.wait, 10)
+        first = defer.ensureDeferred(group.run(self.insert(1)))
+        queued = [defer.ensureDeferred(group.run(self.insert(n))) for n in (2, 3)]
+        blocker.release.set()
+        await held
+        results = [await first, *(await defer.gatherResults(queued))]
+        self.assertEqual(len({name for name, _ in results}), 1)
+        self.assertEqual([before for _, before in results], [0, 1, 2])
+        self.assertEqual([n for n, _ in self.ran], [1, 2, 3])
+
+    async def test_a_lone_failing_write_runs_once(self) -> None:
+        fell_back = fallbacks("test_things")
+        with self.assertRaisesRegex(ValueError, "write 1 fails"):
+            await self.group.run(self.insert(1, fail=True))
+        self.assertEqual([n for n, _ in self.ran], [1])
+        self.assertEqual(fallbacks("test_things"), fell_back)
+        self.assertEqual(await self.rows(), [])
 
     async def test_a_failing_write_fails_alone_and_the_others_commit(self) -> None:
         fell_back = fallbacks("test_things")
