@@ -608,7 +608,9 @@ def _handlers(
     account_data = AccountDataHandler(store, notifier, calls)
     push_rules = PushRulesHandler(store, notifier, calls)
     upgraded_rooms = UpgradedRoomUserState(store, account_data, push_rules)
-    remote = _remote_membership(config, keyring, clock, store, federation, calls, event_writers)
+    remote = _remote_membership(
+        config, keyring, clock, store, federation, calls, event_writers, device_lists
+    )
     remote_members, backfiller = remote if remote is not None else (None, None)
     members = RoomMemberHandler(
         store, clock, server_name, events, upgraded_rooms, app_service_queries, remote_members
@@ -901,6 +903,7 @@ def _remote_membership(
     federation: Federation,
     calls: InternalCalls,
     event_writers: Callable[[], Sequence[str]],
+    device_lists: RemoteDeviceLists,
 ) -> tuple[FederationJoinHandler, Backfiller] | None:
     """Joins and leaves of our users in other servers' rooms, and backfill
     of their history, through this process's federation client (a client
@@ -923,6 +926,7 @@ def _remote_membership(
         calls=calls,
         writers=config.writers,
         event_writers=event_writers,
+        device_lists=device_lists,
     ), Backfiller(
         store=store,
         clock=clock,

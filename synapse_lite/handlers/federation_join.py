@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attr
+from twisted.internet import defer
 
 from synapse_lite.api.errors import AuthError, Codes, SynapseError
 from synapse_lite.api.identifiers import server_of
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from synapse_lite.federation.crypto import SigningKey
     from synapse_lite.federation.keyring import Keyring
     from synapse_lite.handlers.message import EventCreationHandler
+    from synapse_lite.handlers.remote_devices import RemoteDeviceLists
     from synapse_lite.replication.http.calls import InternalCalls
     from synapse_lite.storage.databases.main import GenericWorkerStore
     from synapse_lite.streams.writers import WritersDirectory
@@ -305,7 +307,10 @@ class FederationJoinHandler:
         calls: InternalCalls,
         writers: WritersDirectory,
         event_writers: Callable[[], Sequence[str]],
+        device_lists: RemoteDeviceLists | None = None,
     ) -> None:
+        """``device_lists``: told of each room we join through another
+        server (:meth:`RemoteDeviceLists.on_room_rejoined`)."""
         self._store = store
         self._clock = clock
         self._server_name = server_name
@@ -315,6 +320,7 @@ class FederationJoinHandler:
         self._calls = calls
         self._writers = writers
         self._event_writers = event_writers
+        self._device_lists = device_lists
 
     async def is_remote_room(self, room_id: str, leaving: str | None = None) -> bool:
         """Whether a membership change of ours in ``room_id`` goes through
@@ -439,6 +445,18 @@ class FederationJoinHandler:
         checked = await self.check_answer(version, room_id, signed, sent)
         persisted = await self._persist(server, version, room_id, checked)
         logger.info("%s joined %s through %s", user_id, room_id, server)
+        if self._device_lists is not None:
+            members = [
+                event.state_key
+                for event in (checked.events[i].event for i in checked.state_before.values())
+                if event.membership == "join" and event.state_key is not None
+            ]
+            d = defer.ensureDeferred(self._device_lists.on_room_rejoined(room_id, members))
+            d.addErrback(
+                lambda f: logger.error(
+                    "Could not check the device lists of %s's members: %s", room_id, f.value
+                )
+            )
         return persisted
 
     async def _send_membership(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -269,6 +269,28 @@ class RemoteDeviceLists:
         )
         await self._write(user_id, CHANGED, {"device_ids": [device.device_id], "stale": True})
         self._resync_in_background(user_id)
+
+    async def on_room_rejoined(self, room_id: str, members: Iterable[str]) -> None:
+        """Our server joined ``room_id`` through another server, so it
+        shared the room with none of ``members`` (its joined users) just
+        before: another server's user whose list we keep and who shares no
+        other room with ours may have changed devices meanwhile, and their
+        server told us nothing then. Each such copy is marked stale (a row
+        on the device_lists stream: our users' /sync lists the user under
+        ``changed``, and the next query fetches the list first) and fetched
+        again in the background. Users we keep no copy of need nothing: a
+        client learns of them from the join itself."""
+        for user_id in members:
+            if server_of(user_id) == self._server_name:
+                continue
+            state = await self._store.get_remote_device_list_state(user_id)
+            if state is None or state.stale:
+                continue
+            shared = await self._store.get_rooms_shared_with_local_users(user_id)
+            if any(room != room_id for room in shared):
+                continue  # told of every change through the other room
+            await self._write(user_id, CHANGED, {"device_ids": [], "stale": True})
+            self._resync_in_background(user_id)
 
     def _resync_in_background(self, user_id: str) -> None:
         """:meth:`resync` ``user_id`` unless it is being fetched already."""

@@ -397,6 +397,47 @@ class DeviceListsAcrossServersTestCase(TwoServersBase):
 
         await eventually(copy_has_one, timeout=15, what="a.test's copy without the second device")
 
+    async def test_a_list_changed_while_no_room_was_shared_is_fetched_on_rejoin(self) -> None:
+        # carol's server keeps alice's list, then carol leaves the one room
+        # they shared: b.test tells a.test nothing of alice's next keys.
+        # When carol joins again (through b.test), a.test's copy is marked
+        # stale: carol's /sync from before the leave lists alice as
+        # changed, and her query has alice's new keys.
+        alice, carol, room_id = await self.shared_room()
+        assert alice.user_id is not None and alice.device_id is not None
+        await self.upload(alice, "A")
+        answer = await self.query(carol, alice.user_id)
+        self.assertEqual(
+            answer["device_keys"][alice.user_id][alice.device_id]["keys"][
+                f"curve25519:{alice.device_id}"
+            ],
+            "curveA",
+        )
+        since = (await carol.sync())["next_batch"]
+        await carol.ok("POST", f"/rooms/{q(room_id)}/leave", {})
+
+        async def a_test_left() -> bool:
+            joined = await self.b["main"].store.get_users_in_room(room_id)
+            return carol.user_id not in joined
+
+        await eventually(a_test_left, timeout=15, what="carol's leave at b.test")
+        await self.upload(alice, "B")
+        await carol.ok("POST", f"/join/{q(room_id)}?server_name=b.test", {})
+        await self.wait_sync(
+            carol,
+            since,
+            room_id,
+            lambda s: alice.user_id in s.get("device_lists", {}).get("changed", []),
+            "alice in carol's device_lists.changed after the rejoin",
+        )
+
+        async def new_keys() -> bool:
+            answer = await self.query(carol, alice.user_id or "")
+            device = answer["device_keys"].get(alice.user_id, {}).get(alice.device_id or "", {})
+            return bool(device.get("keys", {}).get(f"curve25519:{alice.device_id}") == "curveB")
+
+        await eventually(new_keys, timeout=15, what="alice's new keys in carol's query")
+
     async def test_signing_a_remote_users_master_key(self) -> None:
         """carol (a.test) verifies alice (b.test): her user-signing key's
         signature of alice's master key is stored on a.test and shown to
