@@ -64,6 +64,8 @@ logger = logging.getLogger(__name__)
 
 #: Delay before retrying a catch-up that failed (database or writer unreachable).
 CATCH_UP_RETRY_SECONDS = 1.0
+#: Delay before checking again a claim whose check failed (database unreachable).
+CHECK_RETRY_SECONDS = 1.0
 
 StreamKey = tuple[str, str]  # (stream name, writer instance)
 
@@ -308,19 +310,61 @@ class ReplicationCommandHandler:
         sender: str,
     ) -> None:
         key = (cmd.stream_name, cmd.instance_name)
-        if not await self.claims.believe(
-            stream,
-            cmd.instance_name,
-            cmd.token,
-            sender,
-            claim_line(cmd),
-            connection.vouches_for_claims,
-        ):
+        if not await self._believe(connection, stream, cmd.instance_name, cmd.token, sender, cmd):
             # Rows held for this token go too: they are kept only up to what
             # the sequence allows.
             self._pending_batches.pop(key, None)
             return
         self._apply_rdata(connection, cmd, stream, row)
+
+    async def _believe(
+        self,
+        connection: ReplicationConnection,
+        stream: Stream,
+        writer: str,
+        token: int | None,
+        sender: str,
+        cmd: RdataCommand | PositionCommand,
+    ) -> bool:
+        """``claims.believe``, asked again every :data:`CHECK_RETRY_SECONDS`
+        while it cannot answer (the sequence cannot be read: the database is
+        down), the stream's later commands waiting behind it, as the main
+        process holds what it relays over TCP. Dropping the claim instead
+        skipped its row for good: the writer's next row moved our position
+        past it (issue 35: an event lost in the PostgreSQL restart fault
+        over Redis). False: refused, or the connection went down meanwhile
+        (the next connection's POSITION catches up) or the process stops."""
+        seen = self._positions_seen.get(connection)
+        while True:
+            try:
+                return await self.claims.believe(
+                    stream, writer, token, sender, claim_line(cmd), connection.vouches_for_claims
+                )
+            except Exception as e:
+                if self._stopped or self._positions_seen.get(connection) is not seen:
+                    return False
+                logger.warning(
+                    "Checking %s of %s from %s failed (%s); holding the stream's commands,"
+                    " checking again in %.0f s",
+                    cmd.NAME,
+                    cmd.stream_name,
+                    sender,
+                    e,
+                    CHECK_RETRY_SECONDS,
+                )
+            await self._pause(CHECK_RETRY_SECONDS)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``; for ever if the process stops meanwhile."""
+        waited: defer.Deferred[None] = defer.Deferred()
+
+        def run() -> None:
+            self._retry_calls.discard(call)
+            waited.callback(None)
+
+        call = self._clock.call_later(seconds, run)
+        self._retry_calls.add(call)
+        await waited
 
     def _apply_rdata(
         self, connection: ReplicationConnection, cmd: RdataCommand, stream: Stream, row: Any
@@ -415,13 +459,8 @@ class ReplicationCommandHandler:
     ) -> None:
         if connection not in self._positions_seen or self._can_discard(connection, stream, cmd):
             return
-        if not await self.claims.believe(
-            stream,
-            cmd.instance_name,
-            cmd.new_token,
-            sender,
-            claim_line(cmd),
-            connection.vouches_for_claims,
+        if not await self._believe(
+            connection, stream, cmd.instance_name, cmd.new_token, sender, cmd
         ):
             return
         if not self.claims.not_backwards(

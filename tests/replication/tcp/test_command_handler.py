@@ -17,7 +17,11 @@ from synapse_lite.replication.tcp.commands import (
     ReplicateCommand,
     UserSyncCommand,
 )
-from synapse_lite.replication.tcp.handler import CATCH_UP_RETRY_SECONDS, ReplicationCommandHandler
+from synapse_lite.replication.tcp.handler import (
+    CATCH_UP_RETRY_SECONDS,
+    CHECK_RETRY_SECONDS,
+    ReplicationCommandHandler,
+)
 from synapse_lite.replication.tcp.receiver import PositionWaiters, ReplicationReceiver
 from synapse_lite.streams.catalog import BUILTIN_STREAMS, ReceiptsStreamRow, TypingStreamRow
 from synapse_lite.streams.definition import Wake
@@ -120,6 +124,52 @@ class CommandHandlerTestCase(unittest.TestCase):
         self.rows.failures = 1
         with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
             self.command(PositionCommand("receipts", "w1", 1, 1))
+        self.handler.stop()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_row_whose_claim_cannot_be_checked_waits_until_it_can(self) -> None:
+        """Issue 35, the PostgreSQL restart fault over Redis: a row whose
+        claim was checked against the sequence while the database was down
+        was dropped, and the writer's next row moved the position past it:
+        an event lost for good. The check is asked again, the stream's later
+        rows waiting behind it."""
+        self.command(PositionCommand("receipts", "w1", 0, 0))
+        self.positions.allocated = 10
+        self.positions.sequence_failures = 2
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(RdataCommand("receipts", "w1", 1, wire(receipt(1))))
+            self.command(RdataCommand("receipts", "w1", 2, wire(receipt(2))))
+            self.assertEqual(self.applied(), [(0, 0)])
+            self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(self.applied(), [(0, 0)])
+        self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(self.applied(), [(0, 0), (1, 1), (2, 1)])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_position_whose_claim_cannot_be_checked_is_checked_again(self) -> None:
+        self.rows.add("w1", 3, receipt(3))
+        self.positions.allocated = 10
+        self.positions.sequence_failures = 1
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(PositionCommand("receipts", "w1", 3, 3))
+        self.assertEqual(self.applied(), [])
+        self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(self.applied(), [(3, 1), (3, 0)])
+
+    def test_a_check_is_not_retried_for_a_connection_gone_or_a_process_stopped(self) -> None:
+        self.command(PositionCommand("receipts", "w1", 0, 0))
+        self.positions.allocated = 10
+        self.positions.sequence_failures = 3
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(RdataCommand("receipts", "w1", 1, wire(receipt(1))))
+        # The connection comes back: its POSITION will catch the row up.
+        self.handler.lost_connection(self.conn)
+        self.handler.new_connection(self.conn)
+        self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.applied(), [(0, 0)])
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(PositionCommand("receipts", "w1", 0, 5))
         self.handler.stop()
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
