@@ -58,6 +58,12 @@ class _Nothing:
     def on_command(self, connection: Any, cmd: Any) -> None:
         pass
 
+    def read_started(self) -> None:
+        pass
+
+    def read_done(self) -> None:
+        pass
+
 
 class _Publisher:
     """Stands in for the publisher connection: takes the line, answers later."""

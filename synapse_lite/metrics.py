@@ -91,16 +91,16 @@ REPLICATION_BAD_LINES = Counter(
 _COMMAND_COUNTERS: dict[tuple[int, str], Counter] = {}
 
 
-def count_command(counter: Counter, name: str) -> None:
-    """``counter.labels(name).inc()`` for :data:`REPLICATION_COMMANDS_IN` or
-    ``_OUT``, the child looked up once per command name: every process does
-    this for every line (a label lookup per line was a measurable share of a
-    follower's CPU, issue 18). Command names are a fixed set."""
+def count_command(counter: Counter, name: str, amount: int = 1) -> None:
+    """``counter.labels(name).inc(amount)`` for :data:`REPLICATION_COMMANDS_IN`
+    or ``_OUT``, the child looked up once per command name: every process
+    does this for every line (a label lookup per line was a measurable share
+    of a follower's CPU, issue 18). Command names are a fixed set."""
     key = (id(counter), name)
     child = _COMMAND_COUNTERS.get(key)
     if child is None:
         child = _COMMAND_COUNTERS[key] = counter.labels(name)
-    child.inc()
+    child.inc(amount)
 
 
 REPLICATION_COMMANDS_DROPPED = Counter(

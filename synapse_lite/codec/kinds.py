@@ -77,6 +77,12 @@ class FieldKind:
     #: for a type whose kinds all keep their values).
     encodes_as_is: bool = True
 
+    #: When all :meth:`decode` does is check that a value has one of these
+    #: types and return it as it is: the types (codecs then check with one
+    #: ``isinstance`` and call :meth:`decode` only to explain a refusal).
+    #: None: :meth:`decode` must be called.
+    plain_types: tuple[type[Any], ...] | None = None
+
     def decode(self, value: Any, key: str, context: DecodeContext) -> Any:
         raise NotImplementedError
 
@@ -126,6 +132,7 @@ class OfType(FieldKind):
     def __init__(self, *types: type[Any]) -> None:
         self._types = types
         self._names = " or ".join(t.__name__ for t in types)
+        self.plain_types = types
 
     def decode(self, value: Any, key: str, context: DecodeContext) -> Any:
         if not isinstance(value, self._types):
@@ -160,6 +167,8 @@ class Nullable(FieldKind):
     def __init__(self, kind: FieldKind) -> None:
         self.kind = kind
         self.encodes_as_is = kind.encodes_as_is
+        if kind.plain_types is not None:
+            self.plain_types = (*kind.plain_types, type(None))
 
     def decode(self, value: Any, key: str, context: DecodeContext) -> Any:
         if value is None or value is ABSENT:

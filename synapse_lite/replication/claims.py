@@ -155,6 +155,15 @@ class PeerClaims:
             self.refusals.refuse(UNKNOWN_STREAM, stream_name, sender, shorten(line, 200))
         return stream
 
+    def stream_in_range(self, stream_name: str, token: int | None) -> Stream | None:
+        """The stream of a claim that :meth:`stream` and :meth:`in_range`
+        would both accept, found without naming the claim (a follower asks
+        for every row); None: ask them, they refuse it and say why."""
+        stream = self._streams.get(stream_name)
+        if stream is None or (token is not None and not 0 <= token <= MAX_TOKEN_POSITION):
+            return None
+        return stream
+
     def in_range(self, stream: str, sender: str, line: str, *tokens: int | None) -> bool:
         """Whether every token can be carried in a /sync token."""
         for token in tokens:

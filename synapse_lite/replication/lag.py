@@ -48,6 +48,22 @@ class ReplicationLag:
         if position > self._received(key) and key not in self._behind_since:
             self._behind_since[key] = self._clock.time()
 
+    def applied(self, stream_name: str, writer: str, position: int) -> None:
+        """Rows of the writer up to ``position`` were just applied here: what
+        :meth:`announced` then :meth:`received` would record, in one call
+        (a follower makes it for every batch of rows)."""
+        key = (stream_name, writer)
+        newest = self._newest.get(key)
+        if newest is None:
+            self._newest[key] = newest = position
+            self._export(key)
+        elif position > newest or self._streams[stream_name].positions.can_reset:
+            self._newest[key] = newest = position
+        if self._received(key) >= newest:
+            self._behind_since.pop(key, None)
+        elif key not in self._behind_since:
+            self._behind_since[key] = self._clock.time()
+
     def received(self, stream_name: str, writer: str) -> None:
         """Rows (or a position) of the writer were applied here."""
         key = (stream_name, writer)

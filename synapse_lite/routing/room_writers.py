@@ -129,6 +129,12 @@ class RoomWriters:
     def lost_connection(self, connection: ReplicationConnection) -> None:
         logger.info("Replication connection lost (%s)", connection.describe())
 
+    def read_started(self) -> None:
+        """Each invalidation applies as it comes: nothing to hold back."""
+
+    def read_done(self) -> None:
+        pass
+
     def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
         if not isinstance(cmd, RdataCommand) or cmd.stream_name != "caches":
             return

@@ -82,13 +82,14 @@ class EventsStreamCurrentStateRow:
 def _wake_for_events(rows: Sequence[Any]) -> Wake:
     """The rooms of the rows, and the targets of membership events (an invite
     wakes someone not yet in the room)."""
-    rooms = frozenset(row.room_id for row in rows)
-    users = frozenset(
-        row.state_key
-        for row in rows
-        if isinstance(row, EventsStreamEventRow) and row.type == "m.room.member" and row.state_key
-    )
-    return Wake(users=users, rooms=rooms)
+    # One pass, no generators: a follower computes this for every batch.
+    rooms: set[str] = set()
+    users: set[str] = set()
+    for row in rows:
+        rooms.add(row.room_id)
+        if isinstance(row, EventsStreamEventRow) and row.type == "m.room.member" and row.state_key:
+            users.add(row.state_key)
+    return Wake(users=frozenset(users), rooms=frozenset(rooms))
 
 
 #: Why rows of a stream table disappear after their write (``StreamTable.rows_removed``).

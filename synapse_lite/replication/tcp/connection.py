@@ -96,6 +96,15 @@ class ReplicationCommandReceiver(Protocol):
     def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
         """A data command arrived on ``connection``. Must not raise."""
 
+    def read_started(self) -> None:
+        """The commands of one read of a socket follow (``on_command`` for
+        each, possibly none) until :meth:`read_done`; reads may nest. What
+        they change may be held back until then. Must not raise."""
+
+    def read_done(self) -> None:
+        """The commands of the read begun by :meth:`read_started` have all
+        been handed over: apply whatever was held back. Must not raise."""
+
 
 class OutgoingCommands:
     """This process's commands to every other process: what its components

@@ -15,6 +15,12 @@ and writer):
   dropped: the POSITION's catch-up will read it.
 * RDATA at or below what we have already received from that writer is dropped.
 * RDATA with token ``batch`` is held until the row carrying the real token.
+* Rows a transport hands over within one read of its socket (between
+  ``read_started`` and ``read_done``) are applied at the end of the read:
+  each writer's rows of a stream that cannot reset as one batch at the last
+  token, as if the writer had sent them as one. Anything queued for the
+  stream (a POSITION, a claim still to check) applies them first, so a
+  stream's order is kept; positions never stop inside a batch.
 * POSITION ``prev new`` promises the writer wrote nothing in ``(prev, new]``; if
   our position for the writer is below ``prev`` (or, for a stream that can
   reset, outside ``[prev, new]``) we read what we missed through the stream's
@@ -58,8 +64,20 @@ logger = logging.getLogger(__name__)
 
 #: Delay before retrying a catch-up that failed (database or writer unreachable).
 CATCH_UP_RETRY_SECONDS = 1.0
+#: Delay before checking again a claim whose check failed (database unreachable).
+CHECK_RETRY_SECONDS = 1.0
 
 StreamKey = tuple[str, str]  # (stream name, writer instance)
+
+
+class _HeldRows:
+    """Rows of one writer believed during a read, applied at its end."""
+
+    __slots__ = ("rows", "token")
+
+    def __init__(self, token: int, rows: list[Any]) -> None:
+        self.token = token
+        self.rows = rows
 
 
 class RetiredWriters(Protocol):
@@ -125,6 +143,10 @@ class ReplicationCommandHandler:
         self._greetings: list[Callable[[], list[Command]]] = list(greetings)
         self._positions_seen: dict[ReplicationConnection, set[StreamKey]] = {}
         self._pending_batches: dict[StreamKey, list[Any]] = {}
+        #: Reads under way (``read_started`` without its ``read_done``).
+        self._reads = 0
+        #: Believed rows waiting for the end of the read, in arrival order.
+        self._held: dict[StreamKey, _HeldRows] = {}
         self._queues: dict[str, deque[Callable[[], Awaitable[None]]]] = defaultdict(deque)
         self._queue_running: set[str] = set()
         self._on_connect: list[Callable[[], None]] = []
@@ -186,6 +208,16 @@ class ReplicationCommandHandler:
         self.outgoing.connection_down(connection)
         self._positions_seen.pop(connection, None)
 
+    def read_started(self) -> None:
+        self._reads += 1
+
+    def read_done(self) -> None:
+        self._reads -= 1
+        if self._reads <= 0:
+            self._reads = 0
+            if self._held:
+                self._apply_held()
+
     def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
         try:
             if isinstance(cmd, RdataCommand):
@@ -203,7 +235,15 @@ class ReplicationCommandHandler:
 
     # Per-stream ordered processing
 
-    def _enqueue(self, stream_name: str, work: Callable[[], Awaitable[None]]) -> None:
+    def _enqueue(
+        self, stream_name: str, work: Callable[[], Awaitable[None]], after_held: bool = True
+    ) -> None:
+        """Run ``work`` after the stream's earlier work. ``after_held``: the
+        stream's held rows are applied first (a POSITION or catch-up reads
+        the positions they move); an RDATA waiting for its claim's check
+        need not, as it only joins them or follows them."""
+        if after_held and self._held:
+            self._apply_held(stream_name)
         self._queues[stream_name].append(work)
         if stream_name not in self._queue_running:
             defer.ensureDeferred(self._drain(stream_name))
@@ -229,11 +269,13 @@ class ReplicationCommandHandler:
     def _on_rdata(self, connection: ReplicationConnection, cmd: RdataCommand) -> None:
         if cmd.instance_name == self._me or not self._follows(cmd.stream_name):
             return  # our own echo (Redis), or a stream we do not read
-        sender = connection.describe()
-        line = claim_line(cmd)
-        stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
-        if stream is None or not self.claims.in_range(cmd.stream_name, sender, line, cmd.token):
-            return
+        stream = self.claims.stream_in_range(cmd.stream_name, cmd.token)
+        if stream is None:
+            # Refused: the claims name, log and count it.
+            sender, line = connection.describe(), claim_line(cmd)
+            stream = self.claims.stream(cmd.stream_name, cmd.instance_name, sender, line)
+            if stream is None or not self.claims.in_range(cmd.stream_name, sender, line, cmd.token):
+                return
         try:
             row = stream.definition.parse_row(cmd.row)
         except InvalidRow as e:
@@ -252,8 +294,11 @@ class ReplicationCommandHandler:
             return
         # Described now: over Redis the one connection names the sender of
         # the message being handed over only while it is.
+        sender = connection.describe()
         self._enqueue(
-            cmd.stream_name, lambda: self._process_rdata(connection, cmd, stream, row, sender)
+            cmd.stream_name,
+            lambda: self._process_rdata(connection, cmd, stream, row, sender),
+            after_held=False,
         )
 
     async def _process_rdata(
@@ -265,44 +310,118 @@ class ReplicationCommandHandler:
         sender: str,
     ) -> None:
         key = (cmd.stream_name, cmd.instance_name)
-        if not await self.claims.believe(
-            stream,
-            cmd.instance_name,
-            cmd.token,
-            sender,
-            claim_line(cmd),
-            connection.vouches_for_claims,
-        ):
+        if not await self._believe(connection, stream, cmd.instance_name, cmd.token, sender, cmd):
             # Rows held for this token go too: they are kept only up to what
             # the sequence allows.
             self._pending_batches.pop(key, None)
             return
         self._apply_rdata(connection, cmd, stream, row)
 
+    async def _believe(
+        self,
+        connection: ReplicationConnection,
+        stream: Stream,
+        writer: str,
+        token: int | None,
+        sender: str,
+        cmd: RdataCommand | PositionCommand,
+    ) -> bool:
+        """``claims.believe``, asked again every :data:`CHECK_RETRY_SECONDS`
+        while it cannot answer (the sequence cannot be read: the database is
+        down), the stream's later commands waiting behind it, as the main
+        process holds what it relays over TCP. Dropping the claim instead
+        skipped its row for good: the writer's next row moved our position
+        past it (issue 35: an event lost in the PostgreSQL restart fault
+        over Redis). False: refused, or the connection went down meanwhile
+        (the next connection's POSITION catches up) or the process stops."""
+        seen = self._positions_seen.get(connection)
+        while True:
+            try:
+                return await self.claims.believe(
+                    stream, writer, token, sender, claim_line(cmd), connection.vouches_for_claims
+                )
+            except Exception as e:
+                if self._stopped or self._positions_seen.get(connection) is not seen:
+                    return False
+                logger.warning(
+                    "Checking %s of %s from %s failed (%s); holding the stream's commands,"
+                    " checking again in %.0f s",
+                    cmd.NAME,
+                    cmd.stream_name,
+                    sender,
+                    e,
+                    CHECK_RETRY_SECONDS,
+                )
+            await self._pause(CHECK_RETRY_SECONDS)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``; for ever if the process stops meanwhile."""
+        waited: defer.Deferred[None] = defer.Deferred()
+
+        def run() -> None:
+            self._retry_calls.discard(call)
+            waited.callback(None)
+
+        call = self._clock.call_later(seconds, run)
+        self._retry_calls.add(call)
+        await waited
+
     def _apply_rdata(
         self, connection: ReplicationConnection, cmd: RdataCommand, stream: Stream, row: Any
     ) -> None:
         """A believed RDATA, in its stream's order."""
         key = (cmd.stream_name, cmd.instance_name)
-        if cmd.token is not None:
-            self.lag.announced(cmd.stream_name, cmd.instance_name, cmd.token)
+        token = cmd.token
         if key not in self._positions_seen.get(connection, ()):
+            if token is not None:
+                self.lag.announced(cmd.stream_name, cmd.instance_name, token)
             # The POSITION we are about to get will catch this row up.
             logger.debug("RDATA %s before its POSITION: dropped", key)
             return
-        if cmd.token is None:
+        if token is None:
             self._pending_batches.setdefault(key, []).append(row)
             return
         rows = self._pending_batches.pop(key, [])
         rows.append(row)
-        # Compared with what we received of this writer: its position may have
-        # been lifted past rows we have not seen yet by other writers'
-        # announcements, and those rows must still be processed.
-        if cmd.token <= stream.positions.received_position(cmd.instance_name):
-            logger.debug("RDATA %s at %d is old: dropped", key, cmd.token)
+        # Compared with what we received of this writer (held rows included):
+        # its position may have been lifted past rows we have not seen yet by
+        # other writers' announcements, and those rows must still be processed.
+        held = self._held.get(key)
+        if token <= (
+            held.token if held is not None else stream.positions.received_position(key[1])
+        ):
+            self.lag.announced(cmd.stream_name, cmd.instance_name, token)
+            logger.debug("RDATA %s at %d is old: dropped", key, token)
             return
-        self.receiver.on_rows(cmd.stream_name, cmd.instance_name, cmd.token, rows)
-        self.lag.received(cmd.stream_name, cmd.instance_name)
+        if self._reads and not stream.positions.can_reset:
+            # Applied with the read's other rows of this writer (a stream that
+            # can reset keeps one batch per id).
+            if held is None:
+                self._held[key] = _HeldRows(token, rows)
+            else:
+                held.token = token
+                held.rows.extend(rows)
+            return
+        self._apply_rows(key, token, rows)
+
+    def _apply_rows(self, key: StreamKey, token: int, rows: list[Any]) -> None:
+        stream_name, writer = key
+        self.receiver.on_rows(stream_name, writer, token, rows)
+        self.lag.applied(stream_name, writer, token)
+
+    def _apply_held(self, stream_name: str | None = None) -> None:
+        """Apply the held rows (of ``stream_name`` only, if given), each
+        writer's as one batch, in the order their writers first came."""
+        if stream_name is None:
+            batches, self._held = self._held, {}
+        else:
+            keys = [key for key in self._held if key[0] == stream_name]
+            batches = {key: self._held.pop(key) for key in keys}
+        for key, held in batches.items():
+            try:
+                self._apply_rows(key, held.token, held.rows)
+            except Exception:
+                logger.exception("Applying %d rows of %s failed", len(held.rows), key)
 
     # POSITION
 
@@ -340,13 +459,8 @@ class ReplicationCommandHandler:
     ) -> None:
         if connection not in self._positions_seen or self._can_discard(connection, stream, cmd):
             return
-        if not await self.claims.believe(
-            stream,
-            cmd.instance_name,
-            cmd.new_token,
-            sender,
-            claim_line(cmd),
-            connection.vouches_for_claims,
+        if not await self._believe(
+            connection, stream, cmd.instance_name, cmd.new_token, sender, cmd
         ):
             return
         if not self.claims.not_backwards(

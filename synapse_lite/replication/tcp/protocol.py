@@ -139,6 +139,10 @@ class ReplicationProtocol(LineOnlyReceiver):
         self._abort_call: IDelayedCall | None = None
         self._producer_registered = False
         self._announced = False
+        #: Commands received in the read under way, by name: counted in the
+        #: metrics once per read (a counter's increment per line was a
+        #: measurable share of a follower's CPU, issue 35).
+        self._received_counts: dict[str, int] = {}
 
     # -- ReplicationConnection ---------------------------------------------------------
 
@@ -303,6 +307,21 @@ class ReplicationProtocol(LineOnlyReceiver):
 
     # -- receiving ---------------------------------------------------------------------
 
+    def dataReceived(self, data: bytes) -> None:
+        """One read of the socket: its commands reach the receiver between
+        ``read_started`` and ``read_done``, so that it can apply their rows
+        together (one cache pass and one wake-up per read, not per line)."""
+        self._receiver.read_started()
+        try:
+            super().dataReceived(data)
+        finally:
+            counts = self._received_counts
+            if counts:
+                for name, amount in counts.items():
+                    count_command(REPLICATION_COMMANDS_IN, name, amount)
+                counts.clear()
+            self._receiver.read_done()
+
     def lineReceived(self, line: bytes) -> None:
         if self._state is ConnectionState.CLOSED:
             return
@@ -320,7 +339,8 @@ class ReplicationProtocol(LineOnlyReceiver):
         except CommandParseError as e:
             self._refuse_line(line, f"failed to parse line: {e}")
             return
-        count_command(REPLICATION_COMMANDS_IN, cmd.NAME)
+        counts = self._received_counts
+        counts[cmd.NAME] = counts.get(cmd.NAME, 0) + 1
         self._last_received = self._clock.seconds()
         if type(cmd) not in self.VALID_INBOUND:
             logger.warning("%s sent %s, which it may not send: closing", self.describe(), cmd.NAME)
@@ -332,7 +352,9 @@ class ReplicationProtocol(LineOnlyReceiver):
         stream = claim_stream(line)
         if stream is None or stream in cast(frozenset[bytes], self.followed_streams):
             return False
-        count_command(REPLICATION_COMMANDS_IN, "RDATA" if line[0] == ord("R") else "POSITION")
+        name = "RDATA" if line[0] == ord("R") else "POSITION"
+        counts = self._received_counts
+        counts[name] = counts.get(name, 0) + 1
         self._last_received = self._clock.seconds()
         return True
 

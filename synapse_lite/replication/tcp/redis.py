@@ -522,6 +522,12 @@ class RedisReplicationBus:
             logger.info("Redis replication subscriber lost; reconnecting")
         self._announce_lost()
 
+    def read_started(self) -> None:
+        self._receiver.read_started()
+
+    def read_done(self) -> None:
+        self._receiver.read_done()
+
     def message_received(self, proto: SubscriberConnection, message: object) -> None:
         if proto is not self._subscriber or not self._announced:
             logger.debug("Redis replication not announced: dropping a message")

@@ -56,6 +56,12 @@ class ConnectionOwner(Protocol):
     def message_received(self, conn: SubscriberConnection, message: object) -> None:
         """A message arrived on a subscribed channel (bytes, as published)."""
 
+    def read_started(self) -> None:
+        """The messages of one read of the subscriber's socket follow."""
+
+    def read_done(self) -> None:
+        """The messages of that read have all been handed over."""
+
     def subscriber_lost(self, conn: SubscriberConnection) -> None:
         """The subscriber connection is gone (a new one will follow)."""
 
@@ -145,6 +151,18 @@ class SubscriberConnection(_PromptParsing, txredisapi.SubscriberProtocol):
         # txredisapi authenticates and selects the db, then fires whenConnected.
         self.whenConnected().addCallback(self.owner.subscriber_ready).addErrback(_log_failure)
         super().connectionMade().addErrback(_log_failure)
+
+    def dataReceived(self, data: bytes, unpause: bool = False) -> None:
+        """One read: its messages reach the owner between ``read_started`` and
+        ``read_done`` (the receiver applies their rows together)."""
+        if self._parsing:
+            super().dataReceived(data, unpause)
+            return
+        self.owner.read_started()
+        try:
+            super().dataReceived(data, unpause)
+        finally:
+            self.owner.read_done()
 
     def messageReceived(self, pattern: object, channel: object, message: object) -> None:
         self.owner.message_received(self, message)

@@ -102,9 +102,12 @@ class MultiWriterIdGenerator:
         self._lock = threading.Lock()
         #: Guarded by _lock.
         self._model = PositionModel(instance_name)
-        # The metrics' children, looked up once: a label lookup per row was a
-        # measurable share of a follower's CPU (issue 18).
-        self._persisted_gauge = STREAM_PERSISTED_UPTO.labels(stream_name)
+        # The gauges are read when scraped, not set at every change: a label
+        # lookup per row (issue 18), then a set per row and writer (issue 35),
+        # were measurable shares of a follower's CPU.
+        model = self._model
+        STREAM_PERSISTED_UPTO.labels(stream_name).set_function(model.persisted_upto_position)
+        #: Writers whose position gauge reads the model. Guarded by _lock.
         self._position_gauges: dict[str, Gauge] = {}
         self._allocation_listeners: list[Callable[[list[int]], None]] = []
 
@@ -120,7 +123,7 @@ class MultiWriterIdGenerator:
             )
         self._load_current_ids(db_conn, prune_removed_writers)
         with self._lock:
-            self._update_gauges()
+            self._export_gauges()
         logger.info(
             "Loaded stream %s: persisted up to %d, positions %s (%d rows read)",
             stream_name,
@@ -289,7 +292,8 @@ class MultiWriterIdGenerator:
                 )
         with self._lock:
             self._model.finish(ids)
-            self._update_gauges()
+            if self._instance_name not in self._position_gauges:
+                self._export_gauges()
 
     # Reading positions
 
@@ -362,14 +366,16 @@ class MultiWriterIdGenerator:
         :meth:`advance_past_row` says an id is finished."""
         with self._lock:
             self._model.advance_writer(instance_name, position)
-            self._update_gauges()
+            if instance_name not in self._position_gauges:
+                self._export_gauges()
 
     def advance_past_row(self, instance_name: str, row_id: int) -> None:
         """Rows at position ``row_id`` written by ``instance_name`` arrived
         (RDATA): the writer is at least there, and that id is finished."""
         with self._lock:
             self._model.advance_past_row(instance_name, row_id)
-            self._update_gauges()
+            if instance_name not in self._position_gauges:
+                self._export_gauges()
 
     def forget_writer(self, instance_name: str) -> None:
         """Stop tracking a writer taken off the stream while this process runs,
@@ -383,7 +389,6 @@ class MultiWriterIdGenerator:
         """
         with self._lock:
             forgotten = self._model.forget_writer(instance_name)
-            self._update_gauges()
         if not forgotten:
             return
         with self._lock:
@@ -448,14 +453,19 @@ class MultiWriterIdGenerator:
             "read_max_allocated", txn_func, read_only=True, db_autocommit=True
         )
 
-    def _update_gauges(self) -> None:
-        """Holds _lock."""
-        self._persisted_gauge.set(self._model.persisted_upto_position())
-        for name, pos in self._model.known_writer_positions().items():
-            gauge = self._position_gauges.get(name)
-            if gauge is None:
-                gauge = self._position_gauges[name] = STREAM_POSITION.labels(self.stream_name, name)
-            gauge.set(pos)
+    def _export_gauges(self) -> None:
+        """Give every writer the model knows a position gauge. Holds _lock."""
+        for name in self._model.known_writer_positions():
+            self._export_gauge(name)
+
+    def _export_gauge(self, name: str) -> None:
+        """Holds _lock. The gauge reads the writer's known position when
+        scraped (0 once it is no longer known)."""
+        if name in self._position_gauges:
+            return
+        model = self._model
+        gauge = self._position_gauges[name] = STREAM_POSITION.labels(self.stream_name, name)
+        gauge.set_function(lambda: model.known_position(name))
 
     # stream_positions
 

@@ -150,8 +150,11 @@ class PositionModel:
     def advance_past_row(self, writer: str, row_id: int) -> None:
         """A row of ``writer`` with ``row_id`` arrived: it is there, and that
         id is finished."""
-        self.advance_writer(writer, row_id)
-        self._note_finished(row_id)
+        # advance_writer's and _note_finished's work, with one recompute.
+        self._positions[writer] = max(self._positions.get(writer, 0), row_id)
+        self._max_seen_allocated = max(self._max_seen_allocated, row_id)
+        heapq.heappush(self._known_finished, row_id)
+        self._recompute()
 
     def forget_writer(self, writer: str) -> bool:
         """Stop tracking a writer that has stopped for good (its rows already
@@ -188,6 +191,10 @@ class PositionModel:
 
     def known_writer_positions(self) -> dict[str, int]:
         return dict(self._positions)
+
+    def known_position(self, writer: str) -> int:
+        """The writer's known position (0: none known)."""
+        return self._positions.get(writer, 0)
 
     def received_position(self, writer: str) -> int:
         """How far this process has received ``writer``'s rows: its known

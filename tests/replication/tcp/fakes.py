@@ -27,6 +27,8 @@ class FakePositions:
         #: stream kept in memory); ``sequence_reads`` counts the look-ups.
         self.allocated: int | None = None
         self.sequence_reads = 0
+        #: How many of the next sequence look-ups fail (the database is down).
+        self.sequence_failures = 0
 
     def starts_run(self, position: int) -> bool:
         # A resetting stream's runs start at multiples of 100 here.
@@ -65,6 +67,9 @@ class FakePositions:
 
     async def read_max_allocated(self) -> int | None:
         self.sequence_reads += 1
+        if self.sequence_failures:
+            self.sequence_failures -= 1
+            raise RuntimeError("the database is unavailable")
         return self.allocated
 
 

@@ -19,6 +19,9 @@ class RecordingReceiver:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, ReplicationConnection, Command | None]] = []
+        #: Reads of a socket begun and ended (``read_started``, ``read_done``).
+        self.reads_started = 0
+        self.reads_done = 0
 
     def new_connection(self, connection: ReplicationConnection) -> None:
         self.events.append(("new", connection, None))
@@ -28,6 +31,12 @@ class RecordingReceiver:
 
     def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
         self.events.append(("command", connection, cmd))
+
+    def read_started(self) -> None:
+        self.reads_started += 1
+
+    def read_done(self) -> None:
+        self.reads_done += 1
 
     @property
     def commands(self) -> list[Command]:

@@ -9,7 +9,10 @@ Checked: the follower applies every row exactly once, in each writer's
 order; a batch is applied in one go (one ``on_rows``: one cache pass, one
 wake-up) at its highest id, after every earlier row of its writer and
 before any later one; a writer's position never goes back and ends at its
-last id; and there is at most one batch per writer and turn.
+last id; and there is at most one batch per writer and turn. The follower
+receives the commands in reads of random sizes (``read_started`` /
+``read_done``, as its TCP protocol calls them for each read of the
+socket), which may merge a writer's batches but change none of the above.
 """
 
 from __future__ import annotations
@@ -48,10 +51,16 @@ class _Wire:
 
     connected = True
 
-    def __init__(self, deliver: Any) -> None:
+    def __init__(self, deliver: Any, handler: Any, boundaries: list[bool]) -> None:
         self._deliver = deliver
+        self._handler = handler
+        #: For each command in turn: whether a read of the socket ends before it.
+        self._boundaries = list(reversed(boundaries))
 
     def send_command(self, cmd: Command) -> None:
+        if self._boundaries and self._boundaries.pop():
+            self._handler.read_done()
+            self._handler.read_started()
         self._deliver(parse_command_from_line(command_line(cmd)))
 
     def on_new_connection(self, callback: Any) -> None:
@@ -72,16 +81,16 @@ class BatchesPropertyTest(unittest.TestCase):
         sizes: list[int] = []
 
         @settings(max_examples=150, deadline=None)
-        @given(steps=STEPS)
-        def run(steps: list[Step]) -> None:
-            self.scenario(steps, sizes)
+        @given(steps=STEPS, reads=st.lists(st.booleans(), max_size=600))
+        def run(steps: list[Step], reads: list[bool]) -> None:
+            self.scenario(steps, reads, sizes)
 
         run()
         # Not a test of nothing: batches of one id and of many were applied.
         self.assertEqual(min(sizes), 1)
         self.assertGreater(max(sizes), 3)
 
-    def scenario(self, steps: list[Step], sizes: list[int]) -> None:
+    def scenario(self, steps: list[Step], reads: list[bool], sizes: list[int]) -> None:
         clock = task.Clock()
         follower_stream, follower_positions, _ = fake_stream(
             BUILTIN_STREAMS["receipts"], local="follower"
@@ -95,7 +104,8 @@ class BatchesPropertyTest(unittest.TestCase):
         )
         connection = RecordingConnection("main")
         handler.new_connection(connection)
-        wire = _Wire(lambda cmd: handler.on_command(connection, cmd))
+        wire = _Wire(lambda cmd: handler.on_command(connection, cmd), handler, reads)
+        handler.read_started()
         writers = {}
         for name in WRITERS:
             stream, positions, rows = fake_stream(BUILTIN_STREAMS["receipts"], local=name)
@@ -127,6 +137,7 @@ class BatchesPropertyTest(unittest.TestCase):
                 committed[name].append((next_id, row))
             positions.local_write = next_id
             streamer.on_notifier_poke()
+        handler.read_done()
 
         for name in WRITERS:
             batches = [(t, r) for _, w, t, r in receiver.applied if w == name and r]

@@ -17,8 +17,14 @@ from synapse_lite.replication.tcp.commands import (
     ReplicateCommand,
     UserSyncCommand,
 )
-from synapse_lite.replication.tcp.handler import CATCH_UP_RETRY_SECONDS, ReplicationCommandHandler
+from synapse_lite.replication.tcp.handler import (
+    CATCH_UP_RETRY_SECONDS,
+    CHECK_RETRY_SECONDS,
+    ReplicationCommandHandler,
+)
+from synapse_lite.replication.tcp.receiver import PositionWaiters, ReplicationReceiver
 from synapse_lite.streams.catalog import BUILTIN_STREAMS, ReceiptsStreamRow, TypingStreamRow
+from synapse_lite.streams.definition import Wake
 from tests.replication.tcp.fakes import RecordingConnection, RecordingReceiver, fake_stream
 
 
@@ -118,6 +124,52 @@ class CommandHandlerTestCase(unittest.TestCase):
         self.rows.failures = 1
         with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
             self.command(PositionCommand("receipts", "w1", 1, 1))
+        self.handler.stop()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_row_whose_claim_cannot_be_checked_waits_until_it_can(self) -> None:
+        """Issue 35, the PostgreSQL restart fault over Redis: a row whose
+        claim was checked against the sequence while the database was down
+        was dropped, and the writer's next row moved the position past it:
+        an event lost for good. The check is asked again, the stream's later
+        rows waiting behind it."""
+        self.command(PositionCommand("receipts", "w1", 0, 0))
+        self.positions.allocated = 10
+        self.positions.sequence_failures = 2
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(RdataCommand("receipts", "w1", 1, wire(receipt(1))))
+            self.command(RdataCommand("receipts", "w1", 2, wire(receipt(2))))
+            self.assertEqual(self.applied(), [(0, 0)])
+            self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(self.applied(), [(0, 0)])
+        self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(self.applied(), [(0, 0), (1, 1), (2, 1)])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_position_whose_claim_cannot_be_checked_is_checked_again(self) -> None:
+        self.rows.add("w1", 3, receipt(3))
+        self.positions.allocated = 10
+        self.positions.sequence_failures = 1
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(PositionCommand("receipts", "w1", 3, 3))
+        self.assertEqual(self.applied(), [])
+        self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(self.applied(), [(3, 1), (3, 0)])
+
+    def test_a_check_is_not_retried_for_a_connection_gone_or_a_process_stopped(self) -> None:
+        self.command(PositionCommand("receipts", "w1", 0, 0))
+        self.positions.allocated = 10
+        self.positions.sequence_failures = 3
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(RdataCommand("receipts", "w1", 1, wire(receipt(1))))
+        # The connection comes back: its POSITION will catch the row up.
+        self.handler.lost_connection(self.conn)
+        self.handler.new_connection(self.conn)
+        self.clock.advance(CHECK_RETRY_SECONDS)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(self.applied(), [(0, 0)])
+        with self.assertLogs("synapse_lite.replication.tcp.handler", "WARNING"):
+            self.command(PositionCommand("receipts", "w1", 0, 5))
         self.handler.stop()
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
@@ -231,3 +283,142 @@ class SubscriptionHandlerTestCase(unittest.TestCase):
         self.assertEqual(self.rows.calls, [])
         self.assertEqual(self.receiver.applied, [])
         self.assertNotIn("w1", self.positions.received)
+
+
+class _Notifier:
+    """Records each wake-up."""
+
+    def __init__(self) -> None:
+        self.wakes: list[Wake] = []
+
+    def wake(self, wake: Wake) -> None:
+        self.wakes.append(wake)
+
+
+class _Store:
+    stream_changes: dict[str, Any] = {}
+
+
+class ReadsTestCase(unittest.TestCase):
+    """Rows handed over within one read of a socket (``read_started`` to
+    ``read_done``) apply at the end of the read, each writer's as one batch
+    through the real receiver: one wake-up, positions exact."""
+
+    def setUp(self) -> None:
+        self.clock = task.Clock()
+        self.receipts, self.positions, self.rows = fake_stream(BUILTIN_STREAMS["receipts"])
+        self.typing, self.typing_positions, _ = fake_stream(
+            BUILTIN_STREAMS["typing"], can_reset=True
+        )
+        streams = {"receipts": self.receipts, "typing": self.typing}
+        self.notifier = _Notifier()
+        waiters = PositionWaiters(
+            Clock(self.clock), "me", {name: s.positions for name, s in streams.items()}
+        )
+        self.applied: list[tuple[str, int, list[Any]]] = []
+        receiver = ReplicationReceiver(
+            cast(Any, _Store()),
+            streams,
+            cast(Any, self.notifier),
+            waiters,
+            row_hooks=[
+                ("receipts", lambda w, t, rows: self.applied.append((w, t, list(rows)))),
+                ("typing", lambda w, t, rows: self.applied.append((w, t, list(rows)))),
+            ],
+        )
+        self.handler = ReplicationCommandHandler(
+            instance_name="me", clock=Clock(self.clock), streams=streams, receiver=receiver
+        )
+        # A TCP worker's connection to the main process, which checks claims.
+        self.conn = RecordingConnection(vouches_for_claims=True)
+        self.handler.new_connection(self.conn)
+        for writer in ("w1", "w2"):
+            self.command(PositionCommand("receipts", writer, 0, 0))
+        self.applied.clear()
+        self.positions.calls.clear()
+
+    def command(self, cmd: Command) -> None:
+        self.handler.on_command(self.conn, cmd)
+
+    def rdata(self, writer: str, token: int | None, n: int) -> None:
+        self.command(RdataCommand("receipts", writer, token, wire(receipt(n))))
+
+    def test_a_reads_rows_make_one_batch_and_one_wake_up(self) -> None:
+        self.handler.read_started()
+        for n in (1, 2, 3):
+            self.rdata("w1", n, n)
+        self.rdata("w1", None, 4)
+        self.rdata("w1", 5, 5)
+        # Nothing moved before the end of the read.
+        self.assertEqual((self.applied, self.notifier.wakes), ([], []))
+        self.assertEqual(self.positions.received_position("w1"), 0)
+        self.handler.read_done()
+        self.assertEqual(self.applied, [("w1", 5, [receipt(n) for n in (1, 2, 3, 4, 5)])])
+        self.assertEqual(len(self.notifier.wakes), 1)
+        self.assertEqual(self.positions.received_position("w1"), 5)
+        # The position jumped to the read's last token, never stopping inside.
+        self.assertEqual(self.positions.calls, [("row", "w1", 5)])
+        self.assertEqual(self.handler.lag.lag_ids(("receipts", "w1")), 0)
+
+    def test_each_writer_is_its_own_batch_and_old_rows_are_dropped(self) -> None:
+        self.handler.read_started()
+        self.rdata("w1", 2, 2)
+        self.rdata("w2", 3, 3)
+        self.rdata("w1", 2, 20)  # not above what was held: old
+        self.rdata("w1", 4, 4)
+        self.handler.read_done()
+        self.assertEqual(
+            self.applied, [("w1", 4, [receipt(2), receipt(4)]), ("w2", 3, [receipt(3)])]
+        )
+        self.assertEqual(len(self.notifier.wakes), 2)
+
+    def test_a_position_in_the_read_applies_the_held_rows_first(self) -> None:
+        self.handler.read_started()
+        self.rdata("w1", 1, 1)
+        self.rdata("w1", 2, 2)
+        # prev 2 is what the held rows reach: nothing to read from the database.
+        self.command(PositionCommand("receipts", "w1", 2, 6))
+        self.assertEqual(self.applied, [("w1", 2, [receipt(1), receipt(2)]), ("w1", 6, [])])
+        self.rdata("w1", 7, 7)
+        self.handler.read_done()
+        self.assertEqual(self.rows.calls, [])
+        self.assertEqual(self.applied[-1], ("w1", 7, [receipt(7)]))
+        self.assertEqual(self.positions.received_position("w1"), 7)
+
+    def test_reads_nest_and_a_stream_that_resets_applies_each_row(self) -> None:
+        self.command(PositionCommand("typing", "w1", 0, 0))
+        self.applied.clear()
+        self.handler.read_started()
+        self.handler.read_started()
+        self.command(RdataCommand("typing", "w1", 1, ["!r:x", ["@a:x"]]))
+        self.rdata("w1", 1, 1)
+        self.assertEqual(self.applied, [("w1", 1, [TypingStreamRow("!r:x", ["@a:x"])])])
+        self.handler.read_done()
+        self.assertEqual(len(self.applied), 1)
+        self.handler.read_done()
+        self.assertEqual(self.applied[-1], ("w1", 1, [receipt(1)]))
+
+    def test_without_a_read_rows_apply_at_once(self) -> None:
+        self.rdata("w1", 1, 1)
+        self.rdata("w1", 2, 2)
+        self.assertEqual(self.applied, [("w1", 1, [receipt(1)]), ("w1", 2, [receipt(2)])])
+
+    def test_rows_behind_a_claim_check_join_the_read_in_order(self) -> None:
+        """A connection that does not vouch (Redis): a row above what the
+        sequence was read at waits for the check, behind the held rows."""
+        other = RecordingConnection("redis")
+        self.handler.new_connection(other)
+        self.handler.on_command(other, PositionCommand("receipts", "w2", 0, 0))
+        self.applied.clear()
+        self.positions.allocated = 9
+        self.handler.read_started()
+        self.rdata("w1", 1, 1)
+        for n in (2, 3):
+            self.handler.on_command(other, RdataCommand("receipts", "w2", n, wire(receipt(n))))
+        self.rdata("w1", 4, 4)
+        self.handler.read_done()
+        self.assertEqual(
+            self.applied,
+            [("w1", 4, [receipt(1), receipt(4)]), ("w2", 3, [receipt(2), receipt(3)])],
+        )
+        self.assertEqual(self.positions.sequence_reads, 1)

@@ -516,6 +516,27 @@ class ClientTestCase(unittest.TestCase):
         self.assertEqual(lines(transport), [])
         self.assertEqual(self.receiver.commands, [parse_command_from_line(x) for x in data_lines])
 
+    def test_the_commands_of_one_read_come_between_read_started_and_read_done(self) -> None:
+        order: list[str] = []
+
+        class Receiver(RecordingReceiver):
+            def read_started(self) -> None:
+                order.append("started")
+
+            def read_done(self) -> None:
+                order.append("done")
+
+            def on_command(self, connection: ReplicationConnection, cmd: Command) -> None:
+                order.append(cmd.NAME)
+
+        self.receiver = Receiver()
+        _, proto, _ = self.connect()
+        feed(proto, b"SERVER hs.test\nRDATA events w1 1 [1]\nRDATA events w1 2 [2]\nPOSI")
+        feed(proto, b"TION events w1 2 3\n")
+        self.assertEqual(
+            order, ["started", "RDATA", "RDATA", "done", "started", "POSITION", "done"]
+        )
+
     def test_lines_of_streams_not_followed_are_skipped_unparsed(self) -> None:
         """The router follows the caches stream alone: the others' rows are not
         decoded (not even a malformed one), and they still count as traffic."""

@@ -418,6 +418,12 @@ class PromptParsingTestCase(unittest.TestCase):
             def message_received(self, conn: object, message: object) -> None:
                 received.append(message)
 
+            def read_started(self) -> None:
+                received.append("read")
+
+            def read_done(self) -> None:
+                received.append("done")
+
         connection = SubscriberConnection()
         connection.owner = Owner()  # type: ignore[assignment]
         payloads = [f"RDATA events w {i} [1]".encode() for i in range(5000)]
@@ -427,4 +433,9 @@ class PromptParsingTestCase(unittest.TestCase):
         # Split mid-message, as TCP may.
         connection.dataReceived(burst[:123_457])
         connection.dataReceived(burst[123_457:])
-        self.assertEqual(received, [p.decode() for p in payloads])
+        # Each read's messages between read_started and read_done.
+        self.assertEqual(received.count("read"), 2)
+        self.assertEqual(received[0], "read")
+        self.assertEqual(received[-1], "done")
+        messages = [m for m in received if m not in ("read", "done")]
+        self.assertEqual(messages, [p.decode() for p in payloads])
