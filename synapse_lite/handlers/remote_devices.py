@@ -9,7 +9,9 @@ change): at their first ``m.device_list_update`` (in the background) or
 the first query. Their EDUs update the copy one device at
 a time when they follow on from it (a ``prev_id`` we are at); a gap marks
 the copy stale and it is fetched again (in the background, and before any
-query is answered from it). ``m.signing_key_update`` replaces the
+query is answered from it); so does a room we join through another server
+for its members who share no other room with ours (their servers told us
+nothing meanwhile). ``m.signing_key_update`` replaces the
 cross-signing keys. Every change, copied or not, is a row on the
 device_lists stream for the remote user, so our users' /sync lists the
 user under ``device_lists.changed``. The writes run on the user's
