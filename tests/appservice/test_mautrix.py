@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from typing import Any
 
@@ -16,6 +15,7 @@ from synapse_lite.appservice.sender import ApplicationServiceSender
 from tests.appservice.registrations import irc_registration, write_registrations
 from tests.harness.client_api import ClientApi, q, start_cluster
 from tests.harness.polling import eventually
+from tests.harness.processes import free_port
 from tests.harness.server import DatabaseTestCase
 
 try:
@@ -79,12 +79,6 @@ async def start_bridge(
     testcase.addCleanup(end)
     await eventually(lambda: bridge.seen("ready"), timeout=30, what="the bridge to start")
     return bridge
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class MautrixBridgeTestCase(DatabaseTestCase):

@@ -45,6 +45,9 @@ CROSSING_SECONDS = 30.0
 #: How long after the last expected message a duplicate would have shown up
 #: (one more transaction or sync wake-up on loopback).
 SETTLE_SECONDS = 0.5
+#: How long a server that came back waits for Synapse after announcing
+#: itself before it announces itself again.
+ANNOUNCE_SECONDS = 5.0
 
 
 class Shared:
@@ -337,8 +340,25 @@ class SynapseScenarioTestCase(rooms.SynapsePeerTestCase):
 
         await eventually(synapse_failed, timeout=CROSSING_SECONDS, what="Synapse saw us down")
         self.federation_listener.start()
-        await ours.send(room.room_id, "ours is back")
-        await reads_exactly(ours, room.room_id, before + batch, "ours back")
+        # Announced by a request of ours (Synapse marks an origin that
+        # reaches it up and sends to it at once), and again every
+        # ANNOUNCE_SECONDS until all arrived: a retry of Synapse's already
+        # under way when ours came back can fail after the announcement
+        # and back Synapse off for minutes (CI on PostgreSQL, 2026-11-30).
+        expected = before + batch
+        batches = {b.rsplit(" ", 1)[0] for b in expected}
+        deadline = time.monotonic() + CROSSING_SECONDS
+        while time.monotonic() < deadline:
+            await ours.send(room.room_id, "ours is back")
+            announced = time.monotonic()
+            while time.monotonic() - announced < ANNOUNCE_SECONDS:
+                if len(await bodies(ours, room.room_id, batches)) >= len(expected):
+                    break
+                await task.deferLater(reactor, 0.25, lambda: None)
+            else:
+                continue
+            break
+        await reads_exactly(ours, room.room_id, expected, "ours back")
 
     async def send_batch(
         self, sender: ClientApi, room: Shared, label: str, count: int = 20

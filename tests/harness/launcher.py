@@ -31,25 +31,12 @@ from synapse_lite.app.pid_files import pid_alive, read_pid_file
 from synapse_lite.config.generate import GenerateOptions, write_config
 from synapse_lite.config.homeserver import load_config
 from tests.harness.databases import TestDatabase, create_test_database
-from tests.harness.processes import NO_KEEPALIVE, SOURCE_ROOT
-
-
-def _ports_to_choose_from() -> tuple[int, int]:
-    """Ports below the kernel's ephemeral range: an outgoing connection (to
-    PostgreSQL, another process) never takes one of them between the check
-    here and the process that listens on it, seconds later (the router
-    starts last)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return (10000, low) if low > 12000 else (20000, 60000)
+from tests.harness.processes import NO_KEEPALIVE, SOURCE_ROOT, ports_to_choose_from
 
 
 def free_port_block(count: int) -> int:
     """A base port such that ``count`` consecutive ports are free now."""
-    first, last = _ports_to_choose_from()
+    first, last = ports_to_choose_from()
     for _ in range(200):
         base = random.randrange(first, last - count)
         try:

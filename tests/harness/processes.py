@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import signal
 import socket
 import sys
@@ -45,18 +46,39 @@ _configs = itertools.count()
 _handed_out: set[int] = set()
 
 
+def ports_to_choose_from() -> tuple[int, int]:
+    """Ports below the kernel's ephemeral range: an outgoing connection (to
+    PostgreSQL, another process) never takes one of them between the check
+    here and the process that listens on it, seconds later (the router
+    starts last; a Synapse peer takes seconds to listen)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return (10000, low) if low > 12000 else (20000, 60000)
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now, and never one this process
-    handed out before: the kernel may give the same free port twice in a row
-    (about once in 2,000 calls), and two listeners of one test given one port
-    make the second process's /health answered by the first."""
-    while True:
+    """A TCP port nothing listens on right now, below the kernel's
+    ephemeral range (:func:`ports_to_choose_from`; CI once saw a Synapse
+    peer's port, picked from that range, taken by an outgoing connection
+    before Synapse listened), and never one this process handed out
+    before: two listeners of one test given one port make the second
+    process's /health answered by the first."""
+    first, last = ports_to_choose_from()
+    for _ in range(1000):
+        port = random.randrange(first, last)
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port")
 
 
 def listens_on(pid: int, port: int) -> bool | None:

@@ -36,7 +36,7 @@ from synapse_lite.server import HomeServer
 from tests.harness.client_api import ClientApi
 from tests.harness.databases import create_test_database
 from tests.harness.polling import eventually
-from tests.harness.processes import NO_KEEPALIVE
+from tests.harness.processes import NO_KEEPALIVE, free_port
 from tests.harness.server import make_config, make_homeserver
 from tests.harness.synapse_install import SynapseUnavailable, install_synapse, installed_python
 from tests.harness.tls import TestCA
@@ -76,14 +76,6 @@ async def sync_until(
         return bool(check(sync))
 
     await eventually(seen, timeout=timeout, what=what)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SynapsePeer:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from twisted.trial import unittest
 
 from spark.session import LOCAL_JAVA_OPTIONS
 from synapse_lite.app.audit_command import REPO_ROOT
+from tests.harness.processes import free_port
 from tests.harness.services import ServiceMissing, in_ci, require_python_module
 from tests.spark.fixture import AuditFixture
 from tests.spark.session import DEBIAN_JDBC_JAR, jdbc_jar, require_java
@@ -41,12 +41,6 @@ DAEMON_ENV = {
     # No history of daemons in the installation's directory.
     "SPARK_NO_DAEMONIZE": "1",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def require(condition: bool, message: str) -> None:
