@@ -10,7 +10,10 @@ and used to wait for the write lock one behind the other. :class:`GroupCommit`
 runs the writes that queued while the previous transaction ran in one
 transaction instead: the pages they all change (the events table's tail, the
 search index, the sequences row) are written once per group
-(docs/scaling.md, issue 30).
+(docs/scaling.md, issue 30). A group is taken from the queue once its
+transaction holds the write lock, so the writes that queued while it waited
+for another process's turn (the default layout's two events writers share
+one SQLite file) are in it too.
 
 Each write keeps what it had alone: its own result (its own stream ids, taken
 in queue order), its after-commit callbacks, and its own failure. A group
