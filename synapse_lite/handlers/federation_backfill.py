@@ -39,8 +39,6 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet import defer
-
 from synapse_lite.api.errors import NotFoundError, SynapseError
 from synapse_lite.api.identifiers import server_of
 from synapse_lite.event_graph.authorisation import EventAuthError, auth_events_state, authorise
@@ -49,6 +47,7 @@ from synapse_lite.federation.client import FederationRequestError
 from synapse_lite.federation.pdu_checks import CheckedPdu, PduRefused, check_room_pdu
 from synapse_lite.handlers.message import RoomMovedError
 from synapse_lite.handlers.received_events import pdu_as_content, received_pdu
+from synapse_lite.keyed_locks import KeyedLocks
 from synapse_lite.replication.http.federation_rooms import PERSIST_BACKFILLED, BackfilledEvents
 from synapse_lite.replication.http.send_events import EventsPersisted
 
@@ -198,7 +197,7 @@ class BackfillWriter:
         self._me = me
         self._event_writers = event_writers
         #: One backfill of a room at a time (two answers may share events).
-        self._locks: dict[str, defer.DeferredLock] = {}
+        self._room_locks = KeyedLocks()
 
     async def persist(self, request: BackfilledEvents) -> EventsPersisted:
         room_id = request.room_id
@@ -207,19 +206,13 @@ class BackfillWriter:
             raise NotFoundError("Unknown room")
         if writer != self._me:
             raise RoomMovedError(room_id)
-        lock = self._locks.setdefault(room_id, defer.DeferredLock())
-        await lock.acquire()
-        try:
+        async with self._room_locks.hold(room_id):
             accepted = await self._authorised(room_id, request.answer.get("pdus"))
             if not accepted:
                 return EventsPersisted([])
             persisted = await self._store.persist_backfilled_events(
                 room_id, request.origin, accepted
             )
-        finally:
-            lock.release()
-            if not lock.locked and not lock.waiting:
-                self._locks.pop(room_id, None)
         return EventsPersisted([(e.event_id, e.stream_ordering) for e in persisted])
 
     async def _authorised(
