@@ -66,7 +66,7 @@ from synapse_lite.app.services import CallbackService, LoopsService, ProcessServ
 from synapse_lite.appservice.api import ApplicationServiceApi
 from synapse_lite.appservice.queries import AppServiceQueries
 from synapse_lite.clock import Clock
-from synapse_lite.config.homeserver import HomeServerConfig
+from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler, announce_server_up
 from synapse_lite.federation.inbound_edus import InboundEdus
@@ -140,6 +140,11 @@ from synapse_lite.http.tls import https_policy_trusting
 from synapse_lite.media.repository import MediaRepository
 from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
+from synapse_lite.replication.claim_notes import (
+    NOTE_WAIT_SECONDS,
+    ClaimNoteSigner,
+    ClaimNoteVerifier,
+)
 from synapse_lite.replication.claims import PeerClaims
 from synapse_lite.replication.http.calls import InternalCall, InternalCalls
 from synapse_lite.replication.http.devices import (
@@ -198,6 +203,7 @@ from synapse_lite.server import HomeServer
 from synapse_lite.storage._base import StoreContext
 from synapse_lite.storage.database import DatabasePool, make_startup_connection
 from synapse_lite.storage.databases.main import DataStore, GenericWorkerStore
+from synapse_lite.storage.databases.main.instances import InstancesWorkerStore
 from synapse_lite.storage.databases.main.stream_runs import take_next_stream_run_txn
 from synapse_lite.storage.engines import create_engine
 from synapse_lite.storage.id_generators.stalls import StallDetector
@@ -273,6 +279,8 @@ class Database:
     #: Poked when this process's ids finish (the generators poke it).
     replication_notifier: ReplicationNotifier
     position_log: PositionLog | None
+    #: The main process's key for CHECKED notes, over Redis (None elsewhere).
+    claim_note_signer: ClaimNoteSigner | None
 
 
 def _load_database(config: HomeServerConfig, role: Role, reactor: Any, clock: Clock) -> Database:
@@ -310,8 +318,16 @@ def _load_database(config: HomeServerConfig, role: Role, reactor: Any, clock: Cl
         main_store = DataStore(pool, db_conn, context) if role.is_main else None
         store = main_store or GenericWorkerStore(pool, db_conn, context)
         instances = InstanceDirectory(config, me, store)
+        claim_note_signer = None
         with db_conn.transaction("instances_at_startup") as txn:
             instances.load_at_startup(txn)
+            if role.is_main and config.replication.transport == "redis":
+                # Recorded before the transport starts: the first note a
+                # follower checks finds this key (replication/claim_notes.py).
+                claim_note_signer = ClaimNoteSigner(instances.deployment_id)
+                InstancesWorkerStore.record_claim_note_key_txn(
+                    txn, me, claim_note_signer.verify_key
+                )
         typing_run = None
         if role.writes_typing:
             with db_conn.transaction("typing_run") as txn:
@@ -333,6 +349,7 @@ def _load_database(config: HomeServerConfig, role: Role, reactor: Any, clock: Cl
         typing_run=typing_run,
         replication_notifier=replication_notifier,
         position_log=position_log,
+        claim_note_signer=claim_note_signer,
     )
 
 
@@ -1011,7 +1028,7 @@ def _replication(
         clock=clock,
         streams=streams.streams,
         receiver=receiver,
-        claims=_peer_claims(config, clock, streams.streams, instances),
+        claims=_peer_claims(config, clock, streams.streams, database, transport.outgoing),
         outgoing=transport.outgoing,
         greetings=(handlers.presence.get_user_sync_commands,),
         command_hooks=handlers.hooks.command_hooks,
@@ -1044,13 +1061,16 @@ def _peer_claims(
     config: HomeServerConfig,
     clock: Clock,
     streams: dict[str, Stream],
-    instances: InstanceDirectory,
+    database: Database,
+    outgoing: OutgoingCommands,
 ) -> PeerClaims:
     """Who may claim positions of which stream: its configured writers; for a
     stream whose writers follow the instances table, those it has now too;
     for a stream any process writes, any process the config or the table
-    knows."""
+    knows. Over Redis the main process publishes its sequence reads as
+    signed notes and the others take them (``replication/claim_notes.py``)."""
     writers = config.writers
+    instances = database.instances
 
     def writers_of(stream_name: str) -> Collection[str] | None:
         definition = config.streams.get(stream_name)
@@ -1072,7 +1092,25 @@ def _peer_claims(
             return instances.is_known(writer)
         return False
 
-    return PeerClaims(clock, streams, writers_of, look_up_writer)
+    signer = database.claim_note_signer
+    notes = None
+    if config.replication.transport == "redis" and signer is None:
+        notes = ClaimNoteVerifier(
+            instances.deployment_id, MAIN_PROCESS, database.store.get_claim_note_key, clock
+        )
+    return PeerClaims(
+        clock,
+        streams,
+        writers_of,
+        look_up_writer,
+        notes=notes,
+        publish_read=(
+            None
+            if signer is None
+            else lambda stream, allocated: outgoing.send_command(signer.note(stream, allocated))
+        ),
+        note_wait_seconds=NOTE_WAIT_SECONDS,
+    )
 
 
 # 7. Listeners and the lifecycle

@@ -32,7 +32,10 @@ claim (:meth:`PeerClaims.check`) before relaying it, in the order received, so
 a worker's connection to it *vouches* for the claims it carries and the
 worker reads no sequence (issue 18: that read was the largest share of what a
 follower paid per event). The other checks still run everywhere: they cost no
-I/O. Over Redis every process checks for itself.
+I/O. Over Redis every process checks for itself, but the main process
+publishes what each of its sequence reads returned as a signed note
+(``claim_notes.py``), and the others wait a moment for one before reading
+the sequence themselves: one read per new position again, as over TCP.
 
 A refused claim changes nothing: it is logged (at most one line per reason per
 :data:`REFUSAL_LOG_INTERVAL_SECONDS`, with the number not logged since) and
@@ -43,14 +46,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 
 from synapse_lite.clock import Clock
 from synapse_lite.metrics import REPLICATION_CLAIMS_REFUSED
 from synapse_lite.replication.streams import Stream
-from synapse_lite.replication.tcp.commands import Command, PositionCommand, RdataCommand
+from synapse_lite.replication.tcp.commands import (
+    CheckedCommand,
+    Command,
+    PositionCommand,
+    RdataCommand,
+)
 from synapse_lite.tokens import MAX_TOKEN_POSITION
+
+if TYPE_CHECKING:
+    from synapse_lite.replication.claim_notes import ClaimNoteVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +83,8 @@ OUT_OF_RANGE = "out_of_range"
 NOT_ALLOCATED = "not_allocated"
 WRONG_SENDER = "wrong_sender"
 WENT_BACKWARDS = "went_backwards"
+#: A CHECKED note where none is taken (over TCP: notes are Redis's).
+NOTE_NOT_EXPECTED = "note_not_expected"
 #: A replication connection naming an instance that another live connection
 #: (or the listening process) has: refused before it can claim anything.
 DUPLICATE_NAME = "duplicate_name"
@@ -131,10 +145,18 @@ class PeerClaims:
         streams: Mapping[str, Stream],
         writers_of: WritersOf,
         look_up_writer: WriterLookup | None = None,
+        notes: ClaimNoteVerifier | None = None,
+        publish_read: Callable[[str, int], None] | None = None,
+        note_wait_seconds: float = 0.2,
     ) -> None:
         """``writers_of(stream)``: its writers as configured (and known so
         far); ``look_up_writer(stream, writer)``: for streams whose writers
-        can be added at runtime, read them again (None: never)."""
+        can be added at runtime, read them again (None: never). Over Redis:
+        ``notes``, on every process but the main one, checks the main
+        process's CHECKED notes, and a claim beyond what this process read
+        waits up to ``note_wait_seconds`` for one before reading the
+        sequence itself; ``publish_read(stream, allocated)``, on the main
+        process, publishes each sequence read as a note."""
         self._clock = clock
         self._streams = streams
         self._writers_of = writers_of
@@ -147,6 +169,14 @@ class PeerClaims:
         #: burst of claims arriving meanwhile shares that read.
         self._reading: dict[str, list[defer.Deferred[None]]] = {}
         self._looked_up: dict[tuple[str, str], float] = {}
+        self._notes = notes
+        self._publish_read = publish_read
+        self._note_wait_seconds = note_wait_seconds
+        #: Per stream, claims waiting for a note: ``(token, waiter)``.
+        self._note_waiters: dict[str, list[tuple[int, defer.Deferred[bool]]]] = {}
+        #: Streams whose last wait for a note ran out: read at once until a
+        #: note comes again (the main process is away or slow).
+        self._notes_quiet: set[str] = set()
 
     def stream(self, stream_name: str, writer: str, sender: str, line: str) -> Stream | None:
         """The stream a claim is about, or None (refused) if there is none."""
@@ -225,6 +255,14 @@ class PeerClaims:
         if vouched:
             self._allocated[stream.name] = token
             return True
+        if (
+            self._notes is not None
+            and stream.positions.has_sequence
+            and writer != self._notes.signer_name
+            and stream.name not in self._notes_quiet
+        ):
+            if await self._wait_for_note(stream.name, token):
+                return True
         while stream.name in self._reading:
             # Another claim's read is under way: it may cover this one too.
             waiter: defer.Deferred[None] = defer.Deferred()
@@ -237,6 +275,8 @@ class PeerClaims:
             allocated = await stream.positions.read_max_allocated()
             if allocated is not None:
                 self._allocated[stream.name] = max(self._allocated.get(stream.name, 0), allocated)
+                if self._publish_read is not None:
+                    self._publish_read(stream.name, allocated)
         finally:
             # Woken with what was read known (or, if the read failed, to read
             # again themselves).
@@ -253,6 +293,66 @@ class PeerClaims:
         )
         return False
 
+    async def _wait_for_note(self, stream_name: str, token: int) -> bool:
+        """True once a note covers ``token``; False if none does within the
+        wait (the stream is then read for at once until a note comes)."""
+        waiter: defer.Deferred[bool] = defer.Deferred()
+        self._note_waiters.setdefault(stream_name, []).append((token, waiter))
+        timer = self._clock.call_later(self._note_wait_seconds, waiter.callback, False)
+        if await waiter:
+            timer.cancel()
+            return True
+        waiters = self._note_waiters.get(stream_name, [])
+        if (token, waiter) in waiters:
+            waiters.remove((token, waiter))
+        if stream_name not in self._notes_quiet:
+            self._notes_quiet.add(stream_name)
+            logger.info(
+                "No CHECKED note covered %s %d within %.1f s: reading the sequence here until"
+                " one comes (is the main process up?)",
+                stream_name,
+                token,
+                self._note_wait_seconds,
+            )
+        return False
+
+    def on_note(self, cmd: CheckedCommand, sender: str) -> None:
+        """A CHECKED note from ``sender``: once verified, what it says was
+        handed out is believed, and the claims it covers go on."""
+        if self._notes is None:
+            self.refusals.refuse(
+                NOTE_NOT_EXPECTED,
+                cmd.stream_name,
+                sender,
+                f"CHECKED {shorten(cmd.stream_name)} {cmd.allocated}: this process takes no notes",
+            )
+            return
+        if cmd.stream_name not in self._streams:
+            self.refusals.refuse(UNKNOWN_STREAM, cmd.stream_name, sender, "a CHECKED note")
+            return
+        verified = self._notes.verify(cmd, sender)
+        if verified is True:
+            self._noted(cmd.stream_name, cmd.allocated)
+        elif isinstance(verified, defer.Deferred):
+            verified.addCallback(
+                lambda ok: self._noted(cmd.stream_name, cmd.allocated) if ok else None
+            )
+
+    def _noted(self, stream_name: str, allocated: int) -> None:
+        self._notes_quiet.discard(stream_name)
+        if allocated > self._allocated.get(stream_name, 0):
+            self._allocated[stream_name] = allocated
+        waiters = self._note_waiters.get(stream_name)
+        if not waiters:
+            return
+        covered = [w for w in waiters if w[0] <= allocated]
+        if not covered:
+            return
+        self._note_waiters[stream_name] = [w for w in waiters if w[0] > allocated]
+        for _, waiter in covered:
+            if not waiter.called:
+                waiter.callback(True)
+
     def check(self, cmd: Command, sender: str) -> bool | defer.Deferred[bool]:
         """Every check of an RDATA or POSITION, for the main process to run
         before relaying it: True or False when that needs no I/O, else a
@@ -264,6 +364,14 @@ class PeerClaims:
         elif isinstance(cmd, PositionCommand):
             tokens = (cmd.prev_token, cmd.new_token)
             token = cmd.new_token
+        elif isinstance(cmd, CheckedCommand):
+            self.refusals.refuse(
+                NOTE_NOT_EXPECTED,
+                cmd.stream_name,
+                sender,
+                f"CHECKED {shorten(cmd.stream_name)}: notes are not relayed over TCP",
+            )
+            return False
         else:
             return True
         line = claim_line(cmd)

@@ -42,6 +42,14 @@ class StreamPositions(Protocol):
     #: refused (``went_backwards``), never taken for a restart.
     lower_position_is_false: bool
 
+    @property
+    def has_sequence(self) -> bool:
+        """True when the stream's ids come from a database sequence, so that
+        :meth:`read_max_allocated` bounds what a writer can truthfully claim
+        (False: a memory stream, whose claims nothing outside its writer
+        bounds)."""
+        ...
+
     def starts_run(self, position: int) -> bool:
         """Whether a run of the writer begins at ``position`` (nothing of that
         run lies before it): a follower of another run that is told a
@@ -91,6 +99,7 @@ class MemoryPositions:
     (``TypingWriterHandler.positions(run)``, ...); the stream reads it."""
 
     can_reset = True
+    has_sequence = False
 
     def __init__(
         self,

@@ -142,6 +142,21 @@ class ReplicationProcessesTestCase(unittest.TestCase):
         self.assertLess(media_rdata or 0, BACKLOG / 5)
         self.assertLess(await self.persisted_upto("media1") or 0, top)
 
+        # One sequence read per new position in the whole cluster, on both
+        # transports: the main process checks each claim; the idle writer,
+        # which follows every row of the busy one, takes the main process's
+        # relay (TCP) or its signed notes (Redis) and reads (almost) never.
+        idle = next(w for w in WRITERS if w != busy)
+        self.assertGreater(await self.sequence_reads("main"), 0)
+        self.assertLess(await self.sequence_reads(idle), BACKLOG / 5)
+
+    async def sequence_reads(self, process: str) -> float:
+        """How often ``process`` read a stream's sequence to check a claim."""
+        value = await self.metric(
+            process, "synapse_lite_db_transaction_seconds_count", desc="read_max_allocated"
+        )
+        return value or 0.0
+
 
 class RedisReplicationProcessesTestCase(ReplicationProcessesTestCase):
     transport = "redis"

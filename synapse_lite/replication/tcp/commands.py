@@ -51,6 +51,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_LINE_LENGTH",
     "AuthCommand",
+    "CheckedCommand",
     "ClearUserSyncCommand",
     "Command",
     "CommandEncodeError",
@@ -67,6 +68,7 @@ __all__ = [
     "SubscribeCommand",
     "UserIpCommand",
     "UserSyncCommand",
+    "checked_message",
     "claim_stream",
     "command_line",
     "parse_command_from_line",
@@ -469,6 +471,53 @@ class RemoteServerUpCommand(Command):
         return finish_line(self.NAME, format_name(self.server_name, "server name"))
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class CheckedCommand(Command):
+    """``CHECKED <stream> <allocated> <key_id> <signature>``: the main process
+    read the stream's sequence at ``allocated`` (Redis only; a signed note
+    that spares every other process the same read,
+    ``replication/claim_notes.py``). ``key_id`` names the main process's
+    signing key; ``signature`` is unpadded base64 of its ed25519 signature
+    over :func:`checked_message`."""
+
+    NAME: ClassVar[str] = "CHECKED"
+    stream_name: str
+    allocated: int
+    key_id: str
+    signature: str
+
+    @classmethod
+    def from_line(cls, line: str) -> Self:
+        stream, allocated, key_id, signature = split_fields(
+            line, "CHECKED", ("stream", "allocated", "key_id", "signature")
+        )
+        return cls(
+            parse_name(stream, "stream name"),
+            parse_int(allocated, "allocated"),
+            parse_name(key_id, "key id"),
+            parse_name(signature, "signature"),
+        )
+
+    def to_line(self) -> str:
+        return finish_line(
+            self.NAME,
+            " ".join(
+                (
+                    format_name(self.stream_name, "stream name"),
+                    format_int(self.allocated, "allocated"),
+                    format_name(self.key_id, "key id"),
+                    format_name(self.signature, "signature"),
+                )
+            ),
+        )
+
+
+def checked_message(deployment_id: str, stream_name: str, allocated: int) -> bytes:
+    """What a CHECKED note's signature covers: the deployment, so a note is
+    never taken by another deployment, the stream and the value read."""
+    return f"CHECKED {deployment_id} {stream_name} {allocated}".encode()
+
+
 #: Commands a transport keeps to itself (handshake and keepalive).
 CONNECTION_COMMANDS: frozenset[type[Command]] = frozenset(
     {ServerCommand, NameCommand, SubscribeCommand, AuthCommand, PingCommand, ErrorCommand}
@@ -485,6 +534,7 @@ DATA_COMMANDS: frozenset[type[Command]] = frozenset(
         FederationAckCommand,
         UserIpCommand,
         RemoteServerUpCommand,
+        CheckedCommand,
     }
 )
 
@@ -498,11 +548,11 @@ INTERNAL_ERROR_PREFIX = "internal error while parsing"
 
 
 def claim_stream(line: bytes) -> bytes | None:
-    """The stream an RDATA or POSITION line is about, read without parsing the
-    line (None: another command). Lets a process that follows a few streams
-    skip the others' rows before decoding them; a line it does not skip is
-    still parsed and checked in full."""
-    if line.startswith(b"RDATA ") or line.startswith(b"POSITION "):
+    """The stream an RDATA, POSITION or CHECKED line is about, read without
+    parsing the line (None: another command). Lets a process that follows a
+    few streams skip the others' rows before decoding them; a line it does
+    not skip is still parsed and checked in full."""
+    if line.startswith(b"RDATA ") or line.startswith(b"POSITION ") or line.startswith(b"CHECKED "):
         fields = line.split(b" ", 2)
         return fields[1] if len(fields) == 3 else None
     return None

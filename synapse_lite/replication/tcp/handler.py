@@ -47,6 +47,7 @@ from synapse_lite.replication.claims import PeerClaims, claim_line
 from synapse_lite.replication.lag import ReplicationLag
 from synapse_lite.replication.streams import Stream
 from synapse_lite.replication.tcp.commands import (
+    CheckedCommand,
     Command,
     PositionCommand,
     RdataCommand,
@@ -224,6 +225,9 @@ class ReplicationCommandHandler:
                 self._on_rdata(connection, cmd)
             elif isinstance(cmd, PositionCommand):
                 self._on_position(connection, cmd)
+            elif isinstance(cmd, CheckedCommand):
+                if self._follows(cmd.stream_name):
+                    self.claims.on_note(cmd, connection.describe())
             elif isinstance(cmd, ReplicateCommand):
                 for callback in self._on_connect:
                     callback()

@@ -1,7 +1,8 @@
 """Redis pub/sub replication: every process a peer on the deployment's channels.
 
 Each process publishes its commands, as the same ``NAME rest`` lines as TCP:
-an RDATA or POSITION on its stream's channel, ``<channel>/<stream>``, every
+an RDATA, POSITION or CHECKED (the main process's note of a sequence read,
+``claim_notes.py``) on its stream's channel, ``<channel>/<stream>``, every
 other command on the deployment's channel. It subscribes to the deployment's
 channel and to the channels of the streams it reads (its role's
 subscription, ``Role.subscription``; ``docs/workers.md``), so Redis sends it
@@ -59,8 +60,8 @@ deployment, counted (``synapse_lite_replication_claims_refused_total``,
 its sender is dropped (only a writer speaks for itself).
 
 Every message on the channel, this process's own included, reaches
-``receiver.on_command(bus, cmd)``, except this process's own RDATA and
-POSITION: a writer hears back every row it publishes, and parsing them only to
+``receiver.on_command(bus, cmd)``, except this process's own RDATA,
+POSITION and CHECKED: a writer hears back every row it publishes, and parsing them only to
 drop them would double its work. (The handler also drops own echoes by instance
 name, for any that get through.) A message that is not one data command (bad UTF-8, over
 MAX_LINE_LENGTH, unparseable, or a TCP connection command) is logged and
@@ -96,6 +97,7 @@ from synapse_lite.replication.claims import WRONG_SENDER, RefusalLog, shorten
 from synapse_lite.replication.tcp.commands import (
     DATA_COMMANDS,
     MAX_LINE_LENGTH,
+    CheckedCommand,
     Command,
     CommandEncodeError,
     CommandParseError,
@@ -364,7 +366,7 @@ class RedisReplicationBus:
             logger.error("not publishing %s: %s", cmd.NAME, e)
             REPLICATION_COMMANDS_DROPPED.labels("redis", "unencodable").inc()
             return
-        if isinstance(cmd, (RdataCommand, PositionCommand)):
+        if isinstance(cmd, (RdataCommand, PositionCommand, CheckedCommand)):
             channel = self._stream_channels.get(cmd.stream_name)
             if channel is None:  # our own streams': a few names
                 channel = stream_channel(self.channel, cmd.stream_name)
@@ -598,9 +600,14 @@ class RedisReplicationBus:
             self._sender = None
 
     def _is_own_echo(self, data: bytes) -> bool:
-        """Our own RDATA or POSITION coming back: the receiver would drop it, so
-        skip parsing its JSON (a writer hears every row it publishes)."""
-        return data.startswith(b"RDATA ") or data.startswith(b"POSITION ")
+        """Our own RDATA, POSITION or CHECKED coming back: the receiver would
+        drop it, so skip parsing its JSON (a writer hears every row it
+        publishes, the main process every note)."""
+        return (
+            data.startswith(b"RDATA ")
+            or data.startswith(b"POSITION ")
+            or data.startswith(b"CHECKED ")
+        )
 
     def _open_envelope(self, data: bytes) -> tuple[bytes, bytes, bytes, bytes] | None:
         """``(sender, MAC, signed head, line)`` of a message of this

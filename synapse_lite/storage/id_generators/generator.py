@@ -303,6 +303,8 @@ class MultiWriterIdGenerator:
     #: A lower POSITION is an old one (a repeat after a reconnection): not
     #: refused, only discarded as nothing new.
     lower_position_is_false = False
+    #: Every id comes from the stream's sequence (:meth:`read_max_allocated`).
+    has_sequence = True
 
     def starts_run(self, position: int) -> bool:
         return False

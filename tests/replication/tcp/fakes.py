@@ -30,6 +30,10 @@ class FakePositions:
         #: How many of the next sequence look-ups fail (the database is down).
         self.sequence_failures = 0
 
+    @property
+    def has_sequence(self) -> bool:
+        return self.allocated is not None
+
     def starts_run(self, position: int) -> bool:
         # A resetting stream's runs start at multiples of 100 here.
         return self.can_reset and position % 100 == 0

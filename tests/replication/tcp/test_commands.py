@@ -19,6 +19,7 @@ from synapse_lite.replication.tcp.commands import (
     MAX_JSON_DEPTH,
     MAX_LINE_LENGTH,
     AuthCommand,
+    CheckedCommand,
     ClearUserSyncCommand,
     Command,
     CommandEncodeError,
@@ -113,6 +114,7 @@ WIRE_FORMS: list[tuple[Command, str]] = [
         "USER_SYNC inst1 @u:example.com None end 1234",
     ),
     (ClearUserSyncCommand("inst1"), "CLEAR_USER_SYNC inst1"),
+    (CheckedCommand("events", 1234, "k3Yid0", "c2ln+/"), "CHECKED events 1234 k3Yid0 c2ln+/"),
     (FederationAckCommand("fed_sender1", 42), "FEDERATION_ACK fed_sender1 42"),
     (
         UserIpCommand("@u:example.com", "tok", "1.2.3.4", "Mozilla/5.0 (X11)", "DEV", 99),
@@ -196,6 +198,7 @@ commands: st.SearchStrategy[Command] = st.one_of(
     st.builds(FederationAckCommand, names, int64s),
     st.builds(UserIpCommand, names, st.text(), st.text(), st.text(), st.none() | st.text(), int64s),
     st.builds(RemoteServerUpCommand, names),
+    st.builds(CheckedCommand, names, int64s, names, names),
 )
 
 

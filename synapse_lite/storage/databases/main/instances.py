@@ -117,6 +117,33 @@ class InstancesWorkerStore(CacheInvalidationWorkerStore):
         return str(row[0])
 
     @staticmethod
+    def record_claim_note_key_txn(
+        txn: LoggingTransaction, instance_name: str, verify_key: str
+    ) -> None:
+        """Record the key the main process signs CHECKED notes with (the
+        public half, unpadded base64), replacing its previous run's."""
+        txn.execute(
+            "INSERT INTO claim_note_key (id, instance_name, verify_key, updated_ts)"
+            " VALUES (1, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+            " instance_name = EXCLUDED.instance_name, verify_key = EXCLUDED.verify_key,"
+            " updated_ts = EXCLUDED.updated_ts",
+            (instance_name, verify_key, _now_ms()),
+        )
+
+    async def get_claim_note_key(self) -> tuple[str, str] | None:
+        """``(instance name, verify key)`` of the CHECKED notes' signer now,
+        or None if no main process has recorded one."""
+
+        def txn_func(txn: LoggingTransaction) -> tuple[str, str] | None:
+            txn.execute("SELECT instance_name, verify_key FROM claim_note_key WHERE id = 1")
+            row = txn.fetchone()
+            return None if row is None else (str(row[0]), str(row[1]))
+
+        return await self.db_pool.runInteraction(
+            "get_claim_note_key", txn_func, read_only=True, db_autocommit=True
+        )
+
+    @staticmethod
     def get_instances_txn(txn: LoggingTransaction) -> list[InstanceRecord]:
         txn.execute(
             "SELECT instance_name, replication_host, replication_port, writes_events,"
