@@ -83,7 +83,8 @@ OUT_OF_RANGE = "out_of_range"
 NOT_ALLOCATED = "not_allocated"
 WRONG_SENDER = "wrong_sender"
 WENT_BACKWARDS = "went_backwards"
-#: A CHECKED note where none is taken (over TCP: notes are Redis's).
+#: A CHECKED note where none is taken (the main process's own channel:
+#: only it signs notes; over TCP a CHECKED is not a command at all).
 NOTE_NOT_EXPECTED = "note_not_expected"
 #: A replication connection naming an instance that another live connection
 #: (or the listening process) has: refused before it can claim anything.
@@ -364,14 +365,6 @@ class PeerClaims:
         elif isinstance(cmd, PositionCommand):
             tokens = (cmd.prev_token, cmd.new_token)
             token = cmd.new_token
-        elif isinstance(cmd, CheckedCommand):
-            self.refusals.refuse(
-                NOTE_NOT_EXPECTED,
-                cmd.stream_name,
-                sender,
-                f"CHECKED {shorten(cmd.stream_name)}: notes are not relayed over TCP",
-            )
-            return False
         else:
             return True
         line = claim_line(cmd)

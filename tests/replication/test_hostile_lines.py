@@ -57,6 +57,7 @@ VALID_LINES = [
     b"FEDERATION_ACK federation_sender 17",
     b'USER_IP @a:x ["tok","127.0.0.1","agent","DEV",1234]',
     b"REMOTE_SERVER_UP other.example",
+    b"CHECKED events 5 AAAAAAAA c2lnbmF0dXJl",
     b"NAME fuzzer",
 ]
 
@@ -110,10 +111,23 @@ def lying_line(draw: Any) -> bytes:
     return f"RDATA {stream} {writer} {token} {row}".encode()
 
 
+@st.composite
+def forged_note(draw: Any) -> bytes:
+    """A well-formed CHECKED note vouching for a lie, signed by anything but
+    the main process's key (a process holding the replication secret can
+    publish it; only the signature can give it away)."""
+    stream = draw(st.sampled_from(["events", "presence", "receipts", "caches", "typing"]))
+    token = draw(st.integers(LIE_FLOOR, 10**18 - 1))
+    key_id = draw(st.sampled_from(["AAAAAAAA", "fuzzkey0"]))
+    signature = draw(st.binary(min_size=64, max_size=64)).hex()[:86]
+    return f"CHECKED {stream} {token} {key_id} {signature}".encode()
+
+
 hostile_line = st.one_of(
     st.sampled_from(VALID_LINES),
     mutated_line(),
     lying_line(),
+    forged_note(),
     st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"")),
     st.integers(16_000, 40_000).map(lambda n: b"RDATA events persister1 9 " + b"x" * n),
 )
@@ -132,7 +146,8 @@ def is_valid(line: bytes) -> bool:
         # The connection is named "fuzzer" first: renaming it is refused
         # (issue 34), and so is naming another deployment.
         return command.client_name == "fuzzer" and command.deployment is None
-    return command.NAME not in ("SERVER", "AUTH")
+    # CHECKED is a Redis note: over TCP no command at all.
+    return command.NAME not in ("SERVER", "AUTH", "CHECKED")
 
 
 class HostileServer:
