@@ -66,7 +66,7 @@ from synapse_lite.app.services import CallbackService, LoopsService, ProcessServ
 from synapse_lite.appservice.api import ApplicationServiceApi
 from synapse_lite.appservice.queries import AppServiceQueries
 from synapse_lite.clock import Clock
-from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig
+from synapse_lite.config.homeserver import HomeServerConfig
 from synapse_lite.federation.crypto import SigningKey, load_or_create_signing_key
 from synapse_lite.federation.inbound import FederationInboundHandler, announce_server_up
 from synapse_lite.federation.inbound_edus import InboundEdus
@@ -1042,6 +1042,7 @@ def _replication(
         streams=[streams.streams[name] for name in config.writers.streams_written_by(me)],
         position_log=database.position_log,
         local_writes=database.replication_notifier,
+        vouch=_claim_notes_out(database.claim_note_signer, transport.outgoing),
     )
     return Replication(
         handler=handler,
@@ -1055,6 +1056,17 @@ def _replication(
             followed_streams=role.subscription(config.streams),
         ),
     )
+
+
+def _claim_notes_out(
+    signer: ClaimNoteSigner | None, outgoing: OutgoingCommands
+) -> Callable[[str, int], None] | None:
+    """How the main process over Redis publishes a CHECKED note (of each of
+    its sequence reads, and of its own claims, so that nobody else reads a
+    sequence for them); None elsewhere."""
+    if signer is None:
+        return None
+    return lambda stream, position: outgoing.send_command(signer.note(stream, position))
 
 
 def _peer_claims(
@@ -1095,20 +1107,14 @@ def _peer_claims(
     signer = database.claim_note_signer
     notes = None
     if config.replication.transport == "redis" and signer is None:
-        notes = ClaimNoteVerifier(
-            instances.deployment_id, MAIN_PROCESS, database.store.get_claim_note_key, clock
-        )
+        notes = ClaimNoteVerifier(instances.deployment_id, database.store.get_claim_note_key, clock)
     return PeerClaims(
         clock,
         streams,
         writers_of,
         look_up_writer,
         notes=notes,
-        publish_read=(
-            None
-            if signer is None
-            else lambda stream, allocated: outgoing.send_command(signer.note(stream, allocated))
-        ),
+        publish_read=_claim_notes_out(signer, outgoing),
         note_wait_seconds=NOTE_WAIT_SECONDS,
     )
 

@@ -26,8 +26,9 @@ note covering a claim instead of reading themselves:
   (the main process is down, slow, or believed the claim without a read
   this process missed) is checked by reading the sequence, as before, and
   the stream's later claims are read for at once until the next note
-  arrives. Claims of the main process's own streams are never waited for:
-  nobody checks those but their readers.
+  arrives. The main process's own claims come with a note too, published
+  right after them (``ReplicationStreamer``'s ``vouch``): every position it
+  claims it allocated itself or believed after a check.
 * A note that does not verify (unknown key after a reload, bad signature) is
   refused, counted (``synapse_lite_replication_claims_refused_total``,
   ``reason="bad_note"``) and logged at most once per 10 s.
@@ -94,12 +95,8 @@ class ClaimNoteSigner:
 class ClaimNoteVerifier:
     """A follower's half: which notes the main process really signed."""
 
-    def __init__(
-        self, deployment_id: str, signer_name: str, load_key: LoadKey, clock: Clock
-    ) -> None:
-        """``signer_name``: the main process's instance name (its claims are
-        not waited for); ``load_key``: reads the recorded key."""
-        self.signer_name = signer_name
+    def __init__(self, deployment_id: str, load_key: LoadKey, clock: Clock) -> None:
+        """``load_key``: reads the recorded key."""
         self._deployment_id = deployment_id
         self._load_key = load_key
         self._clock = clock

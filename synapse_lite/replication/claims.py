@@ -259,7 +259,6 @@ class PeerClaims:
         if (
             self._notes is not None
             and stream.positions.has_sequence
-            and writer != self._notes.signer_name
             and stream.name not in self._notes_quiet
         ):
             if await self._wait_for_note(stream.name, token):

@@ -69,7 +69,7 @@ class NotesTestCase(unittest.TestCase):
             self.key_reads += 1
             return self.recorded
 
-        self.verifier = ClaimNoteVerifier(DEPLOYMENT, "main", load_key, Clock(self.clock))
+        self.verifier = ClaimNoteVerifier(DEPLOYMENT, load_key, Clock(self.clock))
         self.claims = PeerClaims(
             Clock(self.clock),
             self.streams,
@@ -146,10 +146,11 @@ class NotesTestCase(unittest.TestCase):
         self.assertEqual(self.positions.received, {"w1": 5})
         self.assertEqual(self.positions.sequence_reads, 1)
 
-    def test_the_main_process_claims_are_read_for_not_waited_for(self) -> None:
+    def test_the_main_process_claims_come_with_their_note(self) -> None:
         self.command(PositionCommand("receipts", "main", 0, 5))
+        self.command(self.signer.note("receipts", 5))
         self.assertEqual(self.positions.received, {"main": 5})
-        self.assertEqual(self.positions.sequence_reads, 1)
+        self.assertEqual(self.positions.sequence_reads, 0)
 
     def test_a_stream_without_a_sequence_waits_for_nothing(self) -> None:
         self.command(PositionCommand("typing", "tw", 0, 5))

@@ -23,7 +23,7 @@ any case, for every stream this process writes:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer, task
@@ -56,10 +56,19 @@ class ReplicationStreamer:
         streams: Sequence[Stream],
         position_log: PositionLog | None,
         local_writes: ReplicationNotifier | None = None,
+        vouch: Callable[[str, int], None] | None = None,
     ) -> None:
         """``local_writes``: poked when this process's ids finish (each poke
-        sends what is new); announcements follow every new connection."""
+        sends what is new); announcements follow every new connection.
+        ``vouch(stream, position)``: the main process over Redis, which
+        vouches for its own claims with a signed note
+        (``replication/claim_notes.py``): called after each pass of the send
+        loop with the highest position claimed of each stream with a
+        sequence."""
         self._me = instance_name
+        self._vouch = vouch
+        #: This pass's highest claimed position per stream (for ``vouch``).
+        self._claimed: dict[str, int] = {}
         self._clock = clock
         self._handler = handler
         self._streams = list(streams)
@@ -140,6 +149,7 @@ class ReplicationStreamer:
                         self._send_position(stream, last, last)
                 for stream in self._streams:
                     await self._send_stream(stream)
+                self._vouch_for_claims()
         except Exception:
             logger.exception("Sending replication updates failed; will retry on the next poke")
             self._pending_updates = True
@@ -171,6 +181,7 @@ class ReplicationStreamer:
             )
             if not shares_next:
                 self._log_position(stream.name, token)
+                self._note_claim(stream, token)
         last_row_token = updates[-1][0]
         if last_row_token < current:
             self._send_position(stream, last_row_token, current)
@@ -178,6 +189,21 @@ class ReplicationStreamer:
     def _send_position(self, stream: Stream, prev: int, new: int) -> None:
         self._handler.send_command(PositionCommand(stream.name, self._me, prev, new))
         self._log_position(stream.name, new)
+        self._note_claim(stream, new)
+
+    def _note_claim(self, stream: Stream, position: int) -> None:
+        if self._vouch is not None and stream.positions.has_sequence and position > 0:
+            self._claimed[stream.name] = max(position, self._claimed.get(stream.name, 0))
+
+    def _vouch_for_claims(self) -> None:
+        """One note per stream for what this pass claimed: every position
+        this process claims it allocated itself or believed after a check,
+        so the sequence had handed it out."""
+        if self._vouch is None or not self._claimed:
+            return
+        claimed, self._claimed = self._claimed, {}
+        for stream_name, position in claimed.items():
+            self._vouch(stream_name, position)
 
     def _log_position(self, stream_name: str, position: int) -> None:
         if self._position_log is not None:

@@ -134,3 +134,35 @@ class StreamerTestCase(unittest.TestCase):
         self.handler.connected = True
         self.poke()
         self.assertEqual(self.handler.sent, [])
+
+
+class VouchingStreamerTestCase(unittest.TestCase):
+    """The main process over Redis vouches for its own claims: one note per
+    stream with a sequence and pass of the send loop, at the highest
+    position that pass claimed."""
+
+    def test_each_pass_vouches_once_per_stream_for_its_highest_claim(self) -> None:
+        clock = task.Clock()
+        handler = _Handler()
+        receipts, positions, rows = fake_stream(BUILTIN_STREAMS["receipts"])
+        positions.allocated = 100  # a stream with a sequence
+        typing, _, _ = fake_stream(BUILTIN_STREAMS["typing"], can_reset=True)
+        vouched: list[tuple[str, int]] = []
+        streamer = ReplicationStreamer(
+            instance_name="me",
+            clock=Clock(clock),
+            handler=handler,  # type: ignore[arg-type]
+            streams=[receipts, typing],
+            position_log=None,
+            vouch=lambda stream, position: vouched.append((stream, position)),
+        )
+        streamer.on_notifier_poke()
+        clock.advance(0)
+        self.assertEqual(vouched, [])  # announced 0: nothing to vouch for
+        for token in (1, 2, 3):
+            rows.add("me", token, receipt(token))
+        positions.local_write = 5
+        streamer.on_notifier_poke()
+        clock.advance(0)
+        self.assertEqual(vouched, [("receipts", 5)])
+        self.assertEqual(handler.sent[-1], PositionCommand("receipts", "me", 3, 5))
