@@ -22,9 +22,11 @@ Prints CPU milliseconds per event for every process, the whole cluster's CPU
 per event as a ratio to the monolith's at the same rate (both measured in this
 run), the projected ceiling for 2, 4, 8 and 16 events writers (docs/scaling.md
 explains the model), the replication latency from a writer's commit to a
-follower's position (``bench/replication.py``'s TCP measurement, p50/p99) and
-the /sync wake-up through a worker (send to the writer, long-poll parked on
-``synchrotron1``), with the load average: the machine is shared, so the
+follower's position (``bench/replication.py``'s TCP measurement, p50/p99),
+the sequence reads per event (the checks of claimed positions: main's, and
+everyone's, which over Redis the main process's CHECKED notes keep to
+main's) and the /sync wake-up through a worker (send to the writer,
+long-poll parked on ``synchrotron1``), with the load average: the machine is shared, so the
 ratios measured in one run are the figures that matter.
 
 CPU of the database server and of this client is not counted (the processes
