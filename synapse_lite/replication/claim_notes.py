@@ -86,7 +86,9 @@ class ClaimNoteSigner:
         self.key_id = key_id(raw)
 
     def note(self, stream_name: str, allocated: int) -> CheckedCommand:
-        """The note that ``stream_name``'s sequence was read at ``allocated``."""
+        """The note that ``stream_name``'s sequence had handed out
+        ``allocated`` (a value just read from it, or a position this process
+        claims: it allocated it, or believed it after a check)."""
         message = checked_message(self._deployment_id, stream_name, allocated)
         signature = encode_base64(self._key.sign(message).signature)
         return CheckedCommand(stream_name, allocated, self.key_id, signature)
