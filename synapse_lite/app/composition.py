@@ -141,7 +141,6 @@ from synapse_lite.media.repository import MediaRepository
 from synapse_lite.notifier import Notifier
 from synapse_lite.position_log import PositionLog, position_log_path
 from synapse_lite.replication.claim_notes import (
-    NOTE_WAIT_SECONDS,
     ClaimNoteSigner,
     ClaimNoteVerifier,
 )
@@ -1115,7 +1114,6 @@ def _peer_claims(
         look_up_writer,
         notes=notes,
         publish_read=_claim_notes_out(signer, outgoing),
-        note_wait_seconds=NOTE_WAIT_SECONDS,
     )
 
 

@@ -22,7 +22,7 @@ note covering a claim instead of reading themselves:
 * **A note is true for ever.** A sequence only grows, so "it had handed out
   N" stays true; the signature covers the deployment, the stream and N, so a
   note is never taken on another deployment.
-* **Waiting is bounded.** A claim not covered within :data:`NOTE_WAIT_SECONDS`
+* **Waiting is bounded.** A claim not covered within ``claims.NOTE_WAIT_SECONDS``
   (the main process is down, slow, or believed the claim without a read
   this process missed) is checked by reading the sequence, as before, and
   the stream's later claims are read for at once until the next note
@@ -50,11 +50,6 @@ from synapse_lite.replication.claims import RefusalLog, shorten
 from synapse_lite.replication.tcp.commands import CheckedCommand, checked_message
 
 logger = logging.getLogger(__name__)
-
-#: How long a claim waits for the main process's note before this process
-#: reads the sequence itself. The main process's read is one database round
-#: trip; this bounds what a follower loses when the main process is away.
-NOTE_WAIT_SECONDS = 0.2
 
 #: A note naming a key this process does not have makes it read the
 #: recorded key again, at most this often: soon after the main process

@@ -73,6 +73,12 @@ REFUSAL_LOG_INTERVAL_SECONDS = 10.0
 #: often (per name): a new writer is found, a flood of made-up names is cheap.
 WRITER_LOOKUP_INTERVAL_SECONDS = 10.0
 
+#: How long a claim waits for the main process's CHECKED note (Redis,
+#: ``claim_notes.py``) before this process reads the sequence itself. The
+#: main process's read is one database round trip; this bounds what a
+#: follower loses when the main process is away.
+NOTE_WAIT_SECONDS = 0.2
+
 #: How many recently looked-up writer names are remembered.
 MAX_REMEMBERED_LOOKUPS = 1000
 
@@ -148,14 +154,13 @@ class PeerClaims:
         look_up_writer: WriterLookup | None = None,
         notes: ClaimNoteVerifier | None = None,
         publish_read: Callable[[str, int], None] | None = None,
-        note_wait_seconds: float = 0.2,
     ) -> None:
         """``writers_of(stream)``: its writers as configured (and known so
         far); ``look_up_writer(stream, writer)``: for streams whose writers
         can be added at runtime, read them again (None: never). Over Redis:
         ``notes``, on every process but the main one, checks the main
         process's CHECKED notes, and a claim beyond what this process read
-        waits up to ``note_wait_seconds`` for one before reading the
+        waits up to :data:`NOTE_WAIT_SECONDS` for one before reading the
         sequence itself; ``publish_read(stream, allocated)``, on the main
         process, publishes each sequence read as a note."""
         self._clock = clock
@@ -172,7 +177,6 @@ class PeerClaims:
         self._looked_up: dict[tuple[str, str], float] = {}
         self._notes = notes
         self._publish_read = publish_read
-        self._note_wait_seconds = note_wait_seconds
         #: Per stream, claims waiting for a note: ``(token, waiter)``.
         self._note_waiters: dict[str, list[tuple[int, defer.Deferred[bool]]]] = {}
         #: Streams whose last wait for a note ran out: read at once until a
@@ -298,7 +302,7 @@ class PeerClaims:
         wait (the stream is then read for at once until a note comes)."""
         waiter: defer.Deferred[bool] = defer.Deferred()
         self._note_waiters.setdefault(stream_name, []).append((token, waiter))
-        timer = self._clock.call_later(self._note_wait_seconds, waiter.callback, False)
+        timer = self._clock.call_later(NOTE_WAIT_SECONDS, waiter.callback, False)
         if await waiter:
             timer.cancel()
             return True
@@ -312,7 +316,7 @@ class PeerClaims:
                 " one comes (is the main process up?)",
                 stream_name,
                 token,
-                self._note_wait_seconds,
+                NOTE_WAIT_SECONDS,
             )
         return False
 

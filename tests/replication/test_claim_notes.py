@@ -16,13 +16,13 @@ from synapse_lite.clock import Clock
 from synapse_lite.replication.claim_notes import (
     BAD_NOTE,
     KEY_RELOAD_INTERVAL_SECONDS,
-    NOTE_WAIT_SECONDS,
     ClaimNoteSigner,
     ClaimNoteVerifier,
 )
-from synapse_lite.replication.claims import NOTE_NOT_EXPECTED, PeerClaims
+from synapse_lite.replication.claims import NOTE_NOT_EXPECTED, NOTE_WAIT_SECONDS, PeerClaims
 from synapse_lite.replication.tcp.commands import (
     CheckedCommand,
+    CommandParseError,
     PositionCommand,
     RdataCommand,
     claim_stream,
@@ -45,8 +45,6 @@ class CheckedCommandTestCase(unittest.TestCase):
         self.assertEqual(claim_stream(line.encode()), b"events")
 
     def test_a_note_with_a_missing_field_does_not_parse(self) -> None:
-        from synapse_lite.replication.tcp.commands import CommandParseError
-
         with self.assertRaises(CommandParseError):
             parse_command_from_line("CHECKED events 12 keyid")
         with self.assertRaises(CommandParseError):
@@ -75,7 +73,6 @@ class NotesTestCase(unittest.TestCase):
             self.streams,
             lambda stream: {"receipts": ("w1", "main"), "typing": ("tw",)}.get(stream, ()),
             notes=self.verifier,
-            note_wait_seconds=NOTE_WAIT_SECONDS,
         )
         self.handler = ReplicationCommandHandler(
             instance_name="me",

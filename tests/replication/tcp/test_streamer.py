@@ -13,7 +13,12 @@ from twisted.trial import unittest
 from synapse_lite.clock import Clock
 from synapse_lite.replication.tcp.commands import Command, PositionCommand, RdataCommand
 from synapse_lite.replication.tcp.streamer import ANNOUNCE_INTERVAL_SECONDS, ReplicationStreamer
-from synapse_lite.streams.catalog import BUILTIN_STREAMS, CachesStreamRow, ReceiptsStreamRow
+from synapse_lite.streams.catalog import (
+    BUILTIN_STREAMS,
+    CachesStreamRow,
+    ReceiptsStreamRow,
+    TypingStreamRow,
+)
 from tests.replication.tcp.fakes import fake_stream
 
 
@@ -146,7 +151,9 @@ class VouchingStreamerTestCase(unittest.TestCase):
         handler = _Handler()
         receipts, positions, rows = fake_stream(BUILTIN_STREAMS["receipts"])
         positions.allocated = 100  # a stream with a sequence
-        typing, _, _ = fake_stream(BUILTIN_STREAMS["typing"], can_reset=True)
+        typing, typing_positions, typing_rows = fake_stream(
+            BUILTIN_STREAMS["typing"], can_reset=True
+        )
         vouched: list[tuple[str, int]] = []
         streamer = ReplicationStreamer(
             instance_name="me",
@@ -162,7 +169,12 @@ class VouchingStreamerTestCase(unittest.TestCase):
         for token in (1, 2, 3):
             rows.add("me", token, receipt(token))
         positions.local_write = 5
+        # Typing moves too, but has no sequence: nothing to vouch for.
+        typing_rows.add("me", 4, TypingStreamRow("!r:x", ["@a:x"]))
+        typing_positions.local_write = 4
         streamer.on_notifier_poke()
         clock.advance(0)
+        rows_sent = {c.stream_name for c in handler.sent if isinstance(c, RdataCommand)}
+        self.assertEqual(rows_sent, {"receipts", "typing"})
         self.assertEqual(vouched, [("receipts", 5)])
-        self.assertEqual(handler.sent[-1], PositionCommand("receipts", "me", 3, 5))
+        self.assertIn(PositionCommand("receipts", "me", 3, 5), handler.sent)
