@@ -24,13 +24,14 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from twisted.internet import threads
-from twisted.internet.interfaces import IReactorCore
+from twisted.internet.interfaces import IReactorCore, IReactorFDSet
 from twisted.python.threadpool import ThreadPool
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.metrics import TRANSACTION_DURATION, TRANSACTION_IN_DOUBT, TRANSACTION_RETRIES
 from synapse_lite.storage.engines import BaseDatabaseEngine
 from synapse_lite.storage.engines.base import DBAPIConnection
+from synapse_lite.storage.reactor_reads import ReactorReads
 
 logger = logging.getLogger(__name__)
 txn_logger = logging.getLogger("synapse_lite.storage.txn")
@@ -242,6 +243,14 @@ class DatabasePool:
         self._txn_counter = itertools.count()
         self._closed = False
         self._threadpool.start()
+        #: Sequence reads on a connection the reactor drives, where the
+        #: engine and the reactor allow it (reactor_reads.py: no thread on
+        #: replication's latency path).
+        self._reactor_reads = (
+            ReactorReads(reactor, engine)
+            if engine.reads_in_reactor and IReactorFDSet.providedBy(reactor)
+            else None
+        )
 
     # Connections
 
@@ -273,6 +282,8 @@ class DatabasePool:
         if self._closed:
             return
         self._closed = True
+        if self._reactor_reads is not None:
+            self._reactor_reads.close()
         self._threadpool.stop()
         with self._connections_lock:
             conns, self._connections = self._connections, []
@@ -461,6 +472,25 @@ class DatabasePool:
             return [tuple(row) for row in txn.fetchall()]
 
         return await self.runInteraction(desc, query)
+
+    async def sequence_last_value(self, desc: str, name: str) -> int:
+        """The largest id sequence ``name`` has handed out to anyone, read
+        now, outside any transaction. On PostgreSQL the reactor runs the read
+        itself (:mod:`~synapse_lite.storage.reactor_reads`): a claimed
+        position waits for it before it is relayed. Timed under ``desc``
+        with the transactions, either way."""
+        if self._closed:
+            raise RuntimeError(f"database pool {self.name!r} is closed")
+        if self._reactor_reads is None:
+
+            def read(txn: LoggingTransaction) -> int:
+                return self.engine.sequence_last_value(txn.raw_cursor, name)
+
+            return await self.runInteraction(desc, read, read_only=True, db_autocommit=True)
+        start = time.monotonic()
+        row = await self._reactor_reads.fetch_one(self.engine.sequence_last_value_sql(name))
+        TRANSACTION_DURATION.labels(desc).observe(time.monotonic() - start)
+        return self.engine.sequence_last_value_of(row)
 
     async def select(self, desc: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run one query and return its rows. One statement sees one snapshot

@@ -123,6 +123,25 @@ class BaseDatabaseEngine(abc.ABC):
     def sequence_last_value(self, cur: DBAPICursor, name: str) -> int:
         """The largest id handed out so far (0 when none)."""
 
+    #: Whether :meth:`connect_nonblocking` gives a connection the reactor can
+    #: drive itself (``storage/reactor_reads.py``): PostgreSQL's.
+    reads_in_reactor = False
+
+    def connect_nonblocking(self) -> Any:
+        """A new connection in the driver's asynchronous mode (psycopg2's
+        ``async_``: autocommit, polled), for :attr:`reads_in_reactor` engines."""
+        raise NotImplementedError(f"{self.name} has no asynchronous connections")
+
+    def sequence_last_value_sql(self, name: str) -> str:
+        """The one statement :meth:`sequence_last_value` runs, for
+        :attr:`reads_in_reactor` engines; its row goes to
+        :meth:`sequence_last_value_of`."""
+        raise NotImplementedError(f"{self.name} reads its sequences in a transaction")
+
+    def sequence_last_value_of(self, row: tuple[Any, ...]) -> int:
+        """:meth:`sequence_last_value` from the row of :meth:`sequence_last_value_sql`."""
+        raise NotImplementedError(f"{self.name} reads its sequences in a transaction")
+
     @abc.abstractmethod
     def sequence_set_at_least(self, cur: DBAPICursor, name: str, value: int) -> None:
         """Move a sequence forward so that its next id is above ``value``."""

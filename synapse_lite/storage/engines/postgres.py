@@ -47,16 +47,19 @@ class PostgresEngine(BaseDatabaseEngine):
         port = self.args.get("port", 5432)
         return f"postgres://{self.args.get('user', '')}@{host}:{port}/{self.args.get('dbname', '')}"
 
-    def connect(self) -> DBAPIConnection:
-        import psycopg2
-
+    def _connect_args(self) -> dict[str, Any]:
         connect_args = {
             k: v
             for k, v in self.args.items()
             if k in ("host", "port", "user", "password", "dbname", "options", "sslmode")
         }
         connect_args.setdefault("connect_timeout", 10)
-        conn = psycopg2.connect(**connect_args)
+        return connect_args
+
+    def connect(self) -> DBAPIConnection:
+        import psycopg2
+
+        conn = psycopg2.connect(**self._connect_args())
         # The session's default, not psycopg2's set_session: with an isolation
         # level of its own psycopg2 sends a SET each time autocommit is turned
         # off again, one more round trip for every autocommit interaction
@@ -125,8 +128,22 @@ class PostgresEngine(BaseDatabaseEngine):
         return sorted(int(row[0]) for row in cur.fetchall())
 
     def sequence_last_value(self, cur: DBAPICursor, name: str) -> int:
-        cur.execute(f"SELECT last_value, is_called FROM {_check_sequence_name(name)}")
-        last_value, is_called = cur.fetchone()
+        cur.execute(self.sequence_last_value_sql(name))
+        return self.sequence_last_value_of(cur.fetchone())
+
+    reads_in_reactor = True
+
+    def connect_nonblocking(self) -> Any:
+        import psycopg2
+
+        # Asynchronous connections are always in autocommit.
+        return psycopg2.connect(**self._connect_args(), async_=True)
+
+    def sequence_last_value_sql(self, name: str) -> str:
+        return f"SELECT last_value, is_called FROM {_check_sequence_name(name)}"
+
+    def sequence_last_value_of(self, row: tuple[Any, ...]) -> int:
+        last_value, is_called = row
         return int(last_value) if is_called else int(last_value) - 1
 
     def sequence_set_at_least(self, cur: DBAPICursor, name: str, value: int) -> None:

@@ -444,15 +444,12 @@ class MultiWriterIdGenerator:
         """The largest position the stream's sequence has handed out to
         anyone, read now. One query; what a follower checks a peer's claimed
         position against."""
-
-        def txn_func(txn: LoggingTransaction) -> int:
-            return self._sequence.get_max_allocated(txn)
-
-        # One statement, so autocommit: no BEGIN and COMMIT round trips. Every
-        # follower runs this for each new position it is told of (issue 20's
-        # check), so it is on the replication latency path (issue 18).
-        return await self._db.runInteraction(
-            "read_max_allocated", txn_func, read_only=True, db_autocommit=True
+        # Every new position a writer claims waits for this read before the
+        # main process relays it (issue 20's check), so it is on the
+        # replication latency path (issue 18): outside any transaction, and
+        # on PostgreSQL without a database thread (issue 35).
+        return await self._db.sequence_last_value(
+            "read_max_allocated", self._sequence.sequence_name
         )
 
     def _export_gauges(self) -> None:
