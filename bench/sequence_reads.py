@@ -98,15 +98,15 @@ def main(argv: list[str] | None = None) -> None:
     async def run() -> None:
         try:
             outcome["results"] = await measure(reactor, args)
+        except Exception as e:
+            outcome["error"] = e
         finally:
             reactor.stop()
 
-    reactor.callWhenRunning(
-        lambda: defer.ensureDeferred(run()).addErrback(outcome.setdefault, "error")
-    )
+    reactor.callWhenRunning(lambda: defer.ensureDeferred(run()))
     reactor.run()
     if "error" in outcome:
-        outcome["error"].raiseException()
+        raise outcome["error"]
     results = outcome["results"]
     print(
         f"{args.rounds} rounds x {args.reads} reads a way, {args.gap_ms:g} ms apart, one process,"

@@ -41,7 +41,7 @@ from synapse_lite.routing.http1 import (
     without_hop_by_hop,
 )
 from synapse_lite.routing.pool import BackendConnection
-from synapse_lite.routing.sockets import write_now
+from synapse_lite.sockets import write_now
 
 if TYPE_CHECKING:
     from synapse_lite.routing.relay import ClientConnection, Relay

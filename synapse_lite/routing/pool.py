@@ -28,7 +28,7 @@ from synapse_lite.routing.http1 import (
     parse_response_head,
     response_framing,
 )
-from synapse_lite.routing.sockets import write_now
+from synapse_lite.sockets import write_now
 
 if TYPE_CHECKING:
     from synapse_lite.routing.exchange import Exchange

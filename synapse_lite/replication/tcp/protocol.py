@@ -60,6 +60,7 @@ from synapse_lite.replication.tcp.commands import (
     parse_command_from_line,
 )
 from synapse_lite.replication.tcp.reactor_time import ReactorTime, cancel_call
+from synapse_lite.sockets import write_now
 
 if TYPE_CHECKING:
     from synapse_lite.replication.tcp.connection import ReplicationCommandReceiver
@@ -139,6 +140,8 @@ class ReplicationProtocol(LineOnlyReceiver):
         self._abort_call: IDelayedCall | None = None
         self._producer_registered = False
         self._announced = False
+        #: Lines written while output is held (:meth:`hold_output`).
+        self._held_output: list[bytes] | None = None
         #: Commands received in the read under way, by name: counted in the
         #: metrics once per read (a counter's increment per line was a
         #: measurable share of a follower's CPU, issue 35).
@@ -187,9 +190,26 @@ class ReplicationProtocol(LineOnlyReceiver):
         self._write(name, line)
 
     def _write(self, name: str, line: bytes) -> None:
-        self._transport.write(line + b"\n")
+        if self._held_output is not None:
+            self._held_output.append(line + b"\n")
+        else:
+            self._transport.write(line + b"\n")
         self._last_sent = self._clock.seconds()
         count_command(REPLICATION_COMMANDS_OUT, name)
+
+    def hold_output(self) -> None:
+        """Keep what is written from now on until :meth:`release_output`."""
+        if self._held_output is None:
+            self._held_output = []
+
+    def release_output(self) -> None:
+        """Send what was held as one write, on the spot where the socket
+        takes it (``sockets.write_now``), rather than when the reactor's
+        turn ends: the main process relays a claim this way before it
+        applies the rows itself (issue 35: the wake-up's path)."""
+        held, self._held_output = self._held_output, None
+        if held and self._state is not ConnectionState.CLOSED:
+            write_now(self._transport, b"".join(held))
 
     def _write_now(self, cmd: Command) -> None:
         """Write a connection-level command past the queue and the state."""
@@ -214,6 +234,8 @@ class ReplicationProtocol(LineOnlyReceiver):
         """Close the connection (idempotent); abort it if it lingers."""
         if self._state is ConnectionState.CLOSED:
             return
+        # What was written before (an ERROR saying why) still goes first.
+        self.release_output()
         self._state = ConnectionState.CLOSED
         self._queue.clear()
         cancel_call(self._ping_call)
@@ -313,7 +335,7 @@ class ReplicationProtocol(LineOnlyReceiver):
         together (one cache pass and one wake-up per read, not per line)."""
         self._receiver.read_started()
         try:
-            super().dataReceived(data)
+            self._read_lines(data)
         finally:
             counts = self._received_counts
             if counts:
@@ -321,6 +343,10 @@ class ReplicationProtocol(LineOnlyReceiver):
                     count_command(REPLICATION_COMMANDS_IN, name, amount)
                 counts.clear()
             self._receiver.read_done()
+
+    def _read_lines(self, data: bytes) -> None:
+        """Each line of one read, in order (subclasses wrap it)."""
+        super().dataReceived(data)
 
     def lineReceived(self, line: bytes) -> None:
         if self._state is ConnectionState.CLOSED:

@@ -57,7 +57,8 @@ from __future__ import annotations
 import hmac
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import attr
@@ -236,6 +237,12 @@ class ServerReplicationProtocol(ReplicationProtocol):
             return
         self.factory.check_and_relay(self, cmd, line)
 
+    def _read_lines(self, data: bytes) -> None:
+        # What the read's commands relay leaves before the read is done,
+        # and with it the rows applied here (issue 35).
+        with self.factory.relaying():
+            super()._read_lines(data)
+
     def is_sent(self, stream: bytes | None) -> bool:
         """Whether a line about ``stream`` goes to this worker (``stream``:
         :func:`claim_stream` of the line; None for other commands)."""
@@ -302,6 +309,10 @@ class ReplicationServerFactory(ServerFactory):
         self.instance_name = instance_name
         #: Instance name -> the one live connection that carries it.
         self._named: dict[str, ServerReplicationProtocol] = {}
+        #: Open :meth:`relaying` blocks, and the connections holding output
+        #: until the outermost ends.
+        self._relay_depth = 0
+        self._holding: list[ServerReplicationProtocol] = []
 
     def buildProtocol(self, addr: object) -> ServerReplicationProtocol:
         return ServerReplicationProtocol(self)
@@ -434,15 +445,37 @@ class ReplicationServerFactory(ServerFactory):
         answer.addCallbacks(answered, failed)
 
     def _release(self) -> None:
-        """Pass on the held commands whose turn has come."""
-        while self._held and self._held[0].believed is not None:
-            held = self._held.popleft()
-            if held.believed:
-                self._pass_on(held.sender, held.cmd, held.line)
+        """Pass on the held commands whose turn has come: relayed first,
+        all of them, and sent (:meth:`relaying`), then delivered here."""
+        passed = []
+        with self.relaying():
+            while self._held and self._held[0].believed is not None:
+                held = self._held.popleft()
+                if held.believed:
+                    self.relay(held.sender, held.cmd.NAME, held.line)
+                    passed.append(held)
+        for held in passed:
+            held.sender.deliver(held.cmd)
 
     def _pass_on(self, sender: ServerReplicationProtocol, cmd: Command, line: bytes) -> None:
         self.relay(sender, cmd.NAME, line)
         sender.deliver(cmd)
+
+    @contextmanager
+    def relaying(self) -> Iterator[None]:
+        """What is relayed inside leaves as one write per connection when
+        the outermost block ends, at once: not after the rest of the
+        reactor's turn, which on the main process applies the same rows
+        here (issue 35: the wake-up waited for that)."""
+        self._relay_depth += 1
+        try:
+            yield
+        finally:
+            self._relay_depth -= 1
+            if not self._relay_depth:
+                holding, self._holding = self._holding, []
+                for conn in holding:
+                    conn.release_output()
 
     def relay(self, sender: ServerReplicationProtocol, name: str, line: bytes) -> None:
         """Pass a data command from ``sender`` on to every other worker (an
@@ -455,6 +488,9 @@ class ReplicationServerFactory(ServerFactory):
         stream = claim_stream(line)
         for conn in list(self._connections):
             if conn is not sender and conn.is_sent(stream):
+                if self._relay_depth and conn not in self._holding:
+                    conn.hold_output()
+                    self._holding.append(conn)
                 conn.send_encoded(name, line)
 
     def close_all(self) -> None:

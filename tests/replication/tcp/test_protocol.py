@@ -216,6 +216,69 @@ class CheckedRelayTestCase(ServerTestCase):
             lines(self.follower), ["POSITION events w1 0 9", "POSITION receipts w2 0 3"]
         )
 
+    def watch_order(self, follower: StringTransport) -> list[str]:
+        """What happens, in order: the follower's writes (one entry per
+        write) and the receiver's commands and ends of reads."""
+        order: list[str] = []
+        write = follower.write
+        on_command = self.receiver.on_command
+        read_done = self.receiver.read_done
+
+        def record_write(data: bytes) -> None:
+            order.append("write " + data.decode().replace("\n", "|"))
+            write(data)
+
+        def record_command(connection: ReplicationConnection, cmd: Command) -> None:
+            order.append(f"delivered {cmd.NAME}")
+            on_command(connection, cmd)
+
+        def record_read_done() -> None:
+            order.append("read done")
+            read_done()
+
+        follower.write = record_write  # type: ignore[method-assign]
+        self.receiver.on_command = record_command  # type: ignore[method-assign]
+        self.receiver.read_done = record_read_done  # type: ignore[method-assign]
+        return order
+
+    def test_what_one_read_relays_leaves_in_one_write_before_the_read_is_done(self) -> None:
+        """Rows are applied here at the end of the read (``read_done``):
+        the relay goes first, as one write to each connection."""
+        order = self.watch_order(self.follower)
+        self.w1.dataReceived(b"POSITION events w1 0 5\nPOSITION events w1 5 6\n")
+        self.assertEqual(
+            order,
+            [
+                "delivered POSITION",
+                "delivered POSITION",
+                "write POSITION events w1 0 5|POSITION events w1 5 6|",
+                "read done",
+            ],
+        )
+
+    def test_commands_released_by_a_check_are_relayed_before_they_are_delivered(self) -> None:
+        answer: defer.Deferred[bool] = defer.Deferred()
+        self.answers[("events", 9)] = answer
+        feed(self.w1, "POSITION events w1 0 9")
+        feed(self.w2, "POSITION receipts w2 0 3")
+        order = self.watch_order(self.follower)
+        answer.callback(True)
+        self.assertEqual(
+            order,
+            [
+                "write POSITION events w1 0 9|POSITION receipts w2 0 3|",
+                "delivered POSITION",
+                "delivered POSITION",
+            ],
+        )
+
+    def test_an_error_written_while_output_is_held_is_sent_before_the_close(self) -> None:
+        follower = self.factory.connections[-1]
+        follower.hold_output()
+        follower.send_error_and_close("going away")
+        self.assertEqual(lines(self.follower), ["ERROR going away"])
+        self.assertTrue(self.follower.disconnecting)
+
     def test_shutdown_drops_what_waits(self) -> None:
         self.answers[("events", 9)] = defer.fail(RuntimeError("database unreachable"))
         with self.assertLogs(LOGGER, "WARNING"):

@@ -1,4 +1,4 @@
-"""Writing at once to a plain TCP socket (``routing/sockets.py``): sent on
+"""Writing at once to a plain TCP socket (``sockets.py``): sent on
 the spot when nothing is queued, queued behind what is, and any other
 transport or a failing socket written to as Twisted does."""
 
@@ -12,7 +12,7 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 
-from synapse_lite.routing.sockets import write_now
+from synapse_lite.sockets import write_now
 from tests.harness.polling import eventually
 
 reactor: Any = _reactor
