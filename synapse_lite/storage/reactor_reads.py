@@ -15,6 +15,12 @@ Only for short statements that need no transaction (the connection is in
 autocommit): statements run one after another on the one connection, so a
 slow one holds those behind it. Used for sequence reads
 (:meth:`DatabasePool.sequence_last_value`).
+
+Opening the connection resolves the database's host name in the reactor
+thread (libpq does that before it goes asynchronous): free for an address,
+a local lookup for ``localhost``, and for a name served by DNS a lookup on
+the first read and after each broken connection. ``connect_timeout`` does
+not apply in this mode; :data:`READ_TIMEOUT_SECONDS` bounds the opening.
 """
 
 from __future__ import annotations
