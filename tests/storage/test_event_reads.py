@@ -35,6 +35,11 @@ def count_interactions(test: DatabaseTestCase, hs: HomeServer) -> list[str]:
 #: homeserver under test (where it starts, each destination's position; the
 #: new events and the room's users after a membership change): not reads of
 #: the call a test counts.
+#: The writer records its stream positions after a persist, in the
+#: background: on a loaded machine that write can fall in a counted window
+#: (CI failed once that way). It is not a read of the call under test.
+POSITION_WRITES = ("stream_positions_upsert",)
+
 FEDERATION_FEED_READS = (
     "get_users_in_room",
     "get_member_changes_after",
@@ -183,7 +188,7 @@ class EventReadsTestCase(DatabaseTestCase):
             [(bob, "join")],
         )
         self.assertEqual(
-            [n for n in names if n not in FEDERATION_FEED_READS],
+            [n for n in names if n not in FEDERATION_FEED_READS and n not in POSITION_WRITES],
             ["get_membership_changes_in_rooms"],
         )
         # A token from before the process started: the tracker cannot tell.
