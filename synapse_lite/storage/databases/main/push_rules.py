@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attr
+
 from synapse_lite.push.rules import UserPushRules
 from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder, page_of_updates
-from synapse_lite.storage.caches import cached
+from synapse_lite.storage.caches import LruCache, cached
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -21,6 +23,151 @@ if TYPE_CHECKING:
 
 #: A user's notifications: (event_id, room_id, stream_ordering, actions, highlight, ts).
 NotificationRow = tuple[str, str, int, list[Any], bool, int]
+
+#: Rooms per counting statement (three parameters each: within SQLite's limit).
+_UNREAD_ROOMS_PER_STATEMENT = 500
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class CountedUnread:
+    """A user's unread counts in one room, counted from a basis up to
+    ``upto``: the events after ``max(joined_at, read_at)`` (only those after
+    ``read_at`` for the user's own outcomes). ``joined_at``: the stream
+    ordering of their current join, None when not joined; ``read_at``: of
+    their newest m.read (or private) receipt's event, 0 when none."""
+
+    joined_at: int | None
+    read_at: int
+    upto: int
+    notifications: int
+    highlights: int
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class UnreadCount:
+    """What one count found: the counts up to the position asked for, and
+    what may be carried over to the next count (``kept``: up to the
+    horizon, below which every row is committed)."""
+
+    notifications: int
+    highlights: int
+    kept: CountedUnread
+
+
+class UnreadCountMemo:
+    """The unread counts already made, per (user, room), so that the next
+    count of a room reads only the events after them (a woken /sync counts
+    one new event, not the room's history since the user's last receipt).
+
+    Per process, bounded (the least recently used are forgotten: their next
+    count starts again from the basis). Needs no invalidation: a count is
+    only carried over when the receipt and the join it counted from are
+    those read with the new count, and rows at or below a count's ``upto``
+    never change (events, their push actions, rejected and soft-failed flags
+    are written once, with the event; purges prune content, not these)."""
+
+    MAX_ENTRIES = 100_000
+
+    def __init__(self) -> None:
+        self._counted: LruCache[CountedUnread] = LruCache(self.MAX_ENTRIES)
+
+    def get(self, user_id: str, room_id: str) -> CountedUnread | None:
+        return self._counted.get((user_id, room_id))[1]
+
+    def keep(self, user_id: str, room_id: str, counted: CountedUnread) -> None:
+        self._counted.set((user_id, room_id), counted)
+
+
+def _count_unread_txn(
+    txn: LoggingTransaction,
+    user_id: str,
+    room_ids: list[str],
+    upto: int,
+    horizon: int,
+    carried: dict[str, CountedUnread | None],
+) -> dict[str, UnreadCount]:
+    """Count ``user_id``'s unread notifications in ``room_ids`` up to
+    ``upto`` (``get_unread_counts``), carrying over the counts in
+    ``carried`` whose basis is unchanged and whose ``upto`` is at or below
+    ``horizon`` (<= ``upto``). Two statements: the bases, then the count of
+    the events after each room's floor."""
+    placeholders = ", ".join("?" for _ in room_ids)
+    txn.execute(
+        "SELECT room_id, MAX(joined_at), MAX(read_at) FROM ("
+        " SELECT room_id, event_stream_ordering AS joined_at, NULL AS read_at"
+        " FROM local_current_membership WHERE user_id = ? AND membership = 'join'"
+        f" AND room_id IN ({placeholders})"
+        " UNION ALL"
+        " SELECT r.room_id, NULL, e.stream_ordering FROM receipts_linearized AS r"
+        " JOIN events AS e ON e.event_id = r.event_id"
+        f" WHERE r.user_id = ? AND r.room_id IN ({placeholders})"
+        " AND r.receipt_type IN ('m.read', 'm.read.private')"
+        ") AS bases GROUP BY room_id",
+        (user_id, *room_ids, user_id, *room_ids),
+    )
+    bases = {
+        r[0]: (None if r[1] is None else int(r[1]), 0 if r[2] is None else int(r[2]))
+        for r in txn.fetchall()
+    }
+    starts: dict[str, tuple[CountedUnread, int, int]] = {}
+    floors: list[Any] = []
+    for room_id in room_ids:
+        joined_at, read_at = bases.get(room_id, (None, 0))
+        before = carried.get(room_id)
+        if (
+            before is not None
+            and before.joined_at == joined_at
+            and before.read_at == read_at
+            and before.upto <= horizon
+        ):
+            start = before
+        else:
+            start = CountedUnread(joined_at, read_at, 0, 0, 0)
+        after_own = max(read_at, start.upto)
+        # Not joined: no default outcome counts (nothing is after ``upto``).
+        after_default = upto if joined_at is None else max(joined_at, after_own)
+        starts[room_id] = (start, after_default, after_own)
+        floors.extend((room_id, after_default, after_own))
+    values = ", ".join("(?, ?, ?)" for _ in room_ids)
+    txn.execute(
+        f"WITH floors (room_id, after_default, after_own) AS (VALUES {values})"
+        " SELECT room_id, COUNT(*), SUM(CASE WHEN highlight THEN 1 ELSE 0 END),"
+        " SUM(CASE WHEN stream_ordering <= ? THEN 1 ELSE 0 END),"
+        " SUM(CASE WHEN highlight AND stream_ordering <= ? THEN 1 ELSE 0 END) FROM ("
+        " SELECT s.room_id AS room_id, s.push_highlight AS highlight,"
+        "  s.stream_ordering AS stream_ordering"
+        " FROM floors AS f JOIN events AS s"
+        "  ON s.room_id = f.room_id AND s.stream_ordering > f.after_default"
+        " WHERE s.stream_ordering <= ? AND s.push_actions IS NOT NULL"
+        "  AND NOT s.rejected AND NOT s.soft_failed AND s.sender != ?"
+        "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
+        "   WHERE x.event_id = s.event_id AND x.user_id = ?)"
+        " UNION ALL"
+        " SELECT a.room_id, a.highlight, a.stream_ordering"
+        " FROM floors AS f JOIN event_push_actions AS a"
+        "  ON a.room_id = f.room_id AND a.stream_ordering > f.after_own"
+        " WHERE a.user_id = ? AND a.notif = ? AND a.stream_ordering <= ?"
+        ") AS notifications GROUP BY room_id",
+        (*floors, horizon, horizon, upto, user_id, user_id, user_id, True, upto),
+    )
+    found = {r[0]: (int(r[1]), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0)) for r in txn}
+    counts: dict[str, UnreadCount] = {}
+    for room_id, (start, _, _) in starts.items():
+        notifications, highlights, kept_notifications, kept_highlights = found.get(
+            room_id, (0, 0, 0, 0)
+        )
+        counts[room_id] = UnreadCount(
+            start.notifications + notifications,
+            start.highlights + highlights,
+            CountedUnread(
+                start.joined_at,
+                start.read_at,
+                horizon,
+                start.notifications + kept_notifications,
+                start.highlights + kept_highlights,
+            ),
+        )
+    return counts
 
 
 class PushRulesWorkerStore(SQLBaseStore):
@@ -37,6 +184,8 @@ class PushRulesWorkerStore(SQLBaseStore):
         )
         #: Called with the user ids whose rules changed (the evaluator's cache).
         self._push_rules_listeners: list[Callable[[list[str]], None]] = []
+        self._unread_events_id_gen = hs.id_generators.of("events")
+        self._unread_memo = UnreadCountMemo()
 
     # Writes
 
@@ -144,48 +293,33 @@ class PushRulesWorkerStore(SQLBaseStore):
         room, up to stream ordering ``upto``. An event's default outcome
         counts for the user from their current join on (a member who left and
         came back is not counted what was sent before), unless they have an
-        outcome of their own."""
+        outcome of their own.
+
+        One read. Counts already made are carried over (``UnreadCountMemo``):
+        only the events after them are counted, unless the receipt or the
+        join they counted from has changed since."""
         if not room_ids:
             return {}
-        placeholders = ", ".join("?" for _ in room_ids)
-        read_after = (
-            " AND {t}.stream_ordering > COALESCE(("
-            "  SELECT MAX(e.stream_ordering) FROM receipts_linearized AS r"
-            "  JOIN events AS e ON e.event_id = r.event_id"
-            "  WHERE r.room_id = {t}.room_id AND r.user_id = ?"
-            "  AND r.receipt_type IN ('m.read', 'm.read.private')), 0)"
-        )
-        rows = await self.db_pool.select(
-            "get_unread_counts",
-            "SELECT room_id, COUNT(*), SUM(CASE WHEN highlight THEN 1 ELSE 0 END) FROM ("
-            " SELECT s.room_id AS room_id, s.push_highlight AS highlight"
-            " FROM events AS s JOIN local_current_membership AS m"
-            "  ON m.room_id = s.room_id AND m.user_id = ? AND m.membership = 'join'"
-            f" WHERE s.room_id IN ({placeholders}) AND s.stream_ordering <= ?"
-            "  AND s.push_actions IS NOT NULL AND NOT s.rejected AND NOT s.soft_failed"
-            "  AND s.stream_ordering > m.event_stream_ordering AND s.sender != ?"
-            + read_after.format(t="s")
-            + "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
-            "   WHERE x.event_id = s.event_id AND x.user_id = ?)"
-            " UNION ALL"
-            " SELECT a.room_id AS room_id, a.highlight AS highlight FROM event_push_actions AS a"
-            f" WHERE a.user_id = ? AND a.notif = ? AND a.room_id IN ({placeholders})"
-            "  AND a.stream_ordering <= ?"
-            + read_after.format(t="a")
-            + ") AS notifications GROUP BY room_id",
-            user_id,
-            *room_ids,
-            upto,
-            user_id,
-            user_id,
-            user_id,
-            user_id,
-            True,
-            *room_ids,
-            upto,
-            user_id,
-        )
-        return {r[0]: (int(r[1]), int(r[2] or 0)) for r in rows}
+        # Rows at or below it are all committed, by every writer: what is
+        # counted up to it never changes, and is what the memo keeps.
+        horizon = min(upto, self._unread_events_id_gen.persisted_upto_position())
+        carried = {room_id: self._unread_memo.get(user_id, room_id) for room_id in room_ids}
+
+        def txn_func(txn: LoggingTransaction) -> dict[str, UnreadCount]:
+            counts: dict[str, UnreadCount] = {}
+            for start in range(0, len(room_ids), _UNREAD_ROOMS_PER_STATEMENT):
+                chunk = room_ids[start : start + _UNREAD_ROOMS_PER_STATEMENT]
+                counts.update(_count_unread_txn(txn, user_id, chunk, upto, horizon, carried))
+            return counts
+
+        counts = await self.db_pool.runInteraction("get_unread_counts", txn_func)
+        for room_id, count in counts.items():
+            self._unread_memo.keep(user_id, room_id, count.kept)
+        return {
+            room_id: (count.notifications, count.highlights)
+            for room_id, count in counts.items()
+            if count.notifications or count.highlights
+        }
 
     async def get_notifications(
         self,
