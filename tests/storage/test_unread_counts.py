@@ -18,6 +18,7 @@ import random
 from typing import Any
 
 from synapse_lite.server import HomeServer
+from synapse_lite.streams.catalog import EventsStreamCurrentStateRow
 from tests.harness.client_api import ClientApi, q, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
@@ -206,3 +207,72 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
         self.assertEqual(await hs.store.get_unread_counts(uid, [room], upto), {room: (3, 0)})
         # An older position than a count kept is counted in full.
         self.assertEqual(await hs.store.get_unread_counts(uid, [room], horizon), {room: (1, 0)})
+
+    async def test_a_room_with_nothing_new_is_answered_without_a_read(self) -> None:
+        hs = self.servers["worker1"]
+        alice, bob = self.users[0], self.users[1]
+        uid = str(alice.user_id)
+        await bob.send(self.rooms[0], "one")
+        await bob.send(self.rooms[1], "two")
+        await self.settled()
+        rooms = list(self.rooms)
+        upto = hs.store.get_room_max_stream_ordering()
+        want = {self.rooms[0]: (1, 0), self.rooms[1]: (1, 0)}
+        self.assertEqual(await hs.store.get_unread_counts(uid, rooms, upto), want)
+        reads: list[str] = []
+        run = hs.store.db_pool.runInteraction
+
+        async def counting(desc: str, *args: Any, **kwargs: Any) -> Any:
+            if desc == "get_unread_counts":  # not the worker's replication reads
+                reads.append(desc)
+            return await run(desc, *args, **kwargs)
+
+        self.patch(hs.store.db_pool, "runInteraction", counting)
+        self.assertEqual(await hs.store.get_unread_counts(uid, rooms, upto), want)
+        self.assertEqual(reads, [])
+        # A new event in one room: one read, for that room's new events.
+        three = await bob.send(self.rooms[1], "three")
+        await self.settled()
+        upto = hs.store.get_room_max_stream_ordering()
+        want[self.rooms[1]] = (2, 0)
+        self.assertEqual(await hs.store.get_unread_counts(uid, rooms, upto), want)
+        self.assertEqual(reads, ["get_unread_counts"])
+        # Another user's receipt in one room, hers in the other: the bases
+        # are read again.
+        last = await bob.send(self.rooms[0], "four")
+        await bob.ok("POST", f"/rooms/{q(self.rooms[0])}/receipt/m.read/{q(last)}", {})
+        await alice.ok("POST", f"/rooms/{q(self.rooms[1])}/receipt/m.read/{q(three)}", {})
+        main_receipts = self.servers["main"].id_generators.of("receipts")
+        receipts = hs.id_generators.of("receipts")
+        await eventually(
+            lambda: receipts.persisted_upto_position() == main_receipts.persisted_upto_position(),
+            what="the worker has main's receipts",
+        )
+        await self.settled()
+        upto = hs.store.get_room_max_stream_ordering()
+        got = await hs.store.get_unread_counts(uid, rooms, upto)
+        self.assertEqual(got, await full_count(hs, uid, rooms, upto))
+        self.assertEqual(got, {self.rooms[0]: (2, 0)})
+
+    async def test_a_receipt_of_an_event_not_here_is_read_again_every_time(self) -> None:
+        hs = self.servers["main"]
+        alice, bob = self.users[0], self.users[1]
+        uid, room = str(alice.user_id), self.rooms[0]
+        await bob.send(room, "one")
+        await hs.store.insert_receipt(room, "m.read", uid, "$not-here:elsewhere", {})
+        upto = hs.store.get_room_max_stream_ordering()
+        self.assertEqual(await hs.store.get_unread_counts(uid, [room], upto), {room: (1, 0)})
+        kept = hs.store._unread_memo.get(uid, room)
+        assert kept is not None
+        self.assertIsNone(kept.basis.read_at_positions)
+
+    async def test_a_resolved_membership_is_a_membership_change(self) -> None:
+        # Resolution can move a member's current membership with no new event
+        # of theirs: followers learn it from a current state row.
+        hs = self.servers["worker1"]
+        before = hs.store.get_room_max_token()
+        user = "@someone:test.local"
+        row = EventsStreamCurrentStateRow(self.rooms[0], "m.room.member", user, "$e")
+        hs.store.invalidate_for_events_rows("main", before.get_max_position() + 1, [row])
+        self.assertTrue(hs.store.membership_changes.may_have_changed(user, before))
+        self.assertTrue(hs.store.room_membership_changes.may_have_changed(self.rooms[0], before))

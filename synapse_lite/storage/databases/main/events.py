@@ -571,6 +571,12 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 event.room_id, event.type, event.state_key, event.instance_name,
                 event.stream_ordering,
             )  # fmt: skip
+        for stream_id, rows in resolved_rows.items():
+            for row in rows:
+                if isinstance(row, EventsStreamCurrentStateRow) and row.type == "m.room.member":
+                    self.record_membership_position(
+                        row.room_id, row.state_key, self._instance_name, stream_id
+                    )
 
     def _record_txn_id_txn(
         self, txn: LoggingTransaction, txn_key: tuple[str, str, str], event: Event

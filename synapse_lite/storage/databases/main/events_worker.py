@@ -151,8 +151,17 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         """Note where a room (and a member's membership) last changed."""
         self.room_changes.record(room_id, instance_name, stream_id)
         if event_type == "m.room.member" and state_key is not None:
-            self.membership_changes.record(state_key, instance_name, stream_id)
-            self.room_membership_changes.record(room_id, instance_name, stream_id)
+            self.record_membership_position(room_id, state_key, instance_name, stream_id)
+
+    def record_membership_position(
+        self, room_id: str, user_id: str, instance_name: str, stream_id: int
+    ) -> None:
+        """Note where a member's membership last changed: with their member
+        event, and with a current state row that resolution changed (the
+        member's current membership moved with no new event of theirs, which
+        the unread counts and the joined rooms of a /sync must see)."""
+        self.membership_changes.record(user_id, instance_name, stream_id)
+        self.room_membership_changes.record(room_id, instance_name, stream_id)
 
     # Positions
 
@@ -651,6 +660,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                         members.add(row.state_key)
             else:
                 state_changed.setdefault(row.room_id, set())
+                if row.type == "m.room.member":
+                    self.record_membership_position(row.room_id, row.state_key, writer, token)
         # After the batch's relations: one relating to an event of the same
         # batch keeps it unknown.
         self.childless_events.fresh(fresh)

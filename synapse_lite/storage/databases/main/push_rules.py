@@ -11,12 +11,14 @@ import attr
 from synapse_lite.push.rules import UserPushRules
 from synapse_lite.storage._base import SQLBaseStore, db_to_json, json_encoder, page_of_updates
 from synapse_lite.storage.caches import LruCache, cached
+from synapse_lite.storage.change_tracker import PositionChangeTracker, StreamChangeTracker
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
     LoggingTransaction,
 )
 from synapse_lite.streams.catalog import PushRulesStreamRow
+from synapse_lite.tokens import RoomStreamToken
 
 if TYPE_CHECKING:
     from synapse_lite.storage._base import StoreContext
@@ -24,47 +26,52 @@ if TYPE_CHECKING:
 #: A user's notifications: (event_id, room_id, stream_ordering, actions, highlight, ts).
 NotificationRow = tuple[str, str, int, list[Any], bool, int]
 
-#: Rooms per counting statement (three parameters each: within SQLite's limit).
+#: Rooms per statement (at most three parameters each: within SQLite's limit).
 _UNREAD_ROOMS_PER_STATEMENT = 500
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
-class CountedUnread:
-    """A user's unread counts in one room, counted from a basis up to
-    ``upto``: the events after ``max(joined_at, read_at)`` (only those after
-    ``read_at`` for the user's own outcomes). ``joined_at``: the stream
-    ordering of their current join, None when not joined; ``read_at``: of
-    their newest m.read (or private) receipt's event, 0 when none."""
+class UnreadBasis:
+    """What a user's unread count in a room counts from: the events after
+    ``max(joined_at, read_at)`` (only those after ``read_at`` for the user's
+    own outcomes). ``joined_at``: the stream ordering of their current join,
+    None when not joined; ``read_at``: of their newest m.read (or private)
+    receipt's event, 0 when none."""
 
     joined_at: int | None
     read_at: int
+    #: The events token (memberships) and the receipts stream position it
+    #: was read at: it still holds while the change trackers have no
+    #: membership of the user and no receipt in the room after them. None:
+    #: read it again every time (the user has a receipt of an event this
+    #: server does not have, whose arrival would move it with no new receipt).
+    read_at_positions: tuple[RoomStreamToken, int] | None
+
+
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class CountedUnread:
+    """A user's unread counts in one room, counted from ``basis`` up to
+    stream ordering ``upto``."""
+
+    basis: UnreadBasis
     upto: int
     notifications: int
     highlights: int
 
 
-@attr.s(slots=True, frozen=True, auto_attribs=True)
-class UnreadCount:
-    """What one count found: the counts up to the position asked for, and
-    what may be carried over to the next count (``kept``: up to the
-    horizon, below which every row is committed)."""
-
-    notifications: int
-    highlights: int
-    kept: CountedUnread
-
-
 class UnreadCountMemo:
     """The unread counts already made, per (user, room), so that the next
     count of a room reads only the events after them (a woken /sync counts
-    one new event, not the room's history since the user's last receipt).
+    one new event, not the room's history since the user's last receipt),
+    and none when the room has no new event and the basis still holds.
 
     Per process, bounded (the least recently used are forgotten: their next
     count starts again from the basis). Needs no invalidation: a count is
-    only carried over when the receipt and the join it counted from are
-    those read with the new count, and rows at or below a count's ``upto``
-    never change (events, their push actions, rejected and soft-failed flags
-    are written once, with the event; purges prune content, not these)."""
+    only carried over when its basis holds (re-read, or unchanged by the
+    change trackers' word), and rows at or below a count's ``upto`` never
+    change (events, their push actions, rejected and soft-failed flags are
+    written once, with the event, and every writer has committed up to it;
+    purges prune content, not these)."""
 
     MAX_ENTRIES = 100_000
 
@@ -78,57 +85,61 @@ class UnreadCountMemo:
         self._counted.set((user_id, room_id), counted)
 
 
-def _count_unread_txn(
+def _read_unread_bases_txn(
     txn: LoggingTransaction,
     user_id: str,
     room_ids: list[str],
-    upto: int,
-    horizon: int,
-    carried: dict[str, CountedUnread | None],
-) -> dict[str, UnreadCount]:
-    """Count ``user_id``'s unread notifications in ``room_ids`` up to
-    ``upto`` (``get_unread_counts``), carrying over the counts in
-    ``carried`` whose basis is unchanged and whose ``upto`` is at or below
-    ``horizon`` (<= ``upto``). Two statements: the bases, then the count of
-    the events after each room's floor."""
+    positions: tuple[RoomStreamToken, int],
+) -> dict[str, UnreadBasis]:
+    """The basis of ``user_id``'s count in each of ``room_ids``, read after
+    ``positions`` (the events token and receipts position of this process
+    when the read started)."""
     placeholders = ", ".join("?" for _ in room_ids)
     txn.execute(
-        "SELECT room_id, MAX(joined_at), MAX(read_at) FROM ("
-        " SELECT room_id, event_stream_ordering AS joined_at, NULL AS read_at"
+        "SELECT room_id, MAX(joined_at), MAX(read_at), MAX(unknown) FROM ("
+        " SELECT room_id, event_stream_ordering AS joined_at, NULL AS read_at, 0 AS unknown"
         " FROM local_current_membership WHERE user_id = ? AND membership = 'join'"
         f" AND room_id IN ({placeholders})"
         " UNION ALL"
-        " SELECT r.room_id, NULL, e.stream_ordering FROM receipts_linearized AS r"
-        " JOIN events AS e ON e.event_id = r.event_id"
+        " SELECT r.room_id, NULL, e.stream_ordering,"
+        "  CASE WHEN e.event_id IS NULL THEN 1 ELSE 0 END FROM receipts_linearized AS r"
+        " LEFT JOIN events AS e ON e.event_id = r.event_id"
         f" WHERE r.user_id = ? AND r.room_id IN ({placeholders})"
         " AND r.receipt_type IN ('m.read', 'm.read.private')"
         ") AS bases GROUP BY room_id",
         (user_id, *room_ids, user_id, *room_ids),
     )
-    bases = {
-        r[0]: (None if r[1] is None else int(r[1]), 0 if r[2] is None else int(r[2]))
-        for r in txn.fetchall()
-    }
-    starts: dict[str, tuple[CountedUnread, int, int]] = {}
-    floors: list[Any] = []
+    found = {r[0]: r[1:] for r in txn.fetchall()}
+    bases: dict[str, UnreadBasis] = {}
     for room_id in room_ids:
-        joined_at, read_at = bases.get(room_id, (None, 0))
-        before = carried.get(room_id)
-        if (
-            before is not None
-            and before.joined_at == joined_at
-            and before.read_at == read_at
-            and before.upto <= horizon
-        ):
-            start = before
-        else:
-            start = CountedUnread(joined_at, read_at, 0, 0, 0)
-        after_own = max(read_at, start.upto)
+        joined_at, read_at, unknown = found.get(room_id, (None, None, 0))
+        bases[room_id] = UnreadBasis(
+            None if joined_at is None else int(joined_at),
+            0 if read_at is None else int(read_at),
+            None if unknown else positions,
+        )
+    return bases
+
+
+def _count_unread_txn(
+    txn: LoggingTransaction,
+    user_id: str,
+    starts: dict[str, CountedUnread],
+    upto: int,
+    horizon: int,
+) -> dict[str, tuple[int, int, int, int]]:
+    """``user_id``'s unread notifications in each room of ``starts`` after
+    its count's ``upto`` (and after its basis), up to ``upto``: room_id ->
+    (notifications, highlights, those up to ``horizon``: notifications,
+    highlights); rooms with none are left out."""
+    floors: list[Any] = []
+    for room_id, start in starts.items():
+        basis = start.basis
+        after_own = max(basis.read_at, start.upto)
         # Not joined: no default outcome counts (nothing is after ``upto``).
-        after_default = upto if joined_at is None else max(joined_at, after_own)
-        starts[room_id] = (start, after_default, after_own)
+        after_default = upto if basis.joined_at is None else max(basis.joined_at, after_own)
         floors.extend((room_id, after_default, after_own))
-    values = ", ".join("(?, ?, ?)" for _ in room_ids)
+    values = ", ".join("(?, ?, ?)" for _ in starts)
     txn.execute(
         f"WITH floors (room_id, after_default, after_own) AS (VALUES {values})"
         " SELECT room_id, COUNT(*), SUM(CASE WHEN highlight THEN 1 ELSE 0 END),"
@@ -150,29 +161,20 @@ def _count_unread_txn(
         ") AS notifications GROUP BY room_id",
         (*floors, horizon, horizon, upto, user_id, user_id, user_id, True, upto),
     )
-    found = {r[0]: (int(r[1]), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0)) for r in txn}
-    counts: dict[str, UnreadCount] = {}
-    for room_id, (start, _, _) in starts.items():
-        notifications, highlights, kept_notifications, kept_highlights = found.get(
-            room_id, (0, 0, 0, 0)
-        )
-        counts[room_id] = UnreadCount(
-            start.notifications + notifications,
-            start.highlights + highlights,
-            CountedUnread(
-                start.joined_at,
-                start.read_at,
-                horizon,
-                start.notifications + kept_notifications,
-                start.highlights + kept_highlights,
-            ),
-        )
-    return counts
+    return {r[0]: (int(r[1]), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0)) for r in txn}
 
 
 class PushRulesWorkerStore(SQLBaseStore):
     """Push rules: reads anywhere (cached, forgotten when the stream says a
     user's rules changed), writes on the push_rules writer."""
+
+    if TYPE_CHECKING:
+        # Beside this store in the composed one (``GenericWorkerStore``).
+        room_changes: StreamChangeTracker
+        membership_changes: StreamChangeTracker
+        receipt_changes: PositionChangeTracker
+
+        def get_room_max_token(self) -> RoomStreamToken: ...
 
     def __init__(
         self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
@@ -185,6 +187,7 @@ class PushRulesWorkerStore(SQLBaseStore):
         #: Called with the user ids whose rules changed (the evaluator's cache).
         self._push_rules_listeners: list[Callable[[list[str]], None]] = []
         self._unread_events_id_gen = hs.id_generators.of("events")
+        self._unread_receipts_id_gen = hs.id_generators.of("receipts")
         self._unread_memo = UnreadCountMemo()
 
     # Writes
@@ -293,33 +296,96 @@ class PushRulesWorkerStore(SQLBaseStore):
         room, up to stream ordering ``upto``. An event's default outcome
         counts for the user from their current join on (a member who left and
         came back is not counted what was sent before), unless they have an
-        outcome of their own.
+        outcome of their own. Rooms with none are left out.
 
-        One read. Counts already made are carried over (``UnreadCountMemo``):
-        only the events after them are counted, unless the receipt or the
-        join they counted from has changed since."""
+        Counts already made are carried over (``UnreadCountMemo``): a room
+        with no new event since, whose basis holds, is answered from memory;
+        otherwise only the events after the count are read (all since the
+        basis when it changed), in one read for every room. A room's events
+        that this process has not yet processed may be left out until it
+        has (the /sync it answers does not have them either)."""
         if not room_ids:
             return {}
         # Rows at or below it are all committed, by every writer: what is
         # counted up to it never changes, and is what the memo keeps.
         horizon = min(upto, self._unread_events_id_gen.persisted_upto_position())
-        carried = {room_id: self._unread_memo.get(user_id, room_id) for room_id in room_ids}
+        # Before the read: a change after these is in the trackers.
+        positions = (
+            self.get_room_max_token(),
+            self._unread_receipts_id_gen.persisted_upto_position(),
+        )
+        answered: dict[str, CountedUnread] = {}
+        carried: dict[str, CountedUnread] = {}
+        unknown: list[str] = []
+        for room_id in room_ids:
+            before = self._unread_memo.get(user_id, room_id)
+            if (
+                before is None
+                or before.upto > horizon
+                or not self._unread_basis_holds(user_id, room_id, before.basis)
+            ):
+                unknown.append(room_id)
+            elif self.room_changes.may_have_changed(room_id, RoomStreamToken(before.upto)):
+                carried[room_id] = before
+            else:
+                answered[room_id] = before
+        if carried or unknown:
 
-        def txn_func(txn: LoggingTransaction) -> dict[str, UnreadCount]:
-            counts: dict[str, UnreadCount] = {}
-            for start in range(0, len(room_ids), _UNREAD_ROOMS_PER_STATEMENT):
-                chunk = room_ids[start : start + _UNREAD_ROOMS_PER_STATEMENT]
-                counts.update(_count_unread_txn(txn, user_id, chunk, upto, horizon, carried))
-            return counts
+            def txn_func(
+                txn: LoggingTransaction,
+            ) -> list[tuple[str, CountedUnread, CountedUnread]]:
+                """(room_id, the count up to ``upto``, the count to keep)."""
+                starts = dict(carried)
+                for i in range(0, len(unknown), _UNREAD_ROOMS_PER_STATEMENT):
+                    bases = _read_unread_bases_txn(
+                        txn, user_id, unknown[i : i + _UNREAD_ROOMS_PER_STATEMENT], positions
+                    )
+                    for room_id, basis in bases.items():
+                        starts[room_id] = CountedUnread(basis, 0, 0, 0)
+                rooms = list(starts)
+                counted: list[tuple[str, CountedUnread, CountedUnread]] = []
+                for i in range(0, len(rooms), _UNREAD_ROOMS_PER_STATEMENT):
+                    part = {r: starts[r] for r in rooms[i : i + _UNREAD_ROOMS_PER_STATEMENT]}
+                    found = _count_unread_txn(txn, user_id, part, upto, horizon)
+                    for room_id, start in part.items():
+                        n, h, kept_n, kept_h = found.get(room_id, (0, 0, 0, 0))
+                        basis = start.basis
+                        counted.append(
+                            (
+                                room_id,
+                                CountedUnread(
+                                    basis, upto, start.notifications + n, start.highlights + h
+                                ),
+                                CountedUnread(
+                                    basis,
+                                    horizon,
+                                    start.notifications + kept_n,
+                                    start.highlights + kept_h,
+                                ),
+                            )
+                        )
+                return counted
 
-        counts = await self.db_pool.runInteraction("get_unread_counts", txn_func)
-        for room_id, count in counts.items():
-            self._unread_memo.keep(user_id, room_id, count.kept)
+            for room_id, count, kept in await self.db_pool.runInteraction(
+                "get_unread_counts", txn_func, read_only=True, db_autocommit=True
+            ):
+                answered[room_id] = count
+                self._unread_memo.keep(user_id, room_id, kept)
         return {
             room_id: (count.notifications, count.highlights)
-            for room_id, count in counts.items()
+            for room_id, count in answered.items()
             if count.notifications or count.highlights
         }
+
+    def _unread_basis_holds(self, user_id: str, room_id: str, basis: UnreadBasis) -> bool:
+        """Whether no membership of the user and no receipt in the room came
+        after ``basis`` was read (this process's change trackers)."""
+        if basis.read_at_positions is None:
+            return False
+        memberships_at, receipts_at = basis.read_at_positions
+        return not self.membership_changes.may_have_changed(
+            user_id, memberships_at
+        ) and not self.receipt_changes.may_have_changed(room_id, receipts_at)
 
     async def get_notifications(
         self,
