@@ -24,8 +24,7 @@ from synapse_lite.handlers.filtering import SyncFilter
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.change_tracker import PositionChangeTracker, StreamChangeTracker
 from synapse_lite.tokens import StreamToken
-from tests.harness.client_api import ClientApi, q, start_cluster
-from tests.harness.polling import eventually
+from tests.harness.client_api import ClientApi, caught_up_on_every_stream, q, start_cluster
 from tests.harness.server import DatabaseTestCase
 
 #: Random steps of traffic in the differential test.
@@ -97,24 +96,7 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
 
     async def settled(self) -> None:
         """Every process has every stream's rows the main process has."""
-        main = self.servers["main"]
-
-        def done() -> bool:
-            for hs in self.servers.values():
-                if hs.store.get_room_max_token() != main.store.get_room_max_token():
-                    return False
-                for name, stream in main.streams.items():
-                    other = hs.streams.get(name)
-                    if other is None or name in ("federation", "caches"):
-                        continue
-                    if (
-                        other.positions.persisted_upto_position()
-                        != stream.positions.persisted_upto_position()
-                    ):
-                        return False
-            return True
-
-        await eventually(done, what="every process caught up with main")
+        await caught_up_on_every_stream(self.servers)
 
     async def step(self, rng: random.Random, events: dict[str, list[str]]) -> str:
         """One random action of a random user; returns what it was ("...

@@ -203,6 +203,31 @@ async def caught_up_with_writers(servers: dict[str, HomeServer], writers: Sequen
     await eventually(done, what=f"every process caught up with {', '.join(writers)}")
 
 
+async def caught_up_on_every_stream(servers: dict[str, HomeServer]) -> None:
+    """Wait until every process has every stream's rows the main process
+    has (the events token and each other stream's position, but the
+    federation and caches streams'): reads that answer from a process's
+    memory then agree with the database."""
+    main = servers["main"]
+
+    def done() -> bool:
+        for hs in servers.values():
+            if hs.store.get_room_max_token() != main.store.get_room_max_token():
+                return False
+            for name, stream in main.streams.items():
+                other = hs.streams.get(name)
+                if other is None or name in ("federation", "caches"):
+                    continue
+                if (
+                    other.positions.persisted_upto_position()
+                    != stream.positions.persisted_upto_position()
+                ):
+                    return False
+        return True
+
+    await eventually(done, what="every process caught up with main")
+
+
 def _leave_bus(bus: LoopbackBus, endpoints: list[BusEndpoint]) -> None:
     for endpoint in endpoints:
         if endpoint in bus.endpoints:

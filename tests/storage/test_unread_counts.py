@@ -19,7 +19,7 @@ from typing import Any
 
 from synapse_lite.server import HomeServer
 from synapse_lite.streams.catalog import EventsStreamCurrentStateRow
-from tests.harness.client_api import ClientApi, q, start_cluster
+from tests.harness.client_api import ClientApi, caught_up_on_every_stream, q, start_cluster
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
 
@@ -86,15 +86,10 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
                 await user.ok("POST", f"/join/{q(room)}", {})
 
     async def settled(self) -> None:
-        main = self.servers["main"]
-
-        def done() -> bool:
-            upto = main.store.get_room_max_stream_ordering()
-            return all(
-                hs.store.get_room_max_stream_ordering() == upto for hs in self.servers.values()
-            )
-
-        await eventually(done, what="every process caught up with main's events")
+        """Every process has every stream's rows main has: the counts it
+        answers from memory are those of the receipts and memberships it
+        has processed, which the full count reads from the database."""
+        await caught_up_on_every_stream(self.servers)
 
     async def step(self, rng: random.Random, events: dict[str, list[str]]) -> str:
         """One random action of a random user; what it was ("... refused"
@@ -103,15 +98,21 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
         room = rng.choice(self.rooms)
         r = q(room)
         action = rng.choice(
-            ["message", "message", "message", "mention", "read", "read", "private_read",
-             "leave", "join", "own_rule", "no_own_rule"]
+            ["message", "message", "message", "mention", "room_mention", "read", "read",
+             "private_read", "leave", "join", "own_rule", "no_own_rule"]
         )  # fmt: skip
         n = rng.randrange(1_000_000)
         code = 200
-        if action in ("message", "mention"):
+        if action in ("message", "mention", "room_mention"):
             content: dict[str, Any] = {"msgtype": "m.text", "body": f"m{n}"}
             if action == "mention":
+                # A highlight of one user: an outcome of their own.
                 content["m.mentions"] = {"user_ids": [str(rng.choice(self.users).user_id)]}
+            elif action == "room_mention":
+                # A highlight of everyone (the default outcome) when the
+                # sender may notify the room (the creator).
+                content["body"] = f"@room m{n}"
+                content["m.mentions"] = {"room": True}
             code, body = await user.request("PUT", f"/rooms/{r}/send/m.room.message/t{n}", content)
             if code == 200:
                 events.setdefault(room, []).append(body["event_id"])
@@ -139,7 +140,7 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
         rng = random.Random(20261130)
         events: dict[str, list[str]] = {}
         history: list[str] = []
-        compared = 0
+        compared = highlighted = 0
         for _ in range(STEPS):
             history.append(await self.step(rng, events))
             await self.settled()
@@ -153,11 +154,14 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
                         got, want, f"{uid} on {name} after:\n" + "\n".join(history[-8:])
                     )
                     compared += 1
+                    highlighted += sum(1 for _, h in want.values() if h)
         self.assertEqual(compared, STEPS * len(self.servers) * len(self.users))
+        self.assertGreater(highlighted, 0)
         # The traffic had what the counts depend on.
         self.assertGreater(sum(map(len, events.values())), STEPS // 4)
         self.assertTrue(any(" read " in h and "refused" not in h for h in history))
         self.assertTrue(any(" leave " in h and "refused" not in h for h in history))
+        self.assertTrue(any(h.startswith("@alice") and " room_mention " in h for h in history))
 
     async def test_a_carried_count_reads_only_the_events_after_it(self) -> None:
         hs = self.servers["main"]

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: A user's notifications: (event_id, room_id, stream_ordering, actions, highlight, ts).
 NotificationRow = tuple[str, str, int, list[Any], bool, int]
 
-#: Rooms per statement (at most three parameters each: within SQLite's limit).
+#: Rooms per statement (at most four parameters each: within SQLite's limit).
 _UNREAD_ROOMS_PER_STATEMENT = 500
 
 
@@ -121,6 +121,25 @@ def _read_unread_bases_txn(
     return bases
 
 
+#: Whether an event ``s`` counts as a notification of the user (the
+#: parameter), with their own outcome ``x`` when they have one (the whole
+#: history's count is ``full_count`` in tests/storage/test_unread_counts.py).
+_NOTIFIES = (
+    "CASE WHEN x.user_id IS NOT NULL THEN"
+    " CASE WHEN x.notif AND s.stream_ordering > f.after_own THEN 1 ELSE 0 END"
+    " WHEN s.stream_ordering > f.after_default AND s.push_actions IS NOT NULL"
+    " AND NOT s.rejected AND NOT s.soft_failed AND s.sender != ? THEN 1 ELSE 0 END"
+)
+#: ... and as a highlight.
+_HIGHLIGHTS = (
+    "CASE WHEN x.user_id IS NOT NULL THEN"
+    " CASE WHEN x.notif AND x.highlight AND s.stream_ordering > f.after_own THEN 1 ELSE 0 END"
+    " WHEN s.stream_ordering > f.after_default AND s.push_actions IS NOT NULL"
+    " AND s.push_highlight AND NOT s.rejected AND NOT s.soft_failed AND s.sender != ?"
+    " THEN 1 ELSE 0 END"
+)
+
+
 def _count_unread_txn(
     txn: LoggingTransaction,
     user_id: str,
@@ -138,30 +157,20 @@ def _count_unread_txn(
         after_own = max(basis.read_at, start.upto)
         # Not joined: no default outcome counts (nothing is after ``upto``).
         after_default = upto if basis.joined_at is None else max(basis.joined_at, after_own)
-        floors.extend((room_id, after_default, after_own))
-    values = ", ".join("(?, ?, ?)" for _ in starts)
+        floors.extend((room_id, min(after_default, after_own), after_default, after_own))
+    values = ", ".join("(?, ?, ?, ?)" for _ in starts)
     txn.execute(
-        f"WITH floors (room_id, after_default, after_own) AS (VALUES {values})"
-        " SELECT room_id, COUNT(*), SUM(CASE WHEN highlight THEN 1 ELSE 0 END),"
-        " SUM(CASE WHEN stream_ordering <= ? THEN 1 ELSE 0 END),"
-        " SUM(CASE WHEN highlight AND stream_ordering <= ? THEN 1 ELSE 0 END) FROM ("
-        " SELECT s.room_id AS room_id, s.push_highlight AS highlight,"
-        "  s.stream_ordering AS stream_ordering"
-        " FROM floors AS f JOIN events AS s"
-        "  ON s.room_id = f.room_id AND s.stream_ordering > f.after_default"
-        " WHERE s.stream_ordering <= ? AND s.push_actions IS NOT NULL"
-        "  AND NOT s.rejected AND NOT s.soft_failed AND s.sender != ?"
-        "  AND NOT EXISTS (SELECT 1 FROM event_push_actions AS x"
-        "   WHERE x.event_id = s.event_id AND x.user_id = ?)"
-        " UNION ALL"
-        " SELECT a.room_id, a.highlight, a.stream_ordering"
-        " FROM floors AS f JOIN event_push_actions AS a"
-        "  ON a.room_id = f.room_id AND a.stream_ordering > f.after_own"
-        " WHERE a.user_id = ? AND a.notif = ? AND a.stream_ordering <= ?"
-        ") AS notifications GROUP BY room_id",
-        (*floors, horizon, horizon, upto, user_id, user_id, user_id, True, upto),
+        f"WITH floors (room_id, after, after_default, after_own) AS (VALUES {values})"
+        f" SELECT f.room_id, SUM({_NOTIFIES}), SUM({_HIGHLIGHTS}),"
+        f" SUM(CASE WHEN s.stream_ordering <= ? THEN {_NOTIFIES} ELSE 0 END),"
+        f" SUM(CASE WHEN s.stream_ordering <= ? THEN {_HIGHLIGHTS} ELSE 0 END)"
+        " FROM floors AS f JOIN events AS s ON s.room_id = f.room_id"
+        "  AND s.stream_ordering > f.after AND s.stream_ordering <= ?"
+        " LEFT JOIN event_push_actions AS x ON x.event_id = s.event_id AND x.user_id = ?"
+        " GROUP BY f.room_id",
+        (*floors, user_id, user_id, horizon, user_id, horizon, user_id, upto, user_id),
     )
-    return {r[0]: (int(r[1]), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0)) for r in txn}
+    return {r[0]: (int(r[1] or 0), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0)) for r in txn}
 
 
 class PushRulesWorkerStore(SQLBaseStore):
