@@ -73,7 +73,8 @@ class UnreadCountMemo:
     written once, with the event, and every writer has committed up to it;
     purges prune content, not these)."""
 
-    MAX_ENTRIES = 100_000
+    #: About 300 bytes each: 7.5 MB when full.
+    MAX_ENTRIES = 25_000
 
     def __init__(self) -> None:
         self._counted: LruCache[CountedUnread] = LruCache(self.MAX_ENTRIES)
