@@ -98,15 +98,6 @@ class LoggingTransaction:
             txn_logger.debug("[SQL] {%s} %s %r", self.name, sql, args)
         self._cursor.execute(sql, tuple(args))
 
-    def execute_prepared(self, name: str, sql: str, args: Sequence[Any] = ()) -> None:
-        """:meth:`execute`, with the statement planned once per connection
-        where the engine plans on the server (``engine.execute_prepared``):
-        for a short statement run on every request. ``name`` stands for
-        this text only."""
-        if txn_logger.isEnabledFor(logging.DEBUG):
-            txn_logger.debug("[SQL] {%s} %s: %s %r", self.name, name, sql, args)
-        self.engine.execute_prepared(self._cursor, name, sql, tuple(args))
-
     def execute_batch(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Run one statement once per row of arguments (in as few round trips
         as the engine allows; ``rowcount`` is not meaningful afterwards)."""

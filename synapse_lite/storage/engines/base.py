@@ -159,17 +159,6 @@ class BaseDatabaseEngine(abc.ABC):
         for sql, args in statements:
             cur.execute(sql, args)
 
-    def execute_prepared(
-        self, cur: DBAPICursor, name: str, sql: str, args: tuple[Any, ...]
-    ) -> None:
-        """Run ``sql`` (written with ``?`` placeholders) as the statement
-        ``name``, which names this one text only: where the server plans
-        each statement it is sent (PostgreSQL), planned once per connection
-        and executed from then on, for a statement run often whose planning
-        costs more than its execution; elsewhere run as it is (SQLite's
-        driver keeps its compiled statements itself)."""
-        cur.execute(self.convert_param_style(sql), args)
-
     @property
     def sequences_are_transactional(self) -> bool:
         """Whether an id taken inside a rolled-back transaction returns to its

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
-import weakref
 from typing import Any
 
 from synapse_lite.storage.engines.base import BaseDatabaseEngine, DBAPIConnection, DBAPICursor
@@ -18,25 +16,14 @@ from synapse_lite.storage.engines.base import BaseDatabaseEngine, DBAPIConnectio
 #: Statements sent to the server in one round trip by :meth:`execute_batch`.
 BATCH_PAGE_SIZE = 200
 
-_SQL_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-
-#: "Prepared statement does not exist": the connection's session lost it
-#: (a ``DISCARD``, or a pooling proxy that moved the connection to another
-#: server session); the transaction is retried and prepares it again.
-_PREPARED_STATEMENT_MISSING = "26000"
+_SEQUENCE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 # SQLSTATEs worth retrying the whole transaction for.
-_RETRYABLE_PGCODES = {"40001", "40P01", _PREPARED_STATEMENT_MISSING}
-
-
-def _check_statement_name(name: str) -> str:
-    if not _SQL_NAME.match(name):
-        raise ValueError(f"invalid statement name {name!r}")
-    return name
+_RETRYABLE_PGCODES = {"40001", "40P01"}
 
 
 def _check_sequence_name(name: str) -> str:
-    if not _SQL_NAME.match(name):
+    if not _SEQUENCE_NAME.match(name):
         raise ValueError(f"invalid sequence name {name!r}")
     return name
 
@@ -44,12 +31,6 @@ def _check_sequence_name(name: str) -> str:
 @functools.lru_cache(maxsize=4096)
 def _to_pyformat(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
-
-
-def _to_numbered(sql: str) -> str:
-    """``?`` placeholders as PostgreSQL's ``$1``, ``$2``... (``PREPARE``)."""
-    parts = sql.split("?")
-    return parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))
 
 
 class PostgresEngine(BaseDatabaseEngine):
@@ -60,13 +41,6 @@ class PostgresEngine(BaseDatabaseEngine):
     def __init__(self, args: dict[str, Any]) -> None:
         super().__init__(args)
         import psycopg2  # noqa: F401  (fail early with a clear ImportError)
-
-        #: The statements each connection has prepared (the pool's threads
-        #: share this engine: under the lock). A closed connection's go.
-        self._prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-        self._prepared_lock = threading.Lock()
-        #: name -> text: a name stands for one statement.
-        self._statements: dict[str, str] = {}
 
     def describe(self) -> str:
         host = self.args.get("host", "localhost")
@@ -101,29 +75,6 @@ class PostgresEngine(BaseDatabaseEngine):
 
     def convert_param_style(self, sql: str) -> str:
         return _to_pyformat(sql)
-
-    def execute_prepared(
-        self, cur: DBAPICursor, name: str, sql: str, args: tuple[Any, ...]
-    ) -> None:
-        conn = cur.connection  # type: ignore[attr-defined]
-        with self._prepared_lock:
-            known = self._statements.setdefault(_check_statement_name(name), sql)
-            prepared = self._prepared.setdefault(conn, set())
-            ready = name in prepared
-        if known != sql:
-            raise ValueError(f"statement {name!r} already stands for another text")
-        if not ready:
-            # Not transactional: it outlives the transaction, even rolled back.
-            cur.execute(f"PREPARE {name} AS {_to_numbered(sql)}")
-            with self._prepared_lock:
-                prepared.add(name)
-        try:
-            cur.execute(f"EXECUTE {name} ({', '.join(['%s'] * len(args))})", args)
-        except Exception as e:
-            if getattr(e, "pgcode", None) == _PREPARED_STATEMENT_MISSING:
-                with self._prepared_lock:
-                    prepared.clear()
-            raise
 
     def is_retryable_error(self, exc: BaseException) -> bool:
         return getattr(exc, "pgcode", None) in _RETRYABLE_PGCODES

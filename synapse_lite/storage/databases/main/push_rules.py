@@ -123,53 +123,21 @@ def _read_unread_bases_txn(
 
 
 #: Whether an event ``s`` counts as a notification of the user (the
-#: parameter), with their own outcome ``x`` when they have one, counting the
-#: default outcome after ``{default}`` and their own after ``{own}`` (the
-#: whole history's count is ``full_count`` in tests/storage/test_unread_counts.py).
+#: parameter), with their own outcome ``x`` when they have one (the whole
+#: history's count is ``full_count`` in tests/storage/test_unread_counts.py).
 _NOTIFIES = (
     "CASE WHEN x.user_id IS NOT NULL THEN"
-    " CASE WHEN x.notif AND s.stream_ordering > {own} THEN 1 ELSE 0 END"
-    " WHEN s.stream_ordering > {default} AND s.push_actions IS NOT NULL"
+    " CASE WHEN x.notif AND s.stream_ordering > f.after_own THEN 1 ELSE 0 END"
+    " WHEN s.stream_ordering > f.after_default AND s.push_actions IS NOT NULL"
     " AND NOT s.rejected AND NOT s.soft_failed AND s.sender != ? THEN 1 ELSE 0 END"
 )
 #: ... and as a highlight.
 _HIGHLIGHTS = (
     "CASE WHEN x.user_id IS NOT NULL THEN"
-    " CASE WHEN x.notif AND x.highlight AND s.stream_ordering > {own} THEN 1 ELSE 0 END"
-    " WHEN s.stream_ordering > {default} AND s.push_actions IS NOT NULL"
+    " CASE WHEN x.notif AND x.highlight AND s.stream_ordering > f.after_own THEN 1 ELSE 0 END"
+    " WHEN s.stream_ordering > f.after_default AND s.push_actions IS NOT NULL"
     " AND s.push_highlight AND NOT s.rejected AND NOT s.soft_failed AND s.sender != ?"
     " THEN 1 ELSE 0 END"
-)
-
-
-def _sums(own: str, default: str) -> str:
-    """The four counts of :func:`_count_unread_txn`, for events ``s``: all,
-    then those up to a position (a parameter before each)."""
-    notifies = _NOTIFIES.format(own=own, default=default)
-    highlights = _HIGHLIGHTS.format(own=own, default=default)
-    return (
-        f"SUM({notifies}), SUM({highlights}),"
-        f" SUM(CASE WHEN s.stream_ordering <= ? THEN {notifies} ELSE 0 END),"
-        f" SUM(CASE WHEN s.stream_ordering <= ? THEN {highlights} ELSE 0 END)"
-    )
-
-
-#: One room's count (a woken /sync's, with new events in one room): run on
-#: every wake-up, planned once per connection.
-_COUNT_ONE_ROOM = (
-    f"SELECT {_sums('?', '?')} FROM events AS s"
-    " LEFT JOIN event_push_actions AS x ON x.event_id = s.event_id AND x.user_id = ?"
-    " WHERE s.room_id = ? AND s.stream_ordering > ? AND s.stream_ordering <= ?"
-)
-
-#: Many rooms' counts, each room after its own floors.
-_COUNT_ROOMS = (
-    "WITH floors (room_id, after, after_default, after_own) AS (VALUES {values})"
-    f" SELECT f.room_id, {_sums('f.after_own', 'f.after_default')}"
-    " FROM floors AS f JOIN events AS s ON s.room_id = f.room_id"
-    "  AND s.stream_ordering > f.after AND s.stream_ordering <= ?"
-    " LEFT JOIN event_push_actions AS x ON x.event_id = s.event_id AND x.user_id = ?"
-    " GROUP BY f.room_id"
 )
 
 
@@ -184,50 +152,26 @@ def _count_unread_txn(
     its count's ``upto`` (and after its basis), up to ``upto``: room_id ->
     (notifications, highlights, those up to ``horizon``: notifications,
     highlights); rooms with none are left out."""
-    floors: list[tuple[str, int, int, int]] = []
+    floors: list[Any] = []
     for room_id, start in starts.items():
         basis = start.basis
         after_own = max(basis.read_at, start.upto)
         # Not joined: no default outcome counts (nothing is after ``upto``).
         after_default = upto if basis.joined_at is None else max(basis.joined_at, after_own)
-        floors.append((room_id, min(after_default, after_own), after_default, after_own))
-    if len(floors) == 1:
-        [(room_id, after, after_default, after_own)] = floors
-        own_default_user = (after_own, after_default, user_id)
-        txn.execute_prepared(
-            "unread_count_one_room",
-            _COUNT_ONE_ROOM,
-            (
-                *own_default_user,
-                *own_default_user,
-                horizon,
-                *own_default_user,
-                horizon,
-                *own_default_user,
-                user_id,
-                room_id,
-                after,
-                upto,
-            ),
-        )
-        rows = [(room_id, *row) for row in txn.fetchall() if row[0] is not None]
-    else:
-        txn.execute(
-            _COUNT_ROOMS.format(values=", ".join("(?, ?, ?, ?)" for _ in floors)),
-            (
-                *(v for floor in floors for v in floor),
-                user_id,
-                user_id,
-                horizon,
-                user_id,
-                horizon,
-                user_id,
-                upto,
-                user_id,
-            ),
-        )
-        rows = txn.fetchall()
-    return {r[0]: (int(r[1] or 0), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0)) for r in rows}
+        floors.extend((room_id, min(after_default, after_own), after_default, after_own))
+    values = ", ".join("(?, ?, ?, ?)" for _ in starts)
+    txn.execute(
+        f"WITH floors (room_id, after, after_default, after_own) AS (VALUES {values})"
+        f" SELECT f.room_id, SUM({_NOTIFIES}), SUM({_HIGHLIGHTS}),"
+        f" SUM(CASE WHEN s.stream_ordering <= ? THEN {_NOTIFIES} ELSE 0 END),"
+        f" SUM(CASE WHEN s.stream_ordering <= ? THEN {_HIGHLIGHTS} ELSE 0 END)"
+        " FROM floors AS f JOIN events AS s ON s.room_id = f.room_id"
+        "  AND s.stream_ordering > f.after AND s.stream_ordering <= ?"
+        " LEFT JOIN event_push_actions AS x ON x.event_id = s.event_id AND x.user_id = ?"
+        " GROUP BY f.room_id",
+        (*floors, user_id, user_id, horizon, user_id, horizon, user_id, upto, user_id),
+    )
+    return {r[0]: (int(r[1] or 0), int(r[2] or 0), int(r[3] or 0), int(r[4] or 0)) for r in txn}
 
 
 class PushRulesWorkerStore(SQLBaseStore):
