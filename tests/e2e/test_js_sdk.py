@@ -143,3 +143,37 @@ class JsSdkSlidingSyncTestCase(DatabaseTestCase):
         self.assertEqual(
             result["extensions_asked"], ["account_data", "e2ee", "receipts", "to_device", "typing"]
         )
+
+
+class JsSdkUnreadCountsTestCase(DatabaseTestCase):
+    async def test_the_room_badge_follows_messages_and_the_receipt(self) -> None:
+        """The SDK's room counts (Element's badge) as the default layout's
+        /sync worker serves them from its kept counts: the initial count,
+        three messages with a mention, then its own read receipt and one
+        more message (counted from the new receipt, not on top)."""
+        require_js_sdk()
+        servers, clients, _ = start_cluster(
+            self,
+            self.test_db,
+            workers=DEFAULT_LAYOUT_WORKERS,
+            stream_writers=DEFAULT_LAYOUT_STREAM_WRITERS,
+            limits={"max_sync_timeout_ms": 2000},
+        )
+        base = clients["synchrotron1"].base_url
+        alice = await ClientApi(self, base).register("alice")
+        bob = await ClientApi(self, base).register("bob")
+        room = await alice.create_room(preset="public_chat")
+        await bob.ok("POST", f"/join/{room}", {})
+        await bob.send(room, "before the client starts")
+        await bob.send(room, "and again")
+        await caught_up_with_writers(servers, ["persister1", "persister2"])
+        logins = [
+            json.dumps({"user_id": c.user_id, "access_token": c.token, "device_id": c.device_id})
+            for c in (alice, bob)
+        ]
+        result = await run_script("unread_counts.mjs", base, *logins, room)
+        # Let the client's last long-poll (2 s) end before the servers stop.
+        await deferLater(reactor, 2.5, lambda: None)
+        self.assertEqual(result["first"], [2, 0])
+        self.assertEqual(result["after_messages"], [5, 1])
+        self.assertEqual(result["after_receipt"], [1, 0])

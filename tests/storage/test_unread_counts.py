@@ -280,3 +280,10 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
         hs.store.invalidate_for_events_rows("main", before.get_max_position() + 1, [row])
         self.assertTrue(hs.store.membership_changes.may_have_changed(user, before))
         self.assertTrue(hs.store.room_membership_changes.may_have_changed(self.rooms[0], before))
+        # The writer notes it as its persist commits (the rows resolution
+        # produced, by stream id).
+        writer = self.servers["main"].store
+        before = writer.get_room_max_token()
+        position = before.get_max_position() + 1
+        writer._record_persisted_positions([], {position: [row]})
+        self.assertTrue(writer.membership_changes.may_have_changed(user, before))
