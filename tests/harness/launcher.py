@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import glob
 import os
-import random
 import re
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -31,22 +29,7 @@ from synapse_lite.app.pid_files import pid_alive, read_pid_file
 from synapse_lite.config.generate import GenerateOptions, write_config
 from synapse_lite.config.homeserver import load_config
 from tests.harness.databases import TestDatabase, create_test_database
-from tests.harness.processes import NO_KEEPALIVE, SOURCE_ROOT, ports_to_choose_from
-
-
-def free_port_block(count: int) -> int:
-    """A base port such that ``count`` consecutive ports are free now."""
-    first, last = ports_to_choose_from()
-    for _ in range(200):
-        base = random.randrange(first, last - count)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no block of {count} free ports")
+from tests.harness.processes import NO_KEEPALIVE, SOURCE_ROOT, free_port_block
 
 
 def generated_config(

@@ -46,17 +46,41 @@ _configs = itertools.count()
 _handed_out: set[int] = set()
 
 
+#: How many stripes :func:`ports_to_choose_from` cuts its range into: one
+#: per trial worker of ``trial -jN``, for N up to this.
+PORT_STRIPES = 8
+
+
+def trial_worker_number() -> int | None:
+    """Which worker of ``trial -jN`` this process is, or None outside ``-j``:
+    trial runs worker k in ``<temp directory>/k`` (no test changes
+    directory)."""
+    name = os.path.basename(os.getcwd())
+    return int(name) if name.isdigit() else None
+
+
 def ports_to_choose_from() -> tuple[int, int]:
     """Ports below the kernel's ephemeral range: an outgoing connection (to
     PostgreSQL, another process) never takes one of them between the check
     here and the process that listens on it, seconds later (the router
-    starts last; a Synapse peer takes seconds to listen)."""
+    starts last; a Synapse peer takes seconds to listen).
+
+    Under ``trial -jN`` each worker gets a stripe of its own: the workers
+    are separate processes, and CI once saw one worker's server fail to
+    listen on a port another worker had checked free and listened on
+    first."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    return (10000, low) if low > 12000 else (20000, 60000)
+    first, last = (10000, low) if low > 12000 else (20000, 60000)
+    worker = trial_worker_number()
+    if worker is None:
+        return first, last
+    width = (last - first) // PORT_STRIPES
+    first += (worker % PORT_STRIPES) * width
+    return first, first + width
 
 
 def free_port() -> int:
@@ -66,19 +90,27 @@ def free_port() -> int:
     before Synapse listened), and never one this process handed out
     before: two listeners of one test given one port make the second
     process's /health answered by the first."""
+    return free_port_block(1)
+
+
+def free_port_block(count: int) -> int:
+    """A base port such that ``count`` consecutive ports are free now, as
+    :func:`free_port` hands out one; none of them is handed out again."""
     first, last = ports_to_choose_from()
     for _ in range(1000):
-        port = random.randrange(first, last)
-        if port in _handed_out:
+        base = random.randrange(first, last - count + 1)
+        block = range(base, base + count)
+        if not _handed_out.isdisjoint(block):
             continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError("no free port")
+        try:
+            for port in block:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        _handed_out.update(block)
+        return base
+    raise RuntimeError(f"no block of {count} free ports")
 
 
 def listens_on(pid: int, port: int) -> bool | None:
