@@ -451,6 +451,7 @@ class EventCreationHandler:
             )
             childless = self._store.childless_events
             generation = childless.generation
+            drops = self._store.event_cache_drops()
             try:
                 events = await self._store.persist_events(contents, push_actions)
             except DuplicateTransactionError as e:
@@ -467,6 +468,8 @@ class EventCreationHandler:
             # relates to them yet, so a /sync serving them reads no bundles
             # (unless a relation was persisted meanwhile, this batch's own).
             childless.found_childless((e.event_id for e in events), generation)
+            # Nor has any a redaction yet, unless one came meanwhile.
+            self._store.remember_made_unredacted(events, drops)
             if len(extremities) <= MAX_PREV_EVENTS:
                 # A batch is a line from every extremity: its last event is
                 # the room's one extremity now.

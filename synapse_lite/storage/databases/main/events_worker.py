@@ -113,6 +113,50 @@ def self_destruct_after(content: dict[str, Any]) -> int | None:
     return value
 
 
+#: Events a process remembers as having no redaction.
+UNREDACTED_EVENTS = 10_000
+
+
+class UnredactedEvents:
+    """Events this process made just now, known to have no redaction: the
+    redactions read of a /sync serving them skips them.
+
+    Sound because nobody can redact an event before its id exists, and this
+    process learns of every later redaction (its writer's own after commit,
+    another's from the events or backfill stream) through
+    :meth:`EventsWorkerStore.invalidate_event_cache`, which forgets the
+    event. An event is remembered only if no event was dropped from the
+    cache between its persisting and :meth:`remember` (the drop count
+    unchanged): a redaction of it may be among those. Events of other
+    servers are never remembered here: their redactions may come first.
+
+    :meth:`unknown` may run on a database thread while the reactor thread
+    adds and forgets: it only tests membership of a plain dict, which the
+    interpreter keeps consistent; the oldest entry is forgotten first."""
+
+    def __init__(self, max_entries: int = UNREDACTED_EVENTS) -> None:
+        self._max_entries = max_entries
+        self._known: dict[str, None] = {}
+
+    def unknown(self, event_ids: Iterable[str]) -> list[str]:
+        """Those of ``event_ids`` not known to be unredacted."""
+        known = self._known
+        return [e for e in event_ids if e not in known]
+
+    def remember(self, event_ids: Iterable[str]) -> None:
+        known = self._known
+        for event_id in event_ids:
+            known[event_id] = None
+        while len(known) > self._max_entries:
+            del known[next(iter(known))]
+
+    def forget(self, event_id: str) -> None:
+        self._known.pop(event_id, None)
+
+    def forget_all(self) -> None:
+        self._known.clear()
+
+
 class EventsWorkerStore(CacheInvalidationWorkerStore):
     """Events by id, the events stream's positions and its update function."""
 
@@ -139,6 +183,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         #: device_lists section asks of every joined room).
         self.room_membership_changes = StreamChangeTracker(self.get_room_max_token)
         self.childless_events = ChildlessEvents()
+        self._unredacted_events = UnredactedEvents()
 
     def record_event_position(
         self,
@@ -297,6 +342,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         by the redacted event's id (for :meth:`_apply_redactions`; a read
         that fetched the events runs it in the same transaction)."""
         by_target: dict[str, list[str]] = {}
+        ids = self._unredacted_events.unknown(ids)
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ", ".join("?" for _ in chunk)
@@ -473,6 +519,20 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
     def invalidate_event_cache(self, event_id: str) -> None:
         self._event_cache_drops += 1
         self._event_cache.pop(event_id)
+        self._unredacted_events.forget(event_id)
+
+    def event_cache_drops(self) -> int:
+        """How many times events were dropped from the cache so far (for
+        :meth:`remember_made_unredacted`)."""
+        return self._event_cache_drops
+
+    def remember_made_unredacted(self, events: Iterable[Event], drops: int) -> None:
+        """``events`` were made on this server and persisted, with no event
+        dropped from the cache since ``drops`` (:meth:`event_cache_drops`
+        before persisting them) unless it is changed now: none of them has a
+        redaction, and a /sync serving them reads none (:class:`UnredactedEvents`)."""
+        if drops == self._event_cache_drops:
+            self._unredacted_events.remember(e.event_id for e in events)
 
     def invalidate_cache_by_name(self, name: str, keys: list[Any] | None) -> None:
         # The event cache is no cached method: other processes name it so.
@@ -480,6 +540,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             if keys is None:
                 self._event_cache_drops += 1
                 self._event_cache.clear()
+                self._unredacted_events.forget_all()
             else:
                 self.invalidate_event_cache(keys[0])
             return
