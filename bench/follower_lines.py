@@ -104,14 +104,36 @@ class LineMaker:
             elif n % 200 == 5:
                 token = self._next("events")
                 event_id = f"$m{n}"
-                fields = [event_id, room, "m.room.member", user, None, None, "join", False, False]
+                fields = [
+                    event_id,
+                    room,
+                    "m.room.member",
+                    user,
+                    None,
+                    None,
+                    "join",
+                    False,
+                    False,
+                    True,
+                ]
                 ev = ["ev", fields]
                 out.append(_rdata("events", WRITER, None, self._row("events", ev)))
                 state = ["state", [room, "m.room.member", user, event_id]]
                 out.append(_rdata("events", WRITER, token, self._row("events", state)))
             else:
                 token = self._next("events")
-                fields = [f"$m{n}", room, "m.room.message", None, None, None, None, False, False]
+                fields = [
+                    f"$m{n}",
+                    room,
+                    "m.room.message",
+                    None,
+                    None,
+                    None,
+                    None,
+                    False,
+                    False,
+                    True,
+                ]
                 ev = ["ev", fields]
                 out.append(_rdata("events", WRITER, token, self._row("events", ev)))
         return out

@@ -42,7 +42,7 @@ from synapse_lite.replication.tcp.commands import RdataCommand  # noqa: E402
 
 #: An events row as a writer sends it (a typical message, ~200 bytes).
 EVENT_ID = "$abcdefghijklmnopqrstuvwxyz0123456789ABC"
-ROW = ["ev", [EVENT_ID, "!room:bench.example", "m.room.message", *[None] * 4, False, False]]
+ROW = ["ev", [EVENT_ID, "!room:bench.example", "m.room.message", *[None] * 4, False, False, True]]
 REPETITIONS = 5
 
 

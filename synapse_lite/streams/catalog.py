@@ -65,6 +65,9 @@ class EventsStreamEventRow:
     membership: str | None = attr.ib(metadata=wire(_opt_str))
     rejected: bool = attr.ib(metadata=wire(_bool))
     outlier: bool = attr.ib(metadata=wire(_bool))
+    #: Made by this server (its sender is one of our users): nobody can have
+    #: redacted it before it existed (``UnredactedEvents``).
+    local: bool = attr.ib(metadata=wire(_bool))
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)

@@ -51,7 +51,7 @@ SECRET = "e2e-secret"
 #: A row of the events stream as its writer sends it.
 EVENT_ROW = [
     "ev",
-    ["$fake", "!fake:test.local", "m.room.message", None, None, None, None, False, False],
+    ["$fake", "!fake:test.local", "m.room.message", None, None, None, None, False, False, False],
 ]
 _POSITION = re.compile(r'^synapse_lite_stream_position\{stream="([^"]+)",writer="([^"]+)"\} (\S+)$')
 _REFUSED = re.compile(r"^synapse_lite_replication_claims_refused_total\{[^}]*\} (\S+)$")

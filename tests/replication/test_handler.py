@@ -318,7 +318,18 @@ class LiftedPositionTestCase(DatabaseTestCase):
         self.assertEqual(main.store.get_room_max_token().get_position("persister1"), 0)
         row = [
             "ev",
-            ["$late", "!room:test.local", "m.room.message", None, None, None, None, False, False],
+            [
+                "$late",
+                "!room:test.local",
+                "m.room.message",
+                None,
+                None,
+                None,
+                None,
+                False,
+                False,
+                False,
+            ],
         ]
         handler.on_command(connection, RdataCommand("events", "persister1", 1, row))
         # ...and the row itself must not be dropped as old.

@@ -42,7 +42,7 @@ SECRET = "hostile-secret"
 #: Well-formed lines of every command, the seeds of the mutations.
 VALID_LINES = [
     b'RDATA events persister1 7 ["ev",["$e:x","!r:x","m.room.message",null,null,null,null,'
-    b"false,false]]",
+    b"false,false,true]]",
     b'RDATA events persister1 batch ["state",["!r:x","m.room.name","","$e:x"]]',
     b'RDATA caches main 3 ["get_users_in_room",["!r:x"],1]',
     b'RDATA typing main 2 ["!r:x",["@a:x"]]',
@@ -102,7 +102,7 @@ def lying_line(draw: Any) -> bytes:
     if draw(st.booleans()):
         return f"POSITION {stream} {writer} 0 {token}".encode()
     row = {
-        "events": '["ev",["$e:x","!r:x","m.room.message",null,null,null,null,false,false]]',
+        "events": '["ev",["$e:x","!r:x","m.room.message",null,null,null,null,false,false,true]]',
         "presence": '["@a:x","online",0,0,0,null,true]',
         "receipts": '["!r:x","m.read","@a:x","$e:x",null,{"ts":1}]',
         "typing": '["!r:x",["@a:x"]]',

@@ -46,38 +46,38 @@ def event(stream_id: int, state_key: str | None = None) -> Event:
 
 class CommittedRowsTestCase(unittest.TestCase):
     def test_rows_of_committed_ids_come_from_memory(self) -> None:
-        rows = CommittedRows()
+        rows = CommittedRows("x")
         rows.allocated([1, 2])
         rows.committed([event(1), event(2, state_key="")])
         self.assertEqual(
             rows.rows(0, 2),
-            [(1, r) for r in stream_rows_of(event(1))]
-            + [(2, r) for r in stream_rows_of(event(2, ""))],
+            [(1, r) for r in stream_rows_of(event(1), "x")]
+            + [(2, r) for r in stream_rows_of(event(2, ""), "x")],
         )
         # An event and its current-state row, in that order.
-        self.assertEqual(len(stream_rows_of(event(2, ""))), 2)
+        self.assertEqual(len(stream_rows_of(event(2, ""), "x")), 2)
 
     def test_an_id_without_rows_sends_the_caller_to_the_database(self) -> None:
-        rows = CommittedRows()
+        rows = CommittedRows("x")
         rows.allocated([1])
         rows.allocated([2])  # its transaction failed: never committed
         rows.committed([event(1)])
         self.assertIsNone(rows.rows(0, 2))
-        self.assertEqual(rows.rows(0, 1), [(1, r) for r in stream_rows_of(event(1))])
+        self.assertEqual(rows.rows(0, 1), [(1, r) for r in stream_rows_of(event(1), "x")])
         # Once the streamer is past id 2 it is forgotten.
         rows.allocated([3])
         rows.committed([event(3)])
-        self.assertEqual(rows.rows(2, 3), [(3, r) for r in stream_rows_of(event(3))])
+        self.assertEqual(rows.rows(2, 3), [(3, r) for r in stream_rows_of(event(3), "x")])
 
     def test_a_range_before_what_was_forgotten_is_not_answered(self) -> None:
-        rows = CommittedRows()
+        rows = CommittedRows("x")
         rows.allocated([1, 2])
         rows.committed([event(1), event(2)])
         self.assertIsNotNone(rows.rows(1, 2))  # id 1 sent: forgotten
         self.assertIsNone(rows.rows(0, 2))
 
     def test_too_many_unsent_ids_are_forgotten(self) -> None:
-        rows = CommittedRows()
+        rows = CommittedRows("x")
         ids = list(range(1, events_store.MAX_COMMITTED_IDS + 2))
         rows.allocated(ids)
         rows.committed([event(i) for i in ids])

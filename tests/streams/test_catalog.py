@@ -31,7 +31,7 @@ DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "workers.md")
 SAMPLE_ROWS: dict[str, list[Any]] = {
     "events": [
         catalog.EventsStreamEventRow(
-            "$e", "!r:x", "m.room.member", "@u:x", None, None, "join", False, False
+            "$e", "!r:x", "m.room.member", "@u:x", None, None, "join", False, False, True
         ),
         catalog.EventsStreamCurrentStateRow("!r:x", "m.room.member", "@u:x", "$e"),
     ],

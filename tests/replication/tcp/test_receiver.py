@@ -43,7 +43,16 @@ class _Notifier:
 def member_event(token: int) -> list[Any]:
     return [
         EventsStreamEventRow(
-            f"$m{token}", "!r:x", "m.room.member", "@bob:x", None, None, "invite", False, False
+            f"$m{token}",
+            "!r:x",
+            "m.room.member",
+            "@bob:x",
+            None,
+            None,
+            "invite",
+            False,
+            False,
+            True,
         ),
         EventsStreamCurrentStateRow("!r:x", "m.room.member", "@bob:x", f"$m{token}"),
     ]
@@ -91,7 +100,7 @@ class ReceiverTestCase(unittest.TestCase):
         rows = [
             *member_event(5),
             EventsStreamEventRow(
-                "$x", "!s:x", "m.room.message", None, None, None, None, False, False
+                "$x", "!s:x", "m.room.message", None, None, None, None, False, False, True
             ),
             *member_event(7),
         ]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attr
 
+from synapse_lite.api.identifiers import server_of
 from synapse_lite.api.room_versions import IMPLICIT_ROOM_VERSION, SPEC_ROOM_VERSIONS, RoomVersion
 from synapse_lite.event_graph.pdu import StateKey
 from synapse_lite.events import Event, EventContent, relation_of
@@ -82,7 +83,8 @@ class CommittedRows:
     happens on a database thread, the rest on the reactor: hence the lock.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, server_name: str) -> None:
+        self._server_name = server_name
         self._lock = threading.Lock()
         #: Allocated ids whose rows are not recorded (in flight, or failed).
         self._unrecorded: set[int] = set()
@@ -105,7 +107,9 @@ class CommittedRows:
                 stream_id = event.stream_ordering
                 self._unrecorded.discard(stream_id)
                 given = rows_of.get(stream_id) if rows_of is not None else None
-                self._rows[stream_id] = given if given is not None else stream_rows_of(event)
+                self._rows[stream_id] = (
+                    given if given is not None else stream_rows_of(event, self._server_name)
+                )
             if len(self._rows) + len(self._unrecorded) > MAX_COMMITTED_IDS:
                 self._forgotten_upto = max(self._rows.keys() | self._unrecorded)
                 self._rows.clear()
@@ -129,10 +133,11 @@ class CommittedRows:
             return [(i, row) for i in ids for row in self._rows[i]]
 
 
-def stream_rows_of(event: Event) -> list[Any]:
-    """What the events stream carries for a newly persisted event: its row,
-    then its current-state row (as ``get_events_stream_updates`` reads them)."""
-    rows = [event_row_of(event)]
+def stream_rows_of(event: Event, server_name: str) -> list[Any]:
+    """What the events stream carries for a newly persisted event of a
+    server named ``server_name``: its row, then its current-state row (as
+    ``get_events_stream_updates`` reads them)."""
+    rows = [event_row_of(event, server_name)]
     if event.state_key is not None and not (event.rejected or event.soft_failed or event.outlier):
         rows.append(
             EventsStreamCurrentStateRow(
@@ -145,8 +150,9 @@ def stream_rows_of(event: Event) -> list[Any]:
     return rows
 
 
-def event_row_of(event: Event) -> Any:
-    """The events stream's row of the event itself."""
+def event_row_of(event: Event, server_name: str) -> Any:
+    """The events stream's row of the event itself, persisted by the server
+    named ``server_name``."""
     return EventsStreamEventRow(
         event_id=event.event_id,
         room_id=event.room_id,
@@ -157,6 +163,7 @@ def event_row_of(event: Event) -> Any:
         membership=event.membership,
         rejected=event.rejected,
         outlier=bool(event.outlier),
+        local=server_of(event.sender) == server_name,
     )
 
 
@@ -203,7 +210,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         # Ids of the backfill stream (stored ids count down from -1).
         self._backfill_id_gen = hs.id_generators.of("backfill")
         # Kept only where a streamer sends them (a layout with workers).
-        self._committed_rows = CommittedRows() if hs.config.workers else None
+        self._committed_rows = CommittedRows(self.server_name) if hs.config.workers else None
         # Where writes wait for one another anyway (SQLite), the persists
         # that queued behind a transaction go in one (``group_commit.py``).
         self._persist_group: GroupCommit[list[Event]] | None = (
@@ -515,10 +522,10 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         self._insert_events_txn(txn, persisted, push_actions, groups)
         for event in persisted:
             if event.room_id in resolved_rooms:
-                resolved_rows[event.stream_ordering] = [event_row_of(event)]
+                resolved_rows[event.stream_ordering] = [event_row_of(event, self.server_name)]
             elif event.event_id in member_outliers:
                 resolved_rows[event.stream_ordering] = [
-                    event_row_of(event),
+                    event_row_of(event, self.server_name),
                     EventsStreamCurrentStateRow(
                         room_id=event.room_id,
                         type=event.type,

@@ -113,30 +113,36 @@ def self_destruct_after(content: dict[str, Any]) -> int | None:
     return value
 
 
-#: Events a process remembers as having no redaction.
+#: Events a process remembers as having no redaction, and events it
+#: remembers were dropped from its cache.
 UNREDACTED_EVENTS = 10_000
 
 
 class UnredactedEvents:
-    """Events this process made just now, known to have no redaction: the
-    redactions read of a /sync serving them skips them.
+    """Events this server made, known to have no redaction: the redactions
+    read of a /sync serving them skips them.
 
-    Sound because nobody can redact an event before its id exists, and this
-    process learns of every later redaction (its writer's own after commit,
-    another's from the events or backfill stream) through
-    :meth:`EventsWorkerStore.invalidate_event_cache`, which forgets the
-    event. An event is remembered only if no event was dropped from the
-    cache between its persisting and :meth:`remember` (the drop count
-    unchanged): a redaction of it may be among those. Events of other
-    servers are never remembered here: their redactions may come first.
+    Sound because nobody can redact an event before its id exists, and a
+    process learns of every redaction after that (its writer's own after
+    commit, another's from the events or backfill stream) through
+    :meth:`EventsWorkerStore.invalidate_event_cache`, which calls
+    :meth:`forget`. Remembered: on the process that made them, events it
+    persisted while no event was dropped from its cache (a redaction of them
+    may be among those); elsewhere, events whose events-stream row says this
+    server made them (``local``), after the rest of their batch. An event
+    once forgotten is not remembered again (a redaction may arrive before its
+    target when a room changes writers) while it is among the last
+    :data:`UNREDACTED_EVENTS` forgotten. Events of other servers are never
+    remembered: their redactions may come first.
 
     :meth:`unknown` may run on a database thread while the reactor thread
     adds and forgets: it only tests membership of a plain dict, which the
-    interpreter keeps consistent; the oldest entry is forgotten first."""
+    interpreter keeps consistent; the oldest entry goes first."""
 
     def __init__(self, max_entries: int = UNREDACTED_EVENTS) -> None:
         self._max_entries = max_entries
         self._known: dict[str, None] = {}
+        self._forgotten: dict[str, None] = {}
 
     def unknown(self, event_ids: Iterable[str]) -> list[str]:
         """Those of ``event_ids`` not known to be unredacted."""
@@ -144,17 +150,23 @@ class UnredactedEvents:
         return [e for e in event_ids if e not in known]
 
     def remember(self, event_ids: Iterable[str]) -> None:
-        known = self._known
+        known, forgotten = self._known, self._forgotten
         for event_id in event_ids:
-            known[event_id] = None
-        while len(known) > self._max_entries:
-            del known[next(iter(known))]
+            if event_id not in forgotten:
+                known[event_id] = None
+        self._trim(known)
 
     def forget(self, event_id: str) -> None:
         self._known.pop(event_id, None)
+        self._forgotten[event_id] = None
+        self._trim(self._forgotten)
 
     def forget_all(self) -> None:
         self._known.clear()
+
+    def _trim(self, entries: dict[str, None]) -> None:
+        while len(entries) > self._max_entries:
+            del entries[next(iter(entries))]
 
 
 class EventsWorkerStore(CacheInvalidationWorkerStore):
@@ -601,7 +613,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
             txn.execute(
                 "SELECT stream_ordering, event_id, room_id, type, state_key, redacts,"
                 " membership, outlier, (SELECT er.relates_to_id FROM event_relations AS er"
-                "  WHERE er.event_id = events.event_id), rejected FROM events"
+                "  WHERE er.event_id = events.event_id), rejected, sender FROM events"
                 " WHERE ? < stream_ordering AND stream_ordering <= ? AND instance_name = ?"
                 " ORDER BY stream_ordering ASC LIMIT ?",
                 args,
@@ -640,6 +652,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                     membership=r[6],
                     rejected=bool(r[9]),
                     outlier=bool(r[7]),
+                    local=server_of(r[10]) == self.server_name,
                 ),
             )
             for r in event_rows
@@ -707,6 +720,7 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         note where rooms and memberships changed."""
         state_changed: dict[str, set[str]] = {}
         fresh: list[str] = []
+        made_here: list[str] = []
         for row in rows:
             if isinstance(row, EventsStreamEventRow):
                 self.invalidate_caches_for_event(row.event_id, row.redacts)
@@ -714,6 +728,8 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                     self.childless_events.related_to([row.relates_to])
                 if not (row.outlier or row.rejected):
                     fresh.append(row.event_id)
+                    if row.local:
+                        made_here.append(row.event_id)
                 self.record_event_position(row.room_id, row.type, row.state_key, writer, token)
                 if row.state_key is not None:
                     members = state_changed.setdefault(row.room_id, set())
@@ -726,6 +742,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         # After the batch's relations: one relating to an event of the same
         # batch keeps it unknown.
         self.childless_events.fresh(fresh)
+        # After the batch's redactions too: a redaction arriving before its
+        # target (a room changing writers) keeps it unknown.
+        self._unredacted_events.remember(made_here)
         for room_id, members in state_changed.items():
             self.invalidate_state_caches(room_id, members)
 
