@@ -316,21 +316,7 @@ class LiftedPositionTestCase(DatabaseTestCase):
         # persister1 is not lifted, and no token covers its unprocessed row...
         self.assertEqual(events_stream.positions.writer_position("persister1"), 0)
         self.assertEqual(main.store.get_room_max_token().get_position("persister1"), 0)
-        row = [
-            "ev",
-            [
-                "$late",
-                "!room:test.local",
-                "m.room.message",
-                None,
-                None,
-                None,
-                None,
-                False,
-                False,
-                False,
-            ],
-        ]
+        row = ["ev", ["$late", "!room:test.local", "m.room.message", *[None] * 4, *[False] * 3]]
         handler.on_command(connection, RdataCommand("events", "persister1", 1, row))
         # ...and the row itself must not be dropped as old.
         await eventually(lambda: seen == ["$late"], what="the row to be processed")
