@@ -42,6 +42,11 @@ class DestinationQueueTestCase(DatabaseTestCase):
             self.test_db,
             server_name="a.test",
             federation={"retry": {"initial_seconds": 10, "max_seconds": 40}},
+            # Another process sends: main's own sender would send the
+            # outbox's EDUs to b.test for real and record its failure over
+            # the queue's success (CI saw 10000 != 0).
+            workers=["federation_sender1"],
+            federation_sender_instances=["federation_sender1"],
         )
         self.hs = make_homeserver(self, config)
         self.time = task.Clock()

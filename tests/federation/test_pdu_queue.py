@@ -45,6 +45,10 @@ class PduQueueTestCase(DatabaseTestCase):
             self.test_db,
             server_name="a.test",
             federation={"retry": {"initial_seconds": 10, "max_seconds": 40}},
+            # Another process sends: main's own sender would send to b.test
+            # for real beside the queue under test.
+            workers=["federation_sender1"],
+            federation_sender_instances=["federation_sender1"],
         )
         self.hs = make_homeserver(self, self.config)
         self.time = task.Clock()
