@@ -11,6 +11,7 @@ import json
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
+from synapse_lite.server import HomeServer
 from tests.harness.client_api import (
     DEFAULT_LAYOUT_STREAM_WRITERS,
     DEFAULT_LAYOUT_WORKERS,
@@ -21,6 +22,32 @@ from tests.harness.client_api import (
 from tests.harness.node import require_js_sdk, run_script
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
+
+
+async def alice_and_bob_on_the_sync_worker(
+    test: DatabaseTestCase,
+) -> tuple[dict[str, HomeServer], str, ClientApi, ClientApi]:
+    """The default layout (/sync long polls of 2 s at most) and two users
+    registered through its /sync worker, where the router sends sliding
+    sync and /sync: the processes, that worker's URL, alice and bob."""
+    servers, clients, _ = start_cluster(
+        test,
+        test.test_db,
+        workers=DEFAULT_LAYOUT_WORKERS,
+        stream_writers=DEFAULT_LAYOUT_STREAM_WRITERS,
+        limits={"max_sync_timeout_ms": 2000},
+    )
+    base = clients["synchrotron1"].base_url
+    alice = await ClientApi(test, base).register("alice")
+    bob = await ClientApi(test, base).register("bob")
+    return servers, base, alice, bob
+
+
+def login_argument(client: ClientApi) -> str:
+    """A user's login as the scripts take it."""
+    return json.dumps(
+        {"user_id": client.user_id, "access_token": client.token, "device_id": client.device_id}
+    )
 
 
 class JsSdkLoginTestCase(DatabaseTestCase):
@@ -103,17 +130,7 @@ class JsSdkSlidingSyncTestCase(DatabaseTestCase):
         worker: the room list in recency order, a new message moving its
         room to the top, a room subscription, to_device and e2ee."""
         require_js_sdk()
-        servers, clients, _ = start_cluster(
-            self,
-            self.test_db,
-            workers=DEFAULT_LAYOUT_WORKERS,
-            stream_writers=DEFAULT_LAYOUT_STREAM_WRITERS,
-            limits={"max_sync_timeout_ms": 2000},
-        )
-        # Where the router sends sliding sync (and, here, everything else).
-        base = clients["synchrotron1"].base_url
-        alice = await ClientApi(self, base).register("alice")
-        bob = await ClientApi(self, base).register("bob")
+        servers, base, alice, bob = await alice_and_bob_on_the_sync_worker(self)
         rooms = []
         for i in range(4):
             room = await alice.create_room(preset="public_chat", name=f"room {i}")
@@ -122,10 +139,7 @@ class JsSdkSlidingSyncTestCase(DatabaseTestCase):
         for i, room in enumerate(rooms):
             await alice.send(room, f"hello {i}")
         await caught_up_with_writers(servers, ["persister1", "persister2"])
-        logins = [
-            json.dumps({"user_id": c.user_id, "access_token": c.token, "device_id": c.device_id})
-            for c in (alice, bob)
-        ]
+        logins = [login_argument(c) for c in (alice, bob)]
         result = await run_script("sliding_sync.mjs", base, *logins, json.dumps(rooms))
         # Let the client's last long-poll (2 s) end before the servers stop.
         await deferLater(reactor, 2.5, lambda: None)
@@ -152,25 +166,13 @@ class JsSdkUnreadCountsTestCase(DatabaseTestCase):
         three messages with a mention, then its own read receipt and one
         more message (counted from the new receipt, not on top)."""
         require_js_sdk()
-        servers, clients, _ = start_cluster(
-            self,
-            self.test_db,
-            workers=DEFAULT_LAYOUT_WORKERS,
-            stream_writers=DEFAULT_LAYOUT_STREAM_WRITERS,
-            limits={"max_sync_timeout_ms": 2000},
-        )
-        base = clients["synchrotron1"].base_url
-        alice = await ClientApi(self, base).register("alice")
-        bob = await ClientApi(self, base).register("bob")
+        servers, base, alice, bob = await alice_and_bob_on_the_sync_worker(self)
         room = await alice.create_room(preset="public_chat")
         await bob.ok("POST", f"/join/{room}", {})
         await bob.send(room, "before the client starts")
         await bob.send(room, "and again")
         await caught_up_with_writers(servers, ["persister1", "persister2"])
-        logins = [
-            json.dumps({"user_id": c.user_id, "access_token": c.token, "device_id": c.device_id})
-            for c in (alice, bob)
-        ]
+        logins = [login_argument(c) for c in (alice, bob)]
         result = await run_script("unread_counts.mjs", base, *logins, room)
         # Let the client's last long-poll (2 s) end before the servers stop.
         await deferLater(reactor, 2.5, lambda: None)
