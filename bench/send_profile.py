@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     # What bench.client's workload reads of its options.
     args.senders, args.users, args.rooms, args.rounds = 8, 4, 4, 10
     args.route_to_writer, args.even_writers, args.routings = False, True, "router"
+    args.one_writer = False
     args.sync_modes, args.sync_every = args.sync_mode, 25
     tmp = args.keep or tempfile.mkdtemp(prefix="send_profile_")
     os.makedirs(tmp, exist_ok=True)

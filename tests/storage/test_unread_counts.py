@@ -10,6 +10,9 @@ does (SQLite and PostgreSQL: ``SYNAPSE_LITE_TEST_DB``).
   from the step before, and compared with the full count.
 * A carried count is not read again; one counted past the horizon (rows
   some writer has not committed) is not carried.
+* The sole events writer (main here) counts new events from its memory of
+  their outcomes (``RecentPushOutcomes``), with no read; the differential
+  test covers it, as main answers there.
 """
 
 from __future__ import annotations
@@ -141,6 +144,17 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
         events: dict[str, list[str]] = {}
         history: list[str] = []
         compared = highlighted = 0
+        main = self.servers["main"].store
+        from_memory: list[str] = []
+        carry = main._unread_from_outcomes
+
+        def noting(user_id: str, room_id: str, *args: Any) -> Any:
+            count = carry(user_id, room_id, *args)
+            if count is not None:
+                from_memory.append(room_id)
+            return count
+
+        self.patch(main, "_unread_from_outcomes", noting)
         for _ in range(STEPS):
             history.append(await self.step(rng, events))
             await self.settled()
@@ -156,6 +170,10 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
                     compared += 1
                     highlighted += sum(1 for _, h in want.values() if h)
         self.assertEqual(compared, STEPS * len(self.servers) * len(self.users))
+        # Main, the sole events writer, carried counts from memory.
+        self.assertIsNotNone(main.push_outcomes)
+        self.assertIsNone(self.servers["worker1"].store.push_outcomes)
+        self.assertGreater(len(from_memory), STEPS // 4)
         self.assertGreater(highlighted, 0)
         # The traffic had what the counts depend on.
         self.assertGreater(sum(map(len, events.values())), STEPS // 4)
@@ -287,3 +305,48 @@ class UnreadCountsCarriedTestCase(DatabaseTestCase):
         position = before.get_max_position() + 1
         writer._record_persisted_positions([], {position: [row]})
         self.assertTrue(writer.membership_changes.may_have_changed(user, before))
+
+    async def test_the_sole_writer_counts_new_events_without_a_read(self) -> None:
+        hs = self.servers["main"]
+        alice, bob, carol = self.users
+        uid, room = str(alice.user_id), self.rooms[0]
+        await bob.send(room, "one")
+        upto = hs.store.get_room_max_stream_ordering()
+        self.assertEqual(await hs.store.get_unread_counts(uid, [room], upto), {room: (1, 0)})
+        reads: list[str] = []
+        run = hs.store.db_pool.runInteraction
+
+        async def counting(desc: str, *args: Any, **kwargs: Any) -> Any:
+            if desc == "get_unread_counts":
+                reads.append(desc)
+            return await run(desc, *args, **kwargs)
+
+        self.patch(hs.store.db_pool, "runInteraction", counting)
+        # A message, a mention of alice (an outcome of her own), alice's own
+        # message and a mention of carol: two notifications, one highlight.
+        await bob.send(room, "two")
+        await carol.ok(
+            "PUT",
+            f"/rooms/{q(room)}/send/m.room.message/mention-alice",
+            {"msgtype": "m.text", "body": "hey", "m.mentions": {"user_ids": [uid]}},
+        )
+        await alice.send(room, "mine")
+        await bob.ok(
+            "PUT",
+            f"/rooms/{q(room)}/send/m.room.message/mention-carol",
+            {"msgtype": "m.text", "body": "hey", "m.mentions": {"user_ids": [carol.user_id]}},
+        )
+        upto = hs.store.get_room_max_stream_ordering()
+        got = await hs.store.get_unread_counts(uid, [room], upto)
+        self.assertEqual(got, {room: (4, 1)})
+        self.assertEqual(reads, [])
+        self.assertEqual(got, await full_count(hs, uid, [room], upto))
+        # Beyond what the memory holds of the room, the count reads.
+        outcomes = hs.store.push_outcomes
+        assert outcomes is not None
+        self.patch(outcomes, "PER_ROOM", 2)
+        for i in range(3):
+            await bob.send(room, f"more {i}")
+        upto = hs.store.get_room_max_stream_ordering()
+        self.assertEqual(await hs.store.get_unread_counts(uid, [room], upto), {room: (7, 1)})
+        self.assertEqual(reads, ["get_unread_counts"])

@@ -42,6 +42,7 @@ from synapse_lite.storage.databases.main.events_worker import (
     self_destruct_after,
 )
 from synapse_lite.storage.databases.main.inbound_pdu_queue import move_queued_to_received_txn
+from synapse_lite.storage.databases.main.push_rules import PushOutcome, RecentPushOutcomes
 from synapse_lite.storage.databases.main.search import index_events_txn
 from synapse_lite.storage.databases.main.state_groups import (
     EVENT_GROUP_CACHE_ENTRIES,
@@ -199,6 +200,9 @@ class RemoteJoinToPersist:
 class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
     """Writes events. Only an events writer may call these (the ID generator
     refuses anyone else)."""
+
+    #: Set by ``PushRulesWorkerStore`` beside it on the sole events writer.
+    push_outcomes: RecentPushOutcomes | None = None
 
     def __init__(
         self, database: DatabasePool, db_conn: LoggingDatabaseConnection, hs: StoreContext
@@ -482,6 +486,8 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         resolved_rooms: set[str] = set()
         resolved_rows: dict[int, list[Any]] = {}
         txn.call_after(self._record_persisted_positions, persisted, resolved_rows)
+        if self.push_outcomes is not None:
+            txn.call_after(self._remember_push_outcomes, persisted, push_actions)
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
@@ -584,6 +590,32 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                     self.record_membership_position(
                         row.room_id, row.state_key, self._instance_name, stream_id
                     )
+
+    def _remember_push_outcomes(
+        self, persisted: list[Event], push_actions: Mapping[str, Any]
+    ) -> None:
+        """What ``persisted`` count in unread counts, for the sole writer's
+        memory (``RecentPushOutcomes``): the same outcomes its rows got."""
+        assert self.push_outcomes is not None
+        for event in persisted:
+            actions = push_actions.get(event.event_id)
+            if actions is None or not event.served:
+                continue
+            own = {
+                user_id: (notifies, highlights)
+                for user_id, (_, notifies, highlights) in actions.exceptions.items()
+            }
+            if actions.default is None and not own:
+                continue
+            self.push_outcomes.persisted(
+                event.room_id,
+                PushOutcome(
+                    stream_ordering=event.stream_ordering,
+                    sender=event.sender,
+                    default_highlight=None if actions.default is None else actions.default[1],
+                    own=own,
+                ),
+            )
 
     def _record_txn_id_txn(
         self, txn: LoggingTransaction, txn_key: tuple[str, str, str], event: Event

@@ -3,7 +3,9 @@ actions written with events, read for unread counts and /notifications."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attr
@@ -86,6 +88,85 @@ class UnreadCountMemo:
         self._counted.set((user_id, room_id), counted)
 
 
+@attr.s(slots=True, frozen=True, auto_attribs=True)
+class PushOutcome:
+    """What one persisted event counts in unread counts: the columns
+    ``_count_unread_txn`` reads, for an event that notifies anyone.
+    ``default_highlight``: whether its default outcome highlights (None: by
+    default it notifies nobody); ``own``: user -> (notifies, highlights),
+    their ``event_push_actions`` rows."""
+
+    stream_ordering: int
+    sender: str
+    default_highlight: bool | None
+    own: Mapping[str, tuple[bool, bool]]
+
+    def counts_for(self, user_id: str, after_default: int, after_own: int) -> tuple[int, int]:
+        """(notifications, highlights) it adds to ``user_id``'s count, with
+        the floors of ``_count_unread_txn`` (the same rule, over one event)."""
+        own = self.own.get(user_id)
+        if own is not None:
+            notifies, highlights = own
+            if notifies and self.stream_ordering > after_own:
+                return 1, int(highlights)
+            return 0, 0
+        if (
+            self.default_highlight is not None
+            and self.stream_ordering > after_default
+            and self.sender != user_id
+        ):
+            return 1, int(self.default_highlight)
+        return 0, 0
+
+
+class RecentPushOutcomes:
+    """The sole events writer's memory of what its newest events count in
+    unread counts, per room, so that a woken /sync counts one new event
+    without a read (``get_unread_counts``).
+
+    Kept only by a process that writes the events stream alone (the
+    monolith): every event with a stream ordering is then persisted here, so
+    a room's outcomes above its floor, up to the persisted-up-to position,
+    are all of them. Recorded after the commit, before the event's position
+    becomes persisted (``EventsStore._persist_events_txn``). Events that
+    notify nobody take no room; a room keeps its newest ``PER_ROOM``
+    outcomes (dropping one raises the room's floor to it), and the
+    ``ROOMS`` rooms written most recently (dropping a room raises the floor
+    of every room not kept to its newest outcome)."""
+
+    ROOMS = 4096
+    PER_ROOM = 32
+
+    def __init__(self, floor: int) -> None:
+        #: Rooms not kept have no outcome above it that is not here.
+        self._floor = floor
+        #: room -> (its floor, its outcomes in stream order), least recently
+        #: written first.
+        self._rooms: OrderedDict[str, tuple[int, list[PushOutcome]]] = OrderedDict()
+
+    def persisted(self, room_id: str, outcome: PushOutcome) -> None:
+        kept = self._rooms.pop(room_id, None)
+        floor, outcomes = kept if kept is not None else (self._floor, [])
+        bisect.insort(outcomes, outcome, key=lambda o: o.stream_ordering)
+        while len(outcomes) > self.PER_ROOM:
+            floor = max(floor, outcomes.pop(0).stream_ordering)
+        self._rooms[room_id] = (floor, outcomes)
+        if len(self._rooms) > self.ROOMS:
+            _, (_, dropped) = self._rooms.popitem(last=False)
+            if dropped:
+                self._floor = max(self._floor, dropped[-1].stream_ordering)
+
+    def outcomes_in(self, room_id: str, after: int, upto: int) -> list[PushOutcome] | None:
+        """The outcomes of the room's events in ``(after, upto]``, or None
+        when some may not be here (``after`` is below the room's floor).
+        ``upto`` must be at or below the persisted-up-to position."""
+        kept = self._rooms.get(room_id)
+        floor, outcomes = kept if kept is not None else (self._floor, [])
+        if after < floor:
+            return None
+        return [o for o in outcomes if after < o.stream_ordering <= upto]
+
+
 def _read_unread_bases_txn(
     txn: LoggingTransaction,
     user_id: str,
@@ -141,6 +222,17 @@ _HIGHLIGHTS = (
 )
 
 
+def _unread_floors(start: CountedUnread, upto: int) -> tuple[int, int]:
+    """(after_default, after_own): what counts after ``start``, up to
+    ``upto``, is an event's default outcome above the first and the user's
+    own outcome above the second."""
+    basis = start.basis
+    after_own = max(basis.read_at, start.upto)
+    # Not joined: no default outcome counts (nothing is after ``upto``).
+    after_default = upto if basis.joined_at is None else max(basis.joined_at, after_own)
+    return after_default, after_own
+
+
 def _count_unread_txn(
     txn: LoggingTransaction,
     user_id: str,
@@ -154,10 +246,7 @@ def _count_unread_txn(
     highlights); rooms with none are left out."""
     floors: list[Any] = []
     for room_id, start in starts.items():
-        basis = start.basis
-        after_own = max(basis.read_at, start.upto)
-        # Not joined: no default outcome counts (nothing is after ``upto``).
-        after_default = upto if basis.joined_at is None else max(basis.joined_at, after_own)
+        after_default, after_own = _unread_floors(start, upto)
         floors.extend((room_id, min(after_default, after_own), after_default, after_own))
     values = ", ".join("(?, ?, ?, ?)" for _ in starts)
     txn.execute(
@@ -199,6 +288,12 @@ class PushRulesWorkerStore(SQLBaseStore):
         self._unread_events_id_gen = hs.id_generators.of("events")
         self._unread_receipts_id_gen = hs.id_generators.of("receipts")
         self._unread_memo = UnreadCountMemo()
+        #: Kept by the sole events writer (recorded by ``EventsStore``).
+        self.push_outcomes: RecentPushOutcomes | None = (
+            RecentPushOutcomes(self._unread_events_id_gen.persisted_upto_position())
+            if hs.config.writers.writers("events") == (hs.instance_name,)
+            else None
+        )
 
     # Writes
 
@@ -335,10 +430,13 @@ class PushRulesWorkerStore(SQLBaseStore):
                 or not self._unread_basis_holds(user_id, room_id, before.basis)
             ):
                 unknown.append(room_id)
-            elif self.room_changes.may_have_changed(room_id, RoomStreamToken(before.upto)):
-                carried[room_id] = before
-            else:
+            elif not self.room_changes.may_have_changed(room_id, RoomStreamToken(before.upto)):
                 answered[room_id] = before
+            elif count := self._unread_from_outcomes(user_id, room_id, before, upto, horizon):
+                answered[room_id] = count
+                self._unread_memo.keep(user_id, room_id, count)
+            else:
+                carried[room_id] = before
         if carried or unknown:
 
             def txn_func(
@@ -386,6 +484,25 @@ class PushRulesWorkerStore(SQLBaseStore):
             for room_id, count in answered.items()
             if count.notifications or count.highlights
         }
+
+    def _unread_from_outcomes(
+        self, user_id: str, room_id: str, before: CountedUnread, upto: int, horizon: int
+    ) -> CountedUnread | None:
+        """``before`` carried up to ``upto`` from the sole writer's memory of
+        the room's new events (``RecentPushOutcomes``); None when it has not
+        got them all."""
+        if self.push_outcomes is None or upto != horizon:
+            return None
+        outcomes = self.push_outcomes.outcomes_in(room_id, before.upto, upto)
+        if outcomes is None:
+            return None
+        after_default, after_own = _unread_floors(before, upto)
+        notifications, highlights = before.notifications, before.highlights
+        for outcome in outcomes:
+            n, h = outcome.counts_for(user_id, after_default, after_own)
+            notifications += n
+            highlights += h
+        return CountedUnread(before.basis, upto, notifications, highlights)
 
     def _unread_basis_holds(self, user_id: str, room_id: str, basis: UnreadBasis) -> bool:
         """Whether no membership of the user and no receipt in the room came
