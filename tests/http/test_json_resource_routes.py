@@ -1,0 +1,140 @@
+"""How ``JsonResource`` picks a servlet (``MethodRoutes``, http/server.py):
+one regex per method, whose first fully matching alternative is the route
+trying the patterns one by one in registration order would find."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import Any, cast
+from unittest import mock
+
+from twisted.trial import unittest
+
+from synapse_lite.api.errors import SynapseError
+from synapse_lite.http.server import JsonResource, MethodRoutes
+from synapse_lite.rest.client import ClientHandlers, register_servlets
+from synapse_lite.routing.table import _Unbuilt
+
+METHODS = (b"GET", b"PUT", b"POST", b"DELETE", b"PATCH")
+
+#: Paths of the client API (and near misses), as clients send them.
+PATHS = [
+    "/_matrix/client/v3/sync",
+    "/_matrix/client/r0/sync",
+    "/_matrix/client/v3/rooms/!abc%3Atest/send/m.room.message/txn1",
+    "/_matrix/client/v3/rooms/!abc:test/send/m.room.message/",
+    "/_matrix/client/v3/rooms/!abc:test/state/m.room.name/",
+    "/_matrix/client/v3/rooms/!abc:test/state/m.room.member/%40u%3Atest",
+    "/_matrix/client/v3/rooms/!abc:test/state",
+    "/_matrix/client/v3/rooms/!abc:test/messages",
+    "/_matrix/client/v3/rooms/!abc:test/redact/$ev/t1",
+    "/_matrix/client/v3/rooms/!abc:test/receipt/m.read/$ev",
+    "/_matrix/client/v3/rooms/!abc:test/typing/@u:test",
+    "/_matrix/client/v3/rooms/!abc:test/relations/$ev/m.annotation/m.reaction",
+    "/_matrix/client/v3/rooms/%00/send/m.room.message/t",
+    "/_matrix/client/v3/join/%23room%3Atest",
+    "/_matrix/client/v3/createRoom",
+    "/_matrix/client/v3/login",
+    "/_matrix/client/v3/register",
+    "/_matrix/client/v3/profile/@u:test/displayname",
+    "/_matrix/client/v3/user/@u:test/filter",
+    "/_matrix/client/v3/user/@u:test/filter/1",
+    "/_matrix/client/v3/user/@u:test/account_data/m.direct",
+    "/_matrix/client/v3/user/@u:test/rooms/!r:test/tags/u.work",
+    "/_matrix/client/v3/pushrules/global/room/!r:test",
+    "/_matrix/client/v3/pushrules/",
+    "/_matrix/client/v3/keys/upload",
+    "/_matrix/client/v3/sendToDevice/m.room_key/t1",
+    "/_matrix/client/v3/directory/room/%23a%3Atest",
+    "/_matrix/client/v3/presence/@u:test/status",
+    "/_matrix/client/versions",
+    "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync",
+    "/_synapse/admin/v1/rooms/!r:test",
+    "/_synapse/admin/v2/users/@u:test",
+    "/_matrix/client/v3/nothing/here",
+    "/",
+    "",
+]
+
+
+def one_by_one(
+    resource: JsonResource, method: bytes, path: str
+) -> tuple[str, dict[str, str], bool] | None:
+    """The routing before ``MethodRoutes`` (the oracle): every pattern in
+    order; (servlet, arguments, path matched), None for no servlet."""
+    path_matched = False
+    for m, pattern, _, name in resource._routes:
+        match = pattern.fullmatch(path)
+        if not match:
+            continue
+        path_matched = True
+        if m != method:
+            continue
+        args = {k: urllib.parse.unquote(v, errors="strict") for k, v in match.groupdict().items()}
+        return name, args, True
+    return ("unrecognized", {}, path_matched) if not path_matched else ("405", {}, True)
+
+
+def client_resource() -> JsonResource:
+    resource = JsonResource("test")
+    register_servlets(cast(ClientHandlers, _Unbuilt()), resource)
+    return resource
+
+
+def routed(resource: JsonResource, method: bytes, path: str) -> Any:
+    request = mock.Mock(method=method, path=path.encode("ascii"))
+    try:
+        callback, args, name, path_matched = resource._match(request)
+    except SynapseError as e:
+        return ("error", e.code)
+    if callback is None:
+        return ("unrecognized", {}, path_matched) if not path_matched else ("405", {}, True)
+    return name, args, True
+
+
+class MethodRoutesTestCase(unittest.TestCase):
+    def test_every_client_path_goes_where_trying_each_pattern_sent_it(self) -> None:
+        resource = client_resource()
+        self.assertGreater(len(resource._routes), 100)
+        compared = found = 0
+        for path in PATHS:
+            for method in METHODS:
+                want: Any = one_by_one(resource, method, path)
+                if want is not None and any("\x00" in v for v in want[1].values()):
+                    want = ("error", 400)
+                self.assertEqual(routed(resource, method, path), want, f"{method!r} {path}")
+                compared += 1
+                found += want[0] not in ("unrecognized", "405", "error")
+        self.assertEqual(compared, len(PATHS) * len(METHODS))
+        self.assertGreater(found, len(PATHS) // 2)
+
+    def test_the_first_registered_of_several_matches_wins(self) -> None:
+        async def servlet(request: Any, **kwargs: Any) -> tuple[int, Any]:
+            return 200, {}
+
+        routes = [
+            (re.compile(r"^/rooms/(?P<room_id>[^/]*)/special$"), servlet, "special"),
+            (re.compile(r"^/rooms/(?P<room_id>[^/]*)/(?P<what>[^/]*)$"), servlet, "any"),
+            (re.compile(r"^/same/(?P<x>[a-z]+)/(?P=x)$"), servlet, "repeated"),
+        ]
+        table = MethodRoutes.of(routes)
+        self.assertEqual(table.match("/rooms/!r/special"), (servlet, "special", {"room_id": "!r"}))
+        self.assertEqual(
+            table.match("/rooms/!r/other"), (servlet, "any", {"room_id": "!r", "what": "other"})
+        )
+        # A reference to a named group still refers to its own route's group.
+        self.assertEqual(table.match("/same/ab/ab"), (servlet, "repeated", {"x": "ab"}))
+        self.assertIsNone(table.match("/same/ab/cd"))
+        self.assertIsNone(table.match("/rooms/!r/a/b"))
+
+    def test_a_route_registered_after_a_request_is_served(self) -> None:
+        resource = client_resource()
+        self.assertEqual(routed(resource, b"GET", "/late")[0], "unrecognized")
+
+        async def late(request: Any) -> tuple[int, Any]:
+            return 200, {}
+
+        resource.register_paths("GET", r"^/late$", late, "late")
+        self.assertEqual(routed(resource, b"GET", "/late"), ("late", {}, True))
+        self.assertEqual(routed(resource, b"PUT", "/late"), ("405", {}, True))
