@@ -119,6 +119,10 @@ class PushOutcome:
         return 0, 0
 
 
+def _stream_ordering(outcome: PushOutcome) -> int:
+    return outcome.stream_ordering
+
+
 class RecentPushOutcomes:
     """The sole events writer's memory of what its newest events count in
     unread counts, per room, so that a woken /sync counts one new event
@@ -147,7 +151,7 @@ class RecentPushOutcomes:
     def persisted(self, room_id: str, outcome: PushOutcome) -> None:
         kept = self._rooms.pop(room_id, None)
         floor, outcomes = kept if kept is not None else (self._floor, [])
-        bisect.insort(outcomes, outcome, key=lambda o: o.stream_ordering)
+        bisect.insort(outcomes, outcome, key=_stream_ordering)
         while len(outcomes) > self.PER_ROOM:
             floor = max(floor, outcomes.pop(0).stream_ordering)
         self._rooms[room_id] = (floor, outcomes)
@@ -164,7 +168,9 @@ class RecentPushOutcomes:
         floor, outcomes = kept if kept is not None else (self._floor, [])
         if after < floor:
             return None
-        return [o for o in outcomes if after < o.stream_ordering <= upto]
+        first = bisect.bisect_right(outcomes, after, key=_stream_ordering)
+        end = bisect.bisect_right(outcomes, upto, lo=first, key=_stream_ordering)
+        return outcomes[first:end]
 
 
 def _read_unread_bases_txn(
