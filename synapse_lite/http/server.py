@@ -396,7 +396,8 @@ class JsonResource(Resource):
         super().__init__()
         self._name = name
         self._routes: list[tuple[bytes, re.Pattern[str], ServletCallback, str]] = []
-        #: Built from ``_routes`` on the first request after a registration.
+        #: Built from ``_routes`` on the first request after a registration
+        #: (``b""``: every method's routes, for telling 405 from 404).
         self._by_method: dict[bytes, MethodRoutes] | None = None
 
     def register_paths(
@@ -426,16 +427,13 @@ class JsonResource(Resource):
             for method, pattern, callback, name in self._routes:
                 per_method.setdefault(method, []).append((pattern, callback, name))
             self._by_method = {m: MethodRoutes.of(r) for m, r in per_method.items()}
-        routes = self._by_method.get(request.method)
+            self._by_method[b""] = MethodRoutes.of([(p, c, n) for _, p, c, n in self._routes])
+        routes = self._by_method.get(request.method) if request.method else None
         found = routes.match(raw_path) if routes is not None else None
         if found is None:
             # Another method's path (405) or none (404).
-            return (
-                None,
-                {},
-                "unrecognized",
-                any(p.fullmatch(raw_path) for _, p, _, _ in self._routes),
-            )
+            path_matched = self._by_method[b""].match(raw_path) is not None
+            return None, {}, "unrecognized", path_matched
         callback, name, raw = found
         kwargs = {k: urllib.parse.unquote(v, errors="strict") for k, v in raw.items()}
         if any("\x00" in v for v in kwargs.values()):

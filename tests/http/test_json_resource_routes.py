@@ -5,16 +5,14 @@ trying the patterns one by one in registration order would find."""
 from __future__ import annotations
 
 import re
-import urllib.parse
-from typing import Any, cast
+from typing import Any
 from unittest import mock
 
 from twisted.trial import unittest
 
+from bench.route_matching import client_resource, one_by_one
 from synapse_lite.api.errors import SynapseError
 from synapse_lite.http.server import JsonResource, MethodRoutes
-from synapse_lite.rest.client import ClientHandlers, register_servlets
-from synapse_lite.routing.table import _Unbuilt
 
 METHODS = (b"GET", b"PUT", b"POST", b"DELETE", b"PATCH")
 
@@ -58,30 +56,6 @@ PATHS = [
 ]
 
 
-def one_by_one(
-    resource: JsonResource, method: bytes, path: str
-) -> tuple[str, dict[str, str], bool] | None:
-    """The routing before ``MethodRoutes`` (the oracle): every pattern in
-    order; (servlet, arguments, path matched), None for no servlet."""
-    path_matched = False
-    for m, pattern, _, name in resource._routes:
-        match = pattern.fullmatch(path)
-        if not match:
-            continue
-        path_matched = True
-        if m != method:
-            continue
-        args = {k: urllib.parse.unquote(v, errors="strict") for k, v in match.groupdict().items()}
-        return name, args, True
-    return ("unrecognized", {}, path_matched) if not path_matched else ("405", {}, True)
-
-
-def client_resource() -> JsonResource:
-    resource = JsonResource("test")
-    register_servlets(cast(ClientHandlers, _Unbuilt()), resource)
-    return resource
-
-
 def routed(resource: JsonResource, method: bytes, path: str) -> Any:
     request = mock.Mock(method=method, path=path.encode("ascii"))
     try:
@@ -100,8 +74,11 @@ class MethodRoutesTestCase(unittest.TestCase):
         compared = found = 0
         for path in PATHS:
             for method in METHODS:
-                want: Any = one_by_one(resource, method, path)
-                if want is not None and any("\x00" in v for v in want[1].values()):
+                name, args, path_matched = one_by_one(resource, method, path)
+                want: Any = (name, args, True)
+                if name == "unrecognized":
+                    want = ("405", {}, True) if path_matched else ("unrecognized", {}, False)
+                elif any("\x00" in v for v in args.values()):
                     want = ("error", 400)
                 self.assertEqual(routed(resource, method, path), want, f"{method!r} {path}")
                 compared += 1
