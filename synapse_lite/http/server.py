@@ -29,6 +29,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from synapse_lite.api.errors import Codes, InteractiveAuthIncomplete, SynapseError
 from synapse_lite.http.forwarded import FORWARDED_FOR, ROUTER_PROOF, forwarded_address
+from synapse_lite.http.path_alternation import PathAlternation, group_prefix
 from synapse_lite.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
 
 logger = logging.getLogger(__name__)
@@ -347,43 +348,35 @@ class StreamedResponse:
         raise NotImplementedError
 
 
-#: A named group, or a reference to one, in a route's pattern.
-_NAMED_GROUP = re.compile(r"\(\?P([<=])([A-Za-z_][A-Za-z0-9_]*)")
-
-
 @attr.s(slots=True, frozen=True, auto_attribs=True)
 class MethodRoutes:
-    """One method's routes as one regex: each route's pattern is an
-    alternative wrapped in a group of its own (``r<i>``, its named groups
-    renamed ``r<i>_<name>``), in the order registered. A full match of the
-    alternation is the first route whose pattern fully matches, as trying
-    the patterns one by one finds, but in one call into the regex engine
-    (a request used to try some 50 patterns in Python before /sync's)."""
+    """One method's routes as one regex (:class:`PathAlternation`), in the
+    order registered: a full match is the first route whose pattern fully
+    matches, as trying the patterns one by one finds, in one call into the
+    regex engine (a request used to try some 50 patterns in Python before
+    /sync's; ``bench/route_matching.py``)."""
 
-    regex: re.Pattern[str]
-    #: Wrapper group name -> (callback, servlet name, (renamed, original) group names).
-    routes: Mapping[str, tuple[ServletCallback, str, tuple[tuple[str, str], ...]]]
+    alternation: PathAlternation
+    #: In the alternation's order: (callback, servlet name, its named groups).
+    routes: Sequence[tuple[ServletCallback, str, tuple[str, ...]]]
 
     @classmethod
     def of(cls, routes: Sequence[tuple[re.Pattern[str], ServletCallback, str]]) -> MethodRoutes:
-        alternatives = []
-        by_group = {}
-        for i, (pattern, callback, name) in enumerate(routes):
-            wrapper = f"r{i}"
-            renamed = _NAMED_GROUP.sub(rf"(?P\1{wrapper}_\2", pattern.pattern)
-            alternatives.append(f"(?P<{wrapper}>{renamed})")
-            groups = tuple((f"{wrapper}_{g}", g) for g in pattern.groupindex)
-            by_group[wrapper] = (callback, name, groups)
-        return cls(re.compile("|".join(alternatives)), by_group)
+        return cls(
+            PathAlternation.of([(pattern.pattern, True) for pattern, _, _ in routes]),
+            [(callback, name, tuple(pattern.groupindex)) for pattern, callback, name in routes],
+        )
 
     def match(self, path: str) -> tuple[ServletCallback, str, dict[str, str]] | None:
         """The first route fully matching ``path``: its callback, servlet
         name and named groups' raw values; None if none does."""
-        found = self.regex.fullmatch(path)
-        if found is None or found.lastgroup is None:
+        found = self.alternation.match(path)
+        if found is None:
             return None
-        callback, name, groups = self.routes[found.lastgroup]
-        return callback, name, {original: found.group(g) for g, original in groups}
+        position, match = found
+        callback, name, groups = self.routes[position]
+        prefix = group_prefix(position)
+        return callback, name, {g: match.group(prefix + g) for g in groups}
 
 
 class JsonResource(Resource):

@@ -17,6 +17,7 @@ from typing import Any, cast
 import attr
 
 from synapse_lite.config.homeserver import MAIN_PROCESS, HomeServerConfig, InstanceLocation
+from synapse_lite.http.path_alternation import PathAlternation, group_prefix
 from synapse_lite.http.server import JsonResource
 from synapse_lite.rest.client import ClientHandlers, register_servlets
 from synapse_lite.rest.client.served_by import MEDIA, MEDIA_PATH_PREFIXES, served_by
@@ -133,34 +134,15 @@ class PathMatch:
         return self._found.group(self._prefix + name)
 
 
-_NAMED_GROUP = re.compile(r"\(\?P<([A-Za-z_][A-Za-z0-9_]*)>")
-
-
 class _Combined:
-    """The routes one method may take as one regex, matched once per request
-    instead of route after route: ``(?P<_0>...)|(?P<_1>...)|...``, each
-    alternative a route's pattern (whole, with ``\\Z``, or as a prefix) with
-    its named groups renamed apart (``r0_room_id``). Alternatives are tried in
-    order, so the first route that matches wins, as in the table's order; the
-    wrapping group closes last, so ``lastindex`` names the route."""
+    """The routes one method may take as one regex (:class:`PathAlternation`:
+    each route's pattern whole, or as a prefix), in the table's order."""
 
     def __init__(self, routes: Sequence[Route], method: str) -> None:
-        #: Group index of each alternative's wrapper -> (route, group prefix).
-        self.routes: dict[int, tuple[Route, str]] = {}
-        self.has_parameters: dict[int, bool] = {}
-        alternatives = []
-        for i, route in enumerate(routes):
-            if route.methods and method not in route.methods:
-                continue
-            prefix = f"r{i}_"
-            pattern = _NAMED_GROUP.sub(rf"(?P<{prefix}\1>", route.pattern)
-            end = "" if route.prefix else r"\Z"
-            alternatives.append((f"(?P<_{i}>(?:{pattern}){end})", route, prefix))
-        self.regex = re.compile("|".join(a for a, _, _ in alternatives) or r"(?!)")
-        for _, route, prefix in alternatives:
-            index = self.regex.groupindex["_" + prefix[1:-1]]
-            self.routes[index] = (route, prefix)
-            self.has_parameters[index] = bool(route.regex.groupindex)
+        taken = [r for r in routes if not r.methods or method in r.methods]
+        self.alternation = PathAlternation.of([(r.pattern, not r.prefix) for r in taken])
+        #: In the alternation's order: (route, whether its pattern has parameters).
+        self.routes = [(r, bool(r.regex.groupindex)) for r in taken]
 
 
 class RoutingTable:
@@ -212,17 +194,16 @@ class RoutingTable:
         combined = self._combined.get(method)
         if combined is None:
             combined = self._combined[method] = _Combined(self.routes, method)
-        found = combined.regex.match(path)
+        found = combined.alternation.match(path)
         if found is None:
             return self.default, None
-        index = found.lastindex
-        assert index is not None
-        route, prefix = combined.routes[index]
-        if not combined.has_parameters[index]:
+        position, match = found
+        route, has_parameters = combined.routes[position]
+        if not has_parameters:
             if len(self._fixed) < MAX_FIXED_PATHS:
                 self._fixed[(method, path)] = route
             return route, None
-        return route, PathMatch(found, prefix)
+        return route, PathMatch(match, group_prefix(position))
 
     def instances(self) -> list[str]:
         """Every process some route may send to, main first."""
