@@ -1,13 +1,15 @@
 """What a woken /sync reads back of the events a writer just persisted
 (issue 35): their client transaction ids come from the writer's memory with
 no database read, exactly as the database has them; an event's rows and its
-redactions are read in one interaction (SQLite and PostgreSQL)."""
+redactions are read in one interaction; another server's event whose
+redaction came first is never served whole from the cache (SQLite and
+PostgreSQL)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from synapse_lite.events import EventSpec
+from synapse_lite.events import EventContent, EventSpec
 from synapse_lite.handlers.auth import Requester
 from synapse_lite.server import HomeServer
 from synapse_lite.storage.databases.main.events_worker import redaction_txn_id
@@ -241,4 +243,50 @@ class EventReadsTestCase(DatabaseTestCase):
         await store.get_room_events_between([room_id], None, upper, 3)
         names.clear()
         await store.get_events(ids)
+        self.assertEqual(names, [])
+
+    async def test_another_servers_event_redacted_before_it_arrived_is_served_redacted(
+        self,
+    ) -> None:
+        hs = make_homeserver(self, make_config(self.test_db))
+        room_id, ids = await self._room_with_sends(hs)
+        store = hs.store
+        ts = hs.handlers.clock.time_msec()
+
+        def remote(event_id: str, **kwargs: Any) -> EventContent:
+            return EventContent(
+                event_id=event_id,
+                room_id=room_id,
+                type=kwargs.pop("type", "m.room.message"),
+                state_key=None,
+                sender="@bob:remote.test",
+                content=kwargs.pop("content", {"msgtype": "m.text", "body": "secret"}),
+                origin_server_ts=ts,
+                **kwargs,
+            )
+
+        def redaction(event_id: str, target: str) -> EventContent:
+            return remote(
+                event_id, type="m.room.redaction", content={"redacts": target}, redacts=target
+            )
+
+        # A redaction before its target, in its own persist and in the same one.
+        await store.persist_events([redaction("$r1:remote.test", "$t1:remote.test")])
+        await store.persist_events([remote("$t1:remote.test")])
+        await store.persist_events(
+            [redaction("$r2:remote.test", "$t2:remote.test"), remote("$t2:remote.test")]
+        )
+        for target, by in (
+            ("$t1:remote.test", "$r1:remote.test"),
+            ("$t2:remote.test", "$r2:remote.test"),
+        ):
+            event = await store.get_event(target)
+            assert event is not None
+            self.assertEqual(event.content, {}, target)
+            assert event.redacted_because is not None, target
+            self.assertEqual(event.redacted_because.event_id, by)
+        # Our own events are still cached as they are persisted: no read
+        # (but the one our redaction redacted, ids[1]).
+        names = count_interactions(self, hs)
+        await store.get_events([ids[0], ids[2]])
         self.assertEqual(names, [])

@@ -308,8 +308,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             persisted = await self.db_pool.runInteraction(
                 "persist_events", txn_func, idempotent=True
             )
-        for event in persisted:
-            self._event_cache.set(event.event_id, event)
+        self._cache_persisted(persisted)
         return persisted
 
     async def delete_forward_extremities_but(self, room_id: str, keep: str) -> int:
@@ -367,8 +366,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         persisted = await self.db_pool.runInteraction(
             "persist_remote_join", txn_func, idempotent=False
         )
-        for event in persisted:
-            self._event_cache.set(event.event_id, event)
+        self._cache_persisted(persisted)
         return persisted[-1]
 
     async def persist_backfilled_events(
@@ -430,12 +428,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                 txn.call_after(self.invalidate_caches_for_event, event.event_id, event.redacts)
             return persisted
 
-        persisted = await self.db_pool.runInteraction(
+        # Not cached: history comes after its redactions (the first read of
+        # an event applies them; ``_cache_persisted``).
+        return await self.db_pool.runInteraction(
             "persist_backfilled_events", txn_func, idempotent=False
         )
-        for event in persisted:
-            self._event_cache.set(event.event_id, event)
-        return persisted
 
     async def persist_remote_invite(
         self, content: EventContent, origin: str, pdu: dict[str, Any], room_version: str
@@ -466,8 +463,22 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             )
 
         [event] = await self.db_pool.runInteraction("persist_remote_invite", txn_func)
-        self._event_cache.set(event.event_id, event)
+        self._cache_persisted([event])
         return event
+
+    def _cache_persisted(self, persisted: list[Event]) -> None:
+        """Cache, as read, those of the events just persisted that can have
+        no redaction: made on this server (nobody can redact an event before
+        its id exists) and not dropped since by a redaction (one can come
+        first when a room changes writers). Another server's events wait for
+        their first read, which applies the redactions already stored: a
+        server may send a redaction before its target, and the target's
+        stored form must not be served from the cache as if unredacted."""
+        for event in persisted:
+            if self.hs.is_mine_id(event.sender) and not self._unredacted_events.forgotten(
+                event.event_id
+            ):
+                self._event_cache.set(event.event_id, event)
 
     def _persist_events_txn(
         self,

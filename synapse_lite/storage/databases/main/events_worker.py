@@ -164,6 +164,11 @@ class UnredactedEvents:
     def forget_all(self) -> None:
         self._known.clear()
 
+    def forgotten(self, event_id: str) -> bool:
+        """Whether the event was dropped from the cache lately (a redaction
+        of it among the causes), while among the last forgotten."""
+        return event_id in self._forgotten
+
     def _trim(self, entries: dict[str, None]) -> None:
         while len(entries) > self._max_entries:
             del entries[next(iter(entries))]
