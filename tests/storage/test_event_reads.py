@@ -285,8 +285,9 @@ class EventReadsTestCase(DatabaseTestCase):
             self.assertEqual(event.content, {}, target)
             assert event.redacted_because is not None, target
             self.assertEqual(event.redacted_because.event_id, by)
-        # Our own events are still cached as they are persisted: no read
-        # (but the one our redaction redacted, ids[1]).
+        # Events with no redaction, ours or another server's, are still
+        # cached as they are persisted: no read (ids[1] was redacted).
+        await store.persist_events([remote("$t3:remote.test")])
         names = count_interactions(self, hs)
-        await store.get_events([ids[0], ids[2]])
+        await store.get_events([ids[0], ids[2], "$t3:remote.test"])
         self.assertEqual(names, [])

@@ -308,7 +308,6 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             persisted = await self.db_pool.runInteraction(
                 "persist_events", txn_func, idempotent=True
             )
-        self._cache_persisted(persisted)
         return persisted
 
     async def delete_forward_extremities_but(self, room_id: str, keep: str) -> int:
@@ -366,7 +365,6 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         persisted = await self.db_pool.runInteraction(
             "persist_remote_join", txn_func, idempotent=False
         )
-        self._cache_persisted(persisted)
         return persisted[-1]
 
     async def persist_backfilled_events(
@@ -463,21 +461,18 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
             )
 
         [event] = await self.db_pool.runInteraction("persist_remote_invite", txn_func)
-        self._cache_persisted([event])
         return event
 
-    def _cache_persisted(self, persisted: list[Event]) -> None:
-        """Cache, as read, those of the events just persisted that can have
-        no redaction: made on this server (nobody can redact an event before
-        its id exists) and not dropped since by a redaction (one can come
-        first when a room changes writers). Another server's events wait for
-        their first read, which applies the redactions already stored: a
-        server may send a redaction before its target, and the target's
-        stored form must not be served from the cache as if unredacted."""
+    def _cache_persisted(self, persisted: list[Event], redacted: set[str]) -> None:
+        """Cache, as read, the events just persisted that have no redaction:
+        not among ``redacted`` (another server's events with a redaction
+        stored before them, or with them: a server may send a redaction
+        first) and not dropped since by a redaction (one can come first when
+        a room changes writers). Those are left to their first read, which
+        applies the redactions."""
+        forgotten = self._unredacted_events.forgotten
         for event in persisted:
-            if self.hs.is_mine_id(event.sender) and not self._unredacted_events.forgotten(
-                event.event_id
-            ):
+            if event.event_id not in redacted and not forgotten(event.event_id):
                 self._event_cache.set(event.event_id, event)
 
     def _persist_events_txn(
@@ -560,6 +555,11 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         served = [e for e in persisted if e.served]
         self._insert_push_actions_txn(txn, served, push_actions)
         index_events_txn(txn, served)
+        # Nobody can redact our events before they exist; another server's
+        # redaction may have come first (or in this batch).
+        others = [e.event_id for e in persisted if not self.hs.is_mine_id(e.sender)]
+        redacted = set(self._redactions_of_txn(txn, others)) if others else set()
+        txn.call_after(self._cache_persisted, persisted, redacted)
         # Other processes learn of state changes from this transaction's rows
         # on the events stream (no caches-stream rows needed).
         for room_id in sorted(state_changed):
