@@ -1,7 +1,7 @@
 """The one SparkSession every audit test shares.
 
 Created on first use with the fast test settings measured in SPARK_NOTES (one
-core, one shuffle partition, no code generation, no UI, a quick JVM) and
+core, one shuffle partition, no whole-stage codegen, no UI, a quick JVM) and
 stopped when the test process exits: each new session costs about ten seconds.
 """
 
@@ -61,12 +61,6 @@ def shared_spark() -> Any:
             .appName("synapse-lite-audit-tests")
             .config("spark.sql.shuffle.partitions", "1")
             .config("spark.sql.codegen.wholeStage", "false")
-            # Expressions interpreted, not compiled: the tests' tables hold a
-            # few dozen rows, so compiling each plan's expressions costs more
-            # than running them (test_audit_faults: 94 s compiled, 70 s
-            # interpreted). The audit command keeps Spark's default; its
-            # tests run it as a user does (test_audit_entry_points).
-            .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.extraJavaOptions", java_options)
