@@ -24,6 +24,7 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.python.failure import Failure
 
 import synapse_lite
+from synapse_lite.app.bytecode import write_package_bytecode
 from synapse_lite.app.child_process import ChildProcess, ProcessFailedToStart, describe_exit
 from synapse_lite.app.launch_plan import ProcessSpec
 from synapse_lite.app.process import LAUNCHER_PID_ENV
@@ -110,7 +111,10 @@ class Launcher:
         first process that did not.
 
         (Spawning every worker at once after the main process measured no
-        faster on a busy two-CPU machine: starting a process is CPU-bound.)"""
+        faster on a busy two-CPU machine: starting a process is CPU-bound.
+        So the package's bytecode is written first, where it is missing,
+        for the processes to read rather than each compile: ``bytecode.py``.)"""
+        write_package_bytecode()
         for tier in self.in_tiers(names):
             if self.stopping:
                 return  # stopped meanwhile (Ctrl-C during a start or reload)
