@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import compileall
 import os
+import re
 
 import synapse_lite
+
+#: Paths not compiled: the schema's Python deltas run once, from their
+#: source, and the directory listing them holds nothing else.
+_NOT_COMPILED = re.compile(r"[/\\]storage[/\\]schema[/\\]")
 
 
 def write_package_bytecode(package_dir: str | None = None) -> bool:
@@ -29,6 +34,6 @@ def write_package_bytecode(package_dir: str | None = None) -> bool:
     if package_dir is None:
         package_dir = os.path.dirname(os.path.abspath(synapse_lite.__file__))
     try:
-        return bool(compileall.compile_dir(package_dir, quiet=2, workers=1))
+        return bool(compileall.compile_dir(package_dir, rx=_NOT_COMPILED, quiet=2, workers=1))
     except Exception:  # an optimisation: never stop a start for it
         return False

@@ -67,7 +67,11 @@ class WritePackageBytecodeTests(unittest.TestCase):
             self.assertTrue(write_package_bytecode(os.path.join(tempfile.mkdtemp(), "gone")))
         self.assertEqual((out.getvalue(), err.getvalue()), ("", ""))
 
-    def test_the_default_is_synapse_lites_own_package(self) -> None:
+    def test_the_default_is_synapse_lites_own_package_but_its_schema(self) -> None:
         self.assertTrue(write_package_bytecode())
         init = os.path.abspath(synapse_lite.__file__)
         self.assertTrue(os.path.exists(importlib.util.cache_from_source(init)))
+        # The schema's deltas directory lists deltas only (its Python deltas
+        # run from their source).
+        deltas = os.path.join(os.path.dirname(init), "storage", "schema", "deltas")
+        self.assertFalse(os.path.exists(os.path.join(deltas, "__pycache__")))
