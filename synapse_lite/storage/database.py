@@ -42,6 +42,9 @@ R = TypeVar("R")
 MAX_ATTEMPTS = 5
 #: Transactions slower than this are logged at WARNING.
 SLOW_TRANSACTION_SECONDS = 1.0
+#: Statements sent in one round trip at most by
+#: :meth:`LoggingTransaction.execute_later`'s writes (bounds one query's size).
+STATEMENTS_PER_ROUND_TRIP = 200
 
 
 class LoggingTransaction:
@@ -56,6 +59,7 @@ class LoggingTransaction:
 
     __slots__ = (
         "_cursor",
+        "_pending",
         "after_callbacks",
         "engine",
         "exception_callbacks",
@@ -72,6 +76,8 @@ class LoggingTransaction:
         #: ids taken from transactional sequences in this transaction (see
         #: :meth:`BaseDatabaseEngine.rollback`).
         self.sequence_floors: dict[str, int] = {}
+        #: Writes given to :meth:`execute_later` (converted), not sent yet.
+        self._pending: list[tuple[str, tuple[Any, ...]]] = []
 
     @property
     def database_engine(self) -> BaseDatabaseEngine:
@@ -92,10 +98,15 @@ class LoggingTransaction:
         self.exception_callbacks.append((callback, args))
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> None:
-        """Run one statement written with ``?`` placeholders."""
+        """Run one statement written with ``?`` placeholders (after the
+        writes :meth:`execute_later` holds, in the same round trip where the
+        engine allows)."""
         sql = self.engine.convert_param_style(sql)
         if txn_logger.isEnabledFor(logging.DEBUG):
             txn_logger.debug("[SQL] {%s} %s %r", self.name, sql, args)
+        if self._pending:
+            self._send_pending((sql, tuple(args)))
+            return
         self._cursor.execute(sql, tuple(args))
 
     def execute_batch(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
@@ -107,6 +118,7 @@ class LoggingTransaction:
             return
         if txn_logger.isEnabledFor(logging.DEBUG):
             txn_logger.debug("[SQL] {%s} %s (%d rows)", self.name, sql, len(batch))
+        self.send_pending()
         self.engine.execute_batch(self._cursor, sql, batch)
 
     def execute_statements(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
@@ -122,7 +134,42 @@ class LoggingTransaction:
         if txn_logger.isEnabledFor(logging.DEBUG):
             for sql, args in converted:
                 txn_logger.debug("[SQL] {%s} %s %r", self.name, sql, args)
+        if self._pending:
+            self._send_pending(*converted)
+            return
         self.engine.execute_statements(self._cursor, converted)
+
+    def execute_later(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement (``?`` placeholders) once per row of arguments,
+        later in this transaction: just before its next statement, in the
+        same round trip on PostgreSQL, or before it commits. For writes
+        whose results and row counts are not read, and whose failure fails
+        the transaction: an error they raise comes out of that later call
+        (or the commit). In order with every other statement of the
+        transaction, so what runs after sees them."""
+        sql = self.engine.convert_param_style(sql)
+        for row in rows:
+            self._pending.append((sql, tuple(row)))
+
+    def send_pending(self) -> None:
+        """Send the writes :meth:`execute_later` holds, now (the transaction
+        does before it commits)."""
+        if self._pending:
+            self._send_pending()
+
+    def _send_pending(self, *then: tuple[str, tuple[Any, ...]]) -> None:
+        """The held writes, then ``then`` (converted), in pages of at most
+        :data:`STATEMENTS_PER_ROUND_TRIP` statements; the last page ends with
+        ``then``, so the cursor holds its last statement's row count."""
+        statements = [*self._pending, *then]
+        self._pending = []
+        if txn_logger.isEnabledFor(logging.DEBUG):
+            for sql, args in statements[: len(statements) - len(then)]:
+                txn_logger.debug("[SQL] {%s} (held) %s %r", self.name, sql, args)
+        for start in range(0, len(statements), STATEMENTS_PER_ROUND_TRIP):
+            self.engine.execute_statements(
+                self._cursor, statements[start : start + STATEMENTS_PER_ROUND_TRIP]
+            )
 
     def fetchone(self) -> Any:
         return self._cursor.fetchone()
@@ -139,7 +186,9 @@ class LoggingTransaction:
 
     @property
     def raw_cursor(self) -> Any:
-        """The driver's cursor, for engine-specific calls (sequences)."""
+        """The driver's cursor, for engine-specific calls (sequences); the
+        held writes are sent first, so that calls on it come after them."""
+        self.send_pending()
         return self._cursor
 
     def close(self) -> None:
@@ -180,6 +229,7 @@ class LoggingDatabaseConnection:
         txn = LoggingTransaction(self.conn.cursor(), txn_name, self.engine)
         try:
             yield txn
+            txn.send_pending()
         except BaseException:
             self.engine.rollback(self.conn, txn.sequence_floors, read_only)
             _run_callbacks(txn.exception_callbacks, "exception")
@@ -403,6 +453,7 @@ class DatabasePool:
                         began = True
                     txn = LoggingTransaction(conn.cursor(), name, engine)
                     result = func(txn, *args, **kwargs)
+                    txn.send_pending()
                     if began:
                         committing = True
                         engine.commit(conn, read_only)

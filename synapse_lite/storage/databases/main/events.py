@@ -495,6 +495,9 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         if self.push_outcomes is not None:
             txn.call_after(self._remember_push_outcomes, persisted, push_actions)
         stream_ids = self._stream_id_gen.get_next_mult_txn(txn, len(events))
+        # Recorded last: a client's transaction id is the statement whose
+        # row count is read, so the rows held for later go in its round trip.
+        txn_keys: list[tuple[tuple[str, str, str], Event]] = []
         members_changed: dict[str, set[str]] = defaultdict(set)
         state_changed: set[str] = set()
         groups = self._state_groups_txn(txn, events, stream_ids, given_state_before or {})
@@ -512,7 +515,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                     (content.event_id, content.rejected_reason, self.clock.time_msec()),
                 )
             if content.txn_key is not None:
-                self._record_txn_id_txn(txn, content.txn_key, event)
+                txn_keys.append((content.txn_key, event))
             txn.call_after(self._txn_keys_by_event.set, event.event_id, content.txn_key)
             expiry = self_destruct_after(event.content) if self._self_destructing else None
             if expiry is not None:
@@ -555,6 +558,8 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         served = [e for e in persisted if e.served]
         self._insert_push_actions_txn(txn, served, push_actions)
         index_events_txn(txn, served)
+        for txn_key, event in txn_keys:
+            self._record_txn_id_txn(txn, txn_key, event)
         # Nobody can redact our events before they exist; another server's
         # redaction may have come first (or in this batch).
         others = [e.event_id for e in persisted if not self.hs.is_mine_id(e.sender)]
@@ -657,13 +662,14 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         """``backfilled``: old history (``persist_backfilled_events``),
         which changes no room row (an old join rule is not the room's now).
         """
-        # One batch: on PostgreSQL a page of rows costs one round trip. An
-        # event's default push actions ride on its row (no extra statement).
+        # Sent with the transaction's next statement (on PostgreSQL in its
+        # round trip). An event's default push actions ride on its row (no
+        # extra statement).
         defaults = {}
         for event_id, actions in push_actions.items():
             if actions.default is not None:
                 defaults[event_id] = (json_encoder(actions.default[0]), actions.default[1])
-        txn.execute_batch(
+        txn.execute_later(
             "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
             " state_key, sender, origin_server_ts, content, redacts, membership, outlier,"
             " instance_name, push_actions, push_highlight, state_group_before, state_group,"
@@ -698,7 +704,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         relations = [(e, r) for e in served if (r := relation_of(e.content)) is not None]
         if relations:
             txn.call_after(self.childless_events.related_to, [r[0] for _, r in relations])
-            txn.execute_batch(
+            txn.execute_later(
                 "INSERT INTO event_relations (event_id, relates_to_id, relation_type, room_id,"
                 " sender, type, stream_ordering) VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (event_id) DO NOTHING",
@@ -1054,7 +1060,7 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
                     )
                 )
         if exceptions:
-            txn.execute_batch(
+            txn.execute_later(
                 "INSERT INTO event_push_actions (room_id, event_id, user_id, stream_ordering,"
                 " actions, notif, highlight, received_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 exceptions,

@@ -96,29 +96,33 @@ def index_events_txn(txn: LoggingTransaction, events: Iterable[Event]) -> None:
                 contains_url,
             )
         )
+    # Sent with the transaction's next statement (no result is read).
     if rows and postgres:
-        txn.execute_batch(
+        txn.execute_later(
             "INSERT INTO event_search (stream_ordering, event_id, room_id, sender, type, key,"
             " value, contains_url, vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?,"
             f" to_tsvector('{TEXT_SEARCH_CONFIG}', ?)) ON CONFLICT (event_id) DO NOTHING",
             [(*row, row[6]) for row in rows],
         )
     elif rows:
-        txn.execute_batch(
+        txn.execute_later(
             "INSERT INTO event_search (rowid, event_id, room_id, sender, type, key, value,"
             " contains_url) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
-    for event in events:
-        if event.type == "m.room.redaction" and event.redacts is not None:
-            if postgres:
-                txn.execute("DELETE FROM event_search WHERE event_id = ?", (event.redacts,))
-            else:
-                txn.execute(
-                    "DELETE FROM event_search WHERE rowid ="
-                    " (SELECT stream_ordering FROM events WHERE event_id = ?)",
-                    (event.redacts,),
-                )
+    redacted = [
+        (event.redacts,)
+        for event in events
+        if event.type == "m.room.redaction" and event.redacts is not None
+    ]
+    if postgres:
+        txn.execute_later("DELETE FROM event_search WHERE event_id = ?", redacted)
+    else:
+        txn.execute_later(
+            "DELETE FROM event_search WHERE rowid ="
+            " (SELECT stream_ordering FROM events WHERE event_id = ?)",
+            redacted,
+        )
 
 
 @attr.s(slots=True, frozen=True, auto_attribs=True)
