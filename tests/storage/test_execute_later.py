@@ -95,6 +95,13 @@ class ExecuteLaterTestCase(DatabaseTestCase):
             self.assertEqual(sent.call_count, 1)
             self.assertEqual(len(sent.call_args.args[1]), 3)
 
+    def test_a_transaction_that_fails_before_sending_them_keeps_none(self) -> None:
+        with self.assertRaises(ValueError):
+            with self.conn.transaction() as txn:
+                txn.execute_later(INSERT_EDGE, [("$b", "$a")])
+                raise ValueError("before any statement")
+        self.assertEqual(self.edges(), [])
+
     def test_a_failing_held_write_fails_the_transaction_and_nothing_is_kept(self) -> None:
         failed = False
         try:
