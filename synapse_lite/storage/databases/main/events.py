@@ -1093,13 +1093,15 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         """The event's membership rows, and (``current``) the current state
         and its delta stream as the event changes them."""
         assert event.state_key is not None
+        # The writes are held for the transaction's next statement (one round
+        # trip on PostgreSQL); only the previous state event is read.
         if not current:
             if event.membership is not None and event.type == "m.room.member":
-                txn.execute(
+                txn.execute_later(
                     "INSERT INTO room_memberships (event_id, user_id, sender, room_id,"
                     " membership, stream_ordering) VALUES (?, ?, ?, ?, ?, ?)",
-                    (event.event_id, event.state_key, event.sender, event.room_id,
-                     event.membership, event.stream_ordering),
+                    [(event.event_id, event.state_key, event.sender, event.room_id,
+                      event.membership, event.stream_ordering)],
                 )  # fmt: skip
             return
         txn.execute(
@@ -1109,48 +1111,60 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
         )
         row = txn.fetchone()
         prev_event_id = row[0] if row else None
-        txn.execute(
+        txn.execute_later(
             "INSERT INTO current_state_events (room_id, type, state_key, event_id, membership)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE"
             " SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership",
-            (event.room_id, event.type, event.state_key, event.event_id, event.membership),
+            [(event.room_id, event.type, event.state_key, event.event_id, event.membership)],
         )
-        txn.execute(
+        txn.execute_later(
             "INSERT INTO current_state_delta_stream (stream_id, instance_name, room_id, type,"
             " state_key, event_id, prev_event_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                event.stream_ordering,
-                event.instance_name,
-                event.room_id,
-                event.type,
-                event.state_key,
-                event.event_id,
-                prev_event_id,
-            ),
+            [
+                (
+                    event.stream_ordering,
+                    event.instance_name,
+                    event.room_id,
+                    event.type,
+                    event.state_key,
+                    event.event_id,
+                    prev_event_id,
+                )
+            ],
         )
         membership = event.membership
         if membership is None or event.type != "m.room.member":
             return
-        txn.execute(
+        txn.execute_later(
             "INSERT INTO room_memberships (event_id, user_id, sender, room_id, membership,"
             " stream_ordering) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                event.event_id,
-                event.state_key,
-                event.sender,
-                event.room_id,
-                membership,
-                event.stream_ordering,
-            ),
+            [
+                (
+                    event.event_id,
+                    event.state_key,
+                    event.sender,
+                    event.room_id,
+                    membership,
+                    event.stream_ordering,
+                )
+            ],
         )
         if self.hs.is_mine_id(event.state_key):
-            txn.execute(
+            txn.execute_later(
                 "INSERT INTO local_current_membership (room_id, user_id, event_id, membership,"
                 " event_stream_ordering) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT (user_id, room_id) DO UPDATE SET event_id = EXCLUDED.event_id,"
                 " membership = EXCLUDED.membership,"
                 " event_stream_ordering = EXCLUDED.event_stream_ordering",
-                (event.room_id, event.state_key, event.event_id, membership, event.stream_ordering),
+                [
+                    (
+                        event.room_id,
+                        event.state_key,
+                        event.event_id,
+                        membership,
+                        event.stream_ordering,
+                    )
+                ],
             )
 
 
