@@ -46,6 +46,7 @@ def options_from_args(args: argparse.Namespace) -> AuditOptions:
         keep_snapshot=args.keep_snapshot,
         partitions=args.partitions,
         live=args.live,
+        event_graph=not args.no_event_graph,
         verbose=args.verbose,
         executor_python=args.executor_python,
     )

@@ -195,9 +195,11 @@ def export_snapshot(
     directory: str,
     progress: Progress,
     live: bool = False,
+    event_graph: bool = True,
 ) -> Snapshot:
     """Write the catalog's tables, ``stream_positions`` and sequences to
-    ``directory`` (``live``: the servers may be writing)."""
+    ``directory`` (``live``: the servers may be writing), and the event
+    graph's frames unless ``event_graph`` is false."""
     db_conn = open_read_only(engine, live)
     try:
         with db_conn.transaction("audit_export", read_only=True) as txn:
@@ -216,7 +218,7 @@ def export_snapshot(
                     if time.monotonic() - started > 2:  # only tables worth watching
                         progress.line(f"exported {table.table}: {counts[table.table]:,} rows")
                 step.rows = sum(counts.values())
-            graph_schema = read_graph_schema(txn, engine)
+            graph_schema = read_graph_schema(txn, engine) if event_graph else None
             graph = None
             if graph_schema is not None:
                 with progress.step("exported the event graph") as step:

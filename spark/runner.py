@@ -55,6 +55,8 @@ class AuditOptions:
     keep_snapshot: bool = False
     partitions: int = 4
     live: bool = False
+    #: Check the rooms' event graph too (``--no-event-graph``: the streams only).
+    event_graph: bool = True
     #: Keep Spark's own INFO and WARN logging.
     verbose: bool = False
     #: The Python the executors run (``PYSPARK_PYTHON``); None: this interpreter
@@ -189,7 +191,9 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
             snapshot: Snapshot | None = None
             if not use_jdbc:
                 directory = stack.enter_context(_snapshot_dir(options))
-                snapshot = export_snapshot(engine, catalog, directory, progress, options.live)
+                snapshot = export_snapshot(
+                    engine, catalog, directory, progress, options.live, options.event_graph
+                )
             session = spark if starter is None else starter.session()
             logs: PositionLogs | None = None
             if log_paths:
@@ -197,7 +201,13 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
                     logs = load_position_logs(session, log_paths, catalog.stream_names())
             if use_jdbc:
                 data: AuditData = stack.enter_context(
-                    jdbc_source(session, engine, catalog, max(1, options.partitions))
+                    jdbc_source(
+                        session,
+                        engine,
+                        catalog,
+                        max(1, options.partitions),
+                        options.event_graph,
+                    )
                 )
             else:
                 assert snapshot is not None
@@ -213,6 +223,8 @@ def run_audit(options: AuditOptions, progress: Progress, spark: Any = None) -> A
                         findings + graph_findings,
                         key=lambda f: (f.kind, f.stream, f.writer, f.ids),
                     )
+                elif not options.event_graph:
+                    progress.line("the event graph's checks are left out (--no-event-graph)")
                 else:
                     progress.line("the database stores no event graph: its checks are left out")
     except (DatabaseUnavailable, SparkUnavailable, FileNotFoundError) as e:

@@ -83,9 +83,14 @@ def _jdbc_url(args: dict[str, Any]) -> str:
 
 @contextmanager
 def jdbc_source(
-    spark: Any, engine: BaseDatabaseEngine, catalog: AuditCatalog, partitions: int
+    spark: Any,
+    engine: BaseDatabaseEngine,
+    catalog: AuditCatalog,
+    partitions: int,
+    event_graph: bool = True,
 ) -> Iterator[AuditData]:
-    """Read the tables over JDBC (the driver jar must be in ``spark.jars``)."""
+    """Read the tables over JDBC (the driver jar must be in ``spark.jars``),
+    and the event graph's unless ``event_graph`` is false."""
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
@@ -137,7 +142,7 @@ def jdbc_source(
             # read again only to detail a fault), and every read joins the
             # snapshot, which stays open while this context lasts.
             rows = functools.reduce(DataFrame.unionByName, parts)
-            graph_schema = read_graph_schema(txn, engine)
+            graph_schema = read_graph_schema(txn, engine) if event_graph else None
             graph = None
             if graph_schema is not None:
                 graph = graph_over_jdbc(

@@ -60,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser, config_required: bool = True)
         action="store_true",
         help="the servers are running: stored positions lagging their rows are information",
     )
+    parser.add_argument(
+        "--no-event-graph",
+        action="store_true",
+        help="check the streams only, not the rooms' event graph (faster: no graph"
+        " tables exported or read)",
+    )
 
     parser.add_argument(
         "--verbose",

@@ -11,7 +11,7 @@ from tests.spark.fixture import PLANTED, AuditFixture
 
 class AuditFaultsTestCase(unittest.TestCase):
     def setUp(self) -> None:
-        self.hs = AuditFixture(self)
+        self.hs = AuditFixture(self, event_graph=False)
 
     def seed_clean(self) -> None:
         """Several streams and writers, positions recorded after the rows."""

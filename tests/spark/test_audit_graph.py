@@ -301,6 +301,23 @@ class AuditGraphSeededTestCase(unittest.TestCase):
         self.assertEqual(finding["samples"][0]["parent"], "$unexplained")
         self.assertIn("$unexplained", finding["message"])
 
+    def test_no_event_graph_checks_the_streams_only(self) -> None:
+        self.edge(self.event(1), "$unexplained")
+        self.db.write("account_data", "main", [1])
+        self.db.write("room_account_data", "main", [1])  # the same id twice
+        self.position("events", 1)
+        self.db.position("account_data", "main", 1)
+        run = self.db.audit()
+        self.assertEqual(
+            sorted(f["kind"] for f in run.findings()),
+            ["duplicate_stream_id", "missing_prev_event"],
+            run,
+        )
+        run = self.db.audit("--no-event-graph")
+        self.assertEqual([f["kind"] for f in run.findings()], ["duplicate_stream_id"], run)
+        self.assertIsNone(run.report["graph"])
+        self.assertIn("the event graph's checks are left out (--no-event-graph)", run.err)
+
     def position(self, stream: str, value: int) -> None:
         self.db.position(stream, "main", value)
 

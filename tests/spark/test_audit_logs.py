@@ -90,7 +90,7 @@ class Process:
 class AuditLogsTestCase(unittest.TestCase):
     def setUp(self) -> None:
         self.patch(id_generators, "STREAM_POSITIONS_WRITE_DELAY", 0)
-        self.hs = AuditFixture(self)
+        self.hs = AuditFixture(self, event_graph=False)
         self.hs.write("events", "main", [1, 2])  # before logging began
         self.hs.position("events", "main", 2)
         self.main = Process(self, self.hs, "main")

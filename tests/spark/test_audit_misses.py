@@ -17,7 +17,7 @@ from tests.spark.fixture import PLANTED, AuditFixture
 
 class AuditMissesTestCase(unittest.TestCase):
     def setUp(self) -> None:
-        self.hs = AuditFixture(self)
+        self.hs = AuditFixture(self, event_graph=False)
         hs = self.hs
         hs.write("events", "main", [1, 2, 5])
         hs.write("events", "worker1", [3, 4, 6])
