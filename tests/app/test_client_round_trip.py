@@ -20,6 +20,7 @@ from twisted.trial import unittest
 
 from synapse_lite.app.launch_plan import plan_processes
 from synapse_lite.config.homeserver import load_config
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.launcher import (
     SynapseLiteCommand,
     edit_config,
@@ -82,6 +83,8 @@ class ClientRoundTripTestCase(unittest.TestCase):
     timeout = 240
 
     def setUp(self) -> None:
+        # The default command always runs on SQLite, whatever the run's engine.
+        one_engine_only("sqlite", END_TO_END)
         require_client_api()
         self.dir = temp_dir()
 
@@ -178,6 +181,7 @@ class KilledWriterUnderLoadTestCase(unittest.TestCase):
     timeout = 300
 
     async def test_no_acknowledged_event_lost_or_repeated(self) -> None:
+        one_engine_only("postgres", END_TO_END)
         require_client_api()
         server = await launch(self, enable_registration=True)
         command, config_path, test_db = server.command, server.config_path, server.test_db
@@ -252,6 +256,7 @@ class EventsWriterChangesTestCase(unittest.TestCase):
     timeout = 300
 
     async def test_add_and_remove_events_writers_under_use(self) -> None:
+        one_engine_only("postgres", END_TO_END)
         require_client_api()
         server = await launch(self, enable_registration=True)
         command, config_path, test_db = server.command, server.config_path, server.test_db

@@ -15,6 +15,7 @@ from twisted.trial import unittest
 from synapse_lite.app.pid_files import pid_alive
 from synapse_lite.config.generate import DEFAULT_BASE_PORT, DEFAULT_DATA_DIR
 from synapse_lite.config.homeserver import load_config
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.launcher import SynapseLiteCommand, http_get, launch, temp_dir
 from tests.harness.polling import eventually
 
@@ -50,6 +51,8 @@ class DefaultCommandTestCase(unittest.TestCase):
     timeout = 180
 
     async def test_default_command_from_empty_directory(self) -> None:
+        # The default command always runs on SQLite, whatever the run's engine.
+        one_engine_only("sqlite", END_TO_END)
         default_ports = list(range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + 8))
         if not ports_free(default_ports):
             raise unittest.SkipTest(f"the default ports {default_ports} are in use")
@@ -103,9 +106,12 @@ class DefaultCommandTestCase(unittest.TestCase):
 
 
 class LauncherTestCase(unittest.TestCase):
-    """The launcher on free ports with the run's database engine."""
+    """The launcher on free ports, on SQLite (the engine of its default)."""
 
     timeout = 180
+
+    def setUp(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
 
     async def test_killed_worker_is_restarted_and_ctrl_c_stops_everything(self) -> None:
         server = await launch(self)

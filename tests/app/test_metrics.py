@@ -7,6 +7,7 @@ import signal
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.trial import unittest
 
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.launcher import http_get, launch
 from tests.harness.polling import eventually
 
@@ -33,6 +34,7 @@ class MetricsTestCase(unittest.TestCase):
     timeout = 120
 
     async def test_every_process_exports_what_operators_watch(self) -> None:
+        one_engine_only("postgres", END_TO_END)
         server = await launch(self)
         command = server.command
         specs = server.specs()

@@ -10,7 +10,7 @@ from twisted.trial import unittest
 from twisted.web.server import Site
 
 from synapse_lite.app.listeners import HealthResource
-from tests.harness.databases import create_test_database
+from tests.harness.databases import END_TO_END, create_test_database, one_engine_only
 from tests.harness.processes import ServerProcesses, free_port, layout_config, listens_on
 from tests.harness.services import require_redis
 
@@ -30,8 +30,10 @@ def main_and_persister(test: unittest.TestCase, transport: str = "tcp") -> dict[
 class ProcessLifecycleTestCase(unittest.TestCase):
     timeout = 120
     transport = "tcp"
+    engine = "sqlite"
 
     async def test_main_and_worker_start_replicate_and_stop(self) -> None:
+        one_engine_only(self.engine, END_TO_END)
         if self.transport == "redis":
             require_redis()
         servers = ServerProcesses(self, main_and_persister(self, self.transport))
@@ -49,6 +51,7 @@ class ProcessLifecycleTestCase(unittest.TestCase):
 
 class RedisProcessLifecycleTestCase(ProcessLifecycleTestCase):
     transport = "redis"
+    engine = "postgres"
 
 
 class ForeignHealthTestCase(unittest.TestCase):

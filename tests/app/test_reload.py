@@ -13,6 +13,7 @@ from twisted.trial import unittest
 from synapse_lite.app.launch_plan import plan_processes
 from synapse_lite.app.status import parse_positions
 from synapse_lite.config.homeserver import load_config
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.launcher import edit_config, http_get, launch
 from tests.harness.polling import eventually
 
@@ -39,6 +40,7 @@ class ReloadTestCase(unittest.TestCase):
     timeout = 180
 
     async def test_add_then_remove_an_events_writer(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         server = await launch(self)
         command, config_path = server.command, server.config_path
         before = command.running_pids()

@@ -26,6 +26,7 @@ from twisted.web.server import Site
 from twisted.web.static import Data, File
 
 from tests.harness.client_api import ClientApi, q, start_cluster
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.node import JS_DIR, run_script
 from tests.harness.server import DatabaseTestCase
 from tests.harness.services import ServiceMissing, in_ci
@@ -66,6 +67,7 @@ def serve_ui(testcase: DatabaseTestCase, homeserver_url: str) -> str:
 
 class AdminUiBrowserTestCase(DatabaseTestCase):
     async def test_login_users_rooms_reports(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         require_browser()
         servers, clients, _ = start_cluster(
             self, self.test_db, server_notices={"system_mxid_localpart": "notices"}

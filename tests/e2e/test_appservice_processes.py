@@ -30,7 +30,7 @@ from twisted.trial import unittest
 from tests.appservice.registrations import irc_registration, write_registrations
 from tests.appservice.test_mautrix import HAVE_MAUTRIX, BridgeProcess, start_bridge
 from tests.harness.client_api import ClientApi, q
-from tests.harness.databases import create_test_database
+from tests.harness.databases import END_TO_END, create_test_database, one_engine_only
 from tests.harness.launcher import (
     SynapseLiteCommand,
     edit_config,
@@ -60,6 +60,7 @@ class AppServiceProcessesTestCase(unittest.TestCase):
         skip = "mautrix is not installed (pip install mautrix)"
 
     async def test_bridge_on_the_default_layout_survives_a_killed_sender(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         test_db = create_test_database()
         self.addCleanup(test_db.drop)
         redis = test_db.engine_name != "sqlite"

@@ -14,8 +14,8 @@ The PDU is still queued and not persisted. ``writer1`` is let go (SIGCONT):
 its sweep persists the PDU, bob sees the message once, and the queue is
 empty.
 
-SQLite with TCP replication when the suite runs on SQLite, PostgreSQL with
-Redis when it runs on PostgreSQL.
+SQLite with TCP replication (the embedded default; the scenario runs on one
+engine: docs/testing.md, "Decisions").
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ from twisted.trial import unittest
 
 from tests.e2e import test_federation_workers as workers
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import test_engine_name
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.processes import free_port
-from tests.harness.services import require_redis
 
 DEADLINE_SECONDS = 60.0
 
@@ -52,9 +51,8 @@ class InboundQueueProcessesTestCase(unittest.TestCase):
     query: Any = workers.FederationWorkersTestCase.query
 
     async def test_a_reader_killed_after_answering_loses_nothing(self) -> None:
-        transport = "redis" if test_engine_name() == "postgres" else "tcp"
-        if transport == "redis":
-            require_redis()
+        one_engine_only("sqlite", END_TO_END)
+        transport = "tcp"
         a_port, b_federation = free_port(), free_port()
         self.b_path = self.write_config(
             "b.test",

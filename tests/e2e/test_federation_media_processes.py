@@ -31,7 +31,7 @@ from synapse_lite.media.multipart import (
     parse_media_answer,
 )
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database
+from tests.harness.databases import END_TO_END, create_test_database, one_engine_only
 from tests.harness.launcher import (
     LaunchedServer,
     SynapseLiteCommand,
@@ -81,6 +81,7 @@ class FederationMediaProcessesTestCase(unittest.TestCase):
     timeout = 240
 
     async def test_router_media_worker_and_remote_fetch(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         key = SigningKey.generate()
         other = OtherServer(key)
         port = _reactor.listenTCP(0, server.Site(other), interface="127.0.0.1")

@@ -14,8 +14,8 @@ servers:
   reaches bob, once, in order, without waiting out a's backoff (b's first
   request to a announces it: REMOTE_SERVER_UP).
 
-SQLite with TCP replication when the suite runs on SQLite, PostgreSQL with
-Redis when it runs on PostgreSQL.
+PostgreSQL with Redis replication (a production layout; the scenario runs on
+one engine: docs/testing.md, "Decisions").
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ from twisted.trial import unittest
 
 from tests.e2e.test_federation_processes import MAIN_RESOURCES, SENDER, Server
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database, test_engine_name
+from tests.harness.databases import (
+    END_TO_END,
+    create_test_database,
+    one_engine_only,
+)
 from tests.harness.processes import ServerProcesses, free_port, layout_config
 from tests.harness.services import require_redis
 
@@ -43,10 +47,9 @@ class FederationPdusProcessesTestCase(unittest.TestCase):
     timeout = 300
 
     async def test_room_events_survive_a_killed_sender_and_a_stopped_peer(self) -> None:
-        engine = test_engine_name()
-        transport = "redis" if engine == "postgres" else "tcp"
-        if transport == "redis":
-            require_redis()
+        one_engine_only("postgres", END_TO_END)
+        transport = "redis"
+        require_redis()
         ports = {"a.test": free_port(), "b.test": free_port()}
         self.a = self.make_server("a.test", ports, transport, sender=True)
         self.b = self.make_server("b.test", ports, transport, sender=False)

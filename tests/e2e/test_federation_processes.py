@@ -8,8 +8,8 @@ stopped, a queues; b's first request to a after it comes back resets a's
 backoff (REMOTE_SERVER_UP) and everything queued arrives once, in order; a's
 sender killed mid-transaction resumes without loss or duplicate.
 
-SQLite with TCP replication when the suite runs on SQLite, PostgreSQL with
-Redis when it runs on PostgreSQL.
+SQLite with TCP replication (the embedded default; the scenario runs on one
+engine: docs/testing.md, "Decisions").
 """
 
 from __future__ import annotations
@@ -26,10 +26,14 @@ from twisted.trial import unittest
 from synapse_lite.federation.auth import sign_request
 from synapse_lite.federation.crypto import SigningKey, signing_key_path
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import TestDatabase, create_test_database, test_engine_name
+from tests.harness.databases import (
+    END_TO_END,
+    TestDatabase,
+    create_test_database,
+    one_engine_only,
+)
 from tests.harness.federation import to_device_transaction
 from tests.harness.processes import NO_KEEPALIVE, ServerProcesses, free_port, layout_config
-from tests.harness.services import require_redis
 
 SENDER = "fed_sender"
 MAIN_RESOURCES = ["client", "replication", "health", "federation", "keys"]
@@ -72,10 +76,8 @@ class FederationProcessesTestCase(unittest.TestCase):
     timeout = 300
 
     async def test_two_servers(self) -> None:
-        engine = test_engine_name()
-        transport = "redis" if engine == "postgres" else "tcp"
-        if transport == "redis":
-            require_redis()
+        one_engine_only("sqlite", END_TO_END)
+        transport = "tcp"
         ports = {"a.test": free_port(), "b.test": free_port()}
         self.a = self.make_server("a.test", ports, transport)
         self.b = self.make_server("b.test", ports, transport)

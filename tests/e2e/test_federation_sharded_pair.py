@@ -26,8 +26,8 @@ sharing the servers:
   none lost, none twice, and every transaction to b.test after the reload
   (three more messages) went out from the new sender.
 
-SQLite with TCP replication when the suite runs on SQLite, PostgreSQL with
-Redis when it runs on PostgreSQL.
+PostgreSQL with Redis replication (a production layout; the scenario runs on
+one engine: docs/testing.md, "Decisions").
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from twisted.trial import unittest
 from synapse_lite.federation.senders import sender_of
 from tests.e2e import test_federation_workers as workers
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import test_engine_name
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.launcher import SynapseLiteCommand, temp_dir
 from tests.harness.processes import free_port
 from tests.harness.services import require_redis
@@ -68,9 +68,9 @@ class ShardedPairTestCase(unittest.TestCase):
     query: Any = workers.FederationWorkersTestCase.query
 
     async def test_two_sharded_servers(self) -> None:
-        transport = "redis" if test_engine_name() == "postgres" else "tcp"
-        if transport == "redis":
-            require_redis()
+        one_engine_only("postgres", END_TO_END)
+        transport = "redis"
+        require_redis()
         federation_ports = {"a.test": free_port(), "b.test": free_port()}
         self.paths = {
             name: self.server_config(name, transport, federation_ports) for name in federation_ports

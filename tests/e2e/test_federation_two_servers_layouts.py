@@ -48,7 +48,11 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from synapse_lite.http.tls import https_policy_trusting
 from tests.federation.test_edus import readers_in, typing_in
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database, test_engine_name
+from tests.harness.databases import (
+    END_TO_END,
+    create_test_database,
+    one_engine_only,
+)
 from tests.harness.launcher import (
     LaunchedServer,
     SynapseLiteCommand,
@@ -92,6 +96,8 @@ class _TwoServersScenario:
     """The scenario; a subclass per layout makes it a test case."""
 
     layout = ""
+    #: The engine its layout runs on (``one_engine_only``).
+    engine = ""
     timeout = 600
 
     # The TestCase methods the subclasses bring.
@@ -102,7 +108,7 @@ class _TwoServersScenario:
     assertTrue: Callable[..., None]
 
     async def test_every_bullet_end_to_end(self) -> None:
-        test_engine_name()  # CI runs this module on both engines
+        one_engine_only(self.engine, END_TO_END)
         self.ca = TestCA(temp_dir("synapse_lite_ca_"))
         self.pool = HTTPConnectionPool(_reactor, persistent=False)
         self.https = HTTPClient(
@@ -555,7 +561,9 @@ class _TwoServersScenario:
 
 class MonolithsTestCase(_TwoServersScenario, unittest.TestCase):
     layout = "monolith"
+    engine = "postgres"
 
 
 class DefaultLayoutsTestCase(_TwoServersScenario, unittest.TestCase):
     layout = "default"
+    engine = "sqlite"

@@ -14,8 +14,8 @@
   the senders, takes over the destinations it now wins, and nothing is lost
   or delivered twice.
 
-SQLite with TCP replication when the suite runs on SQLite, PostgreSQL with
-Redis when it runs on PostgreSQL.
+PostgreSQL with Redis replication (a production layout; the scenario runs on
+one engine: docs/testing.md, "Decisions").
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ from synapse_lite.federation.auth import parse_auth_header, sign_request
 from synapse_lite.federation.crypto import SigningKey, signing_key_path
 from synapse_lite.federation.senders import sender_of
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database, test_engine_name
+from tests.harness.databases import (
+    END_TO_END,
+    create_test_database,
+    one_engine_only,
+)
 from tests.harness.launcher import SynapseLiteCommand, temp_dir
 from tests.harness.processes import NO_KEEPALIVE, free_port, layout_config
 from tests.harness.services import require_redis
@@ -83,9 +87,9 @@ class FederationWorkersTestCase(unittest.TestCase):
     timeout = 300
 
     async def test_readers_and_sharded_senders(self) -> None:
-        transport = "redis" if test_engine_name() == "postgres" else "tcp"
-        if transport == "redis":
-            require_redis()
+        one_engine_only("postgres", END_TO_END)
+        transport = "redis"
+        require_redis()
         self.recorder = Recorder()
         port: Any = cast(Any, reactor).listenTCP(
             0, server.Site(self.recorder), interface="127.0.0.1"

@@ -19,6 +19,7 @@ from tests.harness.client_api import (
     caught_up_with_writers,
     start_cluster,
 )
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.node import require_js_sdk, run_script
 from tests.harness.polling import eventually
 from tests.harness.server import DatabaseTestCase
@@ -52,6 +53,7 @@ def login_argument(client: ClientApi) -> str:
 
 class JsSdkLoginTestCase(DatabaseTestCase):
     async def test_login_and_whoami(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         require_js_sdk()
         _, clients, _ = start_cluster(self, self.test_db)
         main = clients["main"]
@@ -68,6 +70,7 @@ class JsSdkEncryptionTestCase(DatabaseTestCase):
         """Two Rust-crypto clients chat in an encrypted room and decrypt each
         other; alice's device is verified by cross-signing; a new device of
         hers restores the room key from the key backup."""
+        one_engine_only("postgres", END_TO_END)
         require_js_sdk()
         _, clients, _ = start_cluster(self, self.test_db, workers=["reader"])
         base = clients["main"].base_url
@@ -104,6 +107,7 @@ class JsSdkEncryptionTestCase(DatabaseTestCase):
 
 class JsSdkStartClientTestCase(DatabaseTestCase):
     async def test_start_client_reads_push_rules_and_syncs(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         """``startClient()`` asks for ``/pushrules/`` before its first /sync
         (and retries forever without it): it must reach PREPARED."""
         require_js_sdk()
@@ -126,6 +130,7 @@ class JsSdkStartClientTestCase(DatabaseTestCase):
 
 class JsSdkSlidingSyncTestCase(DatabaseTestCase):
     async def test_sliding_sync_room_list_subscription_and_extensions(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         """The SDK's ``SlidingSync`` (MSC4186), on the default layout's /sync
         worker: the room list in recency order, a new message moving its
         room to the top, a room subscription, to_device and e2ee."""
@@ -161,6 +166,7 @@ class JsSdkSlidingSyncTestCase(DatabaseTestCase):
 
 class JsSdkUnreadCountsTestCase(DatabaseTestCase):
     async def test_the_room_badge_follows_messages_and_the_receipt(self) -> None:
+        one_engine_only("postgres", END_TO_END)
         """The SDK's room counts (Element's badge) as the default layout's
         /sync worker serves them from its kept counts: the initial count,
         three messages with a mention, then its own read receipt and one

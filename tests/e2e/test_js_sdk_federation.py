@@ -19,6 +19,7 @@ from twisted.trial import unittest
 
 from synapse_lite.storage.id_generators import generator as id_generators
 from tests.harness.client_api import ClientApi
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.node import require_js_sdk, run_script
 from tests.harness.synapse_peer import start_our_server
 from tests.harness.tls import TestCA
@@ -28,6 +29,7 @@ class JsSdkFederatedEncryptionTestCase(unittest.TestCase):
     timeout = 120
 
     async def test_encrypted_chat_and_sas_verification_across_servers(self) -> None:
+        one_engine_only("postgres", END_TO_END)
         """alice (server A) and bob (server B): a remote invite and join,
         encrypted messages both ways, cross-signing for both, an interactive
         SAS verification in the room, and then each sees the other as

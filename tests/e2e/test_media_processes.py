@@ -19,6 +19,7 @@ from twisted.internet import threads
 from twisted.trial import unittest
 
 from tests.harness.blocking_http import http_request
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.launcher import LaunchedServer, launch
 from tests.harness.matrix_client import NioRunner
 from tests.harness.polling import eventually
@@ -47,6 +48,7 @@ class MediaWorkerProcessesTestCase(unittest.TestCase):
     timeout = 240
 
     async def test_media_worker_of_the_default_layout(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         self.server = await launch(self, layout="default", enable_registration=True)
         self.runner = NioRunner()
         self.addCleanup(self.runner.close)

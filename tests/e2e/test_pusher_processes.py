@@ -32,7 +32,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database
+from tests.harness.databases import END_TO_END, create_test_database, one_engine_only
 from tests.harness.processes import ServerProcesses, layout_config
 
 WORKERS = {"pusher1": ["replication", "health"]}
@@ -96,6 +96,7 @@ class PusherKilledMidDeliveryTestCase(unittest.TestCase):
     timeout = 300
 
     async def test_sigkill_mid_delivery_loses_nothing_repeats_only_in_flight(self) -> None:
+        one_engine_only("postgres", END_TO_END)
         self.test_db = create_test_database()
         self.addCleanup(self.test_db.drop)
 

@@ -24,7 +24,11 @@ from twisted.internet import reactor, task
 from twisted.trial import unittest
 
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database, test_engine_name
+from tests.harness.databases import (
+    END_TO_END,
+    create_test_database,
+    one_engine_only,
+)
 from tests.harness.processes import ServerProcesses, layout_config
 from tests.harness.services import require_redis
 
@@ -45,11 +49,13 @@ class _SigkillTestCase(unittest.TestCase):
 
     timeout = 300
     transport = "tcp"
+    engine = "postgres"
 
     async def setUp(self) -> None:  # type: ignore[override]
+        one_engine_only(self.engine, END_TO_END)
         if self.transport == "redis":
             require_redis()
-        self.test_db = create_test_database(test_engine_name())
+        self.test_db = create_test_database(self.engine)
         self.addCleanup(self.test_db.drop)
         config = layout_config(self.test_db, WORKERS, WRITERS, transport=self.transport)
         self.servers = ServerProcesses(self, config)
@@ -102,6 +108,8 @@ class _SigkillTestCase(unittest.TestCase):
 
 
 class TypingAfterSigkillTestCase(_SigkillTestCase):
+    engine = "sqlite"
+
     async def test_typing_retried_after_its_writer_restarts(self) -> None:
         """Typing lives in its writer's memory: the restart forgets it, the
         retry sets it again; the room shows Alice typing (once), and a later
@@ -154,6 +162,7 @@ class TypingAfterSigkillTestCase(_SigkillTestCase):
 
 class TypingAfterSigkillOverRedisTestCase(TypingAfterSigkillTestCase):
     transport = "redis"
+    engine = "postgres"
 
 
 class RetriesAfterSigkillTestCase(_SigkillTestCase):

@@ -24,8 +24,8 @@ In steps sharing one start of each server:
 * **a kick each way**: alice kicks sam from her room, sam kicks alice from
   his; each side sees it.
 
-SQLite with TCP replication when the suite runs on SQLite, PostgreSQL with
-Redis when it runs on PostgreSQL; skipped with the reason when Synapse
+SQLite with TCP replication (the embedded default; the scenario runs on one
+engine: docs/testing.md, "Decisions"); skipped with the reason when Synapse
 cannot be installed here, a failure under ``CI=true``.
 """
 
@@ -43,10 +43,9 @@ from tests.e2e import test_federation_workers as workers
 from tests.federation.test_edus import readers_in, typing_in
 from tests.federation.test_synapse_scenario import reads_exactly
 from tests.harness.client_api import ClientApi, q
-from tests.harness.databases import test_engine_name
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.polling import eventually
 from tests.harness.processes import free_port
-from tests.harness.services import require_redis
 from tests.harness.synapse_peer import SynapsePeer, synapse_or_skip, sync_until
 from tests.harness.tls import TestCA
 
@@ -68,9 +67,8 @@ class SynapseShardedTestCase(unittest.TestCase):
     client_url: Any = workers.FederationWorkersTestCase.client_url
 
     async def test_scenario_with_our_side_sharded(self) -> None:
-        transport = "redis" if test_engine_name() == "postgres" else "tcp"
-        if transport == "redis":
-            require_redis()
+        one_engine_only("sqlite", END_TO_END)
+        transport = "tcp"
         python = await synapse_or_skip(self)
         ca = TestCA(tempfile.mkdtemp(prefix="synapse_sharded_ca_"))
         self.synapse = SynapsePeer(python, ca)

@@ -47,8 +47,29 @@ def sqlite_pass_only(subject: str) -> None:
     whose ``subject`` reads the same on either engine once the rows are
     stored (what differs per engine is tested beside them on both), so that
     CI's PostgreSQL pass does not pay for them twice."""
-    if test_engine_name() != "sqlite":
-        raise unittest.SkipTest(f"runs when SYNAPSE_LITE_TEST_DB=sqlite ({subject})")
+    one_engine_only("sqlite", subject)
+
+
+#: Why an end-to-end test (our server as separate processes, or a client
+#: library or a browser against it) runs on one engine (``one_engine_only``;
+#: docs/testing.md, "Decisions").
+END_TO_END = "an end-to-end scenario runs on one engine"
+
+
+def one_engine_only(engine: str, subject: str) -> None:
+    """Skip the calling test unless the run's engine is ``engine``.
+
+    For a test whose ``subject`` proves the same on either engine: a scenario
+    across our server's processes proves their wiring, replication and
+    recovery, and a client library's or a browser's proves what they see of
+    the API, while what differs per engine lies below and is tested in
+    process on both. Each such test names the engine of
+    the layout it is about: SQLite (with TCP replication) for the embedded
+    default, PostgreSQL (with Redis where it replicates) for production
+    layouts. The module is still recorded as using the engine, so CI's
+    PostgreSQL pass runs the tests that chose PostgreSQL."""
+    if test_engine_name() != engine:
+        raise unittest.SkipTest(f"runs when SYNAPSE_LITE_TEST_DB={engine} ({subject})")
 
 
 def _record_engine_user() -> None:

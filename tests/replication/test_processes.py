@@ -20,7 +20,7 @@ import treq
 from twisted.trial import unittest
 
 from tests.harness.client_api import ClientApi
-from tests.harness.databases import create_test_database
+from tests.harness.databases import END_TO_END, create_test_database, one_engine_only
 from tests.harness.polling import eventually
 from tests.harness.processes import NO_KEEPALIVE, ServerProcesses, layout_config
 from tests.harness.services import require_redis
@@ -54,6 +54,7 @@ class ReplicationProcessesTestCase(unittest.TestCase):
 
     timeout = 180
     transport = "tcp"
+    engine = "sqlite"
 
     async def metric(self, process: str, name: str, **labels: str) -> float | None:
         response = await treq.get(
@@ -73,6 +74,7 @@ class ReplicationProcessesTestCase(unittest.TestCase):
         return value
 
     async def test_positions_converge_and_a_restarted_reader_catches_up(self) -> None:
+        one_engine_only(self.engine, END_TO_END)
         if self.transport == "redis":
             require_redis()
         test_db = create_test_database()
@@ -183,3 +185,4 @@ class ReplicationProcessesTestCase(unittest.TestCase):
 
 class RedisReplicationProcessesTestCase(ReplicationProcessesTestCase):
     transport = "redis"
+    engine = "postgres"

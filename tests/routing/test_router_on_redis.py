@@ -24,7 +24,7 @@ from synapse_lite.app.launch_plan import plan_processes
 from synapse_lite.config.homeserver import load_config
 from tests.app.test_client_round_trip import call, register
 from tests.app.test_metrics import find, scrape
-from tests.harness.databases import TestDatabase, create_test_database
+from tests.harness.databases import END_TO_END, TestDatabase, create_test_database, one_engine_only
 from tests.harness.launcher import (
     LaunchedServer,
     SynapseLiteCommand,
@@ -75,6 +75,7 @@ class RouterOnRedisProcessesTestCase(unittest.TestCase):
 
     def config_on_redis(self) -> tuple[TestDatabase, str, str]:
         """A database, a directory and the generated config in it, on Redis."""
+        one_engine_only("postgres", END_TO_END)
         require_redis()
         test_db = create_test_database()
         self.addCleanup(test_db.drop)

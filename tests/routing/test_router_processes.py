@@ -12,6 +12,7 @@ from twisted.trial import unittest
 
 from tests.app.test_client_round_trip import call, register, writer_of
 from tests.app.test_metrics import find, scrape
+from tests.harness.databases import END_TO_END, one_engine_only
 from tests.harness.launcher import LaunchedServer, launch
 
 
@@ -32,6 +33,7 @@ class RouterProcessesTestCase(unittest.TestCase):
     timeout = 240
 
     async def test_routes_sticks_and_fails_over(self) -> None:
+        one_engine_only("sqlite", END_TO_END)
         server = await launch(self, layout="sharded", enable_registration=True)
         base = server.url("router")
         _, alice = await register(base, "alice")
