@@ -37,7 +37,7 @@ class LoopbackServers(unittest.TestCase):
         of its config, as ``make_config`` takes it)."""
         if not hasattr(self, "urls"):
             self.urls: dict[str, str] = {}
-        db = create_test_database()
+        db = create_test_database(with_schema=True)
         self.addCleanup(db.drop)
         config = make_config(
             db,

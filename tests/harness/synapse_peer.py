@@ -286,7 +286,7 @@ def start_our_server_listening(
     for Synapse's), loopback allowed; its client API over plain HTTP at the
     URL returned, and its federation listener (to stop and start again:
     down for Synapse, while the server itself keeps running)."""
-    db = create_test_database()
+    db = create_test_database(with_schema=True)
     testcase.addCleanup(db.drop)
     port = free_port()
     config = make_config(
