@@ -23,6 +23,7 @@ import attr
 
 from synapse_lite.api.errors import Codes, NotFoundError, SynapseError
 from synapse_lite.http.server import MAX_JSON_DEPTH
+from synapse_lite.storage.caches import LruCache
 
 if TYPE_CHECKING:
     pass
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 DEFAULT_TIMELINE_LIMIT = 10
 MAX_TIMELINE_LIMIT = 500
 MAX_FILTER_BYTES = 16_384
+#: /sync filters kept parsed, by user and ``filter`` parameter.
+PARSED_SYNC_FILTERS = 10_000
 EVENT_FORMATS = ("client", "federation")
 #: The keys each part of a filter may hold: anything else is ignored, as the
 #: spec asks of unknown keys, but a known key of the wrong type is a 400.
@@ -345,6 +348,12 @@ class FilteringHandler:
 
     def __init__(self, store: FilterStore) -> None:
         self._store = store
+        #: What ``get_sync_filter`` answered, by (user, parameter). Never
+        #: stale: a stored filter is never changed or deleted (its id is
+        #: never reused), and an inline filter is its own parameter.
+        #: Refusals are not kept: a filter id unknown here may be stored
+        #: later, by any process.
+        self._parsed: LruCache[SyncFilter] = LruCache(PARSED_SYNC_FILTERS)
 
     async def add_filter(self, user_id: str, definition: dict[str, Any]) -> int:
         parse_filter(definition)
@@ -361,9 +370,19 @@ class FilteringHandler:
         return definition
 
     async def get_sync_filter(self, user_id: str, param: str | None) -> SyncFilter:
-        """The ``filter`` query parameter of /sync: a filter id or inline JSON."""
+        """The ``filter`` query parameter of /sync: a filter id or inline JSON.
+        Parsed once per user and parameter: every /sync of a client names the
+        same filter, and a filter id would otherwise be a database read per
+        /sync."""
         if param is None:
             return SyncFilter()
+        found, parsed = self._parsed.get((user_id, param))
+        if found:
+            assert parsed is not None
+            return parsed
         if param.lstrip().startswith("{"):
-            return parse_filter(_inline_filter(param))
-        return parse_filter(await self.get_filter(user_id, param))
+            parsed = parse_filter(_inline_filter(param))
+        else:
+            parsed = parse_filter(await self.get_filter(user_id, param))
+        self._parsed.set((user_id, param), parsed)
+        return parsed

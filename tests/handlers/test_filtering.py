@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from twisted.trial import unittest
 
 from synapse_lite.api.errors import SynapseError
@@ -12,6 +14,8 @@ from synapse_lite.handlers.filtering import (
     MAX_TIMELINE_LIMIT,
     EventFilter,
     EventFormat,
+    FilteringHandler,
+    SyncFilter,
     field_path,
     only_fields,
     parse_filter,
@@ -132,3 +136,57 @@ class OnlyFieldsTestCase(unittest.TestCase):
         event = {"content": {"a\\": {"b": 1}, "a.b": 2}}
         self.assertEqual(only_fields(event, ("content.a\\\\.b",)), {"content": {"a\\": {"b": 1}}})
         self.assertEqual(only_fields(event, ("content.a\\.b",)), {"content": {"a.b": 2}})
+
+
+class _CountingFilterStore:
+    """Stored filters in memory, counting the reads."""
+
+    def __init__(self) -> None:
+        self.filters: dict[tuple[str, int], dict[str, Any]] = {}
+        self.reads = 0
+
+    async def add_user_filter(self, user_id: str, filter_json: dict[str, Any]) -> int:
+        filter_id = 1 + max((i for u, i in self.filters if u == user_id), default=-1)
+        self.filters[(user_id, filter_id)] = filter_json
+        return filter_id
+
+    async def get_user_filter(self, user_id: str, filter_id: int) -> dict[str, Any] | None:
+        self.reads += 1
+        return self.filters.get((user_id, filter_id))
+
+
+class SyncFilterOfParameterTestCase(unittest.TestCase):
+    """``get_sync_filter``: a client's filter is read and parsed once."""
+
+    async def test_a_stored_filter_is_read_once_per_user(self) -> None:
+        store = _CountingFilterStore()
+        handler = FilteringHandler(store)
+        limited = {"room": {"timeline": {"limit": 7}}}
+        filter_id = str(await handler.add_filter("@a:x", limited))
+        first = await handler.get_sync_filter("@a:x", filter_id)
+        self.assertEqual(first.timeline.limit, 7)
+        self.assertIs(await handler.get_sync_filter("@a:x", filter_id), first)
+        self.assertEqual(store.reads, 1)
+        # Another user's filter of the same id is theirs, not @a:x's.
+        with self.assertRaises(SynapseError) as e:
+            await handler.get_sync_filter("@b:x", filter_id)
+        self.assertEqual(e.exception.code, 404)
+        # An unknown id is read again each time: it may be stored later.
+        for _ in range(2):
+            with self.assertRaises(SynapseError):
+                await handler.get_sync_filter("@a:x", "5")
+        self.assertEqual(store.reads, 4)
+        store.filters[("@a:x", 5)] = {"room": {"timeline": {"limit": 3}}}
+        self.assertEqual((await handler.get_sync_filter("@a:x", "5")).timeline.limit, 3)
+
+    async def test_an_inline_filter_is_parsed_once_and_refusals_are_not_kept(self) -> None:
+        handler = FilteringHandler(_CountingFilterStore())
+        inline = '{"room": {"timeline": {"limit": 2}}}'
+        parsed = await handler.get_sync_filter("@a:x", inline)
+        self.assertEqual(parsed.timeline.limit, 2)
+        self.assertIs(await handler.get_sync_filter("@a:x", inline), parsed)
+        for _ in range(2):
+            with self.assertRaises(SynapseError) as e:
+                await handler.get_sync_filter("@a:x", '{"room": 5}')
+            self.assertEqual(e.exception.code, 400)
+        self.assertEqual(await handler.get_sync_filter("@a:x", None), SyncFilter())
