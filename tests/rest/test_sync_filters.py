@@ -300,6 +300,26 @@ class SyncFilterTestCase(DatabaseTestCase):
         again = await self.bob.sync(since=later["next_batch"], set_presence="offline")
         self.assertNotIn(self.alice.user_id, {e["sender"] for e in again["presence"]["events"]})
 
+    async def test_nothing_new_with_a_stored_filter_reads_no_database(self) -> None:
+        """An incremental /sync with nothing new for the user, naming a
+        stored filter as Element does, answers without a database
+        interaction once the filter was read (issue 35's /sync from memory)."""
+        await self.shared_room()
+        filter_id = (await self.bob.ok("POST", "/user/@bob:test.local/filter", {}))["filter_id"]
+        first = await self.bob.sync(filter=filter_id)
+        pool = self.servers["main"].store.db_pool
+        interactions: list[str] = []
+        run_interaction = pool.runInteraction
+
+        def counted(desc: str, *args: Any, **kwargs: Any) -> Any:
+            interactions.append(desc)
+            return run_interaction(desc, *args, **kwargs)
+
+        self.patch(pool, "runInteraction", counted)
+        again = await self.bob.sync(since=first["next_batch"], filter=filter_id)
+        self.assertEqual(again["rooms"]["join"], {})
+        self.assertEqual(interactions, [])
+
 
 class LazyMembersTestCase(DatabaseTestCase):
     """``lazy_load_members`` and the room summary."""
