@@ -18,7 +18,7 @@ import treq
 from treq.client import HTTPClient
 from twisted.internet import defer
 from twisted.internet.protocol import Protocol
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent
 from twisted.web.iweb import IPolicyForHTTPS
 
 from synapse_lite.federation.auth import sign_request
@@ -32,6 +32,7 @@ from synapse_lite.federation.connect import (
     system_address_resolver,
 )
 from synapse_lite.federation.discovery import ServerDiscovery, ServerNameError
+from synapse_lite.http.connection_pool import KeepAlivePool
 from synapse_lite.http.outbound import OutboundHttpClient
 from synapse_lite.http.tls import https_policy_trusting
 
@@ -79,7 +80,7 @@ class FederationClient:
         self._signing_key = signing_key
         self._reactor = reactor
         self._server_name = server_name
-        self._pool = HTTPConnectionPool(reactor, persistent=True)
+        self._pool = KeepAlivePool(reactor)
         self._pool.maxPersistentPerHost = 5
         # A request that failed on a reused connection must not be resent
         # behind our back: the sender decides about retries.
@@ -111,7 +112,7 @@ class FederationClient:
     def close(self) -> defer.Deferred[None]:
         if self._srv is not None:
             self._srv.close()
-        return self._pool.closeCachedConnections()
+        return self._pool.close()
 
     async def get_json(self, destination: str, path: str, signed: bool = True) -> Any:
         """GET ``path`` on ``destination``; its JSON answer (200 only)."""

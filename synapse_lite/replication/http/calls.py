@@ -35,12 +35,13 @@ import treq
 from treq.client import HTTPClient
 from twisted.internet import defer
 from twisted.internet import error as twisted_error
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent
 from twisted.web.server import Request
 
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.codec.kinds import DecodeContext
 from synapse_lite.codec.objects import decode_object, encode_object
+from synapse_lite.http.connection_pool import KeepAlivePool
 from synapse_lite.http.server import JsonResource, parse_json_object_from_request
 from synapse_lite.http.tls import InternalTlsClient
 from synapse_lite.metrics import INTERNAL_CALL_SECONDS, INTERNAL_CALLS
@@ -323,7 +324,7 @@ class _InternalHttp:
     """POSTs JSON with the shared secret over a pool of persistent connections."""
 
     def __init__(self, reactor: Any, tls: InternalTlsClient) -> None:
-        self._pool = HTTPConnectionPool(reactor, persistent=True)
+        self._pool = KeepAlivePool(reactor)
         self._pool.maxPersistentPerHost = 20
         self._pool.retryAutomatically = False
         agent = Agent.usingEndpointFactory(
@@ -346,7 +347,7 @@ class _InternalHttp:
             raise CallFailed(url, f"answered {response.code} with non-JSON") from None
 
     def close(self) -> defer.Deferred[None]:
-        return self._pool.closeCachedConnections()
+        return self._pool.close()
 
 
 class _NoDelayEndpointFactory:
