@@ -33,6 +33,10 @@ MAX_TIMELINE_LIMIT = 500
 MAX_FILTER_BYTES = 16_384
 #: /sync filters kept parsed, by user and ``filter`` parameter.
 PARSED_SYNC_FILTERS = 10_000
+#: Inline filters longer than this are parsed on every /sync rather than
+#: kept: clients' filters are a few hundred bytes, and keeping any size up
+#: to ``MAX_FILTER_BYTES`` would let one user hold 160 MB of keys.
+KEPT_INLINE_FILTER_BYTES = 2_048
 EVENT_FORMATS = ("client", "federation")
 #: The keys each part of a filter may hold: anything else is ignored, as the
 #: spec asks of unknown keys, but a known key of the wrong type is a 400.
@@ -382,6 +386,8 @@ class FilteringHandler:
             return parsed
         if param.lstrip().startswith("{"):
             parsed = parse_filter(_inline_filter(param))
+            if len(param) > KEPT_INLINE_FILTER_BYTES:
+                return parsed
         else:
             parsed = parse_filter(await self.get_filter(user_id, param))
         self._parsed.set((user_id, param), parsed)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from twisted.trial import unittest
@@ -190,3 +191,9 @@ class SyncFilterOfParameterTestCase(unittest.TestCase):
                 await handler.get_sync_filter("@a:x", '{"room": 5}')
             self.assertEqual(e.exception.code, 400)
         self.assertEqual(await handler.get_sync_filter("@a:x", None), SyncFilter())
+        # A long inline filter is parsed every time, not kept.
+        long_filter = json.dumps({"room": {"timeline": {"types": ["t" * 3000]}}})
+        self.assertIsNot(
+            await handler.get_sync_filter("@a:x", long_filter),
+            await handler.get_sync_filter("@a:x", long_filter),
+        )
