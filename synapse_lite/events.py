@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +22,7 @@ from synapse_lite.codec.kinds import (
     Nullable,
     wire,
 )
-from synapse_lite.federation.crypto import canonical_json, encode_base64
+from synapse_lite.federation.crypto import canonical_json, compact_sorted_json, encode_base64
 
 
 def random_event_id(server_name: str) -> str:
@@ -37,10 +36,11 @@ def reference_hash_event_id(room_version: RoomVersion, pdu: dict[str, Any]) -> s
     redacted event, with its content hash under ``hashes``), in the
     version's base64 alphabet. ``pdu``: the event as its room's writer
     builds it, without ``hashes``."""
-    strict = room_version.strict_canonical_json
     hashed = {**pdu, "hashes": content_hashes(room_version, pdu)}
+    # The redacted event is made of what the content hash just checked (and
+    # the hash itself): encoded without a second check.
     reference = hashlib.sha256(
-        event_canonical_json(pruned_event(room_version, hashed), strict)
+        compact_sorted_json(pruned_event(room_version, hashed)).encode("utf-8")
     ).digest()
     if room_version.event_ids is EventIdFormat.REFERENCE_HASH_BASE64:
         return "$" + encode_base64(reference)
@@ -63,7 +63,7 @@ def event_canonical_json(pdu: dict[str, Any], strict: bool) -> bytes:
     so they are encoded as JSON encodes them."""
     if strict:
         return canonical_json(pdu)
-    return json.dumps(pdu, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+    return compact_sorted_json(pdu).encode("utf-8")
 
 
 #: Top-level keys of an event (server-server form) a redaction keeps: room

@@ -10,6 +10,7 @@ from typing import Any
 from synapse_lite.api.errors import Codes, SynapseError
 from synapse_lite.api.identifiers import check_identifier_text, is_valid_user_id
 from synapse_lite.events import EventSpec
+from synapse_lite.federation.crypto import compact_sorted_json
 
 #: The spec's limit on an event's size (the whole event); content, to-device
 #: messages and account data are held to it too.
@@ -45,7 +46,7 @@ def _check_event(room_id: str, spec: EventSpec) -> None:
     }
     if spec.state_key is not None:
         event["state_key"] = spec.state_key
-    encoded = json.dumps(event, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    encoded = compact_sorted_json(event)
     if len(encoded.encode("utf-8")) > MAX_EVENT_CONTENT_BYTES:
         raise SynapseError(
             413, f"Event is too large: at most {MAX_EVENT_CONTENT_BYTES} bytes", Codes.TOO_LARGE

@@ -11,6 +11,7 @@ import attr
 
 from synapse_lite.api.identifiers import is_mine_id
 from synapse_lite.config.homeserver import HomeServerConfig
+from synapse_lite.federation.crypto import compact_sorted_json
 from synapse_lite.storage.caches import BoundCache
 from synapse_lite.storage.change_tracker import PositionChangeTracker
 from synapse_lite.storage.database import DatabasePool, LoggingDatabaseConnection
@@ -33,7 +34,7 @@ def db_to_json(value: str | bytes | None) -> Any:
 
 def json_encoder(value: Any) -> str:
     """Encode a value for a JSON column (compact, stable key order)."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return compact_sorted_json(value)
 
 
 def page_of_updates(

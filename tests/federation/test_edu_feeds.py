@@ -303,6 +303,49 @@ class FeedsTestCase(unittest.TestCase):
         self.local_writes.notify_replication()
         self.assertEqual(len(self.sent.edus), 2)
 
+    def test_a_write_to_another_stream_starts_no_look(self) -> None:
+        """Every local write wakes every feed: one whose stream has not
+        moved reads nothing and starts no look (a send would otherwise pay
+        four looks, issue 35); once it moves, the next wake-up looks."""
+        looks: list[str] = []
+        typing = FakeTyping()
+        receipts = ReceiptsFeed(
+            store=self.store,  # type: ignore[arg-type]
+            clock=self.clock,
+            server_name="b.test",
+            send_edus=self.sent,
+            local_writes=self.local_writes,
+        )
+        typing_feed = TypingFeed(
+            typing=typing,  # type: ignore[arg-type]
+            store=self.store,  # type: ignore[arg-type]
+            clock=self.clock,
+            server_name="b.test",
+            send_edus=self.sent,
+            local_writes=self.local_writes,
+        )
+        for name, feed in (("receipts", receipts), ("typing", typing_feed)):
+            take = feed._take_batch
+
+            async def counted(take: Any = take, name: str = name) -> bool:
+                looks.append(name)
+                return bool(await take())
+
+            feed._take_batch = counted  # type: ignore[method-assign]
+            feed.start()
+        for _ in range(5):
+            self.local_writes.notify_replication()
+        self.assertEqual(looks, [])
+        self.store.receipts.append((1, ROOM, "@alice:b.test", "$a", None, {"ts": 1}))
+        self.local_writes.notify_replication()
+        self.assertEqual(looks, ["receipts"])
+        self.assertEqual([d for d, _ in self.sent.edus], ["a.test", "c.test"])
+        typing.set(ROOM, ["@alice:b.test"])
+        self.local_writes.notify_replication()
+        self.assertEqual(looks[1:], ["typing"])
+        receipts.stop()
+        typing_feed.stop()
+
     def test_room_edus_skip_servers_the_room_acl_denies(self) -> None:
         """c.test is denied by ROOM's ACL: neither typing (first and
         renewed) nor receipts about ROOM go there; once the ACL allows it

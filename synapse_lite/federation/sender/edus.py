@@ -147,6 +147,10 @@ class _Feed:
         if self._running:
             self._again = True
             return
+        if not self._moved():
+            # Woken by another stream's write (every local write wakes every
+            # feed): nothing to look at, so no look is started (issue 35).
+            return
         self._running = True
         defer.ensureDeferred(self._run())
 
@@ -163,6 +167,11 @@ class _Feed:
             self._running = False
 
     def _begin(self) -> None:
+        raise NotImplementedError
+
+    def _moved(self) -> bool:
+        """Whether the stream is past what was looked at (read from memory,
+        no database): ``_take_batch`` would find nothing otherwise."""
         raise NotImplementedError
 
     async def _servers_sharing_a_room(self, user_id: str) -> list[str]:
@@ -241,9 +250,12 @@ class TypingFeed(_Feed):
         d.addErrback(lambda f: logger.warning("Renewing typing failed: %s", f.value))
         return d
 
+    def _moved(self) -> bool:
+        return self._typing_handler.get_current_token() != self._since
+
     async def _take_batch(self) -> bool:
         handler = self._typing_handler
-        if handler.get_current_token() == self._since:
+        if not self._moved():
             return False
         changed, token = handler.get_typing_for_rooms(handler.rooms_seen(), self._since)
         self._since = token
@@ -269,6 +281,9 @@ class ReceiptsFeed(_Feed):
 
     def _begin(self) -> None:
         self._position = self._store.get_receipts_position()
+
+    def _moved(self) -> bool:
+        return self._store.get_receipts_position() > self._position
 
     async def _take_batch(self) -> bool:
         upto = self._store.get_receipts_position()
@@ -305,6 +320,9 @@ class DeviceListsFeed(_Feed):
 
     def _begin(self) -> None:
         self._position = self._store.get_device_lists_position()
+
+    def _moved(self) -> bool:
+        return self._store.get_device_lists_position() > self._position
 
     async def _take_batch(self) -> bool:
         upto = self._store.get_device_lists_position()
@@ -382,6 +400,9 @@ class PresenceFeed(_Feed):
 
     def _begin(self) -> None:
         self._position = self._store.get_presence_position()
+
+    def _moved(self) -> bool:
+        return self._store.get_presence_position() > self._position
 
     async def _take_batch(self) -> bool:
         upto = self._store.get_presence_position()
