@@ -22,7 +22,14 @@ def main() -> None:
     out, module = sys.argv[1], sys.argv[3]
     sys.argv = [module, *sys.argv[4:]]
     profiler = cProfile.Profile()
-    signal.signal(signal.SIGUSR2, lambda signum, frame: profiler.dump_stats(out))
+
+    def dump(signum: int, frame: object) -> None:
+        # Dumping stops the profiler (``create_stats`` disables it): go on
+        # profiling, so that two dumps frame a window of the run.
+        profiler.dump_stats(out)
+        profiler.enable()
+
+    signal.signal(signal.SIGUSR2, dump)
     atexit.register(profiler.dump_stats, out)
     profiler.enable()
     runpy.run_module(module, run_name="__main__", alter_sys=True)
