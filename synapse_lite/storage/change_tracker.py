@@ -16,6 +16,7 @@ again from the current position (their horizon); a token below the horizon
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -141,3 +142,123 @@ class PositionChangeTracker:
             return list(entities)
         latest = self._latest.get
         return [e for e in entities if latest(e, since) > since]
+
+
+#: Served events each room keeps (its newest), and rooms kept, in
+#: :class:`RecentRoomEvents`: a /sync timeline asks for 10-50 of a room.
+RECENT_EVENTS_PER_ROOM = 64
+RECENT_EVENTS_ROOMS = 20_000
+
+
+class _HeldRoom:
+    __slots__ = ("events", "unheld_upto")
+
+    def __init__(self) -> None:
+        #: (stream id, writer, event id), by stream id.
+        self.events: list[tuple[int, str, str]] = []
+        #: The newest stream id of an event of the room that may be served
+        #: and is not held (dropped for room, or not known to be served).
+        self.unheld_upto = 0
+
+
+class RecentRoomEvents:
+    """The newest served events of each room, by position, as this process
+    persisted them (the events writer of the room: every event of a room
+    with one writer, its own in its event cache); another writer's rows make
+    the room :meth:`unknown` up to their position. An incremental /sync on
+    the room's writer then finds the room's new events, and the events,
+    without the database.
+
+    Like :class:`StreamChangeTracker`, an event must be recorded (or noted
+    :meth:`unknown`) before its position becomes visible to readers.
+    Complete after its horizon (where it started, or last forgot every room)
+    and, in each room, after the newest position it dropped or could not say
+    is served: :meth:`between` answers None below those, and the caller reads
+    the database. Served means what the database's ``SERVED`` means (not an
+    outlier, not rejected, not soft-failed), with a positive position."""
+
+    def __init__(
+        self,
+        current_token: Callable[[], RoomStreamToken],
+        per_room: int = RECENT_EVENTS_PER_ROOM,
+        max_rooms: int = RECENT_EVENTS_ROOMS,
+    ) -> None:
+        self._current_token = current_token
+        self._horizon = current_token()
+        self._per_room = per_room
+        self._max_rooms = max_rooms
+        self._rooms: dict[str, _HeldRoom] = {}
+        #: The newest stream id recorded or noted: a new horizon covers it.
+        self._newest = 0
+
+    def record(self, room_id: str, instance_name: str, stream_id: int, event_id: str) -> None:
+        """A served event of ``room_id`` at (``instance_name``, ``stream_id``)."""
+        held = self._room(room_id, stream_id)
+        events = held.events
+        if not events or events[-1][0] < stream_id:
+            events.append((stream_id, instance_name, event_id))
+        else:
+            # Another writer's event overtaken by a newer one: in its place.
+            bisect.insort(events, (stream_id, instance_name, event_id))
+        if len(events) > self._per_room:
+            dropped = events.pop(0)
+            held.unheld_upto = max(held.unheld_upto, dropped[0])
+
+    def unknown(self, room_id: str, stream_id: int) -> None:
+        """An event of ``room_id`` at or before ``stream_id`` that may be
+        served but is not held (another writer's: its batch's rows carry the
+        batch's last id): the room is not answered below it."""
+        held = self._room(room_id, stream_id)
+        held.unheld_upto = max(held.unheld_upto, stream_id)
+
+    def _room(self, room_id: str, stream_id: int) -> _HeldRoom:
+        held = self._rooms.get(room_id)
+        if held is None:
+            if len(self._rooms) >= self._max_rooms:
+                # Ids recorded but not yet visible may lie above the current
+                # token: the new horizon covers them.
+                self.forget_all()
+            held = self._rooms[room_id] = _HeldRoom()
+        self._newest = max(self._newest, stream_id)
+        return held
+
+    def forget_all(self) -> None:
+        """Hold nothing from here on: only later events are answered."""
+        self._horizon = RoomStreamToken(max(self._current_token().get_max_position(), self._newest))
+        self._rooms.clear()
+
+    def between(
+        self,
+        room_ids: Iterable[str],
+        since: RoomStreamToken,
+        upper: RoomStreamToken,
+        limit: int,
+        newest_first: bool = True,
+    ) -> list[str] | None:
+        """The ids of the served events of ``room_ids`` after ``since`` and
+        at or before ``upper``, at most ``limit`` (the newest, newest first;
+        else the oldest, oldest first), as the database would answer; None
+        when not all are known here (below the horizon, or ``upper`` past
+        what this process has seen)."""
+        if not self._horizon.is_before_or_eq(since):
+            return None
+        if not upper.is_before_or_eq(self._current_token()):
+            return None
+        base = since.stream
+        found: list[tuple[int, str]] = []
+        for room_id in room_ids:
+            held = self._rooms.get(room_id)
+            if held is None:
+                continue
+            if held.unheld_upto > base:
+                return None
+            for stream_id, instance_name, event_id in reversed(held.events):
+                if stream_id <= base:
+                    # At or before every writer's position in ``since``.
+                    break
+                if upper.contains(instance_name, stream_id) and not since.contains(
+                    instance_name, stream_id
+                ):
+                    found.append((stream_id, event_id))
+        found.sort(reverse=newest_first)
+        return [event_id for _, event_id in found[:limit]]

@@ -46,6 +46,9 @@ class HiddenEventsTestCase(ThreeUsersTestCase):
         )
         for event_id in (self.rejected, self.soft_failed):
             store.invalidate_event_cache(event_id)
+        # Nor does the writer hold them as served any longer (received so,
+        # they never would have been).
+        store.recent_room_events.forget_all()
 
     def assert_only_visible(self, ids: list[str]) -> None:
         self.assertIn(self.visible, ids)

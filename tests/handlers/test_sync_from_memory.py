@@ -2,7 +2,8 @@
 database would, and spare its reads.
 
 * Differential: random traffic (messages, state, receipts, typing, account
-  data, to-device messages, joins and leaves, presence, device renames) in a
+  data, to-device messages, joins and leaves, presence, device renames,
+  redactions) in a
   cluster of the main
   process and a worker; after each step every user's incremental /sync is
   computed twice on each process, with the trackers and with every tracker
@@ -10,7 +11,8 @@ database would, and spare its reads.
   exactly the same (SQLite and PostgreSQL: ``SYNAPSE_LITE_TEST_DB``).
 * Reads: an incremental /sync with nothing new for the user reads nothing,
   even when every other stream moved for other users and rooms; one new
-  event in one room costs at most two reads, started together.
+  event in one room costs at most two reads, started together, and none on
+  the room's writer.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def database_path(test: Any, hs: HomeServer) -> None:
     trackers: list[Any] = [store.room_changes, store.membership_changes]
     trackers.append(store.room_membership_changes)
     trackers.extend(store.stream_changes.values())
+    test.patch(store.recent_room_events, "between", lambda *args: None)
     for tracker in trackers:
         test.patch(tracker, "may_have_changed", lambda *args: True)
         if isinstance(tracker, StreamChangeTracker):
@@ -107,7 +110,8 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
         r = q(room)
         action = rng.choice(
             ["message", "message", "state", "receipt", "typing", "account_data",
-             "room_account_data", "to_device", "join", "leave", "presence", "device"]
+             "room_account_data", "to_device", "join", "leave", "presence", "device",
+             "redact"]
         )  # fmt: skip
         n = rng.randrange(1_000_000)
         code = 0
@@ -145,6 +149,11 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
         elif action == "presence":
             state = rng.choice(["online", "unavailable", "offline"])
             code, _ = await user.request("PUT", f"/presence/{uid}/status", {"presence": state})
+        elif action == "redact" and events.get(room):
+            event_id = q(rng.choice(events[room]))
+            code, _ = await user.request(
+                "PUT", f"/rooms/{r}/redact/{event_id}/t{n}", {"reason": "random"}
+            )
         elif action == "device":
             device = q(str(user.device_id))
             code, _ = await user.request("PUT", f"/devices/{device}", {"display_name": f"d{n}"})
@@ -154,6 +163,7 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
         rng = random.Random(35)
         events: dict[str, list[str]] = {}
         since: dict[tuple[str, str], StreamToken] = {}
+        history: dict[tuple[str, str], list[StreamToken]] = {}
         await self.settled()
         for name, hs in self.servers.items():
             for user in self.users:
@@ -170,17 +180,27 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
                     # Both at the same time: presence shows how long ago.
                     now_ms = hs.clock.time_msec()
                     patched.patch(hs.handlers.sync._clock, "time_msec", lambda at=now_ms: at)
+                    # From the last token, and from one a few steps back
+                    # (several new events in a room, in order, limited).
+                    older = history.setdefault(key, [since[key]])
                     try:
                         memory = await self.compute(hs, user, since[key])
+                        memory_older = await self.compute(hs, user, older[0])
                         database_path(patched, hs)
                         database = await self.compute(hs, user, since[key])
+                        database_older = await self.compute(hs, user, older[0])
                     finally:
                         patched.undo()
                     self.assertEqual(memory, database, f"step {i} on {name} for {key[1]}")
+                    self.assertEqual(
+                        memory_older, database_older, f"step {i} on {name} for {key[1]}, older"
+                    )
                     since[key] = memory[1]
+                    older.append(memory[1])
+                    del older[: len(older) - 6]
         # Not a test of nothing: every kind of traffic happened.
         kinds = ("message", "state", "receipt", "typing", "account_data", "room_account_data",
-                 "to_device", "join", "leave", "presence", "device")  # fmt: skip
+                 "to_device", "join", "leave", "presence", "device", "redact")  # fmt: skip
         self.assertEqual(sorted(k for k in kinds if k not in done), [])
 
     async def test_reads_of_an_incremental_sync(self) -> None:
@@ -220,6 +240,10 @@ class SyncFromMemoryTestCase(DatabaseTestCase):
             self.assertEqual([e["content"].get("body") for e in events], ["news"])
             self.assertLessEqual(len(names), 2, f"{name}: {names}")
             self.assertEqual(most[0], len(names), f"{name}: {names} not all at once")
+            if name == "main":
+                # The room's writer made the event: which events are new is
+                # known here (RecentRoomEvents), the event in its cache.
+                self.assertEqual(names, [], "the writer reads nothing")
 
 
 class _Patches:

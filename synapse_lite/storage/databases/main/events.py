@@ -595,11 +595,16 @@ class EventsStore(StateGroupsWorkerStore, EventsWorkerStore):
     ) -> None:
         if self._committed_rows is not None:
             self._committed_rows.committed(persisted, resolved_rows)
+        recent = self.recent_room_events
         for event in persisted:
             self.record_event_position(
                 event.room_id, event.type, event.state_key, event.instance_name,
                 event.stream_ordering,
             )  # fmt: skip
+            if event.served and event.stream_ordering > 0:
+                recent.record(
+                    event.room_id, event.instance_name, event.stream_ordering, event.event_id
+                )
         for stream_id, rows in resolved_rows.items():
             for row in rows:
                 if isinstance(row, EventsStreamCurrentStateRow) and row.type == "m.room.member":

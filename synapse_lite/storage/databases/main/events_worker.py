@@ -17,7 +17,7 @@ from synapse_lite.event_graph.pdu import Pdu, StateKey, stored_as_pdu
 from synapse_lite.events import Event, pruned_content
 from synapse_lite.storage._base import db_to_json, json_encoder, page_of_updates
 from synapse_lite.storage.caches import LruCache, cached
-from synapse_lite.storage.change_tracker import StreamChangeTracker
+from synapse_lite.storage.change_tracker import RecentRoomEvents, StreamChangeTracker
 from synapse_lite.storage.database import (
     DatabasePool,
     LoggingDatabaseConnection,
@@ -201,6 +201,9 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
         self.room_membership_changes = StreamChangeTracker(self.get_room_max_token)
         self.childless_events = ChildlessEvents()
         self._unredacted_events = UnredactedEvents()
+        #: Each room's newest served events, by position: what an
+        #: incremental /sync's timeline reads first (``get_room_events_between``).
+        self.recent_room_events = RecentRoomEvents(self.get_room_max_token)
 
     def record_event_position(
         self,
@@ -735,6 +738,11 @@ class EventsWorkerStore(CacheInvalidationWorkerStore):
                     fresh.append(row.event_id)
                     if row.local:
                         made_here.append(row.event_id)
+                # A batch's rows carry its last id, not each its own (and a
+                # row does not say whether another server's event was
+                # soft-failed): held only where persisted, the room is read
+                # from the database below this.
+                self.recent_room_events.unknown(row.room_id, token)
                 self.record_event_position(row.room_id, row.type, row.state_key, writer, token)
                 if row.state_key is not None:
                     members = state_changed.setdefault(row.room_id, set())

@@ -111,6 +111,16 @@ class StreamWorkerStore(EventsWorkerStore):
         ``/messages``), which nothing else that reads the stream shows."""
         if not room_ids:
             return []
+        if from_token is not None and not backfilled:
+            # An incremental /sync's range: the ids from memory, the events
+            # by id (a writer's own are in its cache: no read).
+            ids = self.recent_room_events.between(
+                room_ids, from_token, to_token, limit, newest_first
+            )
+            if ids is not None:
+                found = await self.get_events(ids)
+                if len(found) == len(ids):
+                    return [found[event_id] for event_id in ids]
         lower = from_token or RoomStreamToken(-(2**62))
         where, args = lower.bounds_sql(to_token, "stream_ordering", "instance_name")
         placeholders = ", ".join("?" for _ in room_ids)
