@@ -8,10 +8,13 @@ change, from the moment it started: a token at or after that start can be
 answered without the database. A :class:`PositionChangeTracker` does the same
 for a stream whose /sync tokens carry one integer (receipts, account data,
 to-device, push rules): ``store.stream_changes`` holds one per such stream.
+A :class:`RecentRoomEvents` goes one step further on a room's events writer:
+which events are new in a room, so a woken /sync reads none.
 
-Both are bounded: past :data:`MAX_ENTITIES` they forget everything and start
-again from the current position (their horizon); a token below the horizon
-"may have changed" for every entity, and the caller asks the database.
+All are bounded: past their limits they forget everything and start again
+from the current position (their horizon); below the horizon a tracker says
+"may have changed" (:class:`RecentRoomEvents`: "not known"), and the caller
+asks the database.
 """
 
 from __future__ import annotations
