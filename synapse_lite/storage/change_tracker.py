@@ -47,9 +47,13 @@ class StreamChangeTracker:
 
     def record(self, entity: str, instance_name: str, stream_id: int) -> None:
         if len(self._latest) >= MAX_ENTITIES and entity not in self._latest:
-            # Forget everything; changes before now are no longer known.
+            # Forget everything. Changes recorded but not yet visible (the
+            # rest of a batch, a writer's unfinished ids) may lie above the
+            # current token: the new floor covers them.
+            recorded = max(stream_id for _, stream_id in self._latest.values())
+            newest = max(self._current_token().get_max_position(), recorded)
             self._latest.clear()
-            self._floor = self._current_token()
+            self._floor = RoomStreamToken(newest)
         previous = self._latest.get(entity)
         if previous is None or previous[1] <= stream_id:
             self._latest[entity] = (instance_name, stream_id)

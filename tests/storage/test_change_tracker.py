@@ -44,6 +44,25 @@ class ChangedAmongTestCase(unittest.TestCase):
         self.assertEqual(expected, {"!a:x", "!b:x", "!c:x"})
 
 
+class StreamChangeTrackerForgettingTestCase(unittest.TestCase):
+    def test_forgetting_keeps_changes_not_yet_visible(self) -> None:
+        """Rows of one batch recorded while the process's position is still
+        5 (it moves past them once the batch is applied): forgetting on the
+        batch's last row must not answer "no change" for the first ones at
+        a token past the current one."""
+        self.patch(change_tracker, "MAX_ENTITIES", 3)
+        tracker = StreamChangeTracker(lambda: RoomStreamToken(5))
+        for i, room in enumerate(["!a:x", "!b:x", "!c:x"]):
+            tracker.record(room, "w1", 6 + i)
+        tracker.record("!d:x", "w1", 9)
+        # The position then moves to 9: a token at 7 must see !c:x's change
+        # at 8 (forgotten) as possible.
+        self.assertTrue(tracker.may_have_changed("!c:x", RoomStreamToken(7)))
+        self.assertTrue(tracker.may_have_changed("!d:x", RoomStreamToken(8)))
+        self.assertFalse(tracker.may_have_changed("!c:x", RoomStreamToken(8)))
+        self.assertFalse(tracker.may_have_changed("!d:x", RoomStreamToken(9)))
+
+
 class PositionChangeTrackerTestCase(unittest.TestCase):
     """The tracker of an integer stream (receipts, account data, to-device,
     push rules): exact above its horizon, "may have changed" below it."""
