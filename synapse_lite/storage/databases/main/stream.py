@@ -163,6 +163,16 @@ class StreamWorkerStore(EventsWorkerStore):
         result: dict[str, list[Event]] = {r: [] for r in room_ids}
         if not room_ids:
             return result
+        if from_token is not None:
+            # Rooms whose new events this process holds (their writer):
+            # the ids from memory, the events by id; the rest from the
+            # database.
+            held = await self._held_room_events(room_ids, from_token, to_token, limit)
+            if held:
+                result.update(held)
+                room_ids = [r for r in room_ids if r not in held]
+                if not room_ids:
+                    return result
         lower = from_token or RoomStreamToken(-(2**62))
         where, args = lower.bounds_sql(to_token, "stream_ordering", "instance_name")
         one = (
@@ -191,6 +201,32 @@ class StreamWorkerStore(EventsWorkerStore):
         for room_events in result.values():
             room_events.sort(key=lambda e: e.stream_ordering, reverse=True)
         return result
+
+    async def _held_room_events(
+        self,
+        room_ids: list[str],
+        from_token: RoomStreamToken,
+        to_token: RoomStreamToken,
+        limit: int,
+    ) -> dict[str, list[Event]]:
+        """room -> its newest events in the range (at most ``limit``, newest
+        first) for the rooms of ``room_ids`` whose events in the range this
+        process holds (``recent_room_events``), read by id; the others are
+        left out."""
+        recent = self.recent_room_events
+        ids_of: dict[str, list[str]] = {}
+        for room_id in room_ids:
+            ids = recent.between([room_id], from_token, to_token, limit)
+            if ids is not None:
+                ids_of[room_id] = ids
+        if not ids_of:
+            return {}
+        found = await self.get_events(e for ids in ids_of.values() for e in ids)
+        return {
+            room_id: [found[e] for e in ids]
+            for room_id, ids in ids_of.items()
+            if all(e in found for e in ids)
+        }
 
     async def get_membership_changes_in_rooms(
         self, room_ids: list[str], from_token: RoomStreamToken, to_token: RoomStreamToken
