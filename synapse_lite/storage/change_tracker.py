@@ -269,3 +269,27 @@ class RecentRoomEvents:
                     found.append((stream_id, event_id))
         found.sort(reverse=newest_first)
         return [event_id for _, event_id in found[:limit]]
+
+    def newest(self, room_id: str, upper: RoomStreamToken, limit: int) -> list[str] | None:
+        """The ids of the newest ``limit`` served events of ``room_id`` at or
+        before ``upper``, newest first, with no lower bound (a room's whole
+        timeline, cut to ``limit``), as the database would answer; None
+        unless ``limit`` of them are held and the oldest of those is newer
+        than every event not held (before the horizon, dropped or unknown)."""
+        if limit <= 0 or not upper.is_before_or_eq(self._current_token()):
+            return None
+        held = self._rooms.get(room_id)
+        if held is None:
+            return None
+        found: list[tuple[int, str]] = []
+        for stream_id, instance_name, event_id in reversed(held.events):
+            if upper.contains(instance_name, stream_id):
+                found.append((stream_id, event_id))
+                if len(found) == limit:
+                    break
+        if len(found) < limit:
+            return None
+        unheld = max(self._horizon.get_max_position(), held.unheld_upto)
+        if found[-1][0] <= unheld:
+            return None
+        return [event_id for _, event_id in found]

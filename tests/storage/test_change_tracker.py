@@ -117,7 +117,8 @@ class RecentRoomEventsTestCase(unittest.TestCase):
     """:class:`RecentRoomEvents` against the database's answer, over random
     traffic of two writers whose rows arrive interleaved (each writer's in
     order, a position visible only once its row is recorded), with events
-    not served (skipped) and events whose being served is unknown here."""
+    not served (skipped) and events whose being served is unknown here; a
+    room's newest events with no lower bound likewise."""
 
     def _traffic(self, seed: int, per_room: int, max_rooms: int) -> tuple[int, int]:
         rng = random.Random(seed)
@@ -174,6 +175,18 @@ class RecentRoomEventsTestCase(unittest.TestCase):
             asked_rooms = rng.sample(rooms, rng.randrange(1, 4))
             limit = rng.randrange(1, 12)
             newest_first = rng.random() < 0.7
+            newest = recent.newest(asked_rooms[0], upper, limit)
+            if newest is not None:
+                self.newest_answered += 1
+                expected_newest = sorted(
+                    (
+                        (stream_id, event_id)
+                        for stream_id, writer, room, event_id, served in database
+                        if served and room == asked_rooms[0] and upper.contains(writer, stream_id)
+                    ),
+                    reverse=True,
+                )[:limit]
+                self.assertEqual(newest, [e for _, e in expected_newest], (upper, asked_rooms))
             ids = recent.between(asked_rooms, since, upper, limit, newest_first)
             asked += 1
             if ids is None:
@@ -196,11 +209,14 @@ class RecentRoomEventsTestCase(unittest.TestCase):
         self.assertIsNone(recent.between(rooms, tokens[-1], ahead, 10))
         return answered, asked
 
+    newest_answered = 0
+
     def test_answers_as_the_database(self) -> None:
         for seed in range(20):
             answered, asked = self._traffic(seed, per_room=64, max_rooms=100)
             # Not a test of nothing (unknown events keep a room unanswered below them).
             self.assertGreater(answered, asked // 10, seed)
+        self.assertGreater(self.newest_answered, 100)
 
     def test_bounded_rooms_and_events_still_answer_as_the_database(self) -> None:
         for seed in range(20):

@@ -49,7 +49,11 @@ class HeldRoomEventsTestCase(DatabaseTestCase):
         return held, database, names
 
     async def per_room(
-        self, store: GenericWorkerStore, since: RoomStreamToken, now: RoomStreamToken, limit: int
+        self,
+        store: GenericWorkerStore,
+        since: RoomStreamToken | None,
+        now: RoomStreamToken,
+        limit: int,
     ) -> dict[str, list[str]]:
         found = await store.get_room_events_between_per_room(self.rooms, since, now, limit)
         return {room_id: [e.event_id for e in events] for room_id, events in found.items()}
@@ -57,13 +61,15 @@ class HeldRoomEventsTestCase(DatabaseTestCase):
     async def between(
         self,
         store: GenericWorkerStore,
-        since: RoomStreamToken,
+        since: RoomStreamToken | None,
         now: RoomStreamToken,
         limit: int,
         newest_first: bool,
     ) -> list[str]:
+        # No lower bound: one room's newest (what memory can answer).
+        rooms = self.rooms[:2] if since is not None else self.rooms[:1]
         found = await store.get_room_events_between(
-            self.rooms[:2], since, now, limit, newest_first=newest_first
+            rooms, since, now, limit, newest_first=newest_first
         )
         return [e.event_id for e in found]
 
@@ -83,12 +89,15 @@ class HeldRoomEventsTestCase(DatabaseTestCase):
         for name, hs in self.servers.items():
             store = hs.store
             now = store.get_room_max_token()
-            for since in tokens[::4]:
+            for since in [None, *tokens[::4]]:
                 for limit in (1, 4, 50):
                     per_room = functools.partial(self.per_room, store, since, now, limit)
                     held, database, names = await self.both_ways(store, per_room)
                     self.assertEqual(held, database, (name, since, limit))
-                    if name == "main":
+                    # With no lower bound memory answers a room's newest
+                    # only when it holds that many (not 50: the rooms are
+                    # smaller, and earlier events may lie before its horizon).
+                    if name == "main" and (since is not None or limit < 50):
                         self.assertEqual(names, [], "the writer reads nothing")
                         answered_here += 1
                     for newest_first in (True, False):
@@ -98,7 +107,8 @@ class HeldRoomEventsTestCase(DatabaseTestCase):
                         held, database, names = await self.both_ways(store, between)
                         self.assertEqual(held, database, (name, since, limit, newest_first))
                         if name == "main":
-                            self.assertEqual(names, [])
+                            if since is not None or (newest_first and limit < 50):
+                                self.assertEqual(names, [])
                         else:
                             self.assertNotEqual(names, [], "a worker reads the database")
         self.assertGreater(answered_here, 0)

@@ -111,11 +111,15 @@ class StreamWorkerStore(EventsWorkerStore):
         ``/messages``), which nothing else that reads the stream shows."""
         if not room_ids:
             return []
-        if from_token is not None and not backfilled:
-            # An incremental /sync's range: the ids from memory, the events
-            # by id (a writer's own are in its cache: no read).
-            ids = self.recent_room_events.between(
-                room_ids, from_token, to_token, limit, newest_first
+        if not backfilled and (from_token is not None or (newest_first and len(room_ids) == 1)):
+            # An incremental /sync's range, or a room's newest events: the
+            # ids from memory, the events by id (a writer's own are in its
+            # cache: no read).
+            recent = self.recent_room_events
+            ids = (
+                recent.between(room_ids, from_token, to_token, limit, newest_first)
+                if from_token is not None
+                else recent.newest(room_ids[0], to_token, limit)
             )
             if ids is not None:
                 found = await self.get_events(ids)
@@ -163,16 +167,14 @@ class StreamWorkerStore(EventsWorkerStore):
         result: dict[str, list[Event]] = {r: [] for r in room_ids}
         if not room_ids:
             return result
-        if from_token is not None:
-            # Rooms whose new events this process holds (their writer):
-            # the ids from memory, the events by id; the rest from the
-            # database.
-            held = await self._held_room_events(room_ids, from_token, to_token, limit)
-            if held:
-                result.update(held)
-                room_ids = [r for r in room_ids if r not in held]
-                if not room_ids:
-                    return result
+        # Rooms whose events in the range this process holds (their writer):
+        # the ids from memory, the events by id; the rest from the database.
+        held = await self._held_room_events(room_ids, from_token, to_token, limit)
+        if held:
+            result.update(held)
+            room_ids = [r for r in room_ids if r not in held]
+            if not room_ids:
+                return result
         lower = from_token or RoomStreamToken(-(2**62))
         where, args = lower.bounds_sql(to_token, "stream_ordering", "instance_name")
         one = (
@@ -205,18 +207,21 @@ class StreamWorkerStore(EventsWorkerStore):
     async def _held_room_events(
         self,
         room_ids: list[str],
-        from_token: RoomStreamToken,
+        from_token: RoomStreamToken | None,
         to_token: RoomStreamToken,
         limit: int,
     ) -> dict[str, list[Event]]:
         """room -> its newest events in the range (at most ``limit``, newest
-        first) for the rooms of ``room_ids`` whose events in the range this
-        process holds (``recent_room_events``), read by id; the others are
-        left out."""
+        first; no lower bound when ``from_token`` is None) for the rooms of
+        ``room_ids`` whose events in the range this process holds
+        (``recent_room_events``), read by id; the others are left out."""
         recent = self.recent_room_events
         ids_of: dict[str, list[str]] = {}
         for room_id in room_ids:
-            ids = recent.between([room_id], from_token, to_token, limit)
+            if from_token is None:
+                ids = recent.newest(room_id, to_token, limit)
+            else:
+                ids = recent.between([room_id], from_token, to_token, limit)
             if ids is not None:
                 ids_of[room_id] = ids
         if not ids_of:
