@@ -151,10 +151,13 @@ class PositionChangeTracker:
         return [e for e in entities if latest(e, since) > since]
 
 
-#: Served events each room keeps (its newest), and rooms kept, in
-#: :class:`RecentRoomEvents`: a /sync timeline asks for 10-50 of a room.
-RECENT_EVENTS_PER_ROOM = 64
-RECENT_EVENTS_ROOMS = 20_000
+#: Served events each room keeps (its newest), rooms kept, and events kept
+#: in all, in :class:`RecentRoomEvents` (about 100 bytes an event: 5 MB at
+#: most, some minutes of a busy server's events). A /sync timeline asks for
+#: 10-30 events of a room, a woken one for the few since its token.
+RECENT_EVENTS_PER_ROOM = 32
+RECENT_EVENTS_ROOMS = 10_000
+RECENT_EVENTS = 50_000
 
 
 class _HeldRoom:
@@ -189,17 +192,23 @@ class RecentRoomEvents:
         current_token: Callable[[], RoomStreamToken],
         per_room: int = RECENT_EVENTS_PER_ROOM,
         max_rooms: int = RECENT_EVENTS_ROOMS,
+        max_events: int = RECENT_EVENTS,
     ) -> None:
         self._current_token = current_token
         self._horizon = current_token()
         self._per_room = per_room
         self._max_rooms = max_rooms
+        self._max_events = max_events
         self._rooms: dict[str, _HeldRoom] = {}
+        #: Events held in all rooms.
+        self._held = 0
         #: The newest stream id recorded or noted: a new horizon covers it.
         self._newest = 0
 
     def record(self, room_id: str, instance_name: str, stream_id: int, event_id: str) -> None:
         """A served event of ``room_id`` at (``instance_name``, ``stream_id``)."""
+        if self._held >= self._max_events:
+            self.forget_all()
         held = self._room(room_id, stream_id)
         events = held.events
         if not events or events[-1][0] < stream_id:
@@ -207,8 +216,10 @@ class RecentRoomEvents:
         else:
             # Another writer's event overtaken by a newer one: in its place.
             bisect.insort(events, (stream_id, instance_name, event_id))
+        self._held += 1
         if len(events) > self._per_room:
             dropped = events.pop(0)
+            self._held -= 1
             held.unheld_upto = max(held.unheld_upto, dropped[0])
 
     def unknown(self, room_id: str, stream_id: int) -> None:
@@ -233,6 +244,7 @@ class RecentRoomEvents:
         """Hold nothing from here on: only later events are answered."""
         self._horizon = RoomStreamToken(max(self._current_token().get_max_position(), self._newest))
         self._rooms.clear()
+        self._held = 0
 
     def between(
         self,

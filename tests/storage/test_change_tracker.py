@@ -120,7 +120,9 @@ class RecentRoomEventsTestCase(unittest.TestCase):
     not served (skipped) and events whose being served is unknown here; a
     room's newest events with no lower bound likewise."""
 
-    def _traffic(self, seed: int, per_room: int, max_rooms: int) -> tuple[int, int]:
+    def _traffic(
+        self, seed: int, per_room: int, max_rooms: int, max_events: int = 10_000
+    ) -> tuple[int, int]:
         rng = random.Random(seed)
         rooms = ["!a:x", "!b:x", "!c:x"]
         writers = ["w1", "w2"]
@@ -159,7 +161,9 @@ class RecentRoomEventsTestCase(unittest.TestCase):
             while pending[writer]:
                 deliver(writer, None)
         tokens = [current()]
-        recent = RecentRoomEvents(current, per_room=per_room, max_rooms=max_rooms)
+        recent = RecentRoomEvents(
+            current, per_room=per_room, max_rooms=max_rooms, max_events=max_events
+        )
         answered = asked = 0
         for _ in range(600):
             if rng.random() < 0.5:
@@ -221,4 +225,6 @@ class RecentRoomEventsTestCase(unittest.TestCase):
     def test_bounded_rooms_and_events_still_answer_as_the_database(self) -> None:
         for seed in range(20):
             answered, _ = self._traffic(seed, per_room=4, max_rooms=2)
+            self.assertGreater(answered, 0, seed)
+            answered, _ = self._traffic(seed, per_room=64, max_rooms=100, max_events=7)
             self.assertGreater(answered, 0, seed)
