@@ -228,9 +228,8 @@ class FeedsTestCase(unittest.TestCase):
         self.store = FakeStore()
         self.sent = Sent()
 
-    def test_typing_feed_sends_our_users_starts_and_stops(self) -> None:
-        typing = FakeTyping()
-        feed = TypingFeed(
+    def typing_feed(self, typing: FakeTyping) -> TypingFeed:
+        return TypingFeed(
             typing=typing,  # type: ignore[arg-type]
             store=self.store,  # type: ignore[arg-type]
             clock=self.clock,
@@ -238,6 +237,19 @@ class FeedsTestCase(unittest.TestCase):
             send_edus=self.sent,
             local_writes=self.local_writes,
         )
+
+    def receipts_feed(self) -> ReceiptsFeed:
+        return ReceiptsFeed(
+            store=self.store,  # type: ignore[arg-type]
+            clock=self.clock,
+            server_name="b.test",
+            send_edus=self.sent,
+            local_writes=self.local_writes,
+        )
+
+    def test_typing_feed_sends_our_users_starts_and_stops(self) -> None:
+        typing = FakeTyping()
+        feed = self.typing_feed(typing)
         feed.start()
         typing.set(ROOM, ["@alice:b.test", "@carol:a.test"])
         self.local_writes.notify_replication()
@@ -279,13 +291,7 @@ class FeedsTestCase(unittest.TestCase):
         feed.stop()
 
     def test_receipts_feed_batches_per_destination(self) -> None:
-        feed = ReceiptsFeed(
-            store=self.store,  # type: ignore[arg-type]
-            clock=self.clock,
-            server_name="b.test",
-            send_edus=self.sent,
-            local_writes=self.local_writes,
-        )
+        feed = self.receipts_feed()
         self.store.receipts.append((1, ROOM, "@alice:b.test", "$old", None, {"ts": 1}))
         feed.start()  # starts after what is stored
         self.store.receipts += [
@@ -309,21 +315,8 @@ class FeedsTestCase(unittest.TestCase):
         four looks, issue 35); once it moves, the next wake-up looks."""
         looks: list[str] = []
         typing = FakeTyping()
-        receipts = ReceiptsFeed(
-            store=self.store,  # type: ignore[arg-type]
-            clock=self.clock,
-            server_name="b.test",
-            send_edus=self.sent,
-            local_writes=self.local_writes,
-        )
-        typing_feed = TypingFeed(
-            typing=typing,  # type: ignore[arg-type]
-            store=self.store,  # type: ignore[arg-type]
-            clock=self.clock,
-            server_name="b.test",
-            send_edus=self.sent,
-            local_writes=self.local_writes,
-        )
+        receipts = self.receipts_feed()
+        typing_feed = self.typing_feed(typing)
         for name, feed in (("receipts", receipts), ("typing", typing_feed)):
             take = feed._take_batch
 
@@ -354,15 +347,8 @@ class FeedsTestCase(unittest.TestCase):
         self.store.joined[other] = frozenset({"@alice:b.test", "@dan:c.test"})
         self.store.acls[ROOM] = {"allow": ["*"], "deny": ["c.test"]}
         typing = FakeTyping()
-        common: Any = {
-            "store": self.store,
-            "clock": self.clock,
-            "server_name": "b.test",
-            "send_edus": self.sent,
-            "local_writes": self.local_writes,
-        }
-        typing_feed = TypingFeed(typing=typing, **common)  # type: ignore[arg-type]
-        receipts_feed = ReceiptsFeed(**common)
+        typing_feed = self.typing_feed(typing)
+        receipts_feed = self.receipts_feed()
         typing_feed.start()
         receipts_feed.start()
         typing.set(ROOM, ["@alice:b.test"])
