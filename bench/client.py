@@ -77,6 +77,22 @@ TARGET_ROUTER_ADDS_MS = 1.0
 ROUTINGS = ("router", "main", "direct")
 
 
+def monolith_throughput_options(args: argparse.Namespace, sync_mode: str) -> None:
+    """Set on ``args`` what :func:`run_layout` reads besides the engine and
+    the message count, for its throughput workload on the monolith as the
+    monolith's profiling benches run it: 8 senders, 4 users, 4 rooms split
+    evenly, /sync read as ``sync_mode`` (``bench.scenarios.SYNC_MODES``)."""
+    args.senders, args.users, args.rooms, args.rounds = 8, 4, 4, 10
+    args.route_to_writer, args.even_writers, args.routings = False, True, "router"
+    args.one_writer = False
+    args.sync_modes, args.sync_every = sync_mode, 25
+
+
+def monolith_column(sync_mode: str) -> str:
+    """The result column of :func:`run_layout` for the monolith read so."""
+    return "single" if sync_mode == "poll" else f"single/{sync_mode}"
+
+
 async def run_layout(cluster: Cluster, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Results by column: one for ``single`` and ``split``, one per routing
     for ``default``."""

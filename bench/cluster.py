@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import yaml
@@ -362,3 +364,17 @@ class Cluster:
         drop_database(self.database)
         if not keep:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def started_monolith(engine: str, source: str | None = None) -> Iterator[Cluster]:
+    """The monolith (layout ``single``) of this checkout, or of the checkout
+    ``source``, started on ``engine`` for the block and stopped after it."""
+    cluster = Cluster("single", engine)
+    if source is not None:
+        cluster.source_root = source
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -32,8 +32,8 @@ import sys
 import tempfile
 import time
 
-from bench.client import run_layout
-from bench.cluster import Cluster
+from bench.client import monolith_column, monolith_throughput_options, run_layout
+from bench.cluster import started_monolith
 from bench.scenarios import SYNC_MODES
 
 #: (label, a frame name the stage's samples contain), in the send's order.
@@ -88,11 +88,7 @@ def cpu_seconds(pid: int) -> float:
 
 def profile(source: str | None, args: argparse.Namespace, out: str) -> dict[str, float]:
     """Run the workload on one tree's monolith under py-spy; its figures."""
-    cluster = Cluster("single", args.engine)
-    if source is not None:
-        cluster.source_root = source
-    try:
-        cluster.start()
+    with started_monolith(args.engine, source) as cluster:
         pid = cluster.processes["main"].pid
         spy = subprocess.Popen(
             [args.py_spy, "record", "--pid", str(pid), "--rate", str(args.rate),
@@ -102,13 +98,10 @@ def profile(source: str | None, args: argparse.Namespace, out: str) -> dict[str,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(1)  # py-spy attaches
-        column = "single" if args.sync_mode == "poll" else f"single/{args.sync_mode}"
-        results = asyncio.run(run_layout(cluster, args))[column]
+        results = asyncio.run(run_layout(cluster, args))[monolith_column(args.sync_mode)]
         cpu = cpu_seconds(pid)
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)
-    finally:
-        cluster.stop()
     return {"sent": results["sent"], "syncs": results["syncs"], "cpu": cpu}
 
 
@@ -138,11 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args.py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(args.py_spy):
         raise SystemExit("needs py-spy: pip install py-spy")
-    # What bench.client's workload reads of its options.
-    args.senders, args.users, args.rooms, args.rounds = 8, 4, 4, 10
-    args.route_to_writer, args.even_writers, args.routings = False, True, "router"
-    args.one_writer = False
-    args.sync_modes, args.sync_every = args.sync_mode, 25
+    monolith_throughput_options(args, args.sync_mode)
     tmp = args.keep or tempfile.mkdtemp(prefix="send_profile_")
     os.makedirs(tmp, exist_ok=True)
     trees: list[tuple[str, str | None]] = [("this", None)]
