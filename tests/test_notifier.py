@@ -1,5 +1,6 @@
 """/sync long-poll wake-ups on a fake clock: woken by their user or their
-rooms, never missed (a waiter registers before it checks), timed out otherwise."""
+rooms, at the end of the reactor turn (once for all the news of the turn),
+never missed (a waiter registers before it checks), timed out otherwise."""
 
 from __future__ import annotations
 
@@ -29,16 +30,20 @@ class NotifierTestCase(unittest.TestCase):
         a = self.wait("@a:x", ["!r1:x"])
         b = self.wait("@b:x", ["!r2:x"])
         self.notifier.wake(Wake(rooms=frozenset({"!r3:x"})))
+        self.clock.advance(0)
         self.news["@a:x"] = self.news["@b:x"] = True
         self.notifier.wake(Wake(rooms=frozenset({"!r1:x"})))
+        self.clock.advance(0)
         self.assertTrue(self.successResultOf(a))
         self.assertFalse(b.called)
         self.notifier.wake(Wake(users=frozenset({"@b:x"})))
+        self.clock.advance(0)
         self.assertTrue(self.successResultOf(b))
 
     def test_a_spurious_wake_checks_again_and_keeps_waiting(self) -> None:
         a = self.wait("@a:x", ["!r1:x"])
         self.notifier.wake(Wake(everyone=True))
+        self.clock.advance(0)
         self.assertFalse(a.called)
         self.assertEqual(self.checks, 2)
 
@@ -57,6 +62,7 @@ class NotifierTestCase(unittest.TestCase):
         peek = self.wait("@a:x", ["!r2:x"])
         self.news["@a:x"] = True
         self.notifier.wake(Wake(rooms=frozenset({"!r1:x"})))
+        self.clock.advance(0)
         self.assertTrue(self.successResultOf(joined))
         self.assertTrue(self.successResultOf(peek))
         # The first to end takes only its own rooms away.
@@ -68,5 +74,23 @@ class NotifierTestCase(unittest.TestCase):
         self.assertEqual(set(self.notifier._room_users), {"!r2:x"})
         self.news["@a:x"] = True
         self.notifier.wake(Wake(rooms=frozenset({"!r2:x"})))
+        self.clock.advance(0)
         self.assertTrue(self.successResultOf(peek))
         self.assertEqual(dict(self.notifier._room_users), {})
+
+    def test_the_news_of_one_turn_wakes_a_waiter_once_at_its_end(self) -> None:
+        a = self.wait("@a:x", ["!r1:x", "!r2:x"])
+        self.assertEqual(self.checks, 1)
+        self.news["@a:x"] = True
+        self.notifier.wake(Wake(rooms=frozenset({"!r1:x"})))
+        self.notifier.notify(users=["@a:x"], rooms=["!r2:x"])
+        self.notifier.notify_all()
+        # Nothing yet: the turn has not ended.
+        self.assertFalse(a.called)
+        self.assertEqual(self.checks, 1)
+        self.clock.advance(0)
+        self.assertTrue(self.successResultOf(a))
+        self.assertEqual(self.checks, 2)
+        # Nobody waits: news schedules nothing.
+        self.notifier.notify(users=["@a:x"], rooms=["!r1:x"])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
